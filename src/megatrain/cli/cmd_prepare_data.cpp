@@ -1,0 +1,8 @@
+#include "megatrain/cli/commands.h"
+#include "megatrain/core/error.h"
+
+namespace mt::cli {
+
+int cmd_prepare_data(int, char**) { fail("not implemented yet"); }
+
+}  // namespace mt::cli

@@ -1,0 +1,13 @@
+// Subcommands of the `megatrain` binary. Each parses its own arguments (argv[0] is the subcommand name) and
+// returns the process exit code; mt::Error escaping one is printed by main as "megatrain <cmd>: error: ...".
+#pragma once
+
+namespace mt::cli {
+
+int cmd_tokenize(int argc, char** argv);     // tokenize encode|decode|train   (cmd_tokenize.cpp)
+int cmd_prepare_data(int argc, char** argv); // prepare-data                   (cmd_prepare_data.cpp)
+int cmd_train(int argc, char** argv);        // train                          (cmd_train.cpp)
+int cmd_generate(int argc, char** argv);     // generate                       (cmd_generate.cpp)
+int cmd_convert(int argc, char** argv);      // convert                        (cmd_convert.cpp)
+
+}  // namespace mt::cli

@@ -1,0 +1,51 @@
+// The `megatrain` command: dispatches to one subcommand.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "megatrain/cli/commands.h"
+#include "megatrain/core/error.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*fn)(int, char**);
+  const char* help;
+};
+
+const Command kCommands[] = {
+    {"train", mt::cli::cmd_train, "train a model from a TOML config (--section.key=value overrides)"},
+    {"generate", mt::cli::cmd_generate, "sample text from a checkpoint"},
+    {"tokenize", mt::cli::cmd_tokenize, "encode/decode text with a GPT-2 style BPE, or train a BPE vocabulary"},
+    {"prepare-data", mt::cli::cmd_prepare_data, "turn text / JSON-lines into token shards (train/val split)"},
+    {"convert", mt::cli::cmd_convert, "import/export HF GPT-2 safetensors"},
+};
+
+void usage(FILE* f) {
+  std::fprintf(f, "usage: megatrain <command> [options]\n\ncommands:\n");
+  for (auto& c : kCommands) std::fprintf(f, "  %-14s %s\n", c.name, c.help);
+  std::fprintf(f, "\n`megatrain <command> --help` describes a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (auto& c : kCommands) {
+    if (std::string(argv[1]) != c.name) continue;
+    try {
+      return c.fn(argc - 1, argv + 1);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "megatrain %s: error: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "megatrain: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

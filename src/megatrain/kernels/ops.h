@@ -1,0 +1,109 @@
+// The op interface: every numeric operation a layer or optimizer needs, over Tensor views.
+// Two backends implement it: cpu/ (fp32, OpenMP + OpenBLAS; the reference and test oracle) and, later,
+// cuda/ (bf16). Layers call these and never branch on the device.
+//
+// Conventions (all row-major, llm.c style):
+//   * activations are [N, C] with N = B*T rows (or [B, T, C], the same memory);
+//   * a linear layer's weight is [OC, C] (PyTorch nn.Linear layout): out = inp @ w^T + bias;
+//   * parameter gradients are ACCUMULATED (+=) so micro-batches can accumulate; callers zero them per step;
+//   * "dinp" arguments say in their comment whether they are overwritten or accumulated;
+//   * an optional tensor is passed as an undefined Tensor{} (ptr == nullptr).
+#pragma once
+#include <memory>
+
+#include "megatrain/core/tensor.h"
+
+namespace mt {
+
+// Shape of one attention call. qkv rows are packed [q heads | k heads | v heads], each head head_dim wide:
+// row width = (n_head + 2*n_kv_head) * head_dim. Query head h reads kv head h / (n_head / n_kv_head) (GQA).
+struct AttnShape {
+  int B = 0, T = 0;
+  int n_head = 0, n_kv_head = 0, head_dim = 0;
+  int window = 0;  // 0 = full causal; W > 0: token t attends to s with t - W < s <= t (itself and W-1 before)
+  int qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim; }
+};
+
+struct AdamHParams {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  int step = 1;            // 1-based, for bias correction
+  float grad_scale = 1.0f;  // grad is multiplied by this before use (clipping, loss-scale undo)
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+
+  // ---- memory / elementwise --------------------------------------------------------------------
+  virtual void zero(Tensor t) = 0;
+  virtual void copy(Tensor dst, Tensor src) = 0;            // same numel and dtype
+  virtual void add(Tensor out, Tensor a, Tensor b) = 0;     // out = a + b (out may alias a or b)
+  virtual void axpy(Tensor dst, Tensor src, float alpha) = 0;  // dst += alpha * src
+  virtual void scale(Tensor t, float s) = 0;                // t *= s
+  virtual double sum_squares(Tensor t) = 0;                 // sum of t^2, accumulated in double
+
+  // ---- linear ----------------------------------------------------------------------------------
+  // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC])
+  virtual void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) = 0;
+  // dinp[N,C] = dout @ w (overwritten, or accumulated when accumulate_dinp); dinp may be undefined (skip).
+  // dw[OC,C] += dout^T @ inp; dbias[OC] += column sums of dout (dbias may be undefined).
+  virtual void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
+                               bool accumulate_dinp) = 0;
+
+  // ---- embedding -------------------------------------------------------------------------------
+  // out[B,T,C] = wte[tokens[b,t]] + wpe[t]   (wpe undefined: no positional table, e.g. with RoPE)
+  virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) = 0;
+  // dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t]
+  virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) = 0;
+
+  // ---- normalisation (over the last dimension C) ------------------------------------------------
+  // out = (inp - mean) * rstd * w + b; saves mean[N], rstd[N] for backward. b may be undefined.
+  virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) = 0;
+  // dinp += ...(accumulated: the residual stream's gradient is already there); dw += ; db += (db may be undefined)
+  virtual void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                                  Tensor rstd) = 0;
+  // out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps)
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) = 0;
+  virtual void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) = 0;  // dinp +=
+
+  // ---- attention -------------------------------------------------------------------------------
+  // out[B,T,n_head*head_dim] = softmax(q k^T / sqrt(hd) + causal/window mask) v, per head.
+  // lse[B,n_head,T] keeps each row's log-sum-exp so backward recomputes probabilities (no T x T tensor kept).
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnShape& s) = 0;
+  // dqkv[B,T,qkv_width] is overwritten (dq, dk, dv; GQA sums over the query heads sharing a kv head).
+  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) = 0;
+  // Rotary position embedding, in place on the q and k heads of qkv (v untouched), position = t.
+  // Pairs are (i, i + head_dim/2) (GPT-NeoX / Llama "rotate_half" convention), freq_i = theta^(-2i/head_dim).
+  virtual void rope_forward(Tensor qkv, const AttnShape& s, float theta) = 0;
+  virtual void rope_backward(Tensor dqkv, const AttnShape& s, float theta) = 0;  // in place: the inverse rotation
+
+  // ---- activations -----------------------------------------------------------------------------
+  // GeLU, tanh approximation (GPT-2).
+  virtual void gelu_forward(Tensor out, Tensor inp) = 0;
+  virtual void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) = 0;  // dinp overwritten (may alias dout)
+  // SwiGLU: inp[N, 2F] = [gate | up]; out[N, F] = silu(gate) * up.
+  virtual void swiglu_forward(Tensor out, Tensor inp) = 0;
+  virtual void swiglu_backward(Tensor dinp, Tensor inp, Tensor dout) = 0;  // dinp[N,2F] overwritten
+
+  // ---- loss ------------------------------------------------------------------------------------
+  // Fused softmax + cross-entropy over logits[N, Vp] (only the first V columns are real; padded columns
+  // are ignored and get zero gradient). targets[N] are I32; a target < 0 is ignored (loss 0, no gradient).
+  // losses[N] = -log softmax(logits)[target]. When write_grad, logits is overwritten in place with
+  // dlogits = (softmax - onehot(target)) * dloss, so no probability tensor ever exists.
+  virtual void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, float dloss, bool write_grad) = 0;
+
+  // ---- optimizers (fp32 master weights and state) ----------------------------------------------
+  // AdamW with decoupled weight decay: m,v updated from g = grad*grad_scale, then
+  // param -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * param).
+  virtual void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) = 0;
+  // LAMB pass 1: update m, v from grad; return sum of squares of u = mhat/(sqrt(vhat)+eps) + wd*param.
+  virtual double lamb_moments(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) = 0;
+  // LAMB pass 2: param -= lr * trust * u (u recomputed from m, v, param as in pass 1).
+  virtual void lamb_apply(Tensor param, Tensor m, Tensor v, const AdamHParams& h, float trust) = 0;
+};
+
+// The fp32 CPU backend (OpenMP + OpenBLAS).
+std::unique_ptr<Ops> make_cpu_ops();
+
+}  // namespace mt

@@ -1,0 +1,57 @@
+#include "megatrain/model/params.h"
+
+#include <cstring>
+
+#include "megatrain/core/error.h"
+
+namespace mt {
+
+static Tensor make_view(float* base, const ParamInfo& p) {
+  Tensor t;
+  t.ptr = base + p.offset;
+  t.dtype = DType::F32;
+  t.ndim = static_cast<int>(p.shape.size());
+  for (int d = 0; d < t.ndim; ++d) t.dims[d] = p.shape[d];
+  return t;
+}
+
+int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool decay) {
+  MT_CHECK(!allocated_, "ParamStore: cannot add '{}' after allocate()", name);
+  MT_CHECK(!by_name_.count(name), "ParamStore: duplicate parameter '{}'", name);
+  ParamInfo p;
+  p.name = name;
+  p.shape = std::move(shape);
+  p.numel = 1;
+  for (auto d : p.shape) p.numel *= static_cast<size_t>(d);
+  p.offset = total_;
+  p.decay = decay;
+  total_ += (p.numel + 15) / 16 * 16;
+  by_name_[name] = static_cast<int>(infos_.size());
+  infos_.push_back(std::move(p));
+  return static_cast<int>(infos_.size()) - 1;
+}
+
+void ParamStore::allocate() {
+  params_.resize(total_ * sizeof(float));
+  grads_.resize(total_ * sizeof(float));
+  allocated_ = true;
+}
+
+int ParamStore::index(const std::string& name) const {
+  auto it = by_name_.find(name);
+  MT_CHECK(it != by_name_.end(), "unknown parameter '{}'", name);
+  return it->second;
+}
+
+Tensor ParamStore::param(int i) const { return make_view(params_.f32(), infos_.at(i)); }
+Tensor ParamStore::grad(int i) const { return make_view(grads_.f32(), infos_.at(i)); }
+
+int64_t ParamStore::num_params() const {
+  int64_t n = 0;
+  for (auto& p : infos_) n += static_cast<int64_t>(p.numel);
+  return n;
+}
+
+void ParamStore::zero_grads() { std::memset(grads_.data(), 0, total_ * sizeof(float)); }
+
+}  // namespace mt

@@ -1,0 +1,65 @@
+// ParamStore: every parameter of a model in one flat fp32 buffer, its gradients in a second buffer of the same
+// layout. Flat storage makes the optimizer one loop, checkpointing one write, and (later) ZeRO sharding a slice.
+//
+// Parameter names follow HF GPT-2 where the tensor exists there (without the "transformer." prefix):
+//   wte.weight [Vp, C]              wpe.weight [max_seq_len, C]        (learned positions only)
+//   h.{i}.ln_1.weight/.bias [C]     h.{i}.ln_2.weight/.bias [C]        (ln_2: sequential block only)
+//   h.{i}.attn.c_attn.weight [(H+2*Hkv)*hd, C]  .bias [(H+2*Hkv)*hd]
+//   h.{i}.attn.c_proj.weight [C, H*hd]          .bias [C]
+//   h.{i}.mlp.c_fc.weight [F or 2F (swiglu: gate rows then up rows), C]  .bias
+//   h.{i}.mlp.c_proj.weight [C, F]              .bias [C]
+//   ln_f.weight/.bias [C]           lm_head.weight [Vp, C]             (untied only)
+// Linear weights are [out, in] (nn.Linear); HF GPT-2 stores Conv1D [in, out], so conversion transposes.
+// Biases exist only when ModelConfig::bias; RMSNorm has no bias.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "megatrain/core/buffer.h"
+#include "megatrain/core/tensor.h"
+
+namespace mt {
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t offset = 0;  // in floats, into the flat buffers
+  size_t numel = 0;
+  bool decay = true;  // weight decay applies (matrices yes; norms, biases no)
+};
+
+class ParamStore {
+ public:
+  // Declares a parameter; returns its index. Call allocate() once all are declared.
+  int add(const std::string& name, std::vector<int64_t> shape, bool decay);
+  void allocate();  // zero-filled params and grads, 64-byte aligned, each tensor starting on a 16-float boundary
+
+  size_t size() const { return infos_.size(); }
+  const ParamInfo& info(int i) const { return infos_[i]; }
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  int index(const std::string& name) const;  // throws if unknown
+  bool has(const std::string& name) const { return by_name_.count(name) > 0; }
+
+  Tensor param(int i) const;
+  Tensor grad(int i) const;
+  Tensor param(const std::string& name) const { return param(index(name)); }
+  Tensor grad(const std::string& name) const { return grad(index(name)); }
+
+  float* params_data() const { return params_.f32(); }
+  float* grads_data() const { return grads_.f32(); }
+  size_t total_floats() const { return total_; }  // including alignment padding between tensors
+  int64_t num_params() const;                    // sum of numel
+
+  void zero_grads();
+
+ private:
+  std::vector<ParamInfo> infos_;
+  std::unordered_map<std::string, int> by_name_;
+  HostBuffer params_, grads_;
+  size_t total_ = 0;
+  bool allocated_ = false;
+};
+
+}  // namespace mt
