@@ -1,0 +1,170 @@
+#include "megatrain/model/gpt.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "megatrain/core/rng.h"
+#include "megatrain/model/layout.h"
+
+namespace mt {
+
+namespace {
+Tensor mat(const HostBuffer& b, int64_t rows, int64_t cols) { return f32_view(b.f32(), {rows, cols}); }
+Tensor vec(const HostBuffer& b, int64_t n) { return f32_view(b.f32(), {n}); }
+}  // namespace
+
+GPT::GPT(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {
+  declare_gpt_params(cfg_, params_);
+  params_.allocate();
+  blocks_.reserve(cfg_.n_layer);
+  for (int l = 0; l < cfg_.n_layer; ++l) blocks_.emplace_back(cfg_, params_, l);
+  auto idx = [&](const std::string& n) { return params_.has(n) ? params_.index(n) : -1; };
+  wte_ = idx("wte.weight");
+  wpe_ = idx("wpe.weight");
+  lnf_w_ = idx("ln_f.weight");
+  lnf_b_ = idx("ln_f.bias");
+  head_ = cfg_.tied_embeddings ? wte_ : idx("lm_head.weight");
+}
+
+void GPT::init_weights(uint64_t seed) {
+  const float proj_std = cfg_.init_std / std::sqrt(2.0f * cfg_.n_layer);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& p = params_.info(static_cast<int>(i));
+    float* w = params_.param(static_cast<int>(i)).f32();
+    const std::string& n = p.name;
+    auto ends_with = [&](const char* s) {
+      size_t k = std::strlen(s);
+      return n.size() >= k && n.compare(n.size() - k, k, s) == 0;
+    };
+    if (ends_with(".bias")) {
+      std::memset(w, 0, p.numel * sizeof(float));
+    } else if (p.shape.size() == 1) {  // norm weights
+      for (size_t j = 0; j < p.numel; ++j) w[j] = 1.0f;
+    } else {
+      Rng rng(mix_seed(seed, std::hash<std::string>{}(n)));
+      float std = ends_with("c_proj.weight") ? proj_std : cfg_.init_std;
+      for (size_t j = 0; j < p.numel; ++j) w[j] = std * rng.normal();
+      if (n == "wte.weight" || n == "lm_head.weight")  // padded vocab rows stay zero
+        std::memset(w + static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model, 0,
+                    static_cast<size_t>(cfg_.padded_vocab() - cfg_.vocab_size) * cfg_.d_model * sizeof(float));
+    }
+  }
+}
+
+void GPT::ensure_capacity(int B, int T) {
+  MT_CHECK(B > 0 && T > 0, "batch {} x {} must be positive", B, T);
+  MT_CHECK(T <= cfg_.max_seq_len, "sequence length {} exceeds model.max_seq_len {}", T, cfg_.max_seq_len);
+  const int64_t rows = static_cast<int64_t>(B) * T;
+  if (rows <= cap_rows_) return;
+  const int64_t C = cfg_.d_model, Vp = cfg_.padded_vocab();
+  const size_t f = sizeof(float);
+  tokens_.resize(rows * sizeof(int32_t));
+  targets_.resize(rows * sizeof(int32_t));
+  losses_.resize(rows * f);
+  residual_.clear();
+  residual_.resize(cfg_.n_layer + 1);
+  for (auto& r : residual_) r.resize(rows * C * f, false);
+  acts_.clear();
+  acts_.resize(cfg_.n_layer);
+  bool any_recompute = false;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    if (recompute(l))
+      any_recompute = true;
+    else
+      acts_[l].allocate(cfg_, rows);
+  }
+  if (any_recompute) recompute_acts_.allocate(cfg_, rows);
+  scratch_.allocate(cfg_, rows);
+  lnf_.resize(rows * C * f, false);
+  lnf_mean_.resize(rows * f, false);
+  lnf_rstd_.resize(rows * f, false);
+  logits_.resize(rows * Vp * f, false);
+  dres_.resize(rows * C * f, false);
+  dlnf_.resize(rows * C * f, false);
+  cap_rows_ = rows;
+}
+
+void GPT::forward_trunk(const int32_t* tokens, int B, int T) {
+  ensure_capacity(B, T);
+  const int64_t N = static_cast<int64_t>(B) * T, C = cfg_.d_model, Vp = cfg_.padded_vocab();
+  B_ = B;
+  T_ = T;
+  std::memcpy(tokens_.data(), tokens, N * sizeof(int32_t));
+  for (int64_t i = 0; i < N; ++i)
+    MT_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, "token id {} at position {} is outside the vocabulary [0, {})",
+             tokens[i], i, cfg_.vocab_size);
+  Tensor tok(tokens_.data(), {B, T}, DType::I32);
+  ops_.embedding_forward(mat(residual_[0], N, C), tok, params_.param(wte_),
+                         wpe_ >= 0 ? params_.param(wpe_) : Tensor{});
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
+    blocks_[l].forward(ops_, mat(residual_[l + 1], N, C), mat(residual_[l], N, C), a, scratch_, B, T);
+  }
+  Tensor x = mat(residual_[cfg_.n_layer], N, C);
+  Tensor lnf = mat(lnf_, N, C);
+  if (cfg_.norm == "layernorm")
+    ops_.layernorm_forward(lnf, vec(lnf_mean_, N), vec(lnf_rstd_, N), x, params_.param(lnf_w_),
+                           lnf_b_ >= 0 ? params_.param(lnf_b_) : Tensor{}, cfg_.norm_eps);
+  else
+    ops_.rmsnorm_forward(lnf, vec(lnf_rstd_, N), x, params_.param(lnf_w_), cfg_.norm_eps);
+  ops_.matmul_forward(mat(logits_, N, Vp), lnf, params_.param(head_), Tensor{});
+}
+
+float GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T, bool train, float loss_scale) {
+  forward_trunk(tokens, B, T);
+  const int64_t N = static_cast<int64_t>(B) * T, Vp = cfg_.padded_vocab();
+  int32_t* tg = static_cast<int32_t*>(targets_.data());
+  int64_t valid = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    MT_CHECK(targets[i] < cfg_.vocab_size, "target id {} at position {} is outside the vocabulary [0, {})", targets[i],
+             i, cfg_.vocab_size);
+    tg[i] = targets[i];
+    valid += targets[i] >= 0;
+  }
+  MT_CHECK(valid > 0, "batch has no valid targets");
+  const float dloss = loss_scale / static_cast<float>(valid);
+  ops_.cross_entropy(vec(losses_, N), mat(logits_, N, Vp), Tensor(targets_.data(), {N}, DType::I32), cfg_.vocab_size,
+                     dloss, train);
+  double sum = 0;
+  const float* l = losses_.f32();
+  for (int64_t i = 0; i < N; ++i) sum += l[i];
+  have_grad_ = train;
+  return static_cast<float>(sum / static_cast<double>(valid));
+}
+
+void GPT::backward() {
+  MT_CHECK(have_grad_, "GPT::backward() needs a preceding forward(..., train = true)");
+  have_grad_ = false;
+  const int B = B_, T = T_;
+  const int64_t N = static_cast<int64_t>(B) * T, C = cfg_.d_model, Vp = cfg_.padded_vocab();
+  Tensor dlnf = mat(dlnf_, N, C), dres = mat(dres_, N, C);
+  // LM head: logits_ holds dlogits now.
+  ops_.matmul_backward(dlnf, params_.grad(head_), Tensor{}, mat(logits_, N, Vp), mat(lnf_, N, C), params_.param(head_),
+                       false);
+  ops_.zero(dres);
+  Tensor x = mat(residual_[cfg_.n_layer], N, C);
+  if (cfg_.norm == "layernorm")
+    ops_.layernorm_backward(dres, params_.grad(lnf_w_), lnf_b_ >= 0 ? params_.grad(lnf_b_) : Tensor{}, dlnf, x,
+                            params_.param(lnf_w_), vec(lnf_mean_, N), vec(lnf_rstd_, N));
+  else
+    ops_.rmsnorm_backward(dres, params_.grad(lnf_w_), dlnf, x, params_.param(lnf_w_), vec(lnf_rstd_, N));
+  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    Tensor xin = mat(residual_[l], N, C);
+    BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
+    // Recomputation re-runs the layer's forward (deterministic, so bit-identical activations); its output goes
+    // to scratch so the saved residual stream is untouched.
+    if (recompute(l)) blocks_[l].forward(ops_, mat(scratch_.d_h, N, C), xin, a, scratch_, B, T);
+    blocks_[l].backward(ops_, dres, xin, a, scratch_, B, T);
+  }
+  Tensor tok(tokens_.data(), {B, T}, DType::I32);
+  ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : Tensor{}, dres, tok);
+}
+
+Tensor GPT::logits(const int32_t* tokens, int B, int T) {
+  forward_trunk(tokens, B, T);
+  have_grad_ = false;
+  return mat(logits_, static_cast<int64_t>(B) * T, cfg_.padded_vocab());
+}
+
+}  // namespace mt

@@ -1,0 +1,60 @@
+// The GPT: token (+ position) embedding, n_layer Blocks, final norm, LM head (tied to wte or not) and the fused
+// softmax-cross-entropy. Memory is planned up front for a maximum number of rows (B*T) and reused every step.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "megatrain/core/buffer.h"
+#include "megatrain/kernels/ops.h"
+#include "megatrain/model/block.h"
+#include "megatrain/model/config.h"
+#include "megatrain/model/params.h"
+
+namespace mt {
+
+class GPT {
+ public:
+  GPT(const ModelConfig& cfg, Ops& ops);
+
+  const ModelConfig& config() const { return cfg_; }
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+
+  // GPT-2 initialisation: N(0, init_std) for matrices and embeddings, residual output projections scaled by
+  // 1/sqrt(2 n_layer), zero biases, unit norm weights, zero padded vocab rows. Each tensor draws from its own
+  // stream seeded by (seed, tensor name), so the result does not depend on declaration order.
+  void init_weights(uint64_t seed);
+
+  // Forward over tokens/targets [B, T] (I32). Returns the mean loss over positions with target >= 0.
+  // With train = true it also writes the gradient of (mean loss * loss_scale) into the logits so that backward()
+  // can follow; loss_scale is e.g. 1/grad_accum_steps.
+  float forward(const int32_t* tokens, const int32_t* targets, int B, int T, bool train, float loss_scale = 1.0f);
+  // Accumulates parameter gradients of the last forward(train = true).
+  void backward();
+
+  // Inference: logits of every position, returned as a [B*T, padded_vocab] view valid until the next call.
+  Tensor logits(const int32_t* tokens, int B, int T);
+
+ private:
+  void ensure_capacity(int B, int T);
+  void forward_trunk(const int32_t* tokens, int B, int T);  // up to the logits
+  bool recompute(int l) const { return !cfg_.recompute.empty() && cfg_.recompute[l]; }
+
+  ModelConfig cfg_;
+  Ops& ops_;
+  ParamStore params_;
+  std::vector<Block> blocks_;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
+
+  int64_t cap_rows_ = 0;
+  int B_ = 0, T_ = 0;
+  bool have_grad_ = false;
+  HostBuffer tokens_, targets_, losses_;
+  std::vector<HostBuffer> residual_;  // n_layer + 1 residual streams [rows, C]
+  std::vector<BlockActs> acts_;       // one per layer that keeps activations; recomputed layers share one
+  BlockActs recompute_acts_;
+  BlockScratch scratch_;
+  HostBuffer lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dlnf_;
+};
+
+}  // namespace mt

@@ -1,0 +1,82 @@
+#include "megatrain/optim/optimizer.h"
+
+#include <cmath>
+
+#include "megatrain/core/error.h"
+
+namespace mt {
+
+void OptimConfig::validate() const {
+  MT_CHECK(name == "adamw" || name == "lamb", "optim.name must be 'adamw' or 'lamb' (got '{}')", name);
+  MT_CHECK(schedule == "cosine" || schedule == "linear" || schedule == "constant",
+           "optim.schedule must be 'cosine', 'linear' or 'constant' (got '{}')", schedule);
+  MT_CHECK(lr > 0 && std::isfinite(lr), "optim.lr must be positive (got {})", lr);
+  MT_CHECK(min_lr >= 0 && min_lr <= lr, "optim.min_lr must be in [0, optim.lr] (got {})", min_lr);
+  MT_CHECK(warmup_steps >= 0, "optim.warmup_steps must be >= 0 (got {})", warmup_steps);
+  MT_CHECK(beta1 >= 0 && beta1 < 1, "optim.beta1 must be in [0, 1) (got {})", beta1);
+  MT_CHECK(beta2 >= 0 && beta2 < 1, "optim.beta2 must be in [0, 1) (got {})", beta2);
+  MT_CHECK(eps > 0, "optim.eps must be positive (got {})", eps);
+  MT_CHECK(weight_decay >= 0, "optim.weight_decay must be >= 0 (got {})", weight_decay);
+  MT_CHECK(grad_clip >= 0, "optim.grad_clip must be >= 0 (got {}); 0 disables clipping", grad_clip);
+}
+
+float lr_at(const OptimConfig& c, int step, int total_steps) {
+  if (c.warmup_steps > 0 && step <= c.warmup_steps) return c.lr * static_cast<float>(step) / c.warmup_steps;
+  if (c.schedule == "constant" || total_steps <= c.warmup_steps) return c.lr;
+  double progress = static_cast<double>(step - c.warmup_steps) / static_cast<double>(total_steps - c.warmup_steps);
+  progress = std::min(1.0, std::max(0.0, progress));
+  double frac = c.schedule == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;
+  return static_cast<float>(c.min_lr + (c.lr - c.min_lr) * frac);
+}
+
+double global_grad_norm(Ops& ops, const ParamStore& params) {
+  double ss = 0;
+  for (size_t i = 0; i < params.size(); ++i) ss += ops.sum_squares(params.grad(static_cast<int>(i)));
+  return std::sqrt(ss);
+}
+
+Optimizer::Optimizer(const OptimConfig& cfg, const ParamStore& params, Ops& ops)
+    : cfg_(cfg), params_(params), ops_(ops) {
+  cfg_.validate();
+  m_.resize(params.total_floats() * sizeof(float));
+  v_.resize(params.total_floats() * sizeof(float));
+}
+
+static Tensor state_view(const HostBuffer& b, const ParamInfo& p) {
+  Tensor t;
+  t.ptr = b.f32() + p.offset;
+  t.ndim = static_cast<int>(p.shape.size());
+  for (int d = 0; d < t.ndim; ++d) t.dims[d] = p.shape[d];
+  return t;
+}
+
+Tensor Optimizer::m(int i) const { return state_view(m_, params_.info(i)); }
+Tensor Optimizer::v(int i) const { return state_view(v_, params_.info(i)); }
+
+void Optimizer::step(ParamStore& params, float lr, float grad_scale, int step) {
+  MT_CHECK(step >= 1, "optimizer step must be >= 1 (got {})", step);
+  trust_.clear();
+  for (size_t k = 0; k < params.size(); ++k) {
+    const int i = static_cast<int>(k);
+    AdamHParams h;
+    h.lr = lr;
+    h.beta1 = cfg_.beta1;
+    h.beta2 = cfg_.beta2;
+    h.eps = cfg_.eps;
+    h.weight_decay = params.info(i).decay ? cfg_.weight_decay : 0.0f;
+    h.step = step;
+    h.grad_scale = grad_scale;
+    if (cfg_.name == "adamw") {
+      ops_.adamw_update(params.param(i), params.grad(i), m(i), v(i), h);
+    } else {
+      // LAMB: per-tensor trust ratio ||w|| / ||u||, 1 where either norm is zero (You et al., 2020).
+      double u2 = ops_.lamb_moments(params.param(i), params.grad(i), m(i), v(i), h);
+      double w2 = ops_.sum_squares(params.param(i));
+      float trust = (w2 > 0 && u2 > 0) ? static_cast<float>(std::sqrt(w2 / u2)) : 1.0f;
+      trust_.push_back(trust);
+      ops_.lamb_apply(params.param(i), m(i), v(i), h, trust);
+    }
+  }
+}
+
+}  // namespace mt

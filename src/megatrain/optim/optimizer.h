@@ -1,0 +1,52 @@
+// Optimizers over a ParamStore: AdamW and LAMB with fp32 state (m, v) laid out like the parameters, global
+// gradient-norm clipping, and the learning-rate schedule.
+#pragma once
+#include <string>
+
+#include "megatrain/core/buffer.h"
+#include "megatrain/kernels/ops.h"
+#include "megatrain/model/params.h"
+
+namespace mt {
+
+struct OptimConfig {
+  std::string name = "adamw";       // adamw | lamb
+  float lr = 6e-4f;                 // peak learning rate
+  float min_lr = 0.0f;              // floor of the decay
+  std::string schedule = "cosine";  // cosine | linear | constant (after warmup)
+  int warmup_steps = 0;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;        // decoupled; applied only to tensors marked decay (matrices, embeddings)
+  float grad_clip = 1.0f;           // max global L2 norm; 0 disables
+  void validate() const;
+};
+
+// Learning rate at 1-based step `step` of `total_steps`: linear warmup from lr/warmup to lr, then decay to min_lr.
+float lr_at(const OptimConfig& c, int step, int total_steps);
+
+// sqrt(sum over all gradients of g^2).
+double global_grad_norm(Ops& ops, const ParamStore& params);
+
+class Optimizer {
+ public:
+  Optimizer(const OptimConfig& cfg, const ParamStore& params, Ops& ops);
+
+  // One update of every parameter from its gradient times grad_scale. `step` is 1-based (bias correction).
+  void step(ParamStore& params, float lr, float grad_scale, int step);
+
+  const OptimConfig& config() const { return cfg_; }
+  // State tensors, same shapes as parameter i (for checkpoints).
+  Tensor m(int i) const;
+  Tensor v(int i) const;
+  // Per-tensor LAMB trust ratios of the last step (empty for AdamW), for diagnostics and tests.
+  const std::vector<float>& last_trust() const { return trust_; }
+
+ private:
+  OptimConfig cfg_;
+  const ParamStore& params_;
+  Ops& ops_;
+  HostBuffer m_, v_;
+  std::vector<float> trust_;
+};
+
+}  // namespace mt

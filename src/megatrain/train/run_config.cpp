@@ -1,0 +1,255 @@
+#include "megatrain/train/run_config.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <toml++/toml.hpp>
+
+#include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
+
+namespace mt {
+
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string suggestion(const std::string& key, const std::set<std::string>& known) {
+  std::string best;
+  size_t best_d = 4;
+  for (auto& k : known) {
+    size_t d = edit_distance(key, k);
+    if (d < best_d) best_d = d, best = k;
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+// Reads typed values out of one [section], remembering which keys it consumed.
+class Section {
+ public:
+  Section(const toml::table* t, std::string name, const std::string& src) : t_(t), name_(std::move(name)), src_(src) {}
+
+  template <typename T>
+  void get(const char* key, T& out) {
+    known_.insert(key);
+    if (!t_) return;
+    const toml::node* n = t_->get(key);
+    if (!n) return;
+    std::string full = name_ + "." + key;
+    if constexpr (std::is_same_v<T, bool>) {
+      auto v = n->value<bool>();
+      MT_CHECK(v.has_value(), "{}: {} must be true or false", src_, full);
+      out = *v;
+    } else if constexpr (std::is_integral_v<T>) {
+      auto v = n->value<int64_t>();
+      MT_CHECK(v.has_value() && n->is_integer(), "{}: {} must be an integer", src_, full);
+      MT_CHECK(*v >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                   static_cast<uint64_t>(*v) <= static_cast<uint64_t>(std::numeric_limits<T>::max()),
+               "{}: {} = {} is out of range", src_, full, *v);
+      out = static_cast<T>(*v);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      auto v = n->value<double>();
+      MT_CHECK(v.has_value() && (n->is_floating_point() || n->is_integer()), "{}: {} must be a number", src_, full);
+      out = static_cast<T>(*v);
+    } else {
+      auto v = n->value<std::string>();
+      MT_CHECK(v.has_value(), "{}: {} must be a string", src_, full);
+      out = *v;
+    }
+  }
+  // model.recompute: "none" | "all" | [layer indices]
+  void get_recompute(const char* key, std::vector<bool>& out, int n_layer) {
+    known_.insert(key);
+    if (!t_) return;
+    const toml::node* n = t_->get(key);
+    if (!n) return;
+    std::string full = name_ + "." + key;
+    out.assign(n_layer, false);
+    if (auto s = n->value<std::string>()) {
+      MT_CHECK(*s == "none" || *s == "all", "{}: {} must be \"none\", \"all\" or a list of layer indices (got \"{}\")",
+               src_, full, *s);
+      if (*s == "all") out.assign(n_layer, true);
+      if (*s == "none") out.clear();
+      return;
+    }
+    const toml::array* arr = n->as_array();
+    MT_CHECK(arr, "{}: {} must be \"none\", \"all\" or a list of layer indices", src_, full);
+    for (auto& e : *arr) {
+      auto v = e.value<int64_t>();
+      MT_CHECK(v && *v >= 0 && *v < n_layer, "{}: {} has an invalid layer index (layers are 0..{})", src_, full,
+               n_layer - 1);
+      out[*v] = true;
+    }
+  }
+  void check_unknown() const {
+    if (!t_) return;
+    for (auto& [k, v] : *t_) {
+      std::string key(k.str());
+      MT_CHECK(known_.count(key), "{}: unknown config key '{}.{}'{}", src_, name_, key, suggestion(key, known_));
+    }
+  }
+
+ private:
+  const toml::table* t_;
+  std::string name_, src_;
+  std::set<std::string> known_;
+};
+
+void apply_override(toml::table& root, const std::string& ov, const std::string& src) {
+  std::string s = ov;
+  if (s.rfind("--", 0) == 0) s = s.substr(2);
+  auto eq = s.find('=');
+  MT_CHECK(eq != std::string::npos, "override '{}' must look like --section.key=value", ov);
+  std::string path = s.substr(0, eq), value = s.substr(eq + 1);
+  auto dot = path.find('.');
+  MT_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < path.size() && path.find('.', dot + 1) == std::string::npos,
+           "override '{}' must name section.key", ov);
+  std::string section = path.substr(0, dot), key = path.substr(dot + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};  // a bare word: take it as a string
+  }
+  if (!root.contains(section)) root.insert(section, toml::table{});
+  toml::table* sec = root[section].as_table();
+  MT_CHECK(sec, "{}: '{}' is not a section", src, section);
+  sec->insert_or_assign(key, *parsed.get("v"));
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const std::string& text, const std::string& src, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, src);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    fail("{}:{}:{}: malformed TOML: {}", src, b.line, b.column, e.description());
+  }
+  for (auto& ov : overrides) apply_override(root, ov, src);
+
+  static const std::set<std::string> kSections = {"model", "data", "optim", "train", "ckpt", "sample"};
+  for (auto& [k, v] : root) {
+    std::string key(k.str());
+    MT_CHECK(kSections.count(key), "{}: unknown config section '{}'{}", src, key, suggestion(key, kSections));
+    MT_CHECK(v.is_table(), "{}: '{}' must be a section ([{}])", src, key, key);
+  }
+  RunConfig c;
+  c.source = src;
+  auto sec = [&](const char* n) { return Section(root[n].as_table(), n, src); };
+
+  Section m = sec("model");
+  ModelConfig& mc = c.model;
+  m.get("vocab_size", mc.vocab_size);
+  m.get("vocab_pad_to", mc.vocab_pad_to);
+  m.get("n_layer", mc.n_layer);
+  m.get("n_head", mc.n_head);
+  m.get("n_kv_head", mc.n_kv_head);
+  m.get("d_model", mc.d_model);
+  m.get("d_ff", mc.d_ff);
+  m.get("max_seq_len", mc.max_seq_len);
+  m.get("norm", mc.norm);
+  m.get("mlp", mc.mlp);
+  m.get("pos", mc.pos);
+  m.get("rope_theta", mc.rope_theta);
+  m.get("block", mc.block);
+  m.get("window", mc.window);
+  m.get("tied_embeddings", mc.tied_embeddings);
+  m.get("bias", mc.bias);
+  m.get("norm_eps", mc.norm_eps);
+  m.get("init_std", mc.init_std);
+  m.get_recompute("recompute", mc.recompute, mc.n_layer);
+  m.get("init_from", c.init_from);
+  m.check_unknown();
+
+  Section d = sec("data");
+  d.get("dir", c.data.dir);
+  d.get("batch_size", c.data.batch_size);
+  d.get("seq_len", c.data.seq_len);
+  d.get("shuffle", c.data.shuffle);
+  d.get("seed", c.data.seed);
+  d.get("prefetch", c.data.prefetch);
+  d.check_unknown();
+
+  Section o = sec("optim");
+  o.get("name", c.optim.name);
+  o.get("lr", c.optim.lr);
+  o.get("min_lr", c.optim.min_lr);
+  o.get("schedule", c.optim.schedule);
+  o.get("warmup_steps", c.optim.warmup_steps);
+  o.get("beta1", c.optim.beta1);
+  o.get("beta2", c.optim.beta2);
+  o.get("eps", c.optim.eps);
+  o.get("weight_decay", c.optim.weight_decay);
+  o.get("grad_clip", c.optim.grad_clip);
+  o.check_unknown();
+
+  Section t = sec("train");
+  t.get("steps", c.train.steps);
+  t.get("grad_accum", c.train.grad_accum);
+  t.get("log_every", c.train.log_every);
+  t.get("eval_every", c.train.eval_every);
+  t.get("eval_batches", c.train.eval_batches);
+  t.get("seed", c.train.seed);
+  t.get("out_dir", c.train.out_dir);
+  t.get("peak_tflops", c.train.peak_tflops);
+  t.get("threads", c.train.threads);
+  t.check_unknown();
+
+  Section k = sec("ckpt");
+  k.get("every", c.ckpt.every);
+  k.get("keep_last", c.ckpt.keep_last);
+  k.get("dir", c.ckpt.dir);
+  k.get("resume", c.ckpt.resume);
+  k.get("save_final", c.ckpt.save_final);
+  k.check_unknown();
+
+  Section s = sec("sample");
+  s.get("prompt", c.sample.prompt);
+  s.get("tokens", c.sample.tokens);
+  s.get("temperature", c.sample.temperature);
+  s.get("top_k", c.sample.top_k);
+  s.get("seed", c.sample.seed);
+  s.check_unknown();
+
+  if (c.ckpt.dir.empty()) c.ckpt.dir = c.train.out_dir + "/ckpt";
+  c.validate();
+  return c;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  MT_CHECK(file_exists(path), "config file {} does not exist", path);
+  return parse_run_config(read_text_file(path), path, overrides);
+}
+
+void RunConfig::validate() const {
+  model.validate();
+  optim.validate();
+  MT_CHECK(data.batch_size > 0, "{}: data.batch_size must be positive (got {})", source, data.batch_size);
+  MT_CHECK(data.seq_len > 0, "{}: data.seq_len must be positive (got {})", source, data.seq_len);
+  MT_CHECK(data.seq_len <= model.max_seq_len, "{}: data.seq_len ({}) exceeds model.max_seq_len ({})", source,
+           data.seq_len, model.max_seq_len);
+  MT_CHECK(data.prefetch >= 0, "{}: data.prefetch must be >= 0", source);
+  MT_CHECK(train.steps > 0, "{}: train.steps must be positive (got {})", source, train.steps);
+  MT_CHECK(train.grad_accum > 0, "{}: train.grad_accum must be positive (got {})", source, train.grad_accum);
+  MT_CHECK(train.log_every > 0, "{}: train.log_every must be positive", source);
+  MT_CHECK(train.eval_every >= 0 && train.eval_batches >= 0, "{}: train.eval_every/eval_batches must be >= 0", source);
+  MT_CHECK(train.peak_tflops >= 0, "{}: train.peak_tflops must be >= 0", source);
+  MT_CHECK(train.threads >= 0, "{}: train.threads must be >= 0", source);
+  MT_CHECK(ckpt.every >= 0 && ckpt.keep_last >= 1, "{}: ckpt.every must be >= 0 and ckpt.keep_last >= 1", source);
+  MT_CHECK(sample.tokens >= 0 && sample.top_k >= 0 && sample.temperature >= 0,
+           "{}: sample.tokens/top_k/temperature must be >= 0", source);
+}
+
+}  // namespace mt

@@ -1,0 +1,69 @@
+// The run configuration: one TOML file with sections [model] [data] [optim] [train] [ckpt] [sample], plus
+// `--section.key=value` overrides from the command line. Every key is known: a mistyped or unknown key is an error
+// that names it (and the closest known key).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "megatrain/model/config.h"
+#include "megatrain/optim/optimizer.h"
+
+namespace mt {
+
+struct DataConfig {
+  std::string dir = "data/brown";  // directory of train_*.bin / val_*.bin shards (prepare-data output)
+  int batch_size = 8;              // micro-batch B
+  int seq_len = 128;               // T
+  bool shuffle = true;
+  uint64_t seed = 1234;
+  int prefetch = 2;                // batches prefetched by a background thread; 0 = synchronous
+};
+
+struct TrainConfig {
+  int steps = 200;
+  int grad_accum = 1;              // micro-batches per optimizer step
+  int log_every = 10;
+  int eval_every = 50;             // 0 disables periodic validation
+  int eval_batches = 8;
+  uint64_t seed = 42;              // weight init
+  std::string out_dir = "runs/default";
+  double peak_tflops = 0;          // MFU denominator; 0 = measure the backend's matmul peak at start-up
+  int threads = 0;                 // OpenMP threads; 0 = all cores
+};
+
+struct CkptConfig {
+  int every = 0;                   // steps between checkpoints; 0 = only at the end
+  int keep_last = 3;
+  std::string dir;                 // default <train.out_dir>/ckpt
+  std::string resume = "auto";     // auto (latest under dir if any) | none | path to a checkpoint
+  bool save_final = true;
+};
+
+struct SampleConfig {
+  std::string prompt = "The";
+  int tokens = 64;
+  float temperature = 0.8f;
+  int top_k = 40;
+  uint64_t seed = 7;
+};
+
+struct RunConfig {
+  ModelConfig model;
+  std::string init_from;           // model.init_from: HF GPT-2 .safetensors or a checkpoint directory
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
+  CkptConfig ckpt;
+  SampleConfig sample;
+  std::string source;              // the config file path, for messages
+
+  void validate() const;
+};
+
+// Parses TOML text (source names it in errors) and applies overrides of the form "section.key=value"
+// (value in TOML syntax; bare words are taken as strings).
+RunConfig parse_run_config(const std::string& toml_text, const std::string& source,
+                           const std::vector<std::string>& overrides = {});
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace mt
