@@ -1,8 +1,51 @@
+// megatrain generate --ckpt DIR --prompt "..." [--tokens N] [--temperature T] [--top-k K] [--seed S]
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "megatrain/ckpt/checkpoint.h"
+#include "megatrain/ckpt/config_json.h"
 #include "megatrain/cli/commands.h"
-#include "megatrain/core/error.h"
+#include "megatrain/core/resources.h"
+#include "megatrain/data/tokenizer.h"
+#include "megatrain/model/gpt.h"
+#include "megatrain/train/sampler.h"
 
 namespace mt::cli {
 
-int cmd_generate(int, char**) { fail("not implemented yet"); }
+int cmd_generate(int argc, char** argv) {
+  CLI::App app{"Sample text from a checkpoint (a training run's ckpt dir, a step dir, or `convert --from-hf` output)",
+               "generate"};
+  std::string ckpt, prompt = "\n", vocab = default_gpt2_vocab_dir();
+  SampleOptions o;
+  o.tokens = 100;
+  app.add_option("--ckpt", ckpt, "checkpoint directory (root with `latest`, or one step_N directory)")->required();
+  app.add_option("--prompt", prompt, "text to continue");
+  app.add_option("--tokens", o.tokens, "number of tokens to sample")->check(CLI::NonNegativeNumber);
+  app.add_option("--temperature", o.temperature, "softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", o.top_k, "sample among the k most likely tokens; 0 = all")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, "sampling seed");
+  app.add_option("--vocab", vocab, "directory with encoder.json and vocab.bpe");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  Checkpoint ck = Checkpoint::load(ckpt);
+  MT_CHECK(ck.extra().contains("model"), "checkpoint {} does not record its model config", ck.dir());
+  ModelConfig cfg = model_config_from_json(ck.extra()["model"]);
+  cfg.recompute.clear();
+  auto ops = make_cpu_ops();
+  GPT model(cfg, *ops);
+  for (auto& info : model.params().infos()) ck.copy_into(info.name, model.params().param(info.name));
+  Tokenizer tok = Tokenizer::load_gpt2(vocab);
+  MT_CHECK(tok.vocab_size() == cfg.vocab_size, "the tokenizer in {} has {} tokens but the model has {}", vocab,
+           tok.vocab_size(), cfg.vocab_size);
+  std::vector<int32_t> ids = tok.encode(prompt);
+  if (ids.empty()) ids.push_back(tok.eot());
+  o.stop_token = tok.eot();
+  std::vector<int32_t> out = sample_tokens(model, ids, o);
+  fmt::print("{}{}\n", prompt, tok.decode(out));
+  return 0;
+}
 
 }  // namespace mt::cli

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <toml++/toml.hpp>
+#include <toml++/toml.h>
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"

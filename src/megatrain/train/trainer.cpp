@@ -1,0 +1,213 @@
+#include "megatrain/train/trainer.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "megatrain/ckpt/checkpoint.h"
+#include "megatrain/ckpt/config_json.h"
+#include "megatrain/ckpt/model_weights.h"
+#include "megatrain/core/clock.h"
+#include "megatrain/core/fs.h"
+#include "megatrain/core/resources.h"
+#include "megatrain/data/loader.h"
+#include "megatrain/data/tokenizer.h"
+#include "megatrain/model/gpt.h"
+#include "megatrain/optim/optimizer.h"
+#include "megatrain/train/metrics.h"
+#include "megatrain/train/peak.h"
+#include "megatrain/train/sampler.h"
+
+namespace mt {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Everything a checkpoint holds: parameters, optimizer moments, and the position of the run.
+void save(const RunConfig& cfg, GPT& model, Optimizer& opt, int step, const LoaderState& data, const std::string& why,
+          TrainResult& res) {
+  std::vector<TensorRef> model_t, optim_t;
+  const ParamStore& ps = model.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string& n = ps.info(static_cast<int>(i)).name;
+    model_t.push_back(tensor_ref(n, ps.param(static_cast<int>(i))));
+    optim_t.push_back(tensor_ref("m." + n, opt.m(static_cast<int>(i))));
+    optim_t.push_back(tensor_ref("v." + n, opt.v(static_cast<int>(i))));
+  }
+  nlohmann::json extra = {{"model", model_config_to_json(cfg.model)},
+                          {"optim_name", cfg.optim.name},
+                          {"step", step},
+                          {"data", {{"epoch", data.epoch}, {"cursor", data.cursor}, {"dir", cfg.data.dir},
+                                    {"batch_size", cfg.data.batch_size}, {"seq_len", cfg.data.seq_len},
+                                    {"shuffle", cfg.data.shuffle}, {"seed", cfg.data.seed}}},
+                          {"train", {{"steps", cfg.train.steps}, {"grad_accum", cfg.train.grad_accum}}}};
+  SaveOptions so;
+  so.keep_last = cfg.ckpt.keep_last;
+  double t0 = now_seconds();
+  res.last_checkpoint = save_checkpoint(cfg.ckpt.dir, step,
+                                        {{"model.safetensors", model_t}, {"optim.safetensors", optim_t}}, extra, so);
+  fmt::print("checkpoint ({}) step {} -> {} in {:.2f} s\n", why, step, res.last_checkpoint, now_seconds() - t0);
+}
+
+// Restores model, optimizer and data position; returns the checkpoint's step.
+int restore(const RunConfig& cfg, const std::string& path, GPT& model, Optimizer& opt, LoaderState& data) {
+  Checkpoint ck = Checkpoint::load(path);
+  const nlohmann::json& x = ck.extra();
+  MT_CHECK(x.contains("model") && x.contains("data") && x.contains("step"),
+           "checkpoint {} lacks the training state (model/data/step); was it written by `megatrain convert`? Use "
+           "model.init_from for weights only", ck.dir());
+  ModelConfig saved = model_config_from_json(x["model"]);
+  nlohmann::json want = model_config_to_json(cfg.model), have = model_config_to_json(saved);
+  want.erase("recompute");
+  have.erase("recompute");
+  MT_CHECK(want == have, "checkpoint {} was trained with a different model config:\n  checkpoint: {}\n  this run:   {}",
+           ck.dir(), have.dump(), want.dump());
+  MT_CHECK(x.value("optim_name", "") == cfg.optim.name, "checkpoint {} used optimizer '{}' but this run uses '{}'",
+           ck.dir(), x.value("optim_name", ""), cfg.optim.name);
+  const auto& d = x["data"];
+  MT_CHECK(d.value("batch_size", 0) == cfg.data.batch_size && d.value("seq_len", 0) == cfg.data.seq_len,
+           "checkpoint {} used data.batch_size={} data.seq_len={}, this run {} and {}: the data position would not "
+           "carry over", ck.dir(), d.value("batch_size", 0), d.value("seq_len", 0), cfg.data.batch_size,
+           cfg.data.seq_len);
+  const ParamStore& ps = model.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string& n = ps.info(static_cast<int>(i)).name;
+    ck.copy_into(n, ps.param(static_cast<int>(i)));
+    ck.copy_into("m." + n, opt.m(static_cast<int>(i)));
+    ck.copy_into("v." + n, opt.v(static_cast<int>(i)));
+  }
+  data.epoch = d["epoch"].get<uint64_t>();
+  data.cursor = d["cursor"].get<uint64_t>();
+  return x["step"].get<int>();
+}
+
+double evaluate(GPT& model, const RunConfig& cfg) {
+  // A fresh, unshuffled loader each time: every evaluation sees the same validation windows.
+  DataLoader val(cfg.data.dir, "val", cfg.data.batch_size, cfg.data.seq_len, false, 0, 0, 1, 0);
+  int n = static_cast<int>(std::min<uint64_t>(cfg.train.eval_batches, val.batches_per_epoch()));
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    Batch b = val.next();
+    sum += model.forward(b.x.data(), b.y.data(), b.B, b.T, false);
+  }
+  return n > 0 ? sum / n : NAN;
+}
+
+}  // namespace
+
+TrainResult run_training(const RunConfig& cfg) {
+  TrainResult res;
+  if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+  fs::create_directories(cfg.train.out_dir);
+  auto ops = make_cpu_ops();
+
+  DataLoader loader(cfg.data.dir, "train", cfg.data.batch_size, cfg.data.seq_len, cfg.data.shuffle, cfg.data.seed, 0, 1,
+                    cfg.data.prefetch);
+  MT_CHECK(loader.vocab_size() == 0 || loader.vocab_size() <= cfg.model.vocab_size,
+           "the shards in {} use a vocabulary of {} tokens but model.vocab_size is {}", cfg.data.dir,
+           loader.vocab_size(), cfg.model.vocab_size);
+
+  GPT model(cfg.model, *ops);
+  Optimizer opt(cfg.optim, model.params(), *ops);
+  int step = 0;
+  LoaderState pos;
+  std::string resume_from;
+  if (cfg.ckpt.resume == "auto") {
+    if (auto latest = find_latest(cfg.ckpt.dir)) resume_from = *latest;
+  } else if (cfg.ckpt.resume != "none") {
+    resume_from = cfg.ckpt.resume;
+  }
+  if (!resume_from.empty()) {
+    step = restore(cfg, resume_from, model, opt, pos);
+    loader.restore(pos);
+    fmt::print("resumed from {} at step {}\n", resume_from, step);
+  } else if (!cfg.init_from.empty()) {
+    model.init_weights(cfg.train.seed);
+    load_model_weights(cfg.init_from, cfg.model, model.params());
+    fmt::print("initialised weights from {}\n", cfg.init_from);
+  } else {
+    model.init_weights(cfg.train.seed);
+  }
+
+  const int B = cfg.data.batch_size, T = cfg.data.seq_len, accum = cfg.train.grad_accum;
+  const double tokens_per_step = static_cast<double>(B) * T * accum;
+  const double flops_per_step = cfg.model.flops_per_token(T) * tokens_per_step;
+  double peak = cfg.train.peak_tflops * 1e12;
+  std::string peak_src = "configured";
+  if (peak <= 0) {
+    peak = measure_matmul_flops(*ops);
+    peak_src = "measured matmul peak";
+  }
+  fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}, {:.2f}M params | data: {} train tokens, B={} "
+             "T={} accum={} | {} threads | MFU vs {:.1f} GFLOP/s ({})\n",
+             cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.model.block, cfg.model.window,
+             cfg.model.num_params() / 1e6, loader.num_tokens(), B, T, accum, omp_get_max_threads(), peak / 1e9,
+             peak_src);
+
+  MetricsLog log;
+  log.open(cfg.train.out_dir + "/metrics.jsonl", step > 0);
+  log.write({{"kind", "run"}, {"config", cfg.source}, {"params", cfg.model.num_params()}, {"peak_flops", peak},
+             {"peak_source", peak_src}, {"start_step", step}, {"threads", omp_get_max_threads()}});
+
+  res.first_step = step + 1;
+  for (++step; step <= cfg.train.steps; ++step) {
+    double t0 = now_seconds();
+    model.params().zero_grads();
+    double loss = 0;
+    for (int micro = 0; micro < accum; ++micro) {
+      Batch b = loader.next();
+      loss += model.forward(b.x.data(), b.y.data(), B, T, true, 1.0f / accum);
+      model.backward();
+    }
+    loss /= accum;
+    double norm = global_grad_norm(*ops, model.params());
+    MT_CHECK(std::isfinite(loss) && std::isfinite(norm), "step {}: non-finite loss ({}) or gradient norm ({})", step,
+             loss, norm);
+    float scale = cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip ? static_cast<float>(cfg.optim.grad_clip / norm)
+                                                                        : 1.0f;
+    float lr = lr_at(cfg.optim, step, cfg.train.steps);
+    opt.step(model.params(), lr, scale, step);
+    double dt = now_seconds() - t0;
+
+    StepStats s{step, cfg.train.steps, loss, lr, norm, dt, tokens_per_step / dt, flops_per_step / dt, 0};
+    s.mfu = s.model_flops_per_second / peak;
+    log.write(MetricsLog::to_json(s));
+    if (step == res.first_step) res.first_loss = loss;
+    res.last_loss = loss;
+    res.last_step = step;
+    if (step % cfg.train.log_every == 0 || step == res.first_step || step == cfg.train.steps)
+      fmt::print("{}\n", MetricsLog::progress_line(s));
+    if (cfg.train.eval_every > 0 && cfg.train.eval_batches > 0 &&
+        (step % cfg.train.eval_every == 0 || step == cfg.train.steps)) {
+      res.last_val_loss = evaluate(model, cfg);
+      fmt::print("step {:>6} | val loss {:.4f}\n", step, res.last_val_loss);
+      log.write({{"kind", "val"}, {"step", step}, {"val_loss", res.last_val_loss}});
+    }
+    if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps)
+      save(cfg, model, opt, step, loader.state(), "periodic", res);
+  }
+  res.last_step = std::min(step - 1, cfg.train.steps);
+  if (cfg.ckpt.save_final && res.last_step >= res.first_step)
+    save(cfg, model, opt, res.last_step, loader.state(), "final", res);
+
+  if (cfg.sample.tokens > 0) {
+    Tokenizer tok = Tokenizer::load_gpt2(default_gpt2_vocab_dir());
+    if (tok.vocab_size() == cfg.model.vocab_size) {
+      SampleOptions so{cfg.sample.tokens, cfg.sample.temperature, cfg.sample.top_k, cfg.sample.seed, tok.eot()};
+      std::vector<int32_t> prompt = tok.encode(cfg.sample.prompt);
+      if (prompt.empty()) prompt.push_back(tok.eot());
+      std::vector<int32_t> out = sample_tokens(model, prompt, so);
+      res.sample = cfg.sample.prompt + tok.decode(out);
+      fmt::print("---- sample ----\n{}\n----------------\n", res.sample);
+    } else {
+      fmt::print("(no sample: model.vocab_size {} is not the GPT-2 vocabulary's {})\n", cfg.model.vocab_size,
+                 tok.vocab_size());
+    }
+  }
+  return res;
+}
+
+}  // namespace mt

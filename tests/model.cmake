@@ -1,0 +1,1 @@
+mt_test(model_test mt_model mt_optim)
