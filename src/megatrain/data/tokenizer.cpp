@@ -1,0 +1,437 @@
+#include "megatrain/data/tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <mutex>
+
+#include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
+#include "megatrain/data/unicode_tables.h"
+
+namespace mt {
+
+using unicode::CharClass;
+
+namespace {
+
+// One character of the input: a well-formed UTF-8 sequence, or a single byte that is not part of one.
+struct Unit {
+  uint32_t len;
+  CharClass cls;
+};
+
+inline bool cont(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+// Strict UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF); a bad byte is one Other character.
+inline Unit unit_at(const unsigned char* s, size_t n, size_t i) {
+  unsigned char b = s[i];
+  if (b < 0x80) return {1, unicode::char_class(b)};
+  constexpr Unit bad{1, CharClass::Other};
+  if (b < 0xC2 || b > 0xF4) return bad;
+  if (b < 0xE0) {
+    if (i + 1 >= n || !cont(s[i + 1])) return bad;
+    return {2, unicode::char_class((b & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu))};
+  }
+  if (b < 0xF0) {
+    if (i + 2 >= n || !cont(s[i + 1]) || !cont(s[i + 2])) return bad;
+    if ((b == 0xE0 && s[i + 1] < 0xA0) || (b == 0xED && s[i + 1] > 0x9F)) return bad;
+    return {3, unicode::char_class((b & 0x0Fu) << 12 | (s[i + 1] & 0x3Fu) << 6 | (s[i + 2] & 0x3Fu))};
+  }
+  if (i + 3 >= n || !cont(s[i + 1]) || !cont(s[i + 2]) || !cont(s[i + 3])) return bad;
+  if ((b == 0xF0 && s[i + 1] < 0x90) || (b == 0xF4 && s[i + 1] > 0x8F)) return bad;
+  return {4, unicode::char_class((b & 0x07u) << 18 | (s[i + 1] & 0x3Fu) << 12 | (s[i + 2] & 0x3Fu) << 6 |
+                                 (s[i + 3] & 0x3Fu))};
+}
+
+// The regex's alternatives, tried in its order at each match start. ` ?X+` for X in {L, N, other} reduces to
+// "the class of the character after an optional leading ASCII space", because a space is \s and so can
+// start none of those runs itself.
+template <typename Emit>
+void split(std::string_view text, Emit&& emit) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    if (s[i] == '\'' && i + 1 < n) {  // 's|'t|'re|'ve|'m|'ll|'d (case-sensitive)
+      unsigned char c = s[i + 1];
+      if (c == 's' || c == 't' || c == 'm' || c == 'd') {
+        emit(i, 2);
+        i += 2;
+        continue;
+      }
+      if (i + 2 < n) {
+        unsigned char c2 = s[i + 2];
+        if ((c == 'r' && c2 == 'e') || (c == 'v' && c2 == 'e') || (c == 'l' && c2 == 'l')) {
+          emit(i, 3);
+          i += 3;
+          continue;
+        }
+      }
+    }
+    size_t j = (s[i] == ' ' && i + 1 < n) ? i + 1 : i;
+    Unit u = unit_at(s, n, j);
+    if (u.cls != CharClass::Space) {  // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`
+      size_t e = j + u.len;
+      while (e < n) {
+        Unit v = unit_at(s, n, e);
+        if (v.cls != u.cls) break;
+        e += v.len;
+      }
+      emit(i, e - i);
+      i = e;
+      continue;
+    }
+    // `\s+(?!\S)` keeps the run but its last character when a non-space follows (that character then
+    // prefixes the next word); a single space before a non-space is left to `\s+`.
+    size_t e = i, last = i, count = 0;
+    while (e < n) {
+      Unit v = unit_at(s, n, e);
+      if (v.cls != CharClass::Space) break;
+      last = e;
+      e += v.len;
+      ++count;
+    }
+    size_t end = (e == n || count == 1) ? e : last;
+    emit(i, end - i);
+    i = end;
+  }
+}
+
+struct ByteAlphabet {
+  uint32_t to_char[256];
+  int16_t from_char[324];  // inverse of to_char (chars < 324), -1 where no byte maps
+  std::vector<uint8_t> order;
+  ByteAlphabet() {
+    std::fill(std::begin(from_char), std::end(from_char), int16_t{-1});
+    auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+    for (int b = 0; b < 256; ++b)
+      if (printable(b)) order.push_back(static_cast<uint8_t>(b)), to_char[b] = b;
+    uint32_t next = 256;
+    for (int b = 0; b < 256; ++b)
+      if (!printable(b)) order.push_back(static_cast<uint8_t>(b)), to_char[b] = next++;
+    for (int b = 0; b < 256; ++b) from_char[to_char[b]] = static_cast<int16_t>(b);
+  }
+};
+
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | cp >> 6);
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {  // the alphabet stops at U+0143; longer forms are never needed
+    fail("append_utf8: code point U+{:04X} outside GPT-2's byte alphabet", cp);
+  }
+}
+
+// Alphabet text (UTF-8) -> raw bytes; false if a character is not in the alphabet.
+bool gpt2_text_to_bytes(std::string_view text, std::string& out) {
+  out.clear();
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const auto& a = alphabet();
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp;
+    if (s[i] < 0x80) {
+      cp = s[i++];
+    } else if ((s[i] & 0xE0) == 0xC0 && i + 1 < text.size() && cont(s[i + 1])) {
+      cp = (s[i] & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu);
+      i += 2;
+    } else {
+      return false;
+    }
+    if (cp >= 324 || a.from_char[cp] < 0) return false;
+    out += static_cast<char>(a.from_char[cp]);
+  }
+  return true;
+}
+
+uint64_t pair_key(int32_t a, int32_t b) { return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b); }
+
+struct StrHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+}  // namespace
+
+void pretokenize(std::string_view text, const std::function<void(std::string_view)>& fn) {
+  split(text, [&](size_t b, size_t len) { fn(text.substr(b, len)); });
+}
+
+std::vector<std::string_view> pretokenize(std::string_view text) {
+  std::vector<std::string_view> out;
+  split(text, [&](size_t b, size_t len) { out.push_back(text.substr(b, len)); });
+  return out;
+}
+
+uint32_t gpt2_byte_char(uint8_t b) { return alphabet().to_char[b]; }
+const std::vector<uint8_t>& gpt2_byte_order() { return alphabet().order; }
+
+std::string bytes_to_gpt2_text(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char b : bytes) append_utf8(out, alphabet().to_char[b]);
+  return out;
+}
+
+// Results of BPE per pre-token, shared by all threads. Bounded: cleared when full (text rarely has more
+// distinct words than fit, and a miss only costs one BPE run).
+struct Tokenizer::Cache {
+  static constexpr size_t kMaxEntries = 1 << 18;
+  static constexpr size_t kMaxPieceBytes = 256;  // longer pieces (whitespace runs, ...) are not worth keeping
+  std::mutex mu;
+  std::unordered_map<std::string, std::vector<int32_t>, StrHash, std::equal_to<>> map;
+};
+
+Tokenizer::Tokenizer() : cache_(std::make_unique<Cache>()) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::load_gpt2(const std::string& dir) {
+  std::string enc_path = dir + "/encoder.json", bpe_path = dir + "/vocab.bpe";
+  MT_CHECK(file_exists(enc_path), "GPT-2 vocabulary: {} not found (run scripts/setup, or pass the directory "
+           "holding encoder.json and vocab.bpe)", enc_path);
+  MT_CHECK(file_exists(bpe_path), "GPT-2 vocabulary: {} not found", bpe_path);
+  return from_gpt2_strings(read_text_file(enc_path), read_text_file(bpe_path), dir);
+}
+
+Tokenizer Tokenizer::from_gpt2_strings(std::string_view encoder_json, std::string_view vocab_bpe,
+                                       const std::string& source) {
+  Tokenizer t;
+  const std::string enc_name = source + "/encoder.json", bpe_name = source + "/vocab.bpe";
+
+  // encoder.json: {"<token in the byte alphabet>": id, ...} with ids 0..N-1, each once.
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(encoder_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON: {}", enc_name, e.what());
+  }
+  MT_CHECK(j.is_object() && !j.empty(), "{}: expected a non-empty JSON object of token -> id", enc_name);
+  std::unordered_map<std::string, int32_t> by_text;  // alphabet text -> id (what vocab.bpe refers to)
+  t.tokens_.resize(j.size());
+  std::vector<bool> seen(j.size(), false);
+  std::string bytes;
+  for (auto& [text, v] : j.items()) {
+    MT_CHECK(v.is_number_integer(), "{}: id of token \"{}\" is not an integer", enc_name, text);
+    int64_t id = v.get<int64_t>();
+    MT_CHECK(id >= 0 && id < static_cast<int64_t>(j.size()),
+             "{}: id {} of token \"{}\" is outside 0..{} (ids must be dense)", enc_name, id, text, j.size() - 1);
+    MT_CHECK(!seen[id], "{}: id {} is used by two tokens (second: \"{}\")", enc_name, id, text);
+    MT_CHECK(gpt2_text_to_bytes(text, bytes), "{}: token \"{}\" has a character outside GPT-2's byte alphabet",
+             enc_name, text);
+    seen[id] = true;
+    t.tokens_[id] = bytes;
+    by_text.emplace(text, static_cast<int32_t>(id));
+  }
+  for (size_t id = 0; id < t.tokens_.size(); ++id) {
+    auto [it, fresh] = t.ids_.emplace(t.tokens_[id], static_cast<int32_t>(id));
+    MT_CHECK(fresh, "{}: ids {} and {} stand for the same bytes", enc_name, it->second, id);
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = t.ids_.find(std::string(1, static_cast<char>(b)));
+    MT_CHECK(it != t.ids_.end(), "{}: no token for byte 0x{:02X} (\"{}\")", enc_name, b,
+             bytes_to_gpt2_text(std::string(1, static_cast<char>(b))));
+    t.byte_id_[b] = it->second;
+  }
+  auto eot = t.ids_.find(std::string(kEndOfText));
+  MT_CHECK(eot != t.ids_.end(), "{}: no \"{}\" token", enc_name, kEndOfText);
+  t.eot_ = eot->second;
+
+  // vocab.bpe: a "#version" line, then one merge "left right" per line in rank order, each line ending in
+  // '\n'. (GPT-2's readers take lines [1:-1] of split('\n'), silently dropping an unterminated last line.)
+  std::vector<std::string_view> lines;
+  for (size_t p = 0;;) {
+    size_t nl = vocab_bpe.find('\n', p);
+    lines.push_back(vocab_bpe.substr(p, nl == std::string_view::npos ? std::string_view::npos : nl - p));
+    if (nl == std::string_view::npos) break;
+    p = nl + 1;
+  }
+  MT_CHECK(!lines[0].empty() && lines[0][0] == '#', "{}: first line must be the \"#version\" header, got \"{}\"",
+           bpe_name, lines[0].substr(0, 60));
+  MT_CHECK(lines.size() == 1 || lines.back().find_first_not_of(" \t\r") == std::string_view::npos,
+           "{}: the last line \"{}\" does not end with a newline (GPT-2 readers would ignore it)", bpe_name,
+           lines.back().substr(0, 60));
+  // The reference looks merges up by String([left, right]) == left + "," + right, so a pair of tokens whose
+  // joined text equals a merge's is merged too, at that merge's rank; ranks are per joined text, the last line
+  // winning. (GPT-2's vocabulary has 11 such pairs, e.g. ('",', '"') acting as ('"', ',"'), though its merge
+  // order seems to keep them from ever meeting; trained vocabularies can have live ones.)
+  std::unordered_map<std::string, int32_t> rank_of_key;
+  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; };
+  for (size_t ln = 1; ln + 1 < lines.size(); ++ln) {
+    std::string_view line = lines[ln];
+    std::vector<std::string_view> f;
+    for (size_t p = 0; p < line.size();) {
+      while (p < line.size() && is_space(line[p])) ++p;
+      size_t q = p;
+      while (q < line.size() && !is_space(line[q])) ++q;
+      if (q > p) f.push_back(line.substr(p, q - p));
+      p = q;
+    }
+    MT_CHECK(f.size() == 2, "{}:{}: expected a merge \"left right\", got \"{}\"", bpe_name, ln + 1, line.substr(0, 60));
+    auto a = by_text.find(std::string(f[0])), b = by_text.find(std::string(f[1]));
+    MT_CHECK(a != by_text.end() && b != by_text.end(), "{}:{}: merge \"{}\" uses a token missing from encoder.json",
+             bpe_name, ln + 1, line);
+    std::string joined = std::string(f[0]) + std::string(f[1]);
+    MT_CHECK(by_text.count(joined), "{}:{}: merge result \"{}\" is missing from encoder.json", bpe_name, ln + 1,
+             joined);
+    t.merges_.emplace_back(a->second, b->second);
+    rank_of_key[std::string(f[0]) + "," + std::string(f[1])] = static_cast<int32_t>(ln - 1);
+  }
+  for (auto& [key, rank] : rank_of_key) {
+    for (size_t p = key.find(','); p != std::string::npos; p = key.find(',', p + 1)) {
+      auto a = by_text.find(key.substr(0, p)), b = by_text.find(key.substr(p + 1));
+      if (a == by_text.end() || b == by_text.end()) continue;
+      // An accidental pair whose result is no token would make the reference emit `undefined`; leave it unmerged.
+      auto m = by_text.find(a->first + b->first);
+      if (m == by_text.end()) continue;
+      t.pair_merge_[pair_key(a->second, b->second)] = Merge{rank, m->second};
+    }
+  }
+  return t;
+}
+
+const Tokenizer::Merge* Tokenizer::find_merge(int32_t left, int32_t right) const {
+  auto it = pair_merge_.find(pair_key(left, right));
+  return it == pair_merge_.end() ? nullptr : &it->second;
+}
+
+// BPE over one pre-token with the reference's exact order of merges: each round takes the lowest rank among
+// the current pairs (if pairs of different tokens share it, the last one in the word), then merges every
+// occurrence of that pair left to right. A heap of (rank, position) candidates makes a round cost
+// O(merges * log n) instead of a scan of the word, so long pre-tokens stay fast.
+void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  const bool cacheable = piece.size() <= Cache::kMaxPieceBytes;
+  if (cacheable) {
+    std::lock_guard lock(cache_->mu);
+    auto it = cache_->map.find(piece);
+    if (it != cache_->map.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  struct Sym {
+    int32_t id, prev, next;  // id -1: absorbed into its left neighbour
+  };
+  struct Cand {
+    int32_t rank, pos, left, right, merged;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  const int32_t n = static_cast<int32_t>(piece.size());
+  std::vector<Sym> sym(n);
+  for (int32_t i = 0; i < n; ++i) sym[i] = {byte_id_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
+  std::vector<Cand> heap, batch, deferred;
+  auto push = [&](int32_t p) {
+    int32_t q = sym[p].next;
+    if (q < 0) return;
+    if (const Merge* m = find_merge(sym[p].id, sym[q].id)) {
+      heap.push_back({m->rank, p, sym[p].id, sym[q].id, m->merged});
+      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+    }
+  };
+  auto pop = [&] {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+    Cand c = heap.back();
+    heap.pop_back();
+    return c;
+  };
+  // Symbols only ever grow, so a candidate whose two tokens are still in place is still current.
+  auto valid = [&](const Cand& c) {
+    int32_t q = sym[c.pos].next;
+    return sym[c.pos].id == c.left && q >= 0 && sym[q].id == c.right;
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    Cand c = pop();
+    if (!valid(c)) continue;
+    batch.assign(1, c);
+    while (!heap.empty() && heap.front().rank == c.rank) {
+      Cand d = pop();
+      if (valid(d)) batch.push_back(d);
+    }
+    const Cand& chosen = batch.back();  // batch is in word order
+    int32_t left = chosen.left, right = chosen.right;
+    deferred.clear();
+    for (const Cand& e : batch) {
+      if (e.left != left || e.right != right) {
+        deferred.push_back(e);
+        continue;
+      }
+      if (!valid(e)) continue;  // overlapped by the previous occurrence ("aaa" merges as "aa" "a")
+      int32_t p = e.pos, q = sym[p].next, r = sym[q].next;
+      sym[p].id = e.merged;
+      sym[p].next = r;
+      if (r >= 0) sym[r].prev = p;
+      sym[q].id = -1;
+      if (sym[p].prev >= 0) push(sym[p].prev);
+      push(p);
+    }
+    for (const Cand& e : deferred) {
+      heap.push_back(e);
+      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+    }
+  }
+  size_t first = out.size();
+  for (int32_t p = 0; p >= 0; p = sym[p].next) out.push_back(sym[p].id);
+  if (cacheable) {
+    std::lock_guard lock(cache_->mu);
+    if (cache_->map.size() >= Cache::kMaxEntries) cache_->map.clear();
+    cache_->map.emplace(std::string(piece), std::vector<int32_t>(out.begin() + first, out.end()));
+  }
+}
+
+void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+  split(text, [&](size_t b, size_t len) {
+    if (len == 1) out.push_back(byte_id_[static_cast<unsigned char>(text[b])]);
+    else bpe(text.substr(b, len), out);
+  });
+}
+
+void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, bool allow_special) const {
+  if (allow_special) {
+    for (size_t f; (f = text.find(kEndOfText)) != std::string_view::npos;) {
+      encode_plain(text.substr(0, f), out);
+      out.push_back(eot_);
+      text.remove_prefix(f + kEndOfText.size());
+    }
+  }
+  encode_plain(text, out);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 16);
+  encode_append(text, out, allow_special);
+  return out;
+}
+
+std::string_view Tokenizer::token_bytes(int id) const {
+  MT_CHECK(id >= 0 && id < vocab_size(), "token id {} is outside the vocabulary (0..{})", id, vocab_size() - 1);
+  return tokens_[id];
+}
+
+int Tokenizer::token_id(std::string_view bytes) const {
+  auto it = ids_.find(std::string(bytes));
+  return it == ids_.end() ? -1 : it->second;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+  std::string out;
+  out.reserve(ids.size() * 4);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    int32_t id = ids[i];
+    MT_CHECK(id >= 0 && id < vocab_size(), "decode: token id {} at position {} is outside the vocabulary (0..{})",
+             id, i, vocab_size() - 1);
+    out += tokens_[id];
+  }
+  return out;
+}
+
+}  // namespace mt

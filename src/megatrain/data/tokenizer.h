@@ -1,0 +1,82 @@
+// GPT-2's byte-level BPE tokenizer, id-for-id identical to the reference encoder (the npm package
+// gpt-3-encoder, itself a port of OpenAI's encoder.py):
+//   1. the text is split into pre-tokens by the regex
+//        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//      (implemented by hand over code points; classes as JavaScript defines them, see unicode_tables.h);
+//   2. each pre-token's UTF-8 bytes start as one token per byte and are merged by BPE in merge-rank order.
+// Invalid UTF-8 never fails: each byte that is not part of a well-formed sequence counts as one character of
+// the class [^\s\p{L}\p{N}] (as U+FFFD would) and is encoded as its own byte, so decode(encode(x)) == x for
+// any byte string.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace mt {
+
+// Calls fn for each pre-token of text, in order; the pieces tile the text exactly.
+void pretokenize(std::string_view text, const std::function<void(std::string_view)>& fn);
+std::vector<std::string_view> pretokenize(std::string_view text);
+
+// GPT-2 writes token bytes in a printable alphabet: byte b is the code point gpt2_byte_char(b)
+// (printable Latin-1 bytes stand for themselves, the other 68 bytes for U+0100..U+0143).
+uint32_t gpt2_byte_char(uint8_t b);
+// The 256 bytes in the order of GPT-2's ids 0..255 (the printable ones first).
+const std::vector<uint8_t>& gpt2_byte_order();
+std::string bytes_to_gpt2_text(std::string_view bytes);  // raw bytes -> alphabet (UTF-8), e.g. " the" -> "Ġthe"
+
+inline constexpr std::string_view kEndOfText = "<|endoftext|>";
+
+class Tokenizer {
+ public:
+  // Loads dir/encoder.json and dir/vocab.bpe (GPT-2's formats). Default: default_gpt2_vocab_dir().
+  static Tokenizer load_gpt2(const std::string& dir);
+  // The same from the files' contents; `source` names them in error messages.
+  static Tokenizer from_gpt2_strings(std::string_view encoder_json, std::string_view vocab_bpe,
+                                     const std::string& source = "<memory>");
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // allow_special: the literal text "<|endoftext|>" becomes the single id eot(); otherwise it is plain text
+  // (as in the reference JS encoder, which knows no special tokens). Thread-safe.
+  std::vector<int32_t> encode(std::string_view utf8, bool allow_special = true) const;
+  void encode_append(std::string_view utf8, std::vector<int32_t>& out, bool allow_special = true) const;
+  std::string decode(std::span<const int32_t> ids) const;  // throws on an id outside [0, vocab_size())
+
+  int eot() const { return eot_; }
+  int vocab_size() const { return static_cast<int>(tokens_.size()); }
+  std::string_view token_bytes(int id) const;  // the raw bytes a token stands for
+  int token_id(std::string_view bytes) const;  // the token whose bytes these are, or -1
+  // The merges in rank order, as (left id, right id); merged id = token_id(left bytes + right bytes).
+  const std::vector<std::pair<int32_t, int32_t>>& merges() const { return merges_; }
+
+ private:
+  struct Merge {
+    int32_t rank;
+    int32_t merged;
+  };
+  struct Cache;
+
+  Tokenizer();
+  void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  const Merge* find_merge(int32_t left, int32_t right) const;
+
+  std::vector<std::string> tokens_;                 // id -> bytes
+  std::unordered_map<std::string, int32_t> ids_;    // bytes -> id
+  std::vector<std::pair<int32_t, int32_t>> merges_;
+  // (left << 32 | right) -> merge; includes the pairs the reference merges by accident (see tokenizer.cpp).
+  std::unordered_map<uint64_t, Merge> pair_merge_;
+  int32_t byte_id_[256] = {};
+  int32_t eot_ = -1;
+  std::unique_ptr<Cache> cache_;
+};
+
+}  // namespace mt

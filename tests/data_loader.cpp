@@ -1,0 +1,270 @@
+// DataLoader against a naive oracle: the split's token stream read shard by shard and sliced by hand.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "data_util.h"
+#include "megatrain/core/error.h"
+#include "megatrain/data/loader.h"
+#include "megatrain/data/shard.h"
+
+namespace mt {
+namespace {
+
+using testing::TempDir;
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// A split whose stream is EOT followed by distinct ids, spread over shards of 149 tokens (so windows cross shard
+// boundaries). Distinct ids let a window be recognised by its first token.
+struct Dataset {
+  TempDir dir;
+  std::vector<int32_t> stream;  // the oracle: all shards' tokens, concatenated naively
+
+  explicit Dataset(int ntokens, uint64_t shard_tokens = 149) {
+    const int vocab = ntokens + 1;
+    ShardWriter w(dir.path(), "train", vocab, ntokens, shard_tokens);
+    std::vector<int32_t> doc(ntokens - 1);
+    for (int i = 0; i < ntokens - 1; ++i) doc[i] = (i * 7919) % (ntokens - 1);  // a permutation (7919 is prime)
+    w.add_document(doc);
+    for (const std::string& p : w.finish()) {
+      auto t = ShardReader(p).read_all();
+      stream.insert(stream.end(), t.begin(), t.end());
+    }
+  }
+  const std::string& path() const { return dir.path(); }
+  // Window k of the stream, split into x and y.
+  void window(uint64_t k, int T, const int32_t** x, const int32_t** y) const {
+    *x = stream.data() + k * T;
+    *y = stream.data() + k * T + 1;
+  }
+  uint64_t window_of(int32_t first_token, int T) const {
+    auto it = std::find(stream.begin(), stream.end(), first_token);
+    uint64_t pos = static_cast<uint64_t>(it - stream.begin());
+    EXPECT_EQ(pos % T, 0u) << "row starts inside a window";
+    return pos / T;
+  }
+};
+
+// Each row of b is window w_r of the oracle; returns the windows.
+std::vector<uint64_t> check_rows(const Dataset& d, const Batch& b) {
+  std::vector<uint64_t> ws;
+  for (int r = 0; r < b.B; ++r) {
+    uint64_t w = d.window_of(b.x[static_cast<size_t>(r) * b.T], b.T);
+    const int32_t *x, *y;
+    d.window(w, b.T, &x, &y);
+    for (int t = 0; t < b.T; ++t) {
+      EXPECT_EQ(b.x[r * b.T + t], x[t]) << "row " << r << " t " << t;
+      EXPECT_EQ(b.y[r * b.T + t], y[t]) << "row " << r << " t " << t;
+    }
+    ws.push_back(w);
+  }
+  return ws;
+}
+
+bool same(const Batch& a, const Batch& b) { return a.x == b.x && a.y == b.y && a.epoch == b.epoch && a.cursor == b.cursor; }
+
+TEST(DataLoad, SequentialWindowsMatchNaiveSlicing) {
+  Dataset d(1000);
+  ASSERT_EQ(d.stream.size(), 1000u);
+  ASSERT_GT(ShardReader(shard_path(d.path(), "train", 1)).size(), 0u);
+  const int B = 4, T = 8;
+  DataLoader dl(d.path(), "train", B, T, /*shuffle=*/false, 0, 0, 1, /*prefetch=*/0);
+  EXPECT_EQ(dl.num_tokens(), 1000u);
+  EXPECT_EQ(dl.windows_per_epoch(), 999u / 8);  // floor((N-1)/T)
+  EXPECT_EQ(dl.batches_per_epoch(), 124u / 4);
+  EXPECT_EQ(dl.vocab_size(), 1001);
+  EXPECT_EQ(dl.eot(), 1000);
+  for (uint64_t i = 0; i < 31; ++i) {
+    Batch b = dl.next();
+    EXPECT_EQ(b.epoch, 0u);
+    EXPECT_EQ(b.cursor, i * B);
+    // Row r of batch i is window i*B + r: x = stream[k*T, k*T+T), y shifted by one.
+    for (int r = 0; r < B; ++r) {
+      uint64_t k = i * B + r;
+      for (int t = 0; t < T; ++t) {
+        ASSERT_EQ(b.x[r * T + t], d.stream[k * T + t]);
+        ASSERT_EQ(b.y[r * T + t], d.stream[k * T + t + 1]);
+      }
+    }
+  }
+  EXPECT_EQ(dl.state(), (LoaderState{1, 0}));
+  Batch again = dl.next();  // epoch 1 starts over, in the same order
+  EXPECT_EQ(again.epoch, 1u);
+  EXPECT_EQ(again.x[0], d.stream[0]);
+}
+
+TEST(DataLoad, ShuffleVisitsEveryWindowOncePerEpoch) {
+  Dataset d(1001);
+  const int B = 4, T = 8;  // 125 windows: 31 batches use 124 of them, one is dropped per epoch
+  DataLoader dl(d.path(), "train", B, T, /*shuffle=*/true, 42, 0, 1, 2);
+  std::vector<std::vector<uint64_t>> epochs(2);
+  for (int e = 0; e < 2; ++e) {
+    for (int i = 0; i < 31; ++i) {
+      Batch b = dl.next();
+      ASSERT_EQ(b.epoch, static_cast<uint64_t>(e));
+      for (uint64_t w : check_rows(d, b)) epochs[e].push_back(w);
+    }
+  }
+  for (auto& ws : epochs) {
+    std::set<uint64_t> uniq(ws.begin(), ws.end());
+    EXPECT_EQ(uniq.size(), 124u);  // no window twice
+    EXPECT_LT(*uniq.rbegin(), 125u);
+    EXPECT_FALSE(std::is_sorted(ws.begin(), ws.end()));
+  }
+  EXPECT_NE(epochs[0], epochs[1]);  // a new permutation per epoch
+}
+
+TEST(DataLoad, ShuffleIsDeterministicInSeedAndEpoch) {
+  Dataset d(700);
+  auto run = [&](uint64_t seed, int n) {
+    DataLoader dl(d.path(), "train", 3, 16, true, seed, 0, 1, 1);
+    std::vector<int32_t> firsts;
+    for (int i = 0; i < n; ++i) {
+      Batch b = dl.next();
+      for (int r = 0; r < 3; ++r) firsts.push_back(b.x[r * 16]);
+    }
+    return firsts;
+  };
+  const int per_epoch = 699 / 16 / 3;  // 14 batches
+  auto a = run(7, 2 * per_epoch + 3), b = run(7, 2 * per_epoch + 3), c = run(8, 2 * per_epoch + 3);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(DataLoad, RanksSliceTheGlobalBatch) {
+  Dataset d(2000);
+  const int B = 2, T = 8, world = 3;  // 249 windows -> 41 global batches of 6, 3 dropped per epoch
+  for (bool shuffle : {false, true}) {
+    DataLoader global(d.path(), "train", B * world, T, shuffle, 5, 0, 1, 0);
+    std::vector<std::unique_ptr<DataLoader>> ranks;
+    for (int r = 0; r < world; ++r)
+      ranks.push_back(std::make_unique<DataLoader>(d.path(), "train", B, T, shuffle, 5, r, world, 2));
+    EXPECT_EQ(ranks[1]->batches_per_epoch(), 41u);
+    for (int i = 0; i < 45; ++i) {  // crosses into epoch 1
+      Batch g = global.next();
+      std::vector<int32_t> x, y;
+      for (auto& rl : ranks) {
+        Batch b = rl->next();
+        EXPECT_EQ(b.epoch, g.epoch);
+        EXPECT_EQ(b.cursor, g.cursor);
+        x.insert(x.end(), b.x.begin(), b.x.end());
+        y.insert(y.end(), b.y.begin(), b.y.end());
+      }
+      ASSERT_EQ(x, g.x) << "batch " << i << " shuffle " << shuffle;
+      ASSERT_EQ(y, g.y);
+    }
+  }
+}
+
+TEST(DataLoad, PrefetchMatchesSynchronous) {
+  Dataset d(900);
+  DataLoader sync(d.path(), "train", 4, 8, true, 3, 0, 1, 0);
+  DataLoader pre(d.path(), "train", 4, 8, true, 3, 0, 1, 4);
+  for (int i = 0; i < 70; ++i) {
+    Batch a = sync.next(), b = pre.next();
+    ASSERT_TRUE(same(a, b)) << "batch " << i;
+    EXPECT_EQ(sync.state(), pre.state());
+  }
+}
+
+TEST(DataLoad, ResumesExactlyAtAnyPoint) {
+  Dataset d(800);
+  const int B = 4, T = 8;  // 99 windows -> 24 batches per epoch
+  std::vector<Batch> ref;
+  {
+    DataLoader dl(d.path(), "train", B, T, true, 11, 0, 1, 0);
+    for (int i = 0; i < 80; ++i) ref.push_back(dl.next());
+  }
+  for (int k : {0, 1, 13, 23, 24, 25, 47, 48, 71}) {
+    LoaderState saved;
+    {
+      DataLoader dl(d.path(), "train", B, T, true, 11, 0, 1, 2);
+      for (int i = 0; i < k; ++i) ASSERT_TRUE(same(dl.next(), ref[i]));
+      saved = dl.state();
+    }  // destroyed with prefetched batches in flight
+    if (k == 24) {
+      EXPECT_EQ(saved, (LoaderState{1, 0}));  // the end of an epoch reads as the next epoch's start
+    }
+    DataLoader resumed(d.path(), "train", B, T, true, 11, 0, 1, 3);
+    resumed.restore(saved);
+    for (int i = k; i < k + 8; ++i) ASSERT_TRUE(same(resumed.next(), ref[i])) << "resume at " << k << ", batch " << i;
+  }
+
+  // Restoring a running loader discards what it had prefetched.
+  DataLoader dl(d.path(), "train", B, T, true, 11, 0, 1, 3);
+  for (int i = 0; i < 20; ++i) dl.next();
+  LoaderState at20 = dl.state();
+  EXPECT_EQ(at20, (LoaderState{0, 80}));
+  for (int i = 20; i < 30; ++i) ASSERT_TRUE(same(dl.next(), ref[i]));  // crosses the epoch boundary
+  dl.restore(at20);
+  for (int i = 20; i < 30; ++i) ASSERT_TRUE(same(dl.next(), ref[i]));
+  dl.restore({2, 8});
+  ASSERT_TRUE(same(dl.next(), ref[50]));
+  EXPECT_THROW(dl.restore({0, 100}), Error);  // beyond an epoch of 99 windows
+}
+
+TEST(DataLoad, ReadsLlmcShardsByTheirNames) {
+  TempDir dir;
+  std::vector<uint32_t> toks;
+  for (uint32_t i = 0; i < 300; ++i) toks.push_back(i % 2 ? 50256 - i : i);
+  testing::write_bytes(dir / "tiny_shakespeare_val.bin", testing::llmc_shard_bytes({20240520, 1, 300}, toks, 2));
+  DataLoader dl(dir.path(), "val", 2, 32, false, 0, 0, 1, 0);
+  EXPECT_EQ(dl.vocab_size(), 0);
+  Batch b = dl.next();
+  Batch c = dl.next();
+  for (int t = 0; t < 32; ++t) {
+    EXPECT_EQ(b.x[t], static_cast<int32_t>(toks[t]));
+    EXPECT_EQ(b.y[32 + t], static_cast<int32_t>(toks[32 + t + 1]));
+    EXPECT_EQ(c.x[32 + t], static_cast<int32_t>(toks[96 + t]));
+  }
+}
+
+TEST(DataLoad, ClearErrors) {
+  Dataset d(100);
+  auto msg = [&](auto f) { return error_of(f); };
+  EXPECT_NE(msg([&] { DataLoader(d.path() + "/nope", "train", 1, 8, false, 0); }).find("does not exist"),
+            std::string::npos);
+  std::string m = msg([&] { DataLoader(d.path(), "val", 1, 8, false, 0); });
+  EXPECT_NE(m.find("no shards of split 'val'"), std::string::npos) << m;
+  m = msg([&] { DataLoader(d.path(), "train", 4, 32, false, 0); });  // 99/32 = 3 windows < 4
+  EXPECT_NE(m.find("too few for one batch"), std::string::npos) << m;
+  EXPECT_NO_THROW(DataLoader(d.path(), "train", 3, 32, false, 0));
+  EXPECT_NE(msg([&] { DataLoader(d.path(), "train", 1, 8, false, 0, 2, 2); }).find("rank 2"), std::string::npos);
+  EXPECT_THROW(DataLoader(d.path(), "train", 0, 8, false, 0), Error);
+  EXPECT_THROW(DataLoader(d.path(), "train", 1, 8, false, 0, 0, 1, -1), Error);
+
+  // A corrupt shard among good ones is named.
+  testing::write_bytes(d.path() + "/train_000099.bin", "garbage");
+  m = msg([&] { DataLoader(d.path(), "train", 1, 8, false, 0); });
+  EXPECT_NE(m.find("train_000099.bin"), std::string::npos) << m;
+}
+
+TEST(DataLoad, BackgroundErrorsReachNext) {
+  TempDir dir;
+  // The header records a vocabulary of 100 but the shard holds id 150 at index 40: found only when read.
+  std::vector<uint32_t> toks(64, 1);
+  toks[40] = 150;
+  testing::write_bytes(dir / "train_000000.bin", testing::llmc_shard_bytes({20240520, 1, 64, 100, 0, 1}, toks, 2));
+  DataLoader dl(dir.path(), "train", 1, 16, false, 0, 0, 1, 2);
+  EXPECT_NO_THROW(dl.next());  // windows 0 and 1 are fine
+  EXPECT_NO_THROW(dl.next());
+  std::string m = error_of([&] { dl.next(); });
+  EXPECT_NE(m.find("token 150 at index 40"), std::string::npos) << m;
+  EXPECT_THROW(dl.next(), Error);  // stays failed
+  dl.restore({0, 0});              // and can be restarted
+  EXPECT_NO_THROW(dl.next());
+}
+
+}  // namespace
+}  // namespace mt

@@ -1,0 +1,1 @@
+mt_test(tokenizer_test mt_tokenizer)

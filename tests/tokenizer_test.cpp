@@ -1,0 +1,590 @@
+// Tokenizer tests. The oracle is the reference encoder itself (the npm package gpt-3-encoder, run by node
+// through tests/tools/gpt2_encode.js), node's regex engine for the character classes, a literal C++
+// transcription of the reference's BPE loop for long words, and a naive recount for BPE training.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <climits>
+#include <filesystem>
+#include <map>
+#include <thread>
+#include <unordered_map>
+
+#include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
+#include "megatrain/core/resources.h"
+#include "megatrain/core/rng.h"
+#include "megatrain/data/bpe_train.h"
+#include "megatrain/data/tokenizer.h"
+#include "megatrain/data/unicode_tables.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using mt::Tokenizer;
+using Ids = std::vector<int32_t>;
+
+const Tokenizer& gpt2() {
+  static const Tokenizer t = Tokenizer::load_gpt2(mt::default_gpt2_vocab_dir());
+  return t;
+}
+
+std::string tmp_dir() {
+  static const std::string d = [] {
+    std::string p = std::string(MT_BINARY_DIR) + "/tokenizer_test_tmp." + std::to_string(::getpid());
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+struct RemoveTmpDir : ::testing::Environment {
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(std::string(MT_BINARY_DIR) + "/tokenizer_test_tmp." + std::to_string(::getpid()), ec);
+  }
+};
+[[maybe_unused]] auto* const kRemoveTmpDir = ::testing::AddGlobalTestEnvironment(new RemoveTmpDir);
+
+void run_node(const std::vector<std::string>& args) {
+  std::string cmd = "node";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  int rc = std::system(cmd.c_str());
+  ASSERT_EQ(rc, 0) << "node failed (is node installed and scripts/setup run?): " << cmd;
+}
+
+// The reference encoder's ids for each text, using the vocabulary in vocab_dir.
+std::vector<Ids> reference_encode(const std::vector<std::string>& texts, const std::string& vocab_dir) {
+  std::string in = tmp_dir() + "/ref_in.json", out = tmp_dir() + "/ref_out.json";
+  mt::write_file_atomic(in, nlohmann::json(texts).dump());
+  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/gpt2_encode.js", mt::default_gpt2_vocab_dir(), vocab_dir, in, out});
+  if (::testing::Test::HasFatalFailure()) return {};
+  auto j = nlohmann::json::parse(mt::read_text_file(out));
+  return j.get<std::vector<Ids>>();
+}
+
+std::string escaped(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7F) out += fmt::format("\\x{:02x}", c);
+    else out += static_cast<char>(c);
+  }
+  return out;
+}
+
+std::string show_ids(const Tokenizer& tok, const Ids& ids, size_t from, size_t to) {
+  std::string out;
+  for (size_t i = from; i < std::min(to, ids.size()); ++i)
+    out += fmt::format("{}{}\"{}\"", i == from ? "" : " ", ids[i], escaped(tok.token_bytes(ids[i])));
+  return out;
+}
+
+// Compares per text; reports only the first mismatch, with the text around it.
+void expect_same_ids(const Tokenizer& tok, const std::vector<std::string>& texts, const std::vector<Ids>& ours,
+                     const std::vector<Ids>& ref) {
+  ASSERT_EQ(ours.size(), ref.size());
+  for (size_t c = 0; c < texts.size(); ++c) {
+    if (ours[c] == ref[c]) continue;
+    size_t k = 0;
+    while (k < ours[c].size() && k < ref[c].size() && ours[c][k] == ref[c][k]) ++k;
+    size_t at = tok.decode(std::span(ref[c]).first(k)).size();
+    size_t lo = k < 4 ? 0 : k - 4;
+    FAIL() << "text " << c << ": first difference at token " << k << " (byte " << at << ")\n"
+           << "  text there: \"" << escaped(texts[c].substr(at < 40 ? 0 : at - 40, 40)) << "|"
+           << escaped(texts[c].substr(at, 40)) << "\"\n"
+           << "  ours: " << show_ids(tok, ours[c], lo, k + 4) << "\n"
+           << "  ref:  " << show_ids(tok, ref[c], lo, k + 4);
+  }
+}
+
+// ---- test text -------------------------------------------------------------------------------------------
+
+std::string brown_text(size_t min_bytes, size_t first_file = 0) {
+  std::vector<std::string> files;
+  for (auto& e : fs::directory_iterator(mt::default_brown_dir())) {
+    std::string name = e.path().filename().string();
+    if (name.size() == 4 && std::isdigit(static_cast<unsigned char>(name[3]))) files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (size_t i = first_file; i < files.size() && text.size() < min_bytes; ++i) text += mt::read_text_file(files[i]);
+  EXPECT_GE(text.size(), min_bytes) << "Brown corpus missing or short (run scripts/setup)";
+  return text;
+}
+
+void append_utf8(std::string& s, uint32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | cp >> 6);
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | cp >> 12);
+    s += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | cp >> 18);
+    s += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
+    s += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// Random lines mixing every case the pre-tokenizer distinguishes: contractions in both cases, numbers,
+// punctuation runs, all kinds of whitespace, many scripts with combining marks, emoji sequences and random
+// code points from every plane. Items are joined by random separators or by nothing (mixed-script words).
+std::string generated_text(size_t bytes, uint64_t seed) {
+  static const std::vector<std::string> words = {
+      "the", "The", "HELLO", "don't", "DON'T", "I'm", "I'M", "we're", "WE'RE", "they've", "THEY'VE", "you'll",
+      "YOU'LL", "he'd", "HE'D", "it's", "IT'S", "can't", "CAN'T", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d",
+      "'S", "'T", "'Re", "'VE", "'M", "'LL", "'D", "'x", "''", "'''s", "rock'n'roll", "o'clock", "'", "'r", "'l",
+      "café", "naïve", "Ångström", "résumé", "cafe\u0301", "Zu\u0308rich", "straße", "ﬁnancial", "Ελληνικά",
+      "ΑΒΓ", "Русский", "язык", "中文字符", "日本語のテキスト", "カタカナ", "한국어", "العربية", "مرحبا",
+      "עִבְרִית", "हिन्दी", "नमस्ते", "संस्कृतम्", "ภาษาไทย", "ქართული", "Ɐ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "𐍈𐌰", "𓀀𓀁",
+      "😀", "👍🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "❤️", "🇺🇸🇯🇵", "🤖", "🧑🏿‍💻", "\U000E0067\U000E007F", "\U0010FFFD", "\uE000",
+      "\uFFFD", "\uFFFE", "\u200D", "x\u0300\u0301\u0302", "\u20DD", "\uFE0F"};
+  static const std::vector<std::string> numbers = {
+      "0", "42", "3.14159", "1,000,000", "2024-01-01", "0x1F", "1e-9", "٣٤٥", "१२३", "１２３", "½", "²³", "Ⅻ",
+      "𝟘𝟙𝟚", "〇", "⑦", "007", "12345678901234567890"};
+  static const std::vector<std::string> punct = {
+      "!!!", "...", "?!", "--", "—", "–", "“quoted”", "«»", "(", ")", "[", "]", "{", "}", "<|endoftext|>", "<|",
+      "|>", "@#$%^&*", "\"", "\",\"", "[\"\",\"\"]", "\",\",\"", "'\",'", "],[", "\\", "/", "~", "`", "©", "®",
+      "™", "€", "£", "¥", "°", "§", "¶", "•", "…", "‽", "\x01\x02", "\x7f", "::", ";", "==>", "#include", "->"};
+  static const std::vector<std::string> spaces = {
+      " ", " ", " ", " ", "  ", "   ", "\t", "\t\t", "\n", "\n\n", "\r\n", "\r\n\r\n", " \n", "  \n  ", " \t ",
+      "\u00a0", "\u2000", "\u2003", "\u200a", "\u3000", "\u2028", "\u2029", "\u202f", "\u205f", "\u1680", "\ufeff",
+      "\u0085", "\u180e", "\u200b", "\v", "\f", "\x1c", "\x1f", " \u00a0 ", "\u3000\u3000"};
+  mt::Rng rng(seed);
+  auto pick = [&](const std::vector<std::string>& v) -> const std::string& { return v[rng.below(v.size())]; };
+  std::string s;
+  while (s.size() < bytes) {
+    size_t items = 1 + rng.below(16);
+    for (size_t i = 0; i < items; ++i) {
+      uint64_t kind = rng.below(100);
+      if (kind < 45) s += pick(words);
+      else if (kind < 60) s += pick(numbers);
+      else if (kind < 72) s += pick(punct);
+      else if (kind < 80) {
+        for (uint64_t n = 1 + rng.below(6); n-- > 0;) {
+          uint32_t cp;  // half from the BMP, which is mostly assigned
+          do cp = static_cast<uint32_t>(rng.below(rng.below(2) ? 0x110000 : 0x10000));
+          while (cp >= 0xD800 && cp <= 0xDFFF);
+          append_utf8(s, cp);
+        }
+      } else {
+        for (uint64_t n = 1 + rng.below(12); n-- > 0;) s += static_cast<char>('a' + rng.below(26));
+      }
+      if (rng.below(4)) s += pick(spaces);
+    }
+    if (rng.below(3) == 0) s += std::string(rng.below(4), ' ');  // trailing spaces
+    s += rng.below(5) ? "\n" : "\r\n";
+  }
+  return s;
+}
+
+// Chunks of about `size` bytes ending at line ends (the reference is slow on long strings).
+std::vector<std::string> line_chunks(const std::string& text, size_t size) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b < text.size()) {
+    size_t e = text.find('\n', std::min(text.size(), b + size));
+    e = e == std::string::npos ? text.size() : e + 1;
+    out.push_back(text.substr(b, e - b));
+    b = e;
+  }
+  return out;
+}
+
+// ---- an independent transcription of the reference's bpe(), quadratic but obviously faithful ------------
+
+struct NaiveGpt2 {
+  std::unordered_map<std::string, int32_t> encoder;  // byte-alphabet text -> id
+  std::unordered_map<std::string, int32_t> ranks;    // String([left, right]) -> rank, last line wins
+  std::string byte_char[256];
+
+  NaiveGpt2() {
+    std::string dir = mt::default_gpt2_vocab_dir();
+    encoder = nlohmann::json::parse(mt::read_text_file(dir + "/encoder.json")).get<std::unordered_map<std::string, int32_t>>();
+    std::string bpe = mt::read_text_file(dir + "/vocab.bpe");
+    std::vector<std::string> lines;
+    for (size_t p = 0, nl; (nl = bpe.find('\n', p)) != std::string::npos; p = nl + 1) lines.push_back(bpe.substr(p, nl - p));
+    for (size_t i = 1; i < lines.size(); ++i) {
+      size_t sp = lines[i].find(' ');
+      ranks[lines[i].substr(0, sp) + "," + lines[i].substr(sp + 1)] = static_cast<int32_t>(i - 1);
+    }
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      append_utf8(byte_char[b], printable ? b : 256 + n++);
+    }
+  }
+
+  Ids bpe(std::string_view bytes) const {
+    std::vector<std::string> word;
+    for (unsigned char b : bytes) word.push_back(byte_char[b]);
+    while (word.size() > 1) {
+      int32_t best = INT32_MAX;
+      size_t at = SIZE_MAX;
+      for (size_t i = 0; i + 1 < word.size(); ++i) {
+        auto it = ranks.find(word[i] + "," + word[i + 1]);
+        if (it != ranks.end() && it->second <= best) best = it->second, at = i;  // `<=`: the last pair wins ties
+      }
+      if (at == SIZE_MAX) break;
+      std::string first = word[at], second = word[at + 1];
+      std::vector<std::string> merged;
+      for (size_t i = 0; i < word.size();) {
+        if (i + 1 < word.size() && word[i] == first && word[i + 1] == second) merged.push_back(first + second), i += 2;
+        else merged.push_back(word[i++]);
+      }
+      word.swap(merged);
+    }
+    Ids ids;
+    for (auto& w : word) ids.push_back(encoder.at(w));
+    return ids;
+  }
+};
+
+// ---- tests -----------------------------------------------------------------------------------------------
+
+TEST(Tokenizer, UnicodeClassesMatchJavaScript) {
+  std::string path = tmp_dir() + "/classes.bin";
+  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/char_classes.js", path});
+  ASSERT_FALSE(HasFatalFailure());
+  std::string ref = mt::read_text_file(path);
+  ASSERT_EQ(ref.size(), 0x110000u);
+  using mt::unicode::CharClass;
+  const CharClass cls[4] = {CharClass::Other, CharClass::Letter, CharClass::Number, CharClass::Space};
+  for (uint32_t cp = 0; cp < 0x110000; ++cp)
+    ASSERT_EQ(static_cast<int>(mt::unicode::char_class(cp)), static_cast<int>(cls[static_cast<int>(ref[cp])]))
+        << fmt::format("U+{:04X} (tables from Unicode {}; regenerate with scripts/gen_unicode_tables.js)", cp,
+                       mt::unicode::unicode_version());
+}
+
+TEST(Tokenizer, PretokenizeKnownSplits) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"Hello world", {"Hello", " world"}},
+      {"a  b", {"a", " ", " b"}},
+      {"a   \n\nb", {"a", "   \n", "\n", "b"}},
+      {"x  ", {"x", "  "}},
+      {"I'm DON'T", {"I", "'m", " DON", "'", "T"}},
+      {"it's'S they'll", {"it", "'s", "'", "S", " they", "'ll"}},
+      {" 123abc½", {" 123", "abc", "½"}},
+      {"\u00a0a", {"\u00a0", "a"}},
+      {" \u00a0a", {" ", "\u00a0", "a"}},
+      {"a\xff" "b", {"a", "\xff", "b"}},          // invalid byte: one [^\s\p{L}\p{N}] character
+      {" \xe2\x82", {" \xe2\x82"}},               // truncated sequence: two such characters
+      {"\xed\xa0\x80", {"\xed\xa0\x80"}},         // an encoded surrogate is invalid too
+      {" \xe0\x81\x81" "a", {" \xe0\x81\x81", "a"}},  // an overlong 'A' is no letter
+      {" \xf0\x9f\x98\x80!", {" \xf0\x9f\x98\x80!"}},
+      {"", {}},
+  };
+  for (auto& [text, want] : cases) {
+    std::vector<std::string> got;
+    for (auto p : mt::pretokenize(text)) got.emplace_back(p);
+    EXPECT_EQ(got, want) << "text \"" << escaped(text) << "\"";
+  }
+}
+
+TEST(Tokenizer, KnownIds) {
+  const Tokenizer& t = gpt2();
+  EXPECT_EQ(t.vocab_size(), 50257);
+  EXPECT_EQ(t.eot(), 50256);
+  EXPECT_EQ(t.merges().size(), 50000u);
+  EXPECT_EQ(t.encode("Hello world"), (Ids{15496, 995}));
+  EXPECT_EQ(t.encode("I'm DON'T"), (Ids{40, 1101, 23917, 6, 51}));
+  EXPECT_EQ(t.encode("  hello   \n\n world  "), (Ids{220, 23748, 220, 220, 220, 628, 995, 220, 220}));
+  EXPECT_EQ(t.encode("\",\""), (Ids{2430}));
+  EXPECT_EQ(t.encode("\",\",\""), (Ids{2430, 553}));
+  EXPECT_EQ(t.token_bytes(995), " world");
+  EXPECT_EQ(t.token_id(" world"), 995);
+  EXPECT_EQ(t.token_id("no such token, surely"), -1);
+}
+
+TEST(Tokenizer, EndOfText) {
+  const Tokenizer& t = gpt2();
+  EXPECT_EQ(t.encode("<|endoftext|>"), (Ids{50256}));
+  EXPECT_EQ(t.encode("a<|endoftext|>b"), (Ids{64, 50256, 65}));
+  EXPECT_EQ(t.encode("<|endoftext|><|endoftext|>"), (Ids{50256, 50256}));
+  EXPECT_EQ(t.encode("<|endoftext|>", false), (Ids{27, 91, 437, 1659, 5239, 91, 29}));  // the reference's ids
+  EXPECT_EQ(t.encode("a<|endoftext|>b", false), (Ids{64, 27, 91, 437, 1659, 5239, 91, 29, 65}));
+  EXPECT_EQ(t.decode(Ids{64, 50256, 65}), "a<|endoftext|>b");
+}
+
+TEST(Tokenizer, BadIdsAndFilesGiveClearErrors) {
+  const Tokenizer& t = gpt2();
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const mt::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_NE(message([&] { t.decode(Ids{1, 50257}); }).find("50257"), std::string::npos);
+  EXPECT_NE(message([&] { t.decode(Ids{-3}); }).find("-3"), std::string::npos);
+  EXPECT_NE(message([&] { t.token_bytes(60000); }).find("60000"), std::string::npos);
+  EXPECT_NE(message([] { Tokenizer::load_gpt2("/nonexistent/vocab"); }).find("/nonexistent/vocab/encoder.json"),
+            std::string::npos);
+
+  // Small well-formed files to break one thing at a time.
+  mt::BpeVocab v = mt::train_bpe({"aaaa aaaa bb bb"}, 260);
+  std::string enc = mt::gpt2_encoder_json(v), bpe = mt::gpt2_vocab_bpe(v);
+  ASSERT_NO_THROW(Tokenizer::from_gpt2_strings(enc, bpe));
+  auto load_error = [&](std::string e, std::string b) {
+    return message([&] { Tokenizer::from_gpt2_strings(e, b, "dir"); });
+  };
+  EXPECT_NE(load_error("{\"a\": 0", bpe).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(load_error("[1, 2]", bpe).find("JSON object"), std::string::npos);
+  std::string no_bang = enc;
+  no_bang.replace(no_bang.find("\"!\": 0"), 6, "\"\\u0100!\": 0");
+  EXPECT_NE(load_error(no_bang, bpe).find("no token for byte 0x21"), std::string::npos);
+  std::string dup_id = enc;
+  dup_id.replace(dup_id.find("\"#\": 2"), 6, "\"#\": 1");
+  EXPECT_NE(load_error(dup_id, bpe).find("id 1 is used by two tokens"), std::string::npos);
+  EXPECT_NE(load_error(enc, bpe.substr(bpe.find('\n') + 1)).find("#version"), std::string::npos);
+  EXPECT_NE(load_error(enc, bpe + "a b c\n").find("expected a merge"), std::string::npos);
+  EXPECT_NE(load_error(enc, bpe + "a zzz\n").find("missing from encoder.json"), std::string::npos);
+  EXPECT_NE(load_error(enc, bpe + "b b").find("does not end with a newline"), std::string::npos);
+  std::string no_eot = enc.substr(0, enc.rfind(", \"<|endoftext|>\"")) + "}";
+  EXPECT_NE(load_error(no_eot, bpe).find("<|endoftext|>"), std::string::npos);
+}
+
+// The main compatibility check: >= 1 MB of Brown corpus (tags left in) and generated text, id for id.
+TEST(Tokenizer, MatchesReferenceEncoderOnAMegabyte) {
+  std::string text = brown_text(700'000) + generated_text(400'000, 7);
+  ASSERT_GE(text.size(), 1'000'000u);
+  std::vector<std::string> chunks = line_chunks(text, 4096);
+  std::vector<Ids> ref = reference_encode(chunks, mt::default_gpt2_vocab_dir());
+  ASSERT_FALSE(HasFatalFailure());
+  const Tokenizer& t = gpt2();
+  std::vector<Ids> ours;
+  for (auto& c : chunks) ours.push_back(t.encode(c, /*allow_special=*/false));
+  expect_same_ids(t, chunks, ours, ref);
+
+  // The whole text in one call, with a cold cache: round trip and speed.
+  Tokenizer fresh = Tokenizer::load_gpt2(mt::default_gpt2_vocab_dir());
+  auto t0 = std::chrono::steady_clock::now();
+  Ids all = fresh.encode(text, false);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("encoded %zu bytes into %zu tokens in %.3f s (cold cache)\n", text.size(), all.size(), secs);
+  EXPECT_EQ(fresh.decode(all), text);
+#ifdef NDEBUG
+  EXPECT_LT(secs, 1.0);
+#endif
+}
+
+TEST(Tokenizer, LongWordsMatchReferenceBpeLoop) {
+  const NaiveGpt2 naive;
+  mt::Rng rng(3);
+  // Each string is one pre-token; the punctuation set exercises the reference's accidental merges.
+  const std::vector<std::string> alphabets = {"\",[]'{}().:;", "abcdefghijklmnopqrstuvwxyz", "0123456789", "eeeeeeet"};
+  for (const auto& a : alphabets) {
+    for (int rep = 0; rep < 3; ++rep) {
+      std::string s;
+      for (int i = 0; i < 1500; ++i) s += a[rng.below(a.size())];
+      Ids want = naive.bpe(s);
+      EXPECT_EQ(gpt2().encode(s), want) << "alphabet " << a;
+    }
+  }
+  for (std::string s : {"\",\",\"", "[\"\",\"\",\"\"]", "'',''','", "\",\",\",\",\"\"", "],[],[],["}) {
+    EXPECT_EQ(gpt2().encode(s), naive.bpe(s)) << s;
+  }
+}
+
+// The reference finds merges by String([left, right]), i.e. left + "," + right, so in a vocabulary with
+// commas in its tokens other pairs merge too, and two pairs can share a rank. This vocabulary makes both
+// happen; GPT-2's own has such pairs but they never seem to fire on real text.
+TEST(Tokenizer, CommaJoinedMergeKeysActAsTheReferenceDoes) {
+  mt::BpeVocab v = mt::train_bpe({}, 257);  // the 256 bytes + <|endoftext|>
+  v.tokens.pop_back();
+  auto add = [&](std::string l, std::string r) {
+    auto id = [&](const std::string& s) {
+      return static_cast<int32_t>(std::find(v.tokens.begin(), v.tokens.end(), s) - v.tokens.begin());
+    };
+    v.merges.emplace_back(id(l), id(r));
+    v.tokens.push_back(l + r);
+  };
+  add(",", "?");    // so "!,?" -> "!" ",?", which the reference then joins as if it were ("!,", "?")
+  add("!", ",");
+  add("!,", "?");
+  add("!,", "!");
+  add("!", "!,!");  // key "!,!,!" ...
+  add("!,!", "!");  // ... the same key: in "!" "!,!" "!" both pairs have this rank, and the last one wins
+  v.tokens.emplace_back(mt::kEndOfText);
+  std::string dir = tmp_dir() + "/commas";
+  mt::write_gpt2_vocab(v, dir);
+  Tokenizer t = Tokenizer::load_gpt2(dir);
+
+  std::vector<std::string> texts = {"!,?", "!!,!!", "!!,!!,!!", "?!,?!,!"};
+  mt::Rng rng(23);
+  for (int i = 0; i < 300; ++i) {
+    std::string s;
+    for (uint64_t n = 2 + rng.below(14); n-- > 0;) s += "!,?"[rng.below(3)];
+    texts.push_back(s);
+  }
+  std::vector<Ids> ref = reference_encode(texts, dir);
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<Ids> ours;
+  for (auto& s : texts) ours.push_back(t.encode(s));
+  expect_same_ids(t, texts, ours, ref);
+  EXPECT_EQ(ours[0], (Ids{t.token_id("!,?")}));
+  EXPECT_EQ(ours[1], (Ids{t.token_id("!"), t.token_id("!,!!")}));
+}
+
+TEST(Tokenizer, LongInputsStayFast) {
+  const Tokenizer& t = gpt2();
+  mt::Rng rng(5);
+  std::string letters(1 << 20, 'a'), spaces(1 << 20, ' ');
+  for (auto& c : letters) c = static_cast<char>('a' + rng.below(26));
+  spaces += "x";
+  for (const std::string* s : {&letters, &spaces}) {
+    auto t0 = std::chrono::steady_clock::now();
+    Ids ids = t.encode(*s);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(t.decode(ids), *s);
+    std::printf("1 MB single pre-token (%s): %.3f s\n", s == &letters ? "letters" : "spaces", secs);
+#ifdef NDEBUG
+    EXPECT_LT(secs, 3.0) << "1 MB single pre-token: a quadratic BPE would take minutes (typically < 1 s)";
+#endif
+  }
+}
+
+TEST(Tokenizer, AnyBytesRoundTrip) {
+  const Tokenizer& t = gpt2();
+  mt::Rng rng(11);
+  for (int rep = 0; rep < 3000; ++rep) {
+    std::string s(rng.below(48), '\0');
+    for (auto& c : s) {
+      uint64_t k = rng.below(4);
+      c = static_cast<char>(k == 0 ? rng.below(128) : k == 1 ? ' ' : k == 2 ? 0x80 + rng.below(64) : 0xC0 + rng.below(64));
+    }
+    size_t covered = 0;
+    for (auto p : mt::pretokenize(s)) {
+      ASSERT_FALSE(p.empty());
+      ASSERT_EQ(p.data(), s.data() + covered);
+      covered += p.size();
+    }
+    ASSERT_EQ(covered, s.size());
+    ASSERT_EQ(t.decode(t.encode(s)), s) << escaped(s);
+  }
+}
+
+TEST(Tokenizer, ConcurrentEncodesAgree) {
+  Tokenizer t = Tokenizer::load_gpt2(mt::default_gpt2_vocab_dir());
+  std::string text = generated_text(200'000, 13);
+  Ids a, b;
+  std::thread th([&] { a = t.encode(text); });
+  b = t.encode(text);
+  th.join();
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(t.decode(a), text);
+}
+
+// ---- training --------------------------------------------------------------------------------------------
+
+TEST(BpeTrain, KnownFirstMerges) {
+  mt::BpeVocab v = mt::train_bpe({"ab ab ab cd"}, 259, {.min_pair_count = 1});
+  auto id = [](char c) {
+    const auto& order = mt::gpt2_byte_order();
+    return static_cast<int32_t>(std::find(order.begin(), order.end(), static_cast<uint8_t>(c)) - order.begin());
+  };
+  ASSERT_EQ(v.tokens.size(), 259u);
+  ASSERT_EQ(v.merges.size(), 2u);
+  EXPECT_EQ(v.merges[0], std::make_pair(id('a'), id('b')));  // 3 times
+  EXPECT_EQ(v.tokens[256], "ab");
+  EXPECT_EQ(v.merges[1], std::make_pair(id(' '), 256));  // " ab": twice
+  EXPECT_EQ(v.tokens[257], " ab");
+  EXPECT_EQ(v.tokens[258], "<|endoftext|>");
+  EXPECT_EQ(id('!'), 0);
+  EXPECT_EQ(id(' '), 220);  // GPT-2's "Ġ"
+
+  // Too rare to merge: the vocabulary stops short. "<|endoftext|>" separates documents.
+  EXPECT_EQ(mt::train_bpe({"ab cd"}, 300).tokens.size(), 257u);
+  EXPECT_EQ(mt::train_bpe({"x<|endoftext|>y<|endoftext|>x<|endoftext|>y"}, 300, {.min_pair_count = 1}).tokens.size(), 257u);
+  EXPECT_THROW(mt::train_bpe({"abc"}, 256), mt::Error);
+}
+
+// Every merge must be the most frequent pair at its step (naive recount over the words), ties to the smaller ids.
+TEST(BpeTrain, EachMergeIsTheMostFrequentPair) {
+  std::string text = brown_text(60'000, 20);
+  mt::BpeVocab v = mt::train_bpe({text}, 256 + 300 + 1);
+  ASSERT_EQ(v.tokens.size(), 557u);
+  std::unordered_map<std::string, int64_t> freq;
+  for (auto p : mt::pretokenize(text)) ++freq[std::string(p)];
+  std::unordered_map<std::string, int32_t> id_of;
+  for (size_t i = 0; i < v.tokens.size(); ++i) id_of[v.tokens[i]] = static_cast<int32_t>(i);
+  std::vector<std::pair<Ids, int64_t>> words;
+  for (auto& [w, f] : freq) {
+    Ids ids;
+    for (char c : w) ids.push_back(id_of.at(std::string(1, c)));
+    words.emplace_back(ids, f);
+  }
+  for (size_t m = 0; m < v.merges.size(); ++m) {
+    std::map<std::pair<int32_t, int32_t>, int64_t> count;
+    for (auto& [ids, f] : words)
+      for (size_t i = 0; i + 1 < ids.size(); ++i) count[{ids[i], ids[i + 1]}] += f;
+    auto best = count.begin();
+    for (auto it = count.begin(); it != count.end(); ++it)
+      if (it->second > best->second) best = it;  // std::map order: the first maximum has the smallest ids
+    ASSERT_EQ(v.merges[m], best->first) << "merge " << m << " (count " << count[v.merges[m]] << " vs " << best->second << ")";
+    auto [l, r] = v.merges[m];
+    int32_t merged = id_of.at(v.tokens[l] + v.tokens[r]);
+    for (auto& [ids, f] : words) {
+      Ids out;
+      for (size_t i = 0; i < ids.size();) {
+        if (i + 1 < ids.size() && ids[i] == l && ids[i + 1] == r) out.push_back(merged), i += 2;
+        else out.push_back(ids[i++]);
+      }
+      ids.swap(out);
+    }
+  }
+}
+
+TEST(BpeTrain, WritesGpt2FilesExactly) {
+  // Re-writing GPT-2's own vocabulary must reproduce its files byte for byte.
+  const Tokenizer& t = gpt2();
+  mt::BpeVocab v;
+  for (int id = 0; id < t.vocab_size(); ++id) v.tokens.emplace_back(t.token_bytes(id));
+  v.merges = t.merges();
+  std::string dir = mt::default_gpt2_vocab_dir();
+  EXPECT_TRUE(mt::gpt2_encoder_json(v) == mt::read_text_file(dir + "/encoder.json"));
+  EXPECT_TRUE(mt::gpt2_vocab_bpe(v) == mt::read_text_file(dir + "/vocab.bpe"));
+}
+
+TEST(BpeTrain, TrainedVocabularyLoadsHereAndInTheReference) {
+  std::string train_text = brown_text(300'000, 40) + generated_text(50'000, 17);
+  auto t0 = std::chrono::steady_clock::now();
+  mt::BpeVocab v = mt::train_bpe({train_text}, 1500);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("trained %zu tokens from %zu bytes in %.3f s\n", v.tokens.size(), train_text.size(), secs);
+  ASSERT_EQ(v.tokens.size(), 1500u);
+  std::string dir = tmp_dir() + "/trained";
+  mt::write_gpt2_vocab(v, dir);
+  Tokenizer t = Tokenizer::load_gpt2(dir);
+  EXPECT_EQ(t.vocab_size(), 1500);
+  EXPECT_EQ(t.eot(), 1499);
+
+  std::string test_text = brown_text(100'000, 80) + generated_text(50'000, 19);
+  std::vector<std::string> chunks = line_chunks(test_text, 4096);
+  std::vector<Ids> ref = reference_encode(chunks, dir);
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<Ids> ours;
+  size_t tokens = 0;
+  for (auto& c : chunks) {
+    ours.push_back(t.encode(c, false));
+    tokens += ours.back().size();
+    ASSERT_EQ(t.decode(ours.back()), c);
+  }
+  expect_same_ids(t, chunks, ours, ref);
+  EXPECT_LT(tokens, test_text.size() / 2) << "merges should compress text well below one token per byte";
+}
+
+}  // namespace
