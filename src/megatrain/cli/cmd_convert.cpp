@@ -1,8 +1,48 @@
+// megatrain convert: HF GPT-2 safetensors <-> megatrain checkpoint directories.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "megatrain/ckpt/model_weights.h"
 #include "megatrain/cli/commands.h"
+#include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 
 namespace mt::cli {
 
-int cmd_convert(int, char**) { fail("not implemented yet"); }
+int cmd_convert(int argc, char** argv) {
+  CLI::App app{"Convert HF GPT-2 weights to a megatrain checkpoint (--from-hf) or back (--to-hf).\n"
+               "  megatrain convert --from-hf model.safetensors --out CKPT_DIR [--n-head N]\n"
+               "  megatrain convert --to-hf CKPT_DIR --out model.safetensors   (config.json is written beside it)",
+               "megatrain convert"};
+  std::string from_hf, to_hf, out;
+  int n_head = 0;
+  auto* from = app.add_option("--from-hf", from_hf, "HF GPT-2 .safetensors file to import");
+  auto* to = app.add_option("--to-hf", to_hf, "checkpoint (root or step directory) to export");
+  from->excludes(to);
+  app.add_option("--out,-o", out, "--from-hf: checkpoint root to create; --to-hf: .safetensors file to write")
+      ->required();
+  app.add_option("--n-head", n_head,
+                 "--from-hf: attention heads (shapes cannot tell; default: config.json beside the file, else width/64)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  MT_CHECK(!from_hf.empty() || !to_hf.empty(), "say what to convert: --from-hf FILE or --to-hf CKPT_DIR");
+  MT_CHECK(n_head == 0 || !from_hf.empty(), "--n-head applies to --from-hf only");
+
+  double t0 = now_seconds();
+  if (!from_hf.empty()) {
+    std::string dir = convert_hf_to_checkpoint(from_hf, out, n_head);
+    ModelConfig cfg = model_config_of(dir);
+    fmt::print("convert: {} -> {} (n_layer {}, n_head {}, d_model {}, vocab {}, {} params), {:.1f} s\n", from_hf, dir,
+               cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, cfg.num_params(), now_seconds() - t0);
+  } else {
+    ModelConfig cfg = convert_checkpoint_to_hf(to_hf, out);
+    fmt::print("convert: {} -> {} + config.json (n_layer {}, n_head {}, d_model {}, vocab {}), {:.1f} s\n", to_hf, out,
+               cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, now_seconds() - t0);
+  }
+  return 0;
+}
 
 }  // namespace mt::cli

@@ -1,0 +1,84 @@
+// Checkpoint directories: root/step_00000100/{model.safetensors, optim.safetensors, ..., manifest.json} and
+// root/latest naming the newest committed one.
+//
+// A save writes into root/step_XXXXXXXX.tmp-<pid>/ (each file fsynced, the manifest last), renames the directory
+// into place, and only then rewrites root/latest (atomically): a crash at any point leaves the previous
+// checkpoint current, and a *.tmp-* directory never counts as a checkpoint. A load verifies the manifest's
+// format version, every file's size and CRC-32C, and every tensor's checksum, dtype and shape.
+//
+// manifest.json: {format_version: 1, step, files: {file: {bytes, checksum}},
+//                 tensors: {name: {file, dtype, shape, checksum}}, extra: <the caller's JSON>}
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megatrain/ckpt/safetensors.h"
+
+namespace mt {
+
+// file name ("model.safetensors") -> its tensors. Tensor names must be unique across all files.
+using CheckpointFiles = std::map<std::string, std::vector<TensorRef>>;
+
+struct SaveOptions {
+  int keep_last = 0;  // after a successful save, delete all but the newest N checkpoints (0 = keep all);
+                      // the one just written is never deleted
+  // Fault injection for tests: called at each stage of a save ("file:<name>" after each file, "rename" before
+  // the directory is committed, "latest" before root/latest is rewritten). Throwing aborts the save there.
+  std::function<void(const std::string& stage)> fault_hook;
+};
+
+constexpr int kCheckpointFormatVersion = 1;
+
+std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
+
+// Writes a checkpoint of `step` under root (created if needed) and returns its directory. Saving a step that
+// already exists replaces it.
+std::string save_checkpoint(const std::string& root, int64_t step, const CheckpointFiles& files,
+                            const nlohmann::json& extra, const SaveOptions& opt = {});
+
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string dir;
+};
+// Committed checkpoints under root (step_N directories holding a manifest.json), by increasing step.
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
+// The directory root/latest names; without a usable latest file, the highest committed step; nullopt if none.
+std::optional<std::string> find_latest(const std::string& root);
+
+class Checkpoint {
+ public:
+  // `path` is a step directory or a root (then its latest checkpoint). Throws mt::Error when nothing is there,
+  // or when anything is missing, truncated, corrupt, or disagrees with the manifest. verify_checksums = false
+  // skips reading the data (sizes, dtypes and shapes are still checked).
+  static Checkpoint load(const std::string& path, bool verify_checksums = true);
+
+  const std::string& dir() const { return dir_; }
+  int64_t step() const { return step_; }
+  const nlohmann::json& extra() const { return manifest_["extra"]; }
+  const nlohmann::json& manifest() const { return manifest_; }
+
+  std::vector<std::string> tensor_names() const;  // sorted
+  std::vector<std::string> tensor_names(const std::string& file) const;
+  bool has(const std::string& name) const { return tensor_file_.count(name) > 0; }
+  const TensorData& get(const std::string& name) const;  // points into the mapped file
+  const std::string& file_of(const std::string& name) const;
+  // Copies tensor `name` into dst (a contiguous host tensor) after checking dtype and shape, e.g.
+  // "checkpoint tensor h.0.attn.c_attn.weight has shape [96, 32] but the model expects [192, 64]".
+  void copy_into(const std::string& name, Tensor dst) const;
+
+ private:
+  std::string dir_;
+  int64_t step_ = 0;
+  nlohmann::json manifest_;
+  std::map<std::string, SafetensorsFile> files_;
+  std::map<std::string, std::string> tensor_file_;
+};
+
+inline Checkpoint load_checkpoint(const std::string& path) { return Checkpoint::load(path); }
+
+}  // namespace mt

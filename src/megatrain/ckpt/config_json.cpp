@@ -1,0 +1,97 @@
+#include "megatrain/ckpt/config_json.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "megatrain/core/error.h"
+
+namespace mt {
+
+using nlohmann::json;
+
+// A float as the shortest decimal that reads back as the same float (1e-05, not 9.999999747378752e-06).
+static double clean_float(float x) { return std::stod(fmt::format("{}", x)); }
+
+json model_config_to_json(const ModelConfig& c) {
+  json recompute = json::array();
+  for (bool b : c.recompute) recompute.push_back(b);
+  return {{"vocab_size", c.vocab_size}, {"vocab_pad_to", c.vocab_pad_to}, {"n_layer", c.n_layer},
+          {"n_head", c.n_head},         {"n_kv_head", c.n_kv_head},       {"d_model", c.d_model},
+          {"d_ff", c.d_ff},             {"max_seq_len", c.max_seq_len},   {"norm", c.norm},
+          {"mlp", c.mlp},               {"pos", c.pos},                   {"rope_theta", clean_float(c.rope_theta)},
+          {"block", c.block},           {"window", c.window},             {"tied_embeddings", c.tied_embeddings},
+          {"bias", c.bias},             {"norm_eps", clean_float(c.norm_eps)},         {"init_std", clean_float(c.init_std)},
+          {"recompute", recompute}};
+}
+
+ModelConfig model_config_from_json(const json& j) {
+  MT_CHECK(j.is_object(), "model config must be a JSON object (got {})", j.type_name());
+  ModelConfig c;
+  using Setter = std::function<void(const json&)>;
+  auto integer = [](const char* key, int& dst) -> Setter {
+    return [key, &dst](const json& v) {
+      MT_CHECK(v.is_number_integer() && v.get<int64_t>() == static_cast<int>(v.get<int64_t>()),
+               "model config key '{}' must be an integer (got {})", key, v.dump());
+      dst = v.get<int>();
+    };
+  };
+  auto number = [](const char* key, float& dst) -> Setter {
+    return [key, &dst](const json& v) {
+      MT_CHECK(v.is_number(), "model config key '{}' must be a number (got {})", key, v.dump());
+      dst = v.get<float>();
+    };
+  };
+  auto string = [](const char* key, std::string& dst) -> Setter {
+    return [key, &dst](const json& v) {
+      MT_CHECK(v.is_string(), "model config key '{}' must be a string (got {})", key, v.dump());
+      dst = v.get<std::string>();
+    };
+  };
+  auto boolean = [](const char* key, bool& dst) -> Setter {
+    return [key, &dst](const json& v) {
+      MT_CHECK(v.is_boolean(), "model config key '{}' must be true or false (got {})", key, v.dump());
+      dst = v.get<bool>();
+    };
+  };
+  const std::map<std::string, Setter> setters = {
+      {"vocab_size", integer("vocab_size", c.vocab_size)},
+      {"vocab_pad_to", integer("vocab_pad_to", c.vocab_pad_to)},
+      {"n_layer", integer("n_layer", c.n_layer)},
+      {"n_head", integer("n_head", c.n_head)},
+      {"n_kv_head", integer("n_kv_head", c.n_kv_head)},
+      {"d_model", integer("d_model", c.d_model)},
+      {"d_ff", integer("d_ff", c.d_ff)},
+      {"max_seq_len", integer("max_seq_len", c.max_seq_len)},
+      {"norm", string("norm", c.norm)},
+      {"mlp", string("mlp", c.mlp)},
+      {"pos", string("pos", c.pos)},
+      {"rope_theta", number("rope_theta", c.rope_theta)},
+      {"block", string("block", c.block)},
+      {"window", integer("window", c.window)},
+      {"tied_embeddings", boolean("tied_embeddings", c.tied_embeddings)},
+      {"bias", boolean("bias", c.bias)},
+      {"norm_eps", number("norm_eps", c.norm_eps)},
+      {"init_std", number("init_std", c.init_std)},
+      {"recompute",
+       [&c](const json& v) {
+         MT_CHECK(v.is_array(), "model config key 'recompute' must be a list of booleans (got {})", v.dump());
+         c.recompute.clear();
+         for (auto& b : v) {
+           MT_CHECK(b.is_boolean(), "model config key 'recompute' must be a list of booleans (got {})", v.dump());
+           c.recompute.push_back(b.get<bool>());
+         }
+       }},
+  };
+  for (auto& [key, v] : j.items()) {
+    auto it = setters.find(key);
+    MT_CHECK(it != setters.end(), "unknown model config key '{}'", key);
+    it->second(v);
+  }
+  c.validate();
+  return c;
+}
+
+}  // namespace mt

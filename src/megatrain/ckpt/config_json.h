@@ -1,0 +1,15 @@
+// ModelConfig <-> JSON, for checkpoint manifests ("extra": {"model": ...}) and tools.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include "megatrain/model/config.h"
+
+namespace mt {
+
+// Every field, under its ModelConfig name.
+nlohmann::json model_config_to_json(const ModelConfig& cfg);
+// Fields absent from j keep their defaults; unknown keys and wrongly typed values are errors naming the key.
+// The result is validated.
+ModelConfig model_config_from_json(const nlohmann::json& j);
+
+}  // namespace mt

@@ -1,0 +1,147 @@
+#include "megatrain/ckpt/model_weights.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "megatrain/ckpt/config_json.h"
+#include "megatrain/ckpt/hf_gpt2.h"
+#include "megatrain/core/error.h"
+#include "megatrain/model/layout.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::vector<TensorRef> param_tensor_refs(const ParamStore& store) {
+  MT_CHECK(store.params_data() != nullptr || store.size() == 0, "param_tensor_refs: the store is not allocated");
+  std::vector<TensorRef> refs;
+  refs.reserve(store.size());
+  for (int i = 0; i < static_cast<int>(store.size()); ++i) refs.push_back(tensor_ref(store.info(i).name, store.param(i)));
+  return refs;
+}
+
+void check_same_architecture(const ModelConfig& s, const ModelConfig& w, const std::string& source) {
+  auto same = [&](const char* field, const auto& have, const auto& want) {
+    MT_CHECK(have == want, "{} holds a model with model.{} = {} but the config says {}", source, field,
+             fmt::format("{}", have), fmt::format("{}", want));
+  };
+  same("vocab_size", s.vocab_size, w.vocab_size);
+  same("d_model", s.d_model, w.d_model);
+  same("n_layer", s.n_layer, w.n_layer);
+  same("n_head", s.n_head, w.n_head);
+  same("n_kv_head", s.kv_heads(), w.kv_heads());
+  same("d_ff", s.ff_dim(), w.ff_dim());
+  same("norm", s.norm, w.norm);
+  same("mlp", s.mlp, w.mlp);
+  same("pos", s.pos, w.pos);
+  same("block", s.block, w.block);
+  same("bias", s.bias, w.bias);
+  same("tied_embeddings", s.tied_embeddings, w.tied_embeddings);
+  same("norm_eps", s.norm_eps, w.norm_eps);
+  if (w.pos == "rope") same("rope_theta", s.rope_theta, w.rope_theta);
+  if (w.pos == "learned")
+    MT_CHECK(s.max_seq_len >= w.max_seq_len, "{} has {} learned positions but the config asks for model.max_seq_len = {}",
+             source, s.max_seq_len, w.max_seq_len);
+}
+
+static void prepare_store(const ModelConfig& cfg, ParamStore& store) {
+  if (store.size() == 0) {
+    declare_gpt_params(cfg, store);
+    store.allocate();
+  }
+  MT_CHECK(store.params_data() != nullptr, "loading weights: the parameter store is not allocated");
+}
+
+void load_params(const Checkpoint& ck, const ModelConfig& cfg, ParamStore& store) {
+  prepare_store(cfg, store);
+  if (ck.extra().contains(kModelConfigKey))
+    check_same_architecture(model_config_from_json(ck.extra()[kModelConfigKey]), cfg, "checkpoint " + ck.dir());
+  for (int i = 0; i < static_cast<int>(store.size()); ++i) {
+    const ParamInfo& p = store.info(i);
+    MT_CHECK(ck.has(p.name), "checkpoint {} has no tensor '{}', which the model needs", ck.dir(), p.name);
+    const TensorData& t = ck.get(p.name);
+    Tensor dst = store.param(i);
+    // A different vocab padding (wte, lm_head) or a longer positions table (wpe): copy the leading rows.
+    bool copy_rows = false;
+    if (p.shape.size() == 2 && t.shape.size() == 2 && t.shape[1] == p.shape[1] && t.shape[0] != p.shape[0] &&
+        t.dtype_str == "F32") {
+      if (p.name == "wte.weight" || p.name == "lm_head.weight") copy_rows = t.shape[0] >= cfg.vocab_size;
+      if (p.name == "wpe.weight") copy_rows = t.shape[0] > p.shape[0];
+    }
+    if (copy_rows) {
+      int64_t rows = std::min<int64_t>(p.name == "wpe.weight" ? p.shape[0] : cfg.vocab_size, t.shape[0]);
+      std::memset(dst.ptr, 0, p.numel * sizeof(float));
+      std::memcpy(dst.ptr, t.data, static_cast<size_t>(rows * p.shape[1]) * sizeof(float));
+    } else {
+      ck.copy_into(p.name, dst);
+    }
+  }
+  std::vector<std::string> extra;
+  for (auto& n : ck.tensor_names(kModelFile))
+    if (!store.has(n)) extra.push_back(n);
+  MT_CHECK(extra.empty(), "checkpoint {} holds {} model tensor(s) this model does not have (first: '{}')", ck.dir(),
+           extra.size(), extra.empty() ? "" : extra[0]);
+}
+
+// A model.safetensors inside a checkpoint stands for its checkpoint directory.
+static bool is_checkpoint_file(const fs::path& p) {
+  return p.filename() == kModelFile && fs::is_regular_file(p.parent_path() / "manifest.json");
+}
+
+bool load_model_weights(const std::string& path, const ModelConfig& cfg, ParamStore& store) {
+  std::error_code ec;
+  MT_CHECK(fs::exists(path, ec), "weights path {} does not exist", path);
+  fs::path p(path);
+  if (fs::is_directory(p, ec) || is_checkpoint_file(p)) {
+    Checkpoint ck = Checkpoint::load(fs::is_directory(p, ec) ? path : p.parent_path().string());
+    load_params(ck, cfg, store);
+    return false;
+  }
+  SafetensorsFile f = SafetensorsFile::open(path);
+  MT_CHECK(!f.metadata().count("megatrain"),
+           "{} is a file of a megatrain checkpoint; pass the checkpoint directory (it holds the manifest)", path);
+  check_same_architecture(infer_hf_gpt2_config(f, cfg.n_head), cfg, path);
+  prepare_store(cfg, store);
+  import_hf_gpt2(f, cfg, store);
+  return true;
+}
+
+ModelConfig model_config_of(const std::string& path, int n_head) {
+  std::error_code ec;
+  MT_CHECK(fs::exists(path, ec), "weights path {} does not exist", path);
+  fs::path p(path);
+  if (fs::is_directory(p, ec) || is_checkpoint_file(p)) {
+    Checkpoint ck = Checkpoint::load(fs::is_directory(p, ec) ? path : p.parent_path().string(), false);
+    MT_CHECK(ck.extra().contains(kModelConfigKey), "checkpoint {} records no model config (extra.{} in manifest.json)",
+             ck.dir(), kModelConfigKey);
+    return model_config_from_json(ck.extra()[kModelConfigKey]);
+  }
+  return infer_hf_gpt2_config(SafetensorsFile::open(path), n_head);
+}
+
+std::string convert_hf_to_checkpoint(const std::string& hf_file, const std::string& out_root, int n_head) {
+  // Adding step 0 to a directory that already holds checkpoints would repoint its `latest`.
+  MT_CHECK(list_checkpoints(out_root).empty() && !fs::exists(fs::path(out_root) / "latest"),
+           "{} already holds checkpoints; convert into a new directory", out_root);
+  SafetensorsFile f = SafetensorsFile::open(hf_file);
+  ModelConfig cfg = infer_hf_gpt2_config(f, n_head);
+  ParamStore store;
+  import_hf_gpt2(f, cfg, store);
+  return save_checkpoint(out_root, 0, {{kModelFile, param_tensor_refs(store)}},
+                         {{kModelConfigKey, model_config_to_json(cfg)}});
+}
+
+ModelConfig convert_checkpoint_to_hf(const std::string& ckpt, const std::string& out_file) {
+  Checkpoint ck = Checkpoint::load(ckpt);
+  MT_CHECK(ck.extra().contains(kModelConfigKey), "checkpoint {} records no model config (extra.{} in manifest.json)",
+           ck.dir(), kModelConfigKey);
+  ModelConfig cfg = model_config_from_json(ck.extra()[kModelConfigKey]);
+  check_hf_gpt2_convertible(cfg);
+  ParamStore store;
+  load_params(ck, cfg, store);
+  export_hf_gpt2(cfg, store, out_file);
+  return cfg;
+}
+
+}  // namespace mt
