@@ -218,6 +218,7 @@ struct Case {
   std::string style, block;
   int window;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.style << "/" << c.block << "/w" << c.window; }
 
 class GptVsNaive : public ::testing::TestWithParam<Case> {};
 

@@ -21,12 +21,12 @@ TEST(RunConfig, ParsesSectionsAndOverrides) {
   RunConfig c = parse_run_config(
       "[model]\nn_layer = 2\nblock = \"parallel\"\nwindow = 16\nrecompute = [1]\n[optim]\nname = \"lamb\"\nlr = 2e-3\n"
       "[data]\nseq_len = 64\n",
-      "t.toml", {"--train.steps=7", "--model.d_model=128", "--data.dir=some/where", "--optim.weight_decay=0"});
+      "t.toml", {"--train.steps=7", "--model.d_model=192", "--data.dir=some/where", "--optim.weight_decay=0"});
   EXPECT_EQ(c.model.n_layer, 2);
   EXPECT_EQ(c.model.block, "parallel");
   EXPECT_EQ(c.model.window, 16);
   EXPECT_EQ(c.model.recompute, (std::vector<bool>{false, true}));
-  EXPECT_EQ(c.model.d_model, 128);
+  EXPECT_EQ(c.model.d_model, 192);
   EXPECT_EQ(c.optim.name, "lamb");
   EXPECT_FLOAT_EQ(c.optim.lr, 2e-3f);
   EXPECT_FLOAT_EQ(c.optim.weight_decay, 0.0f);

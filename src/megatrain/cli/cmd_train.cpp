@@ -33,7 +33,7 @@ int cmd_train(int argc, char** argv) {
     } else if (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos) {
       if (a.find('=') == std::string::npos) {
         MT_CHECK(i + 1 < argc, "override {} needs a value", a);
-        a += "=" + std::string(argv[++i]);
+        a.append("=").append(argv[++i]);
       }
       overrides.push_back(a);
     } else {
