@@ -53,17 +53,19 @@ class Ops {
 
   // ---- embedding -------------------------------------------------------------------------------
   // out[B,T,C] = wte[tokens[b,t]] + wpe[t]   (wpe undefined: no positional table, e.g. with RoPE)
+  // tokens are I32 [B,T] (T = last dim; [T] is one sequence); a token outside [0, wte rows) is an error.
   virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) = 0;
   // dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t]
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) = 0;
 
   // ---- normalisation (over the last dimension C) ------------------------------------------------
-  // out = (inp - mean) * rstd * w + b; saves mean[N], rstd[N] for backward. b may be undefined.
+  // out = (inp - mean) * rstd * w + b; saves mean[N], rstd[N] for backward. b may be undefined; mean and rstd
+  // may be undefined too (inference: nothing saved).
   virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) = 0;
   // dinp += ...(accumulated: the residual stream's gradient is already there); dw += ; db += (db may be undefined)
   virtual void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
                                   Tensor rstd) = 0;
-  // out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps)
+  // out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps)   (rstd[N] saved; may be undefined for inference)
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) = 0;
   virtual void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) = 0;  // dinp +=
 
@@ -72,6 +74,7 @@ class Ops {
   // lse[B,n_head,T] keeps each row's log-sum-exp so backward recomputes probabilities (no T x T tensor kept).
   virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnShape& s) = 0;
   // dqkv[B,T,qkv_width] is overwritten (dq, dk, dv; GQA sums over the query heads sharing a kv head).
+  // dqkv must not alias qkv.
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) = 0;
   // Rotary position embedding, in place on the q and k heads of qkv (v untouched), position = t.
   // Pairs are (i, i + head_dim/2) (GPT-NeoX / Llama "rotate_half" convention), freq_i = theta^(-2i/head_dim).
@@ -89,8 +92,8 @@ class Ops {
   // ---- loss ------------------------------------------------------------------------------------
   // Fused softmax + cross-entropy over logits[N, Vp] (only the first V columns are real; padded columns
   // are ignored and get zero gradient). targets[N] are I32; a target < 0 is ignored (loss 0, no gradient).
-  // losses[N] = -log softmax(logits)[target]. When write_grad, logits is overwritten in place with
-  // dlogits = (softmax - onehot(target)) * dloss, so no probability tensor ever exists.
+  // losses[N] = -log softmax(logits)[target] (overwritten); a target >= V is an error. When write_grad, logits
+  // is overwritten in place with dlogits = (softmax - onehot(target)) * dloss, so no probability tensor ever exists.
   virtual void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, float dloss, bool write_grad) = 0;
 
   // ---- optimizers (fp32 master weights and state) ----------------------------------------------

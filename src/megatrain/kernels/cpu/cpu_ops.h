@@ -1,0 +1,50 @@
+// The fp32 CPU backend: one class, its member functions spread over small files by op family
+// (elementwise.cpp, matmul.cpp, embedding.cpp, norm.cpp, attention.cpp, rope.cpp, activation.cpp,
+// cross_entropy.cpp, optimizer.cpp).
+#pragma once
+#include "megatrain/kernels/ops.h"
+
+namespace mt {
+
+class CpuOps final : public Ops {
+ public:
+  Device device() const override { return Device::CPU; }
+
+  void zero(Tensor t) override;
+  void copy(Tensor dst, Tensor src) override;
+  void add(Tensor out, Tensor a, Tensor b) override;
+  void axpy(Tensor dst, Tensor src, float alpha) override;
+  void scale(Tensor t, float s) override;
+  double sum_squares(Tensor t) override;
+
+  void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) override;
+  void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
+                       bool accumulate_dinp) override;
+
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override;
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override;
+
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) override;
+  void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                          Tensor rstd) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override;
+  void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override;
+
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnShape& s) override;
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) override;
+  void rope_forward(Tensor qkv, const AttnShape& s, float theta) override;
+  void rope_backward(Tensor dqkv, const AttnShape& s, float theta) override;
+
+  void gelu_forward(Tensor out, Tensor inp) override;
+  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
+  void swiglu_forward(Tensor out, Tensor inp) override;
+  void swiglu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
+
+  void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, float dloss, bool write_grad) override;
+
+  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;
+  double lamb_moments(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;
+  void lamb_apply(Tensor param, Tensor m, Tensor v, const AdamHParams& h, float trust) override;
+};
+
+}  // namespace mt

@@ -1,0 +1,4 @@
+# CPU kernel tests: every op against a naive double reference and finite differences.
+mt_test(kernels_basic_test mt_kernels)
+mt_test(kernels_attention_test mt_kernels)
+mt_test(kernels_loss_optim_test mt_kernels)

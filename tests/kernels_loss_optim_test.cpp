@@ -1,0 +1,177 @@
+// CPU backend: fused softmax cross-entropy (padded vocabulary, ignored targets) against a double reference and
+// finite differences; AdamW and LAMB over three steps against their formulas evaluated in double.
+#include <omp.h>
+
+#include <limits>
+
+#include "kernels_testutil.h"
+#include "megatrain/kernels/ops.h"
+
+namespace mt::test {
+namespace {
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// losses[n] = logsumexp(z[n, :V]) - z[n, target] (0 for target < 0)
+VecD ref_ce(const VecD& z, const std::vector<int32_t>& tgt, int N, int V, int Vp) {
+  VecD loss(N, 0.0);
+  for (int n = 0; n < N; ++n) {
+    if (tgt[n] < 0) continue;
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < V; ++j) mx = std::max(mx, z[size_t(n) * Vp + j]);
+    for (int j = 0; j < V; ++j) sum += std::exp(z[size_t(n) * Vp + j] - mx);
+    loss[n] = mx + std::log(sum) - z[size_t(n) * Vp + tgt[n]];
+  }
+  return loss;
+}
+
+TEST(CrossEntropy, PaddedVocabAndIgnoredTargets) {
+  auto ops = make_cpu_ops();
+  const int N = 6, V = 11, Vp = 16;
+  VecF z = randn(N * Vp, 500, 3.0f);
+  for (int n = 0; n < N; ++n)
+    for (int j = V; j < Vp; ++j) z[n * Vp + j] = 1e4f;  // padded columns: huge, and must still be ignored
+  std::vector<int32_t> tgt = {3, -1, 0, 10, 7, -1};
+  const float dloss = 0.25f;
+  const VecD zd = to_d(z);
+  const VecD want = ref_ce(zd, tgt, N, V, Vp);
+
+  VecF loss(N, kNaN), zc = z;
+  ops->cross_entropy(tf(loss, {N}), tf(zc, {N, Vp}), ti(tgt, {N}), V, dloss, false);
+  EXPECT_TRUE(close(loss, want, 1e-5, 1e-5));
+  EXPECT_EQ(zc, z);  // no gradient requested: logits untouched
+
+  std::fill(loss.begin(), loss.end(), kNaN);
+  ops->cross_entropy(tf(loss, {N}), tf(zc, {N, Vp}), ti(tgt, {N}), V, dloss, true);
+  EXPECT_TRUE(close(loss, want, 1e-5, 1e-5));
+  // d(dloss * sum_n loss_n) / dz by finite differences: covers softmax - onehot, padded and ignored columns.
+  const VecD g = fd_grad(
+      [&](const VecD& v) {
+        double s = 0;
+        for (double l : ref_ce(v, tgt, N, V, Vp)) s += dloss * l;
+        return s;
+      },
+      zd);
+  EXPECT_TRUE(close(zc, g, 1e-4, 1e-6));
+  for (int n = 0; n < N; ++n)
+    for (int j = 0; j < Vp; ++j) {
+      if (j >= V || tgt[n] < 0) {
+        ASSERT_EQ(zc[n * Vp + j], 0.0f) << n << "," << j;
+      }
+    }
+}
+
+TEST(CrossEntropy, GPT2VocabOnlinePassAcrossChunks) {
+  auto ops = make_cpu_ops();
+  const int N = 3, V = 50257, Vp = 50304;
+  VecF z = randn(size_t(N) * Vp, 510, 4.0f);
+  z[1 * Vp + 40000] = 60.0f;  // a late maximum: the running sum must be rescaled
+  z[2 * Vp + 5] = -200.0f;    // a logit whose exp underflows
+  std::vector<int32_t> tgt = {50256, 40000, 5};
+  const VecD want = ref_ce(to_d(z), tgt, N, V, Vp);
+  VecF loss(N), zc = z;
+  ops->cross_entropy(tf(loss, {N}), tf(zc, {N, Vp}), ti(tgt, {N}), V, 1.0f, true);
+  EXPECT_TRUE(close(loss, want, 1e-5, 1e-4));
+  for (int n = 0; n < N; ++n) {  // each gradient row sums to zero (softmax sums to one) and is 0 on padding
+    double s = 0;
+    for (int j = 0; j < V; ++j) s += zc[size_t(n) * Vp + j];
+    EXPECT_NEAR(s, 0.0, 1e-5);
+    for (int j = V; j < Vp; ++j) ASSERT_EQ(zc[size_t(n) * Vp + j], 0.0f);
+  }
+}
+
+TEST(CrossEntropy, BadArgumentsAreRejected) {
+  auto ops = make_cpu_ops();
+  VecF z(2 * 8), loss(2);
+  std::vector<int32_t> tgt = {1, 6};
+  EXPECT_THROW(ops->cross_entropy(tf(loss, {2}), tf(z, {2, 8}), ti(tgt, {2}), 6, 1.0f, true), Error);  // 6 >= V
+  EXPECT_THROW(ops->cross_entropy(tf(loss, {2}), tf(z, {2, 8}), ti(tgt, {2}), 9, 1.0f, true), Error);  // V > Vp
+  EXPECT_THROW(ops->cross_entropy(tf(loss, {2}), tf(z, {2, 8}), tf(loss, {2}), 8, 1.0f, true), Error);  // F32 targets
+}
+
+// ---- optimizers -------------------------------------------------------------------------------------------
+
+struct OptState {
+  VecD p, m, v;
+};
+
+// One Adam moment update from the formulas, in double; returns u = mhat / (sqrt(vhat) + eps) + wd * p.
+VecD ref_adam_moments(OptState& st, const VecF& g, const AdamHParams& h) {
+  VecD u(st.p.size());
+  const double bc1 = 1 - std::pow(double(h.beta1), h.step), bc2 = 1 - std::pow(double(h.beta2), h.step);
+  for (size_t i = 0; i < u.size(); ++i) {
+    const double gi = double(g[i]) * h.grad_scale;
+    st.m[i] = h.beta1 * st.m[i] + (1 - double(h.beta1)) * gi;
+    st.v[i] = h.beta2 * st.v[i] + (1 - double(h.beta2)) * gi * gi;
+    u[i] = st.m[i] / bc1 / (std::sqrt(st.v[i] / bc2) + h.eps) + double(h.weight_decay) * st.p[i];
+  }
+  return u;
+}
+
+AdamHParams hparams(int step) {
+  AdamHParams h;
+  h.lr = 1e-2f, h.beta1 = 0.9f, h.beta2 = 0.95f, h.eps = 1e-8f, h.weight_decay = 0.1f;
+  h.step = step, h.grad_scale = 0.5f;
+  return h;
+}
+
+TEST(Optimizer, AdamWThreeStepsMatchFormula) {
+  auto ops = make_cpu_ops();
+  const int n = 70001;  // parallel path, odd tail
+  VecF p = randn(n, 600), m(n, 0.0f), v(n, 0.0f);
+  OptState st{to_d(p), VecD(n, 0.0), VecD(n, 0.0)};
+  for (int step = 1; step <= 3; ++step) {
+    const VecF g = randn(n, 610 + step, 0.1f);
+    const AdamHParams h = hparams(step);
+    ops->adamw_update(tf(p, {n}), tf(const_cast<VecF&>(g), {n}), tf(m, {n}), tf(v, {n}), h);
+    const VecD u = ref_adam_moments(st, g, h);
+    for (int i = 0; i < n; ++i) st.p[i] -= h.lr * u[i];
+  }
+  EXPECT_TRUE(close(m, st.m, 1e-5, 1e-8));
+  EXPECT_TRUE(close(v, st.v, 1e-5, 1e-10));
+  EXPECT_TRUE(close(p, st.p, 1e-5, 1e-6));
+}
+
+TEST(Optimizer, LambThreeStepsMatchFormula) {
+  auto ops = make_cpu_ops();
+  const int n = 150001;  // several blocks of the deterministic sum
+  VecF p = randn(n, 700), m(n, 0.0f), v(n, 0.0f);
+  OptState st{to_d(p), VecD(n, 0.0), VecD(n, 0.0)};
+  for (int step = 1; step <= 3; ++step) {
+    const VecF g = randn(n, 710 + step, 0.1f);
+    const AdamHParams h = hparams(step);
+    const VecF p0 = p, m0 = m, v0 = v;
+    const double uu = ops->lamb_moments(tf(p, {n}), tf(const_cast<VecF&>(g), {n}), tf(m, {n}), tf(v, {n}), h);
+    const VecD u = ref_adam_moments(st, g, h);
+    double want_uu = 0, pp = 0;
+    for (int i = 0; i < n; ++i) want_uu += u[i] * u[i], pp += st.p[i] * st.p[i];
+    EXPECT_NEAR(uu, want_uu, 1e-5 * want_uu);
+
+    // The same pass with another thread count gives the same bits.
+    VecF p1 = p0, m1 = m0, v1 = v0;
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(threads == 1 ? 2 : 1);
+    const double uu1 = ops->lamb_moments(tf(p1, {n}), tf(const_cast<VecF&>(g), {n}), tf(m1, {n}), tf(v1, {n}), h);
+    omp_set_num_threads(threads);
+    EXPECT_EQ(uu, uu1);
+
+    const float trust = float(std::sqrt(pp) / std::sqrt(want_uu));  // the layer-wise trust ratio ||p|| / ||u||
+    ops->lamb_apply(tf(p, {n}), tf(m, {n}), tf(v, {n}), h, trust);
+    for (int i = 0; i < n; ++i) st.p[i] -= double(h.lr) * trust * u[i];
+  }
+  EXPECT_TRUE(close(m, st.m, 1e-5, 1e-8));
+  EXPECT_TRUE(close(v, st.v, 1e-5, 1e-10));
+  EXPECT_TRUE(close(p, st.p, 1e-5, 1e-6));
+}
+
+TEST(Optimizer, BadHyperparametersAreRejected) {
+  auto ops = make_cpu_ops();
+  VecF p(4), g(4), m(4), v(4), v3(3);
+  AdamHParams h = hparams(0);
+  EXPECT_THROW(ops->adamw_update(tf(p, {4}), tf(g, {4}), tf(m, {4}), tf(v, {4}), h), Error);  // step 0
+  h = hparams(1);
+  EXPECT_THROW(ops->adamw_update(tf(p, {4}), tf(g, {4}), tf(m, {4}), tf(v3, {3}), h), Error);
+}
+
+}  // namespace
+}  // namespace mt::test
