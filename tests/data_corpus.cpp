@@ -16,15 +16,7 @@ namespace {
 using testing::TempDir;
 using testing::write_bytes;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST(DataBrown, SnippetBecomesKnownText) {
   const std::string tagged =

@@ -15,15 +15,7 @@ namespace {
 
 using testing::TempDir;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 // A split whose stream is EOT followed by distinct ids, spread over shards of 149 tokens (so windows cross shard
 // boundaries). Distinct ids let a window be recognised by its first token.

@@ -20,15 +20,7 @@ namespace {
 using testing::TempDir;
 using testing::write_bytes;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 // One token per byte, EOT = 256: decoding is trivial, so the test checks the pipeline, not a tokenizer.
 TokenEncoder byte_encoder() {

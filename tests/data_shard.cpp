@@ -25,15 +25,7 @@ std::vector<int32_t> raw_header(const std::string& path) {
   return h;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST(DataShard, RoundTripSingleShardWithLlmcHeader) {
   TempDir dir;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/core/error.h"
+
 namespace mt::testing {
 
 // A fresh directory under the build tree, removed with its contents at scope exit.
@@ -28,6 +30,17 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The message of the mt::Error that f() throws, or "<no error>".
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
