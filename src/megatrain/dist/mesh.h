@@ -1,0 +1,53 @@
+// The 3D device mesh: WORLD = dp x pp x tp, with tensor-parallel ranks adjacent (as on one node), then data-
+// parallel, then pipeline (slowest, across nodes):  rank = (pp_i * dp + dp_i) * tp + tp_i   (Megatron's order).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "megatrain/dist/process_group.h"
+
+namespace mt {
+
+struct MeshShape {
+  int dp = 1, pp = 1, tp = 1;
+  int world() const { return dp * pp * tp; }
+};
+
+struct MeshCoord {
+  int dp = 0, pp = 0, tp = 0;
+};
+
+MeshCoord mesh_coord(const MeshShape& s, int rank);
+int mesh_rank(const MeshShape& s, const MeshCoord& c);
+// Throws mt::Error saying which number is wrong when dp*pp*tp != world or a dimension is < 1.
+void check_mesh(const MeshShape& s, int world);
+
+// My groups along each dimension (a group of size 1 is a trivial local group, no communication). There is no
+// world group on purpose: a full-mesh world context costs O(n^2) connections and store reads; a reduction over
+// all ranks is done along tp, then dp, then pp (allreduce_all), and group creation stays O(n) in total.
+class DeviceMesh {
+ public:
+  DeviceMesh(Store& store, const MeshShape& shape, int rank, const GroupOptions& opt = {});
+  const MeshShape& shape() const { return shape_; }
+  const MeshCoord& coord() const { return coord_; }
+  int rank() const { return rank_; }
+  ProcessGroup& dp() { return *dp_; }
+  ProcessGroup& pp() { return *pp_; }
+  ProcessGroup& tp() { return *tp_; }
+  double init_seconds() const { return init_seconds_; }
+
+ private:
+  MeshShape shape_;
+  MeshCoord coord_;
+  int rank_;
+  std::unique_ptr<ProcessGroup> dp_, pp_, tp_;
+  double init_seconds_ = 0;
+};
+
+// Sum-allreduce of t over every rank of the mesh (tp, then dp, then pp), synchronously.
+void allreduce_all(DeviceMesh& mesh, Tensor t);
+
+// A group of one process: every collective is a copy or a no-op. Used for mesh dimensions of size 1.
+std::unique_ptr<ProcessGroup> make_local_group(int global_rank, const std::string& name);
+
+}  // namespace mt

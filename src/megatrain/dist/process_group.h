@@ -1,0 +1,63 @@
+// Process groups: collectives and point-to-point transfers among a set of ranks, asynchronous. Every op returns
+// a Work to wait on, so compute continues while communication is in flight.
+//  * Collectives of one group execute in the order they were issued, on the group's own thread (every rank must
+//    issue a group's collectives in the same order, as with NCCL).
+//  * send/recv are posted immediately and are not ordered behind collectives: a pipeline stage can post its
+//    receives early and its sends whenever ready, in any interleaving, without deadlock (MegaScale §3.2).
+// Tensors are contiguous host fp32 (I32 also for broadcast/send/recv/all_gather) on the Gloo backend; the NCCL
+// backend (CUDA path) will take device tensors behind the same interface.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/tensor.h"
+#include "megatrain/dist/store.h"
+
+namespace mt {
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the op completed; rethrows its error (mt::Error naming the op, group and peer).
+  virtual void wait() = 0;
+  virtual bool done() = 0;
+  // Seconds the op spent executing (not queued), known after wait(); for timelines and overlap accounting.
+  virtual double exec_seconds() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+enum class ReduceOp { Sum, Max, Min };
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;  // rank within the group
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;  // e.g. "tp[0-1]" for messages
+  virtual int global_rank(int group_rank) const = 0;
+
+  virtual WorkPtr allreduce(Tensor t, ReduceOp op = ReduceOp::Sum) = 0;  // in place
+  // in = size() equal chunks (in.numel() == size() * out.numel()); out = the reduction of chunk rank().
+  virtual WorkPtr reduce_scatter(Tensor out, Tensor in, ReduceOp op = ReduceOp::Sum) = 0;
+  // out = concatenation of every rank's in, in rank order (out.numel() == size() * in.numel()).
+  virtual WorkPtr all_gather(Tensor out, Tensor in) = 0;
+  virtual WorkPtr broadcast(Tensor t, int root) = 0;  // root: group rank
+  // Point-to-point, matched by (peer, tag); peers are group ranks.
+  virtual WorkPtr send(Tensor t, int dst, int tag) = 0;
+  virtual WorkPtr recv(Tensor t, int src, int tag) = 0;
+  virtual WorkPtr barrier() = 0;
+};
+
+struct GroupOptions {
+  Millis timeout = Millis(60000);  // rendezvous and per-op timeout
+  std::string iface = "127.0.0.1"; // address (host/IP) this process listens on
+};
+
+// Creates the group of `ranks` (global ranks, sorted, containing my_global_rank) over Gloo, rendezvousing through
+// `store` under `name`. Only the members touch the store (no global barrier). A member that never arrives makes
+// the others fail after opt.timeout with a message naming the missing global ranks.
+std::unique_ptr<ProcessGroup> make_gloo_group(Store& store, const std::string& name, const std::vector<int>& ranks,
+                                              int my_global_rank, const GroupOptions& opt = {});
+
+}  // namespace mt
