@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <fmt/format.h>
+
 #include <functional>
 
 #include "megatrain/core/rng.h"
@@ -14,9 +16,9 @@ Tensor mat(const HostBuffer& b, int64_t rows, int64_t cols) { return f32_view(b.
 Tensor vec(const HostBuffer& b, int64_t n) { return f32_view(b.f32(), {n}); }
 }  // namespace
 
-GPT::GPT(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {
+GPT::GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple) : cfg_(cfg), ops_(ops) {
   declare_gpt_params(cfg_, params_);
-  params_.allocate();
+  params_.allocate(pad_multiple);
   blocks_.reserve(cfg_.n_layer);
   for (int l = 0; l < cfg_.n_layer; ++l) blocks_.emplace_back(cfg_, params_, l);
   auto idx = [&](const std::string& n) { return params_.has(n) ? params_.index(n) : -1; };
@@ -25,6 +27,8 @@ GPT::GPT(const ModelConfig& cfg, Ops& ops) : cfg_(cfg), ops_(ops) {
   lnf_w_ = idx("ln_f.weight");
   lnf_b_ = idx("ln_f.bias");
   head_ = cfg_.tied_embeddings ? wte_ : idx("lm_head.weight");
+  for (int l = 0; l < cfg_.n_layer; ++l) layer_first_.push_back(params_.index(fmt::format("h.{}.ln_1.weight", l)));
+  layer_first_.push_back(lnf_w_);
 }
 
 void GPT::init_weights(uint64_t seed) {
@@ -95,14 +99,17 @@ void GPT::forward_trunk(const int32_t* tokens, int B, int T) {
     MT_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, "token id {} at position {} is outside the vocabulary [0, {})",
              tokens[i], i, cfg_.vocab_size);
   Tensor tok(tokens_.data(), {B, T}, DType::I32);
+  used(0, layer_first_[0]);
   ops_.embedding_forward(mat(residual_[0], N, C), tok, params_.param(wte_),
                          wpe_ >= 0 ? params_.param(wpe_) : Tensor{});
   for (int l = 0; l < cfg_.n_layer; ++l) {
     BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
+    used(layer_first_[l], layer_first_[l + 1]);
     blocks_[l].forward(ops_, mat(residual_[l + 1], N, C), mat(residual_[l], N, C), a, scratch_, B, T);
   }
   Tensor x = mat(residual_[cfg_.n_layer], N, C);
   Tensor lnf = mat(lnf_, N, C);
+  used(lnf_w_, static_cast<int>(params_.size()));
   if (cfg_.norm == "layernorm")
     ops_.layernorm_forward(lnf, vec(lnf_mean_, N), vec(lnf_rstd_, N), x, params_.param(lnf_w_),
                            lnf_b_ >= 0 ? params_.param(lnf_b_) : Tensor{}, cfg_.norm_eps);
@@ -142,6 +149,7 @@ void GPT::backward() {
   // LM head: logits_ holds dlogits now.
   ops_.matmul_backward(dlnf, params_.grad(head_), Tensor{}, mat(logits_, N, Vp), mat(lnf_, N, C), params_.param(head_),
                        false);
+  if (!cfg_.tied_embeddings) ready(head_);
   ops_.zero(dres);
   Tensor x = mat(residual_[cfg_.n_layer], N, C);
   if (cfg_.norm == "layernorm")
@@ -149,6 +157,7 @@ void GPT::backward() {
                             params_.param(lnf_w_), vec(lnf_mean_, N), vec(lnf_rstd_, N));
   else
     ops_.rmsnorm_backward(dres, params_.grad(lnf_w_), dlnf, x, params_.param(lnf_w_), vec(lnf_rstd_, N));
+  ready(lnf_w_);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     Tensor xin = mat(residual_[l], N, C);
     BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
@@ -156,9 +165,11 @@ void GPT::backward() {
     // to scratch so the saved residual stream is untouched.
     if (recompute(l)) blocks_[l].forward(ops_, mat(scratch_.d_h, N, C), xin, a, scratch_, B, T);
     blocks_[l].backward(ops_, dres, xin, a, scratch_, B, T);
+    ready(layer_first_[l]);
   }
   Tensor tok(tokens_.data(), {B, T}, DType::I32);
   ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : Tensor{}, dres, tok);
+  ready(0);
 }
 
 Tensor GPT::logits(const int32_t* tokens, int B, int T) {

@@ -1,6 +1,7 @@
 // The GPT: token (+ position) embedding, n_layer Blocks, final norm, LM head (tied to wte or not) and the fused
 // softmax-cross-entropy. Memory is planned up front for a maximum number of rows (B*T) and reused every step.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -12,9 +13,21 @@
 
 namespace mt {
 
+// Callbacks that let a parallel wrapper overlap communication with compute without the model knowing about
+// processes. Parameter indices are ParamStore indices; tensors are declared in forward order, so backward
+// finishes them from the highest index down.
+struct GptHooks {
+  // Forward is about to read parameters [first, end) (e.g. wait for their all-gather).
+  std::function<void(int first, int end)> before_params_used;
+  // Backward has finished the gradients of every parameter with index >= first (e.g. launch reduce-scatters).
+  std::function<void(int first)> grads_ready;
+};
+
 class GPT {
  public:
-  GPT(const ModelConfig& cfg, Ops& ops);
+  // pad_multiple: the flat parameter/gradient buffers are padded to a multiple of this many floats.
+  GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple = 16);
+  void set_hooks(GptHooks h) { hooks_ = std::move(h); }
 
   const ModelConfig& config() const { return cfg_; }
   ParamStore& params() { return params_; }
@@ -45,6 +58,14 @@ class GPT {
   ParamStore params_;
   std::vector<Block> blocks_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
+  std::vector<int> layer_first_;  // first parameter index of each layer, plus one past the last layer
+  GptHooks hooks_;
+  void used(int first, int end) const {
+    if (hooks_.before_params_used) hooks_.before_params_used(first, end);
+  }
+  void ready(int first) const {
+    if (hooks_.grads_ready) hooks_.grads_ready(first);
+  }
 
   int64_t cap_rows_ = 0;
   int B_ = 0, T_ = 0;

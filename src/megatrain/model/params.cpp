@@ -31,10 +31,18 @@ int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool de
   return static_cast<int>(infos_.size()) - 1;
 }
 
-void ParamStore::allocate() {
+void ParamStore::allocate(size_t pad_multiple) {
+  MT_CHECK(!allocated_, "ParamStore: allocate() called twice");
+  if (pad_multiple > 1) total_ = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
   params_.resize(total_ * sizeof(float));
   grads_.resize(total_ * sizeof(float));
   allocated_ = true;
+}
+
+int ParamStore::tensor_at_or_after(size_t off) const {
+  for (size_t i = 0; i < infos_.size(); ++i)
+    if (infos_[i].offset + infos_[i].numel > off) return static_cast<int>(i);
+  return static_cast<int>(infos_.size());
 }
 
 int ParamStore::index(const std::string& name) const {

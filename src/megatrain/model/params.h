@@ -34,7 +34,9 @@ class ParamStore {
  public:
   // Declares a parameter; returns its index. Call allocate() once all are declared.
   int add(const std::string& name, std::vector<int64_t> shape, bool decay);
-  void allocate();  // zero-filled params and grads, 64-byte aligned, each tensor starting on a 16-float boundary
+  // Zero-filled params and grads, 64-byte aligned, each tensor starting on a 16-float boundary. The flat buffers
+  // are padded to a multiple of `pad_multiple` floats (data parallelism shards them into equal slices).
+  void allocate(size_t pad_multiple = 16);
 
   size_t size() const { return infos_.size(); }
   const ParamInfo& info(int i) const { return infos_[i]; }
@@ -49,7 +51,9 @@ class ParamStore {
 
   float* params_data() const { return params_.f32(); }
   float* grads_data() const { return grads_.f32(); }
-  size_t total_floats() const { return total_; }  // including alignment padding between tensors
+  size_t total_floats() const { return total_; }  // including alignment padding between and after tensors
+  // Index of the first tensor whose storage ends after flat offset `off` (the lowest tensor touching [off, ...)).
+  int tensor_at_or_after(size_t off) const;
   int64_t num_params() const;                    // sum of numel
 
   void zero_grads();

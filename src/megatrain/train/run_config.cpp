@@ -139,7 +139,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   }
   for (auto& ov : overrides) apply_override(root, ov, src);
 
-  static const std::set<std::string> kSections = {"model", "data", "optim", "train", "ckpt", "sample"};
+  static const std::set<std::string> kSections = {"model", "data", "optim", "train", "ckpt", "sample", "parallel"};
   for (auto& [k, v] : root) {
     std::string key(k.str());
     MT_CHECK(kSections.count(key), "{}: unknown config section '{}'{}", src, key, suggestion(key, kSections));
@@ -223,6 +223,15 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   s.get("seed", c.sample.seed);
   s.check_unknown();
 
+  Section par = sec("parallel");
+  par.get("dp", c.parallel.dp);
+  par.get("pp", c.parallel.pp);
+  par.get("tp", c.parallel.tp);
+  par.get("bucket_mb", c.parallel.bucket_mb);
+  par.get("overlap", c.parallel.overlap);
+  par.get("timeout_s", c.parallel.timeout_s);
+  par.check_unknown();
+
   if (c.ckpt.dir.empty()) c.ckpt.dir = c.train.out_dir + "/ckpt";
   c.validate();
   return c;
@@ -248,6 +257,14 @@ void RunConfig::validate() const {
   MT_CHECK(train.peak_tflops >= 0, "{}: train.peak_tflops must be >= 0", source);
   MT_CHECK(train.threads >= 0, "{}: train.threads must be >= 0", source);
   MT_CHECK(ckpt.every >= 0 && ckpt.keep_last >= 1, "{}: ckpt.every must be >= 0 and ckpt.keep_last >= 1", source);
+  MT_CHECK(parallel.dp >= 1 && parallel.pp >= 1 && parallel.tp >= 1,
+           "{}: parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", source, parallel.dp,
+           parallel.pp, parallel.tp);
+  MT_CHECK(parallel.pp == 1 && parallel.tp == 1,
+           "{}: parallel.pp = {} and parallel.tp = {}: pipeline and tensor parallelism are not implemented yet (only "
+           "parallel.dp > 1 is)", source, parallel.pp, parallel.tp);
+  MT_CHECK(parallel.bucket_mb >= 1 && parallel.timeout_s >= 1, "{}: parallel.bucket_mb and parallel.timeout_s must be >= 1",
+           source);
   MT_CHECK(sample.tokens >= 0 && sample.top_k >= 0 && sample.temperature >= 0,
            "{}: sample.tokens/top_k/temperature must be >= 0", source);
 }

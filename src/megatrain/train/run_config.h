@@ -1,4 +1,4 @@
-// The run configuration: one TOML file with sections [model] [data] [optim] [train] [ckpt] [sample], plus
+// The run configuration: one TOML file with sections [model] [data] [optim] [train] [ckpt] [sample] [parallel], plus
 // `--section.key=value` overrides from the command line. Every key is known: a mistyped or unknown key is an error
 // that names it (and the closest known key).
 #pragma once
@@ -12,7 +12,7 @@ namespace mt {
 
 struct DataConfig {
   std::string dir = "data/brown";  // directory of train_*.bin / val_*.bin shards (prepare-data output)
-  int batch_size = 8;              // micro-batch B
+  int batch_size = 8;              // micro-batch B per data-parallel rank
   int seq_len = 128;               // T
   bool shuffle = true;
   uint64_t seed = 1234;
@@ -47,6 +47,13 @@ struct SampleConfig {
   uint64_t seed = 7;
 };
 
+struct ParallelConfig {
+  int dp = 1, pp = 1, tp = 1;      // dp x pp x tp must equal WORLD_SIZE
+  int bucket_mb = 16;              // data-parallel gradient bucket size (MiB of fp32)
+  bool overlap = true;             // overlap communication with compute
+  int timeout_s = 120;             // rendezvous / collective timeout
+};
+
 struct RunConfig {
   ModelConfig model;
   std::string init_from;           // model.init_from: HF GPT-2 .safetensors or a checkpoint directory
@@ -55,6 +62,7 @@ struct RunConfig {
   TrainConfig train;
   CkptConfig ckpt;
   SampleConfig sample;
+  ParallelConfig parallel;
   std::string source;              // the config file path, for messages
 
   void validate() const;

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <functional>
 #include <filesystem>
 
 #include "megatrain/ckpt/checkpoint.h"
@@ -13,6 +14,9 @@
 #include "megatrain/core/fs.h"
 #include "megatrain/core/resources.h"
 #include "megatrain/data/loader.h"
+#include "megatrain/dist/env.h"
+#include "megatrain/dist/mesh.h"
+#include "megatrain/parallel/data_parallel.h"
 #include "megatrain/data/tokenizer.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/optim/optimizer.h"
@@ -26,9 +30,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Optimizer moments as full tensors laid out like the parameters (from the optimizer, or gathered from the
+// data-parallel shards).
+struct Moments {
+  std::function<Tensor(int)> m, v;
+};
+
 // Everything a checkpoint holds: parameters, optimizer moments, and the position of the run.
-void save(const RunConfig& cfg, GPT& model, Optimizer& opt, int step, const LoaderState& data, const std::string& why,
-          TrainResult& res) {
+void save(const RunConfig& cfg, GPT& model, const Moments& opt, int step, const LoaderState& data,
+          const std::string& why, TrainResult& res) {
   std::vector<TensorRef> model_t, optim_t;
   const ParamStore& ps = model.params();
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -42,8 +52,10 @@ void save(const RunConfig& cfg, GPT& model, Optimizer& opt, int step, const Load
                           {"step", step},
                           {"data", {{"epoch", data.epoch}, {"cursor", data.cursor}, {"dir", cfg.data.dir},
                                     {"batch_size", cfg.data.batch_size}, {"seq_len", cfg.data.seq_len},
+                                    {"global_batch_size", cfg.data.batch_size * cfg.parallel.dp},
                                     {"shuffle", cfg.data.shuffle}, {"seed", cfg.data.seed}}},
-                          {"train", {{"steps", cfg.train.steps}, {"grad_accum", cfg.train.grad_accum}}}};
+                          {"train", {{"steps", cfg.train.steps}, {"grad_accum", cfg.train.grad_accum}}},
+                          {"parallel", {{"dp", cfg.parallel.dp}, {"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp}}}};
   SaveOptions so;
   so.keep_last = cfg.ckpt.keep_last;
   double t0 = now_seconds();
@@ -53,7 +65,7 @@ void save(const RunConfig& cfg, GPT& model, Optimizer& opt, int step, const Load
 }
 
 // Restores model, optimizer and data position; returns the checkpoint's step.
-int restore(const RunConfig& cfg, const std::string& path, GPT& model, Optimizer& opt, LoaderState& data) {
+int restore(const RunConfig& cfg, const std::string& path, GPT& model, const Moments& opt, LoaderState& data) {
   Checkpoint ck = Checkpoint::load(path);
   const nlohmann::json& x = ck.extra();
   MT_CHECK(x.contains("model") && x.contains("data") && x.contains("step"),
@@ -68,9 +80,10 @@ int restore(const RunConfig& cfg, const std::string& path, GPT& model, Optimizer
   MT_CHECK(x.value("optim_name", "") == cfg.optim.name, "checkpoint {} used optimizer '{}' but this run uses '{}'",
            ck.dir(), x.value("optim_name", ""), cfg.optim.name);
   const auto& d = x["data"];
-  MT_CHECK(d.value("batch_size", 0) == cfg.data.batch_size && d.value("seq_len", 0) == cfg.data.seq_len,
-           "checkpoint {} used data.batch_size={} data.seq_len={}, this run {} and {}: the data position would not "
-           "carry over", ck.dir(), d.value("batch_size", 0), d.value("seq_len", 0), cfg.data.batch_size,
+  const int global_b = cfg.data.batch_size * cfg.parallel.dp;
+  MT_CHECK(d.value("global_batch_size", d.value("batch_size", 0)) == global_b && d.value("seq_len", 0) == cfg.data.seq_len,
+           "checkpoint {} used a global batch of {} x {} tokens, this run {} x {}: the data position would not carry over",
+           ck.dir(), d.value("global_batch_size", d.value("batch_size", 0)), d.value("seq_len", 0), global_b,
            cfg.data.seq_len);
   const ParamStore& ps = model.params();
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -85,6 +98,7 @@ int restore(const RunConfig& cfg, const std::string& path, GPT& model, Optimizer
 }
 
 double evaluate(GPT& model, const RunConfig& cfg) {
+  // Every rank evaluates the same windows (the model is replicated across dp), so no reduction is needed.
   // A fresh, unshuffled loader each time: every evaluation sees the same validation windows.
   DataLoader val(cfg.data.dir, "val", cfg.data.batch_size, cfg.data.seq_len, false, 0, 0, 1, 0);
   int n = static_cast<int>(std::min<uint64_t>(cfg.train.eval_batches, val.batches_per_epoch()));
@@ -101,17 +115,74 @@ double evaluate(GPT& model, const RunConfig& cfg) {
 TrainResult run_training(const RunConfig& cfg) {
   TrainResult res;
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
-  fs::create_directories(cfg.train.out_dir);
+
+  // Where this process sits: a single process, or one rank of `megatrain launch` / torchrun / Slurm.
+  const RankInfo ri = rank_info_from_env();
+  const MeshShape shape{cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp};
+  check_mesh(shape, ri.world_size);
+  const bool main_rank = ri.rank == 0;
+  std::unique_ptr<Store> store;
+  std::unique_ptr<DeviceMesh> mesh;
+  if (ri.world_size > 1) {
+    GroupOptions go;
+    go.timeout = Millis(1000LL * cfg.parallel.timeout_s);
+    store = open_store(ri.store_url, go.timeout);
+    mesh = std::make_unique<DeviceMesh>(*store, shape, ri.rank, go);
+    if (main_rank)
+      fmt::print("mesh dp={} pp={} tp={} over {} ranks ready in {:.2f} s\n", shape.dp, shape.pp, shape.tp,
+                 ri.world_size, mesh->init_seconds());
+  }
+  const int dp = shape.dp, dp_rank = mesh ? mesh->coord().dp : 0;
+  auto say = [&](const std::string& line) {
+    if (main_rank) fmt::print("{}\n", line);
+  };
+
+  if (main_rank) fs::create_directories(cfg.train.out_dir);
   auto ops = make_cpu_ops();
 
-  DataLoader loader(cfg.data.dir, "train", cfg.data.batch_size, cfg.data.seq_len, cfg.data.shuffle, cfg.data.seed, 0, 1,
-                    cfg.data.prefetch);
+  DataLoader loader(cfg.data.dir, "train", cfg.data.batch_size, cfg.data.seq_len, cfg.data.shuffle, cfg.data.seed,
+                    dp_rank, dp, cfg.data.prefetch);
   MT_CHECK(loader.vocab_size() == 0 || loader.vocab_size() <= cfg.model.vocab_size,
            "the shards in {} use a vocabulary of {} tokens but model.vocab_size is {}", cfg.data.dir,
            loader.vocab_size(), cfg.model.vocab_size);
 
-  GPT model(cfg.model, *ops);
-  Optimizer opt(cfg.optim, model.params(), *ops);
+  GPT model(cfg.model, *ops, dp_pad_multiple(dp));
+  // One optimizer path per layout: the plain optimizer, or ZeRO-2 sharded across the dp group.
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<DataParallel> ddp;
+  if (dp > 1) {
+    DataParallelOptions o;
+    o.bucket_floats = static_cast<size_t>(cfg.parallel.bucket_mb) << 18;
+    o.overlap = cfg.parallel.overlap;
+    ddp = std::make_unique<DataParallel>(model, mesh->dp(), *ops, cfg.optim, o);
+  } else {
+    opt = std::make_unique<Optimizer>(cfg.optim, model.params(), *ops);
+  }
+  // Full moments for checkpoints: the optimizer's own, or a gathered copy of the shards.
+  HostBuffer full_m, full_v;
+  auto full_view = [&](HostBuffer& b, int i) {
+    const ParamInfo& p = model.params().info(i);
+    Tensor t = model.params().param(i);
+    t.ptr = b.f32() + p.offset;
+    return t;
+  };
+  Moments moments;
+  if (opt) {
+    moments.m = [&](int i) { return opt->m(i); };
+    moments.v = [&](int i) { return opt->v(i); };
+  } else {
+    moments.m = [&](int i) { return full_view(full_m, i); };
+    moments.v = [&](int i) { return full_view(full_v, i); };
+  }
+  auto checkpoint = [&](int step, const char* why) {
+    if (ddp) {
+      ddp->sync_params();
+      ddp->gather_moments(full_m, full_v);  // collective: every dp rank takes part
+    }
+    if (main_rank) save(cfg, model, moments, step, loader.state(), why, res);
+    if (mesh) mesh->dp().barrier()->wait();  // nobody runs ahead of a checkpoint that is not committed yet
+  };
+
   int step = 0;
   LoaderState pos;
   std::string resume_from;
@@ -121,19 +192,24 @@ TrainResult run_training(const RunConfig& cfg) {
     resume_from = cfg.ckpt.resume;
   }
   if (!resume_from.empty()) {
-    step = restore(cfg, resume_from, model, opt, pos);
+    if (ddp) {
+      full_m.resize(model.params().total_floats() * sizeof(float));
+      full_v.resize(model.params().total_floats() * sizeof(float));
+    }
+    step = restore(cfg, resume_from, model, moments, pos);
+    if (ddp) ddp->scatter_moments(full_m.f32(), full_v.f32());
     loader.restore(pos);
-    fmt::print("resumed from {} at step {}\n", resume_from, step);
+    say(fmt::format("resumed from {} at step {}", resume_from, step));
   } else if (!cfg.init_from.empty()) {
     model.init_weights(cfg.train.seed);
     load_model_weights(cfg.init_from, cfg.model, model.params());
-    fmt::print("initialised weights from {}\n", cfg.init_from);
+    say(fmt::format("initialised weights from {}", cfg.init_from));
   } else {
-    model.init_weights(cfg.train.seed);
+    model.init_weights(cfg.train.seed);  // same seed on every rank: replicas start identical
   }
 
   const int B = cfg.data.batch_size, T = cfg.data.seq_len, accum = cfg.train.grad_accum;
-  const double tokens_per_step = static_cast<double>(B) * T * accum;
+  const double tokens_per_step = static_cast<double>(B) * T * accum * dp;
   const double flops_per_step = cfg.model.flops_per_token(T) * tokens_per_step;
   double peak = cfg.train.peak_tflops * 1e12;
   std::string peak_src = "configured";
@@ -141,59 +217,73 @@ TrainResult run_training(const RunConfig& cfg) {
     peak = measure_matmul_flops(*ops);
     peak_src = "measured matmul peak";
   }
-  fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}, {:.2f}M params | data: {} train tokens, B={} "
-             "T={} accum={} | {} threads | MFU vs {:.1f} GFLOP/s ({})\n",
-             cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.model.block, cfg.model.window,
-             cfg.model.num_params() / 1e6, loader.num_tokens(), B, T, accum, omp_get_max_threads(), peak / 1e9,
-             peak_src);
+  peak *= ri.world_size;  // every rank brings its own matmul peak (on one host they share the cores)
+  say(fmt::format("model: {} layers, d_model {}, {} heads, block {}, window {}, {:.2f}M params | data: {} train tokens, "
+                  "B={}x{} T={} accum={} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s))",
+                  cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.model.block, cfg.model.window,
+                  cfg.model.num_params() / 1e6, loader.num_tokens(), dp, B, T, accum, omp_get_max_threads(),
+                  peak / 1e9, peak_src, ri.world_size));
 
   MetricsLog log;
-  log.open(cfg.train.out_dir + "/metrics.jsonl", step > 0);
-  log.write({{"kind", "run"}, {"config", cfg.source}, {"params", cfg.model.num_params()}, {"peak_flops", peak},
-             {"peak_source", peak_src}, {"start_step", step}, {"threads", omp_get_max_threads()}});
+  if (main_rank) {
+    log.open(cfg.train.out_dir + "/metrics.jsonl", step > 0);
+    log.write({{"kind", "run"}, {"config", cfg.source}, {"params", cfg.model.num_params()}, {"peak_flops", peak},
+               {"peak_source", peak_src}, {"start_step", step}, {"threads", omp_get_max_threads()},
+               {"world_size", ri.world_size}, {"dp", dp}});
+  }
 
   res.first_step = step + 1;
   for (++step; step <= cfg.train.steps; ++step) {
     double t0 = now_seconds();
     model.params().zero_grads();
-    double loss = 0;
+    float loss = 0;
     for (int micro = 0; micro < accum; ++micro) {
       Batch b = loader.next();
+      if (ddp && micro == accum - 1) ddp->begin_last_backward();
       loss += model.forward(b.x.data(), b.y.data(), B, T, true, 1.0f / accum);
       model.backward();
     }
     loss /= accum;
-    double norm = global_grad_norm(*ops, model.params());
+    double norm;
+    if (ddp) {
+      norm = ddp->finish_gradients();
+      mesh->dp().allreduce(f32_view(&loss, {1}))->wait();
+      loss /= dp;
+    } else {
+      norm = global_grad_norm(*ops, model.params());
+    }
     MT_CHECK(std::isfinite(loss) && std::isfinite(norm), "step {}: non-finite loss ({}) or gradient norm ({})", step,
              loss, norm);
     float scale = cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip ? static_cast<float>(cfg.optim.grad_clip / norm)
                                                                         : 1.0f;
     float lr = lr_at(cfg.optim, step, cfg.train.steps);
-    opt.step(model.params(), lr, scale, step);
+    if (ddp)
+      ddp->step(lr, scale, step);
+    else
+      opt->step(model.params(), lr, scale, step);
     double dt = now_seconds() - t0;
 
     StepStats s{step, cfg.train.steps, loss, lr, norm, dt, tokens_per_step / dt, flops_per_step / dt, 0};
     s.mfu = s.model_flops_per_second / peak;
-    log.write(MetricsLog::to_json(s));
+    if (main_rank) log.write(MetricsLog::to_json(s));
     if (step == res.first_step) res.first_loss = loss;
     res.last_loss = loss;
     res.last_step = step;
     if (step % cfg.train.log_every == 0 || step == res.first_step || step == cfg.train.steps)
-      fmt::print("{}\n", MetricsLog::progress_line(s));
+      say(MetricsLog::progress_line(s));
     if (cfg.train.eval_every > 0 && cfg.train.eval_batches > 0 &&
         (step % cfg.train.eval_every == 0 || step == cfg.train.steps)) {
       res.last_val_loss = evaluate(model, cfg);
-      fmt::print("step {:>6} | val loss {:.4f}\n", step, res.last_val_loss);
-      log.write({{"kind", "val"}, {"step", step}, {"val_loss", res.last_val_loss}});
+      say(fmt::format("step {:>6} | val loss {:.4f}", step, res.last_val_loss));
+      if (main_rank) log.write({{"kind", "val"}, {"step", step}, {"val_loss", res.last_val_loss}});
     }
-    if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps)
-      save(cfg, model, opt, step, loader.state(), "periodic", res);
+    if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps) checkpoint(step, "periodic");
   }
   res.last_step = std::min(step - 1, cfg.train.steps);
-  if (cfg.ckpt.save_final && res.last_step >= res.first_step)
-    save(cfg, model, opt, res.last_step, loader.state(), "final", res);
+  if (cfg.ckpt.save_final && res.last_step >= res.first_step) checkpoint(res.last_step, "final");
+  if (ddp) ddp->sync_params();
 
-  if (cfg.sample.tokens > 0) {
+  if (cfg.sample.tokens > 0 && main_rank) {
     Tokenizer tok = Tokenizer::load_gpt2(default_gpt2_vocab_dir());
     if (tok.vocab_size() == cfg.model.vocab_size) {
       SampleOptions so{cfg.sample.tokens, cfg.sample.temperature, cfg.sample.top_k, cfg.sample.seed, tok.eot()};

@@ -1,0 +1,197 @@
+#include "megatrain/parallel/data_parallel.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "megatrain/core/error.h"
+
+namespace mt {
+
+namespace {
+Tensor span(float* p, size_t n) { return f32_view(p, {static_cast<int64_t>(n)}); }
+}  // namespace
+
+DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const OptimConfig& ocfg,
+                           const DataParallelOptions& opt)
+    : model_(model), group_(group), ops_(ops), ocfg_(ocfg), opt_(opt), dp_(group.size()), rank_(group.rank()) {
+  ocfg_.validate();
+  const ParamStore& ps = model_.params();
+  const size_t unit = dp_pad_multiple(dp_), total = ps.total_floats();
+  MT_CHECK(total % unit == 0, "DataParallel: the model's flat buffers ({} floats) are not padded to dp*16 = {}; build "
+           "the GPT with pad_multiple = dp_pad_multiple(dp)", total, unit);
+  const size_t bs = std::max(unit, (opt_.bucket_floats + unit - 1) / unit * unit);
+  size_t shard = 0;
+  for (size_t b = 0; b < total; b += bs) {
+    Bucket k;
+    k.begin = b;
+    k.end = std::min(total, b + bs);
+    k.lowest_tensor = ps.tensor_at_or_after(k.begin);
+    buckets_.push_back(k);
+    shard_offset_.push_back(shard);
+    shard += (k.end - k.begin) / dp_;
+  }
+  shard_grad_.resize(shard * sizeof(float));
+  shard_m_.resize(shard * sizeof(float));
+  shard_v_.resize(shard * sizeof(float));
+  shard_stage_.resize(shard * sizeof(float));
+  GptHooks h;
+  h.grads_ready = [this](int first) { on_grads_ready(first); };
+  h.before_params_used = [this](int first, int end) { on_params_used(first, end); };
+  model_.set_hooks(h);
+}
+
+DataParallel::~DataParallel() {
+  model_.set_hooks({});
+  // Never leave communication in flight on buffers about to disappear.
+  for (auto& b : buckets_) {
+    try {
+      if (b.rs) b.rs->wait();
+      if (b.ag) b.ag->wait();
+    } catch (...) {
+    }
+  }
+}
+
+template <typename F>
+void DataParallel::for_each_owned_piece(F&& f) const {
+  const ParamStore& ps = model_.params();
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    const size_t s = slice_start(b), e = s + slice_len(b);
+    for (int i = ps.tensor_at_or_after(s); i < static_cast<int>(ps.size()); ++i) {
+      const ParamInfo& p = ps.info(i);
+      if (p.offset >= e) break;
+      size_t pb = std::max(s, p.offset), pe = std::min(e, p.offset + p.numel);
+      if (pb < pe) f(i, pb, pe, shard_offset_[k] + (pb - s));
+    }
+  }
+}
+
+void DataParallel::begin_last_backward() {
+  armed_ = opt_.overlap;
+  comm_seconds_ = 0;
+  for (auto& b : buckets_) b.launched = false;
+}
+
+void DataParallel::launch_reduce_scatter(size_t k) {
+  Bucket& b = buckets_[k];
+  b.launched = true;
+  float* g = model_.params().grads_data();
+  b.rs = group_.reduce_scatter(span(shard_grad_.f32() + shard_offset_[k], slice_len(b)), span(g + b.begin, b.end - b.begin));
+}
+
+void DataParallel::on_grads_ready(int first_done) {
+  if (!armed_) return;
+  // Highest addresses finish first; every rank sees the same sequence of calls, so the issue order matches.
+  for (size_t k = buckets_.size(); k-- > 0;)
+    if (!buckets_[k].launched && first_done <= buckets_[k].lowest_tensor) launch_reduce_scatter(k);
+}
+
+void DataParallel::on_params_used(int first, int end) {
+  if (first >= end) return;
+  const ParamStore& ps = model_.params();
+  const size_t lo = ps.info(first).offset, hi = ps.info(end - 1).offset + ps.info(end - 1).numel;
+  for (auto& b : buckets_)
+    if (b.ag && b.begin < hi && b.end > lo) {
+      b.ag->wait();
+      comm_seconds_ += b.ag->exec_seconds();
+      b.ag.reset();
+    }
+}
+
+double DataParallel::finish_gradients() {
+  armed_ = false;
+  for (size_t k = buckets_.size(); k-- > 0;)
+    if (!buckets_[k].launched) launch_reduce_scatter(k);
+  for (auto& b : buckets_) {
+    b.rs->wait();
+    comm_seconds_ += b.rs->exec_seconds();
+    b.rs.reset();
+  }
+  const size_t n = shard_grad_.size() / sizeof(float);
+  Tensor g = span(shard_grad_.f32(), n);
+  ops_.scale(g, 1.0f / static_cast<float>(dp_));  // sum over ranks -> mean over the global batch
+  float ss = static_cast<float>(ops_.sum_squares(g));
+  // Reduce in double precision semantics as far as a float allreduce allows: sum of per-rank partial sums.
+  float buf[1] = {ss};
+  group_.allreduce(span(buf, 1))->wait();
+  return std::sqrt(static_cast<double>(buf[0]));
+}
+
+void DataParallel::step(float lr, float grad_scale, int step) {
+  const ParamStore& ps = model_.params();
+  float* p = ps.params_data();
+  auto hp = [&](int i) {
+    AdamHParams h;
+    h.lr = lr;
+    h.beta1 = ocfg_.beta1;
+    h.beta2 = ocfg_.beta2;
+    h.eps = ocfg_.eps;
+    h.weight_decay = ps.info(i).decay ? ocfg_.weight_decay : 0.0f;
+    h.step = step;
+    h.grad_scale = grad_scale;
+    return h;
+  };
+  if (ocfg_.name == "adamw") {
+    for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
+      ops_.adamw_update(span(p + b, e - b), span(shard_grad_.f32() + so, e - b), span(shard_m_.f32() + so, e - b),
+                        span(shard_v_.f32() + so, e - b), hp(i));
+    });
+  } else {
+    // LAMB: per-tensor ||w||^2 and ||u||^2 are partial over the slices; sum them over the dp ranks.
+    std::vector<float> norms(2 * ps.size(), 0.0f);
+    for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
+      norms[2 * i + 1] += static_cast<float>(ops_.lamb_moments(span(p + b, e - b), span(shard_grad_.f32() + so, e - b),
+                                                               span(shard_m_.f32() + so, e - b),
+                                                               span(shard_v_.f32() + so, e - b), hp(i)));
+      norms[2 * i] += static_cast<float>(ops_.sum_squares(span(p + b, e - b)));
+    });
+    group_.allreduce(span(norms.data(), norms.size()))->wait();
+    for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
+      float w2 = norms[2 * i], u2 = norms[2 * i + 1];
+      float trust = (w2 > 0 && u2 > 0) ? std::sqrt(w2 / u2) : 1.0f;
+      ops_.lamb_apply(span(p + b, e - b), span(shard_m_.f32() + so, e - b), span(shard_v_.f32() + so, e - b), hp(i),
+                      trust);
+    });
+  }
+  // All-gather the updated parameters, in forward order: the first layers' buckets complete first.
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    float* stage = shard_stage_.f32() + shard_offset_[k];
+    std::memcpy(stage, p + slice_start(b), slice_len(b) * sizeof(float));
+    b.ag = group_.all_gather(span(p + b.begin, b.end - b.begin), span(stage, slice_len(b)));
+  }
+  if (!opt_.overlap) sync_params();
+}
+
+void DataParallel::sync_params() {
+  for (auto& b : buckets_)
+    if (b.ag) {
+      b.ag->wait();
+      comm_seconds_ += b.ag->exec_seconds();
+      b.ag.reset();
+    }
+}
+
+void DataParallel::gather_moments(HostBuffer& m, HostBuffer& v) {
+  const size_t total = model_.params().total_floats();
+  m.resize(total * sizeof(float));
+  v.resize(total * sizeof(float));
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    group_.all_gather(span(m.f32() + b.begin, b.end - b.begin), span(shard_m_.f32() + shard_offset_[k], slice_len(b)))
+        ->wait();
+    group_.all_gather(span(v.f32() + b.begin, b.end - b.begin), span(shard_v_.f32() + shard_offset_[k], slice_len(b)))
+        ->wait();
+  }
+}
+
+void DataParallel::scatter_moments(const float* m, const float* v) {
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    std::memcpy(shard_m_.f32() + shard_offset_[k], m + slice_start(b), slice_len(b) * sizeof(float));
+    std::memcpy(shard_v_.f32() + shard_offset_[k], v + slice_start(b), slice_len(b) * sizeof(float));
+  }
+}
+
+}  // namespace mt

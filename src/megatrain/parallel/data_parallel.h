@@ -1,0 +1,89 @@
+// Data parallelism with ZeRO-2 style sharding over a ProcessGroup (the mesh's dp group).
+//
+// The model's flat gradient buffer is cut into buckets (flat ranges whose bounds are multiples of dp*16 floats).
+// Backward finishes gradients from the last parameter to the first; as soon as every tensor touching a bucket is
+// final, that bucket's reduce-scatter is launched, so communication overlaps the rest of backward. Rank r owns
+// slice r of every bucket: it keeps the reduced gradients, the optimizer moments and the update for that slice
+// only. After the update each bucket's parameters are all-gathered asynchronously in forward order; the next
+// forward waits for a bucket only right before a layer reads it, so the first layers' all-gather is effectively
+// prefetched and the rest overlaps compute.
+//
+// Gradient clipping uses the true global norm (sum of squares over the owned slices, all-reduced). LAMB's
+// per-tensor norms are partial sums over slices, all-reduced before the trust ratios are formed.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "megatrain/core/buffer.h"
+#include "megatrain/dist/process_group.h"
+#include "megatrain/kernels/ops.h"
+#include "megatrain/model/gpt.h"
+#include "megatrain/optim/optimizer.h"
+
+namespace mt {
+
+struct DataParallelOptions {
+  size_t bucket_floats = 4 << 20;  // target bucket size (rounded to a multiple of dp*16)
+  bool overlap = true;             // launch reduce-scatters during backward / wait all-gathers per layer
+};
+
+// Every float of the flat buffer is padded so that it splits into dp equal, 16-aligned slices per bucket.
+inline size_t dp_pad_multiple(int dp) { return static_cast<size_t>(dp) * 16; }
+
+class DataParallel {
+ public:
+  // model must have been built with pad_multiple = dp_pad_multiple(group.size()).
+  DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const OptimConfig& ocfg, const DataParallelOptions& opt = {});
+  ~DataParallel();
+
+  // Call before the last micro-batch's backward of a step: its finished buckets are reduce-scattered on the fly.
+  // (Earlier micro-batches only accumulate locally.)
+  void begin_last_backward();
+  // After the last backward: waits for the reduce-scatters, returns the global gradient norm (of the mean
+  // gradient over the dp ranks' data).
+  double finish_gradients();
+  // Sharded optimizer update of the owned slices, then the asynchronous all-gather of the parameters.
+  void step(float lr, float grad_scale, int step);
+  // Waits for every outstanding all-gather (e.g. before a checkpoint).
+  void sync_params();
+
+  // Full optimizer moments assembled from every rank's slices (collective: all dp ranks must call it).
+  void gather_moments(HostBuffer& m, HostBuffer& v);
+  // Loads this rank's slices from full moments laid out like the parameters.
+  void scatter_moments(const float* m, const float* v);
+
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Communication time (seconds, summed over ops) of the last step, and how much of it ran while compute went on.
+  double last_comm_seconds() const { return comm_seconds_; }
+
+ private:
+  struct Bucket {
+    size_t begin = 0, end = 0;  // flat range
+    int lowest_tensor = 0;      // the bucket is ready when grads of tensors >= this are final
+    WorkPtr rs, ag;
+    bool launched = false;
+    size_t slice_begin() const;
+  };
+  void on_grads_ready(int first_done);
+  void on_params_used(int first, int end);
+  void launch_reduce_scatter(size_t b);
+  size_t slice_len(const Bucket& b) const { return (b.end - b.begin) / static_cast<size_t>(dp_); }
+  size_t slice_start(const Bucket& b) const { return b.begin + rank_ * slice_len(b); }
+  // Calls f(tensor index, flat begin, flat end, shard offset) for each tensor piece inside my slices.
+  template <typename F>
+  void for_each_owned_piece(F&& f) const;
+
+  GPT& model_;
+  ProcessGroup& group_;
+  Ops& ops_;
+  OptimConfig ocfg_;
+  DataParallelOptions opt_;
+  int dp_, rank_;
+  std::vector<Bucket> buckets_;
+  HostBuffer shard_grad_, shard_m_, shard_v_, shard_stage_;  // my slices, concatenated in bucket order
+  std::vector<size_t> shard_offset_;  // per bucket: offset of its slice in the shard buffers
+  bool armed_ = false;
+  double comm_seconds_ = 0;
+};
+
+}  // namespace mt

@@ -1,0 +1,2 @@
+mt_test(parallel_dp_test mt_ckpt)
+add_dependencies(parallel_dp_test megatrain)
