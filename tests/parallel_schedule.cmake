@@ -1,0 +1,1 @@
+mt_test(parallel_schedule_test mt_parallel)
