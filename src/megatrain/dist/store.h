@@ -56,7 +56,7 @@ class TcpStoreServer {
 // (after connect_timeout).
 std::unique_ptr<Store> open_store(const std::string& url, Millis connect_timeout = Millis(30000));
 
-// A store that prefixes every key (one namespace per group / per restart).
+// A store that prefixes every key (one namespace per group / per restart): key k becomes "<prefix>/k".
 std::unique_ptr<Store> prefixed_store(Store& base, const std::string& prefix);
 
 }  // namespace mt

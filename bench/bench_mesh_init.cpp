@@ -1,0 +1,246 @@
+// Communication-group start-up as the world grows: forks 4, 8, 16, 32 local ranks that each build the full 3D mesh
+// (tp, dp and pp groups over Gloo) through a file store in a temporary directory, and reports per world size the
+// slowest rank's DeviceMesh init time and the store traffic of all ranks together, counted by a Store wrapper.
+// Store operations should grow linearly with the world for fixed group sizes (no world group, no global barrier):
+// per rank they follow dp + pp + tp, the members of its own groups, which the check compares across sizes (a world
+// group would instead cost every rank world - 1 address reads). Prints JSON.
+//   bench_mesh_init [--reps N] [--sizes 4,8,16,32]
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/error.h"
+#include "megatrain/dist/mesh.h"
+#include "megatrain/dist/store.h"
+
+using namespace mt;
+using nlohmann::json;
+
+namespace {
+
+// Counts every store operation that reaches the backing store. wait() is not overridden, so the base class's polling
+// shows up as the check() calls it makes.
+class CountingStore : public Store {
+ public:
+  explicit CountingStore(Store& base) : base_(base) {}
+  void set(const std::string& k, const std::string& v) override {
+    ++sets;
+    base_.set(k, v);
+  }
+  std::string get(const std::string& k, Millis t) override {
+    ++gets;
+    return base_.get(k, t);
+  }
+  bool check(const std::string& k) override {
+    ++checks;
+    return base_.check(k);
+  }
+  int64_t add(const std::string& k, int64_t d) override {
+    ++adds;
+    return base_.add(k, d);
+  }
+  void remove(const std::string& k) override {
+    ++removes;
+    base_.remove(k);
+  }
+  long total() const { return sets + gets + checks + adds + removes; }
+  std::atomic<long> sets{0}, gets{0}, checks{0}, adds{0}, removes{0};
+
+ private:
+  Store& base_;
+};
+
+MeshShape shape_for(int world) {
+  switch (world) {
+    case 4: return {2, 1, 2};
+    case 8: return {2, 2, 2};
+    case 16: return {2, 2, 4};
+    case 32: return {4, 2, 4};
+    case 64: return {4, 4, 4};
+  }
+  fail("no mesh shape chosen for world size {} (choose from 4, 8, 16, 32, 64)", world);
+}
+
+struct RankResult {
+  double init_seconds = 0;
+  long sets = 0, gets = 0, checks = 0;
+  bool ok = false;
+  std::string error;
+};
+
+// One run: fork `world` ranks, release them together, collect one line per rank.
+std::vector<RankResult> run_world(int world, const std::string& dir) {
+  const MeshShape shape = shape_for(world);
+  int go[2];
+  MT_CHECK(::pipe(go) == 0, "pipe failed");
+  struct Kid {
+    pid_t pid;
+    int fd;
+    std::string out;
+  };
+  std::vector<Kid> kids;
+  const pid_t parent = ::getpid();
+  for (int rank = 0; rank < world; ++rank) {
+    int p[2];
+    MT_CHECK(::pipe(p) == 0, "pipe failed");
+    pid_t pid = ::fork();
+    MT_CHECK(pid >= 0, "fork failed");
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(3);
+      ::close(p[0]);
+      ::close(go[1]);
+      std::string line;
+      try {
+        auto file = make_file_store(dir);
+        CountingStore store(*file);
+        char b;
+        MT_CHECK(::read(go[0], &b, 1) == 1, "no start signal");  // all ranks exist before anyone starts
+        GroupOptions opt;
+        opt.timeout = Millis(30000);
+        DeviceMesh mesh(store, shape, rank, opt);
+        float x = 1;
+        allreduce_all(mesh, f32_view(&x, {1}));  // the mesh works end to end
+        MT_CHECK(x == static_cast<float>(world), "allreduce_all gave {}", x);
+        line = fmt::format("ok {} {} {} {}\n", mesh.init_seconds(), store.sets.load(), store.gets.load(),
+                           store.checks.load());
+      } catch (const std::exception& e) {
+        line = std::string("error ") + e.what() + "\n";
+      }
+      ssize_t w = ::write(p[1], line.data(), line.size());
+      (void)w;
+      ::_exit(0);
+    }
+    ::close(p[1]);
+    kids.push_back({pid, p[0], {}});
+  }
+  ::close(go[0]);
+  std::string start(static_cast<size_t>(world), 'g');
+  MT_CHECK(::write(go[1], start.data(), start.size()) == static_cast<ssize_t>(start.size()), "start signal failed");
+  ::close(go[1]);
+  std::vector<RankResult> res(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    auto& k = kids[static_cast<size_t>(r)];
+    char buf[4096];
+    ssize_t n;
+    // Ranks wait for each other inside, so a blocking read per rank in order is fine; the 30 s group timeout
+    // bounds a broken run.
+    while ((n = ::read(k.fd, buf, sizeof buf)) > 0) k.out.append(buf, static_cast<size_t>(n));
+    ::close(k.fd);
+    int status = 0;
+    ::waitpid(k.pid, &status, 0);
+    std::istringstream in(k.out);
+    std::string tag;
+    in >> tag;
+    auto& rr = res[static_cast<size_t>(r)];
+    if (tag == "ok") {
+      in >> rr.init_seconds >> rr.sets >> rr.gets >> rr.checks;
+      rr.ok = true;
+    } else {
+      rr.error = k.out.empty() ? "rank exited without a report" : k.out;
+    }
+  }
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 3;
+  std::vector<int> sizes{4, 8, 16, 32};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (a == "--sizes" && i + 1 < argc) {
+      sizes.clear();
+      std::stringstream ss(argv[++i]);
+      std::string tok;
+      while (std::getline(ss, tok, ',')) sizes.push_back(std::atoi(tok.c_str()));
+    } else {
+      std::cerr << "usage: bench_mesh_init [--reps N] [--sizes 4,8,16,32]\n";
+      return 2;
+    }
+  }
+  try {
+    json out;
+    out["bench"] = "mesh_init";
+    out["store"] = "file";
+    out["cpus"] = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+    json rows = json::array();
+    double first_ops_per_rank = 0, min_ratio = 1e300, max_ratio = 0;
+    for (int world : sizes) {
+      MeshShape s = shape_for(world);
+      std::vector<double> max_init;
+      long ops = 0, sets = 0, gets = 0, checks = 0;
+      for (int rep = 0; rep < reps; ++rep) {
+        std::string tmpl = (std::filesystem::temp_directory_path() / "mt-mesh-bench-XXXXXX").string();
+        MT_CHECK(::mkdtemp(tmpl.data()), "mkdtemp failed");
+        auto res = run_world(world, tmpl);
+        std::filesystem::remove_all(tmpl);
+        double mx = 0;
+        long o = 0;
+        std::string errors;
+        for (size_t r = 0; r < res.size(); ++r)
+          if (!res[r].ok) errors += fmt::format("\n  rank {}: {}", r, res[r].error);
+        MT_CHECK(errors.empty(), "world {} failed:{}", world, errors);
+        for (size_t r = 0; r < res.size(); ++r) {
+          mx = std::max(mx, res[r].init_seconds);
+          o += res[r].sets + res[r].gets + res[r].checks;
+        }
+        max_init.push_back(mx);
+        if (rep == 0 || o < ops) {  // report the run with the least polling, the protocol's own traffic
+          ops = o;
+          sets = gets = checks = 0;
+          for (auto& r : res) {
+            sets += r.sets;
+            gets += r.gets;
+            checks += r.checks;
+          }
+        }
+      }
+      std::sort(max_init.begin(), max_init.end());
+      const double ops_per_rank = static_cast<double>(ops) / world;
+      const int members = s.dp + s.pp + s.tp;  // a rank's peers over its three groups, plus itself three times
+      if (first_ops_per_rank == 0) first_ops_per_rank = ops_per_rank;
+      rows.push_back({{"world", world},
+                      {"shape", fmt::format("dp{} x pp{} x tp{}", s.dp, s.pp, s.tp)},
+                      {"max_init_seconds_median", max_init[max_init.size() / 2]},
+                      {"max_init_seconds_all", max_init},
+                      {"store_ops_total", ops},
+                      {"store_sets", sets},
+                      {"store_gets", gets},
+                      {"store_checks", checks},
+                      {"store_ops_per_rank", ops_per_rank},
+                      {"ops_per_rank_vs_smallest", ops_per_rank / first_ops_per_rank},
+                      {"group_members_per_rank", members},
+                      {"store_ops_per_rank_per_member", ops_per_rank / members},
+                      {"world_group_address_gets_for_comparison", static_cast<long>(world) * (world - 1)}});
+      min_ratio = std::min(min_ratio, ops_per_rank / members);
+      max_ratio = std::max(max_ratio, ops_per_rank / members);
+    }
+    out["results"] = rows;
+    // Linear: the traffic per rank follows the size of that rank's own groups (dp + pp + tp), not the world size.
+    out["store_ops_per_rank_per_member_spread"] = max_ratio / min_ratio;
+    out["store_ops_linear"] = max_ratio / min_ratio < 1.5;
+    std::cout << out.dump(2) << std::endl;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_mesh_init: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,522 @@
+// Process groups over Gloo's TCP transport.
+//  * Collectives run one at a time, in issue order, on the group's worker thread: every rank issues a group's
+//    collectives in the same order, so running them in that order on a single context cannot deadlock, and the
+//    caller's thread is free to compute meanwhile.
+//  * send/recv go straight to Gloo's unbound buffers from the caller's thread. Gloo's TCP transport moves the data
+//    only once both sides have posted (a rendezvous), so posting early and waiting late is what lets pipeline
+//    stages exchange activations in both directions at once. A small thread per transfer waits for completion so
+//    that done() and exec_seconds() are meaningful without the caller having to wait.
+//  * reduce_scatter is our own ring over unbound buffers: n-1 steps, each rank sends and receives one chunk per
+//    step, so every rank moves (n-1)/n of the data, the bandwidth lower bound. (This Gloo has no ReduceScatter
+//    with the options API; its halving-doubling class re-registers n^2 pair buffers per call and needs
+//    per-rank count vectors, and allreduce + copy would move twice the data.)
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "megatrain/core/clock.h"
+#include "megatrain/core/error.h"
+#include "megatrain/dist/process_group.h"
+
+namespace mt {
+namespace {
+
+// Gloo slot prefixes 0x01..0x08 belong to its collectives; ours stay clear of them.
+constexpr uint8_t kP2PSlotPrefix = 0x40;
+constexpr uint8_t kReduceScatterSlotPrefix = 0x41;
+
+double secs(Millis m) { return static_cast<double>(m.count()) / 1000.0; }
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+void reduce_into(ReduceOp op, float* out, const float* a, const float* b, size_t n) {
+  switch (op) {
+    case ReduceOp::Sum:
+      for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+      break;
+    case ReduceOp::Max:
+      for (size_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
+      break;
+    case ReduceOp::Min:
+      for (size_t i = 0; i < n; ++i) out[i] = std::min(a[i], b[i]);
+      break;
+  }
+}
+
+// Gloo's rendezvous reads and writes addresses through this view of our store, under the group's prefix. Values are
+// hex-encoded so any store works, also one whose protocol is not binary-safe.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(mt::Store& store, std::string prefix, Millis timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    static const char* hex = "0123456789abcdef";
+    std::string s;
+    s.reserve(data.size() * 2);
+    for (char c : data) {
+      auto u = static_cast<unsigned char>(c);
+      s += hex[u >> 4];
+      s += hex[u & 15];
+    }
+    store_.set(prefix_ + key, s);
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    auto it = fetched_.find(key);
+    std::string s = it != fetched_.end() ? it->second : store_.get(prefix_ + key, timeout_);
+    MT_CHECK(s.size() % 2 == 0, "store key '{}{}' holds malformed Gloo address data", prefix_, key);
+    auto nib = [&](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      fail("store key '{}{}' holds malformed Gloo address data", prefix_, key);
+    };
+    std::vector<char> out(s.size() / 2);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(nib(s[2 * i]) << 4 | nib(s[2 * i + 1]));
+    return out;
+  }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  // Gloo waits for a key and then gets it; fetching it here and keeping the value halves the store traffic.
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& k : keys) {
+      auto left = std::chrono::ceil<Millis>(deadline - std::chrono::steady_clock::now());
+      fetched_[k] = store_.get(prefix_ + k, std::max(left, Millis(0)));
+    }
+  }
+
+ private:
+  mt::Store& store_;
+  std::string prefix_;
+  Millis timeout_;
+  std::map<std::string, std::string> fetched_;
+};
+
+// One TCP device (one event-loop thread) per process and address, shared by all groups. Keyed by pid too: a forked
+// child must not reuse its parent's device, whose loop thread did not survive the fork.
+std::shared_ptr<gloo::transport::Device> shared_device(const std::string& iface) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<gloo::transport::Device>> cache;
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (owner != ::getpid()) {
+    cache.clear();
+    owner = ::getpid();
+  }
+  if (auto dev = cache[iface].lock()) return dev;
+  gloo::transport::tcp::attr attr;
+  attr.hostname = iface;
+  std::shared_ptr<gloo::transport::Device> dev;
+  try {
+    dev = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    fail("cannot open a Gloo TCP device on '{}': {}", iface, e.what());
+  }
+  cache[iface] = dev;
+  return dev;
+}
+
+// The Work every op returns: completed once, by whichever thread ran the op.
+class OpWork : public Work {
+ public:
+  void finish(double exec, std::exception_ptr err) {
+    std::lock_guard<std::mutex> lock(mu_);
+    exec_ = exec;
+    err_ = std::move(err);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    if (err_) std::rethrow_exception(err_);
+  }
+  bool done() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  double exec_seconds() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return exec_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  double exec_ = 0;
+  std::exception_ptr err_;
+};
+
+class GlooGroup : public ProcessGroup {
+ public:
+  GlooGroup(Store& store, const std::string& name, const std::vector<int>& ranks, int my_global_rank,
+            const GroupOptions& opt)
+      : name_(name), ranks_(ranks), timeout_(opt.timeout) {
+    rank_ = static_cast<int>(std::find(ranks_.begin(), ranks_.end(), my_global_rank) - ranks_.begin());
+    await_members(store, my_global_rank);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, size());
+    ctx->setTimeout(timeout_);
+    GlooStoreAdapter adapter(store, name_ + "/gloo/", timeout_);
+    auto dev = shared_device(opt.iface);
+    try {
+      ctx->connectFullMesh(adapter, dev);
+    } catch (const std::exception& e) {
+      fail("group {}: connecting rank {} to its peers failed: {}", name_, my_global_rank, e.what());
+    }
+    ctx_ = std::move(ctx);
+    worker_ = std::thread([this] { run_worker(); });
+  }
+
+  ~GlooGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(qmu_);
+      stop_ = true;
+    }
+    qcv_.notify_all();
+    worker_.join();
+    std::lock_guard<std::mutex> lock(p2p_mu_);
+    for (auto& op : p2p_) {
+      if (!op->work->done()) {
+        if (op->is_send)
+          op->buf->abortWaitSend();
+        else
+          op->buf->abortWaitRecv();
+      }
+      op->waiter.join();
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  const std::string& name() const override { return name_; }
+  int global_rank(int r) const override {
+    MT_CHECK(r >= 0 && r < size(), "group {}: rank {} out of range [0, {})", name_, r, size());
+    return ranks_[r];
+  }
+
+  WorkPtr allreduce(Tensor t, ReduceOp op) override {
+    check_tensor(t, "allreduce", false);
+    auto* p = t.f32();
+    size_t n = static_cast<size_t>(t.numel());
+    return enqueue(fmt::format("allreduce({}, {} floats)", op_name(op), n), [this, p, n, op](uint32_t tag) {
+      if (n == 0 || size() == 1) return;
+      gloo::AllreduceOptions o(ctx_);
+      o.setOutput(p, n);
+      o.setReduceFunction([op](void* out, const void* a, const void* b, size_t k) {
+        reduce_into(op, static_cast<float*>(out), static_cast<const float*>(a), static_cast<const float*>(b), k);
+      });
+      o.setTag(tag);
+      o.setTimeout(timeout_);
+      gloo::allreduce(o);
+    });
+  }
+
+  WorkPtr reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
+    check_tensor(out, "reduce_scatter output", false);
+    check_tensor(in, "reduce_scatter input", false);
+    MT_CHECK(in.numel() == size() * out.numel(),
+             "group {}: reduce_scatter input has {} elements, expected size {} x output {} = {}", name_, in.numel(),
+             size(), out.numel(), size() * out.numel());
+    auto* po = out.f32();
+    const float* pi = in.f32();
+    size_t c = static_cast<size_t>(out.numel());
+    return enqueue(fmt::format("reduce_scatter({}, {} floats per rank)", op_name(op), c),
+                   [this, po, pi, c, op](uint32_t tag) { ring_reduce_scatter(po, pi, c, op, tag); });
+  }
+
+  WorkPtr all_gather(Tensor out, Tensor in) override {
+    check_tensor(out, "all_gather output", true);
+    check_tensor(in, "all_gather input", true);
+    MT_CHECK(out.dtype == in.dtype, "group {}: all_gather of {} input into {} output", name_, dtype_name(in.dtype),
+             dtype_name(out.dtype));
+    MT_CHECK(out.numel() == size() * in.numel(),
+             "group {}: all_gather output has {} elements, expected size {} x input {} = {}", name_, out.numel(),
+             size(), in.numel(), size() * in.numel());
+    char* po = static_cast<char*>(out.ptr);
+    char* pi = static_cast<char*>(in.ptr);
+    size_t bytes = in.nbytes();
+    return enqueue(fmt::format("all_gather({} bytes per rank)", bytes), [this, po, pi, bytes](uint32_t tag) {
+      char* mine = po + static_cast<size_t>(rank_) * bytes;
+      if (bytes == 0) return;
+      if (size() == 1) {
+        if (mine != pi) std::memcpy(mine, pi, bytes);
+        return;
+      }
+      // Bytes, not typed elements: all_gather only moves data. An input that already is my chunk of the output
+      // (the in-place form) is not given to Gloo, which would memcpy it onto itself.
+      gloo::AllgatherOptions o(ctx_);
+      if (mine != pi) o.setInput(pi, bytes);
+      o.setOutput(po, bytes * static_cast<size_t>(size()));
+      o.setTag(tag);
+      o.setTimeout(timeout_);
+      gloo::allgather(o);
+    });
+  }
+
+  WorkPtr broadcast(Tensor t, int root) override {
+    check_tensor(t, "broadcast", true);
+    MT_CHECK(root >= 0 && root < size(), "group {}: broadcast root {} out of range [0, {})", name_, root, size());
+    char* p = static_cast<char*>(t.ptr);
+    size_t bytes = t.nbytes();
+    return enqueue(fmt::format("broadcast(root {}, {} bytes)", root, bytes), [this, p, bytes, root](uint32_t tag) {
+      if (bytes == 0 || size() == 1) return;
+      gloo::BroadcastOptions o(ctx_);
+      o.setOutput(p, bytes);
+      o.setRoot(root);
+      o.setTag(tag);
+      o.setTimeout(timeout_);
+      gloo::broadcast(o);
+    });
+  }
+
+  WorkPtr barrier() override {
+    return enqueue("barrier", [this](uint32_t tag) {
+      if (size() == 1) return;
+      gloo::BarrierOptions o(ctx_);
+      o.setTag(tag);
+      o.setTimeout(timeout_);
+      gloo::barrier(o);
+    });
+  }
+
+  WorkPtr send(Tensor t, int dst, int tag) override { return post_p2p(t, dst, tag, true); }
+  WorkPtr recv(Tensor t, int src, int tag) override { return post_p2p(t, src, tag, false); }
+
+ private:
+  struct Task {
+    std::string what;
+    std::function<void(uint32_t)> body;
+    uint32_t tag;
+    std::shared_ptr<OpWork> work;
+  };
+  struct P2POp {
+    bool is_send;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    std::shared_ptr<OpWork> work;
+    std::thread waiter;
+  };
+
+  void await_members(Store& store, int me) {
+    store.set(fmt::format("{}/arrived/{}", name_, me), "1");
+    std::vector<std::string> keys;
+    for (int r : ranks_)
+      if (r != me) keys.push_back(fmt::format("{}/arrived/{}", name_, r));
+    try {
+      store.wait(keys, timeout_);
+    } catch (const Error&) {
+      auto miss = store.missing(keys);
+      if (miss.empty()) throw;
+      std::string list;
+      for (const auto& k : miss) {
+        if (!list.empty()) list += ", ";
+        list += k.substr(k.rfind('/') + 1);
+      }
+      fail("group {}: ranks {} never arrived within {:g} s", name_, list, secs(timeout_));
+    }
+  }
+
+  void check_tensor(const Tensor& t, const char* what, bool int_ok) const {
+    MT_CHECK(t.device == Device::CPU, "group {}: {} needs a host tensor (the Gloo backend)", name_, what);
+    MT_CHECK(t.dtype == DType::F32 || (int_ok && t.dtype == DType::I32), "group {}: {} of {} tensors is not supported",
+             name_, what, dtype_name(t.dtype));
+    MT_CHECK(t.defined() || t.numel() == 0, "group {}: {} of an undefined tensor", name_, what);
+  }
+
+  WorkPtr enqueue(std::string what, std::function<void(uint32_t)> body) {
+    auto work = std::make_shared<OpWork>();
+    {
+      std::lock_guard<std::mutex> lock(qmu_);
+      MT_CHECK(!stop_, "group {}: {} issued while the group is being destroyed", name_, what);
+      uint32_t tag = next_tag_++;
+      queue_.push_back(Task{fmt::format("{} #{}", what, tag), std::move(body), tag, work});
+    }
+    qcv_.notify_one();
+    return work;
+  }
+
+  void run_worker() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(qmu_);
+        qcv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        if (stop_) {
+          // Peers may be gone already; running it could only hang until the timeout.
+          task.work->finish(0, std::make_exception_ptr(
+                                   Error(fmt::format("group {}: {} never ran: the group was destroyed", name_, task.what))));
+          continue;
+        }
+      }
+      double t0 = now_seconds();
+      std::exception_ptr err;
+      try {
+        task.body(task.tag);
+      } catch (const std::exception& e) {
+        err = std::make_exception_ptr(Error(fmt::format("group {}: {} failed: {}", name_, task.what, e.what())));
+      }
+      task.work->finish(now_seconds() - t0, err);
+    }
+  }
+
+  // Ring reduce-scatter. At step s (0..n-2) rank r sends its running partial of chunk (r-1-s) mod n to r+1 and
+  // receives the partial of chunk (r-2-s) mod n from r-1, adding its own contribution; after n-1 steps the chunk it
+  // holds is (r-n) mod n = r, complete. Two scratch chunks alternate: one is sent while the other receives.
+  void ring_reduce_scatter(float* out, const float* in, size_t c, ReduceOp op, uint32_t tag) {
+    const int n = size(), r = rank_;
+    if (c == 0) return;
+    if (n == 1) {
+      if (out != in) std::memmove(out, in, c * sizeof(float));
+      return;
+    }
+    const size_t cb = c * sizeof(float);
+    rs_scratch_.resize(2 * c);
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+    const int right = (r + 1) % n, left = (r - 1 + n) % n;
+    auto mod = [n](int x) { return ((x % n) + n) % n; };
+    // Gloo only reads from a send buffer; the cast is for its untyped interface.
+    auto in_buf = ctx_->createUnboundBuffer(const_cast<float*>(in), cb * static_cast<size_t>(n));
+    std::unique_ptr<gloo::transport::UnboundBuffer> scratch[2] = {
+        ctx_->createUnboundBuffer(rs_scratch_.data(), cb), ctx_->createUnboundBuffer(rs_scratch_.data() + c, cb)};
+    for (int s = 0; s < n - 1; ++s) {
+      auto& dst = scratch[s % 2];
+      dst->recv(left, slot);
+      gloo::transport::UnboundBuffer* src;
+      if (s == 0) {
+        src = in_buf.get();
+        src->send(right, slot, static_cast<size_t>(mod(r - 1)) * cb, cb);
+      } else {
+        src = scratch[(s - 1) % 2].get();
+        src->send(right, slot);
+      }
+      dst->waitRecv(timeout_);
+      float* acc = static_cast<float*>(dst->ptr);
+      const float* own = in + static_cast<size_t>(mod(r - 2 - s)) * c;
+      // The last step writes the result; `out` is written only here, after every read of `in` by a send, so it
+      // may be my own chunk of `in`.
+      reduce_into(op, s == n - 2 ? out : acc, acc, own, c);
+      src->waitSend(timeout_);
+    }
+  }
+
+  WorkPtr post_p2p(Tensor t, int peer, int tag, bool is_send) {
+    const char* what = is_send ? "send" : "recv";
+    check_tensor(t, what, true);
+    MT_CHECK(peer >= 0 && peer < size(), "group {}: {} peer {} out of range [0, {})", name_, what, peer, size());
+    MT_CHECK(peer != rank_, "group {}: {} to/from itself (rank {}) is not supported", name_, what, rank_);
+    MT_CHECK(tag >= 0, "group {}: {} tag {} must be >= 0", name_, what, tag);
+    auto op = std::make_unique<P2POp>();
+    op->is_send = is_send;
+    op->work = std::make_shared<OpWork>();
+    const size_t bytes = t.nbytes();
+    if (bytes == 0) {
+      op->work->finish(0, nullptr);
+      return op->work;
+    }
+    const std::string desc = fmt::format("group {}: {} of {} bytes {} rank {} (group rank {}), tag {}", name_, what,
+                                         bytes, is_send ? "to" : "from", ranks_[peer], peer, tag);
+    const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, static_cast<uint32_t>(tag));
+    const double t0 = now_seconds();
+    try {
+      op->buf = ctx_->createUnboundBuffer(t.ptr, bytes);
+      if (is_send)
+        op->buf->send(peer, slot);
+      else
+        op->buf->recv(peer, slot);
+    } catch (const std::exception& e) {
+      fail("{} failed: {}", desc, e.what());
+    }
+    P2POp* raw = op.get();
+    WorkPtr work = op->work;
+    std::lock_guard<std::mutex> lock(p2p_mu_);
+    reap_p2p();
+    op->waiter = std::thread([raw, desc, t0, timeout = timeout_] {
+      std::exception_ptr err;
+      try {
+        bool ok = raw->is_send ? raw->buf->waitSend(timeout) : raw->buf->waitRecv(timeout);
+        if (!ok) err = std::make_exception_ptr(Error(desc + " aborted: the group was destroyed"));
+      } catch (const std::exception& e) {
+        err = std::make_exception_ptr(Error(fmt::format("{} failed: {}", desc, e.what())));
+      }
+      raw->work->finish(now_seconds() - t0, err);
+    });
+    p2p_.push_back(std::move(op));
+    return work;
+  }
+
+  // Joins the waiters of completed transfers (called with p2p_mu_ held), so threads do not pile up.
+  void reap_p2p() {
+    for (auto it = p2p_.begin(); it != p2p_.end();) {
+      if ((*it)->work->done()) {
+        (*it)->waiter.join();
+        it = p2p_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  std::string name_;
+  std::vector<int> ranks_;
+  int rank_ = 0;
+  Millis timeout_;
+  std::shared_ptr<gloo::Context> ctx_;  // declared before the threads: destroyed after they are joined
+
+  std::mutex qmu_;
+  std::condition_variable qcv_;
+  std::deque<Task> queue_;
+  uint32_t next_tag_ = 0;
+  bool stop_ = false;
+  std::vector<float> rs_scratch_;  // worker thread only
+  std::thread worker_;
+
+  std::mutex p2p_mu_;
+  std::list<std::unique_ptr<P2POp>> p2p_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_gloo_group(Store& store, const std::string& name, const std::vector<int>& ranks,
+                                              int my_global_rank, const GroupOptions& opt) {
+  MT_CHECK(!name.empty(), "make_gloo_group: empty group name");
+  MT_CHECK(!ranks.empty(), "group {}: no ranks", name);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    MT_CHECK(ranks[i] >= 0, "group {}: negative rank {}", name, ranks[i]);
+    MT_CHECK(i == 0 || ranks[i - 1] < ranks[i], "group {}: ranks must be sorted and distinct ({} after {})", name,
+             ranks[i], ranks[i - 1]);
+  }
+  MT_CHECK(std::find(ranks.begin(), ranks.end(), my_global_rank) != ranks.end(),
+           "group {}: rank {} is not a member", name, my_global_rank);
+  MT_CHECK(opt.timeout.count() > 0, "group {}: timeout must be positive", name);
+  return std::make_unique<GlooGroup>(store, name, ranks, my_global_rank, opt);
+}
+
+}  // namespace mt
