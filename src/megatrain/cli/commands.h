@@ -9,5 +9,6 @@ int cmd_prepare_data(int argc, char** argv); // prepare-data                   (
 int cmd_train(int argc, char** argv);        // train                          (cmd_train.cpp)
 int cmd_generate(int argc, char** argv);     // generate                       (cmd_generate.cpp)
 int cmd_convert(int argc, char** argv);      // convert                        (cmd_convert.cpp)
+int cmd_launch(int argc, char** argv);       // launch                         (cmd_launch.cpp)
 
 }  // namespace mt::cli

@@ -21,6 +21,7 @@ const Command kCommands[] = {
     {"tokenize", mt::cli::cmd_tokenize, "encode/decode text with a GPT-2 style BPE, or train a BPE vocabulary"},
     {"prepare-data", mt::cli::cmd_prepare_data, "turn text / JSON-lines into token shards (train/val split)"},
     {"convert", mt::cli::cmd_convert, "import/export HF GPT-2 safetensors"},
+    {"launch", mt::cli::cmd_launch, "spawn local ranks (torchrun-style env) and supervise them"},
 };
 
 void usage(FILE* f) {

@@ -6,6 +6,7 @@
 // With none of them set, the process is rank 0 of a world of 1.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace mt {
 
@@ -20,5 +21,11 @@ struct RankInfo {
 
 // Throws mt::Error naming the variable when one is malformed or inconsistent (RANK >= WORLD_SIZE, ...).
 RankInfo rank_info_from_env();
+
+// Slurm's compressed lists, exposed for tests. Both throw mt::Error naming `var` (the variable it came from).
+// "4(x2),3" -> {4, 4, 3}   (SLURM_TASKS_PER_NODE: tasks on each node of the step, in node order)
+std::vector<int> parse_slurm_tasks_per_node(const std::string& s, const std::string& var = "SLURM_TASKS_PER_NODE");
+// "node[01-03,07],gpu7" -> "node01"   (SLURM_JOB_NODELIST: the host rank 0 runs on)
+std::string slurm_first_host(const std::string& nodelist, const std::string& var = "SLURM_JOB_NODELIST");
 
 }  // namespace mt

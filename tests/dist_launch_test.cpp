@@ -1,0 +1,317 @@
+// `megatrain launch`: environment per rank, output prefixing, rendezvous through the launcher's tcp store, and
+// supervision (a failing rank or a signal stops everyone; nothing survives the launcher).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "megatrain/core/clock.h"
+#include "megatrain/core/error.h"
+#include "megatrain/dist/env.h"
+#include "megatrain/dist/store.h"
+
+extern char** environ;
+
+using namespace mt;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Rank mode: run by the launcher with MT_LAUNCH_TEST_RANK=1, this binary is a rank that reads its environment,
+// rendezvouses with the others through MEGATRAIN_STORE (every rank waits for every rank's key: a cross-process
+// blocking wait), prints what it saw and exits.
+const int kRankMode = [] {
+  if (!std::getenv("MT_LAUNCH_TEST_RANK")) return 0;
+  try {
+    RankInfo r = rank_info_from_env();
+    auto store = open_store(r.store_url, 10s);
+    store->set("pid/" + std::to_string(r.rank), std::to_string(::getpid()));
+    int64_t arrived = store->add("arrived", 1);
+    std::vector<std::string> keys;
+    for (int i = 0; i < r.world_size; ++i) keys.push_back("pid/" + std::to_string(i));
+    store->wait(keys, 20s);
+    std::printf("child rank=%d world=%d local=%d/%d master=%s:%d store=%s source=%s\n", r.rank, r.world_size,
+                r.local_rank, r.local_world_size, r.master_addr.c_str(), r.master_port, r.store_url.c_str(),
+                r.source.c_str());
+    std::fprintf(stderr, "arrived as number %lld\n", static_cast<long long>(arrived));
+    std::fflush(nullptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank failed: %s\n", e.what());
+    ::_exit(1);
+  }
+  ::_exit(0);
+}();
+
+const std::string kMegatrain = std::string(MT_BINARY_DIR) + "/megatrain";
+
+struct Result {
+  int status = 0;
+  std::string out, err;
+  double seconds = 0;
+  int code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("mt-launch-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Starts `megatrain ARGS...` with stdout/stderr to files; killed if this test dies.
+  pid_t start(const std::vector<std::string>& args) {
+    std::vector<std::string> all = {kMegatrain};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::string out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
+    t0_ = now_seconds();
+    pid_t parent = ::getpid();
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
+      ::dup2(::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
+      ::dup2(::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    return pid;
+  }
+
+  Result finish(pid_t pid, double timeout_s = 20) {
+    Result r;
+    for (;;) {
+      pid_t p = ::waitpid(pid, &r.status, WNOHANG);
+      if (p == pid) break;
+      if (now_seconds() - t0_ > timeout_s) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &r.status, 0);
+        ADD_FAILURE() << "launcher did not finish within " << timeout_s << " s";
+        break;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    r.seconds = now_seconds() - t0_;
+    r.out = slurp(dir_ / "stdout");
+    r.err = slurp(dir_ / "stderr");
+    return r;
+  }
+
+  Result launch(const std::vector<std::string>& args) { return finish(start(args)); }
+
+  // Pids the ranks wrote to files named <prefix>.*: all must be gone once the launcher has exited.
+  std::vector<pid_t> pids(const std::string& prefix) {
+    std::vector<pid_t> out;
+    for (auto& e : fs::directory_iterator(dir_))
+      if (e.path().filename().string().rfind(prefix + ".", 0) == 0) out.push_back(std::stoi(slurp(e.path())));
+    return out;
+  }
+  void expect_all_gone(const std::vector<pid_t>& ps) {
+    for (pid_t p : ps) {
+      errno = 0;
+      EXPECT_TRUE(::kill(p, 0) == -1 && errno == ESRCH) << "pid " << p << " outlived the launcher";
+    }
+  }
+  void wait_for_files(const std::string& prefix, size_t n) {
+    for (double t = now_seconds(); pids(prefix).size() < n && now_seconds() - t < 10;)
+      std::this_thread::sleep_for(10ms);
+    ASSERT_EQ(pids(prefix).size(), n);
+  }
+  std::string sh(const std::string& script) { return "cd '" + dir_.string() + "' || exit 99; " + script; }
+
+  fs::path dir_;
+  double t0_ = 0;
+};
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+TEST_F(LaunchTest, RanksRendezvousThroughTheLaunchersStore) {
+  Result r = launch({"launch", "--nproc", "3", "--exec", "--", "/usr/bin/env", "MT_LAUNCH_TEST_RANK=1",
+                     fs::read_symlink("/proc/self/exe").string()});
+  ASSERT_EQ(r.code(), 0) << r.out << r.err;
+  std::regex line(R"(\[rank (\d)\] child rank=(\d) world=3 local=(\d)/3 master=127\.0\.0\.1:(\d+) )"
+                  R"(store=tcp://127\.0\.0\.1:(\d+) source=megatrain)");
+  std::set<int> seen;
+  std::set<std::string> ports;
+  for (auto& l : lines_of(r.out)) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, line)) << "unexpected line: " << l;
+    EXPECT_EQ(m[1], m[2]);
+    EXPECT_EQ(m[2], m[3]);  // one node: local rank == global rank
+    EXPECT_EQ(m[4], m[5]);  // the store listens on MASTER_PORT
+    seen.insert(std::stoi(m[1]));
+    ports.insert(m[4]);
+  }
+  EXPECT_EQ(seen, (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(ports.size(), 1u);
+  // stderr is prefixed too, and the store's counter handed out 1..3 once each.
+  std::set<std::string> arrivals;
+  for (auto& l : lines_of(r.err)) {
+    std::smatch m;
+    if (std::regex_match(l, m, std::regex(R"(\[rank \d\] arrived as number (\d))"))) arrivals.insert(m[1]);
+  }
+  EXPECT_EQ(arrivals, (std::set<std::string>{"1", "2", "3"})) << r.err;
+}
+
+TEST_F(LaunchTest, EnvironmentOfANonZeroNode) {
+  Result r = launch({"launch", "--nproc", "2", "--nnodes", "3", "--node-rank", "1", "--master", "10.9.8.7:1234",
+                     "--store", "file:///shared/rdv", "--exec", "--", "/bin/sh", "-c",
+                     "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $MEGATRAIN_STORE\""});
+  ASSERT_EQ(r.code(), 0) << r.err;
+  std::vector<std::string> l = lines_of(r.out);
+  std::sort(l.begin(), l.end());
+  EXPECT_EQ(l, (std::vector<std::string>{"[rank 2] 2 6 0 2 10.9.8.7 1234 file:///shared/rdv",
+                                         "[rank 3] 3 6 1 2 10.9.8.7 1234 file:///shared/rdv"}));
+}
+
+TEST_F(LaunchTest, OutputWithoutPrefixAndPartialLines) {
+  Result r = launch({"launch", "--nproc", "1", "--no-prefix", "--exec", "--", "/bin/sh", "-c", "printf 'a\\nb'"});
+  ASSERT_EQ(r.code(), 0) << r.err;
+  EXPECT_EQ(r.out, "a\nb");
+  r = launch({"launch", "--nproc", "1", "--exec", "--", "/bin/sh", "-c", "printf 'a\\nb'; printf 'c' >&2"});
+  ASSERT_EQ(r.code(), 0) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] a\n[rank 0] b\n");  // a last line without newline still gets one
+  EXPECT_NE(r.err.find("[rank 0] c\n"), std::string::npos) << r.err;
+}
+
+TEST_F(LaunchTest, DefaultRunsAMegatrainSubcommand) {
+  Result r = launch({"launch", "--nproc", "2", "--", "launch", "--help"});
+  ASSERT_EQ(r.code(), 0) << r.err;
+  for (int rank : {0, 1})
+    EXPECT_NE(r.out.find(fmt::format("[rank {}] Spawn this node's ranks", rank)), std::string::npos) << r.out;
+}
+
+TEST_F(LaunchTest, FailingRankStopsTheOthersAndNothingSurvives) {
+  // Each rank leaves a background child in its process group; rank 2 fails after 0.3 s, the rest sleep.
+  Result r = launch({"launch", "--nproc", "4", "--exec", "--", "/bin/sh", "-c",
+                     sh("echo $$ > pid.$RANK; sleep 60 & echo $! > kid.$RANK; "
+                        "if [ $RANK = 2 ]; then sleep 0.3; exit 3; fi; wait")});
+  EXPECT_EQ(r.code(), 3) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(launch: rank 2 \(pid \d+\) exited with code 3; )"
+                                                  R"(stopping the other 3 ranks)")))
+      << r.err;
+  EXPECT_LT(r.seconds, 4.0) << "SIGTERM should stop sleeping ranks at once, without waiting for the grace period";
+  EXPECT_EQ(pids("pid").size(), 4u);
+  EXPECT_EQ(pids("kid").size(), 4u);
+  expect_all_gone(pids("pid"));
+  expect_all_gone(pids("kid"));
+}
+
+TEST_F(LaunchTest, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
+  Result r = launch({"launch", "--nproc", "2", "--grace", "0.5", "--exec", "--", "/bin/sh", "-c",
+                     sh("trap '' TERM; echo $$ > pid.$RANK; "
+                        "if [ $RANK = 1 ]; then sleep 0.2; kill -USR1 $$; fi; sleep 60 & echo $! > kid.$RANK; wait")});
+  EXPECT_EQ(r.code(), 128 + SIGUSR1) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(rank 1 \(pid \d+\) was killed by signal 10)"))) << r.err;
+  EXPECT_NE(r.err.find("rank 0 (pid "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("still running after the grace period; killing it"), std::string::npos) << r.err;
+  EXPECT_GE(r.seconds, 0.6);
+  EXPECT_LT(r.seconds, 4.0);
+  expect_all_gone(pids("pid"));
+  expect_all_gone(pids("kid"));
+}
+
+TEST_F(LaunchTest, SigtermToTheLauncherStopsEveryRank) {
+  pid_t launcher = start({"launch", "--nproc", "3", "--exec", "--", "/bin/sh", "-c",
+                          sh("sleep 60 & echo $! > kid.$RANK; echo $$ > pid.$RANK; wait")});
+  wait_for_files("pid", 3);
+  ::kill(launcher, SIGTERM);
+  double t = now_seconds();
+  Result r = finish(launcher);
+  EXPECT_EQ(r.code(), 128 + SIGTERM) << r.err;
+  EXPECT_NE(r.err.find("received SIGTERM; stopping 3 ranks"), std::string::npos) << r.err;
+  EXPECT_LT(now_seconds() - t, 3.0);
+  expect_all_gone(pids("pid"));
+  expect_all_gone(pids("kid"));
+}
+
+TEST_F(LaunchTest, ProcessesThatEscapeTheGroupAreKilledToo) {
+  // setsid moves the sleeper out of the rank's process group; only the subreaper sweep can find it.
+  Result r = launch({"launch", "--nproc", "1", "--exec", "--", "/bin/sh", "-c",
+                     sh("setsid sleep 60 & echo $! > kid.0; sleep 0.2")});
+  EXPECT_EQ(r.code(), 0) << r.err;
+  EXPECT_EQ(pids("kid").size(), 1u);
+  expect_all_gone(pids("kid"));
+}
+
+TEST_F(LaunchTest, KilledLauncherTakesItsRanksAlong) {
+  // The ranks are orphaned when the launcher dies; as subreaper this test inherits them and can see them die
+  // (a zombie would still answer kill(pid, 0)).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  pid_t launcher = start({"launch", "--nproc", "2", "--exec", "--", "/bin/sh", "-c", sh("echo $$ > pid.$RANK; exec sleep 60")});
+  wait_for_files("pid", 2);
+  ::kill(launcher, SIGKILL);
+  finish(launcher);
+  std::set<pid_t> left;
+  for (pid_t p : pids("pid")) left.insert(p);
+  for (double t = now_seconds(); !left.empty() && now_seconds() - t < 5;) {  // PDEATHSIG is asynchronous
+    for (auto it = left.begin(); it != left.end();) {
+      int st;
+      if (::waitpid(*it, &st, WNOHANG) == *it) {
+        EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << st;
+        it = left.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " ranks outlived a killed launcher";
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+TEST_F(LaunchTest, ProgramThatCannotStartIsReported) {
+  Result r = launch({"launch", "--nproc", "2", "--exec", "--", "/nonexistent/program"});
+  EXPECT_EQ(r.code(), 127);
+  EXPECT_NE(r.err.find("cannot execute '/nonexistent/program': No such file or directory"), std::string::npos)
+      << r.err;
+}
+
+TEST_F(LaunchTest, UsageErrors) {
+  Result r = launch({"launch", "--nproc", "2"});
+  EXPECT_NE(r.code(), 0);
+  EXPECT_NE(r.err.find("nothing to launch"), std::string::npos) << r.err;
+  r = launch({"launch", "--nproc", "2", "--nnodes", "2", "--node-rank", "2", "--exec", "--", "true"});
+  EXPECT_NE(r.code(), 0);
+  EXPECT_NE(r.err.find("--node-rank 2 must be below --nnodes 2"), std::string::npos) << r.err;
+  r = launch({"launch", "--nproc", "2", "--nnodes", "2", "--exec", "--", "true"});
+  EXPECT_NE(r.code(), 0);
+  EXPECT_NE(r.err.find("needs --master"), std::string::npos) << r.err;
+  r = launch({"launch", "--nproc", "1", "--master", "127.0.0.1:99999", "--exec", "--", "true"});
+  EXPECT_NE(r.code(), 0);
+  EXPECT_NE(r.err.find("'99999'"), std::string::npos) << r.err;
+}
+
+}  // namespace
