@@ -53,16 +53,29 @@ void expect_same_run(const std::string& a, const std::string& b) {
   ASSERT_EQ(lb.size(), la.size());
   for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 * std::abs(la[i])) << "step " << i + 1;
   Checkpoint ca = Checkpoint::load(a + "/ckpt"), cb = Checkpoint::load(b + "/ckpt");
+  double all_d = 0, all_s = 0;
   for (const std::string& n : ca.tensor_names("model.safetensors")) {
     const TensorData& x = ca.get(n);
     const TensorData& y = cb.get(n);
     ASSERT_EQ(x.nbytes, y.nbytes) << n;
     const float* p = static_cast<const float*>(x.data);
     const float* q = static_cast<const float*>(y.data);
+    // The key bias gets no gradient mathematically (softmax ignores a constant added to a row's scores); its
+    // computed gradient is rounding noise that Adam turns into arbitrary small steps. Compare it only in the
+    // whole-model check below.
+    size_t skip_begin = 0, skip_end = 0;
+    if (n.size() > 16 && n.compare(n.size() - 16, 16, "attn.c_attn.bias") == 0) skip_begin = 64, skip_end = 128;
     double d = 0, s = 0;
-    for (size_t i = 0; i < x.nbytes / 4; ++i) d += (p[i] - q[i]) * double(p[i] - q[i]), s += p[i] * double(p[i]);
+    for (size_t i = 0; i < x.nbytes / 4; ++i) {
+      double e = double(p[i]) - q[i];
+      all_d += e * e;
+      all_s += double(p[i]) * p[i];
+      if (i >= skip_begin && i < skip_end) continue;
+      d += e * e, s += double(p[i]) * p[i];
+    }
     EXPECT_LE(std::sqrt(d), 1e-5 * std::sqrt(s) + 1e-12) << n;
   }
+  EXPECT_LE(std::sqrt(all_d), 1e-5 * std::sqrt(all_s)) << "whole model";
 }
 
 void run(const std::string& cmd) {
@@ -72,6 +85,7 @@ void run(const std::string& cmd) {
 struct Case {
   std::string name, extra;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class DataParallelVsSingle : public ::testing::TestWithParam<Case> {};
 
