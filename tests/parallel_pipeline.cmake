@@ -1,0 +1,1 @@
+mt_test(parallel_pipeline_test mt_parallel)

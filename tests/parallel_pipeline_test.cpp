@@ -1,0 +1,138 @@
+// The pipeline executor against a single-process oracle: a chain of S = pp * v stages y = tanh(W_k x) with
+// loss 0.5 * ||y_S||^2 per microbatch, run by pp processes (fork, Gloo over a file store) following 1F1B and
+// interleaved 1F1B schedules. Every stage's accumulated weight gradient must equal the naive chain's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "dist_fork_util.h"
+#include "megatrain/core/error.h"
+#include "megatrain/core/rng.h"
+#include "megatrain/dist/process_group.h"
+#include "megatrain/parallel/pipeline.h"
+
+using namespace mt;
+
+namespace {
+
+constexpr int D = 8, R = 4;  // width, rows per microbatch
+
+std::vector<float> weights(int stage) {
+  Rng r(mix_seed(17, stage));
+  std::vector<float> w(D * D);
+  for (auto& x : w) x = 0.4f * r.normal();
+  return w;
+}
+std::vector<float> data(int mb) {
+  Rng r(mix_seed(99, mb));
+  std::vector<float> x(R * D);
+  for (auto& v : x) v = r.normal();
+  return x;
+}
+
+// y = tanh(x W^T) for rows of x.
+void fwd(const std::vector<float>& w, const float* x, float* y) {
+  for (int i = 0; i < R; ++i)
+    for (int o = 0; o < D; ++o) {
+      double s = 0;
+      for (int k = 0; k < D; ++k) s += x[i * D + k] * w[o * D + k];
+      y[i * D + o] = static_cast<float>(std::tanh(s));
+    }
+}
+// Given y and dy: dW += dz^T x, dx = dz W with dz = dy * (1 - y^2).
+void bwd(const std::vector<float>& w, const float* x, const float* y, const float* dy, std::vector<double>& dw,
+         float* dx) {
+  std::vector<double> dz(R * D);
+  for (int i = 0; i < R * D; ++i) dz[i] = dy[i] * (1.0 - double(y[i]) * y[i]);
+  for (int o = 0; o < D; ++o)
+    for (int k = 0; k < D; ++k)
+      for (int i = 0; i < R; ++i) dw[o * D + k] += dz[i * D + o] * x[i * D + k];
+  if (dx)
+    for (int i = 0; i < R; ++i)
+      for (int k = 0; k < D; ++k) {
+        double s = 0;
+        for (int o = 0; o < D; ++o) s += dz[i * D + o] * w[o * D + k];
+        dx[i * D + k] = static_cast<float>(s);
+      }
+}
+
+// The oracle: the whole chain in one process.
+std::vector<std::vector<double>> reference(int stages, int m) {
+  std::vector<std::vector<double>> dw(stages, std::vector<double>(D * D, 0));
+  for (int mb = 0; mb < m; ++mb) {
+    std::vector<std::vector<float>> act(stages + 1, std::vector<float>(R * D));
+    act[0] = data(mb);
+    for (int k = 0; k < stages; ++k) fwd(weights(k), act[k].data(), act[k + 1].data());
+    std::vector<float> g = act[stages], gx(R * D);
+    for (int k = stages - 1; k >= 0; --k) {
+      bwd(weights(k), act[k].data(), act[k + 1].data(), g.data(), dw[k], gx.data());
+      g = gx;
+    }
+  }
+  return dw;
+}
+
+class ChainChunk : public PipelineChunk {
+ public:
+  ChainChunk(int stage, int stages, int m)
+      : stage_(stage), last_(stage == stages - 1), w_(weights(stage)), dw(D * D, 0.0),
+        x_(m, std::vector<float>(R * D)), y_(m, std::vector<float>(R * D)), dy_(m, std::vector<float>(R * D)),
+        dx_(m, std::vector<float>(R * D)) {}
+  Tensor input(int mb) override { return f32_view(x_[mb].data(), {R, D}); }
+  Tensor output(int mb) override { return f32_view(y_[mb].data(), {R, D}); }
+  Tensor grad_output(int mb) override { return f32_view(dy_[mb].data(), {R, D}); }
+  Tensor grad_input(int mb) override { return f32_view(dx_[mb].data(), {R, D}); }
+  void forward(int mb) override {
+    if (stage_ == 0) x_[mb] = data(mb);
+    fwd(w_, x_[mb].data(), y_[mb].data());
+    if (last_) dy_[mb] = y_[mb];  // d(0.5 ||y||^2)/dy
+  }
+  void backward(int mb) override {
+    bwd(w_, x_[mb].data(), y_[mb].data(), dy_[mb].data(), dw, stage_ == 0 ? nullptr : dx_[mb].data());
+  }
+  int stage_;
+  bool last_;
+  std::vector<float> w_;
+  std::vector<double> dw;
+  std::vector<std::vector<float>> x_, y_, dy_, dx_;
+};
+
+void run_case(int pp, int v, int m) {
+  dist_test::TempDir dir;
+  Schedule s = make_interleaved_1f1b(pp, v, m);
+  std::vector<int> ranks;
+  for (int r = 0; r < pp; ++r) ranks.push_back(r);
+  std::string err = dist_test::run_procs(ranks, [&](int rank) {
+    auto store = make_file_store(dir.path);
+    GroupOptions go;
+    go.timeout = Millis(15000);
+    auto group = make_gloo_group(*store, "pp", ranks, rank, go);
+    std::vector<std::unique_ptr<ChainChunk>> owned;
+    std::vector<PipelineChunk*> chunks;
+    for (int c = 0; c < v; ++c) {
+      owned.push_back(std::make_unique<ChainChunk>(s.stage_of(rank, c), s.stages(), m));
+      chunks.push_back(owned.back().get());
+    }
+    run_pipeline(s, rank, chunks, *group);
+    auto ref = reference(s.stages(), m);
+    for (auto& c : owned)
+      for (int i = 0; i < D * D; ++i)
+        MT_CHECK(std::abs(c->dw[i] - ref[c->stage_][i]) <= 1e-5 * (1 + std::abs(ref[c->stage_][i])),
+                 "stage {} dW[{}] = {} but the single-process chain gives {}", c->stage_, i, c->dw[i],
+                 ref[c->stage_][i]);
+  });
+  EXPECT_EQ(err, "") << "pp=" << pp << " v=" << v << " m=" << m;
+}
+
+TEST(Pipeline, OneFOneBMatchesSingleProcess) {
+  run_case(2, 1, 4);
+  run_case(3, 1, 5);
+}
+
+TEST(Pipeline, InterleavedMatchesSingleProcess) {
+  run_case(2, 2, 4);
+  run_case(3, 2, 6);
+}
+
+}  // namespace
