@@ -47,13 +47,15 @@ class Ops {
   // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC])
   virtual void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) = 0;
   // dinp[N,C] = dout @ w (overwritten, or accumulated when accumulate_dinp); dinp may be undefined (skip).
-  // dw[OC,C] += dout^T @ inp; dbias[OC] += column sums of dout (dbias may be undefined).
+  // dw[OC,C] += dout^T @ inp (dw may be undefined: skip; inp may then be undefined too, dinp giving the rows);
+  // dbias[OC] += column sums of dout (dbias may be undefined).
   virtual void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                                bool accumulate_dinp) = 0;
 
   // ---- embedding -------------------------------------------------------------------------------
   // out[B,T,C] = wte[tokens[b,t]] + wpe[t]   (wpe undefined: no positional table, e.g. with RoPE)
-  // tokens are I32 [B,T] (T = last dim; [T] is one sequence); a token outside [0, wte rows) is an error.
+  // tokens are I32 [B,T] (T = last dim; [T] is one sequence); a token >= wte rows is an error. A token < 0 means
+  // "no row" (a vocab-parallel rank not owning it): its output row is wpe[t] alone (or zero), its gradient skipped.
   virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) = 0;
   // dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t]
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) = 0;
@@ -95,6 +97,20 @@ class Ops {
   // losses[N] = -log softmax(logits)[target] (overwritten); a target >= V is an error. When write_grad, logits
   // is overwritten in place with dlogits = (softmax - onehot(target)) * dloss, so no probability tensor ever exists.
   virtual void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, float dloss, bool write_grad) = 0;
+
+  // Vocab-parallel cross-entropy (Megatron): each rank holds logits[N, Vl] for the vocabulary ids [v0, v0 + Vl),
+  // of which the first n_real columns are real (the rest padding). stats is F32 [3, N]: row max, sum of exps,
+  // target logit. The caller reduces between the three steps:
+  //   1. vp_ce_max: stats[0] = max over my real columns (-inf if none);   then allreduce(stats[0], Max)
+  //   2. vp_ce_sums: stats[1] = sum_j exp(l_j - stats[0]), stats[2] = logit of the target if it is mine, else 0;
+  //      then allreduce(stats[1..2], Sum)
+  //   3. vp_ce_finish: losses[N] = max + log(sum) - target_logit (0 where target < 0); when write_grad, logits
+  //      become (softmax - onehot) * dloss in place (zero in padded columns and ignored rows).
+  // targets are global I32 ids [N]; < 0 is ignored, >= V is an error (checked in step 2).
+  virtual void vp_ce_max(Tensor stats, Tensor logits, int n_real) = 0;
+  virtual void vp_ce_sums(Tensor stats, Tensor logits, Tensor targets, int64_t v0, int n_real, int V) = 0;
+  virtual void vp_ce_finish(Tensor losses, Tensor logits, Tensor stats, Tensor targets, int64_t v0, int n_real,
+                            float dloss, bool write_grad) = 0;
 
   // ---- optimizers (fp32 master weights and state) ----------------------------------------------
   // AdamW with decoupled weight decay: m,v updated from g = grad*grad_scale, then

@@ -10,24 +10,29 @@
 #include "megatrain/kernels/ops.h"
 #include "megatrain/model/config.h"
 #include "megatrain/model/params.h"
+#include "megatrain/model/tp_comm.h"
 
 namespace mt {
 
-// The activations one layer keeps between forward and backward, for up to `rows` = B*T rows.
+// The activations one layer keeps between forward and backward, for up to `rows` = B*T rows. With tensor
+// parallelism (tp > 1) the head/MLP dimensions are this rank's 1/tp; ln1/ln2 hold the gathered [rows, C] norm
+// outputs (the inputs of the column-parallel GEMMs) and the row-wise statistics cover this rank's rows only.
 struct BlockActs {
   HostBuffer ln1, ln1_mean, ln1_rstd, qkv, att, lse, h, ln2, ln2_mean, ln2_rstd, fc, act;
-  void allocate(const ModelConfig& cfg, int64_t rows);
+  void allocate(const ModelConfig& cfg, int64_t rows, int tp = 1);
 };
 
 // Scratch shared by all layers in backward (gradients of the intermediate activations) and forward temporaries.
 struct BlockScratch {
   HostBuffer proj_out, d_ln, d_qkv, d_att, d_fc, d_act, d_h;
-  void allocate(const ModelConfig& cfg, int64_t rows);
+  void allocate(const ModelConfig& cfg, int64_t rows, int tp = 1);
 };
 
 class Block {
  public:
-  Block(const ModelConfig& cfg, const ParamStore& params, int layer);
+  // tp: tensor/sequence parallelism (nullptr or size 1: the single-process layer). With tp, x, y and dx are
+  // this rank's row block [B*T/tp, C] of the residual stream and the weights are its shards (layout.h).
+  Block(const ModelConfig& cfg, const ParamStore& params, int layer, TpComm* tp = nullptr);
 
   // y[B*T, C] = layer(x). x must stay valid until backward (it is the saved layer input).
   void forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
@@ -46,9 +51,13 @@ class Block {
   void norm_forward(Ops& ops, const Norm& n, Tensor out, Tensor mean, Tensor rstd, Tensor in) const;
   void norm_backward(Ops& ops, const Norm& n, Tensor din, Tensor dout, Tensor in, Tensor mean, Tensor rstd) const;
   AttnShape attn_shape(int B, int T) const;
+  void forward_tp(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
+  void backward_tp(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
 
   const ModelConfig& cfg_;
   const ParamStore& params_;
+  TpComm* tp_ = nullptr;  // set only when tp > 1
+  int tp_size_ = 1;
   Norm ln1_, ln2_;
   Lin c_attn_, attn_proj_, c_fc_, mlp_proj_;
 };

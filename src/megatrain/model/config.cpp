@@ -15,6 +15,18 @@ int ModelConfig::padded_vocab() const {
   return (vocab_size + m - 1) / m * m;
 }
 
+int ModelConfig::padded_vocab(int tp) const {
+  int m = (vocab_pad_to > 0 ? vocab_pad_to : 1) * (tp > 0 ? tp : 1);
+  return (vocab_size + m - 1) / m * m;
+}
+
+void ModelConfig::validate_tp(int tp) const {
+  MT_CHECK(tp >= 1, "parallel.tp must be >= 1 (got {})", tp);
+  MT_CHECK(n_head % tp == 0, "model.n_head ({}) must be divisible by parallel.tp ({})", n_head, tp);
+  MT_CHECK(kv_heads() % tp == 0, "model.n_kv_head ({}) must be divisible by parallel.tp ({})", kv_heads(), tp);
+  MT_CHECK(ff_dim() % tp == 0, "the MLP width (model.d_ff = {}) must be divisible by parallel.tp ({})", ff_dim(), tp);
+}
+
 void ModelConfig::validate() const {
   MT_CHECK(vocab_size > 0, "model.vocab_size must be positive (got {})", vocab_size);
   MT_CHECK(n_layer > 0, "model.n_layer must be positive (got {})", n_layer);

@@ -33,6 +33,10 @@ struct ModelConfig {
   int head_dim() const { return d_model / n_head; }
   int ff_dim() const;
   int padded_vocab() const;
+  // With tensor parallelism the vocabulary rows are split over tp ranks: padded to a multiple of vocab_pad_to*tp.
+  int padded_vocab(int tp) const;
+  // Throws mt::Error naming the field that parallel.tp does not divide (heads, kv heads, d_ff).
+  void validate_tp(int tp) const;
   // Throws mt::Error naming the inconsistent field (heads not dividing d_model, unknown norm, ...).
   void validate() const;
   int64_t num_params() const;             // parameters counted without vocab padding

@@ -26,10 +26,22 @@ struct GptHooks {
 class GPT {
  public:
   // pad_multiple: the flat parameter/gradient buffers are padded to a multiple of this many floats.
-  GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple = 16);
+  // tp: tensor + sequence parallelism (Megatron); nullptr or size 1 is the single-process model. With tp the
+  // store holds this rank's shards (ParamInfo::shard), B*T must divide by tp, and all tp ranks call forward /
+  // backward / logits together on the same tokens.
+  GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple = 16, TpComm* tp = nullptr);
   void set_hooks(GptHooks h) { hooks_ = std::move(h); }
 
   const ModelConfig& config() const { return cfg_; }
+  int tp_size() const { return tp_ ? tp_->size() : 1; }
+  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  // Gradients of replicated parameters are partial per tp rank; backward all-reduces them over tp (layer by
+  // layer, before the grads_ready hook) unless disabled: turn it off for all but the last micro-batch of an
+  // accumulation, since the sum is taken over the accumulated buffer.
+  void set_tp_grad_sync(bool on) { tp_grad_sync_ = on; }
+  // This rank's vocabulary columns of logits(): ids [vocab_begin(), vocab_begin() + local_vocab()).
+  int64_t vocab_begin() const;
+  int64_t local_vocab() const;
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
 
@@ -45,16 +57,23 @@ class GPT {
   // Accumulates parameter gradients of the last forward(train = true).
   void backward();
 
-  // Inference: logits of every position, returned as a [B*T, padded_vocab] view valid until the next call.
+  // Inference: logits of every position, returned as a [B*T, padded_vocab] view valid until the next call
+  // (with tp: this rank's vocabulary columns, [B*T, local_vocab()]).
   Tensor logits(const int32_t* tokens, int B, int T);
 
  private:
   void ensure_capacity(int B, int T);
   void forward_trunk(const int32_t* tokens, int B, int T);  // up to the logits
+  void forward_trunk_tp(int B, int T);
+  float loss_tp(int64_t N, int64_t valid, float dloss, bool train);
+  void backward_tp();
+  void sync_replicated_grads(int first, int end);
   bool recompute(int l) const { return !cfg_.recompute.empty() && cfg_.recompute[l]; }
 
   ModelConfig cfg_;
   Ops& ops_;
+  TpComm* tp_ = nullptr;  // set only when tp > 1
+  bool tp_grad_sync_ = true;
   ParamStore params_;
   std::vector<Block> blocks_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
@@ -76,6 +95,7 @@ class GPT {
   BlockActs recompute_acts_;
   BlockScratch scratch_;
   HostBuffer lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dlnf_;
+  HostBuffer local_tokens_, ce_stats_;  // tp: tokens mapped to my vocabulary shard (-1: not mine); [3, N] CE stats
 };
 
 }  // namespace mt

@@ -4,33 +4,49 @@
 
 namespace mt {
 
-void declare_gpt_params(const ModelConfig& cfg, ParamStore& s) {
+void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr) {
   cfg.validate();
-  const int64_t C = cfg.d_model, Vp = cfg.padded_vocab(), hd = cfg.head_dim(), F = cfg.ff_dim();
-  const int64_t qkv = (cfg.n_head + 2 * cfg.kv_heads()) * hd;
-  const int64_t fc = cfg.mlp == "swiglu" ? 2 * F : F;
+  cfg.validate_tp(tp);
+  using K = ShardSpec::Kind;
+  const int64_t C = cfg.d_model, Vp = tp > 1 ? cfg.padded_vocab(tp) : cfg.padded_vocab(), hd = cfg.head_dim();
+  const int64_t F = cfg.ff_dim(), q = cfg.n_head * hd, kv = cfg.kv_heads() * hd;
+  const bool swiglu = cfg.mlp == "swiglu";
   const bool ln_bias = cfg.norm == "layernorm" && cfg.bias;
+  auto rep = [&](const std::string& n, std::vector<int64_t> shape, bool decay) {
+    s.add(n, replicated_spec(std::move(shape)), decay);
+  };
+  auto split = [&](const std::string& n, K k, std::vector<int64_t> shape, std::vector<int64_t> parts, bool decay) {
+    s.add(n, split_spec(k, std::move(shape), std::move(parts), tp, tr, n), decay);
+  };
   auto norm = [&](const std::string& n) {
-    s.add(n + ".weight", {C}, false);
-    if (ln_bias) s.add(n + ".bias", {C}, false);
+    rep(n + ".weight", {C}, false);
+    if (ln_bias) rep(n + ".bias", {C}, false);
   };
-  auto linear = [&](const std::string& n, int64_t out, int64_t in) {
-    s.add(n + ".weight", {out, in}, true);
-    if (cfg.bias) s.add(n + ".bias", {out}, false);
+  // out[N, sum(parts)] = in @ w^T: the output features (rows of w) are split.
+  auto column_parallel = [&](const std::string& n, std::vector<int64_t> parts) {
+    int64_t out = 0;
+    for (auto p : parts) out += p;
+    split(n + ".weight", K::Rows, {out, C}, parts, true);
+    if (cfg.bias) split(n + ".bias", K::Rows, {out}, parts, false);
   };
-  s.add("wte.weight", {Vp, C}, true);
-  if (cfg.pos == "learned") s.add("wpe.weight", {cfg.max_seq_len, C}, true);
+  // out[N, C] = in[N, in] @ w^T summed over the ranks: the input features (columns of w) are split.
+  auto row_parallel = [&](const std::string& n, int64_t in) {
+    split(n + ".weight", K::Cols, {C, in}, {in}, true);
+    if (cfg.bias) rep(n + ".bias", {C}, false);
+  };
+  split("wte.weight", K::Rows, {Vp, C}, {Vp}, true);
+  if (cfg.pos == "learned") rep("wpe.weight", {cfg.max_seq_len, C}, true);
   for (int l = 0; l < cfg.n_layer; ++l) {
     std::string p = fmt::format("h.{}.", l);
     norm(p + "ln_1");
-    linear(p + "attn.c_attn", qkv, C);
-    linear(p + "attn.c_proj", C, cfg.n_head * hd);
+    column_parallel(p + "attn.c_attn", {q, kv, kv});
+    row_parallel(p + "attn.c_proj", q);
     if (cfg.block == "sequential") norm(p + "ln_2");
-    linear(p + "mlp.c_fc", fc, C);
-    linear(p + "mlp.c_proj", C, F);
+    column_parallel(p + "mlp.c_fc", swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F});
+    row_parallel(p + "mlp.c_proj", F);
   }
   norm("ln_f");
-  if (!cfg.tied_embeddings) s.add("lm_head.weight", {Vp, C}, true);
+  if (!cfg.tied_embeddings) split("lm_head.weight", K::Rows, {Vp, C}, {Vp}, true);
 }
 
 }  // namespace mt

@@ -16,11 +16,16 @@ static Tensor make_view(float* base, const ParamInfo& p) {
 }
 
 int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool decay) {
+  return add(name, replicated_spec(std::move(shape)), decay);
+}
+
+int ParamStore::add(const std::string& name, const ShardSpec& spec, bool decay) {
   MT_CHECK(!allocated_, "ParamStore: cannot add '{}' after allocate()", name);
   MT_CHECK(!by_name_.count(name), "ParamStore: duplicate parameter '{}'", name);
   ParamInfo p;
   p.name = name;
-  p.shape = std::move(shape);
+  p.shape = spec.local_shape();
+  p.shard = spec;
   p.numel = 1;
   for (auto d : p.shape) p.numel *= static_cast<size_t>(d);
   p.offset = total_;

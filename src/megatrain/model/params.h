@@ -19,6 +19,7 @@
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/core/tensor.h"
+#include "megatrain/model/shard.h"
 
 namespace mt {
 
@@ -28,12 +29,15 @@ struct ParamInfo {
   size_t offset = 0;  // in floats, into the flat buffers
   size_t numel = 0;
   bool decay = true;  // weight decay applies (matrices yes; norms, biases no)
+  ShardSpec shard;    // tensor-parallel split; shape == shard.local_shape()
 };
 
 class ParamStore {
  public:
   // Declares a parameter; returns its index. Call allocate() once all are declared.
   int add(const std::string& name, std::vector<int64_t> shape, bool decay);
+  // Declares this rank's shard of a tensor-parallel parameter (shape = spec.local_shape()).
+  int add(const std::string& name, const ShardSpec& spec, bool decay);
   // Zero-filled params and grads, 64-byte aligned, each tensor starting on a 16-float boundary. The flat buffers
   // are padded to a multiple of `pad_multiple` floats (data parallelism shards them into equal slices).
   void allocate(size_t pad_multiple = 16);

@@ -35,11 +35,65 @@ double global_grad_norm(Ops& ops, const ParamStore& params) {
   return std::sqrt(ss);
 }
 
+double global_grad_norm(Ops& ops, const ParamStore& params, const std::vector<float>& weights,
+                        const NormReduce& reduce) {
+  MT_CHECK(weights.size() == params.size(), "global_grad_norm: {} weights for {} tensors", weights.size(),
+           params.size());
+  double ss = 0;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (weights[i] != 0) ss += weights[i] * ops.sum_squares(params.grad(static_cast<int>(i)));
+  float buf = static_cast<float>(ss);
+  if (reduce) reduce(&buf, 1);
+  return std::sqrt(static_cast<double>(buf));
+}
+
+void Optimizer::set_norm_reduce(std::vector<float> weights, NormReduce reduce) {
+  MT_CHECK(weights.size() == params_.size(), "Optimizer::set_norm_reduce: {} weights for {} tensors", weights.size(),
+           params_.size());
+  norm_weights_ = std::move(weights);
+  norm_reduce_ = std::move(reduce);
+}
+
 Optimizer::Optimizer(const OptimConfig& cfg, const ParamStore& params, Ops& ops)
     : cfg_(cfg), params_(params), ops_(ops) {
   cfg_.validate();
   m_.resize(params.total_floats() * sizeof(float));
   v_.resize(params.total_floats() * sizeof(float));
+}
+
+AdamHParams Optimizer::hparams(const ParamStore& params, int i, float lr, float grad_scale, int step) const {
+  AdamHParams h;
+  h.lr = lr;
+  h.beta1 = cfg_.beta1;
+  h.beta2 = cfg_.beta2;
+  h.eps = cfg_.eps;
+  h.weight_decay = params.info(i).decay ? cfg_.weight_decay : 0.0f;
+  h.step = step;
+  h.grad_scale = grad_scale;
+  return h;
+}
+
+// LAMB whose tensors are split over processes: all moments first, then one reduction of every tensor's
+// (weighted) ||w||^2 and ||u||^2, then the trust-scaled updates.
+void Optimizer::lamb_step_reduced(ParamStore& params, float lr, float grad_scale, int step) {
+  const size_t n = params.size();
+  std::vector<float> norms(2 * n, 0.0f);
+  for (size_t k = 0; k < n; ++k) {
+    const int i = static_cast<int>(k);
+    const AdamHParams h = hparams(params, i, lr, grad_scale, step);
+    const double u2 = ops_.lamb_moments(params.param(i), params.grad(i), m(i), v(i), h);
+    const double w2 = ops_.sum_squares(params.param(i));
+    norms[2 * k] = static_cast<float>(norm_weights_[k] * w2);
+    norms[2 * k + 1] = static_cast<float>(norm_weights_[k] * u2);
+  }
+  norm_reduce_(norms.data(), norms.size());
+  for (size_t k = 0; k < n; ++k) {
+    const int i = static_cast<int>(k);
+    const float w2 = norms[2 * k], u2 = norms[2 * k + 1];
+    const float trust = (w2 > 0 && u2 > 0) ? std::sqrt(w2 / u2) : 1.0f;
+    trust_.push_back(trust);
+    ops_.lamb_apply(params.param(i), m(i), v(i), hparams(params, i, lr, grad_scale, step), trust);
+  }
 }
 
 static Tensor state_view(const HostBuffer& b, const ParamInfo& p) {
@@ -56,6 +110,7 @@ Tensor Optimizer::v(int i) const { return state_view(v_, params_.info(i)); }
 void Optimizer::step(ParamStore& params, float lr, float grad_scale, int step) {
   MT_CHECK(step >= 1, "optimizer step must be >= 1 (got {})", step);
   trust_.clear();
+  if (cfg_.name == "lamb" && norm_reduce_) return lamb_step_reduced(params, lr, grad_scale, step);
   for (size_t k = 0; k < params.size(); ++k) {
     const int i = static_cast<int>(k);
     AdamHParams h;

@@ -1,7 +1,9 @@
 // Optimizers over a ParamStore: AdamW and LAMB with fp32 state (m, v) laid out like the parameters, global
 // gradient-norm clipping, and the learning-rate schedule.
 #pragma once
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/kernels/ops.h"
@@ -27,6 +29,13 @@ float lr_at(const OptimConfig& c, int step, int total_steps);
 // sqrt(sum over all gradients of g^2).
 double global_grad_norm(Ops& ops, const ParamStore& params);
 
+// Sums of squares spread over processes (tensor parallelism): weights[i] scales tensor i's squared norm before
+// `reduce` (an in-place sum over the other processes holding parts of the model) is applied. A sharded tensor
+// has weight 1 everywhere; a replicated one 1 on exactly one rank, 0 elsewhere.
+using NormReduce = std::function<void(float* data, size_t n)>;
+double global_grad_norm(Ops& ops, const ParamStore& params, const std::vector<float>& weights,
+                        const NormReduce& reduce);
+
 class Optimizer {
  public:
   Optimizer(const OptimConfig& cfg, const ParamStore& params, Ops& ops);
@@ -38,15 +47,22 @@ class Optimizer {
   // State tensors, same shapes as parameter i (for checkpoints).
   Tensor m(int i) const;
   Tensor v(int i) const;
+  // Tensor parallelism: LAMB's per-tensor ||w||^2 and ||u||^2 are weighted and reduced as in global_grad_norm.
+  void set_norm_reduce(std::vector<float> weights, NormReduce reduce);
   // Per-tensor LAMB trust ratios of the last step (empty for AdamW), for diagnostics and tests.
   const std::vector<float>& last_trust() const { return trust_; }
 
  private:
+  AdamHParams hparams(const ParamStore& params, int i, float lr, float grad_scale, int step) const;
+  void lamb_step_reduced(ParamStore& params, float lr, float grad_scale, int step);
+
   OptimConfig cfg_;
   const ParamStore& params_;
   Ops& ops_;
   HostBuffer m_, v_;
   std::vector<float> trust_;
+  std::vector<float> norm_weights_;
+  NormReduce norm_reduce_;
 };
 
 }  // namespace mt

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
@@ -67,9 +68,16 @@ void DataParallel::for_each_owned_piece(F&& f) const {
   }
 }
 
+void DataParallel::wait(WorkPtr& w) {
+  double t0 = now_seconds();
+  w->wait();
+  exposed_seconds_ += now_seconds() - t0;
+  comm_seconds_ += w->exec_seconds();
+  w.reset();
+}
+
 void DataParallel::begin_last_backward() {
   armed_ = opt_.overlap;
-  comm_seconds_ = 0;
   for (auto& b : buckets_) b.launched = false;
 }
 
@@ -92,29 +100,31 @@ void DataParallel::on_params_used(int first, int end) {
   const ParamStore& ps = model_.params();
   const size_t lo = ps.info(first).offset, hi = ps.info(end - 1).offset + ps.info(end - 1).numel;
   for (auto& b : buckets_)
-    if (b.ag && b.begin < hi && b.end > lo) {
-      b.ag->wait();
-      comm_seconds_ += b.ag->exec_seconds();
-      b.ag.reset();
-    }
+    if (b.ag && b.begin < hi && b.end > lo) wait(b.ag);
 }
 
 double DataParallel::finish_gradients() {
   armed_ = false;
   for (size_t k = buckets_.size(); k-- > 0;)
     if (!buckets_[k].launched) launch_reduce_scatter(k);
-  for (auto& b : buckets_) {
-    b.rs->wait();
-    comm_seconds_ += b.rs->exec_seconds();
-    b.rs.reset();
-  }
+  for (auto& b : buckets_) wait(b.rs);
   const size_t n = shard_grad_.size() / sizeof(float);
   Tensor g = span(shard_grad_.f32(), n);
   ops_.scale(g, 1.0f / static_cast<float>(dp_));  // sum over ranks -> mean over the global batch
-  float ss = static_cast<float>(ops_.sum_squares(g));
-  // Reduce in double precision semantics as far as a float allreduce allows: sum of per-rank partial sums.
+  float ss = 0;
+  if (opt_.norm_weights.empty()) {
+    ss = static_cast<float>(ops_.sum_squares(g));
+  } else {  // tensor parallelism: weight each tensor (replicated ones count on one tp rank only)
+    double acc = 0;
+    for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
+      if (opt_.norm_weights[i] != 0)
+        acc += opt_.norm_weights[i] * ops_.sum_squares(span(shard_grad_.f32() + so, e - b));
+    });
+    ss = static_cast<float>(acc);
+  }
   float buf[1] = {ss};
   group_.allreduce(span(buf, 1))->wait();
+  if (opt_.norm_reduce) opt_.norm_reduce(buf, 1);
   return std::sqrt(static_cast<double>(buf[0]));
 }
 
@@ -141,12 +151,14 @@ void DataParallel::step(float lr, float grad_scale, int step) {
     // LAMB: per-tensor ||w||^2 and ||u||^2 are partial over the slices; sum them over the dp ranks.
     std::vector<float> norms(2 * ps.size(), 0.0f);
     for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
-      norms[2 * i + 1] += static_cast<float>(ops_.lamb_moments(span(p + b, e - b), span(shard_grad_.f32() + so, e - b),
-                                                               span(shard_m_.f32() + so, e - b),
-                                                               span(shard_v_.f32() + so, e - b), hp(i)));
-      norms[2 * i] += static_cast<float>(ops_.sum_squares(span(p + b, e - b)));
+      const float w = opt_.norm_weights.empty() ? 1.0f : opt_.norm_weights[i];
+      norms[2 * i + 1] += w * static_cast<float>(ops_.lamb_moments(span(p + b, e - b), span(shard_grad_.f32() + so, e - b),
+                                                                   span(shard_m_.f32() + so, e - b),
+                                                                   span(shard_v_.f32() + so, e - b), hp(i)));
+      norms[2 * i] += w * static_cast<float>(ops_.sum_squares(span(p + b, e - b)));
     });
     group_.allreduce(span(norms.data(), norms.size()))->wait();
+    if (opt_.norm_reduce) opt_.norm_reduce(norms.data(), norms.size());
     for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
       float w2 = norms[2 * i], u2 = norms[2 * i + 1];
       float trust = (w2 > 0 && u2 > 0) ? std::sqrt(w2 / u2) : 1.0f;
@@ -166,11 +178,7 @@ void DataParallel::step(float lr, float grad_scale, int step) {
 
 void DataParallel::sync_params() {
   for (auto& b : buckets_)
-    if (b.ag) {
-      b.ag->wait();
-      comm_seconds_ += b.ag->exec_seconds();
-      b.ag.reset();
-    }
+    if (b.ag) wait(b.ag);
 }
 
 void DataParallel::gather_moments(HostBuffer& m, HostBuffer& v) {

@@ -25,6 +25,11 @@ namespace mt {
 struct DataParallelOptions {
   size_t bucket_floats = 4 << 20;  // target bucket size (rounded to a multiple of dp*16)
   bool overlap = true;             // launch reduce-scatters during backward / wait all-gathers per layer
+  // With tensor parallelism the model is split further over a tp group: the squared norms (global gradient
+  // norm, LAMB's per-tensor norms) are weighted per tensor and then summed over tp by norm_reduce (see
+  // global_grad_norm in optimizer.h). Empty / unset: the plain dp behaviour.
+  std::vector<float> norm_weights;
+  NormReduce norm_reduce;
 };
 
 // Every float of the flat buffer is padded so that it splits into dp equal, 16-aligned slices per bucket.
@@ -53,8 +58,13 @@ class DataParallel {
   void scatter_moments(const float* m, const float* v);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  // Communication time (seconds, summed over ops) of the last step, and how much of it ran while compute went on.
-  double last_comm_seconds() const { return comm_seconds_; }
+  // Communication accounting since the last take_comm_stats(): seconds the ops executed (summed), and seconds
+  // the caller was blocked waiting for them (the part not hidden behind compute).
+  std::pair<double, double> take_comm_stats() {
+    auto r = std::make_pair(comm_seconds_, exposed_seconds_);
+    comm_seconds_ = exposed_seconds_ = 0;
+    return r;
+  }
 
  private:
   struct Bucket {
@@ -64,6 +74,7 @@ class DataParallel {
     bool launched = false;
     size_t slice_begin() const;
   };
+  void wait(WorkPtr& w);  // waits, accounting exec and exposed time
   void on_grads_ready(int first_done);
   void on_params_used(int first, int end);
   void launch_reduce_scatter(size_t b);
@@ -83,7 +94,7 @@ class DataParallel {
   HostBuffer shard_grad_, shard_m_, shard_v_, shard_stage_;  // my slices, concatenated in bucket order
   std::vector<size_t> shard_offset_;  // per bucket: offset of its slice in the shard buffers
   bool armed_ = false;
-  double comm_seconds_ = 0;
+  double comm_seconds_ = 0, exposed_seconds_ = 0;
 };
 
 }  // namespace mt

@@ -229,6 +229,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   par.get("tp", c.parallel.tp);
   par.get("bucket_mb", c.parallel.bucket_mb);
   par.get("overlap", c.parallel.overlap);
+  par.get("tp_chunks", c.parallel.tp_chunks);
   par.get("timeout_s", c.parallel.timeout_s);
   par.check_unknown();
 
@@ -260,9 +261,18 @@ void RunConfig::validate() const {
   MT_CHECK(parallel.dp >= 1 && parallel.pp >= 1 && parallel.tp >= 1,
            "{}: parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", source, parallel.dp,
            parallel.pp, parallel.tp);
-  MT_CHECK(parallel.pp == 1 && parallel.tp == 1,
-           "{}: parallel.pp = {} and parallel.tp = {}: pipeline and tensor parallelism are not implemented yet (only "
-           "parallel.dp > 1 is)", source, parallel.pp, parallel.tp);
+  MT_CHECK(parallel.pp == 1, "{}: parallel.pp = {}: pipeline parallelism is not implemented yet (parallel.dp and "
+           "parallel.tp are)", source, parallel.pp);
+  MT_CHECK(parallel.tp_chunks >= 1, "{}: parallel.tp_chunks must be >= 1 (got {})", source, parallel.tp_chunks);
+  if (parallel.tp > 1) {
+    model.validate_tp(parallel.tp);
+    const int64_t rows = static_cast<int64_t>(data.batch_size) * data.seq_len;
+    MT_CHECK(rows % parallel.tp == 0,
+             "{}: sequence parallelism splits the data.batch_size * data.seq_len = {} rows over parallel.tp = {} ranks: "
+             "they must divide evenly", source, rows, parallel.tp);
+    MT_CHECK(init_from.empty(), "{}: model.init_from with parallel.tp > 1 is not supported yet: initialise in one "
+             "process and resume from its checkpoint instead", source);
+  }
   MT_CHECK(parallel.bucket_mb >= 1 && parallel.timeout_s >= 1, "{}: parallel.bucket_mb and parallel.timeout_s must be >= 1",
            source);
   MT_CHECK(sample.tokens >= 0 && sample.top_k >= 0 && sample.temperature >= 0,

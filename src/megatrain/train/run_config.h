@@ -51,6 +51,7 @@ struct ParallelConfig {
   int dp = 1, pp = 1, tp = 1;      // dp x pp x tp must equal WORLD_SIZE
   int bucket_mb = 16;              // data-parallel gradient bucket size (MiB of fp32)
   bool overlap = true;             // overlap communication with compute
+  int tp_chunks = 4;               // tensor parallel: row chunks of each fused all-gather+GEMM / GEMM+reduce-scatter
   int timeout_s = 120;             // rendezvous / collective timeout
 };
 

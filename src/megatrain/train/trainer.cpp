@@ -17,6 +17,7 @@
 #include "megatrain/dist/env.h"
 #include "megatrain/dist/mesh.h"
 #include "megatrain/parallel/data_parallel.h"
+#include "megatrain/parallel/tensor_parallel.h"
 #include "megatrain/data/tokenizer.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/optim/optimizer.h"
@@ -34,6 +35,7 @@ namespace fs = std::filesystem;
 // data-parallel shards).
 struct Moments {
   std::function<Tensor(int)> m, v;
+  std::function<Tensor(int)> p;  // the parameters as saved (unset: the model's own tensors)
 };
 
 // Everything a checkpoint holds: parameters, optimizer moments, and the position of the run.
@@ -43,7 +45,7 @@ void save(const RunConfig& cfg, GPT& model, const Moments& opt, int step, const 
   const ParamStore& ps = model.params();
   for (size_t i = 0; i < ps.size(); ++i) {
     const std::string& n = ps.info(static_cast<int>(i)).name;
-    model_t.push_back(tensor_ref(n, ps.param(static_cast<int>(i))));
+    model_t.push_back(tensor_ref(n, opt.p ? opt.p(static_cast<int>(i)) : ps.param(static_cast<int>(i))));
     optim_t.push_back(tensor_ref("m." + n, opt.m(static_cast<int>(i))));
     optim_t.push_back(tensor_ref("v." + n, opt.v(static_cast<int>(i))));
   }
@@ -56,6 +58,12 @@ void save(const RunConfig& cfg, GPT& model, const Moments& opt, int step, const 
                                     {"shuffle", cfg.data.shuffle}, {"seed", cfg.data.seed}}},
                           {"train", {{"steps", cfg.train.steps}, {"grad_accum", cfg.train.grad_accum}}},
                           {"parallel", {{"dp", cfg.parallel.dp}, {"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp}}}};
+  if (cfg.parallel.tp > 1) {
+    // The tensors are saved full; the tp layout they were trained in is recorded for per-rank shard files later.
+    nlohmann::json layout;
+    for (const ParamInfo& p : ps.infos()) layout[p.name] = p.shard.describe();
+    extra["tp_layout"] = layout;
+  }
   SaveOptions so;
   so.keep_last = cfg.ckpt.keep_last;
   double t0 = now_seconds();
@@ -88,7 +96,7 @@ int restore(const RunConfig& cfg, const std::string& path, GPT& model, const Mom
   const ParamStore& ps = model.params();
   for (size_t i = 0; i < ps.size(); ++i) {
     const std::string& n = ps.info(static_cast<int>(i)).name;
-    ck.copy_into(n, ps.param(static_cast<int>(i)));
+    ck.copy_into(n, opt.p ? opt.p(static_cast<int>(i)) : ps.param(static_cast<int>(i)));
     ck.copy_into("m." + n, opt.m(static_cast<int>(i)));
     ck.copy_into("v." + n, opt.v(static_cast<int>(i)));
   }
@@ -96,6 +104,47 @@ int restore(const RunConfig& cfg, const std::string& path, GPT& model, const Mom
   data.cursor = d["cursor"].get<uint64_t>();
   return x["step"].get<int>();
 }
+
+// Full (unsharded) copies of every parameter and moment of a tensor-parallel rank, for checkpoints.
+struct TpFullState {
+  std::vector<HostBuffer> p, m, v;
+  std::vector<ShardSpec> specs;
+  std::vector<int64_t> saved_rows;  // dim 0 as saved (vocab tensors: the single-process padded_vocab())
+
+  void allocate(const ParamStore& ps, const ModelConfig& mc) {
+    for (const ParamInfo& info : ps.infos()) {
+      specs.push_back(info.shard);
+      const size_t bytes = static_cast<size_t>(info.shard.full_numel()) * sizeof(float);
+      for (auto* b : {&p, &m, &v}) b->emplace_back(bytes);
+      const bool vocab = info.name == "wte.weight" || info.name == "lm_head.weight";
+      saved_rows.push_back(vocab ? mc.padded_vocab() : info.shard.full_shape[0]);
+    }
+  }
+  Tensor view(std::vector<HostBuffer>& b, int i) const {
+    Tensor t;
+    t.ptr = b[i].data();
+    t.ndim = static_cast<int>(specs[i].full_shape.size());
+    for (int d = 0; d < t.ndim; ++d) t.dims[d] = specs[i].full_shape[d];
+    t.dims[0] = saved_rows[i];
+    return t;
+  }
+  void gather(ProcessGroup& g, const ParamStore& ps, const Moments& local) {
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const int i = static_cast<int>(k);
+      tp_gather_full(g, specs[k], ps.param(i).f32(), p[k].f32());
+      tp_gather_full(g, specs[k], local.m(i).f32(), m[k].f32());
+      tp_gather_full(g, specs[k], local.v(i).f32(), v[k].f32());
+    }
+  }
+  void scatter(const ParamStore& ps, const Moments& local) const {
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const int i = static_cast<int>(k);
+      shard_slice(specs[k], p[k].f32(), ps.param(i).f32());
+      shard_slice(specs[k], m[k].f32(), local.m(i).f32());
+      shard_slice(specs[k], v[k].f32(), local.v(i).f32());
+    }
+  }
+};
 
 double evaluate(GPT& model, const RunConfig& cfg) {
   // Every rank evaluates the same windows (the model is replicated across dp), so no reduction is needed.
@@ -133,6 +182,7 @@ TrainResult run_training(const RunConfig& cfg) {
                  ri.world_size, mesh->init_seconds());
   }
   const int dp = shape.dp, dp_rank = mesh ? mesh->coord().dp : 0;
+  const int tp = shape.tp, tp_rank = mesh ? mesh->coord().tp : 0;
   auto say = [&](const std::string& line) {
     if (main_rank) fmt::print("{}\n", line);
   };
@@ -146,7 +196,20 @@ TrainResult run_training(const RunConfig& cfg) {
            "the shards in {} use a vocabulary of {} tokens but model.vocab_size is {}", cfg.data.dir,
            loader.vocab_size(), cfg.model.vocab_size);
 
-  GPT model(cfg.model, *ops, dp_pad_multiple(dp));
+  // Tensor parallelism: the model holds this tp rank's shards and calls the tp group through TpComm.
+  std::unique_ptr<ProcessGroupTpComm> tpc;
+  NormReduce tp_norm_reduce;
+  if (tp > 1) {
+    TensorParallelOptions to;
+    to.chunks = cfg.parallel.tp_chunks;
+    to.overlap = cfg.parallel.overlap;
+    tpc = std::make_unique<ProcessGroupTpComm>(mesh->tp(), to);
+    tp_norm_reduce = [&mesh](float* d, size_t n) {
+      mesh->tp().allreduce(f32_view(d, {static_cast<int64_t>(n)}))->wait();
+    };
+  }
+  GPT model(cfg.model, *ops, dp_pad_multiple(dp), tpc.get());
+  const std::vector<float> norm_weights = tp > 1 ? tp_norm_weights(model.params(), tp_rank) : std::vector<float>{};
   // One optimizer path per layout: the plain optimizer, or ZeRO-2 sharded across the dp group.
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<DataParallel> ddp;
@@ -154,9 +217,12 @@ TrainResult run_training(const RunConfig& cfg) {
     DataParallelOptions o;
     o.bucket_floats = static_cast<size_t>(cfg.parallel.bucket_mb) << 18;
     o.overlap = cfg.parallel.overlap;
+    o.norm_weights = norm_weights;
+    o.norm_reduce = tp_norm_reduce;
     ddp = std::make_unique<DataParallel>(model, mesh->dp(), *ops, cfg.optim, o);
   } else {
     opt = std::make_unique<Optimizer>(cfg.optim, model.params(), *ops);
+    if (tp > 1) opt->set_norm_reduce(norm_weights, tp_norm_reduce);
   }
   // Full moments for checkpoints: the optimizer's own, or a gathered copy of the shards.
   HostBuffer full_m, full_v;
@@ -174,13 +240,28 @@ TrainResult run_training(const RunConfig& cfg) {
     moments.m = [&](int i) { return full_view(full_m, i); };
     moments.v = [&](int i) { return full_view(full_v, i); };
   }
+  // With tp the checkpoint holds full tensors: shards are gathered over tp on save and sliced on load, so a
+  // run resumes under any tp. wte/lm_head are kept at the single-process padded_vocab() rows (the extra rows
+  // that tp's coarser vocabulary padding adds are zero).
+  TpFullState tp_full;
+  Moments saved = moments;
+  if (tp > 1) {
+    tp_full.allocate(model.params(), cfg.model);
+    saved.p = [&](int i) { return tp_full.view(tp_full.p, i); };
+    saved.m = [&](int i) { return tp_full.view(tp_full.m, i); };
+    saved.v = [&](int i) { return tp_full.view(tp_full.v, i); };
+  }
   auto checkpoint = [&](int step, const char* why) {
     if (ddp) {
       ddp->sync_params();
       ddp->gather_moments(full_m, full_v);  // collective: every dp rank takes part
     }
-    if (main_rank) save(cfg, model, moments, step, loader.state(), why, res);
-    if (mesh) mesh->dp().barrier()->wait();  // nobody runs ahead of a checkpoint that is not committed yet
+    if (tp > 1) tp_full.gather(mesh->tp(), model.params(), moments);  // collective over tp
+    if (main_rank) save(cfg, model, saved, step, loader.state(), why, res);
+    if (mesh) {  // nobody runs ahead of a checkpoint that is not committed yet
+      mesh->dp().barrier()->wait();
+      mesh->tp().barrier()->wait();
+    }
   };
 
   int step = 0;
@@ -196,7 +277,8 @@ TrainResult run_training(const RunConfig& cfg) {
       full_m.resize(model.params().total_floats() * sizeof(float));
       full_v.resize(model.params().total_floats() * sizeof(float));
     }
-    step = restore(cfg, resume_from, model, moments, pos);
+    step = restore(cfg, resume_from, model, saved, pos);
+    if (tp > 1) tp_full.scatter(model.params(), moments);
     if (ddp) ddp->scatter_moments(full_m.f32(), full_v.f32());
     loader.restore(pos);
     say(fmt::format("resumed from {} at step {}", resume_from, step));
@@ -240,6 +322,7 @@ TrainResult run_training(const RunConfig& cfg) {
     for (int micro = 0; micro < accum; ++micro) {
       Batch b = loader.next();
       if (ddp && micro == accum - 1) ddp->begin_last_backward();
+      if (tp > 1) model.set_tp_grad_sync(micro == accum - 1);  // replicated grads: one tp sum per step
       loss += model.forward(b.x.data(), b.y.data(), B, T, true, 1.0f / accum);
       model.backward();
     }
@@ -250,7 +333,8 @@ TrainResult run_training(const RunConfig& cfg) {
       mesh->dp().allreduce(f32_view(&loss, {1}))->wait();
       loss /= dp;
     } else {
-      norm = global_grad_norm(*ops, model.params());
+      norm = tp > 1 ? global_grad_norm(*ops, model.params(), norm_weights, tp_norm_reduce)
+                    : global_grad_norm(*ops, model.params());
     }
     MT_CHECK(std::isfinite(loss) && std::isfinite(norm), "step {}: non-finite loss ({}) or gradient norm ({})", step,
              loss, norm);
@@ -283,7 +367,10 @@ TrainResult run_training(const RunConfig& cfg) {
   if (cfg.ckpt.save_final && res.last_step >= res.first_step) checkpoint(res.last_step, "final");
   if (ddp) ddp->sync_params();
 
-  if (cfg.sample.tokens > 0 && main_rank) {
+  if (cfg.sample.tokens > 0 && main_rank && tp > 1) {
+    fmt::print("(no sample: sampling with parallel.tp > 1 is not supported yet; sample from the checkpoint with "
+               "`megatrain generate`)\n");
+  } else if (cfg.sample.tokens > 0 && main_rank) {
     Tokenizer tok = Tokenizer::load_gpt2(default_gpt2_vocab_dir());
     if (tok.vocab_size() == cfg.model.vocab_size) {
       SampleOptions so{cfg.sample.tokens, cfg.sample.temperature, cfg.sample.top_k, cfg.sample.seed, tok.eot()};

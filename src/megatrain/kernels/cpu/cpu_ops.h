@@ -41,6 +41,10 @@ class CpuOps final : public Ops {
   void swiglu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
 
   void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, float dloss, bool write_grad) override;
+  void vp_ce_max(Tensor stats, Tensor logits, int n_real) override;
+  void vp_ce_sums(Tensor stats, Tensor logits, Tensor targets, int64_t v0, int n_real, int V) override;
+  void vp_ce_finish(Tensor losses, Tensor logits, Tensor stats, Tensor targets, int64_t v0, int n_real, float dloss,
+                    bool write_grad) override;
 
   void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;
   double lamb_moments(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;

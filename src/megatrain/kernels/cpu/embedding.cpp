@@ -15,8 +15,7 @@ int64_t seq_len(const Tensor& tokens) { return tokens.ndim >= 2 ? tokens.size(-1
 
 void check_tokens(const char* op, const int32_t* tok, int64_t n, int64_t rows) {
   for (int64_t i = 0; i < n; ++i)
-    MT_CHECK(tok[i] >= 0 && tok[i] < rows, "{}: token {} at position {} is outside the embedding table [0, {})", op,
-             tok[i], i, rows);
+    MT_CHECK(tok[i] < rows, "{}: token {} at position {} is outside the embedding table [0, {})", op, tok[i], i, rows);
 }
 
 }  // namespace
@@ -38,6 +37,13 @@ void CpuOps::embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe
 #pragma omp parallel for if (N * C > kParallelMin) schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     float* row = o + i * C;
+    if (tok[i] < 0) {  // not my vocabulary shard
+      if (pe)
+        std::memcpy(row, pe + (i % T) * C, static_cast<size_t>(C) * sizeof(float));
+      else
+        std::memset(row, 0, static_cast<size_t>(C) * sizeof(float));
+      continue;
+    }
     const float* e = te + static_cast<int64_t>(tok[i]) * C;
     if (pe) {
       const float* p = pe + (i % T) * C;
@@ -73,9 +79,11 @@ void CpuOps::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor to
     const int64_t c0 = s * strip, c1 = std::min(C, c0 + strip);
     for (int64_t i = 0; i < N; ++i) {
       const float* g = dy + i * C;
-      float* e = dte + static_cast<int64_t>(tok[i]) * C;
+      if (tok[i] >= 0) {
+        float* e = dte + static_cast<int64_t>(tok[i]) * C;
 #pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) e[c] += g[c];
+        for (int64_t c = c0; c < c1; ++c) e[c] += g[c];
+      }
       if (dpe) {
         float* p = dpe + (i % T) * C;
 #pragma omp simd

@@ -52,14 +52,16 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
                              bool accumulate_dinp) {
   const char* op = "matmul_backward";
   float* dx = f32_opt(dinp, op, "dinp");
-  float* dwt = f32_arg(dw, op, "dw");
+  float* dwt = f32_opt(dw, op, "dw");
   float* db = f32_opt(dbias, op, "dbias");
   const float* dy = f32_arg(dout, op, "dout");
-  const float* x = f32_arg(inp, op, "inp");
   const float* wt = f32_arg(w, op, "w");
-  const auto [N, C, OC] = linear_dims(op, inp, w);
+  // Without dw the input is not needed (inp may be undefined): the row count then comes from dinp.
+  const float* x = dwt ? f32_arg(inp, op, "inp") : nullptr;
+  MT_CHECK(inp.defined() || dx, "{}: needs inp or dinp (to know the row count)", op);
+  const auto [N, C, OC] = linear_dims(op, inp.defined() ? inp : dinp, w);
   check_numel(dout, int64_t{N} * OC, op, "dout");
-  check_numel(dw, int64_t{OC} * C, op, "dw");
+  if (dwt) check_numel(dw, int64_t{OC} * C, op, "dw");
   if (dx) check_numel(dinp, int64_t{N} * C, op, "dinp");
   if (db) check_numel(dbias, OC, op, "dbias");
   if (N == 0) return;
@@ -68,7 +70,7 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dy, OC, wt, C,
                 accumulate_dinp ? 1.0f : 0.0f, dx, C);
   // dw[OC,C] += dout^T @ inp
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dy, OC, x, C, 1.0f, dwt, C);
+  if (dwt) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dy, OC, x, C, 1.0f, dwt, C);
 
   if (db) {
     // Column sums: each thread owns a strip of columns and walks all rows, so the sums need no reduction and

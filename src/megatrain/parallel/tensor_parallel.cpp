@@ -1,0 +1,125 @@
+#include "megatrain/parallel/tensor_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "megatrain/core/error.h"
+
+namespace mt {
+
+namespace {
+Tensor span(float* p, int64_t n) { return f32_view(p, {n}); }
+
+struct RowsShape {
+  int64_t rows, cols;
+};
+
+RowsShape rows_of(const Tensor& t, const char* what) {
+  MT_CHECK(t.defined() && t.dtype == DType::F32 && t.ndim >= 1, "tensor parallel: {} must be a defined F32 tensor",
+           what);
+  const int64_t rows = t.size(0);
+  return {rows, rows > 0 ? t.numel() / rows : 0};
+}
+}  // namespace
+
+ProcessGroupTpComm::ProcessGroupTpComm(ProcessGroup& group, const TensorParallelOptions& opt)
+    : group_(group), opt_(opt) {
+  MT_CHECK(opt_.chunks >= 1, "parallel.tp_chunks must be >= 1 (got {})", opt_.chunks);
+}
+
+int ProcessGroupTpComm::num_chunks(int64_t rows_per_rank) const {
+  if (!opt_.overlap) return 1;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(opt_.chunks, rows_per_rank)));
+}
+
+float* ProcessGroupTpComm::stage(size_t floats) {
+  if (stage_.size() < floats * sizeof(float)) stage_.resize(floats * sizeof(float), false);
+  return stage_.f32();
+}
+
+void ProcessGroupTpComm::wait(const WorkPtr& w) {
+  w->wait();
+  comm_seconds_ += w->exec_seconds();
+}
+
+void ProcessGroupTpComm::allreduce(Tensor t, TpReduce op) {
+  wait(group_.allreduce(t, op == TpReduce::Max ? ReduceOp::Max : ReduceOp::Sum));
+}
+
+void ProcessGroupTpComm::all_gather_rows(Tensor full, Tensor shard, const Consume& consume) {
+  const int tp = size();
+  const auto [Ns, C] = rows_of(shard, "all_gather_rows shard");
+  const int64_t N = Ns * tp;
+  MT_CHECK(full.numel() == N * C, "all_gather_rows: full {} must hold {} ranks x {} rows x {} columns",
+           full.shape_str(), tp, Ns, C);
+  const int K = num_chunks(Ns);
+  float* out = full.f32();
+  const float* in = shard.f32();
+  if (K == 1) {  // rank-major concatenation is exactly the full layout
+    wait(group_.all_gather(span(out, N * C), shard.view({Ns * C})));
+    if (consume) consume(0, N);
+    return;
+  }
+  // Chunk k gathers rows [b_k, b_k+1) of every rank into a staging block [tp, len, C]; all chunks are issued
+  // at once (the group runs them in order), so chunk k+1 is in flight while chunk k's rows are consumed.
+  float* st = stage(static_cast<size_t>(N * C));
+  auto bound = [&](int k) { return k * Ns / K; };
+  std::vector<WorkPtr> works(K);
+  for (int k = 0; k < K; ++k) {
+    const int64_t b = bound(k), len = bound(k + 1) - b;
+    works[k] = group_.all_gather(span(st + tp * b * C, tp * len * C),
+                                 span(const_cast<float*>(in) + b * C, len * C));
+  }
+  for (int k = 0; k < K; ++k) {
+    wait(works[k]);
+    const int64_t b = bound(k), len = bound(k + 1) - b;
+    for (int r = 0; r < tp; ++r) {
+      std::memcpy(out + (r * Ns + b) * C, st + (tp * b + r * len) * C, static_cast<size_t>(len * C) * sizeof(float));
+      if (consume) consume(r * Ns + b, len);
+    }
+  }
+}
+
+void ProcessGroupTpComm::reduce_scatter_rows(Tensor shard, int64_t N, const Produce& produce,
+                                             const std::function<void()>& while_in_flight) {
+  const int tp = size();
+  const auto [Ns, C] = rows_of(shard, "reduce_scatter_rows shard");
+  MT_CHECK(N == Ns * tp, "reduce_scatter_rows: {} rows do not split into {} ranks x {} rows", N, tp, Ns);
+  const int K = num_chunks(Ns);
+  float* st = stage(static_cast<size_t>(N * C));
+  float* out = shard.f32();
+  auto bound = [&](int k) { return k * Ns / K; };
+  std::vector<WorkPtr> works(K);
+  // Chunk k: every rank's partial rows [r*Ns + b_k, r*Ns + b_k+1) into a staging block [tp, len, C], then its
+  // reduce-scatter is issued while the next chunk is computed.
+  for (int k = 0; k < K; ++k) {
+    const int64_t b = bound(k), len = bound(k + 1) - b;
+    float* base = st + tp * b * C;
+    for (int r = 0; r < tp; ++r) produce(f32_view(base + r * len * C, {len, C}), r * Ns + b, len);
+    works[k] = group_.reduce_scatter(span(out + b * C, len * C), span(base, tp * len * C));
+  }
+  if (while_in_flight) while_in_flight();
+  for (auto& w : works) wait(w);
+}
+
+std::vector<float> tp_norm_weights(const ParamStore& params, int tp_rank) {
+  std::vector<float> w(params.size());
+  for (size_t i = 0; i < params.size(); ++i)
+    w[i] = params.info(static_cast<int>(i)).shard.sharded() || tp_rank == 0 ? 1.0f : 0.0f;
+  return w;
+}
+
+void tp_gather_full(ProcessGroup& group, const ShardSpec& spec, const float* local, float* full) {
+  if (!spec.sharded()) {
+    std::memcpy(full, local, static_cast<size_t>(spec.full_numel()) * sizeof(float));
+    return;
+  }
+  MT_CHECK(group.size() == spec.tp_size, "tp_gather_full: the group has {} ranks but the tensor is split {} ways",
+           group.size(), spec.tp_size);
+  const int64_t n = spec.local_numel();
+  std::vector<float> all(static_cast<size_t>(n * spec.tp_size));
+  group.all_gather(span(all.data(), static_cast<int64_t>(all.size())), span(const_cast<float*>(local), n))->wait();
+  for (int r = 0; r < spec.tp_size; ++r) shard_place(spec, r, all.data() + r * n, full);
+}
+
+}  // namespace mt

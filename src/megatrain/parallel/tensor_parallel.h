@@ -1,0 +1,51 @@
+// Tensor + sequence parallelism over a ProcessGroup (the mesh's tp group): the TpComm the model calls, with the
+// all-gather+GEMM and GEMM+reduce-scatter pairs split into row chunks so that communication overlaps compute
+// (MegaScale §3.2), plus the helpers that map between full tensors and tp shards (checkpoints, norms).
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "megatrain/core/buffer.h"
+#include "megatrain/dist/process_group.h"
+#include "megatrain/model/params.h"
+#include "megatrain/model/tp_comm.h"
+
+namespace mt {
+
+struct TensorParallelOptions {
+  int chunks = 4;       // row chunks of each fused collective+GEMM (parallel.tp_chunks)
+  bool overlap = true;  // false: one unchunked collective, then the GEMM (parallel.overlap)
+};
+
+class ProcessGroupTpComm final : public TpComm {
+ public:
+  ProcessGroupTpComm(ProcessGroup& group, const TensorParallelOptions& opt = {});
+  int size() const override { return group_.size(); }
+  int rank() const override { return group_.rank(); }
+  void allreduce(Tensor t, TpReduce op) override;
+  void all_gather_rows(Tensor full, Tensor shard, const Consume& consume = {}) override;
+  void reduce_scatter_rows(Tensor shard, int64_t N, const Produce& produce,
+                           const std::function<void()>& while_in_flight = {}) override;
+  // Seconds spent executing collectives since the last reset (for overlap accounting).
+  double comm_seconds() const { return comm_seconds_; }
+  void reset_comm_seconds() { comm_seconds_ = 0; }
+
+ private:
+  int num_chunks(int64_t rows_per_rank) const;
+  float* stage(size_t floats);
+  void wait(const WorkPtr& w);
+
+  ProcessGroup& group_;
+  TensorParallelOptions opt_;
+  HostBuffer stage_;
+  double comm_seconds_ = 0;
+};
+
+// Weights for squared norms summed over the tp ranks: 1 for a sharded tensor (its shards add up), and for a
+// replicated tensor 1 on tp rank 0 only (every rank holds the same values; count them once).
+std::vector<float> tp_norm_weights(const ParamStore& params, int tp_rank);
+
+// full (spec.full_shape) = every tp rank's shard assembled; collective over `group` (all tp ranks call it).
+void tp_gather_full(ProcessGroup& group, const ShardSpec& spec, const float* local, float* full);
+
+}  // namespace mt

@@ -1,0 +1,3 @@
+mt_test(parallel_tp_test mt_ckpt mt_parallel mt_model)
+add_dependencies(parallel_tp_test megatrain)
+mt_test(kernels_vocab_parallel_test mt_kernels)
