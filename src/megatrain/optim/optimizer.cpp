@@ -61,16 +61,20 @@ Optimizer::Optimizer(const OptimConfig& cfg, const ParamStore& params, Ops& ops)
   v_.resize(params.total_floats() * sizeof(float));
 }
 
-AdamHParams Optimizer::hparams(const ParamStore& params, int i, float lr, float grad_scale, int step) const {
+AdamHParams adam_hparams(const OptimConfig& c, bool decay, float lr, float grad_scale, int step) {
   AdamHParams h;
   h.lr = lr;
-  h.beta1 = cfg_.beta1;
-  h.beta2 = cfg_.beta2;
-  h.eps = cfg_.eps;
-  h.weight_decay = params.info(i).decay ? cfg_.weight_decay : 0.0f;
+  h.beta1 = c.beta1;
+  h.beta2 = c.beta2;
+  h.eps = c.eps;
+  h.weight_decay = decay ? c.weight_decay : 0.0f;
   h.step = step;
   h.grad_scale = grad_scale;
   return h;
+}
+
+AdamHParams Optimizer::hparams(const ParamStore& params, int i, float lr, float grad_scale, int step) const {
+  return adam_hparams(cfg_, params.info(i).decay, lr, grad_scale, step);
 }
 
 // LAMB whose tensors are split over processes: all moments first, then one reduction of every tensor's
@@ -113,14 +117,7 @@ void Optimizer::step(ParamStore& params, float lr, float grad_scale, int step) {
   if (cfg_.name == "lamb" && norm_reduce_) return lamb_step_reduced(params, lr, grad_scale, step);
   for (size_t k = 0; k < params.size(); ++k) {
     const int i = static_cast<int>(k);
-    AdamHParams h;
-    h.lr = lr;
-    h.beta1 = cfg_.beta1;
-    h.beta2 = cfg_.beta2;
-    h.eps = cfg_.eps;
-    h.weight_decay = params.info(i).decay ? cfg_.weight_decay : 0.0f;
-    h.step = step;
-    h.grad_scale = grad_scale;
+    const AdamHParams h = hparams(params, i, lr, grad_scale, step);
     if (cfg_.name == "adamw") {
       ops_.adamw_update(params.param(i), params.grad(i), m(i), v(i), h);
     } else {

@@ -26,6 +26,9 @@ struct OptimConfig {
 // Learning rate at 1-based step `step` of `total_steps`: linear warmup from lr/warmup to lr, then decay to min_lr.
 float lr_at(const OptimConfig& c, int step, int total_steps);
 
+// The per-tensor hyperparameters of one AdamW/LAMB update (weight decay only where the tensor decays).
+AdamHParams adam_hparams(const OptimConfig& c, bool decay, float lr, float grad_scale, int step);
+
 // sqrt(sum over all gradients of g^2).
 double global_grad_norm(Ops& ops, const ParamStore& params);
 

@@ -131,17 +131,7 @@ double DataParallel::finish_gradients() {
 void DataParallel::step(float lr, float grad_scale, int step) {
   const ParamStore& ps = model_.params();
   float* p = ps.params_data();
-  auto hp = [&](int i) {
-    AdamHParams h;
-    h.lr = lr;
-    h.beta1 = ocfg_.beta1;
-    h.beta2 = ocfg_.beta2;
-    h.eps = ocfg_.eps;
-    h.weight_decay = ps.info(i).decay ? ocfg_.weight_decay : 0.0f;
-    h.step = step;
-    h.grad_scale = grad_scale;
-    return h;
-  };
+  auto hp = [&](int i) { return adam_hparams(ocfg_, ps.info(i).decay, lr, grad_scale, step); };
   if (ocfg_.name == "adamw") {
     for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
       ops_.adamw_update(span(p + b, e - b), span(shard_grad_.f32() + so, e - b), span(shard_m_.f32() + so, e - b),
