@@ -17,20 +17,32 @@ Tensor mat(const HostBuffer& b, int64_t rows, int64_t cols) { return f32_view(b.
 Tensor vec(const HostBuffer& b, int64_t n) { return f32_view(b.f32(), {n}); }
 }  // namespace
 
-GPT::GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple, TpComm* tp) : cfg_(cfg), ops_(ops) {
+GPT::GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple, TpComm* tp, GptPart part)
+    : cfg_(cfg), ops_(ops), part_(std::move(part)) {
   if (tp && tp->size() > 1) tp_ = tp;
-  declare_gpt_params(cfg_, params_, tp_size(), tp_rank());
+  declare_gpt_params(cfg_, params_, tp_size(), tp_rank(), part_);
   params_.allocate(pad_multiple);
-  blocks_.reserve(cfg_.n_layer);
-  for (int l = 0; l < cfg_.n_layer; ++l) blocks_.emplace_back(cfg_, params_, l, tp_);
+  chunks_ = part_.chunks;
+  if (chunks_.empty()) chunks_.emplace_back(0, cfg_.n_layer);
+  blocks_.resize(cfg_.n_layer);
+  for (auto [a, b] : chunks_)
+    for (int l = a; l < b; ++l) blocks_[l].emplace(cfg_, params_, l, tp_);
   auto idx = [&](const std::string& n) { return params_.has(n) ? params_.index(n) : -1; };
   wte_ = idx("wte.weight");
   wpe_ = idx("wpe.weight");
   lnf_w_ = idx("ln_f.weight");
   lnf_b_ = idx("ln_f.bias");
   head_ = cfg_.tied_embeddings ? wte_ : idx("lm_head.weight");
-  for (int l = 0; l < cfg_.n_layer; ++l) layer_first_.push_back(params_.index(fmt::format("h.{}.ln_1.weight", l)));
-  layer_first_.push_back(lnf_w_);
+  emb_end_ = part_.embedding ? std::max(wte_, wpe_) + 1 : 0;
+  layer_first_.assign(cfg_.n_layer, -1);
+  layer_end_.assign(cfg_.n_layer, -1);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string& n = params_.info(static_cast<int>(i)).name;
+    if (n.rfind("h.", 0) != 0) continue;
+    const int l = std::stoi(n.substr(2));
+    if (layer_first_[l] < 0) layer_first_[l] = static_cast<int>(i);
+    layer_end_[l] = static_cast<int>(i) + 1;
+  }
 }
 
 void GPT::init_weights(uint64_t seed) {
@@ -82,11 +94,13 @@ void GPT::ensure_capacity(int B, int T) {
   losses_.resize(rows * f);
   residual_.clear();
   residual_.resize(cfg_.n_layer + 1);
-  for (auto& r : residual_) r.resize(srows * C * f, false);
   acts_.clear();
   acts_.resize(cfg_.n_layer);
+  for (auto [a, b] : chunks_)
+    for (int l = a; l <= b; ++l) residual_[l].resize(srows * C * f, false);
   bool any_recompute = false;
   for (int l = 0; l < cfg_.n_layer; ++l) {
+    if (!blocks_[l]) continue;
     if (recompute(l))
       any_recompute = true;
     else
@@ -97,7 +111,7 @@ void GPT::ensure_capacity(int B, int T) {
   lnf_.resize(rows * C * f, false);
   lnf_mean_.resize(rows * f, false);
   lnf_rstd_.resize(rows * f, false);
-  logits_.resize(rows * Vp * f, false);
+  if (part_.head) logits_.resize(rows * Vp * f, false);
   dres_.resize(srows * C * f, false);
   dlnf_.resize(srows * C * f, false);
   if (tp_) {
@@ -107,39 +121,94 @@ void GPT::ensure_capacity(int B, int T) {
   cap_rows_ = rows;
 }
 
-void GPT::forward_trunk(const int32_t* tokens, int B, int T) {
+void GPT::set_tokens(const int32_t* tokens, int B, int T) {
   ensure_capacity(B, T);
-  const int64_t N = static_cast<int64_t>(B) * T, C = cfg_.d_model, Vp = cfg_.padded_vocab();
+  const int64_t N = static_cast<int64_t>(B) * T;
   B_ = B;
   T_ = T;
   std::memcpy(tokens_.data(), tokens, N * sizeof(int32_t));
   for (int64_t i = 0; i < N; ++i)
     MT_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, "token id {} at position {} is outside the vocabulary [0, {})",
              tokens[i], i, cfg_.vocab_size);
-  if (tp_) return forward_trunk_tp(B, T);
-  Tensor tok(tokens_.data(), {B, T}, DType::I32);
-  used(0, layer_first_[0]);
-  ops_.embedding_forward(mat(residual_[0], N, C), tok, params_.param(wte_),
-                         wpe_ >= 0 ? params_.param(wpe_) : Tensor{});
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
-    used(layer_first_[l], layer_first_[l + 1]);
-    blocks_[l].forward(ops_, mat(residual_[l + 1], N, C), mat(residual_[l], N, C), a, scratch_, B, T);
+}
+
+void GPT::forward_trunk(const int32_t* tokens, int B, int T) {
+  MT_CHECK(part_.whole(), "this GPT holds one pipeline stage: run it with forward_chunk / backward_chunk");
+  set_tokens(tokens, B, T);
+  embed_forward();
+  layers_forward(0, cfg_.n_layer);
+  head_forward();
+}
+
+void GPT::embed_forward() {
+  const int B = B_, T = T_;
+  const int64_t N = static_cast<int64_t>(B) * T, C = cfg_.d_model;
+  if (!tp_) {
+    Tensor tok(tokens_.data(), {B, T}, DType::I32);
+    used(0, emb_end_);
+    ops_.embedding_forward(mat(residual_[0], N, C), tok, params_.param(wte_),
+                           wpe_ >= 0 ? params_.param(wpe_) : Tensor{});
+    return;
   }
-  Tensor x = mat(residual_[cfg_.n_layer], N, C);
-  Tensor lnf = mat(lnf_, N, C);
+  const int64_t Ns = N / tp_->size(), Vl = local_vocab(), v0 = vocab_begin();
+  const int32_t* tok = static_cast<const int32_t*>(tokens_.data());
+  int32_t* lt = static_cast<int32_t*>(local_tokens_.data());
+  for (int64_t i = 0; i < N; ++i) lt[i] = tok[i] >= v0 && tok[i] < v0 + Vl ? static_cast<int32_t>(tok[i] - v0) : -1;
+  Tensor ltok(local_tokens_.data(), {B, T}, DType::I32);
+  Tensor emb = mat(scratch_.d_h, N, C);
+  used(0, emb_end_);
+  ops_.embedding_forward(emb, ltok, params_.param(wte_),
+                         wpe_ >= 0 && tp_->rank() == 0 ? params_.param(wpe_) : Tensor{});
+  tp_->reduce_scatter_rows(mat(residual_[0], Ns, C), N, [&](Tensor out, int64_t r0, int64_t n) {
+    ops_.copy(out, emb.slice0(r0, r0 + n));
+  });
+}
+
+void GPT::layers_forward(int first, int end) {
+  const int64_t R = stream_rows(), C = cfg_.d_model;
+  for (int l = first; l < end; ++l) {
+    BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
+    used(layer_first_[l], layer_end_[l]);
+    blocks_[l]->forward(ops_, mat(residual_[l + 1], R, C), mat(residual_[l], R, C), a, scratch_, B_, T_);
+  }
+}
+
+void GPT::head_forward() {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
+  if (!tp_) {
+    const int64_t Vp = cfg_.padded_vocab();
+    Tensor x = mat(residual_[cfg_.n_layer], N, C);
+    Tensor lnf = mat(lnf_, N, C);
+    used(lnf_w_, static_cast<int>(params_.size()));
+    if (cfg_.norm == "layernorm")
+      ops_.layernorm_forward(lnf, vec(lnf_mean_, N), vec(lnf_rstd_, N), x, params_.param(lnf_w_),
+                             lnf_b_ >= 0 ? params_.param(lnf_b_) : Tensor{}, cfg_.norm_eps);
+    else
+      ops_.rmsnorm_forward(lnf, vec(lnf_rstd_, N), x, params_.param(lnf_w_), cfg_.norm_eps);
+    ops_.matmul_forward(mat(logits_, N, Vp), lnf, params_.param(head_), Tensor{});
+    return;
+  }
+  const int64_t Ns = N / tp_->size(), Vl = local_vocab();
+  Tensor x = mat(residual_[cfg_.n_layer], Ns, C), shard = mat(scratch_.proj_out, Ns, C);
+  Tensor lnf = mat(lnf_, N, C), logits = mat(logits_, N, Vl);
   used(lnf_w_, static_cast<int>(params_.size()));
   if (cfg_.norm == "layernorm")
-    ops_.layernorm_forward(lnf, vec(lnf_mean_, N), vec(lnf_rstd_, N), x, params_.param(lnf_w_),
+    ops_.layernorm_forward(shard, vec(lnf_mean_, Ns), vec(lnf_rstd_, Ns), x, params_.param(lnf_w_),
                            lnf_b_ >= 0 ? params_.param(lnf_b_) : Tensor{}, cfg_.norm_eps);
   else
-    ops_.rmsnorm_forward(lnf, vec(lnf_rstd_, N), x, params_.param(lnf_w_), cfg_.norm_eps);
-  ops_.matmul_forward(mat(logits_, N, Vp), lnf, params_.param(head_), Tensor{});
+    ops_.rmsnorm_forward(shard, vec(lnf_rstd_, Ns), x, params_.param(lnf_w_), cfg_.norm_eps);
+  tp_->all_gather_rows(lnf, shard, [&](int64_t r0, int64_t n) {
+    ops_.matmul_forward(logits.slice0(r0, r0 + n), lnf.slice0(r0, r0 + n), params_.param(head_), Tensor{});
+  });
 }
 
 float GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T, bool train, float loss_scale) {
   forward_trunk(tokens, B, T);
-  const int64_t N = static_cast<int64_t>(B) * T, Vp = cfg_.padded_vocab();
+  return loss(targets, loss_scale, train);
+}
+
+float GPT::loss(const int32_t* targets, float loss_scale, bool train) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, Vp = cfg_.padded_vocab();
   int32_t* tg = static_cast<int32_t*>(targets_.data());
   int64_t valid = 0;
   for (int64_t i = 0; i < N; ++i) {
@@ -163,37 +232,123 @@ float GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
 void GPT::backward() {
   MT_CHECK(have_grad_, "GPT::backward() needs a preceding forward(..., train = true)");
   have_grad_ = false;
-  if (tp_) return backward_tp();
-  const int B = B_, T = T_;
-  const int64_t N = static_cast<int64_t>(B) * T, C = cfg_.d_model, Vp = cfg_.padded_vocab();
-  Tensor dlnf = mat(dlnf_, N, C), dres = mat(dres_, N, C);
-  // LM head: logits_ holds dlogits now.
-  ops_.matmul_backward(dlnf, params_.grad(head_), Tensor{}, mat(logits_, N, Vp), mat(lnf_, N, C), params_.param(head_),
-                       false);
+  head_backward();
+  layers_backward(0, cfg_.n_layer);
+  embed_backward();
+}
+
+// Head: logits_ holds dlogits now. With tp, d(lnf) is partial over the vocabulary shards -> reduce-scatter to
+// row blocks; dW overlaps it.
+void GPT::head_backward() {
+  const int64_t N = static_cast<int64_t>(B_) * T_, R = stream_rows(), C = cfg_.d_model;
+  Tensor dlnf = mat(dlnf_, R, C), dres = mat(dres_, R, C);
+  if (!tp_) {
+    const int64_t Vp = cfg_.padded_vocab();
+    ops_.matmul_backward(dlnf, params_.grad(head_), Tensor{}, mat(logits_, N, Vp), mat(lnf_, N, C),
+                         params_.param(head_), false);
+  } else {
+    Tensor lnf = mat(lnf_, N, C), dlogits = mat(logits_, N, local_vocab());
+    tp_->reduce_scatter_rows(
+        dlnf, N,
+        [&](Tensor out, int64_t r0, int64_t n) {
+          ops_.matmul_backward(out, Tensor{}, Tensor{}, dlogits.slice0(r0, r0 + n), Tensor{}, params_.param(head_),
+                               false);
+        },
+        [&] {
+          ops_.matmul_backward(Tensor{}, params_.grad(head_), Tensor{}, dlogits, lnf, params_.param(head_), false);
+        });
+  }
   if (!cfg_.tied_embeddings) ready(head_);
   ops_.zero(dres);
-  Tensor x = mat(residual_[cfg_.n_layer], N, C);
+  Tensor x = mat(residual_[cfg_.n_layer], R, C);
   if (cfg_.norm == "layernorm")
     ops_.layernorm_backward(dres, params_.grad(lnf_w_), lnf_b_ >= 0 ? params_.grad(lnf_b_) : Tensor{}, dlnf, x,
-                            params_.param(lnf_w_), vec(lnf_mean_, N), vec(lnf_rstd_, N));
+                            params_.param(lnf_w_), vec(lnf_mean_, R), vec(lnf_rstd_, R));
   else
-    ops_.rmsnorm_backward(dres, params_.grad(lnf_w_), dlnf, x, params_.param(lnf_w_), vec(lnf_rstd_, N));
+    ops_.rmsnorm_backward(dres, params_.grad(lnf_w_), dlnf, x, params_.param(lnf_w_), vec(lnf_rstd_, R));
+  sync_replicated_grads(lnf_w_, static_cast<int>(params_.size()));
   ready(lnf_w_);
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    Tensor xin = mat(residual_[l], N, C);
+}
+
+void GPT::layers_backward(int first, int end) {
+  const int64_t R = stream_rows(), C = cfg_.d_model;
+  Tensor dres = mat(dres_, R, C);
+  for (int l = end - 1; l >= first; --l) {
+    Tensor xin = mat(residual_[l], R, C);
     BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
     // Recomputation re-runs the layer's forward (deterministic, so bit-identical activations); its output goes
     // to scratch so the saved residual stream is untouched.
-    if (recompute(l)) blocks_[l].forward(ops_, mat(scratch_.d_h, N, C), xin, a, scratch_, B, T);
-    blocks_[l].backward(ops_, dres, xin, a, scratch_, B, T);
+    if (recompute(l)) blocks_[l]->forward(ops_, mat(scratch_.d_h, R, C), xin, a, scratch_, B_, T_);
+    blocks_[l]->backward(ops_, dres, xin, a, scratch_, B_, T_);
+    sync_replicated_grads(layer_first_[l], layer_end_[l]);
     ready(layer_first_[l]);
   }
-  Tensor tok(tokens_.data(), {B, T}, DType::I32);
-  ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : Tensor{}, dres, tok);
+}
+
+void GPT::embed_backward() {
+  const int B = B_, T = T_;
+  const int64_t N = static_cast<int64_t>(B) * T, C = cfg_.d_model;
+  if (!tp_) {
+    Tensor tok(tokens_.data(), {B, T}, DType::I32);
+    ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : Tensor{}, mat(dres_, N, C), tok);
+    ready(0);
+    return;
+  }
+  Tensor demb = mat(scratch_.d_h, N, C);
+  tp_->all_gather_rows(demb, mat(dres_, stream_rows(), C));
+  Tensor ltok(local_tokens_.data(), {B, T}, DType::I32);
+  ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 && tp_->rank() == 0 ? params_.grad(wpe_) : Tensor{}, demb,
+                          ltok);
+  sync_replicated_grads(0, emb_end_);
   ready(0);
 }
 
+Tensor GPT::forward_chunk(int c, Tensor x, const int32_t* tokens, const int32_t* targets, int B, int T,
+                          float loss_scale, float* loss_out) {
+  MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
+  const auto [first, end] = chunks_[c];
+  if (first_chunk(c)) {
+    set_tokens(tokens, B, T);
+    embed_forward();
+  } else {
+    ensure_capacity(B, T);
+    B_ = B;
+    T_ = T;
+    const int64_t R = stream_rows(), C = cfg_.d_model;
+    MT_CHECK(x.numel() == R * C, "model chunk {} expects an input of {} x {} floats, got {}", c, R, C, x.numel());
+    ops_.copy(mat(residual_[first], R, C), f32_view(x.f32(), {R, C}));
+  }
+  layers_forward(first, end);
+  if (!last_chunk(c)) return mat(residual_[end], stream_rows(), cfg_.d_model);
+  head_forward();
+  const float l = loss(targets, loss_scale, true);
+  if (loss_out) *loss_out = l;
+  return {};
+}
+
+Tensor GPT::backward_chunk(int c, Tensor dy) {
+  MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
+  const auto [first, end] = chunks_[c];
+  const int64_t R = stream_rows(), C = cfg_.d_model;
+  if (last_chunk(c)) {
+    MT_CHECK(have_grad_, "GPT::backward_chunk({}) needs a preceding forward_chunk of the last chunk", c);
+    have_grad_ = false;
+    head_backward();
+  } else {
+    MT_CHECK(dy.numel() == R * C, "model chunk {} expects an output gradient of {} x {} floats, got {}", c, R, C,
+             dy.numel());
+    ops_.copy(mat(dres_, R, C), f32_view(dy.f32(), {R, C}));
+  }
+  layers_backward(first, end);
+  if (first_chunk(c)) {
+    embed_backward();
+    return {};
+  }
+  return mat(dres_, R, C);
+}
+
 Tensor GPT::logits(const int32_t* tokens, int B, int T) {
+  MT_CHECK(part_.whole(), "logits() needs the whole model, this GPT holds one pipeline stage");
   forward_trunk(tokens, B, T);
   have_grad_ = false;
   return mat(logits_, static_cast<int64_t>(B) * T, local_vocab());
@@ -207,38 +362,6 @@ int64_t GPT::vocab_begin() const { return tp_ ? local_vocab() * tp_->rank() : 0;
 // vocabulary shard (others give zero rows), rank 0 adds the positions, and the reduce-scatter sums the partial
 // embeddings into row blocks. Head: the gathered final-norm output times my vocabulary rows gives my logit
 // columns; the cross-entropy reduces row max and sums over the ranks (vocab-parallel, Megatron).
-
-void GPT::forward_trunk_tp(int B, int T) {
-  const int64_t N = static_cast<int64_t>(B) * T, Ns = N / tp_->size(), C = cfg_.d_model, Vl = local_vocab();
-  const int64_t v0 = vocab_begin();
-  const int32_t* tok = static_cast<const int32_t*>(tokens_.data());
-  int32_t* lt = static_cast<int32_t*>(local_tokens_.data());
-  for (int64_t i = 0; i < N; ++i) lt[i] = tok[i] >= v0 && tok[i] < v0 + Vl ? static_cast<int32_t>(tok[i] - v0) : -1;
-  Tensor ltok(local_tokens_.data(), {B, T}, DType::I32);
-  Tensor emb = mat(scratch_.d_h, N, C);
-  used(0, layer_first_[0]);
-  ops_.embedding_forward(emb, ltok, params_.param(wte_),
-                         wpe_ >= 0 && tp_->rank() == 0 ? params_.param(wpe_) : Tensor{});
-  tp_->reduce_scatter_rows(mat(residual_[0], Ns, C), N, [&](Tensor out, int64_t r0, int64_t n) {
-    ops_.copy(out, emb.slice0(r0, r0 + n));
-  });
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
-    used(layer_first_[l], layer_first_[l + 1]);
-    blocks_[l].forward(ops_, mat(residual_[l + 1], Ns, C), mat(residual_[l], Ns, C), a, scratch_, B, T);
-  }
-  Tensor x = mat(residual_[cfg_.n_layer], Ns, C), shard = mat(scratch_.proj_out, Ns, C);
-  Tensor lnf = mat(lnf_, N, C), logits = mat(logits_, N, Vl);
-  used(lnf_w_, static_cast<int>(params_.size()));
-  if (cfg_.norm == "layernorm")
-    ops_.layernorm_forward(shard, vec(lnf_mean_, Ns), vec(lnf_rstd_, Ns), x, params_.param(lnf_w_),
-                           lnf_b_ >= 0 ? params_.param(lnf_b_) : Tensor{}, cfg_.norm_eps);
-  else
-    ops_.rmsnorm_forward(shard, vec(lnf_rstd_, Ns), x, params_.param(lnf_w_), cfg_.norm_eps);
-  tp_->all_gather_rows(lnf, shard, [&](int64_t r0, int64_t n) {
-    ops_.matmul_forward(logits.slice0(r0, r0 + n), lnf.slice0(r0, r0 + n), params_.param(head_), Tensor{});
-  });
-}
 
 float GPT::loss_tp(int64_t N, int64_t valid, float dloss, bool train) {
   const int64_t Vl = local_vocab(), v0 = vocab_begin();
@@ -257,48 +380,9 @@ float GPT::loss_tp(int64_t N, int64_t valid, float dloss, bool train) {
 }
 
 void GPT::sync_replicated_grads(int first, int end) {
-  if (!tp_grad_sync_) return;
+  if (!tp_ || !tp_grad_sync_) return;
   for (int i = first; i < end; ++i)
     if (!params_.info(i).shard.sharded()) tp_->allreduce(params_.grad(i), TpReduce::Sum);
-}
-
-void GPT::backward_tp() {
-  const int B = B_, T = T_;
-  const int64_t N = static_cast<int64_t>(B) * T, Ns = N / tp_->size(), C = cfg_.d_model, Vl = local_vocab();
-  Tensor dlnf = mat(dlnf_, Ns, C), dres = mat(dres_, Ns, C), lnf = mat(lnf_, N, C), dlogits = mat(logits_, N, Vl);
-  // LM head: d(lnf) is partial over the vocabulary shards -> reduce-scatter to row blocks; dW overlaps it.
-  tp_->reduce_scatter_rows(
-      dlnf, N,
-      [&](Tensor out, int64_t r0, int64_t n) {
-        ops_.matmul_backward(out, Tensor{}, Tensor{}, dlogits.slice0(r0, r0 + n), Tensor{}, params_.param(head_),
-                             false);
-      },
-      [&] { ops_.matmul_backward(Tensor{}, params_.grad(head_), Tensor{}, dlogits, lnf, params_.param(head_), false); });
-  if (!cfg_.tied_embeddings) ready(head_);
-  ops_.zero(dres);
-  Tensor x = mat(residual_[cfg_.n_layer], Ns, C);
-  if (cfg_.norm == "layernorm")
-    ops_.layernorm_backward(dres, params_.grad(lnf_w_), lnf_b_ >= 0 ? params_.grad(lnf_b_) : Tensor{}, dlnf, x,
-                            params_.param(lnf_w_), vec(lnf_mean_, Ns), vec(lnf_rstd_, Ns));
-  else
-    ops_.rmsnorm_backward(dres, params_.grad(lnf_w_), dlnf, x, params_.param(lnf_w_), vec(lnf_rstd_, Ns));
-  sync_replicated_grads(lnf_w_, static_cast<int>(params_.size()));
-  ready(lnf_w_);
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    Tensor xin = mat(residual_[l], Ns, C);
-    BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
-    if (recompute(l)) blocks_[l].forward(ops_, mat(scratch_.d_h, Ns, C), xin, a, scratch_, B, T);
-    blocks_[l].backward(ops_, dres, xin, a, scratch_, B, T);
-    sync_replicated_grads(layer_first_[l], layer_first_[l + 1]);
-    ready(layer_first_[l]);
-  }
-  Tensor demb = mat(scratch_.d_h, N, C);
-  tp_->all_gather_rows(demb, dres);
-  Tensor ltok(local_tokens_.data(), {B, T}, DType::I32);
-  ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 && tp_->rank() == 0 ? params_.grad(wpe_) : Tensor{}, demb,
-                          ltok);
-  sync_replicated_grads(0, layer_first_[0]);
-  ready(0);
 }
 
 }  // namespace mt

@@ -3,12 +3,15 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/kernels/ops.h"
 #include "megatrain/model/block.h"
 #include "megatrain/model/config.h"
+#include "megatrain/model/layout.h"
 #include "megatrain/model/params.h"
 
 namespace mt {
@@ -29,7 +32,9 @@ class GPT {
   // tp: tensor + sequence parallelism (Megatron); nullptr or size 1 is the single-process model. With tp the
   // store holds this rank's shards (ParamInfo::shard), B*T must divide by tp, and all tp ranks call forward /
   // backward / logits together on the same tokens.
-  GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple = 16, TpComm* tp = nullptr);
+  // part: pipeline parallelism - only these layers (and the embedding / head when set); such a part runs through
+  // forward_chunk / backward_chunk, the whole-model calls below need the whole model.
+  GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple = 16, TpComm* tp = nullptr, GptPart part = {});
   void set_hooks(GptHooks h) { hooks_ = std::move(h); }
 
   const ModelConfig& config() const { return cfg_; }
@@ -57,16 +62,40 @@ class GPT {
   // Accumulates parameter gradients of the last forward(train = true).
   void backward();
 
+  // ---- pipeline parallelism: one model chunk (part().chunks[c]) at a time --------------------------------------
+  const GptPart& part() const { return part_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  bool first_chunk(int c) const { return part_.embedding && c == 0; }  // embeds the tokens
+  bool last_chunk(int c) const { return part_.head && c == num_chunks() - 1; }  // ends in the loss
+  // Forward of chunk c over a micro-batch [B, T]: the first chunk embeds `tokens`, any other reads x (this rank's
+  // [B*T/tp, C] rows of the previous stage's output). Returns the output rows (a view valid until the next call
+  // on this chunk), or on the last chunk an empty tensor, with *loss = the mean loss over the targets and the
+  // gradient of loss * loss_scale prepared for backward_chunk.
+  Tensor forward_chunk(int c, Tensor x, const int32_t* tokens, const int32_t* targets, int B, int T,
+                       float loss_scale, float* loss);
+  // Backward of chunk c right after its forward of the same micro-batch (activations are not kept per
+  // micro-batch: a pipeline re-runs forward_chunk first). dy: gradient w.r.t. the chunk's output (ignored on the
+  // last chunk). Returns the gradient w.r.t. x (a view valid until the next call), empty on the first chunk.
+  Tensor backward_chunk(int c, Tensor dy);
+
   // Inference: logits of every position, returned as a [B*T, padded_vocab] view valid until the next call
   // (with tp: this rank's vocabulary columns, [B*T, local_vocab()]).
   Tensor logits(const int32_t* tokens, int B, int T);
 
  private:
   void ensure_capacity(int B, int T);
+  void set_tokens(const int32_t* tokens, int B, int T);
   void forward_trunk(const int32_t* tokens, int B, int T);  // up to the logits
-  void forward_trunk_tp(int B, int T);
+  // The pieces of forward and backward (with or without tp), on the batch of the last set_tokens().
+  void embed_forward();
+  void layers_forward(int first, int end);
+  void head_forward();
+  float loss(const int32_t* targets, float loss_scale, bool train);
   float loss_tp(int64_t N, int64_t valid, float dloss, bool train);
-  void backward_tp();
+  void head_backward();  // leaves the gradient w.r.t. the last layer's output in dres_
+  void layers_backward(int first, int end);
+  void embed_backward();
+  int64_t stream_rows() const { return static_cast<int64_t>(B_) * T_ / tp_size(); }
   void sync_replicated_grads(int first, int end);
   bool recompute(int l) const { return !cfg_.recompute.empty() && cfg_.recompute[l]; }
 
@@ -74,10 +103,13 @@ class GPT {
   Ops& ops_;
   TpComm* tp_ = nullptr;  // set only when tp > 1
   bool tp_grad_sync_ = true;
+  GptPart part_;
+  std::vector<std::pair<int, int>> chunks_;  // the layer ranges held (the whole model: one)
   ParamStore params_;
-  std::vector<Block> blocks_;
+  std::vector<std::optional<Block>> blocks_;  // per layer; empty for layers another pipeline stage holds
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
-  std::vector<int> layer_first_;  // first parameter index of each layer, plus one past the last layer
+  int emb_end_ = 0;  // the embedding tensors are indices [0, emb_end_)
+  std::vector<int> layer_first_, layer_end_;  // parameter index range of each held layer
   GptHooks hooks_;
   void used(int first, int end) const {
     if (hooks_.before_params_used) hooks_.before_params_used(first, end);

@@ -2,9 +2,25 @@
 
 #include <fmt/format.h>
 
+#include "megatrain/core/error.h"
+
 namespace mt {
 
-void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr) {
+GptPart pipeline_part(const ModelConfig& cfg, int pp, int v, int r) {
+  MT_CHECK(pp >= 1 && v >= 1 && r >= 0 && r < pp, "pipeline rank {} of parallel.pp = {} with parallel.virtual_stages "
+           "= {} is invalid", r, pp, v);
+  MT_CHECK(cfg.n_layer % (pp * v) == 0, "model.n_layer = {} must be divisible by parallel.pp * "
+           "parallel.virtual_stages = {} * {} (every virtual pipeline stage holds the same number of layers)",
+           cfg.n_layer, pp, v);
+  GptPart part;
+  const int per = cfg.n_layer / (pp * v);
+  for (int c = 0; c < v; ++c) part.chunks.emplace_back((c * pp + r) * per, (c * pp + r + 1) * per);
+  part.embedding = r == 0;
+  part.head = r == pp - 1;
+  return part;
+}
+
+void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr, const GptPart& part) {
   cfg.validate();
   cfg.validate_tp(tp);
   using K = ShardSpec::Kind;
@@ -34,9 +50,20 @@ void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr) {
     split(n + ".weight", K::Cols, {C, in}, {in}, true);
     if (cfg.bias) rep(n + ".bias", {C}, false);
   };
-  split("wte.weight", K::Rows, {Vp, C}, {Vp}, true);
-  if (cfg.pos == "learned") rep("wpe.weight", {cfg.max_seq_len, C}, true);
-  for (int l = 0; l < cfg.n_layer; ++l) {
+  auto wte = [&] { split("wte.weight", K::Rows, {Vp, C}, {Vp}, true); };
+  if (part.embedding) {
+    wte();
+    if (cfg.pos == "learned") rep("wpe.weight", {cfg.max_seq_len, C}, true);
+  }
+  std::vector<int> layers;
+  if (part.chunks.empty())
+    for (int l = 0; l < cfg.n_layer; ++l) layers.push_back(l);
+  for (auto [a, b] : part.chunks) {
+    MT_CHECK(0 <= a && a < b && b <= cfg.n_layer && (layers.empty() || a >= layers.back() + 1),
+             "model chunk [{}, {}) is not an increasing layer range within model.n_layer = {}", a, b, cfg.n_layer);
+    for (int l = a; l < b; ++l) layers.push_back(l);
+  }
+  for (int l : layers) {
     std::string p = fmt::format("h.{}.", l);
     norm(p + "ln_1");
     column_parallel(p + "attn.c_attn", {q, kv, kv});
@@ -45,8 +72,10 @@ void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr) {
     column_parallel(p + "mlp.c_fc", swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F});
     row_parallel(p + "mlp.c_proj", F);
   }
+  if (!part.head) return;
   norm("ln_f");
   if (!cfg.tied_embeddings) split("lm_head.weight", K::Rows, {Vp, C}, {Vp}, true);
+  if (cfg.tied_embeddings && !part.embedding) wte();  // the last stage's copy of the tied embedding
 }
 
 }  // namespace mt

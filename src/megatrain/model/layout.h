@@ -8,10 +8,28 @@
 #include "megatrain/model/config.h"
 #include "megatrain/model/params.h"
 
+#include <utility>
+#include <vector>
+
 namespace mt {
+
+// The part of the model one pipeline rank holds: model chunks (contiguous layer ranges, in increasing order), the
+// embedding (stage 0) and the final norm + LM head (last stage). With tied embeddings the last stage holds its own
+// copy of wte, declared after ln_f. The default is the whole model as one chunk.
+struct GptPart {
+  std::vector<std::pair<int, int>> chunks;  // [first, end) layer ranges; empty = all layers
+  bool embedding = true, head = true;
+  bool whole() const { return chunks.empty() && embedding && head; }
+};
+
+// The part pipeline rank pp_rank holds with `virtual_stages` chunks per rank: chunk c is virtual stage
+// c*pp + pp_rank. Throws mt::Error naming model.n_layer / parallel.pp / parallel.virtual_stages when the layers
+// do not split evenly.
+GptPart pipeline_part(const ModelConfig& cfg, int pp, int virtual_stages, int pp_rank);
 
 // Declares every parameter of `cfg` in `store` (in forward order), as rank tp_rank's shards; the caller then
 // calls store.allocate(). tp_size = 1 is the single-process layout.
-void declare_gpt_params(const ModelConfig& cfg, ParamStore& store, int tp_size = 1, int tp_rank = 0);
+void declare_gpt_params(const ModelConfig& cfg, ParamStore& store, int tp_size = 1, int tp_rank = 0,
+                        const GptPart& part = {});
 
 }  // namespace mt

@@ -111,20 +111,22 @@ double DataParallel::finish_gradients() {
   const size_t n = shard_grad_.size() / sizeof(float);
   Tensor g = span(shard_grad_.f32(), n);
   ops_.scale(g, 1.0f / static_cast<float>(dp_));  // sum over ranks -> mean over the global batch
+  const bool clip_own = opt_.clip_norm_reduce != nullptr;
+  const std::vector<float>& weights = clip_own ? opt_.clip_norm_weights : opt_.norm_weights;
   float ss = 0;
-  if (opt_.norm_weights.empty()) {
+  if (weights.empty()) {
     ss = static_cast<float>(ops_.sum_squares(g));
   } else {  // tensor parallelism: weight each tensor (replicated ones count on one tp rank only)
     double acc = 0;
     for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
-      if (opt_.norm_weights[i] != 0)
-        acc += opt_.norm_weights[i] * ops_.sum_squares(span(shard_grad_.f32() + so, e - b));
+      if (weights[i] != 0) acc += weights[i] * ops_.sum_squares(span(shard_grad_.f32() + so, e - b));
     });
     ss = static_cast<float>(acc);
   }
   float buf[1] = {ss};
   group_.allreduce(span(buf, 1))->wait();
-  if (opt_.norm_reduce) opt_.norm_reduce(buf, 1);
+  const NormReduce& reduce = clip_own ? opt_.clip_norm_reduce : opt_.norm_reduce;
+  if (reduce) reduce(buf, 1);
   return std::sqrt(static_cast<double>(buf[0]));
 }
 

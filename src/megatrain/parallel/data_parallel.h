@@ -30,6 +30,11 @@ struct DataParallelOptions {
   // global_grad_norm in optimizer.h). Empty / unset: the plain dp behaviour.
   std::vector<float> norm_weights;
   NormReduce norm_reduce;
+  // Pipeline parallelism: the global gradient norm (for clipping) also sums over the other pipeline stages,
+  // while LAMB's per-tensor norms stay within the stage. When set, these replace norm_weights / norm_reduce for
+  // the global norm only (e.g. weight 0 for the last stage's copy of a tied embedding, counted once).
+  std::vector<float> clip_norm_weights;
+  NormReduce clip_norm_reduce;
 };
 
 // Every float of the flat buffer is padded so that it splits into dp equal, 16-aligned slices per bucket.

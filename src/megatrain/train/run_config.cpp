@@ -229,6 +229,8 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   par.get("tp", c.parallel.tp);
   par.get("bucket_mb", c.parallel.bucket_mb);
   par.get("overlap", c.parallel.overlap);
+  par.get("virtual_stages", c.parallel.virtual_stages);
+  par.get("microbatches", c.parallel.microbatches);
   par.get("tp_chunks", c.parallel.tp_chunks);
   par.get("timeout_s", c.parallel.timeout_s);
   par.check_unknown();
@@ -261,8 +263,24 @@ void RunConfig::validate() const {
   MT_CHECK(parallel.dp >= 1 && parallel.pp >= 1 && parallel.tp >= 1,
            "{}: parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", source, parallel.dp,
            parallel.pp, parallel.tp);
-  MT_CHECK(parallel.pp == 1, "{}: parallel.pp = {}: pipeline parallelism is not implemented yet (parallel.dp and "
-           "parallel.tp are)", source, parallel.pp);
+  MT_CHECK(parallel.virtual_stages >= 1 && parallel.microbatches >= 0,
+           "{}: parallel.virtual_stages must be >= 1 and parallel.microbatches >= 0 (got {}, {})", source,
+           parallel.virtual_stages, parallel.microbatches);
+  if (parallel.pp == 1) {
+    MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1, "{}: parallel.virtual_stages ({}) and "
+             "parallel.microbatches ({}) need parallel.pp > 1 (use train.grad_accum to accumulate micro-batches)",
+             source, parallel.virtual_stages, parallel.microbatches);
+  } else {
+    const int v = parallel.virtual_stages, m = parallel.microbatches > 0 ? parallel.microbatches : parallel.pp;
+    MT_CHECK(model.n_layer % (parallel.pp * v) == 0, "{}: model.n_layer = {} must be divisible by parallel.pp * "
+             "parallel.virtual_stages = {} * {} (every virtual pipeline stage holds the same number of layers)",
+             source, model.n_layer, parallel.pp, v);
+    MT_CHECK(v == 1 || m % parallel.pp == 0, "{}: interleaved 1F1B (parallel.virtual_stages = {}) runs micro-batches "
+             "in groups of parallel.pp: parallel.microbatches = {} must be a multiple of parallel.pp = {}", source, v,
+             m, parallel.pp);
+    MT_CHECK(init_from.empty(), "{}: model.init_from with parallel.pp > 1 is not supported yet: initialise in one "
+             "process and resume from its checkpoint instead", source);
+  }
   MT_CHECK(parallel.tp_chunks >= 1, "{}: parallel.tp_chunks must be >= 1 (got {})", source, parallel.tp_chunks);
   if (parallel.tp > 1) {
     model.validate_tp(parallel.tp);

@@ -51,6 +51,8 @@ struct ParallelConfig {
   int dp = 1, pp = 1, tp = 1;      // dp x pp x tp must equal WORLD_SIZE
   int bucket_mb = 16;              // data-parallel gradient bucket size (MiB of fp32)
   bool overlap = true;             // overlap communication with compute
+  int virtual_stages = 1;          // pipeline: model chunks per pp rank (interleaved 1F1B when > 1)
+  int microbatches = 0;            // pipeline: micro-batches of data.batch_size rows per step; 0 = parallel.pp
   int tp_chunks = 4;               // tensor parallel: row chunks of each fused all-gather+GEMM / GEMM+reduce-scatter
   int timeout_s = 120;             // rendezvous / collective timeout
 };
@@ -67,6 +69,10 @@ struct RunConfig {
   std::string source;              // the config file path, for messages
 
   void validate() const;
+  // Micro-batches per pipeline step (1 without pipeline parallelism).
+  int pipeline_microbatches() const {
+    return parallel.pp > 1 ? (parallel.microbatches > 0 ? parallel.microbatches : parallel.pp) : 1;
+  }
 };
 
 // Parses TOML text (source names it in errors) and applies overrides of the form "section.key=value"

@@ -1,0 +1,103 @@
+#include "megatrain/parallel/gpt_pipeline.h"
+
+#include <cstring>
+
+#include "megatrain/core/error.h"
+
+namespace mt {
+
+class GptPipeline::Chunk final : public PipelineChunk {
+ public:
+  Chunk(GptPipeline& p, int c, int B, int T) : p_(p), c_(c), B_(B), T_(T) {
+    const GPT& m = p.model_;
+    rows_ = static_cast<int64_t>(B) * T / m.tp_size();
+    const size_t bytes = static_cast<size_t>(rows_) * m.config().d_model * sizeof(float);
+    for (auto* v : {&in_, &out_, &gout_, &gin_}) {
+      v->resize(p.sched_.microbatches);
+      for (auto& b : *v) b.resize(bytes, false);
+    }
+  }
+  void start(const int32_t* tokens, const int32_t* targets, float scale, bool sync) {
+    tokens_ = tokens;
+    targets_ = targets;
+    scale_ = scale;
+    sync_ = sync;
+    loss_ = 0;
+    last_fwd_ = -1;
+    backwards_ = 0;
+  }
+  float loss() const { return loss_; }
+
+  Tensor input(int mb) override { return view(in_, mb); }
+  Tensor output(int mb) override { return view(out_, mb); }
+  Tensor grad_output(int mb) override { return view(gout_, mb); }
+  Tensor grad_input(int mb) override { return view(gin_, mb); }
+
+  void forward(int mb) override {
+    float l = 0;
+    Tensor y = run_forward(mb, &l);
+    if (p_.model_.last_chunk(c_))
+      loss_ += l;
+    else
+      std::memcpy(out_[mb].data(), y.ptr, out_[mb].size());
+  }
+  void backward(int mb) override {
+    GPT& m = p_.model_;
+    if (last_fwd_ != mb) {  // another micro-batch's forward overwrote this chunk's activations
+      float unused;
+      run_forward(mb, &unused);
+      ++p_.recomputed_;
+    }
+    last_fwd_ = -1;
+    m.set_tp_grad_sync(sync_ && ++backwards_ == p_.sched_.microbatches);
+    Tensor gx = m.backward_chunk(c_, view(gout_, mb));
+    if (!m.first_chunk(c_)) std::memcpy(gin_[mb].data(), gx.ptr, gin_[mb].size());
+  }
+
+ private:
+  Tensor view(std::vector<HostBuffer>& v, int mb) {
+    MT_CHECK(mb >= 0 && mb < static_cast<int>(v.size()), "pipeline micro-batch {} out of range [0, {})", mb, v.size());
+    return f32_view(v[mb].f32(), {rows_, p_.model_.config().d_model});
+  }
+  Tensor run_forward(int mb, float* loss) {
+    const size_t off = static_cast<size_t>(mb) * B_ * T_;
+    last_fwd_ = mb;
+    return p_.model_.forward_chunk(c_, view(in_, mb), tokens_ ? tokens_ + off : nullptr,
+                                   targets_ ? targets_ + off : nullptr, B_, T_, scale_, loss);
+  }
+
+  GptPipeline& p_;
+  int c_, B_, T_;
+  int64_t rows_ = 0;
+  std::vector<HostBuffer> in_, out_, gout_, gin_;  // per micro-batch boundary buffers
+  const int32_t *tokens_ = nullptr, *targets_ = nullptr;
+  float scale_ = 1, loss_ = 0;
+  bool sync_ = true;
+  int last_fwd_ = -1, backwards_ = 0;
+};
+
+GptPipeline::GptPipeline(GPT& model, const Schedule& s, int pp_rank, int B, int T)
+    : model_(model), sched_(s), rank_(pp_rank) {
+  MT_CHECK(model.num_chunks() == s.virtual_stages, "pipeline: the model stage holds {} chunks but the schedule has {} "
+           "virtual stages", model.num_chunks(), s.virtual_stages);
+  for (int c = 0; c < model.num_chunks(); ++c) chunks_.push_back(std::make_unique<Chunk>(*this, c, B, T));
+}
+
+GptPipeline::~GptPipeline() = default;
+
+float GptPipeline::run(ProcessGroup& pp_group, const int32_t* tokens, const int32_t* targets, float loss_scale,
+                       bool sync_tp_grads) {
+  std::vector<PipelineChunk*> cs;
+  for (auto& c : chunks_) {
+    c->start(tokens, targets, loss_scale, sync_tp_grads);
+    cs.push_back(c.get());
+  }
+  recomputed_ = 0;
+  stats_ = run_pipeline(sched_, rank_, cs, pp_group);
+  model_.set_tp_grad_sync(true);
+  float sum = 0;
+  for (auto& c : chunks_) sum += c->loss();
+  return sum;
+}
+
+}  // namespace mt

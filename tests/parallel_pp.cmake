@@ -1,0 +1,2 @@
+mt_test(parallel_pp_test mt_ckpt mt_parallel mt_model)
+add_dependencies(parallel_pp_test megatrain)
