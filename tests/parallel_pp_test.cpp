@@ -7,34 +7,21 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <ostream>
 #include <string>
 #include <vector>
 
-#include "megatrain/ckpt/checkpoint.h"
-#include "megatrain/core/error.h"
 #include "megatrain/core/rng.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/model/layout.h"
+#include "parallel_testutil.h"
 
 using namespace mt;
-namespace fs = std::filesystem;
+using namespace ptest;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // ---- stages in one process ------------------------------------------------------------------------------------
 
@@ -159,77 +146,19 @@ TEST(GptStage, WholeModelCallsOnAStageAreClearErrors) {
 
 // ---- end to end ----------------------------------------------------------------------------------------------
 
-const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown-dp";
-
-void prepare() {
-  if (fs::exists(kData + "/meta.json")) return;
-  std::string cmd = kBin + " prepare-data --preset brown --out " + kData + " >/dev/null";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-}
-
 // eps: see parallel_tp_test.cpp (Adam's first update of a ~0 gradient is rounding noise otherwise).
 std::string common(const std::string& out, int batch) {
-  return " --data.dir=" + kData + " --train.out_dir=" + out +
-         " --model.n_layer=4 --model.d_model=64 --model.n_head=4 --model.max_seq_len=32 --data.seq_len=32"
-         " --data.batch_size=" + std::to_string(batch) +
-         " --optim.lr=3e-3 --optim.warmup_steps=2 --train.eval_every=0 --sample.tokens=0 --train.steps=5"
-         " --train.log_every=100 --train.threads=1 --ckpt.resume=none --parallel.bucket_mb=1 --optim.eps=1e-6";
+  return common_args(out, batch, /*n_layer=*/4, " --optim.eps=1e-6");
 }
-
-std::vector<double> losses(const std::string& out) {
-  std::vector<double> l;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") l.push_back(j["loss"].get<double>());
-  }
-  return l;
-}
-
-constexpr size_t kQkvWidth = 3 * 64;
-
-void expect_same_run(const std::string& a, const std::string& b) {
-  std::vector<double> la = losses(a), lb = losses(b);
-  ASSERT_EQ(la.size(), 5u);
-  ASSERT_EQ(lb.size(), la.size());
-  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 * std::abs(la[i])) << "step " << i + 1;
-  Checkpoint ca = Checkpoint::load(a + "/ckpt"), cb = Checkpoint::load(b + "/ckpt");
-  for (const std::string& file : {std::string("model.safetensors"), std::string("optim.safetensors")}) {
-    auto names = ca.tensor_names(file);
-    ASSERT_EQ(names, cb.tensor_names(file));
-    for (const std::string& n : names) {
-      const TensorData& x = ca.get(n);
-      const TensorData& y = cb.get(n);
-      ASSERT_EQ(x.shape, y.shape) << n;
-      const float* p = static_cast<const float*>(x.data);
-      const float* q = static_cast<const float*>(y.data);
-      // The key bias's true gradient is exactly zero: its update is rounding noise, checked in absolute terms.
-      const bool kbias = n.ends_with("attn.c_attn.bias");
-      const size_t k0 = kbias ? kQkvWidth / 3 : 0, k1 = kbias ? 2 * kQkvWidth / 3 : 0;
-      double d = 0, s = 0, dk = 0;
-      for (size_t i = 0; i < x.nbytes / 4; ++i) {
-        const double e = (p[i] - q[i]) * double(p[i] - q[i]);
-        if (i >= k0 && i < k1)
-          dk += e;
-        else
-          d += e, s += p[i] * double(p[i]);
-      }
-      EXPECT_LE(std::sqrt(dk), 1e-4) << n << " (key bias part)";
-      const double tol = file == "model.safetensors" ? 1e-5 : 1e-3;
-      EXPECT_LE(std::sqrt(d), tol * std::sqrt(s) + 1e-12) << n;
-    }
-  }
-}
-
-void run(const std::string& cmd) { ASSERT_EQ(std::system((cmd + " > /dev/null 2>&1").c_str()), 0) << cmd; }
 
 struct Case {
   std::string name, extra;
   int dp = 1, tp = 1, micro = 2;
   std::string pp_extra;  // for the pipeline run only
 };
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name << " (dp=" << c.dp << " pp=2 tp=" << c.tp << " microbatches=" << c.micro << ")";
+}
 
 Case pcase(std::string name, std::string extra, int dp = 1, int tp = 1, int micro = 2, std::string pp_extra = "") {
   return Case{std::move(name), std::move(extra), dp, tp, micro, std::move(pp_extra)};
@@ -241,15 +170,13 @@ class PipelineVsSingle : public ::testing::TestWithParam<Case> {};
 TEST_P(PipelineVsSingle, LossesAndParametersMatch) {
   prepare();
   const Case& c = GetParam();
-  std::string single = ::testing::TempDir() + "/mt_pp_single_" + c.name, multi = ::testing::TempDir() + "/mt_pp_multi_" + c.name;
-  fs::remove_all(single);
-  fs::remove_all(multi);
+  const auto [single, multi] = fresh_pair("mt_pp", c.name);
   const int rows = 4;
   run(kBin + " train" + common(single, rows) + c.extra);
   run(kBin + " launch --nproc " + std::to_string(2 * c.dp * c.tp) + " -- train" + common(multi, rows / (c.dp * c.micro)) +
       " --parallel.pp=2 --parallel.microbatches=" + std::to_string(c.micro) + " --parallel.dp=" +
       std::to_string(c.dp) + " --parallel.tp=" + std::to_string(c.tp) + c.extra + c.pp_extra);
-  expect_same_run(single, multi);
+  expect_same_run(single, multi, Compare::kParamsAndMoments);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -264,42 +191,32 @@ INSTANTIATE_TEST_SUITE_P(
                       pcase("untied_accum_recompute",
                            " --model.tied_embeddings=false --train.grad_accum=2 --model.recompute=[0,2]",
                            1, 1, 4)),
-    [](const auto& info) { return info.param.name; });
+    CaseName());
 
 TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
   // A pp=2 run checkpointed at step 3 (stages gathered into full tensors) resumes in a single process, and a
   // single-process checkpoint resumes under pp=2 x tp=2, with the same losses.
   prepare();
-  std::string a = ::testing::TempDir() + "/mt_pp_resume_a", b = ::testing::TempDir() + "/mt_pp_resume_b",
-              c = ::testing::TempDir() + "/mt_pp_resume_c";
-  for (auto& d : {a, b, c}) fs::remove_all(d);
+  std::string a = fresh_dir("mt_pp_resume_a"), b = fresh_dir("mt_pp_resume_b"), c = fresh_dir("mt_pp_resume_c");
   run(kBin + " train" + common(a, 4));
   run(kBin + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.pp=2 --ckpt.every=3 --ckpt.save_final=false");
-  Checkpoint ck = Checkpoint::load(b + "/ckpt/step_00000003");
+  Checkpoint ck = Checkpoint::load(step3(b));
   EXPECT_EQ(ck.extra()["pp_layout"]["h.3.mlp.c_fc.weight"], nlohmann::json::array({1}));
   EXPECT_EQ(ck.extra()["pp_layout"]["wte.weight"], nlohmann::json::array({0, 1}));
   fs::remove(b + "/metrics.jsonl");
-  run(kBin + " train" + common(b, 4) + " --ckpt.resume=" + b + "/ckpt/step_00000003");
+  run(kBin + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
   run(kBin + " train" + common(c, 4) + " --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(c + "/metrics.jsonl");
   run(kBin + " launch --nproc 4 -- train" + common(c, 1) + " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4"
-      " --ckpt.resume=" + c + "/ckpt/step_00000003");
-  std::vector<double> la = losses(a), lb = losses(b), lc = losses(c);
+      " --ckpt.resume=" + step3(c));
+  std::vector<double> la = losses(a);
   ASSERT_EQ(la.size(), 5u);
-  ASSERT_EQ(lb.size(), 2u);
-  ASSERT_EQ(lc.size(), 2u);
-  for (int i = 0; i < 2; ++i) {
-    EXPECT_NEAR(la[3 + i], lb[i], 1e-5 * la[3 + i]);
-    EXPECT_NEAR(la[3 + i], lc[i], 1e-5 * la[3 + i]);
-  }
+  expect_resumed_tail(la, {losses(b), losses(c)});
 }
 
 std::string failing_run(const std::string& args) {
-  std::string out = ::testing::TempDir() + "/mt_pp_bad", log = out + ".log";
-  int rc = std::system((kBin + " train" + common(out, 1) + args + " > " + log + " 2>&1").c_str());
-  EXPECT_NE(rc, 0) << args;
-  std::ifstream f(log);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string out = ::testing::TempDir() + "/mt_pp_bad";
+  return failing_output(kBin + " train" + common(out, 1) + args, out + ".log", args);
 }
 
 TEST(Pipeline, BadLayoutsAreClearErrors) {

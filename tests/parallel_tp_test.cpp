@@ -2,24 +2,20 @@
 // against a single process on the same global batch. Per-step losses and the final parameters (checkpoints are
 // full tensors) must agree within 1e-5 relative, for the GPT-2 layout, the parallel block, a Llama-style model
 // (RMSNorm, SwiGLU, RoPE, GQA, untied head, a vocabulary whose tp padding differs), LAMB, overlap off, gradient
-// accumulation. (LAMB runs without biases: the key bias's update is rounding noise - see expect_same_run - and
+// accumulation. (LAMB runs without biases: the key bias's update is rounding noise - see ptest::Compare - and
 // LAMB's per-tensor trust ratio would spread that noise over the whole c_attn.bias.) Also: ShardSpec slicing/assembly against hand-built layouts, and the clear errors.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <ostream>
 #include <string>
 #include <vector>
 
-#include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/model/layout.h"
 #include "megatrain/model/shard.h"
+#include "parallel_testutil.h"
 
 using namespace mt;
-namespace fs = std::filesystem;
+using namespace ptest;
 
 namespace {
 
@@ -102,15 +98,6 @@ TEST(ShardSpec, LayoutShardsEveryMatrixAndCountsAddUp) {
   EXPECT_EQ(half.info(half.index("wte.weight")).shape[0] * 2, c.padded_vocab(2));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(ShardSpec, IndivisibleDimensionsAreNamed) {
   ModelConfig c;
   c.d_model = 96;
@@ -125,97 +112,30 @@ TEST(ShardSpec, IndivisibleDimensionsAreNamed) {
 
 // ---- end to end ----------------------------------------------------------------------------------------------
 
-const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown-dp";
-
-void prepare() {
-  if (fs::exists(kData + "/meta.json")) return;
-  std::string cmd = kBin + " prepare-data --preset brown --out " + kData + " >/dev/null";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-}
-
 // Adam's first update of an element is lr * g/(|g| + eps): for a gradient that is ~0 (a unit that is nearly
 // dead on this batch) its sign is rounding noise, which any change of summation order (row chunks, sharded
 // GEMMs) flips, moving that one element by 2 lr. A larger eps keeps such elements still without affecting the
 // others, so the comparison tests the tensor-parallel arithmetic rather than Adam's noise amplification.
 const std::string kEps = " --optim.eps=1e-6";
 
-std::string common(const std::string& out, int batch) {
-  return " --data.dir=" + kData + " --train.out_dir=" + out +
-         " --model.n_layer=2 --model.d_model=64 --model.n_head=4 --model.max_seq_len=32 --data.seq_len=32"
-         " --data.batch_size=" + std::to_string(batch) +
-         " --optim.lr=3e-3 --optim.warmup_steps=2 --train.eval_every=0 --sample.tokens=0 --train.steps=5"
-         " --train.log_every=100 --train.threads=1 --ckpt.resume=none --parallel.bucket_mb=1" + kEps;
-}
-
-std::vector<double> losses(const std::string& out) {
-  std::vector<double> l;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") l.push_back(j["loss"].get<double>());
-  }
-  return l;
-}
-
-constexpr size_t kQkvWidth = 3 * 64;  // c_attn rows of the common config (d_model 64, plain multi-head)
-
-void expect_same_run(const std::string& a, const std::string& b) {
-  std::vector<double> la = losses(a), lb = losses(b);
-  ASSERT_EQ(la.size(), 5u);
-  ASSERT_EQ(lb.size(), la.size());
-  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 * std::abs(la[i])) << "step " << i + 1;
-  Checkpoint ca = Checkpoint::load(a + "/ckpt"), cb = Checkpoint::load(b + "/ckpt");
-  for (const std::string& file : {std::string("model.safetensors"), std::string("optim.safetensors")}) {
-    auto names = ca.tensor_names(file);
-    ASSERT_EQ(names, cb.tensor_names(file));
-    for (const std::string& n : names) {
-      const TensorData& x = ca.get(n);
-      const TensorData& y = cb.get(n);
-      ASSERT_EQ(x.shape, y.shape) << n;
-      const float* p = static_cast<const float*>(x.data);
-      const float* q = static_cast<const float*>(y.data);
-      // The key bias has an exactly zero true gradient (softmax ignores a constant added to every score), so
-      // what Adam makes of its rounding noise (~1e-5 here) differs with any change of summation order. It is
-      // checked separately, in absolute terms; the query and value biases must match like everything else.
-      const bool kbias = n.ends_with("attn.c_attn.bias");
-      const size_t k0 = kbias ? kQkvWidth / 3 : 0, k1 = kbias ? 2 * kQkvWidth / 3 : 0;
-      double d = 0, s = 0, dk = 0;
-      for (size_t i = 0; i < x.nbytes / 4; ++i) {
-        const double e = (p[i] - q[i]) * double(p[i] - q[i]);
-        if (i >= k0 && i < k1)
-          dk += e;
-        else
-          d += e, s += p[i] * double(p[i]);
-      }
-      EXPECT_LE(std::sqrt(dk), 1e-4) << n << " (key bias part)";
-      // Moments: the second moment of a gradient element that is ~0 is dominated by rounding; a looser bound.
-      const double tol = file == "model.safetensors" ? 1e-5 : 1e-3;
-      EXPECT_LE(std::sqrt(d), tol * std::sqrt(s) + 1e-12) << n;
-    }
-  }
-}
-
-void run(const std::string& cmd) { ASSERT_EQ(std::system((cmd + " > /dev/null 2>&1").c_str()), 0) << cmd; }
+std::string common(const std::string& out, int batch) { return common_args(out, batch, /*n_layer=*/2, kEps); }
 
 struct Case {
   std::string name, extra;
   int dp = 1;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " (dp=" << c.dp << " tp=2)"; }
 
 class TensorParallelVsSingle : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelVsSingle, LossesAndParametersMatch) {
   prepare();
   const Case& c = GetParam();
-  std::string single = ::testing::TempDir() + "/mt_tp_single_" + c.name, multi = ::testing::TempDir() + "/mt_tp_multi_" + c.name;
-  fs::remove_all(single);
-  fs::remove_all(multi);
+  const auto [single, multi] = fresh_pair("mt_tp", c.name);
   run(kBin + " train" + common(single, 4) + c.extra);
   run(kBin + " launch --nproc " + std::to_string(2 * c.dp) + " -- train" + common(multi, 4 / c.dp) +
       " --parallel.tp=2 --parallel.dp=" + std::to_string(c.dp) + c.extra);
-  expect_same_run(single, multi);
+  expect_same_run(single, multi, Compare::kParamsAndMoments);
 }
 
 const std::string kLlama =
@@ -229,42 +149,30 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"parallel_block_accum", " --model.block=parallel --train.grad_accum=2"},
                       Case{"llama", kLlama}, Case{"lamb", " --optim.name=lamb --model.bias=false"},
                       Case{"dp2_tp2", "", 2}, Case{"dp2_tp2_llama_lamb", kLlama + " --optim.name=lamb", 2}),
-    [](const auto& info) { return info.param.name; });
+    CaseName());
 
 TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
   // A tp=2 run checkpointed at step 3 (full tensors, tp-padded vocabulary trimmed) resumes in a single process,
   // and a single-process checkpoint resumes under tp=2, with the same losses.
   prepare();
   const std::string x = " --model.vocab_pad_to=1";
-  std::string a = ::testing::TempDir() + "/mt_tp_resume_a", b = ::testing::TempDir() + "/mt_tp_resume_b",
-              c = ::testing::TempDir() + "/mt_tp_resume_c";
-  for (auto& d : {a, b, c}) fs::remove_all(d);
+  std::string a = fresh_dir("mt_tp_resume_a"), b = fresh_dir("mt_tp_resume_b"), c = fresh_dir("mt_tp_resume_c");
   run(kBin + " train" + common(a, 4) + x);
   run(kBin + " launch --nproc 2 -- train" + common(b, 4) + x +
       " --parallel.tp=2 --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(b + "/metrics.jsonl");
-  run(kBin + " train" + common(b, 4) + x + " --ckpt.resume=" + b + "/ckpt/step_00000003");
+  run(kBin + " train" + common(b, 4) + x + " --ckpt.resume=" + step3(b));
   run(kBin + " train" + common(c, 4) + x + " --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(c + "/metrics.jsonl");
-  run(kBin + " launch --nproc 2 -- train" + common(c, 4) + x + " --parallel.tp=2 --ckpt.resume=" + c +
-      "/ckpt/step_00000003");
-  std::vector<double> la = losses(a), lb = losses(b), lc = losses(c);
-  ASSERT_EQ(lb.size(), 2u);
-  ASSERT_EQ(lc.size(), 2u);
-  for (int i = 0; i < 2; ++i) {
-    EXPECT_NEAR(la[3 + i], lb[i], 1e-5 * la[3 + i]);
-    EXPECT_NEAR(la[3 + i], lc[i], 1e-5 * la[3 + i]);
-  }
+  run(kBin + " launch --nproc 2 -- train" + common(c, 4) + x + " --parallel.tp=2 --ckpt.resume=" + step3(c));
+  expect_resumed_tail(losses(a), {losses(b), losses(c)});
 }
 
 TEST(TensorParallel, RowsNotDividingIsAClearError) {
   prepare();
   std::string out = ::testing::TempDir() + "/mt_tp_bad";
-  std::string log = out + ".log";
-  int rc = std::system((kBin + " train" + common(out, 1) + " --data.seq_len=31 --parallel.tp=2 > " + log + " 2>&1").c_str());
-  EXPECT_NE(rc, 0);
-  std::ifstream f(log);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string args = " --data.seq_len=31 --parallel.tp=2";
+  std::string text = failing_output(kBin + " train" + common(out, 1) + args, out + ".log", args);
   EXPECT_NE(text.find("must divide evenly"), std::string::npos) << text;
 }
 
