@@ -50,3 +50,26 @@ TEST(DataParallel, ResumeAcrossLayoutsKeepsTheRun) {
 }
 
 }  // namespace
+
+namespace {
+
+// A rank whose peers never show up: `train` must stop after parallel.timeout_s with a message naming the missing
+// rank, not hang. Rank 0 of a world of 2 is started alone on a file store.
+TEST(DataParallel, MissingPeerIsATimeoutNamingTheRank) {
+  ptest::prepare();
+  std::string dir = ptest::fresh_dir("mt_dp_missing_peer");
+  std::string store = dir + "/store";
+  std::filesystem::create_directories(store);
+  std::string cmd = "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MEGATRAIN_STORE=file://" + store + " " +
+                    ptest::kBin + " train" + ptest::common_args(dir + "/out", 2, 2) +
+                    " --parallel.dp=2 --parallel.timeout_s=2";
+  std::string out = ptest::failing_output(cmd, dir + "/log", "a lone rank of a world of 2 must fail");
+  EXPECT_NE(out.find("never arrived"), std::string::npos) << out;
+  EXPECT_NE(out.find("1"), std::string::npos) << out;
+  // Layout errors are refused up front, naming the numbers.
+  out = ptest::failing_output(ptest::kBin + " train" + ptest::common_args(dir + "/out2", 2, 2) + " --parallel.dp=3",
+                              dir + "/log2", "dp=3 in a single process must fail");
+  EXPECT_NE(out.find("WORLD_SIZE"), std::string::npos) << out;
+}
+
+}  // namespace

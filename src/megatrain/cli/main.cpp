@@ -33,6 +33,8 @@ void usage(FILE* f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe (e.g. under `megatrain launch`), so progress shows up as it happens.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
