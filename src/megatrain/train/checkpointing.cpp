@@ -1,0 +1,309 @@
+#include "megatrain/train/checkpointing.h"
+
+#include <fmt/format.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+
+#include "megatrain/ckpt/checkpoint.h"
+#include "megatrain/ckpt/config_json.h"
+#include "megatrain/core/clock.h"
+#include "megatrain/data/loader.h"
+#include "megatrain/dist/mesh.h"
+#include "megatrain/model/gpt.h"
+#include "megatrain/model/layout.h"
+#include "megatrain/optim/optimizer.h"
+#include "megatrain/parallel/data_parallel.h"
+#include "megatrain/parallel/gpt_pipeline.h"
+#include "megatrain/parallel/tensor_parallel.h"
+
+namespace mt {
+
+namespace {
+
+// Optimizer moments as full tensors laid out like the parameters (from the optimizer, or gathered from the
+// data-parallel shards).
+struct Moments {
+  std::function<Tensor(int)> m, v;
+  std::function<Tensor(int)> p;  // the parameters as saved (unset: the model's own tensors)
+};
+
+// One full tensor of a checkpoint with its optimizer moments.
+struct SavedTensor {
+  std::string name;
+  Tensor p, m, v;
+};
+
+// Everything a checkpoint holds: parameters, optimizer moments, and the position of the run.
+// Returns the checkpoint's directory.
+std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor>& tensors, int step,
+                             const LoaderState& data, int micro, const std::string& why) {
+  std::vector<TensorRef> model_t, optim_t;
+  for (const SavedTensor& t : tensors) {
+    model_t.push_back(tensor_ref(t.name, t.p));
+    optim_t.push_back(tensor_ref("m." + t.name, t.m));
+    optim_t.push_back(tensor_ref("v." + t.name, t.v));
+  }
+  nlohmann::json extra = {{"model", model_config_to_json(cfg.model)},
+                          {"optim_name", cfg.optim.name},
+                          {"step", step},
+                          {"data", {{"epoch", data.epoch}, {"cursor", data.cursor}, {"dir", cfg.data.dir},
+                                    {"batch_size", cfg.data.batch_size}, {"seq_len", cfg.data.seq_len},
+                                    {"global_batch_size", cfg.data.batch_size * micro * cfg.parallel.dp},
+                                    {"shuffle", cfg.data.shuffle}, {"seed", cfg.data.seed}}},
+                          {"train", {{"steps", cfg.train.steps}, {"grad_accum", cfg.train.grad_accum}}},
+                          {"parallel", {{"dp", cfg.parallel.dp}, {"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp},
+                                        {"virtual_stages", cfg.parallel.virtual_stages}, {"microbatches", micro}}}};
+  if (cfg.parallel.tp > 1) {
+    // The tensors are saved full; the tp layout they were trained in is recorded for per-rank shard files later.
+    ParamStore lay;
+    declare_gpt_params(cfg.model, lay, cfg.parallel.tp, 0);
+    nlohmann::json layout;
+    for (const ParamInfo& p : lay.infos()) layout[p.name] = p.shard.describe();
+    extra["tp_layout"] = layout;
+  }
+  if (cfg.parallel.pp > 1) {
+    // Gathered full from the stages; which virtual stage(s) held each tensor (a tied wte: the first and last).
+    nlohmann::json layout;
+    const int pp = cfg.parallel.pp, v = cfg.parallel.virtual_stages;
+    for (int r = 0; r < pp; ++r) {
+      GptPart part = pipeline_part(cfg.model, pp, v, r);
+      ParamStore lay;
+      declare_gpt_params(cfg.model, lay, 1, 0, part);
+      for (const ParamInfo& p : lay.infos()) {
+        int stage = r;  // embedding / head: the first / last virtual stage
+        if (p.name.rfind("h.", 0) == 0) {
+          const int l = std::stoi(p.name.substr(2));
+          for (size_t c = 0; c < part.chunks.size(); ++c)
+            if (l >= part.chunks[c].first && l < part.chunks[c].second) stage = static_cast<int>(c) * pp + r;
+        } else if (part.head && !part.embedding) {
+          stage = pp * v - 1;
+        }
+        layout[p.name].push_back(stage);
+      }
+    }
+    extra["pp_layout"] = layout;
+  }
+  SaveOptions so;
+  so.keep_last = cfg.ckpt.keep_last;
+  double t0 = now_seconds();
+  std::string dir = save_checkpoint(cfg.ckpt.dir, step,
+                                    {{"model.safetensors", model_t}, {"optim.safetensors", optim_t}}, extra, so);
+  fmt::print("checkpoint ({}) step {} -> {} in {:.2f} s\n", why, step, dir, now_seconds() - t0);
+  return dir;
+}
+
+// Restores model, optimizer and data position; returns the checkpoint's step.
+int read_checkpoint(const RunConfig& cfg, const std::string& path, GPT& model, const Moments& opt, LoaderState& data) {
+  Checkpoint ck = Checkpoint::load(path);
+  const nlohmann::json& x = ck.extra();
+  MT_CHECK(x.contains("model") && x.contains("data") && x.contains("step"),
+           "checkpoint {} lacks the training state (model/data/step); was it written by `megatrain convert`? Use "
+           "model.init_from for weights only", ck.dir());
+  ModelConfig saved = model_config_from_json(x["model"]);
+  nlohmann::json want = model_config_to_json(cfg.model), have = model_config_to_json(saved);
+  want.erase("recompute");
+  have.erase("recompute");
+  MT_CHECK(want == have, "checkpoint {} was trained with a different model config:\n  checkpoint: {}\n  this run:   {}",
+           ck.dir(), have.dump(), want.dump());
+  MT_CHECK(x.value("optim_name", "") == cfg.optim.name, "checkpoint {} used optimizer '{}' but this run uses '{}'",
+           ck.dir(), x.value("optim_name", ""), cfg.optim.name);
+  const auto& d = x["data"];
+  const int micro = cfg.pipeline_microbatches();
+  const int global_b = cfg.data.batch_size * micro * cfg.parallel.dp;
+  MT_CHECK(d.value("global_batch_size", d.value("batch_size", 0)) == global_b && d.value("seq_len", 0) == cfg.data.seq_len,
+           "checkpoint {} used a global batch of {} x {} tokens, this run {} x {}: the data position would not carry over",
+           ck.dir(), d.value("global_batch_size", d.value("batch_size", 0)), d.value("seq_len", 0), global_b,
+           cfg.data.seq_len);
+  const ParamStore& ps = model.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string& n = ps.info(static_cast<int>(i)).name;
+    ck.copy_into(n, opt.p ? opt.p(static_cast<int>(i)) : ps.param(static_cast<int>(i)));
+    ck.copy_into("m." + n, opt.m(static_cast<int>(i)));
+    ck.copy_into("v." + n, opt.v(static_cast<int>(i)));
+  }
+  data.epoch = d["epoch"].get<uint64_t>();
+  data.cursor = d["cursor"].get<uint64_t>();
+  return x["step"].get<int>();
+}
+
+// Full (unsharded) copies of every parameter and moment of a tensor-parallel rank, for checkpoints.
+struct TpFullState {
+  std::vector<HostBuffer> p, m, v;
+  std::vector<ShardSpec> specs;
+  std::vector<int64_t> saved_rows;  // dim 0 as saved (vocab tensors: the single-process padded_vocab())
+
+  void allocate(const ParamStore& ps, const ModelConfig& mc) {
+    for (const ParamInfo& info : ps.infos()) {
+      specs.push_back(info.shard);
+      const size_t bytes = static_cast<size_t>(info.shard.full_numel()) * sizeof(float);
+      for (auto* b : {&p, &m, &v}) b->emplace_back(bytes);
+      const bool vocab = info.name == "wte.weight" || info.name == "lm_head.weight";
+      saved_rows.push_back(vocab ? mc.padded_vocab() : info.shard.full_shape[0]);
+    }
+  }
+  Tensor view(std::vector<HostBuffer>& b, int i) const {
+    Tensor t;
+    t.ptr = b[i].data();
+    t.ndim = static_cast<int>(specs[i].full_shape.size());
+    for (int d = 0; d < t.ndim; ++d) t.dims[d] = specs[i].full_shape[d];
+    t.dims[0] = saved_rows[i];
+    return t;
+  }
+  void gather(ProcessGroup& g, const ParamStore& ps, const Moments& local) {
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const int i = static_cast<int>(k);
+      tp_gather_full(g, specs[k], ps.param(i).f32(), p[k].f32());
+      tp_gather_full(g, specs[k], local.m(i).f32(), m[k].f32());
+      tp_gather_full(g, specs[k], local.v(i).f32(), v[k].f32());
+    }
+  }
+  void scatter(const ParamStore& ps, const Moments& local) const {
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const int i = static_cast<int>(k);
+      shard_slice(specs[k], p[k].f32(), ps.param(i).f32());
+      shard_slice(specs[k], m[k].f32(), local.m(i).f32());
+      shard_slice(specs[k], v[k].f32(), local.v(i).f32());
+    }
+  }
+};
+
+}  // namespace
+
+struct TrainCheckpointer::Impl {
+  const RunConfig& cfg;
+  GPT& model;
+  Optimizer* opt;
+  DataParallel* ddp;
+  DeviceMesh* mesh;
+  const int wte_copy;
+  const int tp, pp, vstages, pp_rank, micro;
+  const bool main_rank;
+  // Full moments for checkpoints: the optimizer's own, or a gathered copy of the shards.
+  HostBuffer full_m, full_v;
+  Moments moments;
+  // With tp the checkpoint holds full tensors: shards are gathered over tp on save and sliced on load, so a
+  // run resumes under any tp. wte/lm_head are kept at the single-process padded_vocab() rows (the extra rows
+  // that tp's coarser vocabulary padding adds are zero).
+  TpFullState tp_full;
+  Moments saved;
+
+  Impl(const RunConfig& c, GPT& m, Optimizer* o, DataParallel* d, DeviceMesh* me, int wc)
+      : cfg(c), model(m), opt(o), ddp(d), mesh(me), wte_copy(wc), tp(c.parallel.tp), pp(c.parallel.pp),
+        vstages(c.parallel.virtual_stages), pp_rank(me ? me->coord().pp : 0), micro(c.pipeline_microbatches()),
+        main_rank(!me || me->rank() == 0) {
+    if (opt) {
+      moments.m = [this](int i) { return opt->m(i); };
+      moments.v = [this](int i) { return opt->v(i); };
+    } else {
+      moments.m = [this](int i) { return full_view(full_m, i); };
+      moments.v = [this](int i) { return full_view(full_v, i); };
+    }
+    saved = moments;
+    if (tp > 1) {
+      tp_full.allocate(model.params(), cfg.model);
+      saved.p = [this](int i) { return tp_full.view(tp_full.p, i); };
+      saved.m = [this](int i) { return tp_full.view(tp_full.m, i); };
+      saved.v = [this](int i) { return tp_full.view(tp_full.v, i); };
+    }
+  }
+
+  Tensor full_view(HostBuffer& b, int i) const {
+    const ParamInfo& p = model.params().info(i);
+    Tensor t = model.params().param(i);
+    t.ptr = b.f32() + p.offset;
+    return t;
+  }
+
+  // This rank's tensors as saved (full), without the last stage's wte copy.
+  std::vector<SavedTensor> stage_tensors() const {
+    std::vector<SavedTensor> t;
+    const ParamStore& ps = model.params();
+    for (int i = 0; i < static_cast<int>(ps.size()); ++i)
+      if (i != wte_copy) t.push_back({ps.info(i).name, saved.p ? saved.p(i) : ps.param(i), saved.m(i), saved.v(i)});
+    return t;
+  }
+
+  // With pp the dp0/tp0 rank of every stage sends its (full) tensors to pp rank 0 over the pp group, which writes
+  // one full checkpoint: any layout resumes from it.
+  std::pair<std::vector<SavedTensor>, std::deque<HostBuffer>> gather_stages() const {
+    std::map<std::string, SavedTensor> all;
+    for (SavedTensor& t : stage_tensors()) all[t.name] = t;
+    std::deque<HostBuffer> bufs;
+    for (int r = 1; r < pp; ++r) {
+      ParamStore lay;
+      declare_gpt_params(cfg.model, lay, 1, 0, pipeline_part(cfg.model, pp, vstages, r));
+      std::vector<WorkPtr> work;
+      int tag = 0;
+      for (const ParamInfo& info : lay.infos()) {
+        if (r == pp - 1 && cfg.model.tied_embeddings && info.name == "wte.weight") continue;
+        SavedTensor st{info.name, {}, {}, {}};
+        for (Tensor* x : {&st.p, &st.m, &st.v}) {
+          bufs.emplace_back(info.numel * sizeof(float));
+          x->ptr = bufs.back().data();
+          x->dtype = DType::F32;
+          x->ndim = static_cast<int>(info.shape.size());
+          for (int d = 0; d < x->ndim; ++d) x->dims[d] = info.shape[d];
+          work.push_back(mesh->pp().recv(*x, r, tag++));
+        }
+        all[info.name] = st;
+      }
+      for (auto& w : work) w->wait();
+    }
+    ParamStore full;
+    declare_gpt_params(cfg.model, full);
+    std::vector<SavedTensor> out;
+    for (const ParamInfo& info : full.infos()) out.push_back(all.at(info.name));
+    return std::make_pair(out, std::move(bufs));
+  }
+};
+
+TrainCheckpointer::TrainCheckpointer(const RunConfig& cfg, GPT& model, Optimizer* opt, DataParallel* ddp,
+                                     DeviceMesh* mesh, int wte_copy)
+    : impl_(std::make_unique<Impl>(cfg, model, opt, ddp, mesh, wte_copy)) {}
+
+TrainCheckpointer::~TrainCheckpointer() = default;
+
+std::string TrainCheckpointer::save(int step, const LoaderState& data, const char* why) {
+  Impl& s = *impl_;
+  if (s.ddp) {
+    s.ddp->sync_params();
+    s.ddp->gather_moments(s.full_m, s.full_v);  // collective: every dp rank takes part
+  }
+  if (s.tp > 1) s.tp_full.gather(s.mesh->tp(), s.model.params(), s.moments);  // collective over tp
+  const bool stage_writer = !s.mesh || (s.mesh->coord().dp == 0 && s.mesh->coord().tp == 0);
+  std::string dir;
+  if (s.pp > 1 && stage_writer && s.pp_rank > 0) {
+    std::vector<WorkPtr> work;
+    int tag = 0;
+    for (const SavedTensor& t : s.stage_tensors())
+      for (const Tensor& x : {t.p, t.m, t.v}) work.push_back(s.mesh->pp().send(x, 0, tag++));
+    for (auto& w : work) w->wait();
+  } else if (s.pp > 1 && s.main_rank) {
+    auto gathered = s.gather_stages();
+    dir = write_checkpoint(s.cfg, gathered.first, step, data, s.micro, why);
+  } else if (s.main_rank) {
+    dir = write_checkpoint(s.cfg, s.stage_tensors(), step, data, s.micro, why);
+  }
+  if (s.mesh) {  // nobody runs ahead of a checkpoint that is not committed yet
+    s.mesh->dp().barrier()->wait();
+    s.mesh->tp().barrier()->wait();
+    s.mesh->pp().barrier()->wait();
+  }
+  return dir;
+}
+
+int TrainCheckpointer::restore(const std::string& path, LoaderState& data) {
+  Impl& s = *impl_;
+  if (s.ddp) {
+    s.full_m.resize(s.model.params().total_floats() * sizeof(float));
+    s.full_v.resize(s.model.params().total_floats() * sizeof(float));
+  }
+  const int step = read_checkpoint(s.cfg, path, s.model, s.saved, data);
+  if (s.tp > 1) s.tp_full.scatter(s.model.params(), s.moments);
+  if (s.ddp) s.ddp->scatter_moments(s.full_m.f32(), s.full_v.f32());
+  return step;
+}
+
+}  // namespace mt
