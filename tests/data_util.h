@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "megatrain/core/error.h"
+#include "test_util.h"
 
 namespace mt::testing {
 
@@ -31,16 +32,7 @@ class TempDir {
   std::string path_;
 };
 
-// The message of the mt::Error that f() throws, or "<no error>".
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using mt::test::error_of;
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "dist_fork_util.h"
+#include "test_util.h"
 #include "megatrain/dist/mesh.h"
 
 namespace mt {
@@ -15,14 +16,7 @@ using dist_test::TempDir;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mt::test::error_of;
 
 std::vector<MeshShape> shapes_of(int world) {
   std::vector<MeshShape> out;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "dist_fork_util.h"
+#include "test_util.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/dist/mesh.h"
 #include "megatrain/dist/process_group.h"
@@ -19,14 +20,7 @@ using dist_test::TempDir;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mt::test::error_of;
 
 // Halves in [-15, 15]: sums over a few ranks are exact in fp32 whatever the order, and neighbours differ.
 float val(int rank, size_t j, int salt = 0) {

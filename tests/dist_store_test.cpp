@@ -23,6 +23,7 @@
 #include "megatrain/core/error.h"
 #include "megatrain/dist/env.h"
 #include "megatrain/dist/store.h"
+#include "test_util.h"
 
 extern char** environ;
 
@@ -92,14 +93,7 @@ int wait_exit(pid_t pid) {
   return st;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using mt::test::error_of;
 
 double seconds_of(const std::function<void()>& f) {
   double t0 = now_seconds();

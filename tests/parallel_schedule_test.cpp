@@ -10,6 +10,8 @@
 //  * bad arguments refused with messages naming the setting.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -127,15 +129,7 @@ std::string compute_line(const Schedule& s, int rank) {
   return out;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using mt::test::error_of;
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 // shards, the common training flags, running `megatrain` and reading its metrics, and the comparison of two runs
 // (per-step losses, then the final checkpoints tensor by tensor).
 #pragma once
+#include "test_util.h"
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -73,15 +74,7 @@ inline std::string failing_output(const std::string& cmd, const std::string& log
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
-// The message of the mt::Error that f throws, or "" when it throws none.
-inline std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const mt::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mt::test::error_of;
 
 // The per-step training losses of a run, from its metrics.jsonl.
 inline std::vector<double> losses(const std::string& out) {
