@@ -16,4 +16,11 @@ void HostBuffer::resize(size_t bytes, bool zero) {
   if (zero) std::memset(p_, 0, rounded);
 }
 
+Tensor Buffer::view(std::initializer_list<int64_t> shape, DType dt, size_t offset) const {
+  Tensor t(static_cast<char*>(p_) + offset, shape, dt, dev_);
+  MT_CHECK(offset + t.nbytes() <= n_, "view {} {} at byte {} exceeds a buffer of {} bytes", dtype_name(dt),
+           t.shape_str(), offset, n_);
+  return t;
+}
+
 }  // namespace mt

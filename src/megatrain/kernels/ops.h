@@ -1,6 +1,6 @@
 // The op interface: every numeric operation a layer or optimizer needs, over Tensor views.
-// Two backends implement it: cpu/ (fp32, OpenMP + OpenBLAS; the reference and test oracle) and, later,
-// cuda/ (bf16). Layers call these and never branch on the device.
+// Two backends implement it: cpu/ (fp32, OpenMP + OpenBLAS; the reference and test oracle) and cuda/ (bf16 compute,
+// fp32 accumulation). Layers call these and never branch on the device.
 //
 // Conventions (all row-major, llm.c style):
 //   * activations are [N, C] with N = B*T rows (or [B, T, C], the same memory);
@@ -8,9 +8,18 @@
 //   * parameter gradients are ACCUMULATED (+=) so micro-batches can accumulate; callers zero them per step;
 //   * "dinp" arguments say in their comment whether they are overwritten or accumulated;
 //   * an optional tensor is passed as an undefined Tensor{} (ptr == nullptr).
+//
+// Dtypes (mixed precision). Let A = compute_dtype(): F32 on CPU, BF16 on CUDA. Activations (residual stream, norm
+// outputs, qkv, attention output, MLP hidden, logits/dlogits and every activation gradient) and the weights as the
+// forward/backward read them (the compute copy) are A. Always F32: parameter gradients (dw, dbias, dwte, ...: fp32
+// accumulation across micro-batches), master weights and optimizer moments, norm statistics (mean, rstd), attention
+// lse, losses and CE stats. Token ids and targets are I32 in device memory. The CPU backend takes only F32 (A = F32).
 #pragma once
+#include <cstddef>
 #include <memory>
+#include <vector>
 
+#include "megatrain/core/buffer.h"
 #include "megatrain/core/tensor.h"
 
 namespace mt {
@@ -24,6 +33,13 @@ struct AttnShape {
   int qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim; }
 };
 
+// One op's time on the device, from events recorded around it without synchronising (see Ops::set_op_timing).
+struct OpTiming {
+  const char* name = "";  // a string literal: the op's name
+  double start_ms = 0;    // since the first op recorded after set_op_timing(true)
+  double ms = 0;
+};
+
 struct AdamHParams {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   int step = 1;            // 1-based, for bias correction
@@ -35,6 +51,20 @@ class Ops {
   virtual ~Ops() = default;
   virtual Device device() const = 0;
 
+  // ---- memory ----------------------------------------------------------------------------------
+  // The dtype of activations and of the weights' compute copy (see the top of this file).
+  virtual DType compute_dtype() const = 0;
+  // Zero-filled memory on device(), at least 256-byte aligned. Plan memory up front: never inside a step.
+  virtual Buffer alloc(size_t bytes) = 0;
+  // Copies between host memory and a tensor on device() (dst.nbytes() / src.nbytes() bytes). Ordered after the
+  // ops issued before; to_host returns once the data is on the host.
+  virtual void to_device(Tensor dst, const void* host) = 0;
+  virtual void to_host(void* host, Tensor src) = 0;
+  // dst = src converted to dst's dtype (F32 <-> BF16 rounding to nearest even, or a copy), same numel.
+  virtual void convert(Tensor dst, Tensor src) = 0;
+  // Blocks until every op issued so far has finished (a no-op on CPU).
+  virtual void synchronize() = 0;
+
   // ---- memory / elementwise --------------------------------------------------------------------
   virtual void zero(Tensor t) = 0;
   virtual void copy(Tensor dst, Tensor src) = 0;            // same numel and dtype
@@ -42,6 +72,12 @@ class Ops {
   virtual void axpy(Tensor dst, Tensor src, float alpha) = 0;  // dst += alpha * src
   virtual void scale(Tensor t, float s) = 0;                // t *= s
   virtual double sum_squares(Tensor t) = 0;                 // sum of t^2, accumulated in double
+
+  // ---- timing ----------------------------------------------------------------------------------
+  // When on, the backend records the device time of every op (CUDA: an event pair per op on the op stream, never
+  // a sync; CPU: nothing, returns no timings). take_op_timings() returns and clears what finished so far.
+  virtual void set_op_timing(bool on) {}
+  virtual std::vector<OpTiming> take_op_timings() { return {}; }
 
   // ---- linear ----------------------------------------------------------------------------------
   // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC])
@@ -51,6 +87,20 @@ class Ops {
   // dbias[OC] += column sums of dout (dbias may be undefined).
   virtual void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                                bool accumulate_dinp) = 0;
+
+  // Fused epilogues (cuBLASLt on CUDA); the defaults compose the plain ops, which the CPU backend keeps.
+  // MLP up-projection: pre = inp @ w^T + bias (kept for backward), out = gelu(pre).
+  virtual void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias) {
+    matmul_forward(pre, inp, w, bias);
+    gelu_forward(out, pre);
+  }
+  // MLP down-projection's backward fused with the GeLU before it: dpre = (dout @ w) * gelu'(pre) (overwritten);
+  // dw += dout^T @ act, dbias += column sums of dout, where act = gelu(pre) was the projection's input.
+  virtual void matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w,
+                                    Tensor pre) {
+    matmul_backward(dpre, dw, dbias, dout, act, w, false);
+    gelu_backward(dpre, pre, dpre);
+  }
 
   // ---- embedding -------------------------------------------------------------------------------
   // out[B,T,C] = wte[tokens[b,t]] + wpe[t]   (wpe undefined: no positional table, e.g. with RoPE)
@@ -70,6 +120,18 @@ class Ops {
   // out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps)   (rstd[N] saved; may be undefined for inference)
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) = 0;
   virtual void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) = 0;  // dinp +=
+
+  // Residual add fused with the next norm: res = a + b (res may alias a), then out = LayerNorm(res) as above
+  // (rms: RMSNorm instead, out = res * rstd * w, with mean and bias unused).
+  virtual void add_layernorm_forward(Tensor res, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor w,
+                                     Tensor bias, float eps, bool rms) {
+    add(res, a, b);
+    if (rms) {
+      rmsnorm_forward(out, rstd, res, w, eps);
+    } else {
+      layernorm_forward(out, mean, rstd, res, w, bias, eps);
+    }
+  }
 
   // ---- attention -------------------------------------------------------------------------------
   // out[B,T,n_head*head_dim] = softmax(q k^T / sqrt(hd) + causal/window mask) v, per head.
@@ -124,5 +186,10 @@ class Ops {
 
 // The fp32 CPU backend (OpenMP + OpenBLAS).
 std::unique_ptr<Ops> make_cpu_ops();
+// The CUDA backend on the current device (bf16 compute); throws naming the reason when this build has no CUDA or
+// the machine no GPU.
+std::unique_ptr<Ops> make_cuda_ops();
+// Whether make_cuda_ops() can succeed here: built with CUDA and at least one device visible.
+bool cuda_available();
 
 }  // namespace mt

@@ -10,6 +10,13 @@ class CpuOps final : public Ops {
  public:
   Device device() const override { return Device::CPU; }
 
+  DType compute_dtype() const override { return DType::F32; }
+  Buffer alloc(size_t bytes) override;
+  void to_device(Tensor dst, const void* host) override;
+  void to_host(void* host, Tensor src) override;
+  void convert(Tensor dst, Tensor src) override;
+  void synchronize() override {}
+
   void zero(Tensor t) override;
   void copy(Tensor dst, Tensor src) override;
   void add(Tensor out, Tensor a, Tensor b) override;

@@ -1,0 +1,15 @@
+// Without the CUDA backend in the build, asking for it fails with a message saying why.
+#ifndef MT_HAVE_CUDA
+#include "megatrain/kernels/ops.h"
+
+namespace mt {
+
+std::unique_ptr<Ops> make_cuda_ops() {
+  fail("this megatrain was built without CUDA (nvcc was not found at configure time); rebuild with "
+       "/usr/local/cuda present or pick the CPU backend");
+}
+
+bool cuda_available() { return false; }
+
+}  // namespace mt
+#endif
