@@ -16,6 +16,15 @@ void HostBuffer::resize(size_t bytes, bool zero) {
   if (zero) std::memset(p_, 0, rounded);
 }
 
+Buffer host_buffer(size_t bytes, size_t align) {
+  if (bytes == 0) return {};
+  size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  MT_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
+  std::memset(p, 0, rounded);
+  return Buffer(p, bytes, Device::CPU, [](void* q) { std::free(q); });
+}
+
 Tensor Buffer::view(std::initializer_list<int64_t> shape, DType dt, size_t offset) const {
   Tensor t(static_cast<char*>(p_) + offset, shape, dt, dev_);
   MT_CHECK(offset + t.nbytes() <= n_, "view {} {} at byte {} exceeds a buffer of {} bytes", dtype_name(dt),

@@ -72,4 +72,7 @@ class Buffer {
   Release release_ = nullptr;
 };
 
+// Zero-filled host memory as a Buffer (aligned to `align` bytes, a power of two >= 64).
+Buffer host_buffer(size_t bytes, size_t align = 64);
+
 }  // namespace mt

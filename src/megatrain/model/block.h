@@ -17,16 +17,23 @@ namespace mt {
 // The activations one layer keeps between forward and backward, for up to `rows` = B*T rows. With tensor
 // parallelism (tp > 1) the head/MLP dimensions are this rank's 1/tp; ln1/ln2 hold the gathered [rows, C] norm
 // outputs (the inputs of the column-parallel GEMMs) and the row-wise statistics cover this rank's rows only.
+// Activations are in the backend's compute dtype (bf16 on CUDA); the statistics (mean, rstd, lse) are fp32.
+// Without ops the memory is host fp32 (the CPU backend's).
 struct BlockActs {
-  HostBuffer ln1, ln1_mean, ln1_rstd, qkv, att, lse, h, ln2, ln2_mean, ln2_rstd, fc, act;
-  void allocate(const ModelConfig& cfg, int64_t rows, int tp = 1);
+  Buffer ln1, ln1_mean, ln1_rstd, qkv, att, lse, h, ln2, ln2_mean, ln2_rstd, fc, act;
+  DType dtype = DType::F32;
+  void allocate(const ModelConfig& cfg, int64_t rows, int tp = 1, Ops* ops = nullptr);
 };
 
 // Scratch shared by all layers in backward (gradients of the intermediate activations) and forward temporaries.
 struct BlockScratch {
-  HostBuffer proj_out, d_ln, d_qkv, d_att, d_fc, d_act, d_h;
-  void allocate(const ModelConfig& cfg, int64_t rows, int tp = 1);
+  Buffer proj_out, d_ln, d_qkv, d_att, d_fc, d_act, d_h;
+  DType dtype = DType::F32;
+  void allocate(const ModelConfig& cfg, int64_t rows, int tp = 1, Ops* ops = nullptr);
 };
+
+// A [rows, cols] view of a buffer (the first rows*cols elements).
+Tensor mat(const Buffer& b, int64_t rows, int64_t cols, DType dt = DType::F32);
 
 class Block {
  public:
@@ -46,11 +53,24 @@ class Block {
   struct Norm {
     int w = -1, b = -1;
   };
-  Tensor P(int i) const { return i < 0 ? Tensor{} : params_.param(i); }
+  Tensor P(int i) const { return i < 0 ? Tensor{} : params_.weight(i); }  // the compute copy
   Tensor G(int i) const { return i < 0 ? Tensor{} : params_.grad(i); }
   void norm_forward(Ops& ops, const Norm& n, Tensor out, Tensor mean, Tensor rstd, Tensor in) const;
   void norm_backward(Ops& ops, const Norm& n, Tensor din, Tensor dout, Tensor in, Tensor mean, Tensor rstd) const;
+  void add_norm_forward(Ops& ops, const Norm& n, Tensor res, Tensor out, Tensor mean, Tensor rstd, Tensor a,
+                        Tensor b) const;
+  void mlp_up_forward(Ops& ops, Tensor fc, Tensor act, Tensor in) const;
+  void mlp_down_backward(Ops& ops, Tensor d_fc, Tensor d_act, Tensor dout, Tensor act, Tensor fc, Tensor dbias) const;
   AttnShape attn_shape(int B, int T) const;
+  // Views of one layer's activations and scratch for a batch [B, T]: [N, width] activations (N = B*T rows; the
+  // norms' inputs/outputs and their statistics have this rank's N/tp rows where sequence parallelism splits them).
+  struct Views {
+    int64_t N = 0, Ns = 0;  // all rows, this rank's rows
+    AttnShape as;
+    Tensor ln1, mean1, rstd1, qkv, att, lse, fc, act, h, ln2, mean2, rstd2;  // h/ln2/..2: sequential block only
+    Tensor proj, d_ln, d_qkv, d_att, d_fc, d_act, d_h;
+  };
+  Views views(BlockActs& a, BlockScratch& s, int B, int T) const;
   void forward_tp(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
   void backward_tp(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
 

@@ -1,15 +1,17 @@
 #include "megatrain/model/params.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "megatrain/core/error.h"
 
 namespace mt {
 
-static Tensor make_view(float* base, const ParamInfo& p) {
+static Tensor make_view(const Buffer& b, DType dt, const ParamInfo& p) {
   Tensor t;
-  t.ptr = base + p.offset;
-  t.dtype = DType::F32;
+  t.ptr = static_cast<char*>(b.data()) + p.offset * dtype_size(dt);
+  t.dtype = dt;
+  t.device = b.device();
   t.ndim = static_cast<int>(p.shape.size());
   for (int d = 0; d < t.ndim; ++d) t.dims[d] = p.shape[d];
   return t;
@@ -36,12 +38,23 @@ int ParamStore::add(const std::string& name, const ShardSpec& spec, bool decay) 
   return static_cast<int>(infos_.size()) - 1;
 }
 
-void ParamStore::allocate(size_t pad_multiple) {
+void ParamStore::allocate(size_t pad_multiple, Ops* ops) {
   MT_CHECK(!allocated_, "ParamStore: allocate() called twice");
   if (pad_multiple > 1) total_ = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
-  params_.resize(total_ * sizeof(float));
-  grads_.resize(total_ * sizeof(float));
+  const size_t bytes = std::max<size_t>(total_, 16) * sizeof(float);
+  ops_ = ops;
+  params_ = ops ? ops->alloc(bytes) : host_buffer(bytes);
+  grads_ = ops ? ops->alloc(bytes) : host_buffer(bytes);
+  compute_dtype_ = ops ? ops->compute_dtype() : DType::F32;
+  if (compute_dtype_ != DType::F32) compute_ = ops->alloc(std::max<size_t>(total_, 16) * dtype_size(compute_dtype_));
   allocated_ = true;
+}
+
+void ParamStore::refresh_weights(Ops& ops) {
+  if (compute_.empty()) return;
+  Tensor master(params_.data(), {static_cast<int64_t>(total_)}, DType::F32, params_.device());
+  Tensor lowp(compute_.data(), {static_cast<int64_t>(total_)}, compute_dtype_, compute_.device());
+  ops.convert(lowp, master);
 }
 
 int ParamStore::tensor_at_or_after(size_t off) const {
@@ -56,8 +69,11 @@ int ParamStore::index(const std::string& name) const {
   return it->second;
 }
 
-Tensor ParamStore::param(int i) const { return make_view(params_.f32(), infos_.at(i)); }
-Tensor ParamStore::grad(int i) const { return make_view(grads_.f32(), infos_.at(i)); }
+Tensor ParamStore::param(int i) const { return make_view(params_, DType::F32, infos_.at(i)); }
+Tensor ParamStore::grad(int i) const { return make_view(grads_, DType::F32, infos_.at(i)); }
+Tensor ParamStore::weight(int i) const {
+  return compute_.empty() ? param(i) : make_view(compute_, compute_dtype_, infos_.at(i));
+}
 
 int64_t ParamStore::num_params() const {
   int64_t n = 0;
@@ -65,6 +81,12 @@ int64_t ParamStore::num_params() const {
   return n;
 }
 
-void ParamStore::zero_grads() { std::memset(grads_.data(), 0, total_ * sizeof(float)); }
+void ParamStore::zero_grads() {
+  Tensor g(grads_.data(), {static_cast<int64_t>(total_)}, DType::F32, grads_.device());
+  if (ops_)
+    ops_->zero(g);
+  else
+    std::memset(grads_.data(), 0, total_ * sizeof(float));
+}
 
 }  // namespace mt

@@ -19,6 +19,7 @@
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/core/tensor.h"
+#include "megatrain/kernels/ops.h"
 #include "megatrain/model/shard.h"
 
 namespace mt {
@@ -40,7 +41,8 @@ class ParamStore {
   int add(const std::string& name, const ShardSpec& spec, bool decay);
   // Zero-filled params and grads, 64-byte aligned, each tensor starting on a 16-float boundary. The flat buffers
   // are padded to a multiple of `pad_multiple` floats (data parallelism shards them into equal slices).
-  void allocate(size_t pad_multiple = 16);
+  // Without ops: host fp32 memory (the CPU backend's). With ops: the backend's memory, plus the compute copy.
+  void allocate(size_t pad_multiple = 16, Ops* ops = nullptr);
 
   size_t size() const { return infos_.size(); }
   const ParamInfo& info(int i) const { return infos_[i]; }
@@ -48,13 +50,18 @@ class ParamStore {
   int index(const std::string& name) const;  // throws if unknown
   bool has(const std::string& name) const { return by_name_.count(name) > 0; }
 
-  Tensor param(int i) const;
-  Tensor grad(int i) const;
+  Tensor param(int i) const;   // fp32 master weights
+  Tensor grad(int i) const;    // fp32 gradients
+  Tensor weight(int i) const;  // the compute copy the layers read (== param(i) when the backend computes in fp32)
+  // Re-derives the compute copy from the master weights (after an optimizer step or a load); no-op without one.
+  void refresh_weights(Ops& ops);
+  Device device() const { return params_.device(); }
+  DType compute_dtype() const { return compute_dtype_; }
   Tensor param(const std::string& name) const { return param(index(name)); }
   Tensor grad(const std::string& name) const { return grad(index(name)); }
 
-  float* params_data() const { return params_.f32(); }
-  float* grads_data() const { return grads_.f32(); }
+  float* params_data() const { return static_cast<float*>(params_.data()); }
+  float* grads_data() const { return static_cast<float*>(grads_.data()); }
   size_t total_floats() const { return total_; }  // including alignment padding between and after tensors
   // Index of the first tensor whose storage ends after flat offset `off` (the lowest tensor touching [off, ...)).
   int tensor_at_or_after(size_t off) const;
@@ -65,7 +72,9 @@ class ParamStore {
  private:
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> by_name_;
-  HostBuffer params_, grads_;
+  Buffer params_, grads_, compute_;  // compute_ is empty when the compute dtype is fp32
+  DType compute_dtype_ = DType::F32;
+  Ops* ops_ = nullptr;  // the backend owning the memory (nullptr: host)
   size_t total_ = 0;
   bool allocated_ = false;
 };

@@ -57,8 +57,9 @@ void Optimizer::set_norm_reduce(std::vector<float> weights, NormReduce reduce) {
 Optimizer::Optimizer(const OptimConfig& cfg, const ParamStore& params, Ops& ops)
     : cfg_(cfg), params_(params), ops_(ops) {
   cfg_.validate();
-  m_.resize(params.total_floats() * sizeof(float));
-  v_.resize(params.total_floats() * sizeof(float));
+  // The moments live beside the master weights (device memory on CUDA), zero-initialised.
+  m_ = ops.alloc(params.total_floats() * sizeof(float));
+  v_ = ops.alloc(params.total_floats() * sizeof(float));
 }
 
 AdamHParams adam_hparams(const OptimConfig& c, bool decay, float lr, float grad_scale, int step) {
@@ -98,11 +99,13 @@ void Optimizer::lamb_step_reduced(ParamStore& params, float lr, float grad_scale
     trust_.push_back(trust);
     ops_.lamb_apply(params.param(i), m(i), v(i), hparams(params, i, lr, grad_scale, step), trust);
   }
+  params.refresh_weights(ops_);
 }
 
-static Tensor state_view(const HostBuffer& b, const ParamInfo& p) {
+static Tensor state_view(const Buffer& b, const ParamInfo& p) {
   Tensor t;
-  t.ptr = b.f32() + p.offset;
+  t.ptr = static_cast<float*>(b.data()) + p.offset;
+  t.device = b.device();
   t.ndim = static_cast<int>(p.shape.size());
   for (int d = 0; d < t.ndim; ++d) t.dims[d] = p.shape[d];
   return t;
@@ -129,6 +132,7 @@ void Optimizer::step(ParamStore& params, float lr, float grad_scale, int step) {
       ops_.lamb_apply(params.param(i), m(i), v(i), h, trust);
     }
   }
+  params.refresh_weights(ops_);  // the compute copy (bf16 on CUDA) follows the updated master weights
 }
 
 }  // namespace mt

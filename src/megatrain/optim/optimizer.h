@@ -62,7 +62,7 @@ class Optimizer {
   OptimConfig cfg_;
   const ParamStore& params_;
   Ops& ops_;
-  HostBuffer m_, v_;
+  Buffer m_, v_;  // on the backend's device, laid out like the parameters
   std::vector<float> trust_;
   std::vector<float> norm_weights_;
   NormReduce norm_reduce_;

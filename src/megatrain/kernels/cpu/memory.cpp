@@ -8,14 +8,7 @@
 
 namespace mt {
 
-Buffer CpuOps::alloc(size_t bytes) {
-  if (bytes == 0) return {};
-  size_t rounded = (bytes + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded);
-  MT_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
-  std::memset(p, 0, rounded);
-  return Buffer(p, bytes, Device::CPU, [](void* q) { std::free(q); });
-}
+Buffer CpuOps::alloc(size_t bytes) { return host_buffer(bytes, 256); }
 
 void CpuOps::to_device(Tensor dst, const void* host) {
   MT_CHECK(dst.device == Device::CPU, "to_device: a CPU backend writes CPU tensors only");

@@ -1,0 +1,158 @@
+// Training-step throughput of megatrain on one GPU (bf16 compute, fp32 master weights, AdamW), the megatrain side of
+// bench/gpu_compare.sh (the PyTorch side is bench/torch_gpt.py with the same model, shapes and FLOP formula).
+// Prints one JSON line: model, B, T, tokens/s (median over the timed steps), step ms, MFU against a stated peak
+// (989 TFLOP/s: H100 SXM dense bf16; the same figure is used for H200), and the GPU memory the run took.
+// Usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] [--warmup N]
+//                        [--block sequential|parallel] [--window W] [--recompute] [--peak-tflops P]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "megatrain/core/clock.h"
+#include "megatrain/core/rng.h"
+#include "megatrain/model/gpt.h"
+#include "megatrain/optim/optimizer.h"
+
+#ifdef MT_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+using namespace mt;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The presets of bench/torch_gpt.py (GPT-2 layout: learned positions, LayerNorm, GeLU, biases, tied embeddings).
+bool preset(const std::string& name, ModelConfig& c, int& T) {
+  if (name == "gpt2-124m") {
+    c.n_layer = 12, c.d_model = 768, c.n_head = 12, T = 1024;
+  } else if (name == "gpt2-350m") {
+    c.n_layer = 24, c.d_model = 1024, c.n_head = 16, T = 1024;
+  } else if (name == "gpt-1.3b") {
+    c.n_layer = 24, c.d_model = 2048, c.n_head = 16, T = 2048;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+#ifdef MT_HAVE_CUDA
+size_t gpu_used_bytes() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+  return total_b - free_b;
+}
+std::string gpu_name() {
+  cudaDeviceProp p{};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return "unknown";
+  return p.name;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_name = "gpt2-124m", block = "sequential";
+  int B = 8, T = 0, steps = 20, warmup = 3, window = 0;
+  bool recompute = false;
+  double peak_tflops = 989.0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_gpu_train: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model") model_name = next();
+    else if (a == "--batch") B = std::atoi(next().c_str());
+    else if (a == "--seq") T = std::atoi(next().c_str());
+    else if (a == "--steps") steps = std::atoi(next().c_str());
+    else if (a == "--warmup") warmup = std::atoi(next().c_str());
+    else if (a == "--block") block = next();
+    else if (a == "--window") window = std::atoi(next().c_str());
+    else if (a == "--recompute") recompute = true;
+    else if (a == "--peak-tflops") peak_tflops = std::atof(next().c_str());
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] "
+                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--peak-tflops P]\n");
+      return 2;
+    }
+  }
+  ModelConfig cfg;
+  int preset_T = 0;
+  if (!preset(model_name, cfg, preset_T)) {
+    std::fprintf(stderr, "bench_gpu_train: unknown --model '%s'\n", model_name.c_str());
+    return 2;
+  }
+  if (T == 0) T = preset_T;
+  cfg.max_seq_len = T;
+  cfg.block = block;
+  cfg.window = window;
+  if (recompute) cfg.recompute.assign(cfg.n_layer, true);
+  nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},
+                        {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute}};
+  if (!cuda_available()) {
+    out["skipped"] = "no CUDA device (or megatrain built without CUDA)";
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+#ifdef MT_HAVE_CUDA
+  try {
+    auto ops = make_cuda_ops();
+    ops->synchronize();
+    const size_t used_before = gpu_used_bytes();
+    GPT model(cfg, *ops);
+    model.init_weights(1);
+    OptimConfig oc;
+    Optimizer opt(oc, model.params(), *ops);
+
+    Rng rng(3);
+    std::vector<int32_t> x(size_t(B) * T), y(size_t(B) * T);
+    for (auto& v : x) v = static_cast<int32_t>(rng.below(cfg.vocab_size));
+    for (auto& v : y) v = static_cast<int32_t>(rng.below(cfg.vocab_size));
+    std::vector<double> times;
+    float loss = 0;
+    for (int s = 0; s < warmup + steps; ++s) {
+      ops->synchronize();
+      const double t0 = now_seconds();
+      model.params().zero_grads();
+      loss = model.forward(x.data(), y.data(), B, T, true);
+      model.backward();
+      const double norm = global_grad_norm(*ops, model.params());
+      opt.step(model.params(), 1e-4f, norm > 1 ? static_cast<float>(1 / norm) : 1.0f, s + 1);
+      ops->synchronize();
+      if (s >= warmup) times.push_back(now_seconds() - t0);
+    }
+    const double t = median(times);
+    const double tokens_per_s = double(B) * T / t;
+    const double flops = cfg.flops_per_token(T) * tokens_per_s;
+    out["gpu"] = gpu_name();
+    out["params"] = cfg.num_params();
+    out["tokens_per_s"] = tokens_per_s;
+    out["step_ms"] = 1e3 * t;
+    out["model_tflops"] = flops / 1e12;
+    out["peak_tflops"] = peak_tflops;
+    out["mfu"] = flops / (peak_tflops * 1e12);
+    out["gpu_memory_gb"] = double(gpu_used_bytes() - used_before) / 1e9;
+    out["final_loss"] = loss;
+  } catch (const std::exception& e) {
+    out["error"] = e.what();
+    std::printf("%s\n", out.dump().c_str());
+    return 1;
+  }
+#endif
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
