@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
       loss = model.forward(x.data(), y.data(), B, T, true);
       model.backward();
       const double norm = global_grad_norm(*ops, model.params());
-      opt.step(model.params(), 1e-4f, norm > 1 ? static_cast<float>(1 / norm) : 1.0f, s + 1);
+      opt.step(model.params(), 6e-4f, norm > 1 ? static_cast<float>(1 / norm) : 1.0f, s + 1);
       ops->synchronize();
       if (s >= warmup) times.push_back(now_seconds() - t0);
     }

@@ -1,8 +1,10 @@
 // The 3D device mesh: WORLD = dp x pp x tp, with tensor-parallel ranks adjacent (as on one node), then data-
 // parallel, then pipeline (slowest, across nodes):  rank = (pp_i * dp + dp_i) * tp + tp_i   (Megatron's order).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "megatrain/dist/process_group.h"
 
@@ -22,12 +24,20 @@ int mesh_rank(const MeshShape& s, const MeshCoord& c);
 // Throws mt::Error saying which number is wrong when dp*pp*tp != world or a dimension is < 1.
 void check_mesh(const MeshShape& s, int world);
 
+// Makes the group of one mesh dimension (dim: "tp", "dp" or "pp"; name: e.g. "tp[0-1]"). The default (an empty
+// factory) builds Gloo groups, and a local group for a dimension of size 1. A set factory is called for every
+// dimension, also those of size 1: a GPU run's groups must copy on the device, which a host local group cannot.
+using GroupFactory = std::function<std::unique_ptr<ProcessGroup>(Store& store, const std::string& dim,
+                                                                 const std::string& name, const std::vector<int>& ranks,
+                                                                 int my_global_rank, const GroupOptions& opt)>;
+
 // My groups along each dimension (a group of size 1 is a trivial local group, no communication). There is no
 // world group on purpose: a full-mesh world context costs O(n^2) connections and store reads; a reduction over
 // all ranks is done along tp, then dp, then pp (allreduce_all), and group creation stays O(n) in total.
 class DeviceMesh {
  public:
-  DeviceMesh(Store& store, const MeshShape& shape, int rank, const GroupOptions& opt = {});
+  DeviceMesh(Store& store, const MeshShape& shape, int rank, const GroupOptions& opt = {},
+             const GroupFactory& make_group = {});
   const MeshShape& shape() const { return shape_; }
   const MeshCoord& coord() const { return coord_; }
   int rank() const { return rank_; }

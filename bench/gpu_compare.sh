@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# GPU training throughput, megatrain vs PyTorch (bench/torch_gpt.py) on the same model shapes, one after the other
+# on this machine's first GPU. Writes bench/results/gpu_compare-<gpu name>.json and prints it.
+#   bench/gpu_compare.sh                      # the three sizes with batch sizes that fit in 80 GB
+#   B_124M=32 STEPS=50 bench/gpu_compare.sh   # override batch sizes / timed steps
+#   MEGATRAIN_BIN=build/bench/bench_gpu_train # the megatrain side (skipped, with a note, when it is not built)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+MEGATRAIN_BIN=${MEGATRAIN_BIN:-build/bench/bench_gpu_train}
+WARMUP=${WARMUP:-10}
+STEPS=${STEPS:-20}
+# model:batch:seq
+RUNS=("gpt2-124m:${B_124M:-16}:1024" "gpt2-350m:${B_350M:-8}:1024" "gpt-1.3b:${B_1P3B:-4}:2048")
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 || true)
+gpu=${gpu:-unknown-gpu}
+slug=$(echo "$gpu" | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '-' | sed 's/^-//; s/-$//')
+out=bench/results/gpu_compare-${slug}.json
+mkdir -p bench/results
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# The last line of a run's stdout that is a JSON object ("" when the run failed; its log says why).
+json_line() { grep -E '^\{' "$1" | tail -n1 || true; }
+
+for run in "${RUNS[@]}"; do
+  IFS=: read -r model batch seq <<<"$run"
+  echo "== $model B=$batch T=$seq" >&2
+  "$PYTHON" bench/torch_gpt.py --model "$model" --batch "$batch" --seq "$seq" --warmup "$WARMUP" --steps "$STEPS" \
+    >"$tmp/torch-$model.out" 2>"$tmp/torch-$model.log" || { echo "torch run failed:" >&2; tail -n 20 "$tmp/torch-$model.log" >&2; }
+  json_line "$tmp/torch-$model.out" >"$tmp/torch-$model.json"
+  cat "$tmp/torch-$model.json" >&2
+
+  # ---- MEGATRAIN HOOK ------------------------------------------------------------------------------------------
+  # bench_gpu_train (written by the lead) takes the same shapes and prints one JSON line with the same keys as
+  # torch_gpt.py (model, B, T, tokens_per_s, step_ms, mfu, gpu_memory_gb). Adjust the flags here if they change.
+  : >"$tmp/mt-$model.json"
+  if [[ -x "$MEGATRAIN_BIN" ]]; then
+    "$MEGATRAIN_BIN" --model "$model" --batch "$batch" --seq "$seq" --warmup "$WARMUP" --steps "$STEPS" \
+      >"$tmp/mt-$model.out" 2>"$tmp/mt-$model.log" || { echo "megatrain run failed:" >&2; tail -n 20 "$tmp/mt-$model.log" >&2; }
+    json_line "$tmp/mt-$model.out" >"$tmp/mt-$model.json"
+    cat "$tmp/mt-$model.json" >&2
+  else
+    echo "(megatrain side skipped: $MEGATRAIN_BIN not built)" >&2
+  fi
+  # ---------------------------------------------------------------------------------------------------------------
+done
+
+# One JSON document: per size the two results and the ratio megatrain/torch of tokens/s (null when one is missing).
+"$PYTHON" - "$tmp" "$gpu" "$out" "${RUNS[@]}" <<'PY'
+import json, sys, datetime, pathlib
+tmp, gpu, out, runs = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+def load(p):
+    s = p.read_text().strip() if p.exists() else ""
+    return json.loads(s) if s else None
+rows = []
+for run in runs:
+    model, batch, seq = run.split(":")
+    t, m = load(tmp / f"torch-{model}.json"), load(tmp / f"mt-{model}.json")
+    ok = t and m and t.get("tokens_per_s") and m.get("tokens_per_s")  # a skipped or failed run has none
+    ratio = m["tokens_per_s"] / t["tokens_per_s"] if ok else None
+    rows.append({"model": model, "B": int(batch), "T": int(seq), "torch": t, "megatrain": m,
+                 "ratio_tokens_per_s": None if ratio is None else round(ratio, 3)})
+doc = {"benchmark": "gpu_compare", "gpu": gpu, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+       "note": "tokens/s = B*T / median step time; MFU with ModelConfig::flops_per_token and 989e12 FLOP/s",
+       "runs": rows}
+pathlib.Path(out).write_text(json.dumps(doc, indent=2) + "\n")
+print(json.dumps(doc, indent=2))
+PY
+echo "wrote $out" >&2

@@ -1,0 +1,1 @@
+mt_gpu_test(dist_nccl_test mt_dist)
