@@ -2,3 +2,4 @@
 mt_test(kernels_basic_test mt_kernels)
 mt_test(kernels_attention_test mt_kernels)
 mt_test(kernels_loss_optim_test mt_kernels)
+mt_gpu_test(kernels_cuda_test mt_kernels)

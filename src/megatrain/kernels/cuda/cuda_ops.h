@@ -1,0 +1,119 @@
+// The CUDA backend: bf16 activations and weights, fp32 accumulation, fp32 parameter gradients and optimizer state.
+// One class, its member functions spread over small files by op family (memory.cpp, elementwise.cpp, matmul.cpp,
+// norm.cpp, activation.cpp, embedding.cpp, rope.cpp, loss.cpp, optimizer.cpp, attention.cpp); the kernels live
+// in the matching *_kernels.cu files behind launch.h.
+//
+// Every op is asynchronous on one non-blocking stream per CudaOps (stream()); only to_host, synchronize,
+// sum_squares and lamb_moments wait for it. Everything an op needs beyond its arguments (the cuBLASLt handle and
+// workspace, reduction scratch, the timing event pool) is allocated up front, so a training step never calls
+// cudaMalloc; the one exception is the attention backward workspace, sized by reserve() or, failing that, by the
+// first (largest) shape seen.
+//
+// Errors: argument errors throw mt::Error naming the op and argument before anything is launched; a failing CUDA,
+// cuBLASLt call throws naming the call; data-dependent errors found on the device (a target >= V, a token outside
+// the table) are raised at the next synchronisation (synchronize, to_host, sum_squares, lamb_moments).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "megatrain/kernels/cuda/gemm.h"
+#include "megatrain/kernels/cuda/op_timer.h"
+#include "megatrain/kernels/ops.h"
+
+namespace mt {
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps();  // on the current CUDA device
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  int device_id() const { return device_; }
+  // Sizes the attention backward workspace for shapes up to `s` now (allocating outside the training step).
+  void reserve(const AttnShape& s);
+
+  Device device() const override { return Device::CUDA; }
+  DType compute_dtype() const override { return DType::BF16; }
+  Buffer alloc(size_t bytes) override;
+  void to_device(Tensor dst, const void* host) override;
+  void to_host(void* host, Tensor src) override;
+  void convert(Tensor dst, Tensor src) override;
+  void synchronize() override;
+
+  void zero(Tensor t) override;
+  void copy(Tensor dst, Tensor src) override;
+  void add(Tensor out, Tensor a, Tensor b) override;
+  void axpy(Tensor dst, Tensor src, float alpha) override;
+  void scale(Tensor t, float s) override;
+  double sum_squares(Tensor t) override;
+
+  void set_op_timing(bool on) override;
+  std::vector<OpTiming> take_op_timings() override;
+
+  void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) override;
+  void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
+                       bool accumulate_dinp) override;
+  void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias) override;
+  void matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w,
+                            Tensor pre) override;
+
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override;
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override;
+
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) override;
+  void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                          Tensor rstd) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override;
+  void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override;
+  void add_layernorm_forward(Tensor res, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor w,
+                             Tensor bias, float eps, bool rms) override;
+
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnShape& s) override;
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) override;
+  void rope_forward(Tensor qkv, const AttnShape& s, float theta) override;
+  void rope_backward(Tensor dqkv, const AttnShape& s, float theta) override;
+
+  void gelu_forward(Tensor out, Tensor inp) override;
+  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
+  void swiglu_forward(Tensor out, Tensor inp) override;
+  void swiglu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
+
+  void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, float dloss, bool write_grad) override;
+  void vp_ce_max(Tensor stats, Tensor logits, int n_real) override;
+  void vp_ce_sums(Tensor stats, Tensor logits, Tensor targets, int64_t v0, int n_real, int V) override;
+  void vp_ce_finish(Tensor losses, Tensor logits, Tensor stats, Tensor targets, int64_t v0, int n_real, float dloss,
+                    bool write_grad) override;
+
+  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;
+  double lamb_moments(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;
+  void lamb_apply(Tensor param, Tensor m, Tensor v, const AdamHParams& h, float trust) override;
+
+ private:
+  // Times one public op (see OpTimer): constructed first thing in every op.
+  OpTimer::Scope timed(const char* name) { return OpTimer::Scope(timer_, name, stream_); }
+  // Waits for the stream, then raises any error a kernel reported through err_dev_.
+  void sync_and_check();
+  // Copies `count` partial sums from partials_dev_ to the host after a sync and adds them in order.
+  double sum_partials(int count);
+  // dw[OC,C] += dout^T @ inp and dbias += column sums of dout (the parts of matmul_backward that do not touch dinp).
+  void weight_grads(const char* op, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, int64_t N, int64_t C,
+                    int64_t OC);
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<LtGemm> gemm_;
+  float* scratch_ = nullptr;  // reduction scratch (norm dw/db partials, column sums)
+  size_t scratch_floats_ = 0;
+  double* partials_dev_ = nullptr;   // [kMaxPartials] block sums of sum_squares / lamb_moments
+  double* partials_host_ = nullptr;  // pinned copy
+  int* err_dev_ = nullptr;           // device word: kernels OR DeviceError codes into it
+  int* err_host_ = nullptr;          // pinned copy, read after each synchronisation
+  void* attn_ws_ = nullptr;          // flash attention backward workspace
+  size_t attn_ws_bytes_ = 0;
+  OpTimer timer_;
+};
+
+}  // namespace mt

@@ -1,0 +1,128 @@
+// The boundary between the CUDA backend's host code (*.cpp: argument checks, cuBLASLt, timing) and its kernels
+// (*_kernels.cu). Everything here is raw device pointers and sizes, already validated by the caller.
+//
+// Why the split: nvcc's C++20 front end rejects fmt's consteval format strings, and every mt header with an
+// MT_CHECK pulls fmt in. So .cu files include only this header and CUDA's, and report failures through
+// mt::cuda::check(), defined in a .cpp.
+//
+// Dtypes: bf16 = activations and the weights' compute copy; float = parameter gradients, statistics, optimizer
+// state; int32 = token ids and targets. Every launcher is asynchronous on `s`.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mt::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Throws mt::Error "<what>: <CUDA error string>" when err != cudaSuccess.
+void check(cudaError_t err, const char* what);
+// After a kernel launch: reports a bad launch configuration (or an earlier asynchronous fault) naming the kernel.
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// Errors found by kernels (data-dependent, so the host cannot see them without a sync): a kernel ORs its code into
+// a word of device memory and the host reports it at the next synchronisation (CudaOps::sync_and_check).
+enum DeviceError : int {
+  kErrCeTarget = 1,     // cross_entropy: a target >= V
+  kErrToken = 2,        // embedding: a token >= the table's rows
+  kErrVpTarget = 4,     // vp_ce_sums: a target >= V
+};
+
+// Partial sums of the reductions that end on the host (sum_squares, lamb_moments): at most this many blocks, one
+// double each, added on the host in block order (deterministic).
+constexpr int kMaxPartials = 1024;
+
+// ---- memory / elementwise (elementwise_kernels.cu) -------------------------------------------------------------
+// F32 <-> BF16 with the host's rounding (core/bf16.h) bit for bit, NaN included.
+void convert_f32_to_bf16(cudaStream_t s, bf16* dst, const float* src, int64_t n);
+void convert_bf16_to_f32(cudaStream_t s, float* dst, const bf16* src, int64_t n);
+// `is_bf16` picks the element type of every pointer (all F32 otherwise). Math in fp32, one rounding on store.
+void add(cudaStream_t s, bool is_bf16, void* out, const void* a, const void* b, int64_t n);
+void axpy(cudaStream_t s, bool is_bf16, void* dst, const void* src, float alpha, int64_t n);
+void scale(cudaStream_t s, bool is_bf16, void* x, float alpha, int64_t n);
+// partials[g] = sum of x^2 over block g's share (double); returns the number of blocks written (<= kMaxPartials).
+int sum_squares_partials(cudaStream_t s, bool is_bf16, const void* x, int64_t n, double* partials);
+// out[c] += sum over rows r of x[r, c] for x [N, C]: per-block partial column sums in `scratch`, then a second pass
+// adding them in block order (deterministic, no atomics). scratch holds scratch_floats floats.
+void column_sums_accumulate(cudaStream_t s, float* out, const bf16* x, int64_t N, int64_t C, float* scratch,
+                            size_t scratch_floats);
+
+// out[n, j] += bias[j] for out [N, OC]: a separate bias pass, used only as the unfused peer in bench_cuda_ops (the
+// ops fuse the bias into the GEMM epilogue).
+void add_bias_rows(cudaStream_t s, bf16* out, const bf16* bias, int64_t N, int64_t OC);
+
+// ---- activations (activation_kernels.cu) -----------------------------------------------------------------------
+void gelu_forward(cudaStream_t s, bf16* out, const bf16* inp, int64_t n);
+void gelu_backward(cudaStream_t s, bf16* dinp, const bf16* inp, const bf16* dout, int64_t n);  // dinp may be dout
+void swiglu_forward(cudaStream_t s, bf16* out, const bf16* inp, int64_t N, int64_t F);
+void swiglu_backward(cudaStream_t s, bf16* dinp, const bf16* inp, const bf16* dout, int64_t N, int64_t F);
+
+// ---- embedding (embedding_kernels.cu) --------------------------------------------------------------------------
+// tokens [N] (N = B*T, position of token i is i % T); wpe may be null.
+void embedding_forward(cudaStream_t s, bf16* out, const int32_t* tokens, const bf16* wte, int64_t rows,
+                       const bf16* wpe, int64_t N, int64_t T, int64_t C, int* err);
+// dwte += (atomics), dwpe += (deterministic: one thread per (t, c) sums the batch in order); dwpe may be null.
+void embedding_backward(cudaStream_t s, float* dwte, int64_t rows, float* dwpe, const bf16* dout,
+                        const int32_t* tokens, int64_t N, int64_t T, int64_t C, int* err);
+
+// ---- normalisation (norm_kernels.cu) ---------------------------------------------------------------------------
+struct NormForwardArgs {
+  bf16* out = nullptr;
+  float* mean = nullptr;       // may be null (inference; always null for RMS)
+  float* rstd = nullptr;       // may be null
+  const bf16* inp = nullptr;   // the rows to normalise; with add_b, the residual's first operand
+  const bf16* add_b = nullptr; // optional fused residual add: res = inp + add_b (rounded to bf16), normalised
+  bf16* res = nullptr;         // where res is written (may alias inp); required with add_b
+  const bf16* w = nullptr;
+  const bf16* b = nullptr;     // may be null (and is ignored for RMS)
+  int64_t N = 0, C = 0;
+  float eps = 0;
+  bool rms = false;
+};
+void norm_forward(cudaStream_t s, const NormForwardArgs& a);
+
+struct NormBackwardArgs {
+  bf16* dinp = nullptr;        // accumulated (+=)
+  float* dw = nullptr;         // accumulated (+=)
+  float* db = nullptr;         // accumulated (+=); may be null; unused for RMS
+  const bf16* dout = nullptr;
+  const bf16* inp = nullptr;
+  const bf16* w = nullptr;
+  const float* mean = nullptr; // unused for RMS
+  const float* rstd = nullptr;
+  int64_t N = 0, C = 0;
+  bool rms = false;
+  float* scratch = nullptr;    // per-block partial dw/db rows
+  size_t scratch_floats = 0;
+};
+void norm_backward(cudaStream_t s, const NormBackwardArgs& a);
+
+// ---- rope (rope_kernels.cu) ------------------------------------------------------------------------------------
+// In place on the q and k heads of qkv [B*T, (n_head + 2*n_kv_head) * hd]; sign +1 rotates, -1 un-rotates.
+void rope(cudaStream_t s, bf16* qkv, int64_t B, int64_t T, int n_head, int n_kv_head, int head_dim, float theta,
+          float sign);
+
+// ---- losses (loss_kernels.cu) ----------------------------------------------------------------------------------
+void cross_entropy(cudaStream_t s, float* losses, bf16* logits, const int32_t* targets, int64_t N, int64_t Vp,
+                   int64_t V, float dloss, bool write_grad, int* err);
+void vp_ce_max(cudaStream_t s, float* stats, const bf16* logits, int64_t N, int64_t Vl, int64_t n_real);
+void vp_ce_sums(cudaStream_t s, float* stats, const bf16* logits, const int32_t* targets, int64_t N, int64_t Vl,
+                int64_t v0, int64_t n_real, int64_t V, int* err);
+void vp_ce_finish(cudaStream_t s, float* losses, bf16* logits, const float* stats, const int32_t* targets, int64_t N,
+                  int64_t Vl, int64_t v0, int64_t n_real, float dloss, bool write_grad);
+
+// ---- optimizers (optimizer_kernels.cu) -------------------------------------------------------------------------
+// The per-call constants of an Adam-style update, computed on the host exactly as the CPU backend does.
+struct AdamConsts {
+  float b1, b2, one_minus_b1, one_minus_b2, inv_bc1, inv_bc2, eps, wd, gs, lr;
+};
+void adamw_update(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t n, const AdamConsts& k);
+// Updates m, v; partials[g] = sum of u^2 over block g (u as in lamb_apply); returns the number of blocks written.
+int lamb_moments(cudaStream_t s, const float* p, const float* g, float* m, float* v, int64_t n, const AdamConsts& k,
+                 double* partials);
+void lamb_apply(cudaStream_t s, float* p, const float* m, const float* v, int64_t n, const AdamConsts& k, float step);
+
+}  // namespace mt::cuda

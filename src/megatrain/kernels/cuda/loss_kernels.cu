@@ -1,0 +1,222 @@
+// Fused softmax + cross-entropy over bf16 logits [N, Vp], and the three steps of its vocab-parallel variant.
+//
+// One block per row. Each thread walks its strided share of the row in 16-byte packs keeping an online
+// (max, sum of exp(x - max)) pair in fp32 - rescaling the sum when the max grows - so the row is read once for the
+// statistics; the pairs are then merged across the block. With write_grad the row is read a second time (mostly
+// from L2: a 50k-entry bf16 row is 100 KB) and overwritten in place with (softmax - onehot) * dloss, so no
+// probability tensor ever exists. An element is read and rewritten by the same thread in both passes; the one
+// element read by another thread (the target logit, by thread 0) is read before the block reduction, whose
+// barriers order it before any rewrite.
+#include "megatrain/kernels/cuda/device_util.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kThreads = 512;
+
+struct MaxSum {
+  float m, s;  // running max and sum of exp(x - m)
+};
+
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};  // both empty (avoids exp(-inf - -inf) = NaN)
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+__device__ __forceinline__ void push(MaxSum& a, float x) {
+  if (x > a.m) {
+    a.s = a.s * expf(a.m - x) + 1.0f;
+    a.m = x;
+  } else if (x != -INFINITY) {
+    a.s += expf(x - a.m);
+  }
+}
+
+__device__ MaxSum block_maxsum(MaxSum x) {
+  __shared__ MaxSum part[32];
+  __shared__ MaxSum total;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = (blockDim.x + kWarp - 1) / kWarp;
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const MaxSum y{__shfl_xor_sync(0xffffffffu, x.m, o), __shfl_xor_sync(0xffffffffu, x.s, o)};
+    x = merge(x, y);
+  }
+  if (lane == 0) part[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    MaxSum y = lane < nwarps ? part[lane] : MaxSum{-INFINITY, 0.0f};
+    for (int o = kWarp / 2; o > 0; o >>= 1) {
+      const MaxSum z{__shfl_xor_sync(0xffffffffu, y.m, o), __shfl_xor_sync(0xffffffffu, y.s, o)};
+      y = merge(y, z);
+    }
+    if (lane == 0) total = y;
+  }
+  __syncthreads();
+  return total;
+}
+
+// Zeroes row[0, W) (ignored rows when writing gradients).
+template <int K>
+__device__ void zero_row(bf16* row, int64_t W) {
+  Pack<K, bf16> z;
+#pragma unroll
+  for (int k = 0; k < K; ++k) z.v[k] = __float2bfloat16_rn(0.0f);
+  for (int64_t c = threadIdx.x * K; c < W; c += blockDim.x * K) store_pack<K>(row + c, z);
+}
+
+// Rewrites row[0, W) as the softmax gradient: columns j < n_real get exp(x - lse) * dloss, minus dloss at column
+// `hot` (none when hot < 0); the padded columns j >= n_real get 0.
+template <int K>
+__device__ void write_grad_row(bf16* row, int64_t W, int64_t n_real, float lse, int64_t hot, float dloss) {
+  for (int64_t c = threadIdx.x * K; c < W; c += blockDim.x * K) {
+    Pack<K, bf16> v = load_pack<K>(row + c);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t j = c + k;
+      float g = 0.0f;
+      if (j < n_real) g = expf(to_f(v.v[k]) - lse) * dloss - (j == hot ? dloss : 0.0f);
+      v.v[k] = from_f<bf16>(g);
+    }
+    store_pack<K>(row + c, v);
+  }
+}
+
+template <int K>
+__global__ void cross_entropy_kernel(float* losses, bf16* logits, const int32_t* targets, int64_t Vp, int64_t V,
+                                     float dloss, bool write_grad, int* err) {
+  const int64_t n = blockIdx.x;
+  bf16* row = logits + n * Vp;
+  const int32_t t = targets[n];  // uniform over the block: the early returns below keep barriers uniform
+  if (t >= V) {
+    if (threadIdx.x == 0) {
+      atomicOr(err, kErrCeTarget);
+      losses[n] = NAN;
+    }
+    return;
+  }
+  if (t < 0) {  // ignored position: no loss, no gradient
+    if (threadIdx.x == 0) losses[n] = 0.0f;
+    if (write_grad) zero_row<K>(row, Vp);
+    return;
+  }
+  const float zt = threadIdx.x == 0 ? to_f(row[t]) : 0.0f;
+  MaxSum ms{-INFINITY, 0.0f};
+  for (int64_t c = threadIdx.x * K; c < V; c += blockDim.x * K) {
+    const Pack<K, bf16> v = load_pack<K>(row + c);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (c + k < V) push(ms, to_f(v.v[k]));
+  }
+  ms = block_maxsum(ms);
+  const float lse = ms.m + logf(ms.s);
+  if (threadIdx.x == 0) losses[n] = lse - zt;
+  if (write_grad) write_grad_row<K>(row, Vp, V, lse, t, dloss);
+}
+
+template <int K>
+__global__ void vp_ce_max_kernel(float* stats, const bf16* logits, int64_t Vl, int64_t n_real) {
+  const int64_t n = blockIdx.x;
+  const bf16* row = logits + n * Vl;
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x * K; c < n_real; c += blockDim.x * K) {
+    const Pack<K, bf16> v = load_pack<K>(row + c);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (c + k < n_real) m = fmaxf(m, to_f(v.v[k]));
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0) stats[n] = m;
+}
+
+template <int K>
+__global__ void vp_ce_sums_kernel(float* stats, const bf16* logits, const int32_t* targets, int64_t N, int64_t Vl,
+                                  int64_t v0, int64_t n_real, int64_t V, int* err) {
+  const int64_t n = blockIdx.x;
+  const bf16* row = logits + n * Vl;
+  const float m = stats[n];
+  float s = 0;
+  for (int64_t c = threadIdx.x * K; c < n_real; c += blockDim.x * K) {
+    const Pack<K, bf16> v = load_pack<K>(row + c);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (c + k < n_real) s += expf(to_f(v.v[k]) - m);
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) {
+    const int32_t t = targets[n];
+    if (t >= V) atomicOr(err, kErrVpTarget);
+    const int64_t local = static_cast<int64_t>(t) - v0;
+    stats[N + n] = s;
+    stats[2 * N + n] = t >= 0 && local >= 0 && local < n_real ? to_f(row[local]) : 0.0f;
+  }
+}
+
+template <int K>
+__global__ void vp_ce_finish_kernel(float* losses, bf16* logits, const float* stats, const int32_t* targets, int64_t N,
+                                    int64_t Vl, int64_t v0, int64_t n_real, float dloss, bool write_grad) {
+  const int64_t n = blockIdx.x;
+  bf16* row = logits + n * Vl;
+  const int32_t t = targets[n];
+  if (t < 0) {
+    if (threadIdx.x == 0) losses[n] = 0.0f;
+    if (write_grad) zero_row<K>(row, Vl);
+    return;
+  }
+  const float lse = stats[n] + logf(stats[N + n]);
+  if (threadIdx.x == 0) losses[n] = lse - stats[2 * N + n];
+  const int64_t local = static_cast<int64_t>(t) - v0;
+  if (write_grad) write_grad_row<K>(row, Vl, n_real, lse, local >= 0 && local < n_real ? local : -1, dloss);
+}
+
+// 16-byte packs when every row starts 16-byte aligned.
+bool packable(const void* p, int64_t width) { return aligned16(p) && width % 8 == 0; }
+
+}  // namespace
+
+void cross_entropy(cudaStream_t s, float* losses, bf16* logits, const int32_t* targets, int64_t N, int64_t Vp,
+                   int64_t V, float dloss, bool write_grad, int* err) {
+  if (N <= 0) return;
+  const unsigned grid = static_cast<unsigned>(N);
+  if (packable(logits, Vp))
+    cross_entropy_kernel<8><<<grid, kThreads, 0, s>>>(losses, logits, targets, Vp, V, dloss, write_grad, err);
+  else
+    cross_entropy_kernel<1><<<grid, kThreads, 0, s>>>(losses, logits, targets, Vp, V, dloss, write_grad, err);
+  check_launch("cross_entropy_kernel");
+}
+
+void vp_ce_max(cudaStream_t s, float* stats, const bf16* logits, int64_t N, int64_t Vl, int64_t n_real) {
+  if (N <= 0) return;
+  const unsigned grid = static_cast<unsigned>(N);
+  if (packable(logits, Vl))
+    vp_ce_max_kernel<8><<<grid, kThreads, 0, s>>>(stats, logits, Vl, n_real);
+  else
+    vp_ce_max_kernel<1><<<grid, kThreads, 0, s>>>(stats, logits, Vl, n_real);
+  check_launch("vp_ce_max_kernel");
+}
+
+void vp_ce_sums(cudaStream_t s, float* stats, const bf16* logits, const int32_t* targets, int64_t N, int64_t Vl,
+                int64_t v0, int64_t n_real, int64_t V, int* err) {
+  if (N <= 0) return;
+  const unsigned grid = static_cast<unsigned>(N);
+  if (packable(logits, Vl))
+    vp_ce_sums_kernel<8><<<grid, kThreads, 0, s>>>(stats, logits, targets, N, Vl, v0, n_real, V, err);
+  else
+    vp_ce_sums_kernel<1><<<grid, kThreads, 0, s>>>(stats, logits, targets, N, Vl, v0, n_real, V, err);
+  check_launch("vp_ce_sums_kernel");
+}
+
+void vp_ce_finish(cudaStream_t s, float* losses, bf16* logits, const float* stats, const int32_t* targets, int64_t N,
+                  int64_t Vl, int64_t v0, int64_t n_real, float dloss, bool write_grad) {
+  if (N <= 0) return;
+  const unsigned grid = static_cast<unsigned>(N);
+  if (packable(logits, Vl))
+    vp_ce_finish_kernel<8><<<grid, kThreads, 0, s>>>(losses, logits, stats, targets, N, Vl, v0, n_real, dloss,
+                                                     write_grad);
+  else
+    vp_ce_finish_kernel<1><<<grid, kThreads, 0, s>>>(losses, logits, stats, targets, N, Vl, v0, n_real, dloss,
+                                                     write_grad);
+  check_launch("vp_ce_finish_kernel");
+}
+
+}  // namespace mt::cuda

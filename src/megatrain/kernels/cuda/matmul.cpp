@@ -1,0 +1,222 @@
+// Linear layers on cuBLASLt (bf16 in, fp32 accumulate), with the bias and GeLU fused into the GEMM epilogue.
+//
+// Row-major tensors, column-major cuBLASLt. A row-major [R, S] matrix with row stride S is, byte for byte, a
+// column-major [S, R] matrix with leading dimension S (its transpose). So every row-major product is computed as
+// its transpose, which swaps the operands:
+//   forward   out[N,OC] = inp[N,C] @ w[OC,C]^T   <=>  out^T[OC,N] = (w^T)^T[OC,C] @ inp^T[C,N]
+//             A = w seen as [C,OC] (ld C) with op T, B = inp seen as [C,N] (ld C), D = out seen as [OC,N] (ld OC);
+//             m = OC, n = N, k = C. The bias is a per-row vector of D (length m = OC): the BIAS epilogue broadcasts
+//             it along n, exactly out[n, :] += bias.
+//   dinp      dinp[N,C] = dout[N,OC] @ w[OC,C]   <=>  dinp^T[C,N] = w^T[C,OC] @ dout^T[OC,N]
+//             A = w seen as [C,OC] (ld C), B = dout seen as [OC,N] (ld OC), D = dinp seen as [C,N] (ld C);
+//             m = C, n = N, k = OC.
+//   dw        dw[OC,C] += dout^T @ inp[N,C]       <=>  dw^T[C,OC] += inp^T[C,N] @ dout[N,OC]
+//             A = inp seen as [C,N] (ld C), B = dout seen as [OC,N] (ld OC) with op T, D = dw seen as [C,OC]
+//             (ld C) in fp32 with beta = 1 (gradients accumulate across micro-batches in fp32);
+//             m = C, n = OC, k = N.
+// The GeLU epilogues keep their auxiliary matrix (the GeLU input `pre`, row-major [N, width]) in the same
+// transposed view as D, leading dimension = the row width, which cuBLASLt requires to be a multiple of 8: other
+// widths take the unfused path (GEMM, then the elementwise kernel).
+// dbias is a column-sum kernel (deterministic, accumulating) rather than the BGRAD epilogues, which overwrite.
+#include "megatrain/kernels/cuda/cuda_args.h"
+#include "megatrain/kernels/cuda/cuda_ops.h"
+#include "megatrain/kernels/cuda/launch.h"
+
+namespace mt {
+
+using namespace cuda_args;
+using cuda::bf16;
+
+namespace {
+
+struct LinearDims {
+  int64_t N, C, OC;
+};
+
+LinearDims linear_dims(const char* op, const Tensor& inp, const Tensor& w) {
+  MT_CHECK(w.ndim == 2, "{}: weight must be 2-D [OC, C] (got {})", op, w.shape_str());
+  const int64_t OC = w.size(0), C = w.size(1);
+  MT_CHECK(C > 0, "{}: weight {} has no input channels", op, w.shape_str());
+  MT_CHECK(inp.ndim >= 1 && inp.size(-1) == C, "{}: input {} does not end in C = {} (weight {})", op, inp.shape_str(),
+           C, w.shape_str());
+  const int64_t N = inp.numel() / C;
+  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+  MT_CHECK(N <= kMax && C <= kMax && OC <= kMax, "{}: dimensions too large for one GEMM", op);
+  return {N, C, OC};
+}
+
+// out^T[OC,N] = w^T^T @ inp^T (see the top of the file).
+LtCall forward_call(void* out, const void* inp, const void* w, const LinearDims& d) {
+  LtCall c;
+  c.trans_a = CUBLAS_OP_T;
+  c.trans_b = CUBLAS_OP_N;
+  c.m = d.OC, c.n = d.N, c.k = d.C;
+  c.A = w, c.lda = d.C;
+  c.B = inp, c.ldb = d.C;
+  c.D = out, c.ldd = d.OC, c.d_type = CUDA_R_16BF;
+  return c;
+}
+
+// dinp^T[C,N] = w^T[C,OC] @ dout^T[OC,N].
+LtCall dinp_call(void* dinp, const void* dout, const void* w, const LinearDims& d, float beta) {
+  LtCall c;
+  c.trans_a = CUBLAS_OP_N;
+  c.trans_b = CUBLAS_OP_N;
+  c.m = d.C, c.n = d.N, c.k = d.OC;
+  c.A = w, c.lda = d.C;
+  c.B = dout, c.ldb = d.OC;
+  c.D = dinp, c.ldd = d.C, c.d_type = CUDA_R_16BF;
+  c.beta = beta;
+  return c;
+}
+
+// dw^T[C,OC] += inp^T[C,N] @ dout[N,OC], fp32 D.
+LtCall dw_call(float* dw, const void* dout, const void* inp, const LinearDims& d) {
+  LtCall c;
+  c.trans_a = CUBLAS_OP_N;
+  c.trans_b = CUBLAS_OP_T;
+  c.m = d.C, c.n = d.OC, c.k = d.N;
+  c.A = inp, c.lda = d.C;
+  c.B = dout, c.ldb = d.OC;
+  c.D = dw, c.ldd = d.C, c.d_type = CUDA_R_32F;
+  c.beta = 1.0f;
+  return c;
+}
+
+[[noreturn]] void no_algo(const char* op, const char* what, const LinearDims& d) {
+  fail("{}: cuBLASLt found no algorithm for the {} GEMM (N = {}, C = {}, OC = {})", op, what, d.N, d.C, d.OC);
+}
+
+}  // namespace
+
+void CudaOps::matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) {
+  const char* op = "matmul_forward";
+  auto scope = timed(op);
+  bf16* o = bf16_arg(out, op, "out");
+  const bf16* x = bf16_arg(inp, op, "inp");
+  const bf16* wt = bf16_arg(w, op, "w");
+  const bf16* b = bf16_opt(bias, op, "bias");
+  const LinearDims d = linear_dims(op, inp, w);
+  check_numel(out, d.N * d.OC, op, "out");
+  if (b) check_numel(bias, d.OC, op, "bias");
+  if (d.N == 0 || d.OC == 0) return;
+  LtCall c = forward_call(o, x, wt, d);
+  if (b) {
+    c.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    c.bias = b;
+  }
+  if (!gemm_->run(stream_, c, op)) no_algo(op, "forward", d);
+}
+
+void CudaOps::matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias) {
+  const char* op = "matmul_gelu_forward";
+  auto scope = timed(op);
+  bf16* o = bf16_arg(out, op, "out");
+  bf16* p = bf16_arg(pre, op, "pre");
+  const bf16* x = bf16_arg(inp, op, "inp");
+  const bf16* wt = bf16_arg(w, op, "w");
+  const bf16* b = bf16_opt(bias, op, "bias");
+  const LinearDims d = linear_dims(op, inp, w);
+  check_numel(out, d.N * d.OC, op, "out");
+  check_numel(pre, d.N * d.OC, op, "pre");
+  if (b) check_numel(bias, d.OC, op, "bias");
+  if (d.N == 0 || d.OC == 0) return;
+  // Fused: out = gelu(inp @ w^T + bias) with pre = inp @ w^T + bias saved as the epilogue's auxiliary output.
+  LtCall c = forward_call(o, x, wt, d);
+  c.epilogue = b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  c.bias = b;
+  c.aux = p;
+  c.aux_ld = d.OC;
+  if (d.OC % 8 == 0 && gemm_->run(stream_, c, op)) return;
+  // Unfused: pre = GEMM + bias, then out = gelu(pre).
+  LtCall plain = forward_call(p, x, wt, d);
+  if (b) {
+    plain.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    plain.bias = b;
+  }
+  if (!gemm_->run(stream_, plain, op)) no_algo(op, "forward", d);
+  cuda::gelu_forward(stream_, o, p, d.N * d.OC);
+}
+
+void CudaOps::weight_grads(const char* op, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, int64_t N, int64_t C,
+                           int64_t OC) {
+  // Checked before anything of the op is launched (the callers check dinp / dpre themselves).
+  float* dwt = f32_opt(dw, op, "dw");
+  float* db = f32_opt(dbias, op, "dbias");
+  const bf16* x = dwt ? bf16_arg(inp, op, "inp") : nullptr;
+  if (dwt) {
+    check_numel(inp, N * C, op, "inp");
+    check_numel(dw, OC * C, op, "dw");
+  }
+  if (db) {
+    check_numel(dbias, OC, op, "dbias");
+    MT_CHECK(static_cast<size_t>(OC) <= scratch_floats_, "{}: OC = {} exceeds the column-sum scratch", op, OC);
+  }
+  if (N == 0) return;
+  const bf16* dy = static_cast<const bf16*>(dout.ptr);
+  if (dwt && OC > 0 && !gemm_->run(stream_, dw_call(dwt, dy, x, {N, C, OC}), op)) no_algo(op, "dw", {N, C, OC});
+  if (db) cuda::column_sums_accumulate(stream_, db, dy, N, OC, scratch_, scratch_floats_);
+}
+
+void CudaOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
+                              bool accumulate_dinp) {
+  const char* op = "matmul_backward";
+  auto scope = timed(op);
+  bf16* dx = bf16_opt(dinp, op, "dinp");
+  const bf16* dy = bf16_arg(dout, op, "dout");
+  const bf16* wt = bf16_arg(w, op, "w");
+  // Without dw the input is not needed (inp may be undefined): the row count then comes from dinp.
+  MT_CHECK(inp.defined() || dx, "{}: needs inp or dinp (to know the row count)", op);
+  if (dw.defined()) bf16_arg(inp, op, "inp");
+  const LinearDims d = linear_dims(op, inp.defined() ? inp : dinp, w);
+  check_numel(dout, d.N * d.OC, op, "dout");
+  if (dx) check_numel(dinp, d.N * d.C, op, "dinp");
+  if (d.N == 0) return;
+  if (dx && d.OC == 0 && !accumulate_dinp) {  // an empty sum: dinp = 0
+    cuda::check(cudaMemsetAsync(dx, 0, dinp.nbytes(), stream_), "matmul_backward: cudaMemsetAsync");
+  } else if (dx && d.OC > 0) {
+    // dw / dbias are validated first so that a bad argument launches nothing.
+    f32_opt(dw, op, "dw");
+    f32_opt(dbias, op, "dbias");
+    if (dw.defined()) check_numel(dw, d.OC * d.C, op, "dw");
+    if (dbias.defined()) check_numel(dbias, d.OC, op, "dbias");
+    if (!gemm_->run(stream_, dinp_call(dx, dy, wt, d, accumulate_dinp ? 1.0f : 0.0f), op)) no_algo(op, "dinp", d);
+  }
+  weight_grads(op, dw, dbias, dout, inp, d.N, d.C, d.OC);
+}
+
+void CudaOps::matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w,
+                                   Tensor pre) {
+  const char* op = "matmul_backward_gelu";
+  auto scope = timed(op);
+  bf16* dp = bf16_arg(dpre, op, "dpre");
+  const bf16* dy = bf16_arg(dout, op, "dout");
+  const bf16* wt = bf16_arg(w, op, "w");
+  bf16* pr = bf16_arg(pre, op, "pre");
+  const LinearDims d = linear_dims(op, dpre, w);
+  check_numel(dout, d.N * d.OC, op, "dout");
+  check_numel(pre, d.N * d.C, op, "pre");
+  if (d.N == 0) return;
+  MT_CHECK(d.OC > 0, "{}: weight {} has no output channels", op, w.shape_str());
+  f32_opt(dw, op, "dw");  // validated before the first launch
+  f32_opt(dbias, op, "dbias");
+  if (dw.defined()) {
+    bf16_arg(act, op, "act");
+    check_numel(act, d.N * d.C, op, "act");
+    check_numel(dw, d.OC * d.C, op, "dw");
+  }
+  if (dbias.defined()) check_numel(dbias, d.OC, op, "dbias");
+  // Fused: dpre = (dout @ w) * gelu'(pre), the DGELU epilogue reading pre as its auxiliary input.
+  LtCall c = dinp_call(dp, dy, wt, d, 0.0f);
+  c.epilogue = CUBLASLT_EPILOGUE_DGELU;
+  c.aux = pr;
+  c.aux_ld = d.C;
+  if (!(d.C % 8 == 0 && gemm_->run(stream_, c, op))) {
+    // Unfused: dpre = dout @ w, then dpre *= gelu'(pre) in place.
+    if (!gemm_->run(stream_, dinp_call(dp, dy, wt, d, 0.0f), op)) no_algo(op, "dinp", d);
+    cuda::gelu_backward(stream_, dp, pr, dp, d.N * d.C);
+  }
+  weight_grads(op, dw, dbias, dout, act, d.N, d.C, d.OC);
+}
+
+}  // namespace mt

@@ -1,0 +1,156 @@
+// CudaOps construction, memory (alloc, host <-> device copies, convert), synchronisation, device-side error
+// reporting, op timing, and make_cuda_ops() / cuda_available().
+#include <cstring>
+
+#include "megatrain/kernels/cuda/cuda_args.h"
+#include "megatrain/kernels/cuda/cuda_ops.h"
+#include "megatrain/kernels/cuda/launch.h"
+
+namespace mt {
+
+using namespace cuda_args;
+using cuda::check;
+
+namespace cuda {
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) fail("{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
+}
+}  // namespace cuda
+
+namespace {
+// 32 MiB of fp32 reduction scratch: LayerNorm dw/db partials for up to 1024 blocks x 2 x 4096 channels, fewer blocks
+// for wider rows.
+constexpr size_t kScratchBytes = 32u << 20;
+}  // namespace
+
+bool cuda_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error so later calls start clean
+    return false;
+  }
+  return n > 0;
+}
+
+std::unique_ptr<Ops> make_cuda_ops() {
+  MT_CHECK(cuda_available(), "make_cuda_ops: no CUDA device is visible (cudaGetDeviceCount found none)");
+  return std::make_unique<CudaOps>();
+}
+
+CudaOps::CudaOps() {
+  check(cudaGetDevice(&device_), "CudaOps: cudaGetDevice");
+  // Non-blocking: the legacy default stream (used by stray library calls) never serialises with our ops.
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "CudaOps: cudaStreamCreateWithFlags");
+  gemm_ = std::make_unique<LtGemm>();
+  check(cudaMalloc(&scratch_, kScratchBytes), "CudaOps: cudaMalloc(reduction scratch)");
+  scratch_floats_ = kScratchBytes / sizeof(float);
+  check(cudaMalloc(&partials_dev_, cuda::kMaxPartials * sizeof(double)), "CudaOps: cudaMalloc(partials)");
+  check(cudaMallocHost(&partials_host_, cuda::kMaxPartials * sizeof(double)), "CudaOps: cudaMallocHost(partials)");
+  check(cudaMallocHost(&err_host_, sizeof(int)), "CudaOps: cudaMallocHost(error word)");
+  *err_host_ = 0;
+  check(cudaMalloc(&err_dev_, sizeof(int)), "CudaOps: cudaMalloc(error word)");
+  check(cudaMemsetAsync(err_dev_, 0, sizeof(int), stream_), "CudaOps: cudaMemsetAsync(error word)");
+  check(cudaStreamSynchronize(stream_), "CudaOps: cudaStreamSynchronize");
+}
+
+CudaOps::~CudaOps() {
+  // No throwing from a destructor: wait for the stream, then release, ignoring errors.
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (attn_ws_) cudaFree(attn_ws_);
+  if (err_dev_) cudaFree(err_dev_);
+  if (err_host_) cudaFreeHost(err_host_);
+  if (partials_host_) cudaFreeHost(partials_host_);
+  if (partials_dev_) cudaFree(partials_dev_);
+  if (scratch_) cudaFree(scratch_);
+  gemm_.reset();
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+Buffer CudaOps::alloc(size_t bytes) {
+  if (bytes == 0) return {};
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);  // 256-byte aligned
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail("alloc: cudaMalloc of {} bytes failed: {}", bytes, cudaGetErrorString(err));
+  }
+  Buffer buf(p, bytes, Device::CUDA, [](void* q) { cudaFree(q); });
+  check(cudaMemsetAsync(p, 0, bytes, stream_), "alloc: cudaMemsetAsync");
+  return buf;
+}
+
+void CudaOps::to_device(Tensor dst, const void* host) {
+  auto scope = timed("to_device");
+  MT_CHECK(dst.device == Device::CUDA, "to_device: dst must be a CUDA tensor");
+  if (dst.numel() == 0) return;
+  MT_CHECK(dst.defined() && host, "to_device: undefined tensor or null host pointer");
+  check(cudaMemcpyAsync(dst.ptr, host, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
+        "to_device: cudaMemcpyAsync");
+}
+
+void CudaOps::to_host(void* host, Tensor src) {
+  {
+    auto scope = timed("to_host");
+    MT_CHECK(src.device == Device::CUDA, "to_host: src must be a CUDA tensor");
+    if (src.numel() == 0) return;
+    MT_CHECK(src.defined() && host, "to_host: undefined tensor or null host pointer");
+    check(cudaMemcpyAsync(host, src.ptr, src.nbytes(), cudaMemcpyDeviceToHost, stream_), "to_host: cudaMemcpyAsync");
+  }
+  sync_and_check();
+}
+
+void CudaOps::convert(Tensor dst, Tensor src) {
+  const char* op = "convert";
+  auto scope = timed(op);
+  MT_CHECK(dst.device == Device::CUDA && src.device == Device::CUDA, "convert: tensors must be CUDA tensors");
+  check_numel(dst, src.numel(), op, "dst");
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  MT_CHECK(dst.defined() && src.defined(), "convert: undefined tensor");
+  if (dst.dtype == src.dtype) {
+    if (dst.ptr != src.ptr)
+      check(cudaMemcpyAsync(dst.ptr, src.ptr, src.nbytes(), cudaMemcpyDeviceToDevice, stream_),
+            "convert: cudaMemcpyAsync");
+  } else if (dst.dtype == DType::BF16 && src.dtype == DType::F32) {
+    cuda::convert_f32_to_bf16(stream_, static_cast<cuda::bf16*>(dst.ptr), static_cast<const float*>(src.ptr), n);
+  } else if (dst.dtype == DType::F32 && src.dtype == DType::BF16) {
+    cuda::convert_bf16_to_f32(stream_, static_cast<float*>(dst.ptr), static_cast<const cuda::bf16*>(src.ptr), n);
+  } else {
+    fail("convert: {} to {} is not supported", dtype_name(src.dtype), dtype_name(dst.dtype));
+  }
+}
+
+void CudaOps::synchronize() { sync_and_check(); }
+
+// The error word lives in device memory (kernels atomicOr into it; atomics on mapped host memory are not atomic
+// across PCIe) and rides along with every synchronisation as a 4-byte copy.
+void CudaOps::sync_and_check() {
+  check(cudaMemcpyAsync(err_host_, err_dev_, sizeof(int), cudaMemcpyDeviceToHost, stream_),
+        "synchronize: cudaMemcpyAsync(error word)");
+  check(cudaStreamSynchronize(stream_), "synchronize: cudaStreamSynchronize");
+  const int err = *err_host_;
+  if (err == 0) return;
+  *err_host_ = 0;  // reported once
+  check(cudaMemsetAsync(err_dev_, 0, sizeof(int), stream_), "synchronize: cudaMemsetAsync(error word)");
+  std::string what;
+  if (err & cuda::kErrCeTarget) what += " cross_entropy: a target is outside the vocabulary [0, V);";
+  if (err & cuda::kErrToken) what += " embedding_forward/backward: a token is outside the embedding table;";
+  if (err & cuda::kErrVpTarget) what += " vp_ce_sums: a target is outside the vocabulary [0, V);";
+  fail("a CUDA op found bad data (reported at the next synchronisation):{}", what);
+}
+
+double CudaOps::sum_partials(int count) {
+  if (count <= 0) return 0.0;
+  check(cudaMemcpyAsync(partials_host_, partials_dev_, count * sizeof(double), cudaMemcpyDeviceToHost, stream_),
+        "sum_partials: cudaMemcpyAsync");
+  sync_and_check();
+  double s = 0;
+  for (int i = 0; i < count; ++i) s += partials_host_[i];
+  return s;
+}
+
+void CudaOps::set_op_timing(bool on) { timer_.set_enabled(on); }
+
+std::vector<OpTiming> CudaOps::take_op_timings() { return timer_.take(); }
+
+}  // namespace mt

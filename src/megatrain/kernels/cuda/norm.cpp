@@ -1,0 +1,131 @@
+// LayerNorm / RMSNorm ops (kernels in norm_kernels.cu): bf16 rows, weights and outputs; fp32 mean/rstd and dw/db.
+#include "megatrain/kernels/cuda/cuda_args.h"
+#include "megatrain/kernels/cuda/cuda_ops.h"
+#include "megatrain/kernels/cuda/launch.h"
+
+namespace mt {
+
+using namespace cuda_args;
+
+namespace {
+
+struct NormDims {
+  int64_t N, C;
+};
+
+NormDims norm_dims(const char* op, const Tensor& inp, const Tensor& w) {
+  MT_CHECK(inp.ndim >= 1, "{}: input must have at least one dimension", op);
+  const int64_t C = inp.size(-1);
+  MT_CHECK(C > 0, "{}: input {} has an empty last dimension", op, inp.shape_str());
+  check_numel(w, C, op, "w");
+  return {inp.numel() / C, C};
+}
+
+}  // namespace
+
+void CudaOps::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) {
+  const char* op = "layernorm_forward";
+  auto scope = timed(op);
+  cuda::NormForwardArgs a;
+  a.out = bf16_arg(out, op, "out");
+  a.mean = f32_opt(mean, op, "mean");
+  a.rstd = f32_opt(rstd, op, "rstd");
+  a.inp = bf16_arg(inp, op, "inp");
+  a.w = bf16_arg(w, op, "w");
+  a.b = bf16_opt(b, op, "b");
+  const auto [N, C] = norm_dims(op, inp, w);
+  check_numel(out, N * C, op, "out");
+  if (a.mean) check_numel(mean, N, op, "mean");
+  if (a.rstd) check_numel(rstd, N, op, "rstd");
+  if (a.b) check_numel(b, C, op, "b");
+  a.N = N, a.C = C, a.eps = eps, a.rms = false;
+  cuda::norm_forward(stream_, a);
+}
+
+void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) {
+  const char* op = "rmsnorm_forward";
+  auto scope = timed(op);
+  cuda::NormForwardArgs a;
+  a.out = bf16_arg(out, op, "out");
+  a.rstd = f32_opt(rstd, op, "rstd");
+  a.inp = bf16_arg(inp, op, "inp");
+  a.w = bf16_arg(w, op, "w");
+  const auto [N, C] = norm_dims(op, inp, w);
+  check_numel(out, N * C, op, "out");
+  if (a.rstd) check_numel(rstd, N, op, "rstd");
+  a.N = N, a.C = C, a.eps = eps, a.rms = true;
+  cuda::norm_forward(stream_, a);
+}
+
+void CudaOps::add_layernorm_forward(Tensor res, Tensor out, Tensor mean, Tensor rstd, Tensor a_t, Tensor b_t, Tensor w,
+                                    Tensor bias, float eps, bool rms) {
+  const char* op = rms ? "add_rmsnorm_forward" : "add_layernorm_forward";
+  auto scope = timed(op);
+  cuda::NormForwardArgs a;
+  a.res = bf16_arg(res, op, "res");
+  a.out = bf16_arg(out, op, "out");
+  a.mean = rms ? nullptr : f32_opt(mean, op, "mean");
+  a.rstd = f32_opt(rstd, op, "rstd");
+  a.inp = bf16_arg(a_t, op, "a");
+  a.add_b = bf16_arg(b_t, op, "b");
+  a.w = bf16_arg(w, op, "w");
+  a.b = rms ? nullptr : bf16_opt(bias, op, "bias");
+  const auto [N, C] = norm_dims(op, a_t, w);
+  check_numel(b_t, N * C, op, "b");
+  check_numel(res, N * C, op, "res");
+  check_numel(out, N * C, op, "out");
+  if (a.mean) check_numel(mean, N, op, "mean");
+  if (a.rstd) check_numel(rstd, N, op, "rstd");
+  if (a.b) check_numel(bias, C, op, "bias");
+  a.N = N, a.C = C, a.eps = eps, a.rms = rms;
+  cuda::norm_forward(stream_, a);
+}
+
+void CudaOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
+                                 Tensor rstd) {
+  const char* op = "layernorm_backward";
+  auto scope = timed(op);
+  cuda::NormBackwardArgs a;
+  a.dinp = bf16_arg(dinp, op, "dinp");
+  a.dw = f32_arg(dw, op, "dw");
+  a.db = f32_opt(db, op, "db");
+  a.dout = bf16_arg(dout, op, "dout");
+  a.inp = bf16_arg(inp, op, "inp");
+  a.w = bf16_arg(w, op, "w");
+  a.mean = f32_arg(mean, op, "mean");
+  a.rstd = f32_arg(rstd, op, "rstd");
+  const auto [N, C] = norm_dims(op, inp, w);
+  check_numel(dinp, N * C, op, "dinp");
+  check_numel(dout, N * C, op, "dout");
+  check_numel(dw, C, op, "dw");
+  if (a.db) check_numel(db, C, op, "db");
+  check_numel(mean, N, op, "mean");
+  check_numel(rstd, N, op, "rstd");
+  MT_CHECK(static_cast<size_t>(2 * C) <= scratch_floats_, "{}: C = {} exceeds the reduction scratch", op, C);
+  a.N = N, a.C = C, a.rms = false;
+  a.scratch = scratch_, a.scratch_floats = scratch_floats_;
+  cuda::norm_backward(stream_, a);
+}
+
+void CudaOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
+  const char* op = "rmsnorm_backward";
+  auto scope = timed(op);
+  cuda::NormBackwardArgs a;
+  a.dinp = bf16_arg(dinp, op, "dinp");
+  a.dw = f32_arg(dw, op, "dw");
+  a.dout = bf16_arg(dout, op, "dout");
+  a.inp = bf16_arg(inp, op, "inp");
+  a.w = bf16_arg(w, op, "w");
+  a.rstd = f32_arg(rstd, op, "rstd");
+  const auto [N, C] = norm_dims(op, inp, w);
+  check_numel(dinp, N * C, op, "dinp");
+  check_numel(dout, N * C, op, "dout");
+  check_numel(dw, C, op, "dw");
+  check_numel(rstd, N, op, "rstd");
+  MT_CHECK(static_cast<size_t>(C) <= scratch_floats_, "{}: C = {} exceeds the reduction scratch", op, C);
+  a.N = N, a.C = C, a.rms = true;
+  a.scratch = scratch_, a.scratch_floats = scratch_floats_;
+  cuda::norm_backward(stream_, a);
+}
+
+}  // namespace mt
