@@ -3,7 +3,9 @@
 // interleaved 1F1B schedules. Every stage's accumulated weight gradient must equal the naive chain's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "dist_fork_util.h"
@@ -123,6 +125,32 @@ void run_case(int pp, int v, int m) {
                  ref[c->stage_][i]);
   });
   EXPECT_EQ(err, "") << "pp=" << pp << " v=" << v << " m=" << m;
+}
+
+// How many micro-batches' activations each chunk keeps: a known answer for 1F1B (rank r of pp keeps
+// min(pp - r, m)), and simulate()'s per-rank count, which for v == 1 is the one chunk's and with interleaving is
+// bounded by the chunks' peaks (at most their sum, at least the largest).
+TEST(Pipeline, PeakInFlightPerChunkMatchesTheSimulator) {
+  EXPECT_EQ(peak_in_flight_per_chunk(make_1f1b(2, 4), 0), std::vector<int>{2});
+  EXPECT_EQ(peak_in_flight_per_chunk(make_1f1b(2, 4), 1), std::vector<int>{1});
+  EXPECT_EQ(peak_in_flight_per_chunk(make_1f1b(4, 2), 0), std::vector<int>{2});  // only 2 micro-batches exist
+  for (auto [pp, v, m] : {std::tuple{2, 1, 4}, {3, 1, 5}, {4, 1, 8}, {2, 2, 4}, {3, 2, 6}, {2, 3, 8}}) {
+    Schedule s = make_interleaved_1f1b(pp, v, m);
+    SimResult sim = simulate(s, 1.0, 2.0, 0.1);
+    for (int r = 0; r < pp; ++r) {
+      std::vector<int> peak = peak_in_flight_per_chunk(s, r);
+      ASSERT_EQ(static_cast<int>(peak.size()), v);
+      int sum = 0, top = 0;
+      for (int p : peak) sum += p, top = std::max(top, p);
+      if (v == 1) {
+        EXPECT_EQ(peak[0], std::min(pp - r, m)) << "pp " << pp << " rank " << r;
+        EXPECT_EQ(peak[0], sim.peak_in_flight[r]);
+      }
+      EXPECT_GE(sum, sim.peak_in_flight[r]) << "pp " << pp << " v " << v << " m " << m << " rank " << r;
+      EXPECT_LE(top, sim.peak_in_flight[r]) << "pp " << pp << " v " << v << " m " << m << " rank " << r;
+    }
+  }
+  EXPECT_THROW(peak_in_flight_per_chunk(make_1f1b(2, 4), 2), Error);
 }
 
 TEST(Pipeline, OneFOneBMatchesSingleProcess) {

@@ -1,5 +1,8 @@
 // Pipeline parallelism. In process: a GPT split into pipeline stages (GptPart) and run chunk by chunk gives the
-// whole model's loss and gradients (tied embedding: the two wte copies' gradients add up to the whole one).
+// whole model's loss and gradients (tied embedding: the two wte copies' gradients add up to the whole one), also
+// with several micro-batches in flight per chunk in their activation slots, backwarded out of order. In processes:
+// GptPipeline with ZeRO-2 (pp=2 x dp=2) holds the schedule's peak of slots, forwards each micro-batch once per
+// chunk and launches every bucket's reduce-scatter inside backward, with the single process's gradient norm.
 // End to end: `megatrain launch -- train --parallel.pp=2 ...` (with dp, tp, interleaving, the parallel block,
 // LAMB, overlap off, an untied head with gradient accumulation) against a single process on the same global
 // batch: per-step losses and the final parameters (checkpoints are gathered full) agree within 1e-5 relative;
@@ -9,13 +12,21 @@
 #include <cmath>
 #include <cstring>
 #include <fmt/format.h>
+#include <omp.h>
+
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "dist_fork_util.h"
 #include "megatrain/core/rng.h"
+#include "megatrain/dist/mesh.h"
+#include "megatrain/dist/store.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/model/layout.h"
+#include "megatrain/parallel/data_parallel.h"
+#include "megatrain/parallel/gpt_pipeline.h"
 #include "parallel_testutil.h"
 
 using namespace mt;
@@ -144,6 +155,150 @@ TEST(GptStage, WholeModelCallsOnAStageAreClearErrors) {
             std::string::npos);
 }
 
+// Micro-batches in flight at once on the same stages, backwarded out of order: each backward must use its own
+// forward's activations (no recomputation), so the accumulated gradients equal the whole model's over the same
+// micro-batches. With a recomputed layer too (it recomputes from its saved input, as in one process).
+TEST(GptStage, ActivationSlotsKeepMicroBatchesApart) {
+  for (bool rec : {false, true}) {
+    SCOPED_TRACE(fmt::format("recompute {}", rec));
+    ModelConfig c = tiny(true);
+    if (rec) c.recompute = {false, true, false, false};
+    auto ops = make_cpu_ops();
+    const int B = 2, T = 8, pp = 2, v = 2, m = 3, S = pp * v;
+    std::vector<std::vector<int32_t>> tok(m, std::vector<int32_t>(B * T)), tg = tok;
+    Rng rng(11);
+    for (int mb = 0; mb < m; ++mb)
+      for (int i = 0; i < B * T; ++i) {
+        tok[mb][i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
+        tg[mb][i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
+      }
+    GPT whole(c, *ops);
+    whole.init_weights(5);
+    whole.params().zero_grads();
+    std::vector<float> want_loss;
+    for (int mb = 0; mb < m; ++mb) {
+      want_loss.push_back(whole.forward(tok[mb].data(), tg[mb].data(), B, T, true, 1.0f / m));
+      whole.backward();
+    }
+    std::vector<std::unique_ptr<GPT>> st;
+    for (int r = 0; r < pp; ++r) {
+      st.push_back(std::make_unique<GPT>(c, *ops, 16, nullptr, pipeline_part(c, pp, v, r)));
+      st.back()->init_weights(5);
+      st.back()->params().zero_grads();
+      for (int ch = 0; ch < v; ++ch) st.back()->reserve_activation_slots(ch, m, B, T);
+    }
+    for (int mb = 0; mb < m; ++mb) {  // all forwards first: m micro-batches in flight on every chunk
+      std::vector<float> act;
+      float loss = -1;
+      for (int s = 0; s < S; ++s) {
+        Tensor y = st[s % pp]->forward_chunk(s / pp, mb, f32_view(act.data(), {B * T, c.d_model}), tok[mb].data(),
+                                             tg[mb].data(), B, T, 1.0f / m, &loss);
+        if (s + 1 < S) act.assign(y.f32(), y.f32() + y.numel());
+      }
+      EXPECT_EQ(loss, want_loss[mb]) << "micro-batch " << mb;
+    }
+    // A fourth micro-batch has no slot; a micro-batch never forwarded has nothing to backward.
+    std::string e = error_of([&] { st[0]->forward_chunk(0, m, Tensor{}, tok[0].data(), tg[0].data(), B, T, 1, nullptr); });
+    EXPECT_NE(e.find("no free activation slot for micro-batch 3"), std::string::npos) << e;
+    e = error_of([&] { st[1]->backward_chunk(1, 7, Tensor{}); });
+    EXPECT_NE(e.find("needs a preceding forward_chunk of that micro-batch"), std::string::npos) << e;
+    for (int mb : {1, 2, 0}) {
+      std::vector<float> grad;
+      for (int s = S - 1; s >= 0; --s) {
+        Tensor dx = st[s % pp]->backward_chunk(s / pp, mb, f32_view(grad.data(), {B * T, c.d_model}));
+        if (s > 0) grad.assign(dx.f32(), dx.f32() + dx.numel());
+      }
+    }
+    for (int r = 0; r < pp; ++r) {
+      EXPECT_EQ(st[r]->chunk_forwards(), v * m);  // nothing forwarded again for a backward
+      const ParamStore& ps = st[r]->params();
+      for (const ParamInfo& info : ps.infos()) {
+        if (info.name == "wte.weight") continue;  // split over the two copies; checked by the test above
+        const Tensor g = whole.params().grad(info.name);
+        EXPECT_LE(rel_diff(ps.grad(info.name), std::vector<float>(g.f32(), g.f32() + g.numel())), 1e-6) << info.name;
+      }
+    }
+  }
+}
+
+// ---- GptPipeline x DataParallel in processes (pp = 2 x dp = 2) ------------------------------------------------
+// Each rank runs one step of a schedule through GptPipeline with ZeRO-2 on its stage. Checked: every chunk holds
+// exactly the schedule's peak in-flight micro-batches (1F1B pp=2 m=4: stage 0 two, stage 1 one), each chunk runs
+// one forward per micro-batch, every bucket's reduce-scatter is launched inside a backward (none left for
+// finish_gradients), and the reduced gradient's norm equals the whole model's over the global batch.
+void pipeline_with_dp(int v, int m) {
+  SCOPED_TRACE(fmt::format("virtual_stages {} microbatches {}", v, m));
+  const int dp = 2, pp = 2, B = 2, T = 8;
+  ModelConfig c = tiny(false);
+  c.recompute = {false, false, true, false};
+  dist_test::TempDir dir;
+  const std::vector<int> ranks = {0, 1, 2, 3};
+  std::string err = dist_test::run_procs(ranks, [&](int rank) {
+    omp_set_num_threads(1);  // four processes share the cores: no OpenMP spinning against each other
+    auto store = make_file_store(dir.path);
+    GroupOptions go;
+    go.timeout = Millis(15000);
+    DeviceMesh mesh(*store, {dp, pp, 1}, rank, go);
+    const int d = mesh.coord().dp, p = mesh.coord().pp;
+    auto ops = make_cpu_ops();
+    // Micro-batch j of dp rank d is global micro-batch d * m + j.
+    std::vector<int32_t> tok(dp * m * B * T), tg(tok.size());
+    Rng rng(21);
+    for (size_t i = 0; i < tok.size(); ++i) {
+      tok[i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
+      tg[i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
+    }
+    GPT model(c, *ops, dp_pad_multiple(dp), nullptr, pipeline_part(c, pp, v, p));
+    model.init_weights(5);
+    model.params().zero_grads();
+    Schedule s = v > 1 ? make_interleaved_1f1b(pp, v, m) : make_1f1b(pp, m);
+    GptPipeline pipe(model, s, p, B, T);
+    OptimConfig oc;
+    DataParallelOptions o;
+    o.bucket_floats = 1024;  // many buckets
+    DataParallel ddp(model, mesh.dp(), *ops, oc, o);
+    pipe.set_before_last_backward([&](int ch) { ddp.begin_last_backward(ch); });
+    const std::vector<int> peak = peak_in_flight_per_chunk(s, p);
+    for (int ch = 0; ch < v; ++ch)
+      MT_CHECK(model.activation_slots(ch) == peak[ch], "chunk {}: {} activation slots, the schedule's peak "
+               "in flight is {}", ch, model.activation_slots(ch), peak[ch]);
+    if (v == 1)
+      MT_CHECK(model.activation_slots(0) == (p == 0 ? 2 : 1), "1F1B stage {} holds {} slots", p,
+               model.activation_slots(0));
+    const size_t off = static_cast<size_t>(d) * m * B * T;
+    const int64_t f0 = model.chunk_forwards();
+    pipe.run(mesh.pp(), tok.data() + off, tg.data() + off, 1.0f / m, true);
+    MT_CHECK(model.chunk_forwards() - f0 == v * m, "{} chunk forwards for {} chunks x {} micro-batches",
+             model.chunk_forwards() - f0, v, m);
+    const double norm = ddp.finish_gradients();
+    MT_CHECK(ddp.num_buckets() > 1 && ddp.overlapped_buckets() == ddp.num_buckets(),
+             "{} of {} buckets reduce-scattered during backward", ddp.overlapped_buckets(),
+             ddp.num_buckets());
+
+    GPT whole(c, *ops);  // the oracle: the global batch in one process
+    whole.init_weights(5);
+    whole.params().zero_grads();
+    for (int j = 0; j < dp * m; ++j) {
+      whole.forward(tok.data() + static_cast<size_t>(j) * B * T, tg.data() + static_cast<size_t>(j) * B * T, B, T,
+                    true, 1.0f / (dp * m));
+      whole.backward();
+    }
+    double ss = 0;
+    for (const ParamInfo& info : model.params().infos()) {
+      const Tensor g = whole.params().grad(info.name);
+      for (int64_t i = 0; i < g.numel(); ++i) ss += double(g.f32()[i]) * g.f32()[i];
+    }
+    MT_CHECK(std::abs(norm - std::sqrt(ss)) <= 1e-5 * std::sqrt(ss), "gradient norm {} but one process "
+             "gives {}", norm, std::sqrt(ss));
+  }, 60);
+  EXPECT_EQ(err, "");
+}
+
+TEST(GptPipeline, NoExtraForwardsSlotsAtPeakAndDpOverlapped) {
+  pipeline_with_dp(1, 4);
+  pipeline_with_dp(2, 4);
+}
+
 // ---- end to end ----------------------------------------------------------------------------------------------
 
 // eps: see parallel_tp_test.cpp (Adam's first update of a ~0 gradient is rounding noise otherwise).
@@ -184,6 +339,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(pcase("pp2", ""), pcase("dp2_pp2", "", 2, 1, 2), pcase("pp2_tp2", "", 1, 2),
                       pcase("dp2_pp2_tp2", "", 2, 2, 2),
                       pcase("interleaved", "", 1, 1, 4, " --parallel.virtual_stages=2"),
+                      pcase("dp2_interleaved", "", 2, 1, 2, " --parallel.virtual_stages=2"),
                       pcase("parallel_block", " --model.block=parallel"),
                       pcase("lamb", " --optim.name=lamb --model.bias=false"),
                       pcase("overlap_off_dp2", " --parallel.overlap=false", 2, 1, 2),

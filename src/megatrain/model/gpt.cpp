@@ -12,18 +12,27 @@
 
 namespace mt {
 
-namespace {
-Tensor mat(const HostBuffer& b, int64_t rows, int64_t cols) { return f32_view(b.f32(), {rows, cols}); }
-Tensor vec(const HostBuffer& b, int64_t n) { return f32_view(b.f32(), {n}); }
-}  // namespace
+Tensor GPT::f32s(const Buffer& b, int64_t n, int64_t at) {
+  MT_CHECK(static_cast<size_t>(at + n) * sizeof(float) <= b.size(), "{} floats at {} exceed a buffer of {} bytes", n, at,
+           b.size());
+  return Tensor(static_cast<float*>(b.data()) + at, {n}, DType::F32, b.device());
+}
+
+Tensor GPT::ids(const Buffer& b, int64_t B, int64_t T) {
+  MT_CHECK(static_cast<size_t>(B * T) * sizeof(int32_t) <= b.size(), "{} x {} ids exceed a buffer of {} bytes", B, T,
+           b.size());
+  return Tensor(b.data(), {B, T}, DType::I32, b.device());
+}
 
 GPT::GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple, TpComm* tp, GptPart part)
-    : cfg_(cfg), ops_(ops), part_(std::move(part)) {
+    : cfg_(cfg), ops_(ops), part_(std::move(part)), act_(ops.compute_dtype()) {
   if (tp && tp->size() > 1) tp_ = tp;
   declare_gpt_params(cfg_, params_, tp_size(), tp_rank(), part_);
-  params_.allocate(pad_multiple);
+  params_.allocate(pad_multiple, &ops_);
   chunks_ = part_.chunks;
   if (chunks_.empty()) chunks_.emplace_back(0, cfg_.n_layer);
+  slots_.resize(chunks_.size());
+  for (auto& v : slots_) v.resize(1);
   blocks_.resize(cfg_.n_layer);
   for (auto [a, b] : chunks_)
     for (int l = a; l < b; ++l) blocks_[l].emplace(cfg_, params_, l, tp_);
@@ -47,17 +56,15 @@ GPT::GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple, TpComm* tp, GptP
 
 void GPT::init_weights(uint64_t seed) {
   const float proj_std = cfg_.init_std / std::sqrt(2.0f * cfg_.n_layer);
-  std::vector<float> full;
+  // Drawn on the host (the same numbers on every backend), then copied to the parameter's memory.
+  std::vector<float> full, local;
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamInfo& p = params_.info(static_cast<int>(i));
     // A shard is initialised as the slice of the full tensor the single process draws, so any tp layout
     // starts from the same model.
-    float* w = params_.param(static_cast<int>(i)).f32();
-    if (p.shard.sharded()) {
-      full.resize(static_cast<size_t>(p.shard.full_numel()));
-      w = full.data();
-    }
-    const size_t numel = p.shard.sharded() ? full.size() : p.numel;
+    full.resize(p.shard.sharded() ? static_cast<size_t>(p.shard.full_numel()) : p.numel);
+    float* w = full.data();
+    const size_t numel = full.size();
     const std::string& n = p.name;
     auto ends_with = [&](const char* s) {
       size_t k = std::strlen(s);
@@ -75,11 +82,18 @@ void GPT::init_weights(uint64_t seed) {
         std::memset(w + static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model, 0,
                     (numel - static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model) * sizeof(float));
     }
-    if (p.shard.sharded()) shard_slice(p.shard, full.data(), params_.param(static_cast<int>(i)).f32());
+    if (p.shard.sharded()) {
+      local.resize(p.numel);
+      shard_slice(p.shard, full.data(), local.data());
+      ops_.to_device(params_.param(static_cast<int>(i)), local.data());
+    } else {
+      ops_.to_device(params_.param(static_cast<int>(i)), full.data());
+    }
   }
+  params_.refresh_weights(ops_);
 }
 
-void GPT::ensure_capacity(int B, int T) {
+void GPT::ensure_capacity(int B, int T, int mb) {
   MT_CHECK(B > 0 && T > 0, "batch {} x {} must be positive", B, T);
   MT_CHECK(T <= cfg_.max_seq_len, "sequence length {} exceeds model.max_seq_len {}", T, cfg_.max_seq_len);
   const int64_t rows = static_cast<int64_t>(B) * T;
@@ -87,271 +101,360 @@ void GPT::ensure_capacity(int B, int T) {
   MT_CHECK(rows % tp == 0, "sequence parallelism splits the B*T = {}*{} = {} rows of a batch over parallel.tp = {} "
            "ranks: B*T must be divisible by tp", B, T, rows, tp);
   if (rows <= cap_rows_) return;
-  const int64_t C = cfg_.d_model, Vp = local_vocab(), srows = rows / tp;  // srows: my residual-stream rows
-  const size_t f = sizeof(float);
-  tokens_.resize(rows * sizeof(int32_t));
-  targets_.resize(rows * sizeof(int32_t));
-  losses_.resize(rows * f);
-  residual_.clear();
-  residual_.resize(cfg_.n_layer + 1);
-  acts_.clear();
-  acts_.resize(cfg_.n_layer);
-  for (auto [a, b] : chunks_)
-    for (int l = a; l <= b; ++l) residual_[l].resize(srows * C * f, false);
+  for (size_t c = 0; c < slots_.size(); ++c)
+    for (const Slot& s : slots_[c])
+      MT_CHECK(s.mb < 0 || s.mb == mb, "model chunk {}: a batch of {} x {} rows needs more activation memory than the "
+               "{} rows planned, but micro-batch {} still awaits its backward there (reserve_activation_slots for the "
+               "largest batch first)", c, B, T, cap_rows_, s.mb);
+  const int64_t C = cfg_.d_model, srows = rows / tp;
+  const size_t f = sizeof(float), a = dtype_size(act_);
+  for (int c = 0; c < num_chunks(); ++c)
+    for (Slot& s : slots_[c]) allocate_slot(c, s, rows);
+  targets_ = ops_.alloc(rows * sizeof(int32_t));
+  losses_ = ops_.alloc(rows * f);
+  host_ids_.resize(rows);
+  host_losses_.resize(rows);
   bool any_recompute = false;
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    if (!blocks_[l]) continue;
-    if (recompute(l))
-      any_recompute = true;
-    else
-      acts_[l].allocate(cfg_, rows, tp);
-  }
-  if (any_recompute) recompute_acts_.allocate(cfg_, rows, tp);
-  scratch_.allocate(cfg_, rows, tp);
-  lnf_.resize(rows * C * f, false);
-  lnf_mean_.resize(rows * f, false);
-  lnf_rstd_.resize(rows * f, false);
-  if (part_.head) logits_.resize(rows * Vp * f, false);
-  dres_.resize(srows * C * f, false);
-  dlnf_.resize(srows * C * f, false);
-  if (tp_) {
-    local_tokens_.resize(rows * sizeof(int32_t));
-    ce_stats_.resize(3 * rows * f, false);
-  }
+  for (int l = 0; l < cfg_.n_layer; ++l) any_recompute |= blocks_[l] && recompute(l);
+  if (any_recompute) recompute_acts_.allocate(cfg_, rows, tp, &ops_);
+  scratch_.allocate(cfg_, rows, tp, &ops_);
+  dres_ = ops_.alloc(srows * C * a);
+  dlnf_ = ops_.alloc(srows * C * a);
+  if (tp_) ce_stats_ = ops_.alloc(3 * rows * f);
   cap_rows_ = rows;
 }
 
-void GPT::set_tokens(const int32_t* tokens, int B, int T) {
+void GPT::allocate_slot(int c, Slot& s, int64_t rows) {
+  const int64_t C = cfg_.d_model, Vp = local_vocab(), srows = rows / tp_size();
+  const size_t f = sizeof(float), a = dtype_size(act_);
+  const auto [first, end] = chunks_[c];
+  if (first_chunk(c)) {
+    s.tokens = ops_.alloc(rows * sizeof(int32_t));
+    if (tp_) s.local_tokens = ops_.alloc(rows * sizeof(int32_t));
+  }
+  s.residual.clear();
+  s.residual.resize(cfg_.n_layer + 1);
+  for (int l = first; l <= end; ++l) s.residual[l] = ops_.alloc(srows * C * a);
+  s.acts.clear();
+  s.acts.resize(cfg_.n_layer);
+  for (int l = first; l < end; ++l)
+    if (!recompute(l)) s.acts[l].allocate(cfg_, rows, tp_size(), &ops_);
+  if (last_chunk(c)) {
+    s.lnf = ops_.alloc(rows * C * a);
+    s.lnf_mean = ops_.alloc(rows * f);
+    s.lnf_rstd = ops_.alloc(rows * f);
+    s.logits = ops_.alloc(rows * Vp * a);
+  }
+}
+
+void GPT::reserve_activation_slots(int c, int n, int B, int T) {
+  MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
+  MT_CHECK(n >= 1, "model chunk {} needs at least one activation slot, asked for {}", c, n);
+  for (const Slot& s : slots_[c])
+    MT_CHECK(s.mb < 0, "model chunk {}: cannot re-plan its activation slots while micro-batch {} awaits its backward",
+             c, s.mb);
+  const size_t old = slots_[c].size();
+  slots_[c].resize(n);
+  if (cap_rows_ > 0)
+    for (size_t k = old; k < slots_[c].size(); ++k) allocate_slot(c, slots_[c][k], cap_rows_);
   ensure_capacity(B, T);
+}
+
+int GPT::activation_slots(int c) const {
+  MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
+  return static_cast<int>(slots_[c].size());
+}
+
+GPT::Slot& GPT::take_slot(int c, int mb) {
+  Slot* free = nullptr;
+  for (Slot& s : slots_[c]) {
+    if (s.mb == mb) return s;
+    if (!free && s.mb < 0) free = &s;
+  }
+  if (!free) {
+    std::string held;
+    for (const Slot& s : slots_[c]) held += fmt::format("{}{}", held.empty() ? "" : ", ", s.mb);
+    fail("model chunk {}: no free activation slot for micro-batch {}: its {} slot(s) are held by micro-batch(es) {} "
+         "awaiting their backward (reserve_activation_slots for the schedule's peak in flight)",
+         c, mb, slots_[c].size(), held);
+  }
+  free->mb = mb;
+  return *free;
+}
+
+GPT::Slot& GPT::held_slot(int c, int mb) {
+  for (Slot& s : slots_[c])
+    if (s.mb == mb) return s;
+  fail("GPT::backward_chunk({}, micro-batch {}) needs a preceding forward_chunk of that micro-batch on that chunk", c,
+       mb);
+}
+
+std::pair<int, int> GPT::chunk_params(int c) const {
+  MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
+  const auto [first, end] = chunks_[c];
+  MT_CHECK(first < end, "model chunk {} holds no layers", c);
+  const int lo = first_chunk(c) ? 0 : layer_first_[first];
+  const int hi = last_chunk(c) ? static_cast<int>(params_.size()) : layer_end_[end - 1];
+  return {lo, hi};
+}
+
+void GPT::set_tokens(Slot& s, const int32_t* tokens, int B, int T) {
   const int64_t N = static_cast<int64_t>(B) * T;
-  B_ = B;
-  T_ = T;
-  std::memcpy(tokens_.data(), tokens, N * sizeof(int32_t));
+  s.B = B;
+  s.T = T;
   for (int64_t i = 0; i < N; ++i)
     MT_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, "token id {} at position {} is outside the vocabulary [0, {})",
              tokens[i], i, cfg_.vocab_size);
+  ops_.to_device(ids(s.tokens, B, T), tokens);
+  if (!tp_) return;
+  // Vocab-parallel embedding: my shard's row of each token, -1 where another rank owns it.
+  const int64_t Vl = local_vocab(), v0 = vocab_begin();
+  for (int64_t i = 0; i < N; ++i)
+    host_ids_[i] = tokens[i] >= v0 && tokens[i] < v0 + Vl ? static_cast<int32_t>(tokens[i] - v0) : -1;
+  ops_.to_device(ids(s.local_tokens, B, T), host_ids_.data());
 }
 
 void GPT::forward_trunk(const int32_t* tokens, int B, int T) {
   MT_CHECK(part_.whole(), "this GPT holds one pipeline stage: run it with forward_chunk / backward_chunk");
-  set_tokens(tokens, B, T);
-  embed_forward();
-  layers_forward(0, cfg_.n_layer);
-  head_forward();
+  ensure_capacity(B, T);
+  Slot& s = slots_[0][0];
+  set_tokens(s, tokens, B, T);
+  embed_forward(s);
+  layers_forward(s, 0, cfg_.n_layer);
+  head_forward(s);
 }
 
-void GPT::embed_forward() {
-  const int B = B_, T = T_;
+void GPT::embed_forward(Slot& s) {
+  const int B = s.B, T = s.T;
   const int64_t N = static_cast<int64_t>(B) * T, C = cfg_.d_model;
   if (!tp_) {
-    Tensor tok(tokens_.data(), {B, T}, DType::I32);
     used(0, emb_end_);
-    ops_.embedding_forward(mat(residual_[0], N, C), tok, params_.param(wte_),
-                           wpe_ >= 0 ? params_.param(wpe_) : Tensor{});
+    ops_.embedding_forward(act(s.residual[0], N, C), ids(s.tokens, B, T), W(wte_), W(wpe_));
     return;
   }
-  const int64_t Ns = N / tp_->size(), Vl = local_vocab(), v0 = vocab_begin();
-  const int32_t* tok = static_cast<const int32_t*>(tokens_.data());
-  int32_t* lt = static_cast<int32_t*>(local_tokens_.data());
-  for (int64_t i = 0; i < N; ++i) lt[i] = tok[i] >= v0 && tok[i] < v0 + Vl ? static_cast<int32_t>(tok[i] - v0) : -1;
-  Tensor ltok(local_tokens_.data(), {B, T}, DType::I32);
-  Tensor emb = mat(scratch_.d_h, N, C);
+  const int64_t Ns = N / tp_->size();
+  Tensor emb = act(scratch_.d_h, N, C);
   used(0, emb_end_);
-  ops_.embedding_forward(emb, ltok, params_.param(wte_),
-                         wpe_ >= 0 && tp_->rank() == 0 ? params_.param(wpe_) : Tensor{});
-  tp_->reduce_scatter_rows(mat(residual_[0], Ns, C), N, [&](Tensor out, int64_t r0, int64_t n) {
+  ops_.embedding_forward(emb, ids(s.local_tokens, B, T), W(wte_), tp_->rank() == 0 ? W(wpe_) : Tensor{});
+  tp_->reduce_scatter_rows(act(s.residual[0], Ns, C), N, [&](Tensor out, int64_t r0, int64_t n) {
     ops_.copy(out, emb.slice0(r0, r0 + n));
   });
 }
 
-void GPT::layers_forward(int first, int end) {
-  const int64_t R = stream_rows(), C = cfg_.d_model;
+void GPT::layers_forward(Slot& s, int first, int end) {
+  const int64_t R = stream_rows(s), C = cfg_.d_model;
   for (int l = first; l < end; ++l) {
-    BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
+    BlockActs& a = recompute(l) ? recompute_acts_ : s.acts[l];
     used(layer_first_[l], layer_end_[l]);
-    blocks_[l]->forward(ops_, mat(residual_[l + 1], R, C), mat(residual_[l], R, C), a, scratch_, B_, T_);
+    blocks_[l]->forward(ops_, act(s.residual[l + 1], R, C), act(s.residual[l], R, C), a, scratch_, s.B, s.T);
   }
 }
 
-void GPT::head_forward() {
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
+void GPT::head_forward(Slot& s) {
+  const int64_t N = static_cast<int64_t>(s.B) * s.T, C = cfg_.d_model;
   if (!tp_) {
     const int64_t Vp = cfg_.padded_vocab();
-    Tensor x = mat(residual_[cfg_.n_layer], N, C);
-    Tensor lnf = mat(lnf_, N, C);
+    Tensor x = act(s.residual[cfg_.n_layer], N, C);
+    Tensor lnf = act(s.lnf, N, C);
     used(lnf_w_, static_cast<int>(params_.size()));
     if (cfg_.norm == "layernorm")
-      ops_.layernorm_forward(lnf, vec(lnf_mean_, N), vec(lnf_rstd_, N), x, params_.param(lnf_w_),
-                             lnf_b_ >= 0 ? params_.param(lnf_b_) : Tensor{}, cfg_.norm_eps);
+      ops_.layernorm_forward(lnf, f32s(s.lnf_mean, N), f32s(s.lnf_rstd, N), x, W(lnf_w_), W(lnf_b_), cfg_.norm_eps);
     else
-      ops_.rmsnorm_forward(lnf, vec(lnf_rstd_, N), x, params_.param(lnf_w_), cfg_.norm_eps);
-    ops_.matmul_forward(mat(logits_, N, Vp), lnf, params_.param(head_), Tensor{});
+      ops_.rmsnorm_forward(lnf, f32s(s.lnf_rstd, N), x, W(lnf_w_), cfg_.norm_eps);
+    ops_.matmul_forward(act(s.logits, N, Vp), lnf, W(head_), Tensor{});
     return;
   }
   const int64_t Ns = N / tp_->size(), Vl = local_vocab();
-  Tensor x = mat(residual_[cfg_.n_layer], Ns, C), shard = mat(scratch_.proj_out, Ns, C);
-  Tensor lnf = mat(lnf_, N, C), logits = mat(logits_, N, Vl);
+  Tensor x = act(s.residual[cfg_.n_layer], Ns, C), shard = act(scratch_.proj_out, Ns, C);
+  Tensor lnf = act(s.lnf, N, C), logits = act(s.logits, N, Vl);
   used(lnf_w_, static_cast<int>(params_.size()));
   if (cfg_.norm == "layernorm")
-    ops_.layernorm_forward(shard, vec(lnf_mean_, Ns), vec(lnf_rstd_, Ns), x, params_.param(lnf_w_),
-                           lnf_b_ >= 0 ? params_.param(lnf_b_) : Tensor{}, cfg_.norm_eps);
+    ops_.layernorm_forward(shard, f32s(s.lnf_mean, Ns), f32s(s.lnf_rstd, Ns), x, W(lnf_w_), W(lnf_b_), cfg_.norm_eps);
   else
-    ops_.rmsnorm_forward(shard, vec(lnf_rstd_, Ns), x, params_.param(lnf_w_), cfg_.norm_eps);
+    ops_.rmsnorm_forward(shard, f32s(s.lnf_rstd, Ns), x, W(lnf_w_), cfg_.norm_eps);
   tp_->all_gather_rows(lnf, shard, [&](int64_t r0, int64_t n) {
-    ops_.matmul_forward(logits.slice0(r0, r0 + n), lnf.slice0(r0, r0 + n), params_.param(head_), Tensor{});
+    ops_.matmul_forward(logits.slice0(r0, r0 + n), lnf.slice0(r0, r0 + n), W(head_), Tensor{});
   });
 }
 
 float GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T, bool train, float loss_scale) {
   forward_trunk(tokens, B, T);
-  return loss(targets, loss_scale, train);
+  return loss(slots_[0][0], targets, loss_scale, train);
 }
 
-float GPT::loss(const int32_t* targets, float loss_scale, bool train) {
-  const int64_t N = static_cast<int64_t>(B_) * T_, Vp = cfg_.padded_vocab();
-  int32_t* tg = static_cast<int32_t*>(targets_.data());
+float GPT::loss(Slot& s, const int32_t* targets, float loss_scale, bool train) {
+  const int64_t N = static_cast<int64_t>(s.B) * s.T, Vp = cfg_.padded_vocab();
   int64_t valid = 0;
   for (int64_t i = 0; i < N; ++i) {
     MT_CHECK(targets[i] < cfg_.vocab_size, "target id {} at position {} is outside the vocabulary [0, {})", targets[i],
              i, cfg_.vocab_size);
-    tg[i] = targets[i];
     valid += targets[i] >= 0;
   }
   MT_CHECK(valid > 0, "batch has no valid targets");
+  ops_.to_device(ids(targets_, 1, N).view({N}), targets);
   const float dloss = loss_scale / static_cast<float>(valid);
-  if (tp_) return loss_tp(N, valid, dloss, train);
-  ops_.cross_entropy(vec(losses_, N), mat(logits_, N, Vp), Tensor(targets_.data(), {N}, DType::I32), cfg_.vocab_size,
-                     dloss, train);
+  if (tp_) return loss_tp(s, N, valid, dloss, train);
+  ops_.cross_entropy(f32s(losses_, N), act(s.logits, N, Vp), ids(targets_, 1, N).view({N}), cfg_.vocab_size, dloss,
+                     train);
+  // The per-position losses come back to the host (N floats: the one sync of a step on a GPU).
+  ops_.to_host(host_losses_.data(), f32s(losses_, N));
   double sum = 0;
-  const float* l = losses_.f32();
-  for (int64_t i = 0; i < N; ++i) sum += l[i];
-  have_grad_ = train;
+  for (int64_t i = 0; i < N; ++i) sum += host_losses_[i];
+  s.have_grad = train;
   return static_cast<float>(sum / static_cast<double>(valid));
 }
 
 void GPT::backward() {
-  MT_CHECK(have_grad_, "GPT::backward() needs a preceding forward(..., train = true)");
-  have_grad_ = false;
-  head_backward();
-  layers_backward(0, cfg_.n_layer);
-  embed_backward();
+  Slot& s = slots_[0][0];
+  MT_CHECK(s.have_grad, "GPT::backward() needs a preceding forward(..., train = true)");
+  s.have_grad = false;
+  head_backward(s);
+  layers_backward(s, 0, cfg_.n_layer);
+  embed_backward(s);
 }
 
-// Head: logits_ holds dlogits now. With tp, d(lnf) is partial over the vocabulary shards -> reduce-scatter to
-// row blocks; dW overlaps it.
-void GPT::head_backward() {
-  const int64_t N = static_cast<int64_t>(B_) * T_, R = stream_rows(), C = cfg_.d_model;
-  Tensor dlnf = mat(dlnf_, R, C), dres = mat(dres_, R, C);
+// Head: the slot's logits hold dlogits now. With tp, d(lnf) is partial over the vocabulary shards ->
+// reduce-scatter to row blocks; dW overlaps it.
+void GPT::head_backward(Slot& s) {
+  const int64_t N = static_cast<int64_t>(s.B) * s.T, R = stream_rows(s), C = cfg_.d_model;
+  Tensor dlnf = act(dlnf_, R, C), dres = act(dres_, R, C);
   if (!tp_) {
     const int64_t Vp = cfg_.padded_vocab();
-    ops_.matmul_backward(dlnf, params_.grad(head_), Tensor{}, mat(logits_, N, Vp), mat(lnf_, N, C),
-                         params_.param(head_), false);
+    ops_.matmul_backward(dlnf, params_.grad(head_), Tensor{}, act(s.logits, N, Vp), act(s.lnf, N, C), W(head_),
+                         false);
   } else {
-    Tensor lnf = mat(lnf_, N, C), dlogits = mat(logits_, N, local_vocab());
+    Tensor lnf = act(s.lnf, N, C), dlogits = act(s.logits, N, local_vocab());
     tp_->reduce_scatter_rows(
         dlnf, N,
         [&](Tensor out, int64_t r0, int64_t n) {
-          ops_.matmul_backward(out, Tensor{}, Tensor{}, dlogits.slice0(r0, r0 + n), Tensor{}, params_.param(head_),
-                               false);
+          ops_.matmul_backward(out, Tensor{}, Tensor{}, dlogits.slice0(r0, r0 + n), Tensor{}, W(head_), false);
         },
-        [&] {
-          ops_.matmul_backward(Tensor{}, params_.grad(head_), Tensor{}, dlogits, lnf, params_.param(head_), false);
-        });
+        [&] { ops_.matmul_backward(Tensor{}, params_.grad(head_), Tensor{}, dlogits, lnf, W(head_), false); });
   }
   if (!cfg_.tied_embeddings) ready(head_);
   ops_.zero(dres);
-  Tensor x = mat(residual_[cfg_.n_layer], R, C);
+  Tensor x = act(s.residual[cfg_.n_layer], R, C);
   if (cfg_.norm == "layernorm")
     ops_.layernorm_backward(dres, params_.grad(lnf_w_), lnf_b_ >= 0 ? params_.grad(lnf_b_) : Tensor{}, dlnf, x,
-                            params_.param(lnf_w_), vec(lnf_mean_, R), vec(lnf_rstd_, R));
+                            W(lnf_w_), f32s(s.lnf_mean, R), f32s(s.lnf_rstd, R));
   else
-    ops_.rmsnorm_backward(dres, params_.grad(lnf_w_), dlnf, x, params_.param(lnf_w_), vec(lnf_rstd_, R));
+    ops_.rmsnorm_backward(dres, params_.grad(lnf_w_), dlnf, x, W(lnf_w_), f32s(s.lnf_rstd, R));
   sync_replicated_grads(lnf_w_, static_cast<int>(params_.size()));
   ready(lnf_w_);
 }
 
-void GPT::layers_backward(int first, int end) {
-  const int64_t R = stream_rows(), C = cfg_.d_model;
-  Tensor dres = mat(dres_, R, C);
+void GPT::layers_backward(Slot& s, int first, int end) {
+  const int64_t R = stream_rows(s), C = cfg_.d_model;
+  Tensor dres = act(dres_, R, C);
   for (int l = end - 1; l >= first; --l) {
-    Tensor xin = mat(residual_[l], R, C);
-    BlockActs& a = recompute(l) ? recompute_acts_ : acts_[l];
+    Tensor xin = act(s.residual[l], R, C);
+    BlockActs& a = recompute(l) ? recompute_acts_ : s.acts[l];
     // Recomputation re-runs the layer's forward (deterministic, so bit-identical activations); its output goes
     // to scratch so the saved residual stream is untouched.
-    if (recompute(l)) blocks_[l]->forward(ops_, mat(scratch_.d_h, R, C), xin, a, scratch_, B_, T_);
-    blocks_[l]->backward(ops_, dres, xin, a, scratch_, B_, T_);
+    if (recompute(l)) blocks_[l]->forward(ops_, act(scratch_.d_h, R, C), xin, a, scratch_, s.B, s.T);
+    blocks_[l]->backward(ops_, dres, xin, a, scratch_, s.B, s.T);
     sync_replicated_grads(layer_first_[l], layer_end_[l]);
     ready(layer_first_[l]);
   }
 }
 
-void GPT::embed_backward() {
-  const int B = B_, T = T_;
+void GPT::embed_backward(Slot& s) {
+  const int B = s.B, T = s.T;
   const int64_t N = static_cast<int64_t>(B) * T, C = cfg_.d_model;
   if (!tp_) {
-    Tensor tok(tokens_.data(), {B, T}, DType::I32);
-    ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : Tensor{}, mat(dres_, N, C), tok);
+    ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : Tensor{}, act(dres_, N, C),
+                            ids(s.tokens, B, T));
     ready(0);
     return;
   }
-  Tensor demb = mat(scratch_.d_h, N, C);
-  tp_->all_gather_rows(demb, mat(dres_, stream_rows(), C));
-  Tensor ltok(local_tokens_.data(), {B, T}, DType::I32);
+  Tensor demb = act(scratch_.d_h, N, C);
+  tp_->all_gather_rows(demb, act(dres_, stream_rows(s), C));
   ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 && tp_->rank() == 0 ? params_.grad(wpe_) : Tensor{}, demb,
-                          ltok);
+                          ids(s.local_tokens, B, T));
   sync_replicated_grads(0, emb_end_);
   ready(0);
 }
 
-Tensor GPT::forward_chunk(int c, Tensor x, const int32_t* tokens, const int32_t* targets, int B, int T,
-                          float loss_scale, float* loss_out) {
-  MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
+void GPT::chunk_trunk(int c, Slot& s, Tensor x, const int32_t* tokens, int B, int T) {
   const auto [first, end] = chunks_[c];
   if (first_chunk(c)) {
-    set_tokens(tokens, B, T);
-    embed_forward();
+    set_tokens(s, tokens, B, T);
+    embed_forward(s);
   } else {
-    ensure_capacity(B, T);
-    B_ = B;
-    T_ = T;
-    const int64_t R = stream_rows(), C = cfg_.d_model;
+    s.B = B;
+    s.T = T;
+    const int64_t R = stream_rows(s), C = cfg_.d_model;
     MT_CHECK(x.numel() == R * C, "model chunk {} expects an input of {} x {} floats, got {}", c, R, C, x.numel());
-    ops_.copy(mat(residual_[first], R, C), f32_view(x.f32(), {R, C}));
+    ops_.copy(act(s.residual[first], R, C), x.view({R, C}));
   }
-  layers_forward(first, end);
-  if (!last_chunk(c)) return mat(residual_[end], stream_rows(), cfg_.d_model);
-  head_forward();
-  const float l = loss(targets, loss_scale, true);
+  layers_forward(s, first, end);
+  if (last_chunk(c)) head_forward(s);
+}
+
+Tensor GPT::forward_chunk(int c, int mb, Tensor x, const int32_t* tokens, const int32_t* targets, int B, int T,
+                          float loss_scale, float* loss_out) {
+  MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
+  MT_CHECK(mb >= 0, "micro-batch id {} must be >= 0", mb);
+  ensure_capacity(B, T, mb);
+  Slot& s = take_slot(c, mb);
+  ++chunk_forwards_;
+  chunk_trunk(c, s, x, tokens, B, T);
+  if (!last_chunk(c)) return act(s.residual[chunks_[c].second], stream_rows(s), cfg_.d_model);
+  const float l = loss(s, targets, loss_scale, true);
   if (loss_out) *loss_out = l;
   return {};
 }
 
-Tensor GPT::backward_chunk(int c, Tensor dy) {
+Tensor GPT::logits_chunk(int c, Tensor x, const int32_t* tokens, int B, int T) {
+  MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
+  ensure_capacity(B, T);
+  Slot* s = nullptr;
+  for (Slot& k : slots_[c])
+    if (!s && k.mb < 0) s = &k;
+  MT_CHECK(s, "model chunk {}: no free activation slot for an inference forward ({} micro-batch(es) await their "
+           "backward)", c, slots_[c].size());
+  chunk_trunk(c, *s, x, tokens, B, T);
+  s->have_grad = false;
+  if (last_chunk(c)) return act(s->logits, static_cast<int64_t>(B) * T, local_vocab());
+  return act(s->residual[chunks_[c].second], stream_rows(*s), cfg_.d_model);
+}
+
+void GPT::release_activations(int c, int mb) {
+  MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
+  for (Slot& s : slots_[c])
+    if (s.mb == mb) {
+      s.mb = -1;
+      s.have_grad = false;
+    }
+}
+
+Tensor GPT::backward_chunk(int c, int mb, Tensor dy) {
   MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
   const auto [first, end] = chunks_[c];
-  const int64_t R = stream_rows(), C = cfg_.d_model;
+  Slot& s = held_slot(c, mb);
+  const int64_t R = stream_rows(s), C = cfg_.d_model;
   if (last_chunk(c)) {
-    MT_CHECK(have_grad_, "GPT::backward_chunk({}) needs a preceding forward_chunk of the last chunk", c);
-    have_grad_ = false;
-    head_backward();
+    MT_CHECK(s.have_grad, "GPT::backward_chunk({}, micro-batch {}) needs a preceding forward_chunk of the last chunk", c,
+             mb);
+    s.have_grad = false;
+    head_backward(s);
   } else {
     MT_CHECK(dy.numel() == R * C, "model chunk {} expects an output gradient of {} x {} floats, got {}", c, R, C,
              dy.numel());
-    ops_.copy(mat(dres_, R, C), f32_view(dy.f32(), {R, C}));
+    ops_.copy(act(dres_, R, C), dy.view({R, C}));
   }
-  layers_backward(first, end);
-  if (first_chunk(c)) {
-    embed_backward();
-    return {};
-  }
-  return mat(dres_, R, C);
+  layers_backward(s, first, end);
+  if (first_chunk(c)) embed_backward(s);
+  s.mb = -1;  // the slot is free for the next micro-batch
+  if (first_chunk(c)) return {};
+  return act(dres_, R, C);
 }
 
 Tensor GPT::logits(const int32_t* tokens, int B, int T) {
   MT_CHECK(part_.whole(), "logits() needs the whole model, this GPT holds one pipeline stage");
   forward_trunk(tokens, B, T);
-  have_grad_ = false;
-  return mat(logits_, static_cast<int64_t>(B) * T, local_vocab());
+  slots_[0][0].have_grad = false;
+  return act(slots_[0][0].logits, static_cast<int64_t>(B) * T, local_vocab());
 }
 
 int64_t GPT::local_vocab() const { return tp_ ? cfg_.padded_vocab(tp_->size()) / tp_->size() : cfg_.padded_vocab(); }
@@ -363,19 +466,19 @@ int64_t GPT::vocab_begin() const { return tp_ ? local_vocab() * tp_->rank() : 0;
 // embeddings into row blocks. Head: the gathered final-norm output times my vocabulary rows gives my logit
 // columns; the cross-entropy reduces row max and sums over the ranks (vocab-parallel, Megatron).
 
-float GPT::loss_tp(int64_t N, int64_t valid, float dloss, bool train) {
+float GPT::loss_tp(Slot& s, int64_t N, int64_t valid, float dloss, bool train) {
   const int64_t Vl = local_vocab(), v0 = vocab_begin();
   const int n_real = static_cast<int>(std::clamp<int64_t>(cfg_.vocab_size - v0, 0, Vl));
-  Tensor stats = vec(ce_stats_, 3 * N), logits = mat(logits_, N, Vl), tg(targets_.data(), {N}, DType::I32);
+  Tensor stats = f32s(ce_stats_, 3 * N), logits = act(s.logits, N, Vl), tg = ids(targets_, 1, N).view({N});
   ops_.vp_ce_max(stats, logits, n_real);
-  tp_->allreduce(f32_view(stats.f32(), {N}), TpReduce::Max);
+  tp_->allreduce(f32s(ce_stats_, N), TpReduce::Max);
   ops_.vp_ce_sums(stats, logits, tg, v0, n_real, cfg_.vocab_size);
-  tp_->allreduce(f32_view(stats.f32() + N, {2 * N}), TpReduce::Sum);
-  ops_.vp_ce_finish(vec(losses_, N), logits, stats, tg, v0, n_real, dloss, train);
+  tp_->allreduce(f32s(ce_stats_, 2 * N, N), TpReduce::Sum);
+  ops_.vp_ce_finish(f32s(losses_, N), logits, stats, tg, v0, n_real, dloss, train);
+  ops_.to_host(host_losses_.data(), f32s(losses_, N));
   double sum = 0;
-  const float* l = losses_.f32();
-  for (int64_t i = 0; i < N; ++i) sum += l[i];
-  have_grad_ = train;
+  for (int64_t i = 0; i < N; ++i) sum += host_losses_[i];
+  s.have_grad = train;
   return static_cast<float>(sum / static_cast<double>(valid));
 }
 

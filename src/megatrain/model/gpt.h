@@ -67,35 +67,77 @@ class GPT {
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
   bool first_chunk(int c) const { return part_.embedding && c == 0; }  // embeds the tokens
   bool last_chunk(int c) const { return part_.head && c == num_chunks() - 1; }  // ends in the loss
-  // Forward of chunk c over a micro-batch [B, T]: the first chunk embeds `tokens`, any other reads x (this rank's
-  // [B*T/tp, C] rows of the previous stage's output). Returns the output rows (a view valid until the next call
-  // on this chunk), or on the last chunk an empty tensor, with *loss = the mean loss over the targets and the
-  // gradient of loss * loss_scale prepared for backward_chunk.
-  Tensor forward_chunk(int c, Tensor x, const int32_t* tokens, const int32_t* targets, int B, int T,
+  // The parameter indices [first, end) whose gradients chunk c's backward produces (its layers, plus the embedding
+  // on the first chunk and the final norm + head on the last).
+  std::pair<int, int> chunk_params(int c) const;
+
+  // Activation slots: what one micro-batch keeps between the forward and the backward of a chunk (its layers'
+  // inputs and activations; the tokens on the first chunk, the final norm and the logit gradients on the last).
+  // forward_chunk of micro-batch mb takes a free slot of the chunk (or mb's own when mb is forwarded again
+  // without a backward, e.g. in evaluation); backward_chunk of mb reads it and frees it. A pipeline reserves as
+  // many as micro-batches are in flight on the chunk at once; every chunk has 1 until then. Reserving allocates
+  // for B x T rows now (no allocation in a step) and needs every slot of the chunk free.
+  void reserve_activation_slots(int c, int n, int B, int T);
+  int activation_slots(int c) const;
+  int64_t chunk_forwards() const { return chunk_forwards_; }  // forward_chunk calls so far
+
+  // Forward of chunk c over micro-batch mb [B, T]: the first chunk embeds `tokens`, any other reads x (this rank's
+  // [B*T/tp, C] rows of the previous stage's output). Returns the output rows (a view valid until mb's backward),
+  // or on the last chunk an empty tensor, with *loss = the mean loss over the targets and the gradient of
+  // loss * loss_scale prepared for backward_chunk.
+  Tensor forward_chunk(int c, int mb, Tensor x, const int32_t* tokens, const int32_t* targets, int B, int T,
                        float loss_scale, float* loss);
-  // Backward of chunk c right after its forward of the same micro-batch (activations are not kept per
-  // micro-batch: a pipeline re-runs forward_chunk first). dy: gradient w.r.t. the chunk's output (ignored on the
-  // last chunk). Returns the gradient w.r.t. x (a view valid until the next call), empty on the first chunk.
-  Tensor backward_chunk(int c, Tensor dy);
+  // Backward of chunk c for micro-batch mb, from the activations its forward_chunk kept (layers configured for
+  // recomputation re-run their forward from their saved input). dy: gradient w.r.t. the chunk's output (ignored
+  // on the last chunk). Returns the gradient w.r.t. x (a view valid until the next call), empty on the first chunk.
+  Tensor backward_chunk(int c, int mb, Tensor dy);
+  // Inference forward of chunk c (no loss, nothing kept for a backward; uses a free slot): on the last chunk the
+  // logits [B*T, local_vocab()], on any other the output rows; a view valid until the next call on this model.
+  Tensor logits_chunk(int c, Tensor x, const int32_t* tokens, int B, int T);
+  // Frees micro-batch mb's activation slot on chunk c without a backward (after a forward_chunk that no backward
+  // follows, e.g. the loss of an evaluation); a no-op when mb holds none.
+  void release_activations(int c, int mb);
+  // The same for micro-batch 0.
+  Tensor forward_chunk(int c, Tensor x, const int32_t* tokens, const int32_t* targets, int B, int T, float loss_scale,
+                       float* loss) {
+    return forward_chunk(c, 0, x, tokens, targets, B, T, loss_scale, loss);
+  }
+  Tensor backward_chunk(int c, Tensor dy) { return backward_chunk(c, 0, dy); }
 
   // Inference: logits of every position, returned as a [B*T, padded_vocab] view valid until the next call
   // (with tp: this rank's vocabulary columns, [B*T, local_vocab()]).
   Tensor logits(const int32_t* tokens, int B, int T);
 
  private:
-  void ensure_capacity(int B, int T);
-  void set_tokens(const int32_t* tokens, int B, int T);
+  // One micro-batch's activations on one chunk (see reserve_activation_slots). The whole model uses one slot.
+  struct Slot {
+    int mb = -1;  // the micro-batch holding it; -1: free
+    int B = 0, T = 0;
+    bool have_grad = false;
+    Buffer tokens, local_tokens;   // first chunk (I32); local_tokens (tp): mapped to my vocabulary shard (-1: not mine)
+    std::vector<Buffer> residual;  // by layer: the chunk's residual streams [first, end], [rows/tp, C]
+    std::vector<BlockActs> acts;   // by layer: the chunk's layers that keep activations
+    Buffer lnf, lnf_mean, lnf_rstd, logits;  // last chunk; logits hold their gradient after the loss
+  };
+  // Grows every buffer to B*T rows; other micro-batches than `mb` must not be in flight then.
+  void ensure_capacity(int B, int T, int mb = -1);
+  void allocate_slot(int c, Slot& s, int64_t rows);
+  Slot& take_slot(int c, int mb);
+  Slot& held_slot(int c, int mb);
+  // Forward of chunk c up to its output (the last chunk: up to the logits) on slot s.
+  void chunk_trunk(int c, Slot& s, Tensor x, const int32_t* tokens, int B, int T);
+  void set_tokens(Slot& s, const int32_t* tokens, int B, int T);
   void forward_trunk(const int32_t* tokens, int B, int T);  // up to the logits
-  // The pieces of forward and backward (with or without tp), on the batch of the last set_tokens().
-  void embed_forward();
-  void layers_forward(int first, int end);
-  void head_forward();
-  float loss(const int32_t* targets, float loss_scale, bool train);
-  float loss_tp(int64_t N, int64_t valid, float dloss, bool train);
-  void head_backward();  // leaves the gradient w.r.t. the last layer's output in dres_
-  void layers_backward(int first, int end);
-  void embed_backward();
-  int64_t stream_rows() const { return static_cast<int64_t>(B_) * T_ / tp_size(); }
+  // The pieces of forward and backward (with or without tp), on the micro-batch of slot s.
+  void embed_forward(Slot& s);
+  void layers_forward(Slot& s, int first, int end);
+  void head_forward(Slot& s);
+  float loss(Slot& s, const int32_t* targets, float loss_scale, bool train);
+  float loss_tp(Slot& s, int64_t N, int64_t valid, float dloss, bool train);
+  void head_backward(Slot& s);  // leaves the gradient w.r.t. the last layer's output in dres_
+  void layers_backward(Slot& s, int first, int end);
+  void embed_backward(Slot& s);
+  int64_t stream_rows(const Slot& s) const { return static_cast<int64_t>(s.B) * s.T / tp_size(); }
   void sync_replicated_grads(int first, int end);
   bool recompute(int l) const { return !cfg_.recompute.empty() && cfg_.recompute[l]; }
 
@@ -119,15 +161,23 @@ class GPT {
   }
 
   int64_t cap_rows_ = 0;
-  int B_ = 0, T_ = 0;
-  bool have_grad_ = false;
-  HostBuffer tokens_, targets_, losses_;
-  std::vector<HostBuffer> residual_;  // n_layer + 1 residual streams [rows, C]
-  std::vector<BlockActs> acts_;       // one per layer that keeps activations; recomputed layers share one
-  BlockActs recompute_acts_;
+  int64_t chunk_forwards_ = 0;
+  std::vector<std::vector<Slot>> slots_;  // [chunk][slot]
+  // Shared by all slots: forward temporaries and backward gradients of the one micro-batch being computed.
+  // All of it lives in the backend's memory: activations in its compute dtype (act_), statistics in fp32.
+  Buffer targets_, losses_;
+  BlockActs recompute_acts_;  // recomputed layers' activations, rebuilt in their backward
   BlockScratch scratch_;
-  HostBuffer lnf_, lnf_mean_, lnf_rstd_, logits_, dres_, dlnf_;
-  HostBuffer local_tokens_, ce_stats_;  // tp: tokens mapped to my vocabulary shard (-1: not mine); [3, N] CE stats
+  Buffer dres_, dlnf_;
+  Buffer ce_stats_;  // tp: [3, N] cross-entropy statistics
+  DType act_ = DType::F32;
+  std::vector<int32_t> host_ids_;  // staging for token/target ids on their way to the device
+  std::vector<float> host_losses_;
+  // Views of the buffers above: [rows, cols] activations, [n] fp32 statistics from element `at`.
+  Tensor act(const Buffer& b, int64_t rows, int64_t cols) const { return mat(b, rows, cols, act_); }
+  static Tensor f32s(const Buffer& b, int64_t n, int64_t at = 0);
+  static Tensor ids(const Buffer& b, int64_t B, int64_t T);
+  Tensor W(int i) const { return i < 0 ? Tensor{} : params_.weight(i); }  // the compute copy of parameter i
 };
 
 }  // namespace mt

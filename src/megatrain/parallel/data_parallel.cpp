@@ -1,7 +1,9 @@
 #include "megatrain/parallel/data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
@@ -27,6 +29,8 @@ DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const Opti
     k.begin = b;
     k.end = std::min(total, b + bs);
     k.lowest_tensor = ps.tensor_at_or_after(k.begin);
+    k.end_tensor = ps.tensor_at_or_after(k.end);  // the first tensor ending after the range: inside if it straddles
+    if (k.end_tensor < static_cast<int>(ps.size()) && ps.info(k.end_tensor).offset < k.end) ++k.end_tensor;
     buckets_.push_back(k);
     shard_offset_.push_back(shard);
     shard += (k.end - k.begin) / dp_;
@@ -35,6 +39,13 @@ DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const Opti
   shard_m_.resize(shard * sizeof(float));
   shard_v_.resize(shard * sizeof(float));
   shard_stage_.resize(shard * sizeof(float));
+  armed_.assign(ps.size(), 0);
+  final_.assign(ps.size(), 0);
+  deferred_.assign(ps.size(), 0);
+  // Pipeline stages with tied embeddings: each holds a wte copy whose gradient the trainer sums with the other
+  // stage's after the pipeline, so it is not final when backward finishes it.
+  if (!model_.part().whole() && model_.config().tied_embeddings && ps.has("wte.weight"))
+    deferred_[ps.index("wte.weight")] = 1;
   GptHooks h;
   h.grads_ready = [this](int first) { on_grads_ready(first); };
   h.before_params_used = [this](int first, int end) { on_params_used(first, end); };
@@ -76,9 +87,16 @@ void DataParallel::wait(WorkPtr& w) {
   w.reset();
 }
 
-void DataParallel::begin_last_backward() {
-  armed_ = opt_.overlap;
-  for (auto& b : buckets_) b.launched = false;
+void DataParallel::begin_last_backward() { arm(0, static_cast<int>(model_.params().size())); }
+
+void DataParallel::begin_last_backward(int chunk) {
+  const auto [first, end] = model_.chunk_params(chunk);
+  arm(first, end);
+}
+
+void DataParallel::arm(int first, int end) {
+  if (!opt_.overlap) return;
+  for (int i = first; i < end; ++i) armed_[i] = !deferred_[i];
 }
 
 void DataParallel::launch_reduce_scatter(size_t k) {
@@ -89,10 +107,23 @@ void DataParallel::launch_reduce_scatter(size_t k) {
 }
 
 void DataParallel::on_grads_ready(int first_done) {
-  if (!armed_) return;
+  // The model has finished every gradient >= first_done of the backward in progress; the other armed tensors
+  // belong to chunks whose last backward already ran. So every armed tensor >= first_done is final.
+  bool any = false;
+  for (size_t i = first_done; i < final_.size(); ++i)
+    if (armed_[i] && !final_[i]) final_[i] = any = true;
+  if (!any) return;
   // Highest addresses finish first; every rank sees the same sequence of calls, so the issue order matches.
-  for (size_t k = buckets_.size(); k-- > 0;)
-    if (!buckets_[k].launched && first_done <= buckets_[k].lowest_tensor) launch_reduce_scatter(k);
+  for (size_t k = buckets_.size(); k-- > 0;) {
+    Bucket& b = buckets_[k];
+    if (b.launched) continue;
+    bool ready = true;
+    for (int i = b.lowest_tensor; i < b.end_tensor && ready; ++i) ready = final_[i];
+    if (ready) {
+      launch_reduce_scatter(k);
+      ++overlapped_;
+    }
+  }
 }
 
 void DataParallel::on_params_used(int first, int end) {
@@ -104,10 +135,15 @@ void DataParallel::on_params_used(int first, int end) {
 }
 
 double DataParallel::finish_gradients() {
-  armed_ = false;
   for (size_t k = buckets_.size(); k-- > 0;)
     if (!buckets_[k].launched) launch_reduce_scatter(k);
-  for (auto& b : buckets_) wait(b.rs);
+  for (auto& b : buckets_) {
+    wait(b.rs);
+    b.launched = false;
+  }
+  std::fill(armed_.begin(), armed_.end(), 0);
+  std::fill(final_.begin(), final_.end(), 0);
+  overlapped_last_ = std::exchange(overlapped_, 0);
   const size_t n = shard_grad_.size() / sizeof(float);
   Tensor g = span(shard_grad_.f32(), n);
   ops_.scale(g, 1.0f / static_cast<float>(dp_));  // sum over ranks -> mean over the global batch
@@ -192,6 +228,16 @@ void DataParallel::scatter_moments(const float* m, const float* v) {
     std::memcpy(shard_m_.f32() + shard_offset_[k], m + slice_start(b), slice_len(b) * sizeof(float));
     std::memcpy(shard_v_.f32() + shard_offset_[k], v + slice_start(b), slice_len(b) * sizeof(float));
   }
+}
+
+std::vector<DataParallel::MomentSlice> DataParallel::moment_slices() {
+  std::vector<MomentSlice> out;
+  const ParamStore& ps = model_.params();
+  for_each_owned_piece([&](int i, size_t pb, size_t pe, size_t at) {
+    const size_t off = ps.info(i).offset;
+    out.push_back({i, pb - off, pe - off, shard_m_.f32() + at, shard_v_.f32() + at});
+  });
+  return out;
 }
 
 }  // namespace mt

@@ -49,6 +49,12 @@ class DataParallel {
   // Call before the last micro-batch's backward of a step: its finished buckets are reduce-scattered on the fly.
   // (Earlier micro-batches only accumulate locally.)
   void begin_last_backward();
+  // Pipeline parallelism: call right before the backward of the last micro-batch on model chunk c (in the last
+  // pipeline run of a step). The gradients that backward produces (GPT::chunk_params(c)) are final as it finishes
+  // them, and each bucket is reduce-scattered as soon as every tensor in it is final; chunks may finish in any
+  // order (interleaving). A stage's tied-embedding copy is summed with the other stage's after the pipeline, so
+  // its buckets wait for finish_gradients.
+  void begin_last_backward(int chunk);
   // After the last backward: waits for the reduce-scatters, returns the global gradient norm (of the mean
   // gradient over the dp ranks' data).
   double finish_gradients();
@@ -61,8 +67,19 @@ class DataParallel {
   void gather_moments(HostBuffer& m, HostBuffer& v);
   // Loads this rank's slices from full moments laid out like the parameters.
   void scatter_moments(const float* m, const float* v);
+  // This rank's slices of the moments as pieces of its parameter tensors: elements [begin, end) of tensor
+  // `tensor` (flattened) are m[0, end-begin) and v[0, end-begin). For per-rank (sharded) checkpoints.
+  struct MomentSlice {
+    int tensor = 0;
+    size_t begin = 0, end = 0;
+    float *m = nullptr, *v = nullptr;
+  };
+  std::vector<MomentSlice> moment_slices();
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Buckets of the last finish_gradients() whose reduce-scatter was launched during backward (overlapped), not
+  // by finish_gradients itself.
+  int overlapped_buckets() const { return overlapped_last_; }
   // Communication accounting since the last take_comm_stats(): seconds the ops executed (summed), and seconds
   // the caller was blocked waiting for them (the part not hidden behind compute).
   std::pair<double, double> take_comm_stats() {
@@ -74,13 +91,14 @@ class DataParallel {
  private:
   struct Bucket {
     size_t begin = 0, end = 0;  // flat range
-    int lowest_tensor = 0;      // the bucket is ready when grads of tensors >= this are final
+    int lowest_tensor = 0, end_tensor = 0;  // the tensors touching the range: ready when all their grads are final
     WorkPtr rs, ag;
     bool launched = false;
     size_t slice_begin() const;
   };
   void wait(WorkPtr& w);  // waits, accounting exec and exposed time
   void on_grads_ready(int first_done);
+  void arm(int first, int end);
   void on_params_used(int first, int end);
   void launch_reduce_scatter(size_t b);
   size_t slice_len(const Bucket& b) const { return (b.end - b.begin) / static_cast<size_t>(dp_); }
@@ -98,7 +116,10 @@ class DataParallel {
   std::vector<Bucket> buckets_;
   HostBuffer shard_grad_, shard_m_, shard_v_, shard_stage_;  // my slices, concatenated in bucket order
   std::vector<size_t> shard_offset_;  // per bucket: offset of its slice in the shard buffers
-  bool armed_ = false;
+  // Per tensor, in the current step: armed (its last backward has begun), final (that backward finished it);
+  // deferred_: never armed (gradient still changes after backward).
+  std::vector<char> armed_, final_, deferred_;
+  int overlapped_ = 0, overlapped_last_ = 0;
   double comm_seconds_ = 0, exposed_seconds_ = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "megatrain/parallel/gpt_pipeline.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "megatrain/core/error.h"
@@ -17,13 +18,12 @@ class GptPipeline::Chunk final : public PipelineChunk {
       for (auto& b : *v) b.resize(bytes, false);
     }
   }
-  void start(const int32_t* tokens, const int32_t* targets, float scale, bool sync) {
+  void start(const int32_t* tokens, const int32_t* targets, float scale, bool last_run) {
     tokens_ = tokens;
     targets_ = targets;
     scale_ = scale;
-    sync_ = sync;
+    last_run_ = last_run;
     loss_ = 0;
-    last_fwd_ = -1;
     backwards_ = 0;
   }
   float loss() const { return loss_; }
@@ -34,23 +34,22 @@ class GptPipeline::Chunk final : public PipelineChunk {
   Tensor grad_input(int mb) override { return view(gin_, mb); }
 
   void forward(int mb) override {
+    GPT& m = p_.model_;
+    const size_t off = static_cast<size_t>(mb) * B_ * T_;
     float l = 0;
-    Tensor y = run_forward(mb, &l);
-    if (p_.model_.last_chunk(c_))
+    Tensor y = m.forward_chunk(c_, mb, view(in_, mb), tokens_ ? tokens_ + off : nullptr,
+                               targets_ ? targets_ + off : nullptr, B_, T_, scale_, &l);
+    if (m.last_chunk(c_))
       loss_ += l;
     else
       std::memcpy(out_[mb].data(), y.ptr, out_[mb].size());
   }
   void backward(int mb) override {
     GPT& m = p_.model_;
-    if (last_fwd_ != mb) {  // another micro-batch's forward overwrote this chunk's activations
-      float unused;
-      run_forward(mb, &unused);
-      ++p_.recomputed_;
-    }
-    last_fwd_ = -1;
-    m.set_tp_grad_sync(sync_ && ++backwards_ == p_.sched_.microbatches);
-    Tensor gx = m.backward_chunk(c_, view(gout_, mb));
+    const bool last = last_run_ && ++backwards_ == p_.sched_.microbatches;
+    m.set_tp_grad_sync(last);
+    if (last && p_.before_last_backward_) p_.before_last_backward_(c_);
+    Tensor gx = m.backward_chunk(c_, mb, view(gout_, mb));
     if (!m.first_chunk(c_)) std::memcpy(gin_[mb].data(), gx.ptr, gin_[mb].size());
   }
 
@@ -59,12 +58,6 @@ class GptPipeline::Chunk final : public PipelineChunk {
     MT_CHECK(mb >= 0 && mb < static_cast<int>(v.size()), "pipeline micro-batch {} out of range [0, {})", mb, v.size());
     return f32_view(v[mb].f32(), {rows_, p_.model_.config().d_model});
   }
-  Tensor run_forward(int mb, float* loss) {
-    const size_t off = static_cast<size_t>(mb) * B_ * T_;
-    last_fwd_ = mb;
-    return p_.model_.forward_chunk(c_, view(in_, mb), tokens_ ? tokens_ + off : nullptr,
-                                   targets_ ? targets_ + off : nullptr, B_, T_, scale_, loss);
-  }
 
   GptPipeline& p_;
   int c_, B_, T_;
@@ -72,27 +65,30 @@ class GptPipeline::Chunk final : public PipelineChunk {
   std::vector<HostBuffer> in_, out_, gout_, gin_;  // per micro-batch boundary buffers
   const int32_t *tokens_ = nullptr, *targets_ = nullptr;
   float scale_ = 1, loss_ = 0;
-  bool sync_ = true;
-  int last_fwd_ = -1, backwards_ = 0;
+  bool last_run_ = true;
+  int backwards_ = 0;
 };
 
 GptPipeline::GptPipeline(GPT& model, const Schedule& s, int pp_rank, int B, int T)
     : model_(model), sched_(s), rank_(pp_rank) {
   MT_CHECK(model.num_chunks() == s.virtual_stages, "pipeline: the model stage holds {} chunks but the schedule has {} "
            "virtual stages", model.num_chunks(), s.virtual_stages);
-  for (int c = 0; c < model.num_chunks(); ++c) chunks_.push_back(std::make_unique<Chunk>(*this, c, B, T));
+  const std::vector<int> peak = peak_in_flight_per_chunk(s, pp_rank);
+  for (int c = 0; c < model.num_chunks(); ++c) {
+    model.reserve_activation_slots(c, std::max(1, peak[c]), B, T);
+    chunks_.push_back(std::make_unique<Chunk>(*this, c, B, T));
+  }
 }
 
 GptPipeline::~GptPipeline() = default;
 
 float GptPipeline::run(ProcessGroup& pp_group, const int32_t* tokens, const int32_t* targets, float loss_scale,
-                       bool sync_tp_grads) {
+                       bool last_run) {
   std::vector<PipelineChunk*> cs;
   for (auto& c : chunks_) {
-    c->start(tokens, targets, loss_scale, sync_tp_grads);
+    c->start(tokens, targets, loss_scale, last_run);
     cs.push_back(c.get());
   }
-  recomputed_ = 0;
   stats_ = run_pipeline(sched_, rank_, cs, pp_group);
   model_.set_tp_grad_sync(true);
   float sum = 0;

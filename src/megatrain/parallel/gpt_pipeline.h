@@ -1,11 +1,12 @@
 // One pipeline-parallel training step of a GPT stage: the model chunks of this pp rank (GPT built with a
 // GptPart) run a Schedule's actions through run_pipeline over the micro-batches of a step.
 //
-// Activations are not kept per micro-batch: the GPT holds one set per layer, so a chunk's backward of micro-batch
-// mb re-runs its forward first unless the chunk's last forward was of mb (as on the last stage in 1F1B). The
-// forward is deterministic, so the recomputed activations are bit-identical; only the boundary buffers (input,
-// output and their gradients) exist per micro-batch.
+// Each chunk keeps its micro-batches' activations in the GPT's activation slots, as many as the schedule has
+// micro-batches in flight on that chunk at once (peak_in_flight_per_chunk), allocated when the pipeline is built:
+// a backward reads the activations of its own forward, nothing is recomputed beyond the layers configured for
+// recomputation. Only the boundary buffers (input, output and their gradients) exist per micro-batch.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -19,18 +20,22 @@ namespace mt {
 
 class GptPipeline {
  public:
-  // B x T rows per micro-batch; the model's chunks must match s.virtual_stages.
+  // B x T rows per micro-batch; the model's chunks must match s.virtual_stages. Reserves the model's activation
+  // slots for this schedule. `s` must outlive the pipeline.
   GptPipeline(GPT& model, const Schedule& s, int pp_rank, int B, int T);
   ~GptPipeline();
 
+  // Called with chunk c right before the backward of c's last micro-batch in the last run of a step: from then on
+  // the gradients that backward finishes are final (e.g. DataParallel::begin_last_backward(c)).
+  void set_before_last_backward(std::function<void(int chunk)> f) { before_last_backward_ = std::move(f); }
+
   // Runs every micro-batch through this rank's chunks: tokens / targets hold s.microbatches * B rows of T (read on
-  // the first / last stage only). Each micro-batch's loss gradient is scaled by loss_scale. sync_tp_grads: let
-  // the model all-reduce tensor-parallel replicated gradients in each chunk's last backward (the last pipeline
-  // run of an accumulation). Returns the sum of the micro-batch mean losses on the last stage, 0 elsewhere.
-  float run(ProcessGroup& pp_group, const int32_t* tokens, const int32_t* targets, float loss_scale,
-            bool sync_tp_grads);
+  // the first / last stage only). Each micro-batch's loss gradient is scaled by loss_scale. last_run: the last
+  // pipeline run of a step (of a gradient accumulation): the model all-reduces tensor-parallel replicated
+  // gradients in each chunk's last backward, and before_last_backward is called. Returns the sum of the
+  // micro-batch mean losses on the last stage, 0 elsewhere.
+  float run(ProcessGroup& pp_group, const int32_t* tokens, const int32_t* targets, float loss_scale, bool last_run);
   const PipelineStats& stats() const { return stats_; }  // of the last run
-  int recomputed_forwards() const { return recomputed_; }  // in the last run
 
  private:
   class Chunk;
@@ -38,8 +43,8 @@ class GptPipeline {
   const Schedule& sched_;
   int rank_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::function<void(int)> before_last_backward_;
   PipelineStats stats_;
-  int recomputed_ = 0;
 };
 
 }  // namespace mt

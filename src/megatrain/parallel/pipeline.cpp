@@ -1,9 +1,23 @@
 #include "megatrain/parallel/pipeline.h"
 
+#include <algorithm>
+
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
+
+std::vector<int> peak_in_flight_per_chunk(const Schedule& s, int rank) {
+  MT_CHECK(rank >= 0 && rank < s.pp, "pipeline rank {} out of range [0, {})", rank, s.pp);
+  std::vector<int> now(s.virtual_stages, 0), peak(s.virtual_stages, 0);
+  for (const Action& a : s.per_rank[rank]) {
+    MT_CHECK(a.chunk >= 0 && a.chunk < s.virtual_stages, "pipeline rank {}: action {} names chunk {} of {}", rank,
+             to_string(a, s.virtual_stages), a.chunk, s.virtual_stages);
+    if (a.kind == ActionKind::Forward) peak[a.chunk] = std::max(peak[a.chunk], ++now[a.chunk]);
+    if (a.kind == ActionKind::Backward) --now[a.chunk];
+  }
+  return peak;
+}
 
 PipelineStats run_pipeline(const Schedule& s, int rank, const std::vector<PipelineChunk*>& chunks,
                            ProcessGroup& pp_group) {

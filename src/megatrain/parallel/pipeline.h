@@ -32,6 +32,11 @@ struct PipelineStats {
   double comm_seconds = 0;  // summed execution time of the transfers
 };
 
+// Per model chunk of pp rank `rank`: the most micro-batches forwarded on it and not yet backwarded at once, i.e.
+// how many micro-batches' activations the chunk keeps when it runs the schedule. (simulate()'s peak_in_flight
+// is the same count over all chunks of the rank together.)
+std::vector<int> peak_in_flight_per_chunk(const Schedule& s, int rank);
+
 // Runs the actions of pp rank `rank` (group rank in `pp_group`) with chunks[c] holding virtual stage c*pp + rank.
 PipelineStats run_pipeline(const Schedule& s, int rank, const std::vector<PipelineChunk*>& chunks,
                            ProcessGroup& pp_group);
