@@ -155,9 +155,9 @@ TEST(Checkpoint, ManifestVersionAndGarbageAreRefused) {
   State s(6);
   std::string dir = save_checkpoint(root.path.string(), 3, s.files(), extra_of(3));
   json m = json::parse(read_text_file(dir + "/manifest.json"));
-  m["format_version"] = 2;
+  m["format_version"] = 3;
   write_text(dir + "/manifest.json", m.dump());
-  EXPECT_ERROR_HAS(Checkpoint::load(dir), "format_version 2", "reads 1");
+  EXPECT_ERROR_HAS(Checkpoint::load(dir), "format_version 3", "reads 1 and 2");
   write_text(dir + "/manifest.json", "{\"format_version\": 1, \"st");
   EXPECT_ERROR_HAS(Checkpoint::load(dir), "manifest.json is corrupt");
   write_text(dir + "/manifest.json", "{\"format_version\": 1, \"step\": 3}");

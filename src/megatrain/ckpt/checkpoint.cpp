@@ -9,6 +9,7 @@
 #include <set>
 
 #include "megatrain/ckpt/checksum.h"
+#include "megatrain/ckpt/reader.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 
@@ -85,6 +86,25 @@ std::string save_checkpoint(const std::string& root, int64_t step, const Checkpo
                      {"tensors", tensors_j},
                      {"extra", extra}};
     write_file_atomic((tmp_dir / "manifest.json").string(), manifest.dump(1) + "\n");
+    return commit_checkpoint_dir(root, step, tmp_dir.string(), opt);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp_dir, ec);
+    fail("saving checkpoint {}: {}", final_dir.string(), e.what());
+  } catch (...) {
+    fs::remove_all(tmp_dir, ec);  // nothing once the directory was renamed into place
+    throw;
+  }
+}
+
+std::string commit_checkpoint_dir(const std::string& root, int64_t step, const std::string& staging_dir,
+                                  const SaveOptions& opt) {
+  auto hook = [&](const std::string& stage) {
+    if (opt.fault_hook) opt.fault_hook(stage);
+  };
+  std::error_code ec;
+  const std::string name = checkpoint_dir_name(step);
+  const fs::path final_dir = fs::path(root) / name;
+  try {
     hook("rename");
     // rename(2) cannot replace a non-empty directory: move an existing checkpoint of this step aside first.
     fs::path old_dir;
@@ -93,15 +113,11 @@ std::string save_checkpoint(const std::string& root, int64_t step, const Checkpo
       fs::remove_all(old_dir, ec);
       fs::rename(final_dir, old_dir);
     }
-    fs::rename(tmp_dir, final_dir);
+    fs::rename(staging_dir, final_dir);
     fsync_path(root);
     if (!old_dir.empty()) fs::remove_all(old_dir, ec);
   } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp_dir, ec);
     fail("saving checkpoint {}: {}", final_dir.string(), e.what());
-  } catch (...) {
-    fs::remove_all(tmp_dir, ec);
-    throw;
   }
 
   hook("latest");
@@ -148,36 +164,50 @@ std::optional<std::string> find_latest(const std::string& root) {
 
 // ---------------------------------------------------------------------------------------------- load
 
-Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
+std::string resolve_checkpoint_dir(const std::string& path) {
   std::error_code ec;
   MT_CHECK(fs::exists(path, ec), "checkpoint path {} does not exist", path);
   MT_CHECK(fs::is_directory(path, ec), "{} is not a checkpoint directory", path);
-  Checkpoint c;
   std::string base = fs::path(path).lexically_normal().filename().string();
   if (base.empty()) base = fs::path(path).lexically_normal().parent_path().filename().string();
   if (fs::is_regular_file(fs::path(path) / "manifest.json", ec)) {
     MT_CHECK(base.find(".tmp-") == std::string::npos && base.find(".old-") == std::string::npos,
              "{} is an incomplete checkpoint (a save that never committed)", path);
-    c.dir_ = path;
-  } else {
-    auto latest = find_latest(path);
-    MT_CHECK(latest.has_value(), "no checkpoint in {} (no 'latest' file and no step_* directory with a manifest.json)",
-             path);
-    c.dir_ = *latest;
+    return path;
   }
-  const std::string& dir = c.dir_;
+  auto latest = find_latest(path);
+  MT_CHECK(latest.has_value(), "no checkpoint in {} (no 'latest' file and no step_* directory with a manifest.json)",
+           path);
+  return *latest;
+}
+
+json read_manifest(const std::string& dir) {
   const std::string mpath = (fs::path(dir) / "manifest.json").string();
+  MT_CHECK(file_exists(mpath), "checkpoint {} has no manifest.json (an incomplete save?)", dir);
   try {
-    c.manifest_ = json::parse(read_text_file(mpath));
+    return json::parse(read_text_file(mpath));
   } catch (const json::exception& e) {
     fail("checkpoint {}: manifest.json is corrupt: {}", dir, e.what());
+  }
+}
+
+Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
+  std::error_code ec;
+  Checkpoint c;
+  c.dir_ = resolve_checkpoint_dir(path);
+  const std::string& dir = c.dir_;
+  c.manifest_ = read_manifest(dir);
+  if (c.manifest_.is_object() && c.manifest_.contains("format_version") &&
+      c.manifest_["format_version"] == kShardedCheckpointFormatVersion) {
+    c.load_sharded(verify_checksums);
+    return c;
   }
   const json& m = c.manifest_;
   auto need = [&](const char* key, bool ok) { MT_CHECK(ok, "checkpoint {}: manifest.json lacks a valid '{}'", dir, key); };
   need("format_version", m.is_object() && m.contains("format_version") && m["format_version"].is_number_integer());
   int version = m["format_version"].get<int>();
-  MT_CHECK(version == kCheckpointFormatVersion, "checkpoint {}: format_version {} is not supported (this build reads {})",
-           dir, version, kCheckpointFormatVersion);
+  MT_CHECK(version == kCheckpointFormatVersion, "checkpoint {}: format_version {} is not supported (this build reads {} and {})",
+           dir, version, kCheckpointFormatVersion, kShardedCheckpointFormatVersion);
   need("step", m.contains("step") && m["step"].is_number_integer());
   need("files", m.contains("files") && m["files"].is_object());
   need("tensors", m.contains("tensors") && m["tensors"].is_object());
@@ -254,7 +284,35 @@ const std::string& Checkpoint::file_of(const std::string& name) const {
   return it->second;
 }
 
-const TensorData& Checkpoint::get(const std::string& name) const { return files_.at(file_of(name)).get(name); }
+const TensorData& Checkpoint::get(const std::string& name) const {
+  const std::string& f = file_of(name);
+  if (!assembled_.empty()) return assembled_.at(name);
+  return files_.at(f).get(name);
+}
+
+void Checkpoint::load_sharded(bool verify_checksums) {
+  CheckpointReader r = CheckpointReader::open(dir_, verify_checksums);
+  step_ = r.step();
+  if (!manifest_.contains("extra")) manifest_["extra"] = json::object();
+  for (const std::string& name : r.tensor_names()) {
+    tensor_file_[name] = r.group(name);
+    const std::vector<int64_t>& shape = r.shape(name);
+    const DType dt = r.dtype(name);
+    HostBuffer& b = assembled_data_[name];
+    const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dt);
+    b.resize(std::max<size_t>(nbytes, 1), false);
+    r.read(name, whole_slice(shape), b.data(), shape, std::vector<int64_t>(shape.size(), 0));
+    TensorData t;
+    t.name = name;
+    t.dtype = dt;
+    t.dtype_str = dtype_name(dt);
+    t.supported = true;
+    t.shape = shape;
+    t.data = b.data();
+    t.nbytes = nbytes;
+    assembled_[name] = std::move(t);
+  }
+}
 
 void Checkpoint::copy_into(const std::string& name, Tensor dst) const {
   const TensorData& t = get(name);

@@ -8,6 +8,8 @@
 //
 // manifest.json: {format_version: 1, step, files: {file: {bytes, checksum}},
 //                 tensors: {name: {file, dtype, shape, checksum}}, extra: <the caller's JSON>}
+// A parallel run writes format 2 instead (one file per rank, tensors assembled from pieces; see sharded.h).
+// Checkpoint::load reads both and always presents full tensors.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "megatrain/ckpt/safetensors.h"
+#include "megatrain/core/buffer.h"
 
 namespace mt {
 
@@ -33,6 +36,7 @@ struct SaveOptions {
 };
 
 constexpr int kCheckpointFormatVersion = 1;
+constexpr int kShardedCheckpointFormatVersion = 2;
 
 std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
 
@@ -50,6 +54,15 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
 // The directory root/latest names; without a usable latest file, the highest committed step; nullopt if none.
 std::optional<std::string> find_latest(const std::string& root);
 
+// The checkpoint directory `path` denotes (a step directory, or a root: its latest), or a clear mt::Error.
+std::string resolve_checkpoint_dir(const std::string& path);
+// dir/manifest.json, parsed; throws naming dir when it is missing or not JSON.
+nlohmann::json read_manifest(const std::string& dir);
+// Commits staging_dir (every file written, manifest.json last) as checkpoint `step` of root: renames it into
+// place (replacing an existing step), rewrites root/latest, prunes to opt.keep_last. Returns the step directory.
+std::string commit_checkpoint_dir(const std::string& root, int64_t step, const std::string& staging_dir,
+                                  const SaveOptions& opt);
+
 class Checkpoint {
  public:
   // `path` is a step directory or a root (then its latest checkpoint). Throws mt::Error when nothing is there,
@@ -63,6 +76,7 @@ class Checkpoint {
   const nlohmann::json& manifest() const { return manifest_; }
 
   std::vector<std::string> tensor_names() const;  // sorted
+  // Tensors of one file ("model.safetensors", "optim.safetensors"); of a sharded checkpoint: of that group.
   std::vector<std::string> tensor_names(const std::string& file) const;
   bool has(const std::string& name) const { return tensor_file_.count(name) > 0; }
   const TensorData& get(const std::string& name) const;  // points into the mapped file
@@ -72,11 +86,16 @@ class Checkpoint {
   void copy_into(const std::string& name, Tensor dst) const;
 
  private:
+  void load_sharded(bool verify_checksums);
+
   std::string dir_;
   int64_t step_ = 0;
   nlohmann::json manifest_;
   std::map<std::string, SafetensorsFile> files_;
   std::map<std::string, std::string> tensor_file_;
+  // A sharded checkpoint's tensors, assembled from their pieces at load.
+  std::map<std::string, HostBuffer> assembled_data_;
+  std::map<std::string, TensorData> assembled_;
 };
 
 inline Checkpoint load_checkpoint(const std::string& path) { return Checkpoint::load(path); }

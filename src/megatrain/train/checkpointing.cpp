@@ -8,6 +8,8 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/config_json.h"
+#include "megatrain/ckpt/reader.h"
+#include "megatrain/ckpt/sharded.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/dist/mesh.h"
@@ -35,16 +37,8 @@ struct SavedTensor {
   Tensor p, m, v;
 };
 
-// Everything a checkpoint holds: parameters, optimizer moments, and the position of the run.
-// Returns the checkpoint's directory.
-std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor>& tensors, int step,
-                             const LoaderState& data, int micro, const std::string& why) {
-  std::vector<TensorRef> model_t, optim_t;
-  for (const SavedTensor& t : tensors) {
-    model_t.push_back(tensor_ref(t.name, t.p));
-    optim_t.push_back(tensor_ref("m." + t.name, t.m));
-    optim_t.push_back(tensor_ref("v." + t.name, t.v));
-  }
+// What a checkpoint records besides the tensors: the model and optimizer, the position of the run, the layout.
+nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderState& data, int micro) {
   nlohmann::json extra = {{"model", model_config_to_json(cfg.model)},
                           {"optim_name", cfg.optim.name},
                           {"step", step},
@@ -56,7 +50,7 @@ std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor
                           {"parallel", {{"dp", cfg.parallel.dp}, {"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp},
                                         {"virtual_stages", cfg.parallel.virtual_stages}, {"microbatches", micro}}}};
   if (cfg.parallel.tp > 1) {
-    // The tensors are saved full; the tp layout they were trained in is recorded for per-rank shard files later.
+    // The tp layout the tensors were trained in (a sharded checkpoint's pieces follow it).
     ParamStore lay;
     declare_gpt_params(cfg.model, lay, cfg.parallel.tp, 0);
     nlohmann::json layout;
@@ -64,7 +58,7 @@ std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor
     extra["tp_layout"] = layout;
   }
   if (cfg.parallel.pp > 1) {
-    // Gathered full from the stages; which virtual stage(s) held each tensor (a tied wte: the first and last).
+    // Which virtual stage(s) held each tensor (a tied wte: the first and last).
     nlohmann::json layout;
     const int pp = cfg.parallel.pp, v = cfg.parallel.virtual_stages;
     for (int r = 0; r < pp; ++r) {
@@ -85,6 +79,19 @@ std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor
     }
     extra["pp_layout"] = layout;
   }
+  return extra;
+}
+
+// A full (gathered) checkpoint: parameters and optimizer moments, one file each. Returns its directory.
+std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor>& tensors, int step,
+                             const LoaderState& data, int micro, const std::string& why) {
+  std::vector<TensorRef> model_t, optim_t;
+  for (const SavedTensor& t : tensors) {
+    model_t.push_back(tensor_ref(t.name, t.p));
+    optim_t.push_back(tensor_ref("m." + t.name, t.m));
+    optim_t.push_back(tensor_ref("v." + t.name, t.v));
+  }
+  const nlohmann::json extra = checkpoint_extra(cfg, step, data, micro);
   SaveOptions so;
   so.keep_last = cfg.ckpt.keep_last;
   double t0 = now_seconds();
@@ -94,9 +101,8 @@ std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor
   return dir;
 }
 
-// Restores model, optimizer and data position; returns the checkpoint's step.
-int read_checkpoint(const RunConfig& cfg, const std::string& path, GPT& model, const Moments& opt, LoaderState& data) {
-  Checkpoint ck = Checkpoint::load(path);
+// Throws unless the checkpoint continues this run: same model, optimizer and global batch.
+void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
   const nlohmann::json& x = ck.extra();
   MT_CHECK(x.contains("model") && x.contains("data") && x.contains("step"),
            "checkpoint {} lacks the training state (model/data/step); was it written by `megatrain convert`? Use "
@@ -116,19 +122,18 @@ int read_checkpoint(const RunConfig& cfg, const std::string& path, GPT& model, c
            "checkpoint {} used a global batch of {} x {} tokens, this run {} x {}: the data position would not carry over",
            ck.dir(), d.value("global_batch_size", d.value("batch_size", 0)), d.value("seq_len", 0), global_b,
            cfg.data.seq_len);
-  const ParamStore& ps = model.params();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const std::string& n = ps.info(static_cast<int>(i)).name;
-    ck.copy_into(n, opt.p ? opt.p(static_cast<int>(i)) : ps.param(static_cast<int>(i)));
-    ck.copy_into("m." + n, opt.m(static_cast<int>(i)));
-    ck.copy_into("v." + n, opt.v(static_cast<int>(i)));
-  }
-  data.epoch = d["epoch"].get<uint64_t>();
-  data.cursor = d["cursor"].get<uint64_t>();
-  return x["step"].get<int>();
 }
 
-// Full (unsharded) copies of every parameter and moment of a tensor-parallel rank, for checkpoints.
+// A barrier over the whole mesh (which has no world group): rank (d,t,p) leaves its pp barrier only after every
+// (d,t,*) passed its tp barrier, each of those only after every (d,*,*) passed its dp barrier, i.e. after every
+// rank (*,*,*) arrived.
+void mesh_barrier(DeviceMesh& mesh) {
+  mesh.dp().barrier()->wait();
+  mesh.tp().barrier()->wait();
+  mesh.pp().barrier()->wait();
+}
+
+// Full (unsharded) copies of every parameter and moment of a tensor-parallel rank, for gathered checkpoints.
 struct TpFullState {
   std::vector<HostBuffer> p, m, v;
   std::vector<ShardSpec> specs;
@@ -159,14 +164,6 @@ struct TpFullState {
       tp_gather_full(g, specs[k], local.v(i).f32(), v[k].f32());
     }
   }
-  void scatter(const ParamStore& ps, const Moments& local) const {
-    for (size_t k = 0; k < ps.size(); ++k) {
-      const int i = static_cast<int>(k);
-      shard_slice(specs[k], p[k].f32(), ps.param(i).f32());
-      shard_slice(specs[k], m[k].f32(), local.m(i).f32());
-      shard_slice(specs[k], v[k].f32(), local.v(i).f32());
-    }
-  }
 };
 
 }  // namespace
@@ -180,19 +177,20 @@ struct TrainCheckpointer::Impl {
   const int wte_copy;
   const int tp, pp, vstages, pp_rank, micro;
   const bool main_rank;
-  // Full moments for checkpoints: the optimizer's own, or a gathered copy of the shards.
+  const bool sharded;  // each rank writes its own pieces (sharded.h); else rank 0 writes gathered full tensors
+  // Full moments for gathered checkpoints: the optimizer's own, or a gathered copy of the ZeRO shards.
   HostBuffer full_m, full_v;
   Moments moments;
-  // With tp the checkpoint holds full tensors: shards are gathered over tp on save and sliced on load, so a
-  // run resumes under any tp. wte/lm_head are kept at the single-process padded_vocab() rows (the extra rows
-  // that tp's coarser vocabulary padding adds are zero).
+  // A gathered save with tp gathers the shards over tp into full copies (allocated by the first such save).
+  // wte/lm_head are saved at the single-process padded_vocab() rows (the extra rows that tp's coarser
+  // vocabulary padding adds are zero), sharded or gathered.
   TpFullState tp_full;
   Moments saved;
 
   Impl(const RunConfig& c, GPT& m, Optimizer* o, DataParallel* d, DeviceMesh* me, int wc)
       : cfg(c), model(m), opt(o), ddp(d), mesh(me), wte_copy(wc), tp(c.parallel.tp), pp(c.parallel.pp),
         vstages(c.parallel.virtual_stages), pp_rank(me ? me->coord().pp : 0), micro(c.pipeline_microbatches()),
-        main_rank(!me || me->rank() == 0) {
+        main_rank(!me || me->rank() == 0), sharded(me && c.ckpt.sharded) {
     if (opt) {
       moments.m = [this](int i) { return opt->m(i); };
       moments.v = [this](int i) { return opt->v(i); };
@@ -201,8 +199,7 @@ struct TrainCheckpointer::Impl {
       moments.v = [this](int i) { return full_view(full_v, i); };
     }
     saved = moments;
-    if (tp > 1) {
-      tp_full.allocate(model.params(), cfg.model);
+    if (tp > 1) {  // the full copies are allocated by the first gathered save
       saved.p = [this](int i) { return tp_full.view(tp_full.p, i); };
       saved.m = [this](int i) { return tp_full.view(tp_full.m, i); };
       saved.v = [this](int i) { return tp_full.view(tp_full.v, i); };
@@ -257,6 +254,136 @@ struct TrainCheckpointer::Impl {
     for (const ParamInfo& info : full.infos()) out.push_back(all.at(info.name));
     return std::make_pair(out, std::move(bufs));
   }
+
+  // ---- sharded checkpoints: each rank's pieces, read back by any layout
+
+  // A tensor's shape in checkpoints: the full shape, but wte/lm_head at the single-process padded_vocab() rows
+  // (tp pads the vocabulary to a multiple of vocab_pad_to * tp; those extra rows are zero and not saved).
+  std::vector<int64_t> saved_shape(int i) const {
+    const ParamInfo& info = model.params().info(i);
+    std::vector<int64_t> s = info.shard.full_shape;
+    if (info.name == "wte.weight" || info.name == "lm_head.weight") s[0] = cfg.model.padded_vocab();
+    return s;
+  }
+
+  // The pieces of `box` (in tensor i's shard; `data` holds the box's elements contiguously) under full tensor
+  // `name`: one per contiguous run of tp's split dimension, clipped to the saved shape. A piece that is not
+  // contiguous within the box is copied to `staging`.
+  void add_pieces(std::vector<ShardPiece>& out, std::deque<HostBuffer>& staging, int i, const std::string& name,
+                  const char* group, const Slice& box, const float* data) const {
+    const std::vector<int64_t> gshape = saved_shape(i);
+    const size_t n = gshape.size();
+    for (const Placement& pl : shard_placements(model.params().info(i).shard, box)) {
+      const std::optional<Slice> full = intersect(pl.full, whole_slice(gshape));
+      if (!full) continue;
+      std::vector<int64_t> at(n);  // where the piece starts within the box
+      for (size_t d = 0; d < n; ++d) at[d] = pl.local.start[d] + (full->start[d] - pl.full.start[d]) - box.start[d];
+      const float* p = nullptr;
+      if (slice_contiguous(Slice{at, full->extent}, box.extent)) {
+        p = data + flat_index(at, box.extent);
+      } else {
+        staging.emplace_back(static_cast<size_t>(full->numel()) * sizeof(float), false);
+        copy_box(data, box.extent, at, staging.back().data(), full->extent, std::vector<int64_t>(n, 0), full->extent,
+                 sizeof(float));
+        p = staging.back().f32();
+      }
+      out.push_back(ShardPiece{name, group, gshape, *full, DType::F32, p});
+    }
+  }
+
+  // What this rank uniquely holds: its TP shard of every parameter of its stage if it is the dp-rank-0 replica,
+  // its ZeRO slices of the moments (all of them without ZeRO, on dp rank 0). Replicated tensors come from tp
+  // rank 0 only; the last stage's copy of a tied wte not at all.
+  std::vector<ShardPiece> my_pieces(std::deque<HostBuffer>& staging) {
+    const ParamStore& ps = model.params();
+    const MeshCoord c = mesh->coord();
+    auto mine = [&](int i) { return i != wte_copy && (c.tp == 0 || ps.info(i).shard.sharded()); };
+    std::vector<ShardPiece> out;
+    for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
+      if (!mine(i) || c.dp != 0) continue;
+      const Slice all = whole_slice(ps.info(i).shape);
+      add_pieces(out, staging, i, ps.info(i).name, "model.safetensors", all, ps.param(i).f32());
+      if (opt) {
+        add_pieces(out, staging, i, "m." + ps.info(i).name, "optim.safetensors", all, opt->m(i).f32());
+        add_pieces(out, staging, i, "v." + ps.info(i).name, "optim.safetensors", all, opt->v(i).f32());
+      }
+    }
+    if (ddp) {
+      for (const DataParallel::MomentSlice& ms : ddp->moment_slices()) {
+        if (!mine(ms.tensor)) continue;
+        const ParamInfo& info = ps.info(ms.tensor);
+        for (const Slice& box : flat_range_slices(info.shape, static_cast<int64_t>(ms.begin), static_cast<int64_t>(ms.end))) {
+          const int64_t off = flat_index(box.start, info.shape) - static_cast<int64_t>(ms.begin);
+          add_pieces(out, staging, ms.tensor, "m." + info.name, "optim.safetensors", box, ms.m + off);
+          add_pieces(out, staging, ms.tensor, "v." + info.name, "optim.safetensors", box, ms.v + off);
+        }
+      }
+    }
+    return out;
+  }
+
+  std::string save_sharded(int step, const LoaderState& data, const char* why) {
+    const double t0 = now_seconds();
+    if (main_rank) begin_sharded_checkpoint(cfg.ckpt.dir, step);
+    mesh_barrier(*mesh);
+    std::deque<HostBuffer> staging;
+    const MeshCoord c = mesh->coord();
+    write_checkpoint_shard(cfg.ckpt.dir, step, shard_file_name(c.pp, c.tp, c.dp), my_pieces(staging));
+    mesh_barrier(*mesh);
+    std::string dir;
+    if (main_rank) {
+      std::vector<std::string> files;
+      for (int p = 0; p < pp; ++p)
+        for (int t = 0; t < tp; ++t)
+          for (int d = 0; d < cfg.parallel.dp; ++d) files.push_back(shard_file_name(p, t, d));
+      SaveOptions so;
+      so.keep_last = cfg.ckpt.keep_last;
+      dir = commit_sharded_checkpoint(cfg.ckpt.dir, step, files, checkpoint_extra(cfg, step, data, micro), so);
+      fmt::print("checkpoint ({}) step {} -> {} ({} shard files) in {:.2f} s\n", why, step, dir, files.size(),
+                 now_seconds() - t0);
+    }
+    return dir;
+  }
+
+  // Reads the slices of full tensor `name` that box `box` of tensor i's shard holds into `data` (the box's
+  // elements, contiguous).
+  static void read_box(CheckpointReader& ck, const ParamInfo& info, const std::string& name, const Slice& box,
+                       float* data) {
+    for (const Placement& pl : shard_placements(info.shard, box)) {
+      std::vector<int64_t> at(box.start.size());
+      for (size_t d = 0; d < at.size(); ++d) at[d] = pl.local.start[d] - box.start[d];
+      ck.read(name, pl.full, data, box.extent, at);
+    }
+  }
+
+  int restore(const std::string& path, LoaderState& data) {
+    CheckpointReader ck = CheckpointReader::open(path);
+    check_fits(cfg, ck);
+    const ParamStore& ps = model.params();
+    for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
+      const ParamInfo& info = ps.info(i);
+      const Slice all = whole_slice(info.shape);
+      read_box(ck, info, info.name, all, ps.param(i).f32());
+      if (opt) {
+        read_box(ck, info, "m." + info.name, all, opt->m(i).f32());
+        read_box(ck, info, "v." + info.name, all, opt->v(i).f32());
+      }
+    }
+    if (ddp) {
+      for (const DataParallel::MomentSlice& ms : ddp->moment_slices()) {
+        const ParamInfo& info = ps.info(ms.tensor);
+        for (const Slice& box : flat_range_slices(info.shape, static_cast<int64_t>(ms.begin), static_cast<int64_t>(ms.end))) {
+          const int64_t off = flat_index(box.start, info.shape) - static_cast<int64_t>(ms.begin);
+          read_box(ck, info, "m." + info.name, box, ms.m + off);
+          read_box(ck, info, "v." + info.name, box, ms.v + off);
+        }
+      }
+    }
+    const nlohmann::json& d = ck.extra()["data"];
+    data.epoch = d["epoch"].get<uint64_t>();
+    data.cursor = d["cursor"].get<uint64_t>();
+    return ck.extra()["step"].get<int>();
+  }
 };
 
 TrainCheckpointer::TrainCheckpointer(const RunConfig& cfg, GPT& model, Optimizer* opt, DataParallel* ddp,
@@ -267,11 +394,17 @@ TrainCheckpointer::~TrainCheckpointer() = default;
 
 std::string TrainCheckpointer::save(int step, const LoaderState& data, const char* why) {
   Impl& s = *impl_;
-  if (s.ddp) {
-    s.ddp->sync_params();
-    s.ddp->gather_moments(s.full_m, s.full_v);  // collective: every dp rank takes part
+  if (s.ddp) s.ddp->sync_params();
+  if (s.sharded) {
+    const std::string dir = s.save_sharded(step, data, why);
+    mesh_barrier(*s.mesh);  // nobody runs ahead of a checkpoint that is not committed yet
+    return dir;
   }
-  if (s.tp > 1) s.tp_full.gather(s.mesh->tp(), s.model.params(), s.moments);  // collective over tp
+  if (s.ddp) s.ddp->gather_moments(s.full_m, s.full_v);  // collective: every dp rank takes part
+  if (s.tp > 1) {
+    if (s.tp_full.specs.empty()) s.tp_full.allocate(s.model.params(), s.cfg.model);
+    s.tp_full.gather(s.mesh->tp(), s.model.params(), s.moments);  // collective over tp
+  }
   const bool stage_writer = !s.mesh || (s.mesh->coord().dp == 0 && s.mesh->coord().tp == 0);
   std::string dir;
   if (s.pp > 1 && stage_writer && s.pp_rank > 0) {
@@ -286,24 +419,10 @@ std::string TrainCheckpointer::save(int step, const LoaderState& data, const cha
   } else if (s.main_rank) {
     dir = write_checkpoint(s.cfg, s.stage_tensors(), step, data, s.micro, why);
   }
-  if (s.mesh) {  // nobody runs ahead of a checkpoint that is not committed yet
-    s.mesh->dp().barrier()->wait();
-    s.mesh->tp().barrier()->wait();
-    s.mesh->pp().barrier()->wait();
-  }
+  if (s.mesh) mesh_barrier(*s.mesh);  // nobody runs ahead of a checkpoint that is not committed yet
   return dir;
 }
 
-int TrainCheckpointer::restore(const std::string& path, LoaderState& data) {
-  Impl& s = *impl_;
-  if (s.ddp) {
-    s.full_m.resize(s.model.params().total_floats() * sizeof(float));
-    s.full_v.resize(s.model.params().total_floats() * sizeof(float));
-  }
-  const int step = read_checkpoint(s.cfg, path, s.model, s.saved, data);
-  if (s.tp > 1) s.tp_full.scatter(s.model.params(), s.moments);
-  if (s.ddp) s.ddp->scatter_moments(s.full_m.f32(), s.full_v.f32());
-  return step;
-}
+int TrainCheckpointer::restore(const std::string& path, LoaderState& data) { return impl_->restore(path, data); }
 
 }  // namespace mt

@@ -1,8 +1,11 @@
 // Checkpoints of a training run in any parallel layout. A rank holds a possibly sharded part of the model and
 // optimizer state (ZeRO-2 moment shards over dp, tensor shards over tp, its pipeline stages over pp); a checkpoint
-// always holds the full tensors (parameters, optimizer moments) and the run's position, so a run resumes under
-// any layout. Saving gathers the shards and stages to rank 0, which writes; restoring slices the full tensors
-// back into this rank's shards.
+// describes the full tensors (parameters, optimizer moments) and the run's position, so a run resumes under any
+// layout. A parallel run saves sharded (ckpt.sharded, the default): every rank writes the pieces it uniquely
+// holds to its own file (parameters: the dp-rank-0 replica of each TP shard; moments: each dp rank's ZeRO slices;
+// replicated tensors: tp rank 0 only) and rank 0 commits the manifest. With ckpt.sharded = false, or in a single
+// process, the full tensors are gathered to rank 0, which writes one file per group. Restoring reads, from either
+// kind, only the slices this rank holds.
 #pragma once
 #include <memory>
 #include <string>
@@ -27,13 +30,14 @@ class TrainCheckpointer {
   TrainCheckpointer(const TrainCheckpointer&) = delete;
   TrainCheckpointer& operator=(const TrainCheckpointer&) = delete;
 
-  // Collective over every rank: gathers the full state and writes checkpoint `step` (data: the loader position
-  // to resume from; why: for the log line) from rank 0, then waits until it is committed. Returns the checkpoint
-  // directory on rank 0, "" on the other ranks.
+  // Collective over every rank: writes checkpoint `step` (data: the loader position to resume from; why: for the
+  // log line), then waits until rank 0 has committed it. Returns the checkpoint directory on rank 0, "" on the
+  // other ranks.
   std::string save(int step, const LoaderState& data, const char* why);
 
-  // Loads the checkpoint at path into this rank's parameters and optimizer moments after checking that it fits
-  // this run (model config, optimizer, global batch); sets data to its loader position and returns its step.
+  // Loads the checkpoint at path (sharded or not, of any layout) into this rank's parameters and optimizer moments
+  // after checking that it fits this run (model config, optimizer, global batch); sets data to its loader
+  // position and returns its step. Every rank reads only the pieces overlapping what it holds.
   int restore(const std::string& path, LoaderState& data);
 
  private:

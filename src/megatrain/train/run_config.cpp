@@ -213,6 +213,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   k.get("dir", c.ckpt.dir);
   k.get("resume", c.ckpt.resume);
   k.get("save_final", c.ckpt.save_final);
+  k.get("sharded", c.ckpt.sharded);
   k.check_unknown();
 
   Section s = sec("sample");

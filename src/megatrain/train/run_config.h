@@ -37,6 +37,7 @@ struct CkptConfig {
   std::string dir;                 // default <train.out_dir>/ckpt
   std::string resume = "auto";     // auto (latest under dir if any) | none | path to a checkpoint
   bool save_final = true;
+  bool sharded = true;             // a parallel run: each rank writes its own shard file (false: gather to rank 0)
 };
 
 struct SampleConfig {
