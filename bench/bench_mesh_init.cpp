@@ -1,10 +1,11 @@
-// Communication-group start-up as the world grows: forks 4, 8, 16, 32 local ranks that each build the full 3D mesh
-// (tp, dp and pp groups over Gloo) through a file store in a temporary directory, and reports per world size the
-// slowest rank's DeviceMesh init time and the store traffic of all ranks together, counted by a Store wrapper.
-// Store operations should grow linearly with the world for fixed group sizes (no world group, no global barrier):
-// per rank they follow dp + pp + tp, the members of its own groups, which the check compares across sizes (a world
-// group would instead cost every rank world - 1 address reads). Prints JSON.
-//   bench_mesh_init [--reps N] [--sizes 4,8,16,32]
+// Communication-group start-up as the world grows, per rendezvous store: forks 4, 8, 16, 32 local ranks that each
+// build the full 3D mesh (tp, dp and pp groups over Gloo) through a store - a file store in a temporary directory,
+// our tcp:// store server, or a real redis-server (each server in a process of its own, started here) - and reports
+// per store and world size the slowest rank's DeviceMesh init time and the store traffic of all ranks together,
+// counted by a Store wrapper. Store operations should grow linearly with the world for fixed group sizes (no world
+// group, no global barrier): per rank they follow dp + pp + tp, the members of its own groups, which the check
+// compares across sizes (a world group would instead cost every rank world - 1 address reads). Prints JSON.
+//   bench_mesh_init [--reps N] [--sizes 4,8,16,32] [--store file|tcp|redis|all]
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -26,6 +28,8 @@
 #include "megatrain/core/error.h"
 #include "megatrain/dist/mesh.h"
 #include "megatrain/dist/store.h"
+// The server processes the multi-process tests use (free port, killed with this process).
+#include "../tests/dist_servers.h"
 
 using namespace mt;
 using nlohmann::json;
@@ -57,8 +61,13 @@ class CountingStore : public Store {
     ++removes;
     base_.remove(k);
   }
-  long total() const { return sets + gets + checks + adds + removes; }
-  std::atomic<long> sets{0}, gets{0}, checks{0}, adds{0}, removes{0};
+  // Forwarded, so a store with server-side waits (tcp) keeps them; counted as one operation.
+  void wait(const std::vector<std::string>& keys, Millis t) override {
+    ++waits;
+    base_.wait(keys, t);
+  }
+  long total() const { return sets + gets + checks + adds + removes + waits; }
+  std::atomic<long> sets{0}, gets{0}, checks{0}, adds{0}, removes{0}, waits{0};
 
  private:
   Store& base_;
@@ -77,13 +86,14 @@ MeshShape shape_for(int world) {
 
 struct RankResult {
   double init_seconds = 0;
-  long sets = 0, gets = 0, checks = 0;
+  long sets = 0, gets = 0, checks = 0, waits = 0;
   bool ok = false;
   std::string error;
 };
 
-// One run: fork `world` ranks, release them together, collect one line per rank.
-std::vector<RankResult> run_world(int world, const std::string& dir) {
+// One run: fork `world` ranks, release them together, collect one line per rank. Each rank opens the store at
+// `url`, under the key prefix `prefix` (so that repeated runs on one server do not see each other's keys).
+std::vector<RankResult> run_world(int world, const std::string& url, const std::string& prefix) {
   const MeshShape shape = shape_for(world);
   int go[2];
   MT_CHECK(::pipe(go) == 0, "pipe failed");
@@ -106,8 +116,9 @@ std::vector<RankResult> run_world(int world, const std::string& dir) {
       ::close(go[1]);
       std::string line;
       try {
-        auto file = make_file_store(dir);
-        CountingStore store(*file);
+        auto base = open_store(url, Millis(30000));
+        auto scoped = prefixed_store(*base, prefix);
+        CountingStore store(*scoped);
         char b;
         MT_CHECK(::read(go[0], &b, 1) == 1, "no start signal");  // all ranks exist before anyone starts
         GroupOptions opt;
@@ -116,8 +127,8 @@ std::vector<RankResult> run_world(int world, const std::string& dir) {
         float x = 1;
         allreduce_all(mesh, f32_view(&x, {1}));  // the mesh works end to end
         MT_CHECK(x == static_cast<float>(world), "allreduce_all gave {}", x);
-        line = fmt::format("ok {} {} {} {}\n", mesh.init_seconds(), store.sets.load(), store.gets.load(),
-                           store.checks.load());
+        line = fmt::format("ok {} {} {} {} {}\n", mesh.init_seconds(), store.sets.load(), store.gets.load(),
+                           store.checks.load(), store.waits.load());
       } catch (const std::exception& e) {
         line = std::string("error ") + e.what() + "\n";
       }
@@ -148,7 +159,7 @@ std::vector<RankResult> run_world(int world, const std::string& dir) {
     in >> tag;
     auto& rr = res[static_cast<size_t>(r)];
     if (tag == "ok") {
-      in >> rr.init_seconds >> rr.sets >> rr.gets >> rr.checks;
+      in >> rr.init_seconds >> rr.sets >> rr.gets >> rr.checks >> rr.waits;
       rr.ok = true;
     } else {
       rr.error = k.out.empty() ? "rank exited without a report" : k.out;
@@ -157,11 +168,90 @@ std::vector<RankResult> run_world(int world, const std::string& dir) {
   return res;
 }
 
+// Every world size of `sizes` on one store kind: the rows of the report plus the linearity check.
+json bench_store(const std::string& kind, const std::vector<int>& sizes, int reps) {
+  // A server per store kind, in a process of its own, shared by the runs (each under its own key prefix).
+  std::unique_ptr<dist_test::TcpServerProcess> tcp;
+  std::unique_ptr<dist_test::RedisServer> redis;
+  if (kind == "tcp") tcp = std::make_unique<dist_test::TcpServerProcess>();
+  if (kind == "redis") redis = std::make_unique<dist_test::RedisServer>();
+  json rows = json::array();
+  double first_ops_per_rank = 0, min_ratio = 1e300, max_ratio = 0;
+  for (int world : sizes) {
+    MeshShape s = shape_for(world);
+    std::vector<double> max_init;
+    long ops = 0, sets = 0, gets = 0, checks = 0, waits = 0;
+    for (int rep = 0; rep < reps; ++rep) {
+      std::string dir, url;
+      if (kind == "file") {
+        dir = (std::filesystem::temp_directory_path() / "mt-mesh-bench-XXXXXX").string();
+        MT_CHECK(::mkdtemp(dir.data()), "mkdtemp failed");
+        url = "file://" + dir;
+      } else if (kind == "tcp") {
+        url = fmt::format("tcp://127.0.0.1:{}", tcp->port());
+      } else {
+        url = fmt::format("redis://127.0.0.1:{}", redis->port());
+      }
+      auto res = run_world(world, url, fmt::format("w{}-r{}", world, rep));
+      if (!dir.empty()) std::filesystem::remove_all(dir);
+      double mx = 0;
+      long o = 0;
+      std::string errors;
+      for (size_t r = 0; r < res.size(); ++r)
+        if (!res[r].ok) errors += fmt::format("\n  rank {}: {}", r, res[r].error);
+      MT_CHECK(errors.empty(), "{} store, world {} failed:{}", kind, world, errors);
+      for (size_t r = 0; r < res.size(); ++r) {
+        mx = std::max(mx, res[r].init_seconds);
+        o += res[r].sets + res[r].gets + res[r].checks + res[r].waits;
+      }
+      max_init.push_back(mx);
+      if (rep == 0 || o < ops) {  // report the run with the least polling, the protocol's own traffic
+        ops = o;
+        sets = gets = checks = waits = 0;
+        for (auto& r : res) {
+          sets += r.sets;
+          gets += r.gets;
+          checks += r.checks;
+          waits += r.waits;
+        }
+      }
+    }
+    std::sort(max_init.begin(), max_init.end());
+    const double ops_per_rank = static_cast<double>(ops) / world;
+    const int members = s.dp + s.pp + s.tp;  // a rank's peers over its three groups, plus itself three times
+    if (first_ops_per_rank == 0) first_ops_per_rank = ops_per_rank;
+    rows.push_back({{"world", world},
+                    {"shape", fmt::format("dp{} x pp{} x tp{}", s.dp, s.pp, s.tp)},
+                    {"max_init_seconds_median", max_init[max_init.size() / 2]},
+                    {"max_init_seconds_all", max_init},
+                    {"store_ops_total", ops},
+                    {"store_sets", sets},
+                    {"store_gets", gets},
+                    {"store_checks", checks},
+                    {"store_waits", waits},
+                    {"store_ops_per_rank", ops_per_rank},
+                    {"ops_per_rank_vs_smallest", ops_per_rank / first_ops_per_rank},
+                    {"group_members_per_rank", members},
+                    {"store_ops_per_rank_per_member", ops_per_rank / members},
+                    {"world_group_address_gets_for_comparison", static_cast<long>(world) * (world - 1)}});
+    min_ratio = std::min(min_ratio, ops_per_rank / members);
+    max_ratio = std::max(max_ratio, ops_per_rank / members);
+  }
+  json out;
+  out["store"] = kind;
+  out["results"] = rows;
+  // Linear: the traffic per rank follows the size of that rank's own groups (dp + pp + tp), not the world size.
+  out["store_ops_per_rank_per_member_spread"] = max_ratio / min_ratio;
+  out["store_ops_linear"] = max_ratio / min_ratio < 1.5;
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int reps = 3;
   std::vector<int> sizes{4, 8, 16, 32};
+  std::vector<std::string> stores{"file", "tcp", "redis"};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) {
@@ -171,72 +261,42 @@ int main(int argc, char** argv) {
       std::stringstream ss(argv[++i]);
       std::string tok;
       while (std::getline(ss, tok, ',')) sizes.push_back(std::atoi(tok.c_str()));
+    } else if (a == "--store" && i + 1 < argc) {
+      std::string k = argv[++i];
+      if (k == "all") {
+        stores = {"file", "tcp", "redis"};
+      } else if (k == "file" || k == "tcp" || k == "redis") {
+        stores = {k};
+      } else {
+        std::cerr << "bench_mesh_init: --store must be file, tcp, redis or all, got '" << k << "'\n";
+        return 2;
+      }
     } else {
-      std::cerr << "usage: bench_mesh_init [--reps N] [--sizes 4,8,16,32]\n";
+      std::cerr << "usage: bench_mesh_init [--reps N] [--sizes 4,8,16,32] [--store file|tcp|redis|all]\n";
       return 2;
     }
+  }
+  if (reps < 1) {
+    std::cerr << "bench_mesh_init: --reps must be >= 1\n";
+    return 2;
   }
   try {
     json out;
     out["bench"] = "mesh_init";
-    out["store"] = "file";
     out["cpus"] = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-    json rows = json::array();
-    double first_ops_per_rank = 0, min_ratio = 1e300, max_ratio = 0;
-    for (int world : sizes) {
-      MeshShape s = shape_for(world);
-      std::vector<double> max_init;
-      long ops = 0, sets = 0, gets = 0, checks = 0;
-      for (int rep = 0; rep < reps; ++rep) {
-        std::string tmpl = (std::filesystem::temp_directory_path() / "mt-mesh-bench-XXXXXX").string();
-        MT_CHECK(::mkdtemp(tmpl.data()), "mkdtemp failed");
-        auto res = run_world(world, tmpl);
-        std::filesystem::remove_all(tmpl);
-        double mx = 0;
-        long o = 0;
-        std::string errors;
-        for (size_t r = 0; r < res.size(); ++r)
-          if (!res[r].ok) errors += fmt::format("\n  rank {}: {}", r, res[r].error);
-        MT_CHECK(errors.empty(), "world {} failed:{}", world, errors);
-        for (size_t r = 0; r < res.size(); ++r) {
-          mx = std::max(mx, res[r].init_seconds);
-          o += res[r].sets + res[r].gets + res[r].checks;
-        }
-        max_init.push_back(mx);
-        if (rep == 0 || o < ops) {  // report the run with the least polling, the protocol's own traffic
-          ops = o;
-          sets = gets = checks = 0;
-          for (auto& r : res) {
-            sets += r.sets;
-            gets += r.gets;
-            checks += r.checks;
-          }
-        }
-      }
-      std::sort(max_init.begin(), max_init.end());
-      const double ops_per_rank = static_cast<double>(ops) / world;
-      const int members = s.dp + s.pp + s.tp;  // a rank's peers over its three groups, plus itself three times
-      if (first_ops_per_rank == 0) first_ops_per_rank = ops_per_rank;
-      rows.push_back({{"world", world},
-                      {"shape", fmt::format("dp{} x pp{} x tp{}", s.dp, s.pp, s.tp)},
-                      {"max_init_seconds_median", max_init[max_init.size() / 2]},
-                      {"max_init_seconds_all", max_init},
-                      {"store_ops_total", ops},
-                      {"store_sets", sets},
-                      {"store_gets", gets},
-                      {"store_checks", checks},
-                      {"store_ops_per_rank", ops_per_rank},
-                      {"ops_per_rank_vs_smallest", ops_per_rank / first_ops_per_rank},
-                      {"group_members_per_rank", members},
-                      {"store_ops_per_rank_per_member", ops_per_rank / members},
-                      {"world_group_address_gets_for_comparison", static_cast<long>(world) * (world - 1)}});
-      min_ratio = std::min(min_ratio, ops_per_rank / members);
-      max_ratio = std::max(max_ratio, ops_per_rank / members);
+    double load[1] = {-1};
+    if (::getloadavg(load, 1) == 1) out["load_average_1min_at_start"] = load[0];  // other work on a shared machine
+    json per_store = json::object(), table = json::array();
+    for (const std::string& k : stores) per_store[k] = bench_store(k, sizes, reps);
+    // One row per world size: the median of the slowest rank's init time under each store.
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      json row = {{"world", sizes[i]}};
+      for (const std::string& k : stores)
+        row[k + "_max_init_seconds_median"] = per_store[k]["results"][i]["max_init_seconds_median"];
+      table.push_back(row);
     }
-    out["results"] = rows;
-    // Linear: the traffic per rank follows the size of that rank's own groups (dp + pp + tp), not the world size.
-    out["store_ops_per_rank_per_member_spread"] = max_ratio / min_ratio;
-    out["store_ops_linear"] = max_ratio / min_ratio < 1.5;
+    out["stores"] = per_store;
+    out["init_seconds_by_store"] = table;
     std::cout << out.dump(2) << std::endl;
   } catch (const std::exception& e) {
     std::cerr << "bench_mesh_init: " << e.what() << "\n";

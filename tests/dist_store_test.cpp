@@ -23,9 +23,8 @@
 #include "megatrain/core/error.h"
 #include "megatrain/dist/env.h"
 #include "megatrain/dist/store.h"
+#include "dist_servers.h"
 #include "test_util.h"
-
-extern char** environ;
 
 using namespace mt;
 using namespace std::chrono_literals;
@@ -52,47 +51,6 @@ const int kChildMode = [] {
   ::_exit(0);
 }();
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// Starts a program with stdout to /dev/null; it is killed if this test process dies (no stray servers).
-pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {}) {
-  std::vector<std::string> env = extra_env;
-  for (char** e = environ; *e; ++e) env.push_back(*e);
-  std::vector<char*> argv, envp;
-  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  if (pid == 0) {  // only async-signal-safe calls until exec: other threads may be running
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
-    int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 1);
-    ::execvpe(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
-  if (pid < 0) throw Error("cannot fork for " + args[0] + ": " + std::strerror(errno));
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return st;
-}
-
 using mt::test::error_of;
 
 double seconds_of(const std::function<void()>& f) {
@@ -101,36 +59,10 @@ double seconds_of(const std::function<void()>& f) {
   return now_seconds() - t0;
 }
 
-// A private redis-server on a free port, killed at the end (and with this process, should it crash).
-class RedisServer {
- public:
-  RedisServer() {
-    dir_ = std::filesystem::temp_directory_path() / ("mt-redis-" + std::to_string(::getpid()) + "-" + std::to_string(count_++));
-    std::filesystem::create_directories(dir_);
-    port_ = free_port();
-    pid_ = spawn({"redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
-                  "--appendonly", "no", "--dir", dir_.string(), "--daemonize", "no"});
-    // Wait until it accepts connections (a client with a connect timeout retries for us).
-    make_redis_store("127.0.0.1", port_, "", 10s);
-  }
-  ~RedisServer() { stop(); }
-  void stop() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      wait_exit(pid_);
-      pid_ = -1;
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-    }
-  }
-  int port() const { return port_; }
-
- private:
-  static inline int count_ = 0;
-  std::filesystem::path dir_;
-  int port_ = 0;
-  pid_t pid_ = -1;
-};
+using dist_test::RedisServer;
+using dist_test::free_port;
+using dist_test::spawn;
+using dist_test::wait_exit;
 
 // One tcp server and one redis server shared by the parameterised tests; every test uses its own keys.
 struct Servers {

@@ -31,11 +31,7 @@ inline const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown-
 inline constexpr size_t kQkvWidth = 3 * 64;
 
 // The Brown shards, prepared once per build tree (shared by all three tests).
-inline void prepare() {
-  if (fs::exists(kData + "/meta.json")) return;
-  std::string cmd = kBin + " prepare-data --preset brown --out " + kData + " >/dev/null";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-}
+inline void prepare() { mt::test::prepare_brown_once(kBin, kData); }
 
 // The flags every run of these tests shares: a small GPT (n_layer layers, d_model 64, 4 heads) for 5 steps on the
 // Brown shards, writing to `out`; `extra` is appended (e.g. " --optim.eps=1e-6").

@@ -1,5 +1,11 @@
 // Helpers every test suite may use.
 #pragma once
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "megatrain/core/error.h"
@@ -15,6 +21,34 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "<no error>";
+}
+
+// Prepares the Brown corpus shards into `dir` with `megatrain prepare-data` once per build tree. ctest runs test cases
+// as parallel processes, so the first one to get the lock prepares into a fresh folder and renames it into place;
+// the others wait on the lock and find the finished folder (never a half-written one).
+inline void prepare_brown_once(const std::string& megatrain_bin, const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (fs::exists(dir + "/meta.json")) return;
+  fs::create_directories(fs::path(dir).parent_path());
+  const std::string lock_path = dir + ".lock";
+  int fd = ::open(lock_path.c_str(), O_CREAT | O_RDWR, 0644);
+  MT_CHECK(fd >= 0, "cannot open the lock file {}", lock_path);
+  ::flock(fd, LOCK_EX);
+  std::string error;
+  if (!fs::exists(dir + "/meta.json")) {
+    const std::string tmp = dir + ".partial";
+    fs::remove_all(tmp);
+    const std::string cmd = megatrain_bin + " prepare-data --preset brown --out " + tmp + " >/dev/null";
+    if (std::system(cmd.c_str()) != 0) {
+      error = "failed: " + cmd;
+    } else {
+      fs::remove_all(dir);
+      fs::rename(tmp, dir);
+    }
+  }
+  ::flock(fd, LOCK_UN);
+  ::close(fd);
+  MT_CHECK(error.empty(), "{}", error);
 }
 
 }  // namespace mt::test

@@ -13,6 +13,7 @@
 
 #include "megatrain/core/error.h"
 #include "megatrain/train/trainer.h"
+#include "test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
@@ -21,11 +22,7 @@ namespace {
 
 const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown";
 
-void prepare_brown() {
-  if (fs::exists(kData + "/train_000000.bin")) return;
-  std::string cmd = std::string(MT_BINARY_DIR) + "/megatrain prepare-data --preset brown --out " + kData + " >/dev/null";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-}
+void prepare_brown() { mt::test::prepare_brown_once(std::string(MT_BINARY_DIR) + "/megatrain", kData); }
 
 RunConfig small(const std::string& out, std::vector<std::string> extra = {}) {
   std::vector<std::string> ov = {"--data.dir=" + kData, "--train.out_dir=" + out, "--model.n_layer=2",

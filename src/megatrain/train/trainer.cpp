@@ -16,6 +16,7 @@
 #include "megatrain/dist/mesh.h"
 #include "megatrain/parallel/data_parallel.h"
 #include "megatrain/parallel/gpt_pipeline.h"
+#include "megatrain/parallel/pipeline_eval.h"
 #include "megatrain/parallel/tensor_parallel.h"
 #include "megatrain/data/tokenizer.h"
 #include "megatrain/model/gpt.h"
@@ -32,17 +33,42 @@ namespace {
 
 namespace fs = std::filesystem;
 
-double evaluate(GPT& model, const RunConfig& cfg) {
-  // Every rank evaluates the same windows (the model is replicated across dp), so no reduction is needed.
-  // A fresh, unshuffled loader each time: every evaluation sees the same validation windows.
-  DataLoader val(cfg.data.dir, "val", cfg.data.batch_size, cfg.data.seq_len, false, 0, 0, 1, 0);
-  int n = static_cast<int>(std::min<uint64_t>(cfg.train.eval_batches, val.batches_per_epoch()));
-  double sum = 0;
+// Validation loss: the mean over the first train.eval_batches batches of the val split (unshuffled, so every
+// evaluation sees the same windows) of each batch's mean loss. A batch is the step's global batch, dp x
+// microbatches x data.batch_size rows, so any layout sees the windows one process with that batch size sees: each
+// dp rank takes its rows (through the pipeline stages with pp; with tp the model's vocab-parallel loss is the same
+// on every tp rank), and the per-position loss sums and target counts are summed over pp (only the last stage has
+// them) and dp.
+double evaluate(GPT& model, const RunConfig& cfg, DeviceMesh* mesh, int micro) {
+  const int dp = mesh ? mesh->shape().dp : 1, dp_rank = mesh ? mesh->coord().dp : 0;
+  const bool pipelined = mesh && mesh->shape().pp > 1;
+  const int B = cfg.data.batch_size, T = cfg.data.seq_len;
+  DataLoader val(cfg.data.dir, "val", B * micro, T, false, 0, dp_rank, dp, 0);
+  const int n = static_cast<int>(std::min<uint64_t>(cfg.train.eval_batches, val.batches_per_epoch()));
+  if (n == 0) return NAN;
+  std::vector<float> sums(2 * static_cast<size_t>(n), 0.0f);  // per batch: loss sum, valid targets
   for (int i = 0; i < n; ++i) {
     Batch b = val.next();
-    sum += model.forward(b.x.data(), b.y.data(), b.B, b.T, false);
+    int64_t valid = 0;
+    for (int32_t y : b.y) valid += y >= 0;
+    double loss_sum;
+    if (pipelined) {
+      loss_sum = pipeline_eval_loss(model, mesh->pp(), b.x.data(), b.y.data(), micro, B, T);
+      if (mesh->coord().pp != mesh->shape().pp - 1) valid = 0;  // counted once, on the stage that has the loss
+    } else {
+      loss_sum = static_cast<double>(model.forward(b.x.data(), b.y.data(), b.B, b.T, false)) * static_cast<double>(valid);
+    }
+    sums[2 * i] = static_cast<float>(loss_sum);
+    sums[2 * i + 1] = static_cast<float>(valid);
   }
-  return n > 0 ? sum / n : NAN;
+  if (mesh) {
+    Tensor t = f32_view(sums.data(), {static_cast<int64_t>(sums.size())});
+    if (pipelined) mesh->pp().allreduce(t)->wait();
+    if (dp > 1) mesh->dp().allreduce(t)->wait();
+  }
+  double mean = 0;
+  for (int i = 0; i < n; ++i) mean += static_cast<double>(sums[2 * i]) / sums[2 * i + 1];
+  return mean / n;
 }
 
 }  // namespace
@@ -140,6 +166,8 @@ TrainResult run_training(const RunConfig& cfg) {
     o.clip_norm_weights = clip_weights;
     o.clip_norm_reduce = clip_reduce;
     ddp = std::make_unique<DataParallel>(model, mesh->dp(), *ops, cfg.optim, o);
+    // Under pp a chunk's gradients are final in the backward of its last micro-batch: its buckets start there.
+    if (pipe) pipe->set_before_last_backward([&ddp](int c) { ddp->begin_last_backward(c); });
   } else {
     opt = std::make_unique<Optimizer>(cfg.optim, model.params(), *ops);
     if (tp > 1) opt->set_norm_reduce(norm_weights, tp_norm_reduce);
@@ -203,17 +231,14 @@ TrainResult run_training(const RunConfig& cfg) {
     model.params().zero_grads();
     float loss = 0;
     if (pipe) {
-      // The dp reduce-scatters are not overlapped with the pipeline's backward: they start in finish_gradients.
       for (int round = 0; round < accum; ++round) {
         Batch b = loader.next();
         loss += pipe->run(mesh->pp(), b.x.data(), b.y.data(), 1.0f / static_cast<float>(accum * micro),
                           round == accum - 1);
       }
       loss /= static_cast<float>(accum * micro);
+      // DataParallel reduces the buckets holding wte only in finish_gradients, after this sum.
       if (emb_group) emb_group->allreduce(model.params().grad("wte.weight"))->wait();
-      // Arming only now (no backward follows) resets the buckets so that finish_gradients reduces them all: armed
-      // during the pipeline, a layer's bucket would be reduced after its first micro-batch's backward.
-      if (ddp) ddp->begin_last_backward();
       mesh->pp().allreduce(f32_view(&loss, {1}))->wait();  // the loss exists on the last stage only
     } else {
       for (int mi = 0; mi < accum; ++mi) {
@@ -256,12 +281,8 @@ TrainResult run_training(const RunConfig& cfg) {
       say(MetricsLog::progress_line(s));
     const bool eval_now = cfg.train.eval_every > 0 && cfg.train.eval_batches > 0 &&
                           (step % cfg.train.eval_every == 0 || step == cfg.train.steps);
-    if (eval_now && pp > 1) {
-      if (step == cfg.train.eval_every || step == cfg.train.steps)
-        say("(no validation: evaluation with parallel.pp > 1 is not supported yet; evaluate a checkpoint in one "
-            "process)");
-    } else if (eval_now) {
-      res.last_val_loss = evaluate(model, cfg);
+    if (eval_now) {
+      res.last_val_loss = evaluate(model, cfg, mesh.get(), micro);
       say(fmt::format("step {:>6} | val loss {:.4f}", step, res.last_val_loss));
       if (main_rank) log.write({{"kind", "val"}, {"step", step}, {"val_loss", res.last_val_loss}});
     }
@@ -271,19 +292,24 @@ TrainResult run_training(const RunConfig& cfg) {
   if (cfg.ckpt.save_final && res.last_step >= res.first_step) checkpoint(res.last_step, "final");
   if (ddp) ddp->sync_params();
 
-  if (cfg.sample.tokens > 0 && main_rank && (tp > 1 || pp > 1)) {
-    fmt::print("(no sample: sampling with parallel.tp > 1 or parallel.pp > 1 is not supported yet; sample from the "
-               "checkpoint with `megatrain generate`)\n");
-  } else if (cfg.sample.tokens > 0 && main_rank) {
+  // Every rank of the first dp replica takes part in sampling (its tp and pp groups run the model); rank 0 prints.
+  if (cfg.sample.tokens > 0 && dp_rank == 0) {
     Tokenizer tok = Tokenizer::load_gpt2(default_gpt2_vocab_dir());
     if (tok.vocab_size() == cfg.model.vocab_size) {
       SampleOptions so{cfg.sample.tokens, cfg.sample.temperature, cfg.sample.top_k, cfg.sample.seed, tok.eot()};
       std::vector<int32_t> prompt = tok.encode(cfg.sample.prompt);
       if (prompt.empty()) prompt.push_back(tok.eot());
-      std::vector<int32_t> out = sample_tokens(model, prompt, so);
+      std::vector<int32_t> out = sample_tokens(model, tp > 1 ? &mesh->tp() : nullptr, pp > 1 ? &mesh->pp() : nullptr,
+                                               prompt, so);
       res.sample = cfg.sample.prompt + tok.decode(out);
-      fmt::print("---- sample ----\n{}\n----------------\n", res.sample);
-    } else {
+      if (main_rank) {
+        fmt::print("---- sample ----\n{}\n----------------\n", res.sample);
+        // A sample may end inside a multi-byte character: the log's copy has invalid UTF-8 replaced (U+FFFD).
+        const auto text = nlohmann::json::parse(
+            nlohmann::json(res.sample).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        log.write({{"kind", "sample"}, {"step", res.last_step}, {"text", text}, {"tokens", out}});
+      }
+    } else if (main_rank) {
       fmt::print("(no sample: model.vocab_size {} is not the GPT-2 vocabulary's {})\n", cfg.model.vocab_size,
                  tok.vocab_size());
     }
