@@ -89,7 +89,7 @@ float GptPipeline::run(ProcessGroup& pp_group, const int32_t* tokens, const int3
     c->start(tokens, targets, loss_scale, last_run);
     cs.push_back(c.get());
   }
-  stats_ = run_pipeline(sched_, rank_, cs, pp_group);
+  stats_ = run_pipeline(sched_, rank_, cs, pp_group, overlap_p2p_);
   model_.set_tp_grad_sync(true);
   float sum = 0;
   for (auto& c : chunks_) sum += c->loss();

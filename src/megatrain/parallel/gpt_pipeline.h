@@ -28,6 +28,9 @@ class GptPipeline {
   // Called with chunk c right before the backward of c's last micro-batch in the last run of a step: from then on
   // the gradients that backward finishes are final (e.g. DataParallel::begin_last_backward(c)).
   void set_before_last_backward(std::function<void(int chunk)> f) { before_last_backward_ = std::move(f); }
+  // false: run_pipeline's serialised baseline (receives posted when needed, sends waited at once), for measuring
+  // what overlapping the point-to-point transfers with compute buys.
+  void set_overlap_p2p(bool on) { overlap_p2p_ = on; }
 
   // Runs every micro-batch through this rank's chunks: tokens / targets hold s.microbatches * B rows of T (read on
   // the first / last stage only). Each micro-batch's loss gradient is scaled by loss_scale. last_run: the last
@@ -44,6 +47,7 @@ class GptPipeline {
   int rank_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::function<void(int)> before_last_backward_;
+  bool overlap_p2p_ = true;
   PipelineStats stats_;
 };
 

@@ -20,7 +20,7 @@ std::vector<int> peak_in_flight_per_chunk(const Schedule& s, int rank) {
 }
 
 PipelineStats run_pipeline(const Schedule& s, int rank, const std::vector<PipelineChunk*>& chunks,
-                           ProcessGroup& pp_group) {
+                           ProcessGroup& pp_group, bool overlap_p2p) {
   MT_CHECK(static_cast<int>(chunks.size()) == s.virtual_stages, "pipeline: {} model chunks on rank {} but the "
            "schedule has {} virtual stages", chunks.size(), rank, s.virtual_stages);
   MT_CHECK(pp_group.size() == s.pp, "pipeline: the pp group has {} ranks but the schedule {}", pp_group.size(), s.pp);
@@ -37,28 +37,72 @@ PipelineStats run_pipeline(const Schedule& s, int rank, const std::vector<Pipeli
     st.comm_seconds += it->second->exec_seconds();
     pending.erase(it);
   };
-  for (const Action& a : s.per_rank.at(rank)) {
+  // Posts the transfer of a Post* action into the buffer its chunk provides.
+  auto post = [&](const Action& a) {
     PipelineChunk& c = *chunks.at(a.chunk);
-    const int tag = a.peer >= 0 ? p2p_tag(s, rank, a) : 0;
+    const int tag = p2p_tag(s, rank, a);
+    WorkPtr w;
+    switch (a.kind) {
+      case ActionKind::PostRecvForward: w = pp_group.recv(c.input(a.microbatch), a.peer, tag); break;
+      case ActionKind::PostSendForward: w = pp_group.send(c.output(a.microbatch), a.peer, tag); break;
+      case ActionKind::PostRecvBackward: w = pp_group.recv(c.grad_output(a.microbatch), a.peer, tag); break;
+      case ActionKind::PostSendBackward: w = pp_group.send(c.grad_input(a.microbatch), a.peer, tag); break;
+      default: fail("pipeline rank {}: {} is not a post", rank, to_string(a, s.virtual_stages));
+    }
+    pending[key(a.kind, a)] = std::move(w);
+  };
+  // Serialised mode: the receive a Wait* action waits for, posted on the spot unless it already is.
+  auto post_recv_for = [&](const Action& wait_action) {
+    const ActionKind k =
+        wait_action.kind == ActionKind::WaitRecvForward ? ActionKind::PostRecvForward : ActionKind::PostRecvBackward;
+    const Action p{k, wait_action.microbatch, wait_action.chunk, wait_action.peer};
+    if (!pending.count(key(k, p))) post(p);
+  };
+  const std::vector<Action>& actions = s.per_rank.at(rank);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    PipelineChunk& c = *chunks.at(a.chunk);
     switch (a.kind) {
       case ActionKind::PostRecvForward:
-        pending[key(a.kind, a)] = pp_group.recv(c.input(a.microbatch), a.peer, tag);
-        break;
-      case ActionKind::WaitRecvForward: wait(ActionKind::PostRecvForward, a); break;
-      case ActionKind::Forward: c.forward(a.microbatch); break;
-      case ActionKind::PostSendForward:
-        pending[key(a.kind, a)] = pp_group.send(c.output(a.microbatch), a.peer, tag);
-        break;
-      case ActionKind::WaitSendForward: wait(ActionKind::PostSendForward, a); break;
       case ActionKind::PostRecvBackward:
-        pending[key(a.kind, a)] = pp_group.recv(c.grad_output(a.microbatch), a.peer, tag);
+        if (overlap_p2p) post(a);  // serialised: deferred to the wait (or to a send's pairing below)
         break;
-      case ActionKind::WaitRecvBackward: wait(ActionKind::PostRecvBackward, a); break;
+      case ActionKind::WaitRecvForward:
+        if (!overlap_p2p) post_recv_for(a);
+        wait(ActionKind::PostRecvForward, a);
+        break;
+      case ActionKind::WaitRecvBackward:
+        if (!overlap_p2p) post_recv_for(a);
+        wait(ActionKind::PostRecvBackward, a);
+        break;
+      case ActionKind::Forward: c.forward(a.microbatch); break;
       case ActionKind::Backward: c.backward(a.microbatch); break;
+      case ActionKind::PostSendForward:
       case ActionKind::PostSendBackward:
-        pending[key(a.kind, a)] = pp_group.send(c.grad_input(a.microbatch), a.peer, tag);
+        post(a);
+        if (!overlap_p2p) {
+          // Pair the blocking send with the receive(s) this rank needs next (see pipeline.h), then block on it.
+          // 1F1B: the next receive. Interleaved: the next of each direction, as Megatron batches them; with
+          // every chunk talking to the same neighbours, the next one alone leaves a cycle of blocked sends.
+          bool fwd_done = false, bwd_done = false;
+          for (size_t j = i + 1; j < actions.size() && !(fwd_done && bwd_done); ++j) {
+            const ActionKind k = actions[j].kind;
+            bool& done = k == ActionKind::WaitRecvForward ? fwd_done : bwd_done;
+            if ((k == ActionKind::WaitRecvForward || k == ActionKind::WaitRecvBackward) && !done) {
+              post_recv_for(actions[j]);
+              done = true;
+              if (s.virtual_stages == 1) break;
+            }
+          }
+          wait(a.kind, a);
+        }
         break;
-      case ActionKind::WaitSendBackward: wait(ActionKind::PostSendBackward, a); break;
+      case ActionKind::WaitSendForward:
+        if (overlap_p2p) wait(ActionKind::PostSendForward, a);  // serialised: already waited at the post
+        break;
+      case ActionKind::WaitSendBackward:
+        if (overlap_p2p) wait(ActionKind::PostSendBackward, a);
+        break;
     }
   }
   MT_CHECK(pending.empty(), "pipeline rank {}: {} transfers never waited", rank, pending.size());

@@ -38,7 +38,13 @@ struct PipelineStats {
 std::vector<int> peak_in_flight_per_chunk(const Schedule& s, int rank);
 
 // Runs the actions of pp rank `rank` (group rank in `pp_group`) with chunks[c] holding virtual stage c*pp + rank.
+// overlap_p2p = false is the serialised baseline for measuring what the decoupled communication buys: a receive
+// is posted only when its compute needs it and every send is waited right after it is posted. Sends rendezvous
+// (they complete only once the peer's receive exists), so before blocking on a send the rank also posts the
+// receive its next receiving compute will wait for (interleaved: the next one of each direction), as Megatron's
+// send_forward_recv_backward (send_forward_backward_recv_forward_backward) pairs them; without that, neighbours
+// blocked in sends to each other would deadlock in the steady state.
 PipelineStats run_pipeline(const Schedule& s, int rank, const std::vector<PipelineChunk*>& chunks,
-                           ProcessGroup& pp_group);
+                           ProcessGroup& pp_group, bool overlap_p2p = true);
 
 }  // namespace mt
