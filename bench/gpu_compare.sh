@@ -48,6 +48,25 @@ for run in "${RUNS[@]}"; do
   # ---------------------------------------------------------------------------------------------------------------
 done
 
+# MegaScale's block variants on megatrain alone (issue 4: PTB and SWA must be as fast as the sequential block with
+# full attention, or faster): the 350M shape with the parallel block, a window of T/4, and both.
+VARIANT_MODEL=${VARIANT_MODEL:-gpt2-350m}
+VARIANT_B=${B_350M:-8}
+variants=("seq_full:--block sequential" "ptb_full:--block parallel" "seq_swa:--block sequential --window 256"
+          "ptb_swa:--block parallel --window 256")
+for v in "${variants[@]}"; do
+  name=${v%%:*}
+  flags=${v#*:}
+  : >"$tmp/var-$name.json"
+  if [[ -x "$MEGATRAIN_BIN" ]]; then
+    echo "== variant $name ($VARIANT_MODEL B=$VARIANT_B: $flags)" >&2
+    # shellcheck disable=SC2086
+    "$MEGATRAIN_BIN" --model "$VARIANT_MODEL" --batch "$VARIANT_B" --warmup "$WARMUP" --steps "$STEPS" $flags \
+      >"$tmp/var-$name.out" 2>"$tmp/var-$name.log" || tail -n 20 "$tmp/var-$name.log" >&2
+    json_line "$tmp/var-$name.out" >"$tmp/var-$name.json"
+  fi
+done
+
 # One JSON document: per size the two results and the ratio megatrain/torch of tokens/s (null when one is missing).
 "$PYTHON" - "$tmp" "$gpu" "$out" "${RUNS[@]}" <<'PY'
 import json, sys, datetime, pathlib
@@ -63,9 +82,16 @@ for run in runs:
     ratio = m["tokens_per_s"] / t["tokens_per_s"] if ok else None
     rows.append({"model": model, "B": int(batch), "T": int(seq), "torch": t, "megatrain": m,
                  "ratio_tokens_per_s": None if ratio is None else round(ratio, 3)})
+variants = {}
+for name in ["seq_full", "ptb_full", "seq_swa", "ptb_swa"]:
+    variants[name] = load(tmp / f"var-{name}.json")
+base = variants.get("seq_full") or {}
+for name, v in variants.items():
+    if v and base.get("step_ms") and v.get("step_ms"):
+        v["step_time_vs_seq_full"] = round(v["step_ms"] / base["step_ms"], 3)
 doc = {"benchmark": "gpu_compare", "gpu": gpu, "date": datetime.datetime.now().isoformat(timespec="seconds"),
        "note": "tokens/s = B*T / median step time; MFU with ModelConfig::flops_per_token and 989e12 FLOP/s",
-       "runs": rows}
+       "runs": rows, "megatrain_block_variants": variants}
 pathlib.Path(out).write_text(json.dumps(doc, indent=2) + "\n")
 print(json.dumps(doc, indent=2))
 PY

@@ -30,9 +30,11 @@ float lr_at(const OptimConfig& c, int step, int total_steps) {
 }
 
 double global_grad_norm(Ops& ops, const ParamStore& params) {
-  double ss = 0;
-  for (size_t i = 0; i < params.size(); ++i) ss += ops.sum_squares(params.grad(static_cast<int>(i)));
-  return std::sqrt(ss);
+  // One reduction over the flat gradient buffer (the padding between tensors is never written, so it stays zero):
+  // a single launch and a single device-to-host read per step on a GPU instead of one per tensor.
+  if (params.size() == 0) return 0;
+  Tensor all(params.grads_data(), {static_cast<int64_t>(params.total_floats())}, DType::F32, params.device());
+  return std::sqrt(ops.sum_squares(all));
 }
 
 double global_grad_norm(Ops& ops, const ParamStore& params, const std::vector<float>& weights,
