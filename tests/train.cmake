@@ -1,3 +1,7 @@
 mt_test(train_test mt_train)
 mt_test(run_config_test mt_train)
 add_dependencies(train_test megatrain)
+mt_gpu_test(train_gpu_test mt_train)  # train.device = "cuda" vs the CPU run
+if(TARGET train_gpu_test)
+  add_dependencies(train_gpu_test megatrain)
+endif()

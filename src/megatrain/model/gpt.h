@@ -47,6 +47,7 @@ class GPT {
   // This rank's vocabulary columns of logits(): ids [vocab_begin(), vocab_begin() + local_vocab()).
   int64_t vocab_begin() const;
   int64_t local_vocab() const;
+  Ops& ops() const { return ops_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
 

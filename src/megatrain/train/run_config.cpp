@@ -205,6 +205,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   t.get("out_dir", c.train.out_dir);
   t.get("peak_tflops", c.train.peak_tflops);
   t.get("threads", c.train.threads);
+  t.get("device", c.train.device);
   t.check_unknown();
 
   Section k = sec("ckpt");
@@ -260,6 +261,12 @@ void RunConfig::validate() const {
   MT_CHECK(train.eval_every >= 0 && train.eval_batches >= 0, "{}: train.eval_every/eval_batches must be >= 0", source);
   MT_CHECK(train.peak_tflops >= 0, "{}: train.peak_tflops must be >= 0", source);
   MT_CHECK(train.threads >= 0, "{}: train.threads must be >= 0", source);
+  MT_CHECK(train.device == "cpu" || train.device == "cuda", "{}: train.device must be \"cpu\" or \"cuda\" (got \"{}\")",
+           source, train.device);
+  MT_CHECK(train.device == "cpu" || (parallel.dp == 1 && parallel.pp == 1 && parallel.tp == 1),
+           "{}: train.device = \"cuda\" runs one process on one GPU for now: parallel.dp, parallel.pp and parallel.tp "
+           "must be 1 (got {}, {}, {}); multi-GPU training needs the NCCL data path, which is not wired into the "
+           "trainer yet", source, parallel.dp, parallel.pp, parallel.tp);
   MT_CHECK(ckpt.every >= 0 && ckpt.keep_last >= 1, "{}: ckpt.every must be >= 0 and ckpt.keep_last >= 1", source);
   MT_CHECK(parallel.dp >= 1 && parallel.pp >= 1 && parallel.tp >= 1,
            "{}: parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", source, parallel.dp,

@@ -3,10 +3,29 @@
 #include <algorithm>
 #include <cmath>
 
+#include "megatrain/core/bf16.h"
 #include "megatrain/core/buffer.h"
 #include "megatrain/parallel/pipeline_eval.h"
 
 namespace mt {
+
+namespace {
+
+// Row r of [rows, n] logits as host floats: the logits may live in device memory in bf16 (the CUDA backend).
+void logits_row_to_host(Ops& ops, Tensor logits, int64_t r, float* out) {
+  const Tensor row = logits.slice0(r, r + 1);
+  const int64_t n = row.numel();
+  if (row.dtype == DType::F32) {
+    ops.to_host(out, row);
+    return;
+  }
+  MT_CHECK(row.dtype == DType::BF16, "sampling: logits of dtype {} are not supported", dtype_name(row.dtype));
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  ops.to_host(h.data(), row);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(h[i]);
+}
+
+}  // namespace
 
 TokenPicker::TokenPicker(int vocab_size, const SampleOptions& o) : vocab_(vocab_size), o_(o), rng_(o.seed) {
   MT_CHECK(vocab_size > 0, "sampling needs a vocabulary, got vocab_size {}", vocab_size);
@@ -59,9 +78,9 @@ std::vector<int32_t> sample_tokens(GPT& model, ProcessGroup* tp, ProcessGroup* p
     Tensor logits = pps > 1 ? pipeline_logits(model, *pp, window.data(), 1, Tpad) : model.logits(window.data(), 1, Tpad);
     int32_t next = 0;
     if (last_stage) {
-      const float* row = logits.f32() + static_cast<size_t>(T - 1) * Vl;
+      logits_row_to_host(model.ops(), logits.view({logits.numel() / Vl, Vl}), T - 1, mine.f32());
+      const float* row = mine.f32();
       if (tps > 1) {
-        std::copy(row, row + Vl, mine.f32());
         tp->all_gather(f32_view(full.f32(), {Vl * tps}), f32_view(mine.f32(), {Vl}))->wait();
         row = full.f32();  // rank r's columns are ids [r * Vl, (r + 1) * Vl)
       }

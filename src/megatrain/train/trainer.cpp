@@ -23,6 +23,7 @@
 #include "megatrain/model/layout.h"
 #include "megatrain/optim/optimizer.h"
 #include "megatrain/train/checkpointing.h"
+#include "megatrain/train/host_mirror.h"
 #include "megatrain/train/metrics.h"
 #include "megatrain/train/peak.h"
 #include "megatrain/train/sampler.h"
@@ -102,7 +103,8 @@ TrainResult run_training(const RunConfig& cfg) {
   };
 
   if (main_rank) fs::create_directories(cfg.train.out_dir);
-  auto ops = make_cpu_ops();
+  // The backend: fp32 on the CPU, or bf16 on this process's GPU (train.device; one process for now).
+  auto ops = cfg.train.device == "cuda" ? make_cuda_ops() : make_cpu_ops();
 
   // With pp a step's rows per dp rank are micro x data.batch_size: every pp rank reads them (the first stage uses
   // the tokens, the last the targets), in the order a single process with micro x dp times the batch reads them.
@@ -172,9 +174,14 @@ TrainResult run_training(const RunConfig& cfg) {
     opt = std::make_unique<Optimizer>(cfg.optim, model.params(), *ops);
     if (tp > 1) opt->set_norm_reduce(norm_weights, tp_norm_reduce);
   }
+  // A model in device memory is checkpointed (and imported) through a host copy, refreshed around each save.
+  std::unique_ptr<HostMirror> mirror;
+  if (ops->device() != Device::CPU) mirror = std::make_unique<HostMirror>(model, *opt, cfg.optim);
   // Checkpoints hold full tensors whatever the layout; the checkpointer gathers and scatters this rank's part.
-  TrainCheckpointer ckpt(cfg, model, opt.get(), ddp.get(), mesh.get(), wte_copy);
+  TrainCheckpointer ckpt(cfg, mirror ? mirror->model() : model, mirror ? &mirror->optimizer() : opt.get(), ddp.get(),
+                         mesh.get(), wte_copy);
   auto checkpoint = [&](int step, const char* why) {
+    if (mirror) mirror->pull();
     const std::string dir = ckpt.save(step, loader.state(), why);  // collective
     if (main_rank) res.last_checkpoint = dir;
   };
@@ -189,11 +196,14 @@ TrainResult run_training(const RunConfig& cfg) {
   }
   if (!resume_from.empty()) {
     step = ckpt.restore(resume_from, pos);
+    if (mirror) mirror->push();
     loader.restore(pos);
     say(fmt::format("resumed from {} at step {}", resume_from, step));
   } else if (!cfg.init_from.empty()) {
-    model.init_weights(cfg.train.seed);
-    load_model_weights(cfg.init_from, cfg.model, model.params());
+    GPT& target = mirror ? mirror->model() : model;
+    target.init_weights(cfg.train.seed);
+    load_model_weights(cfg.init_from, cfg.model, target.params());
+    if (mirror) mirror->push();
     say(fmt::format("initialised weights from {}", cfg.init_from));
   } else {
     model.init_weights(cfg.train.seed);  // same seed on every rank: replicas start identical
@@ -204,7 +214,10 @@ TrainResult run_training(const RunConfig& cfg) {
   const double flops_per_step = cfg.model.flops_per_token(T) * tokens_per_step;
   double peak = cfg.train.peak_tflops * 1e12;
   std::string peak_src = "configured";
-  if (peak <= 0) {
+  if (peak <= 0 && ops->device() != Device::CPU) {
+    peak = 989e12;  // H100 SXM dense bf16 (also used for H200); set train.peak_tflops for other GPUs
+    peak_src = "H100 dense bf16";
+  } else if (peak <= 0) {
     peak = measure_matmul_flops(*ops);
     peak_src = "measured matmul peak";
   }
