@@ -11,13 +11,6 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 
-void swiglu_dims(const char* op, const Tensor& inp, int64_t& N, int64_t& F) {
-  MT_CHECK(inp.ndim >= 1 && inp.size(-1) % 2 == 0 && inp.size(-1) > 0,
-           "{}: input {} must end in an even width 2F = [gate | up]", op, inp.shape_str());
-  F = inp.size(-1) / 2;
-  N = inp.numel() / (2 * F);
-}
-
 }  // namespace
 
 // gelu(x) = 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3). The sigmoid form is exact
@@ -26,8 +19,7 @@ void CpuOps::gelu_forward(Tensor out, Tensor inp) {
   const char* op = "gelu_forward";
   float* o = f32_arg(out, op, "out");
   const float* x = f32_arg(inp, op, "inp");
-  const int64_t n = inp.numel();
-  check_numel(out, n, op, "out");
+  const int64_t n = gelu_numel(op, out, inp);
 #pragma omp parallel for simd if (n > kParallelMin) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float xi = x[i];
@@ -42,9 +34,7 @@ void CpuOps::gelu_backward(Tensor dinp, Tensor inp, Tensor dout) {
   float* dx = f32_arg(dinp, op, "dinp");
   const float* x = f32_arg(inp, op, "inp");
   const float* dy = f32_arg(dout, op, "dout");
-  const int64_t n = inp.numel();
-  check_numel(dinp, n, op, "dinp");
-  check_numel(dout, n, op, "dout");
+  const int64_t n = gelu_backward_numel(op, dinp, inp, dout);
 #pragma omp parallel for simd if (n > kParallelMin) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float xi = x[i];
@@ -59,9 +49,7 @@ void CpuOps::swiglu_forward(Tensor out, Tensor inp) {
   const char* op = "swiglu_forward";
   float* o = f32_arg(out, op, "out");
   const float* x = f32_arg(inp, op, "inp");
-  int64_t N, F;
-  swiglu_dims(op, inp, N, F);
-  check_numel(out, N * F, op, "out");
+  const auto [N, F] = swiglu_dims(op, out, inp);
 #pragma omp parallel for if (N * F > kParallelMin) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* gate = x + n * 2 * F;
@@ -78,10 +66,7 @@ void CpuOps::swiglu_backward(Tensor dinp, Tensor inp, Tensor dout) {
   float* dx = f32_arg(dinp, op, "dinp");
   const float* x = f32_arg(inp, op, "inp");
   const float* dy = f32_arg(dout, op, "dout");
-  int64_t N, F;
-  swiglu_dims(op, inp, N, F);
-  check_numel(dinp, N * 2 * F, op, "dinp");
-  check_numel(dout, N * F, op, "dout");
+  const auto [N, F] = swiglu_backward_dims(op, dinp, inp, dout);
 #pragma omp parallel for if (N * F > kParallelMin) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* gate = x + n * 2 * F;

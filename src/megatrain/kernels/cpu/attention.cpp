@@ -20,16 +20,6 @@ namespace {
 
 constexpr int kBlockQ = 64;
 
-void check_shape(const char* op, const AttnShape& s) {
-  MT_CHECK(s.B > 0 && s.T > 0, "{}: B ({}) and T ({}) must be positive", op, s.B, s.T);
-  MT_CHECK(s.n_head > 0 && s.n_kv_head > 0 && s.head_dim > 0,
-           "{}: n_head ({}), n_kv_head ({}) and head_dim ({}) must be positive", op, s.n_head, s.n_kv_head,
-           s.head_dim);
-  MT_CHECK(s.n_head % s.n_kv_head == 0, "{}: n_head ({}) must be a multiple of n_kv_head ({})", op, s.n_head,
-           s.n_kv_head);
-  MT_CHECK(s.window >= 0, "{}: window must be >= 0 (got {})", op, s.window);
-}
-
 // Geometry of one block of query rows.
 struct QBlock {
   int q0, nq;    // query rows [q0, q0 + nq)
@@ -59,14 +49,12 @@ int padded(int nk) { return (nk + 15) / 16 * 16; }
 
 void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnShape& s) {
   const char* op = "attention_forward";
-  check_shape(op, s);
+  check_attn_shape(op, s);
   float* o = f32_arg(out, op, "out");
   float* L = f32_arg(lse, op, "lse");
   const float* x = f32_arg(qkv, op, "qkv");
   const int64_t W = s.qkv_width(), OC = int64_t{s.n_head} * s.head_dim, hd = s.head_dim;
-  check_numel(qkv, int64_t{s.B} * s.T * W, op, "qkv");
-  check_numel(out, int64_t{s.B} * s.T * OC, op, "out");
-  check_numel(lse, int64_t{s.B} * s.n_head * s.T, op, "lse");
+  check_attention_forward(op, out, lse, qkv, s);
   const int group = s.n_head / s.n_kv_head, nqb = (s.T + kBlockQ - 1) / kBlockQ;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int kpad = padded(max_keys(s));
@@ -114,7 +102,7 @@ void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnSha
 
 void CpuOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) {
   const char* op = "attention_backward";
-  check_shape(op, s);
+  check_attn_shape(op, s);
   float* dx = f32_arg(dqkv, op, "dqkv");
   const float* dy = f32_arg(dout, op, "dout");
   const float* x = f32_arg(qkv, op, "qkv");

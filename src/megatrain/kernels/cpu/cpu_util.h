@@ -1,5 +1,5 @@
-// Helpers shared by the CPU kernels: argument checks, a vectorisable exp, per-thread scratch, and a
-// deterministic parallel sum.
+// Helpers shared by the CPU kernels: dtype and device checks (the shape checks are in op_shapes.h), a vectorisable
+// exp, per-thread scratch, and a deterministic parallel sum.
 #pragma once
 #include <omp.h>
 
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megatrain/core/tensor.h"
+#include "megatrain/kernels/op_shapes.h"
 
 namespace mt::cpu {
 
@@ -34,10 +35,6 @@ inline const int32_t* i32_arg(const Tensor& t, const char* op, const char* name)
   MT_CHECK(t.device == Device::CPU, "{}: {} must be a CPU tensor", op, name);
   MT_CHECK(t.dtype == DType::I32, "{}: {} must be I32 (got {})", op, name, dtype_name(t.dtype));
   return static_cast<const int32_t*>(t.ptr);
-}
-
-inline void check_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
-  MT_CHECK(t.numel() == n, "{}: {} {} has {} elements, expected {}", op, name, t.shape_str(), t.numel(), n);
 }
 
 // exp(x) to ~1 ulp, written so that GCC vectorises loops calling it (glibc's expf only vectorises under

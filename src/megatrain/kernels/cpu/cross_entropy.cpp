@@ -39,12 +39,7 @@ void CpuOps::cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, 
   float* loss = f32_arg(losses, op, "losses");
   float* z = f32_arg(logits, op, "logits");
   const int32_t* tgt = i32_arg(targets, op, "targets");
-  MT_CHECK(logits.ndim >= 1 && logits.size(-1) > 0, "{}: logits {} need a vocabulary dimension", op,
-           logits.shape_str());
-  const int64_t Vp = logits.size(-1), N = logits.numel() / Vp;
-  MT_CHECK(V > 0 && V <= Vp, "{}: real vocabulary V = {} must be in [1, {}] (the logits' padded width)", op, V, Vp);
-  check_numel(targets, N, op, "targets");
-  check_numel(losses, N, op, "losses");
+  const auto [N, Vp] = cross_entropy_dims(op, losses, logits, targets, V);
   for (int64_t n = 0; n < N; ++n)
     MT_CHECK(tgt[n] < V, "{}: target {} at row {} is outside the vocabulary [0, {})", op, tgt[n], n, V);
 

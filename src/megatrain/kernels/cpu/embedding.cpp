@@ -10,9 +10,6 @@ using namespace cpu;
 
 namespace {
 
-// Tokens are [B, T] (or [T] for one sequence); the position of token i is i % T.
-int64_t seq_len(const Tensor& tokens) { return tokens.ndim >= 2 ? tokens.size(-1) : tokens.numel(); }
-
 void check_tokens(const char* op, const int32_t* tok, int64_t n, int64_t rows) {
   for (int64_t i = 0; i < n; ++i)
     MT_CHECK(tok[i] < rows, "{}: token {} at position {} is outside the embedding table [0, {})", op, tok[i], i, rows);
@@ -26,14 +23,8 @@ void CpuOps::embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe
   const int32_t* tok = i32_arg(tokens, op, "tokens");
   const float* te = f32_arg(wte, op, "wte");
   const float* pe = f32_opt(wpe, op, "wpe");
-  MT_CHECK(wte.ndim == 2, "{}: wte must be 2-D [V, C] (got {})", op, wte.shape_str());
-  const int64_t C = wte.size(1), N = tokens.numel(), T = seq_len(tokens);
-  check_numel(out, N * C, op, "out");
-  if (pe) {
-    MT_CHECK(wpe.ndim == 2 && wpe.size(1) == C, "{}: wpe {} must be [max_T, {}]", op, wpe.shape_str(), C);
-    MT_CHECK(T <= wpe.size(0), "{}: sequence length {} exceeds the {} positions of wpe", op, T, wpe.size(0));
-  }
-  check_tokens(op, tok, N, wte.size(0));
+  const auto [N, T, C, V] = embedding_dims(op, out, tokens, wte, wpe);
+  check_tokens(op, tok, N, V);
 #pragma omp parallel for if (N * C > kParallelMin) schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     float* row = o + i * C;
@@ -61,14 +52,8 @@ void CpuOps::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor to
   float* dpe = f32_opt(dwpe, op, "dwpe");
   const float* dy = f32_arg(dout, op, "dout");
   const int32_t* tok = i32_arg(tokens, op, "tokens");
-  MT_CHECK(dwte.ndim == 2, "{}: dwte must be 2-D [V, C] (got {})", op, dwte.shape_str());
-  const int64_t C = dwte.size(1), N = tokens.numel(), T = seq_len(tokens);
-  check_numel(dout, N * C, op, "dout");
-  if (dpe) {
-    MT_CHECK(dwpe.ndim == 2 && dwpe.size(1) == C, "{}: dwpe {} must be [max_T, {}]", op, dwpe.shape_str(), C);
-    MT_CHECK(T <= dwpe.size(0), "{}: sequence length {} exceeds the {} positions of dwpe", op, T, dwpe.size(0));
-  }
-  check_tokens(op, tok, N, dwte.size(0));
+  const auto [N, T, C, V] = embedding_backward_dims(op, dwte, dwpe, dout, tokens);
+  check_tokens(op, tok, N, V);
   // A token may repeat, so rows of dwte collide: threads split the channels instead of the tokens, which
   // needs no atomics and keeps the add order fixed.
   const int nt = N * C > kParallelMin ? omp_get_max_threads() : 1;

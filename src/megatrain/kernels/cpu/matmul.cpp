@@ -10,18 +10,17 @@ using namespace cpu;
 
 namespace {
 
-struct LinearDims {
+// The sizes of a linear layer (op_shapes.h), which must fit 32-bit BLAS.
+struct BlasDims {
   int N, C, OC;
 };
 
-LinearDims linear_dims(const char* op, const Tensor& inp, const Tensor& w) {
-  MT_CHECK(w.ndim == 2, "{}: weight must be 2-D [OC, C] (got {})", op, w.shape_str());
-  const int64_t OC = w.size(0), C = w.size(1);
-  MT_CHECK(inp.ndim >= 1 && inp.size(-1) == C, "{}: input {} does not end in C = {} (weight {})", op, inp.shape_str(),
-           C, w.shape_str());
-  const int64_t N = C > 0 ? inp.numel() / C : 0;
-  MT_CHECK(N * OC < (int64_t{1} << 31) && N * C < (int64_t{1} << 31), "{}: tensors too large for 32-bit BLAS", op);
-  return {static_cast<int>(N), static_cast<int>(C), static_cast<int>(OC)};
+BlasDims blas_dims(const char* op, const Tensor& inp, const Tensor& w) {
+  LinearDims d = weight_dims(op, w);
+  d.N = linear_rows(op, inp, w, d.C);
+  MT_CHECK(d.N * d.OC < (int64_t{1} << 31) && d.N * d.C < (int64_t{1} << 31), "{}: tensors too large for 32-bit BLAS",
+           op);
+  return {static_cast<int>(d.N), static_cast<int>(d.C), static_cast<int>(d.OC)};
 }
 
 }  // namespace
@@ -32,7 +31,7 @@ void CpuOps::matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) {
   const float* x = f32_arg(inp, op, "inp");
   const float* wt = f32_arg(w, op, "w");
   const float* b = f32_opt(bias, op, "bias");
-  const auto [N, C, OC] = linear_dims(op, inp, w);
+  const auto [N, C, OC] = blas_dims(op, inp, w);
   check_numel(out, int64_t{N} * OC, op, "out");
   if (b) check_numel(bias, OC, op, "bias");
   if (N == 0 || OC == 0) return;
@@ -59,7 +58,7 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
   // Without dw the input is not needed (inp may be undefined): the row count then comes from dinp.
   const float* x = dwt ? f32_arg(inp, op, "inp") : nullptr;
   MT_CHECK(inp.defined() || dx, "{}: needs inp or dinp (to know the row count)", op);
-  const auto [N, C, OC] = linear_dims(op, inp.defined() ? inp : dinp, w);
+  const auto [N, C, OC] = blas_dims(op, inp.defined() ? inp : dinp, w);
   check_numel(dout, int64_t{N} * OC, op, "dout");
   if (dwt) check_numel(dw, int64_t{OC} * C, op, "dw");
   if (dx) check_numel(dinp, int64_t{N} * C, op, "dinp");

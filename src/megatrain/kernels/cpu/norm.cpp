@@ -10,18 +10,6 @@ using namespace cpu;
 
 namespace {
 
-struct NormDims {
-  int64_t N, C;
-};
-
-NormDims norm_dims(const char* op, const Tensor& inp, const Tensor& w) {
-  MT_CHECK(inp.ndim >= 1, "{}: input must have at least one dimension", op);
-  const int64_t C = inp.size(-1);
-  MT_CHECK(C > 0, "{}: input {} has an empty last dimension", op, inp.shape_str());
-  check_numel(w, C, op, "w");
-  return {inp.numel() / C, C};
-}
-
 // Parameter gradients summed over rows: each thread adds into its own slice of a scratch block, and the slices
 // are added in thread order afterwards (deterministic for a fixed thread count; no atomics).
 class ParamGradPartials {
@@ -58,11 +46,7 @@ void CpuOps::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp,
   const float* x = f32_arg(inp, op, "inp");
   const float* wt = f32_arg(w, op, "w");
   const float* bs = f32_opt(b, op, "b");
-  const auto [N, C] = norm_dims(op, inp, w);
-  check_numel(out, N * C, op, "out");
-  if (mu) check_numel(mean, N, op, "mean");
-  if (rs) check_numel(rstd, N, op, "rstd");
-  if (bs) check_numel(b, C, op, "b");
+  const auto [N, C] = layernorm_dims(op, out, mean, rstd, inp, w, b);
   const float invC = 1.0f / static_cast<float>(C);
 #pragma omp parallel for if (N * C > kParallelMin) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -99,13 +83,7 @@ void CpuOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, 
   const float* wt = f32_arg(w, op, "w");
   const float* mu = f32_arg(mean, op, "mean");
   const float* rs = f32_arg(rstd, op, "rstd");
-  const auto [N, C] = norm_dims(op, inp, w);
-  check_numel(dinp, N * C, op, "dinp");
-  check_numel(dout, N * C, op, "dout");
-  check_numel(dw, C, op, "dw");
-  if (dbs) check_numel(db, C, op, "db");
-  check_numel(mean, N, op, "mean");
-  check_numel(rstd, N, op, "rstd");
+  const auto [N, C] = layernorm_backward_dims(op, dinp, dw, db, dout, inp, w, mean, rstd);
   const float invC = 1.0f / static_cast<float>(C);
   ParamGradPartials part(N, 2 * C);
 #pragma omp parallel num_threads(part.threads())
@@ -147,9 +125,7 @@ void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, floa
   float* rs = f32_opt(rstd, op, "rstd");
   const float* x = f32_arg(inp, op, "inp");
   const float* wt = f32_arg(w, op, "w");
-  const auto [N, C] = norm_dims(op, inp, w);
-  check_numel(out, N * C, op, "out");
-  if (rs) check_numel(rstd, N, op, "rstd");
+  const auto [N, C] = rmsnorm_dims(op, out, rstd, inp, w);
   const float invC = 1.0f / static_cast<float>(C);
 #pragma omp parallel for if (N * C > kParallelMin) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -173,11 +149,7 @@ void CpuOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, T
   const float* x = f32_arg(inp, op, "inp");
   const float* wt = f32_arg(w, op, "w");
   const float* rs = f32_arg(rstd, op, "rstd");
-  const auto [N, C] = norm_dims(op, inp, w);
-  check_numel(dinp, N * C, op, "dinp");
-  check_numel(dout, N * C, op, "dout");
-  check_numel(dw, C, op, "dw");
-  check_numel(rstd, N, op, "rstd");
+  const auto [N, C] = rmsnorm_backward_dims(op, dinp, dw, dout, inp, w, rstd);
   const float invC = 1.0f / static_cast<float>(C);
   ParamGradPartials part(N, C);
 #pragma omp parallel num_threads(part.threads())

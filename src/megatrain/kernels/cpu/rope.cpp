@@ -41,11 +41,8 @@ const RopeTable& rope_table(int T, int hd, float theta) {
 // Rotates every (x_i, x_{i+hd/2}) pair by +angle (forward) or -angle (backward: the transpose of a rotation).
 void rotate(const char* op, Tensor qkv, const AttnShape& s, float theta, float sign) {
   float* x = f32_arg(qkv, op, "qkv");
-  MT_CHECK(s.B > 0 && s.T > 0 && s.n_head > 0 && s.n_kv_head > 0, "{}: bad attention shape", op);
-  MT_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, "{}: head_dim must be even and positive (got {})", op, s.head_dim);
-  MT_CHECK(theta > 0, "{}: theta must be positive (got {})", op, theta);
+  check_rope(op, qkv, s, theta);
   const int64_t W = s.qkv_width();
-  check_numel(qkv, int64_t{s.B} * s.T * W, op, "qkv");
   const int half = s.head_dim / 2, heads = s.n_head + s.n_kv_head;  // q heads then k heads, contiguous
   const RopeTable& tab = rope_table(s.T, s.head_dim, theta);
   const float* ct = tab.cos.data();

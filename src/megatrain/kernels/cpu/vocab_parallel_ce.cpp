@@ -9,28 +9,11 @@ namespace mt {
 
 using namespace cpu;
 
-namespace {
-
-struct VpShape {
-  int64_t N, Vl;
-};
-
-VpShape vp_shape(const char* op, Tensor stats, Tensor logits, int n_real) {
-  MT_CHECK(logits.ndim >= 1 && logits.size(-1) > 0, "{}: logits {} need a vocabulary dimension", op,
-           logits.shape_str());
-  const int64_t Vl = logits.size(-1), N = logits.numel() / Vl;
-  MT_CHECK(n_real >= 0 && n_real <= Vl, "{}: n_real = {} must be in [0, {}] (the local logits' width)", op, n_real, Vl);
-  check_numel(stats, 3 * N, op, "stats");
-  return {N, Vl};
-}
-
-}  // namespace
-
 void CpuOps::vp_ce_max(Tensor stats, Tensor logits, int n_real) {
   const char* op = "vp_ce_max";
   float* st = f32_arg(stats, op, "stats");
   const float* z = f32_arg(logits, op, "logits");
-  const auto [N, Vl] = vp_shape(op, stats, logits, n_real);
+  const auto [N, Vl] = vp_ce_dims(op, stats, logits, n_real);
 #pragma omp parallel for if (N * Vl > kParallelMin) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* row = z + n * Vl;
@@ -46,7 +29,7 @@ void CpuOps::vp_ce_sums(Tensor stats, Tensor logits, Tensor targets, int64_t v0,
   float* st = f32_arg(stats, op, "stats");
   const float* z = f32_arg(logits, op, "logits");
   const int32_t* tgt = i32_arg(targets, op, "targets");
-  const auto [N, Vl] = vp_shape(op, stats, logits, n_real);
+  const auto [N, Vl] = vp_ce_dims(op, stats, logits, n_real);
   check_numel(targets, N, op, "targets");
   for (int64_t n = 0; n < N; ++n)
     MT_CHECK(tgt[n] < V, "{}: target {} at row {} is outside the vocabulary [0, {})", op, tgt[n], n, V);
@@ -72,7 +55,7 @@ void CpuOps::vp_ce_finish(Tensor losses, Tensor logits, Tensor stats, Tensor tar
   float* z = f32_arg(logits, op, "logits");
   const float* st = f32_arg(stats, op, "stats");
   const int32_t* tgt = i32_arg(targets, op, "targets");
-  const auto [N, Vl] = vp_shape(op, stats, logits, n_real);
+  const auto [N, Vl] = vp_ce_dims(op, stats, logits, n_real);
   check_numel(targets, N, op, "targets");
   check_numel(losses, N, op, "losses");
 #pragma omp parallel for if (N * Vl > kParallelMin) schedule(static)

@@ -7,23 +7,12 @@ namespace mt {
 
 using namespace cuda_args;
 
-namespace {
-
-void swiglu_dims(const char* op, const Tensor& inp, int64_t& N, int64_t& F) {
-  MT_CHECK(inp.ndim >= 1 && inp.size(-1) % 2 == 0 && inp.size(-1) > 0,
-           "{}: input {} must end in an even width 2F = [gate | up]", op, inp.shape_str());
-  F = inp.size(-1) / 2;
-  N = inp.numel() / (2 * F);
-}
-
-}  // namespace
-
 void CudaOps::gelu_forward(Tensor out, Tensor inp) {
   const char* op = "gelu_forward";
   auto scope = timed(op);
   auto* o = bf16_arg(out, op, "out");
   const auto* x = bf16_arg(inp, op, "inp");
-  check_numel(out, inp.numel(), op, "out");
+  gelu_numel(op, out, inp);
   cuda::gelu_forward(stream_, o, x, inp.numel());
 }
 
@@ -33,9 +22,7 @@ void CudaOps::gelu_backward(Tensor dinp, Tensor inp, Tensor dout) {
   auto* dx = bf16_arg(dinp, op, "dinp");
   const auto* x = bf16_arg(inp, op, "inp");
   const auto* dy = bf16_arg(dout, op, "dout");
-  const int64_t n = inp.numel();
-  check_numel(dinp, n, op, "dinp");
-  check_numel(dout, n, op, "dout");
+  const int64_t n = gelu_backward_numel(op, dinp, inp, dout);
   cuda::gelu_backward(stream_, dx, x, dy, n);
 }
 
@@ -44,9 +31,7 @@ void CudaOps::swiglu_forward(Tensor out, Tensor inp) {
   auto scope = timed(op);
   auto* o = bf16_arg(out, op, "out");
   const auto* x = bf16_arg(inp, op, "inp");
-  int64_t N, F;
-  swiglu_dims(op, inp, N, F);
-  check_numel(out, N * F, op, "out");
+  const auto [N, F] = swiglu_dims(op, out, inp);
   cuda::swiglu_forward(stream_, o, x, N, F);
 }
 
@@ -56,10 +41,7 @@ void CudaOps::swiglu_backward(Tensor dinp, Tensor inp, Tensor dout) {
   auto* dx = bf16_arg(dinp, op, "dinp");
   const auto* x = bf16_arg(inp, op, "inp");
   const auto* dy = bf16_arg(dout, op, "dout");
-  int64_t N, F;
-  swiglu_dims(op, inp, N, F);
-  check_numel(dinp, N * 2 * F, op, "dinp");
-  check_numel(dout, N * F, op, "dout");
+  const auto [N, F] = swiglu_backward_dims(op, dinp, inp, dout);
   cuda::swiglu_backward(stream_, dx, x, dy, N, F);
 }
 

@@ -10,22 +10,8 @@ namespace mt {
 using namespace cuda_args;
 using cuda::bf16;
 
-namespace {
-
-void check_shape(const char* op, const AttnShape& s) {
-  MT_CHECK(s.B > 0 && s.T > 0, "{}: B ({}) and T ({}) must be positive", op, s.B, s.T);
-  MT_CHECK(s.n_head > 0 && s.n_kv_head > 0 && s.head_dim > 0,
-           "{}: n_head ({}), n_kv_head ({}) and head_dim ({}) must be positive", op, s.n_head, s.n_kv_head,
-           s.head_dim);
-  MT_CHECK(s.n_head % s.n_kv_head == 0, "{}: n_head ({}) must be a multiple of n_kv_head ({})", op, s.n_head,
-           s.n_kv_head);
-  MT_CHECK(s.window >= 0, "{}: window must be >= 0 (got {})", op, s.window);
-}
-
-}  // namespace
-
 void CudaOps::reserve(const AttnShape& s) {
-  check_shape("reserve", s);
+  check_attn_shape("reserve", s);
   const size_t need = flash_attention_workspace_bytes(s);
   if (need <= attn_ws_bytes_) return;
   // Growing frees the old workspace: wait for the ops that may still use it.
@@ -40,20 +26,18 @@ void CudaOps::reserve(const AttnShape& s) {
 void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnShape& s) {
   const char* op = "attention_forward";
   auto scope = timed(op);
-  check_shape(op, s);
+  check_attn_shape(op, s);
   auto* o = bf16_arg(out, op, "out");
   float* L = f32_arg(lse, op, "lse");
   const auto* x = bf16_arg(qkv, op, "qkv");
-  check_numel(qkv, int64_t{s.B} * s.T * s.qkv_width(), op, "qkv");
-  check_numel(out, int64_t{s.B} * s.T * s.n_head * s.head_dim, op, "out");
-  check_numel(lse, int64_t{s.B} * s.n_head * s.T, op, "lse");
+  check_attention_forward(op, out, lse, qkv, s);
   flash_attention_forward(stream_, s, x, o, L);
 }
 
 void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) {
   const char* op = "attention_backward";
   auto scope = timed(op);
-  check_shape(op, s);
+  check_attn_shape(op, s);
   auto* dx = bf16_arg(dqkv, op, "dqkv");
   const auto* dy = bf16_arg(dout, op, "dout");
   const auto* x = bf16_arg(qkv, op, "qkv");

@@ -1,10 +1,12 @@
-// Argument checks of the CUDA ops: each names the op and the argument, as the CPU backend's do.
+// Dtype and device checks of the CUDA ops (the shape checks, shared with the CPU backend, are in op_shapes.h): each
+// names the op and the argument, as the CPU backend's do.
 #pragma once
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 #include "megatrain/core/tensor.h"
+#include "megatrain/kernels/op_shapes.h"
 
 namespace mt::cuda_args {
 
@@ -33,10 +35,6 @@ inline float* f32_opt(const Tensor& t, const char* op, const char* name) {
 }
 inline const int32_t* i32_arg(const Tensor& t, const char* op, const char* name) {
   return static_cast<const int32_t*>(arg(t, DType::I32, op, name));
-}
-
-inline void check_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
-  MT_CHECK(t.numel() == n, "{}: {} {} has {} elements, expected {}", op, name, t.shape_str(), t.numel(), n);
 }
 
 // A tensor whose dtype is F32 or BF16 (the elementwise ops take either); returns whether it is BF16.

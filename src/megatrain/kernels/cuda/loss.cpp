@@ -9,35 +9,13 @@ namespace mt {
 
 using namespace cuda_args;
 
-namespace {
-
-struct VpShape {
-  int64_t N, Vl;
-};
-
-VpShape vp_shape(const char* op, Tensor stats, Tensor logits, int n_real) {
-  MT_CHECK(logits.ndim >= 1 && logits.size(-1) > 0, "{}: logits {} need a vocabulary dimension", op,
-           logits.shape_str());
-  const int64_t Vl = logits.size(-1), N = logits.numel() / Vl;
-  MT_CHECK(n_real >= 0 && n_real <= Vl, "{}: n_real = {} must be in [0, {}] (the local logits' width)", op, n_real, Vl);
-  check_numel(stats, 3 * N, op, "stats");
-  return {N, Vl};
-}
-
-}  // namespace
-
 void CudaOps::cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, float dloss, bool write_grad) {
   const char* op = "cross_entropy";
   auto scope = timed(op);
   float* loss = f32_arg(losses, op, "losses");
   auto* z = bf16_arg(logits, op, "logits");
   const int32_t* tgt = i32_arg(targets, op, "targets");
-  MT_CHECK(logits.ndim >= 1 && logits.size(-1) > 0, "{}: logits {} need a vocabulary dimension", op,
-           logits.shape_str());
-  const int64_t Vp = logits.size(-1), N = logits.numel() / Vp;
-  MT_CHECK(V > 0 && V <= Vp, "{}: real vocabulary V = {} must be in [1, {}] (the logits' padded width)", op, V, Vp);
-  check_numel(targets, N, op, "targets");
-  check_numel(losses, N, op, "losses");
+  const auto [N, Vp] = cross_entropy_dims(op, losses, logits, targets, V);
   cuda::cross_entropy(stream_, loss, z, tgt, N, Vp, V, dloss, write_grad, err_dev_);
 }
 
@@ -46,7 +24,7 @@ void CudaOps::vp_ce_max(Tensor stats, Tensor logits, int n_real) {
   auto scope = timed(op);
   float* st = f32_arg(stats, op, "stats");
   const auto* z = bf16_arg(logits, op, "logits");
-  const auto [N, Vl] = vp_shape(op, stats, logits, n_real);
+  const auto [N, Vl] = vp_ce_dims(op, stats, logits, n_real);
   cuda::vp_ce_max(stream_, st, z, N, Vl, n_real);
 }
 
@@ -56,7 +34,7 @@ void CudaOps::vp_ce_sums(Tensor stats, Tensor logits, Tensor targets, int64_t v0
   float* st = f32_arg(stats, op, "stats");
   const auto* z = bf16_arg(logits, op, "logits");
   const int32_t* tgt = i32_arg(targets, op, "targets");
-  const auto [N, Vl] = vp_shape(op, stats, logits, n_real);
+  const auto [N, Vl] = vp_ce_dims(op, stats, logits, n_real);
   check_numel(targets, N, op, "targets");
   cuda::vp_ce_sums(stream_, st, z, tgt, N, Vl, v0, n_real, V, err_dev_);
 }
@@ -69,7 +47,7 @@ void CudaOps::vp_ce_finish(Tensor losses, Tensor logits, Tensor stats, Tensor ta
   auto* z = bf16_arg(logits, op, "logits");
   const float* st = f32_arg(stats, op, "stats");
   const int32_t* tgt = i32_arg(targets, op, "targets");
-  const auto [N, Vl] = vp_shape(op, stats, logits, n_real);
+  const auto [N, Vl] = vp_ce_dims(op, stats, logits, n_real);
   check_numel(targets, N, op, "targets");
   check_numel(losses, N, op, "losses");
   cuda::vp_ce_finish(stream_, loss, z, st, tgt, N, Vl, v0, n_real, dloss, write_grad);

@@ -29,20 +29,14 @@ using cuda::bf16;
 
 namespace {
 
-struct LinearDims {
-  int64_t N, C, OC;
-};
-
+// The sizes of a linear layer (op_shapes.h); cuBLASLt also needs C > 0 and 32-bit dimensions.
 LinearDims linear_dims(const char* op, const Tensor& inp, const Tensor& w) {
-  MT_CHECK(w.ndim == 2, "{}: weight must be 2-D [OC, C] (got {})", op, w.shape_str());
-  const int64_t OC = w.size(0), C = w.size(1);
-  MT_CHECK(C > 0, "{}: weight {} has no input channels", op, w.shape_str());
-  MT_CHECK(inp.ndim >= 1 && inp.size(-1) == C, "{}: input {} does not end in C = {} (weight {})", op, inp.shape_str(),
-           C, w.shape_str());
-  const int64_t N = inp.numel() / C;
+  LinearDims d = weight_dims(op, w);
+  MT_CHECK(d.C > 0, "{}: weight {} has no input channels", op, w.shape_str());
+  d.N = linear_rows(op, inp, w, d.C);
   constexpr int64_t kMax = (int64_t{1} << 31) - 1;
-  MT_CHECK(N <= kMax && C <= kMax && OC <= kMax, "{}: dimensions too large for one GEMM", op);
-  return {N, C, OC};
+  MT_CHECK(d.N <= kMax && d.C <= kMax && d.OC <= kMax, "{}: dimensions too large for one GEMM", op);
+  return d;
 }
 
 // out^T[OC,N] = w^T^T @ inp^T (see the top of the file).

@@ -7,22 +7,6 @@ namespace mt {
 
 using namespace cuda_args;
 
-namespace {
-
-struct NormDims {
-  int64_t N, C;
-};
-
-NormDims norm_dims(const char* op, const Tensor& inp, const Tensor& w) {
-  MT_CHECK(inp.ndim >= 1, "{}: input must have at least one dimension", op);
-  const int64_t C = inp.size(-1);
-  MT_CHECK(C > 0, "{}: input {} has an empty last dimension", op, inp.shape_str());
-  check_numel(w, C, op, "w");
-  return {inp.numel() / C, C};
-}
-
-}  // namespace
-
 void CudaOps::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) {
   const char* op = "layernorm_forward";
   auto scope = timed(op);
@@ -33,11 +17,7 @@ void CudaOps::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp
   a.inp = bf16_arg(inp, op, "inp");
   a.w = bf16_arg(w, op, "w");
   a.b = bf16_opt(b, op, "b");
-  const auto [N, C] = norm_dims(op, inp, w);
-  check_numel(out, N * C, op, "out");
-  if (a.mean) check_numel(mean, N, op, "mean");
-  if (a.rstd) check_numel(rstd, N, op, "rstd");
-  if (a.b) check_numel(b, C, op, "b");
+  const auto [N, C] = layernorm_dims(op, out, mean, rstd, inp, w, b);
   a.N = N, a.C = C, a.eps = eps, a.rms = false;
   cuda::norm_forward(stream_, a);
 }
@@ -50,9 +30,7 @@ void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, flo
   a.rstd = f32_opt(rstd, op, "rstd");
   a.inp = bf16_arg(inp, op, "inp");
   a.w = bf16_arg(w, op, "w");
-  const auto [N, C] = norm_dims(op, inp, w);
-  check_numel(out, N * C, op, "out");
-  if (a.rstd) check_numel(rstd, N, op, "rstd");
+  const auto [N, C] = rmsnorm_dims(op, out, rstd, inp, w);
   a.N = N, a.C = C, a.eps = eps, a.rms = true;
   cuda::norm_forward(stream_, a);
 }
@@ -94,13 +72,7 @@ void CudaOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout,
   a.w = bf16_arg(w, op, "w");
   a.mean = f32_arg(mean, op, "mean");
   a.rstd = f32_arg(rstd, op, "rstd");
-  const auto [N, C] = norm_dims(op, inp, w);
-  check_numel(dinp, N * C, op, "dinp");
-  check_numel(dout, N * C, op, "dout");
-  check_numel(dw, C, op, "dw");
-  if (a.db) check_numel(db, C, op, "db");
-  check_numel(mean, N, op, "mean");
-  check_numel(rstd, N, op, "rstd");
+  const auto [N, C] = layernorm_backward_dims(op, dinp, dw, db, dout, inp, w, mean, rstd);
   MT_CHECK(static_cast<size_t>(2 * C) <= scratch_floats_, "{}: C = {} exceeds the reduction scratch", op, C);
   a.N = N, a.C = C, a.rms = false;
   a.scratch = scratch_, a.scratch_floats = scratch_floats_;
@@ -117,11 +89,7 @@ void CudaOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, 
   a.inp = bf16_arg(inp, op, "inp");
   a.w = bf16_arg(w, op, "w");
   a.rstd = f32_arg(rstd, op, "rstd");
-  const auto [N, C] = norm_dims(op, inp, w);
-  check_numel(dinp, N * C, op, "dinp");
-  check_numel(dout, N * C, op, "dout");
-  check_numel(dw, C, op, "dw");
-  check_numel(rstd, N, op, "rstd");
+  const auto [N, C] = rmsnorm_backward_dims(op, dinp, dw, dout, inp, w, rstd);
   MT_CHECK(static_cast<size_t>(C) <= scratch_floats_, "{}: C = {} exceeds the reduction scratch", op, C);
   a.N = N, a.C = C, a.rms = true;
   a.scratch = scratch_, a.scratch_floats = scratch_floats_;

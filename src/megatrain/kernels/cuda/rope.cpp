@@ -11,10 +11,7 @@ namespace {
 
 void rotate(const char* op, cudaStream_t stream, Tensor qkv, const AttnShape& s, float theta, float sign) {
   auto* x = bf16_arg(qkv, op, "qkv");
-  MT_CHECK(s.B > 0 && s.T > 0 && s.n_head > 0 && s.n_kv_head > 0, "{}: bad attention shape", op);
-  MT_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, "{}: head_dim must be even and positive (got {})", op, s.head_dim);
-  MT_CHECK(theta > 0, "{}: theta must be positive (got {})", op, theta);
-  check_numel(qkv, int64_t{s.B} * s.T * s.qkv_width(), op, "qkv");
+  check_rope(op, qkv, s, theta);
   cuda::rope(stream, x, s.B, s.T, s.n_head, s.n_kv_head, s.head_dim, theta, sign);
 }
 

@@ -1,0 +1,202 @@
+#include "megatrain/kernels/op_shapes.h"
+
+#include <cmath>
+
+namespace mt {
+
+void check_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
+  MT_CHECK(t.numel() == n, "{}: {} {} has {} elements, expected {}", op, name, t.shape_str(), t.numel(), n);
+}
+
+// ---- embedding -----------------------------------------------------------------------------------------------
+
+int64_t seq_len(const Tensor& tokens) { return tokens.ndim >= 2 ? tokens.size(-1) : tokens.numel(); }
+
+namespace {
+
+// table [V, C] (named tname), rows [N, C] (rname), positions [max_T, C] (pname, may be undefined).
+EmbeddingDims embedding_shapes(const char* op, const Tensor& rows, const char* rname, const Tensor& tokens,
+                               const Tensor& table, const char* tname, const Tensor& pos, const char* pname) {
+  MT_CHECK(table.ndim == 2, "{}: {} must be 2-D [V, C] (got {})", op, tname, table.shape_str());
+  const int64_t C = table.size(1), N = tokens.numel(), T = seq_len(tokens);
+  check_numel(rows, N * C, op, rname);
+  if (pos.defined()) {
+    MT_CHECK(pos.ndim == 2 && pos.size(1) == C, "{}: {} {} must be [max_T, {}]", op, pname, pos.shape_str(), C);
+    MT_CHECK(T <= pos.size(0), "{}: sequence length {} exceeds the {} positions of {}", op, T, pos.size(0), pname);
+  }
+  return {N, T, C, table.size(0)};
+}
+
+}  // namespace
+
+EmbeddingDims embedding_dims(const char* op, const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                             const Tensor& wpe) {
+  return embedding_shapes(op, out, "out", tokens, wte, "wte", wpe, "wpe");
+}
+
+EmbeddingDims embedding_backward_dims(const char* op, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                      const Tensor& tokens) {
+  return embedding_shapes(op, dout, "dout", tokens, dwte, "dwte", dwpe, "dwpe");
+}
+
+// ---- linear --------------------------------------------------------------------------------------------------
+
+LinearDims weight_dims(const char* op, const Tensor& w) {
+  MT_CHECK(w.ndim == 2, "{}: weight must be 2-D [OC, C] (got {})", op, w.shape_str());
+  return {0, w.size(1), w.size(0)};
+}
+
+int64_t linear_rows(const char* op, const Tensor& inp, const Tensor& w, int64_t C) {
+  MT_CHECK(inp.ndim >= 1 && inp.size(-1) == C, "{}: input {} does not end in C = {} (weight {})", op, inp.shape_str(),
+           C, w.shape_str());
+  return C > 0 ? inp.numel() / C : 0;
+}
+
+// ---- normalisation -------------------------------------------------------------------------------------------
+
+NormDims norm_dims(const char* op, const Tensor& inp, const Tensor& w) {
+  MT_CHECK(inp.ndim >= 1, "{}: input must have at least one dimension", op);
+  const int64_t C = inp.size(-1);
+  MT_CHECK(C > 0, "{}: input {} has an empty last dimension", op, inp.shape_str());
+  check_numel(w, C, op, "w");
+  return {inp.numel() / C, C};
+}
+
+NormDims layernorm_dims(const char* op, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                        const Tensor& w, const Tensor& b) {
+  const NormDims d = norm_dims(op, inp, w);
+  check_numel(out, d.N * d.C, op, "out");
+  if (mean.defined()) check_numel(mean, d.N, op, "mean");
+  if (rstd.defined()) check_numel(rstd, d.N, op, "rstd");
+  if (b.defined()) check_numel(b, d.C, op, "b");
+  return d;
+}
+
+NormDims rmsnorm_dims(const char* op, const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& w) {
+  return layernorm_dims(op, out, Tensor{}, rstd, inp, w, Tensor{});
+}
+
+NormDims layernorm_backward_dims(const char* op, const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                                 const Tensor& dout, const Tensor& inp, const Tensor& w, const Tensor& mean,
+                                 const Tensor& rstd) {
+  const NormDims d = norm_dims(op, inp, w);
+  check_numel(dinp, d.N * d.C, op, "dinp");
+  check_numel(dout, d.N * d.C, op, "dout");
+  check_numel(dw, d.C, op, "dw");
+  if (db.defined()) check_numel(db, d.C, op, "db");
+  if (mean.defined()) check_numel(mean, d.N, op, "mean");  // undefined only for RMSNorm (LayerNorm callers require it)
+  check_numel(rstd, d.N, op, "rstd");
+  return d;
+}
+
+NormDims rmsnorm_backward_dims(const char* op, const Tensor& dinp, const Tensor& dw, const Tensor& dout,
+                               const Tensor& inp, const Tensor& w, const Tensor& rstd) {
+  return layernorm_backward_dims(op, dinp, dw, Tensor{}, dout, inp, w, Tensor{}, rstd);
+}
+
+// ---- attention -----------------------------------------------------------------------------------------------
+
+void check_attn_shape(const char* op, const AttnShape& s) {
+  MT_CHECK(s.B > 0 && s.T > 0, "{}: B ({}) and T ({}) must be positive", op, s.B, s.T);
+  MT_CHECK(s.n_head > 0 && s.n_kv_head > 0 && s.head_dim > 0,
+           "{}: n_head ({}), n_kv_head ({}) and head_dim ({}) must be positive", op, s.n_head, s.n_kv_head,
+           s.head_dim);
+  MT_CHECK(s.n_head % s.n_kv_head == 0, "{}: n_head ({}) must be a multiple of n_kv_head ({})", op, s.n_head,
+           s.n_kv_head);
+  MT_CHECK(s.window >= 0, "{}: window must be >= 0 (got {})", op, s.window);
+}
+
+void check_attention_forward(const char* op, const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                             const AttnShape& s) {
+  check_numel(qkv, int64_t{s.B} * s.T * s.qkv_width(), op, "qkv");
+  check_numel(out, int64_t{s.B} * s.T * s.n_head * s.head_dim, op, "out");
+  check_numel(lse, int64_t{s.B} * s.n_head * s.T, op, "lse");
+}
+
+void check_rope(const char* op, const Tensor& qkv, const AttnShape& s, float theta) {
+  MT_CHECK(s.B > 0 && s.T > 0 && s.n_head > 0 && s.n_kv_head > 0, "{}: bad attention shape", op);
+  MT_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, "{}: head_dim must be even and positive (got {})", op, s.head_dim);
+  MT_CHECK(theta > 0, "{}: theta must be positive (got {})", op, theta);
+  check_numel(qkv, int64_t{s.B} * s.T * s.qkv_width(), op, "qkv");
+}
+
+// ---- activations ---------------------------------------------------------------------------------------------
+
+int64_t gelu_numel(const char* op, const Tensor& out, const Tensor& inp) {
+  const int64_t n = inp.numel();
+  check_numel(out, n, op, "out");
+  return n;
+}
+
+int64_t gelu_backward_numel(const char* op, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  const int64_t n = inp.numel();
+  check_numel(dinp, n, op, "dinp");
+  check_numel(dout, n, op, "dout");
+  return n;
+}
+
+namespace {
+
+SwigluDims swiglu_inp(const char* op, const Tensor& inp) {
+  MT_CHECK(inp.ndim >= 1 && inp.size(-1) % 2 == 0 && inp.size(-1) > 0,
+           "{}: input {} must end in an even width 2F = [gate | up]", op, inp.shape_str());
+  const int64_t F = inp.size(-1) / 2;
+  return {inp.numel() / (2 * F), F};
+}
+
+}  // namespace
+
+SwigluDims swiglu_dims(const char* op, const Tensor& out, const Tensor& inp) {
+  const SwigluDims d = swiglu_inp(op, inp);
+  check_numel(out, d.N * d.F, op, "out");
+  return d;
+}
+
+SwigluDims swiglu_backward_dims(const char* op, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  const SwigluDims d = swiglu_inp(op, inp);
+  check_numel(dinp, d.N * 2 * d.F, op, "dinp");
+  check_numel(dout, d.N * d.F, op, "dout");
+  return d;
+}
+
+// ---- loss ----------------------------------------------------------------------------------------------------
+
+CeDims cross_entropy_dims(const char* op, const Tensor& losses, const Tensor& logits, const Tensor& targets, int V) {
+  MT_CHECK(logits.ndim >= 1 && logits.size(-1) > 0, "{}: logits {} need a vocabulary dimension", op,
+           logits.shape_str());
+  const int64_t Vp = logits.size(-1), N = logits.numel() / Vp;
+  MT_CHECK(V > 0 && V <= Vp, "{}: real vocabulary V = {} must be in [1, {}] (the logits' padded width)", op, V, Vp);
+  check_numel(targets, N, op, "targets");
+  check_numel(losses, N, op, "losses");
+  return {N, Vp};
+}
+
+VpDims vp_ce_dims(const char* op, const Tensor& stats, const Tensor& logits, int n_real) {
+  MT_CHECK(logits.ndim >= 1 && logits.size(-1) > 0, "{}: logits {} need a vocabulary dimension", op,
+           logits.shape_str());
+  const int64_t Vl = logits.size(-1), N = logits.numel() / Vl;
+  MT_CHECK(n_real >= 0 && n_real <= Vl, "{}: n_real = {} must be in [0, {}] (the local logits' width)", op, n_real, Vl);
+  check_numel(stats, 3 * N, op, "stats");
+  return {N, Vl};
+}
+
+// ---- optimizers ----------------------------------------------------------------------------------------------
+
+AdamConsts adam_consts(const char* op, const AdamHParams& h) {
+  MT_CHECK(h.step >= 1, "{}: step must be >= 1 (1-based, for bias correction; got {})", op, h.step);
+  MT_CHECK(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
+           "{}: beta1 ({}) and beta2 ({}) must be in [0, 1)", op, h.beta1, h.beta2);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), h.step);
+  return {h.beta1, h.beta2, 1.0f - h.beta1, 1.0f - h.beta2, static_cast<float>(1.0 / bc1),
+          static_cast<float>(1.0 / bc2), h.eps, h.weight_decay, h.grad_scale};
+}
+
+int64_t optimizer_numel(const char* op, const Tensor& param, const Tensor& m, const Tensor& v) {
+  const int64_t n = param.numel();
+  check_numel(m, n, op, "m");
+  check_numel(v, n, op, "v");
+  return n;
+}
+
+}  // namespace mt
