@@ -6,6 +6,7 @@
 //                        [--block sequential|parallel] [--window W] [--recompute] [--peak-tflops P]
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -135,6 +136,20 @@ int main(int argc, char** argv) {
       ops->synchronize();
       if (s >= warmup) times.push_back(now_seconds() - t0);
     }
+    // One more step with every op timed by CUDA events (no syncs inside): where the time goes, by op name.
+    ops->set_op_timing(true);
+    model.params().zero_grads();
+    model.forward(x.data(), y.data(), B, T, true);
+    model.backward();
+    opt.step(model.params(), 6e-4f, 1.0f, warmup + steps + 1);
+    ops->synchronize();
+    std::map<std::string, double> op_ms;
+    double op_total = 0;
+    for (const OpTiming& o : ops->take_op_timings()) {
+      op_ms[o.name] += o.ms;
+      op_total += o.ms;
+    }
+    ops->set_op_timing(false);
     const double t = median(times);
     const double tokens_per_s = double(B) * T / t;
     const double flops = cfg.flops_per_token(T) * tokens_per_s;
@@ -145,7 +160,10 @@ int main(int argc, char** argv) {
     out["model_tflops"] = flops / 1e12;
     out["peak_tflops"] = peak_tflops;
     out["mfu"] = flops / (peak_tflops * 1e12);
-    out["gpu_memory_gb"] = double(gpu_used_bytes() - used_before) / 1e9;
+    out["gpu_memory_gb"] = double(gpu_used_bytes() - used_before) / 1e9;  // device memory the run took
+    out["allocated_gb"] = double(ops->allocated_bytes()) / 1e9;              // comparable to torch's peak allocated
+    out["op_ms_one_step"] = op_ms;
+    out["op_ms_total"] = op_total;
     out["final_loss"] = loss;
   } catch (const std::exception& e) {
     out["error"] = e.what();

@@ -64,6 +64,9 @@ class Ops {
   virtual void convert(Tensor dst, Tensor src) = 0;
   // Blocks until every op issued so far has finished (a no-op on CPU).
   virtual void synchronize() = 0;
+  // Bytes handed out by alloc() so far (memory is planned up front and never freed during training, so this is
+  // the model's footprint on the device). 0 where the backend does not count.
+  virtual size_t allocated_bytes() const { return 0; }
 
   // ---- memory / elementwise --------------------------------------------------------------------
   virtual void zero(Tensor t) = 0;

@@ -38,6 +38,7 @@ class CudaOps final : public Ops {
   Device device() const override { return Device::CUDA; }
   DType compute_dtype() const override { return DType::BF16; }
   Buffer alloc(size_t bytes) override;
+  size_t allocated_bytes() const override { return allocated_; }
   void to_device(Tensor dst, const void* host) override;
   void to_host(void* host, Tensor src) override;
   void convert(Tensor dst, Tensor src) override;
@@ -92,6 +93,7 @@ class CudaOps final : public Ops {
   void lamb_apply(Tensor param, Tensor m, Tensor v, const AdamHParams& h, float trust) override;
 
  private:
+  size_t allocated_ = 0;  // by alloc(), for the memory figure of benchmarks
   // Times one public op (see OpTimer): constructed first thing in every op.
   OpTimer::Scope timed(const char* name) { return OpTimer::Scope(timer_, name, stream_); }
   // Waits for the stream, then raises any error a kernel reported through err_dev_.

@@ -75,6 +75,7 @@ Buffer CudaOps::alloc(size_t bytes) {
     fail("alloc: cudaMalloc of {} bytes failed: {}", bytes, cudaGetErrorString(err));
   }
   Buffer buf(p, bytes, Device::CUDA, [](void* q) { cudaFree(q); });
+  allocated_ += bytes;
   check(cudaMemsetAsync(p, 0, bytes, stream_), "alloc: cudaMemsetAsync");
   return buf;
 }
