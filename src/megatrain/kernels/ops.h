@@ -147,6 +147,8 @@ class Ops {
   // Pairs are (i, i + head_dim/2) (GPT-NeoX / Llama "rotate_half" convention), freq_i = theta^(-2i/head_dim).
   virtual void rope_forward(Tensor qkv, const AttnShape& s, float theta) = 0;
   virtual void rope_backward(Tensor dqkv, const AttnShape& s, float theta) = 0;  // in place: the inverse rotation
+  // Sizes any workspace attention needs for shapes up to s now, so that no step allocates (a no-op on CPU).
+  virtual void reserve_attention(const AttnShape& s) {}
 
   // ---- activations -----------------------------------------------------------------------------
   // GeLU, tanh approximation (GPT-2).

@@ -121,6 +121,10 @@ void GPT::ensure_capacity(int B, int T, int mb) {
   dres_ = ops_.alloc(srows * C * a);
   dlnf_ = ops_.alloc(srows * C * a);
   if (tp_) ce_stats_ = ops_.alloc(3 * rows * f);
+  AttnShape as;  // every layer's attention has this shape: its workspace is planned here, not in a step
+  as.B = B, as.T = T, as.n_head = cfg_.n_head / tp, as.n_kv_head = cfg_.kv_heads() / tp;
+  as.head_dim = cfg_.head_dim(), as.window = cfg_.window;
+  ops_.reserve_attention(as);
   cap_rows_ = rows;
 }
 

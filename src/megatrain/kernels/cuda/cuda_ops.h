@@ -34,6 +34,7 @@ class CudaOps final : public Ops {
   int device_id() const { return device_; }
   // Sizes the attention backward workspace for shapes up to `s` now (allocating outside the training step).
   void reserve(const AttnShape& s);
+  void reserve_attention(const AttnShape& s) override { reserve(s); }
 
   Device device() const override { return Device::CUDA; }
   DType compute_dtype() const override { return DType::BF16; }
