@@ -601,6 +601,35 @@ TEST_F(CudaOpsTest, AdamWThreeStepsMatchCpu) {
   EXPECT_TRUE(near(host(gv), v, 1e-5, 1e-7));
 }
 
+// The multi-tensor AdamW (one launch) against the CPU's per-segment updates: segments with gaps between them (which
+// must stay untouched), different weight decays, an empty and a one-element segment.
+TEST_F(CudaOpsTest, AdamWMultiTensorMatchesCpu) {
+  const std::vector<AdamSegment> segs = {{0, 13, 0.1f}, {16, 1, 0.0f}, {32, 0, 0.1f}, {32, 100003, 0.1f},
+                                         {100048, 7, 0.0f}};
+  const int64_t n = 100064;
+  VecF p = randn(n, 81), m(n), v(n);
+  const VecF p0 = p;
+  Tensor gp = dev_f32(p, {n}), gm = dev_f32(m, {n}), gv = dev_f32(v, {n});
+  AdamHParams h;
+  h.lr = 1e-2f, h.weight_decay = 0.5f, h.grad_scale = 0.5f;  // weight_decay: replaced by each segment's
+  for (int step = 1; step <= 3; ++step) {
+    h.step = step;
+    VecF g = randn(n, 82 + step);
+    Tensor gg = dev_f32(g, {n});
+    cpu_->adamw_update_multi(tf(p, {n}), tf(g, {n}), tf(m, {n}), tf(v, {n}), segs, h);
+    gpu_->adamw_update_multi(gp, gg, gm, gv, segs, h);
+  }
+  const VecF got = host(gp);
+  EXPECT_TRUE(near(got, p, 1e-5, 1e-7));
+  EXPECT_TRUE(near(host(gm), m, 1e-5, 1e-7));
+  EXPECT_TRUE(near(host(gv), v, 1e-5, 1e-7));
+  EXPECT_EQ(got[13], p0[13]);  // in the gap after the first segment
+  EXPECT_EQ(got[100040], p0[100040]);
+  AdamSegment outside{n - 3, 7, 0.0f};
+  const std::string e = mt::test::error_of([&] { gpu_->adamw_update_multi(gp, gp, gm, gv, {outside}, h); });
+  EXPECT_NE(e.find("outside the flat buffers"), std::string::npos) << e;
+}
+
 TEST_F(CudaOpsTest, LambThreeStepsMatchCpu) {
   const int64_t n = 100003;
   VecF p = randn(n, 70), m(n), v(n);

@@ -132,6 +132,41 @@ TEST(Optimizer, AdamWThreeStepsMatchFormula) {
   EXPECT_TRUE(close(p, st.p, 1e-5, 1e-6));
 }
 
+// The multi-tensor AdamW over a flat buffer: each segment updated exactly as its own adamw_update call with the
+// segment's weight decay (bit for bit), the gaps between segments untouched, and a segment past the end refused.
+TEST(Optimizer, AdamWMultiTensorIsPerSegmentAdamW) {
+  auto ops = make_cpu_ops();
+  const std::vector<AdamSegment> segs = {{0, 13, 0.1f}, {16, 1, 0.0f}, {32, 0, 0.1f}, {32, 5000, 0.1f}, {5040, 7, 0.0f}};
+  const int64_t n = 5056;
+  VecF p = randn(n, 700), m(n, 0.0f), v(n, 0.0f);
+  VecF q = p, mq = m, vq = v;
+  AdamHParams h = hparams(1);
+  h.weight_decay = 0.5f;  // replaced by each segment's
+  for (int step = 1; step <= 2; ++step) {
+    h.step = step;
+    VecF g = randn(n, 710 + step, 0.1f);
+    ops->adamw_update_multi(tf(p, {n}), tf(g, {n}), tf(m, {n}), tf(v, {n}), segs, h);
+    for (const AdamSegment& s : segs) {
+      AdamHParams hs = h;
+      hs.weight_decay = s.weight_decay;
+      auto view = [&](VecF& x) { return tf(x, {n}); };
+      ops->adamw_update(segment(view(q), s), segment(tf(g, {n}), s), segment(view(mq), s), segment(view(vq), s), hs);
+    }
+  }
+  EXPECT_EQ(p, q);
+  EXPECT_EQ(m, mq);
+  EXPECT_EQ(v, vq);
+  const VecF p0 = randn(n, 700);
+  EXPECT_EQ(p[13], p0[13]);  // a gap
+  VecF g = randn(n, 720, 0.1f);
+  try {
+    ops->adamw_update_multi(tf(p, {n}), tf(g, {n}), tf(m, {n}), tf(v, {n}), {AdamSegment{n - 3, 7, 0.0f}}, h);
+    FAIL() << "a segment past the end was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside a flat tensor"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Optimizer, LambThreeStepsMatchFormula) {
   auto ops = make_cpu_ops();
   const int n = 150001;  // several blocks of the deterministic sum

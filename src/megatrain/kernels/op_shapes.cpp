@@ -4,6 +4,17 @@
 
 namespace mt {
 
+Tensor segment(const Tensor& flat, const AdamSegment& s) {
+  MT_CHECK(s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= flat.numel(),
+           "segment [{}, {}) is outside a flat tensor of {} elements", s.offset, s.offset + s.numel, flat.numel());
+  Tensor t = flat;
+  t.ptr = static_cast<char*>(flat.ptr) + static_cast<size_t>(s.offset) * dtype_size(flat.dtype);
+  t.ndim = 1;
+  t.dims = {};
+  t.dims[0] = s.numel;
+  return t;
+}
+
 void check_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
   MT_CHECK(t.numel() == n, "{}: {} {} has {} elements, expected {}", op, name, t.shape_str(), t.numel(), n);
 }

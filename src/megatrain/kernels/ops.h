@@ -40,6 +40,16 @@ struct OpTiming {
   double ms = 0;
 };
 
+// One tensor of a multi-tensor optimizer call: elements [offset, offset + numel) of flat buffers, with its own
+// weight decay (matrices decay, norms and biases do not).
+struct AdamSegment {
+  int64_t offset = 0, numel = 0;
+  float weight_decay = 0;
+};
+
+// Elements [s.offset, s.offset + s.numel) of a flat tensor, as a 1-D view (checked against its size).
+Tensor segment(const Tensor& flat, const AdamSegment& s);
+
 struct AdamHParams {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   int step = 1;            // 1-based, for bias correction
@@ -183,6 +193,16 @@ class Ops {
   // AdamW with decoupled weight decay: m,v updated from g = grad*grad_scale, then
   // param -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * param).
   virtual void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) = 0;
+  // AdamW over many tensors at once: each segment of the flat F32 buffers is updated as adamw_update with
+  // h.weight_decay replaced by the segment's (CUDA: one launch for the whole model instead of one per tensor).
+  virtual void adamw_update_multi(Tensor param, Tensor grad, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
+                                  const AdamHParams& h) {
+    for (const AdamSegment& s : segs) {
+      AdamHParams hs = h;
+      hs.weight_decay = s.weight_decay;
+      adamw_update(segment(param, s), segment(grad, s), segment(m, s), segment(v, s), hs);
+    }
+  }
   // LAMB pass 1: update m, v from grad; return sum of squares of u = mhat/(sqrt(vhat)+eps) + wd*param.
   virtual double lamb_moments(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) = 0;
   // LAMB pass 2: param -= lr * trust * u (u recomputed from m, v, param as in pass 1).

@@ -62,6 +62,9 @@ Optimizer::Optimizer(const OptimConfig& cfg, const ParamStore& params, Ops& ops)
   // The moments live beside the master weights (device memory on CUDA), zero-initialised.
   m_ = ops.alloc(params.total_floats() * sizeof(float));
   v_ = ops.alloc(params.total_floats() * sizeof(float));
+  for (const ParamInfo& p : params.infos())
+    segments_.push_back({static_cast<int64_t>(p.offset), static_cast<int64_t>(p.numel),
+                         p.decay ? cfg_.weight_decay : 0.0f});
 }
 
 AdamHParams adam_hparams(const OptimConfig& c, bool decay, float lr, float grad_scale, int step) {
@@ -120,19 +123,24 @@ void Optimizer::step(ParamStore& params, float lr, float grad_scale, int step) {
   MT_CHECK(step >= 1, "optimizer step must be >= 1 (got {})", step);
   trust_.clear();
   if (cfg_.name == "lamb" && norm_reduce_) return lamb_step_reduced(params, lr, grad_scale, step);
+  if (cfg_.name == "adamw") {
+    // Every tensor in one multi-tensor call over the flat buffers (each segment with its own weight decay).
+    const int64_t n = static_cast<int64_t>(params.total_floats());
+    auto flat = [&](void* p) { return Tensor(p, {n}, DType::F32, params.device()); };
+    ops_.adamw_update_multi(flat(params.params_data()), flat(params.grads_data()), flat(m_.data()), flat(v_.data()),
+                            segments_, adam_hparams(cfg_, false, lr, grad_scale, step));
+    params.refresh_weights(ops_);
+    return;
+  }
+  // LAMB: per-tensor trust ratio ||w|| / ||u||, 1 where either norm is zero (You et al., 2020).
   for (size_t k = 0; k < params.size(); ++k) {
     const int i = static_cast<int>(k);
     const AdamHParams h = hparams(params, i, lr, grad_scale, step);
-    if (cfg_.name == "adamw") {
-      ops_.adamw_update(params.param(i), params.grad(i), m(i), v(i), h);
-    } else {
-      // LAMB: per-tensor trust ratio ||w|| / ||u||, 1 where either norm is zero (You et al., 2020).
-      double u2 = ops_.lamb_moments(params.param(i), params.grad(i), m(i), v(i), h);
-      double w2 = ops_.sum_squares(params.param(i));
-      float trust = (w2 > 0 && u2 > 0) ? static_cast<float>(std::sqrt(w2 / u2)) : 1.0f;
-      trust_.push_back(trust);
-      ops_.lamb_apply(params.param(i), m(i), v(i), h, trust);
-    }
+    double u2 = ops_.lamb_moments(params.param(i), params.grad(i), m(i), v(i), h);
+    double w2 = ops_.sum_squares(params.param(i));
+    float trust = (w2 > 0 && u2 > 0) ? static_cast<float>(std::sqrt(w2 / u2)) : 1.0f;
+    trust_.push_back(trust);
+    ops_.lamb_apply(params.param(i), m(i), v(i), h, trust);
   }
   params.refresh_weights(ops_);  // the compute copy (bf16 on CUDA) follows the updated master weights
 }

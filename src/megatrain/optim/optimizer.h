@@ -63,6 +63,7 @@ class Optimizer {
   const ParamStore& params_;
   Ops& ops_;
   Buffer m_, v_;  // on the backend's device, laid out like the parameters
+  std::vector<AdamSegment> segments_;  // AdamW: every tensor's flat range and weight decay, one call per step
   std::vector<float> trust_;
   std::vector<float> norm_weights_;
   NormReduce norm_reduce_;

@@ -39,6 +39,8 @@ class CudaOps final : public Ops {
   Device device() const override { return Device::CUDA; }
   DType compute_dtype() const override { return DType::BF16; }
   Buffer alloc(size_t bytes) override;
+  void adamw_update_multi(Tensor param, Tensor grad, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
+                          const AdamHParams& h) override;
   size_t allocated_bytes() const override { return allocated_; }
   void to_device(Tensor dst, const void* host) override;
   void to_host(void* host, Tensor src) override;
@@ -94,6 +96,10 @@ class CudaOps final : public Ops {
   void lamb_apply(Tensor param, Tensor m, Tensor v, const AdamHParams& h, float trust) override;
 
  private:
+  // The segment table of adamw_update_multi on the device, re-uploaded only when it changes (it never does in a run).
+  std::vector<AdamSegment> segs_host_;
+  void* segs_dev_ = nullptr;
+  size_t segs_cap_ = 0;
   size_t allocated_ = 0;  // by alloc(), for the memory figure of benchmarks
   // Times one public op (see OpTimer): constructed first thing in every op.
   OpTimer::Scope timed(const char* name) { return OpTimer::Scope(timer_, name, stream_); }

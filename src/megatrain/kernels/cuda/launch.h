@@ -120,6 +120,15 @@ struct AdamConsts {
   float b1, b2, one_minus_b1, one_minus_b2, inv_bc1, inv_bc2, eps, wd, gs, lr;
 };
 void adamw_update(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t n, const AdamConsts& k);
+// One tensor of a multi-tensor update: elements [offset, offset + numel) of the flat buffers, its weight decay.
+struct AdamSeg {
+  int64_t offset, numel;
+  float wd;
+};
+// AdamW over n_segs segments (a device array) of the flat buffers in one launch; k.wd is replaced per segment.
+// max_numel: the largest segment (sizes the grid).
+void adamw_update_multi(cudaStream_t s, float* p, const float* g, float* m, float* v, const AdamSeg* segs, int n_segs,
+                        int64_t max_numel, const AdamConsts& k);
 // Updates m, v; partials[g] = sum of u^2 over block g (u as in lamb_apply); returns the number of blocks written.
 int lamb_moments(cudaStream_t s, const float* p, const float* g, float* m, float* v, int64_t n, const AdamConsts& k,
                  double* partials);

@@ -57,6 +57,7 @@ CudaOps::~CudaOps() {
   // No throwing from a destructor: wait for the stream, then release, ignoring errors.
   if (stream_) cudaStreamSynchronize(stream_);
   if (attn_ws_) cudaFree(attn_ws_);
+  if (segs_dev_) cudaFree(segs_dev_);
   if (err_dev_) cudaFree(err_dev_);
   if (err_host_) cudaFreeHost(err_host_);
   if (partials_host_) cudaFreeHost(partials_host_);

@@ -1,4 +1,6 @@
 // AdamW and LAMB ops (kernels in optimizer_kernels.cu) over fp32 master weights, gradients and moments.
+#include <algorithm>
+
 #include "megatrain/kernels/cuda/cuda_args.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/cuda/launch.h"
@@ -24,6 +26,45 @@ void CudaOps::adamw_update(Tensor param, Tensor grad, Tensor m_t, Tensor v_t, co
   const float* g = f32_arg(grad, op, "grad");
   check_numel(grad, n, op, "grad");
   cuda::adamw_update(stream_, p, g, m, v, n, kernel_consts(op, h));
+}
+
+void CudaOps::adamw_update_multi(Tensor param, Tensor grad, Tensor m_t, Tensor v_t,
+                                 const std::vector<AdamSegment>& segs, const AdamHParams& h) {
+  const char* op = "adamw_update_multi";
+  auto scope = timed(op);
+  const auto [p, m, v, n] = opt_args(op, param, m_t, v_t, cuda_args::f32_arg);
+  const float* g = f32_arg(grad, op, "grad");
+  check_numel(grad, n, op, "grad");
+  MT_CHECK(segs.size() <= 65535, "{}: {} segments exceed the 65535 one launch can address", op, segs.size());
+  int64_t max_numel = 0;
+  for (const AdamSegment& s : segs) {
+    MT_CHECK(s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= n,
+             "{}: segment [{}, {}) is outside the flat buffers of {} elements", op, s.offset, s.offset + s.numel, n);
+    max_numel = std::max(max_numel, s.numel);
+  }
+  const bool same = segs.size() == segs_host_.size() &&
+                    std::equal(segs.begin(), segs.end(), segs_host_.begin(), [](const AdamSegment& a, const AdamSegment& b) {
+                      return a.offset == b.offset && a.numel == b.numel && a.weight_decay == b.weight_decay;
+                    });
+  if (!same) {
+    cuda::check(cudaStreamSynchronize(stream_), "adamw_update_multi: cudaStreamSynchronize");
+    std::vector<cuda::AdamSeg> table;
+    for (const AdamSegment& s : segs) table.push_back({s.offset, s.numel, s.weight_decay});
+    const size_t bytes = table.size() * sizeof(cuda::AdamSeg);
+    if (bytes > segs_cap_) {
+      if (segs_dev_) cuda::check(cudaFree(segs_dev_), "adamw_update_multi: cudaFree");
+      segs_dev_ = nullptr;
+      segs_cap_ = 0;
+      cuda::check(cudaMalloc(&segs_dev_, bytes), "adamw_update_multi: cudaMalloc(segment table)");
+      segs_cap_ = bytes;
+    }
+    // Synchronous copy, after the stream drained: an earlier launch may still read the old table. The table is
+    // small and uploaded once per run.
+    cuda::check(cudaMemcpy(segs_dev_, table.data(), bytes, cudaMemcpyHostToDevice), "adamw_update_multi: cudaMemcpy");
+    segs_host_ = segs;
+  }
+  cuda::adamw_update_multi(stream_, p, g, m, v, static_cast<const cuda::AdamSeg*>(segs_dev_),
+                           static_cast<int>(segs.size()), max_numel, kernel_consts(op, h));
 }
 
 double CudaOps::lamb_moments(Tensor param, Tensor grad, Tensor m_t, Tensor v_t, const AdamHParams& h) {

@@ -1,5 +1,8 @@
-// AdamW and LAMB over flat fp32 parameter, gradient and moment buffers: one grid-stride launch per tensor (a
-// multi-tensor launch over all parameters is a later step). The arithmetic is the CPU reference's, term for term.
+// AdamW and LAMB over flat fp32 parameter, gradient and moment buffers: AdamW for every tensor of the model in one
+// launch (blockIdx.y picks the tensor), LAMB one grid-stride launch per tensor (its trust ratio needs each tensor's
+// norms first). The arithmetic is the CPU reference's, term for term.
+#include <algorithm>
+
 #include "megatrain/kernels/cuda/device_util.cuh"
 
 namespace mt::cuda {
@@ -21,6 +24,22 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
     m[i] = mi;
     v[i] = vi;
     p[i] -= k.lr * adam_dir(mi, vi, p[i], k);
+  }
+}
+
+// The same for many tensors: grid.y walks the segments, grid.x strides within one (blocks past a small segment's end
+// exit at once, which is cheaper than a launch per tensor).
+__global__ void adamw_multi_kernel(float* p, const float* g, float* m, float* v, const AdamSeg* segs, AdamConsts k) {
+  const AdamSeg s = segs[blockIdx.y];
+  k.wd = s.wd;
+  for (int64_t i = global_thread(); i < s.numel; i += grid_threads()) {
+    const int64_t j = s.offset + i;
+    const float gi = g[j] * k.gs;
+    const float mi = k.b1 * m[j] + k.one_minus_b1 * gi;
+    const float vi = k.b2 * v[j] + k.one_minus_b2 * gi * gi;
+    m[j] = mi;
+    v[j] = vi;
+    p[j] -= k.lr * adam_dir(mi, vi, p[j], k);
   }
 }
 
@@ -51,6 +70,15 @@ void adamw_update(cudaStream_t s, float* p, const float* g, float* m, float* v, 
   if (n <= 0) return;
   adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(p, g, m, v, n, k);
   check_launch("adamw_kernel");
+}
+
+void adamw_update_multi(cudaStream_t s, float* p, const float* g, float* m, float* v, const AdamSeg* segs, int n_segs,
+                        int64_t max_numel, const AdamConsts& k) {
+  if (n_segs <= 0 || max_numel <= 0) return;
+  // At most 1024 blocks per segment (each thread then loops): enough to fill the GPU with the large matrices.
+  const unsigned gx = std::min(grid_for(max_numel, kThreads), 1024u);
+  adamw_multi_kernel<<<dim3(gx, static_cast<unsigned>(n_segs)), kThreads, 0, s>>>(p, g, m, v, segs, k);
+  check_launch("adamw_multi_kernel");
 }
 
 int lamb_moments(cudaStream_t s, const float* p, const float* g, float* m, float* v, int64_t n, const AdamConsts& k,
