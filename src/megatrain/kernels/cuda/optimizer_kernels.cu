@@ -16,15 +16,19 @@ __device__ __forceinline__ float adam_dir(float m, float v, float p, const AdamC
   return m * k.inv_bc1 / (sqrtf(v * k.inv_bc2) + k.eps) + k.wd * p;
 }
 
+// One element of AdamW: the moments, then the step along the Adam direction.
+__device__ __forceinline__ void adamw_element(float* p, const float* g, float* m, float* v, int64_t i,
+                                              const AdamConsts& k) {
+  const float gi = g[i] * k.gs;
+  const float mi = k.b1 * m[i] + k.one_minus_b1 * gi;
+  const float vi = k.b2 * v[i] + k.one_minus_b2 * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] -= k.lr * adam_dir(mi, vi, p[i], k);
+}
+
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamConsts k) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const float gi = g[i] * k.gs;
-    const float mi = k.b1 * m[i] + k.one_minus_b1 * gi;
-    const float vi = k.b2 * v[i] + k.one_minus_b2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] -= k.lr * adam_dir(mi, vi, p[i], k);
-  }
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) adamw_element(p, g, m, v, i, k);
 }
 
 // The same for many tensors: grid.y walks the segments, grid.x strides within one (blocks past a small segment's end
@@ -32,15 +36,7 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 __global__ void adamw_multi_kernel(float* p, const float* g, float* m, float* v, const AdamSeg* segs, AdamConsts k) {
   const AdamSeg s = segs[blockIdx.y];
   k.wd = s.wd;
-  for (int64_t i = global_thread(); i < s.numel; i += grid_threads()) {
-    const int64_t j = s.offset + i;
-    const float gi = g[j] * k.gs;
-    const float mi = k.b1 * m[j] + k.one_minus_b1 * gi;
-    const float vi = k.b2 * v[j] + k.one_minus_b2 * gi * gi;
-    m[j] = mi;
-    v[j] = vi;
-    p[j] -= k.lr * adam_dir(mi, vi, p[j], k);
-  }
+  for (int64_t i = global_thread(); i < s.numel; i += grid_threads()) adamw_element(p, g, m, v, s.offset + i, k);
 }
 
 // Moments as in AdamW; block g writes the sum of u^2 over its share (double per thread) to partials[g].
