@@ -506,16 +506,7 @@ class GlooGroup : public ProcessGroup {
 
 std::unique_ptr<ProcessGroup> make_gloo_group(Store& store, const std::string& name, const std::vector<int>& ranks,
                                               int my_global_rank, const GroupOptions& opt) {
-  MT_CHECK(!name.empty(), "make_gloo_group: empty group name");
-  MT_CHECK(!ranks.empty(), "group {}: no ranks", name);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    MT_CHECK(ranks[i] >= 0, "group {}: negative rank {}", name, ranks[i]);
-    MT_CHECK(i == 0 || ranks[i - 1] < ranks[i], "group {}: ranks must be sorted and distinct ({} after {})", name,
-             ranks[i], ranks[i - 1]);
-  }
-  MT_CHECK(std::find(ranks.begin(), ranks.end(), my_global_rank) != ranks.end(),
-           "group {}: rank {} is not a member", name, my_global_rank);
-  MT_CHECK(opt.timeout.count() > 0, "group {}: timeout must be positive", name);
+  check_group_args("make_gloo_group", name, ranks, my_global_rank, opt);
   return std::make_unique<GlooGroup>(store, name, ranks, my_global_rank, opt);
 }
 

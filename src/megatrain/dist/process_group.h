@@ -54,6 +54,11 @@ struct GroupOptions {
   std::string iface = "127.0.0.1"; // address (host/IP) this process listens on
 };
 
+// Throws mt::Error naming what is wrong with a group's arguments (empty name or rank list, unsorted or negative
+// ranks, my_global_rank not a member, a non-positive timeout); `maker` names the caller. Every backend checks these.
+void check_group_args(const char* maker, const std::string& name, const std::vector<int>& ranks, int my_global_rank,
+                      const GroupOptions& opt);
+
 // Creates the group of `ranks` (global ranks, sorted, containing my_global_rank) over Gloo, rendezvousing through
 // `store` under `name`. Only the members touch the store (no global barrier). A member that never arrives makes
 // the others fail after opt.timeout with a message naming the missing global ranks.

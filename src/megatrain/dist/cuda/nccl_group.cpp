@@ -604,16 +604,7 @@ class NcclGroup : public ProcessGroup {
 std::unique_ptr<ProcessGroup> make_nccl_group(Store& store, const std::string& name, const std::vector<int>& ranks,
                                               int my_global_rank, cudaStream_t compute_stream, const GroupOptions& opt,
                                               const NcclOptions& nccl) {
-  MT_CHECK(!name.empty(), "make_nccl_group: empty group name");
-  MT_CHECK(!ranks.empty(), "group {}: no ranks", name);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    MT_CHECK(ranks[i] >= 0, "group {}: negative rank {}", name, ranks[i]);
-    MT_CHECK(i == 0 || ranks[i - 1] < ranks[i], "group {}: ranks must be sorted and distinct ({} after {})", name,
-             ranks[i], ranks[i - 1]);
-  }
-  MT_CHECK(std::find(ranks.begin(), ranks.end(), my_global_rank) != ranks.end(),
-           "group {}: rank {} is not a member", name, my_global_rank);
-  MT_CHECK(opt.timeout.count() > 0, "group {}: timeout must be positive", name);
+  check_group_args("make_nccl_group", name, ranks, my_global_rank, opt);
   return std::make_unique<NcclGroup>(store, name, ranks, my_global_rank, compute_stream, opt, nccl);
 }
 
