@@ -132,32 +132,45 @@ TEST(Optimizer, AdamWThreeStepsMatchFormula) {
   EXPECT_TRUE(close(p, st.p, 1e-5, 1e-6));
 }
 
-// The multi-tensor AdamW over a flat buffer: each segment updated exactly as its own adamw_update call with the
-// segment's weight decay (bit for bit), the gaps between segments untouched, and a segment past the end refused.
+// The multi-tensor AdamW over a flat buffer against each segment updated on its own, in separate vectors, by
+// adamw_update with the segment's weight decay (bit for bit); the gaps between segments stay untouched, and a
+// segment past the end is refused.
 TEST(Optimizer, AdamWMultiTensorIsPerSegmentAdamW) {
   auto ops = make_cpu_ops();
   const std::vector<AdamSegment> segs = {{0, 13, 0.1f}, {16, 1, 0.0f}, {32, 0, 0.1f}, {32, 5000, 0.1f}, {5040, 7, 0.0f}};
   const int64_t n = 5056;
-  VecF p = randn(n, 700), m(n, 0.0f), v(n, 0.0f);
-  VecF q = p, mq = m, vq = v;
+  const VecF p0 = randn(n, 700);
+  VecF p = p0, m(n, 0.0f), v(n, 0.0f);
+  std::vector<VecF> ps, ms, vs;  // the oracle: one vector per segment
+  for (const AdamSegment& s : segs) {
+    ps.emplace_back(p0.begin() + s.offset, p0.begin() + s.offset + s.numel);
+    ms.emplace_back(s.numel, 0.0f);
+    vs.emplace_back(s.numel, 0.0f);
+  }
   AdamHParams h = hparams(1);
   h.weight_decay = 0.5f;  // replaced by each segment's
   for (int step = 1; step <= 2; ++step) {
     h.step = step;
     VecF g = randn(n, 710 + step, 0.1f);
     ops->adamw_update_multi(tf(p, {n}), tf(g, {n}), tf(m, {n}), tf(v, {n}), segs, h);
-    for (const AdamSegment& s : segs) {
+    for (size_t k = 0; k < segs.size(); ++k) {
+      const int64_t len = segs[k].numel;
+      if (len == 0) continue;  // nothing to update (and an empty vector has no memory to view)
+      VecF gs(g.begin() + segs[k].offset, g.begin() + segs[k].offset + len);
       AdamHParams hs = h;
-      hs.weight_decay = s.weight_decay;
-      auto view = [&](VecF& x) { return tf(x, {n}); };
-      ops->adamw_update(segment(view(q), s), segment(tf(g, {n}), s), segment(view(mq), s), segment(view(vq), s), hs);
+      hs.weight_decay = segs[k].weight_decay;
+      ops->adamw_update(tf(ps[k], {len}), tf(gs, {len}), tf(ms[k], {len}), tf(vs[k], {len}), hs);
     }
   }
-  EXPECT_EQ(p, q);
-  EXPECT_EQ(m, mq);
-  EXPECT_EQ(v, vq);
-  const VecF p0 = randn(n, 700);
-  EXPECT_EQ(p[13], p0[13]);  // a gap
+  for (size_t k = 0; k < segs.size(); ++k)
+    for (int64_t i = 0; i < segs[k].numel; ++i) {
+      const int64_t j = segs[k].offset + i;
+      ASSERT_EQ(p[j], ps[k][i]) << "segment " << k << " element " << i;
+      ASSERT_EQ(m[j], ms[k][i]);
+      ASSERT_EQ(v[j], vs[k][i]);
+    }
+  EXPECT_EQ(p[13], p0[13]);  // gaps
+  EXPECT_EQ(p[5050], p0[5050]);
   VecF g = randn(n, 720, 0.1f);
   try {
     ops->adamw_update_multi(tf(p, {n}), tf(g, {n}), tf(m, {n}), tf(v, {n}), {AdamSegment{n - 3, 7, 0.0f}}, h);
