@@ -630,6 +630,57 @@ TEST_F(CudaOpsTest, AdamWMultiTensorMatchesCpu) {
   EXPECT_NE(e.find("outside the flat buffers"), std::string::npos) << e;
 }
 
+// The multi-tensor LAMB (two passes, norms kept on the device between them) against the CPU's per-segment sequence,
+// within the tolerances of the AdamW test above: segments with gaps, different decays, an empty and a one-element
+// segment, one past a launch's 1024-block cap (several partials per thread in the reduction), and one with zero
+// params and grads (trust 1). Repeating a step from the same state gives the same bits (no scheduling-dependent
+// sums); norms in host memory are refused.
+TEST_F(CudaOpsTest, LambMultiTensorMatchesCpu) {
+  const std::vector<AdamSegment> segs = {{0, 13, 0.1f},      {16, 1, 0.0f},         {32, 0, 0.1f},
+                                         {32, 100003, 0.1f}, {100048, 7, 0.0f},     {100064, 37, 0.1f},
+                                         {100112, 2500001, 0.0f}};
+  const int64_t n = 2600120, ns = 2 * static_cast<int64_t>(segs.size());
+  VecF p = randn(n, 91), m(n), v(n), norms(ns, 0.0f), zero_n(ns, std::nanf(""));
+  std::fill(p.begin() + 100064, p.begin() + 100064 + 37, 0.0f);
+  const VecF p0 = p;
+  Tensor gp = dev_f32(p, {n}), gm = dev_f32(m, {n}), gv = dev_f32(v, {n}), gn = dev_f32(zero_n, {ns});
+  AdamHParams h;
+  h.lr = 1e-2f, h.weight_decay = 0.5f, h.grad_scale = 0.5f;  // weight_decay: replaced by each segment's
+  for (int step = 1; step <= 3; ++step) {
+    h.step = step;
+    VecF g = randn(n, 92 + step);
+    std::fill(g.begin() + 100064, g.begin() + 100064 + 37, 0.0f);
+    Tensor gg = dev_f32(g, {n});
+    const Tensor cn = tf(norms, {ns});
+    cpu_->lamb_moments_multi(tf(p, {n}), tf(g, {n}), tf(m, {n}), tf(v, {n}), segs, h, cn);
+    if (step == 2) {  // the same step twice from the same state: the same bits
+      VecF p1 = host(gp), m1 = host(gm), v1 = host(gv);
+      Tensor gp2 = dev_f32(p1, {n}), gm2 = dev_f32(m1, {n}), gv2 = dev_f32(v1, {n}), gn2 = zeros({ns}, DType::F32);
+      gpu_->lamb_moments_multi(gp2, gg, gm2, gv2, segs, h, gn2);
+      gpu_->lamb_moments_multi(gp, gg, gm, gv, segs, h, gn);
+      EXPECT_EQ(host(gn2), host(gn));
+      EXPECT_EQ(host(gm2), host(gm));
+    } else {
+      gpu_->lamb_moments_multi(gp, gg, gm, gv, segs, h, gn);
+    }
+    const VecF got = host(gn);
+    for (int64_t k = 0; k < ns; ++k)
+      EXPECT_NEAR(got[k], norms[k], 1e-5 * norms[k]) << (k % 2 ? "||u||^2" : "||w||^2") << " of segment " << k / 2
+                                                     << " at step " << step;
+    cpu_->lamb_apply_multi(tf(p, {n}), tf(m, {n}), tf(v, {n}), segs, h, cn);
+    gpu_->lamb_apply_multi(gp, gm, gv, segs, h, gn);
+  }
+  const VecF got = host(gp);
+  EXPECT_TRUE(near(got, p, 1e-5, 1e-7));
+  EXPECT_TRUE(near(host(gm), m, 1e-5, 1e-7));
+  EXPECT_TRUE(near(host(gv), v, 1e-5, 1e-7));
+  EXPECT_EQ(got[13], p0[13]);  // in the gaps
+  EXPECT_EQ(got[100040], p0[100040]);
+  EXPECT_EQ(got[100064], 0.0f);  // the zero segment (trust 1, u = 0) stays zero
+  const std::string e = mt::test::error_of([&] { gpu_->lamb_apply_multi(gp, gm, gv, segs, h, tf(norms, {ns})); });
+  EXPECT_NE(e.find("lamb_apply_multi: norms must be in device memory"), std::string::npos) << e;
+}
+
 TEST_F(CudaOpsTest, LambThreeStepsMatchCpu) {
   const int64_t n = 100003;
   VecF p = randn(n, 70), m(n), v(n);

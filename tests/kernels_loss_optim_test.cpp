@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include "kernels_testutil.h"
 #include "megatrain/kernels/ops.h"
@@ -135,18 +137,40 @@ TEST(Optimizer, AdamWThreeStepsMatchFormula) {
 // The multi-tensor AdamW over a flat buffer against each segment updated on its own, in separate vectors, by
 // adamw_update with the segment's weight decay (bit for bit); the gaps between segments stay untouched, and a
 // segment past the end is refused.
+
+
+// Bit-identity of the flat buffers' segments with the oracle's per-segment vectors.
+void expect_segments_equal(const std::vector<AdamSegment>& segs, const VecF& p, const VecF& m, const VecF& v,
+                           const std::vector<VecF>& ps, const std::vector<VecF>& ms, const std::vector<VecF>& vs) {
+  for (size_t k = 0; k < segs.size(); ++k)
+    for (int64_t i = 0; i < segs[k].numel; ++i) {
+      const int64_t j = segs[k].offset + i;
+      ASSERT_EQ(p[j], ps[k][i]) << "segment " << k << " element " << i;
+      ASSERT_EQ(m[j], ms[k][i]) << "segment " << k << " element " << i;
+      ASSERT_EQ(v[j], vs[k][i]) << "segment " << k << " element " << i;
+    }
+}
+
+// The oracle's state for multi-tensor optimizer tests: each segment's parameters (from p0) and zero moments in
+// vectors of their own, so the per-tensor ops run on separate memory.
+std::tuple<std::vector<VecF>, std::vector<VecF>, std::vector<VecF>> per_segment_state(
+    const VecF& p0, const std::vector<AdamSegment>& segs) {
+  std::vector<VecF> ps, ms, vs;
+  for (const AdamSegment& s : segs) {
+    ps.emplace_back(p0.begin() + s.offset, p0.begin() + s.offset + s.numel);
+    ms.emplace_back(s.numel, 0.0f);
+    vs.emplace_back(s.numel, 0.0f);
+  }
+  return {ps, ms, vs};
+}
+
 TEST(Optimizer, AdamWMultiTensorIsPerSegmentAdamW) {
   auto ops = make_cpu_ops();
   const std::vector<AdamSegment> segs = {{0, 13, 0.1f}, {16, 1, 0.0f}, {32, 0, 0.1f}, {32, 5000, 0.1f}, {5040, 7, 0.0f}};
   const int64_t n = 5056;
   const VecF p0 = randn(n, 700);
   VecF p = p0, m(n, 0.0f), v(n, 0.0f);
-  std::vector<VecF> ps, ms, vs;  // the oracle: one vector per segment
-  for (const AdamSegment& s : segs) {
-    ps.emplace_back(p0.begin() + s.offset, p0.begin() + s.offset + s.numel);
-    ms.emplace_back(s.numel, 0.0f);
-    vs.emplace_back(s.numel, 0.0f);
-  }
+  auto [ps, ms, vs] = per_segment_state(p0, segs);  // the oracle: one vector per segment
   AdamHParams h = hparams(1);
   h.weight_decay = 0.5f;  // replaced by each segment's
   for (int step = 1; step <= 2; ++step) {
@@ -162,13 +186,7 @@ TEST(Optimizer, AdamWMultiTensorIsPerSegmentAdamW) {
       ops->adamw_update(tf(ps[k], {len}), tf(gs, {len}), tf(ms[k], {len}), tf(vs[k], {len}), hs);
     }
   }
-  for (size_t k = 0; k < segs.size(); ++k)
-    for (int64_t i = 0; i < segs[k].numel; ++i) {
-      const int64_t j = segs[k].offset + i;
-      ASSERT_EQ(p[j], ps[k][i]) << "segment " << k << " element " << i;
-      ASSERT_EQ(m[j], ms[k][i]);
-      ASSERT_EQ(v[j], vs[k][i]);
-    }
+  expect_segments_equal(segs, p, m, v, ps, ms, vs);
   EXPECT_EQ(p[13], p0[13]);  // gaps
   EXPECT_EQ(p[5050], p0[5050]);
   VecF g = randn(n, 720, 0.1f);
@@ -178,6 +196,77 @@ TEST(Optimizer, AdamWMultiTensorIsPerSegmentAdamW) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("outside a flat tensor"), std::string::npos) << e.what();
   }
+}
+
+// The multi-tensor LAMB (both passes, norms between them in a tensor) against the per-tensor sequence on each
+// segment in its own vectors: lamb_moments, sum_squares of the param, the trust ratio in float from the two norms
+// rounded to float, lamb_apply (bit for bit, norms included). Segments of odd sizes, with and without decay, an
+// empty one, and one whose params and grads are zero (trust 1); the gaps stay untouched; bad norms and segments are refused.
+TEST(Optimizer, LambMultiTensorIsPerSegmentLamb) {
+  auto ops = make_cpu_ops();
+  const std::vector<AdamSegment> segs = {{0, 13, 0.1f}, {16, 1, 0.0f},    {32, 0, 0.1f},
+                                         {32, 5000, 0.1f}, {5040, 7, 0.0f}, {5047, 37, 0.1f}};
+  const int64_t n = 5090;
+  VecF p0 = randn(n, 800);
+  std::fill(p0.begin() + 5047, p0.begin() + 5047 + 37, 0.0f);  // ||w|| = 0: trust 1
+  VecF p = p0, m(n, 0.0f), v(n, 0.0f), norms(2 * segs.size(), kNaN);
+  auto [ps, ms, vs] = per_segment_state(p0, segs);  // the oracle: one vector per segment
+  AdamHParams h = hparams(1);
+  h.weight_decay = 0.5f;  // replaced by each segment's
+  h.grad_scale = 0.5f;
+  const Tensor nt = tf(norms, {static_cast<int64_t>(norms.size())});
+  int trust_one = 0;
+  for (int step = 1; step <= 3; ++step) {
+    h.step = step;
+    VecF g = randn(n, 810 + step, 0.1f);
+    std::fill(g.begin() + 5047, g.begin() + 5047 + 37, 0.0f);  // and ||u|| = 0: the zero segment stays zero
+    ops->lamb_moments_multi(tf(p, {n}), tf(g, {n}), tf(m, {n}), tf(v, {n}), segs, h, nt);
+    const VecF got_norms = norms;
+    ops->lamb_apply_multi(tf(p, {n}), tf(m, {n}), tf(v, {n}), segs, h, nt);
+    EXPECT_EQ(norms, got_norms) << "lamb_apply_multi changed the norms";
+    for (size_t k = 0; k < segs.size(); ++k) {
+      const int64_t len = segs[k].numel;
+      if (len == 0) {  // nothing to update; both norms are 0
+        EXPECT_EQ(got_norms[2 * k], 0.0f);
+        EXPECT_EQ(got_norms[2 * k + 1], 0.0f);
+        continue;
+      }
+      VecF gs(g.begin() + segs[k].offset, g.begin() + segs[k].offset + len);
+      AdamHParams hs = h;
+      hs.weight_decay = segs[k].weight_decay;
+      const float u2 = static_cast<float>(ops->lamb_moments(tf(ps[k], {len}), tf(gs, {len}), tf(ms[k], {len}),
+                                                            tf(vs[k], {len}), hs));
+      const float w2 = static_cast<float>(ops->sum_squares(tf(ps[k], {len})));
+      ASSERT_EQ(got_norms[2 * k], w2) << "||w||^2 of segment " << k << " at step " << step;
+      ASSERT_EQ(got_norms[2 * k + 1], u2) << "||u||^2 of segment " << k << " at step " << step;
+      const float trust = (w2 > 0 && u2 > 0) ? std::sqrt(w2 / u2) : 1.0f;
+      trust_one += trust == 1.0f;
+      ops->lamb_apply(tf(ps[k], {len}), tf(ms[k], {len}), tf(vs[k], {len}), hs, trust);
+    }
+  }
+  EXPECT_EQ(trust_one, 3) << "the zero segment (and only it) must take trust 1 at each step";
+  expect_segments_equal(segs, p, m, v, ps, ms, vs);
+  EXPECT_NE(p[100], p0[100]);  // updated
+  EXPECT_EQ(p[13], p0[13]);    // gaps
+  EXPECT_EQ(p[5084], p0[5084]);
+  VecF g = randn(n, 820, 0.1f);
+  auto error = [&](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string e = error([&] {
+    ops->lamb_moments_multi(tf(p, {n}), tf(g, {n}), tf(m, {n}), tf(v, {n}), segs, h, tf(norms, {4}));
+  });
+  EXPECT_NE(e.find("lamb_moments_multi: norms (2 per segment)"), std::string::npos) << e;
+  e = error([&] {
+    ops->lamb_apply_multi(tf(p, {n}), tf(m, {n}), tf(v, {n}), {AdamSegment{n - 3, 7, 0.0f}}, h, tf(norms, {2}));
+  });
+  EXPECT_NE(e.find("lamb_apply_multi: segment [5087, 5094) is outside the flat buffers of 5090"), std::string::npos)
+      << e;
 }
 
 TEST(Optimizer, LambThreeStepsMatchFormula) {

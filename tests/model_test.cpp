@@ -372,6 +372,52 @@ TEST(Optim, LambTrustRatioIsWeightNormOverUpdateNorm) {
   }
 }
 
+// The tensor-parallel path of LAMB: the weighted norms go through the reduce callback (once per step, all 2 per
+// tensor) between the two passes and come back. A reduce that scales every norm by 4 (exact) leaves the trust ratios
+// and the update bit for bit as without one; weight 0 on a tensor zeroes its norms, so its trust becomes 1.
+TEST(Optim, LambNormReduceRunsBetweenThePasses) {
+  ModelConfig c = tiny("gpt2");
+  auto ops = make_cpu_ops();
+  GPT a(c, *ops), b(c, *ops);
+  a.init_weights(1);
+  b.init_weights(1);
+  OptimConfig oc;
+  oc.name = "lamb";
+  oc.weight_decay = 0.01f;
+  Optimizer oa(oc, a.params(), *ops), ob(oc, b.params(), *ops);
+  const size_t nt = a.params().size();
+  int calls = 0;
+  std::vector<float> weights(nt, 1.0f);
+  weights[1] = 0.0f;
+  ob.set_norm_reduce(weights, [&](float* data, size_t n) {
+    ++calls;
+    ASSERT_EQ(n, 2 * nt);
+    for (size_t k = 0; k < n; ++k) data[k] *= 4.0f;
+  });
+  EXPECT_TRUE(ob.last_trust().empty());  // before the first step
+  Rng r(3);
+  for (int step = 1; step <= 2; ++step) {
+    for (size_t i = 0; i < a.params().total_floats(); ++i)
+      a.params().grads_data()[i] = b.params().grads_data()[i] = r.normal();
+    oa.step(a.params(), 1e-2f, 1.0f, step);
+    ob.step(b.params(), 1e-2f, 1.0f, step);
+  }
+  EXPECT_EQ(calls, 2);
+  const std::vector<float> ta = oa.last_trust(), tb = ob.last_trust();
+  ASSERT_EQ(ta.size(), nt);
+  ASSERT_EQ(tb.size(), nt);
+  EXPECT_NE(ta[1], 1.0f);
+  EXPECT_EQ(tb[1], 1.0f) << "weight 0: no norms, trust 1";
+  for (size_t t = 0; t < nt; ++t) {
+    if (t == 1) continue;
+    EXPECT_EQ(ta[t], tb[t]) << a.params().info(static_cast<int>(t)).name;
+    const ParamInfo& info = a.params().info(static_cast<int>(t));
+    for (size_t k = 0; k < info.numel; ++k)
+      ASSERT_EQ(a.params().params_data()[info.offset + k], b.params().params_data()[info.offset + k])
+          << info.name << "[" << k << "]";
+  }
+}
+
 TEST(Optim, ScheduleWarmupAndDecay) {
   OptimConfig c;
   c.lr = 1.0f;

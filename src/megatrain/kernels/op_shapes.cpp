@@ -210,4 +210,54 @@ int64_t optimizer_numel(const char* op, const Tensor& param, const Tensor& m, co
   return n;
 }
 
+void lamb_multi_check(const char* op, const Tensor& norms, const std::vector<AdamSegment>& segs, int64_t n,
+                      Device device) {
+  auto where = [](Device d) { return d == Device::CPU ? "host" : "device"; };
+  if (segs.empty() && !norms.defined()) return;  // nothing to do, nothing to write
+  MT_CHECK(norms.defined(), "{}: norms is undefined (F32 [2 * {} segments] expected)", op, segs.size());
+  MT_CHECK(norms.dtype == DType::F32, "{}: norms must be F32 (got {})", op, dtype_name(norms.dtype));
+  MT_CHECK(norms.device == device, "{}: norms must be in {} memory (got {} memory)", op, where(device),
+           where(norms.device));
+  check_numel(norms, 2 * static_cast<int64_t>(segs.size()), op, "norms (2 per segment)");
+  for (const AdamSegment& s : segs)
+    MT_CHECK(s.offset >= 0 && s.numel >= 0 && s.offset + s.numel <= n,
+             "{}: segment [{}, {}) is outside the flat buffers of {} elements", op, s.offset, s.offset + s.numel, n);
+}
+
+// ---- the Ops defaults of the multi-tensor LAMB: the per-tensor ops, segment by segment --------------------------
+
+void Ops::lamb_moments_multi(Tensor param, Tensor grad, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
+                             const AdamHParams& h, Tensor norms) {
+  const char* op = "lamb_moments_multi";
+  check_numel(grad, optimizer_numel(op, param, m, v), op, "grad");
+  lamb_multi_check(op, norms, segs, param.numel(), device());
+  if (segs.empty()) return;
+  std::vector<float> host(2 * segs.size());
+  for (size_t k = 0; k < segs.size(); ++k) {
+    const AdamSegment& s = segs[k];
+    AdamHParams hs = h;
+    hs.weight_decay = s.weight_decay;
+    const Tensor p = segment(param, s);
+    host[2 * k + 1] = static_cast<float>(lamb_moments(p, segment(grad, s), segment(m, s), segment(v, s), hs));
+    host[2 * k] = static_cast<float>(sum_squares(p));
+  }
+  to_device(norms, host.data());
+}
+
+void Ops::lamb_apply_multi(Tensor param, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
+                           const AdamHParams& h, Tensor norms) {
+  const char* op = "lamb_apply_multi";
+  optimizer_numel(op, param, m, v);
+  lamb_multi_check(op, norms, segs, param.numel(), device());
+  if (segs.empty()) return;
+  std::vector<float> host(2 * segs.size());
+  to_host(host.data(), norms);
+  for (size_t k = 0; k < segs.size(); ++k) {
+    const AdamSegment& s = segs[k];
+    AdamHParams hs = h;
+    hs.weight_decay = s.weight_decay;
+    lamb_apply(segment(param, s), segment(m, s), segment(v, s), hs, lamb_trust(host[2 * k], host[2 * k + 1]));
+  }
+}
+
 }  // namespace mt

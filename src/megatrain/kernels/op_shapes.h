@@ -3,6 +3,7 @@
 // bf16_arg, ...), so an op raises the same message on either backend. Every message names the op.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "megatrain/core/tensor.h"
 #include "megatrain/kernels/ops.h"
@@ -97,6 +98,11 @@ struct AdamConsts {
 AdamConsts adam_consts(const char* op, const AdamHParams& h);
 // m and v have param's element count; returns it.
 int64_t optimizer_numel(const char* op, const Tensor& param, const Tensor& m, const Tensor& v);
+
+// The norms of lamb_moments_multi / lamb_apply_multi: F32 [2 * n_segs] on `device`; segments inside the flat
+// buffers of n elements.
+void lamb_multi_check(const char* op, const Tensor& norms, const std::vector<AdamSegment>& segs, int64_t n,
+                      Device device);
 
 // An optimizer's fp32 param, m and v, checked by the backend's f32_arg(t, op, name) (its dtype and device check),
 // then optimizer_numel.

@@ -15,6 +15,7 @@
 // accumulation across micro-batches), master weights and optimizer moments, norm statistics (mean, rstd), attention
 // lse, losses and CE stats. Token ids and targets are I32 in device memory. The CPU backend takes only F32 (A = F32).
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -49,6 +50,10 @@ struct AdamSegment {
 
 // Elements [s.offset, s.offset + s.numel) of a flat tensor, as a 1-D view (checked against its size).
 Tensor segment(const Tensor& flat, const AdamSegment& s);
+
+// LAMB's trust ratio ||w|| / ||u|| from the squared norms, 1 where either is zero (You et al., 2020). In float, as
+// the CUDA kernels compute it (sqrtf and / are correctly rounded there as here).
+inline float lamb_trust(float w2, float u2) { return (w2 > 0 && u2 > 0) ? std::sqrt(w2 / u2) : 1.0f; }
 
 struct AdamHParams {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
@@ -207,13 +212,25 @@ class Ops {
   virtual double lamb_moments(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) = 0;
   // LAMB pass 2: param -= lr * trust * u (u recomputed from m, v, param as in pass 1).
   virtual void lamb_apply(Tensor param, Tensor m, Tensor v, const AdamHParams& h, float trust) = 0;
+  // LAMB over many tensors at once, with no host synchronisation (CUDA: the same few launches however many tensors,
+  // the norms never leave the device). Segments and weight decay as in adamw_update_multi; `norms` is F32 [2 * segs.size()] on device().
+  //   lamb_moments_multi: pass 1 on every segment s; norms[2s] = ||w_s||^2 (sum of squares of the param segment),
+  //     norms[2s+1] = ||u_s||^2 (as lamb_moments returns), each rounded to float.
+  //   lamb_apply_multi: pass 2 on every segment s with trust_s = lamb_trust(norms[2s], norms[2s+1]).
+  // Between the two the caller may change norms (tensor parallelism: sum them over the processes).
+  // The defaults are the per-tensor ops (sum_squares, lamb_moments, lamb_apply) segment by segment, norms moving
+  // through to_device / to_host.
+  virtual void lamb_moments_multi(Tensor param, Tensor grad, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
+                                  const AdamHParams& h, Tensor norms);
+  virtual void lamb_apply_multi(Tensor param, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
+                                const AdamHParams& h, Tensor norms);
 };
 
 // The fp32 CPU backend (OpenMP + OpenBLAS).
 std::unique_ptr<Ops> make_cpu_ops();
-// The CUDA backend on the current device (bf16 compute); throws naming the reason when this build has no CUDA or
-// the machine no GPU.
-std::unique_ptr<Ops> make_cuda_ops();
+// The CUDA backend (bf16 compute) on GPU `device` (made the process's current device), or on the current device
+// when device < 0; throws naming the reason when this build has no CUDA, the machine no GPU, or not that many.
+std::unique_ptr<Ops> make_cuda_ops(int device = -1);
 // Whether make_cuda_ops() can succeed here: built with CUDA and at least one device visible.
 bool cuda_available();
 

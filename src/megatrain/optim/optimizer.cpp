@@ -65,6 +65,10 @@ Optimizer::Optimizer(const OptimConfig& cfg, const ParamStore& params, Ops& ops)
   for (const ParamInfo& p : params.infos())
     segments_.push_back({static_cast<int64_t>(p.offset), static_cast<int64_t>(p.numel),
                          p.decay ? cfg_.weight_decay : 0.0f});
+  if (cfg_.name == "lamb") {
+    norms_ = ops.alloc(2 * segments_.size() * sizeof(float));
+    norms_host_.assign(2 * segments_.size(), 0.0f);
+  }
 }
 
 AdamHParams adam_hparams(const OptimConfig& c, bool decay, float lr, float grad_scale, int step) {
@@ -79,32 +83,41 @@ AdamHParams adam_hparams(const OptimConfig& c, bool decay, float lr, float grad_
   return h;
 }
 
-AdamHParams Optimizer::hparams(const ParamStore& params, int i, float lr, float grad_scale, int step) const {
-  return adam_hparams(cfg_, params.info(i).decay, lr, grad_scale, step);
+Tensor Optimizer::norms() const {
+  return Tensor(norms_.data(), {static_cast<int64_t>(2 * segments_.size())}, DType::F32, norms_.device());
 }
 
-// LAMB whose tensors are split over processes: all moments first, then one reduction of every tensor's
-// (weighted) ||w||^2 and ||u||^2, then the trust-scaled updates.
-void Optimizer::lamb_step_reduced(ParamStore& params, float lr, float grad_scale, int step) {
-  const size_t n = params.size();
-  std::vector<float> norms(2 * n, 0.0f);
-  for (size_t k = 0; k < n; ++k) {
-    const int i = static_cast<int>(k);
-    const AdamHParams h = hparams(params, i, lr, grad_scale, step);
-    const double u2 = ops_.lamb_moments(params.param(i), params.grad(i), m(i), v(i), h);
-    const double w2 = ops_.sum_squares(params.param(i));
-    norms[2 * k] = static_cast<float>(norm_weights_[k] * w2);
-    norms[2 * k + 1] = static_cast<float>(norm_weights_[k] * u2);
+// LAMB over every tensor in two multi-tensor calls (no host synchronisation in between unless the norms must be
+// reduced over processes): the moments and each tensor's ||w||^2 and ||u||^2 into norms_, then the updates scaled by
+// the trust ratios ||w|| / ||u|| (1 where either norm is zero; You et al., 2020). Under tensor parallelism the
+// tensors are split over processes: the weighted norms are summed over them between the two passes.
+void Optimizer::lamb_step(ParamStore& params, float lr, float grad_scale, int step) {
+  const int64_t n = static_cast<int64_t>(params.total_floats());
+  auto flat = [&](void* p) { return Tensor(p, {n}, DType::F32, params.device()); };
+  const AdamHParams h = adam_hparams(cfg_, false, lr, grad_scale, step);  // weight decay: per segment
+  ops_.lamb_moments_multi(flat(params.params_data()), flat(params.grads_data()), flat(m_.data()), flat(v_.data()),
+                          segments_, h, norms());
+  if (norm_reduce_) {
+    ops_.to_host(norms_host_.data(), norms());
+    for (size_t k = 0; k < segments_.size(); ++k) {
+      const double w = norm_weights_[k];
+      norms_host_[2 * k] = static_cast<float>(w * norms_host_[2 * k]);
+      norms_host_[2 * k + 1] = static_cast<float>(w * norms_host_[2 * k + 1]);
+    }
+    norm_reduce_(norms_host_.data(), norms_host_.size());
+    ops_.to_device(norms(), norms_host_.data());
   }
-  norm_reduce_(norms.data(), norms.size());
-  for (size_t k = 0; k < n; ++k) {
-    const int i = static_cast<int>(k);
-    const float w2 = norms[2 * k], u2 = norms[2 * k + 1];
-    const float trust = (w2 > 0 && u2 > 0) ? std::sqrt(w2 / u2) : 1.0f;
-    trust_.push_back(trust);
-    ops_.lamb_apply(params.param(i), m(i), v(i), hparams(params, i, lr, grad_scale, step), trust);
-  }
-  params.refresh_weights(ops_);
+  ops_.lamb_apply_multi(flat(params.params_data()), flat(m_.data()), flat(v_.data()), segments_, h, norms());
+  lamb_stepped_ = true;
+  params.refresh_weights(ops_);  // the compute copy (bf16 on CUDA) follows the updated master weights
+}
+
+std::vector<float> Optimizer::last_trust() const {
+  if (!lamb_stepped_) return {};
+  std::vector<float> host(2 * segments_.size()), trust(segments_.size());
+  ops_.to_host(host.data(), norms());
+  for (size_t k = 0; k < trust.size(); ++k) trust[k] = lamb_trust(host[2 * k], host[2 * k + 1]);
+  return trust;
 }
 
 static Tensor state_view(const Buffer& b, const ParamInfo& p) {
@@ -121,28 +134,13 @@ Tensor Optimizer::v(int i) const { return state_view(v_, params_.info(i)); }
 
 void Optimizer::step(ParamStore& params, float lr, float grad_scale, int step) {
   MT_CHECK(step >= 1, "optimizer step must be >= 1 (got {})", step);
-  trust_.clear();
-  if (cfg_.name == "lamb" && norm_reduce_) return lamb_step_reduced(params, lr, grad_scale, step);
-  if (cfg_.name == "adamw") {
-    // Every tensor in one multi-tensor call over the flat buffers (each segment with its own weight decay).
-    const int64_t n = static_cast<int64_t>(params.total_floats());
-    auto flat = [&](void* p) { return Tensor(p, {n}, DType::F32, params.device()); };
-    ops_.adamw_update_multi(flat(params.params_data()), flat(params.grads_data()), flat(m_.data()), flat(v_.data()),
-                            segments_, adam_hparams(cfg_, false, lr, grad_scale, step));
-    params.refresh_weights(ops_);
-    return;
-  }
-  // LAMB: per-tensor trust ratio ||w|| / ||u||, 1 where either norm is zero (You et al., 2020).
-  for (size_t k = 0; k < params.size(); ++k) {
-    const int i = static_cast<int>(k);
-    const AdamHParams h = hparams(params, i, lr, grad_scale, step);
-    double u2 = ops_.lamb_moments(params.param(i), params.grad(i), m(i), v(i), h);
-    double w2 = ops_.sum_squares(params.param(i));
-    float trust = (w2 > 0 && u2 > 0) ? static_cast<float>(std::sqrt(w2 / u2)) : 1.0f;
-    trust_.push_back(trust);
-    ops_.lamb_apply(params.param(i), m(i), v(i), h, trust);
-  }
-  params.refresh_weights(ops_);  // the compute copy (bf16 on CUDA) follows the updated master weights
+  if (cfg_.name == "lamb") return lamb_step(params, lr, grad_scale, step);
+  // AdamW: every tensor in one multi-tensor call over the flat buffers (each segment with its own weight decay).
+  const int64_t n = static_cast<int64_t>(params.total_floats());
+  auto flat = [&](void* p) { return Tensor(p, {n}, DType::F32, params.device()); };
+  ops_.adamw_update_multi(flat(params.params_data()), flat(params.grads_data()), flat(m_.data()), flat(v_.data()),
+                          segments_, adam_hparams(cfg_, false, lr, grad_scale, step));
+  params.refresh_weights(ops_);
 }
 
 }  // namespace mt

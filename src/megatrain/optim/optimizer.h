@@ -52,19 +52,24 @@ class Optimizer {
   Tensor v(int i) const;
   // Tensor parallelism: LAMB's per-tensor ||w||^2 and ||u||^2 are weighted and reduced as in global_grad_norm.
   void set_norm_reduce(std::vector<float> weights, NormReduce reduce);
-  // Per-tensor LAMB trust ratios of the last step (empty for AdamW), for diagnostics and tests.
-  const std::vector<float>& last_trust() const { return trust_; }
+  // Per-tensor LAMB trust ratios of the last step (empty for AdamW and before the first step), for diagnostics and
+  // tests: recomputed from the last step's norms, which this copies to the host (a device synchronisation on a GPU).
+  std::vector<float> last_trust() const;
 
  private:
-  AdamHParams hparams(const ParamStore& params, int i, float lr, float grad_scale, int step) const;
-  void lamb_step_reduced(ParamStore& params, float lr, float grad_scale, int step);
+  void lamb_step(ParamStore& params, float lr, float grad_scale, int step);
+  Tensor norms() const;
 
   OptimConfig cfg_;
   const ParamStore& params_;
   Ops& ops_;
   Buffer m_, v_;  // on the backend's device, laid out like the parameters
-  std::vector<AdamSegment> segments_;  // AdamW: every tensor's flat range and weight decay, one call per step
-  std::vector<float> trust_;
+  std::vector<AdamSegment> segments_;  // every tensor's flat range and weight decay, one multi-tensor call per step
+  // LAMB: norms_ holds [||w_i||^2, ||u_i||^2] per tensor (F32 [2 * tensors] on the device) from lamb_moments_multi to
+  // lamb_apply_multi; norms_host_ is where the reduced path (set_norm_reduce) sums them over the processes.
+  Buffer norms_;
+  std::vector<float> norms_host_;
+  bool lamb_stepped_ = false;  // norms_ holds a step's norms (for last_trust)
   std::vector<float> norm_weights_;
   NormReduce norm_reduce_;
 };

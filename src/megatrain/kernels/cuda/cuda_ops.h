@@ -6,8 +6,9 @@
 // Every op is asynchronous on one non-blocking stream per CudaOps (stream()); only to_host, synchronize,
 // sum_squares and lamb_moments wait for it. Everything an op needs beyond its arguments (the cuBLASLt handle and
 // workspace, reduction scratch, the timing event pool) is allocated up front, so a training step never calls
-// cudaMalloc; the one exception is the attention backward workspace, sized by reserve() or, failing that, by the
-// first (largest) shape seen.
+// cudaMalloc; the exceptions are the attention backward workspace, sized by reserve() or, failing that, by the
+// first (largest) shape seen, and the multi-tensor optimizers' segment table (with LAMB's block partials), sized at
+// the first step.
 //
 // Errors: argument errors throw mt::Error naming the op and argument before anything is launched; a failing CUDA,
 // cuBLASLt call throws naming the call; data-dependent errors found on the device (a target >= V, a token outside
@@ -94,12 +95,24 @@ class CudaOps final : public Ops {
   void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;
   double lamb_moments(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;
   void lamb_apply(Tensor param, Tensor m, Tensor v, const AdamHParams& h, float trust) override;
+  void lamb_moments_multi(Tensor param, Tensor grad, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
+                          const AdamHParams& h, Tensor norms) override;
+  void lamb_apply_multi(Tensor param, Tensor m, Tensor v, const std::vector<AdamSegment>& segs, const AdamHParams& h,
+                        Tensor norms) override;
 
  private:
-  // The segment table of adamw_update_multi on the device, re-uploaded only when it changes (it never does in a run).
+  // The segment table of the multi-tensor optimizer ops on the device, followed by room for lamb_moments_multi's
+  // block partials: re-uploaded only when the segments change (they never do in a run), grown on first use.
   std::vector<AdamSegment> segs_host_;
   void* segs_dev_ = nullptr;
   size_t segs_cap_ = 0;
+  struct SegTable {
+    const void* segs;   // cuda::AdamSeg[segs.size()]
+    double* partials;   // room for the `partials` doubles asked for
+    int64_t max_numel;  // the largest segment
+  };
+  // Checks segs against flat buffers of n elements (naming op) and returns the table on the device.
+  SegTable segment_table(const char* op, const std::vector<AdamSegment>& segs, int64_t n, size_t partials);
   size_t allocated_ = 0;  // by alloc(), for the memory figure of benchmarks
   // Times one public op (see OpTimer): constructed first thing in every op.
   OpTimer::Scope timed(const char* name) { return OpTimer::Scope(timer_, name, stream_); }

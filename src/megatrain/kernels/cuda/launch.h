@@ -133,5 +133,16 @@ void adamw_update_multi(cudaStream_t s, float* p, const float* g, float* m, floa
 int lamb_moments(cudaStream_t s, const float* p, const float* g, float* m, float* v, int64_t n, const AdamConsts& k,
                  double* partials);
 void lamb_apply(cudaStream_t s, float* p, const float* m, const float* v, int64_t n, const AdamConsts& k, float step);
+// Multi-tensor LAMB over n_segs segments (a device array; k.wd replaced per segment), never waiting for the host.
+// Pass 1 updates m, v and sets norms[2j] = sum of p^2 and norms[2j+1] = sum of u^2 over segment j (each a double
+// sum rounded to float): block sums into `partials` (lamb_multi_partials(n_segs, max_numel) doubles), then a second
+// launch adds each segment's in a fixed order (deterministic, no atomics). max_numel: the largest segment.
+size_t lamb_multi_partials(int n_segs, int64_t max_numel);
+void lamb_moments_multi(cudaStream_t s, const float* p, const float* g, float* m, float* v, const AdamSeg* segs,
+                        int n_segs, int64_t max_numel, const AdamConsts& k, double* partials, float* norms);
+// Pass 2: p -= k.lr * trust_j * u on segment j, trust_j = sqrt(w2 / u2) from norms (1 where either is 0), as
+// lamb_trust in ops.h.
+void lamb_apply_multi(cudaStream_t s, float* p, const float* m, const float* v, const AdamSeg* segs, int n_segs,
+                      int64_t max_numel, const AdamConsts& k, const float* norms);
 
 }  // namespace mt::cuda

@@ -1,5 +1,6 @@
 // CudaOps construction, memory (alloc, host <-> device copies, convert), synchronisation, device-side error
 // reporting, op timing, and make_cuda_ops() / cuda_available().
+#include <cstdlib>
 #include <cstring>
 
 #include "megatrain/kernels/cuda/cuda_args.h"
@@ -32,8 +33,16 @@ bool cuda_available() {
   return n > 0;
 }
 
-std::unique_ptr<Ops> make_cuda_ops() {
+std::unique_ptr<Ops> make_cuda_ops(int device) {
   MT_CHECK(cuda_available(), "make_cuda_ops: no CUDA device is visible (cudaGetDeviceCount found none)");
+  if (device >= 0) {
+    int n = 0;
+    check(cudaGetDeviceCount(&n), "make_cuda_ops: cudaGetDeviceCount");
+    MT_CHECK(device < n, "make_cuda_ops: GPU {} asked for but only {} visible (CUDA_VISIBLE_DEVICES={}); one process "
+             "per GPU: at most {} local ranks on this host", device, n,
+             std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "unset", n);
+    check(cudaSetDevice(device), "make_cuda_ops: cudaSetDevice");
+  }
   return std::make_unique<CudaOps>();
 }
 

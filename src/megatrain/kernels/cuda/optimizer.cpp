@@ -1,5 +1,6 @@
 // AdamW and LAMB ops (kernels in optimizer_kernels.cu) over fp32 master weights, gradients and moments.
 #include <algorithm>
+#include <string>
 
 #include "megatrain/kernels/cuda/cuda_args.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
@@ -28,13 +29,8 @@ void CudaOps::adamw_update(Tensor param, Tensor grad, Tensor m_t, Tensor v_t, co
   cuda::adamw_update(stream_, p, g, m, v, n, kernel_consts(op, h));
 }
 
-void CudaOps::adamw_update_multi(Tensor param, Tensor grad, Tensor m_t, Tensor v_t,
-                                 const std::vector<AdamSegment>& segs, const AdamHParams& h) {
-  const char* op = "adamw_update_multi";
-  auto scope = timed(op);
-  const auto [p, m, v, n] = opt_args(op, param, m_t, v_t, cuda_args::f32_arg);
-  const float* g = f32_arg(grad, op, "grad");
-  check_numel(grad, n, op, "grad");
+CudaOps::SegTable CudaOps::segment_table(const char* op, const std::vector<AdamSegment>& segs, int64_t n,
+                                         size_t partials) {
   MT_CHECK(segs.size() <= 65535, "{}: {} segments exceed the 65535 one launch can address", op, segs.size());
   int64_t max_numel = 0;
   for (const AdamSegment& s : segs) {
@@ -42,29 +38,43 @@ void CudaOps::adamw_update_multi(Tensor param, Tensor grad, Tensor m_t, Tensor v
              "{}: segment [{}, {}) is outside the flat buffers of {} elements", op, s.offset, s.offset + s.numel, n);
     max_numel = std::max(max_numel, s.numel);
   }
+  const size_t table_bytes = (segs.size() * sizeof(cuda::AdamSeg) + 255) / 256 * 256;
+  const size_t bytes = table_bytes + partials * sizeof(double);
   const bool same = segs.size() == segs_host_.size() &&
                     std::equal(segs.begin(), segs.end(), segs_host_.begin(), [](const AdamSegment& a, const AdamSegment& b) {
                       return a.offset == b.offset && a.numel == b.numel && a.weight_decay == b.weight_decay;
                     });
-  if (!same) {
-    cuda::check(cudaStreamSynchronize(stream_), "adamw_update_multi: cudaStreamSynchronize");
-    std::vector<cuda::AdamSeg> table;
-    for (const AdamSegment& s : segs) table.push_back({s.offset, s.numel, s.weight_decay});
-    const size_t bytes = table.size() * sizeof(cuda::AdamSeg);
+  if (!same || bytes > segs_cap_) {
+    // The stream drains first: an earlier launch may still read the old table (or partials).
+    cuda::check(cudaStreamSynchronize(stream_), (std::string(op) + ": cudaStreamSynchronize").c_str());
     if (bytes > segs_cap_) {
-      if (segs_dev_) cuda::check(cudaFree(segs_dev_), "adamw_update_multi: cudaFree");
+      if (segs_dev_) cuda::check(cudaFree(segs_dev_), (std::string(op) + ": cudaFree").c_str());
       segs_dev_ = nullptr;
       segs_cap_ = 0;
-      cuda::check(cudaMalloc(&segs_dev_, bytes), "adamw_update_multi: cudaMalloc(segment table)");
+      cuda::check(cudaMalloc(&segs_dev_, bytes), (std::string(op) + ": cudaMalloc(segment table)").c_str());
       segs_cap_ = bytes;
     }
-    // Synchronous copy, after the stream drained: an earlier launch may still read the old table. The table is
-    // small and uploaded once per run.
-    cuda::check(cudaMemcpy(segs_dev_, table.data(), bytes, cudaMemcpyHostToDevice), "adamw_update_multi: cudaMemcpy");
+    std::vector<cuda::AdamSeg> table;
+    for (const AdamSegment& s : segs) table.push_back({s.offset, s.numel, s.weight_decay});
+    // Synchronous copy (the stream is drained); the table is small and uploaded once per run.
+    cuda::check(cudaMemcpy(segs_dev_, table.data(), table.size() * sizeof(cuda::AdamSeg), cudaMemcpyHostToDevice),
+                (std::string(op) + ": cudaMemcpy(segment table)").c_str());
     segs_host_ = segs;
   }
-  cuda::adamw_update_multi(stream_, p, g, m, v, static_cast<const cuda::AdamSeg*>(segs_dev_),
-                           static_cast<int>(segs.size()), max_numel, kernel_consts(op, h));
+  return {segs_dev_, reinterpret_cast<double*>(static_cast<char*>(segs_dev_) + table_bytes), max_numel};
+}
+
+void CudaOps::adamw_update_multi(Tensor param, Tensor grad, Tensor m_t, Tensor v_t,
+                                 const std::vector<AdamSegment>& segs, const AdamHParams& h) {
+  const char* op = "adamw_update_multi";
+  auto scope = timed(op);
+  const auto [p, m, v, n] = opt_args(op, param, m_t, v_t, cuda_args::f32_arg);
+  const float* g = f32_arg(grad, op, "grad");
+  check_numel(grad, n, op, "grad");
+  if (segs.empty()) return;
+  const SegTable t = segment_table(op, segs, n, 0);
+  cuda::adamw_update_multi(stream_, p, g, m, v, static_cast<const cuda::AdamSeg*>(t.segs),
+                           static_cast<int>(segs.size()), t.max_numel, kernel_consts(op, h));
 }
 
 double CudaOps::lamb_moments(Tensor param, Tensor grad, Tensor m_t, Tensor v_t, const AdamHParams& h) {
@@ -85,6 +95,38 @@ void CudaOps::lamb_apply(Tensor param, Tensor m_t, Tensor v_t, const AdamHParams
   auto scope = timed(op);
   const auto [p, m, v, n] = opt_args(op, param, m_t, v_t, cuda_args::f32_arg);
   cuda::lamb_apply(stream_, p, m, v, n, kernel_consts(op, h), h.lr * trust);
+}
+
+void CudaOps::lamb_moments_multi(Tensor param, Tensor grad, Tensor m_t, Tensor v_t,
+                                 const std::vector<AdamSegment>& segs, const AdamHParams& h, Tensor norms) {
+  const char* op = "lamb_moments_multi";
+  auto scope = timed(op);
+  const auto [p, m, v, n] = opt_args(op, param, m_t, v_t, cuda_args::f32_arg);
+  const float* g = f32_arg(grad, op, "grad");
+  check_numel(grad, n, op, "grad");
+  lamb_multi_check(op, norms, segs, n, Device::CUDA);
+  if (segs.empty()) return;
+  float* out = f32_arg(norms, op, "norms");
+  int64_t max_numel = 0;
+  for (const AdamSegment& s : segs) max_numel = std::max(max_numel, s.numel);
+  const int n_segs = static_cast<int>(segs.size());
+  const SegTable t = segment_table(op, segs, n, cuda::lamb_multi_partials(n_segs, max_numel));
+  cuda::lamb_moments_multi(stream_, p, g, m, v, static_cast<const cuda::AdamSeg*>(t.segs), n_segs, t.max_numel,
+                           kernel_consts(op, h), t.partials, out);
+}
+
+void CudaOps::lamb_apply_multi(Tensor param, Tensor m_t, Tensor v_t, const std::vector<AdamSegment>& segs,
+                               const AdamHParams& h, Tensor norms) {
+  const char* op = "lamb_apply_multi";
+  auto scope = timed(op);
+  const auto [p, m, v, n] = opt_args(op, param, m_t, v_t, cuda_args::f32_arg);
+  lamb_multi_check(op, norms, segs, n, Device::CUDA);
+  if (segs.empty()) return;
+  const float* in = f32_arg(norms, op, "norms");
+  // No partials: the table keeps whatever room lamb_moments_multi gave it.
+  const SegTable t = segment_table(op, segs, n, 0);
+  cuda::lamb_apply_multi(stream_, p, m, v, static_cast<const cuda::AdamSeg*>(t.segs), static_cast<int>(segs.size()),
+                         t.max_numel, kernel_consts(op, h), in);
 }
 
 }  // namespace mt
