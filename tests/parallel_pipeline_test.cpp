@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -151,6 +154,87 @@ TEST(Pipeline, PeakInFlightPerChunkMatchesTheSimulator) {
     }
   }
   EXPECT_THROW(peak_in_flight_per_chunk(make_1f1b(2, 4), 2), Error);
+}
+
+// NCCL has no tags: on the GPU backend the sends from stage a to stage b and the receives b posts from a match in
+// the order each side issues them (dist/cuda/nccl_group.h). So for every directed pair of neighbours, the tags of
+// a's sends in issue order must equal the tags of b's receives in issue order, under every schedule and both p2p
+// modes. Each rank's run_pipeline is driven alone over a group that records the point-to-point calls (every
+// transfer completes at once; the chunks compute nothing), and the sequences of the ranks are compared.
+class RecordingGroup final : public ProcessGroup {
+ public:
+  struct Done final : Work {
+    void wait() override {}
+    bool done() override { return true; }
+    double exec_seconds() const override { return 0; }
+  };
+  RecordingGroup(int rank, int size) : rank_(rank), size_(size), name_("pp-recording") {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  int global_rank(int r) const override { return r; }
+  WorkPtr send(Tensor, int dst, int tag) override {
+    sends[dst].push_back(tag);
+    return std::make_shared<Done>();
+  }
+  WorkPtr recv(Tensor, int src, int tag) override {
+    recvs[src].push_back(tag);
+    return std::make_shared<Done>();
+  }
+  WorkPtr allreduce(Tensor, ReduceOp) override { fail("the pipeline runs no collectives"); }
+  WorkPtr reduce_scatter(Tensor, Tensor, ReduceOp) override { fail("the pipeline runs no collectives"); }
+  WorkPtr all_gather(Tensor, Tensor) override { fail("the pipeline runs no collectives"); }
+  WorkPtr broadcast(Tensor, int) override { fail("the pipeline runs no collectives"); }
+  WorkPtr barrier() override { fail("the pipeline runs no collectives"); }
+  std::map<int, std::vector<int>> sends, recvs;  // by peer: tags in issue order
+
+ private:
+  int rank_, size_;
+  std::string name_;
+};
+
+class IdleChunk final : public PipelineChunk {
+ public:
+  Tensor input(int) override { return f32_view(buf_, {4}); }
+  Tensor output(int) override { return f32_view(buf_, {4}); }
+  Tensor grad_output(int) override { return f32_view(buf_, {4}); }
+  Tensor grad_input(int) override { return f32_view(buf_, {4}); }
+  void forward(int) override {}
+  void backward(int) override {}
+
+ private:
+  float buf_[4] = {};
+};
+
+TEST(Pipeline, EachDirectedPairIssuesSendsAndReceivesInTheSameOrder) {
+  for (auto [pp, v, m] : {std::tuple{2, 1, 4}, {3, 1, 5}, {4, 1, 8}, {4, 1, 2}, {2, 2, 4}, {3, 2, 6}, {2, 3, 8},
+                          {4, 2, 8}, {4, 4, 16}}) {
+    const Schedule s = make_interleaved_1f1b(pp, v, m);
+    for (bool overlap : {true, false}) {
+      std::vector<std::unique_ptr<RecordingGroup>> groups;
+      for (int r = 0; r < pp; ++r) {
+        groups.push_back(std::make_unique<RecordingGroup>(r, pp));
+        std::vector<IdleChunk> chunks(v);
+        std::vector<PipelineChunk*> cs;
+        for (auto& c : chunks) cs.push_back(&c);
+        run_pipeline(s, r, cs, *groups.back(), overlap);
+      }
+      int transfers = 0;
+      for (int a = 0; a < pp; ++a)
+        for (int b = 0; b < pp; ++b) {
+          const std::vector<int>& sent = groups[a]->sends[b];
+          const std::vector<int>& received = groups[b]->recvs[a];
+          EXPECT_EQ(sent, received) << "pp " << pp << " v " << v << " m " << m << " overlap " << overlap << ": rank "
+                                    << a << " -> rank " << b;
+          if (!sent.empty()) {
+            EXPECT_TRUE(b == (a + 1) % pp || a == (b + 1) % pp) << "not ring neighbours";
+          }
+          transfers += static_cast<int>(sent.size());
+        }
+      // Every boundary between consecutive virtual stages carries one activation and one gradient per micro-batch.
+      EXPECT_EQ(transfers, 2 * (pp * v - 1) * m) << "pp " << pp << " v " << v << " m " << m;
+    }
+  }
 }
 
 TEST(Pipeline, OneFOneBMatchesSingleProcess) {

@@ -1,6 +1,7 @@
 #include "megatrain/parallel/pipeline.h"
 
 #include <algorithm>
+#include <set>
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
@@ -51,21 +52,58 @@ PipelineStats run_pipeline(const Schedule& s, int rank, const std::vector<Pipeli
     }
     pending[key(a.kind, a)] = std::move(w);
   };
+  const std::vector<Action>& actions = s.per_rank.at(rank);
+  // Receives are posted in the order the sending peer posts its sends to this rank, never in another: a backend
+  // without tags (NCCL) matches the transfers of a directed pair by issue order alone. Under interleaving the
+  // schedule's own order differs (a neighbour sends chunk 1's gradients before chunk 0's, or activations and
+  // gradients in another interleaving than this rank expects them), so posting one receive posts every receive
+  // from that peer that the peer sends before it. Posting earlier than the schedule says is safe: each receive
+  // has its own buffer (per chunk and micro-batch), unused until the compute that waits for it.
+  struct Incoming {
+    std::vector<int> tags;  // the peer's sends to this rank, in its issue order
+    size_t next = 0;        // the first not yet posted here
+  };
+  std::map<int, Incoming> incoming;
+  for (int p = 0; p < s.pp; ++p) {
+    if (p == rank) continue;
+    for (const Action& a : s.per_rank.at(p))
+      if ((a.kind == ActionKind::PostSendForward || a.kind == ActionKind::PostSendBackward) && a.peer == rank)
+        incoming[p].tags.push_back(p2p_tag(s, p, a));
+  }
+  std::map<int, Action> recv_by_tag;  // this rank's receives
+  for (const Action& a : actions)
+    if (a.kind == ActionKind::PostRecvForward || a.kind == ActionKind::PostRecvBackward)
+      recv_by_tag.emplace(p2p_tag(s, rank, a), a);
+  std::set<int> posted;  // tags of the receives posted so far
+  auto post_recv = [&](const Action& a) {
+    const int tag = p2p_tag(s, rank, a);
+    if (posted.count(tag)) return;
+    Incoming& in = incoming[a.peer];
+    while (in.next < in.tags.size()) {
+      const int t = in.tags[in.next++];
+      auto it = recv_by_tag.find(t);
+      MT_CHECK(it != recv_by_tag.end(), "pipeline rank {}: rank {} sends message {} that this rank never receives",
+               rank, a.peer, t);
+      post(it->second);
+      posted.insert(t);
+      if (t == tag) return;
+    }
+    fail("pipeline rank {}: {} waits for message {} that rank {} never sends", rank, to_string(a, s.virtual_stages),
+         tag, a.peer);
+  };
   // Serialised mode: the receive a Wait* action waits for, posted on the spot unless it already is.
   auto post_recv_for = [&](const Action& wait_action) {
     const ActionKind k =
         wait_action.kind == ActionKind::WaitRecvForward ? ActionKind::PostRecvForward : ActionKind::PostRecvBackward;
-    const Action p{k, wait_action.microbatch, wait_action.chunk, wait_action.peer};
-    if (!pending.count(key(k, p))) post(p);
+    post_recv(Action{k, wait_action.microbatch, wait_action.chunk, wait_action.peer});
   };
-  const std::vector<Action>& actions = s.per_rank.at(rank);
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     PipelineChunk& c = *chunks.at(a.chunk);
     switch (a.kind) {
       case ActionKind::PostRecvForward:
       case ActionKind::PostRecvBackward:
-        if (overlap_p2p) post(a);  // serialised: deferred to the wait (or to a send's pairing below)
+        if (overlap_p2p) post_recv(a);  // serialised: deferred to the wait (or to a send's pairing below)
         break;
       case ActionKind::WaitRecvForward:
         if (!overlap_p2p) post_recv_for(a);
