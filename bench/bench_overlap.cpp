@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
     std::map<bool, Setup> setups;
     for (bool overlap : {true, false}) {
       Setup& s = setups[overlap];
-      if (tp > 1) s.tpc = std::make_unique<ProcessGroupTpComm>(mesh.tp(), TensorParallelOptions{4, overlap});
+      if (tp > 1) s.tpc = std::make_unique<ProcessGroupTpComm>(mesh.tp(), *ops, TensorParallelOptions{4, overlap});
       s.model = std::make_unique<GPT>(cfg, *ops, dp_pad_multiple(dp), s.tpc.get(),
                                       pp > 1 ? pipeline_part(cfg, pp, 1, me.pp) : GptPart{});
       s.model->init_weights(1);

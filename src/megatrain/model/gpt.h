@@ -40,6 +40,7 @@ class GPT {
   const ModelConfig& config() const { return cfg_; }
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  TpComm* tp_comm() const { return tp_; }  // nullptr without tensor parallelism
   // Gradients of replicated parameters are partial per tp rank; backward all-reduces them over tp (layer by
   // layer, before the grads_ready hook) unless disabled: turn it off for all but the last micro-batch of an
   // accumulation, since the sum is taken over the accumulated buffer.

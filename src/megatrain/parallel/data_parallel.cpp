@@ -11,8 +11,13 @@
 namespace mt {
 
 namespace {
-Tensor span(float* p, size_t n) { return f32_view(p, {static_cast<int64_t>(n)}); }
+Tensor host_span(float* p, size_t n) { return f32_view(p, {static_cast<int64_t>(n)}); }
+float* f32(const Buffer& b) { return static_cast<float*>(b.data()); }
 }  // namespace
+
+Tensor DataParallel::span(float* p, size_t n) const {
+  return Tensor(p, {static_cast<int64_t>(n)}, DType::F32, ops_.device());
+}
 
 DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const OptimConfig& ocfg,
                            const DataParallelOptions& opt)
@@ -35,10 +40,12 @@ DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const Opti
     shard_offset_.push_back(shard);
     shard += (k.end - k.begin) / dp_;
   }
-  shard_grad_.resize(shard * sizeof(float));
-  shard_m_.resize(shard * sizeof(float));
-  shard_v_.resize(shard * sizeof(float));
-  shard_stage_.resize(shard * sizeof(float));
+  MT_CHECK(opt_.control == nullptr || (opt_.control->size() == dp_ && opt_.control->rank() == rank_),
+           "DataParallel: the control group {} ({} ranks, rank {}) is not the dp group {} ({} ranks, rank {})",
+           opt_.control ? opt_.control->name() : "", opt_.control ? opt_.control->size() : 0,
+           opt_.control ? opt_.control->rank() : 0, group_.name(), dp_, rank_);
+  shard_floats_ = shard;
+  for (Buffer* b : {&shard_grad_, &shard_m_, &shard_v_, &shard_stage_}) *b = ops_.alloc(shard * sizeof(float));
   armed_.assign(ps.size(), 0);
   final_.assign(ps.size(), 0);
   deferred_.assign(ps.size(), 0);
@@ -103,7 +110,7 @@ void DataParallel::launch_reduce_scatter(size_t k) {
   Bucket& b = buckets_[k];
   b.launched = true;
   float* g = model_.params().grads_data();
-  b.rs = group_.reduce_scatter(span(shard_grad_.f32() + shard_offset_[k], slice_len(b)), span(g + b.begin, b.end - b.begin));
+  b.rs = group_.reduce_scatter(span(f32(shard_grad_) + shard_offset_[k], slice_len(b)), span(g + b.begin, b.end - b.begin));
 }
 
 void DataParallel::on_grads_ready(int first_done) {
@@ -144,8 +151,7 @@ double DataParallel::finish_gradients() {
   std::fill(armed_.begin(), armed_.end(), 0);
   std::fill(final_.begin(), final_.end(), 0);
   overlapped_last_ = std::exchange(overlapped_, 0);
-  const size_t n = shard_grad_.size() / sizeof(float);
-  Tensor g = span(shard_grad_.f32(), n);
+  Tensor g = span(f32(shard_grad_), shard_floats_);
   ops_.scale(g, 1.0f / static_cast<float>(dp_));  // sum over ranks -> mean over the global batch
   const bool clip_own = opt_.clip_norm_reduce != nullptr;
   const std::vector<float>& weights = clip_own ? opt_.clip_norm_weights : opt_.norm_weights;
@@ -155,12 +161,12 @@ double DataParallel::finish_gradients() {
   } else {  // tensor parallelism: weight each tensor (replicated ones count on one tp rank only)
     double acc = 0;
     for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
-      if (weights[i] != 0) acc += weights[i] * ops_.sum_squares(span(shard_grad_.f32() + so, e - b));
+      if (weights[i] != 0) acc += weights[i] * ops_.sum_squares(span(f32(shard_grad_) + so, e - b));
     });
     ss = static_cast<float>(acc);
   }
   float buf[1] = {ss};
-  group_.allreduce(span(buf, 1))->wait();
+  control().allreduce(host_span(buf, 1))->wait();
   const NormReduce& reduce = clip_own ? opt_.clip_norm_reduce : opt_.norm_reduce;
   if (reduce) reduce(buf, 1);
   return std::sqrt(static_cast<double>(buf[0]));
@@ -172,33 +178,32 @@ void DataParallel::step(float lr, float grad_scale, int step) {
   auto hp = [&](int i) { return adam_hparams(ocfg_, ps.info(i).decay, lr, grad_scale, step); };
   if (ocfg_.name == "adamw") {
     for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
-      ops_.adamw_update(span(p + b, e - b), span(shard_grad_.f32() + so, e - b), span(shard_m_.f32() + so, e - b),
-                        span(shard_v_.f32() + so, e - b), hp(i));
+      ops_.adamw_update(span(p + b, e - b), span(f32(shard_grad_) + so, e - b), span(f32(shard_m_) + so, e - b),
+                        span(f32(shard_v_) + so, e - b), hp(i));
     });
   } else {
     // LAMB: per-tensor ||w||^2 and ||u||^2 are partial over the slices; sum them over the dp ranks.
     std::vector<float> norms(2 * ps.size(), 0.0f);
     for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
       const float w = opt_.norm_weights.empty() ? 1.0f : opt_.norm_weights[i];
-      norms[2 * i + 1] += w * static_cast<float>(ops_.lamb_moments(span(p + b, e - b), span(shard_grad_.f32() + so, e - b),
-                                                                   span(shard_m_.f32() + so, e - b),
-                                                                   span(shard_v_.f32() + so, e - b), hp(i)));
+      norms[2 * i + 1] += w * static_cast<float>(ops_.lamb_moments(span(p + b, e - b), span(f32(shard_grad_) + so, e - b),
+                                                                   span(f32(shard_m_) + so, e - b),
+                                                                   span(f32(shard_v_) + so, e - b), hp(i)));
       norms[2 * i] += w * static_cast<float>(ops_.sum_squares(span(p + b, e - b)));
     });
-    group_.allreduce(span(norms.data(), norms.size()))->wait();
+    control().allreduce(host_span(norms.data(), norms.size()))->wait();
     if (opt_.norm_reduce) opt_.norm_reduce(norms.data(), norms.size());
     for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
-      float w2 = norms[2 * i], u2 = norms[2 * i + 1];
-      float trust = (w2 > 0 && u2 > 0) ? std::sqrt(w2 / u2) : 1.0f;
-      ops_.lamb_apply(span(p + b, e - b), span(shard_m_.f32() + so, e - b), span(shard_v_.f32() + so, e - b), hp(i),
-                      trust);
+      ops_.lamb_apply(span(p + b, e - b), span(f32(shard_m_) + so, e - b), span(f32(shard_v_) + so, e - b), hp(i),
+                      lamb_trust(norms[2 * i], norms[2 * i + 1]));
     });
   }
   // All-gather the updated parameters, in forward order: the first layers' buckets complete first.
   for (size_t k = 0; k < buckets_.size(); ++k) {
     Bucket& b = buckets_[k];
-    float* stage = shard_stage_.f32() + shard_offset_[k];
-    std::memcpy(stage, p + slice_start(b), slice_len(b) * sizeof(float));
+    // The group reads the staging copy (not the slice in place) since the all-gather writes the whole bucket.
+    float* stage = f32(shard_stage_) + shard_offset_[k];
+    ops_.copy(span(stage, slice_len(b)), span(p + slice_start(b), slice_len(b)));
     b.ag = group_.all_gather(span(p + b.begin, b.end - b.begin), span(stage, slice_len(b)));
   }
   if (!opt_.overlap) sync_params();
@@ -209,33 +214,57 @@ void DataParallel::sync_params() {
     if (b.ag) wait(b.ag);
 }
 
+std::pair<float*, float*> DataParallel::host_moments(bool pull) {
+  if (ops_.device() == Device::CPU) return {f32(shard_m_), f32(shard_v_)};
+  if (host_m_.size() != shard_floats_ * sizeof(float)) {
+    host_m_.resize(shard_floats_ * sizeof(float), false);
+    host_v_.resize(shard_floats_ * sizeof(float), false);
+  }
+  if (pull) {
+    ops_.to_host(host_m_.data(), span(f32(shard_m_), shard_floats_));
+    ops_.to_host(host_v_.data(), span(f32(shard_v_), shard_floats_));
+  }
+  return {host_m_.f32(), host_v_.f32()};
+}
+
 void DataParallel::gather_moments(HostBuffer& m, HostBuffer& v) {
   const size_t total = model_.params().total_floats();
   m.resize(total * sizeof(float));
   v.resize(total * sizeof(float));
+  const auto [hm, hv] = host_moments(true);
   for (size_t k = 0; k < buckets_.size(); ++k) {
     const Bucket& b = buckets_[k];
-    group_.all_gather(span(m.f32() + b.begin, b.end - b.begin), span(shard_m_.f32() + shard_offset_[k], slice_len(b)))
+    control().all_gather(host_span(m.f32() + b.begin, b.end - b.begin), host_span(hm + shard_offset_[k], slice_len(b)))
         ->wait();
-    group_.all_gather(span(v.f32() + b.begin, b.end - b.begin), span(shard_v_.f32() + shard_offset_[k], slice_len(b)))
+    control().all_gather(host_span(v.f32() + b.begin, b.end - b.begin), host_span(hv + shard_offset_[k], slice_len(b)))
         ->wait();
   }
 }
 
 void DataParallel::scatter_moments(const float* m, const float* v) {
+  const auto [hm, hv] = host_moments(false);
   for (size_t k = 0; k < buckets_.size(); ++k) {
     const Bucket& b = buckets_[k];
-    std::memcpy(shard_m_.f32() + shard_offset_[k], m + slice_start(b), slice_len(b) * sizeof(float));
-    std::memcpy(shard_v_.f32() + shard_offset_[k], v + slice_start(b), slice_len(b) * sizeof(float));
+    std::memcpy(hm + shard_offset_[k], m + slice_start(b), slice_len(b) * sizeof(float));
+    std::memcpy(hv + shard_offset_[k], v + slice_start(b), slice_len(b) * sizeof(float));
   }
+  commit_moment_slices();
+}
+
+void DataParallel::commit_moment_slices() {
+  if (ops_.device() == Device::CPU) return;
+  const auto [hm, hv] = host_moments(false);
+  ops_.to_device(span(f32(shard_m_), shard_floats_), hm);
+  ops_.to_device(span(f32(shard_v_), shard_floats_), hv);
 }
 
 std::vector<DataParallel::MomentSlice> DataParallel::moment_slices() {
   std::vector<MomentSlice> out;
   const ParamStore& ps = model_.params();
+  const auto [hm, hv] = host_moments(true);
   for_each_owned_piece([&](int i, size_t pb, size_t pe, size_t at) {
     const size_t off = ps.info(i).offset;
-    out.push_back({i, pb - off, pe - off, shard_m_.f32() + at, shard_v_.f32() + at});
+    out.push_back({i, pb - off, pe - off, hm + at, hv + at});
   });
   return out;
 }

@@ -10,6 +10,12 @@
 //
 // Gradient clipping uses the true global norm (sum of squares over the owned slices, all-reduced). LAMB's
 // per-tensor norms are partial sums over slices, all-reduced before the trust ratios are formed.
+//
+// Memory: the slices (gradients, moments, the all-gather staging) are allocated through the backend (Ops::alloc)
+// and touched only by its ops and by the dp group, so on a GPU run they live in device memory and the group is
+// NCCL. Host scalars (the squared norms) go over DataParallelOptions::control, a group on host memory (Gloo),
+// when one is given. The checkpoint accessors (gather/scatter_moments, moment_slices) work on host memory: on a
+// GPU run through a host copy of the slices, refreshed when they are called (never inside a step).
 #pragma once
 #include <memory>
 #include <vector>
@@ -35,6 +41,9 @@ struct DataParallelOptions {
   // the global norm only (e.g. weight 0 for the last stage's copy of a tied embedding, counted once).
   std::vector<float> clip_norm_weights;
   NormReduce clip_norm_reduce;
+  // The same dp ranks over host memory, for the norms and the checkpoint accessors; nullptr: the dp group itself
+  // (a CPU run, where one Gloo group serves both).
+  ProcessGroup* control = nullptr;
 };
 
 // Every float of the flat buffer is padded so that it splits into dp equal, 16-aligned slices per bucket.
@@ -63,18 +72,23 @@ class DataParallel {
   // Waits for every outstanding all-gather (e.g. before a checkpoint).
   void sync_params();
 
-  // Full optimizer moments assembled from every rank's slices (collective: all dp ranks must call it).
+  // Full optimizer moments assembled from every rank's slices, in host memory (collective over the control group:
+  // all dp ranks must call it).
   void gather_moments(HostBuffer& m, HostBuffer& v);
   // Loads this rank's slices from full moments laid out like the parameters.
   void scatter_moments(const float* m, const float* v);
   // This rank's slices of the moments as pieces of its parameter tensors: elements [begin, end) of tensor
-  // `tensor` (flattened) are m[0, end-begin) and v[0, end-begin). For per-rank (sharded) checkpoints.
+  // `tensor` (flattened) are m[0, end-begin) and v[0, end-begin), in host memory (valid until the next step or
+  // the next call). For per-rank (sharded) checkpoints.
   struct MomentSlice {
     int tensor = 0;
     size_t begin = 0, end = 0;
     float *m = nullptr, *v = nullptr;
   };
   std::vector<MomentSlice> moment_slices();
+  // After writing into the memory moment_slices() handed out (a restore): makes it the moments the next step uses
+  // (copies it to the device; a no-op on a CPU backend, where it is the moments themselves).
+  void commit_moment_slices();
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Buckets of the last finish_gradients() whose reduce-scatter was launched during backward (overlapped), not
@@ -97,6 +111,11 @@ class DataParallel {
     size_t slice_begin() const;
   };
   void wait(WorkPtr& w);  // waits, accounting exec and exposed time
+  Tensor span(float* p, size_t n) const;  // n floats of the backend's memory at p
+  ProcessGroup& control() { return opt_.control ? *opt_.control : group_; }
+  // My moment slices in host memory: the shard buffers themselves on a CPU backend; else a host copy, pulled
+  // from the device when pull is set.
+  std::pair<float*, float*> host_moments(bool pull);
   void on_grads_ready(int first_done);
   void arm(int first, int end);
   void on_params_used(int first, int end);
@@ -114,7 +133,9 @@ class DataParallel {
   DataParallelOptions opt_;
   int dp_, rank_;
   std::vector<Bucket> buckets_;
-  HostBuffer shard_grad_, shard_m_, shard_v_, shard_stage_;  // my slices, concatenated in bucket order
+  Buffer shard_grad_, shard_m_, shard_v_, shard_stage_;  // my slices, concatenated in bucket order (backend memory)
+  size_t shard_floats_ = 0;
+  HostBuffer host_m_, host_v_;  // host copies of shard_m_ / shard_v_ (only when the backend is not the CPU)
   std::vector<size_t> shard_offset_;  // per bucket: offset of its slice in the shard buffers
   // Per tensor, in the current step: armed (its last backward has begun), final (that backward finished it);
   // deferred_: never armed (gradient still changes after backward).

@@ -1,7 +1,6 @@
 #include "megatrain/parallel/gpt_pipeline.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "megatrain/core/error.h"
 
@@ -12,10 +11,11 @@ class GptPipeline::Chunk final : public PipelineChunk {
   Chunk(GptPipeline& p, int c, int B, int T) : p_(p), c_(c), B_(B), T_(T) {
     const GPT& m = p.model_;
     rows_ = static_cast<int64_t>(B) * T / m.tp_size();
-    const size_t bytes = static_cast<size_t>(rows_) * m.config().d_model * sizeof(float);
+    dtype_ = p.model_.ops().compute_dtype();
+    const size_t bytes = static_cast<size_t>(rows_) * m.config().d_model * dtype_size(dtype_);
     for (auto* v : {&in_, &out_, &gout_, &gin_}) {
       v->resize(p.sched_.microbatches);
-      for (auto& b : *v) b.resize(bytes, false);
+      for (auto& b : *v) b = p.model_.ops().alloc(bytes);
     }
   }
   void start(const int32_t* tokens, const int32_t* targets, float scale, bool last_run) {
@@ -42,7 +42,7 @@ class GptPipeline::Chunk final : public PipelineChunk {
     if (m.last_chunk(c_))
       loss_ += l;
     else
-      std::memcpy(out_[mb].data(), y.ptr, out_[mb].size());
+      m.ops().copy(view(out_, mb), y);
   }
   void backward(int mb) override {
     GPT& m = p_.model_;
@@ -50,19 +50,20 @@ class GptPipeline::Chunk final : public PipelineChunk {
     m.set_tp_grad_sync(last);
     if (last && p_.before_last_backward_) p_.before_last_backward_(c_);
     Tensor gx = m.backward_chunk(c_, mb, view(gout_, mb));
-    if (!m.first_chunk(c_)) std::memcpy(gin_[mb].data(), gx.ptr, gin_[mb].size());
+    if (!m.first_chunk(c_)) m.ops().copy(view(gin_, mb), gx);
   }
 
  private:
-  Tensor view(std::vector<HostBuffer>& v, int mb) {
+  Tensor view(std::vector<Buffer>& v, int mb) {
     MT_CHECK(mb >= 0 && mb < static_cast<int>(v.size()), "pipeline micro-batch {} out of range [0, {})", mb, v.size());
-    return f32_view(v[mb].f32(), {rows_, p_.model_.config().d_model});
+    return v[mb].view({rows_, p_.model_.config().d_model}, dtype_);
   }
 
   GptPipeline& p_;
   int c_, B_, T_;
   int64_t rows_ = 0;
-  std::vector<HostBuffer> in_, out_, gout_, gin_;  // per micro-batch boundary buffers
+  DType dtype_ = DType::F32;  // the backend's compute dtype (activations and their gradients)
+  std::vector<Buffer> in_, out_, gout_, gin_;  // per micro-batch boundary buffers, in the backend's memory
   const int32_t *tokens_ = nullptr, *targets_ = nullptr;
   float scale_ = 1, loss_ = 0;
   bool last_run_ = true;

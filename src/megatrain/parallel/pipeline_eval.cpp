@@ -1,6 +1,5 @@
 #include "megatrain/parallel/pipeline_eval.h"
 
-#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -21,12 +20,15 @@ void forward_stages(GPT& m, ProcessGroup& pp, int micro, int B, int T, const int
   MT_CHECK(micro > 0 && B > 0 && T > 0, "pipeline forward of {} micro-batches of {} x {}", micro, B, T);
   MT_CHECK(tokens || !m.part().embedding, "pipeline forward: the first stage needs the tokens");
   const int64_t rows = static_cast<int64_t>(B) * T / m.tp_size(), C = m.config().d_model;
-  const size_t bytes = static_cast<size_t>(rows * C) * sizeof(float);
-  HostBuffer in(bytes, false);
+  Ops& ops = m.ops();
+  const DType dt = ops.compute_dtype();
+  const size_t bytes = static_cast<size_t>(rows * C) * dtype_size(dt);
+  // Evaluation and sampling are not steps: their boundary buffers are allocated per call, in the backend's memory.
+  Buffer in = ops.alloc(bytes);
   // Outputs stay alive until their sends complete: one buffer per (chunk, micro-batch) of this call.
-  std::vector<HostBuffer> out(static_cast<size_t>(V) * micro);
+  std::vector<Buffer> out(static_cast<size_t>(V) * micro);
   std::vector<WorkPtr> sends;
-  auto view = [&](HostBuffer& b) { return f32_view(b.f32(), {rows, C}); };
+  auto view = [&](const Buffer& b) { return b.view({rows, C}, dt); };
   for (int c = 0; c < V; ++c) {
     const int s = c * P + r;  // this chunk's virtual stage
     for (int mb = 0; mb < micro; ++mb) {
@@ -42,9 +44,9 @@ void forward_stages(GPT& m, ProcessGroup& pp, int micro, int B, int T, const int
       }
       const int32_t* tok = tokens ? tokens + static_cast<size_t>(mb) * B * T : nullptr;
       Tensor y = m.logits_chunk(c, x, tok, B, T);
-      HostBuffer& o = out[static_cast<size_t>(c) * micro + mb];
-      o.resize(bytes, false);
-      std::memcpy(o.data(), y.ptr, bytes);
+      Buffer& o = out[static_cast<size_t>(c) * micro + mb];
+      o = ops.alloc(bytes);
+      ops.copy(view(o), y);
       sends.push_back(pp.send(view(o), (r + 1) % P, tag));
     }
   }

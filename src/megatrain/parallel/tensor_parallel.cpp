@@ -15,15 +15,22 @@ struct RowsShape {
 };
 
 RowsShape rows_of(const Tensor& t, const char* what) {
-  MT_CHECK(t.defined() && t.dtype == DType::F32 && t.ndim >= 1, "tensor parallel: {} must be a defined F32 tensor",
-           what);
+  MT_CHECK(t.defined() && (t.dtype == DType::F32 || t.dtype == DType::BF16) && t.ndim >= 1,
+           "tensor parallel: {} must be a defined F32 or BF16 tensor (got {} {})", what, dtype_name(t.dtype),
+           t.shape_str());
   const int64_t rows = t.size(0);
   return {rows, rows > 0 ? t.numel() / rows : 0};
 }
+
+// Elements [at, at + n) of the memory `base` points to, as a 1-D tensor of like's dtype and device.
+Tensor elems(const Tensor& like, void* base, int64_t at, int64_t n) {
+  return Tensor(static_cast<char*>(base) + static_cast<size_t>(at) * dtype_size(like.dtype), {n}, like.dtype,
+                like.device);
+}
 }  // namespace
 
-ProcessGroupTpComm::ProcessGroupTpComm(ProcessGroup& group, const TensorParallelOptions& opt)
-    : group_(group), opt_(opt) {
+ProcessGroupTpComm::ProcessGroupTpComm(ProcessGroup& group, Ops& ops, const TensorParallelOptions& opt)
+    : group_(group), ops_(ops), opt_(opt) {
   MT_CHECK(opt_.chunks >= 1, "parallel.tp_chunks must be >= 1 (got {})", opt_.chunks);
 }
 
@@ -32,9 +39,9 @@ int ProcessGroupTpComm::num_chunks(int64_t rows_per_rank) const {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(opt_.chunks, rows_per_rank)));
 }
 
-float* ProcessGroupTpComm::stage(size_t floats) {
-  if (stage_.size() < floats * sizeof(float)) stage_.resize(floats * sizeof(float), false);
-  return stage_.f32();
+char* ProcessGroupTpComm::stage(size_t bytes) {
+  if (stage_.size() < bytes) stage_ = ops_.alloc(bytes);
+  return static_cast<char*>(stage_.data());
 }
 
 void ProcessGroupTpComm::wait(const WorkPtr& w) {
@@ -52,29 +59,29 @@ void ProcessGroupTpComm::all_gather_rows(Tensor full, Tensor shard, const Consum
   const int64_t N = Ns * tp;
   MT_CHECK(full.numel() == N * C, "all_gather_rows: full {} must hold {} ranks x {} rows x {} columns",
            full.shape_str(), tp, Ns, C);
+  MT_CHECK(full.dtype == shard.dtype, "all_gather_rows: full is {}, shard {}", dtype_name(full.dtype),
+           dtype_name(shard.dtype));
   const int K = num_chunks(Ns);
-  float* out = full.f32();
-  const float* in = shard.f32();
   if (K == 1) {  // rank-major concatenation is exactly the full layout
-    wait(group_.all_gather(span(out, N * C), shard.view({Ns * C})));
+    wait(group_.all_gather(full.view({N * C}), shard.view({Ns * C})));
     if (consume) consume(0, N);
     return;
   }
   // Chunk k gathers rows [b_k, b_k+1) of every rank into a staging block [tp, len, C]; all chunks are issued
-  // at once (the group runs them in order), so chunk k+1 is in flight while chunk k's rows are consumed.
-  float* st = stage(static_cast<size_t>(N * C));
+  // at once (the group runs them in order), so chunk k+1 is in flight while chunk k's rows are consumed. The
+  // rows move from the staging block into place by the backend's copies (on the device on a GPU run).
+  char* st = stage(static_cast<size_t>(N * C) * dtype_size(shard.dtype));
   auto bound = [&](int k) { return k * Ns / K; };
   std::vector<WorkPtr> works(K);
   for (int k = 0; k < K; ++k) {
     const int64_t b = bound(k), len = bound(k + 1) - b;
-    works[k] = group_.all_gather(span(st + tp * b * C, tp * len * C),
-                                 span(const_cast<float*>(in) + b * C, len * C));
+    works[k] = group_.all_gather(elems(shard, st, tp * b * C, tp * len * C), elems(shard, shard.ptr, b * C, len * C));
   }
   for (int k = 0; k < K; ++k) {
     wait(works[k]);
     const int64_t b = bound(k), len = bound(k + 1) - b;
     for (int r = 0; r < tp; ++r) {
-      std::memcpy(out + (r * Ns + b) * C, st + (tp * b + r * len) * C, static_cast<size_t>(len * C) * sizeof(float));
+      ops_.copy(elems(full, full.ptr, (r * Ns + b) * C, len * C), elems(shard, st, (tp * b + r * len) * C, len * C));
       if (consume) consume(r * Ns + b, len);
     }
   }
@@ -86,17 +93,16 @@ void ProcessGroupTpComm::reduce_scatter_rows(Tensor shard, int64_t N, const Prod
   const auto [Ns, C] = rows_of(shard, "reduce_scatter_rows shard");
   MT_CHECK(N == Ns * tp, "reduce_scatter_rows: {} rows do not split into {} ranks x {} rows", N, tp, Ns);
   const int K = num_chunks(Ns);
-  float* st = stage(static_cast<size_t>(N * C));
-  float* out = shard.f32();
+  char* st = stage(static_cast<size_t>(N * C) * dtype_size(shard.dtype));
   auto bound = [&](int k) { return k * Ns / K; };
   std::vector<WorkPtr> works(K);
   // Chunk k: every rank's partial rows [r*Ns + b_k, r*Ns + b_k+1) into a staging block [tp, len, C], then its
   // reduce-scatter is issued while the next chunk is computed.
   for (int k = 0; k < K; ++k) {
     const int64_t b = bound(k), len = bound(k + 1) - b;
-    float* base = st + tp * b * C;
-    for (int r = 0; r < tp; ++r) produce(f32_view(base + r * len * C, {len, C}), r * Ns + b, len);
-    works[k] = group_.reduce_scatter(span(out + b * C, len * C), span(base, tp * len * C));
+    for (int r = 0; r < tp; ++r)
+      produce(elems(shard, st, (tp * b + r * len) * C, len * C).view({len, C}), r * Ns + b, len);
+    works[k] = group_.reduce_scatter(elems(shard, shard.ptr, b * C, len * C), elems(shard, st, tp * b * C, tp * len * C));
   }
   if (while_in_flight) while_in_flight();
   for (auto& w : works) wait(w);

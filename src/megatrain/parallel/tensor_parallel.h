@@ -7,6 +7,7 @@
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/dist/process_group.h"
+#include "megatrain/kernels/ops.h"
 #include "megatrain/model/params.h"
 #include "megatrain/model/tp_comm.h"
 
@@ -17,9 +18,12 @@ struct TensorParallelOptions {
   bool overlap = true;  // false: one unchunked collective, then the GEMM (parallel.overlap)
 };
 
+// Tensors live in `ops`'s memory (device memory on a GPU run, with a NCCL group): the staging of the chunked
+// collectives is allocated through ops and copied by ops, never touched by the host. Activations are in the
+// backend's compute dtype; the collectives take F32 or BF16.
 class ProcessGroupTpComm final : public TpComm {
  public:
-  ProcessGroupTpComm(ProcessGroup& group, const TensorParallelOptions& opt = {});
+  ProcessGroupTpComm(ProcessGroup& group, Ops& ops, const TensorParallelOptions& opt = {});
   int size() const override { return group_.size(); }
   int rank() const override { return group_.rank(); }
   void allreduce(Tensor t, TpReduce op) override;
@@ -32,12 +36,13 @@ class ProcessGroupTpComm final : public TpComm {
 
  private:
   int num_chunks(int64_t rows_per_rank) const;
-  float* stage(size_t floats);
+  char* stage(size_t bytes);  // grows on first use of a size (the first step), then reused
   void wait(const WorkPtr& w);
 
   ProcessGroup& group_;
+  Ops& ops_;
   TensorParallelOptions opt_;
-  HostBuffer stage_;
+  Buffer stage_;
   double comm_seconds_ = 0;
 };
 

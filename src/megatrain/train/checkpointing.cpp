@@ -378,6 +378,7 @@ struct TrainCheckpointer::Impl {
           read_box(ck, info, "v." + info.name, box, ms.v + off);
         }
       }
+      ddp->commit_moment_slices();
     }
     const nlohmann::json& d = ck.extra()["data"];
     data.epoch = d["epoch"].get<uint64_t>();

@@ -263,10 +263,6 @@ void RunConfig::validate() const {
   MT_CHECK(train.threads >= 0, "{}: train.threads must be >= 0", source);
   MT_CHECK(train.device == "cpu" || train.device == "cuda", "{}: train.device must be \"cpu\" or \"cuda\" (got \"{}\")",
            source, train.device);
-  MT_CHECK(train.device == "cpu" || (parallel.dp == 1 && parallel.pp == 1 && parallel.tp == 1),
-           "{}: train.device = \"cuda\" runs one process on one GPU for now: parallel.dp, parallel.pp and parallel.tp "
-           "must be 1 (got {}, {}, {}); multi-GPU training needs the NCCL data path, which is not wired into the "
-           "trainer yet", source, parallel.dp, parallel.pp, parallel.tp);
   MT_CHECK(ckpt.every >= 0 && ckpt.keep_last >= 1, "{}: ckpt.every must be >= 0 and ckpt.keep_last >= 1", source);
   MT_CHECK(parallel.dp >= 1 && parallel.pp >= 1 && parallel.tp >= 1,
            "{}: parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", source, parallel.dp,

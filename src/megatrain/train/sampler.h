@@ -42,7 +42,9 @@ std::vector<int32_t> sample_tokens(GPT& model, const std::vector<int32_t>& promp
 // position's vocabulary columns are all-gathered and every tp rank picks the same token; with pp the last stage
 // picks and broadcasts it to the other stages. With tp the window is padded on the right to a multiple of tp
 // (causal attention: the padding does not change the logits of the positions before it).
+// tp and pp move host memory (the picked ids, the gathered logit row); pp_data, when set, is the pp group the
+// activations move over (a GPU run's NCCL group; nullptr: pp itself).
 std::vector<int32_t> sample_tokens(GPT& model, ProcessGroup* tp, ProcessGroup* pp, const std::vector<int32_t>& prompt,
-                                   const SampleOptions& o);
+                                   const SampleOptions& o, ProcessGroup* pp_data = nullptr);
 
 }  // namespace mt

@@ -23,6 +23,7 @@
 #include "megatrain/model/layout.h"
 #include "megatrain/optim/optimizer.h"
 #include "megatrain/train/checkpointing.h"
+#include "megatrain/train/gpu_groups.h"
 #include "megatrain/train/host_mirror.h"
 #include "megatrain/train/metrics.h"
 #include "megatrain/train/peak.h"
@@ -39,8 +40,8 @@ namespace fs = std::filesystem;
 // microbatches x data.batch_size rows, so any layout sees the windows one process with that batch size sees: each
 // dp rank takes its rows (through the pipeline stages with pp; with tp the model's vocab-parallel loss is the same
 // on every tp rank), and the per-position loss sums and target counts are summed over pp (only the last stage has
-// them) and dp.
-double evaluate(GPT& model, const RunConfig& cfg, DeviceMesh* mesh, int micro) {
+// them) and dp. The activations move over `data` (the NCCL groups of a GPU run), the sums over `mesh` (host memory).
+double evaluate(GPT& model, const RunConfig& cfg, DeviceMesh* mesh, DeviceMesh* data, int micro) {
   const int dp = mesh ? mesh->shape().dp : 1, dp_rank = mesh ? mesh->coord().dp : 0;
   const bool pipelined = mesh && mesh->shape().pp > 1;
   const int B = cfg.data.batch_size, T = cfg.data.seq_len;
@@ -54,7 +55,7 @@ double evaluate(GPT& model, const RunConfig& cfg, DeviceMesh* mesh, int micro) {
     for (int32_t y : b.y) valid += y >= 0;
     double loss_sum;
     if (pipelined) {
-      loss_sum = pipeline_eval_loss(model, mesh->pp(), b.x.data(), b.y.data(), micro, B, T);
+      loss_sum = pipeline_eval_loss(model, data->pp(), b.x.data(), b.y.data(), micro, B, T);
       if (mesh->coord().pp != mesh->shape().pp - 1) valid = 0;  // counted once, on the stage that has the loss
     } else {
       loss_sum = static_cast<double>(model.forward(b.x.data(), b.y.data(), b.B, b.T, false)) * static_cast<double>(valid);
@@ -83,17 +84,26 @@ TrainResult run_training(const RunConfig& cfg) {
   const MeshShape shape{cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp};
   check_mesh(shape, ri.world_size);
   const bool main_rank = ri.rank == 0;
+  // The backend: fp32 on the CPU, or bf16 on a GPU (train.device): with several ranks, one GPU per local rank.
+  const bool gpu = cfg.train.device == "cuda";
+  auto ops = gpu ? make_cuda_ops(ri.world_size > 1 ? ri.local_rank : -1) : make_cpu_ops();
+  // Two planes of groups. `mesh`: Gloo groups over host memory, for what the host computes or stores (norms,
+  // losses, sampled ids, checkpoints). `data`: the groups the model's tensors move over (gradient buckets,
+  // activations, parameters): the same Gloo groups on the CPU, NCCL groups on the compute stream on a GPU.
   std::unique_ptr<Store> store;
-  std::unique_ptr<DeviceMesh> mesh;
+  std::unique_ptr<DeviceMesh> mesh, gpu_mesh;
+  GroupOptions go;
+  go.timeout = Millis(1000LL * cfg.parallel.timeout_s);
   if (ri.world_size > 1) {
-    GroupOptions go;
-    go.timeout = Millis(1000LL * cfg.parallel.timeout_s);
     store = open_store(ri.store_url, go.timeout);
     mesh = std::make_unique<DeviceMesh>(*store, shape, ri.rank, go);
+    if (gpu) gpu_mesh = std::make_unique<DeviceMesh>(*store, shape, ri.rank, go, gpu_mesh_groups(*ops));
     if (main_rank)
-      fmt::print("mesh dp={} pp={} tp={} over {} ranks ready in {:.2f} s\n", shape.dp, shape.pp, shape.tp,
-                 ri.world_size, mesh->init_seconds());
+      fmt::print("mesh dp={} pp={} tp={} over {} ranks ready in {:.2f} s{}\n", shape.dp, shape.pp, shape.tp,
+                 ri.world_size, mesh->init_seconds(),
+                 gpu_mesh ? fmt::format(" (Gloo), {:.2f} s (NCCL)", gpu_mesh->init_seconds()) : "");
   }
+  DeviceMesh* data = gpu_mesh ? gpu_mesh.get() : mesh.get();
   const int dp = shape.dp, dp_rank = mesh ? mesh->coord().dp : 0;
   const int tp = shape.tp, tp_rank = mesh ? mesh->coord().tp : 0;
   const int pp = shape.pp, pp_rank = mesh ? mesh->coord().pp : 0, vstages = cfg.parallel.virtual_stages;
@@ -103,8 +113,6 @@ TrainResult run_training(const RunConfig& cfg) {
   };
 
   if (main_rank) fs::create_directories(cfg.train.out_dir);
-  // The backend: fp32 on the CPU, or bf16 on this process's GPU (train.device; one process for now).
-  auto ops = cfg.train.device == "cuda" ? make_cuda_ops() : make_cpu_ops();
 
   // With pp a step's rows per dp rank are micro x data.batch_size: every pp rank reads them (the first stage uses
   // the tokens, the last the targets), in the order a single process with micro x dp times the batch reads them.
@@ -121,7 +129,7 @@ TrainResult run_training(const RunConfig& cfg) {
     TensorParallelOptions to;
     to.chunks = cfg.parallel.tp_chunks;
     to.overlap = cfg.parallel.overlap;
-    tpc = std::make_unique<ProcessGroupTpComm>(mesh->tp(), to);
+    tpc = std::make_unique<ProcessGroupTpComm>(data->tp(), *ops, to);
     tp_norm_reduce = [&mesh](float* d, size_t n) {
       mesh->tp().allreduce(f32_view(d, {static_cast<int64_t>(n)}))->wait();
     };
@@ -142,10 +150,10 @@ TrainResult run_training(const RunConfig& cfg) {
     sched = vstages > 1 ? make_interleaved_1f1b(pp, vstages, micro) : make_1f1b(pp, micro);
     pipe = std::make_unique<GptPipeline>(model, sched, pp_rank, cfg.data.batch_size, cfg.data.seq_len);
     if (cfg.model.tied_embeddings && (pp_rank == 0 || pp_rank == pp - 1)) {
-      GroupOptions go;
-      go.timeout = Millis(1000LL * cfg.parallel.timeout_s);
       const std::vector<int> ranks = {mesh_rank(shape, {dp_rank, 0, tp_rank}), mesh_rank(shape, {dp_rank, pp - 1, tp_rank})};
-      emb_group = make_gloo_group(*store, fmt::format("emb[{},{}]", ranks[0], ranks[1]), ranks, ri.rank, go);
+      const std::string name = fmt::format("emb[{},{}]", ranks[0], ranks[1]);
+      emb_group = gpu ? make_gpu_group(*ops, *store, name, ranks, ri.rank, go)
+                      : make_gloo_group(*store, name, ranks, ri.rank, go);
     }
     // The clipping norm sums over the stages (the wte copy counted once); LAMB's per-tensor norms stay local.
     clip_weights = tp > 1 ? norm_weights : std::vector<float>(model.params().size(), 1.0f);
@@ -167,7 +175,8 @@ TrainResult run_training(const RunConfig& cfg) {
     o.norm_reduce = tp_norm_reduce;
     o.clip_norm_weights = clip_weights;
     o.clip_norm_reduce = clip_reduce;
-    ddp = std::make_unique<DataParallel>(model, mesh->dp(), *ops, cfg.optim, o);
+    o.control = gpu_mesh ? &mesh->dp() : nullptr;
+    ddp = std::make_unique<DataParallel>(model, data->dp(), *ops, cfg.optim, o);
     // Under pp a chunk's gradients are final in the backward of its last micro-batch: its buckets start there.
     if (pipe) pipe->set_before_last_backward([&ddp](int c) { ddp->begin_last_backward(c); });
   } else {
@@ -176,9 +185,11 @@ TrainResult run_training(const RunConfig& cfg) {
   }
   // A model in device memory is checkpointed (and imported) through a host copy, refreshed around each save.
   std::unique_ptr<HostMirror> mirror;
-  if (ops->device() != Device::CPU) mirror = std::make_unique<HostMirror>(model, *opt, cfg.optim);
-  // Checkpoints hold full tensors whatever the layout; the checkpointer gathers and scatters this rank's part.
-  TrainCheckpointer ckpt(cfg, mirror ? mirror->model() : model, mirror ? &mirror->optimizer() : opt.get(), ddp.get(),
+  if (ops->device() != Device::CPU)
+    mirror = std::make_unique<HostMirror>(model, opt.get(), cfg.optim, dp_pad_multiple(dp));
+  // Checkpoints hold full tensors whatever the layout; the checkpointer gathers and scatters this rank's part
+  // (host memory: over the Gloo groups).
+  TrainCheckpointer ckpt(cfg, mirror ? mirror->model() : model, mirror ? mirror->optimizer() : opt.get(), ddp.get(),
                          mesh.get(), wte_copy);
   auto checkpoint = [&](int step, const char* why) {
     if (mirror) mirror->pull();
@@ -246,7 +257,7 @@ TrainResult run_training(const RunConfig& cfg) {
     if (pipe) {
       for (int round = 0; round < accum; ++round) {
         Batch b = loader.next();
-        loss += pipe->run(mesh->pp(), b.x.data(), b.y.data(), 1.0f / static_cast<float>(accum * micro),
+        loss += pipe->run(data->pp(), b.x.data(), b.y.data(), 1.0f / static_cast<float>(accum * micro),
                           round == accum - 1);
       }
       loss /= static_cast<float>(accum * micro);
@@ -295,7 +306,7 @@ TrainResult run_training(const RunConfig& cfg) {
     const bool eval_now = cfg.train.eval_every > 0 && cfg.train.eval_batches > 0 &&
                           (step % cfg.train.eval_every == 0 || step == cfg.train.steps);
     if (eval_now) {
-      res.last_val_loss = evaluate(model, cfg, mesh.get(), micro);
+      res.last_val_loss = evaluate(model, cfg, mesh.get(), data, micro);
       say(fmt::format("step {:>6} | val loss {:.4f}", step, res.last_val_loss));
       if (main_rank) log.write({{"kind", "val"}, {"step", step}, {"val_loss", res.last_val_loss}});
     }
@@ -313,7 +324,7 @@ TrainResult run_training(const RunConfig& cfg) {
       std::vector<int32_t> prompt = tok.encode(cfg.sample.prompt);
       if (prompt.empty()) prompt.push_back(tok.eot());
       std::vector<int32_t> out = sample_tokens(model, tp > 1 ? &mesh->tp() : nullptr, pp > 1 ? &mesh->pp() : nullptr,
-                                               prompt, so);
+                                               prompt, so, pp > 1 ? &data->pp() : nullptr);
       res.sample = cfg.sample.prompt + tok.decode(out);
       if (main_rank) {
         fmt::print("---- sample ----\n{}\n----------------\n", res.sample);

@@ -1,0 +1,25 @@
+#include "megatrain/train/gpu_groups.h"
+
+#include "megatrain/dist/cuda/nccl_group.h"
+#include "megatrain/kernels/cuda/cuda_ops.h"
+
+namespace mt {
+
+namespace {
+cudaStream_t stream_of(Ops& ops) {
+  auto* cuda = dynamic_cast<CudaOps*>(&ops);
+  MT_CHECK(cuda != nullptr, "NCCL groups need the CUDA backend (train.device = \"cuda\"), not the {} backend",
+           ops.device() == Device::CPU ? "CPU" : "given");
+  return cuda->stream();
+}
+}  // namespace
+
+GroupFactory gpu_mesh_groups(Ops& ops) { return nccl_mesh_groups(stream_of(ops)); }
+
+std::unique_ptr<ProcessGroup> make_gpu_group(Ops& ops, Store& store, const std::string& name,
+                                             const std::vector<int>& ranks, int my_global_rank,
+                                             const GroupOptions& opt) {
+  return make_nccl_group(store, name, ranks, my_global_rank, stream_of(ops), opt);
+}
+
+}  // namespace mt
