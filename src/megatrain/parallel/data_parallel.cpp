@@ -1,6 +1,7 @@
 #include "megatrain/parallel/data_parallel.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -46,6 +47,7 @@ DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const Opti
            opt_.control ? opt_.control->rank() : 0, group_.name(), dp_, rank_);
   shard_floats_ = shard;
   for (Buffer* b : {&shard_grad_, &shard_m_, &shard_v_, &shard_stage_}) *b = ops_.alloc(shard * sizeof(float));
+  plan_pieces();
   armed_.assign(ps.size(), 0);
   final_.assign(ps.size(), 0);
   deferred_.assign(ps.size(), 0);
@@ -172,31 +174,83 @@ double DataParallel::finish_gradients() {
   return std::sqrt(static_cast<double>(buf[0]));
 }
 
+void DataParallel::plan_pieces() {
+  const ParamStore& ps = model_.params();
+  piece_segs_.assign(buckets_.size(), {});
+  piece_tensor_.assign(buckets_.size(), {});
+  size_t pieces = 0;
+  for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
+    // The bucket whose slice holds the piece; the piece sits at the same offset in my slice of the parameters
+    // (b - slice_start) as in my shard buffers (so - shard_offset_), so one segment serves all four views.
+    const size_t k = static_cast<size_t>(std::upper_bound(shard_offset_.begin(), shard_offset_.end(), so) -
+                                         shard_offset_.begin()) - 1;
+    piece_segs_[k].push_back({static_cast<int64_t>(so - shard_offset_[k]), static_cast<int64_t>(e - b),
+                              ps.info(i).decay ? ocfg_.weight_decay : 0.0f});
+    piece_tensor_[k].push_back(i);
+    ++pieces;
+  });
+  if (ocfg_.name == "lamb") {
+    piece_norms_ = ops_.alloc(std::max<size_t>(1, 2 * pieces) * sizeof(float));
+    piece_norms_host_.assign(2 * pieces, 0.0f);
+  }
+}
+
 void DataParallel::step(float lr, float grad_scale, int step) {
   const ParamStore& ps = model_.params();
   float* p = ps.params_data();
-  auto hp = [&](int i) { return adam_hparams(ocfg_, ps.info(i).decay, lr, grad_scale, step); };
+  // Bucket k's views: my slice of the flat parameters and my shard of the gradients and moments; each tensor piece
+  // inside is one segment of a multi-tensor call (weight decay per segment), so a step is a few launches per bucket.
+  auto views = [&](size_t k) {
+    const Bucket& b = buckets_[k];
+    const size_t so = shard_offset_[k], n = slice_len(b);
+    return std::array<Tensor, 4>{span(p + slice_start(b), n), span(f32(shard_grad_) + so, n),
+                                 span(f32(shard_m_) + so, n), span(f32(shard_v_) + so, n)};
+  };
+  const AdamHParams h = adam_hparams(ocfg_, false, lr, grad_scale, step);  // weight decay: per segment
   if (ocfg_.name == "adamw") {
-    for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
-      ops_.adamw_update(span(p + b, e - b), span(f32(shard_grad_) + so, e - b), span(f32(shard_m_) + so, e - b),
-                        span(f32(shard_v_) + so, e - b), hp(i));
-    });
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const auto [pv, gv, mv, vv] = views(k);
+      ops_.adamw_update_multi(pv, gv, mv, vv, piece_segs_[k], h);
+    }
   } else {
-    // LAMB: per-tensor ||w||^2 and ||u||^2 are partial over the slices; sum them over the dp ranks.
+    // LAMB: every piece's ||w||^2 and ||u||^2 (pass 1, on the device), then one copy to the host: summed per tensor
+    // (weighted under tp), over the dp ranks and tp; each piece takes its tensor's norms back for pass 2.
+    auto piece_norms = [&](size_t at, size_t n) {
+      return Tensor(static_cast<float*>(piece_norms_.data()) + at, {static_cast<int64_t>(n)}, DType::F32,
+                    ops_.device());
+    };
+    size_t at = 0;
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const auto [pv, gv, mv, vv] = views(k);
+      ops_.lamb_moments_multi(pv, gv, mv, vv, piece_segs_[k], h, piece_norms(at, 2 * piece_segs_[k].size()));
+      at += 2 * piece_segs_[k].size();
+    }
+    if (at > 0) ops_.to_host(piece_norms_host_.data(), piece_norms(0, at));
     std::vector<float> norms(2 * ps.size(), 0.0f);
-    for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
-      const float w = opt_.norm_weights.empty() ? 1.0f : opt_.norm_weights[i];
-      norms[2 * i + 1] += w * static_cast<float>(ops_.lamb_moments(span(p + b, e - b), span(f32(shard_grad_) + so, e - b),
-                                                                   span(f32(shard_m_) + so, e - b),
-                                                                   span(f32(shard_v_) + so, e - b), hp(i)));
-      norms[2 * i] += w * static_cast<float>(ops_.sum_squares(span(p + b, e - b)));
-    });
+    at = 0;
+    for (size_t k = 0; k < buckets_.size(); ++k)
+      for (int i : piece_tensor_[k]) {
+        const float w = opt_.norm_weights.empty() ? 1.0f : opt_.norm_weights[i];
+        norms[2 * i + 1] += w * piece_norms_host_[at + 1];
+        norms[2 * i] += w * piece_norms_host_[at];
+        at += 2;
+      }
     control().allreduce(host_span(norms.data(), norms.size()))->wait();
     if (opt_.norm_reduce) opt_.norm_reduce(norms.data(), norms.size());
-    for_each_owned_piece([&](int i, size_t b, size_t e, size_t so) {
-      ops_.lamb_apply(span(p + b, e - b), span(f32(shard_m_) + so, e - b), span(f32(shard_v_) + so, e - b), hp(i),
-                      lamb_trust(norms[2 * i], norms[2 * i + 1]));
-    });
+    at = 0;
+    for (size_t k = 0; k < buckets_.size(); ++k)
+      for (int i : piece_tensor_[k]) {
+        piece_norms_host_[at] = norms[2 * i];
+        piece_norms_host_[at + 1] = norms[2 * i + 1];
+        at += 2;
+      }
+    if (at > 0) ops_.to_device(piece_norms(0, at), piece_norms_host_.data());
+    at = 0;
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      const auto [pv, gv, mv, vv] = views(k);
+      ops_.lamb_apply_multi(pv, mv, vv, piece_segs_[k], h, piece_norms(at, 2 * piece_segs_[k].size()));
+      at += 2 * piece_segs_[k].size();
+    }
   }
   // All-gather the updated parameters, in forward order: the first layers' buckets complete first.
   for (size_t k = 0; k < buckets_.size(); ++k) {

@@ -125,6 +125,7 @@ class DataParallel {
   // Calls f(tensor index, flat begin, flat end, shard offset) for each tensor piece inside my slices.
   template <typename F>
   void for_each_owned_piece(F&& f) const;
+  void plan_pieces();  // piece_segs_ / piece_tensor_ (and LAMB's norm buffers) from the buckets
 
   GPT& model_;
   ProcessGroup& group_;
@@ -137,6 +138,12 @@ class DataParallel {
   size_t shard_floats_ = 0;
   HostBuffer host_m_, host_v_;  // host copies of shard_m_ / shard_v_ (only when the backend is not the CPU)
   std::vector<size_t> shard_offset_;  // per bucket: offset of its slice in the shard buffers
+  // Per bucket: the tensor pieces in my slice as multi-tensor optimizer segments (offsets within the slice, weight
+  // decay per tensor), and each piece's tensor. LAMB: [||w||^2, ||u||^2] per piece, on the device and on the host.
+  std::vector<std::vector<AdamSegment>> piece_segs_;
+  std::vector<std::vector<int>> piece_tensor_;
+  Buffer piece_norms_;
+  std::vector<float> piece_norms_host_;
   // Per tensor, in the current step: armed (its last backward has begun), final (that backward finished it);
   // deferred_: never armed (gradient still changes after backward).
   std::vector<char> armed_, final_, deferred_;
