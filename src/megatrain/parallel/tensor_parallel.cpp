@@ -39,6 +39,11 @@ int ProcessGroupTpComm::num_chunks(int64_t rows_per_rank) const {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(opt_.chunks, rows_per_rank)));
 }
 
+void ProcessGroupTpComm::reserve(int64_t rows, int64_t cols, DType dtype) {
+  MT_CHECK(rows >= 0 && cols >= 0, "tensor parallel: cannot reserve {} x {} staging", rows, cols);
+  stage(static_cast<size_t>(rows * cols) * dtype_size(dtype));
+}
+
 char* ProcessGroupTpComm::stage(size_t bytes) {
   if (stage_.size() < bytes) stage_ = ops_.alloc(bytes);
   return static_cast<char*>(stage_.data());

@@ -30,6 +30,9 @@ class ProcessGroupTpComm final : public TpComm {
   void all_gather_rows(Tensor full, Tensor shard, const Consume& consume = {}) override;
   void reduce_scatter_rows(Tensor shard, int64_t N, const Produce& produce,
                            const std::function<void()>& while_in_flight = {}) override;
+  // Sizes the staging of the chunked collectives for activations of up to rows x cols of dtype, so that no step
+  // allocates (the model's calls move at most B*T x d_model per micro-batch). Without it the first call grows it.
+  void reserve(int64_t rows, int64_t cols, DType dtype);
   // Seconds spent executing collectives since the last reset (for overlap accounting).
   double comm_seconds() const { return comm_seconds_; }
   void reset_comm_seconds() { comm_seconds_ = 0; }

@@ -130,6 +130,8 @@ TrainResult run_training(const RunConfig& cfg) {
     to.chunks = cfg.parallel.tp_chunks;
     to.overlap = cfg.parallel.overlap;
     tpc = std::make_unique<ProcessGroupTpComm>(data->tp(), *ops, to);
+    // Planned up front: a micro-batch's B*T rows of d_model, the most any of the model's tp collectives moves.
+    tpc->reserve(static_cast<int64_t>(cfg.data.batch_size) * cfg.data.seq_len, cfg.model.d_model, ops->compute_dtype());
     tp_norm_reduce = [&mesh](float* d, size_t n) {
       mesh->tp().allreduce(f32_view(d, {static_cast<int64_t>(n)}))->wait();
     };
