@@ -127,10 +127,15 @@ class LaunchTest : public ::testing::Test {
   Result launch(const std::vector<std::string>& args) { return finish(start(args)); }
 
   // Pids the ranks wrote to files named <prefix>.*: all must be gone once the launcher has exited.
+  // The pids the ranks wrote to files `prefix.*` with `echo $$ > prefix.$RANK`. A file the shell has created but
+  // not yet written is empty: it is skipped (not parsed), until echo's single write puts "pid\n" in it.
   std::vector<pid_t> pids(const std::string& prefix) {
     std::vector<pid_t> out;
-    for (auto& e : fs::directory_iterator(dir_))
-      if (e.path().filename().string().rfind(prefix + ".", 0) == 0) out.push_back(std::stoi(slurp(e.path())));
+    for (auto& e : fs::directory_iterator(dir_)) {
+      if (e.path().filename().string().rfind(prefix + ".", 0) != 0) continue;
+      const std::string text = slurp(e.path());
+      if (!text.empty() && text.back() == '\n') out.push_back(std::stoi(text));
+    }
     return out;
   }
   void expect_all_gone(const std::vector<pid_t>& ps) {
