@@ -3,6 +3,12 @@
 // TFLOP/s counts the work actually needed: 4 hd flops per visible (query, key) pair forward (QK^T and PV), 10 hd
 // backward (QK^T recomputed, dP, dV, dK, dQ). A window skips most pairs, so its time must drop with them (the
 // "window_speedup" field: causal time / window time). Prints one JSON object; {"skipped": ...} without a GPU.
+//
+// Each shape also runs cuDNN's fused attention (kernels/cuda/cudnn_attention.*, the train.attention = "cudnn"
+// alternative) on the same inputs: its times under "cudnn", and the comparison fields cudnn_ms and flash_ms
+// (forward + backward), cudnn_over_flash (< 1: cuDNN is faster) and the forward/backward ratios, plus the largest
+// |out| and |lse| difference between the two as a sanity check. A shape cuDNN refuses reports "cudnn_error" (cuDNN's
+// message) instead of aborting the run.
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -11,12 +17,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "megatrain/core/bf16.h"
+#include "megatrain/kernels/cuda/cudnn_attention.h"
 #include "megatrain/kernels/cuda/flash_attention.h"
 
 namespace {
@@ -73,7 +83,33 @@ double median_ms(F&& f, int iters) {
   return ms[iters / 2];
 }
 
-nlohmann::json bench_shape(int B, int T, int H, int hd, int W) {
+// Largest |a - b| over n device values (bf16 when bf16, else fp32).
+double max_abs_diff(const void* a, const void* b, size_t n, bool bf16) {
+  const size_t bytes = n * (bf16 ? 2 : 4);
+  std::vector<unsigned char> ha(bytes), hb(bytes);
+  cuda_ok(cudaMemcpy(ha.data(), a, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cuda_ok(cudaMemcpy(hb.data(), b, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  double m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float x, y;
+    if (bf16) {
+      uint16_t u, v;
+      std::memcpy(&u, &ha[2 * i], 2);
+      std::memcpy(&v, &hb[2 * i], 2);
+      x = mt::bf16_to_float(u);
+      y = mt::bf16_to_float(v);
+    } else {
+      std::memcpy(&x, &ha[4 * i], 4);
+      std::memcpy(&y, &hb[4 * i], 4);
+    }
+    m = std::max(m, double(std::fabs(x - y)));
+  }
+  return m;
+}
+
+// `cudnn` is null when cuDNN could not start (`cudnn_start_error` says why).
+nlohmann::json bench_shape(int B, int T, int H, int hd, int W, mt::CudnnAttention* cudnn,
+                           const std::string& cudnn_start_error) {
   mt::AttnShape s;
   s.B = B;
   s.T = T;
@@ -99,17 +135,56 @@ nlohmann::json bench_shape(int B, int T, int H, int hd, int W) {
   const double both_ms = median_ms([&] { fwd(); bwd(); }, iters);
   const double pairs = visible_pairs(T, W) * B * H;
   const double fwd_flops = 4.0 * pairs * hd, bwd_flops = 10.0 * pairs * hd;
-  return {{"B", B},
-          {"T", T},
-          {"H", H},
-          {"hd", hd},
-          {"window", W},
-          {"fwd_ms", fwd_ms},
-          {"bwd_ms", bwd_ms},
-          {"fwd_bwd_ms", both_ms},
-          {"fwd_tflops", fwd_flops / fwd_ms * 1e-9},
-          {"bwd_tflops", bwd_flops / bwd_ms * 1e-9},
-          {"fwd_bwd_tflops", (fwd_flops + bwd_flops) / both_ms * 1e-9}};
+  nlohmann::json r = {{"B", B},
+                      {"T", T},
+                      {"H", H},
+                      {"hd", hd},
+                      {"window", W},
+                      {"fwd_ms", fwd_ms},
+                      {"bwd_ms", bwd_ms},
+                      {"fwd_bwd_ms", both_ms},
+                      {"fwd_tflops", fwd_flops / fwd_ms * 1e-9},
+                      {"bwd_tflops", bwd_flops / bwd_ms * 1e-9},
+                      {"fwd_bwd_tflops", (fwd_flops + bwd_flops) / both_ms * 1e-9}};
+
+  // The same shape through cuDNN, on its own outputs (the flash forward's results stay for the comparison).
+  if (!cudnn) {
+    r["cudnn_error"] = cudnn_start_error;
+    return r;
+  }
+  DeviceMem out2(n_out * 2), lse2(n_lse * 4), dqkv2(n_qkv * 2);
+  auto cfwd = [&] { cudnn->forward(s, qkv.as<__nv_bfloat16>(), out2.as<__nv_bfloat16>(), lse2.as<float>()); };
+  auto cbwd = [&] {
+    cudnn->backward(s, qkv.as<__nv_bfloat16>(), out2.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(),
+                    lse2.as<float>(), dqkv2.as<__nv_bfloat16>());
+  };
+  try {
+    cudnn->reserve(s);  // builds the plans outside the timing (a refusal throws here)
+    cfwd();
+    cuda_ok(cudaDeviceSynchronize(), "cuDNN forward");
+    const double c_fwd = median_ms(cfwd, iters);
+    const double c_bwd = median_ms(cbwd, iters);
+    const double c_both = median_ms([&] { cfwd(); cbwd(); }, iters);
+    r["cudnn"] = {{"fwd_ms", c_fwd},
+                  {"bwd_ms", c_bwd},
+                  {"fwd_bwd_ms", c_both},
+                  {"fwd_tflops", fwd_flops / c_fwd * 1e-9},
+                  {"bwd_tflops", bwd_flops / c_bwd * 1e-9},
+                  {"fwd_bwd_tflops", (fwd_flops + bwd_flops) / c_both * 1e-9},
+                  {"workspace_mb", double(cudnn->workspace_bytes()) / (1 << 20)}};
+    r["cudnn_ms"] = c_both;
+    r["flash_ms"] = both_ms;
+    r["cudnn_over_flash"] = c_both / both_ms;
+    r["cudnn_over_flash_fwd"] = c_fwd / fwd_ms;
+    r["cudnn_over_flash_bwd"] = c_bwd / bwd_ms;
+    r["max_abs_diff_out"] = max_abs_diff(out.p, out2.p, n_out, true);
+    r["max_abs_diff_lse"] = max_abs_diff(lse.p, lse2.p, n_lse, false);
+    r["max_abs_diff_dqkv"] = max_abs_diff(dqkv.p, dqkv2.p, n_qkv, true);
+  } catch (const std::exception& e) {
+    cudaGetLastError();  // leave no sticky error for the next shape
+    r["cudnn_error"] = e.what();
+  }
+  return r;
 }
 
 }  // namespace
@@ -126,14 +201,26 @@ int main() {
   struct Shape {
     int B, T, H, hd;
   };
+  std::unique_ptr<mt::CudnnAttention> cudnn;
+  std::string cudnn_start_error;
+  try {
+    cudnn = std::make_unique<mt::CudnnAttention>(nullptr);  // the default stream, where the timing events go
+  } catch (const std::exception& e) {
+    cudnn_start_error = e.what();
+  }
   for (const Shape& sh : {Shape{8, 1024, 12, 64}, Shape{4, 2048, 16, 128}}) {
-    nlohmann::json causal = bench_shape(sh.B, sh.T, sh.H, sh.hd, 0);
-    nlohmann::json window = bench_shape(sh.B, sh.T, sh.H, sh.hd, sh.T / 4);
+    nlohmann::json causal = bench_shape(sh.B, sh.T, sh.H, sh.hd, 0, cudnn.get(), cudnn_start_error);
+    nlohmann::json window = bench_shape(sh.B, sh.T, sh.H, sh.hd, sh.T / 4, cudnn.get(), cudnn_start_error);
     runs.push_back({{"causal", causal},
                     {"window", window},
                     {"window_speedup", causal["fwd_bwd_ms"].get<double>() / window["fwd_bwd_ms"].get<double>()}});
   }
-  std::printf("%s\n", nlohmann::json{{"bench", "flash_attention"}, {"device", prop.name}, {"runs", runs}}.dump(2).c_str());
+  std::printf("%s\n", nlohmann::json{{"bench", "flash_attention"},
+                                     {"device", prop.name},
+                                     {"cudnn_version", mt::CudnnAttention::version()},
+                                     {"runs", runs}}
+                          .dump(2)
+                          .c_str());
   return 0;
 }
 

@@ -4,6 +4,7 @@
 // (989 TFLOP/s: H100 SXM dense bf16; the same figure is used for H200), and the GPU memory the run took.
 // Usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] [--warmup N]
 //                        [--block sequential|parallel] [--window W] [--recompute] [--peak-tflops P]
+//                        [--attention flash|cudnn]   (flash: our kernels, the default; cudnn: cuDNN's fused attention)
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -62,7 +63,7 @@ std::string gpu_name() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name = "gpt2-124m", block = "sequential";
+  std::string model_name = "gpt2-124m", block = "sequential", attention = "flash";
   int B = 8, T = 0, steps = 20, warmup = 3, window = 0;
   bool recompute = false;
   double peak_tflops = 989.0;
@@ -84,10 +85,12 @@ int main(int argc, char** argv) {
     else if (a == "--window") window = std::atoi(next().c_str());
     else if (a == "--recompute") recompute = true;
     else if (a == "--peak-tflops") peak_tflops = std::atof(next().c_str());
+    else if (a == "--attention") attention = next();
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] "
-                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--peak-tflops P]\n");
+                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--peak-tflops P] "
+                   "[--attention flash|cudnn]\n");
       return 2;
     }
   }
@@ -103,7 +106,8 @@ int main(int argc, char** argv) {
   cfg.window = window;
   if (recompute) cfg.recompute.assign(cfg.n_layer, true);
   nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},
-                        {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute}};
+                        {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute},
+                        {"attention", attention}};
   if (!cuda_available()) {
     out["skipped"] = "no CUDA device (or megatrain built without CUDA)";
     std::printf("%s\n", out.dump().c_str());
@@ -111,7 +115,9 @@ int main(int argc, char** argv) {
   }
 #ifdef MT_HAVE_CUDA
   try {
-    auto ops = make_cuda_ops();
+    CudaOptions copt;
+    copt.attention = attention;
+    auto ops = make_cuda_ops(-1, copt);
     ops->synchronize();
     const size_t used_before = gpu_used_bytes();
     GPT model(cfg, *ops);

@@ -64,6 +64,7 @@ TEST(RunConfig, WrongTypesAndValuesAreErrors) {
   EXPECT_NE(error_of("[optim]\nname = \"sgd\"\n").find("optim.name"), std::string::npos);
   EXPECT_NE(error_of("", {"--train.steps"}).find("section.key=value"), std::string::npos);
   EXPECT_NE(error_of("[train]\ndevice = \"tpu\"\n").find("train.device must be"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nattention = \"bogus\"\n").find("train.attention must be"), std::string::npos);
 }
 
 TEST(RunConfig, MissingFileIsAnError) {

@@ -4,7 +4,7 @@
 
 namespace mt {
 
-std::unique_ptr<Ops> make_cuda_ops(int) {
+std::unique_ptr<Ops> make_cuda_ops(int, const CudaOptions&) {
   fail("this megatrain was built without CUDA (nvcc was not found at configure time); rebuild with "
        "/usr/local/cuda present or pick the CPU backend");
 }

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "megatrain/core/buffer.h"
@@ -228,9 +229,17 @@ class Ops {
 
 // The fp32 CPU backend (OpenMP + OpenBLAS).
 std::unique_ptr<Ops> make_cpu_ops();
+// Options of the CUDA backend.
+struct CudaOptions {
+  // The attention implementation: "flash" (our kernels, kernels/cuda/flash_attention.*) or "cudnn" (cuDNN's fused
+  // flash attention through its graph API, kernels/cuda/cudnn_attention.*; a shape cuDNN refuses is an error that
+  // names it, never a silent fallback). Anything else is an error.
+  std::string attention = "flash";
+};
 // The CUDA backend (bf16 compute) on GPU `device` (made the process's current device), or on the current device
-// when device < 0; throws naming the reason when this build has no CUDA, the machine no GPU, or not that many.
-std::unique_ptr<Ops> make_cuda_ops(int device = -1);
+// when device < 0; throws naming the reason when this build has no CUDA (or no cuDNN, for attention = "cudnn"),
+// the options are invalid, the machine has no GPU, or not that many.
+std::unique_ptr<Ops> make_cuda_ops(int device = -1, const CudaOptions& opt = {});
 // Whether make_cuda_ops() can succeed here: built with CUDA and at least one device visible.
 bool cuda_available();
 

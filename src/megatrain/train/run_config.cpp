@@ -206,6 +206,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   t.get("peak_tflops", c.train.peak_tflops);
   t.get("threads", c.train.threads);
   t.get("device", c.train.device);
+  t.get("attention", c.train.attention);
   t.check_unknown();
 
   Section k = sec("ckpt");
@@ -263,6 +264,9 @@ void RunConfig::validate() const {
   MT_CHECK(train.threads >= 0, "{}: train.threads must be >= 0", source);
   MT_CHECK(train.device == "cpu" || train.device == "cuda", "{}: train.device must be \"cpu\" or \"cuda\" (got \"{}\")",
            source, train.device);
+  MT_CHECK(train.attention == "flash" || train.attention == "cudnn",
+           "{}: train.attention must be \"flash\" (our kernels) or \"cudnn\" (cuDNN's fused attention) (got \"{}\")",
+           source, train.attention);
   MT_CHECK(ckpt.every >= 0 && ckpt.keep_last >= 1, "{}: ckpt.every must be >= 0 and ckpt.keep_last >= 1", source);
   MT_CHECK(parallel.dp >= 1 && parallel.pp >= 1 && parallel.tp >= 1,
            "{}: parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", source, parallel.dp,

@@ -30,6 +30,7 @@ struct TrainConfig {
   double peak_tflops = 0;          // MFU denominator; 0 = measure the backend's matmul peak at start-up
   int threads = 0;                 // OpenMP threads; 0 = all cores
   std::string device = "cpu";      // cpu (fp32) | cuda (bf16 on this process's GPU; one process for now)
+  std::string attention = "flash"; // cuda only: flash (our kernels) | cudnn (cuDNN's fused attention)
 };
 
 struct CkptConfig {

@@ -1,5 +1,6 @@
 // Attention ops: tensor checks here, the work in flash_attention.{h,cpp,cu} (the flash attention kernels), which
-// check the shape itself (head_dim 64 or 128, 16-byte aligned pointers).
+// check the shape itself (head_dim 64 or 128, 16-byte aligned pointers), or, after use_cudnn_attention(), in
+// cudnn_attention.{h,cpp} (cuDNN's fused attention; a shape it refuses throws naming the shape, no fallback).
 #include "megatrain/kernels/cuda/cuda_args.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/cuda/flash_attention.h"
@@ -12,6 +13,10 @@ using cuda::bf16;
 
 void CudaOps::reserve(const AttnShape& s) {
   check_attn_shape("reserve", s);
+  if (cudnn_attn_) {
+    cudnn_attn_->reserve(s);
+    return;
+  }
   const size_t need = flash_attention_workspace_bytes(s);
   if (need <= attn_ws_bytes_) return;
   // Growing frees the old workspace: wait for the ops that may still use it.
@@ -31,7 +36,10 @@ void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnSh
   float* L = f32_arg(lse, op, "lse");
   const auto* x = bf16_arg(qkv, op, "qkv");
   check_attention_forward(op, out, lse, qkv, s);
-  flash_attention_forward(stream_, s, x, o, L);
+  if (cudnn_attn_)
+    cudnn_attn_->forward(s, x, o, L);
+  else
+    flash_attention_forward(stream_, s, x, o, L);
 }
 
 void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) {
@@ -50,6 +58,10 @@ void CudaOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor ou
   check_numel(dout, rows * s.n_head * s.head_dim, op, "dout");
   check_numel(lse, int64_t{s.B} * s.n_head * s.T, op, "lse");
   MT_CHECK(dqkv.ptr != qkv.ptr, "{}: dqkv must not alias qkv", op);
+  if (cudnn_attn_) {
+    cudnn_attn_->backward(s, x, o, dy, L, dx);
+    return;
+  }
   // The workspace is normally sized up front by reserve(); the first call of a larger shape grows it (a sync and
   // a cudaMalloc, once).
   reserve(s);

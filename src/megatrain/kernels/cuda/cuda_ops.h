@@ -10,6 +10,10 @@
 // first (largest) shape seen, and the multi-tensor optimizers' segment table (with LAMB's block partials), sized at
 // the first step.
 //
+// Attention runs our flash kernels (flash_attention.h) unless use_cudnn_attention() switched it to cuDNN's fused
+// attention (cudnn_attention.h; make_cuda_ops does this for CudaOptions::attention = "cudnn"), which then also owns
+// the workspace (its plans and buffers are built per shape, by reserve() or the first call of a shape).
+//
 // Errors: argument errors throw mt::Error naming the op and argument before anything is launched; a failing CUDA,
 // cuBLASLt call throws naming the call; data-dependent errors found on the device (a target >= V, a token outside
 // the table) are raised at the next synchronisation (synchronize, to_host, sum_squares, lamb_moments).
@@ -18,6 +22,7 @@
 
 #include <memory>
 
+#include "megatrain/kernels/cuda/cudnn_attention.h"
 #include "megatrain/kernels/cuda/gemm.h"
 #include "megatrain/kernels/cuda/op_timer.h"
 #include "megatrain/kernels/ops.h"
@@ -36,6 +41,10 @@ class CudaOps final : public Ops {
   // Sizes the attention backward workspace for shapes up to `s` now (allocating outside the training step).
   void reserve(const AttnShape& s);
   void reserve_attention(const AttnShape& s) override { reserve(s); }
+  // Routes attention_forward/backward/reserve to cuDNN from now on (throws naming the reason when this build has no
+  // cuDNN or cuDNN cannot start); call it before the first attention op.
+  void use_cudnn_attention();
+  bool uses_cudnn_attention() const { return cudnn_attn_ != nullptr; }
 
   Device device() const override { return Device::CUDA; }
   DType compute_dtype() const override { return DType::BF16; }
@@ -135,6 +144,7 @@ class CudaOps final : public Ops {
   int* err_host_ = nullptr;          // pinned copy, read after each synchronisation
   void* attn_ws_ = nullptr;          // flash attention backward workspace
   size_t attn_ws_bytes_ = 0;
+  std::unique_ptr<CudnnAttention> cudnn_attn_;  // set: attention goes through cuDNN
   OpTimer timer_;
 };
 

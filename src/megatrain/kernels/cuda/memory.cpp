@@ -33,7 +33,14 @@ bool cuda_available() {
   return n > 0;
 }
 
-std::unique_ptr<Ops> make_cuda_ops(int device) {
+std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& opt) {
+  // The options first: their errors do not depend on the machine.
+  MT_CHECK(opt.attention == "flash" || opt.attention == "cudnn",
+           "make_cuda_ops: attention must be \"flash\" (our kernels) or \"cudnn\" (cuDNN's fused attention); got "
+           "\"{}\"", opt.attention);
+  MT_CHECK(opt.attention != "cudnn" || CudnnAttention::available(),
+           "make_cuda_ops: attention = \"cudnn\" asked for, but this megatrain was built without cuDNN (CMake found "
+           "no libcudnn next to the CUDA toolkit); use attention = \"flash\" or rebuild with cuDNN installed");
   MT_CHECK(cuda_available(), "make_cuda_ops: no CUDA device is visible (cudaGetDeviceCount found none)");
   if (device >= 0) {
     int n = 0;
@@ -43,7 +50,13 @@ std::unique_ptr<Ops> make_cuda_ops(int device) {
              std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "unset", n);
     check(cudaSetDevice(device), "make_cuda_ops: cudaSetDevice");
   }
-  return std::make_unique<CudaOps>();
+  auto ops = std::make_unique<CudaOps>();
+  if (opt.attention == "cudnn") ops->use_cudnn_attention();  // a failure here destroys ops cleanly
+  return ops;
+}
+
+void CudaOps::use_cudnn_attention() {
+  if (!cudnn_attn_) cudnn_attn_ = std::make_unique<CudnnAttention>(stream_);
 }
 
 CudaOps::CudaOps() {
@@ -65,6 +78,7 @@ CudaOps::CudaOps() {
 CudaOps::~CudaOps() {
   // No throwing from a destructor: wait for the stream, then release, ignoring errors.
   if (stream_) cudaStreamSynchronize(stream_);
+  cudnn_attn_.reset();  // before the stream it runs on goes
   if (attn_ws_) cudaFree(attn_ws_);
   if (segs_dev_) cudaFree(segs_dev_);
   if (err_dev_) cudaFree(err_dev_);
