@@ -5,3 +5,5 @@ mt_gpu_test(train_gpu_test mt_train)  # train.device = "cuda" vs the CPU run
 if(TARGET train_gpu_test)
   add_dependencies(train_gpu_test megatrain)
 endif()
+mt_test(train_planes_test mt_train)  # host vs data plane of process groups, checked on the CPU
+add_dependencies(train_planes_test megatrain)

@@ -13,10 +13,5 @@ namespace {
 
 GroupFactory gpu_mesh_groups(Ops&) { no_cuda(); }
 
-std::unique_ptr<ProcessGroup> make_gpu_group(Ops&, Store&, const std::string&, const std::vector<int>&, int,
-                                             const GroupOptions&) {
-  no_cuda();
-}
-
 }  // namespace mt
 #endif

@@ -75,7 +75,7 @@ double evaluate(GPT& model, const RunConfig& cfg, DeviceMesh* mesh, DeviceMesh* 
 
 }  // namespace
 
-TrainResult run_training(const RunConfig& cfg) {
+TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams) {
   TrainResult res;
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
 
@@ -86,24 +86,28 @@ TrainResult run_training(const RunConfig& cfg) {
   const bool main_rank = ri.rank == 0;
   // The backend: fp32 on the CPU, or bf16 on a GPU (train.device): with several ranks, one GPU per local rank.
   const bool gpu = cfg.train.device == "cuda";
-  auto ops = gpu ? make_cuda_ops(ri.world_size > 1 ? ri.local_rank : -1) : make_cpu_ops();
+  auto ops = seams.make_ops ? seams.make_ops()
+             : gpu        ? make_cuda_ops(ri.world_size > 1 ? ri.local_rank : -1, CudaOptions{cfg.train.attention})
+                          : make_cpu_ops();
   // Two planes of groups. `mesh`: Gloo groups over host memory, for what the host computes or stores (norms,
   // losses, sampled ids, checkpoints). `data`: the groups the model's tensors move over (gradient buckets,
   // activations, parameters): the same Gloo groups on the CPU, NCCL groups on the compute stream on a GPU.
   std::unique_ptr<Store> store;
-  std::unique_ptr<DeviceMesh> mesh, gpu_mesh;
+  std::unique_ptr<DeviceMesh> mesh, data_mesh;
   GroupOptions go;
   go.timeout = Millis(1000LL * cfg.parallel.timeout_s);
+  GroupFactory data_groups;  // empty: the data plane is the host plane's Gloo groups (a CPU run)
   if (ri.world_size > 1) {
     store = open_store(ri.store_url, go.timeout);
-    mesh = std::make_unique<DeviceMesh>(*store, shape, ri.rank, go);
-    if (gpu) gpu_mesh = std::make_unique<DeviceMesh>(*store, shape, ri.rank, go, gpu_mesh_groups(*ops));
+    mesh = std::make_unique<DeviceMesh>(*store, shape, ri.rank, go, seams.host_groups);
+    data_groups = seams.data_groups ? seams.data_groups : gpu ? gpu_mesh_groups(*ops) : GroupFactory{};
+    if (data_groups) data_mesh = std::make_unique<DeviceMesh>(*store, shape, ri.rank, go, data_groups, "data/");
     if (main_rank)
       fmt::print("mesh dp={} pp={} tp={} over {} ranks ready in {:.2f} s{}\n", shape.dp, shape.pp, shape.tp,
                  ri.world_size, mesh->init_seconds(),
-                 gpu_mesh ? fmt::format(" (Gloo), {:.2f} s (NCCL)", gpu_mesh->init_seconds()) : "");
+                 data_mesh ? fmt::format(" (host groups), {:.2f} s (data groups)", data_mesh->init_seconds()) : "");
   }
-  DeviceMesh* data = gpu_mesh ? gpu_mesh.get() : mesh.get();
+  DeviceMesh* data = data_mesh ? data_mesh.get() : mesh.get();
   const int dp = shape.dp, dp_rank = mesh ? mesh->coord().dp : 0;
   const int tp = shape.tp, tp_rank = mesh ? mesh->coord().tp : 0;
   const int pp = shape.pp, pp_rank = mesh ? mesh->coord().pp : 0, vstages = cfg.parallel.virtual_stages;
@@ -154,8 +158,9 @@ TrainResult run_training(const RunConfig& cfg) {
     if (cfg.model.tied_embeddings && (pp_rank == 0 || pp_rank == pp - 1)) {
       const std::vector<int> ranks = {mesh_rank(shape, {dp_rank, 0, tp_rank}), mesh_rank(shape, {dp_rank, pp - 1, tp_rank})};
       const std::string name = fmt::format("emb[{},{}]", ranks[0], ranks[1]);
-      emb_group = gpu ? make_gpu_group(*ops, *store, name, ranks, ri.rank, go)
-                      : make_gloo_group(*store, name, ranks, ri.rank, go);
+      // The wte gradients it sums are the model's tensors: a data-plane group.
+      emb_group = data_groups ? data_groups(*store, "emb", "data/" + name, ranks, ri.rank, go)
+                              : make_gloo_group(*store, name, ranks, ri.rank, go);
     }
     // The clipping norm sums over the stages (the wte copy counted once); LAMB's per-tensor norms stay local.
     clip_weights = tp > 1 ? norm_weights : std::vector<float>(model.params().size(), 1.0f);
@@ -177,7 +182,7 @@ TrainResult run_training(const RunConfig& cfg) {
     o.norm_reduce = tp_norm_reduce;
     o.clip_norm_weights = clip_weights;
     o.clip_norm_reduce = clip_reduce;
-    o.control = gpu_mesh ? &mesh->dp() : nullptr;
+    o.control = data_mesh ? &mesh->dp() : nullptr;
     ddp = std::make_unique<DataParallel>(model, data->dp(), *ops, cfg.optim, o);
     // Under pp a chunk's gradients are final in the backward of its last micro-batch: its buckets start there.
     if (pipe) pipe->set_before_last_backward([&ddp](int c) { ddp->begin_last_backward(c); });

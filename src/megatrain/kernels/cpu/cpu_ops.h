@@ -6,7 +6,7 @@
 
 namespace mt {
 
-class CpuOps final : public Ops {
+class CpuOps : public Ops {
  public:
   Device device() const override { return Device::CPU; }
 

@@ -16,10 +16,4 @@ cudaStream_t stream_of(Ops& ops) {
 
 GroupFactory gpu_mesh_groups(Ops& ops) { return nccl_mesh_groups(stream_of(ops)); }
 
-std::unique_ptr<ProcessGroup> make_gpu_group(Ops& ops, Store& store, const std::string& name,
-                                             const std::vector<int>& ranks, int my_global_rank,
-                                             const GroupOptions& opt) {
-  return make_nccl_group(store, name, ranks, my_global_rank, stream_of(ops), opt);
-}
-
 }  // namespace mt

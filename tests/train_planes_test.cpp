@@ -1,0 +1,234 @@
+// The two planes of process groups (train/trainer.cpp): on a GPU run the model's tensors move over NCCL groups,
+// which can only read device memory, and host memory (norms, losses, sampled ids, checkpoint traffic) over Gloo
+// groups, which can only read host memory. A mix-up would surface only on several GPUs, so this test checks the
+// separation on the CPU: the trainer runs with a backend that records every allocation it hands out (standing in
+// for device memory) and with groups that check every tensor they are given - the data plane must see only the
+// backend's memory, the host plane never. Layouts cover every parallel code path (ZeRO buckets and norms, tp
+// collectives and norms, pipeline transfers, the tied-embedding group, evaluation, sampling, sharded checkpoints,
+// resume) and the result must still match one process (a check that the planes were wired, not just watched).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dist_fork_util.h"
+#include "megatrain/core/error.h"
+#include "megatrain/dist/mesh.h"
+#include "megatrain/kernels/cpu/cpu_ops.h"
+#include "megatrain/train/run_config.h"
+#include "megatrain/train/trainer.h"
+#include "test_util.h"
+
+using namespace mt;
+
+namespace {
+
+// Every live allocation of the recording backend, [begin, end) by begin.
+struct Registry {
+  std::mutex mu;
+  std::map<const char*, const char*> live;
+  bool owns(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    const char* b = static_cast<const char*>(p);
+    auto it = live.upper_bound(b);
+    if (it == live.begin()) return false;
+    --it;
+    return b >= it->first && b + bytes <= it->second;
+  }
+  bool touches(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    const char* b = static_cast<const char*>(p);
+    auto it = live.lower_bound(b + bytes);  // the first allocation starting at or after the end
+    if (it == live.begin()) return false;
+    --it;
+    return it->second > b;
+  }
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+void release(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    registry().live.erase(static_cast<const char*>(p));
+  }
+  std::free(p);
+}
+
+// The CPU backend whose memory is recorded: "device memory" for this test.
+class RecordingOps final : public CpuOps {
+ public:
+  Buffer alloc(size_t bytes) override {
+    const size_t n = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+    void* p = std::aligned_alloc(256, n);
+    MT_CHECK(p != nullptr, "RecordingOps: out of memory for {} bytes", n);
+    std::memset(p, 0, n);
+    {
+      std::lock_guard<std::mutex> lock(registry().mu);
+      registry().live[static_cast<const char*>(p)] = static_cast<const char*>(p) + n;
+    }
+    return Buffer(p, bytes, Device::CPU, &release);
+  }
+};
+
+// A group that checks every tensor handed to it, then forwards to the real (Gloo or local) group.
+class CheckedGroup final : public ProcessGroup {
+ public:
+  CheckedGroup(std::unique_ptr<ProcessGroup> g, bool data_plane) : g_(std::move(g)), data_(data_plane) {}
+  int rank() const override { return g_->rank(); }
+  int size() const override { return g_->size(); }
+  const std::string& name() const override { return g_->name(); }
+  int global_rank(int r) const override { return g_->global_rank(r); }
+  WorkPtr allreduce(Tensor t, ReduceOp op) override { return check(t, "allreduce"), g_->allreduce(t, op); }
+  WorkPtr reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
+    check(out, "reduce_scatter out");
+    check(in, "reduce_scatter in");
+    return g_->reduce_scatter(out, in, op);
+  }
+  WorkPtr all_gather(Tensor out, Tensor in) override {
+    check(out, "all_gather out");
+    check(in, "all_gather in");
+    return g_->all_gather(out, in);
+  }
+  WorkPtr broadcast(Tensor t, int root) override { return check(t, "broadcast"), g_->broadcast(t, root); }
+  WorkPtr send(Tensor t, int dst, int tag) override { return check(t, "send"), g_->send(t, dst, tag); }
+  WorkPtr recv(Tensor t, int src, int tag) override { return check(t, "recv"), g_->recv(t, src, tag); }
+  WorkPtr barrier() override { return g_->barrier(); }
+
+ private:
+  void check(const Tensor& t, const char* op) {
+    if (t.numel() == 0) return;
+    if (data_)
+      MT_CHECK(registry().owns(t.ptr, t.nbytes()), "data-plane group {}: {} of {} {} is not the backend's memory (a "
+               "GPU run would hand NCCL a host pointer)", name(), op, dtype_name(t.dtype), t.shape_str());
+    else
+      MT_CHECK(!registry().touches(t.ptr, t.nbytes()), "host-plane group {}: {} of {} {} is the backend's memory (a "
+               "GPU run would hand Gloo a device pointer)", name(), op, dtype_name(t.dtype), t.shape_str());
+  }
+  std::unique_ptr<ProcessGroup> g_;
+  bool data_;
+};
+
+GroupFactory checked(bool data_plane) {
+  return [data_plane](Store& store, const std::string&, const std::string& name, const std::vector<int>& ranks,
+                      int me, const GroupOptions& opt) -> std::unique_ptr<ProcessGroup> {
+    std::unique_ptr<ProcessGroup> g =
+        ranks.size() == 1 ? make_local_group(me, name) : make_gloo_group(store, name, ranks, me, opt);
+    return std::make_unique<CheckedGroup>(std::move(g), data_plane);
+  };
+}
+
+const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
+const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown-planes";
+const std::string kConfig = std::string(MT_SOURCE_DIR) + "/configs/tiny.toml";  // what `megatrain train` starts from
+
+std::vector<std::string> flags(const std::string& out, int batch, const std::string& layout) {
+  std::vector<std::string> f = {"--data.dir=" + kData, "--train.out_dir=" + out, "--model.n_layer=4",
+                                "--model.d_model=64", "--model.n_head=4", "--model.max_seq_len=32",
+                                "--data.seq_len=32", "--data.batch_size=" + std::to_string(batch),
+                                "--optim.lr=3e-3", "--optim.warmup_steps=2", "--train.steps=4",
+                                "--train.eval_every=4", "--train.eval_batches=2", "--sample.tokens=4",
+                                "--train.log_every=100", "--train.threads=1", "--ckpt.every=2",
+                                "--ckpt.resume=none", "--parallel.bucket_mb=1",
+                                "--parallel.timeout_s=30"};
+  for (size_t b = 0, e; b < layout.size(); b = e + 1) {
+    e = layout.find(' ', b);
+    if (e == std::string::npos) e = layout.size();
+    if (e > b) f.push_back(layout.substr(b, e - b));
+  }
+  return f;
+}
+
+struct Case {
+  const char* name;
+  int world, batch, single_batch;  // data.batch_size per rank, and of the one process with the same global batch
+  const char* layout;              // the parallel flags
+  const char* extra;               // flags of both runs
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::string joined(const std::vector<std::string>& f) {
+  std::string s;
+  for (const std::string& x : f) s += " " + x;
+  return s;
+}
+
+// The last training loss and the last validation loss in a run's metrics.
+std::pair<double, double> last_losses(const std::string& metrics) {
+  std::ifstream in(metrics);
+  MT_CHECK(in.good(), "cannot read {}", metrics);
+  double loss = NAN, val = NAN;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") loss = j["loss"].get<double>();
+    if (j["kind"] == "val") val = j["val_loss"].get<double>();
+  }
+  return {loss, val};
+}
+
+class Planes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Planes, DataPlaneSeesOnlyBackendMemoryAndHostPlaneNever) {
+  const Case& c = GetParam();
+  mt::test::prepare_brown_once(kBin, kData);
+  const std::string root = ::testing::TempDir() + "/mt_planes_" + c.name;
+  std::filesystem::remove_all(root);
+  // The oracle: one process with the same global batch (a separate process: this one forks the ranks below).
+  ASSERT_EQ(std::system((kBin + " train" + joined(flags(root + "/single", c.single_batch, c.extra)) + " > " + root +
+                         ".log 2>&1").c_str()), 0) << "see " << root << ".log";
+  const auto [ref_loss, ref_val] = last_losses(root + "/single/metrics.jsonl");
+
+  dist_test::TempDir store, store2;  // one store per job: group names (store keys) repeat in the resumed job
+  const std::string err = dist_test::run_procs(
+      c.world,
+      [&](int rank) {
+        ::setenv("RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("WORLD_SIZE", std::to_string(c.world).c_str(), 1);
+        ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("LOCAL_WORLD_SIZE", std::to_string(c.world).c_str(), 1);
+        ::setenv("MEGATRAIN_STORE", ("file://" + store.path).c_str(), 1);
+        TrainSeams seams;
+        seams.make_ops = [] { return std::unique_ptr<Ops>(std::make_unique<RecordingOps>()); };
+        seams.data_groups = checked(true);
+        seams.host_groups = checked(false);
+        run_training(load_run_config(kConfig, flags(root + "/multi", c.batch, std::string(c.layout) + " " + c.extra)),
+                     seams);
+        // Resume from the step-2 sharded checkpoint, through the same planes.
+        std::vector<std::string> f = flags(root + "/resumed", c.batch, std::string(c.layout) + " " + c.extra);
+        f.push_back("--ckpt.resume=" + root + "/multi/ckpt/step_00000002");
+        ::setenv("MEGATRAIN_STORE", ("file://" + store2.path).c_str(), 1);
+        run_training(load_run_config(kConfig, f), seams);
+      },
+      180);
+  ASSERT_EQ(err, "") << c.name;
+  // The planes were wired, not just watched: the run is the one process's run, and resumes to it.
+  const auto [loss, val] = last_losses(root + "/multi/metrics.jsonl");
+  EXPECT_NEAR(loss, ref_loss, 1e-4 * ref_loss);
+  EXPECT_NEAR(val, ref_val, 1e-4 * ref_val);
+  const auto [loss2, val2] = last_losses(root + "/resumed/metrics.jsonl");
+  EXPECT_NEAR(loss2, loss, 1e-5 * loss);
+  EXPECT_NEAR(val2, val, 1e-5 * val);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Planes,
+    ::testing::Values(Case{"dp2_tp2_lamb", 4, 4, 8, "--parallel.dp=2 --parallel.tp=2", "--optim.name=lamb"},
+                      Case{"dp2_pp2_interleaved", 4, 2, 16,
+                           "--parallel.dp=2 --parallel.pp=2 --parallel.virtual_stages=2 --parallel.microbatches=4", ""},
+                      Case{"pp2_tp2", 4, 4, 8, "--parallel.pp=2 --parallel.tp=2 --parallel.microbatches=2", ""}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+}  // namespace
