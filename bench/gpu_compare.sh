@@ -4,6 +4,9 @@
 #   bench/gpu_compare.sh                      # the three sizes with batch sizes that fit in 80 GB
 #   B_124M=32 STEPS=50 bench/gpu_compare.sh   # override batch sizes / timed steps
 #   MEGATRAIN_BIN=build/bench/bench_gpu_train # the megatrain side (skipped, with a note, when it is not built)
+#   MODELS=gpt2-124m VARIANTS=0 bench/gpu_compare.sh   # one size, no block variants (to fit a time-limited call);
+#                                             # the result file is then named after the sizes run
+#   ATTENTION=cudnn bench/gpu_compare.sh      # megatrain with cuDNN's fused attention instead of our kernels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,12 +15,24 @@ MEGATRAIN_BIN=${MEGATRAIN_BIN:-build/bench/bench_gpu_train}
 WARMUP=${WARMUP:-10}
 STEPS=${STEPS:-20}
 # model:batch:seq
-RUNS=("gpt2-124m:${B_124M:-16}:1024" "gpt2-350m:${B_350M:-8}:1024" "gpt-1.3b:${B_1P3B:-4}:2048")
+ALL_RUNS=("gpt2-124m:${B_124M:-16}:1024" "gpt2-350m:${B_350M:-8}:1024" "gpt-1.3b:${B_1P3B:-4}:2048")
+MODELS=${MODELS:-}
+VARIANTS=${VARIANTS:-1}
+ATTENTION=${ATTENTION:-flash}
+RUNS=()
+for run in "${ALL_RUNS[@]}"; do
+  [[ -z "$MODELS" || " ${MODELS//,/ } " == *" ${run%%:*} "* ]] && RUNS+=("$run")
+done
+[[ ${#RUNS[@]} -gt 0 || "$VARIANTS" != 0 ]] || { echo "gpu_compare: MODELS='$MODELS' names none of: ${ALL_RUNS[*]%%:*}" >&2; exit 2; }
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 || true)
 gpu=${gpu:-unknown-gpu}
 slug=$(echo "$gpu" | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '-' | sed 's/^-//; s/-$//')
-out=bench/results/gpu_compare-${slug}.json
+suffix=""
+[[ -n "$MODELS" || "$VARIANTS" == 0 ]] && suffix="-$(echo "${MODELS:-variants}" | tr ',' '-')"
+[[ "$VARIANTS" == 0 && -z "$MODELS" ]] && suffix="-sizes"
+[[ "$ATTENTION" != flash ]] && suffix="$suffix-$ATTENTION"
+out=bench/results/gpu_compare-${slug}${suffix}.json
 mkdir -p bench/results
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -25,7 +40,7 @@ trap 'rm -rf "$tmp"' EXIT
 # The last line of a run's stdout that is a JSON object ("" when the run failed; its log says why).
 json_line() { grep -E '^\{' "$1" | tail -n1 || true; }
 
-for run in "${RUNS[@]}"; do
+for run in ${RUNS[@]+"${RUNS[@]}"}; do
   IFS=: read -r model batch seq <<<"$run"
   echo "== $model B=$batch T=$seq" >&2
   "$PYTHON" bench/torch_gpt.py --model "$model" --batch "$batch" --seq "$seq" --warmup "$WARMUP" --steps "$STEPS" \
@@ -39,7 +54,7 @@ for run in "${RUNS[@]}"; do
   : >"$tmp/mt-$model.json"
   if [[ -x "$MEGATRAIN_BIN" ]]; then
     "$MEGATRAIN_BIN" --model "$model" --batch "$batch" --seq "$seq" --warmup "$WARMUP" --steps "$STEPS" \
-      >"$tmp/mt-$model.out" 2>"$tmp/mt-$model.log" || { echo "megatrain run failed:" >&2; tail -n 20 "$tmp/mt-$model.log" >&2; }
+      --attention "$ATTENTION" >"$tmp/mt-$model.out" 2>"$tmp/mt-$model.log" || { echo "megatrain run failed:" >&2; tail -n 20 "$tmp/mt-$model.log" >&2; }
     json_line "$tmp/mt-$model.out" >"$tmp/mt-$model.json"
     cat "$tmp/mt-$model.json" >&2
   else
@@ -54,23 +69,25 @@ VARIANT_MODEL=${VARIANT_MODEL:-gpt2-350m}
 VARIANT_B=${B_350M:-8}
 variants=("seq_full:--block sequential" "ptb_full:--block parallel" "seq_swa:--block sequential --window 256"
           "ptb_swa:--block parallel --window 256")
-for v in "${variants[@]}"; do
+[[ "$VARIANTS" == 0 ]] && variants=()
+for v in ${variants[@]+"${variants[@]}"}; do
   name=${v%%:*}
   flags=${v#*:}
   : >"$tmp/var-$name.json"
   if [[ -x "$MEGATRAIN_BIN" ]]; then
     echo "== variant $name ($VARIANT_MODEL B=$VARIANT_B: $flags)" >&2
     # shellcheck disable=SC2086
-    "$MEGATRAIN_BIN" --model "$VARIANT_MODEL" --batch "$VARIANT_B" --warmup "$WARMUP" --steps "$STEPS" $flags \
+    "$MEGATRAIN_BIN" --model "$VARIANT_MODEL" --batch "$VARIANT_B" --warmup "$WARMUP" --steps "$STEPS" \
+      --attention "$ATTENTION" $flags \
       >"$tmp/var-$name.out" 2>"$tmp/var-$name.log" || tail -n 20 "$tmp/var-$name.log" >&2
     json_line "$tmp/var-$name.out" >"$tmp/var-$name.json"
   fi
 done
 
 # One JSON document: per size the two results and the ratio megatrain/torch of tokens/s (null when one is missing).
-"$PYTHON" - "$tmp" "$gpu" "$out" "${RUNS[@]}" <<'PY'
+"$PYTHON" - "$tmp" "$gpu" "$out" "$ATTENTION" ${RUNS[@]+"${RUNS[@]}"} <<'PY'
 import json, sys, datetime, pathlib
-tmp, gpu, out, runs = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+tmp, gpu, out, attention, runs = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 def load(p):
     s = p.read_text().strip() if p.exists() else ""
     return json.loads(s) if s else None
@@ -89,7 +106,7 @@ base = variants.get("seq_full") or {}
 for name, v in variants.items():
     if v and base.get("step_ms") and v.get("step_ms"):
         v["step_time_vs_seq_full"] = round(v["step_ms"] / base["step_ms"], 3)
-doc = {"benchmark": "gpu_compare", "gpu": gpu, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+doc = {"benchmark": "gpu_compare", "gpu": gpu, "megatrain_attention": attention, "date": datetime.datetime.now().isoformat(timespec="seconds"),
        "note": "tokens/s = B*T / median step time; MFU with ModelConfig::flops_per_token and 989e12 FLOP/s",
        "runs": rows, "megatrain_block_variants": variants}
 pathlib.Path(out).write_text(json.dumps(doc, indent=2) + "\n")
