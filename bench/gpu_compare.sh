@@ -6,6 +6,7 @@
 #   MEGATRAIN_BIN=build/bench/bench_gpu_train # the megatrain side (skipped, with a note, when it is not built)
 #   MODELS=gpt2-124m VARIANTS=0 bench/gpu_compare.sh   # one size, no block variants (to fit a time-limited call);
 #                                             # the result file is then named after the sizes run
+#   MODELS=none bench/gpu_compare.sh          # only the megatrain block variants (PTB / SWA vs sequential)
 #   ATTENTION=cudnn bench/gpu_compare.sh      # megatrain with cuDNN's fused attention instead of our kernels
 set -euo pipefail
 cd "$(dirname "$0")/.."
