@@ -30,6 +30,7 @@
 #include "megatrain/kernels/cuda/flash_attention.h"
 #include "megatrain/kernels/cuda/flash_attention_kernels.h"
 #include "megatrain/kernels/ops.h"
+#include "attention_testutil.h"
 #include "test_util.h"
 
 namespace mt {
@@ -42,12 +43,7 @@ void PrintTo(const AttnShape& s, std::ostream* os) {
 
 namespace {
 
-constexpr double kMaxTol = 2e-2, kRmsTol = 1e-2, kLseTol = 2e-3, kScaleFloor = 0.05;
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using namespace attn_test;
 
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -65,64 +61,6 @@ struct DeviceMem {
     return static_cast<T*>(p);
   }
 };
-
-std::string shape_name(const AttnShape& s) {
-  std::ostringstream os;
-  os << "B" << s.B << "_T" << s.T << "_H" << s.n_head << "_Hkv" << s.n_kv_head << "_hd" << s.head_dim << "_W"
-     << s.window;
-  return os.str();
-}
-
-AttnShape shape(int B, int T, int H, int Hkv, int hd, int W) {
-  AttnShape s;
-  s.B = B;
-  s.T = T;
-  s.n_head = H;
-  s.n_kv_head = Hkv;
-  s.head_dim = hd;
-  s.window = W;
-  return s;
-}
-
-int64_t out_width(const AttnShape& s) { return int64_t{s.n_head} * s.head_dim; }
-
-// N(0, 1) values rounded to bf16: q.k / sqrt(hd) is then ~N(0, 1), so softmax rows are neither flat nor one-hot.
-std::vector<float> random_bf16(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_bf16(dist(rng));
-  return v;
-}
-
-struct Inputs {
-  std::vector<float> qkv, dout;  // bf16-exact values
-};
-
-Inputs make_inputs(const AttnShape& s, uint32_t seed) {
-  Inputs in;
-  in.qkv = random_bf16(static_cast<size_t>(s.B) * s.T * s.qkv_width(), seed);
-  in.dout = random_bf16(static_cast<size_t>(s.B) * s.T * out_width(s), seed + 1);
-  return in;
-}
-
-struct Results {
-  std::vector<float> out, lse, dqkv;
-};
-
-// ---- the kernels under test --------------------------------------------------------------------------------------
-
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_bf16(v[i]);
-  return h;
-}
-
-std::vector<float> from_bf16(const std::vector<uint16_t>& h) {
-  std::vector<float> v(h.size());
-  for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_float(h[i]);
-  return v;
-}
 
 Results run_gpu(const AttnShape& s, const Inputs& in) {
   const size_t n_qkv = in.qkv.size(), n_out = in.dout.size(), n_lse = static_cast<size_t>(s.B) * s.n_head * s.T;
@@ -151,32 +89,6 @@ Results run_gpu(const AttnShape& s, const Inputs& in) {
   r.out = from_bf16(ho);
   r.dqkv = from_bf16(hdq);
   return r;
-}
-
-// ---- oracle (a): the CPU backend -----------------------------------------------------------------------------------
-
-Results cpu_forward(const AttnShape& s, const Inputs& in) {
-  auto cpu = make_cpu_ops();
-  Results r;
-  std::vector<float> qkv = in.qkv;
-  r.out.resize(in.dout.size());
-  r.lse.resize(static_cast<size_t>(s.B) * s.n_head * s.T);
-  cpu->attention_forward(f32_view(r.out.data(), {s.B, s.T, out_width(s)}),
-                         f32_view(r.lse.data(), {s.B, s.n_head, s.T}), f32_view(qkv.data(), {s.B, s.T, s.qkv_width()}),
-                         s);
-  return r;
-}
-
-// The CPU backward fed exactly what the GPU backward consumed: the same qkv and dout, and the GPU's out and lse.
-std::vector<float> cpu_backward(const AttnShape& s, const Inputs& in, std::vector<float> out, std::vector<float> lse) {
-  auto cpu = make_cpu_ops();
-  std::vector<float> qkv = in.qkv, dout = in.dout, dqkv(in.qkv.size());
-  cpu->attention_backward(f32_view(dqkv.data(), {s.B, s.T, s.qkv_width()}),
-                          f32_view(dout.data(), {s.B, s.T, out_width(s)}),
-                          f32_view(qkv.data(), {s.B, s.T, s.qkv_width()}),
-                          f32_view(out.data(), {s.B, s.T, out_width(s)}),
-                          f32_view(lse.data(), {s.B, s.n_head, s.T}), s);
-  return dqkv;
 }
 
 // ---- oracle (b): the textbook formula in double ------------------------------------------------------------------
@@ -249,57 +161,6 @@ Results naive(const AttnShape& s, const Inputs& in) {
   return r;
 }
 
-// ---- comparison --------------------------------------------------------------------------------------------------
-
-// Columns [c0, c0 + width) of every qkv row: the q, k or v part.
-std::vector<float> qkv_part(const AttnShape& s, const std::vector<float>& x, char which) {
-  const int64_t W = s.qkv_width(), qw = out_width(s), kw = int64_t{s.n_kv_head} * s.head_dim;
-  const int64_t c0 = which == 'q' ? 0 : which == 'k' ? qw : qw + kw, width = which == 'q' ? qw : kw;
-  std::vector<float> p;
-  for (int64_t r = 0; r < int64_t{s.B} * s.T; ++r)
-    for (int64_t c = 0; c < width; ++c) p.push_back(x[r * W + c0 + c]);
-  return p;
-}
-
-// got against want at the scale of want (see the top of the file).
-void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
-                  double max_tol, double rms_tol, double floor = kScaleFloor) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double max_ref = 0, ss_ref = 0, max_err = 0, ss_err = 0;
-  size_t worst = 0, bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) ++bad;
-    const double e = std::fabs(double{got[i]} - want[i]);
-    max_ref = std::max(max_ref, std::fabs(double{want[i]}));
-    ss_ref += double{want[i]} * want[i];
-    ss_err += e * e;
-    if (e > max_err) {
-      max_err = e;
-      worst = i;
-    }
-  }
-  ASSERT_EQ(bad, 0u) << what << ": " << bad << " non-finite values (never written?)";
-  const double n = static_cast<double>(std::max<size_t>(got.size(), 1));
-  const double rms_ref = std::sqrt(ss_ref / n), rms_err = std::sqrt(ss_err / n);
-  EXPECT_LE(max_err, max_tol * std::max(max_ref, floor))
-      << what << ": worst element " << worst << " got " << got[worst] << " want " << want[worst]
-      << " (max |want| " << max_ref << ")";
-  EXPECT_LE(rms_err, rms_tol * std::max(rms_ref, floor)) << what << ": rms error " << rms_err << ", rms " << rms_ref;
-}
-
-void expect_lse_close(const std::vector<float>& got, const std::vector<float>& want, double tol) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << "lse[" << i << "] = " << got[i];
-    ASSERT_NEAR(got[i], want[i], tol) << "lse[" << i << "]";
-  }
-}
-
-void expect_dqkv_close(const AttnShape& s, const std::vector<float>& got, const std::vector<float>& want) {
-  for (char part : {'q', 'k', 'v'})
-    expect_close(std::string("d") + part, qkv_part(s, got, part), qkv_part(s, want, part), kMaxTol, kRmsTol);
-}
-
 // ---- tests that need no GPU ----------------------------------------------------------------------------------------
 
 // Every visible (query, key) pair lies in a tile pair the kernels visit, and every visited tile pair holds at least
@@ -336,7 +197,7 @@ TEST(FlashAttentionOracle, NaiveDoubleMatchesCpuBackend) {
     const Results want = naive(s, in);
     const Results cpu = cpu_forward(s, in);
     expect_close(shape_name(s) + " out", cpu.out, want.out, 1e-4, 1e-5);
-    expect_lse_close(cpu.lse, want.lse, 1e-4);
+    expect_lse_close(shape_name(s) + " lse", cpu.lse, want.lse, 1e-4);
     const std::vector<float> dqkv = cpu_backward(s, in, cpu.out, cpu.lse);
     for (char part : {'q', 'k', 'v'})
       expect_close(shape_name(s) + " d" + part, qkv_part(s, dqkv, part), qkv_part(s, want.dqkv, part), 1e-4, 1e-5);
@@ -369,8 +230,8 @@ TEST_P(FlashAttentionVsCpu, ForwardAndBackwardMatch) {
   const Results gpu = run_gpu(s, in);
   const Results cpu = cpu_forward(s, in);
   expect_close("out", gpu.out, cpu.out, kMaxTol, kRmsTol);
-  expect_lse_close(gpu.lse, cpu.lse, kLseTol);
-  expect_dqkv_close(s, gpu.dqkv, cpu_backward(s, in, gpu.out, gpu.lse));
+  expect_lse_close("lse", gpu.lse, cpu.lse, kLseTol);
+  expect_dqkv_close("vs cpu", s, gpu.dqkv, cpu_backward(s, in, gpu.out, gpu.lse));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -397,8 +258,8 @@ TEST_P(FlashAttentionVsNaive, ForwardAndBackwardMatch) {
   const Results gpu = run_gpu(s, in);
   const Results want = naive(s, in);
   expect_close("out", gpu.out, want.out, kMaxTol, kRmsTol);
-  expect_lse_close(gpu.lse, want.lse, kLseTol);
-  expect_dqkv_close(s, gpu.dqkv, want.dqkv);
+  expect_lse_close("lse", gpu.lse, want.lse, kLseTol);
+  expect_dqkv_close("vs naive", s, gpu.dqkv, want.dqkv);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionVsNaive,
