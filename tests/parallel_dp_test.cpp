@@ -1,7 +1,7 @@
 // Data parallelism (ZeRO-2) end to end: `megatrain launch --nproc 2 -- train --parallel.dp=2` against a single
-// process training on the same global batch. Per-step losses and the final parameters must agree within 1e-5
-// (relative; parameters compared by the norm of the difference, since Adam's update of a gradient element that is
-// ~0 can legitimately flip with rounding), for AdamW and LAMB, with and without overlap, with accumulation.
+// process training on the same global batch, for AdamW and LAMB, with and without overlap, with accumulation.
+// Per-step losses and gradient norms, the final parameters and both optimizer moments must agree up to the noise
+// floor the test measures (ptest::expect_equivalent: a reordered single-process run gives each observable's floor).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -25,10 +25,11 @@ class DataParallelVsSingle : public ::testing::TestWithParam<Case> {};
 TEST_P(DataParallelVsSingle, LossesAndParametersMatch) {
   prepare();
   const Case& c = GetParam();
-  const auto [single, multi] = fresh_pair("mt_dp", c.name);
-  run(kBin + " train" + common(single, 4) + c.extra);
-  run(kBin + " launch --nproc 2 -- train" + common(multi, 2) + " --parallel.dp=2" + c.extra);
-  expect_same_run(single, multi, Compare::kParamsWholeModel);
+  const Trio t = fresh_trio("mt_dp", c.name);
+  run(kBin + " train" + common(t.single, 4) + c.extra);
+  run(kBin + " train" + common(t.alt, 4) + c.extra + reordered(4, common(t.alt, 4) + c.extra));
+  run(kBin + " launch --nproc 2 -- train" + common(t.multi, 2) + " --parallel.dp=2" + c.extra);
+  expect_equivalent(t, "dp2 " + c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dp2, DataParallelVsSingle,
@@ -38,15 +39,16 @@ INSTANTIATE_TEST_SUITE_P(Dp2, DataParallelVsSingle,
                          CaseName());
 
 TEST(DataParallel, ResumeAcrossLayoutsKeepsTheRun) {
-  // A dp=2 run checkpointed at step 3 resumes in a single process (and the other way round) with the same losses:
-  // checkpoints hold full, unsharded state.
+  // A dp=2 run checkpointed at step 3 resumes in a single process with the uninterrupted run's losses, up to the
+  // noise floor of a reordered single run (alt).
   prepare();
-  std::string a = fresh_dir("mt_dp_resume_a"), b = fresh_dir("mt_dp_resume_b");
+  std::string a = fresh_dir("mt_dp_resume_a"), alt = fresh_dir("mt_dp_resume_alt"), b = fresh_dir("mt_dp_resume_b");
   run(kBin + " train" + common(a, 4));
+  run(kBin + " train" + common(alt, 4) + reordered(4, common(alt, 4)));
   run(kBin + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.dp=2 --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(b + "/metrics.jsonl");
   run(kBin + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
-  expect_resumed_tail(losses(a), {losses(b)});
+  expect_resumed_tail(a, alt, {b}, "dp2 -> 1 resume");
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Evaluation and sampling under every parallel layout: `megatrain launch -- train` with tp, pp, dp x pp, pp x tp
 // and interleaved pp against one process on the same global batch. The validation losses (two evaluations, at
-// steps 2 and 3) agree within 1e-5 relative, and the text sampled after training (fixed seed, long enough for the
-// window to slide past model.max_seq_len and, with tp, to be padded at odd lengths) is the same string.
+// steps 2 and 3) agree up to the noise floor a reordered single run measures (ptest::expect_within_floor), and the
+// text sampled after training (fixed seed, long enough for the window to slide past model.max_seq_len and, with tp,
+// to be padded at odd lengths) is the same string. (A sampled token changes only if rounding, ~1e-6 relative, moves
+// the sampler's cumulative probability across its uniform draw: about 34 draws x 1e-6 odds per run.)
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -48,13 +50,18 @@ std::string args(const std::string& out, int batch) {
 constexpr int kGlobalRows = 4;
 
 // The single-process reference, run once per test process (ctest runs each case as its own process, in parallel:
-// the folder is per process so concurrent cases never share it).
+// the folder is per process so concurrent cases never share it); `reorder` gives its reordered twin, the noise floor.
+RunOut single_run(bool reorder) {
+  const std::string out = fresh_dir("mt_eval_single_" + std::string(reorder ? "alt_" : "") + std::to_string(::getpid()));
+  run(kBin + " train" + args(out, kGlobalRows) + (reorder ? reordered(kGlobalRows, args(out, kGlobalRows)) : ""));
+  return read_run(out);
+}
 const RunOut& single() {
-  static RunOut r = [] {
-    const std::string out = fresh_dir("mt_eval_single_" + std::to_string(::getpid()));
-    run(kBin + " train" + args(out, kGlobalRows));
-    return read_run(out);
-  }();
+  static RunOut r = single_run(false);
+  return r;
+}
+const RunOut& single_alt() {
+  static RunOut r = single_run(true);
   return r;
 }
 
@@ -87,8 +94,9 @@ TEST_P(EvalVsSingle, ValLossAndSampleMatch) {
       args(out, kGlobalRows / (c.dp * c.micro)) + layout);
   const RunOut got = read_run(out);
   ASSERT_EQ(got.val.size(), ref.val.size());
-  for (size_t i = 0; i < ref.val.size(); ++i)
-    EXPECT_NEAR(got.val[i], ref.val[i], 1e-5 * ref.val[i]) << "evaluation " << i;
+  std::vector<Deviation> devs;
+  add_series(devs, "val_loss", ref.val, single_alt().val, got.val);
+  expect_within_floor(devs, "eval " + c.name);
   EXPECT_EQ(got.tokens, ref.tokens);
   EXPECT_EQ(got.sample, ref.sample);
 }

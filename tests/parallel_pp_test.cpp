@@ -5,7 +5,8 @@
 // chunk and launches every bucket's reduce-scatter inside backward, with the single process's gradient norm.
 // End to end: `megatrain launch -- train --parallel.pp=2 ...` (with dp, tp, interleaving, the parallel block,
 // LAMB, overlap off, an untied head with gradient accumulation) against a single process on the same global
-// batch: per-step losses and the final parameters (checkpoints are gathered full) agree within 1e-5 relative;
+// batch: per-step losses and gradient norms, the final parameters and moments agree up to the noise floor the test
+// measures (ptest::expect_equivalent);
 // a pp checkpoint resumes in one process and vice versa; bad layouts are clear errors.
 #include <gtest/gtest.h>
 
@@ -325,13 +326,14 @@ class PipelineVsSingle : public ::testing::TestWithParam<Case> {};
 TEST_P(PipelineVsSingle, LossesAndParametersMatch) {
   prepare();
   const Case& c = GetParam();
-  const auto [single, multi] = fresh_pair("mt_pp", c.name);
+  const Trio t = fresh_trio("mt_pp", c.name);
   const int rows = 4;
-  run(kBin + " train" + common(single, rows) + c.extra);
-  run(kBin + " launch --nproc " + std::to_string(2 * c.dp * c.tp) + " -- train" + common(multi, rows / (c.dp * c.micro)) +
+  run(kBin + " train" + common(t.single, rows) + c.extra);
+  run(kBin + " train" + common(t.alt, rows) + c.extra + reordered(rows, common(t.alt, rows) + c.extra));
+  run(kBin + " launch --nproc " + std::to_string(2 * c.dp * c.tp) + " -- train" + common(t.multi, rows / (c.dp * c.micro)) +
       " --parallel.pp=2 --parallel.microbatches=" + std::to_string(c.micro) + " --parallel.dp=" +
       std::to_string(c.dp) + " --parallel.tp=" + std::to_string(c.tp) + c.extra + c.pp_extra);
-  expect_same_run(single, multi, Compare::kParamsAndMoments);
+  expect_equivalent(t, "pp2 " + c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -354,7 +356,9 @@ TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
   // single-process checkpoint resumes under pp=2 x tp=2, with the same losses.
   prepare();
   std::string a = fresh_dir("mt_pp_resume_a"), b = fresh_dir("mt_pp_resume_b"), c = fresh_dir("mt_pp_resume_c");
+  std::string alt = fresh_dir("mt_pp_resume_alt");
   run(kBin + " train" + common(a, 4));
+  run(kBin + " train" + common(alt, 4) + reordered(4, common(alt, 4)));
   run(kBin + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.pp=2 --ckpt.every=3 --ckpt.save_final=false");
   Checkpoint ck = Checkpoint::load(step3(b));
   EXPECT_EQ(ck.extra()["pp_layout"]["h.3.mlp.c_fc.weight"], nlohmann::json::array({1}));
@@ -365,13 +369,11 @@ TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
   fs::remove(c + "/metrics.jsonl");
   run(kBin + " launch --nproc 4 -- train" + common(c, 1) + " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4"
       " --ckpt.resume=" + step3(c));
-  std::vector<double> la = losses(a);
-  ASSERT_EQ(la.size(), 5u);
-  expect_resumed_tail(la, {losses(b), losses(c)});
+  expect_resumed_tail(a, alt, {b, c}, "pp2 <-> 1 resume");
 }
 
 std::string failing_run(const std::string& args) {
-  std::string out = ::testing::TempDir() + "/mt_pp_bad";
+  std::string out = mt::test::temp_root() + "mt_pp_bad";
   return failing_output(kBin + " train" + common(out, 1) + args, out + ".log", args);
 }
 

@@ -1,17 +1,21 @@
 // Shared by the end-to-end parallelism tests (parallel_dp_test, parallel_tp_test, parallel_pp_test): the Brown
-// shards, the common training flags, running `megatrain` and reading its metrics, and the comparison of two runs
-// (per-step losses, then the final checkpoints tensor by tensor).
+// shards, the common training flags, running `megatrain` and reading its metrics, and the comparison of a layout's
+// run with one process up to a noise floor measured in the same test (see "equivalence" below).
 #pragma once
+#include "noise_floor.h"
 #include "test_util.h"
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -27,9 +31,6 @@ namespace fs = std::filesystem;
 inline const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
 inline const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown-dp";
 
-// c_attn rows of the common config (d_model 64, plain multi-head): [q | k | v], 64 each.
-inline constexpr size_t kQkvWidth = 3 * 64;
-
 // The Brown shards, prepared once per build tree (shared by all three tests).
 inline void prepare() { mt::test::prepare_brown_once(kBin, kData); }
 
@@ -40,20 +41,15 @@ inline std::string common_args(const std::string& out, int batch, int n_layer, c
          " --model.d_model=64 --model.n_head=4 --model.max_seq_len=32 --data.seq_len=32"
          " --data.batch_size=" + std::to_string(batch) +
          " --optim.lr=3e-3 --optim.warmup_steps=2 --train.eval_every=0 --sample.tokens=0 --train.steps=5"
-         " --train.log_every=100 --train.threads=1 --ckpt.resume=none --parallel.bucket_mb=1" + extra;
+         " --train.log_every=100 --train.threads=1 --ckpt.resume=none --parallel.bucket_mb=1"
+         " --train.peak_tflops=1" + extra;  // a set peak: no matmul benchmark at start-up (0.7 s of CPU per rank)
 }
 
-// `::testing::TempDir()/name`, removed first so a run starts from nothing.
+// `temp_root()/name`, removed first so a run starts from nothing.
 inline std::string fresh_dir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "/" + name;
+  std::string d = mt::test::temp_root() + name;
   fs::remove_all(d);
   return d;
-}
-
-// The two output folders of a comparison, `<prefix>_single_<name>` and `<prefix>_multi_<name>`, both fresh.
-inline std::pair<std::string, std::string> fresh_pair(const std::string& prefix, const std::string& name) {
-  std::string single = fresh_dir(prefix + "_single_" + name);
-  return {single, fresh_dir(prefix + "_multi_" + name)};
 }
 
 // The step-3 checkpoint of a run with --ckpt.every=3.
@@ -72,96 +68,92 @@ inline std::string failing_output(const std::string& cmd, const std::string& log
 
 using mt::test::error_of;
 
-// The per-step training losses of a run, from its metrics.jsonl.
-inline std::vector<double> losses(const std::string& out) {
-  std::vector<double> l;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") l.push_back(j["loss"].get<double>());
-  }
-  return l;
+// ---- equivalence up to a measured noise floor (noise_floor.h) -------------------------------------------------
+
+// The flags that turn a run into its reordered twin: half of `batch` rows per micro-batch, twice the accumulation
+// rounds, and twice the evaluation batches (a val batch is data.batch_size rows, taken in order from the val split,
+// so 2n half batches are the n batches' windows and the same mean). `flags` are the run's own (the last
+// --train.grad_accum / --train.eval_batches in them count; accumulation defaults to 1). Appended last, they
+// override the run's own.
+inline std::string reordered(int batch, const std::string& flags) {
+  auto last_int = [&](const std::string& key, int dflt) {
+    const auto p = flags.rfind(key);
+    return p == std::string::npos ? dflt : std::stoi(flags.substr(p + key.size()));
+  };
+  EXPECT_EQ(batch % 2, 0) << "the reordered twin halves the batch";
+  std::string twin = " --data.batch_size=" + std::to_string(batch / 2) +
+                     " --train.grad_accum=" + std::to_string(2 * last_int("--train.grad_accum=", 1));
+  const int eval_batches = last_int("--train.eval_batches=", -1);
+  if (eval_batches >= 0)
+    twin += " --train.eval_batches=" + std::to_string(2 * eval_batches);
+  else
+    EXPECT_NE(flags.find("--train.eval_every=0"), std::string::npos)
+        << "a run that evaluates must set --train.eval_batches, so its twin can evaluate the same windows";
+  return twin;
 }
 
-// A run resumed at step 3 of 5 logs steps 4 and 5: each must match steps 4 and 5 of the uninterrupted run `full`.
-inline void expect_resumed_tail(const std::vector<double>& full, std::initializer_list<std::vector<double>> resumed) {
-  for (const auto& r : resumed) ASSERT_EQ(r.size(), 2u);
-  for (int i = 0; i < 2; ++i)
-    for (const auto& r : resumed) EXPECT_NEAR(full[3 + i], r[i], 1e-5 * full[3 + i]);
-}
-
-// How expect_same_run compares the final checkpoints. The key bias (the k part of attn.c_attn.bias) has an
-// exactly zero true gradient (softmax ignores a constant added to every score), so what Adam makes of its rounding
-// noise differs with any change of summation order; the two modes treat it differently.
-enum class Compare {
-  // Parameters only (model.safetensors), each tensor within 1e-5 relative by the norm of the difference with the
-  // key bias left out; the key bias counts only in a whole-model check (1e-5 relative).
-  kParamsWholeModel,
-  // Parameters (1e-5 relative) and optimizer moments (1e-3 relative: the second moment of a ~0 gradient element
-  // is dominated by rounding), tensor names and shapes equal; the key bias is checked in absolute terms (1e-4).
-  kParamsAndMoments,
+// The three output folders of a comparison: `<prefix>_single_<name>`, `<prefix>_alt_<name>` (the reordered single
+// run) and `<prefix>_multi_<name>`, all fresh.
+struct Trio {
+  std::string single, alt, multi;
 };
+inline Trio fresh_trio(const std::string& prefix, const std::string& name) {
+  return {fresh_dir(prefix + "_single_" + name), fresh_dir(prefix + "_alt_" + name), fresh_dir(prefix + "_multi_" + name)};
+}
 
-// Two runs of 5 steps agree: per-step losses within 1e-5 relative, then the final checkpoints as `mode` says.
-inline void expect_same_run(const std::string& a, const std::string& b, Compare mode) {
+// Norm-relative deviation of tensor y from the reference x.
+inline double tensor_rel(const mt::TensorData& x, const mt::TensorData& y) {
+  const float* p = static_cast<const float*>(x.data);
+  const float* q = static_cast<const float*>(y.data);
+  double d = 0, s = 0;
+  for (size_t i = 0; i < x.nbytes / 4; ++i) {
+    const double e = double(q[i]) - p[i];
+    d += e * e, s += double(p[i]) * p[i];
+  }
+  return std::sqrt(d) / std::max(std::sqrt(s), 1e-300);
+}
+
+// The deviations of a 5-step run `multi` from the single-process `single`, floors from `alt`: per-step loss and
+// gradient norm, and each tensor of the final checkpoints (classes "param", "moment1", "moment2").
+inline std::vector<Deviation> run_deviations(const Trio& t) {
+  std::vector<Deviation> devs;
+  for (const char* field : {"loss", "grad_norm"}) {
+    const std::vector<double> ref = series(t.single, field);
+    EXPECT_EQ(ref.size(), 5u) << field;
+    add_series(devs, field, ref, series(t.alt, field), series(t.multi, field));
+  }
   using mt::Checkpoint;
-  using mt::TensorData;
-  std::vector<double> la = losses(a), lb = losses(b);
-  ASSERT_EQ(la.size(), 5u);
-  ASSERT_EQ(lb.size(), la.size());
-  for (size_t i = 0; i < la.size(); ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 * std::abs(la[i])) << "step " << i + 1;
-  Checkpoint ca = Checkpoint::load(a + "/ckpt"), cb = Checkpoint::load(b + "/ckpt");
-  const size_t k0 = kQkvWidth / 3, k1 = 2 * kQkvWidth / 3;  // the key part of c_attn.bias
-
-  if (mode == Compare::kParamsWholeModel) {
-    double all_d = 0, all_s = 0;
-    for (const std::string& n : ca.tensor_names("model.safetensors")) {
-      const TensorData& x = ca.get(n);
-      const TensorData& y = cb.get(n);
-      ASSERT_EQ(x.nbytes, y.nbytes) << n;
-      const float* p = static_cast<const float*>(x.data);
-      const float* q = static_cast<const float*>(y.data);
-      size_t skip_begin = 0, skip_end = 0;
-      if (n.size() > 16 && n.compare(n.size() - 16, 16, "attn.c_attn.bias") == 0) skip_begin = k0, skip_end = k1;
-      double d = 0, s = 0;
-      for (size_t i = 0; i < x.nbytes / 4; ++i) {
-        double e = double(p[i]) - q[i];
-        all_d += e * e;
-        all_s += double(p[i]) * p[i];
-        if (i >= skip_begin && i < skip_end) continue;
-        d += e * e, s += double(p[i]) * p[i];
-      }
-      EXPECT_LE(std::sqrt(d), 1e-5 * std::sqrt(s) + 1e-12) << n;
-    }
-    EXPECT_LE(std::sqrt(all_d), 1e-5 * std::sqrt(all_s)) << "whole model";
-    return;
-  }
-
-  for (const std::string& file : {std::string("model.safetensors"), std::string("optim.safetensors")}) {
-    auto names = ca.tensor_names(file);
-    ASSERT_EQ(names, cb.tensor_names(file));
+  Checkpoint cr = Checkpoint::load(t.single + "/ckpt"), ca = Checkpoint::load(t.alt + "/ckpt"),
+             cm = Checkpoint::load(t.multi + "/ckpt");
+  for (const std::string file : {"model.safetensors", "optim.safetensors"}) {
+    const auto names = cr.tensor_names(file);
+    EXPECT_EQ(names, cm.tensor_names(file)) << file;
+    EXPECT_EQ(names, ca.tensor_names(file)) << file;
     for (const std::string& n : names) {
-      const TensorData& x = ca.get(n);
-      const TensorData& y = cb.get(n);
-      ASSERT_EQ(x.shape, y.shape) << n;
-      const float* p = static_cast<const float*>(x.data);
-      const float* q = static_cast<const float*>(y.data);
-      const bool kbias = n.ends_with("attn.c_attn.bias");
-      const size_t b0 = kbias ? k0 : 0, b1 = kbias ? k1 : 0;
-      double d = 0, s = 0, dk = 0;
-      for (size_t i = 0; i < x.nbytes / 4; ++i) {
-        const double e = (p[i] - q[i]) * double(p[i] - q[i]);
-        if (i >= b0 && i < b1)
-          dk += e;
-        else
-          d += e, s += p[i] * double(p[i]);
-      }
-      EXPECT_LE(std::sqrt(dk), 1e-4) << n << " (key bias part)";
-      const double tol = file == "model.safetensors" ? 1e-5 : 1e-3;
-      EXPECT_LE(std::sqrt(d), tol * std::sqrt(s) + 1e-12) << n;
+      const mt::TensorData &x = cr.get(n), &a = ca.get(n), &y = cm.get(n);
+      EXPECT_EQ(x.shape, y.shape) << n;
+      if (x.shape != y.shape || x.shape != a.shape) continue;
+      const std::string cls = file == "model.safetensors" ? "param" : n.starts_with("m.") ? "moment1" : "moment2";
+      devs.push_back({cls, n, tensor_rel(x, a), tensor_rel(x, y)});
     }
   }
+  return devs;
+}
+
+// A 5-step run under a parallel layout equals the single process up to rounding (see above).
+inline void expect_equivalent(const Trio& t, const std::string& what) {
+  expect_within_floor(run_deviations(t), what);
+}
+
+// Runs resumed at step 3 of 5 log steps 4 and 5: each must match steps 4 and 5 of the uninterrupted run `full`, up
+// to the noise floor that `alt` (the reordered twin of `full`) measures.
+inline void expect_resumed_tail(const std::string& full, const std::string& alt, std::initializer_list<std::string> resumed,
+                                const std::string& what) {
+  const std::vector<double> lf = losses(full), la = losses(alt);
+  ASSERT_EQ(lf.size(), 5u);
+  std::vector<Deviation> devs;
+  for (const std::string& r : resumed) add_series(devs, "loss", lf, la, losses(r), /*first_step=*/4);
+  expect_within_floor(devs, what);
 }
 
 // INSTANTIATE_TEST_SUITE_P name generator for parameter structs with a `name`.

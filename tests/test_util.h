@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <string>
 
+#include <gtest/gtest.h>
+
 #include "megatrain/core/error.h"
 
 namespace mt::test {
@@ -49,6 +51,17 @@ inline void prepare_brown_once(const std::string& megatrain_bin, const std::stri
   ::flock(fd, LOCK_UN);
   ::close(fd);
   MT_CHECK(error.empty(), "{}", error);
+}
+
+// The folder a test keeps its files in: gtest's TempDir(), or a subfolder of it per OPENBLAS_CORETYPE, so the same
+// case run under two BLAS kernels at once (tests/CMakeLists.txt registers such variants) never shares a folder.
+inline std::string temp_root() {
+  std::string root = ::testing::TempDir();
+  if (const char* core = std::getenv("OPENBLAS_CORETYPE"); core && *core) {
+    root += std::string("coretype-") + core + "/";
+    std::filesystem::create_directories(root);
+  }
+  return root;
 }
 
 }  // namespace mt::test
