@@ -37,9 +37,10 @@ struct TempDir {
 };
 
 // Runs fn(rank) in one child per entry of `ranks`. Returns "" when every child exits cleanly within deadline_s;
-// otherwise one line per failing rank with its message.
+// otherwise one line per failing rank with its message. deadline_s only guards against a hang: generous for a slow or
+// busy machine, and above the groups' and stores' 60 s timeouts so that those report first.
 inline std::string run_procs(const std::vector<int>& ranks, const std::function<void(int)>& fn,
-                             double deadline_s = 20) {
+                             double deadline_s = 120) {
   struct Child {
     int rank;
     pid_t pid;
@@ -118,7 +119,7 @@ inline std::string run_procs(const std::vector<int>& ranks, const std::function<
   return report;
 }
 
-inline std::string run_procs(int n, const std::function<void(int)>& fn, double deadline_s = 20) {
+inline std::string run_procs(int n, const std::function<void(int)>& fn, double deadline_s = 120) {
   std::vector<int> ranks;
   for (int i = 0; i < n; ++i) ranks.push_back(i);
   return run_procs(ranks, fn, deadline_s);

@@ -62,16 +62,14 @@ void check_group(ProcessGroup& g, const std::string& what) {
 }
 
 void rank_main(const std::string& url, int rank) {
-  auto store = open_store(url, Millis(10000));
-  GroupOptions opt;
-  opt.timeout = Millis(15000);
-  DeviceMesh mesh(*store, {2, 1, 2}, rank, opt);
+  auto store = open_store(url, Millis(60000));
+  DeviceMesh mesh(*store, {2, 1, 2}, rank);
   check_group(mesh.tp(), url);
   check_group(mesh.dp(), url);
   float x = static_cast<float>(rank);
   allreduce_all(mesh, f32_view(&x, {1}));
   check(x == 6.0f, fmt::format("{}: allreduce_all of the ranks gave {}", url, x));
-  auto world = make_gloo_group(*store, "world", {0, 1, 2, 3}, rank, opt);
+  auto world = make_gloo_group(*store, "world", {0, 1, 2, 3}, rank);
   check(world->size() == 4 && world->rank() == rank, "world group size/rank");
   check_group(*world, url);
 }
@@ -95,7 +93,7 @@ TEST_P(GroupsOverStore, MeshAndWorldGroupCollectivesAreCorrect) {
     redis = std::make_unique<dist_test::RedisServer>();
     url = fmt::format("redis://127.0.0.1:{}/mt-groups", redis->port());
   }
-  EXPECT_EQ(dist_test::run_procs(4, [&](int r) { rank_main(url, r); }, 40), "") << url;
+  EXPECT_EQ(dist_test::run_procs(4, [&](int r) { rank_main(url, r); }), "") << url;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, GroupsOverStore, ::testing::Values("file", "tcp", "redis"),

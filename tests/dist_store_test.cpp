@@ -137,7 +137,7 @@ TEST_P(StoreTest, GetTimesOutNamingTheKey) {
   EXPECT_NE(err.find("'" + k("missing") + "'"), std::string::npos) << err;
   EXPECT_NE(err.find("timed out"), std::string::npos) << err;
   EXPECT_GE(t, 0.14);
-  EXPECT_LT(t, 2.0);
+  EXPECT_LT(t, 20.0);  // not a speed: the 150 ms timeout was honoured, not ignored (which would block for good)
 }
 
 TEST_P(StoreTest, GetBlocksUntilAnotherThreadSets) {
@@ -147,11 +147,11 @@ TEST_P(StoreTest, GetBlocksUntilAnotherThreadSets) {
     setter->set(k("late"), "here");
   });
   std::string v;
-  double dt = seconds_of([&] { v = waiter->get(k("late"), 10s); });
+  double dt = seconds_of([&] { v = waiter->get(k("late"), 60s); });
   t.join();
   EXPECT_EQ(v, "here");
   EXPECT_GE(dt, 0.15);
-  EXPECT_LT(dt, 3.0);
+  EXPECT_LT(dt, 20.0);  // not a speed: the set released the get, rather than the 60 s timeout
 }
 
 TEST_P(StoreTest, OneStoreObjectSharedByThreads) {
@@ -161,7 +161,7 @@ TEST_P(StoreTest, OneStoreObjectSharedByThreads) {
     std::this_thread::sleep_for(100ms);
     s->set(k("shared"), "ok");
   });
-  EXPECT_EQ(s->get(k("shared"), 10s), "ok");
+  EXPECT_EQ(s->get(k("shared"), 60s), "ok");
   t.join();
 }
 
@@ -170,7 +170,7 @@ TEST_P(StoreTest, GetBlocksUntilAnotherProcessSets) {
   pid_t child = spawn({"/proc/self/exe"},
                       {fmt::format("MT_STORE_TEST_CHILD={} {} 200 {} from-child", GetParam(), port(), k("xproc"))});
   std::string v;
-  double dt = seconds_of([&] { v = s->get(k("xproc"), 20s); });
+  double dt = seconds_of([&] { v = s->get(k("xproc"), 60s); });
   int st = wait_exit(child);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
   EXPECT_EQ(v, "from-child");
@@ -194,10 +194,10 @@ TEST_P(StoreTest, WaitAndMissing) {
     other->set(k("c"), "3");
     other->set(k("d"), "4");
   });
-  double dt = seconds_of([&] { s->wait({k("a"), k("c"), k("d")}, 10s); });
+  double dt = seconds_of([&] { s->wait({k("a"), k("c"), k("d")}, 60s); });
   t.join();
   EXPECT_GE(dt, 0.1);
-  EXPECT_LT(dt, 3.0);
+  EXPECT_LT(dt, 20.0);  // not a speed: the sets released the wait, rather than the 60 s timeout
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("tcp", "redis"),
@@ -218,7 +218,7 @@ TEST(TcpStore, ManyConcurrentClients) {
         s->set("client/" + std::to_string(i), std::to_string(i * i));
         // Everybody waits for everybody: many connections parked in get at once.
         for (int j = 0; j < kClients; ++j)
-          if (s->get("client/" + std::to_string(j), 20s) != std::to_string(j * j)) ++bad;
+          if (s->get("client/" + std::to_string(j), 60s) != std::to_string(j * j)) ++bad;
       } catch (const std::exception& e) {
         ADD_FAILURE() << "client " << i << ": " << e.what();
         ++bad;
@@ -238,7 +238,7 @@ TEST(TcpStore, OneSetReleasesManyParkedGets) {
     threads.emplace_back([&] {
       try {
         auto s = make_tcp_store("127.0.0.1", server.port(), 5s);
-        if (s->get("go", 20s) == "now") ++released;
+        if (s->get("go", 60s) == "now") ++released;
       } catch (const std::exception& e) {
         ADD_FAILURE() << e.what();
       }
@@ -262,7 +262,8 @@ TEST(TcpStore, DeadServerFailsClientOpsQuickly) {
     server.reset();
     t.join();
   });
-  EXPECT_LT(dt, 5.0) << "a get parked on a dead server must fail, not wait out its timeout";
+  // Not a speed: the alternative is the get's 60 s timeout.
+  EXPECT_LT(dt, 20.0) << "a get parked on a dead server must fail, not wait out its timeout";
   EXPECT_NE(blocked_err.find("tcp store 127.0.0.1:"), std::string::npos) << blocked_err;
   EXPECT_NE(blocked_err.find("'never'"), std::string::npos) << blocked_err;
   std::string err = error_of([&] { s->set("k", "v2"); });
@@ -275,7 +276,7 @@ TEST(TcpStore, UnreachableServerErrorsAfterConnectTimeout) {
   double dt = seconds_of([&] { err = error_of([&] { make_tcp_store("127.0.0.1", port, 300ms); }); });
   EXPECT_NE(err.find(fmt::format("cannot reach tcp store 127.0.0.1:{} after", port)), std::string::npos) << err;
   EXPECT_GE(dt, 0.25);
-  EXPECT_LT(dt, 3.0);
+  EXPECT_LT(dt, 20.0);  // not a speed: the 300 ms timeout was honoured, not ignored (retrying for good)
 }
 
 TEST(TcpStore, ClientRetriesUntilServerStarts) {
@@ -285,7 +286,7 @@ TEST(TcpStore, ClientRetriesUntilServerStarts) {
     std::this_thread::sleep_for(300ms);
     server = std::make_unique<TcpStoreServer>("127.0.0.1", port);
   });
-  auto s = make_tcp_store("127.0.0.1", port, 10s);
+  auto s = make_tcp_store("127.0.0.1", port, 60s);
   t.join();
   s->set("k", "v");
   EXPECT_EQ(s->get("k", 1s), "v");
@@ -339,7 +340,7 @@ TEST(RedisStore, DeadServerAndUnreachableServerAreErrors) {
   EXPECT_NE(err.find(fmt::format("redis store 127.0.0.1:{}", port)), std::string::npos) << err;
   double dt = seconds_of([&] { err = error_of([&] { make_redis_store("127.0.0.1", port, "x", 300ms); }); });
   EXPECT_NE(err.find(fmt::format("cannot reach redis store 127.0.0.1:{}", port)), std::string::npos) << err;
-  EXPECT_LT(dt, 3.0);
+  EXPECT_LT(dt, 20.0);  // not a speed: the 300 ms timeout was honoured, not ignored (retrying for good)
 }
 
 // ------------------------------------------------------------------------------------------ URLs

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 
 #include "megatrain/core/error.h"
@@ -187,12 +188,15 @@ struct Tokenizer::Cache {
   static constexpr size_t kMaxPieceBytes = 256;  // longer pieces (whitespace runs, ...) are not worth keeping
   std::mutex mu;
   std::unordered_map<std::string, std::vector<int32_t>, StrHash, std::equal_to<>> map;
+  std::atomic<uint64_t> bpe_work{0};  // here rather than in Tokenizer, which an atomic would make immovable
 };
 
 Tokenizer::Tokenizer() : cache_(std::make_unique<Cache>()) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
+
+uint64_t Tokenizer::bpe_work() const { return cache_->bpe_work.load(std::memory_order_relaxed); }
 
 Tokenizer Tokenizer::load_gpt2(const std::string& dir) {
   std::string enc_path = dir + "/encoder.json", bpe_path = dir + "/vocab.bpe";
@@ -328,15 +332,18 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
   std::vector<Sym> sym(n);
   for (int32_t i = 0; i < n; ++i) sym[i] = {byte_id_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
   std::vector<Cand> heap, batch, deferred;
+  uint64_t work = 0;
   auto push = [&](int32_t p) {
     int32_t q = sym[p].next;
     if (q < 0) return;
+    ++work;
     if (const Merge* m = find_merge(sym[p].id, sym[q].id)) {
       heap.push_back({m->rank, p, sym[p].id, sym[q].id, m->merged});
       std::push_heap(heap.begin(), heap.end(), std::greater<>{});
     }
   };
   auto pop = [&] {
+    ++work;
     std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
     Cand c = heap.back();
     heap.pop_back();
@@ -378,6 +385,7 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
       std::push_heap(heap.begin(), heap.end(), std::greater<>{});
     }
   }
+  cache_->bpe_work.fetch_add(work, std::memory_order_relaxed);
   size_t first = out.size();
   for (int32_t p = 0; p >= 0; p = sym[p].next) out.push_back(sym[p].id);
   if (cacheable) {

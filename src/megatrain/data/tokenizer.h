@@ -56,6 +56,8 @@ class Tokenizer {
   int token_id(std::string_view bytes) const;  // the token whose bytes these are, or -1
   // The merges in rank order, as (left id, right id); merged id = token_id(left bytes + right bytes).
   const std::vector<std::pair<int32_t, int32_t>>& merges() const { return merges_; }
+  // Pairs looked up plus heap pops in BPE so far (cache hits add none): a clock-free cost measure for growth tests.
+  uint64_t bpe_work() const;
 
  private:
   struct Merge {
