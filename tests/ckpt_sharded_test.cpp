@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "ckpt_testutil.h"
@@ -296,6 +298,105 @@ TEST(ShardedCheckpoint, AManifestWithAHoleOrWithoutItIsRefused) {
   EXPECT_FALSE(find_latest(f.root).has_value());
   EXPECT_ERROR_HAS(Checkpoint::load(f.root), "no checkpoint in");
   EXPECT_ERROR_HAS(CheckpointReader::open(f.root), "no checkpoint in");
+}
+
+
+// A valid checkpoint whose manifest.json is then corrupted one way at a time (the data files stay intact, so only
+// the manifest's own validation stands between a bad entry and a crash or a silently wrong tensor). Each must be
+// refused by open and by load, naming the checkpoint, the tensor and the problem.
+TEST(ShardedCheckpoint, ACorruptManifestIsRefusedWithTheProblemNamed) {
+  using nlohmann::json;
+  Fixture f;
+  const std::string dir = f.save(6);
+  const json good = json::parse(ckpt_test::read_bytes(dir + "/manifest.json"));
+  // pieces[0] of "w" is rank 0's rows [0:3, 0:8]; pieces[1] of "m.w" is rank 2's [3:10].
+  ASSERT_EQ(good["tensors"]["w"]["pieces"][0]["extent"], json({3, 8}));
+  ASSERT_EQ(good["tensors"]["m.w"]["pieces"][1]["start"], json({3}));
+  struct Mutation {
+    const char* what;
+    std::function<void(json&)> edit;
+    std::vector<const char*> expect;  // substrings of the error
+  };
+  const std::vector<Mutation> mutations = {
+      {"extent with fewer dimensions than the shape", [](json& m) { m["tensors"]["w"]["pieces"][0]["extent"].erase(0); },
+       {"tensor 'w'", "rank"}},
+      {"extent shorter than start", [](json& m) { m["tensors"]["w"]["pieces"][0]["start"] = {0, 0, 0}; },
+       {"tensor 'w'", "rank"}},
+      {"start + extent overflows", [](json& m) { m["tensors"]["m.w"]["pieces"][1]["start"] = {INT64_MAX}; },
+       {"tensor 'm.w'", "9223372036854775807", "outside"}},
+      {"negative start", [](json& m) { m["tensors"]["w"]["pieces"][0]["start"] = {-1, 0}; },
+       {"tensor 'w'", "'start'", "negative"}},
+      {"extent past the dimension", [](json& m) { m["tensors"]["m.w"]["pieces"][1]["extent"] = {8}; },
+       {"tensor 'm.w'", "outside"}},
+      {"shape whose size overflows", [](json& m) { m["tensors"]["w"]["shape"] = {int64_t{1} << 62, 8}; },
+       {"tensor 'w'", "overflow"}},
+      {"a shape larger than its files can hold",
+       [](json& m) {
+         m["tensors"]["m.w"]["shape"] = {int64_t{1} << 40};
+         m["tensors"]["m.w"]["pieces"][1]["extent"] = {(int64_t{1} << 40) - 3};
+       },
+       {"tensor 'm.w'", "bytes"}},
+      {"a number for a piece's file name", [](json& m) { m["tensors"]["w"]["pieces"][0]["file"] = 7; },
+       {"tensor 'w'", "'file'", "not a string"}},
+      {"a number for a dtype", [](json& m) { m["tensors"]["m.w"]["dtype"] = 4; },
+       {"tensor 'm.w'", "'dtype'", "not a string"}},
+      {"a fractional shape", [](json& m) { m["tensors"]["w"]["shape"] = {6, 8.5}; },
+       {"tensor 'w'", "'shape'", "not an integer"}},
+  };
+  for (const Mutation& mu : mutations) {
+    SCOPED_TRACE(mu.what);
+    json m = good;
+    mu.edit(m);
+    ckpt_test::write_text(dir + "/manifest.json", m.dump());
+    for (const std::string& msg : {ckpt_test::error_of([&] { CheckpointReader::open(dir); }),
+                                   ckpt_test::error_of([&] { Checkpoint::load(dir); })}) {
+      EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+      for (const char* s : mu.expect) EXPECT_NE(msg.find(s), std::string::npos) << "message: " << msg << "\nlacks: " << s;
+    }
+  }
+  ckpt_test::write_text(dir + "/manifest.json", good.dump());
+  std::vector<float> w(48);
+  Checkpoint::load(dir).copy_into("w", f32_view(w.data(), {6, 8}));
+  EXPECT_EQ(w, f.w);
+}
+
+// Every field of the manifest replaced by a value of each wrong JSON type: opening and loading either work or throw
+// mt::Error naming the manifest, never a bare nlohmann::json exception (or worse).
+TEST(ShardedCheckpoint, ManifestFieldsOfTheWrongTypeAreClearErrors) {
+  using nlohmann::json;
+  Fixture f;
+  const std::string dir = f.save(7);
+  const json good = json::parse(ckpt_test::read_bytes(dir + "/manifest.json"));
+  const json flat = good.flatten();
+  const std::vector<json> wrong = {json(7), json(-3), json(2.5), json("x"), json(nullptr), json::array(), json::object(),
+                                   json(true)};
+  std::set<std::string> fields;  // every leaf and every object or array holding one
+  for (auto& [path, value] : flat.items())
+    for (json::json_pointer ptr(path); !ptr.empty(); ptr = ptr.parent_pointer()) fields.insert(ptr.to_string());
+  int refused = 0;
+  for (const std::string& field : fields) {
+    const json::json_pointer ptr(field);
+    for (const json& w : wrong) {
+      json m = good;
+      if (m[ptr] == w) continue;
+      m[ptr] = w;
+      ckpt_test::write_text(dir + "/manifest.json", m.dump());
+      for (int how = 0; how < 2; ++how) {
+        try {
+          if (how == 0)
+            CheckpointReader::open(dir);
+          else
+            Checkpoint::load(dir);
+        } catch (const mt::Error& e) {
+          ++refused;
+          EXPECT_NE(std::string(e.what()).find(dir), std::string::npos) << ptr.to_string() << " = " << w.dump() << ": " << e.what();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << ptr.to_string() << " = " << w.dump() << ": not an mt::Error: " << e.what();
+        }
+      }
+    }
+  }
+  EXPECT_GT(refused, 0);
 }
 
 }  // namespace

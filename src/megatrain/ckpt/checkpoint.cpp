@@ -239,7 +239,7 @@ Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
                "checkpoint {}: file '{}' holds tensor '{}' which the manifest does not list there", dir, fname, t->name);
       const json& tj = m["tensors"][t->name];
       MT_CHECK(tj.contains("dtype") && tj["dtype"] == t->dtype_str, "checkpoint {}: tensor '{}' has dtype {} in '{}' but {} in the manifest",
-               dir, t->name, t->dtype_str, fname, tj.value("dtype", std::string("none")));
+               dir, t->name, t->dtype_str, fname, tj.contains("dtype") ? tj["dtype"].dump() : "none");
       MT_CHECK(tj.contains("shape") && tj["shape"] == json(t->shape),
                "checkpoint {}: tensor '{}' has shape {} in '{}' but {} in the manifest", dir, t->name, t->shape_str(),
                fname, tj.contains("shape") ? tj["shape"].dump() : "none");

@@ -1,6 +1,9 @@
 #include "megatrain/ckpt/reader.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
+#include <optional>
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/checksum.h"
@@ -13,12 +16,64 @@ using nlohmann::json;
 
 namespace {
 
-bool is_shape(const json& j) {
-  if (!j.is_array()) return false;
-  for (const json& d : j)
-    if (!d.is_number_integer() || d.get<int64_t>() < 0) return false;
-  return true;
+// A JSON value for a message: short, however large the value.
+std::string brief(const json& j) {
+  std::string s = j.dump();
+  return s.size() <= 40 ? s : s.substr(0, 37) + "...";
 }
+
+// Reads the fields of the manifest's entries, each checked before use: a corrupt manifest is an mt::Error naming
+// the checkpoint, the entry and the key, never a json::type_error, a crash or a silently wrong tensor.
+struct Fields {
+  const std::string& dir;
+
+  const json& get(const json& obj, const char* key, const std::string& what) const {
+    MT_CHECK(obj.is_object(), "checkpoint {}: manifest.json: {} is {}, not an object", dir, what, brief(obj));
+    MT_CHECK(obj.contains(key), "checkpoint {}: manifest.json: {} has no '{}'", dir, what, key);
+    return obj[key];
+  }
+  std::string str(const json& obj, const char* key, const std::string& what) const {
+    const json& v = get(obj, key, what);
+    MT_CHECK(v.is_string(), "checkpoint {}: manifest.json: '{}' of {} is {}, not a string", dir, key, what, brief(v));
+    return v.get<std::string>();
+  }
+  const json& array(const json& obj, const char* key, const std::string& what) const {
+    const json& v = get(obj, key, what);
+    MT_CHECK(v.is_array(), "checkpoint {}: manifest.json: '{}' of {} is {}, not a list", dir, key, what, brief(v));
+    return v;
+  }
+  // A shape, start or extent: non-negative integers that fit int64.
+  std::vector<int64_t> indices(const json& obj, const char* key, const std::string& what) const {
+    std::vector<int64_t> out;
+    for (const json& d : array(obj, key, what)) {
+      MT_CHECK(d.is_number_integer(), "checkpoint {}: manifest.json: '{}' of {} holds {}, not an integer", dir, key,
+               what, brief(d));
+      MT_CHECK(!d.is_number_unsigned() || d.get<uint64_t>() <= uint64_t{INT64_MAX},
+               "checkpoint {}: manifest.json: '{}' of {} holds {}, which overflows int64", dir, key, what, brief(d));
+      MT_CHECK(d.get<int64_t>() >= 0, "checkpoint {}: manifest.json: '{}' of {} holds {}, a negative value", dir, key,
+               what, brief(d));
+      out.push_back(d.get<int64_t>());
+    }
+    return out;
+  }
+  DType dtype(const json& obj, const std::string& what) const {
+    const std::string name = str(obj, "dtype", what);
+    try {
+      return dtype_from_name(name);
+    } catch (const Error&) {
+      fail("checkpoint {}: manifest.json: {} has dtype '{}', which megatrain does not know", dir, what, name);
+    }
+  }
+  // A tensor's shape, whose size in elements and in bytes fits int64 (the reader and Checkpoint::load compute both).
+  std::vector<int64_t> shape(const json& obj, DType dt, const std::string& what) const {
+    std::vector<int64_t> s = indices(obj, "shape", what);
+    const std::optional<int64_t> n = checked_numel(s);
+    int64_t bytes = 0;
+    MT_CHECK(n && !__builtin_mul_overflow(*n, static_cast<int64_t>(dtype_size(dt)), &bytes),
+             "checkpoint {}: manifest.json: the size of {} (shape {}) overflows", dir, what, shape_str(s));
+    return s;
+  }
+};
 
 }  // namespace
 
@@ -31,10 +86,11 @@ CheckpointReader CheckpointReader::open(const std::string& path, bool verify_che
   const std::string& dir = r.dir_;
   auto need = [&](const char* key, bool ok) { MT_CHECK(ok, "checkpoint {}: manifest.json lacks a valid '{}'", dir, key); };
   need("format_version", m.is_object() && m.contains("format_version") && m["format_version"].is_number_integer());
-  r.version_ = m["format_version"].get<int>();
-  MT_CHECK(r.version_ == kCheckpointFormatVersion || r.version_ == kShardedCheckpointFormatVersion,
-           "checkpoint {}: format_version {} is not supported (this build reads {} and {})", dir, r.version_,
+  const int64_t version = m["format_version"].get<int64_t>();
+  MT_CHECK(version == kCheckpointFormatVersion || version == kShardedCheckpointFormatVersion,
+           "checkpoint {}: format_version {} is not supported (this build reads {} and {})", dir, version,
            kCheckpointFormatVersion, kShardedCheckpointFormatVersion);
+  r.version_ = static_cast<int>(version);
   need("step", m.contains("step") && m["step"].is_number_integer());
   need("files", m.contains("files") && m["files"].is_object());
   need("tensors", m.contains("tensors") && m["tensors"].is_object());
@@ -46,6 +102,11 @@ CheckpointReader CheckpointReader::open(const std::string& path, bool verify_che
     MT_CHECK(fj.is_object() && fj.contains("bytes") && fj["bytes"].is_number_unsigned() && fj.contains("checksum") &&
                  fj["checksum"].is_string(),
              "checkpoint {}: manifest entry of file '{}' lacks bytes/checksum", dir, fname);
+    try {
+      parse_checksum(fj["checksum"].get<std::string>());
+    } catch (const Error& e) {
+      fail("checkpoint {}: manifest entry of file '{}': {}", dir, fname, e.what());
+    }
   }
   if (r.version_ == kCheckpointFormatVersion)
     r.parse_v1();
@@ -56,42 +117,52 @@ CheckpointReader CheckpointReader::open(const std::string& path, bool verify_che
 
 // Format 1: every tensor whole, in the file its entry names.
 void CheckpointReader::parse_v1() {
+  const Fields f{dir_};
   for (auto& [name, t] : manifest_["tensors"].items()) {
-    MT_CHECK(t.is_object() && t.contains("file") && t["file"].is_string() &&
-                 manifest_["files"].contains(t["file"].get<std::string>()),
-             "checkpoint {}: manifest entry of tensor '{}' names no listed file", dir_, name);
-    MT_CHECK(t.contains("dtype") && t["dtype"].is_string() && t.contains("shape") && is_shape(t["shape"]),
-             "checkpoint {}: manifest entry of tensor '{}' lacks dtype/shape", dir_, name);
+    const std::string what = fmt::format("tensor '{}'", name);
     Entry e;
-    e.group = t["file"].get<std::string>();
-    e.dtype = dtype_from_name(t["dtype"].get<std::string>());
-    e.shape = t["shape"].get<std::vector<int64_t>>();
+    e.group = f.str(t, "file", what);
+    MT_CHECK(manifest_["files"].contains(e.group),
+             "checkpoint {}: tensor '{}' is in file '{}', which the manifest does not list", dir_, name, e.group);
+    e.dtype = f.dtype(t, what);
+    e.shape = f.shape(t, e.dtype, what);
     e.pieces.push_back({e.group, name, whole_slice(e.shape)});
     tensors_[name] = std::move(e);
   }
 }
 
-// Format 2: tensors in pieces, each a slice of the full tensor stored under its own name in a rank's file.
+// Format 2: tensors in pieces, each a slice of the full tensor stored under its own name in a rank's file. Every
+// piece is checked to lie inside its tensor before the tiling check sees it, and the pieces in a file must fit in
+// the bytes the manifest records for it (a hugely overstated shape cannot make a load allocate without bound).
 void CheckpointReader::parse_v2() {
+  const Fields f{dir_};
+  std::map<std::string, uint64_t> piece_bytes;  // per file
   for (auto& [name, t] : manifest_["tensors"].items()) {
-    MT_CHECK(t.is_object() && t.contains("group") && t["group"].is_string() && t.contains("dtype") &&
-                 t["dtype"].is_string() && t.contains("shape") && is_shape(t["shape"]) && t.contains("pieces") &&
-                 t["pieces"].is_array(),
-             "checkpoint {}: manifest entry of tensor '{}' lacks group/dtype/shape/pieces", dir_, name);
+    const std::string what = fmt::format("tensor '{}'", name);
     Entry e;
-    e.group = t["group"].get<std::string>();
-    e.dtype = dtype_from_name(t["dtype"].get<std::string>());
-    e.shape = t["shape"].get<std::vector<int64_t>>();
+    e.group = f.str(t, "group", what);
+    e.dtype = f.dtype(t, what);
+    e.shape = f.shape(t, e.dtype, what);
+    const json& pieces = f.array(t, "pieces", what);
     std::vector<Slice> slices;
-    for (const json& p : t["pieces"]) {
-      MT_CHECK(p.is_object() && p.contains("file") && p["file"].is_string() && p.contains("name") &&
-                   p["name"].is_string() && p.contains("start") && is_shape(p["start"]) && p.contains("extent") &&
-                   is_shape(p["extent"]),
-               "checkpoint {}: a piece of tensor '{}' lacks file/name/start/extent", dir_, name);
-      Piece pc{p["file"].get<std::string>(), p["name"].get<std::string>(),
-               Slice{p["start"].get<std::vector<int64_t>>(), p["extent"].get<std::vector<int64_t>>()}};
-      MT_CHECK(manifest_["files"].contains(pc.file), "checkpoint {}: piece '{}' of tensor '{}' is in file '{}', which the manifest does not list",
-               dir_, pc.name, name, pc.file);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const std::string pwhat = fmt::format("piece {} of tensor '{}'", i, name);
+      Piece pc{f.str(pieces[i], "file", pwhat), f.str(pieces[i], "name", pwhat),
+               Slice{f.indices(pieces[i], "start", pwhat), f.indices(pieces[i], "extent", pwhat)}};
+      MT_CHECK(manifest_["files"].contains(pc.file),
+               "checkpoint {}: piece '{}' of tensor '{}' is in file '{}', which the manifest does not list", dir_,
+               pc.name, name, pc.file);
+      const std::string problem = slice_problem(pc.slice, e.shape);
+      MT_CHECK(problem.empty(), "checkpoint {}: piece '{}' {} of tensor '{}' (shape {}) is malformed: {}", dir_,
+               pc.name, pc.slice.str(), name, shape_str(e.shape), problem);
+      // Inside the shape, whose byte size fits int64: the product cannot overflow.
+      uint64_t& used = piece_bytes[pc.file];
+      const uint64_t have = manifest_["files"][pc.file]["bytes"].get<uint64_t>();
+      MT_CHECK(!__builtin_add_overflow(used, static_cast<uint64_t>(pc.slice.numel()) * dtype_size(e.dtype), &used) &&
+                   used <= have,
+               "checkpoint {}: the pieces the manifest places in file '{}' (up to piece '{}' of tensor '{}', shape {}) "
+               "need more than its {} bytes",
+               dir_, pc.file, pc.name, name, shape_str(pc.slice.extent), have);
       slices.push_back(pc.slice);
       e.pieces.push_back(std::move(pc));
     }

@@ -60,13 +60,27 @@ void cover(const std::vector<int64_t>& shape, size_t d, int64_t b, int64_t e, st
 
 int64_t Slice::numel() const { return prod(extent, 0, extent.size()); }
 
+// Error messages print slices read from corrupt files, so this must not trust the ranks to agree or the ends to fit.
 std::string Slice::str() const {
+  if (start.size() != extent.size())
+    return fmt::format("start [{}] extent [{}]", fmt::join(start, ", "), fmt::join(extent, ", "));
   std::vector<std::string> d;
-  for (size_t i = 0; i < start.size(); ++i) d.push_back(fmt::format("{}:{}", start[i], start[i] + extent[i]));
+  for (size_t i = 0; i < start.size(); ++i) {
+    int64_t end = 0;
+    const bool wraps = __builtin_add_overflow(start[i], extent[i], &end);
+    d.push_back(wraps ? fmt::format("{}:{}+{}", start[i], start[i], extent[i]) : fmt::format("{}:{}", start[i], end));
+  }
   return fmt::format("[{}]", fmt::join(d, ", "));
 }
 
 int64_t shape_numel(const std::vector<int64_t>& shape) { return prod(shape, 0, shape.size()); }
+
+std::optional<int64_t> checked_numel(const std::vector<int64_t>& shape) {
+  int64_t nonzero = 1;
+  for (int64_t d : shape)
+    if (d < 0 || (d > 0 && __builtin_mul_overflow(nonzero, d, &nonzero))) return std::nullopt;
+  return shape_numel(shape);
+}
 
 Slice whole_slice(const std::vector<int64_t>& shape) { return Slice{std::vector<int64_t>(shape.size(), 0), shape}; }
 
@@ -83,12 +97,22 @@ std::optional<Slice> intersect(const Slice& a, const Slice& b) {
   return s;
 }
 
-bool slice_within(const Slice& s, const std::vector<int64_t>& shape) {
-  if (s.start.size() != shape.size() || s.extent.size() != shape.size()) return false;
-  for (size_t i = 0; i < shape.size(); ++i)
-    if (s.start[i] < 0 || s.extent[i] < 0 || s.start[i] + s.extent[i] > shape[i]) return false;
-  return true;
+std::string slice_problem(const Slice& s, const std::vector<int64_t>& shape) {
+  const size_t n = shape.size();
+  if (s.start.size() != n || s.extent.size() != n)
+    return fmt::format("its start has rank {} and its extent rank {}, but the tensor has rank {}", s.start.size(),
+                       s.extent.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    if (s.start[i] < 0 || s.extent[i] < 0) return fmt::format("it has a negative start or extent in dimension {}", i);
+    // start + extent <= shape, rearranged so that a huge start cannot wrap around into range
+    if (s.extent[i] > shape[i] || s.start[i] > shape[i] - s.extent[i])
+      return fmt::format("it lies outside dimension {} (of size {}) of the tensor's shape [{}]", i, shape[i],
+                         fmt::join(shape, ", "));
+  }
+  return "";
 }
+
+bool slice_within(const Slice& s, const std::vector<int64_t>& shape) { return slice_problem(s, shape).empty(); }
 
 bool slice_contiguous(const Slice& s, const std::vector<int64_t>& shape) {
   size_t k = 0;
@@ -105,9 +129,13 @@ int64_t flat_index(const std::vector<int64_t>& index, const std::vector<int64_t>
 }
 
 std::string tiling_problem(const std::vector<int64_t>& shape, const std::vector<Slice>& pieces) {
-  for (const Slice& p : pieces)
-    if (!slice_within(p, shape) || p.numel() == 0)
-      return fmt::format("piece {} is empty or lies outside the tensor's shape [{}]", p.str(), fmt::join(shape, ", "));
+  if (!checked_numel(shape))
+    return fmt::format("the shape [{}] has a negative dimension or a size that overflows", fmt::join(shape, ", "));
+  for (const Slice& p : pieces) {
+    const std::string problem = slice_problem(p, shape);
+    if (!problem.empty()) return fmt::format("piece {}: {}", p.str(), problem);
+    if (p.numel() == 0) return fmt::format("piece {} is empty", p.str());
+  }
   // Overlaps: sweep the pieces in order of their first-dimension start; only pieces whose first-dimension ranges
   // meet can overlap, which keeps this near-linear for the row-wise pieces of real checkpoints.
   std::vector<size_t> order(pieces.size());

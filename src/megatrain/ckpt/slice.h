@@ -16,15 +16,22 @@ struct Slice {
   std::vector<int64_t> start, extent;
 
   int64_t numel() const;
-  std::string str() const;  // "[0:64, 32:64]" (begin:end per dimension)
+  std::string str() const;  // "[0:64, 32:64]" (begin:end per dimension); any slice, even a malformed one
   bool operator==(const Slice&) const = default;
 };
 
 int64_t shape_numel(const std::vector<int64_t>& shape);
+// The number of elements of `shape`; nullopt when a dimension is negative or the product of the non-zero dimensions
+// overflows int64 (so no stride of the shape overflows either).
+std::optional<int64_t> checked_numel(const std::vector<int64_t>& shape);
 Slice whole_slice(const std::vector<int64_t>& shape);
 // The overlap of a and b (same rank), nullopt when they share no element.
 std::optional<Slice> intersect(const Slice& a, const Slice& b);
-// Whether s lies inside a tensor of `shape`.
+// "" when s lies inside a tensor of `shape` (the same rank, no negative start or extent, start + extent within
+// every dimension, checked without overflow); otherwise what is wrong. A slice read from a file must pass this
+// before the other helpers here see it: they assume well-formed slices.
+std::string slice_problem(const Slice& s, const std::vector<int64_t>& shape);
+// Whether s lies inside a tensor of `shape` (slice_problem finds nothing).
 bool slice_within(const Slice& s, const std::vector<int64_t>& shape);
 // Whether the elements of s are one contiguous run of a row-major tensor of `shape`.
 bool slice_contiguous(const Slice& s, const std::vector<int64_t>& shape);
