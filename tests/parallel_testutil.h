@@ -70,28 +70,6 @@ using mt::test::error_of;
 
 // ---- equivalence up to a measured noise floor (noise_floor.h) -------------------------------------------------
 
-// The flags that turn a run into its reordered twin: half of `batch` rows per micro-batch, twice the accumulation
-// rounds, and twice the evaluation batches (a val batch is data.batch_size rows, taken in order from the val split,
-// so 2n half batches are the n batches' windows and the same mean). `flags` are the run's own (the last
-// --train.grad_accum / --train.eval_batches in them count; accumulation defaults to 1). Appended last, they
-// override the run's own.
-inline std::string reordered(int batch, const std::string& flags) {
-  auto last_int = [&](const std::string& key, int dflt) {
-    const auto p = flags.rfind(key);
-    return p == std::string::npos ? dflt : std::stoi(flags.substr(p + key.size()));
-  };
-  EXPECT_EQ(batch % 2, 0) << "the reordered twin halves the batch";
-  std::string twin = " --data.batch_size=" + std::to_string(batch / 2) +
-                     " --train.grad_accum=" + std::to_string(2 * last_int("--train.grad_accum=", 1));
-  const int eval_batches = last_int("--train.eval_batches=", -1);
-  if (eval_batches >= 0)
-    twin += " --train.eval_batches=" + std::to_string(2 * eval_batches);
-  else
-    EXPECT_NE(flags.find("--train.eval_every=0"), std::string::npos)
-        << "a run that evaluates must set --train.eval_batches, so its twin can evaluate the same windows";
-  return twin;
-}
-
 // The three output folders of a comparison: `<prefix>_single_<name>`, `<prefix>_alt_<name>` (the reordered single
 // run) and `<prefix>_multi_<name>`, all fresh.
 struct Trio {

@@ -175,14 +175,12 @@ TEST_P(Planes, DataPlaneSeesOnlyBackendMemoryAndHostPlaneNever) {
   const std::string root = ::testing::TempDir() + "/mt_planes_" + c.name;
   std::filesystem::remove_all(root);
   // The oracle: one process with the same global batch (a separate process: this one forks the ranks below), and
-  // its reordered twin for the noise floor (ptest::expect_within_floor; twice the eval batches of half the rows are
-  // the same val windows).
+  // its reordered twin for the noise floor (ptest::reordered, ptest::expect_within_floor).
   ASSERT_EQ(std::system((kBin + " train" + joined(flags(root + "/single", c.single_batch, c.extra)) + " > " + root +
                          ".log 2>&1").c_str()), 0) << "see " << root << ".log";
-  ASSERT_EQ(std::system((kBin + " train" + joined(flags(root + "/alt", c.single_batch, c.extra)) +
-                         " --data.batch_size=" + std::to_string(c.single_batch / 2) +
-                         " --train.grad_accum=2 --train.eval_batches=4 > " +
-                         root + ".alt.log 2>&1").c_str()), 0) << "see " << root << ".alt.log";
+  const std::string alt = joined(flags(root + "/alt", c.single_batch, c.extra));
+  ASSERT_EQ(std::system((kBin + " train" + alt + ptest::reordered(c.single_batch, alt) + " > " + root +
+                         ".alt.log 2>&1").c_str()), 0) << "see " << root << ".alt.log";
 
   dist_test::TempDir store, store2;  // one store per job: group names (store keys) repeat in the resumed job
   const std::string err = dist_test::run_procs(
