@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "megatrain/core/error.h"
-#include "megatrain/dist/mesh.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/mesh.h"
+#include "megatrain/comm/store.h"
 // The server processes the multi-process tests use (free port, killed with this process).
-#include "../tests/dist_servers.h"
+#include "../tests/comm_servers.h"
 
 using namespace mt;
 using nlohmann::json;
@@ -171,10 +171,10 @@ std::vector<RankResult> run_world(int world, const std::string& url, const std::
 // Every world size of `sizes` on one store kind: the rows of the report plus the linearity check.
 json bench_store(const std::string& kind, const std::vector<int>& sizes, int reps) {
   // A server per store kind, in a process of its own, shared by the runs (each under its own key prefix).
-  std::unique_ptr<dist_test::TcpServerProcess> tcp;
-  std::unique_ptr<dist_test::RedisServer> redis;
-  if (kind == "tcp") tcp = std::make_unique<dist_test::TcpServerProcess>();
-  if (kind == "redis") redis = std::make_unique<dist_test::RedisServer>();
+  std::unique_ptr<comm_test::TcpServerProcess> tcp;
+  std::unique_ptr<comm_test::RedisServer> redis;
+  if (kind == "tcp") tcp = std::make_unique<comm_test::TcpServerProcess>();
+  if (kind == "redis") redis = std::make_unique<comm_test::RedisServer>();
   json rows = json::array();
   double first_ops_per_rank = 0, min_ratio = 1e300, max_ratio = 0;
   for (int world : sizes) {

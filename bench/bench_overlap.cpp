@@ -25,8 +25,8 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/rng.h"
-#include "megatrain/dist/env.h"
-#include "megatrain/dist/mesh.h"
+#include "megatrain/comm/env.h"
+#include "megatrain/comm/mesh.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/optim/optimizer.h"
 #include "megatrain/model/layout.h"

@@ -11,10 +11,10 @@
 #include <tuple>
 #include <vector>
 
-#include "dist_fork_util.h"
+#include "comm_fork_util.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/rng.h"
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 #include "megatrain/parallel/pipeline.h"
 
 using namespace mt;
@@ -104,11 +104,11 @@ class ChainChunk : public PipelineChunk {
 };
 
 void run_case(int pp, int v, int m) {
-  dist_test::TempDir dir;
+  comm_test::TempDir dir;
   Schedule s = make_interleaved_1f1b(pp, v, m);
   std::vector<int> ranks;
   for (int r = 0; r < pp; ++r) ranks.push_back(r);
-  std::string err = dist_test::run_procs(ranks, [&](int rank) {
+  std::string err = comm_test::run_procs(ranks, [&](int rank) {
     auto store = make_file_store(dir.path);
     GroupOptions go;
     go.timeout = Millis(15000);
@@ -157,7 +157,7 @@ TEST(Pipeline, PeakInFlightPerChunkMatchesTheSimulator) {
 }
 
 // NCCL has no tags: on the GPU backend the sends from stage a to stage b and the receives b posts from a match in
-// the order each side issues them (dist/cuda/nccl_group.h). So for every directed pair of neighbours, the tags of
+// the order each side issues them (comm/cuda/nccl_group.h). So for every directed pair of neighbours, the tags of
 // a's sends in issue order must equal the tags of b's receives in issue order, under every schedule and both p2p
 // modes. Each rank's run_pipeline is driven alone over a group that records the point-to-point calls (every
 // transfer completes at once; the chunks compute nothing), and the sequences of the ranks are compared.

@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "dist_fork_util.h"
+#include "comm_fork_util.h"
 #include "megatrain/core/rng.h"
-#include "megatrain/dist/mesh.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/mesh.h"
+#include "megatrain/comm/store.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/model/layout.h"
 #include "megatrain/parallel/data_parallel.h"
@@ -232,9 +232,9 @@ void pipeline_with_dp(int v, int m) {
   const int dp = 2, pp = 2, B = 2, T = 8;
   ModelConfig c = tiny(false);
   c.recompute = {false, false, true, false};
-  dist_test::TempDir dir;
+  comm_test::TempDir dir;
   const std::vector<int> ranks = {0, 1, 2, 3};
-  std::string err = dist_test::run_procs(ranks, [&](int rank) {
+  std::string err = comm_test::run_procs(ranks, [&](int rank) {
     omp_set_num_threads(1);  // four processes share the cores: no OpenMP spinning against each other
     auto store = make_file_store(dir.path);
     GroupOptions go;

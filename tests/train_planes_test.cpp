@@ -23,9 +23,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dist_fork_util.h"
+#include "comm_fork_util.h"
 #include "megatrain/core/error.h"
-#include "megatrain/dist/mesh.h"
+#include "megatrain/comm/mesh.h"
 #include "megatrain/kernels/cpu/cpu_ops.h"
 #include "megatrain/train/run_config.h"
 #include "megatrain/train/trainer.h"
@@ -182,8 +182,8 @@ TEST_P(Planes, DataPlaneSeesOnlyBackendMemoryAndHostPlaneNever) {
   ASSERT_EQ(std::system((kBin + " train" + alt + ptest::reordered(c.single_batch, alt) + " > " + root +
                          ".alt.log 2>&1").c_str()), 0) << "see " << root << ".alt.log";
 
-  dist_test::TempDir store, store2;  // one store per job: group names (store keys) repeat in the resumed job
-  const std::string err = dist_test::run_procs(
+  comm_test::TempDir store, store2;  // one store per job: group names (store keys) repeat in the resumed job
+  const std::string err = comm_test::run_procs(
       c.world,
       [&](int rank) {
         ::setenv("RANK", std::to_string(rank).c_str(), 1);

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "megatrain/core/buffer.h"
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 #include "megatrain/kernels/ops.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/optim/optimizer.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "megatrain/core/buffer.h"
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/parallel/pipeline.h"
 #include "megatrain/parallel/schedule.h"

@@ -7,7 +7,7 @@
 #include <tuple>
 #include <vector>
 
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 #include "megatrain/parallel/schedule.h"
 
 namespace mt {

@@ -6,7 +6,7 @@
 #pragma once
 #include <cstdint>
 
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 #include "megatrain/model/gpt.h"
 
 namespace mt {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "megatrain/core/buffer.h"
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 #include "megatrain/kernels/ops.h"
 #include "megatrain/model/params.h"
 #include "megatrain/model/tp_comm.h"

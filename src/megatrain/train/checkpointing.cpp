@@ -12,7 +12,7 @@
 #include "megatrain/ckpt/sharded.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/data/loader.h"
-#include "megatrain/dist/mesh.h"
+#include "megatrain/comm/mesh.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/model/layout.h"
 #include "megatrain/optim/optimizer.h"

@@ -1,8 +1,8 @@
 // The groups a GPU run moves device memory over: NCCL groups ordered on the CUDA backend's compute stream (see
-// dist/cuda/nccl_group.h). The glue between the backend (which owns the stream) and the NCCL groups lives here
+// comm/cuda/nccl_group.h). The glue between the backend (which owns the stream) and the NCCL groups lives here
 // because only the trainer knows both. Host memory (norms, losses, checkpoints) keeps moving over Gloo groups.
 #pragma once
-#include "megatrain/dist/mesh.h"
+#include "megatrain/comm/mesh.h"
 #include "megatrain/kernels/ops.h"
 
 namespace mt {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "megatrain/core/rng.h"
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 #include "megatrain/model/gpt.h"
 
 namespace mt {

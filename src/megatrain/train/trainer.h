@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "megatrain/dist/mesh.h"
+#include "megatrain/comm/mesh.h"
 #include "megatrain/kernels/ops.h"
 #include "megatrain/train/run_config.h"
 

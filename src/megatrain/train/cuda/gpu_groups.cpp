@@ -1,6 +1,6 @@
 #include "megatrain/train/gpu_groups.h"
 
-#include "megatrain/dist/cuda/nccl_group.h"
+#include "megatrain/comm/cuda/nccl_group.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 
 namespace mt {

@@ -33,7 +33,7 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 
 namespace mt {
 namespace {

@@ -7,16 +7,16 @@
 #include <cmath>
 #include <thread>
 
-#include "dist_fork_util.h"
+#include "comm_fork_util.h"
 #include "test_util.h"
 #include "megatrain/core/clock.h"
-#include "megatrain/dist/mesh.h"
-#include "megatrain/dist/process_group.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/mesh.h"
+#include "megatrain/comm/process_group.h"
+#include "megatrain/comm/store.h"
 
 using namespace mt;
-using dist_test::run_procs;
-using dist_test::TempDir;
+using comm_test::run_procs;
+using comm_test::TempDir;
 
 namespace {
 

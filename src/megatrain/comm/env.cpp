@@ -1,5 +1,5 @@
 // Rank discovery from launcher environment variables (see env.h for the conventions).
-#include "megatrain/dist/env.h"
+#include "megatrain/comm/env.h"
 
 #include <cctype>
 #include <charconv>

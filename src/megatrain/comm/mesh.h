@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 
 namespace mt {
 

@@ -43,9 +43,9 @@
 #include <string>
 #include <vector>
 
-#include "megatrain/dist/mesh.h"
-#include "megatrain/dist/process_group.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/mesh.h"
+#include "megatrain/comm/process_group.h"
+#include "megatrain/comm/store.h"
 
 namespace mt {
 

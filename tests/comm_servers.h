@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "megatrain/core/error.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/store.h"
 
 extern char** environ;
 
-namespace dist_test {
+namespace comm_test {
 
 inline int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -151,4 +151,4 @@ class TcpServerProcess {
   int port_ = 0;
 };
 
-}  // namespace dist_test
+}  // namespace comm_test

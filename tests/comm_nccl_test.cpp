@@ -10,15 +10,15 @@
 #include <algorithm>
 #include <vector>
 
-#include "dist_fork_util.h"
+#include "comm_fork_util.h"
 #include "test_util.h"
 #include "megatrain/core/bf16.h"
-#include "megatrain/dist/cuda/nccl_group.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/cuda/nccl_group.h"
+#include "megatrain/comm/store.h"
 
 using namespace mt;
-using dist_test::run_procs;
-using dist_test::TempDir;
+using comm_test::run_procs;
+using comm_test::TempDir;
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "megatrain/dist/mesh.h"
+#include "megatrain/comm/mesh.h"
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"

@@ -20,8 +20,8 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
-#include "megatrain/dist/env.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/env.h"
+#include "megatrain/comm/store.h"
 
 extern char** environ;
 

@@ -10,11 +10,11 @@
 
 #include <fmt/format.h>
 
-#include "dist_fork_util.h"
-#include "dist_servers.h"
-#include "megatrain/dist/mesh.h"
-#include "megatrain/dist/process_group.h"
-#include "megatrain/dist/store.h"
+#include "comm_fork_util.h"
+#include "comm_servers.h"
+#include "megatrain/comm/mesh.h"
+#include "megatrain/comm/process_group.h"
+#include "megatrain/comm/store.h"
 
 using namespace mt;
 
@@ -79,21 +79,21 @@ class GroupsOverStore : public ::testing::TestWithParam<std::string> {};
 TEST_P(GroupsOverStore, MeshAndWorldGroupCollectivesAreCorrect) {
   const std::string kind = GetParam();
   // The servers live in processes of their own; only this process's children (the ranks) use them.
-  std::unique_ptr<dist_test::TcpServerProcess> tcp;
-  std::unique_ptr<dist_test::RedisServer> redis;
-  std::unique_ptr<dist_test::TempDir> dir;
+  std::unique_ptr<comm_test::TcpServerProcess> tcp;
+  std::unique_ptr<comm_test::RedisServer> redis;
+  std::unique_ptr<comm_test::TempDir> dir;
   std::string url;
   if (kind == "file") {
-    dir = std::make_unique<dist_test::TempDir>();
+    dir = std::make_unique<comm_test::TempDir>();
     url = "file://" + dir->path;
   } else if (kind == "tcp") {
-    tcp = std::make_unique<dist_test::TcpServerProcess>();
+    tcp = std::make_unique<comm_test::TcpServerProcess>();
     url = fmt::format("tcp://127.0.0.1:{}", tcp->port());
   } else {
-    redis = std::make_unique<dist_test::RedisServer>();
+    redis = std::make_unique<comm_test::RedisServer>();
     url = fmt::format("redis://127.0.0.1:{}/mt-groups", redis->port());
   }
-  EXPECT_EQ(dist_test::run_procs(4, [&](int r) { rank_main(url, r); }), "") << url;
+  EXPECT_EQ(comm_test::run_procs(4, [&](int r) { rank_main(url, r); }), "") << url;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, GroupsOverStore, ::testing::Values("file", "tcp", "redis"),

@@ -1,7 +1,7 @@
 // A group of one process (mesh dimensions of size 1): every collective is a copy or nothing, done at issue time.
 #include <cstring>
 
-#include "megatrain/dist/mesh.h"
+#include "megatrain/comm/mesh.h"
 
 namespace mt {
 namespace {

@@ -1,10 +1,10 @@
 // The 3D mesh: rank <-> (dp, pp, tp) in Megatron's order, layout checks, and the groups each rank gets.
 #include <gtest/gtest.h>
 
-#include "dist_fork_util.h"
+#include "comm_fork_util.h"
 #include "test_util.h"
 #include "megatrain/core/clock.h"
-#include "megatrain/dist/mesh.h"
+#include "megatrain/comm/mesh.h"
 
 namespace mt {
 // Readable parameter names in ctest's list.
@@ -12,8 +12,8 @@ void PrintTo(const MeshShape& s, std::ostream* os) { *os << "dp" << s.dp << " pp
 }  // namespace mt
 
 using namespace mt;
-using dist_test::run_procs;
-using dist_test::TempDir;
+using comm_test::run_procs;
+using comm_test::TempDir;
 
 namespace {
 

@@ -21,9 +21,9 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
-#include "megatrain/dist/env.h"
-#include "megatrain/dist/store.h"
-#include "dist_servers.h"
+#include "megatrain/comm/env.h"
+#include "megatrain/comm/store.h"
+#include "comm_servers.h"
 #include "test_util.h"
 
 using namespace mt;
@@ -59,10 +59,10 @@ double seconds_of(const std::function<void()>& f) {
   return now_seconds() - t0;
 }
 
-using dist_test::RedisServer;
-using dist_test::free_port;
-using dist_test::spawn;
-using dist_test::wait_exit;
+using comm_test::RedisServer;
+using comm_test::free_port;
+using comm_test::spawn;
+using comm_test::wait_exit;
 
 // One tcp server and one redis server shared by the parameterised tests; every test uses its own keys.
 struct Servers {

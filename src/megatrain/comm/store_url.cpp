@@ -2,7 +2,7 @@
 #include <charconv>
 
 #include "megatrain/core/error.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/store.h"
 
 namespace mt {
 namespace {

@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-namespace dist_test {
+namespace comm_test {
 
 // A fresh temporary directory (for a file store), removed on destruction.
 struct TempDir {
@@ -125,4 +125,4 @@ inline std::string run_procs(int n, const std::function<void(int)>& fn, double d
   return run_procs(ranks, fn, deadline_s);
 }
 
-}  // namespace dist_test
+}  // namespace comm_test

@@ -1,4 +1,4 @@
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/store.h"
 
 #include <algorithm>
 #include <chrono>

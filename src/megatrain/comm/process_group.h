@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "megatrain/core/tensor.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/store.h"
 
 namespace mt {
 

@@ -27,7 +27,7 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/store.h"
 
 namespace mt {
 namespace {

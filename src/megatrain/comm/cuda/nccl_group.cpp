@@ -1,6 +1,6 @@
 // NCCL process groups (see nccl_group.h for the semantics). Every CUDA and NCCL call is checked; a failure names
 // the call, the op and the group, is remembered, and makes the destructor abort the communicators.
-#include "megatrain/dist/cuda/nccl_group.h"
+#include "megatrain/comm/cuda/nccl_group.h"
 
 #include <nccl.h>
 

@@ -1,5 +1,5 @@
 // What every process-group backend shares.
-#include "megatrain/dist/process_group.h"
+#include "megatrain/comm/process_group.h"
 
 #include <algorithm>
 

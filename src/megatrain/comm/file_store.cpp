@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "megatrain/core/error.h"
-#include "megatrain/dist/store.h"
+#include "megatrain/comm/store.h"
 
 namespace mt {
 namespace {

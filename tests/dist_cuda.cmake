@@ -1,1 +1,0 @@
-mt_gpu_test(dist_nccl_test mt_dist)
