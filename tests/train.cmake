@@ -7,3 +7,6 @@ if(TARGET train_gpu_test)
 endif()
 mt_test(train_planes_test mt_train)  # host vs data plane of process groups, checked on the CPU
 add_dependencies(train_planes_test megatrain)
+# Observers, the stop request, exit codes per error kind, config agreement across ranks (runs the built binary).
+mt_test(train_control_test mt_train)
+add_dependencies(train_control_test megatrain)

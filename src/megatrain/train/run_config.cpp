@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <fmt/format.h>
 #include <toml++/toml.h>
 
 #include "megatrain/core/error.h"
@@ -34,13 +35,21 @@ std::string suggestion(const std::string& key, const std::set<std::string>& know
   return best.empty() ? "" : " (did you mean '" + best + "'?)";
 }
 
-// Reads typed values out of one [section], remembering which keys it consumed.
+// Reads typed values out of one [section], remembering which keys it consumed and, in `effective`, every key's
+// value after defaults and overrides (what the ranks of a job compare at start-up).
 class Section {
  public:
-  Section(const toml::table* t, std::string name, const std::string& src) : t_(t), name_(std::move(name)), src_(src) {}
+  Section(const toml::table* t, std::string name, const std::string& src,
+          std::vector<std::pair<std::string, std::string>>& effective)
+      : t_(t), name_(std::move(name)), src_(src), effective_(effective) {}
 
   template <typename T>
   void get(const char* key, T& out) {
+    read(key, out);
+    effective_.emplace_back(name_ + "." + key, fmt::format("{}", out));  // {} of a double round-trips exactly
+  }
+  template <typename T>
+  void read(const char* key, T& out) {
     known_.insert(key);
     if (!t_) return;
     const toml::node* n = t_->get(key);
@@ -69,6 +78,13 @@ class Section {
   }
   // model.recompute: "none" | "all" | [layer indices]
   void get_recompute(const char* key, std::vector<bool>& out, int n_layer) {
+    read_recompute(key, out, n_layer);
+    std::string layers;
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i]) layers += (layers.empty() ? "" : ",") + std::to_string(i);
+    effective_.emplace_back(name_ + "." + key, "[" + layers + "]");
+  }
+  void read_recompute(const char* key, std::vector<bool>& out, int n_layer) {
     known_.insert(key);
     if (!t_) return;
     const toml::node* n = t_->get(key);
@@ -103,6 +119,7 @@ class Section {
   const toml::table* t_;
   std::string name_, src_;
   std::set<std::string> known_;
+  std::vector<std::pair<std::string, std::string>>& effective_;
 };
 
 void apply_override(toml::table& root, const std::string& ov, const std::string& src) {
@@ -147,7 +164,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   }
   RunConfig c;
   c.source = src;
-  auto sec = [&](const char* n) { return Section(root[n].as_table(), n, src); };
+  auto sec = [&](const char* n) { return Section(root[n].as_table(), n, src, c.effective); };
 
   Section m = sec("model");
   ModelConfig& mc = c.model;
