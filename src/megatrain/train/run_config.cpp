@@ -61,6 +61,10 @@ class Section {
       auto v = n->value<double>();
       MT_CHECK(v.has_value() && (n->is_floating_point() || n->is_integer()), "{}: {} must be a number", src_, full);
       out = static_cast<T>(*v);
+    } else if constexpr (std::is_enum_v<T>) {  // a model kind (norm, mlp, pos, block), spelt as a string
+      auto v = n->value<std::string>();
+      MT_CHECK(v.has_value(), "{}: {} must be a string", src_, full);
+      parse_kind(src_ + ": " + full, *v, out);
     } else {
       auto v = n->value<std::string>();
       MT_CHECK(v.has_value(), "{}: {} must be a string", src_, full);

@@ -242,7 +242,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams) {
   peak *= ri.world_size;  // every rank brings its own matmul peak (on one host they share the cores)
   say(fmt::format("model: {} layers, d_model {}, {} heads, block {}, window {}, {:.2f}M params | data: {} train tokens, "
                   "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s))",
-                  cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.model.block, cfg.model.window,
+                  cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, kind_name(cfg.model.block), cfg.model.window,
                   cfg.model.num_params() / 1e6, loader.num_tokens(), dp, B, T, accum,
                   pp > 1 ? fmt::format(" | pipeline pp={} v={} microbatches={}", pp, vstages, micro) : "",
                   omp_get_max_threads(),
