@@ -85,7 +85,7 @@ void ProgressPrinter::on_run_start(const RunStart& r) {
   const RunConfig& c = *r.cfg;
   fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}, {:.2f}M params | data: {} train tokens, "
              "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s))\n",
-             c.model.n_layer, c.model.d_model, c.model.n_head, c.model.block, c.model.window, r.params / 1e6,
+             c.model.n_layer, c.model.d_model, c.model.n_head, kind_name(c.model.block), c.model.window, r.params / 1e6,
              r.train_tokens, r.dp, c.data.batch_size, c.data.seq_len, c.train.grad_accum,
              r.pp > 1 ? fmt::format(" | pipeline pp={} v={} microbatches={}", r.pp, c.parallel.virtual_stages,
                                     c.pipeline_microbatches())

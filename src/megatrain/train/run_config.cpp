@@ -46,7 +46,10 @@ class Section {
   template <typename T>
   void get(const char* key, T& out) {
     read(key, out);
-    effective_.emplace_back(name_ + "." + key, fmt::format("{}", out));  // {} of a double round-trips exactly
+    if constexpr (std::is_enum_v<T>)
+      effective_.emplace_back(name_ + "." + key, kind_name(out));
+    else
+      effective_.emplace_back(name_ + "." + key, fmt::format("{}", out));  // {} of a double round-trips exactly
   }
   template <typename T>
   void read(const char* key, T& out) {
@@ -70,6 +73,10 @@ class Section {
       auto v = n->value<double>();
       MT_CHECK(v.has_value() && (n->is_floating_point() || n->is_integer()), "{}: {} must be a number", src_, full);
       out = static_cast<T>(*v);
+    } else if constexpr (std::is_enum_v<T>) {  // a model kind (norm, mlp, pos, block), spelt as a string
+      auto v = n->value<std::string>();
+      MT_CHECK(v.has_value(), "{}: {} must be a string", src_, full);
+      parse_kind(src_ + ": " + full, *v, out);
     } else {
       auto v = n->value<std::string>();
       MT_CHECK(v.has_value(), "{}: {} must be a string", src_, full);
