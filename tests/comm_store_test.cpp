@@ -24,6 +24,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/comm/env.h"
+#include "megatrain/comm/local_address.h"
 #include "megatrain/comm/store.h"
 #include "comm_fork_util.h"
 #include "comm_servers.h"
@@ -799,6 +800,44 @@ TEST(SlurmLists, FirstHost) {
     std::string err = error_of([&] { slurm_first_host(bad); });
     EXPECT_NE(err.find("SLURM_JOB_NODELIST='" + bad + "' is malformed"), std::string::npos) << bad << ": " << err;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// Which address a rank's Gloo device listens on (the two-namespace test in comm_multinode_test.cpp checks the route
+// to a real remote master; these are the choices that need no second host).
+TEST(LocalAddress, LoopbackForOneNodeAnInterfaceOrAnErrorOtherwise) {
+  ::unsetenv(kIfaceEnv);
+  RankInfo one_node;
+  one_node.world_size = one_node.local_world_size = 4;
+  EXPECT_EQ(choose_local_address(one_node).address, "127.0.0.1");
+
+  // Several nodes, but the route to the master leaves through loopback: other nodes could not reach this one.
+  RankInfo two_nodes = one_node;
+  two_nodes.local_world_size = 2;
+  two_nodes.master_addr = "127.0.0.1";
+  std::string err = error_of([&] { choose_local_address(two_nodes); });
+  EXPECT_NE(err.find("would communicate on the loopback address 127.0.0.1"), std::string::npos) << err;
+  EXPECT_NE(err.find("MEGATRAIN_IFACE"), std::string::npos) << err;
+
+  // MEGATRAIN_IFACE names an interface or one of its addresses; anything else lists what there is.
+  ::setenv(kIfaceEnv, "lo", 1);
+  LocalAddress lo = choose_local_address(two_nodes);
+  EXPECT_EQ(lo.address, "127.0.0.1");
+  EXPECT_EQ(lo.iface, "lo");
+  ::setenv(kIfaceEnv, "127.0.0.1", 1);
+  EXPECT_EQ(choose_local_address(two_nodes).iface, "lo");
+  ::setenv(kIfaceEnv, "nosuchif0", 1);
+  err = error_of([&] { choose_local_address(one_node); });
+  EXPECT_NE(err.find("MEGATRAIN_IFACE='nosuchif0' is neither an interface"), std::string::npos) << err;
+  ::unsetenv(kIfaceEnv);
+
+  EXPECT_TRUE(is_loopback_address("127.0.1.1"));
+  EXPECT_TRUE(is_loopback_address("::1"));
+  EXPECT_FALSE(is_loopback_address("10.0.0.1"));
+  EXPECT_EQ(route_source_address("127.0.0.1", 29500), "127.0.0.1");
 }
 
 }  // namespace

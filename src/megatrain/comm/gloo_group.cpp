@@ -567,6 +567,8 @@ class GlooGroup : public ProcessGroup {
         if (!ok) err = std::make_exception_ptr(Error(desc + " aborted: the group was destroyed"));
       } catch (const std::exception& e) {
         err = std::make_exception_ptr(Error(fmt::format("{} failed: {}", desc, e.what())));
+      } catch (...) {  // an exception escaping a thread would terminate the process
+        err = std::make_exception_ptr(Error(desc + " failed with an unknown exception"));
       }
       raw->work->finish(now_seconds() - t0, err);
     });
