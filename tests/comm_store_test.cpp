@@ -595,6 +595,22 @@ TEST(RedisStore, PasswordInTheUrlIsSentWithAuth) {
   EXPECT_NE(bad.find("malformed store URL 'redis://:***@127.0.0.1"), std::string::npos) << bad;
 }
 
+// As the tcp store's: a Redis server that dies under its clients is reported within seconds, not after the 120 s
+// the client was given to wait for a server that has not started yet.
+TEST(RedisStore, DeadStoreIsReportedWithinSecondsNotTheTimeout) {
+  auto redis = std::make_unique<RedisServer>();
+  const int port = redis->port();
+  auto s = make_redis_store("127.0.0.1", port, "x", 120s);
+  s->set("k", "v");
+  redis.reset();
+  for (int op = 0; op < 2; ++op) {
+    std::string err;
+    double dt = seconds_of([&] { err = error_of([&] { s->set("k", "v2"); }); });
+    EXPECT_LT(dt, 20.0) << "op " << op << ": " << err;  // generous for a busy machine; far below 120 s
+    EXPECT_NE(err.find(fmt::format("redis store 127.0.0.1:{}", port)), std::string::npos) << err;
+  }
+}
+
 TEST(RedisStore, DeadServerAndUnreachableServerAreErrors) {
   auto redis = std::make_unique<RedisServer>();
   int port = redis->port();

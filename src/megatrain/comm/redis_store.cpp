@@ -7,6 +7,7 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -82,8 +83,11 @@ class RedisStore final : public Store {
  private:
   std::string full(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "/" + key; }
 
+  // As the tcp store (store.h): refusals are retried for connect_timeout until the server has been reached once,
+  // for kStoreGoneAfter after that.
   redisContext* connect() {
     double t0 = now_seconds(), deadline = t0 + double(connect_timeout_.count()) / 1000.0;
+    double refused_since = -1;
     std::string why;
     for (;;) {
       redisContext* c = redisConnectWithTimeout(host_.c_str(), port_, to_timeval(deadline - now_seconds()));
@@ -91,11 +95,22 @@ class RedisStore final : public Store {
         // Bounds every later command: a server that stops answering becomes an error, not a hang.
         redisSetTimeout(c, to_timeval(std::max(30.0, double(connect_timeout_.count()) / 1000.0)));
         authenticate(c);
+        reached_ = true;
         return c;
       }
       why = c ? c->errstr : "out of memory";
+      const bool refused = c && c->err == REDIS_ERR_IO && why.find("refused") != std::string::npos;
       if (c) redisFree(c);
-      if (now_seconds() >= deadline) break;
+      const double now = now_seconds();
+      if (!refused) {
+        refused_since = -1;
+      } else if (refused_since < 0) {
+        refused_since = now;
+      } else if (reached_ && now - refused_since >= double(kStoreGoneAfter.count()) / 1000.0) {
+        fail("redis store {}:{} is gone: connections to it were refused for {:.1f} s after it had been reached",
+             host_, port_, now - refused_since);
+      }
+      if (now >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     fail("cannot reach redis store {}:{} after {:.1f} s: {}", host_, port_, now_seconds() - t0, why);
@@ -162,6 +177,7 @@ class RedisStore final : public Store {
   std::string prefix_;
   Millis connect_timeout_;
   std::string user_, password_;
+  std::atomic<bool> reached_{false};  // a connection has been made (and authenticated) once
   std::mutex mu_;
   std::vector<redisContext*> idle_;
 };
