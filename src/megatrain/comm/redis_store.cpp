@@ -107,8 +107,9 @@ class RedisStore final : public Store {
       } else if (refused_since < 0) {
         refused_since = now;
       } else if (reached_ && now - refused_since >= double(kStoreGoneAfter.count()) / 1000.0) {
-        fail("redis store {}:{} is gone: connections to it were refused for {:.1f} s after it had been reached",
-             host_, port_, now - refused_since);
+        fail_as(ErrorKind::PeerLost,
+                "redis store {}:{} is gone: connections to it were refused for {:.1f} s after it had been reached",
+                host_, port_, now - refused_since);
       }
       if (now >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

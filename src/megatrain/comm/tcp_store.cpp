@@ -639,8 +639,10 @@ class TcpStore final : public Store {
       if (err == ECONNREFUSED) {
         if (refused_since < 0) refused_since = now;
         if (reached_ && now - refused_since >= double(kStoreGoneAfter.count()) / 1000.0)
-          fail("tcp store {}:{} is gone: connections to it were refused for {:.1f} s after it had been reached "
-               "(did the launcher of node 0 exit?)", host_, port_, now - refused_since);
+          fail_as(ErrorKind::PeerLost,
+                  "tcp store {}:{} is gone: connections to it were refused for {:.1f} s after it had been reached "
+                  "(did the launcher of node 0 exit?)",
+                  host_, port_, now - refused_since);
       } else {
         refused_since = -1;
       }
@@ -695,9 +697,10 @@ class TcpStore final : public Store {
   // One request and its reply on `fd`; a transport failure closes fd and throws.
   std::string exchange(int fd, const std::string& frame, double timeout_s, const char* op, const std::string& key) {
     double deadline = now_seconds() + timeout_s;
-    auto lost = [&](const std::string& why) {
+    // The server went away (PeerLost) or stopped answering (CommTimeout).
+    auto lost = [&](const std::string& why, ErrorKind kind = ErrorKind::PeerLost) {
       ::close(fd);
-      fail("tcp store {}:{}: {}('{}') failed: {}", host_, port_, op, key, why);
+      fail_as(kind, "tcp store {}:{}: {}('{}') failed: {}", host_, port_, op, key, why);
     };
     for (size_t off = 0; off < frame.size();) {
       ssize_t k = ::send(fd, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
@@ -712,7 +715,8 @@ class TcpStore final : public Store {
         int ms = int(std::clamp(left * 1000.0, 0.0, 2e9));
         int pr = ::poll(&pfd, 1, ms);
         if (pr < 0 && errno == EINTR) continue;
-        if (pr == 0) lost(fmt::format("no answer from the server within {:.0f} s", timeout_s));
+        if (pr == 0)
+          lost(fmt::format("no answer from the server within {:.0f} s", timeout_s), ErrorKind::CommTimeout);
         ssize_t k = ::recv(fd, dst, n, 0);
         if (k < 0 && errno == EINTR) continue;
         if (k == 0) lost("the server closed the connection (is it still running?)");
@@ -723,7 +727,7 @@ class TcpStore final : public Store {
     char hdr[4];
     read_exact(hdr, 4);
     uint32_t len = load_u32(hdr);
-    if (len == 0 || len > kMaxReply) lost(fmt::format("malformed reply (length {})", len));
+    if (len == 0 || len > kMaxReply) lost(fmt::format("malformed reply (length {})", len), ErrorKind::Internal);
     std::string body(len, '\0');
     read_exact(body.data(), len);
     return body;
