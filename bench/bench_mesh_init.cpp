@@ -189,6 +189,7 @@ json bench_store(const std::string& kind, const std::vector<int>& sizes, int rep
         url = "file://" + dir;
       } else if (kind == "tcp") {
         url = fmt::format("tcp://127.0.0.1:{}", tcp->port());
+        ::setenv(mt::kStoreSecretEnv, comm_test::kSecret.c_str(), 1);  // the ranks' open_store presents it
       } else {
         url = fmt::format("redis://127.0.0.1:{}", redis->port());
       }

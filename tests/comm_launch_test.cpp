@@ -311,6 +311,63 @@ TEST_F(LaunchTest, ProgramThatCannotStartIsReported) {
       << r.err;
 }
 
+// Item 6: the launcher gives its ranks a fresh random store secret per job (32 hex digits), which they need to reach
+// its store (the rank-mode tests above connect with it); the user's MEGATRAIN_STORE_SECRET, when set, is used as is.
+TEST_F(LaunchTest, RanksGetAFreshStoreSecretPerJob) {
+  ::unsetenv("MEGATRAIN_STORE_SECRET");
+  const std::vector<std::string> args = {"launch", "--nproc", "2", "--exec", "--", "/bin/sh", "-c",
+                                         "echo \"$MEGATRAIN_STORE_SECRET\""};
+  Result a = launch(args), b = launch(args);
+  ASSERT_EQ(a.code(), 0) << a.err;
+  ASSERT_EQ(b.code(), 0) << b.err;
+  std::vector<std::string> la = lines_of(a.out), lb = lines_of(b.out);
+  ASSERT_EQ(la.size(), 2u) << a.out;
+  ASSERT_EQ(lb.size(), 2u) << b.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(la[0], m, std::regex(R"(\[rank \d\] ([0-9a-f]{32}))"))) << la[0];
+  const std::string sa = m[1];
+  EXPECT_EQ(la[1].substr(9), sa) << "both ranks of a job get the same secret";
+  EXPECT_NE(lb[0].substr(9), sa) << "two jobs got the same secret";
+  EXPECT_EQ(a.err.find(sa), std::string::npos) << "the secret was printed: " << a.err;
+
+  ::setenv("MEGATRAIN_STORE_SECRET", "users-own-secret-0123456789", 1);
+  Result c = launch(args);
+  ::unsetenv("MEGATRAIN_STORE_SECRET");
+  ASSERT_EQ(c.code(), 0) << c.err;
+  EXPECT_NE(c.out.find("] users-own-secret-0123456789\n"), std::string::npos) << c.out;
+}
+
+TEST_F(LaunchTest, MultiNodeNeedsASharedSecretAndAReachableMaster) {
+  ::unsetenv("MEGATRAIN_STORE_SECRET");
+  Result r = launch({"launch", "--nproc", "1", "--nnodes", "2", "--master", "10.9.8.7:1234", "--exec", "--", "true"});
+  EXPECT_NE(r.code(), 0);
+  EXPECT_NE(r.err.find("needs the store secret every node shares: set MEGATRAIN_STORE_SECRET"), std::string::npos)
+      << r.err;
+  ::setenv("MEGATRAIN_STORE_SECRET", "short", 1);
+  r = launch({"launch", "--nproc", "1", "--nnodes", "2", "--master", "10.9.8.7:1234", "--exec", "--", "true"});
+  EXPECT_NE(r.err.find("the store secret from the environment variable MEGATRAIN_STORE_SECRET has 5 bytes"),
+            std::string::npos)
+      << r.err;
+  ::setenv("MEGATRAIN_STORE_SECRET", "users-own-secret-0123456789", 1);
+  // Node 0 would serve the store on loopback, which the other node cannot reach.
+  r = launch({"launch", "--nproc", "1", "--nnodes", "2", "--master", "127.0.0.1:1234", "--exec", "--", "true"});
+  ::unsetenv("MEGATRAIN_STORE_SECRET");
+  EXPECT_NE(r.code(), 0);
+  EXPECT_NE(r.err.find("--master '127.0.0.1:1234' is the loopback address 127.0.0.1"), std::string::npos) << r.err;
+}
+
+TEST_F(LaunchTest, IfaceMustExistAndIsPassedOn) {
+  Result r = launch({"launch", "--nproc", "1", "--iface", "nosuchif0", "--exec", "--", "true"});
+  EXPECT_NE(r.code(), 0);
+  EXPECT_NE(r.err.find("--iface='nosuchif0' is neither an interface that is up nor one of its addresses; there are: "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("lo 127.0.0.1"), std::string::npos) << r.err;
+  r = launch({"launch", "--nproc", "1", "--iface", "lo", "--exec", "--", "/bin/sh", "-c", "echo $MEGATRAIN_IFACE"});
+  ASSERT_EQ(r.code(), 0) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] lo\n");
+}
+
 TEST_F(LaunchTest, UsageErrors) {
   Result r = launch({"launch", "--nproc", "2"});
   EXPECT_NE(r.code(), 0);

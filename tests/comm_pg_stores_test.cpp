@@ -4,6 +4,7 @@
 // computes itself from every rank's (deterministic) input.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,7 @@ TEST_P(GroupsOverStore, MeshAndWorldGroupCollectivesAreCorrect) {
     url = "file://" + dir->path;
   } else if (kind == "tcp") {
     tcp = std::make_unique<comm_test::TcpServerProcess>();
+    ::setenv(kStoreSecretEnv, comm_test::kSecret.c_str(), 1);  // what open_store presents (a launcher sets it)
     url = fmt::format("tcp://127.0.0.1:{}", tcp->port());
   } else {
     redis = std::make_unique<comm_test::RedisServer>();

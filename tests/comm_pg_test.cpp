@@ -2,9 +2,19 @@
 // it receives with the naive answer it computes itself from every rank's (deterministic) input.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "comm_fork_util.h"
@@ -420,6 +430,66 @@ TEST(GlooGroup, UnmatchedReceiveFailsNamingThePeer) {
     }
   });
   EXPECT_EQ(report, "");
+}
+
+// Item 4 of the issue: ranks that disagree (here: allreduce of 8 floats on one rank, 2048 on the other, as a
+// per-rank n_layer makes the gradient buckets differ) made Gloo throw on its network thread, which nothing can catch:
+// SIGABRT. Now each rank either fails its op with an mt::Error or exits 1 with a line naming the group and the op in
+// flight; neither is killed by a signal.
+TEST(GlooGroup, MismatchedCollectiveSizesAreAnErrorNotAnAbort) {
+  TempDir dir;
+  std::string path = dir.path;
+  auto report = run_procs(2, [&](int i) {
+    // This rank's stderr goes to a file the parent reads: the handler's line is written there before it exits.
+    int fd = ::open(fmt::format("{}/stderr{}", path, i).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 2);
+    auto g = join_group(path, 2, i, quick(20000));
+    std::vector<float> v(i == 0 ? 8 : 2048, 1.f);
+    g->allreduce(f32_view(v.data(), {static_cast<int64_t>(v.size())}))->wait();
+    // Also fine: no error seen here yet, the peer's failure will close the connection; wait for it in a barrier.
+    g->barrier()->wait();
+  });
+  std::string errs;
+  for (int i = 0; i < 2; ++i) {
+    std::ifstream f(fmt::format("{}/stderr{}", path, i));
+    errs += std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }
+  EXPECT_EQ(report.find("killed by signal"), std::string::npos) << report << errs;
+  EXPECT_NE(report, "") << "mismatched sizes went through unnoticed";
+  // Both ranks fail (the peer of a failed rank loses its connection); at least one names the collective and group.
+  EXPECT_NE((report + errs).find("group g: allreduce(sum, "), std::string::npos) << report << errs;
+}
+
+// Item 6: Gloo publishes its addresses as raw copies of a sockaddr_storage whose bytes past the address are whatever
+// the stack held (the issue saw pointers). In the store, every byte past the sockaddr must be zero.
+TEST(GlooGroup, PublishedAddressesCarryNothingButTheAddress) {
+  TempDir dir;
+  std::string path = dir.path;
+  auto report = run_procs(3, [&](int i) {
+    auto g = join_group(path, 3, i);
+    std::vector<float> v(4, 1.f);
+    g->allreduce(f32_view(v.data(), {4}))->wait();
+  });
+  ASSERT_EQ(report, "");
+  auto store = make_file_store(path);
+  // Gloo's layout (gloo/transport/tcp/address.h): per peer, sockaddr_storage then a 64-bit sequence number.
+  const size_t record = sizeof(sockaddr_storage) + 8;
+  for (int i = 0; i < 3; ++i) {
+    const std::string key = fmt::format("g/gloo/{}", i);
+    ASSERT_TRUE(store->check(key)) << key << " missing: the key layout changed";
+    const std::string hex = store->get(key, Millis(1000));
+    std::string bytes;
+    for (size_t j = 0; j + 1 < hex.size(); j += 2) bytes += static_cast<char>(std::stoi(hex.substr(j, 2), nullptr, 16));
+    ASSERT_EQ(bytes.size(), 2 * record) << key << ": one record per peer";
+    for (size_t r = 0; r < 2; ++r) {
+      sockaddr_in sin;
+      std::memcpy(&sin, bytes.data() + r * record, sizeof sin);
+      EXPECT_EQ(sin.sin_family, AF_INET) << key;
+      EXPECT_EQ(ntohl(sin.sin_addr.s_addr), INADDR_LOOPBACK) << key;
+      for (size_t b = offsetof(sockaddr_in, sin_zero); b < sizeof(sockaddr_storage); ++b)
+        ASSERT_EQ(bytes[r * record + b], 0) << key << " record " << r << ": byte " << b << " past the address is set";
+    }
+  }
 }
 
 TEST(GlooGroup, BadArgumentsAreRefused) {

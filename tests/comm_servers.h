@@ -26,6 +26,9 @@ extern char** environ;
 
 namespace comm_test {
 
+// The store secret the tests' tcp servers and clients share (a job gets a random one from its launcher).
+inline const std::string kSecret = "comm-test-secret-0123456789abcdef";
+
 inline int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -67,18 +70,21 @@ inline int wait_exit(pid_t pid) {
   return st;
 }
 
-// A private redis-server on a free port.
+// A private redis-server on a free port; with a password, it requires AUTH (--requirepass).
 class RedisServer {
  public:
-  RedisServer() {
+  explicit RedisServer(const std::string& password = "") {
     dir_ = std::filesystem::temp_directory_path() /
            ("mt-redis-" + std::to_string(::getpid()) + "-" + std::to_string(count_++));
     std::filesystem::create_directories(dir_);
     port_ = free_port();
-    pid_ = spawn({"redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
-                  "--appendonly", "no", "--dir", dir_.string(), "--daemonize", "no"});
+    std::vector<std::string> args = {"redis-server", "--port",   std::to_string(port_), "--bind", "127.0.0.1",
+                                     "--save",       "",         "--appendonly", "no", "--dir", dir_.string(),
+                                     "--daemonize",  "no"};
+    if (!password.empty()) args.insert(args.end(), {"--requirepass", password});
+    pid_ = spawn(args);
     // Wait until it accepts connections (a client with a connect timeout retries for us).
-    mt::make_redis_store("127.0.0.1", port_, "", mt::Millis(10000));
+    mt::make_redis_store("127.0.0.1", port_, "", mt::Millis(10000), "", password);
   }
   ~RedisServer() { stop(); }
   RedisServer(const RedisServer&) = delete;
@@ -104,7 +110,7 @@ class RedisServer {
 // Our tcp:// store server (TcpStoreServer) on a free port, run by a forked child of this process.
 class TcpServerProcess {
  public:
-  TcpServerProcess() {
+  TcpServerProcess(const std::string& secret = kSecret) {
     int p[2];
     if (::pipe(p) != 0) throw mt::Error("pipe failed");
     const pid_t parent = ::getpid();
@@ -116,7 +122,7 @@ class TcpServerProcess {
       ::close(p[0]);
       int port = -1;
       try {
-        mt::TcpStoreServer server("127.0.0.1", 0);
+        mt::TcpStoreServer server("127.0.0.1", 0, secret);
         port = server.port();
         if (::write(p[1], &port, sizeof port) != sizeof port) ::_exit(2);
         for (;;) ::pause();  // serves on its thread until killed
@@ -145,6 +151,7 @@ class TcpServerProcess {
     }
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;

@@ -1,4 +1,5 @@
-// megatrain launch: spawns this node's ranks with torchrun's environment plus MEGATRAIN_STORE, copies their
+// megatrain launch: spawns this node's ranks with torchrun's environment plus MEGATRAIN_STORE and
+// MEGATRAIN_STORE_SECRET (and MEGATRAIN_IFACE with --iface), copies their
 // output line by line with a "[rank R] " prefix, and supervises them: the first rank to fail (or a SIGINT /
 // SIGTERM / SIGHUP to the launcher) stops all of them, SIGKILL follows after a grace period.
 //
@@ -27,6 +28,7 @@
 #include "megatrain/cli/commands.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/comm/local_address.h"
 #include "megatrain/comm/store.h"
 
 extern char** environ;
@@ -38,6 +40,8 @@ struct Options {
   int nproc = 0, nnodes = 1, node_rank = 0;
   std::string master;  // ADDR[:PORT]
   std::string store;   // store URL; empty: node 0 serves a tcp store
+  std::string iface;   // MEGATRAIN_IFACE for the ranks (an interface name or address); empty: their own choice
+  std::string secret_file;  // the store secret (else MEGATRAIN_STORE_SECRET, else a fresh one on one node)
   bool exec = false, no_prefix = false;
   double grace = 5.0;
   std::vector<std::string> args;
@@ -120,8 +124,10 @@ class Launcher {
                           {"LOCAL_WORLD_SIZE", std::to_string(opt_.nproc)},
                           {"MASTER_ADDR", master_addr_},
                           {"MASTER_PORT", std::to_string(master_port_)},
-                          {"MEGATRAIN_STORE", store_url}})
+                          {"MEGATRAIN_STORE", store_url},
+                          {kStoreSecretEnv, secret_}})
         env.push_back(fmt::format("{}={}", k, v));
+      if (!opt_.iface.empty()) env.push_back(fmt::format("{}={}", kIfaceEnv, opt_.iface));
       ranks_[size_t(i)].global = first + i;
       spawn(ranks_[size_t(i)], env);
     }
@@ -165,24 +171,52 @@ class Launcher {
     master_addr_ = addr.empty() ? "127.0.0.1" : addr;
     std::string host = master_addr_.find(':') != std::string::npos ? "[" + master_addr_ + "]" : master_addr_;
 
+    secret_ = choose_secret();
     if (!opt_.store.empty()) {
       master_port_ = port > 0 ? port : 29500;
       return opt_.store;
     }
     if (opt_.node_rank == 0) {
-      // One node: listen on the master address only (loopback by default), on a free port unless one is given.
-      // Several nodes: every interface, since the others reach us through whatever MASTER_ADDR resolves to.
-      server_ = std::make_unique<TcpStoreServer>(opt_.nnodes == 1 ? master_addr_ : "", port > 0 ? port : 0);
+      // Listen on the master address only: loopback by default on one node, on several the address the other
+      // nodes were told (never every interface: the store must not be reachable from where the job is not).
+      std::string bind = master_addr_;
+      if (opt_.nnodes > 1) {
+        bind = resolve_numeric(master_addr_, "--master");
+        MT_CHECK(!is_loopback_address(bind),
+                 "--master '{}' is the loopback address {}, which the other {} cannot reach; give node 0's address on "
+                 "the network they share (this host has: {})",
+                 opt_.master, bind, plural(opt_.nnodes - 1, "node"), list_local_addresses());
+      }
+      TcpStoreLimits limits;
+      // Each rank holds a few connections (one per thread blocked in the store at a time); 8 per rank is ample.
+      limits.max_connections = std::max(1024, 8 * opt_.nnodes * opt_.nproc);
+      server_ = std::make_unique<TcpStoreServer>(bind, port > 0 ? port : 0, secret_, limits);
       master_port_ = server_->port();
+      if (opt_.nnodes > 1) say(fmt::format("the store listens on {}:{}", bind, master_port_));
     } else {
       master_port_ = port;
     }
     return fmt::format("tcp://{}:{}", host, master_port_);
   }
 
+  // The tcp store's secret: the user's (a file, or MEGATRAIN_STORE_SECRET), which every node of a multi-node job
+  // must share; on one node a fresh random one when the user gave none.
+  std::string choose_secret() {
+    std::string s = opt_.secret_file.empty() ? store_secret_from_env() : read_store_secret_file(opt_.secret_file);
+    if (!s.empty()) return s;
+    bool tcp = opt_.store.empty() || opt_.store.rfind("tcp://", 0) == 0;
+    MT_CHECK(opt_.nnodes == 1 || !tcp,
+             "--nnodes {} with a tcp store needs the store secret every node shares: set {} to the same value on "
+             "every node (e.g. `export {}=$(openssl rand -hex 16)` in the job script, before the launchers start), "
+             "or give --secret-file FILE (mode 600, on a file system every node reads)",
+             opt_.nnodes, kStoreSecretEnv, kStoreSecretEnv);
+    return random_store_secret();
+  }
+
   std::vector<std::string> inherited_env() {
-    static const std::set<std::string> ours = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",     "LOCAL_WORLD_SIZE",
-                                               "MASTER_ADDR", "MASTER_PORT", "MEGATRAIN_STORE"};
+    std::set<std::string> ours = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",      "LOCAL_WORLD_SIZE",
+                                  "MASTER_ADDR", "MASTER_PORT", "MEGATRAIN_STORE", kStoreSecretEnv};
+    if (!opt_.iface.empty()) ours.insert(kIfaceEnv);
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) {
       std::string kv = *e;
@@ -421,6 +455,7 @@ class Launcher {
   std::unique_ptr<TcpStoreServer> server_;
   std::string master_addr_;
   int master_port_ = 0;
+  std::string secret_;
   std::vector<RankProc> ranks_;
   int sigfd_ = -1;
   sigset_t old_mask_{};
@@ -437,7 +472,11 @@ int cmd_launch(int argc, char** argv) {
                "  megatrain launch --nproc 4 -- train --config configs/tiny.toml\n"
                "  megatrain launch --nproc 8 --nnodes 2 --node-rank 1 --master node01:29500 -- train ...\n"
                "  megatrain launch --nproc 2 --exec -- /bin/sh -c 'echo $RANK'\n"
-               "Node 0 serves a tcp:// store on the master port (a free port on one node) unless --store is given.\n"
+               "Node 0 serves a tcp:// store on the master address and port (a free port on one node) unless --store\n"
+               "is given. Every connection to it must present the job's secret, which the ranks get in\n"
+               "MEGATRAIN_STORE_SECRET: a fresh random one on one node; on several nodes set MEGATRAIN_STORE_SECRET\n"
+               "to the same value on every node (or give --secret-file). Multi-node ranks communicate on the\n"
+               "interface that routes to the master, or on --iface.\n"
                "If a rank fails, or the launcher gets SIGINT/SIGTERM, every rank is stopped (SIGTERM, then SIGKILL\n"
                "after --grace seconds) and the launcher exits non-zero.",
                "megatrain launch"};
@@ -449,6 +488,12 @@ int cmd_launch(int argc, char** argv) {
   app.add_option("--master", o.master,
                  "ADDR[:PORT] of node 0 (its store; default 127.0.0.1 and a free port on one node, port 29500 on several)");
   app.add_option("--store", o.store, "use this store URL (file://, tcp://, redis://) instead of serving one");
+  app.add_option("--iface", o.iface,
+                 "interface (e.g. eth1) or local address the ranks communicate on (sets MEGATRAIN_IFACE; default: "
+                 "loopback on one node, the interface that routes to the master on several)");
+  app.add_option("--secret-file", o.secret_file,
+                 "file whose first line is the store secret (mode 600; default: MEGATRAIN_STORE_SECRET, else a "
+                 "random one on one node)");
   app.add_flag("--exec", o.exec, "ARGS[0] is a program to run (default: ARGS are a megatrain subcommand)");
   app.add_option("--grace", o.grace, "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
       ->check(CLI::NonNegativeNumber);
@@ -465,6 +510,7 @@ int cmd_launch(int argc, char** argv) {
     MT_CHECK(!o.master.empty(), "--nnodes {} needs --master ADDR:PORT (node 0's address) or --store URL", o.nnodes);
     if (o.master.rfind(':') == std::string::npos || o.master.back() == ']') o.master += ":29500";
   }
+  if (!o.iface.empty()) local_address_of(o.iface, "--iface");  // a typo fails here, not in every rank
   return Launcher(std::move(o)).run();
 }
 

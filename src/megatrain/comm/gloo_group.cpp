@@ -10,6 +10,11 @@
 //    step, so every rank moves (n-1)/n of the data, the bandwidth lower bound. (This Gloo has no ReduceScatter
 //    with the options API; its halving-doubling class re-registers n^2 pair buffers per call and needs
 //    per-rank count vectors, and allreduce + copy would move twice the data.)
+//  * Gloo throws on its own network thread when peers disagree (a collective of another size on another rank):
+//    nothing can catch that, and the process would abort. A terminate handler turns exactly those into an error line
+//    naming the group and op in flight and exit code 1; see GlooFailureReport.
+//  * The addresses Gloo publishes in the store are raw copies of a sockaddr_storage that Gloo never clears: past the
+//    address they hold whatever the stack held (pointers). They are zeroed there before they leave the process.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -18,12 +23,20 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/types.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
+#include <cstddef>
 #include <cstring>
+#include <exception>
+#include <set>
 #include <deque>
 #include <functional>
 #include <list>
@@ -67,6 +80,87 @@ void reduce_into(ReduceOp op, float* out, const float* a, const float* b, size_t
   }
 }
 
+// The ops the groups of this process are running, for the report of a failure on Gloo's network thread, which
+// cannot say which group it belongs to.
+class GlooFailureReport {
+ public:
+  static GlooFailureReport& get() {
+    static GlooFailureReport* r = new GlooFailureReport;  // never destroyed: the handler may run during exit
+    return *r;
+  }
+  void running(const void* group, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (what.empty())
+      ops_.erase(group);
+    else
+      ops_[group] = what;
+  }
+  // Installed once, when the first Gloo device opens. Exceptions that are not Gloo's go to the previous handler.
+  void install() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (installed_) return;
+    installed_ = true;
+    previous_ = std::set_terminate(&on_terminate);
+  }
+
+ private:
+  [[noreturn]] static void on_terminate() {
+    GlooFailureReport& r = get();
+    std::string what;
+    if (std::exception_ptr e = std::current_exception()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const gloo::Exception& x) {
+        what = x.what();
+      } catch (const gloo::EnforceNotMet& x) {
+        what = x.what();
+      } catch (...) {
+      }
+    }
+    if (what.empty()) {
+      if (r.previous_) r.previous_();
+      std::abort();
+    }
+    std::string ops;
+    if (r.mu_.try_lock()) {  // the failing thread is Gloo's, which never holds it; try_lock in case it ever does
+      for (const auto& [g, op] : r.ops_) ops += (ops.empty() ? "" : "; ") + op;
+      r.mu_.unlock();
+    }
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "error: Gloo failed on its network thread while running %s: %s (do all ranks issue the same "
+                 "collectives with the same sizes? their configs must agree)\n",
+                 ops.empty() ? "no collective of ours" : ops.c_str(), what.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+
+  std::mutex mu_;
+  std::map<const void*, std::string> ops_;
+  bool installed_ = false;
+  std::terminate_handler previous_ = nullptr;
+};
+
+// Gloo's TCP transport publishes, per peer, a copy of its address struct: a sockaddr_storage (128 bytes) and a
+// sequence number (8 bytes). Only the sockaddr's own bytes (16 for IPv4, 28 for IPv6) mean anything; the rest of the
+// storage is uninitialised memory of the publishing process. Zeroes that rest in place. A value of another layout
+// (another Gloo) is left as it is; the comm_store test that reads these bytes would then fail and say so.
+constexpr size_t kGlooAddressBytes = sizeof(sockaddr_storage) + sizeof(int64_t);
+void zero_address_padding(std::vector<char>& data) {
+  if (data.empty() || data.size() % kGlooAddressBytes != 0) return;
+  for (size_t off = 0; off < data.size(); off += kGlooAddressBytes) {
+    sockaddr_storage ss;
+    std::memcpy(&ss, data.data() + off, sizeof ss);
+    if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return;
+  }
+  for (size_t off = 0; off < data.size(); off += kGlooAddressBytes) {
+    sockaddr_storage ss;
+    std::memcpy(&ss, data.data() + off, sizeof ss);
+    size_t used = ss.ss_family == AF_INET ? offsetof(sockaddr_in, sin_zero) : sizeof(sockaddr_in6);
+    std::memset(data.data() + off + used, 0, sizeof ss - used);
+  }
+}
+
 // Gloo's rendezvous reads and writes addresses through this view of our store, under the group's prefix. Values are
 // hex-encoded so any store works, also one whose protocol is not binary-safe.
 class GlooStoreAdapter : public gloo::rendezvous::Store {
@@ -74,8 +168,10 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   GlooStoreAdapter(mt::Store& store, std::string prefix, Millis timeout)
       : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
 
-  void set(const std::string& key, const std::vector<char>& data) override {
+  void set(const std::string& key, const std::vector<char>& raw) override {
     static const char* hex = "0123456789abcdef";
+    std::vector<char> data = raw;
+    zero_address_padding(data);
     std::string s;
     s.reserve(data.size() * 2);
     for (char c : data) {
@@ -129,6 +225,7 @@ std::shared_ptr<gloo::transport::Device> shared_device(const std::string& iface)
     owner = ::getpid();
   }
   if (auto dev = cache[iface].lock()) return dev;
+  GlooFailureReport::get().install();
   gloo::transport::tcp::attr attr;
   attr.hostname = iface;
   std::shared_ptr<gloo::transport::Device> dev;
@@ -378,11 +475,16 @@ class GlooGroup : public ProcessGroup {
       }
       double t0 = now_seconds();
       std::exception_ptr err;
+      GlooFailureReport::get().running(this, fmt::format("group {}: {}", name_, task.what));
       try {
         task.body(task.tag);
       } catch (const std::exception& e) {
         err = std::make_exception_ptr(Error(fmt::format("group {}: {} failed: {}", name_, task.what, e.what())));
+      } catch (...) {
+        err = std::make_exception_ptr(
+            Error(fmt::format("group {}: {} failed with an unknown exception", name_, task.what)));
       }
+      GlooFailureReport::get().running(this, "");
       task.work->finish(now_seconds() - t0, err);
     }
   }
@@ -465,6 +567,8 @@ class GlooGroup : public ProcessGroup {
         if (!ok) err = std::make_exception_ptr(Error(desc + " aborted: the group was destroyed"));
       } catch (const std::exception& e) {
         err = std::make_exception_ptr(Error(fmt::format("{} failed: {}", desc, e.what())));
+      } catch (...) {  // an exception escaping a thread would terminate the process
+        err = std::make_exception_ptr(Error(desc + " failed with an unknown exception"));
       }
       raw->work->finish(now_seconds() - t0, err);
     });

@@ -1,22 +1,34 @@
 // tcp:// stores: a single-threaded poll() server and a synchronous client.
 //
 // Wire format (all integers little-endian): every message is a frame  u32 length | body.
-//   request body:  u8 op | fields        SET key value | GET key timeout_ms | CHECK key | ADD key delta | REMOVE key
+//   request body:  u8 op | fields        AUTH secret | SET key value | GET key timeout_ms | CHECK key | ADD key delta
+//                                        | REMOVE key
 //   response body: u8 status | payload   OK [value | u8 exists | i64 sum] | TIMEOUT | FAILED message
 // Strings are u32 length | bytes (binary-safe). A GET for a missing key parks the connection on the server until
 // a SET/ADD creates the key or the client's timeout passes, so waiting costs no traffic and no spinning.
+// The first request of every connection must be AUTH with the job's secret; anything else, a wrong secret, an
+// unknown op or an oversized frame closes the connection with a logged reason (and a FAILED reply naming it).
 // The client keeps a small pool of connections: each op takes an idle one (or opens one), so a thread blocked in
 // get() never stalls another thread's set() on the same Store.
+//
+// Memory the server can be made to hold: before AUTH a connection may send at most kMaxAuthFrame bytes, so anyone
+// who can reach the port costs it at most max_connections x 2 KiB. After AUTH one request may carry max_frame bytes
+// (4 MiB by default): the store holds Gloo addresses (~300 bytes per group member), rendezvous and control keys of a
+// few bytes, and config fingerprints of a few KiB; 4 MiB is three orders of magnitude above all of them and still
+// small next to a training process. A connection's buffers stay below about twice that: the server stops reading
+// from a connection whose unanswered input or unsent output reaches the limit (TCP pushes back on the client).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -32,9 +44,10 @@
 namespace mt {
 namespace {
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kCheck = 3, kAdd = 4, kRemove = 5 };
+enum Op : uint8_t { kSet = 1, kGet = 2, kCheck = 3, kAdd = 4, kRemove = 5, kAuth = 6 };
 enum Status : uint8_t { kOk = 0, kTimeout = 1, kFailed = 2 };
-constexpr uint32_t kMaxFrame = 1u << 30;
+constexpr uint32_t kMaxAuthFrame = 2048;  // op, length and a secret of at most 1024 bytes
+constexpr uint32_t kMaxReply = 1u << 30;  // what the client accepts: replies carry values the server accepted
 constexpr int64_t kMaxTimeoutMs = int64_t(1) << 40;  // ~35 years: "forever" without overflowing deadlines
 
 struct Writer {
@@ -110,14 +123,20 @@ bool parse_i64(const std::string& s, int64_t& v) {
 
 struct TcpStoreServer::Impl {
   struct Client {
+    std::string peer;  // "address:port", for the log
     std::string in, out;
     size_t out_off = 0;
+    bool authed = false;
+    double auth_deadline = 0;
     bool waiting = false;  // parked in a GET
+    bool dead = false;     // to be closed by the loop
     std::string wait_key;
     double deadline = 0;
   };
 
   int listen_fd = -1, wake_r = -1, wake_w = -1, port = 0;
+  std::string secret;
+  TcpStoreLimits limits;
   std::unordered_map<std::string, std::string> kv;
   std::map<int, Client> clients;  // by socket
   std::thread thread;
@@ -128,9 +147,29 @@ struct TcpStoreServer::Impl {
     for (auto& [fd, c] : clients) ::close(fd);
   }
 
+  uint32_t frame_limit(const Client& c) const { return c.authed ? limits.max_frame : kMaxAuthFrame; }
+  // Past these the server stops reading from the connection until it drains.
+  size_t in_limit(const Client& c) const { return size_t(frame_limit(c)) + 4; }
+  size_t out_limit() const { return size_t(limits.max_frame) + 64; }
+
+  static void log(const std::string& peer, const std::string& why) {
+    fmt::print(stderr, "tcp store: closing the connection from {}: {}\n", peer, why);
+  }
+
+  // Logs the reason, tells the peer (best effort: it may not be reading) and marks the connection for closing.
+  void reject(int fd, Client& c, const std::string& why) {
+    log(c.peer, why);
+    Writer w;
+    w.u8(kFailed);
+    w.str(why);
+    std::string f = w.frame();
+    (void)!::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    c.dead = true;
+  }
+
   void reply(int fd, Client& c, std::string frame) {
     c.out += frame;
-    flush(fd, c);
+    if (!flush(fd, c)) c.dead = true;
   }
   void reply_status(int fd, Client& c, Status s) {
     Writer w;
@@ -169,7 +208,7 @@ struct TcpStoreServer::Impl {
   void wake_waiters(const std::string& key) {
     std::vector<int> ready;
     for (auto& [fd, c] : clients)
-      if (c.waiting && c.wait_key == key) ready.push_back(fd);
+      if (c.waiting && c.wait_key == key && !c.dead) ready.push_back(fd);
     for (int fd : ready) {
       Client& c = clients[fd];
       c.waiting = false;
@@ -178,44 +217,49 @@ struct TcpStoreServer::Impl {
     }
   }
 
-  // Handles complete request frames until the connection parks in a GET. Returns false on a malformed frame.
-  bool process(int fd, Client& c) {
+  // Handles complete request frames until the connection parks in a GET or is rejected.
+  void process(int fd, Client& c) {
     size_t off = 0;
-    bool ok = true;
-    while (!c.waiting && c.in.size() - off >= 4) {
+    while (!c.waiting && !c.dead && c.out.size() < out_limit() && c.in.size() - off >= 4) {
       uint32_t len = load_u32(c.in.data() + off);
-      if (len > kMaxFrame) {
-        ok = false;
+      // Judged on the length alone, before the body arrives: nothing of an oversized request is buffered.
+      if (len > frame_limit(c)) {
+        reject(fd, c, fmt::format("a request of {} bytes exceeds the limit of {} bytes{}", len, frame_limit(c),
+                                  c.authed ? "" : " before authentication"));
         break;
       }
       if (c.in.size() - off - 4 < len) break;
       Reader r{c.in.data() + off + 4, len};
       off += 4 + size_t(len);
-      if (!handle(fd, c, r)) {
-        ok = false;
-        break;
-      }
+      handle(fd, c, r);
     }
     c.in.erase(0, off);
-    return ok;
   }
 
-  bool handle(int fd, Client& c, Reader& r) {
-    uint8_t op = r.u8();
+  void handle(int fd, Client& c, Reader& r) {
+    const uint8_t op = r.u8();
+    if (!c.authed) {
+      std::string given = r.str();
+      if (op != kAuth || !r.ok || r.n != 0)
+        return reject(fd, c, op == kAuth ? "malformed authentication request"
+                                         : fmt::format("request (op {}) before authentication", op));
+      if (!secrets_equal(given, secret)) return reject(fd, c, "wrong store secret");
+      c.authed = true;
+      return reply_status(fd, c, kOk);
+    }
     std::string key = r.str();
-    if (!r.ok) return false;
     switch (op) {
       case kSet: {
         std::string value = r.str();
-        if (!r.ok) return false;
+        if (!r.ok || r.n != 0) break;
         kv[key] = std::move(value);
         reply_status(fd, c, kOk);
         wake_waiters(key);
-        return true;
+        return;
       }
       case kGet: {
         int64_t timeout_ms = r.i64();
-        if (!r.ok) return false;
+        if (!r.ok || r.n != 0) break;
         auto it = kv.find(key);
         if (it != kv.end()) {
           reply_value(fd, c, it->second);
@@ -226,122 +270,161 @@ struct TcpStoreServer::Impl {
           c.wait_key = key;
           c.deadline = now_seconds() + double(std::min(timeout_ms, kMaxTimeoutMs)) / 1000.0;
         }
-        return true;
+        return;
       }
       case kCheck: {
+        if (!r.ok || r.n != 0) break;
         Writer w;
         w.u8(kOk);
         w.u8(kv.count(key) ? 1 : 0);
-        reply(fd, c, w.frame());
-        return true;
+        return reply(fd, c, w.frame());
       }
       case kAdd: {
         int64_t delta = r.i64();
-        if (!r.ok) return false;
+        if (!r.ok || r.n != 0) break;
         int64_t cur = 0;
         auto it = kv.find(key);
-        if (it != kv.end() && !parse_i64(it->second, cur)) {
-          reply_failed(fd, c, fmt::format("add: key '{}' holds a non-integer value", key));
-          return true;
-        }
+        if (it != kv.end() && !parse_i64(it->second, cur))
+          return reply_failed(fd, c, fmt::format("add: key '{}' holds a non-integer value", key));
         int64_t sum;
-        if (__builtin_add_overflow(cur, delta, &sum)) {
-          reply_failed(fd, c, fmt::format("add: key '{}' overflows int64 ({} + {})", key, cur, delta));
-          return true;
-        }
+        if (__builtin_add_overflow(cur, delta, &sum))
+          return reply_failed(fd, c, fmt::format("add: key '{}' overflows int64 ({} + {})", key, cur, delta));
         kv[key] = std::to_string(sum);
         Writer w;
         w.u8(kOk);
         w.i64(sum);
         reply(fd, c, w.frame());
         wake_waiters(key);
-        return true;
+        return;
       }
       case kRemove:
+        if (!r.ok || r.n != 0) break;
         kv.erase(key);
-        reply_status(fd, c, kOk);
-        return true;
+        return reply_status(fd, c, kOk);
       default:
-        return false;
+        return reject(fd, c, fmt::format("unknown request (op {})", op));
     }
+    reject(fd, c, fmt::format("malformed request (op {})", op));
   }
 
   void accept_all() {
     for (;;) {
-      int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN, or out of fds: the client retries / times out
+      char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
+      ::getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV);
+      Client c;
+      c.peer = fmt::format("{}:{}", host, serv);
+      if (int(clients.size()) >= limits.max_connections) {
+        reject(fd, c, fmt::format("too many connections (the limit is {})", limits.max_connections));
+        ::close(fd);
+        continue;
+      }
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      clients[fd] = Client{};
+      c.auth_deadline = now_seconds() + limits.auth_timeout_s;
+      clients[fd] = std::move(c);
     }
   }
 
-  // Returns false when the connection should be closed.
-  bool read_from(int fd, Client& c) {
+  // Reads what the connection has sent, up to its input limit, and handles the complete requests.
+  void read_from(int fd, Client& c) {
     char buf[65536];
-    for (;;) {
-      ssize_t k = ::recv(fd, buf, sizeof buf, 0);
+    while (c.in.size() < in_limit(c)) {
+      ssize_t k = ::recv(fd, buf, std::min(sizeof buf, in_limit(c) - c.in.size()), 0);
       if (k > 0) {
         c.in.append(buf, size_t(k));
         continue;
       }
       if (k < 0 && errno == EINTR) continue;
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      return false;  // EOF or error
+      c.dead = true;  // EOF or error
+      return;
     }
-    return process(fd, c);
+    process(fd, c);
   }
+
+  // Reading pauses while the connection has a full frame's worth of unhandled input (it is parked in a GET with
+  // requests pipelined behind) or of unsent output (it does not read its replies).
+  bool wants_input(const Client& c) const { return c.in.size() < in_limit(c) && c.out.size() < out_limit(); }
 
   void run() {
     std::vector<pollfd> fds;
     for (;;) {
       double now = now_seconds(), next = 1e300;
-      for (auto& [fd, c] : clients)
+      for (auto& [fd, c] : clients) {
         if (c.waiting) next = std::min(next, c.deadline);
+        if (!c.authed) next = std::min(next, c.auth_deadline);
+      }
       int timeout_ms = next == 1e300 ? -1 : int(std::clamp((next - now) * 1000.0 + 1.0, 0.0, 1e9));
 
       fds.clear();
       fds.push_back({wake_r, POLLIN, 0});
       fds.push_back({listen_fd, POLLIN, 0});
-      for (auto& [fd, c] : clients) fds.push_back({fd, short(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+      for (auto& [fd, c] : clients)
+        fds.push_back({fd, short((wants_input(c) ? POLLIN : 0) | (c.out.empty() ? 0 : POLLOUT)), 0});
       int n = ::poll(fds.data(), fds.size(), timeout_ms);
       if (n < 0 && errno != EINTR) return;
       if (fds[0].revents) return;  // the destructor asks us to stop
       if (fds[1].revents & POLLIN) accept_all();
 
-      std::vector<int> dead;
       for (size_t i = 2; i < fds.size() && n > 0; ++i) {
         if (!fds[i].revents) continue;
         int fd = fds[i].fd;
         auto it = clients.find(fd);
         if (it == clients.end()) continue;
         Client& c = it->second;
-        bool alive = true;
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) alive = read_from(fd, c);
-        if (alive && (fds[i].revents & POLLOUT)) alive = flush(fd, c);
-        if (!alive) dead.push_back(fd);
-      }
-      for (int fd : dead) {
-        ::close(fd);
-        clients.erase(fd);
+        if (c.dead) continue;
+        if (fds[i].revents & (POLLHUP | POLLERR)) c.dead = true;
+        else if (fds[i].revents & POLLIN) read_from(fd, c);
+        if (!c.dead && (fds[i].revents & POLLOUT) && !flush(fd, c)) c.dead = true;
+        // Output drained: requests that waited behind it can go on.
+        if (!c.dead && !c.waiting && c.out.empty() && !c.in.empty()) process(fd, c);
       }
 
       now = now_seconds();
-      std::vector<int> expired;
-      for (auto& [fd, c] : clients)
-        if (c.waiting && c.deadline <= now) expired.push_back(fd);
-      for (int fd : expired) {
-        Client& c = clients[fd];
-        c.waiting = false;
-        reply_status(fd, c, kTimeout);
-        process(fd, c);
+      for (auto& [fd, c] : clients) {
+        if (c.dead) continue;
+        if (!c.authed && c.auth_deadline <= now) {
+          reject(fd, c, fmt::format("no authentication within {:g} s", limits.auth_timeout_s));
+        } else if (c.waiting && c.deadline <= now) {
+          c.waiting = false;
+          reply_status(fd, c, kTimeout);
+          process(fd, c);
+        }
+      }
+      for (auto it = clients.begin(); it != clients.end();) {
+        if (it->second.dead) {
+          ::close(it->first);
+          it = clients.erase(it);
+        } else {
+          ++it;
+        }
       }
     }
   }
 };
 
-TcpStoreServer::TcpStoreServer(const std::string& bind_host, int port) : impl_(std::make_unique<Impl>()) {
+TcpStoreServer::TcpStoreServer(const std::string& bind_host, int port, std::string secret, TcpStoreLimits limits)
+    : impl_(std::make_unique<Impl>()) {
   MT_CHECK(port >= 0 && port <= 65535, "tcp store server: port {} out of range", port);
+  check_store_secret(secret, "the tcp store server's caller");
+  MT_CHECK(limits.max_frame >= 1024 && limits.max_frame <= (1u << 30),
+           "tcp store server: max_frame {} is outside 1 KiB..1 GiB", limits.max_frame);
+  MT_CHECK(limits.max_connections >= 1, "tcp store server: max_connections {} must be at least 1",
+           limits.max_connections);
+  MT_CHECK(limits.auth_timeout_s > 0, "tcp store server: auth_timeout_s {} must be positive", limits.auth_timeout_s);
+  // Beyond the fd limit accept() fails and the connection would wait in the backlog unanswered; below it every
+  // connection over the limit gets its refusal. A few descriptors stay for the rest of the process.
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY)
+    limits.max_connections = int(std::min<rlim_t>(rlim_t(limits.max_connections),
+                                                  std::max<rlim_t>(16, nofile.rlim_cur / 2)));
+  impl_->secret = std::move(secret);
+  impl_->limits = limits;
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -360,6 +443,7 @@ TcpStoreServer::TcpStoreServer(const std::string& bind_host, int port) : impl_(s
       break;
     }
     why = errno_text(errno);
+    if (errno == EADDRNOTAVAIL) why += " (the address is not one of this host's)";
     ::close(fd);
   }
   ::freeaddrinfo(res);
@@ -392,8 +476,9 @@ int TcpStoreServer::port() const { return impl_->port; }
 namespace {
 
 // Connects with a non-blocking connect so an unreachable host costs at most the remaining time, not the kernel's
-// SYN timeout. Returns the socket or -1 with `why` set.
-int try_connect(const std::string& host, int port, double deadline, std::string& why) {
+// SYN timeout. Returns the socket or -1 with `why` set (and `err` to the errno, 0 for a name lookup failure).
+int try_connect(const std::string& host, int port, double deadline, std::string& why, int& last_err) {
+  last_err = 0;
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -407,6 +492,7 @@ int try_connect(const std::string& host, int port, double deadline, std::string&
   for (addrinfo* a = res; a && result < 0; a = a->ai_next) {
     int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) {
+      last_err = errno;
       why = errno_text(errno);
       continue;
     }
@@ -430,6 +516,7 @@ int try_connect(const std::string& host, int port, double deadline, std::string&
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       result = fd;
     } else {
+      last_err = err;
       why = errno_text(err);
       ::close(fd);
     }
@@ -440,8 +527,8 @@ int try_connect(const std::string& host, int port, double deadline, std::string&
 
 class TcpStore final : public Store {
  public:
-  TcpStore(std::string host, int port, Millis connect_timeout)
-      : host_(std::move(host)), port_(port), connect_timeout_(connect_timeout) {
+  TcpStore(std::string host, int port, Millis connect_timeout, std::string secret)
+      : host_(std::move(host)), port_(port), connect_timeout_(connect_timeout), secret_(std::move(secret)) {
     idle_.push_back(connect());
   }
   ~TcpStore() override {
@@ -533,16 +620,54 @@ class TcpStore final : public Store {
   // A live server answers everything but a parked GET at once; this only bounds the wait for a stuck one.
   double io_timeout() const { return std::max(30.0, double(connect_timeout_.count()) / 1000.0); }
 
+  // Opens and authenticates a connection. Until the server has been reached once, refusals are retried for
+  // connect_timeout (ranks may start before the launcher's server listens); after that, refusals for
+  // kStoreGoneAfter mean the server is gone, and waiting out the rest of a long timeout would only delay the report.
   int connect() {
     double t0 = now_seconds(), deadline = t0 + double(connect_timeout_.count()) / 1000.0;
+    double refused_since = -1;
     std::string why;
     for (;;) {
-      int fd = try_connect(host_, port_, deadline, why);
-      if (fd >= 0) return fd;
-      if (now_seconds() >= deadline) break;
+      int err = 0;
+      int fd = try_connect(host_, port_, deadline, why, err);
+      if (fd >= 0) {
+        authenticate(fd);
+        reached_ = true;
+        return fd;
+      }
+      double now = now_seconds();
+      if (err == ECONNREFUSED) {
+        if (refused_since < 0) refused_since = now;
+        if (reached_ && now - refused_since >= double(kStoreGoneAfter.count()) / 1000.0)
+          fail_as(ErrorKind::PeerLost,
+                  "tcp store {}:{} is gone: connections to it were refused for {:.1f} s after it had been reached "
+                  "(did the launcher of node 0 exit?)",
+                  host_, port_, now - refused_since);
+      } else {
+        refused_since = -1;
+      }
+      if (now >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the server may still be starting
     }
     fail("cannot reach tcp store {}:{} after {:.1f} s: {}", host_, port_, now_seconds() - t0, why);
+  }
+
+  // The first request on a connection: the server answers OK, or FAILED with its reason and closes it.
+  void authenticate(int fd) {
+    Writer w;
+    w.u8(kAuth);
+    w.str(secret_);
+    std::string body = exchange(fd, w.frame(), io_timeout(), "authenticate", "");
+    if (!body.empty() && uint8_t(body[0]) == kOk) return;
+    ::close(fd);
+    Reader r{body.data(), body.size()};
+    uint8_t st = r.u8();
+    std::string msg = st == kFailed ? r.str() : fmt::format("unexpected status {}", st);
+    fail("tcp store {}:{} refused the connection: {}{}", host_, port_, msg,
+         msg == "wrong store secret"
+             ? fmt::format(" (every rank must have the launcher's {}; on several nodes, every node's launcher the same "
+                           "one)", kStoreSecretEnv)
+             : "");
   }
 
   int acquire() {
@@ -564,10 +689,18 @@ class TcpStore final : public Store {
   // Sends one request and returns the response body; any transport failure closes the connection and throws.
   std::string call(const std::string& frame, double timeout_s, const char* op, const std::string& key) {
     int fd = acquire();
+    std::string body = exchange(fd, frame, timeout_s, op, key);
+    release(fd);
+    return body;
+  }
+
+  // One request and its reply on `fd`; a transport failure closes fd and throws.
+  std::string exchange(int fd, const std::string& frame, double timeout_s, const char* op, const std::string& key) {
     double deadline = now_seconds() + timeout_s;
-    auto lost = [&](const std::string& why) {
+    // The server went away (PeerLost) or stopped answering (CommTimeout).
+    auto lost = [&](const std::string& why, ErrorKind kind = ErrorKind::PeerLost) {
       ::close(fd);
-      fail("tcp store {}:{}: {}('{}') failed: {}", host_, port_, op, key, why);
+      fail_as(kind, "tcp store {}:{}: {}('{}') failed: {}", host_, port_, op, key, why);
     };
     for (size_t off = 0; off < frame.size();) {
       ssize_t k = ::send(fd, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
@@ -582,7 +715,8 @@ class TcpStore final : public Store {
         int ms = int(std::clamp(left * 1000.0, 0.0, 2e9));
         int pr = ::poll(&pfd, 1, ms);
         if (pr < 0 && errno == EINTR) continue;
-        if (pr == 0) lost(fmt::format("no answer from the server within {:.0f} s", timeout_s));
+        if (pr == 0)
+          lost(fmt::format("no answer from the server within {:.0f} s", timeout_s), ErrorKind::CommTimeout);
         ssize_t k = ::recv(fd, dst, n, 0);
         if (k < 0 && errno == EINTR) continue;
         if (k == 0) lost("the server closed the connection (is it still running?)");
@@ -593,10 +727,9 @@ class TcpStore final : public Store {
     char hdr[4];
     read_exact(hdr, 4);
     uint32_t len = load_u32(hdr);
-    if (len == 0 || len > kMaxFrame) lost(fmt::format("malformed reply (length {})", len));
+    if (len == 0 || len > kMaxReply) lost(fmt::format("malformed reply (length {})", len), ErrorKind::Internal);
     std::string body(len, '\0');
     read_exact(body.data(), len);
-    release(fd);
     return body;
   }
 
@@ -611,15 +744,20 @@ class TcpStore final : public Store {
   std::string host_;
   int port_;
   Millis connect_timeout_;
+  std::string secret_;
+  std::atomic<bool> reached_{false};  // a connection has been made and authenticated once
   std::mutex mu_;
   std::vector<int> idle_;
 };
 
 }  // namespace
 
-std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, Millis connect_timeout) {
+std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, Millis connect_timeout,
+                                      const std::string& secret) {
   MT_CHECK(port > 0 && port <= 65535, "tcp store: port {} out of range (1..65535)", port);
-  return std::make_unique<TcpStore>(host, port, connect_timeout);
+  MT_CHECK(!secret.empty(), "tcp store {}:{}: no store secret: set {} to the launcher's (megatrain launch sets it for "
+           "its ranks)", host, port, kStoreSecretEnv);
+  return std::make_unique<TcpStore>(host, port, connect_timeout, secret);
 }
 
 }  // namespace mt

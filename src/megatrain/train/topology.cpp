@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include "megatrain/comm/local_address.h"
 #include "megatrain/core/error.h"
 #include "megatrain/train/config_agreement.h"
 #include "megatrain/train/gpu_groups.h"
@@ -30,6 +31,11 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   if (ri.world_size == 1) return t;
 
   t.group_options.timeout = Millis(1000LL * cfg.parallel.timeout_s);
+  // Multi-node: the interface that reaches the other nodes (local_address.h); one line per node says which.
+  const LocalAddress local = with_kind(ErrorKind::Config, [&] { return choose_local_address(ri); });
+  t.group_options.iface = local.address;
+  if (ri.local_rank == 0 && ri.local_world_size < ri.world_size)
+    fmt::print("comm: rank {} and its node use {} ({}): {}\n", ri.rank, local.address, local.iface, local.reason);
   t.store = open_store(ri.store_url, t.group_options.timeout);
   agree_on_config(*t.store, ri.rank, ri.world_size, cfg.effective, t.group_options.timeout);
   t.host_mesh = std::make_unique<DeviceMesh>(*t.store, t.shape, ri.rank, t.group_options, seams.host_groups);
