@@ -410,6 +410,44 @@ TEST(GlooGroup, MissingPeerTimesOutNamingIt) {
   EXPECT_EQ(report, "");
 }
 
+// A supervisor restarts on a lost peer or a timeout (exit codes 22 and 21), so a failed op must say which it was.
+TEST(GlooGroup, FailuresSayWhetherAPeerWentAwayOrTimedOut) {
+  TempDir dir;
+  std::string path = dir.path;
+  auto report = run_procs(2, [&](int i) {
+    auto store = make_file_store(path);
+    auto g = join_group(path, 2, i, quick(20000));
+    if (i == 1) {
+      store->get("go", Millis(60000));
+      ::_exit(0);  // the peer dies after the rendezvous: its sockets close
+    }
+    std::vector<float> v(1024);
+    store->set("go", "1");
+    ErrorKind kind = ErrorKind::Internal;
+    std::string msg;
+    try {
+      for (int k = 0; k < 100; ++k) g->allreduce(f32_view(v.data(), {1024}))->wait();
+    } catch (const Error& e) {
+      kind = e.kind;
+      msg = e.what();
+    }
+    MT_CHECK(kind == ErrorKind::PeerLost, "a dead peer gave kind '{}': {}", kind_name(kind), msg);
+  });
+  EXPECT_EQ(report, "");
+  TempDir dir2;
+  std::string path2 = dir2.path;
+  report = run_procs({4, 5}, [&](int me) {
+    auto store = make_file_store(path2);
+    try {
+      make_gloo_group(*store, "tp[4-6]", {4, 5, 6}, me, quick(1000));  // rank 6 never comes
+      MT_CHECK(false, "a group with a missing member was made");
+    } catch (const Error& e) {
+      MT_CHECK(e.kind == ErrorKind::CommTimeout, "a missing member gave kind '{}': {}", kind_name(e.kind), e.what());
+    }
+  });
+  EXPECT_EQ(report, "");
+}
+
 TEST(GlooGroup, UnmatchedReceiveFailsNamingThePeer) {
   TempDir dir;
   std::string path = dir.path;

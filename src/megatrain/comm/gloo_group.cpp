@@ -51,6 +51,18 @@
 namespace mt {
 namespace {
 
+// What a failed Gloo op means for whoever supervises the rank (core/error.h): Gloo's TCP pairs report a peer that
+// went away as a closed or reset connection and a silent one as a timeout; anything else is left unclassified.
+ErrorKind gloo_failure_kind(const std::exception& e) {
+  const std::string w = e.what();
+  for (const char* s : {"Timed out", "timed out", "Timeout", "timeout"})
+    if (w.find(s) != std::string::npos) return ErrorKind::CommTimeout;
+  for (const char* s : {"Connection closed", "closed by peer", "Connection reset", "Broken pipe", "Connection refused",
+                        "ECONNRESET", "EPIPE"})
+    if (w.find(s) != std::string::npos) return ErrorKind::PeerLost;
+  return ErrorKind::Internal;
+}
+
 // Gloo slot prefixes 0x01..0x08 belong to its collectives; ours stay clear of them.
 constexpr uint8_t kP2PSlotPrefix = 0x40;
 constexpr uint8_t kReduceScatterSlotPrefix = 0x41;
@@ -434,7 +446,7 @@ class GlooGroup : public ProcessGroup {
         if (!list.empty()) list += ", ";
         list += k.substr(k.rfind('/') + 1);
       }
-      fail("group {}: ranks {} never arrived within {:g} s", name_, list, secs(timeout_));
+      fail_as(ErrorKind::CommTimeout, "group {}: ranks {} never arrived within {:g} s", name_, list, secs(timeout_));
     }
   }
 
@@ -479,7 +491,8 @@ class GlooGroup : public ProcessGroup {
       try {
         task.body(task.tag);
       } catch (const std::exception& e) {
-        err = std::make_exception_ptr(Error(fmt::format("group {}: {} failed: {}", name_, task.what, e.what())));
+        err = std::make_exception_ptr(
+            Error(fmt::format("group {}: {} failed: {}", name_, task.what, e.what()), gloo_failure_kind(e)));
       } catch (...) {
         err = std::make_exception_ptr(
             Error(fmt::format("group {}: {} failed with an unknown exception", name_, task.what)));
@@ -566,7 +579,7 @@ class GlooGroup : public ProcessGroup {
         bool ok = raw->is_send ? raw->buf->waitSend(timeout) : raw->buf->waitRecv(timeout);
         if (!ok) err = std::make_exception_ptr(Error(desc + " aborted: the group was destroyed"));
       } catch (const std::exception& e) {
-        err = std::make_exception_ptr(Error(fmt::format("{} failed: {}", desc, e.what())));
+        err = std::make_exception_ptr(Error(fmt::format("{} failed: {}", desc, e.what()), gloo_failure_kind(e)));
       } catch (...) {  // an exception escaping a thread would terminate the process
         err = std::make_exception_ptr(Error(desc + " failed with an unknown exception"));
       }

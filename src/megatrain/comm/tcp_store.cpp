@@ -547,7 +547,7 @@ class TcpStore final : public Store {
     int64_t ms = std::clamp<int64_t>(timeout.count(), 0, kMaxTimeoutMs);
     std::string v;
     if (!try_get(key, ms, v))
-      fail("tcp store {}:{}: timed out after {} ms waiting for key '{}'", host_, port_, ms, key);
+      fail_as(ErrorKind::CommTimeout, "tcp store {}:{}: timed out after {} ms waiting for key '{}'", host_, port_, ms, key);
     return v;
   }
 
