@@ -110,6 +110,12 @@ void run_configs(const fs::path& out, const fs::path& root) {
   put(out / "seed-tiny-overrides.toml",
       tiny + sep + "--train.steps=50\n--model.block=parallel\n--optim.name=lamb\n--model.recompute=[0, 2]\n"
                    "--parallel.tp=2\n--model.pos=\"rope\"\n--data.shuffle=false\n");
+  // Keys the config files leave at their defaults, so that mutations reach their values too.
+  put(out / "seed-tiny-more-keys.toml",
+      tiny + sep + "--model.vocab_pad_to=64\n--model.n_kv_head=2\n--model.d_ff=1024\n--model.rope_theta=10000.0\n"
+                   "--model.tied_embeddings=false\n--model.bias=false\n--model.norm_eps=1e-5\n--model.init_std=0.02\n"
+                   "--model.norm=rmsnorm\n--model.mlp=swiglu\n--train.threads=2\n--parallel.pp=2\n"
+                   "--parallel.virtual_stages=2\n--parallel.microbatches=4\n");
 }
 
 void tokenizer(const fs::path& out) {
