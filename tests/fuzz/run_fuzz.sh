@@ -15,6 +15,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 [ -x "$bin" ] || { echo "run_fuzz: $bin is missing (build the fuzz targets: cmake --build build)"; exit 1; }
 rm -rf "$work"
 mkdir -p "$work/corpus"
+export TMPDIR=$work  # the targets' scratch files (left behind when a finding aborts a run) stay in the work folder
 case $mode in
   regress)
     inputs=("$corpus"/*)
