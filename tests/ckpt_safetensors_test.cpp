@@ -214,6 +214,11 @@ TEST(Safetensors, RefusesCorruptFiles) {
        {"'a'", "needs 12"}},
       {"overflowing shape", R"({"a":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],"data_offsets":[0,8]},)" + b_ok + "}", d,
        {"'a'", "more than 2^64"}},
+      // Zero bytes, but numel() of the shape overflows int64 (found by tests/fuzz/fuzz_safetensors).
+      {"empty tensor of overflowing shape",
+       R"({"z":{"dtype":"F32","shape":[4611686018427387904,4,0],"data_offsets":[0,0]},)"
+       R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)" + b_ok + "}",
+       d, {"'z'", "more elements than int64"}},
       {"overlap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                   R"("b":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})",
        d, {"'b'", "overlaps"}},

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "megatrain/ckpt/checksum.h"
+#include "megatrain/ckpt/slice.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 
@@ -281,7 +282,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       }
       continue;
     }
-    auto bad = [&](const std::string& why) { fail("{}: tensor '{}': {}", path, name, why); };
+    // name is bound by name (not [&]): clang before 16, which builds the fuzz targets, cannot capture bindings.
+    auto bad = [&path, &name = name](const std::string& why) { fail("{}: tensor '{}': {}", path, name, why); };
     if (!v.is_object()) bad("entry is not an object");
     if (!v.contains("dtype") || !v["dtype"].is_string()) bad("missing or non-string 'dtype'");
     if (!v.contains("shape") || !v["shape"].is_array()) bad("missing or non-array 'shape'");
@@ -315,6 +317,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     if (want != e - b)
       bad(fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", b, e, e - b, t.dtype_str,
                       t.shape_str(), want == kSat ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(want))));
+    // An empty tensor's (the size check passed it) other dimensions must multiply within int64: readers compute numel() and strides.
+    if (!checked_numel(t.shape)) bad(fmt::format("shape {} has more elements than int64 can count", t.shape_str()));
     t.nbytes = e - b;
     t.offset = f.data_start_ + b;
     t.data = f.base_ + t.offset;

@@ -1,0 +1,144 @@
+// Writes the fuzz targets' seed corpora (tests/fuzz/corpus/<target>/) from the project's own writers, so every seed
+// is a real file megatrain produces, plus the regression inputs of issue 10 as edits of those seeds:
+//   cmake --build build/fuzz --target fuzz_seed_corpus && build/fuzz/fuzz_seed_corpus [corpus dir]
+// Files it writes are named seed-* and regress-*; it leaves any other file (a crash input added by hand) alone.
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "megatrain/ckpt/checkpoint.h"
+#include "megatrain/ckpt/safetensors.h"
+#include "megatrain/core/fs.h"
+#include "megatrain/data/bpe_train.h"
+#include "megatrain/data/shard.h"
+#include "tiny_checkpoint.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+void put(const fs::path& path, const std::string& bytes) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  fmt::print("{:6} bytes  {}\n", bytes.size(), path.string());
+}
+
+std::string slurp(const fs::path& p) {
+  std::vector<uint8_t> b = mt::read_binary_file(p.string());
+  return std::string(b.begin(), b.end());
+}
+
+void manifests(const fs::path& out, const mt::fuzz::TinyCheckpoints& tiny) {
+  const json f1 = mt::read_manifest(tiny.format1_dir), f2 = mt::read_manifest(tiny.format2_dir);
+  put(out / "seed-format1.json", f1.dump(1));
+  put(out / "seed-format2.json", f2.dump(1));
+  // Issue 10, item 1: a piece with extent/0 deleted, and a piece whose extent is shorter than its start (both made
+  // Slice::str() read out of bounds in tiling_problem); item 2: a start of 2^63-1 (start + extent overflowed, the
+  // piece was never read and the tensor loaded as zeros).
+  json m = f2;
+  m["tensors"]["wte"]["pieces"][0]["extent"].erase(0);
+  put(out / "regress-v2-extent-deleted.json", m.dump(1));
+  m = f2;
+  m["tensors"]["wte"]["pieces"][1]["extent"] = json::array({8});
+  put(out / "regress-v2-extent-shorter-than-start.json", m.dump(1));
+  m = f2;
+  m["tensors"]["wte"]["pieces"][1]["start"][0] = INT64_MAX;
+  put(out / "regress-v2-start-int64-max.json", m.dump(1));
+  // Items 2 and 7: extra.model values the manifest's reader trusted (norm_eps = -1 silently changed the output;
+  // window = 2^31-1 crashed generate).
+  for (const json* base : {&f1, &f2}) {
+    const std::string fmt_tag = base == &f1 ? "v1" : "v2";
+    m = *base;
+    m["extra"]["model"]["window"] = 2147483647;
+    put(out / fmt::format("regress-{}-model-window-int32-max.json", fmt_tag), m.dump(1));
+    m = *base;
+    m["extra"]["model"]["norm_eps"] = -1;
+    put(out / fmt::format("regress-{}-model-norm-eps-negative.json", fmt_tag), m.dump(1));
+  }
+}
+
+void safetensors(const fs::path& out, const mt::fuzz::TinyCheckpoints& tiny, const fs::path& scratch) {
+  put(out / "seed-format1-model.safetensors", slurp(fs::path(tiny.format1_dir) / "model.safetensors"));
+  put(out / "seed-format2-shard.safetensors", slurp(fs::path(tiny.format2_dir) / "shard-pp0-tp1-dp0.safetensors"));
+  // HF-style: metadata, and dtypes megatrain reads but does not train in.
+  const std::vector<uint16_t> h{0x3C00, 0xC000, 0x7BFF, 0x0001};
+  const std::vector<int32_t> ids{1, -2, 3};
+  const std::string p = (scratch / "hf.safetensors").string();
+  mt::write_safetensors(p, {{"h.0.mlp.c_fc.weight", mt::DType::F16, {2, 2}, h.data()},
+                            {"position_ids", mt::DType::I32, {3}, ids.data()},
+                            {"empty", mt::DType::F32, {0, 3}, nullptr}},
+                        {{"format", "pt"}});
+  put(out / "seed-hf-metadata.safetensors", slurp(p));
+  // Found by this target: an empty tensor whose other dimensions multiply past int64 (numel() overflowed).
+  const std::string header = R"({"z":{"dtype":"F32","shape":[4611686018427387904,4,0],"data_offsets":[0,0]}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  put(out / "regress-empty-tensor-numel-overflow.safetensors", file + header);
+}
+
+void shards(const fs::path& out, const fs::path& scratch) {
+  struct Case {
+    const char* name;
+    int vocab, eot;
+  };
+  for (const Case& c : {Case{"seed-v1-gpt2-vocab.bin", 50257, 50256}, Case{"seed-v2-large-vocab.bin", 100000, 99999}}) {
+    const fs::path dir = scratch / c.name;
+    mt::ShardWriter w(dir.string(), "train", c.vocab, c.eot, 1000);
+    w.add_document(std::vector<int32_t>{464, 1332, 318, 257, 1332, 13});
+    w.add_document(std::vector<int32_t>{});
+    w.add_document(std::vector<int32_t>{c.vocab - 2, 0, 7, 7});
+    put(out / c.name, slurp(w.finish().at(0)));
+  }
+  // llm.c leaves header slots 3..5 (vocabulary, EOT, documents) zero: "not recorded".
+  std::string llmc = slurp(out / "seed-v1-gpt2-vocab.bin");
+  std::memset(llmc.data() + 12, 0, 12);
+  put(out / "seed-v1-llmc-header.bin", llmc);
+}
+
+void run_configs(const fs::path& out, const fs::path& root) {
+  const std::string sep = "#--overrides--\n";
+  const std::string tiny = mt::read_text_file((root / "configs/tiny.toml").string());
+  put(out / "seed-tiny.toml", tiny);
+  put(out / "seed-gpt2-124m.toml", mt::read_text_file((root / "configs/gpt2-124m.toml").string()));
+  put(out / "seed-tiny-overrides.toml",
+      tiny + sep + "--train.steps=50\n--model.block=parallel\n--optim.name=lamb\n--model.recompute=[0, 2]\n"
+                   "--parallel.tp=2\n--model.pos=\"rope\"\n--data.shuffle=false\n");
+  // Keys the config files leave at their defaults, so that mutations reach their values too.
+  put(out / "seed-tiny-more-keys.toml",
+      tiny + sep + "--model.vocab_pad_to=64\n--model.n_kv_head=2\n--model.d_ff=1024\n--model.rope_theta=10000.0\n"
+                   "--model.tied_embeddings=false\n--model.bias=false\n--model.norm_eps=1e-5\n--model.init_std=0.02\n"
+                   "--model.norm=rmsnorm\n--model.mlp=swiglu\n--train.threads=2\n--parallel.pp=2\n"
+                   "--parallel.virtual_stages=2\n--parallel.microbatches=4\n");
+}
+
+void tokenizer(const fs::path& out) {
+  const mt::BpeVocab v = mt::train_bpe({"the cat sat on the mat; the rat ate the cat's hat. 1234 1234!",
+                                        "It's the  end\n\n of   the   text \xc3\xa9t\xc3\xa9 \xe2\x82\xac"},
+                                       300);
+  put(out / "seed-trained.txt", mt::gpt2_encoder_json(v) + "\n#--vocab.bpe--\n" + mt::gpt2_vocab_bpe(v));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const fs::path root = MT_ROOT;
+  const fs::path out = argc > 1 ? fs::path(argv[1]) : root / "tests/fuzz/corpus";
+  const fs::path scratch = fs::temp_directory_path() / fmt::format("megatrain-seed-corpus-{}", ::getpid());
+  fs::remove_all(scratch);
+  fs::create_directories(scratch);
+  const mt::fuzz::TinyCheckpoints tiny = mt::fuzz::write_tiny_checkpoints((scratch / "tiny").string());
+  manifests(out / "manifest", tiny);
+  safetensors(out / "safetensors", tiny, scratch);
+  shards(out / "shard_header", scratch);
+  run_configs(out / "run_config", root);
+  tokenizer(out / "tokenizer");
+  fs::remove_all(scratch);
+  return 0;
+}
