@@ -358,6 +358,15 @@ TEST(ConfigJson, RoundTripAndStrictKeys) {
   EXPECT_ERROR_HAS(model_config_from_json({{"n_layers", 3}}), "unknown model config key 'n_layers'");
   EXPECT_ERROR_HAS(model_config_from_json({{"n_layer", "3"}}), "'n_layer' must be an integer");
   EXPECT_ERROR_HAS(model_config_from_json({{"bias", 1}}), "'bias' must be true or false");
+  // Values from a manifest are validated like a config's (issue 10: window = 2^31-1 crashed generate, norm_eps = -1
+  // was accepted and changed its output); from a manifest, the error names it.
+  EXPECT_ERROR_HAS(model_config_from_json({{"window", 2147483647}}), "model.window = 2147483647 is out of range");
+  EXPECT_ERROR_HAS(model_config_from_json({{"norm_eps", -1}}), "model.norm_eps = -1 is out of range");
+  EXPECT_ERROR_HAS(model_config_from_json({{"init_std", 1e39}}), "model.init_std = inf is out of range");
+  EXPECT_ERROR_HAS(model_config_from_manifest({{"model", {{"n_layer", 2147483647}}}}, "/ck/step_1"),
+                   "checkpoint /ck/step_1: manifest.json, extra.model: model.n_layer = 2147483647 is out of range");
+  EXPECT_ERROR_HAS(model_config_from_manifest(json::object(), "/ck/step_1"), "/ck/step_1", "no model config");
+  EXPECT_ERROR_HAS(model_config_from_manifest(json(3), "/ck/step_1"), "/ck/step_1", "no model config");
   EXPECT_ERROR_HAS(model_config_from_json({{"norm", "batchnorm"}}), "model.norm");
   EXPECT_ERROR_HAS(model_config_from_json(json::array()), "must be a JSON object");
 }

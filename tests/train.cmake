@@ -7,3 +7,5 @@ if(TARGET train_gpu_test)
 endif()
 mt_test(train_planes_test mt_train)  # host vs data plane of process groups, checked on the CPU
 add_dependencies(train_planes_test megatrain)
+mt_test(train_finite_test mt_train)  # no checkpoint with a non-finite value; diverging runs stop (issue 10 item 3)
+add_dependencies(train_finite_test megatrain)

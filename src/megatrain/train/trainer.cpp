@@ -23,6 +23,7 @@
 #include "megatrain/model/layout.h"
 #include "megatrain/optim/optimizer.h"
 #include "megatrain/train/checkpointing.h"
+#include "megatrain/train/finite.h"
 #include "megatrain/train/gpu_groups.h"
 #include "megatrain/train/host_mirror.h"
 #include "megatrain/train/metrics.h"
@@ -316,6 +317,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams) {
       res.last_val_loss = evaluate(model, cfg, mesh.get(), data, micro);
       say(fmt::format("step {:>6} | val loss {:.4f}", step, res.last_val_loss));
       if (main_rank) log.write({{"kind", "val"}, {"step", step}, {"val_loss", res.last_val_loss}});
+      check_val_loss(step, res.last_val_loss);  // a diverged run stops here, before it checkpoints
     }
     if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps) checkpoint(step, "periodic");
   }
