@@ -158,6 +158,24 @@ TEST(HfGpt2, InfersTheConfigFromShapesAndConfigJson) {
   EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), "describes a \"llama\" model");
   write_text(dir / "config.json", R"({"activation_function": "relu"})");
   EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), "activation_function 'relu'");
+  // Settings of the wrong type name the file and the key (issue 10 item 8: they were bare json type_errors).
+  const std::string where = dir / "config.json";
+  write_text(where, R"({"scale_attn_weights": "yes"})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "scale_attn_weights must be true or false");
+  write_text(where, R"({"scale_attn_by_inverse_layer_idx": 1})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "scale_attn_by_inverse_layer_idx must be true or false");
+  write_text(where, R"({"tie_word_embeddings": "no"})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "tie_word_embeddings must be true or false");
+  write_text(where, R"({"layer_norm_epsilon": "1e-5"})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "layer_norm_epsilon must be a number");
+  write_text(where, R"({"n_head": 4294967298})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "n_head must be a positive integer");
+  write_text(where, R"([1, 2])");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "expected a JSON object");
+  // A value the model refuses (a negative epsilon) names the weights file.
+  write_text(where, R"({"layer_norm_epsilon": -1, "n_head": 2})");
+  const std::string weights = dir / "model.safetensors";
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), weights.c_str(), "model.norm_eps = -1 is out of range");
 
   // Without config.json, n_head comes from the argument, or from 64-wide heads when the width allows.
   std::filesystem::remove(dir / "config.json");
