@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   }
   if (T == 0) T = preset_T;
   cfg.max_seq_len = T;
-  cfg.block = block;
+  parse_kind("--block", block, cfg.block);
   cfg.window = window;
   if (recompute) cfg.recompute.assign(cfg.n_layer, true);
   nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},

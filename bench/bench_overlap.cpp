@@ -205,19 +205,19 @@ int main(int argc, char** argv) {
       bool overlap = it % 2 == 0;
       Setup& s = setups[overlap];
       if (s.pipe) mesh_barrier(mesh);  // the stages start a step together (untimed)
-      if (s.tpc) s.tpc->reset_comm_seconds();
+      if (s.tpc) s.tpc->take_comm_time();
       double t0 = now_seconds();
       s.model->params().zero_grads();
       double tp_comm = 0;
       if (s.pipe) {
         s.pipe->run(mesh.pp(), x.data(), y.data(), 1.0f / static_cast<float>(micro), true);
-        tp_comm = s.tpc ? s.tpc->comm_seconds() : 0;
+        tp_comm = s.tpc ? s.tpc->take_comm_time().busy_seconds : 0;
         if (emb_group) emb_group->allreduce(s.model->params().grad("wte.weight"))->wait();
       } else {
         if (s.ddp) s.ddp->begin_last_backward();
         s.model->forward(x.data(), y.data(), B, T, true);
         s.model->backward();
-        tp_comm = s.tpc ? s.tpc->comm_seconds() : 0;
+        tp_comm = s.tpc ? s.tpc->take_comm_time().busy_seconds : 0;
       }
       if (s.ddp) {
         s.ddp->finish_gradients();
@@ -229,9 +229,9 @@ int main(int argc, char** argv) {
       double dt = now_seconds() - t0;
       double comm = tp_comm, exposed = 0;
       if (s.ddp) {
-        auto [c, e] = s.ddp->take_comm_stats();
-        comm += c;
-        exposed += e;
+        const CommTime t = s.ddp->take_comm_time();
+        comm += t.busy_seconds;
+        exposed += t.exposed_seconds;
       }
       if (it >= 2) {  // the first step of each mode warms up
         res[overlap].step.push_back(dt);

@@ -326,10 +326,10 @@ TEST(HfGpt2, NonGpt2ConfigsAreRefusedNamingTheOption) {
     std::function<void(ModelConfig&)> edit;
   };
   std::vector<Case> cases = {
-      {"model.norm = 'rmsnorm'", [](ModelConfig& c) { c.norm = "rmsnorm"; }},
-      {"model.mlp = 'swiglu'", [](ModelConfig& c) { c.mlp = "swiglu"; }},
-      {"model.pos = 'rope'", [](ModelConfig& c) { c.pos = "rope"; }},
-      {"model.block = 'parallel'", [](ModelConfig& c) { c.block = "parallel"; }},
+      {"model.norm = 'rmsnorm'", [](ModelConfig& c) { c.norm = NormKind::RmsNorm; }},
+      {"model.mlp = 'swiglu'", [](ModelConfig& c) { c.mlp = MlpKind::SwiGlu; }},
+      {"model.pos = 'rope'", [](ModelConfig& c) { c.pos = PosKind::Rope; }},
+      {"model.block = 'parallel'", [](ModelConfig& c) { c.block = BlockKind::Parallel; }},
       {"model.bias = false", [](ModelConfig& c) { c.bias = false; }},
       {"model.n_kv_head = 1", [](ModelConfig& c) { c.n_kv_head = 1; }},
       {"model.window = 4", [](ModelConfig& c) { c.window = 4; }},
@@ -353,11 +353,11 @@ TEST(ConfigJson, RoundTripAndStrictKeys) {
   c.n_head = 8;
   c.n_kv_head = 2;
   c.d_model = 256;
-  c.norm = "rmsnorm";
-  c.mlp = "swiglu";
-  c.pos = "rope";
+  c.norm = NormKind::RmsNorm;
+  c.mlp = MlpKind::SwiGlu;
+  c.pos = PosKind::Rope;
   c.rope_theta = 500000.0f;
-  c.block = "parallel";
+  c.block = BlockKind::Parallel;
   c.window = 128;
   c.tied_embeddings = false;
   c.bias = false;
@@ -365,6 +365,16 @@ TEST(ConfigJson, RoundTripAndStrictKeys) {
   c.init_std = 0.01f;
   c.recompute = {true, false, true};
   json j = model_config_to_json(c);
+  // The kinds keep their user-facing spelling in manifests (extra.model), so older checkpoints still load.
+  EXPECT_EQ(j["norm"], "rmsnorm");
+  EXPECT_EQ(j["mlp"], "swiglu");
+  EXPECT_EQ(j["pos"], "rope");
+  EXPECT_EQ(j["block"], "parallel");
+  const json defaults = model_config_to_json(ModelConfig());
+  EXPECT_EQ(defaults["norm"], "layernorm");
+  EXPECT_EQ(defaults["mlp"], "gelu");
+  EXPECT_EQ(defaults["pos"], "learned");
+  EXPECT_EQ(defaults["block"], "sequential");
   EXPECT_EQ(j["norm_eps"], 1e-6);  // written as the short decimal, not 9.99999997e-07
   ModelConfig back = model_config_from_json(json::parse(j.dump()));
   EXPECT_EQ(model_config_to_json(back), j);
@@ -385,7 +395,8 @@ TEST(ConfigJson, RoundTripAndStrictKeys) {
                    "checkpoint /ck/step_1: manifest.json, extra.model: model.n_layer = 2147483647 is out of range");
   EXPECT_ERROR_HAS(model_config_from_manifest(json::object(), "/ck/step_1"), "/ck/step_1", "no model config");
   EXPECT_ERROR_HAS(model_config_from_manifest(json(3), "/ck/step_1"), "/ck/step_1", "no model config");
-  EXPECT_ERROR_HAS(model_config_from_json({{"norm", "batchnorm"}}), "model.norm");
+  EXPECT_ERROR_HAS(model_config_from_json({{"norm", "batchnorm"}}), "model.norm must be 'layernorm' or 'rmsnorm'");
+  EXPECT_ERROR_HAS(model_config_from_json({{"block", 2}}), "'block' must be a string");
   EXPECT_ERROR_HAS(model_config_from_json(json::array()), "must be a JSON object");
 }
 

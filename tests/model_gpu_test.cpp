@@ -25,10 +25,10 @@ ModelConfig small_config(const std::string& variant) {
   c.d_model = 256;  // head_dim 64: a size the flash-attention kernel supports
   c.max_seq_len = 128;
   if (variant == "parallel_window") {
-    c.block = "parallel";
+    c.block = BlockKind::Parallel;
     c.window = 32;
   } else if (variant == "llama") {
-    c.norm = "rmsnorm", c.mlp = "swiglu", c.pos = "rope", c.n_kv_head = 2, c.bias = false;
+    c.norm = NormKind::RmsNorm, c.mlp = MlpKind::SwiGlu, c.pos = PosKind::Rope, c.n_kv_head = 2, c.bias = false;
     c.tied_embeddings = false;
   } else if (variant == "recompute") {
     c.recompute = {true, false};

@@ -77,7 +77,7 @@ TEST(ShardSpec, LayoutShardsEveryMatrixAndCountsAddUp) {
   c.d_model = 64;
   c.n_head = 4;
   c.n_kv_head = 2;
-  c.mlp = "swiglu";
+  c.mlp = MlpKind::SwiGlu;
   c.max_seq_len = 32;
   ParamStore one, half;
   declare_gpt_params(c, one);

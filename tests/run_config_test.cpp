@@ -29,7 +29,7 @@ TEST(RunConfig, ParsesSectionsAndOverrides) {
       "[data]\nseq_len = 64\n",
       "t.toml", {"--train.steps=7", "--model.d_model=192", "--data.dir=some/where", "--optim.weight_decay=0"});
   EXPECT_EQ(c.model.n_layer, 2);
-  EXPECT_EQ(c.model.block, "parallel");
+  EXPECT_EQ(c.model.block, BlockKind::Parallel);
   EXPECT_EQ(c.model.window, 16);
   EXPECT_EQ(c.model.recompute, (std::vector<bool>{false, true}));
   EXPECT_EQ(c.model.d_model, 192);
@@ -71,6 +71,33 @@ TEST(RunConfig, WrongTypesAndValuesAreErrors) {
   EXPECT_NE(error_of("", {"--train.steps"}).find("section.key=value"), std::string::npos);
   EXPECT_NE(error_of("[train]\ndevice = \"tpu\"\n").find("train.device must be"), std::string::npos);
   EXPECT_NE(error_of("[train]\nattention = \"bogus\"\n").find("train.attention must be"), std::string::npos);
+}
+
+// The model's kinds are enums parsed once from their spelling (model/config.h): every spelling maps to its kind, in
+// TOML and in command-line overrides; a misspelt kind or a non-string is refused naming the file, the key and the
+// allowed spellings.
+TEST(RunConfig, ModelKindsParseEverySpellingAndRefuseOthers) {
+  const std::string odd = "[model]\nnorm = \"rmsnorm\"\nmlp = \"swiglu\"\npos = \"rope\"\nblock = \"parallel\"\n";
+  RunConfig c = parse_run_config(odd, "t.toml");
+  EXPECT_EQ(c.model.norm, NormKind::RmsNorm);
+  EXPECT_EQ(c.model.mlp, MlpKind::SwiGlu);
+  EXPECT_EQ(c.model.pos, PosKind::Rope);
+  EXPECT_EQ(c.model.block, BlockKind::Parallel);
+  const std::vector<std::string> back = {"--model.norm=layernorm", "--model.mlp=gelu", "--model.pos=learned",
+                                         "--model.block=sequential"};
+  c = parse_run_config(odd, "t.toml", back);
+  EXPECT_EQ(c.model.norm, NormKind::LayerNorm);
+  EXPECT_EQ(c.model.mlp, MlpKind::Gelu);
+  EXPECT_EQ(c.model.pos, PosKind::Learned);
+  EXPECT_EQ(c.model.block, BlockKind::Sequential);
+
+  EXPECT_EQ(error_of("[model]\nnorm = \"batchnorm\"\n"),
+            "test.toml: model.norm must be 'layernorm' or 'rmsnorm' (got 'batchnorm')");
+  EXPECT_EQ(error_of("", {"--model.mlp=relu"}), "test.toml: model.mlp must be 'gelu' or 'swiglu' (got 'relu')");
+  EXPECT_EQ(error_of("[model]\npos = \"alibi\"\n"), "test.toml: model.pos must be 'learned' or 'rope' (got 'alibi')");
+  EXPECT_EQ(error_of("[model]\nblock = \"Parallel\"\n"),
+            "test.toml: model.block must be 'sequential' or 'parallel' (got 'Parallel')");
+  EXPECT_EQ(error_of("[model]\nnorm = 1\n"), "test.toml: model.norm must be a string");
 }
 
 TEST(RunConfig, MissingFileIsAnError) {

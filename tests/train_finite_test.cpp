@@ -71,13 +71,6 @@ TEST(FiniteScan, FindsTheFirstNonFiniteValueAnywhere) {
   EXPECT_EQ(first_non_finite(x.data(), n), -1);
 }
 
-TEST(FiniteScan, ANonFiniteValidationLossNamesTheStep) {
-  EXPECT_NO_THROW(check_val_loss(3, 4.5));
-  const std::string msg = error_of([] { check_val_loss(12, std::nan("")); });
-  EXPECT_TRUE(has(msg, "step 12") && has(msg, "validation loss is nan")) << msg;
-  EXPECT_TRUE(has(error_of([] { check_val_loss(1, INFINITY); }), "validation loss is inf"));
-}
-
 // A tiny model's run config, checkpoints under root.
 RunConfig tiny_config(const std::string& root, std::vector<std::string> extra = {}) {
   std::vector<std::string> ov = {"--model.n_layer=1", "--model.d_model=16", "--model.n_head=2",
@@ -191,7 +184,7 @@ TEST(CheckpointFinite, AnUpdateThatOverflowsStopsTheRunBeforeItsCheckpoint) {
                                    eval ? "--train.eval_every=1" : "--train.eval_every=0"}));
     });
     if (eval)
-      EXPECT_TRUE(has(msg, "step 1: the validation loss is") && has(msg, "diverged")) << msg;
+      EXPECT_TRUE(has(msg, "step 1: the validation loss is not finite") && has(msg, "diverged")) << msg;
     else
       EXPECT_TRUE(has(msg, "step 1: parameter '") && has(msg, "holds a non-finite value")) << msg;
     EXPECT_FALSE(find_latest(out + "/ckpt").has_value());
@@ -210,7 +203,7 @@ TEST(CheckpointFinite, ADivergingRunStopsAndLeavesNoNonFiniteCheckpoint) {
     run_training(brown_run(out, {"--optim.lr=1e6", "--train.steps=30", "--ckpt.every=1", "--train.eval_batches=1",
                                  "--train.eval_every=1"}));
   });
-  EXPECT_TRUE(has(msg, "non-finite") || has(msg, "validation loss is")) << msg;
+  EXPECT_TRUE(has(msg, "non-finite") || has(msg, "validation loss is not finite")) << msg;
   for (const CheckpointEntry& c : list_checkpoints(out + "/ckpt")) expect_all_finite(c.dir);
 }
 

@@ -2,7 +2,7 @@
 // which can only read device memory, and host memory (norms, losses, sampled ids, checkpoint traffic) over Gloo
 // groups, which can only read host memory. A mix-up would surface only on several GPUs, so this test checks the
 // separation on the CPU: the trainer runs with a backend that records every allocation it hands out (standing in
-// for device memory) and with groups that check every tensor they are given - the data plane must see only the
+// for device memory) and with groups that check every tensor they are given - the device plane must see only the
 // backend's memory, the host plane never. Layouts cover every parallel code path (ZeRO buckets and norms, tp
 // collectives and norms, pipeline transfers, the tied-embedding group, evaluation, sampling, sharded checkpoints,
 // resume) and the result must still match one process (a check that the planes were wired, not just watched).
@@ -113,7 +113,7 @@ class CheckedGroup final : public ProcessGroup {
   void check(const Tensor& t, const char* op) {
     if (t.numel() == 0) return;
     if (data_)
-      MT_CHECK(registry().owns(t.ptr, t.nbytes()), "data-plane group {}: {} of {} {} is not the backend's memory (a "
+      MT_CHECK(registry().owns(t.ptr, t.nbytes()), "device-plane group {}: {} of {} {} is not the backend's memory (a "
                "GPU run would hand NCCL a host pointer)", name(), op, dtype_name(t.dtype), t.shape_str());
     else
       MT_CHECK(!registry().touches(t.ptr, t.nbytes()), "host-plane group {}: {} of {} {} is the backend's memory (a "
@@ -169,7 +169,7 @@ std::string joined(const std::vector<std::string>& f) {
 
 class Planes : public ::testing::TestWithParam<Case> {};
 
-TEST_P(Planes, DataPlaneSeesOnlyBackendMemoryAndHostPlaneNever) {
+TEST_P(Planes, DevicePlaneSeesOnlyBackendMemoryAndHostPlaneNever) {
   const Case& c = GetParam();
   mt::test::prepare_brown_once(kBin, kData);
   const std::string root = ::testing::TempDir() + "/mt_planes_" + c.name;
@@ -193,7 +193,7 @@ TEST_P(Planes, DataPlaneSeesOnlyBackendMemoryAndHostPlaneNever) {
         ::setenv("MEGATRAIN_STORE", ("file://" + store.path).c_str(), 1);
         TrainSeams seams;
         seams.make_ops = [] { return std::unique_ptr<Ops>(std::make_unique<RecordingOps>()); };
-        seams.data_groups = checked(true);
+        seams.device_groups = checked(true);
         seams.host_groups = checked(false);
         run_training(load_run_config(kConfig, flags(root + "/multi", c.batch, std::string(c.layout) + " " + c.extra)),
                      seams);

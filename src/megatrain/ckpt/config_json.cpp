@@ -18,12 +18,24 @@ static double clean_float(float x) { return std::stod(fmt::format("{}", x)); }
 json model_config_to_json(const ModelConfig& c) {
   json recompute = json::array();
   for (bool b : c.recompute) recompute.push_back(b);
-  return {{"vocab_size", c.vocab_size}, {"vocab_pad_to", c.vocab_pad_to}, {"n_layer", c.n_layer},
-          {"n_head", c.n_head},         {"n_kv_head", c.n_kv_head},       {"d_model", c.d_model},
-          {"d_ff", c.d_ff},             {"max_seq_len", c.max_seq_len},   {"norm", c.norm},
-          {"mlp", c.mlp},               {"pos", c.pos},                   {"rope_theta", clean_float(c.rope_theta)},
-          {"block", c.block},           {"window", c.window},             {"tied_embeddings", c.tied_embeddings},
-          {"bias", c.bias},             {"norm_eps", clean_float(c.norm_eps)},         {"init_std", clean_float(c.init_std)},
+  return {{"vocab_size", c.vocab_size},
+          {"vocab_pad_to", c.vocab_pad_to},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_kv_head", c.n_kv_head},
+          {"d_model", c.d_model},
+          {"d_ff", c.d_ff},
+          {"max_seq_len", c.max_seq_len},
+          {"norm", kind_name(c.norm)},
+          {"mlp", kind_name(c.mlp)},
+          {"pos", kind_name(c.pos)},
+          {"rope_theta", clean_float(c.rope_theta)},
+          {"block", kind_name(c.block)},
+          {"window", c.window},
+          {"tied_embeddings", c.tied_embeddings},
+          {"bias", c.bias},
+          {"norm_eps", clean_float(c.norm_eps)},
+          {"init_std", clean_float(c.init_std)},
           {"recompute", recompute}};
 }
 
@@ -44,10 +56,11 @@ ModelConfig model_config_from_json(const json& j) {
       dst = v.get<float>();
     };
   };
-  auto string = [](const char* key, std::string& dst) -> Setter {
+  // A kind (norm, mlp, pos, block): a string spelling, parsed and checked by parse_kind (model/config.h).
+  auto kind = [](const char* key, auto& dst) -> Setter {
     return [key, &dst](const json& v) {
       MT_CHECK(v.is_string(), "model config key '{}' must be a string (got {})", key, v.dump());
-      dst = v.get<std::string>();
+      parse_kind(fmt::format("model.{}", key), v.get<std::string>(), dst);
     };
   };
   auto boolean = [](const char* key, bool& dst) -> Setter {
@@ -65,11 +78,11 @@ ModelConfig model_config_from_json(const json& j) {
       {"d_model", integer("d_model", c.d_model)},
       {"d_ff", integer("d_ff", c.d_ff)},
       {"max_seq_len", integer("max_seq_len", c.max_seq_len)},
-      {"norm", string("norm", c.norm)},
-      {"mlp", string("mlp", c.mlp)},
-      {"pos", string("pos", c.pos)},
+      {"norm", kind("norm", c.norm)},
+      {"mlp", kind("mlp", c.mlp)},
+      {"pos", kind("pos", c.pos)},
       {"rope_theta", number("rope_theta", c.rope_theta)},
-      {"block", string("block", c.block)},
+      {"block", kind("block", c.block)},
       {"window", integer("window", c.window)},
       {"tied_embeddings", boolean("tied_embeddings", c.tied_embeddings)},
       {"bias", boolean("bias", c.bias)},

@@ -77,10 +77,10 @@ void check_hf_gpt2_convertible(const ModelConfig& c) {
          "sequential block, biases, full multi-head attention)",
          what);
   };
-  if (c.norm != "layernorm") refuse(fmt::format("model.norm = '{}'", c.norm));
-  if (c.mlp != "gelu") refuse(fmt::format("model.mlp = '{}'", c.mlp));
-  if (c.pos != "learned") refuse(fmt::format("model.pos = '{}'", c.pos));
-  if (c.block != "sequential") refuse(fmt::format("model.block = '{}'", c.block));
+  if (c.norm != NormKind::LayerNorm) refuse(fmt::format("model.norm = '{}'", kind_name(c.norm)));
+  if (c.mlp != MlpKind::Gelu) refuse(fmt::format("model.mlp = '{}'", kind_name(c.mlp)));
+  if (c.pos != PosKind::Learned) refuse(fmt::format("model.pos = '{}'", kind_name(c.pos)));
+  if (c.block != BlockKind::Sequential) refuse(fmt::format("model.block = '{}'", kind_name(c.block)));
   if (!c.bias) refuse("model.bias = false");
   if (c.kv_heads() != c.n_head) refuse(fmt::format("model.n_kv_head = {} (grouped-query attention)", c.n_kv_head));
   if (c.window != 0) refuse(fmt::format("model.window = {} (sliding-window attention)", c.window));

@@ -22,9 +22,15 @@ std::vector<TensorRef> param_tensor_refs(const ParamStore& store) {
 }
 
 void check_same_architecture(const ModelConfig& s, const ModelConfig& w, const std::string& source) {
+  auto show = [](const auto& v) {
+    if constexpr (std::is_enum_v<std::decay_t<decltype(v)>>)
+      return std::string(kind_name(v));
+    else
+      return fmt::format("{}", v);
+  };
   auto same = [&](const char* field, const auto& have, const auto& want) {
-    MT_CHECK(have == want, "{} holds a model with model.{} = {} but the config says {}", source, field,
-             fmt::format("{}", have), fmt::format("{}", want));
+    MT_CHECK(have == want, "{} holds a model with model.{} = {} but the config says {}", source, field, show(have),
+             show(want));
   };
   same("vocab_size", s.vocab_size, w.vocab_size);
   same("d_model", s.d_model, w.d_model);
@@ -39,8 +45,8 @@ void check_same_architecture(const ModelConfig& s, const ModelConfig& w, const s
   same("bias", s.bias, w.bias);
   same("tied_embeddings", s.tied_embeddings, w.tied_embeddings);
   same("norm_eps", s.norm_eps, w.norm_eps);
-  if (w.pos == "rope") same("rope_theta", s.rope_theta, w.rope_theta);
-  if (w.pos == "learned")
+  if (w.pos == PosKind::Rope) same("rope_theta", s.rope_theta, w.rope_theta);
+  if (w.pos == PosKind::Learned)
     MT_CHECK(s.max_seq_len >= w.max_seq_len, "{} has {} learned positions but the config asks for model.max_seq_len = {}",
              source, s.max_seq_len, w.max_seq_len);
 }

@@ -7,6 +7,7 @@
 #include "megatrain/cli/commands.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/resources.h"
+#include "megatrain/core/stop_request.h"
 #include "megatrain/train/trainer.h"
 
 namespace mt::cli {
@@ -21,8 +22,11 @@ int cmd_train(int argc, char** argv) {
           "usage: megatrain train [--config FILE.toml] [--section.key=value ...]\n\n"
           "Trains a GPT as the TOML config says (default: configs/tiny.toml). Any config key can be overridden,\n"
           "e.g. --train.steps=100 --model.block=parallel --optim.name=lamb. Sections: model, data, optim, train,\n"
-          "ckpt, sample (see configs/*.toml and README.md). Progress goes to stdout and, as JSON lines, to\n"
-          "<train.out_dir>/metrics.jsonl; checkpoints to <ckpt.dir> (default <train.out_dir>/ckpt).\n");
+          "ckpt, sample, parallel (see configs/*.toml and README.md). Progress goes to stdout and, as JSON lines, to\n"
+          "<train.out_dir>/metrics.jsonl; checkpoints to <ckpt.dir> (default <train.out_dir>/ckpt).\n"
+          "SIGTERM/SIGINT stop the run after the current step (with a checkpoint when checkpoints are configured).\n"
+          "Exit codes: 0 done, 10 config, 11 data, 12 checkpoint (restarting cannot help); 20 non-finite, 21 timeout,\n"
+          "22 peer lost, 23 device, 24 I/O (a restart may help); 30 stopped on request; 1 other errors.\n");
       return 0;
     }
     if (a == "--config" || a == "-c") {
@@ -40,11 +44,12 @@ int cmd_train(int argc, char** argv) {
       fail("unexpected argument '{}' (see megatrain train --help)", a);
     }
   }
-  RunConfig cfg = load_run_config(config, overrides);
+  RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(config, overrides); });
+  install_stop_handlers();  // SIGTERM/SIGINT: finish the step, checkpoint, exit with the Stopped code
   TrainResult r = run_training(cfg);
-  fmt::print("done: steps {}-{}, loss {:.4f} -> {:.4f}{}\n", r.first_step, r.last_step, r.first_loss, r.last_loss,
-             r.last_val_loss >= 0 ? fmt::format(", val loss {:.4f}", r.last_val_loss) : "");
-  return 0;
+  fmt::print("{}: steps {}-{}, loss {:.4f} -> {:.4f}{}\n", r.stopped ? "stopped" : "done", r.first_step, r.last_step,
+             r.first_loss, r.last_loss, r.last_val_loss >= 0 ? fmt::format(", val loss {:.4f}", r.last_val_loss) : "");
+  return r.stopped ? exit_code(ErrorKind::Stopped) : 0;
 }
 
 }  // namespace mt::cli

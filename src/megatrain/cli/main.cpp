@@ -43,6 +43,14 @@ int main(int argc, char** argv) {
     if (std::string(argv[1]) != c.name) continue;
     try {
       return c.fn(argc - 1, argv + 1);
+    } catch (const mt::Error& e) {
+      // The exit code says what kind of failure it was (core/error.h; README "Exit codes"), so a supervisor can
+      // tell a restart that may help from one that cannot.
+      std::fprintf(stderr, "megatrain %s: error: %s\n", c.name, e.what());
+      if (e.kind != mt::ErrorKind::Internal)
+        std::fprintf(stderr, "megatrain %s: exit code %d (%s error)\n", c.name, mt::exit_code(e.kind),
+                     mt::kind_name(e.kind));
+      return mt::exit_code(e.kind);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "megatrain %s: error: %s\n", c.name, e.what());
       return 1;

@@ -36,7 +36,7 @@ using GroupFactory = std::function<std::unique_ptr<ProcessGroup>(Store& store, c
 // all ranks is done along tp, then dp, then pp (allreduce_all), and group creation stays O(n) in total.
 class DeviceMesh {
  public:
-  // prefix: prepended to every group's name (e.g. "data/"), which is also its key in the store: two meshes over
+  // prefix: prepended to every group's name (e.g. "device/"), which is also its key in the store: two meshes over
   // one store (a GPU run's Gloo and NCCL planes) need different prefixes, or their rendezvous would collide.
   DeviceMesh(Store& store, const MeshShape& shape, int rank, const GroupOptions& opt = {},
              const GroupFactory& make_group = {}, const std::string& prefix = "");

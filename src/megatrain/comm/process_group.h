@@ -5,7 +5,7 @@
 //  * send/recv are posted immediately and are not ordered behind collectives: a pipeline stage can post its
 //    receives early and its sends whenever ready, in any interleaving, without deadlock (MegaScale §3.2).
 // Tensors are contiguous host fp32 (I32 also for broadcast/send/recv/all_gather) on the Gloo backend; the NCCL
-// backend (CUDA path) will take device tensors behind the same interface.
+// backend (comm/cuda/nccl_group.h, the CUDA path) takes device tensors behind the same interface.
 #pragma once
 #include <memory>
 #include <string>
@@ -26,6 +26,19 @@ class Work {
   virtual double exec_seconds() const = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
+
+// Communication time of one plane over a stretch of work (a step), in one shape for every user of groups
+// (DataParallel, ProcessGroupTpComm, GptPipeline): busy = the ops' summed execution time; exposed = the time the
+// caller was blocked waiting for them, i.e. the part not hidden behind compute.
+struct CommTime {
+  double busy_seconds = 0;
+  double exposed_seconds = 0;
+  CommTime& operator+=(const CommTime& o) {
+    busy_seconds += o.busy_seconds;
+    exposed_seconds += o.exposed_seconds;
+    return *this;
+  }
+};
 
 enum class ReduceOp { Sum, Max, Min };
 

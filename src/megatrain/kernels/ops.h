@@ -66,6 +66,9 @@ class Ops {
  public:
   virtual ~Ops() = default;
   virtual Device device() const = 0;
+  // The device's product name (e.g. "NVIDIA H100 80GB HBM3"; "cpu" for the CPU backend): for messages, and for
+  // looking up the datasheet peak that MFU is measured against (train/peak.h).
+  virtual std::string device_name() const { return "cpu"; }
 
   // ---- memory ----------------------------------------------------------------------------------
   // The dtype of activations and of the weights' compute copy (see the top of this file).

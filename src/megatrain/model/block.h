@@ -1,10 +1,14 @@
 // One transformer layer with explicit forward and backward.
 //   sequential: h = x + Proj(Attn(LN1 x));  y = h + MLP(LN2 h)
 //   parallel (MegaScale PTB): n = LN1 x;  y = x + Proj(Attn(n)) + MLP(n)
+// Each dataflow is written once: its linears are column-parallel (c_attn, c_fc) or row-parallel (the two c_proj),
+// plain GEMMs at tp = 1 and Megatron's gather/scatter around the same GEMMs at tp > 1.
 // Attention may use RoPE, GQA and a sliding window; the MLP is GeLU or SwiGLU. The layer reads its weights and
 // accumulates its gradients through ParamStore views; activations live in a BlockActs the caller plans.
 #pragma once
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/kernels/ops.h"
@@ -55,6 +59,10 @@ class Block {
   };
   Tensor P(int i) const { return i < 0 ? Tensor{} : params_.weight(i); }  // the compute copy
   Tensor G(int i) const { return i < 0 ? Tensor{} : params_.grad(i); }
+  // A row-parallel linear's bias and its gradient: replicated over tp, so only tp rank 0's partial sum adds it
+  // (exactly once in the reduce-scatter) and forms its gradient; undefined on the other ranks.
+  Tensor row_bias(const Lin& l) const { return first_ ? P(l.b) : Tensor{}; }
+  Tensor row_bias_grad(const Lin& l) const { return first_ ? G(l.b) : Tensor{}; }
   void norm_forward(Ops& ops, const Norm& n, Tensor out, Tensor mean, Tensor rstd, Tensor in) const;
   void norm_backward(Ops& ops, const Norm& n, Tensor din, Tensor dout, Tensor in, Tensor mean, Tensor rstd) const;
   void add_norm_forward(Ops& ops, const Norm& n, Tensor res, Tensor out, Tensor mean, Tensor rstd, Tensor a,
@@ -69,15 +77,46 @@ class Block {
     AttnShape as;
     Tensor ln1, mean1, rstd1, qkv, att, lse, fc, act, h, ln2, mean2, rstd2;  // h/ln2/..2: sequential block only
     Tensor proj, d_ln, d_qkv, d_att, d_fc, d_act, d_h;
+    // Where a norm writes its output: the gathered ln1/ln2 itself at tp = 1, this rank's [Ns, C] rows (in the
+    // proj scratch) at tp > 1, which the column-parallel GEMMs then gather.
+    Tensor ln1_out, ln2_out;
+    // Forward: a row-parallel GEMM's [N, C] output before it joins the residual stream (the d_ln scratch, which
+    // backward alone uses otherwise).
+    Tensor part;
   };
   Views views(BlockActs& a, BlockScratch& s, int B, int T) const;
-  void forward_tp(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
-  void backward_tp(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
+
+  // ---- column- and row-parallel linears (Megatron's ColumnParallelLinear / RowParallelLinear, with sequence
+  // parallelism). At tp = 1 each is its plain GEMM(s) on all N rows, once; at tp > 1 the all-gather or
+  // reduce-scatter (TpComm) wraps the GEMMs, which run chunk by chunk so they overlap the communication.
+  // A GEMM on the rows [r0, r0 + n) of a column-parallel linear's (gathered) input.
+  using RowsGemm = std::function<void(int64_t r0, int64_t n)>;
+  // A row-parallel GEMM writing the rows [r0, r0 + n) of its [N, C] output (a partial sum at tp > 1) into out.
+  using PartGemm = std::function<void(Tensor out, int64_t r0, int64_t n)>;
+  // A row-parallel linear's backward on the rows [r0, r0 + n) of its output gradient dy (those rows of it).
+  using GradGemm = std::function<void(Tensor dy, int64_t r0, int64_t n)>;
+  // One column-parallel linear's backward: its output gradient and its forward input, both [N, width].
+  struct ColumnGrad {
+    Lin lin;
+    Tensor dout, in;
+  };
+  // full[N, C]: the input of column-parallel GEMMs; norm_out: where the norm wrote it (view Views::ln1_out).
+  void column_forward(Tensor full, Tensor norm_out, const RowsGemm& gemms) const;
+  // out[Ns, C] = the row-parallel product (summed over tp ranks, scattered to this rank's rows).
+  void row_forward(Tensor out, int64_t N, const PartGemm& gemm) const;
+  // y[Ns, C] = residual + the sum of the row-parallel products (tmp: [N, C] scratch).
+  void row_forward_add(Ops& ops, Tensor y, Tensor residual, Tensor tmp, int64_t N,
+                       const std::vector<PartGemm>& gemms) const;
+  // Runs grads on the output gradient dy[Ns, C], gathered through gathered[N, C] at tp > 1.
+  void row_backward(Tensor dy, Tensor gathered, const GradGemm& grads) const;
+  // din[Ns, C] = the sum of the linears' input gradients (reduce-scattered at tp > 1); accumulates their dW, db.
+  void column_backward(Ops& ops, Tensor din, int64_t N, const std::vector<ColumnGrad>& lins) const;
 
   const ModelConfig& cfg_;
   const ParamStore& params_;
   TpComm* tp_ = nullptr;  // set only when tp > 1
   int tp_size_ = 1;
+  bool first_ = true;  // tp rank 0 (or no tp)
   Norm ln1_, ln2_;
   Lin c_attn_, attn_proj_, c_fc_, mlp_proj_;
 };

@@ -1,5 +1,6 @@
 #include "megatrain/model/config.h"
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -31,11 +32,55 @@ std::optional<int64_t> mul_add(int64_t a, int64_t b, int64_t c = 0) {
   return s;
 }
 
+// Each kind's spellings, in the enum's order.
+constexpr std::array<const char*, 2> kNormNames = {"layernorm", "rmsnorm"};
+constexpr std::array<const char*, 2> kMlpNames = {"gelu", "swiglu"};
+constexpr std::array<const char*, 2> kPosNames = {"learned", "rope"};
+constexpr std::array<const char*, 2> kBlockNames = {"sequential", "parallel"};
+
+template <typename Kind, size_t N>
+const char* name_of(const std::array<const char*, N>& names, Kind k) {
+  const auto i = static_cast<size_t>(k);
+  MT_CHECK(i < N, "invalid kind value {}", i);  // only a cast from a bad integer gets here
+  return names[i];
+}
+
+template <typename Kind, size_t N>
+void parse_of(const std::array<const char*, N>& names, const std::string& key, const std::string& value, Kind& out) {
+  std::string allowed;
+  for (size_t i = 0; i < N; ++i) {
+    if (value == names[i]) {
+      out = static_cast<Kind>(i);
+      return;
+    }
+    allowed += fmt::format("{}'{}'", i == 0 ? "" : i + 1 == N ? " or " : ", ", names[i]);
+  }
+  fail("{} must be {} (got '{}')", key, allowed, value);
+}
+
 }  // namespace
+
+const char* kind_name(NormKind k) { return name_of(kNormNames, k); }
+const char* kind_name(MlpKind k) { return name_of(kMlpNames, k); }
+const char* kind_name(PosKind k) { return name_of(kPosNames, k); }
+const char* kind_name(BlockKind k) { return name_of(kBlockNames, k); }
+
+void parse_kind(const std::string& key, const std::string& value, NormKind& out) {
+  parse_of(kNormNames, key, value, out);
+}
+void parse_kind(const std::string& key, const std::string& value, MlpKind& out) {
+  parse_of(kMlpNames, key, value, out);
+}
+void parse_kind(const std::string& key, const std::string& value, PosKind& out) {
+  parse_of(kPosNames, key, value, out);
+}
+void parse_kind(const std::string& key, const std::string& value, BlockKind& out) {
+  parse_of(kBlockNames, key, value, out);
+}
 
 int ModelConfig::ff_dim() const {
   if (d_ff > 0) return d_ff;
-  if (mlp == "swiglu") return (8 * d_model / 3 + 63) / 64 * 64;
+  if (mlp == MlpKind::SwiGlu) return (8 * d_model / 3 + 63) / 64 * 64;
   return 4 * d_model;
 }
 
@@ -77,12 +122,9 @@ void ModelConfig::validate() const {
            n_head);
   MT_CHECK(kv_heads() > 0 && n_head % kv_heads() == 0, "model.n_head ({}) must be a multiple of model.n_kv_head ({})",
            n_head, kv_heads());
-  MT_CHECK(norm == "layernorm" || norm == "rmsnorm", "model.norm must be 'layernorm' or 'rmsnorm' (got '{}')", norm);
-  MT_CHECK(mlp == "gelu" || mlp == "swiglu", "model.mlp must be 'gelu' or 'swiglu' (got '{}')", mlp);
-  MT_CHECK(pos == "learned" || pos == "rope", "model.pos must be 'learned' or 'rope' (got '{}')", pos);
-  MT_CHECK(pos != "rope" || head_dim() % 2 == 0, "model.pos = 'rope' needs an even head dim (got {})", head_dim());
-  MT_CHECK(block == "sequential" || block == "parallel", "model.block must be 'sequential' or 'parallel' (got '{}')",
-           block);
+  // norm, mlp, pos and block are enums, checked where their spelling was parsed (parse_kind).
+  MT_CHECK(pos != PosKind::Rope || head_dim() % 2 == 0, "model.pos = 'rope' needs an even head dim (got {})",
+           head_dim());
   MT_CHECK(ff_dim() > 0, "model.d_ff must be positive (got {})", d_ff);
   MT_CHECK(recompute.empty() || static_cast<int>(recompute.size()) == n_layer,
            "model.recompute lists {} layers but the model has {}", recompute.size(), n_layer);
@@ -108,16 +150,16 @@ int64_t ModelConfig::num_params() const {
   };
   const int64_t C = d_model, hd = head_dim(), F = ff_dim(), L = n_layer;
   const int64_t qkv = ok(mul_add(int64_t{n_head} + 2 * int64_t{kv_heads()}, hd));
-  const int64_t fc = mlp == "swiglu" ? 2 * F : F;
-  const int64_t nb = norm == "layernorm" && bias ? 2 : 1;  // norm params per channel
-  const int64_t n_norms = block == "parallel" ? 1 : 2;
+  const int64_t fc = mlp == MlpKind::SwiGlu ? 2 * F : F;
+  const int64_t nb = norm == NormKind::LayerNorm && bias ? 2 : 1;  // norm params per channel
+  const int64_t n_norms = block == BlockKind::Parallel ? 1 : 2;
   int64_t per_layer = ok(mul_add(qkv, C, ok(mul_add(C, int64_t{n_head} * hd))));
   per_layer = ok(mul_add(fc, C, per_layer));
   per_layer = ok(mul_add(C, F, per_layer));
   per_layer = ok(mul_add(n_norms * nb, C, per_layer));
   if (bias) per_layer = ok(mul_add(1, per_layer, qkv + C + fc + C));
   int64_t n = ok(mul_add(L, per_layer, ok(mul_add(vocab_size, C, nb * C))));
-  if (pos == "learned") n = ok(mul_add(max_seq_len, C, n));
+  if (pos == PosKind::Learned) n = ok(mul_add(max_seq_len, C, n));
   if (!tied_embeddings) n = ok(mul_add(vocab_size, C, n));
   return n;
 }
@@ -126,7 +168,7 @@ double ModelConfig::flops_per_token(int T) const {
   // Matmul parameters touched per token (embedding lookups are not matmuls; the LM head is).
   double C = d_model, hd = head_dim(), F = ff_dim();
   double qkv = (n_head + 2.0 * kv_heads()) * hd;
-  double fc = mlp == "swiglu" ? 2 * F : F;
+  double fc = mlp == MlpKind::SwiGlu ? 2 * F : F;
   double per_layer = qkv * C + C * n_head * hd + fc * C + C * F;
   double n_matmul = n_layer * per_layer + static_cast<double>(padded_vocab()) * C;
   // Attention scores and weighted sum: 2 matmuls of (ctx x hd) per head, forward 2*2*ctx*d, x3 for fwd+bwd.

@@ -7,6 +7,25 @@
 
 namespace mt {
 
+// The model's kinds. Users (TOML, CLI overrides) and checkpoint manifests spell them as strings (kind_name);
+// parse_kind is the one place that turns a spelling into a kind, so the layers branch on enums and a misspelt
+// kind is refused where the config is read, naming the key and the allowed spellings.
+enum class NormKind { LayerNorm, RmsNorm };  // "layernorm" | "rmsnorm"
+enum class MlpKind { Gelu, SwiGlu };         // "gelu" | "swiglu"
+enum class PosKind { Learned, Rope };        // "learned" | "rope"
+enum class BlockKind { Sequential, Parallel };  // "sequential" | "parallel"
+
+const char* kind_name(NormKind k);
+const char* kind_name(MlpKind k);
+const char* kind_name(PosKind k);
+const char* kind_name(BlockKind k);
+// out = the kind spelt `value`; throws mt::Error "<key> must be 'a' or 'b' (got '<value>')" for any other spelling.
+// key names the setting for the message (e.g. "model.norm", or "configs/x.toml: model.norm").
+void parse_kind(const std::string& key, const std::string& value, NormKind& out);
+void parse_kind(const std::string& key, const std::string& value, MlpKind& out);
+void parse_kind(const std::string& key, const std::string& value, PosKind& out);
+void parse_kind(const std::string& key, const std::string& value, BlockKind& out);
+
 struct ModelConfig {
   int vocab_size = 50257;     // real vocabulary
   int vocab_pad_to = 64;      // the embedding/LM head have padded_vocab() rows (multiple of this) for GEMM speed
@@ -16,12 +35,12 @@ struct ModelConfig {
   int d_model = 768;
   int d_ff = 0;               // 0 = 4*d_model (gelu) or the Llama rule 8/3*d_model rounded to 64 (swiglu)
   int max_seq_len = 1024;
-  std::string norm = "layernorm";   // layernorm | rmsnorm
-  std::string mlp = "gelu";         // gelu | swiglu
-  std::string pos = "learned";      // learned | rope
+  NormKind norm = NormKind::LayerNorm;
+  MlpKind mlp = MlpKind::Gelu;
+  PosKind pos = PosKind::Learned;
   float rope_theta = 10000.0f;
-  std::string block = "sequential"; // sequential: x += Attn(LN1 x); x += MLP(LN2 x)
-                                    // parallel:   x += Attn(LN x) + MLP(LN x)   (MegaScale PTB)
+  BlockKind block = BlockKind::Sequential;  // sequential: x += Attn(LN1 x); x += MLP(LN2 x)
+                                            // parallel:   x += Attn(LN x) + MLP(LN x)   (MegaScale PTB)
   int window = 0;                   // sliding-window attention width; 0 = full causal
   bool tied_embeddings = true;      // LM head shares wte
   bool bias = true;                 // biases in linears (and LayerNorm)
@@ -37,7 +56,7 @@ struct ModelConfig {
   int padded_vocab(int tp) const;
   // Throws mt::Error naming the field that parallel.tp does not divide (heads, kv heads, d_ff).
   void validate_tp(int tp) const;
-  // Throws mt::Error naming the inconsistent field (heads not dividing d_model, unknown norm, ...).
+  // Throws mt::Error naming the inconsistent field (heads not dividing d_model, an odd head dim with rope, ...).
   void validate() const;
   int64_t num_params() const;             // parameters counted without vocab padding
   // Model FLOPs per token for one training step (forward + backward): 6N (non-embedding matmuls + LM head)

@@ -261,7 +261,7 @@ void GPT::head_forward(Slot& s) {
     Tensor x = act(s.residual[cfg_.n_layer], N, C);
     Tensor lnf = act(s.lnf, N, C);
     used(lnf_w_, static_cast<int>(params_.size()));
-    if (cfg_.norm == "layernorm")
+    if (cfg_.norm == NormKind::LayerNorm)
       ops_.layernorm_forward(lnf, f32s(s.lnf_mean, N), f32s(s.lnf_rstd, N), x, W(lnf_w_), W(lnf_b_), cfg_.norm_eps);
     else
       ops_.rmsnorm_forward(lnf, f32s(s.lnf_rstd, N), x, W(lnf_w_), cfg_.norm_eps);
@@ -272,7 +272,7 @@ void GPT::head_forward(Slot& s) {
   Tensor x = act(s.residual[cfg_.n_layer], Ns, C), shard = act(scratch_.proj_out, Ns, C);
   Tensor lnf = act(s.lnf, N, C), logits = act(s.logits, N, Vl);
   used(lnf_w_, static_cast<int>(params_.size()));
-  if (cfg_.norm == "layernorm")
+  if (cfg_.norm == NormKind::LayerNorm)
     ops_.layernorm_forward(shard, f32s(s.lnf_mean, Ns), f32s(s.lnf_rstd, Ns), x, W(lnf_w_), W(lnf_b_), cfg_.norm_eps);
   else
     ops_.rmsnorm_forward(shard, f32s(s.lnf_rstd, Ns), x, W(lnf_w_), cfg_.norm_eps);
@@ -338,7 +338,7 @@ void GPT::head_backward(Slot& s) {
   if (!cfg_.tied_embeddings) ready(head_);
   ops_.zero(dres);
   Tensor x = act(s.residual[cfg_.n_layer], R, C);
-  if (cfg_.norm == "layernorm")
+  if (cfg_.norm == NormKind::LayerNorm)
     ops_.layernorm_backward(dres, params_.grad(lnf_w_), lnf_b_ >= 0 ? params_.grad(lnf_b_) : Tensor{}, dlnf, x,
                             W(lnf_w_), f32s(s.lnf_mean, R), f32s(s.lnf_rstd, R));
   else

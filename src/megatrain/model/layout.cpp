@@ -26,8 +26,8 @@ void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr, c
   using K = ShardSpec::Kind;
   const int64_t C = cfg.d_model, Vp = tp > 1 ? cfg.padded_vocab(tp) : cfg.padded_vocab(), hd = cfg.head_dim();
   const int64_t F = cfg.ff_dim(), q = cfg.n_head * hd, kv = cfg.kv_heads() * hd;
-  const bool swiglu = cfg.mlp == "swiglu";
-  const bool ln_bias = cfg.norm == "layernorm" && cfg.bias;
+  const bool swiglu = cfg.mlp == MlpKind::SwiGlu;
+  const bool ln_bias = cfg.norm == NormKind::LayerNorm && cfg.bias;
   auto rep = [&](const std::string& n, std::vector<int64_t> shape, bool decay) {
     s.add(n, replicated_spec(std::move(shape)), decay);
   };
@@ -53,7 +53,7 @@ void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr, c
   auto wte = [&] { split("wte.weight", K::Rows, {Vp, C}, {Vp}, true); };
   if (part.embedding) {
     wte();
-    if (cfg.pos == "learned") rep("wpe.weight", {cfg.max_seq_len, C}, true);
+    if (cfg.pos == PosKind::Learned) rep("wpe.weight", {cfg.max_seq_len, C}, true);
   }
   std::vector<int> layers;
   if (part.chunks.empty())
@@ -68,7 +68,7 @@ void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr, c
     norm(p + "ln_1");
     column_parallel(p + "attn.c_attn", {q, kv, kv});
     row_parallel(p + "attn.c_proj", q);
-    if (cfg.block == "sequential") norm(p + "ln_2");
+    if (cfg.block == BlockKind::Sequential) norm(p + "ln_2");
     column_parallel(p + "mlp.c_fc", swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F});
     row_parallel(p + "mlp.c_proj", F);
   }

@@ -41,10 +41,10 @@ DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const Opti
     shard_offset_.push_back(shard);
     shard += (k.end - k.begin) / dp_;
   }
-  MT_CHECK(opt_.control == nullptr || (opt_.control->size() == dp_ && opt_.control->rank() == rank_),
-           "DataParallel: the control group {} ({} ranks, rank {}) is not the dp group {} ({} ranks, rank {})",
-           opt_.control ? opt_.control->name() : "", opt_.control ? opt_.control->size() : 0,
-           opt_.control ? opt_.control->rank() : 0, group_.name(), dp_, rank_);
+  MT_CHECK(opt_.host == nullptr || (opt_.host->size() == dp_ && opt_.host->rank() == rank_),
+           "DataParallel: the host-plane dp group {} ({} ranks, rank {}) is not the dp group {} ({} ranks, rank {})",
+           opt_.host ? opt_.host->name() : "", opt_.host ? opt_.host->size() : 0,
+           opt_.host ? opt_.host->rank() : 0, group_.name(), dp_, rank_);
   shard_floats_ = shard;
   for (Buffer* b : {&shard_grad_, &shard_m_, &shard_v_, &shard_stage_}) *b = ops_.alloc(shard * sizeof(float));
   plan_pieces();
@@ -91,8 +91,8 @@ void DataParallel::for_each_owned_piece(F&& f) const {
 void DataParallel::wait(WorkPtr& w) {
   double t0 = now_seconds();
   w->wait();
-  exposed_seconds_ += now_seconds() - t0;
-  comm_seconds_ += w->exec_seconds();
+  comm_time_.exposed_seconds += now_seconds() - t0;
+  comm_time_.busy_seconds += w->exec_seconds();
   w.reset();
 }
 
@@ -168,7 +168,7 @@ double DataParallel::finish_gradients() {
     ss = static_cast<float>(acc);
   }
   float buf[1] = {ss};
-  control().allreduce(host_span(buf, 1))->wait();
+  host().allreduce(host_span(buf, 1))->wait();
   const NormReduce& reduce = clip_own ? opt_.clip_norm_reduce : opt_.norm_reduce;
   if (reduce) reduce(buf, 1);
   return std::sqrt(static_cast<double>(buf[0]));
@@ -235,7 +235,7 @@ void DataParallel::step(float lr, float grad_scale, int step) {
         norms[2 * i] += w * piece_norms_host_[at];
         at += 2;
       }
-    control().allreduce(host_span(norms.data(), norms.size()))->wait();
+    host().allreduce(host_span(norms.data(), norms.size()))->wait();
     if (opt_.norm_reduce) opt_.norm_reduce(norms.data(), norms.size());
     at = 0;
     for (size_t k = 0; k < buckets_.size(); ++k)
@@ -288,9 +288,9 @@ void DataParallel::gather_moments(HostBuffer& m, HostBuffer& v) {
   const auto [hm, hv] = host_moments(true);
   for (size_t k = 0; k < buckets_.size(); ++k) {
     const Bucket& b = buckets_[k];
-    control().all_gather(host_span(m.f32() + b.begin, b.end - b.begin), host_span(hm + shard_offset_[k], slice_len(b)))
+    host().all_gather(host_span(m.f32() + b.begin, b.end - b.begin), host_span(hm + shard_offset_[k], slice_len(b)))
         ->wait();
-    control().all_gather(host_span(v.f32() + b.begin, b.end - b.begin), host_span(hv + shard_offset_[k], slice_len(b)))
+    host().all_gather(host_span(v.f32() + b.begin, b.end - b.begin), host_span(hv + shard_offset_[k], slice_len(b)))
         ->wait();
   }
 }

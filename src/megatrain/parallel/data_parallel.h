@@ -13,11 +13,12 @@
 //
 // Memory: the slices (gradients, moments, the all-gather staging) are allocated through the backend (Ops::alloc)
 // and touched only by its ops and by the dp group, so on a GPU run they live in device memory and the group is
-// NCCL. Host scalars (the squared norms) go over DataParallelOptions::control, a group on host memory (Gloo),
+// NCCL. Host scalars (the squared norms) go over DataParallelOptions::host, a group of the host plane (Gloo),
 // when one is given. The checkpoint accessors (gather/scatter_moments, moment_slices) work on host memory: on a
 // GPU run through a host copy of the slices, refreshed when they are called (never inside a step).
 #pragma once
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "megatrain/core/buffer.h"
@@ -41,9 +42,9 @@ struct DataParallelOptions {
   // the global norm only (e.g. weight 0 for the last stage's copy of a tied embedding, counted once).
   std::vector<float> clip_norm_weights;
   NormReduce clip_norm_reduce;
-  // The same dp ranks over host memory, for the norms and the checkpoint accessors; nullptr: the dp group itself
+  // The same dp ranks on the host plane, for the norms and the checkpoint accessors; nullptr: the dp group itself
   // (a CPU run, where one Gloo group serves both).
-  ProcessGroup* control = nullptr;
+  ProcessGroup* host = nullptr;
 };
 
 // Every float of the flat buffer is padded so that it splits into dp equal, 16-aligned slices per bucket.
@@ -72,7 +73,7 @@ class DataParallel {
   // Waits for every outstanding all-gather (e.g. before a checkpoint).
   void sync_params();
 
-  // Full optimizer moments assembled from every rank's slices, in host memory (collective over the control group:
+  // Full optimizer moments assembled from every rank's slices, in host memory (collective over the host-plane dp group:
   // all dp ranks must call it).
   void gather_moments(HostBuffer& m, HostBuffer& v);
   // Loads this rank's slices from full moments laid out like the parameters.
@@ -94,13 +95,8 @@ class DataParallel {
   // Buckets of the last finish_gradients() whose reduce-scatter was launched during backward (overlapped), not
   // by finish_gradients itself.
   int overlapped_buckets() const { return overlapped_last_; }
-  // Communication accounting since the last take_comm_stats(): seconds the ops executed (summed), and seconds
-  // the caller was blocked waiting for them (the part not hidden behind compute).
-  std::pair<double, double> take_comm_stats() {
-    auto r = std::make_pair(comm_seconds_, exposed_seconds_);
-    comm_seconds_ = exposed_seconds_ = 0;
-    return r;
-  }
+  // Communication time of the dp group since the last call (reduce-scatters, all-gathers, norm reductions).
+  CommTime take_comm_time() { return std::exchange(comm_time_, CommTime{}); }
 
  private:
   struct Bucket {
@@ -112,7 +108,7 @@ class DataParallel {
   };
   void wait(WorkPtr& w);  // waits, accounting exec and exposed time
   Tensor span(float* p, size_t n) const;  // n floats of the backend's memory at p
-  ProcessGroup& control() { return opt_.control ? *opt_.control : group_; }
+  ProcessGroup& host() { return opt_.host ? *opt_.host : group_; }
   // My moment slices in host memory: the shard buffers themselves on a CPU backend; else a host copy, pulled
   // from the device when pull is set.
   std::pair<float*, float*> host_moments(bool pull);
@@ -148,7 +144,7 @@ class DataParallel {
   // deferred_: never armed (gradient still changes after backward).
   std::vector<char> armed_, final_, deferred_;
   int overlapped_ = 0, overlapped_last_ = 0;
-  double comm_seconds_ = 0, exposed_seconds_ = 0;
+  CommTime comm_time_;
 };
 
 }  // namespace mt

@@ -91,6 +91,7 @@ float GptPipeline::run(ProcessGroup& pp_group, const int32_t* tokens, const int3
     cs.push_back(c.get());
   }
   stats_ = run_pipeline(sched_, rank_, cs, pp_group, overlap_p2p_);
+  comm_time_ += CommTime{stats_.comm_seconds, stats_.wait_seconds};
   model_.set_tp_grad_sync(true);
   float sum = 0;
   for (auto& c : chunks_) sum += c->loss();

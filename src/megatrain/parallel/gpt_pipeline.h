@@ -8,6 +8,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "megatrain/core/buffer.h"
@@ -39,6 +40,9 @@ class GptPipeline {
   // micro-batch mean losses on the last stage, 0 elsewhere.
   float run(ProcessGroup& pp_group, const int32_t* tokens, const int32_t* targets, float loss_scale, bool last_run);
   const PipelineStats& stats() const { return stats_; }  // of the last run
+  // Point-to-point time of the pipeline runs since the last call (busy: the transfers' execution; exposed: the
+  // time blocked in Wait actions).
+  CommTime take_comm_time() { return std::exchange(comm_time_, CommTime{}); }
 
  private:
   class Chunk;
@@ -49,6 +53,7 @@ class GptPipeline {
   std::function<void(int)> before_last_backward_;
   bool overlap_p2p_ = true;
   PipelineStats stats_;
+  CommTime comm_time_;
 };
 
 }  // namespace mt

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
+#include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
@@ -50,8 +52,10 @@ char* ProcessGroupTpComm::stage(size_t bytes) {
 }
 
 void ProcessGroupTpComm::wait(const WorkPtr& w) {
+  const double t0 = now_seconds();
   w->wait();
-  comm_seconds_ += w->exec_seconds();
+  comm_time_.exposed_seconds += now_seconds() - t0;
+  comm_time_.busy_seconds += w->exec_seconds();
 }
 
 void ProcessGroupTpComm::allreduce(Tensor t, TpReduce op) {

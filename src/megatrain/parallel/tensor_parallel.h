@@ -33,9 +33,9 @@ class ProcessGroupTpComm final : public TpComm {
   // Sizes the staging of the chunked collectives for activations of up to rows x cols of dtype, so that no step
   // allocates (the model's calls move at most B*T x d_model per micro-batch). Without it the first call grows it.
   void reserve(int64_t rows, int64_t cols, DType dtype);
-  // Seconds spent executing collectives since the last reset (for overlap accounting).
-  double comm_seconds() const { return comm_seconds_; }
-  void reset_comm_seconds() { comm_seconds_ = 0; }
+  // Communication time of the tp group since the last call (busy: the collectives' execution; exposed: the time
+  // the model was blocked waiting for them).
+  CommTime take_comm_time() { return std::exchange(comm_time_, CommTime{}); }
 
  private:
   int num_chunks(int64_t rows_per_rank) const;
@@ -46,7 +46,7 @@ class ProcessGroupTpComm final : public TpComm {
   Ops& ops_;
   TensorParallelOptions opt_;
   Buffer stage_;
-  double comm_seconds_ = 0;
+  CommTime comm_time_;
 };
 
 // Weights for squared norms summed over the tp ranks: 1 for a sharded tensor (its shards add up), and for a

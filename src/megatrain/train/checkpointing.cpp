@@ -332,24 +332,23 @@ struct TrainCheckpointer::Impl {
     const std::string bad = non_finite_value();
     const char* keep = "the checkpoint is not written (the latest checkpoint is still the last good one)";
     if (!mesh) {
-      MT_CHECK(bad.empty(), "step {}: {} holds a non-finite value: the weights diverged; {}", step, bad, keep);
+      if (!bad.empty())
+        fail_as(ErrorKind::NonFinite, "step {}: {} holds a non-finite value: the weights diverged; {}", step, bad, keep);
       return;
     }
     const int world = cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp;
     std::vector<float> flags(static_cast<size_t>(world), 0.0f);
     flags[static_cast<size_t>(mesh->rank())] = bad.empty() ? 0.0f : 1.0f;
-    // A sum over dp, then tp, then pp adds every rank's flag into every rank's vector (as mesh_barrier orders them).
-    Tensor t = f32_view(flags.data(), {static_cast<int64_t>(world)});
-    mesh->dp().allreduce(t)->wait();
-    mesh->tp().allreduce(t)->wait();
-    mesh->pp().allreduce(t)->wait();
-    MT_CHECK(bad.empty(), "step {}: rank {}: {} holds a non-finite value: the weights diverged; {}", step,
-             mesh->rank(), bad, keep);
+    allreduce_all(*mesh, f32_view(flags.data(), {static_cast<int64_t>(world)}));  // every rank's flag, everywhere
+    if (!bad.empty())
+      fail_as(ErrorKind::NonFinite, "step {}: rank {}: {} holds a non-finite value: the weights diverged; {}", step,
+              mesh->rank(), bad, keep);
     std::vector<int> ranks;
     for (int r = 0; r < world; ++r)
       if (flags[static_cast<size_t>(r)] != 0.0f) ranks.push_back(r);
-    MT_CHECK(ranks.empty(), "step {}: rank(s) {} hold non-finite values (their errors name the tensors): the weights "
-             "diverged; {}", step, fmt::join(ranks, ", "), keep);
+    if (!ranks.empty())
+      fail_as(ErrorKind::NonFinite, "step {}: rank(s) {} hold non-finite values (their errors name the tensors): the "
+              "weights diverged; {}", step, fmt::join(ranks, ", "), keep);
   }
 
   // ---- sharded checkpoints: each rank's pieces, read back by any layout

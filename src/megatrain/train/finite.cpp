@@ -4,8 +4,6 @@
 #include <bit>
 #include <cmath>
 
-#include "megatrain/core/error.h"
-
 namespace mt {
 
 int64_t first_non_finite(const float* x, int64_t n) {
@@ -21,13 +19,6 @@ int64_t first_non_finite(const float* x, int64_t n) {
       if (!std::isfinite(x[i])) return i;
   }
   return -1;
-}
-
-void check_val_loss(int step, double val_loss) {
-  MT_CHECK(std::isfinite(val_loss),
-           "step {}: the validation loss is {}: the weights diverged (try a lower optim.lr or a tighter "
-           "optim.grad_clip); no checkpoint of this step is written",
-           step, val_loss);
 }
 
 }  // namespace mt

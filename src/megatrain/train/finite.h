@@ -1,6 +1,6 @@
 // Non-finite values (inf, NaN) in what a run would keep: a checkpoint must never hold one (every resume from it
-// would fail, and `generate` would print garbage with exit 0), and a non-finite validation loss means the weights
-// already diverged.
+// would fail, and `generate` would print garbage with exit 0). (A non-finite validation loss is refused by
+// evaluate().)
 #pragma once
 #include <cstdint>
 
@@ -8,8 +8,5 @@ namespace mt {
 
 // The index of the first inf or NaN among x[0, n), or -1 when every value is finite.
 int64_t first_non_finite(const float* x, int64_t n);
-
-// Throws mt::Error naming the step when the validation loss after `step` is inf or NaN.
-void check_val_loss(int step, double val_loss);
 
 }  // namespace mt

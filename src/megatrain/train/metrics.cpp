@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "megatrain/core/error.h"
+#include "megatrain/train/run_config.h"
 
 namespace mt {
 
@@ -26,14 +27,8 @@ void MetricsLog::write(const nlohmann::json& j) {
   std::fflush(f_);
 }
 
-std::string MetricsLog::progress_line(const StepStats& s) {
-  return fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {:>8.0f} tok/s | {:.3f} TFLOP/s | "
-                     "MFU {:.1f}% | {:.0f} ms",
-                     s.step, s.total_steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
-                     s.model_flops_per_second / 1e12, 100.0 * s.mfu, 1000.0 * s.step_seconds);
-}
-
-nlohmann::json MetricsLog::to_json(const StepStats& s) {
+nlohmann::json MetricsLog::to_json(const StepReport& r) {
+  const StepStats& s = r.stats;
   // The loss is also written with 9 significant digits (float round-trip) so runs can be compared exactly.
   return {{"kind", "train"},
           {"step", s.step},
@@ -44,7 +39,69 @@ nlohmann::json MetricsLog::to_json(const StepStats& s) {
           {"step_seconds", s.step_seconds},
           {"tokens_per_second", s.tokens_per_second},
           {"model_tflops", s.model_flops_per_second / 1e12},
-          {"mfu", s.mfu}};
+          {"mfu", s.mfu},
+          // This rank's communication per plane: busy = the ops' execution time, exposed = the time the step
+          // waited for them (not hidden behind compute).
+          {"comm_busy_s", {{"dp", r.dp.busy_seconds}, {"tp", r.tp.busy_seconds}, {"pp", r.pp.busy_seconds}}},
+          {"comm_exposed_s",
+           {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}}};
 }
+
+void MetricsLog::on_run_start(const RunStart& r) {
+  write({{"kind", "run"}, {"config", r.cfg ? r.cfg->source : ""}, {"params", r.params}, {"peak_flops", r.peak_flops},
+         {"peak_source", r.peak_source}, {"start_step", r.start_step}, {"threads", r.threads},
+         {"world_size", r.world_size}, {"dp", r.dp}, {"pp", r.pp}, {"tp", r.tp}, {"resumed_from", r.resumed_from}});
+}
+
+void MetricsLog::on_eval(int step, double val_loss) { write({{"kind", "val"}, {"step", step}, {"val_loss", val_loss}}); }
+
+void MetricsLog::on_checkpoint(int step, const std::string& dir, const std::string& why) {
+  write({{"kind", "checkpoint"}, {"step", step}, {"dir", dir}, {"why", why}});
+}
+
+void MetricsLog::on_sample(int step, const std::string& text, const std::vector<int32_t>& tokens) {
+  // A sample may end inside a multi-byte character: the log's copy has invalid UTF-8 replaced (U+FFFD).
+  const auto clean =
+      nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  write({{"kind", "sample"}, {"step", step}, {"text", clean}, {"tokens", tokens}});
+}
+
+void MetricsLog::on_error(int step, ErrorKind kind, const std::string& what) {
+  const auto msg =
+      nlohmann::json::parse(nlohmann::json(what).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  write({{"kind", "error"}, {"step", step}, {"error_kind", kind_name(kind)}, {"exit_code", exit_code(kind)},
+         {"message", msg}});
+}
+
+std::string ProgressPrinter::progress_line(const StepStats& s) {
+  return fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {:>8.0f} tok/s | {:.3f} TFLOP/s | "
+                     "MFU {:.1f}% | {:.0f} ms",
+                     s.step, s.total_steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
+                     s.model_flops_per_second / 1e12, 100.0 * s.mfu, 1000.0 * s.step_seconds);
+}
+
+void ProgressPrinter::on_run_start(const RunStart& r) {
+  first_ = r.start_step + 1;
+  const RunConfig& c = *r.cfg;
+  fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}, {:.2f}M params | data: {} train tokens, "
+             "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s))\n",
+             c.model.n_layer, c.model.d_model, c.model.n_head, kind_name(c.model.block), c.model.window, r.params / 1e6,
+             r.train_tokens, r.dp, c.data.batch_size, c.data.seq_len, c.train.grad_accum,
+             r.pp > 1 ? fmt::format(" | pipeline pp={} v={} microbatches={}", r.pp, c.parallel.virtual_stages,
+                                    c.pipeline_microbatches())
+                      : "",
+             r.threads, r.peak_flops / 1e9, r.peak_source, r.world_size);
+}
+
+void ProgressPrinter::on_sample(int, const std::string& text, const std::vector<int32_t>&) {
+  fmt::print("---- sample ----\n{}\n----------------\n", text);
+}
+
+void ProgressPrinter::on_step(const StepReport& r) {
+  const StepStats& s = r.stats;
+  if (s.step % log_every_ == 0 || s.step == first_ || s.step == s.total_steps) fmt::print("{}\n", progress_line(s));
+}
+
+void ProgressPrinter::on_eval(int step, double val_loss) { fmt::print("step {:>6} | val loss {:.4f}\n", step, val_loss); }
 
 }  // namespace mt

@@ -1,30 +1,47 @@
-// Training metrics: one JSON object per line in <out_dir>/metrics.jsonl and a human progress line on stdout.
+// Training metrics: one JSON object per line in <out_dir>/metrics.jsonl (the first observer), and the progress
+// printer that writes the human lines on stdout.
 #pragma once
 #include <cstdio>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "megatrain/train/observer.h"
+
 namespace mt {
 
-struct StepStats {
-  int step = 0, total_steps = 0;
-  double loss = 0, lr = 0, grad_norm = 0;
-  double step_seconds = 0, tokens_per_second = 0, model_flops_per_second = 0, mfu = 0;
-};
-
-class MetricsLog {
+class MetricsLog final : public TrainObserver {
  public:
   MetricsLog() = default;
   // append = true keeps earlier lines (resumed runs).
   void open(const std::string& path, bool append);
-  ~MetricsLog();
+  ~MetricsLog() override;
   void write(const nlohmann::json& j);  // one line, flushed
-  static std::string progress_line(const StepStats& s);
-  static nlohmann::json to_json(const StepStats& s);
+  static nlohmann::json to_json(const StepReport& r);
+
+  void on_run_start(const RunStart& r) override;
+  void on_step(const StepReport& r) override { write(to_json(r)); }
+  void on_eval(int step, double val_loss) override;
+  void on_checkpoint(int step, const std::string& dir, const std::string& why) override;
+  void on_sample(int step, const std::string& text, const std::vector<int32_t>& tokens) override;
+  void on_error(int step, ErrorKind kind, const std::string& what) override;
 
  private:
   std::FILE* f_ = nullptr;
+};
+
+// Progress lines on stdout: every log_every steps (and the first and last), validation losses, the final error.
+class ProgressPrinter final : public TrainObserver {
+ public:
+  explicit ProgressPrinter(int log_every) : log_every_(log_every) {}
+  static std::string progress_line(const StepStats& s);
+  void on_run_start(const RunStart& r) override;
+  void on_step(const StepReport& r) override;
+  void on_eval(int step, double val_loss) override;
+  void on_sample(int step, const std::string& text, const std::vector<int32_t>& tokens) override;
+
+ private:
+  int log_every_, first_ = 1;
 };
 
 }  // namespace mt

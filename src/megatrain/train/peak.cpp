@@ -5,6 +5,7 @@
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/core/clock.h"
+#include "megatrain/core/error.h"
 #include "megatrain/core/rng.h"
 
 namespace mt {
@@ -24,6 +25,34 @@ double measure_matmul_flops(Ops& ops, int rows, int in, int out, int reps) {
   }
   std::sort(t.begin(), t.end());
   return 2.0 * rows * in * out / t[t.size() / 2];
+}
+
+double datasheet_peak_flops(const std::string& name) {
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  // NVIDIA's datasheets, dense (no sparsity) BF16 tensor-core TFLOP/s. The PCIe and NVL H100 run lower clocks and
+  // fewer SMs than the SXM part, so a name must be told apart before the bare "H100" matches.
+  struct Row {
+    std::vector<const char*> all;  // every substring must be in the name
+    double tflops;
+  };
+  static const std::vector<Row> table = {
+      {{"H200"}, 989.4},  {{"GH200"}, 989.4},  {{"H100", "PCIe"}, 756.0}, {{"H100", "NVL"}, 835.5},
+      {{"H100"}, 989.4},  {{"A100"}, 312.0},   {{"A800"}, 312.0},         {{"H800"}, 989.4},
+  };
+  for (const Row& r : table)
+    if (std::all_of(r.all.begin(), r.all.end(), has)) return r.tflops * 1e12;
+  return 0;
+}
+
+PeakFlops peak_flops(double configured_tflops, Ops& ops) {
+  if (configured_tflops > 0) return {configured_tflops * 1e12, "configured"};
+  if (ops.device() == Device::CPU) return {measure_matmul_flops(ops), "measured matmul peak"};
+  const std::string name = ops.device_name();
+  const double p = datasheet_peak_flops(name);
+  if (p <= 0)
+    fail_as(ErrorKind::Config, "no datasheet peak is known for the GPU \"{}\": set train.peak_tflops (its dense bf16 "
+            "TFLOP/s) so MFU can be computed", name);
+  return {p, name + " datasheet, dense bf16"};
 }
 
 }  // namespace mt

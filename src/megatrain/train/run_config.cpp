@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <fmt/format.h>
 #include <toml++/toml.h>
 
 #include "megatrain/core/error.h"
@@ -38,13 +39,24 @@ std::string suggestion(const std::string& key, const std::set<std::string>& know
   return best.empty() ? "" : " (did you mean '" + best + "'?)";
 }
 
-// Reads typed values out of one [section], remembering which keys it consumed.
+// Reads typed values out of one [section], remembering which keys it consumed and, in `effective`, every key's
+// value after defaults and overrides (what the ranks of a job compare at start-up).
 class Section {
  public:
-  Section(const toml::table* t, std::string name, const std::string& src) : t_(t), name_(std::move(name)), src_(src) {}
+  Section(const toml::table* t, std::string name, const std::string& src,
+          std::vector<std::pair<std::string, std::string>>& effective)
+      : t_(t), name_(std::move(name)), src_(src), effective_(effective) {}
 
   template <typename T>
   void get(const char* key, T& out) {
+    read(key, out);
+    if constexpr (std::is_enum_v<T>)
+      effective_.emplace_back(name_ + "." + key, kind_name(out));
+    else
+      effective_.emplace_back(name_ + "." + key, fmt::format("{}", out));  // {} of a double round-trips exactly
+  }
+  template <typename T>
+  void read(const char* key, T& out) {
     known_.insert(key);
     if (!t_) return;
     const toml::node* n = t_->get(key);
@@ -67,6 +79,10 @@ class Section {
       auto v = n->value<double>();
       MT_CHECK(v.has_value() && (n->is_floating_point() || n->is_integer()), "{}: {} must be a number", src_, full);
       out = static_cast<T>(*v);
+    } else if constexpr (std::is_enum_v<T>) {  // a model kind (norm, mlp, pos, block), spelt as a string
+      auto v = n->value<std::string>();
+      MT_CHECK(v.has_value(), "{}: {} must be a string", src_, full);
+      parse_kind(src_ + ": " + full, *v, out);
     } else {
       auto v = n->value<std::string>();
       MT_CHECK(v.has_value(), "{}: {} must be a string", src_, full);
@@ -75,6 +91,13 @@ class Section {
   }
   // model.recompute: "none" | "all" | [layer indices]
   void get_recompute(const char* key, std::vector<bool>& out, int n_layer) {
+    read_recompute(key, out, n_layer);
+    std::string layers;
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i]) layers += (layers.empty() ? "" : ",") + std::to_string(i);
+    effective_.emplace_back(name_ + "." + key, "[" + layers + "]");
+  }
+  void read_recompute(const char* key, std::vector<bool>& out, int n_layer) {
     known_.insert(key);
     if (!t_) return;
     const toml::node* n = t_->get(key);
@@ -110,6 +133,7 @@ class Section {
   const toml::table* t_;
   std::string name_, src_;
   std::set<std::string> known_;
+  std::vector<std::pair<std::string, std::string>>& effective_;
 };
 
 void apply_override(toml::table& root, const std::string& ov, const std::string& src) {
@@ -154,7 +178,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   }
   RunConfig c;
   c.source = src;
-  auto sec = [&](const char* n) { return Section(root[n].as_table(), n, src); };
+  auto sec = [&](const char* n) { return Section(root[n].as_table(), n, src, c.effective); };
 
   Section m = sec("model");
   ModelConfig& mc = c.model;

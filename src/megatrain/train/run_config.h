@@ -3,6 +3,7 @@
 // that names it (and the closest known key).
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatrain/model/config.h"
@@ -29,7 +30,7 @@ struct TrainConfig {
   std::string out_dir = "runs/default";
   double peak_tflops = 0;          // MFU denominator; 0 = measure the backend's matmul peak at start-up
   int threads = 0;                 // OpenMP threads; 0 = all cores
-  std::string device = "cpu";      // cpu (fp32) | cuda (bf16 on this process's GPU; one process for now)
+  std::string device = "cpu";      // cpu (fp32) | cuda (bf16; with several ranks, one GPU per local rank)
   std::string attention = "flash"; // cuda only: flash (our kernels) | cudnn (cuDNN's fused attention)
 };
 
@@ -70,6 +71,9 @@ struct RunConfig {
   SampleConfig sample;
   ParallelConfig parallel;
   std::string source;              // the config file path, for messages
+  // Every key as "section.key" with its value after defaults and overrides, in parse order: the effective config
+  // the ranks of a job must agree on (train/config_agreement.h).
+  std::vector<std::pair<std::string, std::string>> effective;
 
   void validate() const;
   // Micro-batches per pipeline step (1 without pipeline parallelism).

@@ -1,14 +1,14 @@
-// The training loop, short enough to read top to bottom: build the model, optimizer and loaders; resume or
-// initialise; then per step: micro-batches forward/backward, global-norm clipping, optimizer update, metrics,
-// periodic validation and checkpoints; at the end a final checkpoint and a text sample.
+// The trainer: builds the job from its config with named builders (topology, model stack, update, forward/
+// backward, checkpointer), resumes or initialises, runs the loop, and samples at the end. The loop is the same
+// for every layout: forward/backward (plain or pipelined) and the update (plain or ZeRO-2) sit behind one
+// interface each. What happens is reported to observers (train/observer.h).
 #pragma once
-#include <functional>
-#include <memory>
 #include <string>
+#include <vector>
 
-#include "megatrain/comm/mesh.h"
-#include "megatrain/kernels/ops.h"
+#include "megatrain/train/observer.h"
 #include "megatrain/train/run_config.h"
+#include "megatrain/train/topology.h"
 
 namespace mt {
 
@@ -20,17 +20,13 @@ struct TrainResult {
   double last_val_loss = -1;
   std::string sample;       // decoded text sample (empty if disabled)
   std::string last_checkpoint;
+  bool stopped = false;     // a stop was requested (core/stop_request.h): the run ended early, after a step
 };
 
-// What run_training builds itself unless given (tests substitute them; see tests/train_planes_test.cpp).
-struct TrainSeams {
-  std::function<std::unique_ptr<Ops>()> make_ops;  // the backend (default: train.device's)
-  // The groups of host memory (norms, losses, sampled ids, checkpoints; default: Gloo) and of the model's tensors
-  // (buckets, activations, parameters; default: NCCL on GPU, the host groups themselves on the CPU).
-  GroupFactory host_groups, data_groups;
-};
-
-// Runs the whole job described by cfg, printing progress to stdout.
-TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams = {});
+// Runs the whole job described by cfg, printing progress to stdout on the main rank. `observers` get every event
+// of this rank, after the built-in ones (the metrics log and the progress printer, on the main rank only). Errors
+// are mt::Errors with a kind (core/error.h); observers see them (on_error) before they propagate.
+TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams = {},
+                         const std::vector<TrainObserver*>& observers = {});
 
 }  // namespace mt

@@ -47,6 +47,7 @@ class CudaOps final : public Ops {
   bool uses_cudnn_attention() const { return cudnn_attn_ != nullptr; }
 
   Device device() const override { return Device::CUDA; }
+  std::string device_name() const override;
   DType compute_dtype() const override { return DType::BF16; }
   Buffer alloc(size_t bytes) override;
   void adamw_update_multi(Tensor param, Tensor grad, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,

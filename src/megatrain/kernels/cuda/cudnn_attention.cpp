@@ -560,7 +560,7 @@ struct CudnnAttention::Impl {
   }
 
   static void check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) fail("cuDNN attention: {} failed: {}", what, cudaGetErrorString(e));
+    if (e != cudaSuccess) fail_as(ErrorKind::Device, "cuDNN attention: {} failed: {}", what, cudaGetErrorString(e));
   }
 
   // Runs `p` with the stored tensors' pointers given by `ptr(uid)`.

@@ -253,6 +253,11 @@ struct BwdSmem {
 };
 
 // grid (ceil(T/64), Hkv, B): one block per (key tile, kv head, batch).
+// Why one long kernel (~155 lines, the longest function in src/): the dK/dV accumulators live in registers for the
+// whole sweep over query tiles, and every phase of the sweep (load Q/dO, S = QK^T, P, dP, dS, dV += P^T dO,
+// dK += dS^T Q, dQ atomics) reads and writes them and the shared-memory tiles in between barriers; split into
+// functions, the phases would pass those fragments by reference and the reader would lose the one place that
+// shows the order of barriers each phase relies on.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kernel(Params prm, const bf16* __restrict__ qkv, const bf16* __restrict__ dout,

@@ -10,7 +10,7 @@ namespace mt {
 namespace {
 
 void lt_check(cublasStatus_t st, const char* op, const char* call) {
-  if (st != CUBLAS_STATUS_SUCCESS) fail("{}: {} failed: {} ({})", op, call, cublasLtGetStatusName(st), static_cast<int>(st));
+  if (st != CUBLAS_STATUS_SUCCESS) fail_as(ErrorKind::Device, "{}: {} failed: {} ({})", op, call, cublasLtGetStatusName(st), static_cast<int>(st));
 }
 
 // The largest power of two (up to 256) dividing the address: cuBLASLt algorithms state the alignment they need,

@@ -14,7 +14,8 @@ using cuda::check;
 
 namespace cuda {
 void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) fail("{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
+  if (err != cudaSuccess)
+    fail_as(ErrorKind::Device, "{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 }  // namespace cuda
 
@@ -53,6 +54,12 @@ std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& opt) {
   auto ops = std::make_unique<CudaOps>();
   if (opt.attention == "cudnn") ops->use_cudnn_attention();  // a failure here destroys ops cleanly
   return ops;
+}
+
+std::string CudaOps::device_name() const {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device_), "CudaOps: cudaGetDeviceProperties");
+  return prop.name;
 }
 
 void CudaOps::use_cudnn_attention() {

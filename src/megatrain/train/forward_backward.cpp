@@ -1,0 +1,76 @@
+#include "megatrain/train/forward_backward.h"
+
+#include "megatrain/parallel/gpt_pipeline.h"
+
+namespace mt {
+
+namespace {
+
+CommTime take(ProcessGroupTpComm* tpc) { return tpc ? tpc->take_comm_time() : CommTime{}; }
+
+class PlainForwardBackward final : public ForwardBackward {
+ public:
+  PlainForwardBackward(const RunConfig& cfg, ModelStack& stack)
+      : model_(*stack.model), tpc_(stack.tp_comm.get()), accum_(cfg.train.grad_accum), B_(cfg.data.batch_size),
+        T_(cfg.data.seq_len) {}
+  float run(DataLoader& loader, Update& update) override {
+    float loss = 0;
+    for (int mi = 0; mi < accum_; ++mi) {
+      Batch b = loader.next();
+      const bool last = mi == accum_ - 1;
+      if (last) update.begin_last_backward(-1);
+      if (tpc_) model_.set_tp_grad_sync(last);  // replicated tensors' gradients: one tp sum per step
+      loss += model_.forward(b.x.data(), b.y.data(), B_, T_, true, 1.0f / accum_);
+      model_.backward();
+    }
+    return loss / accum_;
+  }
+  CommTime take_tp_time() override { return take(tpc_); }
+
+ private:
+  GPT& model_;
+  ProcessGroupTpComm* tpc_;
+  int accum_, B_, T_;
+};
+
+class PipelinedForwardBackward final : public ForwardBackward {
+ public:
+  PipelinedForwardBackward(const RunConfig& cfg, Topology& topo, ModelStack& stack)
+      : stack_(stack), device_pp_(topo.device_mesh->pp()), host_pp_(topo.host_mesh->pp()),
+        accum_(cfg.train.grad_accum),
+        pipe_(*stack.model, stack.schedule, topo.coord.pp, cfg.data.batch_size, cfg.data.seq_len) {}
+  float run(DataLoader& loader, Update& update) override {
+    // A chunk's gradients are final in the backward of its last micro-batch: ZeRO's buckets start there.
+    pipe_.set_before_last_backward([&update](int c) { update.begin_last_backward(c); });
+    const int micro = stack_.microbatches;
+    float loss = 0;
+    for (int round = 0; round < accum_; ++round) {
+      Batch b = loader.next();
+      loss += pipe_.run(device_pp_, b.x.data(), b.y.data(), 1.0f / static_cast<float>(accum_ * micro),
+                        round == accum_ - 1);
+    }
+    loss /= static_cast<float>(accum_ * micro);
+    // The two copies of a tied wte take the sum of both stages' gradients (ZeRO reduces the buckets holding wte
+    // only in finish_gradients, after this sum).
+    if (stack_.embedding_group) stack_.embedding_group->allreduce(stack_.model->params().grad("wte.weight"))->wait();
+    host_pp_.allreduce(f32_view(&loss, {1}))->wait();  // the loss exists on the last stage only
+    return loss;
+  }
+  CommTime take_tp_time() override { return take(stack_.tp_comm.get()); }
+  CommTime take_pp_time() override { return pipe_.take_comm_time(); }
+
+ private:
+  ModelStack& stack_;
+  ProcessGroup &device_pp_, &host_pp_;
+  int accum_;
+  GptPipeline pipe_;
+};
+
+}  // namespace
+
+std::unique_ptr<ForwardBackward> make_forward_backward(const RunConfig& cfg, Topology& topo, ModelStack& stack) {
+  if (topo.shape.pp > 1) return std::make_unique<PipelinedForwardBackward>(cfg, topo, stack);
+  return std::make_unique<PlainForwardBackward>(cfg, stack);
+}
+
+}  // namespace mt

@@ -1,0 +1,54 @@
+// Step observers: what the trainer tells the outside world, as events. The metrics log (metrics.jsonl) and the
+// progress printer are observers; the coming heartbeat, timeline and dashboard will be others. Observers run on
+// the rank that owns them, synchronously, on the training thread: they must be cheap (a line written, a counter
+// set) and must not call collectives.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megatrain/comm/process_group.h"
+#include "megatrain/core/error.h"
+
+namespace mt {
+
+struct RunConfig;
+
+struct RunStart {
+  const RunConfig* cfg = nullptr;
+  int start_step = 0;        // the last completed step (0, or the step resumed from)
+  int world_size = 1, dp = 1, pp = 1, tp = 1;
+  int threads = 1;           // OpenMP threads per rank
+  int64_t params = 0;        // model parameters (whole model)
+  uint64_t train_tokens = 0; // tokens in the train split
+  double peak_flops = 0;     // the MFU denominator over all ranks
+  std::string peak_source;   // where peak_flops came from
+  std::string resumed_from;  // checkpoint directory, or ""
+};
+
+struct StepStats {
+  int step = 0, total_steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double step_seconds = 0, tokens_per_second = 0, model_flops_per_second = 0, mfu = 0;
+};
+
+// One step: its statistics and this rank's communication time on each plane of groups during it.
+struct StepReport {
+  StepStats stats;
+  CommTime dp, tp, pp;
+};
+
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void on_run_start(const RunStart&) {}
+  virtual void on_step(const StepReport&) {}
+  virtual void on_eval(int /*step*/, double /*val_loss*/) {}
+  // A checkpoint of `step` was committed to `dir` (why: "periodic", "final", "stop").
+  virtual void on_checkpoint(int /*step*/, const std::string& /*dir*/, const std::string& /*why*/) {}
+  virtual void on_sample(int /*step*/, const std::string& /*text*/, const std::vector<int32_t>& /*tokens*/) {}
+  // The run is about to end with this error (after the last completed step `step`); it is rethrown after.
+  virtual void on_error(int /*step*/, ErrorKind /*kind*/, const std::string& /*what*/) {}
+};
+
+}  // namespace mt

@@ -1,0 +1,37 @@
+#include "megatrain/train/start.h"
+
+#include <fmt/format.h>
+
+#include "megatrain/ckpt/checkpoint.h"
+#include "megatrain/ckpt/model_weights.h"
+#include "megatrain/core/error.h"
+
+namespace mt {
+
+StartPoint resume_or_init(const RunConfig& cfg, GPT& model, TrainCheckpointer& ckpt, HostMirror* mirror,
+                          DataLoader& loader, bool main_rank) {
+  StartPoint at;
+  if (cfg.ckpt.resume == "auto") {
+    if (auto latest = find_latest(cfg.ckpt.dir)) at.resumed_from = *latest;
+  } else if (cfg.ckpt.resume != "none") {
+    at.resumed_from = cfg.ckpt.resume;
+  }
+  if (!at.resumed_from.empty()) {
+    LoaderState pos;
+    at.step = with_kind(ErrorKind::Checkpoint, [&] { return ckpt.restore(at.resumed_from, pos); });
+    if (mirror) mirror->push();
+    loader.restore(pos);
+    if (main_rank) fmt::print("resumed from {} at step {}\n", at.resumed_from, at.step);
+  } else if (!cfg.init_from.empty()) {
+    GPT& target = mirror ? mirror->model() : model;
+    target.init_weights(cfg.train.seed);
+    with_kind(ErrorKind::Checkpoint, [&] { load_model_weights(cfg.init_from, cfg.model, target.params()); });
+    if (mirror) mirror->push();
+    if (main_rank) fmt::print("initialised weights from {}\n", cfg.init_from);
+  } else {
+    model.init_weights(cfg.train.seed);
+  }
+  return at;
+}
+
+}  // namespace mt

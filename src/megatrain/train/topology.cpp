@@ -1,0 +1,50 @@
+#include "megatrain/train/topology.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "megatrain/core/error.h"
+#include "megatrain/train/config_agreement.h"
+#include "megatrain/train/gpu_groups.h"
+
+namespace mt {
+
+std::unique_ptr<ProcessGroup> Topology::make_device_group(const std::string& dim, const std::string& name,
+                                                          const std::vector<int>& ranks) {
+  return device_groups ? device_groups(*store, dim, "device/" + name, ranks, rank_info.rank, group_options)
+                       : make_gloo_group(*store, name, ranks, rank_info.rank, group_options);
+}
+
+Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
+  Topology t;
+  if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+  t.rank_info = with_kind(ErrorKind::Config, [] { return rank_info_from_env(); });
+  const RankInfo& ri = t.rank_info;
+  t.shape = MeshShape{cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp};
+  with_kind(ErrorKind::Config, [&] { check_mesh(t.shape, ri.world_size); });
+  t.main_rank = ri.rank == 0;
+  const bool gpu = cfg.train.device == "cuda";
+  t.ops = seams.make_ops ? seams.make_ops()
+          : gpu          ? make_cuda_ops(ri.world_size > 1 ? ri.local_rank : -1, CudaOptions{cfg.train.attention})
+                         : make_cpu_ops();
+  if (ri.world_size == 1) return t;
+
+  t.group_options.timeout = Millis(1000LL * cfg.parallel.timeout_s);
+  t.store = open_store(ri.store_url, t.group_options.timeout);
+  agree_on_config(*t.store, ri.rank, ri.world_size, cfg.effective, t.group_options.timeout);
+  t.host_mesh = std::make_unique<DeviceMesh>(*t.store, t.shape, ri.rank, t.group_options, seams.host_groups);
+  t.coord = t.host_mesh->coord();
+  t.device_groups = seams.device_groups ? seams.device_groups : gpu ? gpu_mesh_groups(*t.ops) : GroupFactory{};
+  if (t.device_groups)
+    t.own_device_mesh =
+        std::make_unique<DeviceMesh>(*t.store, t.shape, ri.rank, t.group_options, t.device_groups, "device/");
+  t.device_mesh = t.own_device_mesh ? t.own_device_mesh.get() : t.host_mesh.get();
+  if (t.main_rank)
+    fmt::print("mesh dp={} pp={} tp={} over {} ranks ready in {:.2f} s{}\n", t.shape.dp, t.shape.pp, t.shape.tp,
+               ri.world_size, t.host_mesh->init_seconds(),
+               t.own_device_mesh ? fmt::format(" (host mesh), {:.2f} s (device mesh)", t.own_device_mesh->init_seconds())
+                                 : "");
+  return t;
+}
+
+}  // namespace mt

@@ -1,0 +1,304 @@
+// How a run talks to whatever supervises it (train/observer.h, core/error.h, core/stop_request.h,
+// train/config_agreement.h):
+//  * observers see every event of a run, in order, with the values the run returns;
+//  * a stop request finishes the step, writes a checkpoint, and the resumed run continues bit-identically to an
+//    undisturbed one (the oracle); through the binary, SIGTERM gives the Stopped exit code, also under `launch`
+//    where every rank must stop at the same step;
+//  * each kind of failure exits with its own code;
+//  * ranks started with different configs fail at start-up, naming the keys and ranks.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "megatrain/core/error.h"
+#include "megatrain/core/stop_request.h"
+#include "megatrain/train/config_agreement.h"
+#include "megatrain/train/peak.h"
+#include "megatrain/train/trainer.h"
+#include "test_util.h"
+
+using namespace mt;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
+const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown";
+
+void prepare_brown() { mt::test::prepare_brown_once(kBin, kData); }
+
+std::vector<std::string> small_flags(const std::string& out) {
+  return {"--data.dir=" + kData,    "--train.out_dir=" + out, "--model.n_layer=2",      "--model.d_model=64",
+          "--model.n_head=2",       "--model.max_seq_len=64", "--data.seq_len=32",     "--data.batch_size=4",
+          "--optim.lr=3e-3",        "--optim.warmup_steps=2", "--train.eval_every=0",  "--sample.tokens=0",
+          "--train.log_every=1000", "--train.threads=1",      "--train.peak_tflops=1"};
+}
+
+RunConfig small(const std::string& out, std::vector<std::string> extra = {}) {
+  std::vector<std::string> ov = small_flags(out);
+  ov.insert(ov.end(), extra.begin(), extra.end());
+  return parse_run_config("", "test", ov);
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (auto& x : v) s += " " + x;  // no flag here holds a space or a shell character
+  return s;
+}
+
+// "step:loss_exact" of every train line.
+std::vector<std::string> losses(const std::string& metrics) {
+  std::vector<std::string> out;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") out.push_back(std::to_string(j["step"].get<int>()) + ":" + j["loss_exact"].get<std::string>());
+  }
+  return out;
+}
+
+int exit_status(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
+
+// Runs a shell command, returns its exit code.
+int run(const std::string& cmd) { return exit_status(std::system(cmd.c_str())); }
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+struct Recorder final : TrainObserver {
+  std::vector<std::string> events;
+  int stop_at = -1;  // request a stop in on_step of this step
+  std::vector<StepReport> steps;
+  void on_run_start(const RunStart& r) override { events.push_back("start " + std::to_string(r.start_step)); }
+  void on_step(const StepReport& r) override {
+    events.push_back("step " + std::to_string(r.stats.step));
+    steps.push_back(r);
+    if (r.stats.step == stop_at) request_stop();
+  }
+  std::vector<double> evals;
+  void on_eval(int step, double v) override {
+    events.push_back(fmt::format("eval {}", step));
+    evals.push_back(v);
+  }
+  void on_checkpoint(int step, const std::string& dir, const std::string& why) override {
+    events.push_back(fmt::format("checkpoint {} {} {}", step, why, fs::path(dir).filename().string()));
+  }
+  void on_error(int step, ErrorKind k, const std::string&) override {
+    events.push_back(fmt::format("error {} {}", step, kind_name(k)));
+  }
+};
+
+TEST(TrainObservers, SeeEveryEventInOrderWithTheRunsValues) {
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_observers";
+  fs::remove_all(out);
+  Recorder rec;
+  TrainResult r = run_training(small(out, {"--train.steps=4", "--train.eval_every=2", "--train.eval_batches=2",
+                                           "--ckpt.every=3"}),
+                               {}, {&rec});
+  const std::vector<std::string> want = {"start 0", "step 1", "step 2", "eval 2", "step 3",
+                                         "checkpoint 3 periodic step_00000003", "step 4", "eval 4",
+                                         "checkpoint 4 final step_00000004"};
+  EXPECT_EQ(rec.events, want);
+  ASSERT_EQ(rec.evals.size(), 2u);
+  EXPECT_TRUE(std::isfinite(rec.evals[0]));
+  EXPECT_EQ(rec.evals[1], r.last_val_loss);
+  ASSERT_EQ(rec.steps.size(), 4u);
+  EXPECT_EQ(rec.steps.back().stats.loss, r.last_loss);
+  for (const StepReport& s : rec.steps) {  // one process: no plane has traffic
+    EXPECT_EQ(s.dp.busy_seconds + s.tp.busy_seconds + s.pp.busy_seconds, 0.0);
+    EXPECT_GT(s.stats.step_seconds, 0.0);
+  }
+  // The metrics log is an observer too: it has the same steps and the checkpoints.
+  EXPECT_EQ(losses(out + "/metrics.jsonl").size(), 4u);
+  EXPECT_NE(slurp(out + "/metrics.jsonl").find("\"kind\":\"checkpoint\""), std::string::npos);
+}
+
+TEST(TrainObservers, SeeTheErrorThatEndsARunWithItsKind) {
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_observers_diverge";
+  fs::remove_all(out);
+  Recorder rec;
+  // lr 1e6 with Adam moves every weight by ~1e6 per step: the logits overflow within a few steps.
+  try {
+    run_training(small(out, {"--train.steps=50", "--optim.lr=1e6", "--optim.warmup_steps=0", "--optim.grad_clip=0"}),
+                 {}, {&rec});
+    FAIL() << "a run at lr 1e6 did not diverge";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, ErrorKind::NonFinite) << e.what();
+    ASSERT_FALSE(rec.events.empty());
+    EXPECT_EQ(rec.events.back().rfind("error ", 0), 0u) << rec.events.back();
+    EXPECT_NE(rec.events.back().find("non-finite"), std::string::npos) << rec.events.back();
+  }
+  EXPECT_NE(slurp(out + "/metrics.jsonl").find("\"error_kind\":\"non-finite\""), std::string::npos);
+}
+
+TEST(TrainStop, FinishesTheStepCheckpointsAndResumesBitIdentically) {
+  prepare_brown();
+  const std::string a = ::testing::TempDir() + "/mt_stop_a", b = ::testing::TempDir() + "/mt_stop_b";
+  fs::remove_all(a);
+  fs::remove_all(b);
+  run_training(small(a, {"--train.steps=7"}));  // the undisturbed run
+  Recorder rec;
+  rec.stop_at = 3;
+  TrainResult r = run_training(small(b, {"--train.steps=7"}), {}, {&rec});
+  clear_stop_request();
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.last_step, 3);
+  EXPECT_EQ(rec.events.back(), "checkpoint 3 stop step_00000003");
+  TrainResult r2 = run_training(small(b, {"--train.steps=7"}));  // ckpt.resume = auto
+  EXPECT_FALSE(r2.stopped);
+  EXPECT_EQ(r2.first_step, 4);
+  EXPECT_EQ(losses(a + "/metrics.jsonl"), losses(b + "/metrics.jsonl"));
+}
+
+// Starts argv in its own process group; returns its pid.
+pid_t spawn_sh(const std::string& cmd) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits (up to 120 s, a hang guard) until the metrics file has a train line of step >= n.
+bool wait_for_step(const std::string& metrics, int n) {
+  for (int i = 0; i < 1200; ++i) {
+    for (const std::string& l : losses(metrics))
+      if (std::stoi(l.substr(0, l.find(':'))) >= n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+int wait_pid(pid_t pid) {
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return exit_status(st);
+}
+
+TEST(TrainStop, SigtermGivesTheStoppedExitCodeAndAResumableCheckpoint) {
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_stop_sigterm";
+  fs::remove_all(out);
+  // exec: the signal goes to megatrain itself, not to the shell.
+  pid_t pid = spawn_sh("exec " + kBin + " train" + joined(small_flags(out)) + " --train.steps=100000 > " + out +
+                       ".log 2>&1");
+  ASSERT_TRUE(wait_for_step(out + "/metrics.jsonl", 2)) << slurp(out + ".log");
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(wait_pid(pid), exit_code(ErrorKind::Stopped)) << slurp(out + ".log");
+  const std::string log = slurp(out + ".log");
+  EXPECT_NE(log.find("stop requested"), std::string::npos) << log;
+  // The stop checkpoint is complete: a run resumes from it.
+  const std::vector<std::string> before = losses(out + "/metrics.jsonl");
+  ASSERT_FALSE(before.empty());
+  const int last = std::stoi(before.back().substr(0, before.back().find(':')));
+  EXPECT_TRUE(fs::exists(out + fmt::format("/ckpt/step_{:08d}", last))) << log;
+  EXPECT_EQ(run(kBin + " train" + joined(small_flags(out)) + fmt::format(" --train.steps={}", last + 1) + " > " + out +
+                ".resume.log 2>&1"),
+            0)
+      << slurp(out + ".resume.log");
+  EXPECT_NE(slurp(out + ".resume.log").find(fmt::format("at step {}", last)), std::string::npos);
+}
+
+TEST(TrainStop, UnderLaunchEveryRankStopsAtTheSameStep) {
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_stop_launch";
+  fs::remove_all(out);
+  pid_t pid = spawn_sh("exec " + kBin + " launch --nproc 2 --grace 60 -- train" + joined(small_flags(out)) +
+                       " --parallel.dp=2 --data.batch_size=2 --train.steps=100000 > " + out + ".log 2>&1");
+  ASSERT_TRUE(wait_for_step(out + "/metrics.jsonl", 2)) << slurp(out + ".log");
+  ::kill(pid, SIGTERM);  // the launcher forwards it to both ranks, which see it at different points of a step
+  wait_pid(pid);
+  const std::string log = slurp(out + ".log");
+  // Both ranks stopped cleanly (no rank was killed after the grace period, none timed out waiting for the other).
+  EXPECT_EQ(log.find("killing it"), std::string::npos) << log;
+  EXPECT_EQ(log.find("timed out"), std::string::npos) << log;
+  EXPECT_NE(log.find("stop requested"), std::string::npos) << log;
+  const std::vector<std::string> l = losses(out + "/metrics.jsonl");
+  ASSERT_FALSE(l.empty());
+  const int last = std::stoi(l.back().substr(0, l.back().find(':')));
+  EXPECT_TRUE(fs::exists(out + fmt::format("/ckpt/step_{:08d}/manifest.json", last))) << log;
+}
+
+TEST(ExitCodes, EachKindOfFailureHasItsOwnCode) {
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_exit_codes";
+  fs::remove_all(out);
+  const std::string train = kBin + " train" + joined(small_flags(out));
+  EXPECT_EQ(run(train + " --model.n_layre=2 > /dev/null 2>&1"), exit_code(ErrorKind::Config));
+  EXPECT_EQ(run(train + " --data.dir=/nonexistent/shards > /dev/null 2>&1"), exit_code(ErrorKind::Data));
+  EXPECT_EQ(run(train + " --ckpt.resume=/nonexistent/ckpt/step_00000001 > /dev/null 2>&1"),
+            exit_code(ErrorKind::Checkpoint));
+  EXPECT_EQ(run(train + " --train.steps=50 --optim.lr=1e6 --optim.warmup_steps=0 --optim.grad_clip=0 > " + out +
+                ".log 2>&1"),
+            exit_code(ErrorKind::NonFinite))
+      << slurp(out + ".log");
+  EXPECT_NE(slurp(out + ".log").find("non-finite"), std::string::npos);
+  // The codes split into "restarting cannot help" and "a restart may help".
+  EXPECT_FALSE(restart_may_help(ErrorKind::Config));
+  EXPECT_FALSE(restart_may_help(ErrorKind::Checkpoint));
+  EXPECT_TRUE(restart_may_help(ErrorKind::PeerLost));
+  EXPECT_TRUE(restart_may_help(ErrorKind::CommTimeout));
+}
+
+TEST(ConfigAgreement, DifferencesNameEveryKeyBothValuesAndTheRank) {
+  const ConfigEntries ref = {{"model.n_layer", "2"}, {"optim.lr", "0.001"}, {"data.seq_len", "32"}};
+  EXPECT_EQ(config_differences(ref, ref, 3), "");
+  const ConfigEntries mine = {{"model.n_layer", "3"}, {"optim.lr", "0.001"}, {"data.seq_len", "64"}, {"x.y", "1"}};
+  EXPECT_EQ(config_differences(ref, mine, 3),
+            "data.seq_len (rank 0: 32, rank 3: 64); model.n_layer (rank 0: 2, rank 3: 3); x.y (rank 0: <absent>, "
+            "rank 3: 1)");
+}
+
+TEST(ConfigAgreement, TheEffectiveConfigCoversDefaultsAndOverrides) {
+  RunConfig a = parse_run_config("", "a", {"--optim.lr=0.001"}), b = parse_run_config("[optim]\nlr = 1e-3\n", "b");
+  EXPECT_EQ(a.effective, b.effective);  // the same values, however they were written
+  RunConfig c = parse_run_config("", "c", {"--optim.lr=0.001", "--data.seq_len=64"});
+  EXPECT_EQ(config_differences(a.effective, c.effective, 1), "data.seq_len (rank 0: 128, rank 1: 64)");
+  EXPECT_GT(a.effective.size(), 60u);  // every key of every section, defaults included
+}
+
+TEST(ConfigAgreement, RanksWithDifferentConfigsFailAtStartNamingKeysAndRanks) {
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_config_disagree";
+  fs::remove_all(out);
+  // Rank 1 gets another n_layer and another lr: before this check, n_layer aborted inside Gloo and lr trained on.
+  const std::string cmd = kBin + " launch --nproc 2 --exec -- sh -c '" + kBin + " train" +
+                          joined(small_flags(out)) +
+                          " --parallel.dp=2 --data.batch_size=2 --train.steps=2 --model.n_layer=$((RANK+2))"
+                          " --optim.lr=$((RANK+1))e-3' > " + out + ".log 2>&1";
+  EXPECT_EQ(run(cmd), exit_code(ErrorKind::Config)) << slurp(out + ".log");
+  const std::string log = slurp(out + ".log");
+  EXPECT_NE(log.find("different configs"), std::string::npos) << log;
+  EXPECT_NE(log.find("model.n_layer (rank 0: 2, rank 1: 3)"), std::string::npos) << log;
+  EXPECT_NE(log.find("optim.lr (rank 0: 0.001, rank 1: 0.002)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("EnforceNotMet"), std::string::npos) << log;
+}
+
+TEST(Peak, DatasheetPeaksByDeviceName) {
+  EXPECT_DOUBLE_EQ(datasheet_peak_flops("NVIDIA H100 80GB HBM3"), 989.4e12);
+  EXPECT_DOUBLE_EQ(datasheet_peak_flops("NVIDIA H100 PCIe"), 756.0e12);
+  EXPECT_DOUBLE_EQ(datasheet_peak_flops("NVIDIA H100 NVL"), 835.5e12);
+  EXPECT_DOUBLE_EQ(datasheet_peak_flops("NVIDIA H200"), 989.4e12);
+  EXPECT_DOUBLE_EQ(datasheet_peak_flops("NVIDIA A100-SXM4-80GB"), 312.0e12);
+  EXPECT_EQ(datasheet_peak_flops("NVIDIA GeForce RTX 4090"), 0.0);  // unknown: the user must configure it
+}
+
+}  // namespace
