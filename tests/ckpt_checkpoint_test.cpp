@@ -5,11 +5,14 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "ckpt_testutil.h"
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/checksum.h"
+#include "megatrain/ckpt/reader.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/core/rng.h"
 
@@ -141,12 +144,12 @@ TEST(Checkpoint, MissingTruncatedOrExtraFilesAreRefused) {
   // A manifest that forgot a tensor the file holds.
   json m = json::parse(read_text_file(dir + "/manifest.json"));
   m["tensors"].erase("data.position");
-  write_text(dir + "/manifest.json", m.dump());
+  write_sealed_manifest(dir, m);
   EXPECT_ERROR_HAS(Checkpoint::load(dir), "'data.position'", "does not list");
   // A shape in the manifest that the file contradicts.
   m = json::parse(read_text_file(dir + "/manifest.json"));
   m["tensors"]["data.position"] = {{"file", "optim.safetensors"}, {"dtype", "I64"}, {"shape", {4}}, {"checksum", "crc32c:00000000"}};
-  write_text(dir + "/manifest.json", m.dump());
+  write_sealed_manifest(dir, m);
   EXPECT_ERROR_HAS(Checkpoint::load(dir), "'data.position'", "shape [3]", "[4] in the manifest");
 }
 
@@ -156,7 +159,7 @@ TEST(Checkpoint, ManifestVersionAndGarbageAreRefused) {
   std::string dir = save_checkpoint(root.path.string(), 3, s.files(), extra_of(3));
   json m = json::parse(read_text_file(dir + "/manifest.json"));
   m["format_version"] = 3;
-  write_text(dir + "/manifest.json", m.dump());
+  write_sealed_manifest(dir, m);
   EXPECT_ERROR_HAS(Checkpoint::load(dir), "format_version 3", "reads 1 and 2");
   write_text(dir + "/manifest.json", "{\"format_version\": 1, \"st");
   EXPECT_ERROR_HAS(Checkpoint::load(dir), "manifest.json is corrupt");
@@ -210,7 +213,7 @@ TEST(Checkpoint, StaleTmpDirectoryNeverCounts) {
   std::filesystem::copy(good, stale);
   json m = json::parse(read_text_file(stale + "/manifest.json"));
   m["step"] = 20;
-  write_text(stale + "/manifest.json", m.dump());
+  write_sealed_manifest(stale, m);
   std::filesystem::remove(root / "latest");  // even when scanning, the tmp directory is not a candidate
   EXPECT_EQ(*find_latest(r), good);
   ASSERT_EQ(list_checkpoints(r).size(), 1u);
@@ -284,4 +287,94 @@ TEST(Checkpoint, SaveRefusesBadRequests) {
   EXPECT_ERROR_HAS(save_checkpoint(r, 1, {{"../x", {}}}, {}), "not allowed");
   EXPECT_ERROR_HAS(save_checkpoint(r, -1, s.files(), {}), "negative step");
   EXPECT_TRUE(list_checkpoints(r).empty());
+}
+
+// The manifest's own checksum (issue 10, hidden-corruption guard): written on save as the CRC-32C of the manifest's
+// canonical dump without the field (recomputed here from the file, independently of seal_manifest), and verified
+// before anything in it is used: an edit that leaves valid JSON (a changed step, a changed extra value) is refused
+// by both readers, naming the file. A manifest without the field (written before it existed) still loads.
+TEST(Checkpoint, TheManifestChecksumGuardsAgainstHiddenEdits) {
+  ScratchDir root;
+  State s(4);
+  const std::string dir = save_checkpoint(root.path.string(), 5, s.files(), extra_of(5));
+  const json good = json::parse(read_text_file(dir + "/manifest.json"));
+  ASSERT_TRUE(good.contains("manifest_checksum"));
+  json bare = good;
+  bare.erase("manifest_checksum");
+  const std::string canonical = bare.dump();
+  EXPECT_EQ(good["manifest_checksum"], format_checksum(crc32c(canonical.data(), canonical.size())));
+
+  const std::vector<std::function<void(json&)>> edits = {
+      [](json& m) { m["step"] = 6; },
+      [](json& m) { m["extra"]["data"]["offset"] = 36; },
+      [](json& m) { m["tensors"]["data.position"]["shape"] = {4}; },
+      [](json& m) { m["manifest_checksum"] = "crc32c:00000000"; },
+  };
+  for (size_t i = 0; i < edits.size(); ++i) {
+    SCOPED_TRACE(i);
+    json m = good;
+    edits[i](m);
+    write_text(dir + "/manifest.json", m.dump(1));
+    EXPECT_ERROR_HAS(Checkpoint::load(dir), dir.c_str(), "manifest.json fails its checksum");
+    EXPECT_ERROR_HAS(CheckpointReader::open(dir), dir.c_str(), "manifest.json fails its checksum");
+  }
+  json m = good;
+  m["manifest_checksum"] = 12;
+  write_text(dir + "/manifest.json", m.dump());
+  EXPECT_ERROR_HAS(Checkpoint::load(dir), "manifest_checksum is 12, not a string");
+  m["manifest_checksum"] = "sha1:x";
+  write_text(dir + "/manifest.json", m.dump());
+  EXPECT_ERROR_HAS(Checkpoint::load(dir), "manifest_checksum", "bad checksum");
+
+  // An older manifest: no field. Loads, with a warning that names it.
+  write_text(dir + "/manifest.json", bare.dump(1));
+  ::testing::internal::CaptureStderr();
+  Checkpoint c = Checkpoint::load(dir);
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(c.step(), 5);
+  EXPECT_NE(warned.find(dir + "/manifest.json has no manifest_checksum"), std::string::npos) << warned;
+  // Re-saved, the checksum is back; the file as written (indented) verifies.
+  write_text(dir + "/manifest.json", good.dump(1));
+  EXPECT_NO_THROW(Checkpoint::load(dir));
+}
+
+// Every field of a format-1 manifest replaced by a value of each wrong JSON type (re-sealed, so that the field's
+// own validation is what answers): opening and loading either work or throw mt::Error naming the checkpoint, never
+// a bare nlohmann::json exception.
+TEST(Checkpoint, Format1ManifestFieldsOfTheWrongTypeAreClearErrors) {
+  ScratchDir root;
+  State s(8);
+  const std::string dir = save_checkpoint(root.path.string(), 2, s.files(), extra_of(2));
+  const json good = json::parse(read_text_file(dir + "/manifest.json"));
+  const std::vector<json> wrong = {json(7), json(-3), json(2.5), json("x"), json(nullptr), json::array(),
+                                   json::object(), json(true)};
+  std::set<std::string> fields;
+  const json flat = good.flatten();  // named: items() of a temporary would dangle
+  for (auto& [path, value] : flat.items())
+    for (json::json_pointer ptr(path); !ptr.empty(); ptr = ptr.parent_pointer()) fields.insert(ptr.to_string());
+  int refused = 0;
+  for (const std::string& field : fields) {
+    if (field.rfind("/manifest_checksum", 0) == 0) continue;  // the test above
+    const json::json_pointer ptr(field);
+    for (const json& w : wrong) {
+      json m = good;
+      if (m[ptr] == w) continue;
+      m[ptr] = w;
+      write_sealed_manifest(dir, m);
+      for (int how = 0; how < 2; ++how) {
+        try {
+          if (how == 0)
+            CheckpointReader::open(dir);
+          else
+            Checkpoint::load(dir);
+        } catch (const mt::Error& e) {
+          ++refused;
+          EXPECT_NE(std::string(e.what()).find(dir), std::string::npos) << field << " = " << w.dump() << ": " << e.what();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << field << " = " << w.dump() << ": not an mt::Error: " << e.what();
+        }
+      }
+    }
+  }
+  EXPECT_GT(refused, 0);
 }

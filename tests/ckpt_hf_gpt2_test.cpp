@@ -158,6 +158,24 @@ TEST(HfGpt2, InfersTheConfigFromShapesAndConfigJson) {
   EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), "describes a \"llama\" model");
   write_text(dir / "config.json", R"({"activation_function": "relu"})");
   EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), "activation_function 'relu'");
+  // Settings of the wrong type name the file and the key (issue 10 item 8: they were bare json type_errors).
+  const std::string where = dir / "config.json";
+  write_text(where, R"({"scale_attn_weights": "yes"})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "scale_attn_weights must be true or false");
+  write_text(where, R"({"scale_attn_by_inverse_layer_idx": 1})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "scale_attn_by_inverse_layer_idx must be true or false");
+  write_text(where, R"({"tie_word_embeddings": "no"})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "tie_word_embeddings must be true or false");
+  write_text(where, R"({"layer_norm_epsilon": "1e-5"})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "layer_norm_epsilon must be a number");
+  write_text(where, R"({"n_head": 4294967298})");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "n_head must be a positive integer");
+  write_text(where, R"([1, 2])");
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), where.c_str(), "expected a JSON object");
+  // A value the model refuses (a negative epsilon) names the weights file.
+  write_text(where, R"({"layer_norm_epsilon": -1, "n_head": 2})");
+  const std::string weights = dir / "model.safetensors";
+  EXPECT_ERROR_HAS(infer_hf_gpt2_config(f), weights.c_str(), "model.norm_eps = -1 is out of range");
 
   // Without config.json, n_head comes from the argument, or from 64-wide heads when the width allows.
   std::filesystem::remove(dir / "config.json");
@@ -368,6 +386,15 @@ TEST(ConfigJson, RoundTripAndStrictKeys) {
   EXPECT_ERROR_HAS(model_config_from_json({{"n_layers", 3}}), "unknown model config key 'n_layers'");
   EXPECT_ERROR_HAS(model_config_from_json({{"n_layer", "3"}}), "'n_layer' must be an integer");
   EXPECT_ERROR_HAS(model_config_from_json({{"bias", 1}}), "'bias' must be true or false");
+  // Values from a manifest are validated like a config's (issue 10: window = 2^31-1 crashed generate, norm_eps = -1
+  // was accepted and changed its output); from a manifest, the error names it.
+  EXPECT_ERROR_HAS(model_config_from_json({{"window", 2147483647}}), "model.window = 2147483647 is out of range");
+  EXPECT_ERROR_HAS(model_config_from_json({{"norm_eps", -1}}), "model.norm_eps = -1 is out of range");
+  EXPECT_ERROR_HAS(model_config_from_json({{"init_std", 1e39}}), "model.init_std = inf is out of range");
+  EXPECT_ERROR_HAS(model_config_from_manifest({{"model", {{"n_layer", 2147483647}}}}, "/ck/step_1"),
+                   "checkpoint /ck/step_1: manifest.json, extra.model: model.n_layer = 2147483647 is out of range");
+  EXPECT_ERROR_HAS(model_config_from_manifest(json::object(), "/ck/step_1"), "/ck/step_1", "no model config");
+  EXPECT_ERROR_HAS(model_config_from_manifest(json(3), "/ck/step_1"), "/ck/step_1", "no model config");
   EXPECT_ERROR_HAS(model_config_from_json({{"norm", "batchnorm"}}), "model.norm must be 'layernorm' or 'rmsnorm'");
   EXPECT_ERROR_HAS(model_config_from_json({{"block", 2}}), "'block' must be a string");
   EXPECT_ERROR_HAS(model_config_from_json(json::array()), "must be a JSON object");

@@ -219,6 +219,12 @@ TEST(Safetensors, RefusesCorruptFiles) {
        R"({"z":{"dtype":"F32","shape":[4611686018427387904,4,0],"data_offsets":[0,0]},)"
        R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)" + b_ok + "}",
        d, {"'z'", "more elements than int64"}},
+      // Empty (a zero dimension), but the other dimensions' product overflows int64: element counts computed left
+      // to right (shape_numel) would overflow before reaching the zero. Accepted before.
+      {"empty tensor with an overflowing shape",
+       R"({"z":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904,0],"data_offsets":[0,0]},)"
+       R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)" + b_ok + "}",
+       d, {"'z'", "more elements than int64 can count"}},
       {"overlap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                   R"("b":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})",
        d, {"'b'", "overlaps"}},

@@ -291,7 +291,7 @@ TEST(ShardedCheckpoint, AManifestWithAHoleOrWithoutItIsRefused) {
   const std::string dir = f.save(4);
   nlohmann::json m = nlohmann::json::parse(ckpt_test::read_bytes(dir + "/manifest.json"));
   m["tensors"]["w"]["pieces"].erase(1);
-  ckpt_test::write_text(dir + "/manifest.json", m.dump());
+  ckpt_test::write_sealed_manifest(dir, m);
   EXPECT_ERROR_HAS(CheckpointReader::open(dir), "tensor 'w'", "hole");
 
   std::filesystem::remove(dir + "/manifest.json");
@@ -347,7 +347,7 @@ TEST(ShardedCheckpoint, ACorruptManifestIsRefusedWithTheProblemNamed) {
     SCOPED_TRACE(mu.what);
     json m = good;
     mu.edit(m);
-    ckpt_test::write_text(dir + "/manifest.json", m.dump());
+    ckpt_test::write_sealed_manifest(dir, m);
     for (const std::string& msg : {ckpt_test::error_of([&] { CheckpointReader::open(dir); }),
                                    ckpt_test::error_of([&] { Checkpoint::load(dir); })}) {
       EXPECT_NE(msg.find(dir), std::string::npos) << msg;
@@ -380,7 +380,11 @@ TEST(ShardedCheckpoint, ManifestFieldsOfTheWrongTypeAreClearErrors) {
       json m = good;
       if (m[ptr] == w) continue;
       m[ptr] = w;
-      ckpt_test::write_text(dir + "/manifest.json", m.dump());
+      // Re-sealed, so that the field's own validation is what refuses it (the checksum field itself stays as set).
+      if (field.rfind("/manifest_checksum", 0) == 0)
+        ckpt_test::write_text(dir + "/manifest.json", m.dump());
+      else
+        ckpt_test::write_sealed_manifest(dir, m);
       for (int how = 0; how < 2; ++how) {
         try {
           if (how == 0)
@@ -400,3 +404,26 @@ TEST(ShardedCheckpoint, ManifestFieldsOfTheWrongTypeAreClearErrors) {
 }
 
 }  // namespace
+
+// A format-2 manifest carries its own checksum too: the silent wrong load (a piece start of 2^63-1) and a
+// one-digit change that would still tile (a piece moved onto another) are refused as a corrupt manifest, by name,
+// before any piece is looked at.
+TEST(ShardedCheckpoint, TheManifestChecksumRefusesAnEditedManifest) {
+  using nlohmann::json;
+  Fixture f;
+  const std::string dir = f.save(8);
+  const json good = json::parse(ckpt_test::read_bytes(dir + "/manifest.json"));
+  ASSERT_TRUE(good.contains("manifest_checksum"));
+  for (auto edit : std::vector<std::function<void(json&)>>{
+           [](json& m) { m["tensors"]["m.w"]["pieces"][1]["start"] = {INT64_MAX}; },
+           [](json& m) { std::swap(m["tensors"]["w"]["pieces"][0]["name"], m["tensors"]["w"]["pieces"][1]["name"]); },
+           [](json& m) { m["extra"] = {{"note", "edited"}}; }}) {
+    json m = good;
+    edit(m);
+    ckpt_test::write_text(dir + "/manifest.json", m.dump(1));
+    EXPECT_ERROR_HAS(CheckpointReader::open(dir), dir.c_str(), "manifest.json fails its checksum");
+    EXPECT_ERROR_HAS(Checkpoint::load(dir), dir.c_str(), "manifest.json fails its checksum");
+  }
+  ckpt_test::write_text(dir + "/manifest.json", good.dump(1));
+  EXPECT_NO_THROW(CheckpointReader::open(dir));
+}

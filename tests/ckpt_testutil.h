@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/core/error.h"
 
 namespace ckpt_test {
@@ -39,6 +40,12 @@ inline void write_bytes(const std::string& p, const std::vector<uint8_t>& b) {
 }
 
 inline void write_text(const std::string& p, const std::string& s) { write_bytes(p, std::vector<uint8_t>(s.begin(), s.end())); }
+
+// Writes an edited manifest into checkpoint dir re-sealed (a valid manifest_checksum): what such a test exercises
+// is the validation of the manifest's fields, which runs after the checksum is verified.
+inline void write_sealed_manifest(const std::string& dir, const nlohmann::json& m) {
+  write_text(dir + "/manifest.json", mt::seal_manifest(m).dump());
+}
 
 // Runs fn, expects an mt::Error, returns its message ("" and a test failure when nothing was thrown).
 template <typename Fn>

@@ -115,6 +115,31 @@ TEST(AttentionErrors, BadShapesAreRejected) {
   EXPECT_THROW(ops->attention_forward(tf(out, {16}), tf(lse, {4}), tf(qkv, {30}), s), Error);
 }
 
+// A window near 2^31 (issue 10: --model.window=2147483647 died with SIGABRT, a std::length_error thrown inside an
+// OpenMP region when the scratch size overflowed int). Any window >= T sees the whole causal context: the result
+// must be bit-identical to full causal attention (window 0), forward and backward.
+TEST(AttentionWindow, AWindowNearIntMaxIsFullCausalAttention) {
+  auto ops = make_cpu_ops();
+  const AttnShape full{1, 150, 2, 1, 8, 0};
+  const int64_t W = full.qkv_width(), OC = int64_t{full.n_head} * full.head_dim, rows = int64_t{full.B} * full.T;
+  const VecF qkv = randn(rows * W, 401, 1.5f), G = randn(rows * OC, 402);
+  VecF outs[2], lses[2], grads[2];
+  for (int k = 0; k < 2; ++k) {
+    AttnShape s = full;
+    if (k == 1) s.window = std::numeric_limits<int>::max();
+    VecF q = qkv, g = G;
+    outs[k].assign(rows * OC, kNaN);
+    lses[k].assign(int64_t{s.B} * s.n_head * s.T, kNaN);
+    grads[k].assign(rows * W, kNaN);
+    ops->attention_forward(tf(outs[k], {s.B, s.T, OC}), tf(lses[k], {s.B, s.n_head, s.T}), tf(q, {s.B, s.T, W}), s);
+    ops->attention_backward(tf(grads[k], {s.B, s.T, W}), tf(g, {s.B, s.T, OC}), tf(q, {s.B, s.T, W}),
+                            tf(outs[k], {s.B, s.T, OC}), tf(lses[k], {s.B, s.n_head, s.T}), s);
+  }
+  EXPECT_EQ(outs[1], outs[0]);
+  EXPECT_EQ(lses[1], lses[0]);
+  EXPECT_EQ(grads[1], grads[0]);
+}
+
 // ---- the tile GEMM under attention -----------------------------------------------------------------------
 
 TEST(TileGemm, MatchesNaiveProductForEdgeSizesStridesAndBeta) {

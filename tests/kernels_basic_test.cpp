@@ -18,6 +18,38 @@ class Kernels : public ::testing::Test {
   std::unique_ptr<Ops> ops = make_cpu_ops();
 };
 
+// ---- OpenMP regions never let an exception escape ----------------------------------------------------------
+
+// An exception inside a parallel region must come out after it as that exception, not std::terminate (SIGABRT):
+// here thread 0's scratch request is impossibly large (std::length_error, as a window of 2^31-1 once caused), the
+// other threads' succeed, and every thread still reaches the worksharing loop (no deadlock).
+TEST(RegionErrors, AnExceptionInsideAParallelRegionIsRethrownAfterIt) {
+  cpu::RegionErrors errors;
+  int done = 0, threads = 0;
+#pragma omp parallel num_threads(3) reduction(+ : done, threads)
+  {
+    threads = 1;
+    float* s = errors.run([] {
+      return cpu::thread_scratch(omp_get_thread_num() == 0 ? std::numeric_limits<size_t>::max() / 2 : 16);
+    });
+#pragma omp for schedule(static)
+    for (int i = 0; i < 30; ++i) {
+      if (!s) continue;
+      s[0] = static_cast<float>(i);
+      ++done;
+    }
+  }
+  EXPECT_THROW(errors.rethrow(), std::length_error);
+  EXPECT_LT(done, 30);  // thread 0's share was skipped
+  if (threads > 1) {
+    EXPECT_GT(done, 0);  // the others' ran
+  }
+  cpu::RegionErrors none;
+  float* s = none.run([] { return cpu::thread_scratch(4); });
+  EXPECT_NE(s, nullptr);
+  EXPECT_NO_THROW(none.rethrow());
+}
+
 // ---- elementwise ------------------------------------------------------------------------------------------
 
 TEST_F(Kernels, ElementwiseOps) {

@@ -1,7 +1,13 @@
 // Config parsing: defaults, types, overrides, and clear errors for malformed or unknown input.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
 #include "megatrain/train/run_config.h"
 
 using namespace mt;
@@ -100,6 +106,117 @@ TEST(RunConfig, MissingFileIsAnError) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/x.toml"), std::string::npos);
+  }
+}
+
+// Hyperparameters out of range (issue 10, item 3): each refused at load with the key, the value and the allowed
+// range. Before, optim.weight_decay = inf trained to exit 0 and checkpointed inf weights.
+TEST(RunConfig, HyperparametersOutOfRangeNameKeyValueAndRange) {
+  struct Case {
+    std::string override, expect;
+  };
+  const std::vector<Case> cases = {
+      {"--optim.weight_decay=inf", "optim.weight_decay = inf is out of range: it must be finite and >= 0"},
+      {"--optim.weight_decay=nan", "optim.weight_decay = nan is out of range"},
+      {"--optim.weight_decay=-0.1", "optim.weight_decay = -0.1 is out of range"},
+      {"--optim.lr=inf", "optim.lr = inf is out of range: it must be finite and > 0"},
+      {"--optim.lr=0", "optim.lr = 0 is out of range"},
+      {"--optim.lr=1e300", "optim.lr = inf is out of range"},  // beyond float: inf once stored
+      {"--optim.min_lr=nan", "optim.min_lr = nan is out of range: it must be finite and in [0, optim.lr]"},
+      {"--optim.eps=0", "optim.eps = 0 is out of range: it must be finite and > 0"},
+      {"--optim.eps=inf", "optim.eps = inf is out of range"},
+      {"--optim.beta1=1", "optim.beta1 = 1 is out of range: it must be in [0, 1)"},
+      {"--optim.beta2=nan", "optim.beta2 = nan is out of range: it must be in [0, 1)"},
+      {"--optim.grad_clip=inf", "optim.grad_clip = inf is out of range: it must be finite and >= 0"},
+      {"--optim.grad_clip=-1", "optim.grad_clip = -1 is out of range"},
+      {"--optim.warmup_steps=-1", "optim.warmup_steps = -1 is out of range: it must be >= 0"},
+      {"--data.batch_size=-2", "data.batch_size must be positive (got -2)"},
+      {"--model.init_std=inf", "model.init_std = inf is out of range: it must be finite and > 0"},
+      {"--model.init_std=-0.02", "model.init_std = -0.02 is out of range"},
+      {"--model.init_std=0", "model.init_std = 0 is out of range"},
+      {"--model.norm_eps=-1", "model.norm_eps = -1 is out of range: it must be finite and > 0"},
+      {"--model.norm_eps=nan", "model.norm_eps = nan is out of range"},
+      {"--model.rope_theta=inf", "model.rope_theta = inf is out of range"},
+      {"--train.peak_tflops=inf", "train.peak_tflops = inf is out of range"},
+      {"--sample.temperature=inf", "sample.temperature = inf is out of range"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = error_of("", {c.override});
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.override << ": " << e;
+    EXPECT_NE(e.find("test.toml"), std::string::npos) << c.override << ": " << e;
+  }
+}
+
+// Values that crashed (SIGABRT, SIGSEGV) or failed late and obscurely (issue 10, item 7), each now a range error
+// at load naming the key. None of these allocates anything: the error comes from validation, before a model exists
+// (n_layer = 2^31-1 took 65 s to fail, vocab_size = 2^31-1 tried to allocate 2^64 bytes).
+TEST(RunConfig, SizesOutOfRangeAreRefusedAtLoad) {
+  struct Case {
+    std::string override, expect;
+  };
+  const std::vector<Case> cases = {
+      {"--model.window=2147483647", "model.window = 2147483647 is out of range: it must be in [0, 1024]"},
+      {"--model.window=-1", "model.window = -1 is out of range: it must be in [0, 1024]"},
+      // Beyond the key's C++ type: refused while reading (a negative value for a signed key was refused as well,
+      // with no range named, before this message was fixed).
+      {"--model.n_layer=99999999999", "model.n_layer = 99999999999 is out of range: it must be an integer in "
+                                      "[-2147483648, 2147483647]"},
+      {"--data.seed=-1", "data.seed = -1 is out of range: it must be an integer in [0, 18446744073709551615]"},
+      {"--model.vocab_pad_to=2147483647", "model.vocab_pad_to = 2147483647 is out of range: it must be in [0, 65536]"},
+      {"--model.vocab_pad_to=-5", "model.vocab_pad_to = -5 is out of range"},
+      {"--train.threads=100000", "train.threads = 100000 is out of range: it must be in [0, 1024]"},
+      {"--train.threads=-1", "train.threads = -1 is out of range"},
+      {"--model.vocab_size=2147483647", "model.vocab_size = 2147483647 is out of range: it must be in [1, 16777216]"},
+      {"--model.n_layer=2147483647", "model.n_layer = 2147483647 is out of range: it must be in [1, 65536]"},
+      {"--model.n_layer=-3", "model.n_layer = -3 is out of range"},
+      {"--model.d_model=2147483647", "model.d_model = 2147483647 is out of range: it must be in [1, 1048576]"},
+      {"--model.n_head=0", "model.n_head = 0 is out of range"},
+      {"--model.n_kv_head=-1", "model.n_kv_head = -1 is out of range"},
+      {"--model.d_ff=2147483647", "model.d_ff = 2147483647 is out of range"},
+      {"--model.max_seq_len=2147483647", "model.max_seq_len = 2147483647 is out of range"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = error_of("", {c.override});
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.override << ": " << e;
+  }
+  // recompute = "all" with an absurd n_layer must not allocate a flag per layer before the range check.
+  EXPECT_NE(error_of("", {"--model.n_layer=2147483647", "--model.recompute=all"}).find("model.n_layer = 2147483647"),
+            std::string::npos);
+  // Each size within its bound, but together more parameters than any machine holds: the checked count refuses.
+  const std::string e = error_of("", {"--model.n_layer=65536", "--model.d_model=1048576", "--model.n_head=1024"});
+  EXPECT_NE(e.find("parameters"), std::string::npos) << e;
+  EXPECT_NE(e.find("exceed the limit of 1099511627776"), std::string::npos) << e;
+  // The limits leave real models alone: GPT-2 XL's shape, and a window equal to the context.
+  EXPECT_EQ(error_of("", {"--model.n_layer=48", "--model.d_model=1600", "--model.n_head=25", "--model.window=1024"}), "");
+}
+
+TEST(RunConfig, ADirectoryOrUnreadableConfigIsAnError) {
+  const std::string dir = ::testing::TempDir() + "/mt_config_dir";
+  std::filesystem::create_directories(dir);
+  try {
+    load_run_config(dir);
+    FAIL() << "a directory was accepted as a config";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + " is a directory"), std::string::npos) << e.what();
+  }
+  // read_text_file, which every reader of a config, manifest or vocabulary goes through, refuses one too.
+  try {
+    read_text_file(dir);
+    FAIL() << "read_text_file read a directory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  if (::geteuid() != 0) {  // root reads any file
+    const std::string f = dir + "/locked.toml";
+    { std::ofstream(f) << "[train]\nsteps = 3\n"; }
+    std::filesystem::permissions(f, std::filesystem::perms::none);
+    try {
+      load_run_config(f);
+      FAIL() << "an unreadable config was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot open " + f), std::string::npos) << e.what();
+    }
+    std::filesystem::permissions(f, std::filesystem::perms::owner_all);
   }
 }
 

@@ -10,3 +10,5 @@ add_dependencies(train_planes_test megatrain)
 # Observers, the stop request, exit codes per error kind, config agreement across ranks (runs the built binary).
 mt_test(train_control_test mt_train)
 add_dependencies(train_control_test megatrain)
+mt_test(train_finite_test mt_train)  # no checkpoint with a non-finite value; diverging runs stop (issue 10 item 3)
+add_dependencies(train_finite_test megatrain)

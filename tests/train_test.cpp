@@ -4,6 +4,8 @@
 //  * a checkpoint from a different model config is refused with a message.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/core/error.h"
 #include "megatrain/train/trainer.h"
 #include "test_util.h"
@@ -95,6 +98,61 @@ TEST(Train, MissingDataDirectoryIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/shards"), std::string::npos) << e.what();
   }
+}
+
+// A manifest whose recorded state is out of range or of the wrong type (issue 10, items 2, 7 and 8), re-sealed so
+// that its checksum passes and the validation of the values is what answers: resume and `generate` refuse it,
+// naming the manifest and the key. Before, window = 2^31-1 crashed generate (SIGABRT in an OpenMP region),
+// norm_eps = -1 silently changed its output, and a string step was a bare json type_error.
+TEST(Train, ResumeAndGenerateRefuseABadStateInTheManifest) {
+  prepare_brown();
+  const std::string a = ::testing::TempDir() + "/mt_resume_bad_manifest";
+  fs::remove_all(a);
+  run_training(small(a, {"--train.steps=1"}));
+  const std::string dir = a + "/ckpt/step_00000001", mpath = dir + "/manifest.json";
+  std::string good;
+  {
+    std::ifstream f(mpath);
+    good.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  struct Case {
+    std::string pointer;
+    nlohmann::json value;
+    std::string expect;
+    bool model;  // a model-config key (generate reads it too)
+  };
+  const std::vector<Case> cases = {
+      {"/extra/model/window", 2147483647, "model.window = 2147483647 is out of range", true},
+      {"/extra/model/norm_eps", -1, "model.norm_eps = -1 is out of range", true},
+      {"/extra/model/vocab_pad_to", 2147483647, "model.vocab_pad_to = 2147483647 is out of range", true},
+      {"/extra/model/n_layer", "2", "'n_layer' must be an integer", true},
+      {"/extra/step", "4", "extra.step is \"4\", not a step number", false},
+      {"/extra/step", -1, "extra.step is -1, not a step number", false},
+      {"/extra/data/cursor", -1, "extra.data.cursor is -1, not a non-negative integer", false},
+      {"/extra/data/seq_len", "32", "extra.data.seq_len is \"32\", not a non-negative integer", false},
+      {"/extra/optim_name", 3, "extra.optim_name is 3, not a string", false},
+      {"/extra/data", 5, "extra.data is 5, not an object", false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.pointer + " = " + c.value.dump());
+    nlohmann::json m = nlohmann::json::parse(good);
+    m[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    { std::ofstream(mpath) << seal_manifest(m).dump(1); }
+    std::string msg = mt::test::error_of([&] { run_training(small(a, {"--train.steps=2"})); });
+    EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
+    if (!c.model) continue;
+    const std::string log = a + "/generate.log";
+    const std::string cmd = std::string(MT_BINARY_DIR) + "/megatrain generate --ckpt " + dir + " --tokens 2 > " + log + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << "generate exited with status " << rc;
+    std::ifstream f(log);
+    msg.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    EXPECT_NE(msg.find(dir + ": manifest.json, extra.model"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
+  }
+  { std::ofstream(mpath) << good; }
+  EXPECT_NO_THROW(run_training(small(a, {"--train.steps=2"})));
 }
 
 }  // namespace

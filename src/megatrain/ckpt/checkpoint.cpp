@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <set>
 
 #include "megatrain/ckpt/checksum.h"
@@ -85,7 +86,7 @@ std::string save_checkpoint(const std::string& root, int64_t step, const Checkpo
                      {"files", files_j},
                      {"tensors", tensors_j},
                      {"extra", extra}};
-    write_file_atomic((tmp_dir / "manifest.json").string(), manifest.dump(1) + "\n");
+    write_file_atomic((tmp_dir / "manifest.json").string(), seal_manifest(manifest).dump(1) + "\n");
     return commit_checkpoint_dir(root, step, tmp_dir.string(), opt);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp_dir, ec);
@@ -181,14 +182,52 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   return *latest;
 }
 
+// The checksum of a manifest: CRC-32C of its canonical dump without the checksum field.
+static uint32_t manifest_crc(json manifest) {
+  manifest.erase(kManifestChecksumKey);
+  const std::string canonical = manifest.dump();
+  return crc32c(canonical.data(), canonical.size());
+}
+
+json seal_manifest(json manifest) {
+  MT_CHECK(manifest.is_object(), "seal_manifest: a manifest is a JSON object");
+  manifest[kManifestChecksumKey] = format_checksum(manifest_crc(manifest));
+  return manifest;
+}
+
 json read_manifest(const std::string& dir) {
   const std::string mpath = (fs::path(dir) / "manifest.json").string();
   MT_CHECK(file_exists(mpath), "checkpoint {} has no manifest.json (an incomplete save?)", dir);
+  json m;
   try {
-    return json::parse(read_text_file(mpath));
+    m = json::parse(read_text_file(mpath));
   } catch (const json::exception& e) {
     fail("checkpoint {}: manifest.json is corrupt: {}", dir, e.what());
   }
+  MT_CHECK(m.is_object(), "checkpoint {}: manifest.json is corrupt: it is {}, not a JSON object", dir, m.type_name());
+  if (!m.contains(kManifestChecksumKey)) {
+    // Written before manifests carried a checksum: accepted (every field is still validated before use).
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    std::lock_guard<std::mutex> lock(mu);
+    if (warned.insert(mpath).second)
+      fmt::print(stderr, "warning: {} has no {} (written by an older megatrain); its integrity cannot be checked\n",
+                 mpath, kManifestChecksumKey);
+    return m;
+  }
+  const json& rec = m[kManifestChecksumKey];
+  MT_CHECK(rec.is_string(), "checkpoint {}: manifest.json: {} is {}, not a string", dir, kManifestChecksumKey,
+           rec.dump());
+  uint32_t want = 0;
+  try {
+    want = parse_checksum(rec.get<std::string>());
+  } catch (const Error& e) {
+    fail("checkpoint {}: manifest.json: {}: {}", dir, kManifestChecksumKey, e.what());
+  }
+  const uint32_t have = manifest_crc(m);
+  MT_CHECK(have == want, "checkpoint {}: manifest.json fails its checksum ({} recorded, {} found): the manifest is "
+           "corrupt or was edited", dir, format_checksum(want), format_checksum(have));
+  return m;
 }
 
 Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
@@ -213,6 +252,14 @@ Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
   need("tensors", m.contains("tensors") && m["tensors"].is_object());
   if (!m.contains("extra")) c.manifest_["extra"] = json::object();
   c.step_ = m["step"].get<int64_t>();
+  // A recorded checksum, parsed; a malformed one is an error naming the checkpoint and the entry.
+  auto recorded = [&](const json& v, const std::string& what) {
+    try {
+      return parse_checksum(v.get<std::string>());
+    } catch (const Error& e) {
+      fail("checkpoint {}: manifest entry of {}: {}", dir, what, e.what());
+    }
+  };
 
   // Recorded checksum and dtype/shape of each tensor, checked against what each file holds.
   for (auto& [name, t] : m["tensors"].items()) {
@@ -247,13 +294,13 @@ Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
       MT_CHECK(tj.contains("checksum") && tj["checksum"].is_string(), "checkpoint {}: tensor '{}' has no checksum", dir,
                t->name);
       uint32_t crc = crc32c(t->data, t->nbytes);
-      uint32_t want = parse_checksum(tj["checksum"].get<std::string>());
+      uint32_t want = recorded(tj["checksum"], "tensor '" + t->name + "'");
       MT_CHECK(crc == want, "checkpoint {}: tensor '{}' in '{}' fails its checksum ({} recorded, {} found): the file is corrupt",
                dir, t->name, fname, format_checksum(want), format_checksum(crc));
       file_crc = crc32c_combine(file_crc, crc, t->nbytes);
     }
     if (verify_checksums) {
-      uint32_t want = parse_checksum(fj["checksum"].get<std::string>());
+      uint32_t want = recorded(fj["checksum"], "file '" + fname + "'");
       MT_CHECK(file_crc == want, "checkpoint {}: file '{}' fails its checksum ({} recorded, {} found): the file is corrupt",
                dir, fname, format_checksum(want), format_checksum(file_crc));
     }

@@ -7,7 +7,12 @@
 // format version, every file's size and CRC-32C, and every tensor's checksum, dtype and shape.
 //
 // manifest.json: {format_version: 1, step, files: {file: {bytes, checksum}},
-//                 tensors: {name: {file, dtype, shape, checksum}}, extra: <the caller's JSON>}
+//                 tensors: {name: {file, dtype, shape, checksum}}, extra: <the caller's JSON>, manifest_checksum}
+// manifest_checksum (both formats) is the CRC-32C of the manifest's canonical serialisation without that field
+// (nlohmann::json::dump(): compact, keys sorted). It is verified before anything in the manifest is used, so a
+// corrupted manifest that is still valid JSON (a flipped digit in a piece's start, a changed extra.model) is an
+// error naming the file, not a silently wrong load. Manifests written before it existed have none: they load,
+// with a warning on stderr (refusing them would strand every existing run's checkpoints).
 // A parallel run writes format 2 instead (one file per rank, tensors assembled from pieces; see sharded.h).
 // Checkpoint::load reads both and always presents full tensors.
 #pragma once
@@ -56,8 +61,12 @@ std::optional<std::string> find_latest(const std::string& root);
 
 // The checkpoint directory `path` denotes (a step directory, or a root: its latest), or a clear mt::Error.
 std::string resolve_checkpoint_dir(const std::string& path);
-// dir/manifest.json, parsed; throws naming dir when it is missing or not JSON.
+// dir/manifest.json, parsed and its manifest_checksum verified; throws naming the file when it is missing, not
+// JSON or fails its checksum.
 nlohmann::json read_manifest(const std::string& dir);
+// The manifest with manifest_checksum set (what writers store).
+nlohmann::json seal_manifest(nlohmann::json manifest);
+constexpr const char* kManifestChecksumKey = "manifest_checksum";
 // Commits staging_dir (every file written, manifest.json last) as checkpoint `step` of root: renames it into
 // place (replacing an existing step), rewrites root/latest, prunes to opt.keep_last. Returns the step directory.
 std::string commit_checkpoint_dir(const std::string& root, int64_t step, const std::string& staging_dir,

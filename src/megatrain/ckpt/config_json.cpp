@@ -107,4 +107,14 @@ ModelConfig model_config_from_json(const json& j) {
   return c;
 }
 
+ModelConfig model_config_from_manifest(const json& extra, const std::string& dir) {
+  MT_CHECK(extra.is_object() && extra.contains("model"),
+           "checkpoint {}: manifest.json records no model config (extra.model); was it written by megatrain?", dir);
+  try {
+    return model_config_from_json(extra["model"]);
+  } catch (const Error& e) {
+    fail("checkpoint {}: manifest.json, extra.model: {}", dir, e.what());
+  }
+}
+
 }  // namespace mt

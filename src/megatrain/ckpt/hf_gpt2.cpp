@@ -120,6 +120,13 @@ ModelConfig infer_hf_gpt2_config(const SafetensorsFile& f, int n_head) {
 
   if (auto cj = config_json_beside(path)) {
     const std::string where = (fs::path(path).parent_path() / "config.json").string();
+    MT_CHECK(cj->is_object(), "{}: expected a JSON object of settings (got {})", where, cj->type_name());
+    // A boolean setting, or its default when absent; any other type is an error naming the file and the key.
+    auto flag = [&](const char* key, bool absent) {
+      if (!cj->contains(key) || (*cj)[key].is_null()) return absent;
+      MT_CHECK((*cj)[key].is_boolean(), "{}: {} must be true or false (got {})", where, key, (*cj)[key].dump());
+      return (*cj)[key].get<bool>();
+    };
     auto agree = [&](const char* key, int64_t have) {
       if (!cj->contains(key) || (*cj)[key].is_null()) return;
       MT_CHECK((*cj)[key].is_number_integer() && (*cj)[key].get<int64_t>() == have,
@@ -138,18 +145,23 @@ ModelConfig infer_hf_gpt2_config(const SafetensorsFile& f, int n_head) {
       MT_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast",
                "{}: activation_function '{}' is not the tanh GELU megatrain computes", where, act);
     }
-    MT_CHECK(!cj->value("scale_attn_by_inverse_layer_idx", false),
+    MT_CHECK(!flag("scale_attn_by_inverse_layer_idx", false),
              "{}: scale_attn_by_inverse_layer_idx = true is not supported", where);
-    MT_CHECK(cj->value("scale_attn_weights", true), "{}: scale_attn_weights = false is not supported", where);
-    if (cj->contains("layer_norm_epsilon") && (*cj)["layer_norm_epsilon"].is_number())
+    MT_CHECK(flag("scale_attn_weights", true), "{}: scale_attn_weights = false is not supported", where);
+    if (cj->contains("layer_norm_epsilon") && !(*cj)["layer_norm_epsilon"].is_null()) {
+      MT_CHECK((*cj)["layer_norm_epsilon"].is_number(), "{}: layer_norm_epsilon must be a number (got {})", where,
+               (*cj)["layer_norm_epsilon"].dump());
       c.norm_eps = (*cj)["layer_norm_epsilon"].get<float>();
-    if (cj->contains("tie_word_embeddings") && (*cj)["tie_word_embeddings"] == false) {
+    }
+    if (!flag("tie_word_embeddings", true)) {
       MT_CHECK(f.has("lm_head.weight"), "{}: tie_word_embeddings = false but {} has no lm_head.weight", where, path);
       c.tied_embeddings = false;
     }
     if (cj->contains("n_head")) {
-      MT_CHECK((*cj)["n_head"].is_number_integer(), "{}: n_head must be an integer", where);
-      int cfg_heads = (*cj)["n_head"].get<int>();
+      const json& h = (*cj)["n_head"];
+      MT_CHECK(h.is_number_integer() && h.get<int64_t>() >= 1 && h.get<int64_t>() <= INT32_MAX,
+               "{}: n_head must be a positive integer (got {})", where, h.dump());
+      int cfg_heads = h.get<int>();
       MT_CHECK(n_head <= 0 || n_head == cfg_heads, "n_head {} was asked for but {} says n_head = {}", n_head, where,
                cfg_heads);
       n_head = cfg_heads;
@@ -161,7 +173,11 @@ ModelConfig infer_hf_gpt2_config(const SafetensorsFile& f, int n_head) {
     n_head = c.d_model / 64;
   }
   c.n_head = n_head;
-  c.validate();
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("{}: {}", path, e.what());
+  }
   return c;
 }
 

@@ -62,7 +62,7 @@ static void prepare_store(const ModelConfig& cfg, ParamStore& store) {
 void load_params(const Checkpoint& ck, const ModelConfig& cfg, ParamStore& store) {
   prepare_store(cfg, store);
   if (ck.extra().contains(kModelConfigKey))
-    check_same_architecture(model_config_from_json(ck.extra()[kModelConfigKey]), cfg, "checkpoint " + ck.dir());
+    check_same_architecture(model_config_from_manifest(ck.extra(), ck.dir()), cfg, "checkpoint " + ck.dir());
   for (int i = 0; i < static_cast<int>(store.size()); ++i) {
     const ParamInfo& p = store.info(i);
     MT_CHECK(ck.has(p.name), "checkpoint {} has no tensor '{}', which the model needs", ck.dir(), p.name);
@@ -119,9 +119,7 @@ ModelConfig model_config_of(const std::string& path, int n_head) {
   fs::path p(path);
   if (fs::is_directory(p, ec) || is_checkpoint_file(p)) {
     Checkpoint ck = Checkpoint::load(fs::is_directory(p, ec) ? path : p.parent_path().string(), false);
-    MT_CHECK(ck.extra().contains(kModelConfigKey), "checkpoint {} records no model config (extra.{} in manifest.json)",
-             ck.dir(), kModelConfigKey);
-    return model_config_from_json(ck.extra()[kModelConfigKey]);
+    return model_config_from_manifest(ck.extra(), ck.dir());
   }
   return infer_hf_gpt2_config(SafetensorsFile::open(path), n_head);
 }
@@ -140,9 +138,7 @@ std::string convert_hf_to_checkpoint(const std::string& hf_file, const std::stri
 
 ModelConfig convert_checkpoint_to_hf(const std::string& ckpt, const std::string& out_file) {
   Checkpoint ck = Checkpoint::load(ckpt);
-  MT_CHECK(ck.extra().contains(kModelConfigKey), "checkpoint {} records no model config (extra.{} in manifest.json)",
-           ck.dir(), kModelConfigKey);
-  ModelConfig cfg = model_config_from_json(ck.extra()[kModelConfigKey]);
+  ModelConfig cfg = model_config_from_manifest(ck.extra(), ck.dir());
   check_hf_gpt2_convertible(cfg);
   ParamStore store;
   load_params(ck, cfg, store);

@@ -305,15 +305,17 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     if (b > e) bad(fmt::format("data_offsets [{}, {}] are reversed", b, e));
     if (e > data_len)
       bad(fmt::format("data_offsets [{}, {}] run past the data region of {} bytes (truncated file?)", b, e, data_len));
-    // Bytes the dtype and shape need, saturated at 2^64 (a corrupt shape may overflow any integer type).
+    // Bytes the dtype and shape need, saturated at 2^64 (a corrupt shape may overflow any integer type). The
+    // product of the non-zero dimensions must fit int64 even when a zero one makes the tensor empty: callers count
+    // elements (shape_numel) left to right, and [2^62, 2^62, 0] overflows before the zero is reached.
     const unsigned __int128 kSat = static_cast<unsigned __int128>(1) << 64;
-    unsigned __int128 want = static_cast<unsigned>(esize);
+    unsigned __int128 nonzero = 1;
     bool zero = false;
     for (auto d : t.shape) {
       zero |= d == 0;
-      want = std::min(want * static_cast<uint64_t>(d), kSat);
+      if (d != 0) nonzero = std::min(nonzero * static_cast<uint64_t>(d), kSat);
     }
-    if (zero) want = 0;
+    const unsigned __int128 want = zero ? 0 : std::min(nonzero * static_cast<unsigned>(esize), kSat);
     if (want != e - b)
       bad(fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", b, e, e - b, t.dtype_str,
                       t.shape_str(), want == kSat ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(want))));

@@ -91,26 +91,38 @@ std::string commit_sharded_checkpoint(const std::string& root, int64_t step, con
     } catch (const json::exception& e) {
       fail("sharded checkpoint step {}: the record of '{}' is corrupt: {}", step, f, e.what());
     }
-    std::error_code ec;
-    MT_CHECK(rec.value("bytes", uint64_t{0}) == fs::file_size(fpath, ec),
-             "sharded checkpoint step {}: shard file '{}' does not have the size its writer recorded", step, f);
-    files_j[f] = {{"bytes", rec["bytes"]}, {"checksum", rec["checksum"]}};
-    for (const json& p : rec["pieces"]) {
-      const std::string t = p["tensor"].get<std::string>();
-      json& tj = tensors_j[t];
-      if (tj.is_null()) {
-        tj = {{"group", p["group"]}, {"dtype", p["dtype"]}, {"shape", p["shape"]}, {"pieces", json::array()}};
-        first_file[t] = f;
+    // The record is this save's own file, but a disk can corrupt it: a wrong type is an error naming it.
+    try {
+      std::error_code ec;
+      MT_CHECK(rec.value("bytes", uint64_t{0}) == fs::file_size(fpath, ec),
+               "sharded checkpoint step {}: shard file '{}' does not have the size its writer recorded", step, f);
+      files_j[f] = {{"bytes", rec["bytes"]}, {"checksum", rec["checksum"]}};
+      for (const json& p : rec["pieces"]) {
+        const std::string t = p["tensor"].get<std::string>();
+        json& tj = tensors_j[t];
+        if (tj.is_null()) {
+          tj = {{"group", p["group"]}, {"dtype", p["dtype"]}, {"shape", p["shape"]}, {"pieces", json::array()}};
+          first_file[t] = f;
+        }
+        MT_CHECK(tj["group"] == p["group"] && tj["dtype"] == p["dtype"] && tj["shape"] == p["shape"],
+                 "sharded checkpoint step {}: tensor '{}' is {} {} in '{}' but {} {} in '{}'", step, t,
+                 p["dtype"].dump(), p["shape"].dump(), f, tj["dtype"].dump(), tj["shape"].dump(), first_file[t]);
+        tj["pieces"].push_back({{"file", f}, {"name", p["name"]}, {"start", p["start"]}, {"extent", p["extent"]}});
+        slices[t].push_back(Slice{p["start"].get<std::vector<int64_t>>(), p["extent"].get<std::vector<int64_t>>()});
       }
-      MT_CHECK(tj["group"] == p["group"] && tj["dtype"] == p["dtype"] && tj["shape"] == p["shape"],
-               "sharded checkpoint step {}: tensor '{}' is {} {} in '{}' but {} {} in '{}'", step, t,
-               p["dtype"].dump(), p["shape"].dump(), f, tj["dtype"].dump(), tj["shape"].dump(), first_file[t]);
-      tj["pieces"].push_back({{"file", f}, {"name", p["name"]}, {"start", p["start"]}, {"extent", p["extent"]}});
-      slices[t].push_back(Slice{p["start"].get<std::vector<int64_t>>(), p["extent"].get<std::vector<int64_t>>()});
+    } catch (const json::exception& e) {
+      fail("sharded checkpoint step {}: the record of '{}' is corrupt: {}", step, f, e.what());
     }
   }
   for (auto& [t, s] : slices) {
-    const std::string problem = tiling_problem(tensors_j[t]["shape"].get<std::vector<int64_t>>(), s);
+    std::vector<int64_t> shape;
+    try {
+      shape = tensors_j[t]["shape"].get<std::vector<int64_t>>();
+    } catch (const json::exception& e) {
+      fail("sharded checkpoint step {}: the records give tensor '{}' the shape {}, not a list of integers", step, t,
+           tensors_j[t]["shape"].dump());
+    }
+    const std::string problem = tiling_problem(shape, s);
     MT_CHECK(problem.empty(), "sharded checkpoint step {}: the pieces of tensor '{}' do not make up its shape {}: {}",
              step, t, tensors_j[t]["shape"].dump(), problem);
   }
@@ -121,7 +133,7 @@ std::string commit_sharded_checkpoint(const std::string& root, int64_t step, con
                    {"extra", extra}};
   std::error_code ec;
   for (const std::string& f : files) fs::remove(fs::path(dir) / record_name(f), ec);
-  write_file_atomic((fs::path(dir) / "manifest.json").string(), manifest.dump(1) + "\n");
+  write_file_atomic((fs::path(dir) / "manifest.json").string(), seal_manifest(manifest).dump(1) + "\n");
   return commit_checkpoint_dir(root, step, dir, opt);
 }
 

@@ -31,8 +31,7 @@ int cmd_generate(int argc, char** argv) {
     return app.exit(e);
   }
   Checkpoint ck = Checkpoint::load(ckpt);
-  MT_CHECK(ck.extra().contains("model"), "checkpoint {} does not record its model config", ck.dir());
-  ModelConfig cfg = model_config_from_json(ck.extra()["model"]);
+  ModelConfig cfg = model_config_from_manifest(ck.extra(), ck.dir());
   cfg.recompute.clear();
   auto ops = make_cpu_ops();
   GPT model(cfg, *ops);

@@ -8,18 +8,23 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "megatrain/core/error.h"
 
 namespace mt {
 
 std::string read_text_file(const std::string& path) {
+  // A directory opens as an ifstream and reads as empty: it would pass for an empty file (an empty config).
+  struct stat st;
+  MT_CHECK(::stat(path.c_str(), &st) == 0, "cannot open {}: {}", path, std::strerror(errno));
+  MT_CHECK(!S_ISDIR(st.st_mode), "cannot read {}: it is a directory, not a file", path);
   std::ifstream f(path, std::ios::binary);
   MT_CHECK(f.good(), "cannot open {}: {}", path, std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::string out;
+  char buf[1 << 16];
+  while (f.read(buf, sizeof buf) || f.gcount() > 0) out.append(buf, static_cast<size_t>(f.gcount()));
+  MT_CHECK(!f.bad(), "error reading {}: {}", path, std::strerror(errno));
+  return out;
 }
 
 std::vector<uint8_t> read_binary_file(const std::string& path) {

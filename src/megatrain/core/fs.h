@@ -6,7 +6,7 @@
 
 namespace mt {
 
-std::string read_text_file(const std::string& path);           // throws "cannot open <path>: <why>"
+std::string read_text_file(const std::string& path);           // throws "cannot open <path>: <why>" (a directory too)
 std::vector<uint8_t> read_binary_file(const std::string& path);
 // Writes to <path>.tmp.<pid>, fsyncs, renames over <path>, fsyncs the directory: readers see old or new, never half.
 void write_file_atomic(const std::string& path, const void* data, size_t size);

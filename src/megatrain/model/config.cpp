@@ -1,12 +1,36 @@
 #include "megatrain/model/config.h"
 
 #include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
 
 #include "megatrain/core/error.h"
 
 namespace mt {
 
 namespace {
+
+// Upper bounds on the model's sizes. They lie far beyond any model one host can train (the largest real
+// vocabularies have ~256k tokens, the deepest models ~128 layers, the widest d_model ~32k), and they keep every size
+// derived from them representable: the padded vocabulary in int, parameter counts and byte sizes in int64. A value
+// past them is a typo or an attack, refused at load in microseconds instead of failing (or overflowing) in an
+// allocation much later.
+constexpr int kMaxVocab = 1 << 24;
+constexpr int kMaxVocabPad = 1 << 16;
+constexpr int kMaxLayers = 1 << 16;
+constexpr int kMaxWidth = 1 << 20;   // d_model
+constexpr int kMaxFf = 1 << 22;      // d_ff
+constexpr int kMaxSeqLen = 1 << 24;  // max_seq_len (and so window)
+// 2^40 parameters: 4.4 TB of fp32 weights alone, more memory than any single machine has.
+constexpr int64_t kMaxParams = int64_t{1} << 40;
+
+// a * b + c in int64, or nullopt on overflow.
+std::optional<int64_t> mul_add(int64_t a, int64_t b, int64_t c = 0) {
+  int64_t p = 0, s = 0;
+  if (__builtin_mul_overflow(a, b, &p) || __builtin_add_overflow(p, c, &s)) return std::nullopt;
+  return s;
+}
 
 // Each kind's spellings, in the enum's order.
 constexpr std::array<const char*, 2> kNormNames = {"layernorm", "rmsnorm"};
@@ -60,14 +84,15 @@ int ModelConfig::ff_dim() const {
   return 4 * d_model;
 }
 
-int ModelConfig::padded_vocab() const {
-  int m = vocab_pad_to > 0 ? vocab_pad_to : 1;
-  return (vocab_size + m - 1) / m * m;
-}
+int ModelConfig::padded_vocab() const { return padded_vocab(1); }
 
 int ModelConfig::padded_vocab(int tp) const {
-  int m = (vocab_pad_to > 0 ? vocab_pad_to : 1) * (tp > 0 ? tp : 1);
-  return (vocab_size + m - 1) / m * m;
+  // In int64: validate() bounds vocab_size and vocab_pad_to, but tp multiplies the padding unit.
+  const int64_t m = int64_t{vocab_pad_to > 0 ? vocab_pad_to : 1} * (tp > 0 ? tp : 1);
+  const int64_t padded = (int64_t{vocab_size} + m - 1) / m * m;
+  MT_CHECK(padded <= INT32_MAX, "model.vocab_size {} padded to a multiple of model.vocab_pad_to * parallel.tp = {} "
+           "exceeds {} rows", vocab_size, m, INT32_MAX);
+  return static_cast<int>(padded);
 }
 
 void ModelConfig::validate_tp(int tp) const {
@@ -78,34 +103,64 @@ void ModelConfig::validate_tp(int tp) const {
 }
 
 void ModelConfig::validate() const {
-  MT_CHECK(vocab_size > 0, "model.vocab_size must be positive (got {})", vocab_size);
-  MT_CHECK(n_layer > 0, "model.n_layer must be positive (got {})", n_layer);
-  MT_CHECK(n_head > 0, "model.n_head must be positive (got {})", n_head);
-  MT_CHECK(d_model > 0 && d_model % n_head == 0, "model.d_model ({}) must be a positive multiple of model.n_head ({})",
-           d_model, n_head);
+  // Sizes first, each against its bound (see kMax*), so that everything computed from them below is exact.
+  auto in_range = [](const char* key, int64_t v, int64_t lo, int64_t hi, const char* note = "") {
+    MT_CHECK(v >= lo && v <= hi, "model.{} = {} is out of range: it must be in [{}, {}]{}", key, v, lo, hi, note);
+  };
+  in_range("vocab_size", vocab_size, 1, kMaxVocab);
+  in_range("vocab_pad_to", vocab_pad_to, 0, kMaxVocabPad, " (0 or 1: no padding)");
+  in_range("n_layer", n_layer, 1, kMaxLayers);
+  in_range("d_model", d_model, 1, kMaxWidth);
+  in_range("n_head", n_head, 1, d_model, " (at most model.d_model)");
+  in_range("n_kv_head", n_kv_head, 0, n_head, " (0: model.n_head)");
+  in_range("d_ff", d_ff, 0, kMaxFf, " (0: derived from model.d_model)");
+  in_range("max_seq_len", max_seq_len, 1, kMaxSeqLen);
+  // A window of max_seq_len or more already sees the whole context; a wider one is a mistake, and one near 2^31
+  // overflowed the attention kernels' block arithmetic.
+  in_range("window", window, 0, max_seq_len, " (0: full causal attention; at most model.max_seq_len)");
+  MT_CHECK(d_model % n_head == 0, "model.d_model ({}) must be a positive multiple of model.n_head ({})", d_model,
+           n_head);
   MT_CHECK(kv_heads() > 0 && n_head % kv_heads() == 0, "model.n_head ({}) must be a multiple of model.n_kv_head ({})",
            n_head, kv_heads());
-  MT_CHECK(max_seq_len > 0, "model.max_seq_len must be positive (got {})", max_seq_len);
   // norm, mlp, pos and block are enums, checked where their spelling was parsed (parse_kind).
   MT_CHECK(pos != PosKind::Rope || head_dim() % 2 == 0, "model.pos = 'rope' needs an even head dim (got {})",
            head_dim());
-  MT_CHECK(window >= 0, "model.window must be >= 0 (got {}); 0 means full causal attention", window);
   MT_CHECK(ff_dim() > 0, "model.d_ff must be positive (got {})", d_ff);
   MT_CHECK(recompute.empty() || static_cast<int>(recompute.size()) == n_layer,
            "model.recompute lists {} layers but the model has {}", recompute.size(), n_layer);
+  // Real-valued keys: finite, and positive where zero means nothing (a zero epsilon divides by zero on a zero
+  // row; zero-initialised weights never break the symmetry between units; theta = 0 makes RoPE's angles infinite).
+  auto positive = [](const char* key, float v, const char* why) {
+    MT_CHECK(std::isfinite(v) && v > 0, "model.{} = {} is out of range: it must be finite and > 0 ({})", key, v, why);
+  };
+  positive("norm_eps", norm_eps, "the epsilon added to the variance in LayerNorm/RMSNorm");
+  positive("init_std", init_std, "the standard deviation of the initial weights");
+  positive("rope_theta", rope_theta, "RoPE's base frequency");
+  const int64_t n = num_params();
+  MT_CHECK(n <= kMaxParams, "model: {} parameters (model.n_layer {}, model.d_model {}, model.vocab_size {}) exceed the "
+           "limit of {} ({} TB of fp32 weights)", n, n_layer, d_model, vocab_size, kMaxParams, (kMaxParams * 4) >> 40);
 }
 
 int64_t ModelConfig::num_params() const {
-  int64_t C = d_model, hd = head_dim(), F = ff_dim(), L = n_layer;
-  int64_t qkv = (n_head + 2 * kv_heads()) * hd;
-  int64_t fc = mlp == MlpKind::SwiGlu ? 2 * F : F;
-  int64_t nb = norm == NormKind::LayerNorm && bias ? 2 : 1;  // norm params per channel
-  int64_t n_norms = block == BlockKind::Parallel ? 1 : 2;
-  int64_t per_layer = qkv * C + C * n_head * hd + fc * C + C * F + n_norms * nb * C;
-  if (bias) per_layer += qkv + C + fc + C;
-  int64_t n = L * per_layer + vocab_size * C + nb * C;
-  if (pos == PosKind::Learned) n += static_cast<int64_t>(max_seq_len) * C;
-  if (!tied_embeddings) n += vocab_size * C;
+  // Checked: validate() calls this on sizes it has bounded, but any caller gets an error, never a wrapped count.
+  auto ok = [this](std::optional<int64_t> v) {
+    MT_CHECK(v.has_value(), "model: the parameter count overflows int64 (model.n_layer {}, model.d_model {}, "
+             "model.d_ff {}, model.vocab_size {})", n_layer, d_model, d_ff, vocab_size);
+    return *v;
+  };
+  const int64_t C = d_model, hd = head_dim(), F = ff_dim(), L = n_layer;
+  const int64_t qkv = ok(mul_add(int64_t{n_head} + 2 * int64_t{kv_heads()}, hd));
+  const int64_t fc = mlp == MlpKind::SwiGlu ? 2 * F : F;
+  const int64_t nb = norm == NormKind::LayerNorm && bias ? 2 : 1;  // norm params per channel
+  const int64_t n_norms = block == BlockKind::Parallel ? 1 : 2;
+  int64_t per_layer = ok(mul_add(qkv, C, ok(mul_add(C, int64_t{n_head} * hd))));
+  per_layer = ok(mul_add(fc, C, per_layer));
+  per_layer = ok(mul_add(C, F, per_layer));
+  per_layer = ok(mul_add(n_norms * nb, C, per_layer));
+  if (bias) per_layer = ok(mul_add(1, per_layer, qkv + C + fc + C));
+  int64_t n = ok(mul_add(L, per_layer, ok(mul_add(vocab_size, C, nb * C))));
+  if (pos == PosKind::Learned) n = ok(mul_add(max_seq_len, C, n));
+  if (!tied_embeddings) n = ok(mul_add(vocab_size, C, n));
   return n;
 }
 

@@ -10,14 +10,19 @@ void OptimConfig::validate() const {
   MT_CHECK(name == "adamw" || name == "lamb", "optim.name must be 'adamw' or 'lamb' (got '{}')", name);
   MT_CHECK(schedule == "cosine" || schedule == "linear" || schedule == "constant",
            "optim.schedule must be 'cosine', 'linear' or 'constant' (got '{}')", schedule);
-  MT_CHECK(lr > 0 && std::isfinite(lr), "optim.lr must be positive (got {})", lr);
-  MT_CHECK(min_lr >= 0 && min_lr <= lr, "optim.min_lr must be in [0, optim.lr] (got {})", min_lr);
-  MT_CHECK(warmup_steps >= 0, "optim.warmup_steps must be >= 0 (got {})", warmup_steps);
-  MT_CHECK(beta1 >= 0 && beta1 < 1, "optim.beta1 must be in [0, 1) (got {})", beta1);
-  MT_CHECK(beta2 >= 0 && beta2 < 1, "optim.beta2 must be in [0, 1) (got {})", beta2);
-  MT_CHECK(eps > 0, "optim.eps must be positive (got {})", eps);
-  MT_CHECK(weight_decay >= 0, "optim.weight_decay must be >= 0 (got {})", weight_decay);
-  MT_CHECK(grad_clip >= 0, "optim.grad_clip must be >= 0 (got {}); 0 disables clipping", grad_clip);
+  // Every real-valued hyperparameter must be finite: an inf weight decay or learning rate turns the weights into
+  // inf/NaN in the first step (and NaN fails every comparison below, so it is named explicitly).
+  auto check = [](const char* key, float v, bool ok, const char* range) {
+    MT_CHECK(std::isfinite(v) && ok, "optim.{} = {} is out of range: it must be {}", key, v, range);
+  };
+  check("lr", lr, lr > 0, "finite and > 0");
+  check("min_lr", min_lr, min_lr >= 0 && min_lr <= lr, "finite and in [0, optim.lr]");
+  MT_CHECK(warmup_steps >= 0, "optim.warmup_steps = {} is out of range: it must be >= 0", warmup_steps);
+  check("beta1", beta1, beta1 >= 0 && beta1 < 1, "in [0, 1)");
+  check("beta2", beta2, beta2 >= 0 && beta2 < 1, "in [0, 1)");
+  check("eps", eps, eps > 0, "finite and > 0");
+  check("weight_decay", weight_decay, weight_decay >= 0, "finite and >= 0");
+  check("grad_clip", grad_clip, grad_clip >= 0, "finite and >= 0 (0 disables clipping)");
 }
 
 float lr_at(const OptimConfig& c, int step, int total_steps) {

@@ -19,6 +19,7 @@
 #include "megatrain/parallel/data_parallel.h"
 #include "megatrain/parallel/gpt_pipeline.h"
 #include "megatrain/parallel/tensor_parallel.h"
+#include "megatrain/train/finite.h"
 
 namespace mt {
 
@@ -101,27 +102,64 @@ std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor
   return dir;
 }
 
+// The run's position a checkpoint records (extra.step, extra.data.epoch/cursor), each type-checked: a wrong type
+// is an error naming the manifest and the key, never a bare json type_error.
+struct SavedPosition {
+  int step = 0;
+  LoaderState data;
+};
+
+// extra[key] (or extra.data[key] when data) of checkpoint ck: present and satisfying ok, else an error naming it.
+const nlohmann::json& extra_field(const CheckpointReader& ck, const char* key, bool data,
+                                  bool (*ok)(const nlohmann::json&), const char* expected) {
+  const nlohmann::json& obj = data ? ck.extra()["data"] : ck.extra();
+  const std::string path = data ? fmt::format("extra.data.{}", key) : fmt::format("extra.{}", key);
+  MT_CHECK(obj.is_object() && obj.contains(key), "checkpoint {}: manifest.json lacks {}", ck.dir(), path);
+  const nlohmann::json& v = obj[key];
+  MT_CHECK(ok(v), "checkpoint {}: manifest.json: {} is {}, not {}", ck.dir(), path, v.dump(), expected);
+  return v;
+}
+
+bool is_count(const nlohmann::json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0); }
+bool is_step(const nlohmann::json& v) { return is_count(v) && v.get<uint64_t>() <= uint64_t{INT32_MAX}; }
+bool is_string(const nlohmann::json& v) { return v.is_string(); }
+bool is_object(const nlohmann::json& v) { return v.is_object(); }
+
+SavedPosition saved_position(const CheckpointReader& ck) {
+  SavedPosition p;
+  p.step = extra_field(ck, "step", false, is_step, "a step number (0 .. 2^31-1)").get<int>();
+  p.data.epoch = extra_field(ck, "epoch", true, is_count, "a non-negative integer").get<uint64_t>();
+  p.data.cursor = extra_field(ck, "cursor", true, is_count, "a non-negative integer").get<uint64_t>();
+  return p;
+}
+
 // Throws unless the checkpoint continues this run: same model, optimizer and global batch.
 void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
   const nlohmann::json& x = ck.extra();
-  MT_CHECK(x.contains("model") && x.contains("data") && x.contains("step"),
+  MT_CHECK(x.is_object() && x.contains("model") && x.contains("data") && x.contains("step"),
            "checkpoint {} lacks the training state (model/data/step); was it written by `megatrain convert`? Use "
            "model.init_from for weights only", ck.dir());
-  ModelConfig saved = model_config_from_json(x["model"]);
+  extra_field(ck, "data", false, is_object, "an object");
+  saved_position(ck);  // checked before any tensor is read
+  ModelConfig saved = model_config_from_manifest(x, ck.dir());
   nlohmann::json want = model_config_to_json(cfg.model), have = model_config_to_json(saved);
   want.erase("recompute");
   have.erase("recompute");
   MT_CHECK(want == have, "checkpoint {} was trained with a different model config:\n  checkpoint: {}\n  this run:   {}",
            ck.dir(), have.dump(), want.dump());
-  MT_CHECK(x.value("optim_name", "") == cfg.optim.name, "checkpoint {} used optimizer '{}' but this run uses '{}'",
-           ck.dir(), x.value("optim_name", ""), cfg.optim.name);
+  const std::string optim = extra_field(ck, "optim_name", false, is_string, "a string").get<std::string>();
+  MT_CHECK(optim == cfg.optim.name, "checkpoint {} used optimizer '{}' but this run uses '{}'", ck.dir(), optim,
+           cfg.optim.name);
   const auto& d = x["data"];
+  const int64_t saved_b = d.contains("global_batch_size")
+                              ? extra_field(ck, "global_batch_size", true, is_count, "a non-negative integer").get<int64_t>()
+                              : extra_field(ck, "batch_size", true, is_count, "a non-negative integer").get<int64_t>();
+  const int64_t saved_t = extra_field(ck, "seq_len", true, is_count, "a non-negative integer").get<int64_t>();
   const int micro = cfg.pipeline_microbatches();
-  const int global_b = cfg.data.batch_size * micro * cfg.parallel.dp;
-  MT_CHECK(d.value("global_batch_size", d.value("batch_size", 0)) == global_b && d.value("seq_len", 0) == cfg.data.seq_len,
+  const int64_t global_b = int64_t{cfg.data.batch_size} * micro * cfg.parallel.dp;
+  MT_CHECK(saved_b == global_b && saved_t == cfg.data.seq_len,
            "checkpoint {} used a global batch of {} x {} tokens, this run {} x {}: the data position would not carry over",
-           ck.dir(), d.value("global_batch_size", d.value("batch_size", 0)), d.value("seq_len", 0), global_b,
-           cfg.data.seq_len);
+           ck.dir(), saved_b, saved_t, global_b, cfg.data.seq_len);
 }
 
 // A barrier over the whole mesh (which has no world group): rank (d,t,p) leaves its pp barrier only after every
@@ -255,6 +293,64 @@ struct TrainCheckpointer::Impl {
     return std::make_pair(out, std::move(bufs));
   }
 
+  // ---- no checkpoint with a non-finite value
+
+  // The first inf/NaN in what this rank holds (parameters, optimizer moments or its ZeRO slices of them),
+  // described for the error; "" when every value is finite. Everything a checkpoint can take from this rank is
+  // here: the gathered and the sharded save both write from these tensors.
+  std::string non_finite_value() {
+    const ParamStore& ps = model.params();
+    auto scan = [](const char* what, const std::string& name, const float* x, int64_t n, int64_t base = 0) {
+      const int64_t i = first_non_finite(x, n);
+      return i < 0 ? std::string() : fmt::format("{} '{}' (element {}: {})", what, name, base + i, x[i]);
+    };
+    for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
+      const std::string& name = ps.info(i).name;
+      const int64_t n = static_cast<int64_t>(ps.info(i).numel);
+      std::string bad = scan("parameter", name, ps.param(i).f32(), n);
+      if (bad.empty() && opt) bad = scan("optimizer moment m of", name, opt->m(i).f32(), n);
+      if (bad.empty() && opt) bad = scan("optimizer moment v of", name, opt->v(i).f32(), n);
+      if (!bad.empty()) return bad;
+    }
+    if (ddp) {
+      for (const DataParallel::MomentSlice& ms : ddp->moment_slices()) {
+        const std::string& name = ps.info(ms.tensor).name;
+        const int64_t n = static_cast<int64_t>(ms.end - ms.begin), base = static_cast<int64_t>(ms.begin);
+        std::string bad = scan("optimizer moment m of", name, ms.m, n, base);
+        if (bad.empty()) bad = scan("optimizer moment v of", name, ms.v, n, base);
+        if (!bad.empty()) return bad;
+      }
+    }
+    return "";
+  }
+
+  // Throws on every rank when any rank holds a non-finite value, before any file of checkpoint `step` is written
+  // (root/latest keeps naming the last good checkpoint). All ranks learn the verdict from one sum of per-rank
+  // flags over the mesh, so they refuse together: no rank waits at a barrier for one that gave up (a hang until
+  // the timeout), and no manifest is committed over a shard another rank refused to write.
+  void check_finite(int step) {
+    const std::string bad = non_finite_value();
+    const char* keep = "the checkpoint is not written (the latest checkpoint is still the last good one)";
+    if (!mesh) {
+      if (!bad.empty())
+        fail_as(ErrorKind::NonFinite, "step {}: {} holds a non-finite value: the weights diverged; {}", step, bad, keep);
+      return;
+    }
+    const int world = cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp;
+    std::vector<float> flags(static_cast<size_t>(world), 0.0f);
+    flags[static_cast<size_t>(mesh->rank())] = bad.empty() ? 0.0f : 1.0f;
+    allreduce_all(*mesh, f32_view(flags.data(), {static_cast<int64_t>(world)}));  // every rank's flag, everywhere
+    if (!bad.empty())
+      fail_as(ErrorKind::NonFinite, "step {}: rank {}: {} holds a non-finite value: the weights diverged; {}", step,
+              mesh->rank(), bad, keep);
+    std::vector<int> ranks;
+    for (int r = 0; r < world; ++r)
+      if (flags[static_cast<size_t>(r)] != 0.0f) ranks.push_back(r);
+    if (!ranks.empty())
+      fail_as(ErrorKind::NonFinite, "step {}: rank(s) {} hold non-finite values (their errors name the tensors): the "
+              "weights diverged; {}", step, fmt::join(ranks, ", "), keep);
+  }
+
   // ---- sharded checkpoints: each rank's pieces, read back by any layout
 
   // A tensor's shape in checkpoints: the full shape, but wte/lm_head at the single-process padded_vocab() rows
@@ -380,10 +476,9 @@ struct TrainCheckpointer::Impl {
       }
       ddp->commit_moment_slices();
     }
-    const nlohmann::json& d = ck.extra()["data"];
-    data.epoch = d["epoch"].get<uint64_t>();
-    data.cursor = d["cursor"].get<uint64_t>();
-    return ck.extra()["step"].get<int>();
+    const SavedPosition pos = saved_position(ck);
+    data = pos.data;
+    return pos.step;
   }
 };
 
@@ -396,6 +491,7 @@ TrainCheckpointer::~TrainCheckpointer() = default;
 std::string TrainCheckpointer::save(int step, const LoaderState& data, const char* why) {
   Impl& s = *impl_;
   if (s.ddp) s.ddp->sync_params();
+  s.check_finite(step);  // collective: every rank refuses, or none
   if (s.sharded) {
     const std::string dir = s.save_sharded(step, data, why);
     mesh_barrier(*s.mesh);  // nobody runs ahead of a checkpoint that is not committed yet

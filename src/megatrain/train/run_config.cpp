@@ -1,6 +1,8 @@
 #include "megatrain/train/run_config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <fmt/format.h>
@@ -12,6 +14,8 @@
 namespace mt {
 
 namespace {
+
+constexpr int kMaxThreads = 1024;  // train.threads
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -65,9 +69,11 @@ class Section {
     } else if constexpr (std::is_integral_v<T>) {
       auto v = n->value<int64_t>();
       MT_CHECK(v.has_value() && n->is_integer(), "{}: {} must be an integer", src_, full);
+      // (A negative value is compared as signed: cast to uint64 it would exceed every maximum.)
       MT_CHECK(*v >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-                   static_cast<uint64_t>(*v) <= static_cast<uint64_t>(std::numeric_limits<T>::max()),
-               "{}: {} = {} is out of range", src_, full, *v);
+                   (*v < 0 || static_cast<uint64_t>(*v) <= static_cast<uint64_t>(std::numeric_limits<T>::max())),
+               "{}: {} = {} is out of range: it must be an integer in [{}, {}]", src_, full, *v,
+               std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
       out = static_cast<T>(*v);
     } else if constexpr (std::is_floating_point_v<T>) {
       auto v = n->value<double>();
@@ -97,6 +103,7 @@ class Section {
     const toml::node* n = t_->get(key);
     if (!n) return;
     std::string full = name_ + "." + key;
+    if (n_layer < 1 || n_layer > (1 << 16)) return;  // model validation names the bad n_layer; nothing to index here
     out.assign(n_layer, false);
     if (auto s = n->value<std::string>()) {
       MT_CHECK(*s == "none" || *s == "all", "{}: {} must be \"none\", \"all\" or a list of layer indices (got \"{}\")",
@@ -269,12 +276,17 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   MT_CHECK(file_exists(path), "config file {} does not exist", path);
+  MT_CHECK(!std::filesystem::is_directory(path), "config file {} is a directory, not a TOML file", path);
   return parse_run_config(read_text_file(path), path, overrides);
 }
 
 void RunConfig::validate() const {
-  model.validate();
-  optim.validate();
+  try {
+    model.validate();
+    optim.validate();
+  } catch (const Error& e) {
+    fail("{}: {}", source, e.what());
+  }
   MT_CHECK(data.batch_size > 0, "{}: data.batch_size must be positive (got {})", source, data.batch_size);
   MT_CHECK(data.seq_len > 0, "{}: data.seq_len must be positive (got {})", source, data.seq_len);
   MT_CHECK(data.seq_len <= model.max_seq_len, "{}: data.seq_len ({}) exceeds model.max_seq_len ({})", source,
@@ -284,8 +296,14 @@ void RunConfig::validate() const {
   MT_CHECK(train.grad_accum > 0, "{}: train.grad_accum must be positive (got {})", source, train.grad_accum);
   MT_CHECK(train.log_every > 0, "{}: train.log_every must be positive", source);
   MT_CHECK(train.eval_every >= 0 && train.eval_batches >= 0, "{}: train.eval_every/eval_batches must be >= 0", source);
-  MT_CHECK(train.peak_tflops >= 0, "{}: train.peak_tflops must be >= 0", source);
-  MT_CHECK(train.threads >= 0, "{}: train.threads must be >= 0", source);
+  MT_CHECK(std::isfinite(train.peak_tflops) && train.peak_tflops >= 0,
+           "{}: train.peak_tflops = {} is out of range: it must be finite and >= 0 (0: measure)", source,
+           train.peak_tflops);
+  // More threads than cores only slows the kernels down, and libgomp crashes creating ~10^5 threads; 1024 is more
+  // hardware threads than the hosts megatrain targets have (0 takes them all, whatever their number).
+  MT_CHECK(train.threads >= 0 && train.threads <= kMaxThreads,
+           "{}: train.threads = {} is out of range: it must be in [0, {}] (0: all cores)", source, train.threads,
+           kMaxThreads);
   MT_CHECK(train.device == "cpu" || train.device == "cuda", "{}: train.device must be \"cpu\" or \"cuda\" (got \"{}\")",
            source, train.device);
   MT_CHECK(train.attention == "flash" || train.attention == "cudnn",
@@ -327,6 +345,8 @@ void RunConfig::validate() const {
            source);
   MT_CHECK(sample.tokens >= 0 && sample.top_k >= 0 && sample.temperature >= 0,
            "{}: sample.tokens/top_k/temperature must be >= 0", source);
+  MT_CHECK(std::isfinite(sample.temperature), "{}: sample.temperature = {} is out of range: it must be finite and >= 0",
+           source, sample.temperature);
 }
 
 }  // namespace mt

@@ -41,7 +41,10 @@ inline void row_range(const AttnShape& s, const QBlock& blk, int t, int& a, int&
   e = t + 1 - blk.k_lo;
 }
 
-int max_keys(const AttnShape& s) { return s.window > 0 ? std::min(s.T, kBlockQ + s.window - 1) : s.T; }
+// In int64: kBlockQ + window - 1 overflows int for a window near 2^31.
+int max_keys(const AttnShape& s) {
+  return s.window > 0 ? static_cast<int>(std::min<int64_t>(s.T, int64_t{kBlockQ} + s.window - 1)) : s.T;
+}
 
 int padded(int nk) { return (nk + 15) / 16 * 16; }
 
@@ -59,14 +62,16 @@ void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnSha
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int kpad = padded(max_keys(s));
 
+  RegionErrors errors;
 #pragma omp parallel
   {
-    float* S = thread_scratch(static_cast<size_t>(kBlockQ + hd) * kpad);
-    float* Kt = S + static_cast<size_t>(kBlockQ) * kpad;
+    float* S = errors.run([&] { return thread_scratch(static_cast<size_t>(kBlockQ + hd) * kpad); });
+    float* Kt = S ? S + static_cast<size_t>(kBlockQ) * kpad : nullptr;
 #pragma omp for collapse(3) schedule(dynamic)
     for (int b = 0; b < s.B; ++b)
       for (int h = 0; h < s.n_head; ++h)
         for (int qb = 0; qb < nqb; ++qb) {
+          if (!S) continue;  // this thread has no scratch: the error is rethrown after the region
           const QBlock blk = q_block(s, qb);
           const int kvh = h / group, nk = blk.nk, ld = padded(nk);
           const float* Q = x + (int64_t{b} * s.T + blk.q0) * W + h * hd;
@@ -98,6 +103,7 @@ void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnSha
           tile_gemm(blk.nq, hd, nk, 1.0f, S, ld, 1, V, W, 0.0f, O, OC);
         }
   }
+  errors.rethrow();
 }
 
 void CpuOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) {
@@ -121,15 +127,17 @@ void CpuOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out
 
   // One task per (batch, kv head): it owns dk and dv of that head and the dq of every query head in its group,
   // so all accumulation stays inside the task (no atomics, fixed order).
+  RegionErrors errors;
 #pragma omp parallel
   {
-    float* P = thread_scratch(static_cast<size_t>(2 * kBlockQ + 2 * hd) * kpad);
-    float* dP = P + static_cast<size_t>(kBlockQ) * kpad;
-    float* Kt = dP + static_cast<size_t>(kBlockQ) * kpad;
-    float* Vt = Kt + static_cast<size_t>(hd) * kpad;
+    float* P = errors.run([&] { return thread_scratch(static_cast<size_t>(2 * kBlockQ + 2 * hd) * kpad); });
+    float* dP = P ? P + static_cast<size_t>(kBlockQ) * kpad : nullptr;
+    float* Kt = P ? dP + static_cast<size_t>(kBlockQ) * kpad : nullptr;
+    float* Vt = P ? Kt + static_cast<size_t>(hd) * kpad : nullptr;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < s.B; ++b)
       for (int kvh = 0; kvh < s.n_kv_head; ++kvh) {
+        if (!P) continue;  // this thread has no scratch: the error is rethrown after the region
         const int64_t base = int64_t{b} * s.T * W;
         float* dK_all = dx + base + (s.n_head + kvh) * hd;
         float* dV_all = dx + base + (s.n_head + s.n_kv_head + kvh) * hd;
@@ -189,6 +197,7 @@ void CpuOps::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out
         }
       }
   }
+  errors.rethrow();
 }
 
 }  // namespace mt

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <vector>
 
 #include "megatrain/core/tensor.h"
@@ -94,6 +95,30 @@ inline double lane_sum(int64_t begin, int64_t end, F&& f) {
   for (int l = 0; l < kLanes; ++l) s += acc[l];
   return s;
 }
+
+// An exception must never leave an OpenMP region: the runtime then calls std::terminate (SIGABRT, no message).
+// Code inside a region that can throw (an allocation) runs through run(), which keeps the first exception and
+// returns a default value instead; the region's threads still meet every worksharing construct (a thread whose
+// run() failed skips its iterations), and rethrow() after the region throws what was kept.
+class RegionErrors {
+ public:
+  template <class F>
+  auto run(F&& f) noexcept -> decltype(f()) {
+    try {
+      return f();
+    } catch (...) {
+#pragma omp critical(mt_region_errors)
+      if (!first_) first_ = std::current_exception();
+      return decltype(f()){};
+    }
+  }
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::exception_ptr first_;
+};
 
 // Per-thread scratch, grown on demand and reused across calls (no allocation in steady state).
 inline float* thread_scratch(size_t n) {
