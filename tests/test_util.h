@@ -6,9 +6,12 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "megatrain/core/error.h"
 
@@ -23,6 +26,18 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "<no error>";
+}
+
+// "step:loss_exact" of every train line of a metrics.jsonl: two runs are bit-identical when these are equal.
+inline std::vector<std::string> step_losses(const std::string& metrics) {
+  std::vector<std::string> out;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") out.push_back(std::to_string(j["step"].get<int>()) + ":" + j["loss_exact"].get<std::string>());
+  }
+  return out;
 }
 
 // Prepares the Brown corpus shards into `dir` with `megatrain prepare-data` once per build tree. ctest runs test cases

@@ -58,16 +58,7 @@ std::string joined(const std::vector<std::string>& v) {
 }
 
 // "step:loss_exact" of every train line.
-std::vector<std::string> losses(const std::string& metrics) {
-  std::vector<std::string> out;
-  std::ifstream f(metrics);
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(std::to_string(j["step"].get<int>()) + ":" + j["loss_exact"].get<std::string>());
-  }
-  return out;
-}
+std::vector<std::string> losses(const std::string& metrics) { return mt::test::step_losses(metrics); }
 
 int exit_status(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
 

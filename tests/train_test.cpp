@@ -37,16 +37,7 @@ RunConfig small(const std::string& out, std::vector<std::string> extra = {}) {
   return parse_run_config("", "test", ov);
 }
 
-std::vector<std::string> losses(const std::string& metrics) {
-  std::vector<std::string> out;
-  std::ifstream f(metrics);
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(std::to_string(j["step"].get<int>()) + ":" + j["loss_exact"].get<std::string>());
-  }
-  return out;
-}
+std::vector<std::string> losses(const std::string& metrics) { return mt::test::step_losses(metrics); }
 
 TEST(Train, LossFallsOnTheDefaultCorpus) {
   prepare_brown();
