@@ -28,6 +28,9 @@ std::vector<std::string_view> split_input(std::string_view input, std::string_vi
 // the parser accepted data it then serves wrongly.
 [[noreturn]] void invariant_failed(const char* expr, const char* file, int line, const std::string& detail);
 
+// The store secret of the tcp_store_protocol target's server: its seeds authenticate with it (seed_corpus.cpp).
+inline constexpr const char* kStoreSecret = "fuzz-store-secret-0123456789abcdef";
+
 // Called with each rejection's message; prints it when MT_FUZZ_VERBOSE is set (to see why an input is refused).
 void rejected(const char* what);
 

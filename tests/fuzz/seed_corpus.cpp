@@ -14,9 +14,11 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/safetensors.h"
+#include "megatrain/comm/tcp_store_wire.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/bpe_train.h"
 #include "megatrain/data/shard.h"
+#include "fuzz_util.h"
 #include "tiny_checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -125,6 +127,29 @@ void tokenizer(const fs::path& out) {
   put(out / "seed-trained.txt", mt::gpt2_encoder_json(v) + "\n#--vocab.bpe--\n" + mt::gpt2_vocab_bpe(v));
 }
 
+// Connections to the TCP store, as the client writes them (TcpStore's set/get/wait/check/add/remove all encode with
+// encode_request), plus the frames the server must refuse.
+void tcp_store_sessions(const fs::path& out) {
+  namespace wire = mt::tcp_store_wire;
+  const std::string auth = wire::encode_request({wire::kAuth, mt::fuzz::kStoreSecret});
+  put(out / "seed-session.bin",
+      auth + wire::encode_request({wire::kSet, "group/addr/0", "10.0.0.1:29500"}) +
+          wire::encode_request({wire::kGet, "group/addr/0", "", 30000}) +
+          wire::encode_request({wire::kAdd, "group/arrived", "", 1}) +
+          wire::encode_request({wire::kCheck, "group/addr/1"}) +
+          // wait(): one parked GET per key
+          wire::encode_request({wire::kGet, "group/addr/1", "", 5000}) +
+          wire::encode_request({wire::kGet, "group/addr/2", "", 4000}) +
+          wire::encode_request({wire::kRemove, "group/addr/0"}));
+  std::string huge_len = "\xf0\xff\xff\xff";  // ~4 GiB announced
+  put(out / "seed-huge-length-after-auth.bin", auth + huge_len + std::string(1, char(wire::kSet)));
+  put(out / "seed-huge-length-before-auth.bin", "\xff\xff\xff\x7f" + std::string(1, char(wire::kAuth)));
+  put(out / "seed-unknown-op.bin", auth + wire::encode_request({99, "key"}));
+  put(out / "seed-set-before-auth.bin", wire::encode_request({wire::kSet, "key", "value"}) + auth);
+  put(out / "seed-wrong-secret.bin",
+      wire::encode_request({wire::kAuth, "not-the-secret-0123456789"}) + wire::encode_request({wire::kCheck, "k"}));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,6 +164,7 @@ int main(int argc, char** argv) {
   shards(out / "shard_header", scratch);
   run_configs(out / "run_config", root);
   tokenizer(out / "tokenizer");
+  tcp_store_sessions(out / "tcp_store_protocol");
   fs::remove_all(scratch);
   return 0;
 }

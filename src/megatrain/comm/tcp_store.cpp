@@ -1,11 +1,8 @@
 // tcp:// stores: a single-threaded poll() server and a synchronous client.
 //
-// Wire format (all integers little-endian): every message is a frame  u32 length | body.
-//   request body:  u8 op | fields        AUTH secret | SET key value | GET key timeout_ms | CHECK key | ADD key delta
-//                                        | REMOVE key
-//   response body: u8 status | payload   OK [value | u8 exists | i64 sum] | TIMEOUT | FAILED message
-// Strings are u32 length | bytes (binary-safe). A GET for a missing key parks the connection on the server until
-// a SET/ADD creates the key or the client's timeout passes, so waiting costs no traffic and no spinning.
+// The wire format and the decoding of requests are in tcp_store_wire.h. A GET for a missing key parks the
+// connection on the server until a SET/ADD creates the key or the client's timeout passes, so waiting costs no
+// traffic and no spinning.
 // The first request of every connection must be AUTH with the job's secret; anything else, a wrong secret, an
 // unknown op or an oversized frame closes the connection with a logged reason (and a FAILED reply naming it).
 // The client keeps a small pool of connections: each op takes an idle one (or opens one), so a thread blocked in
@@ -40,72 +37,12 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/comm/store.h"
+#include "megatrain/comm/tcp_store_wire.h"
 
 namespace mt {
 namespace {
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kCheck = 3, kAdd = 4, kRemove = 5, kAuth = 6 };
-enum Status : uint8_t { kOk = 0, kTimeout = 1, kFailed = 2 };
-constexpr uint32_t kMaxAuthFrame = 2048;  // op, length and a secret of at most 1024 bytes
-constexpr uint32_t kMaxReply = 1u << 30;  // what the client accepts: replies carry values the server accepted
-constexpr int64_t kMaxTimeoutMs = int64_t(1) << 40;  // ~35 years: "forever" without overflowing deadlines
-
-struct Writer {
-  std::string buf = std::string(4, '\0');  // room for the frame length
-  void u8(uint8_t v) { buf.push_back(char(v)); }
-  void u32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) buf.push_back(char((v >> (8 * i)) & 0xff));
-  }
-  void i64(int64_t v) {
-    for (int i = 0; i < 8; ++i) buf.push_back(char((uint64_t(v) >> (8 * i)) & 0xff));
-  }
-  void str(const std::string& s) {
-    u32(uint32_t(s.size()));
-    buf += s;
-  }
-  std::string frame() {  // fills in the length and hands the frame over
-    uint32_t n = uint32_t(buf.size() - 4);
-    for (int i = 0; i < 4; ++i) buf[i] = char((n >> (8 * i)) & 0xff);
-    return std::move(buf);
-  }
-};
-
-uint32_t load_u32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(p[i])) << (8 * i);
-  return v;
-}
-
-struct Reader {
-  const char* p;
-  size_t n;
-  bool ok = true;
-  bool need(size_t k) {
-    if (n < k) ok = false;
-    return ok;
-  }
-  uint8_t u8() {
-    if (!need(1)) return 0;
-    n -= 1;
-    return uint8_t(*p++);
-  }
-  int64_t i64() {
-    if (!need(8)) return 0;
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t(uint8_t(p[i])) << (8 * i);
-    p += 8, n -= 8;
-    return int64_t(v);
-  }
-  std::string str() {
-    if (!need(4)) return {};
-    uint32_t len = load_u32(p);
-    p += 4, n -= 4;
-    if (!need(len)) return {};
-    std::string s(p, len);
-    p += len, n -= len;
-    return s;
-  }
-};
+using namespace tcp_store_wire;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -147,7 +84,7 @@ struct TcpStoreServer::Impl {
     for (auto& [fd, c] : clients) ::close(fd);
   }
 
-  uint32_t frame_limit(const Client& c) const { return c.authed ? limits.max_frame : kMaxAuthFrame; }
+  uint32_t frame_limit(const Client& c) const { return request_limit(c.authed, limits.max_frame); }
   // Past these the server stops reading from the connection until it drains.
   size_t in_limit(const Client& c) const { return size_t(frame_limit(c)) + 4; }
   size_t out_limit() const { return size_t(limits.max_frame) + 64; }
@@ -220,75 +157,58 @@ struct TcpStoreServer::Impl {
   // Handles complete request frames until the connection parks in a GET or is rejected.
   void process(int fd, Client& c) {
     size_t off = 0;
-    while (!c.waiting && !c.dead && c.out.size() < out_limit() && c.in.size() - off >= 4) {
-      uint32_t len = load_u32(c.in.data() + off);
-      // Judged on the length alone, before the body arrives: nothing of an oversized request is buffered.
-      if (len > frame_limit(c)) {
-        reject(fd, c, fmt::format("a request of {} bytes exceeds the limit of {} bytes{}", len, frame_limit(c),
-                                  c.authed ? "" : " before authentication"));
+    while (!c.waiting && !c.dead && c.out.size() < out_limit()) {
+      Decoded d = decode_request(std::string_view(c.in).substr(off), c.authed, limits.max_frame);
+      if (d.kind == Decoded::kNeedMore) break;
+      if (d.kind == Decoded::kReject) {
+        reject(fd, c, d.why);
         break;
       }
-      if (c.in.size() - off - 4 < len) break;
-      Reader r{c.in.data() + off + 4, len};
-      off += 4 + size_t(len);
-      handle(fd, c, r);
+      off += d.consumed;
+      handle(fd, c, d.request);
     }
     c.in.erase(0, off);
   }
 
-  void handle(int fd, Client& c, Reader& r) {
-    const uint8_t op = r.u8();
-    if (!c.authed) {
-      std::string given = r.str();
-      if (op != kAuth || !r.ok || r.n != 0)
-        return reject(fd, c, op == kAuth ? "malformed authentication request"
-                                         : fmt::format("request (op {}) before authentication", op));
-      if (!secrets_equal(given, secret)) return reject(fd, c, "wrong store secret");
-      c.authed = true;
-      return reply_status(fd, c, kOk);
-    }
-    std::string key = r.str();
-    switch (op) {
-      case kSet: {
-        std::string value = r.str();
-        if (!r.ok || r.n != 0) break;
-        kv[key] = std::move(value);
+  void handle(int fd, Client& c, Request& q) {
+    const std::string& key = q.key;
+    switch (q.op) {
+      case kAuth:  // decode_request passes AUTH only before authentication
+        if (!secrets_equal(q.key, secret)) return reject(fd, c, "wrong store secret");
+        c.authed = true;
+        return reply_status(fd, c, kOk);
+      case kSet:
+        kv[key] = std::move(q.value);
         reply_status(fd, c, kOk);
         wake_waiters(key);
         return;
-      }
       case kGet: {
-        int64_t timeout_ms = r.i64();
-        if (!r.ok || r.n != 0) break;
         auto it = kv.find(key);
         if (it != kv.end()) {
           reply_value(fd, c, it->second);
-        } else if (timeout_ms <= 0) {
+        } else if (q.number <= 0) {
           reply_status(fd, c, kTimeout);
         } else {
           c.waiting = true;
           c.wait_key = key;
-          c.deadline = now_seconds() + double(std::min(timeout_ms, kMaxTimeoutMs)) / 1000.0;
+          c.deadline = now_seconds() + double(std::min(q.number, kMaxTimeoutMs)) / 1000.0;
         }
         return;
       }
       case kCheck: {
-        if (!r.ok || r.n != 0) break;
         Writer w;
         w.u8(kOk);
         w.u8(kv.count(key) ? 1 : 0);
         return reply(fd, c, w.frame());
       }
       case kAdd: {
-        int64_t delta = r.i64();
-        if (!r.ok || r.n != 0) break;
         int64_t cur = 0;
         auto it = kv.find(key);
         if (it != kv.end() && !parse_i64(it->second, cur))
           return reply_failed(fd, c, fmt::format("add: key '{}' holds a non-integer value", key));
         int64_t sum;
-        if (__builtin_add_overflow(cur, delta, &sum))
-          return reply_failed(fd, c, fmt::format("add: key '{}' overflows int64 ({} + {})", key, cur, delta));
+        if (__builtin_add_overflow(cur, q.number, &sum))
+          return reply_failed(fd, c, fmt::format("add: key '{}' overflows int64 ({} + {})", key, cur, q.number));
         kv[key] = std::to_string(sum);
         Writer w;
         w.u8(kOk);
@@ -298,13 +218,9 @@ struct TcpStoreServer::Impl {
         return;
       }
       case kRemove:
-        if (!r.ok || r.n != 0) break;
         kv.erase(key);
         return reply_status(fd, c, kOk);
-      default:
-        return reject(fd, c, fmt::format("unknown request (op {})", op));
     }
-    reject(fd, c, fmt::format("malformed request (op {})", op));
   }
 
   void accept_all() {
@@ -536,11 +452,7 @@ class TcpStore final : public Store {
   }
 
   void set(const std::string& key, const std::string& value) override {
-    Writer w;
-    w.u8(kSet);
-    w.str(key);
-    w.str(value);
-    expect_ok(call(w.frame(), io_timeout(), "set", key), "set", key);
+    expect_ok(call(encode_request({kSet, key, value, 0}), io_timeout(), "set", key), "set", key);
   }
 
   std::string get(const std::string& key, Millis timeout) override {
@@ -569,10 +481,7 @@ class TcpStore final : public Store {
   }
 
   bool check(const std::string& key) override {
-    Writer w;
-    w.u8(kCheck);
-    w.str(key);
-    std::string body = call(w.frame(), io_timeout(), "check", key);
+    std::string body = call(encode_request({kCheck, key, "", 0}), io_timeout(), "check", key);
     expect_ok(body, "check", key);
     Reader r{body.data() + 1, body.size() - 1};
     uint8_t exists = r.u8();
@@ -581,11 +490,7 @@ class TcpStore final : public Store {
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
-    Writer w;
-    w.u8(kAdd);
-    w.str(key);
-    w.i64(delta);
-    std::string body = call(w.frame(), io_timeout(), "add", key);
+    std::string body = call(encode_request({kAdd, key, "", delta}), io_timeout(), "add", key);
     expect_ok(body, "add", key);
     Reader r{body.data() + 1, body.size() - 1};
     int64_t v = r.i64();
@@ -594,21 +499,14 @@ class TcpStore final : public Store {
   }
 
   void remove(const std::string& key) override {
-    Writer w;
-    w.u8(kRemove);
-    w.str(key);
-    expect_ok(call(w.frame(), io_timeout(), "remove", key), "remove", key);
+    expect_ok(call(encode_request({kRemove, key, "", 0}), io_timeout(), "remove", key), "remove", key);
   }
 
  private:
   // False when the key did not appear within ms; transport failures throw.
   bool try_get(const std::string& key, int64_t ms, std::string& value) {
-    Writer w;
-    w.u8(kGet);
-    w.str(key);
-    w.i64(ms);
     // The server answers by the deadline; the extra allowance only matters when the server itself is stuck.
-    std::string body = call(w.frame(), double(ms) / 1000.0 + io_timeout(), "get", key);
+    std::string body = call(encode_request({kGet, key, "", ms}), double(ms) / 1000.0 + io_timeout(), "get", key);
     if (!body.empty() && uint8_t(body[0]) == kTimeout) return false;
     expect_ok(body, "get", key);
     Reader r{body.data() + 1, body.size() - 1};
@@ -654,10 +552,7 @@ class TcpStore final : public Store {
 
   // The first request on a connection: the server answers OK, or FAILED with its reason and closes it.
   void authenticate(int fd) {
-    Writer w;
-    w.u8(kAuth);
-    w.str(secret_);
-    std::string body = exchange(fd, w.frame(), io_timeout(), "authenticate", "");
+    std::string body = exchange(fd, encode_request({kAuth, secret_, "", 0}), io_timeout(), "authenticate", "");
     if (!body.empty() && uint8_t(body[0]) == kOk) return;
     ::close(fd);
     Reader r{body.data(), body.size()};
