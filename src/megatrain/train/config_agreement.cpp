@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "megatrain/core/error.h"
@@ -34,6 +36,24 @@ ConfigEntries decode(const std::string& s) {
   return e;
 }
 
+// Waits for `keys` (one per rank, in `ranks` order); a rank that never publishes its key is named, as the group
+// rendezvous names a member that never arrives.
+void wait_for_ranks(Store& store, const std::vector<std::string>& keys, const std::vector<int>& ranks,
+                    Millis timeout) {
+  try {
+    store.wait(keys, timeout);
+  } catch (const Error&) {
+    const std::vector<std::string> miss = store.missing(keys);
+    if (miss.empty()) throw;
+    std::string list;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (std::find(miss.begin(), miss.end(), keys[i]) != miss.end())
+        list += (list.empty() ? "" : ", ") + std::to_string(ranks[i]);
+    fail_as(ErrorKind::CommTimeout, "ranks {} never arrived within {:g} s (at the start-up check that every rank runs "
+            "the same config)", list, std::chrono::duration<double>(timeout).count());
+  }
+}
+
 }  // namespace
 
 std::string config_differences(const ConfigEntries& reference, const ConfigEntries& mine, int rank) {
@@ -57,6 +77,13 @@ void agree_on_config(Store& store, int rank, int world, const ConfigEntries& min
   if (world <= 1) return;
   if (rank == 0) {
     store.set("config/rank0", encode(mine));
+    std::vector<std::string> keys;
+    std::vector<int> ranks;
+    for (int r = 1; r < world; ++r) {
+      keys.push_back(fmt::format("config/verdict/{}", r));
+      ranks.push_back(r);
+    }
+    wait_for_ranks(store, keys, ranks, timeout);
     std::vector<std::string> bad;
     for (int r = 1; r < world; ++r) {
       std::string v = store.get(fmt::format("config/verdict/{}", r), timeout);
@@ -70,6 +97,7 @@ void agree_on_config(Store& store, int rank, int world, const ConfigEntries& min
       fail_as(ErrorKind::Config, "the ranks of this job were started with different configs:{}", verdict);
     return;
   }
+  wait_for_ranks(store, {"config/rank0"}, {0}, timeout);
   const std::string diff = config_differences(decode(store.get("config/rank0", timeout)), mine, rank);
   store.set(fmt::format("config/verdict/{}", rank), diff);
   const std::string verdict = store.get("config/verdict", timeout);
