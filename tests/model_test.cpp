@@ -13,6 +13,7 @@
 
 #include "megatrain/core/rng.h"
 #include "megatrain/model/gpt.h"
+#include "model_testutil.h"
 
 using namespace mt;
 
@@ -167,26 +168,7 @@ Params to_double(const ParamStore& s) {
   return p;
 }
 
-ModelConfig tiny(const std::string& style) {
-  ModelConfig c;
-  c.vocab_size = 37;
-  c.vocab_pad_to = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.d_model = 16;
-  c.max_seq_len = 8;
-  c.init_std = 0.3f;
-  if (style == "llama") {
-    c.norm = NormKind::RmsNorm;
-    c.mlp = MlpKind::SwiGlu;
-    c.pos = PosKind::Rope;
-    c.n_kv_head = 2;
-    c.bias = false;
-    c.tied_embeddings = false;
-    c.d_ff = 24;
-  }
-  return c;
-}
+ModelConfig tiny(const std::string& style) { return mt::test::tiny_model(style); }
 
 struct Batch {
   std::vector<int> tok, tgt;

@@ -10,22 +10,13 @@
 #include "megatrain/core/rng.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/optim/optimizer.h"
+#include "model_testutil.h"
 
 using namespace mt;
 
 namespace {
 
-ModelConfig tiny_gpt2() {
-  ModelConfig c;
-  c.vocab_size = 37;
-  c.vocab_pad_to = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.d_model = 16;
-  c.max_seq_len = 8;
-  c.init_std = 0.3f;
-  return c;
-}
+ModelConfig tiny_gpt2() { return mt::test::tiny_model("gpt2"); }
 
 TEST(Optim, AdamWStepMatchesFormula) {
   ModelConfig c = tiny_gpt2();
