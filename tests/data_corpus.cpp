@@ -7,7 +7,7 @@
 #include "data_util.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
-#include "megatrain/core/resources.h"
+#include "megatrain/data/assets.h"
 #include "megatrain/data/corpus.h"
 
 namespace mt {

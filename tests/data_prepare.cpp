@@ -8,7 +8,7 @@
 #include "data_util.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
-#include "megatrain/core/resources.h"
+#include "megatrain/data/assets.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/data/prepare.h"
 #include "megatrain/data/shard.h"
@@ -100,6 +100,8 @@ TEST(DataPrepare, TextCorpusRoundTripsThroughShards) {
   EXPECT_EQ(meta["vocab_size"], 257);
   EXPECT_EQ(meta["eot"], 256);
   EXPECT_EQ(meta["tokenizer"], "bytes");
+  EXPECT_EQ(prepared_tokenizer(opt.out_dir), "bytes");  // what the sampler reads back
+  EXPECT_EQ(prepared_tokenizer(dir / "corpus"), "");     // no meta.json: none recorded
   EXPECT_EQ(meta["token_dtype"], "uint16");
   EXPECT_EQ(meta["input_format"], "text");
   EXPECT_EQ(meta["sources"].size(), 42u);

@@ -221,3 +221,19 @@ TEST(RunConfig, ADirectoryOrUnreadableConfigIsAnError) {
 }
 
 }  // namespace
+
+TEST(RunConfig, SampleTokenizerMustBeAVocabularyDirectory) {
+  EXPECT_EQ(parse_run_config("", "t.toml", {}).sample.tokenizer, "");  // default: the data's own, else GPT-2's
+  char tmpl[] = "/tmp/mt_tok_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::string err = error_of("", {"--sample.tokenizer=" + dir});
+  EXPECT_NE(err.find("sample.tokenizer"), std::string::npos) << err;
+  EXPECT_NE(err.find("encoder.json"), std::string::npos) << err;
+  std::ofstream(dir + "/encoder.json") << "{}";
+  err = error_of("", {"--sample.tokenizer=" + dir});
+  EXPECT_NE(err.find("vocab.bpe"), std::string::npos) << err;
+  std::ofstream(dir + "/vocab.bpe") << "#version: 0.2\n";
+  EXPECT_EQ(parse_run_config("", "t.toml", {"--sample.tokenizer=" + dir}).sample.tokenizer, dir);
+  std::filesystem::remove_all(dir);
+}

@@ -18,7 +18,7 @@
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
-#include "megatrain/core/resources.h"
+#include "megatrain/data/assets.h"
 #include "megatrain/core/rng.h"
 #include "megatrain/data/bpe_train.h"
 #include "megatrain/data/tokenizer.h"

@@ -52,6 +52,33 @@ TEST(Train, LossFallsOnTheDefaultCorpus) {
   EXPECT_LT(r.last_val_loss, 8.3);
 }
 
+// The closing sample decodes with the tokenizer the data was prepared with (data.dir/meta.json), unless
+// sample.tokenizer names one; a recorded tokenizer that is gone means no sample, not a crash or the wrong decoding.
+TEST(Train, SampleTokenizerComesFromTheDataOrTheConfig) {
+  prepare_brown();
+  const std::string base = ::testing::TempDir() + "/mt_sample_tok";
+  fs::remove_all(base);
+  const std::string data = base + "/data";
+  fs::create_directories(data);
+  for (auto& e : fs::directory_iterator(kData)) fs::copy(e.path(), data / e.path().filename());
+  const std::string recorded = nlohmann::json::parse(std::ifstream(data + "/meta.json"))["tokenizer"];
+  ASSERT_TRUE(fs::exists(recorded + "/encoder.json")) << recorded;
+
+  auto run = [&](const std::string& out, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--data.dir=" + data, "--train.steps=1", "--ckpt.save_final=false",
+                               "--sample.tokens=4", "--sample.prompt=The"});
+    return run_training(small(base + "/" + out, extra));
+  };
+  EXPECT_EQ(run("a", {}).sample.rfind("The", 0), 0u);  // the recorded (GPT-2) tokenizer: a sample
+
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(data + "/meta.json"));
+  meta["tokenizer"] = base + "/gone";
+  std::ofstream(data + "/meta.json") << meta.dump();
+  EXPECT_EQ(run("b", {}).sample, "");  // recorded one missing: no sample
+  EXPECT_EQ(run("c", {"--sample.tokenizer=" + recorded}).sample.rfind("The", 0), 0u);  // the configured one wins
+  fs::remove_all(base);
+}
+
 TEST(Train, ResumeIsBitIdentical) {
   prepare_brown();
   std::string a = ::testing::TempDir() + "/mt_resume_a", b = ::testing::TempDir() + "/mt_resume_b";
@@ -67,6 +94,28 @@ TEST(Train, ResumeIsBitIdentical) {
   ASSERT_EQ(la.size(), 8u);
   ASSERT_EQ(lb.size(), 4u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(la[4 + i], lb[i]);
+}
+
+// An attempt ran past its last checkpoint (steps 5..8 after the checkpoint at 4, no final one: as if it died just
+// before saving); the restarted run resumes at 4 and runs 5..8 again. metrics.jsonl must then read as one history: steps 1..8 once each, with the
+// losses of an undisturbed run (the oracle), so a supervisor's restarts leave no trace in the training record.
+TEST(Train, MetricsOfAResumedRunReadAsOneHistory) {
+  prepare_brown();
+  const std::string a = ::testing::TempDir() + "/mt_hist_a", b = ::testing::TempDir() + "/mt_hist_b";
+  fs::remove_all(a);
+  fs::remove_all(b);
+  run_training(small(a, {"--train.steps=8", "--ckpt.every=0", "--ckpt.save_final=false"}));
+  run_training(small(b, {"--train.steps=8", "--ckpt.every=4", "--ckpt.save_final=false"}));
+  { std::ofstream(b + "/metrics.jsonl", std::ios::app) << "{\"kind\":\"train\",\"step\":7,\"lo"; }  // torn line
+  run_training(small(b, {"--train.steps=8", "--ckpt.every=4", "--ckpt.save_final=false"}));
+  std::vector<int> steps;
+  std::ifstream in(b + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);  // every line parses: the torn one is gone
+    if (j["kind"] == "train") steps.push_back(j["step"]);
+  }
+  EXPECT_EQ(steps, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(losses(b + "/metrics.jsonl"), losses(a + "/metrics.jsonl"));
 }
 
 TEST(Train, ResumeRefusesADifferentModel) {

@@ -5,7 +5,7 @@
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/cli/commands.h"
-#include "megatrain/core/resources.h"
+#include "megatrain/data/assets.h"
 #include "megatrain/data/tokenizer.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/train/sampler.h"

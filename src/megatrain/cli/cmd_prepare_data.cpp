@@ -4,7 +4,7 @@
 
 #include "megatrain/cli/commands.h"
 #include "megatrain/core/error.h"
-#include "megatrain/core/resources.h"
+#include "megatrain/data/assets.h"
 #include "megatrain/data/prepare.h"
 #include "megatrain/data/tokenizer.h"
 

@@ -10,7 +10,7 @@
 #include "megatrain/cli/commands.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
-#include "megatrain/core/resources.h"
+#include "megatrain/data/assets.h"
 #include "megatrain/data/bpe_train.h"
 #include "megatrain/data/tokenizer.h"
 

@@ -200,6 +200,7 @@ RankInfo rank_info_from_env() {
     read_master(r);
     r.source = "single";
   }
+  if (const char* prefix = env("MEGATRAIN_STORE_PREFIX")) r.store_prefix = prefix;
   if (store)
     r.store_url = store;
   else if (r.world_size > 1)

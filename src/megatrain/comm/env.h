@@ -17,6 +17,9 @@ struct RankInfo {
   int master_port = 29500;
   std::string store_url;  // MEGATRAIN_STORE if set; else tcp://MASTER_ADDR:MASTER_PORT when world_size > 1
   std::string source;     // "megatrain", "torchrun", "slurm" or "single"
+  // MEGATRAIN_STORE_PREFIX: the namespace of this job's keys in the store (a supervisor gives each attempt a fresh
+  // one, so a restarted job never meets the keys of the attempt before it); "" = none.
+  std::string store_prefix;
 };
 
 // Throws mt::Error naming the variable when one is malformed or inconsistent (RANK >= WORLD_SIZE, ...).

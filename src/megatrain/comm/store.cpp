@@ -45,6 +45,8 @@ namespace {
 class PrefixedStore : public Store {
  public:
   PrefixedStore(Store& base, std::string prefix) : base_(base), prefix_(std::move(prefix)) {}
+  PrefixedStore(std::unique_ptr<Store> owned, std::string prefix)
+      : owned_(std::move(owned)), base_(*owned_), prefix_(std::move(prefix)) {}
 
   void set(const std::string& key, const std::string& value) override { base_.set(k(key), value); }
   std::string get(const std::string& key, Millis timeout) override { return base_.get(k(key), timeout); }
@@ -61,17 +63,27 @@ class PrefixedStore : public Store {
 
  private:
   std::string k(const std::string& key) const { return prefix_ + key; }
+  std::unique_ptr<Store> owned_;  // set when this store owns its base
   Store& base_;
   std::string prefix_;
 };
 
 }  // namespace
 
-std::unique_ptr<Store> prefixed_store(Store& base, const std::string& prefix) {
-  // "run3" and "run3/" both give keys "run3/<key>".
-  std::string p = prefix;
+namespace {
+// "run3" and "run3/" both give keys "run3/<key>".
+std::string with_slash(std::string p) {
   if (!p.empty() && p.back() != '/') p += '/';
-  return std::make_unique<PrefixedStore>(base, std::move(p));
+  return p;
+}
+}  // namespace
+
+std::unique_ptr<Store> prefixed_store(Store& base, const std::string& prefix) {
+  return std::make_unique<PrefixedStore>(base, with_slash(prefix));
+}
+
+std::unique_ptr<Store> prefixed_store(std::unique_ptr<Store> base, const std::string& prefix) {
+  return std::make_unique<PrefixedStore>(std::move(base), with_slash(prefix));
 }
 
 }  // namespace mt

@@ -90,5 +90,7 @@ std::unique_ptr<Store> open_store(const std::string& url, Millis connect_timeout
 
 // A store that prefixes every key (one namespace per group / per restart): key k becomes "<prefix>/k".
 std::unique_ptr<Store> prefixed_store(Store& base, const std::string& prefix);
+// The same, owning its base.
+std::unique_ptr<Store> prefixed_store(std::unique_ptr<Store> base, const std::string& prefix);
 
 }  // namespace mt

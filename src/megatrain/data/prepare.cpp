@@ -4,6 +4,7 @@
 #include <cctype>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -152,6 +153,16 @@ PrepareResult prepare_data(const PrepareOptions& opt, const TokenEncoder& enc) {
   write_file_atomic(meta_path, meta.dump(2) + "\n");
   res.seconds = now_seconds() - t0;
   return res;
+}
+
+std::string prepared_tokenizer(const std::string& dir) {
+  const std::string path = dir + "/meta.json";
+  std::ifstream f(path);
+  if (!f) return "";
+  nlohmann::json meta = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  MT_CHECK(!meta.is_discarded(), "{}: not valid JSON (rerun prepare-data for {})", path, dir);
+  auto it = meta.find("tokenizer");
+  return it != meta.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 }  // namespace mt

@@ -54,4 +54,8 @@ bool is_val_document(uint64_t doc_index, uint64_t seed, double val_fraction);
 // meta.json holds a complete dataset). Throws for no inputs, no documents, or bad options.
 PrepareResult prepare_data(const PrepareOptions& opt, const TokenEncoder& enc);
 
+// The tokenizer a prepared dataset was made with, as prepare_data recorded it in <dir>/meta.json (TokenEncoder::
+// name: for `megatrain prepare-data`, the vocabulary directory); "" when meta.json has none.
+std::string prepared_tokenizer(const std::string& dir);
+
 }  // namespace mt

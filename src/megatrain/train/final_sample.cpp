@@ -2,19 +2,41 @@
 
 #include <fmt/format.h>
 
-#include "megatrain/core/resources.h"
+#include <filesystem>
+
+#include "megatrain/data/assets.h"
+#include "megatrain/data/prepare.h"
 #include "megatrain/data/tokenizer.h"
 #include "megatrain/train/sampler.h"
 
 namespace mt {
 
+namespace {
+
+// sample.tokenizer when set (checked at config load); else the one the training data was prepared with, which is
+// what the model learned; else GPT-2's. "" with a note when the recorded one is gone.
+std::string sample_tokenizer_dir(const RunConfig& cfg, bool say) {
+  if (!cfg.sample.tokenizer.empty()) return cfg.sample.tokenizer;
+  const std::string recorded = prepared_tokenizer(cfg.data.dir);
+  if (recorded.empty()) return default_gpt2_vocab_dir();
+  if (std::filesystem::is_regular_file(recorded + "/encoder.json")) return recorded;
+  if (say)
+    fmt::print("(no sample: {}/meta.json names the tokenizer {}, which has no encoder.json here; set "
+               "sample.tokenizer)\n", cfg.data.dir, recorded);
+  return "";
+}
+
+}  // namespace
+
 std::optional<TextSample> final_sample(const RunConfig& cfg, GPT& model, Topology& topo) {
   if (cfg.sample.tokens <= 0 || topo.coord.dp != 0) return std::nullopt;
-  Tokenizer tok = Tokenizer::load_gpt2(default_gpt2_vocab_dir());
+  const std::string dir = sample_tokenizer_dir(cfg, topo.main_rank);
+  if (dir.empty()) return std::nullopt;
+  Tokenizer tok = Tokenizer::load_gpt2(dir);
   if (tok.vocab_size() != cfg.model.vocab_size) {
     if (topo.main_rank)
-      fmt::print("(no sample: model.vocab_size {} is not the GPT-2 vocabulary's {})\n", cfg.model.vocab_size,
-                 tok.vocab_size());
+      fmt::print("(no sample: model.vocab_size {} is not the vocabulary size {} of the tokenizer {})\n",
+                 cfg.model.vocab_size, tok.vocab_size(), dir);
     return std::nullopt;
   }
   SampleOptions so{cfg.sample.tokens, cfg.sample.temperature, cfg.sample.top_k, cfg.sample.seed, tok.eot()};

@@ -4,15 +4,36 @@
 
 #include <cerrno>
 #include <cstring>
+#include <sstream>
 
 #include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
 #include "megatrain/train/run_config.h"
 
 namespace mt {
 
-void MetricsLog::open(const std::string& path, bool append) {
+void MetricsLog::open(const std::string& path, int resumed_step) {
   if (f_) std::fclose(f_);
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  f_ = nullptr;
+  if (resumed_step > 0 && file_exists(path)) {
+    std::string kept;
+    std::istringstream in(read_text_file(path));
+    int dropped = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      // A torn last line (a crash mid-write) is dropped like a step past the resume point.
+      const bool past =
+          j.is_discarded() || (j.contains("step") && j["step"].is_number() && j["step"].get<int>() > resumed_step);
+      if (past) {
+        ++dropped;
+        continue;
+      }
+      kept += line + "\n";
+    }
+    if (dropped > 0) write_file_atomic(path, kept);
+  }
+  f_ = std::fopen(path.c_str(), resumed_step > 0 ? "a" : "w");
   MT_CHECK(f_, "cannot open metrics file {}: {}", path, std::strerror(errno));
 }
 

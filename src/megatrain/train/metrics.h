@@ -13,8 +13,11 @@ namespace mt {
 class MetricsLog final : public TrainObserver {
  public:
   MetricsLog() = default;
-  // append = true keeps earlier lines (resumed runs).
-  void open(const std::string& path, bool append);
+  // A fresh run (resumed_step = 0) starts the file anew. A run resumed from step S keeps the earlier lines up to
+  // step S and drops those past it: steps a failed attempt ran after its last checkpoint are run again, and the
+  // file must read as one history (one `train` line per step), as an undisturbed run's would. Lines without a step
+  // (none today) are kept. The rewrite is atomic: a crash during it leaves the old file.
+  void open(const std::string& path, int resumed_step);
   ~MetricsLog() override;
   void write(const nlohmann::json& j);  // one line, flushed
   static nlohmann::json to_json(const StepReport& r);

@@ -250,6 +250,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   k.check_unknown();
 
   Section s = sec("sample");
+  s.get("tokenizer", c.sample.tokenizer);
   s.get("prompt", c.sample.prompt);
   s.get("tokens", c.sample.tokens);
   s.get("temperature", c.sample.temperature);
@@ -343,6 +344,11 @@ void RunConfig::validate() const {
   }
   MT_CHECK(parallel.bucket_mb >= 1 && parallel.timeout_s >= 1, "{}: parallel.bucket_mb and parallel.timeout_s must be >= 1",
            source);
+  for (const char* file : {"encoder.json", "vocab.bpe"})
+    MT_CHECK(sample.tokenizer.empty() || std::filesystem::is_regular_file(sample.tokenizer + "/" + file),
+             "{}: sample.tokenizer = \"{}\" has no {}: it must name a directory with GPT-2-format encoder.json and "
+             "vocab.bpe (or be \"\" for the tokenizer data.dir was prepared with)",
+             source, sample.tokenizer, file);
   MT_CHECK(sample.tokens >= 0 && sample.top_k >= 0 && sample.temperature >= 0,
            "{}: sample.tokens/top_k/temperature must be >= 0", source);
   MT_CHECK(std::isfinite(sample.temperature), "{}: sample.temperature = {} is out of range: it must be finite and >= 0",

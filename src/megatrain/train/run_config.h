@@ -44,6 +44,9 @@ struct CkptConfig {
 };
 
 struct SampleConfig {
+  // Directory with encoder.json and vocab.bpe to encode the prompt and decode the sample; "" = the tokenizer the
+  // training data was prepared with (data.dir/meta.json), else GPT-2's (installed by scripts/setup).
+  std::string tokenizer;
   std::string prompt = "The";
   int tokens = 64;
   float temperature = 0.8f;

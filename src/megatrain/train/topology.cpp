@@ -37,6 +37,7 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   if (ri.local_rank == 0 && ri.local_world_size < ri.world_size)
     fmt::print("comm: rank {} and its node use {} ({}): {}\n", ri.rank, local.address, local.iface, local.reason);
   t.store = open_store(ri.store_url, t.group_options.timeout);
+  if (!ri.store_prefix.empty()) t.store = prefixed_store(std::move(t.store), ri.store_prefix);
   agree_on_config(*t.store, ri.rank, ri.world_size, cfg.effective, t.group_options.timeout);
   t.host_mesh = std::make_unique<DeviceMesh>(*t.store, t.shape, ri.rank, t.group_options, seams.host_groups);
   t.coord = t.host_mesh->coord();

@@ -150,7 +150,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   ProgressPrinter progress(cfg.train.log_every);
   Observers obs;
   if (topo.main_rank) {
-    metrics.open(cfg.train.out_dir + "/metrics.jsonl", start.step > 0);
+    metrics.open(cfg.train.out_dir + "/metrics.jsonl", start.step);
     obs.list = {&metrics, &progress};
   }
   obs.list.insert(obs.list.end(), extra.begin(), extra.end());

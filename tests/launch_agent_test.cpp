@@ -1,5 +1,6 @@
-// `megatrain launch`: environment per rank, output prefixing, rendezvous through the launcher's tcp store, and
-// supervision (a failing rank or a signal stops everyone; nothing survives the launcher).
+// `megatrain launch`: the agent's pieces in process (line forwarding, wait-status descriptions), then the built
+// binary: environment per rank, output prefixing, rendezvous through the launcher's tcp store, and supervision (a
+// failing rank or a signal stops everyone; nothing survives the launcher).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -17,11 +18,14 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/comm/env.h"
 #include "megatrain/comm/store.h"
+#include "megatrain/launch/process_util.h"
+#include "megatrain/launch/rank_process.h"
 
 extern char** environ;
 
@@ -384,3 +388,157 @@ TEST_F(LaunchTest, UsageErrors) {
 }
 
 }  // namespace
+
+// ---- supervision: restarts, decided by exit codes (the policy's own decisions are in launch_supervisor_test) ----
+
+std::vector<nlohmann::json> events_of(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(p);
+  for (std::string l; std::getline(f, l);) out.push_back(nlohmann::json::parse(l));
+  return out;
+}
+std::vector<std::string> event_names(const std::vector<nlohmann::json>& ev) {
+  std::vector<std::string> out;
+  for (auto& e : ev) out.push_back(e["event"]);
+  return out;
+}
+
+TEST_F(LaunchTest, AFailedAttemptIsRestartedInAFreshStoreNamespaceAndTheJobFinishes) {
+  const std::string events = (dir_ / "events.jsonl").string();
+  Result r = launch({"launch", "--nproc", "2", "--max-restarts", "2", "--backoff", "0", "--events", events, "--exec",
+                     "--", "/bin/sh", "-c",
+                     sh("if [ \"$MEGATRAIN_ATTEMPT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 22; fi; sleep 0.2; "
+                        "echo ok $MEGATRAIN_ATTEMPT $MEGATRAIN_STORE_PREFIX")});
+  ASSERT_EQ(r.code(), 0) << r.err;
+  EXPECT_NE(r.out.find("[rank 1] ok 1 attempt-1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("rank 1 (pid"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited with code 22"), std::string::npos) << r.err;
+  auto ev = events_of(events);
+  EXPECT_EQ(event_names(ev), (std::vector<std::string>{"started", "detected", "stopped", "restarting", "started",
+                                                       "done"}));
+  EXPECT_EQ(ev[1]["rank"], 1);
+  EXPECT_EQ(ev[1]["code"], 22);
+  EXPECT_EQ(ev[4]["attempt"], 1);
+  EXPECT_EQ(ev[4]["store_prefix"], "attempt-1");
+}
+
+TEST_F(LaunchTest, ConfigDataAndCheckpointErrorsAreNotRestarted) {
+  const std::string events = (dir_ / "events.jsonl").string();
+  Result r = launch({"launch", "--nproc", "2", "--max-restarts", "5", "--backoff", "0", "--events", events, "--exec",
+                     "--", "/bin/sh", "-c", "[ \"$RANK\" = 0 ] && exit 10; sleep 30"});
+  EXPECT_EQ(r.code(), 10) << r.err;
+  EXPECT_NE(r.err.find("restarting cannot help"), std::string::npos) << r.err;
+  EXPECT_EQ(event_names(events_of(events)), (std::vector<std::string>{"started", "detected", "stopped", "gave_up"}));
+}
+
+TEST_F(LaunchTest, AttemptsWithoutProgressEndTheJobWithTheDoNotRequeueCode) {
+  // A program without heartbeats never reports a step: every failed attempt is one without progress.
+  const std::string events = (dir_ / "events.jsonl").string();
+  Result r = launch({"launch", "--nproc", "1", "--max-restarts", "10", "--backoff", "0", "--no-progress-limit", "3",
+                     "--events", events, "--exec", "--", "/bin/sh", "-c", "exit 22"});
+  EXPECT_EQ(r.code(), 40) << r.err;
+  auto names = event_names(events_of(events));
+  EXPECT_EQ(std::count(names.begin(), names.end(), "started"), 3);
+  EXPECT_EQ(names.back(), "gave_up");
+}
+
+TEST_F(LaunchTest, MaxRestartsSpentEndsWithItsOwnCode) {
+  Result r = launch({"launch", "--nproc", "1", "--max-restarts", "1", "--backoff", "0", "--no-progress-limit", "5",
+                     "--exec", "--", "/bin/sh", "-c", "exit 21"});
+  EXPECT_EQ(r.code(), 41) << r.err;
+  EXPECT_NE(r.err.find("all 1 restarts"), std::string::npos) << r.err;
+}
+
+// ---- the agent's pieces, in process ------------------------------------------------------------------------------
+
+namespace {
+
+// Everything written to the read end of a pipe so far (the write end is closed first).
+std::string read_all(int fd) {
+  std::string out;
+  char buf[4096];
+  for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, size_t(k));
+  return out;
+}
+
+struct Pipe {
+  int r = -1, w = -1;
+  Pipe() {
+    int p[2];
+    EXPECT_EQ(::pipe(p), 0);
+    r = p[0], w = p[1];
+  }
+  ~Pipe() {
+    if (r >= 0) ::close(r);
+    if (w >= 0) ::close(w);
+  }
+  std::string take() {
+    ::close(w);
+    w = -1;
+    return read_all(r);
+  }
+};
+
+}  // namespace
+
+TEST(LaunchOutput, LinesArePrefixedAndSplitAcrossReadsAsTheyWereWritten) {
+  Pipe target;
+  std::vector<std::string> hooked;
+  launch::OutputStream s(-1, target.w, "[rank 3] ", true);
+  s.set_hook([&](const std::string& line) { hooked.push_back(line); });
+  s.feed("al", 2);  // a line arriving in pieces is forwarded once, whole
+  s.feed("pha\nbe", 6);
+  s.feed("ta\n\ngam", 7);
+  s.close();  // the last line has no newline: it still goes out, with one
+  EXPECT_EQ(target.take(), "[rank 3] alpha\n[rank 3] beta\n[rank 3] \n[rank 3] gam\n");
+  EXPECT_EQ(hooked, (std::vector<std::string>{"alpha", "beta", "", "gam"}));
+}
+
+TEST(LaunchOutput, WithoutPrefixBytesPassUnchangedButTheHookStillSeesLines) {
+  Pipe target;
+  std::vector<std::string> hooked;
+  launch::OutputStream s(-1, target.w, "[rank 0] ", false);
+  s.set_hook([&](const std::string& line) { hooked.push_back(line); });
+  s.feed("x\ny", 3);
+  s.close();
+  EXPECT_EQ(target.take(), "x\ny");  // no newline added, no prefix
+  EXPECT_EQ(hooked, (std::vector<std::string>{"x", "y"}));
+}
+
+TEST(LaunchOutput, AnEndlessLineIsCutRatherThanBufferedForever) {
+  Pipe target;
+  launch::OutputStream s(-1, target.w, "P", true);
+  // 200 KiB without a newline: the stream must not hold it all; it forwards in pieces of at most 64 KiB + 1 read.
+  const std::string blob(200 * 1024, 'z');
+  std::string got;  // the pipe buffer (64 KiB) would fill: read concurrently
+  std::thread drain([&] { got = read_all(target.r); });
+  for (size_t i = 0; i < blob.size(); i += 1000) s.feed(blob.data() + i, std::min<size_t>(1000, blob.size() - i));
+  s.close();
+  ::close(target.w);
+  target.w = -1;
+  drain.join();
+  size_t lines = size_t(std::count(got.begin(), got.end(), '\n'));
+  EXPECT_GE(lines, 3u);  // 200 KiB / (64 KiB + 1000) > 3 pieces
+  got.erase(std::remove(got.begin(), got.end(), '\n'), got.end());
+  got.erase(std::remove(got.begin(), got.end(), 'P'), got.end());
+  EXPECT_EQ(got, blob);  // nothing lost or duplicated
+}
+
+TEST(LaunchProcessUtil, WaitStatusesAreDescribedAsTheShellWould) {
+  pid_t a = ::fork();
+  if (a == 0) ::_exit(3);
+  pid_t b = ::fork();
+  if (b == 0) {
+    ::raise(SIGKILL);
+    ::_exit(0);
+  }
+  int sa = 0, sb = 0;
+  ASSERT_EQ(::waitpid(a, &sa, 0), a);
+  ASSERT_EQ(::waitpid(b, &sb, 0), b);
+  EXPECT_EQ(launch::describe_status(sa), "exited with code 3");
+  EXPECT_EQ(launch::exit_code_of(sa), 3);
+  EXPECT_NE(launch::describe_status(sb).find("killed by signal 9"), std::string::npos);
+  EXPECT_EQ(launch::exit_code_of(sb), 137);
+  EXPECT_EQ(launch::plural(1, "rank"), "1 rank");
+  EXPECT_EQ(launch::plural(3, "rank"), "3 ranks");
+}

@@ -1,0 +1,39 @@
+// The supervisor's event log: one JSON object per line, appended and flushed as each event happens, so detection
+// latency, time to resume and lost steps can be computed from the file alone (bench/ does). Every line has
+// "t" (Unix seconds), "event", "attempt" and "node"; the rest depends on the event:
+//   started      an attempt's ranks were started               ranks, store_prefix, args
+//   fault        a rank reported or showed a fault             rank, reason (exit code / signal / rank's event)
+//   detected     the supervisor decided the attempt failed    rank(s), reason, blame (hangs), latency inputs
+//   stopped      every rank of the attempt is gone            seconds (from detection)
+//   restarting   a new attempt comes after a backoff           delay_s, skip_steps
+//   resumed      the first step of the new attempt finished    step
+//   caught_up    the new attempt reached the best step before  step
+//   warning      a loss spike, a straggler, an alert line      rank, reason
+//   done / gave_up  the end                                     exit_code, reason
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace mt::launch {
+
+class EventLog {
+ public:
+  EventLog() = default;
+  ~EventLog();
+  EventLog(const EventLog&) = delete;
+  EventLog& operator=(const EventLog&) = delete;
+
+  // Appends to path (creating its folder); "" keeps the log off. Throws mt::Error naming the path it cannot open.
+  void open(const std::string& path, int node);
+  void set_attempt(int attempt) { attempt_ = attempt; }
+  // Writes {"t":..., "event": event, "attempt":..., "node":..., fields...}.
+  void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
+
+ private:
+  std::FILE* f_ = nullptr;
+  int node_ = 0, attempt_ = 0;
+};
+
+}  // namespace mt::launch

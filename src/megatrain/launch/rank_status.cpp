@@ -1,0 +1,34 @@
+#include "megatrain/launch/rank_status.h"
+
+#include <fmt/format.h>
+
+namespace mt::launch {
+
+bool RankStatus::apply(const nlohmann::json& hb, double now) {
+  if (!hb.is_object() || hb.value("type", "") != "hb") return false;
+  try {
+    heard = true;
+    last_heard = now;
+    if (hb.contains("step") && hb["step"].is_number_integer()) step = std::max(step, hb["step"].get<int>());
+    phase = hb.value("phase", phase);
+    if (auto c = hb.find("coord"); c != hb.end() && c->is_array() && c->size() == 3)
+      coord = fmt::format("dp{},pp{},tp{}", (*c)[0].get<int>(), (*c)[1].get<int>(), (*c)[2].get<int>());
+    auto num = [&](const char* k) -> std::optional<double> {
+      auto it = hb.find(k);
+      if (it == hb.end() || !it->is_number()) return std::nullopt;
+      return it->get<double>();
+    };
+    if (auto v = num("step_time")) step_time = v;
+    if (auto v = num("compute_time")) compute_time = v;
+    if (auto cs = hb.find("colls"); cs != hb.end() && cs->is_array()) {
+      colls.clear();
+      for (const auto& c : *cs)
+        colls.push_back({c.value("group", ""), c.value("op", ""), c.value("seq", -1L), c.value("state", "")});
+    }
+  } catch (const nlohmann::json::exception&) {
+    // A field of the wrong type: keep what was read so far.
+  }
+  return true;
+}
+
+}  // namespace mt::launch

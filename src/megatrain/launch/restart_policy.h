@@ -1,0 +1,41 @@
+// When the supervisor restarts a failed attempt, and when it gives up. Pure decisions, so they are unit-tested
+// without processes:
+//  - Codes that restarting cannot help (usage 2; config 10, data 11, checkpoint 12: core/error.h) end the job
+//    with that code at once.
+//  - Anything else (non-finite 20, comm timeout 21, peer lost 22, device 23, I/O 24, a crash by signal, an
+//    unclassified error 1, a hang the supervisor detected) is restarted, up to max_restarts times, after a backoff
+//    that doubles from backoff_s to backoff_max_s.
+//  - An attempt that ends without passing the best step any earlier attempt reached made no progress; after
+//    no_progress_limit such attempts in a row the job exits with kNoProgressExit, which tells a scheduler not to
+//    requeue it (the fault follows the job: a bad batch, a bad checkpoint, a broken node it keeps landing on).
+#pragma once
+#include <string>
+
+namespace mt::launch {
+
+constexpr int kNoProgressExit = 40;   // gave up: no progress across restarts; do not requeue
+constexpr int kRestartsSpentExit = 41; // gave up: --max-restarts used up (the last failure's code is in the log)
+
+struct RestartPolicy {
+  int max_restarts = 0;
+  double backoff_s = 1.0;
+  double backoff_max_s = 30.0;
+  int no_progress_limit = 3;
+};
+
+struct RestartDecision {
+  bool restart = false;
+  int exit_code = 0;    // when not restarting
+  double delay_s = 0;   // when restarting
+  std::string reason;
+};
+
+// exit_code: the failed attempt's code (the first failing rank's, 128 + signal for a signal; 0 never comes here);
+// restarts_done: restarts before this one; no_progress_run: consecutive attempts, this one included, that did not
+// pass the best step before them.
+RestartDecision decide_restart(const RestartPolicy& p, int exit_code, int restarts_done, int no_progress_run);
+
+// Whether a restart can change the outcome of a failure with this exit code.
+bool restart_may_help(int exit_code);
+
+}  // namespace mt::launch

@@ -1,1 +1,0 @@
-mt_test(parallel_schedule_test mt_parallel)

@@ -1,1 +1,0 @@
-mt_test(tokenizer_test mt_tokenizer)
