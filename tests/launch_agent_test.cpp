@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -447,6 +448,29 @@ TEST_F(LaunchTest, MaxRestartsSpentEndsWithItsOwnCode) {
                      "--exec", "--", "/bin/sh", "-c", "exit 21"});
   EXPECT_EQ(r.code(), 41) << r.err;
   EXPECT_NE(r.err.find("all 1 restarts"), std::string::npos) << r.err;
+}
+
+TEST_F(LaunchTest, DiagnoseChecksTheNodeAndFailsAgainstAFasterNodesExpectations) {
+  const std::string healthy = (dir_ / "healthy.json").string();
+  Result r = launch({"diagnose", "--json", "--local-ranks", "2", "--save", healthy});
+  ASSERT_EQ(r.code(), 0) << r.err << r.out;
+  auto report = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(report["pass"].get<bool>());
+  std::map<std::string, nlohmann::json> by_name;
+  for (auto& c : report["checks"]) by_name[c["name"]] = c;
+  ASSERT_EQ(by_name.size(), 4u);
+  EXPECT_NE(by_name["local_allreduce"]["detail"].get<std::string>().find("every element exact"), std::string::npos);
+  for (const char* n : {"local_allreduce", "gemm", "memory_bandwidth"})
+    EXPECT_GT(by_name[n]["value"].get<double>(), 0) << n;
+  // A node a thousand times faster at matmuls than this one: this one fails, and the report says which check.
+  auto saved = nlohmann::json::parse(slurp(healthy));
+  saved["gemm"] = saved["gemm"].get<double>() * 1000;
+  std::ofstream(dir_ / "fast.json") << saved.dump();
+  r = launch({"diagnose", "--json", "--expect", (dir_ / "fast.json").string()});
+  EXPECT_EQ(r.code(), 1) << r.err;
+  report = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(report["pass"].get<bool>());
+  for (auto& c : report["checks"]) EXPECT_EQ(c["pass"].get<bool>(), c["name"] != "gemm") << c.dump();
 }
 
 // ---- the agent's pieces, in process ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // recorder states whose answer is known by construction), when a failure is restarted, and how heartbeats are read.
 #include <gtest/gtest.h>
 
+#include "megatrain/launch/diagnose.h"
 #include "megatrain/launch/hang_blame.h"
 #include "megatrain/launch/rank_status.h"
 #include "megatrain/launch/restart_policy.h"
@@ -128,6 +129,32 @@ TEST(RankStatus, HeartbeatsUpdateTheStatusAndGarbageChangesNothing) {
   EXPECT_TRUE(s.apply(nlohmann::json::parse(R"({"type":"hb","step":6,"coord":"x","phase":"eval"})"), 43));
   EXPECT_EQ(s.step, 7);
   EXPECT_EQ(s.coord, "dp1,pp0,tp1");
+}
+
+TEST(Diagnose, AValueUnderTheToleratedFractionOfTheExpectedOneFails) {
+  CheckResult c;
+  c.name = "gemm";
+  c.unit = "GFLOP/s";
+  c.pass = true;
+  c.value = 60;
+  c.expected = 100;
+  judge(c, 0.5);
+  EXPECT_TRUE(c.pass) << c.detail;
+  c.value = 40;
+  judge(c, 0.5);
+  EXPECT_FALSE(c.pass);
+  EXPECT_NE(c.detail.find("40 GFLOP/s against 100 expected (40%, the floor is 50%)"), std::string::npos) << c.detail;
+  CheckResult wrong = c;  // a wrong result fails whatever its speed
+  wrong.pass = false;
+  wrong.value = 1000;
+  judge(wrong, 0.5);
+  EXPECT_FALSE(wrong.pass);
+  CheckResult none = c;  // nothing to compare with: the measurement passes, and says so
+  none.pass = true;
+  none.expected = 0;
+  judge(none, 0.5);
+  EXPECT_TRUE(none.pass);
+  EXPECT_NE(none.detail.find("no expectation"), std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,49 @@
+// `megatrain diagnose`: MegaScale's "stop and check" for one node, run after a fault before the node is trusted
+// again. Each check measures one thing the job needs and compares it with what a healthy node of this kind does
+// (an expectations file: the saved report of a healthy run, `--save` then `--expect`):
+//   local_allreduce   the node's ranks sum a known tensor over Gloo: the result must be exact (correctness), and
+//                     its bus bandwidth is measured
+//   gemm              the backend's fp32 matmul rate (GFLOP/s)
+//   memory_bandwidth  a large copy (GB/s, bytes read + written)
+// A check passes when its value is at least `tolerance` x the expected one (and, for the all-reduce, the sum is
+// exact). Without an expectation a measured value passes (nothing to compare with) and says so. Pairwise bandwidth
+// to neighbouring nodes needs the job driver (issue 12) and is reported as not run.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mt::launch {
+
+struct DiagnoseOptions {
+  int node = 0;            // for the report (and the badnode fault of MEGATRAIN_FAULTS)
+  int local_ranks = 2;     // ranks in the local all-reduce
+  double tolerance = 0.5;  // a value below tolerance x expected fails
+  nlohmann::json expect;   // {"gemm": GFLOP/s, "memory_bandwidth": GB/s, "local_allreduce": GB/s}; may be empty
+};
+
+struct CheckResult {
+  std::string name, unit;
+  double value = 0;
+  double expected = 0;  // 0: no expectation
+  bool pass = false;
+  bool ran = true;
+  std::string detail;
+};
+
+struct DiagnoseReport {
+  int node = 0;
+  std::vector<CheckResult> checks;
+  bool pass() const;
+  nlohmann::json to_json() const;
+  // {"gemm": value, ...}: what --save writes and --expect reads.
+  nlohmann::json values() const;
+};
+
+// Compares a measured value with its expectation (pure; unit-tested).
+void judge(CheckResult& c, double tolerance);
+
+DiagnoseReport run_diagnose(const DiagnoseOptions& opt);
+
+}  // namespace mt::launch
