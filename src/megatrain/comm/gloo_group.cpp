@@ -46,6 +46,7 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/comm/flight_recorder.h"
 #include "megatrain/comm/process_group.h"
 
 namespace mt {
@@ -299,6 +300,7 @@ class GlooGroup : public ProcessGroup {
       fail("group {}: connecting rank {} to its peers failed: {}", name_, my_global_rank, e.what());
     }
     ctx_ = std::move(ctx);
+    record_ = flight_recorder().open(name_, ranks_, rank_);
     worker_ = std::thread([this] { run_worker(); });
   }
 
@@ -319,6 +321,7 @@ class GlooGroup : public ProcessGroup {
       }
       op->waiter.join();
     }
+    flight_recorder().close(record_);
   }
 
   int rank() const override { return rank_; }
@@ -333,7 +336,7 @@ class GlooGroup : public ProcessGroup {
     check_tensor(t, "allreduce", false);
     auto* p = t.f32();
     size_t n = static_cast<size_t>(t.numel());
-    return enqueue(fmt::format("allreduce({}, {} floats)", op_name(op), n), [this, p, n, op](uint32_t tag) {
+    return enqueue("allreduce", fmt::format("allreduce({}, {} floats)", op_name(op), n), [this, p, n, op](uint32_t tag) {
       if (n == 0 || size() == 1) return;
       gloo::AllreduceOptions o(ctx_);
       o.setOutput(p, n);
@@ -355,7 +358,7 @@ class GlooGroup : public ProcessGroup {
     auto* po = out.f32();
     const float* pi = in.f32();
     size_t c = static_cast<size_t>(out.numel());
-    return enqueue(fmt::format("reduce_scatter({}, {} floats per rank)", op_name(op), c),
+    return enqueue("reduce_scatter", fmt::format("reduce_scatter({}, {} floats per rank)", op_name(op), c),
                    [this, po, pi, c, op](uint32_t tag) { ring_reduce_scatter(po, pi, c, op, tag); });
   }
 
@@ -370,7 +373,7 @@ class GlooGroup : public ProcessGroup {
     char* po = static_cast<char*>(out.ptr);
     char* pi = static_cast<char*>(in.ptr);
     size_t bytes = in.nbytes();
-    return enqueue(fmt::format("all_gather({} bytes per rank)", bytes), [this, po, pi, bytes](uint32_t tag) {
+    return enqueue("all_gather", fmt::format("all_gather({} bytes per rank)", bytes), [this, po, pi, bytes](uint32_t tag) {
       char* mine = po + static_cast<size_t>(rank_) * bytes;
       if (bytes == 0) return;
       if (size() == 1) {
@@ -393,7 +396,7 @@ class GlooGroup : public ProcessGroup {
     MT_CHECK(root >= 0 && root < size(), "group {}: broadcast root {} out of range [0, {})", name_, root, size());
     char* p = static_cast<char*>(t.ptr);
     size_t bytes = t.nbytes();
-    return enqueue(fmt::format("broadcast(root {}, {} bytes)", root, bytes), [this, p, bytes, root](uint32_t tag) {
+    return enqueue("broadcast", fmt::format("broadcast(root {}, {} bytes)", root, bytes), [this, p, bytes, root](uint32_t tag) {
       if (bytes == 0 || size() == 1) return;
       gloo::BroadcastOptions o(ctx_);
       o.setOutput(p, bytes);
@@ -405,7 +408,7 @@ class GlooGroup : public ProcessGroup {
   }
 
   WorkPtr barrier() override {
-    return enqueue("barrier", [this](uint32_t tag) {
+    return enqueue("barrier", "barrier", [this](uint32_t tag) {
       if (size() == 1) return;
       gloo::BarrierOptions o(ctx_);
       o.setTag(tag);
@@ -423,6 +426,7 @@ class GlooGroup : public ProcessGroup {
     std::function<void(uint32_t)> body;
     uint32_t tag;
     std::shared_ptr<OpWork> work;
+    uint64_t record_id;  // its flight-recorder entry
   };
   struct P2POp {
     bool is_send;
@@ -457,13 +461,16 @@ class GlooGroup : public ProcessGroup {
     MT_CHECK(t.defined() || t.numel() == 0, "group {}: {} of an undefined tensor", name_, what);
   }
 
-  WorkPtr enqueue(std::string what, std::function<void(uint32_t)> body) {
+  // op: the collective's name in the flight recorder, whose sequence numbers equal the tags (both count this
+  // group's collectives in issue order).
+  WorkPtr enqueue(const char* op, std::string what, std::function<void(uint32_t)> body) {
     auto work = std::make_shared<OpWork>();
     {
       std::lock_guard<std::mutex> lock(qmu_);
       MT_CHECK(!stop_, "group {}: {} issued while the group is being destroyed", name_, what);
       uint32_t tag = next_tag_++;
-      queue_.push_back(Task{fmt::format("{} #{}", what, tag), std::move(body), tag, work});
+      const uint64_t id = record_->post_collective(op);
+      queue_.push_back(Task{fmt::format("{} #{}", what, tag), std::move(body), tag, work, id});
     }
     qcv_.notify_one();
     return work;
@@ -480,24 +487,28 @@ class GlooGroup : public ProcessGroup {
         queue_.pop_front();
         if (stop_) {
           // Peers may be gone already; running it could only hang until the timeout.
-          task.work->finish(0, std::make_exception_ptr(
-                                   Error(fmt::format("group {}: {} never ran: the group was destroyed", name_, task.what))));
+          const std::string msg = fmt::format("group {}: {} never ran: the group was destroyed", name_, task.what);
+          record_->finish(task.record_id, &msg);
+          task.work->finish(0, std::make_exception_ptr(Error(msg)));
           continue;
         }
       }
+      record_->enter(task.record_id);
       double t0 = now_seconds();
       std::exception_ptr err;
+      std::string err_msg;
       GlooFailureReport::get().running(this, fmt::format("group {}: {}", name_, task.what));
       try {
         task.body(task.tag);
       } catch (const std::exception& e) {
-        err = std::make_exception_ptr(
-            Error(fmt::format("group {}: {} failed: {}", name_, task.what, e.what()), gloo_failure_kind(e)));
+        err_msg = fmt::format("group {}: {} failed: {}", name_, task.what, e.what());
+        err = std::make_exception_ptr(Error(err_msg, gloo_failure_kind(e)));
       } catch (...) {
-        err = std::make_exception_ptr(
-            Error(fmt::format("group {}: {} failed with an unknown exception", name_, task.what)));
+        err_msg = fmt::format("group {}: {} failed with an unknown exception", name_, task.what);
+        err = std::make_exception_ptr(Error(err_msg));
       }
       GlooFailureReport::get().running(this, "");
+      record_->finish(task.record_id, err ? &err_msg : nullptr);
       task.work->finish(now_seconds() - t0, err);
     }
   }
@@ -559,6 +570,8 @@ class GlooGroup : public ProcessGroup {
     const std::string desc = fmt::format("group {}: {} of {} bytes {} rank {} (group rank {}), tag {}", name_, what,
                                          bytes, is_send ? "to" : "from", ranks_[peer], peer, tag);
     const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, static_cast<uint32_t>(tag));
+    const uint64_t record_id = record_->post_p2p(what, ranks_[peer]);
+    record_->enter(record_id);
     const double t0 = now_seconds();
     try {
       op->buf = ctx_->createUnboundBuffer(t.ptr, bytes);
@@ -567,13 +580,15 @@ class GlooGroup : public ProcessGroup {
       else
         op->buf->recv(peer, slot);
     } catch (const std::exception& e) {
-      fail("{} failed: {}", desc, e.what());
+      const std::string msg = fmt::format("{} failed: {}", desc, e.what());
+      record_->finish(record_id, &msg);
+      fail("{}", msg);
     }
     P2POp* raw = op.get();
     WorkPtr work = op->work;
     std::lock_guard<std::mutex> lock(p2p_mu_);
     reap_p2p();
-    op->waiter = std::thread([raw, desc, t0, timeout = timeout_] {
+    op->waiter = std::thread([raw, desc, t0, timeout = timeout_, record = record_, record_id] {
       std::exception_ptr err;
       try {
         bool ok = raw->is_send ? raw->buf->waitSend(timeout) : raw->buf->waitRecv(timeout);
@@ -582,6 +597,17 @@ class GlooGroup : public ProcessGroup {
         err = std::make_exception_ptr(Error(fmt::format("{} failed: {}", desc, e.what()), gloo_failure_kind(e)));
       } catch (...) {  // an exception escaping a thread would terminate the process
         err = std::make_exception_ptr(Error(desc + " failed with an unknown exception"));
+      }
+      if (err) {
+        std::string msg;
+        try {
+          std::rethrow_exception(err);
+        } catch (const std::exception& e) {
+          msg = e.what();
+        }
+        record->finish(record_id, &msg);
+      } else {
+        record->finish(record_id);
       }
       raw->work->finish(now_seconds() - t0, err);
     });
@@ -606,6 +632,7 @@ class GlooGroup : public ProcessGroup {
   int rank_ = 0;
   Millis timeout_;
   std::shared_ptr<gloo::Context> ctx_;  // declared before the threads: destroyed after they are joined
+  std::shared_ptr<GroupRecord> record_;  // this group's flight-recorder record
 
   std::mutex qmu_;
   std::condition_variable qcv_;

@@ -209,7 +209,7 @@ class Agent {
   void on_rank_event(size_t i, const nlohmann::json& j) {
     const std::string what = j.value("event", "");
     nlohmann::json f = {{"rank", status_[i].rank}, {"reason", what}, {"detail", j}};
-    if (what == "nonfinite") {
+    if (what == "non_finite" || what == "error") {
       if (j.contains("step") && j["step"].is_number_integer()) nonfinite_step_ = j["step"].get<int>();
       events_.write("fault", f);
     } else if (what == "fault_injected") {

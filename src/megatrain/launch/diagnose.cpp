@@ -14,6 +14,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/kernels/ops.h"
+#include "megatrain/train/faults.h"
 
 namespace mt::launch {
 
@@ -183,6 +184,12 @@ DiagnoseReport run_diagnose(const DiagnoseOptions& opt) {
   peers.pass = true;
   peers.detail = "not run: needs the job driver's list of neighbouring nodes";
   r.checks.push_back(peers);
+  // The badnode fault (MEGATRAIN_FAULTS=badnode:node=N) makes this node's matmul check fail, as a node with a
+  // throttled or faulty GPU would: what the supervisor's eviction path is tested with.
+  if (fault_badnode(opt.node)) {
+    r.checks[1].pass = false;
+    r.checks[1].detail += fmt::format("; failed by the injected fault badnode:node={}", opt.node);
+  }
   for (auto& c : r.checks) {
     if (opt.expect.is_object() && opt.expect.contains(c.name) && opt.expect[c.name].is_number())
       c.expected = opt.expect[c.name].get<double>();

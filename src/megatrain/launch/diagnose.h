@@ -7,7 +7,8 @@
 //   memory_bandwidth  a large copy (GB/s, bytes read + written)
 // A check passes when its value is at least `tolerance` x the expected one (and, for the all-reduce, the sum is
 // exact). Without an expectation a measured value passes (nothing to compare with) and says so. Pairwise bandwidth
-// to neighbouring nodes needs the job driver (issue 12) and is reported as not run.
+// to neighbouring nodes needs the job driver (issue 12) and is reported as not run. MEGATRAIN_FAULTS'
+// badnode:node=N fails node N's matmul check (train/faults.h).
 #pragma once
 #include <string>
 #include <vector>

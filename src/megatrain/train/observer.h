@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/comm/mesh.h"
 #include "megatrain/comm/process_group.h"
 #include "megatrain/core/error.h"
 
@@ -24,6 +25,8 @@ struct RunStart {
   double peak_flops = 0;     // the MFU denominator over all ranks
   std::string peak_source;   // where peak_flops came from
   std::string resumed_from;  // checkpoint directory, or ""
+  int rank = 0;              // this process's global rank and place in the mesh
+  MeshCoord coord;
 };
 
 struct StepStats {

@@ -89,6 +89,28 @@ class Section {
       out = *v;
     }
   }
+  // A list of integers, each in [lo, INT_MAX] (train.skip_steps).
+  void get_int_list(const char* key, std::vector<int>& out, int lo) {
+    known_.insert(key);
+    if (t_) {
+      if (const toml::node* n = t_->get(key)) {
+        const std::string full = name_ + "." + key;
+        const toml::array* arr = n->as_array();
+        MT_CHECK(arr, "{}: {} must be a list of integers (e.g. [3, 7])", src_, full);
+        out.clear();
+        for (auto& e : *arr) {
+          auto v = e.value<int64_t>();
+          MT_CHECK(v && e.is_integer(), "{}: {} must hold integers only", src_, full);
+          MT_CHECK(*v >= lo && *v <= std::numeric_limits<int>::max(), "{}: {} holds {}: each must be in [{}, {}]", src_,
+                   full, *v, lo, std::numeric_limits<int>::max());
+          out.push_back(static_cast<int>(*v));
+        }
+      }
+    }
+    std::string items;
+    for (int v : out) items += (items.empty() ? "" : ",") + std::to_string(v);
+    effective_.emplace_back(name_ + "." + key, "[" + items + "]");
+  }
   // model.recompute: "none" | "all" | [layer indices]
   void get_recompute(const char* key, std::vector<bool>& out, int n_layer) {
     read_recompute(key, out, n_layer);
@@ -238,6 +260,10 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   t.get("threads", c.train.threads);
   t.get("device", c.train.device);
   t.get("attention", c.train.attention);
+  t.get_int_list("skip_steps", c.train.skip_steps, 1);
+  t.get("spike_window", c.train.spike_window);
+  t.get("spike_sigmas", c.train.spike_sigmas);
+  t.get("spike_factor", c.train.spike_factor);
   t.check_unknown();
 
   Section k = sec("ckpt");
@@ -310,6 +336,12 @@ void RunConfig::validate() const {
   MT_CHECK(train.attention == "flash" || train.attention == "cudnn",
            "{}: train.attention must be \"flash\" (our kernels) or \"cudnn\" (cuDNN's fused attention) (got \"{}\")",
            source, train.attention);
+  MT_CHECK(train.spike_window >= 0, "{}: train.spike_window = {} must be >= 0 (0: no loss-spike warning)", source,
+           train.spike_window);
+  MT_CHECK(std::isfinite(train.spike_sigmas) && train.spike_sigmas > 0,
+           "{}: train.spike_sigmas = {} must be finite and > 0", source, train.spike_sigmas);
+  MT_CHECK(std::isfinite(train.spike_factor) && (train.spike_factor == 0 || train.spike_factor > 1),
+           "{}: train.spike_factor = {} must be > 1 (or 0: no ratio rule)", source, train.spike_factor);
   MT_CHECK(ckpt.every >= 0 && ckpt.keep_last >= 1, "{}: ckpt.every must be >= 0 and ckpt.keep_last >= 1", source);
   MT_CHECK(parallel.dp >= 1 && parallel.pp >= 1 && parallel.tp >= 1,
            "{}: parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", source, parallel.dp,

@@ -32,6 +32,14 @@ struct TrainConfig {
   int threads = 0;                 // OpenMP threads; 0 = all cores
   std::string device = "cpu";      // cpu (fp32) | cuda (bf16; with several ranks, one GPU per local rank)
   std::string attention = "flash"; // cuda only: flash (our kernels) | cudnn (cuDNN's fused attention)
+  // Robust training (README "Robust training"). skip_steps: steps whose batches are read and dropped unused (no
+  // forward, backward or optimizer step), e.g. after a NaN that repeats on the same data.
+  std::vector<int> skip_steps;
+  // Loss-spike warning: a step's loss above mean + spike_sigmas x std, or above spike_factor x median, of the
+  // previous spike_window steps' losses (spike_window 0: off; spike_factor 0: no ratio rule).
+  int spike_window = 50;
+  double spike_sigmas = 6;
+  double spike_factor = 2;
 };
 
 struct CkptConfig {

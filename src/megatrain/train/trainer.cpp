@@ -18,6 +18,7 @@
 #include "megatrain/train/metrics.h"
 #include "megatrain/train/model_stack.h"
 #include "megatrain/train/peak.h"
+#include "megatrain/train/rank_guard.h"
 #include "megatrain/train/start.h"
 #include "megatrain/train/update.h"
 
@@ -45,6 +46,7 @@ struct Job {
   TrainCheckpointer& ckpt;
   HostMirror* mirror;
   Observers& obs;
+  RankGuard& guard;
   TrainResult& res;
 };
 
@@ -58,6 +60,7 @@ bool stop_agreed(Topology& topo) {
 }
 
 void checkpoint(Job& j, int step, const char* why) {
+  heartbeat_phase(Phase::Checkpoint);
   if (j.mirror) j.mirror->pull();
   const std::string dir = with_kind(ErrorKind::IO, [&] { return j.ckpt.save(step, j.loader.state(), why); });
   if (j.topo.main_rank) j.res.last_checkpoint = dir;
@@ -74,14 +77,15 @@ int train_loop(Job& j, int step, double peak) {
   while (step < cfg.train.steps) {
     ++step;
     const double t0 = now_seconds();
+    if (j.guard.begin_step(step, j.loader, *j.stack.model)) continue;  // a skipped batch (train.skip_steps)
     j.stack.model->params().zero_grads();
     float loss = j.fb.run(j.loader, j.update);
     const double norm = j.update.finish_gradients(loss);
-    if (!std::isfinite(loss) || !std::isfinite(norm))
-      fail_as(ErrorKind::NonFinite, "step {}: non-finite loss ({}) or gradient norm ({})", step, loss, norm);
+    if (!std::isfinite(loss) || !std::isfinite(norm)) j.guard.fail_non_finite(step, loss, norm);
     const float scale = cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip
                             ? static_cast<float>(cfg.optim.grad_clip / norm) : 1.0f;
     const float lr = lr_at(cfg.optim, step, cfg.train.steps);
+    heartbeat_phase(Phase::Optimizer);
     j.update.step(lr, scale, step);
     const double dt = now_seconds() - t0;
 
@@ -98,6 +102,7 @@ int train_loop(Job& j, int step, double peak) {
 
     if (cfg.train.eval_every > 0 && cfg.train.eval_batches > 0 &&
         (step % cfg.train.eval_every == 0 || step == cfg.train.steps)) {
+      heartbeat_phase(Phase::Eval);
       j.res.last_val_loss = evaluate(*j.stack.model, cfg, j.topo, j.stack.microbatches, step);
       j.obs.each([&](TrainObserver& o) { o.on_eval(step, j.res.last_val_loss); });
     }
@@ -114,6 +119,7 @@ int train_loop(Job& j, int step, double peak) {
 }  // namespace
 
 TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const std::vector<TrainObserver*>& extra) {
+  RankGuard guard(cfg);  // heartbeats, injected faults, skipped batches, loss spikes (train/rank_guard.h)
   TrainResult res;
   Topology topo = build_topology(cfg, seams);
   if (topo.main_rank) std::filesystem::create_directories(cfg.train.out_dir);
@@ -145,7 +151,8 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   // Every rank brings its own peak (ranks on one CPU host share its cores: their measured peaks overlap).
   const RunStart rs{&cfg, start.step, topo.rank_info.world_size, topo.shape.dp, topo.shape.pp, topo.shape.tp,
                     omp_get_max_threads(), cfg.model.num_params(), loader.num_tokens(),
-                    peak.flops * topo.rank_info.world_size, peak.source, start.resumed_from};
+                    peak.flops * topo.rank_info.world_size, peak.source, start.resumed_from,
+                    topo.rank_info.rank, topo.coord};
   MetricsLog metrics;
   ProgressPrinter progress(cfg.train.log_every);
   Observers obs;
@@ -154,9 +161,10 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
     obs.list = {&metrics, &progress};
   }
   obs.list.insert(obs.list.end(), extra.begin(), extra.end());
+  obs.list.push_back(&guard);
   obs.each([&](TrainObserver& o) { o.on_run_start(rs); });
 
-  Job job{cfg, topo, stack, *fb, *update, loader, ckpt, mirror.get(), obs, res};
+  Job job{cfg, topo, stack, *fb, *update, loader, ckpt, mirror.get(), obs, guard, res};
   int step = start.step;
   try {
     step = train_loop(job, step, rs.peak_flops);

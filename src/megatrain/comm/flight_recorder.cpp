@@ -1,0 +1,196 @@
+#include "megatrain/comm/flight_recorder.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace mt {
+
+namespace {
+
+double unix_now() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+const char* op_state_name(OpState s) {
+  switch (s) {
+    case OpState::Posted: return "posted";
+    case OpState::Started: return "started";
+    case OpState::Done: return "done";
+    case OpState::Failed: return "failed";
+  }
+  return "?";
+}
+
+nlohmann::json to_json(const FlightEntry& e) {
+  nlohmann::json j = {{"op", e.op}, {"seq", e.seq}, {"state", op_state_name(e.state)}, {"t_posted", e.t_posted}};
+  if (e.p2p()) j["peer"] = e.peer;
+  if (e.t_started > 0) j["t_started"] = e.t_started;
+  if (e.t_ended > 0) j["t_ended"] = e.t_ended;
+  if (!e.error.empty()) j["error"] = e.error;
+  return j;
+}
+
+nlohmann::json to_json(const GroupFlight& g) {
+  nlohmann::json j = {{"group", g.group}, {"rank", g.rank}, {"ranks", g.ranks}, {"collectives", g.collectives}};
+  j["last"] = g.last ? to_json(*g.last) : nlohmann::json();
+  j["oldest_pending"] = g.oldest_pending ? to_json(*g.oldest_pending) : nlohmann::json();
+  return j;
+}
+
+GroupRecord::GroupRecord(std::string name, std::vector<int> ranks, int rank)
+    : name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank) {}
+
+uint64_t GroupRecord::add(FlightEntry e) {
+  e.t_posted = unix_now();
+  const uint64_t id = next_id_++;
+  entries_.emplace(id, std::move(e));
+  return id;
+}
+
+uint64_t GroupRecord::post_collective(const char* op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FlightEntry e;
+  e.op = op;
+  e.seq = next_seq_++;
+  return add(std::move(e));
+}
+
+uint64_t GroupRecord::post_p2p(const char* op, int peer_global_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FlightEntry e;
+  e.op = op;
+  e.peer = peer_global_rank;
+  e.seq = p2p_seq_[{std::string_view(op) == "send", peer_global_rank}]++;
+  return add(std::move(e));
+}
+
+void GroupRecord::enter(uint64_t id) {
+  FlightEntry copy;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return;
+    copy = it->second;
+  }
+  flight_recorder().run_enter_hook(name_, copy);  // outside the lock: it may block for good
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.completed()) return;
+  it->second.state = OpState::Started;
+  it->second.t_started = unix_now();
+}
+
+void GroupRecord::finish(uint64_t id, const std::string* error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.completed()) return;
+  it->second.state = error ? OpState::Failed : OpState::Done;
+  it->second.t_ended = unix_now();
+  if (error) it->second.error = *error;
+  ++done_count_;
+  trim();
+}
+
+// Drops the oldest completed entries beyond kDoneKept; entries still in flight stay whatever their age.
+void GroupRecord::trim() {
+  for (auto it = entries_.begin(); done_count_ > kDoneKept && it != entries_.end();) {
+    if (it->second.completed()) {
+      it = entries_.erase(it);
+      --done_count_;
+    } else {
+      ++it;
+    }
+  }
+}
+
+GroupFlight GroupRecord::flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  GroupFlight g;
+  g.group = name_;
+  g.rank = rank_;
+  g.ranks = ranks_;
+  g.collectives = next_seq_;
+  if (!entries_.empty()) g.last = entries_.rbegin()->second;
+  for (const auto& [id, e] : entries_) {
+    if (!e.completed()) {
+      g.oldest_pending = e;
+      break;
+    }
+  }
+  return g;
+}
+
+std::vector<FlightEntry> GroupRecord::entries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<FlightEntry> out;
+  out.reserve(entries_.size());
+  for (const auto& [id, e] : entries_) out.push_back(e);
+  return out;
+}
+
+std::shared_ptr<GroupRecord> FlightRecorder::open(const std::string& name, const std::vector<int>& ranks, int rank) {
+  auto g = std::make_shared<GroupRecord>(name, ranks, rank);
+  std::lock_guard<std::mutex> lock(mu_);
+  groups_.push_back(g);
+  return g;
+}
+
+void FlightRecorder::close(const std::shared_ptr<GroupRecord>& g) {
+  std::lock_guard<std::mutex> lock(mu_);
+  groups_.erase(std::remove(groups_.begin(), groups_.end(), g), groups_.end());
+}
+
+std::vector<GroupFlight> FlightRecorder::snapshot() const {
+  std::vector<std::shared_ptr<GroupRecord>> groups;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    groups = groups_;
+  }
+  std::vector<GroupFlight> out;
+  out.reserve(groups.size());
+  for (const auto& g : groups) out.push_back(g->flight());
+  return out;
+}
+
+nlohmann::json FlightRecorder::json() const {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const GroupFlight& g : snapshot()) groups.push_back(to_json(g));
+  return {{"groups", groups}};
+}
+
+std::vector<FlightEntry> FlightRecorder::entries(const std::string& group) const {
+  std::shared_ptr<GroupRecord> g;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& x : groups_)
+      if (x->name() == group) {
+        g = x;
+        break;
+      }
+  }
+  return g ? g->entries() : std::vector<FlightEntry>{};
+}
+
+void FlightRecorder::set_enter_hook(EnterHook hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hook_ = hook ? std::make_shared<const EnterHook>(std::move(hook)) : nullptr;
+}
+
+void FlightRecorder::run_enter_hook(const std::string& group, const FlightEntry& e) const {
+  std::shared_ptr<const EnterHook> hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = hook_;
+  }
+  if (hook) (*hook)(group, e);
+}
+
+FlightRecorder& flight_recorder() {
+  static FlightRecorder* r = new FlightRecorder;  // never destroyed: groups may outlive static destruction order
+  return *r;
+}
+
+}  // namespace mt
