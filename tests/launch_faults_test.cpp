@@ -10,7 +10,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/file.h>
+
+#include <cctype>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -144,15 +148,68 @@ class LaunchFaults : public ::testing::Test {
     }
   }
 
-  // The undisturbed run's losses, computed once per test binary run.
-  std::vector<std::string> undisturbed() {
-    static std::vector<std::string> cached;
-    if (!cached.empty()) return cached;
-    const std::string out = (dir_ / "undisturbed").string();
-    EXPECT_EQ(finish(start(job(out, {}), "undisturbed")), 0) << slurp(dir_ / "undisturbed.log");
-    cached = mt::test::step_losses(out + "/metrics.jsonl");
-    EXPECT_EQ(cached.size(), 10u);
-    return cached;
+  // The losses of the undisturbed run of job(extra), computed once per build of the binary: ctest runs each case as
+  // its own process, so the first case to take the lock runs it and the others read its file. The file is keyed by
+  // the binary's size and time, so a rebuilt megatrain never meets losses of an older one.
+  std::vector<std::string> undisturbed(const std::vector<std::string>& extra = {}) {
+    std::string key = fmt::format("{}-{}", fs::file_size(kMegatrain),
+                                  fs::last_write_time(kMegatrain).time_since_epoch().count());
+    for (auto& e : extra) key += "_" + e;
+    for (char& c : key)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+    const std::string cache = std::string(MT_BINARY_DIR) + "/test-data/faults-undisturbed-" + key + ".txt";
+    const int fd = ::open((cache + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
+    EXPECT_GE(fd, 0);
+    ::flock(fd, LOCK_EX);
+    std::vector<std::string> losses;
+    if (fs::exists(cache)) {
+      std::ifstream f(cache);
+      for (std::string l; std::getline(f, l);) losses.push_back(l);
+    } else {
+      const std::string out = (dir_ / "undisturbed").string();
+      std::vector<std::string> args = job(out, {});
+      args.insert(args.end(), extra.begin(), extra.end());
+      EXPECT_EQ(finish(start(args, "undisturbed")), 0) << slurp(dir_ / "undisturbed.log");
+      losses = mt::test::step_losses(out + "/metrics.jsonl");
+      std::ofstream f(cache + ".tmp");
+      for (auto& l : losses) f << l << "\n";
+      f.close();
+      fs::rename(cache + ".tmp", cache);
+    }
+    ::flock(fd, LOCK_UN);
+    ::close(fd);
+    EXPECT_EQ(losses.size(), 10u - extra.size());  // (the only extra used skips one step)
+    return losses;
+  }
+
+  // Runs the job under supervision with `env` set (MEGATRAIN_FAULTS), doing `act` to it once step `at` is logged
+  // (at = 0: nothing); returns the launcher's exit code. The events are in events().
+  int supervised(const std::vector<std::string>& launch_opts, const std::string& faults, int at = 0,
+                 const std::function<void(pid_t launcher)>& act = {}) {
+    std::vector<std::string> opts = {"--max-restarts", "3", "--backoff", "0", "--events", events()};
+    opts.insert(opts.end(), launch_opts.begin(), launch_opts.end());
+    if (!faults.empty()) ::setenv("MEGATRAIN_FAULTS", faults.c_str(), 1);
+    pid_t launcher = start(job(out(), opts), "run");
+    ::unsetenv("MEGATRAIN_FAULTS");
+    if (at > 0) {
+      wait_for_step(launcher, out(), at);
+      if (act) act(launcher);
+    }
+    return finish(launcher);
+  }
+  std::string out() const { return (dir_ / "run").string(); }
+  std::string events() const { return (dir_ / "events.jsonl").string(); }
+  std::string log() const { return slurp(dir_ / "run.log"); }
+  // The first event of this name (null when none).
+  nlohmann::json first(const std::string& name) const {
+    for (auto& e : events_of(events()))
+      if (e["event"] == name) return e;
+    return nlohmann::json();
+  }
+  int count(const std::string& name) const {
+    int n = 0;
+    for (auto& e : events_of(events())) n += e["event"] == name;
+    return n;
   }
 
   fs::path dir_;
@@ -160,26 +217,95 @@ class LaunchFaults : public ::testing::Test {
 
 TEST_F(LaunchFaults, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturbedRun) {
   const auto want = undisturbed();
-  const std::string out = (dir_ / "run").string(), events = (dir_ / "events.jsonl").string();
-  pid_t launcher = start(job(out, {"--max-restarts", "2", "--backoff", "0", "--events", events}), "run");
-  wait_for_step(launcher, out, 5);
-  pid_t victim = rank_pid(launcher, 1);
-  ASSERT_GT(victim, 0);
-  ::kill(victim, SIGKILL);
-  ASSERT_EQ(finish(launcher), 0) << slurp(dir_ / "run.log");
-  EXPECT_EQ(mt::test::step_losses(out + "/metrics.jsonl"), want);
-  auto ev = events_of(events);
-  ASSERT_GE(ev.size(), 5u);
-  auto find = [&](const std::string& name) {
-    for (auto& e : ev)
-      if (e["event"] == name) return e;
-    return nlohmann::json();
-  };
-  EXPECT_EQ(find("detected")["rank"], 1);
-  EXPECT_NE(find("detected")["status"].get<std::string>().find("signal 9"), std::string::npos);
-  EXPECT_EQ(find("restarting")["attempt"], 0);
-  EXPECT_EQ(ev.back()["event"], "done");
-  EXPECT_EQ(ev.back()["attempt"], 1);
+  ASSERT_EQ(supervised({}, "", 5, [](pid_t launcher) {
+              pid_t victim = rank_pid(launcher, 1);
+              ASSERT_GT(victim, 0);
+              ::kill(victim, SIGKILL);
+            }),
+            0)
+      << log();
+  EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
+  EXPECT_EQ(first("detected")["rank"], 1);
+  EXPECT_NE(first("detected")["status"].get<std::string>().find("signal 9"), std::string::npos);
+  EXPECT_EQ(first("restarting")["attempt"], 0);
+  EXPECT_EQ(first("resumed")["attempt"], 1);
+  EXPECT_EQ(first("done")["attempt"], 1);
+}
+
+TEST_F(LaunchFaults, AnInjectedCrashIsRecovered) {
+  const auto want = undisturbed();
+  ASSERT_EQ(supervised({}, "crash:rank=1:step=6"), 0) << log();
+  EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
+  EXPECT_EQ(first("injected")["rank"], 1);
+  EXPECT_EQ(first("detected")["rank"], 1);
+  EXPECT_EQ(first("done")["attempt"], 1);
+}
+
+// kill -STOP: the rank's process lives but says nothing; its heartbeats stop, the agent names it and recovers.
+TEST_F(LaunchFaults, AStoppedRankIsNamedAndTheJobRecovers) {
+  const auto want = undisturbed();
+  pid_t stopped = -1;
+  ASSERT_EQ(supervised({"--heartbeat-timeout", "4"}, "", 5, [&](pid_t launcher) {
+              stopped = rank_pid(launcher, 1);
+              ASSERT_GT(stopped, 0);
+              ::kill(stopped, SIGSTOP);
+            }),
+            0)
+      << log();
+  EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
+  nlohmann::json d = first("detected");
+  EXPECT_EQ(d["reason"], "hang") << d.dump();
+  EXPECT_EQ(d["ranks"], nlohmann::json::array({1})) << d.dump();
+  EXPECT_NE(d["blame"].get<std::string>().find("rank 1 (dp1,pp0,tp0) stopped responding"), std::string::npos)
+      << d.dump();
+}
+
+// A rank stuck inside a collective (the hang fault blocks it before its op reaches the wire; its heartbeats go on):
+// no step comes, the agent declares a hang after the floor and blames that rank from the collectives' states.
+TEST_F(LaunchFaults, ARankHungInACollectiveIsBlamedAndTheJobRecovers) {
+  const auto want = undisturbed();
+  ASSERT_EQ(supervised({"--hang-floor", "5"}, "hang:rank=1:step=6"), 0) << log();
+  EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
+  nlohmann::json d = first("detected");
+  EXPECT_EQ(d["reason"], "hang") << d.dump();
+  EXPECT_EQ(d["ranks"], nlohmann::json::array({1})) << d.dump();
+  EXPECT_NE(d["blame"].get<std::string>().find("rank 1 (dp1,pp0,tp0)"), std::string::npos) << d.dump();
+  EXPECT_NE(d["blame"].get<std::string>().find("rank 0 waits in it"), std::string::npos) << d.dump();
+}
+
+// A NaN rolls back to the last checkpoint; no optimizer step is committed with it (the losses equal an undisturbed
+// run's, step by step).
+TEST_F(LaunchFaults, ANanRollsBackToTheLastCheckpoint) {
+  const auto want = undisturbed();
+  ASSERT_EQ(supervised({}, "nan:rank=0:step=5"), 0) << log();
+  EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
+  EXPECT_EQ(first("injected")["rank"], 0);
+  EXPECT_EQ(first("fault")["reason"], "non_finite");
+  EXPECT_EQ(first("fault")["detail"]["step"], 5);
+}
+
+// The same step non-finite again after the rollback: its batch is skipped from then on, and the run equals an
+// undisturbed run told to skip that batch.
+TEST_F(LaunchFaults, ANanThatComesBackSkipsItsBatch) {
+  const auto want = undisturbed({"--train.skip_steps=[5]"});
+  ASSERT_EQ(supervised({}, "nan:rank=0:step=5;nan:rank=0:step=5:attempt=1"), 0) << log();
+  EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
+  EXPECT_EQ(count("started"), 3);
+  EXPECT_EQ(first("restarting")["skip_steps"], nlohmann::json::array());
+  EXPECT_NE(log().find("the next attempts skip its batch"), std::string::npos);
+}
+
+// A rank three times slower than its peer is flagged (a warning naming it), and the job is left to finish.
+TEST_F(LaunchFaults, ASlowRankIsFlaggedAsAStraggler) {
+  const auto want = undisturbed();
+  ASSERT_EQ(supervised({"--straggler-steps", "3"}, "slow:rank=1:factor=3"), 0) << log();
+  EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
+  nlohmann::json w;
+  for (auto& e : events_of(events()))
+    if (e["event"] == "warning" && e["reason"] == "straggler") w = e;
+  ASSERT_FALSE(w.is_null()) << slurp(events());
+  EXPECT_EQ(w["rank"], 1);
+  EXPECT_EQ(count("started"), 1);  // a warning, not a restart
 }
 
 }  // namespace

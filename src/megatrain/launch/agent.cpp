@@ -116,6 +116,7 @@ class Agent {
  private:
   // ---- one attempt --------------------------------------------------------------------------------------------
   AttemptEnd run_attempt(int attempt) {
+    attempt_ = attempt;
     stopping_ = killed_ = user_stop_ = false;
     exit_code_ = 0;
     detected_at_ = -1;
@@ -187,7 +188,8 @@ class Agent {
     if (j.value("type", "") == "event") return on_rank_event(i, j);
     RankStatus& s = status_[i];
     const int before = s.step;
-    if (!s.apply(j, now) || s.step == before) return;
+    const bool first = !s.heard;  // a rank's first heartbeat (from init) gives the step it starts from: not progress
+    if (!s.apply(j, now) || first || s.step == before) return;
     // A step completed.
     last_progress_ = now;
     attempt_best_ = std::max(attempt_best_, s.step);
@@ -195,9 +197,10 @@ class Agent {
       recent_step_times_.push_back(*s.step_time);
       if (recent_step_times_.size() > 64) recent_step_times_.erase(recent_step_times_.begin());
     }
-    if (!resumed_) {
+    if (!resumed_) {  // the first step of the attempt: "resumed" after a restart
       resumed_ = true;
-      events_.write("resumed", {{"rank", s.rank}, {"step", s.step}, {"seconds", now - attempt_started_}});
+      if (attempt_ > 0)
+        events_.write("resumed", {{"rank", s.rank}, {"step", s.step}, {"seconds", now - attempt_started_}});
     }
     if (!caught_up_ && best_before_attempt_ > 0 && min_step() >= best_before_attempt_) {
       caught_up_ = true;
@@ -210,7 +213,8 @@ class Agent {
     const std::string what = j.value("event", "");
     nlohmann::json f = {{"rank", status_[i].rank}, {"reason", what}, {"detail", j}};
     if (what == "non_finite" || what == "error") {
-      if (j.contains("step") && j["step"].is_number_integer()) nonfinite_step_ = j["step"].get<int>();
+      if (what == "non_finite" && j.contains("step") && j["step"].is_number_integer())
+        nonfinite_step_ = j["step"].get<int>();
       events_.write("fault", f);
     } else if (what == "fault_injected") {
       events_.write("injected", f);
@@ -478,7 +482,7 @@ class Agent {
   std::vector<int> straggle_count_;  // consecutive slow steps per rank; -1 once warned
   std::vector<double> recent_step_times_;
   double attempt_started_ = 0, last_progress_ = 0, detected_at_ = -1;
-  int attempt_best_ = 0, best_before_attempt_ = 0, nonfinite_step_ = -1;
+  int attempt_ = 0, attempt_best_ = 0, best_before_attempt_ = 0, nonfinite_step_ = -1;
   bool resumed_ = false, caught_up_ = false;
 
   int sigfd_ = -1;
