@@ -104,6 +104,7 @@ class Agent {
       last_nonfinite = end.nonfinite_step;
       say(fmt::format("attempt {} failed (code {}); {}, in {:.1f} s", attempt, end.code, d.reason, d.delay_s));
       events_.write("restarting", {{"delay_s", d.delay_s}, {"failure_code", end.code}, {"reason", d.reason},
+                                   {"attempt_best_step", end.best_step},
                                    {"skip_steps", std::vector<int>(skip_steps_.begin(), skip_steps_.end())}});
       if (!wait_watching_signals(d.delay_s)) {
         events_.write("gave_up", {{"exit_code", exit_code_}, {"reason", "the launcher was signalled"}});

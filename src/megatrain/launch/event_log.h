@@ -5,8 +5,8 @@
 //   fault        a rank reported or showed a fault             rank, reason (exit code / signal / rank's event)
 //   detected     the supervisor decided the attempt failed    rank(s), reason, blame (hangs), latency inputs
 //   stopped      every rank of the attempt is gone            seconds (from detection)
-//   restarting   a new attempt comes after a backoff           delay_s, skip_steps
-//   resumed      the first step of the new attempt finished    step
+//   restarting   a new attempt comes after a backoff           delay_s, attempt_best_step, skip_steps
+//   resumed      the first step of the new attempt finished    step (so it resumed from step - 1)
 //   caught_up    the new attempt reached the best step before  step
 //   warning      a loss spike, a straggler, an alert line      rank, reason
 //   done / gave_up  the end                                     exit_code, reason
