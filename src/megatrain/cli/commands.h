@@ -10,5 +10,6 @@ int cmd_train(int argc, char** argv);        // train                          (
 int cmd_generate(int argc, char** argv);     // generate                       (cmd_generate.cpp)
 int cmd_convert(int argc, char** argv);      // convert                        (cmd_convert.cpp)
 int cmd_launch(int argc, char** argv);       // launch                         (cmd_launch.cpp)
+int cmd_simulate(int argc, char** argv);     // simulate                       (cmd_simulate.cpp)
 
 }  // namespace mt::cli

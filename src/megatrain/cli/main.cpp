@@ -22,6 +22,7 @@ const Command kCommands[] = {
     {"prepare-data", mt::cli::cmd_prepare_data, "turn text / JSON-lines into token shards (train/val split)"},
     {"convert", mt::cli::cmd_convert, "import/export HF GPT-2 safetensors"},
     {"launch", mt::cli::cmd_launch, "spawn local ranks (torchrun-style env) and supervise them"},
+    {"simulate", mt::cli::cmd_simulate, "predict step time, MFU and memory of a 3D-parallel job on a modelled cluster"},
 };
 
 void usage(FILE* f) {
