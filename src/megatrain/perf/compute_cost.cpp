@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "megatrain/core/error.h"
 #include "megatrain/perf/collectives.h"
@@ -119,30 +120,34 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
   const double one = s.tp > 1 ? ring_all_gather_seconds(s.tp, msg, tl) : 0;
   const int pairs_fwd = ptb ? 1 : 2;
   const double comm_fwd = 2 * pairs_fwd * one, comm_bwd = 3 * pairs_fwd * one;
-  // Without MegaScale's overlap everything in forward is exposed; in backward Megatron-LM already overlaps the
-  // re-gather of the input with the input-gradient GEMM and the reduce-scatter of the input gradient with the
-  // weight-gradient GEMM (LinearWithGradAccumulationAndAsyncCommunication); the all-gather of the output gradient
-  // before each row-parallel linear stays exposed.
-  const int exposed_pairs = pairs_fwd;
-  double exp_fwd = comm_fwd;
-  double exp_bwd = exposed_pairs * one;
-  if (s.tp > 1)
-    exp_bwd += ptb ? 2 * concurrent_exposed(one, g_up)
-                   : 2 * concurrent_exposed(one, g_qkv) + 2 * concurrent_exposed(one, g_up);
-  if (t.tp_overlap && s.tp > 1) {
-    // Each collective hides behind the GEMM next to it; with the parallel block both are fused into the larger
-    // MLP GEMMs (§3.2), without it the attention pair goes with the QKV / projection GEMMs.
-    const int chunks = s.tp;
-    if (ptb) {
-      exp_fwd = overlapped_exposed(one, g_up, chunks) + overlapped_exposed(one, g_down, chunks);
-      exp_bwd = overlapped_exposed(one, g_up, chunks) + overlapped_exposed(one, g_down, chunks) +
-                overlapped_exposed(one, g_up, chunks);
-    } else {
-      exp_fwd = overlapped_exposed(one, g_qkv, chunks) + overlapped_exposed(one, g_proj, chunks) +
-                overlapped_exposed(one, g_up, chunks) + overlapped_exposed(one, g_down, chunks);
-      exp_bwd = exp_fwd + overlapped_exposed(one, g_qkv, chunks) + overlapped_exposed(one, g_up, chunks);
-    }
+  // Each collective with the GEMM it can hide behind and whether Megatron-LM already overlaps it: in backward it
+  // runs the re-gather of the input next to the input-gradient GEMM and the reduce-scatter of the input gradient
+  // next to the weight-gradient GEMM (LinearWithGradAccumulationAndAsyncCommunication); everything in forward and
+  // the all-gather of the output gradient before each row-parallel linear stay exposed. MegaScale's overlap
+  // (§3.2, Figure 3c) chunks every collective against its GEMM; with the parallel block the pair is fused into
+  // the larger MLP GEMMs. A collective is never more exposed with the overlap than without it.
+  struct Coll {
+    double gemm;
+    bool megatron_overlaps;
+  };
+  std::vector<Coll> fwd_colls, bwd_colls;
+  if (ptb) {
+    fwd_colls = {{g_up, false}, {g_down, false}};
+    bwd_colls = {{g_down, false}, {g_up, true}, {g_up, true}};
+  } else {
+    fwd_colls = {{g_qkv, false}, {g_proj, false}, {g_up, false}, {g_down, false}};
+    bwd_colls = {{g_proj, false}, {g_down, false}, {g_qkv, true}, {g_qkv, true}, {g_up, true}, {g_up, true}};
   }
+  auto exposed = [&](const std::vector<Coll>& colls) {
+    double sum = 0;
+    for (const Coll& k : colls) {
+      double e = k.megatron_overlaps ? concurrent_exposed(one, k.gemm) : one;
+      if (t.tp_overlap) e = std::min(e, overlapped_exposed(one, k.gemm, s.tp));
+      sum += e;
+    }
+    return s.tp > 1 ? sum : 0.0;
+  };
+  const double exp_fwd = exposed(fwd_colls), exp_bwd = exposed(bwd_colls);
 
   LayerCost lc;
   lc.fwd.compute = gemm_fwd + attn_fwd + elem_fwd;
