@@ -30,6 +30,7 @@ const Field kFields[] = {
     {"gpu", "hbm_gbps", &Cluster::hbm_gbps, 1e-3, 1e6, false},
     {"gpu", "memory_gib", &Cluster::memory_gib, 1e-3, 1e6, false},
     {"gpu", "gpus_per_node", &Cluster::gpus_per_node, 1, 1024, true},
+    {"gpu", "dtype_bytes", &Cluster::dtype_bytes, 1, 8, true},
     {"gpu", "sm_count", &Cluster::sm_count, 1, 1e6, true},
     {"intra_node", "nvlink_gbps", &Cluster::nvlink_gbps, 1e-6, 1e6, false},
     {"intra_node", "nvlink_latency_us", &Cluster::nvlink_latency_us, 0, 1e6, false},

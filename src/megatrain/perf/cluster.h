@@ -35,6 +35,7 @@ struct Cluster {
   Sourced hbm_gbps;         // device memory bandwidth, GB/s
   Sourced memory_gib;       // device memory, GiB
   Sourced gpus_per_node;
+  Sourced dtype_bytes;      // bytes of one activation / weight element in compute (2: bf16 on GPUs; 4: fp32 on CPU)
   Sourced sm_count;         // streaming multiprocessors (cores on a CPU host): a GEMM runs in waves of this many tiles
   // [intra_node]
   Sourced nvlink_gbps;      // per-GPU unidirectional bandwidth a collective achieves inside a node, GB/s

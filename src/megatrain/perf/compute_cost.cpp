@@ -11,8 +11,6 @@ namespace mt::perf {
 
 namespace {
 
-constexpr double kAct = 2;  // bytes per activation element (bf16 on GPUs; the CPU cluster files say fp32 through
-                            // their peak and bandwidth, so this only scales memory traffic and messages there)
 
 // Seconds of elementwise kernels moving `bytes` through memory, `launches` kernels in all.
 double memory_seconds(const Cluster& c, double bytes, int launches) {
@@ -108,7 +106,7 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
     sp_passes = t.fused_ops ? 1 + 4 : 2 + 5, launches = t.fused_ops ? 3 : 6;
   else
     sp_passes = t.fused_ops ? 2 * (1 + 3) : 2 * (2 + 4), launches = t.fused_ops ? 5 : 10;
-  const double elem_fwd = memory_seconds(c, (sp_passes * sp_elems + 2 * tp_elems) * kAct, int(launches));
+  const double elem_fwd = memory_seconds(c, (sp_passes * sp_elems + 2 * tp_elems) * c.dtype_bytes.value, int(launches));
   const double elem_bwd = 2 * elem_fwd;
 
   // Tensor + sequence parallel collectives on the tp group (NVLink inside a node). Forward: an all-gather before
@@ -116,7 +114,7 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
   // block, two without). Backward: their conjugates, plus the all-gather of the sequence-parallel input again for
   // the weight gradient (Megatron keeps only the shard).
   const Link tl = group_link(c, s.tp, 1);
-  const double msg = N * C * kAct;
+  const double msg = N * C * c.dtype_bytes.value;
   const double one = s.tp > 1 ? ring_all_gather_seconds(s.tp, msg, tl) : 0;
   const int pairs_fwd = ptb ? 1 : 2;
   const double comm_fwd = 2 * pairs_fwd * one, comm_bwd = 3 * pairs_fwd * one;
@@ -172,10 +170,10 @@ LayerCost embedding_cost(const ModelConfig& m, const Cluster& c, const Shape& s,
   // backward all-gathers the gradient and scatters it into the table.
   const double N = double(s.micro_batch) * s.seq, C = m.d_model;
   LayerCost lc;
-  lc.fwd.compute = memory_seconds(c, 2 * N * C * kAct, 2);
-  lc.bwd.compute = memory_seconds(c, 3 * N * C * kAct, 2);
+  lc.fwd.compute = memory_seconds(c, 2 * N * C * c.dtype_bytes.value, 2);
+  lc.bwd.compute = memory_seconds(c, 3 * N * C * c.dtype_bytes.value, 2);
   if (s.tp > 1) {
-    const double one = ring_reduce_scatter_seconds(s.tp, N * C * kAct, group_link(c, s.tp, 1));
+    const double one = ring_reduce_scatter_seconds(s.tp, N * C * c.dtype_bytes.value, group_link(c, s.tp, 1));
     lc.fwd.tp_comm = lc.fwd.tp_exposed = one;
     lc.bwd.tp_comm = lc.bwd.tp_exposed = one;
   }
@@ -189,13 +187,13 @@ LayerCost head_cost(const ModelConfig& m, const Cluster& c, const Shape& s, cons
   const double g = gemm_seconds(c, N, V, C);
   const double logits = N * V * 4;
   LayerCost lc;
-  lc.fwd.compute = g + memory_seconds(c, 2 * N / s.tp * C * kAct + 2 * logits, 3);
+  lc.fwd.compute = g + memory_seconds(c, 2 * N / s.tp * C * c.dtype_bytes.value + 2 * logits, 3);
   lc.fwd.flops = 2 * N * V * C;
   lc.bwd.compute = gemm_seconds(c, N, C, V) + gemm_seconds(c, V, C, N) +
-                   memory_seconds(c, 4 * N / s.tp * C * kAct + 2 * logits, 3);
+                   memory_seconds(c, 4 * N / s.tp * C * c.dtype_bytes.value + 2 * logits, 3);
   lc.bwd.flops = 4 * N * V * C;
   if (s.tp > 1) {
-    const double one = ring_all_gather_seconds(s.tp, N * C * kAct, group_link(c, s.tp, 1));
+    const double one = ring_all_gather_seconds(s.tp, N * C * c.dtype_bytes.value, group_link(c, s.tp, 1));
     lc.fwd.tp_comm = lc.fwd.tp_exposed = one;
     lc.bwd.tp_comm = lc.bwd.tp_exposed = 2 * one;
     if (t.tp_overlap) {

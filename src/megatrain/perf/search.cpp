@@ -33,7 +33,9 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
         const int micro = o.global_batch / (dp * mb);
         for (int v = 1; v <= o.max_virtual_stages; ++v) {
           if ((m.n_layer / pp) % v || (v > 1 && (pp < 2 || micro % pp))) continue;
-          for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+          // Selective recomputation only drops the attention scores, which flash attention never stores: it costs and
+          // saves the same as none, so the search tries none and full.
+          for (Recompute rc : {Recompute::None, Recompute::Full}) {
             ++r.considered;
             Job j;
             j.model = m;

@@ -57,10 +57,10 @@ Plan make_plan(const Job& job, const Cluster& c) {
   // Activations (and their gradients) cross between stages in the sequence-parallel layout: each tp rank sends
   // its 1/tp slice to its peer in the next stage.
   const Link pl = group_link(c, L.pp, L.tp);
-  p.costs.p2p_seconds = L.pp > 1 ? p2p_seconds(double(L.micro_batch) * L.seq * m.d_model * 2 / L.tp, pl) : 0;
+  p.costs.p2p_seconds = L.pp > 1 ? p2p_seconds(double(L.micro_batch) * L.seq * m.d_model * c.dtype_bytes.value / L.tp, pl) : 0;
   p.costs.p2p_overlap = t.pp_overlap;
 
-  // Data parallel: the chunk's gradients reduce-scattered, its bf16 weights all-gathered, on the dp group.
+  // Data parallel: the chunk's gradients reduce-scattered, its weights (compute dtype) all-gathered, on the dp group.
   const Link dl = group_link(c, L.dp, L.tp * L.pp);
   p.dp_blocking_per_rank.assign(L.pp, 0);
   const double layer_params = [&] {
@@ -83,7 +83,7 @@ Plan make_plan(const Job& job, const Cluster& c) {
       rank_params += params;
       if (L.dp > 1) {
         const double rs = ring_reduce_scatter_seconds(L.dp, params * t.grad_bytes, dl);
-        const double ag = ring_all_gather_seconds(L.dp, params * 2, dl);
+        const double ag = ring_all_gather_seconds(L.dp, params * c.dtype_bytes.value, dl);
         p.costs.dp_reduce_scatter[r][k] = rs;
         p.costs.dp_all_gather[r][k] = ag;
         p.dp_blocking_per_rank[r] += rs + ag;
