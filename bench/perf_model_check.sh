@@ -22,9 +22,6 @@ DATA=${DATA:-data/brown}
 [[ -f "$DATA/meta.json" ]] || { echo "perf_model_check: no prepared data in $DATA (make train prepares it, or set DATA=)" >&2; exit 2; }
 mkdir -p "$OUT"
 
-"$BIN" launch --nproc 2 --exec -- "$CAL" --out "$OUT/local" --ranks 2,4 > "$OUT/calibrate.log" 2>&1 ||
-  { cat "$OUT/calibrate.log" >&2; exit 1; }
-
 COMMON=(--config configs/tiny.toml --data.dir="$DATA" --train.steps="$STEPS" --train.threads=1 --train.eval_every=0
         --train.log_every=1 --ckpt.every=0 --ckpt.save_final=false --ckpt.resume=none --sample.tokens=0)
 results=()
@@ -34,29 +31,33 @@ for layout in "dp2:2:--parallel.dp=2" "tp2:2:--parallel.tp=2" "pp2:2:--parallel.
   # shellcheck disable=SC2206
   par=($flags)
   rm -rf "$OUT/$name"
+  # Calibrate right before each run: on a shared machine the load changes, and the model should see the machine the
+  # run will see.
+  "$BIN" launch --nproc 2 --exec -- "$CAL" --out "$OUT/$name-local" --ranks "$nproc" > "$OUT/$name.calibrate.log" 2>&1 ||
+    { cat "$OUT/$name.calibrate.log" >&2; exit 1; }
   "$BIN" launch --nproc "$nproc" -- train "${COMMON[@]}" "${par[@]}" --train.out_dir="$OUT/$name" \
     > "$OUT/$name.log" 2>&1 || { tail -20 "$OUT/$name.log" >&2; exit 1; }
-  "$BIN" simulate --config configs/tiny.toml --cluster "$OUT/local-$nproc.toml" "${par[@]}" --recompute none \
+  "$BIN" simulate --config configs/tiny.toml --cluster "$OUT/$name-local-$nproc.toml" "${par[@]}" --recompute none \
     --tp-overlap --pp-overlap --dp-overlap --misc --json > "$OUT/$name.predicted.json"
-  results+=("$name:$OUT/$name/metrics.jsonl:$OUT/$name.predicted.json")
+  results+=("$name:$OUT/$name/metrics.jsonl:$OUT/$name.predicted.json:$OUT/$name.calibrate.log")
 done
 
-"$PYTHON" - "$WARMUP" "$OUT/calibrate.log" "${results[@]}" <<'PY'
-import json, re, statistics, sys
+"$PYTHON" - "$WARMUP" "${results[@]}" <<'PY'
+import json, os, re, statistics, sys
 warmup = int(sys.argv[1])
-cal_text = open(sys.argv[2]).read()
-cal = json.loads(re.sub(r"^\[rank 0\] ", "", "\n".join(l for l in cal_text.splitlines() if l.startswith("[rank 0]")),
-                        flags=re.M))
 rows = []
-for spec in sys.argv[3:]:
-    name, metrics, pred = spec.split(":")
+for spec in sys.argv[2:]:
+    name, metrics, pred, cal_log = spec.split(":")
+    cal_text = open(cal_log).read()
+    cal = json.loads("\n".join(l[len("[rank 0] "):] for l in cal_text.splitlines() if l.startswith("[rank 0]")))
     steps = [json.loads(l) for l in open(metrics) if '"kind":"train"' in l.replace(" ", "")]
     times = [s["step_seconds"] for s in steps[warmup:]] or [s["step_seconds"] for s in steps]
     p = json.load(open(pred))
     measured = statistics.median(times)
     rows.append({"layout": name, "steps_timed": len(times), "measured_step_seconds": measured,
                  "predicted_step_seconds": p["step_seconds"], "ratio_predicted_over_measured": p["step_seconds"] / measured,
-                 "predicted_breakdown": p["breakdown"]})
+                 "predicted_breakdown": p["breakdown"], "calibration": cal})
 worst = max(abs(r["ratio_predicted_over_measured"] - 1) for r in rows)
-print(json.dumps({"calibration": cal, "runs": rows, "worst_abs_error": worst}, indent=2))
+print(json.dumps({"machine": {"cores": os.cpu_count(), "load_average": os.getloadavg()}, "runs": rows,
+                  "worst_abs_error": worst}, indent=2))
 PY

@@ -233,6 +233,8 @@ TEST(Memory, ZeroShardsAndPerStageParametersAddUp) {
   double sum = 0;
   for (int r = 0; r < 4; ++r) sum += params_per_gpu(m, 1, 4, r);
   EXPECT_NEAR(sum, double(m.num_params()) + double(m.vocab_size) * m.d_model, 1.0);
+  // One stage holds the tied matrix once: exactly the model.
+  EXPECT_NEAR(params_per_gpu(m, 1, 1, 0), double(m.num_params()), 1.0);
   // Activations: full recomputation keeps 2/34 of selective's.
   Techniques full = t;
   full.recompute = Recompute::Full;

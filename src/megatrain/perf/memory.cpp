@@ -10,10 +10,10 @@ double params_per_gpu(const ModelConfig& m, int tp, int pp, int rank) {
                         (m.pos == PosKind::Learned ? double(m.max_seq_len) * m.d_model : 0) -
                         (m.tied_embeddings ? 0 : double(m.vocab_size) * m.d_model);
   double p = layers / pp / tp;
-  // The first stage holds the embedding; the last the LM head (a second copy when tied: Megatron keeps both
-  // and all-reduces their gradients).
+  // The first stage holds the embedding; the last the LM head: its own matrix when untied, a second copy of the
+  // tied one when the two ends are different stages (Megatron keeps both and all-reduces their gradients).
   if (rank == 0) p += embed / tp;
-  if (rank == pp - 1) p += double(m.padded_vocab(tp)) * m.d_model / tp;
+  if (rank == pp - 1 && (pp > 1 || !m.tied_embeddings)) p += double(m.padded_vocab(tp)) * m.d_model / tp;
   return p;
 }
 

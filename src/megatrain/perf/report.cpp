@@ -24,11 +24,13 @@ std::string layout_str(const Layout& L) {
 
 std::string switches(const Job& j) {
   std::string s;
-  auto add = [&](bool on, const char* name) {
-    if (on) s += (s.empty() ? "" : " ") + std::string(name);
+  auto add = [&](bool on, const std::string& name) {
+    if (!on) return;
+    if (!s.empty()) s += ' ';
+    s += name;
   };
   add(j.model.block == BlockKind::Parallel, "ptb");
-  add(j.model.window > 0, fmt::format("swa({})", j.model.window).c_str());
+  add(j.model.window > 0, fmt::format("swa({})", j.model.window));
   add(j.tech.tp_overlap, "tp-overlap");
   add(j.tech.pp_overlap, "pp-overlap");
   add(j.tech.dp_overlap, "dp-overlap");

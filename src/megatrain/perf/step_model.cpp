@@ -79,7 +79,9 @@ Plan make_plan(const Job& job, const Cluster& c) {
     for (int k = 0; k < L.virtual_stages; ++k) {
       const int st = k * L.pp + r;
       double params = per_stage * layer_params / L.tp;
-      if (st == 0 || st == S - 1) params += double(m.padded_vocab(L.tp)) * m.d_model / L.tp;
+      const double vocab_rows = double(m.padded_vocab(L.tp)) * m.d_model / L.tp;
+      if (st == 0) params += vocab_rows;                                          // the embedding
+      if (st == S - 1 && (S > 1 || !m.tied_embeddings)) params += vocab_rows;    // the LM head (or its copy)
       rank_params += params;
       if (L.dp > 1) {
         const double rs = ring_reduce_scatter_seconds(L.dp, params * t.grad_bytes, dl);
