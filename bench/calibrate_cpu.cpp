@@ -1,11 +1,11 @@
 // Calibrates a cluster file for THIS machine, for the performance model (megatrain simulate --cluster): what one
-// rank of a CPU run gets. Rank 0 times OpenBLAS sgemm at the tiny model's GEMM shapes (forward, input-gradient and
-// weight-gradient shapes, tp 1 and 2), memory bandwidth (a triad), the CPU backend's attention and a small kernel's
-// fixed cost, one thread each, as bench_ops times them; both ranks time Gloo all-reduces over loopback for the
-// link's bandwidth and latency. It writes one cluster file per rank count: with more ranks than cores the ranks
-// share the cores, so each gets cores/ranks of the measured rates. Prints a JSON summary.
-//   build/megatrain launch --nproc 2 --exec -- build/bench/calibrate_cpu --out runs/local --ranks 2,4
-// writes runs/local-2.toml and runs/local-4.toml.
+// rank of a CPU run of N ranks gets. Started with as many ranks as the run it calibrates for, every rank times, at
+// the same moment, OpenBLAS sgemm at the tiny model's GEMM shapes (forward, input-gradient and weight-gradient
+// shapes, tp 1 and 2), memory bandwidth (a triad), the CPU backend's attention and a small kernel's fixed cost, one
+// thread each, as bench_ops times them: so ranks that share cores (or a machine others use) measure the share they
+// get. Then all ranks time Gloo all-reduces over loopback for the link's bandwidth and latency. Rank 0 writes the
+// cluster file and prints a JSON summary.
+//   build/megatrain launch --nproc 2 --exec -- build/bench/calibrate_cpu --out runs/local     # writes runs/local-2.toml
 #include <cblas.h>
 #include <omp.h>
 #include <unistd.h>
@@ -74,39 +74,25 @@ perf::Sourced src(double v, const std::string& s) { return perf::Sourced{v, s}; 
 int main(int argc, char** argv) {
   try {
     std::string out = "runs/local";
-    std::vector<int> ranks = {2, 4};
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
-      if (a == "--out" && i + 1 < argc) {
+      if (a == "--out" && i + 1 < argc)
         out = argv[++i];
-      } else if (a == "--ranks" && i + 1 < argc) {
-        ranks.clear();
-        std::stringstream ss(argv[++i]);
-        for (std::string x; std::getline(ss, x, ',');) ranks.push_back(std::stoi(x));
-      } else {
-        fail("calibrate_cpu: unknown argument '{}' (--out PREFIX --ranks 2,4)", a);
-      }
+      else
+        fail("calibrate_cpu: unknown argument '{}' (--out PREFIX)", a);
     }
     omp_set_num_threads(1);
     openblas_set_num_threads(1);
     RankInfo ri = rank_info_from_env();
-    MT_CHECK(ri.world_size == 2, "run under `megatrain launch --nproc 2 --exec -- calibrate_cpu ...` (2 ranks)");
+    const int n = ri.world_size;
+    MT_CHECK(n >= 2, "run under `megatrain launch --nproc N --exec -- calibrate_cpu ...` with the run's N >= 2 ranks");
     auto store = open_store(ri.store_url);
-    DeviceMesh mesh(*store, MeshShape{2, 1, 1}, ri.rank, {});
-
-    // Gloo all-reduce over loopback: ring of 2 costs S/B + 2 alpha.
-    auto allreduce_s = [&](int64_t floats, int reps) {
-      Buf x(floats);
-      return time_median([&] { mesh.dp().allreduce(x.t({floats}))->wait(); }, reps);
-    };
-    const double t_small = allreduce_s(16, 50);
-    const double big = 4 << 20;  // 16 MiB of fp32
-    const double t_big = allreduce_s(int64_t(big), 9);
-    const double alpha = t_small / 2;
-    const double link_bps = big * 4 / std::max(1e-9, t_big - 2 * alpha);
+    DeviceMesh mesh(*store, MeshShape{n, 1, 1}, ri.rank, {});
+    mesh.dp().barrier()->wait();
 
     json summary;
-    if (ri.rank == 0) {
+    perf::Cluster cl;
+    {
       // GEMMs of the tiny model (configs/tiny.toml: C 256, F 1024, vocab padded to 50304; 8 x 128 tokens per
       // micro-batch) for tp 1 and 2, in their forward, input-gradient and weight-gradient shapes.
       const int N = 1024, C = 256, F = 1024, V = 50304;
@@ -159,29 +145,33 @@ int main(int argc, char** argv) {
       Buf gi(64), go(64);
       const double launch = time_median([&] { ops->gelu_forward(go.t({64}), gi.t({64})); }, 101);
       const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+      mesh.dp().barrier()->wait();
+      // Gloo all-reduce over loopback, ring of n: 2(n-1)/n S/B + 2(n-1) alpha.
+      auto allreduce_s = [&](int64_t floats, int reps) {
+        Buf x(floats);
+        return time_median([&] { mesh.dp().allreduce(x.t({floats}))->wait(); }, reps);
+      };
+      const double t_small = allreduce_s(16, 50);
+      const double big = 4 << 20;  // 16 MiB of fp32
+      const double t_big = allreduce_s(int64_t(big), 9);
+      const double alpha = t_small / (2.0 * (n - 1));
+      const double link_bps = 2.0 * (n - 1) / n * big * 4 / std::max(1e-9, t_big - 2.0 * (n - 1) * alpha);
 
-      summary = {{"sgemm_peak_gflops_1thread", peak * 1e-9}, {"triad_GBps_1thread", mem_bps * 1e-9},
-                 {"attention_efficiency", attn_eff},     {"gelu64_us", launch * 1e6},
-                 {"gloo_allreduce_alpha_us", alpha * 1e6}, {"gloo_link_GBps", link_bps * 1e-9},
-                 {"cores", cores}};
-      json files = json::array();
-      for (int n : ranks) {
-        // n ranks, one thread each, on `cores` cores: each rank gets min(1, cores / n) of one core.
-        const double share = std::min(1.0, double(cores) / n);
-        const std::string note = fmt::format(" x {:.2f} (one thread per rank; {} ranks on {} cores)", share, n, cores);
-        perf::Cluster cl;
+      {
+        const std::string note = fmt::format(" (one thread per rank, {} ranks on {} cores, measured together)", n, cores);
         cl.name = fmt::format("local-cpu-{}ranks", n);
         cl.topology = "single-host";
         const std::string own = "our benchmark (bench/calibrate_cpu) on this machine: ";
-        cl.peak_tflops = src(peak * share * 1e-12, own + "fastest OpenBLAS sgemm, 1 thread" + note);
-        cl.hbm_gbps = src(mem_bps * share * 1e-9, own + "triad bandwidth, 1 thread" + note);
+        cl.peak_tflops = src(peak * 1e-12, own + "fastest OpenBLAS sgemm" + note);
+        cl.hbm_gbps = src(mem_bps * 1e-9, own + "triad bandwidth" + note);
         cl.memory_gib = src(double(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / n / double(1 << 30),
                             "this machine's memory / ranks (sysconf)");
         cl.gpus_per_node = src(n, "every rank of the run is on this one host");
         cl.dtype_bytes = src(4, "the CPU backend computes in fp32");
         cl.sm_count = src(1, "one thread per rank: no tile waves");
-        cl.nvlink_gbps = src(link_bps * 1e-9, own + "Gloo all-reduce over loopback, 2 ranks, 16 MiB: S / (t - 2 alpha)");
-        cl.nvlink_latency_us = src(alpha * 1e6, own + "Gloo all-reduce of 64 bytes / 2 steps");
+        cl.nvlink_gbps = src(link_bps * 1e-9, own + fmt::format("Gloo all-reduce over loopback, {} ranks, 16 MiB: "
+                                                                "2(n-1)/n S / (t - 2(n-1) alpha)", n));
+        cl.nvlink_latency_us = src(alpha * 1e6, own + "Gloo all-reduce of 64 bytes / 2(n-1) steps");
         cl.nic_gbps = cl.nvlink_gbps;
         cl.nics_per_node = src(n, "loopback: each rank has the link to itself");
         cl.nic_latency_us = cl.nvlink_latency_us;
@@ -189,10 +179,11 @@ int main(int argc, char** argv) {
         cl.gemm.source += note;
         cl.gemm_tile_m = src(1, "no wave quantization on a CPU");
         cl.gemm_tile_n = src(1, "no wave quantization on a CPU");
-        cl.attention = src(std::min(1.0, attn_eff), own + "CPU backend attention fwd+bwd at B 8, T 128, 4 heads of 64, as a fraction of the sgemm peak");
+        cl.attention = src(std::min(1.0, attn_eff), own + "CPU backend attention fwd+bwd at B 8, T 128, 4 heads of 64, "
+                                                          "as a fraction of the sgemm peak" + note);
         cl.attention_fused = cl.attention;
         cl.memory_bound = src(1, "the hbm figure is already the achieved triad bandwidth");
-        cl.kernel_launch_us = src(launch * 1e6 / share, own + "GeLU over 64 floats (all fixed cost)" + note);
+        cl.kernel_launch_us = src(launch * 1e6, own + "GeLU over 64 floats (all fixed cost)" + note);
         cl.optimizer_bytes_per_param = src(28, "AdamW in fp32 without master copy: read p, g, m, v, write p, m, v (bench_ops counts the same 28)");
         cl.straggler_node_fraction = src(0, "one host");
         cl.straggler_slowdown = src(0, "one host");
@@ -200,14 +191,19 @@ int main(int argc, char** argv) {
         for (auto* f : {&cl.store_op_us, &cl.store_async_op_us, &cl.host_copy_gbps, &cl.storage_gbps_per_node,
                         &cl.failure_detect_s, &cl.node_mtbf_hours})
           *f = src(1, "not measured here (scale costs are not modelled for a single CPU host)");
-        const std::string path = fmt::format("{}-{}.toml", out, n);
-        std::ofstream f(path);
-        MT_CHECK(f.good(), "cannot write {}", path);
-        f << "# Written by bench/calibrate_cpu: constants measured on this machine for " << n << " ranks.\n"
-          << perf::to_toml(cl);
-        files.push_back(path);
       }
-      summary["files"] = files;
+      summary = {{"sgemm_peak_gflops_1thread", peak * 1e-9}, {"triad_GBps_1thread", mem_bps * 1e-9},
+                 {"attention_efficiency", attn_eff},     {"gelu64_us", launch * 1e6},
+                 {"gloo_allreduce_alpha_us", alpha * 1e6}, {"gloo_link_GBps", link_bps * 1e-9},
+                 {"ranks", n}, {"cores", cores}};
+    }
+    if (ri.rank == 0) {
+      const std::string path = fmt::format("{}-{}.toml", out, n);
+      std::ofstream f(path);
+      MT_CHECK(f.good(), "cannot write {}", path);
+      f << "# Written by bench/calibrate_cpu: constants measured on this machine for " << n << " ranks.\n"
+        << perf::to_toml(cl);
+      summary["file"] = path;
       std::cout << summary.dump(2) << std::endl;
     }
     mesh.dp().barrier()->wait();

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The performance model against our own runs: calibrates a cluster file for this machine (bench/calibrate_cpu:
-# sgemm, memory bandwidth, attention, Gloo all-reduce over loopback), runs the tiny model (configs/tiny.toml) on
+# The performance model against our own runs: calibrates a cluster file for this machine right before each run, with
+# as many ranks as the run (bench/calibrate_cpu: sgemm, memory bandwidth, attention, Gloo all-reduce over loopback,
+# measured by all ranks at once), runs the tiny model (configs/tiny.toml) on
 # CPU under dp2, tp2, pp2 and dp2 x pp2 with `megatrain launch`, takes each run's median step time from
 # metrics.jsonl (the first WARMUP steps dropped), and prints it beside `megatrain simulate`'s prediction for the same
 # layout on the calibrated cluster, with their ratio. A benchmark, not a test: the numbers depend on the machine and
@@ -33,7 +34,7 @@ for layout in "dp2:2:--parallel.dp=2" "tp2:2:--parallel.tp=2" "pp2:2:--parallel.
   rm -rf "$OUT/$name"
   # Calibrate right before each run: on a shared machine the load changes, and the model should see the machine the
   # run will see.
-  "$BIN" launch --nproc 2 --exec -- "$CAL" --out "$OUT/$name-local" --ranks "$nproc" > "$OUT/$name.calibrate.log" 2>&1 ||
+  "$BIN" launch --nproc "$nproc" --exec -- "$CAL" --out "$OUT/$name-local" > "$OUT/$name.calibrate.log" 2>&1 ||
     { cat "$OUT/$name.calibrate.log" >&2; exit 1; }
   "$BIN" launch --nproc "$nproc" -- train "${COMMON[@]}" "${par[@]}" --train.out_dir="$OUT/$name" \
     > "$OUT/$name.log" 2>&1 || { tail -20 "$OUT/$name.log" >&2; exit 1; }

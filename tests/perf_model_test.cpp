@@ -353,6 +353,11 @@ TEST(Search, RanksLayoutsWithinMemoryAndBeatsAHandPickedOne) {
   EXPECT_LE(r.ranked.front().step_seconds, predict(hand, c).step_seconds);
   o.memory_limit = 1024;  // 1 KiB: nothing fits
   EXPECT_NE(error_of([&] { search_layouts(small_model(), c, o); }).find("raise --mem-limit"), std::string::npos);
+  try {
+    search_layouts(small_model(), c, o);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, ErrorKind::Config);  // exit code 10: the request cannot be met, not an internal failure
+  }
 }
 
 TEST(ScaleCosts, QuadraticInitGrowsFasterAndAvailabilityFallsWithScale) {

@@ -15,10 +15,11 @@ int peak_in_flight_estimate(int pp, int v, int m) {
 }
 
 SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const SearchOptions& o) {
-  MT_CHECK(o.gpus >= 1, "--search needs --gpus >= 1 (got {})", o.gpus);
-  MT_CHECK(o.global_batch >= 1, "--search needs --batch >= 1 (got {})", o.global_batch);
-  MT_CHECK(o.seq >= 1 && o.seq <= m.max_seq_len, "--search: data.seq_len = {} must be in [1, model.max_seq_len = {}]",
-           o.seq, m.max_seq_len);
+  if (o.gpus < 1) fail_as(ErrorKind::Config, "--search needs --gpus >= 1 (got {})", o.gpus);
+  if (o.global_batch < 1) fail_as(ErrorKind::Config, "--search needs --batch >= 1 (got {})", o.global_batch);
+  if (o.seq < 1 || o.seq > m.max_seq_len)
+    fail_as(ErrorKind::Config, "--search: data.seq_len = {} must be in [1, model.max_seq_len = {}]", o.seq,
+            m.max_seq_len);
   const double limit = (o.memory_limit > 0 ? o.memory_limit : c.memory_gib.value * double(1 << 30)) *
                        (1 - o.memory_reserve);
   SearchResult r;
@@ -58,7 +59,8 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
       }
     }
   }
-  MT_CHECK(!all.empty(), "--search: no layout of {} GPUs fits {:.1f} GiB per GPU for this model at batch {} ({} "
+  if (all.empty())
+    fail_as(ErrorKind::Config, "--search: no layout of {} GPUs fits {:.1f} GiB per GPU for this model at batch {} ({} "
            "layouts considered, {} over the memory limit); raise --mem-limit or the GPU count", o.gpus,
            limit / double(1 << 30), o.global_batch, r.considered, r.over_memory);
   std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
