@@ -2,7 +2,7 @@
 // rank of a CPU run of N ranks gets. Started with as many ranks as the run it calibrates for, every rank times, at
 // the same moment, OpenBLAS sgemm at the tiny model's GEMM shapes (forward, input-gradient and weight-gradient
 // shapes, tp 1 and 2), memory bandwidth (a triad), the CPU backend's attention and a small kernel's fixed cost, one
-// thread each, as bench_ops times them: so ranks that share cores (or a machine others use) measure the share they
+// thread each, over half-second windows: so ranks that share cores (or a machine others use) measure the share they
 // get. Then all ranks time Gloo all-reduces over loopback for the link's bandwidth and latency. Rank 0 writes the
 // cluster file and prints a JSON summary.
 //   build/megatrain launch --nproc 2 --exec -- build/bench/calibrate_cpu --out runs/local     # writes runs/local-2.toml
@@ -60,11 +60,27 @@ double time_median(const std::function<void()>& fn, int reps) {
   return ts[ts.size() / 2];
 }
 
-double sgemm_seconds(int M, int N, int K, int reps) {
+// Mean seconds per call over at least `window` seconds of calls, after one warm-up. A mean over a window, not the
+// median of single calls: on a machine whose cores are shared, a short call often runs inside one time slice at full
+// speed while a long one pays for the sharing; over a window both see the same share.
+double time_window(const std::function<void()>& fn, double window) {
+  fn();
+  int calls = 0;
+  const double t0 = now_seconds();
+  double t = t0;
+  do {
+    fn();
+    ++calls;
+    t = now_seconds();
+  } while (t - t0 < window);
+  return (t - t0) / calls;
+}
+
+double sgemm_seconds(int M, int N, int K, double window) {
   Buf a(int64_t{M} * K), b(int64_t{N} * K), c(int64_t{M} * N);
-  return time_median(
+  return time_window(
       [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.p(), K, b.p(), K, 0.0f, c.p(), N); },
-      reps);
+      window);
 }
 
 perf::Sourced src(double v, const std::string& s) { return perf::Sourced{v, s}; }
@@ -103,11 +119,11 @@ int main(int argc, char** argv) {
                                                              {V / tp, C}})
           for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{{N, o, in}, {N, in, o}, {o, in, N}}) {
             const double fl = 2.0 * m * n * k;
-            const double r = fl / sgemm_seconds(m, n, k, fl > 1e10 ? 3 : 7);
+            const double r = fl / sgemm_seconds(m, n, k, 0.5);
             rate_by_flops[fl].push_back(r);
             peak = std::max(peak, r);
           }
-      peak = std::max(peak, 2.0 * 1024 * 1024 * 1024 / sgemm_seconds(1024, 1024, 1024, 5));
+      peak = std::max(peak, 2.0 * 1024 * 1024 * 1024 / sgemm_seconds(1024, 1024, 1024, 0.5));
       perf::Curve curve;
       for (auto& [fl, rs] : rate_by_flops) {
         double mean = 0;
@@ -119,26 +135,26 @@ int main(int argc, char** argv) {
       // Triad a = b + s*c over 3 x 32 MiB: 12 bytes moved per element.
       const int64_t E = 8 << 20;
       Buf a(E), b(E), c(E);
-      const double t_triad = time_median(
+      const double t_triad = time_window(
           [&] {
             float* pa = a.p();
             const float* pb = b.p();
             const float* pc = c.p();
             for (int64_t i = 0; i < E; ++i) pa[i] = pb[i] + 0.5f * pc[i];
           },
-          5);
+          0.5);
       const double mem_bps = 12.0 * E / t_triad;
       // The CPU backend's attention at the tiny shape (flash-style: it recomputes the scores in backward).
       auto ops = make_cpu_ops();
       AttnShape s{8, 128, 4, 4, 64, 0};
       Buf qkv(int64_t{N} * s.qkv_width(), 1.0f), o(int64_t{N} * C), lse(8 * 4 * 128), dout(int64_t{N} * C),
           dqkv(int64_t{N} * s.qkv_width());
-      const double tf = time_median([&] { ops->attention_forward(o.t({N, C}), lse.t({lse.n}), qkv.t({qkv.n}), s); }, 7);
-      const double tb = time_median(
+      const double tf = time_window([&] { ops->attention_forward(o.t({N, C}), lse.t({lse.n}), qkv.t({qkv.n}), s); }, 0.5);
+      const double tb = time_window(
           [&] {
             ops->attention_backward(dqkv.t({dqkv.n}), dout.t({N, C}), qkv.t({qkv.n}), o.t({N, C}), lse.t({lse.n}), s);
           },
-          7);
+          0.5);
       const double attn_fwd_flops = 4.0 * 8 * 4 * 64 * (128.0 * 129 / 2);
       const double attn_eff = 3.5 * attn_fwd_flops / (tf + tb) / peak;
       // A kernel's fixed cost: GeLU over 64 floats is all overhead.
