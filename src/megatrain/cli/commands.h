@@ -11,5 +11,6 @@ int cmd_generate(int argc, char** argv);     // generate                       (
 int cmd_convert(int argc, char** argv);      // convert                        (cmd_convert.cpp)
 int cmd_launch(int argc, char** argv);       // launch                         (cmd_launch.cpp)
 int cmd_diagnose(int argc, char** argv);     // diagnose                       (cmd_diagnose.cpp)
+int cmd_simulate(int argc, char** argv);     // simulate                       (cmd_simulate.cpp)
 
 }  // namespace mt::cli

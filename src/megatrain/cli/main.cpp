@@ -23,6 +23,7 @@ const Command kCommands[] = {
     {"convert", mt::cli::cmd_convert, "import/export HF GPT-2 safetensors"},
     {"launch", mt::cli::cmd_launch, "spawn local ranks (torchrun-style env) and supervise them"},
     {"diagnose", mt::cli::cmd_diagnose, "check this node (all-reduce, matmul rate, memory bandwidth) after a fault"},
+    {"simulate", mt::cli::cmd_simulate, "predict step time, MFU and memory of a 3D-parallel job on a modelled cluster"},
 };
 
 void usage(FILE* f) {

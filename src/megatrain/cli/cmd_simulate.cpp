@@ -1,0 +1,171 @@
+// megatrain simulate: the performance model (src/megatrain/perf). Argument parsing only.
+//   megatrain simulate [--config MODEL.toml] [--cluster CLUSTER.toml] [--section.key=value ...] [--batch N]
+//                      [--ptb] [--swa] [--tp-overlap] [--pp-overlap] [--dp-overlap] [--fused-ops] [--misc]
+//                      [--megascale] [--recompute none|selective|full] [--gpus N] [--json]
+//   megatrain simulate --preset megascale-table2|megascale-table3 [--json]
+//   megatrain simulate --search --gpus N --batch N [--mem-limit GiB] [--top K] [--json]
+//   megatrain simulate --scale ...      (group init, checkpoint and failure costs of the layout)
+//   megatrain simulate --constants      (every constant of the cluster file with its source)
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+#include "megatrain/cli/commands.h"
+#include "megatrain/core/error.h"
+#include "megatrain/core/resources.h"
+#include "megatrain/perf/presets.h"
+#include "megatrain/perf/report.h"
+#include "megatrain/train/run_config.h"
+
+namespace mt::cli {
+
+int cmd_simulate(int argc, char** argv) {
+  CLI::App app{"Predict step time, MFU, a breakdown and memory per GPU of a 3D-parallel job on a modelled cluster",
+               "simulate"};
+  std::string config = resource_path("configs/megascale-175b.toml");
+  std::string cluster_path = resource_path("configs/clusters/megascale-a100.toml");
+  std::string preset, recompute = "selective";
+  int batch = 0, gpus = 0, top = 10;
+  double mem_limit_gib = 0, mtbf_hours = 0;
+  bool ptb = false, swa = false, tp_overlap = false, pp_overlap = false, dp_overlap = false, fused = false;
+  bool misc = false, megascale = false, json_out = false, search = false, scale = false, constants = false;
+  app.add_option("--config", config, "model TOML (the training config format; default configs/megascale-175b.toml)");
+  app.add_option("--cluster", cluster_path, "cluster TOML (default configs/clusters/megascale-a100.toml)");
+  app.add_option("--batch", batch, "global batch in sequences (sets parallel.microbatches = batch / (dp * data.batch_size))")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--gpus", gpus, "GPU count: checked against dp * pp * tp, or the count --search lays out")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--ptb", ptb, "parallel transformer block (model.block = parallel)");
+  app.add_flag("--swa", swa, "sliding-window attention (model.window, or seq/2 when the config has none)");
+  app.add_flag("--tp-overlap", tp_overlap, "overlap tensor-parallel collectives with GEMMs");
+  app.add_flag("--pp-overlap", pp_overlap, "asynchronous, decoupled pipeline send/receive");
+  app.add_flag("--dp-overlap", dp_overlap, "per-chunk data-parallel all-gather / reduce-scatter behind compute");
+  app.add_flag("--fused-ops", fused, "flash attention and fused norm / GeLU kernels");
+  app.add_flag("--misc", misc, "data pipeline and straggler eviction (drops the straggler term)");
+  app.add_flag("--megascale", megascale, "all of the above");
+  app.add_option("--recompute", recompute, "activation recomputation: none | selective | full");
+  app.add_option("--preset", preset, "megascale-table2 | megascale-table3: the paper's experiments beside predictions");
+  app.add_flag("--search", search, "find the fastest layout for --gpus and --batch within --mem-limit");
+  app.add_option("--mem-limit", mem_limit_gib, "GiB per GPU for --search (default: the cluster's memory)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--top", top, "layouts --search lists")->check(CLI::PositiveNumber);
+  app.add_flag("--scale", scale, "also print group-init, checkpoint and failure costs");
+  app.add_option("--mtbf-hours", mtbf_hours, "node MTBF for --scale (default: the cluster file's)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--constants", constants, "print the cluster's constants with their sources");
+  app.add_flag("--json", json_out, "JSON instead of tables");
+  app.allow_extras();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  std::vector<std::string> overrides;
+  std::vector<std::string> extras = app.remaining();
+  for (size_t i = 0; i < extras.size(); ++i) {
+    std::string a = extras[i];
+    if (a.rfind("--", 0) != 0 || a.find('.') == std::string::npos)
+      fail_as(ErrorKind::Config, "unexpected argument '{}' (see megatrain simulate --help)", a);
+    if (a.find('=') == std::string::npos) {
+      if (i + 1 >= extras.size()) fail_as(ErrorKind::Config, "override {} needs a value", a);
+      a.append("=").append(extras[++i]);
+    }
+    overrides.push_back(a.substr(2));
+  }
+
+  using namespace mt::perf;
+  const Cluster cluster = load_cluster(cluster_path);
+  if (constants) {
+    fmt::print("{}", format_constants(cluster));
+    return 0;
+  }
+  RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(config, overrides); });
+
+  if (!preset.empty()) {
+    std::vector<PresetRow> rows;
+    if (preset == "megascale-table2")
+      rows = megascale_table2(cfg.model);
+    else if (preset == "megascale-table3")
+      rows = megascale_table3(cfg.model);
+    else
+      fail_as(ErrorKind::Config, "--preset must be megascale-table2 or megascale-table3 (got '{}')", preset);
+    std::vector<Prediction> preds;
+    for (const PresetRow& r : rows) preds.push_back(predict(r.job, cluster));
+    const bool t2 = preset == "megascale-table2";
+    if (json_out)
+      fmt::print("{}\n", (t2 ? table2_json(rows, preds) : table3_json(rows, preds)).dump(2));
+    else
+      fmt::print("{}", t2 ? format_table2(rows, preds) : format_table3(rows, preds));
+    return 0;
+  }
+
+  Job job;
+  job.model = cfg.model;
+  if (ptb || megascale) job.model.block = BlockKind::Parallel;
+  if ((swa || megascale) && job.model.window == 0) job.model.window = cfg.data.seq_len / 2;
+  job.tech.tp_overlap = tp_overlap || megascale;
+  job.tech.pp_overlap = pp_overlap || megascale;
+  job.tech.dp_overlap = dp_overlap || megascale;
+  job.tech.fused_ops = fused || megascale;
+  job.tech.misc = misc || megascale;
+  job.tech.recompute = parse_recompute(recompute);
+
+  if (search) {
+    if (gpus <= 0 || batch <= 0) fail_as(ErrorKind::Config, "--search needs --gpus N and --batch N");
+    SearchOptions o;
+    o.gpus = gpus;
+    o.global_batch = batch;
+    o.seq = cfg.data.seq_len;
+    o.memory_limit = mem_limit_gib * double(1 << 30);
+    o.tech = job.tech;
+    const SearchResult r = search_layouts(job.model, cluster, o);
+    if (json_out)
+      fmt::print("{}\n", to_json(r, top).dump(2));
+    else
+      fmt::print("{}", format_search(r, cluster, top));
+    return 0;
+  }
+
+  Layout& L = job.layout;
+  L.dp = cfg.parallel.dp;
+  L.pp = cfg.parallel.pp;
+  L.tp = cfg.parallel.tp;
+  L.virtual_stages = cfg.parallel.virtual_stages;
+  L.micro_batch = cfg.data.batch_size;
+  L.seq = cfg.data.seq_len;
+  L.microbatches = cfg.parallel.pp > 1 ? cfg.pipeline_microbatches() : cfg.train.grad_accum;
+  if (batch > 0) {
+    const int per = L.dp * L.micro_batch;
+    if (batch % per != 0)
+      fail_as(ErrorKind::Config, "--batch {} is not a multiple of parallel.dp * data.batch_size = {} * {}", batch, L.dp,
+              L.micro_batch);
+    bool explicit_m = false;
+    for (auto& o : overrides) explicit_m = explicit_m || o.rfind("parallel.microbatches=", 0) == 0;
+    if (explicit_m && L.microbatches != batch / per)
+      fail_as(ErrorKind::Config, "--batch {} needs parallel.microbatches = {} (batch / (dp * data.batch_size)), not {}",
+              batch, batch / per, L.microbatches);
+    L.microbatches = batch / per;
+  }
+  validate_job(job, cluster, gpus);
+  const Prediction p = predict(job, cluster);
+  nlohmann::json j = to_json(p);
+  j["layout"] = to_json(job);
+  j["cluster"] = cluster.name;
+  std::string text = format_prediction(job, p, cluster);
+  if (scale) {
+    const GroupInitCost g = group_init_cost(cluster, L);
+    const CheckpointCost k = checkpoint_cost(cluster, job.model, L);
+    const Availability a = availability(cluster, k, g, L.gpus(), mtbf_hours);
+    j["scale"] = to_json(g, k, a);
+    text += "\n" + format_scale(g, k, a, L);
+  }
+  if (json_out)
+    fmt::print("{}\n", j.dump(2));
+  else
+    fmt::print("{}", text);
+  return 0;
+}
+
+}  // namespace mt::cli

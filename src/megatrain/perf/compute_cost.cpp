@@ -1,0 +1,207 @@
+#include "megatrain/perf/compute_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "megatrain/core/error.h"
+#include "megatrain/perf/collectives.h"
+
+namespace mt::perf {
+
+namespace {
+
+
+// Seconds of elementwise kernels moving `bytes` through memory, `launches` kernels in all.
+double memory_seconds(const Cluster& c, double bytes, int launches) {
+  return bytes / (c.hbm_bytes_per_s() * c.memory_bound.value) + launches * c.kernel_launch_us.value * 1e-6;
+}
+
+// Exposed part of a collective of `comm` seconds overlapped with a GEMM of `gemm` seconds, split into `chunks`
+// pieces (Figure 3c): the GEMM hides what it can, and one chunk of the collective cannot overlap anything.
+double overlapped_exposed(double comm, double gemm, int chunks) {
+  return std::max(0.0, comm - gemm) + comm / std::max(1, chunks);
+}
+
+// Exposed part of a collective issued asynchronously next to a GEMM it does not depend on (no chunking).
+double concurrent_exposed(double comm, double gemm) { return std::max(0.0, comm - gemm); }
+
+}  // namespace
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::None;
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  fail_as(ErrorKind::Config, "recompute must be 'none', 'selective' or 'full' (got '{}')", s);
+}
+
+double wave_efficiency(const Cluster& c, double M, double N) {
+  // The output is cut into tiles, one per SM at a time; the last wave runs partly empty (NVIDIA, Matrix
+  // Multiplication Background User's Guide, §3.2 "Wave quantization"). The library may lay the tile either way.
+  auto waves = [&](double tm, double tn) {
+    const double tiles = std::ceil(M / tm) * std::ceil(N / tn), sms = c.sm_count.value;
+    return tiles / (std::ceil(tiles / sms) * sms);
+  };
+  return std::max(waves(c.gemm_tile_m.value, c.gemm_tile_n.value), waves(c.gemm_tile_n.value, c.gemm_tile_m.value));
+}
+
+double gemm_seconds(const Cluster& c, double M, double N, double K) {
+  const double flops = 2 * M * N * K;
+  if (flops <= 0) return 0;
+  return flops / (c.peak_flops() * c.gemm.at(flops) * wave_efficiency(c, M, N));
+}
+
+double attended_pairs(int seq, int window) {
+  const double T = seq;
+  if (window <= 0 || window >= seq) return T * (T + 1) / 2;
+  const double w = window;
+  return w * T - w * (w - 1) / 2;  // the first w-1 queries see fewer than w keys
+}
+
+LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t) {
+  MT_CHECK(s.tp >= 1 && s.micro_batch >= 1 && s.seq >= 1, "layer cost: bad shape tp={} micro_batch={} seq={}", s.tp,
+           s.micro_batch, s.seq);
+  const bool ptb = m.block == BlockKind::Parallel;
+  const double tp = s.tp, N = double(s.micro_batch) * s.seq, C = m.d_model, hd = m.head_dim();
+  const double F = m.ff_dim(), heads = m.n_head / tp;
+  const double qkv = (m.n_head + 2.0 * m.kv_heads()) * hd / tp;
+  const double fc = (m.mlp == MlpKind::SwiGlu ? 2 * F : F) / tp;
+
+  // GEMMs of the forward pass (tokens x out x in); backward computes the input gradient (tokens x in x out) and
+  // the weight gradient (out x in x tokens): twice the FLOPs, in other shapes.
+  const double proj_in = m.n_head * hd / tp, down_in = F / tp;
+  const double g_qkv = gemm_seconds(c, N, qkv, C), g_proj = gemm_seconds(c, N, C, proj_in);
+  const double g_up = gemm_seconds(c, N, fc, C), g_down = gemm_seconds(c, N, C, down_in);
+  const double gemm_fwd = g_qkv + g_proj + g_up + g_down;
+  auto bwd = [&](double out, double in) { return gemm_seconds(c, N, in, out) + gemm_seconds(c, out, in, N); };
+  const double gemm_bwd = bwd(qkv, C) + bwd(C, proj_in) + bwd(fc, C) + bwd(C, down_in);
+  const double gemm_flops = 2 * N * C * (qkv + m.n_head * hd / tp + fc + F / tp);
+
+  // Attention core: flash attention in both systems (Megatron-LM's --use-flash-attn runs FlashAttention 1; MegaScale's
+  // efficient operators (§3.3) swap in FlashAttention-2). Both compute only the causal (windowed) pairs and recompute
+  // the scores in backward (5 matmuls against 2 forward: FlashAttention-2, Dao 2023, §3.1.2), so selective
+  // recomputation costs nothing extra; they differ in the fraction of peak they reach.
+  const double pairs = attended_pairs(s.seq, m.window) * s.micro_batch;
+  const double attn_flops_fwd = 4 * heads * hd * pairs, attn_flops_bwd = 2.5 * attn_flops_fwd;
+  const double attn_rate = c.peak_flops() * (t.fused_ops ? c.attention_fused.value : c.attention.value);
+  const double attn_fwd = attn_flops_fwd / attn_rate, attn_bwd = attn_flops_bwd / attn_rate;
+
+  // Elementwise kernels, counted as passes over the sequence-parallel activation (N/tp x C: norms, bias + dropout +
+  // residual) and over the MLP hidden activation (N x F/tp: bias + GeLU). Megatron's kernels: a norm reads and
+  // writes (2); bias-dropout-add reads input and residual, writes output and mask (4); bias-GeLU reads and writes (2).
+  // The parallel block has one norm and one bias-dropout-add that reads both branches (5). The fused operators of
+  // §3.3 fold the norm into the add before it and drop the separate mask pass (norm 1, add 3, block-add 4).
+  const double sp_elems = N / tp * C, tp_elems = N * F / tp;
+  double sp_passes, launches;
+  if (ptb)
+    sp_passes = t.fused_ops ? 1 + 4 : 2 + 5, launches = t.fused_ops ? 3 : 6;
+  else
+    sp_passes = t.fused_ops ? 2 * (1 + 3) : 2 * (2 + 4), launches = t.fused_ops ? 5 : 10;
+  const double elem_fwd = memory_seconds(c, (sp_passes * sp_elems + 2 * tp_elems) * c.dtype_bytes.value, int(launches));
+  const double elem_bwd = 2 * elem_fwd;
+
+  // Tensor + sequence parallel collectives on the tp group (NVLink inside a node). Forward: an all-gather before
+  // each column-parallel linear and a reduce-scatter after each row-parallel one (one pair with the parallel
+  // block, two without). Backward: their conjugates, plus the all-gather of the sequence-parallel input again for
+  // the weight gradient (Megatron keeps only the shard).
+  const Link tl = group_link(c, s.tp, 1);
+  const double msg = N * C * c.dtype_bytes.value;
+  const double one = s.tp > 1 ? ring_all_gather_seconds(s.tp, msg, tl) : 0;
+  const int pairs_fwd = ptb ? 1 : 2;
+  const double comm_fwd = 2 * pairs_fwd * one, comm_bwd = 3 * pairs_fwd * one;
+  // Each collective with the GEMM it can hide behind and whether Megatron-LM already overlaps it: in backward it
+  // runs the re-gather of the input next to the input-gradient GEMM and the reduce-scatter of the input gradient
+  // next to the weight-gradient GEMM (LinearWithGradAccumulationAndAsyncCommunication); everything in forward and
+  // the all-gather of the output gradient before each row-parallel linear stay exposed. MegaScale's overlap
+  // (§3.2, Figure 3c) chunks every collective against its GEMM; with the parallel block the pair is fused into
+  // the larger MLP GEMMs. A collective is never more exposed with the overlap than without it.
+  struct Coll {
+    double gemm;
+    bool megatron_overlaps;
+  };
+  std::vector<Coll> fwd_colls, bwd_colls;
+  if (ptb) {
+    fwd_colls = {{g_up, false}, {g_down, false}};
+    bwd_colls = {{g_down, false}, {g_up, true}, {g_up, true}};
+  } else {
+    fwd_colls = {{g_qkv, false}, {g_proj, false}, {g_up, false}, {g_down, false}};
+    bwd_colls = {{g_proj, false}, {g_down, false}, {g_qkv, true}, {g_qkv, true}, {g_up, true}, {g_up, true}};
+  }
+  auto exposed = [&](const std::vector<Coll>& colls) {
+    double sum = 0;
+    for (const Coll& k : colls) {
+      double e = k.megatron_overlaps ? concurrent_exposed(one, k.gemm) : one;
+      if (t.tp_overlap) e = std::min(e, overlapped_exposed(one, k.gemm, s.tp));
+      sum += e;
+    }
+    return s.tp > 1 ? sum : 0.0;
+  };
+  const double exp_fwd = exposed(fwd_colls), exp_bwd = exposed(bwd_colls);
+
+  LayerCost lc;
+  lc.fwd.compute = gemm_fwd + attn_fwd + elem_fwd;
+  lc.fwd.flops = gemm_flops + attn_flops_fwd;
+  lc.fwd.tp_comm = comm_fwd;
+  lc.fwd.tp_exposed = exp_fwd;
+  lc.bwd.compute = gemm_bwd + attn_bwd + elem_bwd;
+  lc.bwd.flops = 2 * gemm_flops + attn_flops_bwd;
+  lc.bwd.tp_comm = comm_bwd;
+  lc.bwd.tp_exposed = exp_bwd;
+  if (t.recompute == Recompute::Full) {  // the whole forward runs again before the backward (attention included)
+    lc.bwd.compute += gemm_fwd + elem_fwd + attn_fwd;
+    lc.bwd.flops += gemm_flops + attn_flops_fwd;
+    lc.bwd.tp_comm += comm_fwd;
+    lc.bwd.tp_exposed += exp_fwd;
+  }
+  return lc;
+}
+
+LayerCost embedding_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t) {
+  // A vocab-parallel lookup (each tp rank its rows), then a reduce-scatter into the sequence-parallel layout;
+  // backward all-gathers the gradient and scatters it into the table.
+  const double N = double(s.micro_batch) * s.seq, C = m.d_model;
+  LayerCost lc;
+  lc.fwd.compute = memory_seconds(c, 2 * N * C * c.dtype_bytes.value, 2);
+  lc.bwd.compute = memory_seconds(c, 3 * N * C * c.dtype_bytes.value, 2);
+  if (s.tp > 1) {
+    const double one = ring_reduce_scatter_seconds(s.tp, N * C * c.dtype_bytes.value, group_link(c, s.tp, 1));
+    lc.fwd.tp_comm = lc.fwd.tp_exposed = one;
+    lc.bwd.tp_comm = lc.bwd.tp_exposed = one;
+  }
+  return lc;
+}
+
+LayerCost head_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t) {
+  // Final norm, all-gather of its output, the vocab-parallel LM head GEMM and the cross-entropy over the local
+  // logits (fp32: read, and in backward read and write once more).
+  const double N = double(s.micro_batch) * s.seq, C = m.d_model, V = m.padded_vocab(s.tp) / double(s.tp);
+  const double g = gemm_seconds(c, N, V, C);
+  const double logits = N * V * 4;
+  LayerCost lc;
+  lc.fwd.compute = g + memory_seconds(c, 2 * N / s.tp * C * c.dtype_bytes.value + 2 * logits, 3);
+  lc.fwd.flops = 2 * N * V * C;
+  lc.bwd.compute = gemm_seconds(c, N, C, V) + gemm_seconds(c, V, C, N) +
+                   memory_seconds(c, 4 * N / s.tp * C * c.dtype_bytes.value + 2 * logits, 3);
+  lc.bwd.flops = 4 * N * V * C;
+  if (s.tp > 1) {
+    const double one = ring_all_gather_seconds(s.tp, N * C * c.dtype_bytes.value, group_link(c, s.tp, 1));
+    lc.fwd.tp_comm = lc.fwd.tp_exposed = one;
+    lc.bwd.tp_comm = lc.bwd.tp_exposed = 2 * one;
+    if (t.tp_overlap) {
+      lc.fwd.tp_exposed = overlapped_exposed(one, g, s.tp);
+      lc.bwd.tp_exposed = 2 * overlapped_exposed(one, g, s.tp);
+    }
+  }
+  return lc;
+}
+
+}  // namespace mt::perf

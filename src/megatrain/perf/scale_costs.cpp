@@ -1,0 +1,62 @@
+#include "megatrain/perf/scale_costs.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "megatrain/perf/collectives.h"
+#include "megatrain/perf/memory.h"
+
+namespace mt::perf {
+
+GroupInitCost group_init_cost(const Cluster& c, const Layout& L) {
+  GroupInitCost g;
+  const double n = L.gpus();
+  // One group per tp slice, per pp column, per dp row, and one embedding group per pipeline (first + last stage).
+  g.groups = double(L.dp) * L.pp + double(L.dp) * L.tp + double(L.pp) * L.tp + (L.pp > 1 ? double(L.dp) * L.tp : 0);
+  // torch.distributed.new_group must be called by every rank for every group, and each call ends in a barrier
+  // over the whole world: n requests per group.
+  g.requests_quadratic = n * g.groups;
+  // MegaScale orders the creations so that a rank only takes part in its own groups (3-4 of them), each a
+  // set of its id and a get of the root's: a constant number of requests per rank.
+  const double own_groups = 3 + (L.pp > 1 ? 1 : 0);
+  g.requests_linear = n * own_groups * 2;
+  g.seconds_quadratic = g.requests_quadratic * c.store_op_us.value * 1e-6;
+  g.seconds_async = g.requests_quadratic * c.store_async_op_us.value * 1e-6;
+  g.seconds_linear = g.requests_linear * c.store_async_op_us.value * 1e-6;
+  return g;
+}
+
+CheckpointCost checkpoint_cost(const Cluster& c, const ModelConfig& m, const Layout& L) {
+  CheckpointCost k;
+  double p = 0;
+  for (int r = 0; r < L.pp; ++r) p = std::max(p, params_per_gpu(m, L.tp, L.pp, r));
+  k.bytes_per_gpu = 2 * p + 12 * p / L.dp;
+  k.stall_seconds = k.bytes_per_gpu / (c.host_copy_gbps.value * 1e9);
+  const double per_node = k.bytes_per_gpu * std::min(L.gpus(), c.node_gpus());
+  k.persist_seconds = per_node / (c.storage_gbps_per_node.value * 1e9);
+  // Recovery: every GPU needs its bf16 weights (shared by its dp group) and its own fp32 shard.
+  const double need = 2 * p + 12 * p / L.dp;
+  k.recovery_naive_seconds = need * std::min(L.gpus(), c.node_gpus()) / (c.storage_gbps_per_node.value * 1e9);
+  // One reader per dp group reads the shared weights once; the nodes of a dp group read in parallel, so a node
+  // reads its GPUs' shards plus 1/dp of the shared weights; then the weights are broadcast over the dp group.
+  const double node_read = (12 * p / L.dp + 2 * p / L.dp) * std::min(L.gpus(), c.node_gpus());
+  const Link dl = group_link(c, L.dp, L.tp * L.pp);
+  k.recovery_seconds = node_read / (c.storage_gbps_per_node.value * 1e9) +
+                       (L.dp > 1 ? ring_all_gather_seconds(L.dp, 2 * p, dl) : 0);
+  return k;
+}
+
+Availability availability(const Cluster& c, const CheckpointCost& ck, const GroupInitCost& init, int gpus,
+                          double mtbf_hours_override) {
+  Availability a;
+  const double nodes = std::ceil(double(gpus) / c.node_gpus());
+  const double node_mtbf = mtbf_hours_override > 0 ? mtbf_hours_override : c.node_mtbf_hours.value;
+  a.job_mtbf_hours = node_mtbf / nodes;
+  const double M = a.job_mtbf_hours * 3600;
+  a.interval_seconds = std::sqrt(2 * ck.stall_seconds * M);
+  a.lost_per_failure_s = c.failure_detect_s.value + init.seconds_linear + ck.recovery_seconds + a.interval_seconds / 2;
+  a.effective_fraction = std::max(0.0, 1 - ck.stall_seconds / a.interval_seconds - a.lost_per_failure_s / M);
+  return a;
+}
+
+}  // namespace mt::perf

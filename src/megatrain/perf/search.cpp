@@ -1,0 +1,110 @@
+#include "megatrain/perf/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "megatrain/core/error.h"
+#include "megatrain/perf/memory.h"
+
+namespace mt::perf {
+
+int peak_in_flight_estimate(int pp, int v, int m) {
+  const int warmup = v == 1 ? pp - 1 : (pp - 1) * 2 + (v - 1) * pp;
+  return std::min(warmup + 1, m * v);
+}
+
+SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const SearchOptions& o) {
+  if (o.gpus < 1) fail_as(ErrorKind::Config, "--search needs --gpus >= 1 (got {})", o.gpus);
+  if (o.global_batch < 1) fail_as(ErrorKind::Config, "--search needs --batch >= 1 (got {})", o.global_batch);
+  if (o.seq < 1 || o.seq > m.max_seq_len)
+    fail_as(ErrorKind::Config, "--search: data.seq_len = {} must be in [1, model.max_seq_len = {}]", o.seq,
+            m.max_seq_len);
+  const double limit = (o.memory_limit > 0 ? o.memory_limit : c.memory_gib.value * double(1 << 30)) *
+                       (1 - o.memory_reserve);
+  SearchResult r;
+  std::vector<Candidate> all;
+  for (int tp = 1; tp <= std::min(o.gpus, c.node_gpus()); tp *= 2) {
+    if (m.n_head % tp || m.kv_heads() % tp || m.ff_dim() % tp) continue;
+    for (int pp = 1; pp <= m.n_layer; ++pp) {
+      if (m.n_layer % pp || o.gpus % (tp * pp)) continue;
+      const int dp = o.gpus / (tp * pp);
+      for (int mb : o.micro_batches) {
+        if (o.global_batch % (dp * mb)) continue;
+        const int micro = o.global_batch / (dp * mb);
+        for (int v = 1; v <= o.max_virtual_stages; ++v) {
+          if ((m.n_layer / pp) % v || (v > 1 && (pp < 2 || micro % pp))) continue;
+          // Selective recomputation only drops the attention scores, which flash attention never stores: it costs and
+          // saves the same as none, so the search tries none and full.
+          for (Recompute rc : {Recompute::None, Recompute::Full}) {
+            ++r.considered;
+            Job j;
+            j.model = m;
+            j.layout = Layout{dp, pp, tp, v, micro, mb, o.seq};
+            j.tech = o.tech;
+            j.tech.recompute = rc;
+            const MemoryBreakdown mem = memory_per_gpu(m, Shape{tp, mb, o.seq}, j.tech, dp, pp, v,
+                                                       peak_in_flight_estimate(pp, v, micro));
+            if (mem.total() > limit) {
+              ++r.over_memory;
+              continue;
+            }
+            ++r.simulated;
+            Candidate cand{j, predict_step_seconds(j, c), 0, mem.total()};
+            cand.mfu = m.flops_per_token(o.seq) * double(o.global_batch) * o.seq /
+                       (cand.step_seconds * o.gpus * c.peak_flops());
+            all.push_back(cand);
+          }
+        }
+      }
+    }
+  }
+  if (all.empty())
+    fail_as(ErrorKind::Config, "--search: no layout of {} GPUs fits {:.1f} GiB per GPU for this model at batch {} ({} "
+           "layouts considered, {} over the memory limit); raise --mem-limit or the GPU count", o.gpus,
+           limit / double(1 << 30), o.global_batch, r.considered, r.over_memory);
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+    return a.step_seconds < b.step_seconds;
+  });
+  r.ranked = std::move(all);
+  return r;
+}
+
+std::string explain(const SearchResult& r, const Cluster& c) {
+  if (r.ranked.empty()) return "no layout fits\n";
+  const Candidate& best = r.ranked.front();
+  const Prediction p = predict(best.job, c);
+  const Breakdown& b = p.breakdown;
+  const Layout& L = best.job.layout;
+  std::string out = fmt::format(
+      "why: of {} layouts, {} exceed the memory limit and {} were simulated. The winner spends {:.1f}% of its step in "
+      "compute, {:.1f}% in the pipeline bubble, {:.1f}% in exposed tp, {:.1f}% pp, {:.1f}% dp communication, {:.1f}% in "
+      "the optimizer and {:.1f}% waiting on stragglers; it needs {:.1f} GiB per GPU.\n",
+      r.considered, r.over_memory, r.simulated, 100 * b.compute / p.step_seconds, 100 * b.bubble / p.step_seconds,
+      100 * b.tp / p.step_seconds, 100 * b.pp / p.step_seconds, 100 * b.dp / p.step_seconds,
+      100 * b.optimizer / p.step_seconds, 100 * b.straggler / p.step_seconds, p.memory.total() / double(1 << 30));
+  out += fmt::format("     tp {} keeps the tensor-parallel collectives {}; pp {} x v {} with {} micro-batches of {} gives "
+                     "a bubble of {:.1f}%.\n",
+                     L.tp, L.tp <= c.node_gpus() ? "on NVLink inside a node" : "across nodes", L.pp, L.virtual_stages,
+                     L.microbatches, L.micro_batch, 100 * b.bubble / p.step_seconds);
+  // The best layout of each other (tp, pp): what the alternatives would cost.
+  std::map<std::pair<int, int>, const Candidate*> per_shape;
+  for (const Candidate& cand : r.ranked) {
+    auto key = std::make_pair(cand.job.layout.tp, cand.job.layout.pp);
+    if (!per_shape.count(key)) per_shape[key] = &cand;
+  }
+  std::vector<const Candidate*> alts;
+  for (auto& [k, cand] : per_shape)
+    if (cand != &best) alts.push_back(cand);
+  std::sort(alts.begin(), alts.end(), [](auto* a, auto* b) { return a->step_seconds < b->step_seconds; });
+  for (size_t i = 0; i < std::min<size_t>(alts.size(), 4); ++i) {
+    const Candidate& a = *alts[i];
+    out += fmt::format("     best with tp {} pp {}: {:.2f} s ({:+.1f}%), v {}, micro-batch {}, recompute {}\n",
+                       a.job.layout.tp, a.job.layout.pp, a.step_seconds,
+                       100 * (a.step_seconds / best.step_seconds - 1), a.job.layout.virtual_stages,
+                       a.job.layout.micro_batch, recompute_name(a.job.tech.recompute));
+  }
+  return out;
+}
+
+}  // namespace mt::perf

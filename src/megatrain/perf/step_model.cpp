@@ -1,0 +1,223 @@
+#include "megatrain/perf/step_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "megatrain/core/error.h"
+#include "megatrain/parallel/schedule.h"
+#include "megatrain/perf/collectives.h"
+#include "megatrain/perf/pipeline_sim.h"
+
+namespace mt::perf {
+
+namespace {
+
+struct Plan {
+  Schedule schedule;
+  PipelineCosts costs;
+  std::vector<double> compute_per_rank, tp_per_rank;  // per micro-batch sums, per rank
+  std::vector<double> dp_blocking_per_rank;  // reduce-scatter + all-gather when not overlapped
+  double optimizer = 0;
+};
+
+Plan make_plan(const Job& job, const Cluster& c) {
+  const Layout& L = job.layout;
+  const ModelConfig& m = job.model;
+  const Techniques& t = job.tech;
+  const Shape shape{L.tp, L.micro_batch, L.seq};
+  const int S = L.pp * L.virtual_stages, per_stage = m.n_layer / S;
+  Plan p;
+  p.schedule = make_interleaved_1f1b(L.pp, L.virtual_stages, L.microbatches);
+  const LayerCost layer = layer_cost(m, c, shape, t);
+  const LayerCost emb = embedding_cost(m, c, shape, t), head = head_cost(m, c, shape, t);
+  p.costs.fwd.assign(S, 0);
+  p.costs.bwd.assign(S, 0);
+  p.compute_per_rank.assign(L.pp, 0);
+  p.tp_per_rank.assign(L.pp, 0);
+  for (int st = 0; st < S; ++st) {
+    double compute = per_stage * (layer.fwd.compute + layer.bwd.compute);
+    double tp = per_stage * (layer.fwd.tp_exposed + layer.bwd.tp_exposed);
+    p.costs.fwd[st] = per_stage * layer.fwd.total();
+    p.costs.bwd[st] = per_stage * layer.bwd.total();
+    if (st == 0) {
+      p.costs.fwd[st] += emb.fwd.total();
+      p.costs.bwd[st] += emb.bwd.total();
+      compute += emb.fwd.compute + emb.bwd.compute;
+      tp += emb.fwd.tp_exposed + emb.bwd.tp_exposed;
+    }
+    if (st == S - 1) {
+      p.costs.fwd[st] += head.fwd.total();
+      p.costs.bwd[st] += head.bwd.total();
+      compute += head.fwd.compute + head.bwd.compute;
+      tp += head.fwd.tp_exposed + head.bwd.tp_exposed;
+    }
+    p.compute_per_rank[st % L.pp] += compute;
+    p.tp_per_rank[st % L.pp] += tp;
+  }
+  // Activations (and their gradients) cross between stages in the sequence-parallel layout: each tp rank sends
+  // its 1/tp slice to its peer in the next stage.
+  const Link pl = group_link(c, L.pp, L.tp);
+  p.costs.p2p_seconds = L.pp > 1 ? p2p_seconds(double(L.micro_batch) * L.seq * m.d_model * c.dtype_bytes.value / L.tp, pl) : 0;
+  p.costs.p2p_overlap = t.pp_overlap;
+
+  // Data parallel: the chunk's gradients reduce-scattered, its weights (compute dtype) all-gathered, on the dp group.
+  const Link dl = group_link(c, L.dp, L.tp * L.pp);
+  p.dp_blocking_per_rank.assign(L.pp, 0);
+  const double layer_params = [&] {
+    double total = double(m.num_params()) - double(m.vocab_size) * m.d_model -
+                   (m.pos == PosKind::Learned ? double(m.max_seq_len) * m.d_model : 0) -
+                   (m.tied_embeddings ? 0 : double(m.vocab_size) * m.d_model);
+    return total / m.n_layer;
+  }();
+  double max_shard = 0;
+  if (L.dp > 1) {
+    p.costs.dp_all_gather.assign(L.pp, std::vector<double>(L.virtual_stages, 0));
+    p.costs.dp_reduce_scatter.assign(L.pp, std::vector<double>(L.virtual_stages, 0));
+  }
+  for (int r = 0; r < L.pp; ++r) {
+    double rank_params = 0;
+    for (int k = 0; k < L.virtual_stages; ++k) {
+      const int st = k * L.pp + r;
+      double params = per_stage * layer_params / L.tp;
+      const double vocab_rows = double(m.padded_vocab(L.tp)) * m.d_model / L.tp;
+      if (st == 0) params += vocab_rows;                                          // the embedding
+      if (st == S - 1 && (S > 1 || !m.tied_embeddings)) params += vocab_rows;    // the LM head (or its copy)
+      rank_params += params;
+      if (L.dp > 1) {
+        const double rs = ring_reduce_scatter_seconds(L.dp, params * t.grad_bytes, dl);
+        const double ag = ring_all_gather_seconds(L.dp, params * c.dtype_bytes.value, dl);
+        p.costs.dp_reduce_scatter[r][k] = rs;
+        p.costs.dp_all_gather[r][k] = ag;
+        p.dp_blocking_per_rank[r] += rs + ag;
+      }
+    }
+    max_shard = std::max(max_shard, rank_params / L.dp);
+  }
+  // Tied embeddings across pipeline ends: the first and last stage all-reduce the embedding gradient.
+  if (L.pp > 1 && m.tied_embeddings) {
+    const double bytes = double(m.padded_vocab(L.tp)) * m.d_model / L.tp * t.grad_bytes;
+    const double ar = ring_allreduce_seconds(2, bytes, group_link(c, 2, (L.pp - 1) * L.tp));
+    p.dp_blocking_per_rank[0] += ar;
+    p.dp_blocking_per_rank[L.pp - 1] += ar;
+  }
+  if (t.dp_overlap && L.dp > 1) {
+    // reduce-scatter / all-gather run inside the simulation; only the embedding all-reduce stays outside
+    for (int r = 0; r < L.pp; ++r)
+      for (int k = 0; k < L.virtual_stages; ++k)
+        p.dp_blocking_per_rank[r] -= p.costs.dp_reduce_scatter[r][k] + p.costs.dp_all_gather[r][k];
+  } else {
+    p.costs.dp_all_gather.clear();
+    p.costs.dp_reduce_scatter.clear();
+  }
+  for (double& x : p.dp_blocking_per_rank) x = std::max(0.0, x);
+  p.optimizer = max_shard * c.optimizer_bytes_per_param.value / (c.hbm_bytes_per_s() * c.memory_bound.value) +
+                allreduce_seconds(c, L.gpus(), 1, 8);
+  return p;
+}
+
+double step_end(const PipelineResult& r, const Plan& p) {
+  double end = 0;
+  for (size_t i = 0; i < r.finish.size(); ++i) end = std::max(end, r.finish[i] + p.dp_blocking_per_rank[i]);
+  return end;
+}
+
+double straggler_fraction(const Job& job, const Cluster& c) {
+  // A synchronous step waits for its slowest GPU. Healthy GPUs differ in speed (silicon, cooling): model their
+  // speeds as normal with the spread seen on one node (the expected range of 8 normal draws is 2.847 sigma); the
+  // slowest of n is then about sigma * sqrt(2 ln n) behind the typical one a microbenchmark measures.
+  const double n = job.layout.gpus();
+  const double sigma = c.gpu_speed_range.value / 2.847;
+  double slow = n >= 2 ? sigma * std::sqrt(2 * std::log(n)) : 0;
+  // Faulty slow nodes (§5.1, §6.3), unless they were found and evicted (MegaScale's misc optimizations).
+  if (!job.tech.misc) {
+    const double nodes = std::ceil(n / c.node_gpus());
+    slow += c.straggler_slowdown.value * (1 - std::pow(1 - c.straggler_node_fraction.value, nodes));
+  }
+  return slow;
+}
+
+}  // namespace
+
+void validate_job(const Job& job, const Cluster& c, int gpus) {
+  const Layout& L = job.layout;
+  const ModelConfig& m = job.model;
+  auto bad = [](const std::string& what) { throw Error(what, ErrorKind::Config); };
+  if (L.dp < 1 || L.pp < 1 || L.tp < 1)
+    bad(fmt::format("parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", L.dp, L.pp, L.tp));
+  if (gpus > 0 && L.gpus() != gpus)
+    bad(fmt::format("parallel.dp * parallel.pp * parallel.tp = {} * {} * {} = {} but --gpus is {}", L.dp, L.pp, L.tp,
+                    L.gpus(), gpus));
+  if (L.virtual_stages < 1) bad(fmt::format("parallel.virtual_stages must be >= 1 (got {})", L.virtual_stages));
+  if (L.virtual_stages > 1 && L.pp < 2)
+    bad(fmt::format("parallel.virtual_stages = {} needs parallel.pp >= 2", L.virtual_stages));
+  if (m.n_layer % (L.pp * L.virtual_stages) != 0)
+    bad(fmt::format("model.n_layer = {} is not divisible by parallel.pp * parallel.virtual_stages = {} * {}",
+                    m.n_layer, L.pp, L.virtual_stages));
+  if (L.microbatches < 1) bad(fmt::format("parallel.microbatches must be >= 1 (got {})", L.microbatches));
+  if (L.virtual_stages > 1 && L.microbatches % L.pp != 0)
+    bad(fmt::format("interleaved schedule: parallel.microbatches ({}) must be a multiple of parallel.pp ({})",
+                    L.microbatches, L.pp));
+  if (L.micro_batch < 1) bad(fmt::format("data.batch_size (the micro-batch) must be >= 1 (got {})", L.micro_batch));
+  if (L.seq < 1 || L.seq > m.max_seq_len)
+    bad(fmt::format("data.seq_len = {} must be in [1, model.max_seq_len = {}]", L.seq, m.max_seq_len));
+  if (c.topology == "rail-clos" && L.tp > c.node_gpus() && L.tp % c.node_gpus() != 0)
+    bad(fmt::format("parallel.tp = {} spans nodes of {} GPUs unevenly ({})", L.tp, c.node_gpus(), c.path));
+  try {
+    m.validate_tp(L.tp);
+  } catch (const Error& e) {
+    bad(e.what());
+  }
+}
+
+double predict_step_seconds(const Job& job, const Cluster& c, int* peak_in_flight) {
+  validate_job(job, c);
+  const Plan p = make_plan(job, c);
+  const PipelineResult r = simulate_pipeline(p.schedule, p.costs);
+  if (peak_in_flight) *peak_in_flight = r.peak_in_flight.empty() ? 1 : r.peak_in_flight[0];
+  const double base = step_end(r, p) + p.optimizer;
+  return base * (1 + straggler_fraction(job, c));
+}
+
+Prediction predict(const Job& job, const Cluster& c) {
+  validate_job(job, c);
+  const Layout& L = job.layout;
+  Plan p = make_plan(job, c);
+  const PipelineResult full = simulate_pipeline(p.schedule, p.costs);
+  const double t_full = step_end(full, p);
+
+  // Again without data-parallel traffic, then also without point-to-point time.
+  Plan q = p;
+  q.costs.dp_all_gather.clear();
+  q.costs.dp_reduce_scatter.clear();
+  std::fill(q.dp_blocking_per_rank.begin(), q.dp_blocking_per_rank.end(), 0.0);
+  const PipelineResult no_dp = simulate_pipeline(q.schedule, q.costs);
+  q.costs.p2p_seconds = 0;
+  const PipelineResult no_comm = simulate_pipeline(q.schedule, q.costs);
+
+  int busiest = 0;
+  for (int r = 1; r < L.pp; ++r)
+    if (no_comm.busy[r] > no_comm.busy[busiest]) busiest = r;
+  const double m = L.microbatches;
+  Prediction out;
+  Breakdown& b = out.breakdown;
+  b.compute = p.compute_per_rank[busiest] * m;
+  b.tp = p.tp_per_rank[busiest] * m;
+  b.bubble = std::max(0.0, no_comm.makespan - no_comm.busy[busiest]);
+  b.pp = std::max(0.0, no_dp.makespan - no_comm.makespan);
+  b.dp = std::max(0.0, t_full - no_dp.makespan);
+  b.optimizer = p.optimizer;
+  const double base = t_full + p.optimizer;
+  b.straggler = base * straggler_fraction(job, c);
+  out.step_seconds = base + b.straggler;
+  out.global_batch = L.global_batch();
+  const double tokens = double(out.global_batch) * L.seq;
+  out.model_flops_per_step = job.model.flops_per_token(L.seq) * tokens;
+  out.tokens_per_second = tokens / out.step_seconds;
+  out.mfu = out.model_flops_per_step / (out.step_seconds * L.gpus() * c.peak_flops());
+  out.peak_in_flight = full.peak_in_flight.empty() ? 1 : full.peak_in_flight[0];
+  out.memory = memory_per_gpu(job.model, Shape{L.tp, L.micro_batch, L.seq}, job.tech, L.dp, L.pp,
+                              L.virtual_stages, out.peak_in_flight);
+  return out;
+}
+
+}  // namespace mt::perf

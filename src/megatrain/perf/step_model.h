@@ -1,0 +1,60 @@
+// The step-time model: a job (model, layout, techniques) on a cluster -> step seconds, MFU, tokens/s, a breakdown
+// of where the time goes and memory per GPU. It builds per-stage costs from compute_cost, runs the real pipeline
+// schedule in pipeline_sim, adds what happens outside the pipeline (reduce-scatter / all-gather when they are not
+// overlapped, the optimizer step) and the expected straggler delay. The breakdown is found by simulating again
+// without data-parallel traffic and without point-to-point time: each difference is what that traffic exposed.
+#pragma once
+#include <string>
+
+#include "megatrain/model/config.h"
+#include "megatrain/perf/cluster.h"
+#include "megatrain/perf/compute_cost.h"
+#include "megatrain/perf/memory.h"
+
+namespace mt::perf {
+
+struct Layout {
+  int dp = 1, pp = 1, tp = 1;
+  int virtual_stages = 1;
+  int microbatches = 1;  // per pipeline per step
+  int micro_batch = 1;   // sequences per micro-batch
+  int seq = 1024;
+  int gpus() const { return dp * pp * tp; }
+  int global_batch() const { return dp * microbatches * micro_batch; }
+};
+
+struct Job {
+  ModelConfig model;
+  Layout layout;
+  Techniques tech;
+};
+
+struct Breakdown {
+  double compute = 0;    // kernels on the busiest pipeline rank
+  double tp = 0;         // tensor-parallel collectives left on the critical path
+  double pp = 0;         // point-to-point time the schedule could not hide
+  double dp = 0;         // data-parallel reduce-scatter / all-gather (and tied-embedding all-reduce) exposed
+  double bubble = 0;     // pipeline idle time with free communication
+  double optimizer = 0;  // the optimizer step on the dp shard, and the global gradient-norm all-reduce
+  double straggler = 0;  // expected wait for the slowest GPU, and for faulty slow nodes unless evicted
+};
+
+struct Prediction {
+  double step_seconds = 0, mfu = 0, tokens_per_second = 0;
+  double model_flops_per_step = 0;  // ModelConfig::flops_per_token x tokens (recomputation not counted)
+  Breakdown breakdown;
+  MemoryBreakdown memory;
+  int global_batch = 0;
+  int peak_in_flight = 0;  // micro-batch chunks in flight on rank 0
+};
+
+// Refuses an impossible job with an mt::Error (kind Config) naming the problem: dp*pp*tp != gpus (when gpus > 0),
+// layers not divisible by pp * virtual_stages, heads not divisible by tp, micro-batches not a multiple of pp with
+// virtual stages, a sequence longer than the model's, tp larger than a node on a rail-clos cluster is allowed
+// (slow) but must divide the node when it spans several.
+void validate_job(const Job& job, const Cluster& c, int gpus = 0);
+Prediction predict(const Job& job, const Cluster& c);
+// Step seconds only (one simulation instead of three): for the layout search.
+double predict_step_seconds(const Job& job, const Cluster& c, int* peak_in_flight = nullptr);
+
+}  // namespace mt::perf

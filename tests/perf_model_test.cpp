@@ -1,0 +1,421 @@
+// The performance model against independent checks:
+//  * the pipeline simulation of the real schedules: 1F1B with uniform costs against the hand-derived
+//    (pp - 1)(f + b) + m(f + b), and interleaved schedules with point-to-point time against the schedule's own
+//    simulator in parallel/ (written separately, for the executor's tests); blocking transfers never faster;
+//    the data-parallel stream (prefetched all-gather, last reduce-scatter exposed) against hand sums;
+//  * collectives against their alpha-beta formulas; link classes from the layout;
+//  * FLOPs of a layer against 6 N T + attention counted by hand for a small model, and against
+//    ModelConfig::flops_per_token; GEMM wave quantization at known shapes;
+//  * memory: ZeRO shards, parameter counts per stage adding up to the model's;
+//  * monotonicity: no overlap switch, and no extra bandwidth, ever makes a step slower;
+//  * the presets: Table 2 gives 16 rows with the JSON fields; every Table 3 step shortens the time per token;
+//  * search: ranked, within memory, and never worse than a layout picked by hand;
+//  * bad input: unknown cluster key, missing source, missing file, impossible layouts, named in the error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
+#include "megatrain/parallel/schedule.h"
+#include "megatrain/perf/cluster.h"
+#include "megatrain/perf/collectives.h"
+#include "megatrain/perf/compute_cost.h"
+#include "megatrain/perf/memory.h"
+#include "megatrain/perf/pipeline_sim.h"
+#include "megatrain/perf/presets.h"
+#include "megatrain/perf/report.h"
+#include "megatrain/perf/scale_costs.h"
+#include "megatrain/perf/search.h"
+#include "megatrain/perf/step_model.h"
+#include "megatrain/train/run_config.h"
+#include "test_util.h"
+
+using namespace mt;
+using namespace mt::perf;
+using mt::test::error_of;
+
+namespace {
+
+const std::string kA100 = std::string(MT_SOURCE_DIR) + "/configs/clusters/megascale-a100.toml";
+
+Cluster a100() { return load_cluster(kA100); }
+
+perf::PipelineCosts uniform(const Schedule& s, double f, double b, double tc, bool overlap) {
+  perf::PipelineCosts c;
+  c.fwd.assign(s.stages(), f);
+  c.bwd.assign(s.stages(), b);
+  c.p2p_seconds = tc;
+  c.p2p_overlap = overlap;
+  return c;
+}
+
+// A small GPT whose FLOPs are counted by hand below.
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 512;
+  m.n_layer = 8;
+  m.n_head = 4;
+  m.d_model = 64;
+  m.max_seq_len = 32;
+  return m;
+}
+
+Job small_job(const Cluster& c) {
+  Job j;
+  j.model = small_model();
+  j.layout = Layout{2, 2, 2, 2, 4, 2, 32};  // dp 2, pp 2, tp 2, v 2, 4 micro-batches of 2
+  (void)c;
+  return j;
+}
+
+}  // namespace
+
+// ---- pipeline simulation ----------------------------------------------------------------------------------
+
+TEST(PipelineSim, OneFOneBUniformCostsMatchTheHandDerivedMakespan) {
+  for (int pp : {1, 2, 4, 8})
+    for (int m : {8, 13, 32}) {
+      const double f = 1.0, b = 2.0;
+      const Schedule s = make_1f1b(pp, m);
+      const PipelineResult r = simulate_pipeline(s, uniform(s, f, b, 0, true));
+      // The last micro-batch's forward reaches the last stage after (pp-1) forwards of pipeline fill; its
+      // backward returns through (pp-1) backwards: (pp-1)(f+b) of bubble on top of m(f+b) of work.
+      EXPECT_DOUBLE_EQ(r.makespan, (pp - 1) * (f + b) + m * (f + b)) << "pp " << pp << " m " << m;
+      for (int rank = 0; rank < pp; ++rank) EXPECT_DOUBLE_EQ(r.busy[rank], m * (f + b));
+    }
+}
+
+TEST(PipelineSim, InterleavedWithTransfersMatchesTheScheduleSimulator) {
+  // parallel/schedule.cpp's simulate() was written for the executor's tests, with the same transfer semantics
+  // (a transfer starts when both ends have posted and lasts comm_time): an independent implementation.
+  for (auto [pp, v, m] : {std::tuple{2, 2, 4}, std::tuple{4, 2, 8}, std::tuple{4, 3, 12}, std::tuple{8, 6, 16}})
+    for (double tc : {0.0, 0.05, 0.7}) {
+      const Schedule s = make_interleaved_1f1b(pp, v, m);
+      const double f = 0.3, b = 0.55;
+      const SimResult ref = mt::simulate(s, f, b, tc);
+      const PipelineResult got = simulate_pipeline(s, uniform(s, f, b, tc, true));
+      EXPECT_NEAR(got.makespan, ref.makespan, 1e-9) << pp << " " << v << " " << m << " tc " << tc;
+      for (int r = 0; r < pp; ++r) EXPECT_EQ(got.peak_in_flight[r], ref.peak_in_flight[r]);
+    }
+}
+
+TEST(PipelineSim, BlockingTransfersAreNeverFasterAndEqualWhenFree) {
+  for (auto [pp, v, m] : {std::tuple{2, 1, 6}, std::tuple{4, 2, 8}, std::tuple{8, 3, 16}}) {
+    const Schedule s = make_interleaved_1f1b(pp, v, m);
+    const double over = simulate_pipeline(s, uniform(s, 1, 2, 0.2, true)).makespan;
+    const double block = simulate_pipeline(s, uniform(s, 1, 2, 0.2, false)).makespan;
+    EXPECT_GT(block, over);
+    EXPECT_DOUBLE_EQ(simulate_pipeline(s, uniform(s, 1, 2, 0, false)).makespan,
+                     simulate_pipeline(s, uniform(s, 1, 2, 0, true)).makespan);
+  }
+}
+
+TEST(PipelineSim, DataParallelStreamPrefetchesTheFirstGatherAndExposesTheLastReduceScatter) {
+  const Schedule s = make_1f1b(1, 1);  // one rank, one micro-batch: F then B
+  auto c = uniform(s, 1.0, 2.0, 0, true);
+  c.dp_all_gather = {{0.5}};
+  c.dp_reduce_scatter = {{0.25}};
+  EXPECT_DOUBLE_EQ(simulate_pipeline(s, c).makespan, 1.0 + 2.0 + 0.25);
+  c.dp_prefetch_first = false;
+  EXPECT_DOUBLE_EQ(simulate_pipeline(s, c).makespan, 0.5 + 1.0 + 2.0 + 0.25);
+  // Two chunks: the second chunk's gather hides behind the first chunk's forwards when it is short enough.
+  const Schedule s2 = make_interleaved_1f1b(2, 2, 2);
+  auto c2 = uniform(s2, 1.0, 2.0, 0, true);
+  const double base = simulate_pipeline(s2, c2).makespan;
+  c2.dp_all_gather = {{0.1, 0.1}, {0.1, 0.1}};
+  c2.dp_reduce_scatter = {{0.3, 0.3}, {0.3, 0.3}};
+  EXPECT_DOUBLE_EQ(simulate_pipeline(s2, c2).makespan, base + 0.3);  // only the last reduce-scatter shows
+}
+
+TEST(PipelineSim, CostsThatDoNotFitTheScheduleAreRefused) {
+  const Schedule s = make_1f1b(2, 2);
+  perf::PipelineCosts c;
+  c.fwd = {1.0};
+  c.bwd = {1.0};
+  EXPECT_NE(error_of([&] { simulate_pipeline(s, c); }).find("1 forward and 1 backward costs for 2 virtual stages"),
+            std::string::npos);
+  c = uniform(s, 1, -1, 0, true);
+  EXPECT_NE(error_of([&] { simulate_pipeline(s, c); }).find("stage 0 has cost"), std::string::npos);
+}
+
+// ---- collectives ------------------------------------------------------------------------------------------
+
+TEST(Collectives, RingAndTreeFollowTheirAlphaBetaFormulas) {
+  const Link l{"test", 1e10, 1e-5};
+  // ring all-reduce: 2(n-1)/n S/B + 2(n-1) alpha = 2*3/4*0.1 + 6e-5
+  EXPECT_DOUBLE_EQ(ring_allreduce_seconds(4, 1e9, l), 0.15 + 6e-5);
+  EXPECT_DOUBLE_EQ(ring_reduce_scatter_seconds(4, 1e9, l), 0.075 + 3e-5);
+  EXPECT_DOUBLE_EQ(ring_all_gather_seconds(8, 8e8, l), 0.07 + 7e-5);
+  EXPECT_DOUBLE_EQ(tree_allreduce_seconds(16, 1e9, l), 0.2 + 8e-5);  // 2 S/B + 2 log2(16) alpha
+  EXPECT_DOUBLE_EQ(p2p_seconds(5e8, l), 0.05 + 1e-5);
+  EXPECT_EQ(ring_allreduce_seconds(1, 1e9, l), 0);
+}
+
+TEST(Collectives, GroupsUseNvlinkInsideANodeAndTheNetworkAcrossNodes) {
+  const Cluster c = a100();
+  EXPECT_EQ(group_link(c, 8, 1).name, "nvlink");    // tp 8 inside a node
+  EXPECT_EQ(group_link(c, 8, 8).name, "network");   // pp across nodes
+  EXPECT_EQ(group_link(c, 2, 4).name, "nvlink");    // 2 members 4 apart: still one node
+  EXPECT_DOUBLE_EQ(group_link(c, 8, 8).bytes_per_s, c.nic_gbps.value * 1e9);  // one NIC per GPU
+  EXPECT_EQ(members_per_node(c, 64, 2), 4);
+  // Hierarchical all-reduce beats a flat ring over the network when several members share a node.
+  const double flat = ring_allreduce_seconds(64, 1e9, group_link(c, 64, 2));
+  EXPECT_LT(hierarchical_allreduce_seconds(c, 64, 4, 1e9), flat);
+  EXPECT_LE(allreduce_seconds(c, 64, 2, 1e9), flat);
+}
+
+// ---- compute ----------------------------------------------------------------------------------------------
+
+TEST(ComputeCost, LayerFlopsMatchSixNTPlusAttentionCountedByHand) {
+  const Cluster c = a100();
+  const ModelConfig m = small_model();  // C = 64, 4 heads of 16, F = 256, T = 32
+  const Shape s{1, 2, 32};              // 2 sequences of 32 tokens, no tensor parallelism
+  Techniques t;
+  t.recompute = Recompute::None;
+  const LayerCost lc = layer_cost(m, c, s, t);
+  // Matmul weights per layer: qkv 3*64*64 + proj 64*64 + fc 256*64 + proj 64*256 = 49152; 64 tokens.
+  const double gemm = 2.0 * 64 * 49152;  // 6291456 forward
+  // Attention, causal: 528 = 32*33/2 (query, key) pairs per sequence, 2 matmuls of 2*16 FLOPs per pair per head.
+  const double attn = 4.0 * 4 * 16 * 528 * 2;  // 270336 forward
+  EXPECT_DOUBLE_EQ(lc.fwd.flops, gemm + attn);
+  EXPECT_DOUBLE_EQ(lc.bwd.flops, 2 * gemm + 2.5 * attn);  // flash backward: 5 matmuls against 2
+  // The GEMM part, summed over the layers with the LM head, is ModelConfig's 6N per token.
+  const LayerCost head = head_cost(m, c, s, t);
+  const double per_token = (m.n_layer * 3 * gemm + head.fwd.flops + head.bwd.flops) / 64;
+  const double attn_model = 12.0 * m.n_layer * m.d_model * 32;  // full-T convention of flops_per_token
+  EXPECT_DOUBLE_EQ(per_token + attn_model, m.flops_per_token(32));
+  // A window shortens the attended pairs: 32 keys, window 8: 8*32 - 8*7/2 = 228.
+  EXPECT_DOUBLE_EQ(attended_pairs(32, 8), 228);
+  EXPECT_DOUBLE_EQ(attended_pairs(32, 0), 528);
+}
+
+TEST(ComputeCost, WaveQuantizationAtKnownShapes) {
+  Cluster c = a100();  // 108 SMs, 256 x 128 tiles
+  EXPECT_DOUBLE_EQ(wave_efficiency(c, 256 * 108, 128), 1.0);  // exactly one full wave
+  // 109 tiles of 256 x 128 spill one tile into a second wave (109/216); laid the other way, 218 tiles of 128 x 256
+  // fill 3 waves better (218/324), and the library takes the better layout.
+  EXPECT_DOUBLE_EQ(wave_efficiency(c, 256 * 109, 128), 218.0 / 324);
+  EXPECT_DOUBLE_EQ(wave_efficiency(c, 2048, 12288), 768.0 / 864);  // 8 x 96 tiles in 8 waves
+  EXPECT_DOUBLE_EQ(wave_efficiency(c, 100, 100), 1.0 / 108);
+}
+
+TEST(ComputeCost, TensorParallelOverlapAndParallelBlockHideCommunication) {
+  const Cluster c = a100();
+  ModelConfig m = small_model();
+  m.d_model = 1024;
+  m.n_head = 16;
+  const Shape s{8, 1, 32};
+  Techniques t;
+  const LayerCost plain = layer_cost(m, c, s, t);
+  t.tp_overlap = true;
+  const LayerCost over = layer_cost(m, c, s, t);
+  EXPECT_LE(over.fwd.tp_exposed, plain.fwd.tp_exposed);
+  EXPECT_LE(over.bwd.tp_exposed, plain.bwd.tp_exposed);
+  EXPECT_DOUBLE_EQ(over.fwd.tp_comm, plain.fwd.tp_comm);  // the same traffic, less of it exposed
+  m.block = BlockKind::Parallel;
+  EXPECT_DOUBLE_EQ(layer_cost(m, c, s, t).fwd.tp_comm, plain.fwd.tp_comm / 2);  // one all-gather/reduce-scatter pair
+}
+
+// ---- memory -----------------------------------------------------------------------------------------------
+
+TEST(Memory, ZeroShardsAndPerStageParametersAddUp) {
+  ModelConfig m = small_model();
+  const Shape s{2, 2, 32};
+  Techniques t;
+  const MemoryBreakdown a = memory_per_gpu(m, s, t, 1, 2, 1, 2), b = memory_per_gpu(m, s, t, 4, 2, 1, 2);
+  EXPECT_DOUBLE_EQ(a.optimizer, 12 * params_per_gpu(m, 2, 2, 0));  // fp32 master + 2 moments, one dp rank
+  EXPECT_DOUBLE_EQ(b.optimizer, a.optimizer / 4);                   // sharded over dp 4
+  EXPECT_DOUBLE_EQ(b.params, a.params);                             // weights are not sharded by ZeRO-2
+  // Every stage's share x tp adds up to the model, plus the LM head's second copy of the tied embedding.
+  double sum = 0;
+  for (int r = 0; r < 4; ++r) sum += params_per_gpu(m, 1, 4, r);
+  EXPECT_NEAR(sum, double(m.num_params()) + double(m.vocab_size) * m.d_model, 1.0);
+  // One stage holds the tied matrix once: exactly the model.
+  EXPECT_NEAR(params_per_gpu(m, 1, 1, 0), double(m.num_params()), 1.0);
+  // Activations: full recomputation keeps 2/34 of selective's.
+  Techniques full = t;
+  full.recompute = Recompute::Full;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, s, full) * 17, layer_activation_bytes(m, s, t));
+}
+
+// ---- the step model -----------------------------------------------------------------------------------------
+
+TEST(StepModel, NoOverlapSwitchAndNoExtraBandwidthEverMakesAStepSlower) {
+  const Cluster c = a100();
+  for (Job j : {small_job(c), [&] { Job x = small_job(c); x.layout = Layout{4, 4, 1, 2, 8, 1, 32}; return x; }()}) {
+    double prev = predict(j, c).step_seconds;
+    for (int k = 0; k < 4; ++k) {
+      (k == 0 ? j.tech.tp_overlap : k == 1 ? j.tech.pp_overlap : k == 2 ? j.tech.dp_overlap : j.tech.misc) = true;
+      const double now = predict(j, c).step_seconds;
+      EXPECT_LE(now, prev * (1 + 1e-12)) << "switch " << k;
+      prev = now;
+    }
+    Cluster fast = c;
+    fast.nic_gbps.value *= 2;
+    fast.nvlink_gbps.value *= 2;
+    EXPECT_LE(predict(j, fast).step_seconds, predict(j, c).step_seconds);
+  }
+}
+
+TEST(StepModel, BreakdownAddsUpToTheStepAndMfuFollowsFromIt) {
+  const Cluster c = a100();
+  const Job j = small_job(c);
+  const Prediction p = predict(j, c);
+  const Breakdown& b = p.breakdown;
+  EXPECT_NEAR(b.compute + b.tp + b.pp + b.dp + b.bubble + b.optimizer + b.straggler, p.step_seconds,
+              1e-9 * p.step_seconds);
+  const double tokens = double(j.layout.global_batch()) * j.layout.seq;
+  EXPECT_DOUBLE_EQ(p.mfu, j.model.flops_per_token(32) * tokens / (p.step_seconds * 8 * c.peak_flops()));
+  EXPECT_DOUBLE_EQ(p.tokens_per_second, tokens / p.step_seconds);
+  EXPECT_DOUBLE_EQ(predict_step_seconds(j, c), p.step_seconds);
+}
+
+TEST(StepModel, ImpossibleLayoutsAreRefusedNamingTheProblem) {
+  const Cluster c = a100();
+  Job j = small_job(c);
+  EXPECT_NE(error_of([&] { validate_job(j, c, 16); }).find("dp * parallel.pp * parallel.tp = 2 * 2 * 2 = 8 but --gpus is 16"),
+            std::string::npos);
+  j.layout.pp = 3;
+  EXPECT_NE(error_of([&] { predict(j, c); }).find("model.n_layer = 8 is not divisible by parallel.pp * "
+                                                   "parallel.virtual_stages = 3 * 2"), std::string::npos);
+  j = small_job(c);
+  j.layout.microbatches = 3;
+  EXPECT_NE(error_of([&] { predict(j, c); }).find("parallel.microbatches (3) must be a multiple of parallel.pp (2)"),
+            std::string::npos);
+  j = small_job(c);
+  j.layout.tp = 3;
+  EXPECT_NE(error_of([&] { predict(j, c); }).find("tp"), std::string::npos);
+  j = small_job(c);
+  j.layout.seq = 64;
+  EXPECT_NE(error_of([&] { predict(j, c); }).find("data.seq_len = 64"), std::string::npos);
+}
+
+// ---- presets ----------------------------------------------------------------------------------------------
+
+TEST(Presets, Table2GivesSixteenRowsWithTheJsonFields) {
+  const RunConfig cfg = load_run_config(std::string(MT_SOURCE_DIR) + "/configs/megascale-175b.toml");
+  const Cluster c = a100();
+  const auto rows = megascale_table2(cfg.model);
+  ASSERT_EQ(rows.size(), 16u);
+  std::vector<Prediction> preds;
+  for (const auto& r : rows) preds.push_back(predict(r.job, c));
+  const auto js = table2_json(rows, preds);
+  ASSERT_EQ(js.size(), 16u);
+  std::set<std::string> systems;
+  for (const auto& r : js) {
+    for (const char* k : {"gpus", "batch", "system", "mfu_predicted", "mfu_paper", "step_seconds_predicted",
+                          "step_seconds_paper"})
+      EXPECT_TRUE(r.contains(k)) << k;
+    EXPECT_GT(r["mfu_predicted"].get<double>(), 0);
+    EXPECT_LT(r["mfu_predicted"].get<double>(), 1);
+    EXPECT_EQ(r["gpus"].get<int>() * 0 + r["gpus"].get<int>() % 64, 0);
+    systems.insert(r["system"].get<std::string>());
+  }
+  EXPECT_EQ(systems, (std::set<std::string>{"megatron", "megascale"}));
+  EXPECT_EQ(js[15]["gpus"], 12288);
+  EXPECT_EQ(js[15]["batch"], 6144);
+}
+
+TEST(Presets, EveryTable3StepShortensTheTimePerToken) {
+  // The qualitative claim of the ablation: each technique makes training faster. (The MFU of the SWA step can
+  // fall in the model: the window also removes model FLOPs from the MFU numerator. README, Performance model.)
+  const RunConfig cfg = load_run_config(std::string(MT_SOURCE_DIR) + "/configs/megascale-175b.toml");
+  const Cluster c = a100();
+  const auto rows = megascale_table3(cfg.model);
+  ASSERT_EQ(rows.size(), 9u);
+  double prev = 1e300;
+  for (const auto& r : rows) {
+    const Prediction p = predict(r.job, c);
+    const double per_token = p.step_seconds / (double(r.batch) * 2048);
+    EXPECT_LT(per_token, prev) << r.label;
+    prev = per_token;
+  }
+}
+
+// ---- search and scale costs ---------------------------------------------------------------------------------
+
+TEST(Search, RanksLayoutsWithinMemoryAndBeatsAHandPickedOne) {
+  const Cluster c = a100();
+  SearchOptions o;
+  o.gpus = 16;
+  o.global_batch = 32;
+  o.seq = 32;
+  const SearchResult r = search_layouts(small_model(), c, o);
+  ASSERT_FALSE(r.ranked.empty());
+  for (size_t i = 1; i < r.ranked.size(); ++i) EXPECT_LE(r.ranked[i - 1].step_seconds, r.ranked[i].step_seconds);
+  for (const auto& cand : r.ranked) EXPECT_LE(cand.memory_bytes, c.memory_gib.value * double(1 << 30));
+  Job hand;
+  hand.model = small_model();
+  hand.layout = Layout{2, 4, 2, 1, 16, 1, 32};
+  EXPECT_LE(r.ranked.front().step_seconds, predict(hand, c).step_seconds);
+  o.memory_limit = 1024;  // 1 KiB: nothing fits
+  EXPECT_NE(error_of([&] { search_layouts(small_model(), c, o); }).find("raise --mem-limit"), std::string::npos);
+  try {
+    search_layouts(small_model(), c, o);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, ErrorKind::Config);  // exit code 10: the request cannot be met, not an internal failure
+  }
+}
+
+TEST(ScaleCosts, QuadraticInitGrowsFasterAndAvailabilityFallsWithScale) {
+  const Cluster c = a100();
+  Layout small{4, 8, 8, 6, 192, 1, 2048}, big{192, 8, 8, 6, 32, 1, 2048};
+  const GroupInitCost gs = group_init_cost(c, small), gb = group_init_cost(c, big);
+  const double n_ratio = double(big.gpus()) / small.gpus();
+  EXPECT_DOUBLE_EQ(gb.requests_linear / gs.requests_linear, n_ratio);
+  EXPECT_GT(gb.requests_quadratic / gs.requests_quadratic, n_ratio * 10);
+  const RunConfig cfg = load_run_config(std::string(MT_SOURCE_DIR) + "/configs/megascale-175b.toml");
+  const CheckpointCost ks = checkpoint_cost(c, cfg.model, small), kb = checkpoint_cost(c, cfg.model, big);
+  EXPECT_LT(kb.bytes_per_gpu, ks.bytes_per_gpu);  // the fp32 shard shrinks with dp
+  EXPECT_LE(ks.recovery_seconds, ks.recovery_naive_seconds);
+  const Availability as = availability(c, ks, gs, small.gpus()), ab = availability(c, kb, gb, big.gpus());
+  EXPECT_GT(as.effective_fraction, ab.effective_fraction);
+  EXPECT_GT(ab.effective_fraction, 0);
+  EXPECT_LT(as.effective_fraction, 1);
+}
+
+// ---- cluster files ------------------------------------------------------------------------------------------
+
+TEST(ClusterFile, ShippedFilesParseAndRoundTrip) {
+  for (const char* f : {"megascale-a100", "h100-sxm", "h200"}) {
+    const Cluster c = load_cluster(std::string(MT_SOURCE_DIR) + "/configs/clusters/" + f + ".toml");
+    for (auto& [k, s] : c.constants()) EXPECT_FALSE(s.source.empty()) << f << " " << k;
+    const Cluster back = parse_cluster(to_toml(c), "roundtrip");
+    EXPECT_EQ(back.constants().size(), c.constants().size());
+    EXPECT_NEAR(back.peak_tflops.value, c.peak_tflops.value, 1e-9);
+    EXPECT_EQ(back.gemm.points.size(), c.gemm.points.size());
+  }
+}
+
+TEST(ClusterFile, BadFilesAreRefusedNamingTheKey) {
+  const std::string good = read_text_file(kA100);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string t = good;
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return t.replace(at, from.size(), to);
+  };
+  EXPECT_NE(error_of([&] { parse_cluster(with("[gpu]\n", "[gpu]\npeak_tflop = { value = 1, source = \"x\" }\n"), "f.toml"); })
+                .find("f.toml: unknown key 'gpu.peak_tflop'"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_cluster(with("[gpu]\n", "[gpus]\n"), "f.toml"); }).find("unknown key 'gpus'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { parse_cluster(with("hbm_gbps = { value = 2039, source", "hbm_gbps = { value = 2039, sourc"), "f.toml"); })
+                .find("f.toml: gpu.hbm_gbps: unknown field 'sourc'"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_cluster(with("memory_bound = { value = 0.88", "memory_bound = { value = 1.88"), "f.toml"); })
+                .find("efficiency.memory_bound = 1.88 is out of range"), std::string::npos);
+  const size_t at = good.find("nic_latency_us");
+  std::string missing = good;
+  missing.erase(at, missing.find('\n', at) - at + 1);
+  EXPECT_NE(error_of([&] { parse_cluster(missing, "f.toml"); }).find("f.toml: network.nic_latency_us is missing"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { load_cluster("/nonexistent/cluster.toml"); }).find("cluster file /nonexistent/cluster.toml does not exist"),
+            std::string::npos);
+  try {
+    load_cluster("/nonexistent/cluster.toml");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, ErrorKind::Config);
+  }
+}
