@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "bench_util.h"
 #include "megatrain/core/buffer.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/rng.h"
@@ -19,34 +20,13 @@
 #include "megatrain/model/config.h"
 
 using namespace mt;
+using mt::bench::Buf;
+using mt::bench::time_median;
 using nlohmann::json;
 
 namespace {
 
-struct Buf {
-  HostBuffer mem;
-  int64_t n;
-  explicit Buf(int64_t count, float fill_scale = 0.02f, uint64_t seed = 1) : mem(count * 4, false), n(count) {
-    Rng rng(seed);
-    float* p = mem.f32();
-    for (int64_t i = 0; i < count; ++i) p[i] = fill_scale * (rng.uniform() * 2 - 1);
-  }
-  Tensor t(std::initializer_list<int64_t> shape) const { return f32_view(mem.f32(), shape); }
-  float* p() const { return mem.f32(); }
-};
 
-// Median seconds of fn over reps runs, after one warm-up.
-double time_median(const std::function<void()>& fn, int reps) {
-  fn();
-  std::vector<double> ts;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = now_seconds();
-    fn();
-    ts.push_back(now_seconds() - t0);
-  }
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
 
 double sgemm_gflops(int M, int N, int K, int reps) {
   Buf a(int64_t{M} * K), b(int64_t{N} * K), c(int64_t{M} * N);

@@ -24,6 +24,7 @@
 #include "megatrain/comm/env.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/comm/store.h"
+#include "bench_util.h"
 #include "megatrain/core/buffer.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
@@ -32,33 +33,13 @@
 #include "megatrain/perf/cluster.h"
 
 using namespace mt;
+using mt::bench::Buf;
+using mt::bench::time_median;
 using nlohmann::json;
 
 namespace {
 
-struct Buf {
-  HostBuffer mem;
-  int64_t n;
-  explicit Buf(int64_t count, float scale = 0.02f) : mem(count * 4, false), n(count) {
-    Rng rng(1);
-    float* p = mem.f32();
-    for (int64_t i = 0; i < count; ++i) p[i] = scale * (rng.uniform() * 2 - 1);
-  }
-  float* p() const { return mem.f32(); }
-  Tensor t(std::initializer_list<int64_t> shape) const { return f32_view(mem.f32(), shape); }
-};
 
-double time_median(const std::function<void()>& fn, int reps) {
-  fn();
-  std::vector<double> ts;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = now_seconds();
-    fn();
-    ts.push_back(now_seconds() - t0);
-  }
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
 
 // Mean seconds per call over at least `window` seconds of calls, after one warm-up. A mean over a window, not the
 // median of single calls: on a machine whose cores are shared, a short call often runs inside one time slice at full
