@@ -64,9 +64,9 @@ int cmd_launch(int argc, char** argv) {
                  "a live rank that sends no heartbeat for this long is stopped or wedged: a hang (10)")
       ->check(CLI::Range(0.5, 1e6))->group(sup);
   app.add_option("--straggler-factor", o.straggler_factor,
-                 "warn when a rank's compute time exceeds this x its peers' median ... (1.2)")
+                 "warn when a rank's compute time exceeds this x its peers' median ... (1.1: a 20% straggler is flagged)")
       ->check(CLI::Range(1.0, 100.0))->group(sup);
-  app.add_option("--straggler-steps", o.straggler_steps, "... for this many steps in a row (5)")
+  app.add_option("--straggler-steps", o.straggler_steps, "... for this many steps in a row (3)")
       ->check(CLI::Range(1, 1000000))->group(sup);
   app.add_option("args", o.args, "after --: the megatrain subcommand and its options (or, with --exec, a program)");
   try {

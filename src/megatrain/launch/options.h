@@ -28,8 +28,8 @@ struct LaunchOptions {
   double hang_factor = 5;
   double startup_timeout_s = 600; // no first step within this long (init, rendezvous, loading) is a hang too
   double heartbeat_timeout_s = 10;// a live rank silent this long is stopped or wedged
-  double straggler_factor = 1.2;  // compute time over this x the peers' median, straggler_steps in a row: a warning
-  int straggler_steps = 5;
+  double straggler_factor = 1.1;  // compute time over this x the peers' median, straggler_steps in a row: a warning
+  int straggler_steps = 3;
 };
 
 }  // namespace mt::launch
