@@ -44,7 +44,10 @@ std::string slurp(const fs::path& p) {
 std::vector<nlohmann::json> events_of(const fs::path& p) {
   std::vector<nlohmann::json> out;
   std::ifstream f(p);
-  for (std::string l; std::getline(f, l);) out.push_back(nlohmann::json::parse(l));
+  for (std::string l; std::getline(f, l);) {
+    auto j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded()) out.push_back(j);  // a line being written while the job runs is read next time
+  }
   return out;
 }
 
@@ -103,7 +106,7 @@ class LaunchFaults : public ::testing::Test {
   }
 
   pid_t start(const std::vector<std::string>& args, const std::string& name) {
-    std::vector<std::string> all = {kMegatrain};
+    std::vector<std::string> all = {binary_};
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
@@ -213,6 +216,7 @@ class LaunchFaults : public ::testing::Test {
   }
 
   fs::path dir_;
+  std::string binary_ = kMegatrain;  // what the job is started with
 };
 
 TEST_F(LaunchFaults, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturbedRun) {
@@ -306,6 +310,26 @@ TEST_F(LaunchFaults, ASlowRankIsFlaggedAsAStraggler) {
   ASSERT_FALSE(w.is_null()) << slurp(events());
   EXPECT_EQ(w["rank"], 1);
   EXPECT_EQ(count("started"), 1);  // a warning, not a restart
+}
+
+// The binary is replaced while the job runs (a rebuild, an upgrade): the restarted attempt still runs the binary the
+// job started with (the agent executes /proc/self/exe), instead of failing to execute a path that is gone.
+TEST_F(LaunchFaults, ARestartRunsTheJobsOwnBinaryAfterTheFileIsReplaced) {
+  const auto want = undisturbed();
+  binary_ = (dir_ / "megatrain").string();
+  fs::copy_file(kMegatrain, binary_);
+  ::setenv("MEGATRAIN_FAULTS", "crash:rank=1:step=4", 1);
+  pid_t launcher = start(job(out(), {"--max-restarts", "2", "--backoff", "3", "--events", events()}), "run");
+  ::unsetenv("MEGATRAIN_FAULTS");
+  for (const double t0 = now_seconds(); count("restarting") == 0;) {  // in the 3 s backoff: delete the file
+    ASSERT_EQ(::waitpid(launcher, nullptr, WNOHANG), 0) << log();
+    ASSERT_LT(now_seconds() - t0, 300) << log();
+    std::this_thread::sleep_for(20ms);
+  }
+  fs::remove(binary_);
+  ASSERT_EQ(finish(launcher), 0) << log();
+  EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
+  EXPECT_EQ(first("done")["attempt"], 1);
 }
 
 }  // namespace

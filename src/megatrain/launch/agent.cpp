@@ -76,6 +76,10 @@ class Agent {
       ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
       MT_CHECK(n > 0, "cannot resolve /proc/self/exe: {}", std::strerror(errno));
       spec_.argv.insert(spec_.argv.begin(), std::string(buf, size_t(n)));
+      // Executed through /proc/self/exe (the forked child's own image, which is the agent's): every attempt runs
+      // the very binary the job started with, even after the file was rebuilt or replaced under a running job
+      // (then its path reads "... (deleted)" and could not be executed at all).
+      spec_.exec_path = "/proc/self/exe";
     }
 
     int restarts = 0, no_progress_run = 0, last_nonfinite = -1;
@@ -141,6 +145,7 @@ class Agent {
                     first + opt_.nproc - 1, world, store_.url));
     ranks_.resize(size_t(opt_.nproc));
     status_.resize(size_t(opt_.nproc));
+    progress_mark_.assign(size_t(opt_.nproc), "");
     straggle_count_.assign(size_t(opt_.nproc), 0);
     for (int i = 0; i < opt_.nproc && !stopping_; ++i) {
       std::vector<std::string> env = base_env_;
@@ -190,9 +195,17 @@ class Agent {
     RankStatus& s = status_[i];
     const int before = s.step;
     const bool first = !s.heard;  // a rank's first heartbeat (from init) gives the step it starts from: not progress
-    if (!s.apply(j, now) || first || s.step == before) return;
+    if (!s.apply(j, now)) return;
+    // Progress is a step completed or any collective moving on (a long evaluation or checkpoint is not a hang
+    // while its collectives advance); a hung job has neither.
+    std::string mark = fmt::format("{}|{}", s.step, s.phase);
+    for (const auto& c : s.colls) mark += fmt::format("|{}#{}{}", c.group, c.seq, c.state);
+    if (mark != progress_mark_[i]) {
+      if (!first) last_progress_ = now;
+      progress_mark_[i] = mark;
+    }
+    if (first || s.step == before) return;
     // A step completed.
-    last_progress_ = now;
     attempt_best_ = std::max(attempt_best_, s.step);
     if (s.step_time) {
       recent_step_times_.push_back(*s.step_time);
@@ -262,7 +275,7 @@ class Agent {
                               {"line", line}});
   }
 
-  // Hangs: no step completed for too long, or a live rank gone silent.
+  // Hangs: no progress for too long, or a live rank gone silent.
   void check_hang(double now) {
     if (stopping_) return;
     bool any = false, silent = false;
@@ -272,12 +285,18 @@ class Agent {
       if (ranks_[i].running && now - status_[i].last_heard > opt_.heartbeat_timeout_s) silent = true;
     }
     if (!any) return;  // not a megatrain rank (or not yet talking): only exits are supervised
-    const double limit = resumed_ ? std::max(opt_.hang_floor_s, opt_.hang_factor * median(recent_step_times_))
-                                  : std::max(opt_.hang_floor_s, opt_.startup_timeout_s);
+    // Before the first step, and while a rank initialises, evaluates or checkpoints (work with few or no
+    // collectives, whose length no step time predicts), the start-up limit applies.
+    const bool slow_phase = std::any_of(status_.begin(), status_.end(), [](const RankStatus& r) {
+      return r.phase == "init" || r.phase == "eval" || r.phase == "checkpoint";
+    });
+    const double limit = resumed_ && !slow_phase
+                             ? std::max(opt_.hang_floor_s, opt_.hang_factor * median(recent_step_times_))
+                             : std::max(opt_.hang_floor_s, opt_.startup_timeout_s);
     if (!silent && now - last_progress_ <= limit) return;
     Blame b = blame_hang(status_, now, opt_.heartbeat_timeout_s);
     const std::string why = silent ? "a rank stopped sending heartbeats"
-                                   : fmt::format("no step completed for {:.0f} s (limit {:.0f} s)",
+                                   : fmt::format("no progress (step or collective) for {:.0f} s (limit {:.0f} s)",
                                                  now - last_progress_, limit);
     say(fmt::format("hang detected: {}: {}", why, b.line));
     detected_at_ = now;
@@ -480,6 +499,7 @@ class Agent {
   // The current attempt.
   std::vector<RankProcess> ranks_;
   std::vector<RankStatus> status_;
+  std::vector<std::string> progress_mark_;  // per rank: step, phase and collective states at its last change
   std::vector<int> straggle_count_;  // consecutive slow steps per rank; -1 once warned
   std::vector<double> recent_step_times_;
   double attempt_started_ = 0, last_progress_ = 0, detected_at_ = -1;

@@ -3,9 +3,10 @@
 //
 // Supervision, per attempt (one start of every rank):
 //  - Crash: a rank that exits non-zero or dies by a signal is seen at once (SIGCHLD through a signalfd).
-//  - Hang: each rank writes heartbeats to a pipe (MEGATRAIN_HEARTBEAT_FD; train/heartbeat.h). No step completed
-//    for max(hang_factor x the median step time, hang_floor_s) (before the first step: startup_timeout_s), or a
-//    live rank silent for heartbeat_timeout_s, is a hang; the line blaming a rank comes from hang_blame.h.
+//  - Hang: each rank writes heartbeats to a pipe (MEGATRAIN_HEARTBEAT_FD; train/heartbeat.h). No progress (no step
+//    completed and no collective moving on) for max(hang_factor x the median step time, hang_floor_s) (before the
+//    first step, or while a rank initialises, evaluates or checkpoints: startup_timeout_s), or a live rank silent
+//    for heartbeat_timeout_s, is a hang; the line blaming a rank comes from hang_blame.h.
 //  - Faults a rank reports itself (a non-finite loss, an injected fault) and alert lines on its stderr ("CUDA
 //    error", "out of memory", ...) go to the event log; a straggler (compute time over straggler_factor x its
 //    peers' median for straggler_steps steps) is a warning.

@@ -113,7 +113,9 @@ std::string RankProcess::spawn(const SpawnSpec& spec, std::vector<std::string> e
     ::sigaction(SIGPIPE, &dfl, nullptr);  // an ignored signal would stay ignored across exec
     ::sigaction(SIGTERM, &dfl, nullptr);  // the launcher's way to stop a rank
     ::sigprocmask(SIG_SETMASK, &spec.child_mask, nullptr);
-    if (spec.search_path)
+    if (!spec.exec_path.empty())
+      ::execve(spec.exec_path.c_str(), argv.data(), envp.data());
+    else if (spec.search_path)
       ::execvpe(argv[0], argv.data(), envp.data());
     else
       ::execve(argv[0], argv.data(), envp.data());

@@ -49,6 +49,7 @@ constexpr int kHeartbeatFd = 3;
 struct SpawnSpec {
   std::vector<std::string> argv;  // argv[0]: a path (search_path = false) or a program name looked up in PATH
   bool search_path = false;
+  std::string exec_path;          // when set, the file executed (argv[0] is then only the name the rank sees)
   bool heartbeat = false;         // give the rank a heartbeat pipe (MEGATRAIN_HEARTBEAT_FD)
   sigset_t child_mask{};          // the signal mask the child gets back before exec
 };
