@@ -12,7 +12,8 @@
 //    per-rank count vectors, and allreduce + copy would move twice the data.)
 //  * Gloo throws on its own network thread when peers disagree (a collective of another size on another rank):
 //    nothing can catch that, and the process would abort. A terminate handler turns exactly those into an error line
-//    naming the group and op in flight and exit code 1; see GlooFailureReport.
+//    naming the group and op in flight and exit code 1 (22, peer lost, when the connection was reset or closed: a
+//    peer died under the network thread); see GlooFailureReport.
 //  * The addresses Gloo publishes in the store are raw copies of a sockaddr_storage that Gloo never clears: past the
 //    address they hold whatever the stack held (pointers). They are zeroed there before they leave the process.
 #include <gloo/allgather.h>
@@ -120,13 +121,16 @@ class GlooFailureReport {
   [[noreturn]] static void on_terminate() {
     GlooFailureReport& r = get();
     std::string what;
+    ErrorKind kind = ErrorKind::Internal;
     if (std::exception_ptr e = std::current_exception()) {
       try {
         std::rethrow_exception(e);
       } catch (const gloo::Exception& x) {
         what = x.what();
+        kind = gloo_failure_kind(x);
       } catch (const gloo::EnforceNotMet& x) {
         what = x.what();
+        kind = gloo_failure_kind(x);
       } catch (...) {
       }
     }
@@ -140,12 +144,18 @@ class GlooFailureReport {
       r.mu_.unlock();
     }
     std::fflush(stdout);
-    std::fprintf(stderr,
-                 "error: Gloo failed on its network thread while running %s: %s (do all ranks issue the same "
-                 "collectives with the same sizes? their configs must agree)\n",
-                 ops.empty() ? "no collective of ours" : ops.c_str(), what.c_str());
+    // A peer that went away (its connection reset or closed under the network thread) is PeerLost, so a
+    // supervisor restarts the job; anything else there is a disagreement between ranks, a bug: Internal.
+    if (kind == ErrorKind::PeerLost)
+      std::fprintf(stderr, "error: Gloo lost a peer on its network thread while running %s: %s\n",
+                   ops.empty() ? "no collective of ours" : ops.c_str(), what.c_str());
+    else
+      std::fprintf(stderr,
+                   "error: Gloo failed on its network thread while running %s: %s (do all ranks issue the same "
+                   "collectives with the same sizes? their configs must agree)\n",
+                   ops.empty() ? "no collective of ours" : ops.c_str(), what.c_str());
     std::fflush(stderr);
-    std::_Exit(1);
+    std::_Exit(kind == ErrorKind::PeerLost ? exit_code(ErrorKind::PeerLost) : 1);
   }
 
   std::mutex mu_;

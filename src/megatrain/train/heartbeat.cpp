@@ -197,7 +197,9 @@ void Heartbeat::enqueue(std::string line, bool sync) {
   queue_.push_back(std::move(line));
   const uint64_t mine = ++enqueued_;
   cv_.notify_all();
-  if (sync) written_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return written_ >= mine || broken_; });
+  // Bounded, but generously: on a loaded machine the writer thread may not run for seconds, and a sync line
+  // (a fault about to kill this process) that is lost leaves the supervisor without its reason.
+  if (sync) written_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return written_ >= mine || broken_; });
 }
 
 bool Heartbeat::write_line(const std::string& line) {
