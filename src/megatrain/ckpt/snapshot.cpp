@@ -66,7 +66,7 @@ bool ShardSnapshot::stage(int64_t step, const std::string& file, const std::vect
 }
 
 void ShardSnapshot::write_into(const std::string& dir) const {
-  MT_CHECK(!pieces_.empty(), "shard snapshot: nothing staged to write into {}", dir);
+  MT_CHECK(step_ >= 0, "shard snapshot: nothing staged to write into {}", dir);
   write_shard_into(dir, step_, file_, pieces_);
 }
 

@@ -30,7 +30,9 @@ class ShardSnapshot {
   const std::string& file() const { return file_; }
   const nlohmann::json& extra() const { return extra_; }
   size_t bytes() const { return bytes_; }
-  bool empty() const { return pieces_.empty(); }
+  // Whether anything was staged (or received) yet. A rank may hold no pieces at all (a dp rank of a stage whose
+  // ZeRO slices all fell to others): its snapshot is staged and empty, and its shard file holds no tensor.
+  bool staged() const { return step_ >= 0; }
   // The pieces, pointing into the snapshot's own memory.
   const std::vector<ShardPiece>& pieces() const { return pieces_; }
 

@@ -625,6 +625,7 @@ struct TrainCheckpointer::Impl {
     }
     if (one_reader()) broadcast_replicas();
     if (ddp) ddp->commit_moment_slices();
+    if (mesh) mesh_barrier(*mesh);  // restored everywhere: rank 0's clock then times the whole group's restore
     const SavedPosition pos = saved_position(ck);
     data = pos.data;
     as->protect = ck.dir();

@@ -53,8 +53,8 @@ void persist_snapshot(CkptAsyncState& st, int slot, const std::string& why, doub
       }
     }
     if (st.main_rank) {
-      fmt::print("checkpoint ({}) step {} -> {} ({} shard file{}) committed {:.2f} s after its snapshot\n", why, step,
-                 dir, st.files.size(), st.files.size() == 1 ? "" : "s", now_seconds() - t_snapshot);
+      fmt::print("checkpoint ({}) step {} -> {}{} committed {:.2f} s after its snapshot\n", why, step, dir,
+                 st.single ? "" : fmt::format(" ({} shard files)", st.files.size()), now_seconds() - t_snapshot);
       std::fflush(stdout);
       ev("committed", dir);
     }
@@ -104,7 +104,7 @@ static std::string snapshots_root(const std::string& root) { return (fs::path(ro
 void persist_survivor_snapshots(CkptAsyncState& st) {
   int written = 0;
   auto put = [&](const ShardSnapshot& s, const std::atomic<bool>& ok, const char* whose) {
-    if (!ok || s.empty()) return;
+    if (!ok || !s.staged()) return;
     const std::string dir = (fs::path(snapshots_root(st.root)) / checkpoint_dir_name(s.step())).string();
     try {
       fs::create_directories(dir);

@@ -4,6 +4,7 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/model_weights.h"
+#include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
@@ -13,6 +14,7 @@ StartPoint resume_or_init(const RunConfig& cfg, GPT& model, TrainCheckpointer& c
   StartPoint at;
   LoaderState pos;
   int restored = -1;
+  const double t0 = now_seconds();
   if (cfg.ckpt.resume == "auto") {
     restored = with_kind(ErrorKind::Checkpoint, [&] { return ckpt.restore_auto(pos, at.resumed_from); });
   } else if (cfg.ckpt.resume != "none") {
@@ -23,7 +25,9 @@ StartPoint resume_or_init(const RunConfig& cfg, GPT& model, TrainCheckpointer& c
     at.step = restored;
     if (mirror) mirror->push();
     loader.restore(pos);
-    if (main_rank) fmt::print("resumed from {} at step {}\n", at.resumed_from, at.step);
+    if (main_rank)
+      fmt::print("resumed from {} at step {} (restored in {:.3f} s, {})\n", at.resumed_from, at.step,
+                 now_seconds() - t0, cfg.ckpt.one_reader && cfg.parallel.dp > 1 ? "one reader per dp group" : "every rank reads");
   } else if (!cfg.init_from.empty()) {
     GPT& target = mirror ? mirror->model() : model;
     target.init_weights(cfg.train.seed);
