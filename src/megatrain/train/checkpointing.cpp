@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -595,20 +596,27 @@ struct TrainCheckpointer::Impl {
     }
   }
 
-  // Phase C: dp rank 0's replicated state to the rest of its dp group, in chunks of the flat parameter buffer.
+  // Phase C: dp rank 0's replicated state to the rest of its dp group. The host plane never touches the backend's
+  // memory (a GPU run would hand Gloo a device pointer; see tests/train_planes_test.cpp), so the tensors go
+  // through a host buffer, 64 MiB at a time: two memcpys per chunk, small beside the transfer.
   void broadcast_replicas() {
     const ParamStore& ps = model.params();
     ProcessGroup& g = mesh->dp();
-    constexpr size_t kChunk = size_t{16} << 20;  // floats: 64 MiB per broadcast
-    std::vector<WorkPtr> work;
-    for (size_t off = 0; off < ps.total_floats(); off += kChunk) {
-      const int64_t n = static_cast<int64_t>(std::min(kChunk, ps.total_floats() - off));
-      work.push_back(g.broadcast(f32_view(ps.params_data() + off, {n}), 0));
-    }
+    constexpr size_t kChunk = size_t{16} << 20;  // floats
+    HostBuffer bounce(std::min(kChunk, std::max<size_t>(ps.total_floats(), 1)) * sizeof(float), false);
+    const bool root = g.rank() == 0;
+    auto bcast = [&](float* p, size_t n) {
+      for (size_t off = 0; off < n; off += kChunk) {
+        const size_t k = std::min(kChunk, n - off);
+        if (root) std::memcpy(bounce.f32(), p + off, k * sizeof(float));
+        g.broadcast(f32_view(bounce.f32(), {static_cast<int64_t>(k)}), 0)->wait();
+        if (!root) std::memcpy(p + off, bounce.f32(), k * sizeof(float));
+      }
+    };
+    bcast(ps.params_data(), ps.total_floats());
     if (opt)
       for (int i = 0; i < static_cast<int>(ps.size()); ++i)
-        for (Tensor t : {opt->m(i), opt->v(i)}) work.push_back(g.broadcast(t, 0));
-    for (auto& w : work) w->wait();
+        for (Tensor t : {opt->m(i), opt->v(i)}) bcast(t.f32(), static_cast<size_t>(t.numel()));
   }
 
   // Loads checkpoint ck (checked to fit this run: a misfit throws on every rank alike). A read that fails on any
