@@ -185,6 +185,8 @@ TEST(FastCheckpoint, KillDuringStage2LeavesThePreviousCheckpointCurrent) {
   fs::remove(out + "/metrics.jsonl");
   run(launcher(2) + args(resumed, 8, flags + " --ckpt.resume=auto"));
   EXPECT_EQ(step_losses_of(resumed), tail_after(step_losses_of(ref), 2));
+  // The staging directory the kill left behind was cleared by the next commit.
+  for (auto& e : fs::directory_iterator(root)) EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
 }
 
 // ---- full disk in stage 2

@@ -48,6 +48,11 @@ void ShardSnapshot::layout(const std::vector<ShardPiece>& pieces) {
   for (size_t i = 0; i < pieces_.size(); ++i) pieces_[i].data = static_cast<char*>(buf_.data()) + offsets_[i];
 }
 
+void ShardSnapshot::reserve(const std::vector<ShardPiece>& pieces) {
+  layout(pieces);
+  std::memset(buf_.data(), 0, buf_.size());
+}
+
 bool ShardSnapshot::stage(int64_t step, const std::string& file, const std::vector<ShardPiece>& pieces, json extra) {
   layout(pieces);
   bool finite = true;

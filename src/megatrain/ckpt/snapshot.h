@@ -26,6 +26,10 @@ class ShardSnapshot {
   // are read anyway, so the check costs no extra pass over memory).
   bool stage(int64_t step, const std::string& file, const std::vector<ShardPiece>& pieces, nlohmann::json extra);
 
+  // Allocates and touches (page-faults in) the memory for these pieces without staging anything: the first
+  // stage() then costs only the copy. Meant for a background thread at start-up.
+  void reserve(const std::vector<ShardPiece>& pieces);
+
   int64_t step() const { return step_; }
   const std::string& file() const { return file_; }
   const nlohmann::json& extra() const { return extra_; }

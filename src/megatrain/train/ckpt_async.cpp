@@ -20,6 +20,16 @@ void CkptAsyncState::event(CheckpointEvent e) {
   events.push_back(std::move(e));
 }
 
+// The staging directories of saves that never committed (a kill inside stage 2): only one save is in flight at a
+// time, so once one has committed every other step_*.tmp-sharded is dead and only holds disk space.
+static void remove_stale_staging(const std::string& root) {
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) == 0 && n.size() > 12 && n.ends_with(".tmp-sharded")) fs::remove_all(e.path(), ec);
+  }
+}
+
 void persist_snapshot(CkptAsyncState& st, int slot, const std::string& why, double t_snapshot) {
   const ShardSnapshot& s = st.own[slot];
   const int step = static_cast<int>(s.step());
@@ -50,6 +60,7 @@ void persist_snapshot(CkptAsyncState& st, int slot, const std::string& why, doub
         so.keep_last = st.keep_last;
         so.protect = st.protect;
         dir = commit_sharded_checkpoint(st.root, step, st.files, s.extra(), so);
+        remove_stale_staging(st.root);
       }
     }
     if (st.main_rank) {
@@ -172,7 +183,12 @@ std::string promote_peer_snapshots(const std::string& root, int keep_last) {
     break;
   }
   // Sets at or below what is now the latest checkpoint can never be used again.
-  if (!promoted.empty()) fs::remove_all(sroot, ec);
+  if (!promoted.empty()) {
+    fs::remove_all(sroot, ec);
+  } else {
+    for (auto& [step, dir] : sets)
+      if (step <= disk_step) fs::remove_all(dir, ec);
+  }
   return promoted;
 }
 
