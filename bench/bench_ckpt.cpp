@@ -7,7 +7,8 @@
 //  * load: restoring a 124M checkpoint with one reader per dp group plus a broadcast against every rank reading,
 //    at dp 2, 4 and 8 (page cache dropped before each restore when the bench may, else warm).
 // Prints one JSON object. Usage: bench_ckpt [--bin PATH] [--data DIR] [--work DIR] [--steps N] [--every N]
-//                                          [--ranks 2,4,8] [--skip-load] [--skip-stall]
+//                                          [--ranks 2,4,8] [--skip-load] [--skip-stall] [--reuse]
+// (--reuse reads the runs already under --work instead of running them again; the load runs always run.)
 #include <fmt/format.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -31,6 +32,15 @@ namespace {
 
 std::string bin = "build/megatrain", data = "data/brown", work = "/tmp/mt_bench_ckpt";
 int steps = 16, every = 5;
+bool reuse = false;  // --reuse: a run whose metrics are already under --work is read, not run again
+
+bool reusable(const std::string& out, int nsteps) {
+  if (!reuse || !fs::exists(out + "/metrics.jsonl")) return false;
+  std::ifstream f(out + "/metrics.jsonl");
+  int n = 0;
+  for (std::string line; std::getline(f, line);) n += line.find("\"kind\":\"train\"") != std::string::npos;
+  return n == nsteps;
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -106,6 +116,10 @@ json stall_case(int nproc) {
   std::map<std::string, RunMetrics> m;
   for (const char* mode : {"none", "async", "sync"}) {
     const std::string out = fmt::format("{}/stall_{}_{}", work, tag, mode);
+    if (reusable(out, steps)) {
+      m[mode] = metrics_of(out);
+      continue;
+    }
     fs::remove_all(out);
     std::string flags = common(out, nproc, steps) + " --ckpt.snapshot_every=0 --ckpt.save_final=false";
     flags += std::string(mode) == "none" ? " --ckpt.every=0"
@@ -146,6 +160,10 @@ json peer_case() {
   std::map<std::string, RunMetrics> m;
   for (int snap : {0, 1}) {
     const std::string out = fmt::format("{}/peer_{}", work, snap);
+    if (reusable(out, steps / 2)) {
+      m[std::to_string(snap)] = metrics_of(out);
+      continue;
+    }
     fs::remove_all(out);
     sh(train_cmd(2) + common(out, 2, steps / 2) +
            fmt::format(" --ckpt.every=0 --ckpt.save_final=false --ckpt.snapshot_every={}", snap),
@@ -162,11 +180,12 @@ json peer_case() {
 }
 
 json load_case(const std::vector<int>& ranks) {
-  // One checkpoint of the 124M model (a single process; every layout restores from it).
+  // One checkpoint of the 124M model, from a single process with a global batch of 8 sequences: dp N restores it
+  // with 8 / N per rank (a resume must keep the global batch).
   const std::string src = work + "/load_src";
   fs::remove_all(src);
-  sh(train_cmd(1) + common(src, 1, 1) + " --ckpt.every=0 --ckpt.save_final=true --ckpt.snapshot_every=0",
-     src + ".log");
+  sh(train_cmd(1) + common(src, 1, 1) + " --data.batch_size=8 --ckpt.every=0 --ckpt.save_final=true"
+     " --ckpt.snapshot_every=0", src + ".log");
   const std::string ckpt = src + "/ckpt/step_00000001";
   json r = json::array();
   const bool cold = drop_caches();
@@ -179,8 +198,8 @@ json load_case(const std::vector<int>& ranks) {
         fs::remove_all(out);
         if (cold) drop_caches();
         sh(train_cmd(n) + common(out, n, 1) +
-               fmt::format(" --ckpt.every=0 --ckpt.save_final=false --ckpt.snapshot_every=0 --ckpt.one_reader={}"
-                           " --ckpt.resume={} --train.steps=2", one, ckpt),
+               fmt::format(" --data.batch_size={} --ckpt.every=0 --ckpt.save_final=false --ckpt.snapshot_every=0"
+                           " --ckpt.one_reader={} --ckpt.resume={} --train.steps=2", 8 / n, one, ckpt),
            out + ".log");
         std::smatch mt;
         const std::string text = read_file(out + ".log");
@@ -214,13 +233,14 @@ int main(int argc, char** argv) {
     else if (a == "--every") every = std::stoi(next());
     else if (a == "--skip-load") skip_load = true;
     else if (a == "--skip-stall") skip_stall = true;
+    else if (a == "--reuse") reuse = true;
     else if (a == "--ranks") {
       ranks.clear();
       std::stringstream ss(next());
       for (std::string x; std::getline(ss, x, ',');) ranks.push_back(std::stoi(x));
     } else {
       fmt::print(stderr, "usage: bench_ckpt [--bin PATH] [--data DIR] [--work DIR] [--steps N] [--every N] "
-                 "[--ranks 2,4,8] [--skip-load] [--skip-stall]\n");
+                 "[--ranks 2,4,8] [--skip-load] [--skip-stall] [--reuse]\n");
       return 2;
     }
   }

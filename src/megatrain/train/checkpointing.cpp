@@ -771,9 +771,13 @@ void TrainCheckpointer::set_peer_links(std::unique_ptr<PeerLinks> links) {
   Impl& s = *impl_;
   s.worker->wait_idle();  // the background thread reads `peers`
   s.as->peers = std::move(links);
-  if (s.as->peers) {  // the second own slot, faulted in off the training thread (see the constructor)
+  if (s.as->peers) {  // both own slots, faulted in off the training thread (see the constructor)
     std::vector<ShardPiece> layout = s.my_pieces(s.piece_staging);
-    s.worker->post([st = s.as, layout] { st->own[1].reserve(layout); });
+    const bool first_reserved = s.cfg.ckpt.every > 0;
+    s.worker->post([st = s.as, layout, first_reserved] {
+      if (!first_reserved) st->own[0].reserve(layout);
+      st->own[1].reserve(layout);
+    });
   }
 }
 
