@@ -98,8 +98,10 @@ TEST(TrainObservers, SeeEveryEventInOrderWithTheRunsValues) {
   const std::string out = ::testing::TempDir() + "/mt_observers";
   fs::remove_all(out);
   Recorder rec;
+  // Synchronous saves: an asynchronous one is committed (and reported) whenever its background write ends, which
+  // falls anywhere after its step (tests/ckpt_fast_test.cpp checks the order of its own events).
   TrainResult r = run_training(small(out, {"--train.steps=4", "--train.eval_every=2", "--train.eval_batches=2",
-                                           "--ckpt.every=3"}),
+                                           "--ckpt.every=3", "--ckpt.async=false"}),
                                {}, {&rec});
   const std::vector<std::string> want = {"start 0", "step 1", "step 2", "eval 2", "step 3",
                                          "checkpoint 3 periodic step_00000003", "step 4", "eval 4",

@@ -144,7 +144,9 @@ std::vector<std::string> flags(const std::string& out, int batch, const std::str
                                 "--train.eval_every=4", "--train.eval_batches=2", "--sample.tokens=4",
                                 "--train.log_every=100", "--train.threads=1", "--ckpt.every=2",
                                 "--ckpt.resume=none", "--parallel.bucket_mb=1",
-                                "--parallel.timeout_s=30"};
+                                "--parallel.timeout_s=30",
+                                // peer copies of the checkpoint snapshots, every step: host plane, host memory only
+                                "--ckpt.snapshot_every=1"};
   for (size_t b = 0, e; b < layout.size(); b = e + 1) {
     e = layout.find(' ', b);
     if (e == std::string::npos) e = layout.size();

@@ -128,8 +128,12 @@ std::string commit_checkpoint_dir(const std::string& root, int64_t step, const s
     // Keep the newest keep_last by step, always including the one just written. Deleting is housekeeping:
     // a failure leaves old checkpoints behind, and the save still stands.
     std::vector<CheckpointEntry> others;
+    const auto same = [](const std::string& a, const std::string& b) {
+      std::error_code e;
+      return !b.empty() && fs::equivalent(a, b, e);
+    };
     for (auto& c : list_checkpoints(root))
-      if (c.step != step) others.push_back(c);
+      if (c.step != step && !same(c.dir, opt.protect)) others.push_back(c);
     int n_keep_others = std::max(0, opt.keep_last - 1);
     int n_drop = std::max(0, static_cast<int>(others.size()) - n_keep_others);
     for (int i = 0; i < n_drop; ++i) fs::remove_all(others[i].dir, ec);

@@ -4,7 +4,10 @@
 
 #include <filesystem>
 #include <map>
+#include <chrono>
+#include <cstdio>
 #include <set>
+#include <thread>
 
 #include "megatrain/ckpt/checksum.h"
 #include "megatrain/core/error.h"
@@ -46,11 +49,16 @@ std::string begin_sharded_checkpoint(const std::string& root, int64_t step) {
 
 void write_checkpoint_shard(const std::string& root, int64_t step, const std::string& file,
                             const std::vector<ShardPiece>& pieces) {
-  MT_CHECK(!file.empty() && file.find('/') == std::string::npos && file[0] != '.' && file != "manifest.json",
-           "checkpoint shard file name '{}' is not allowed (plain names only)", file);
   const std::string dir = sharded_staging_dir(root, step);
   MT_CHECK(fs::is_directory(dir), "checkpoint staging directory {} does not exist (begin_sharded_checkpoint first)",
            dir);
+  write_shard_into(dir, step, file, pieces);
+}
+
+void write_shard_into(const std::string& dir, int64_t step, const std::string& file,
+                      const std::vector<ShardPiece>& pieces) {
+  MT_CHECK(!file.empty() && file.find('/') == std::string::npos && file[0] != '.' && file != "manifest.json",
+           "checkpoint shard file name '{}' is not allowed (plain names only)", file);
   std::vector<TensorRef> refs;
   json recs = json::array();
   std::set<std::string> names;
@@ -71,6 +79,48 @@ void write_checkpoint_shard(const std::string& root, int64_t step, const std::st
                                {{"megatrain", "checkpoint-shard"}, {"step", std::to_string(step)}});
   json rec = {{"bytes", res.file_bytes}, {"checksum", format_checksum(res.file_crc)}, {"pieces", recs}};
   write_file_atomic((fs::path(dir) / record_name(file)).string(), rec.dump() + "\n");
+}
+
+static std::string failure_name(const std::string& file) { return file + ".failed"; }
+
+void write_shard_failure(const std::string& root, int64_t step, const std::string& file, const std::string& why) {
+  // Best effort, on a disk that may be full: the message if it fits, else an empty marker (an inode, no data).
+  const std::string path = (fs::path(sharded_staging_dir(root, step)) / failure_name(file)).string();
+  try {
+    write_file_atomic(path, why + "\n");
+  } catch (const Error&) {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f) std::fclose(f);
+  }
+}
+
+std::string wait_for_shards(const std::string& root, int64_t step, const std::vector<std::string>& files,
+                            double timeout_s) {
+  const fs::path dir = sharded_staging_dir(root, step);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::chrono::milliseconds pause(1);
+  for (;;) {
+    std::vector<std::string> missing, failed;
+    for (const std::string& f : files) {
+      if (file_exists((dir / failure_name(f)).string())) {
+        std::string why;
+        try {
+          why = read_text_file((dir / failure_name(f)).string());
+        } catch (const Error&) {
+        }
+        while (!why.empty() && why.back() == '\n') why.pop_back();
+        failed.push_back(fmt::format("'{}' failed: {}", f, why.empty() ? "(no message: the disk may be full)" : why));
+      } else if (!file_exists((dir / record_name(f)).string())) {
+        missing.push_back(f);
+      }
+    }
+    if (!failed.empty()) return fmt::format("{}", fmt::join(failed, "; "));
+    if (missing.empty()) return "";
+    if (std::chrono::steady_clock::now() >= deadline)
+      return fmt::format("shard file(s) {} not written within {:.0f} s", fmt::join(missing, ", "), timeout_s);
+    std::this_thread::sleep_for(pause);  // polls a file system: from 1 ms up to 50 ms between looks
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
 }
 
 std::string commit_sharded_checkpoint(const std::string& root, int64_t step, const std::vector<std::string>& files,

@@ -44,6 +44,21 @@ std::string begin_sharded_checkpoint(const std::string& root, int64_t step);
 // Step 2: writes `file` (a plain name) with the pieces into the staging directory of `step`.
 void write_checkpoint_shard(const std::string& root, int64_t step, const std::string& file,
                             const std::vector<ShardPiece>& pieces);
+// Step 2 into any directory (a peer snapshot persisted by a survivor, see train/checkpointing.h): `dir`/`file`
+// and its record, exactly as write_checkpoint_shard leaves them in the staging directory.
+void write_shard_into(const std::string& dir, int64_t step, const std::string& file,
+                      const std::vector<ShardPiece>& pieces);
+
+// ---- asynchronous saves: the commit without a barrier
+// A writer's record (written atomically after its file is fsynced) is its "done" marker; a writer that failed
+// leaves "<file>.failed" holding its error instead. The committing process waits for one or the other of every
+// file before step 3, so no collective is needed between writing and committing.
+void write_shard_failure(const std::string& root, int64_t step, const std::string& file, const std::string& why);
+// Waits up to timeout_s for every file's record or failure marker. Returns "" when all were written, else what
+// went wrong (the failed writers' messages, or the files still missing at the deadline).
+std::string wait_for_shards(const std::string& root, int64_t step, const std::vector<std::string>& files,
+                            double timeout_s);
+
 // Step 3: after every writer finished, checks that each of `files` was written whole and that the pieces tile
 // every tensor, writes the manifest and commits the checkpoint; returns its directory. Throws mt::Error naming
 // the missing file or the tensor with a hole.

@@ -2,9 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/config_json.h"
@@ -19,6 +24,8 @@
 #include "megatrain/parallel/data_parallel.h"
 #include "megatrain/parallel/gpt_pipeline.h"
 #include "megatrain/parallel/tensor_parallel.h"
+#include "megatrain/train/ckpt_async.h"
+#include "megatrain/train/ckpt_worker.h"
 #include "megatrain/train/finite.h"
 
 namespace mt {
@@ -224,11 +231,38 @@ struct TrainCheckpointer::Impl {
   // vocabulary padding adds are zero), sharded or gathered.
   TpFullState tp_full;
   Moments saved;
+  // Two-stage saves (every layout but a gathered parallel one): the state the background thread shares, the thread.
+  const bool staged;
+  std::shared_ptr<CkptAsyncState> as;
+  std::unique_ptr<CkptWorker> worker;
+  std::deque<HostBuffer> piece_staging;  // pieces not contiguous in memory, copied out before stage 1 copies them
+  int snapshots = 0;
+  bool failing = false;  // the run is failing: do not wait for a background copy to a dead peer at destruction
+  std::string kill_hook; // MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT
 
   Impl(const RunConfig& c, GPT& m, Optimizer* o, DataParallel* d, DeviceMesh* me, int wc)
       : cfg(c), model(m), opt(o), ddp(d), mesh(me), wte_copy(wc), tp(c.parallel.tp), pp(c.parallel.pp),
         vstages(c.parallel.virtual_stages), pp_rank(me ? me->coord().pp : 0), micro(c.pipeline_microbatches()),
-        main_rank(!me || me->rank() == 0), sharded(me && c.ckpt.sharded) {
+        main_rank(!me || me->rank() == 0), sharded(me && c.ckpt.sharded), staged(!me || c.ckpt.sharded),
+        as(std::make_shared<CkptAsyncState>()), worker(std::make_unique<CkptWorker>()) {
+    as->root = c.ckpt.dir;
+    as->main_rank = main_rank;
+    as->single = !me;
+    as->world = c.parallel.dp * c.parallel.pp * c.parallel.tp;
+    for (int p = 0; p < c.parallel.pp; ++p)
+      for (int t = 0; t < c.parallel.tp; ++t)
+        for (int d = 0; d < c.parallel.dp; ++d) as->files.push_back(shard_file_name(p, t, d));
+    as->keep_last = c.ckpt.keep_last;
+    // Rank 0 waits this long for the other ranks' shards: generous, a slow disk is not a dead rank.
+    as->commit_timeout_s = std::max(600.0, 5.0 * c.parallel.timeout_s);
+    if (const char* d = std::getenv("MEGATRAIN_TEST_STAGE2_DELAY_S")) as->test_stage2_delay_s = std::atof(d);
+    if (const char* k = std::getenv("MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT")) kill_hook = k;
+    // The snapshot memory is allocated and faulted in by the background thread now, so the first save's stall is
+    // a copy, not 12 bytes per parameter of fresh pages (seconds at 124M). Only runs that save periodically.
+    if (staged && c.ckpt.every > 0) {
+      std::vector<ShardPiece> layout = my_pieces(piece_staging);
+      worker->post([st = as, layout] { st->own[0].reserve(layout); });
+    }
     if (opt) {
       moments.m = [this](int i) { return opt->m(i); };
       moments.v = [this](int i) { return opt->v(i); };
@@ -242,6 +276,12 @@ struct TrainCheckpointer::Impl {
       saved.m = [this](int i) { return tp_full.view(tp_full.m, i); };
       saved.v = [this](int i) { return tp_full.view(tp_full.v, i); };
     }
+  }
+
+  ~Impl() {
+    // A task blocked on a dead peer would block the join until its group's timeout: on the failure path the
+    // worker is left running (its tasks own the shared state) and the process exits under it.
+    if (failing && !worker->idle()) (void)worker.release();
   }
 
   Tensor full_view(HostBuffer& b, int i) const {
@@ -328,8 +368,10 @@ struct TrainCheckpointer::Impl {
   // (root/latest keeps naming the last good checkpoint). All ranks learn the verdict from one sum of per-rank
   // flags over the mesh, so they refuse together: no rank waits at a barrier for one that gave up (a hang until
   // the timeout), and no manifest is committed over a shard another rank refused to write.
-  void check_finite(int step) {
-    const std::string bad = non_finite_value();
+  // staged_finite: stage 1 already found every value it copied finite, and what it copied is everything this rank
+  // holds (no replica left unread): the scan is skipped. Otherwise (or to name the value) it scans.
+  void check_finite(int step, bool staged_finite = false) {
+    const std::string bad = staged_finite ? std::string() : non_finite_value();
     const char* keep = "the checkpoint is not written (the latest checkpoint is still the last good one)";
     if (!mesh) {
       if (!bad.empty())
@@ -392,7 +434,7 @@ struct TrainCheckpointer::Impl {
   // rank 0 only; the last stage's copy of a tied wte not at all.
   std::vector<ShardPiece> my_pieces(std::deque<HostBuffer>& staging) {
     const ParamStore& ps = model.params();
-    const MeshCoord c = mesh->coord();
+    const MeshCoord c = mesh ? mesh->coord() : MeshCoord{};
     auto mine = [&](int i) { return i != wte_copy && (c.tp == 0 || ps.info(i).shard.sharded()); };
     std::vector<ShardPiece> out;
     for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
@@ -418,29 +460,6 @@ struct TrainCheckpointer::Impl {
     return out;
   }
 
-  std::string save_sharded(int step, const LoaderState& data, const char* why) {
-    const double t0 = now_seconds();
-    if (main_rank) begin_sharded_checkpoint(cfg.ckpt.dir, step);
-    mesh_barrier(*mesh);
-    std::deque<HostBuffer> staging;
-    const MeshCoord c = mesh->coord();
-    write_checkpoint_shard(cfg.ckpt.dir, step, shard_file_name(c.pp, c.tp, c.dp), my_pieces(staging));
-    mesh_barrier(*mesh);
-    std::string dir;
-    if (main_rank) {
-      std::vector<std::string> files;
-      for (int p = 0; p < pp; ++p)
-        for (int t = 0; t < tp; ++t)
-          for (int d = 0; d < cfg.parallel.dp; ++d) files.push_back(shard_file_name(p, t, d));
-      SaveOptions so;
-      so.keep_last = cfg.ckpt.keep_last;
-      dir = commit_sharded_checkpoint(cfg.ckpt.dir, step, files, checkpoint_extra(cfg, step, data, micro), so);
-      fmt::print("checkpoint ({}) step {} -> {} ({} shard files) in {:.2f} s\n", why, step, dir, files.size(),
-                 now_seconds() - t0);
-    }
-    return dir;
-  }
-
   // Reads the slices of full tensor `name` that box `box` of tensor i's shard holds into `data` (the box's
   // elements, contiguous).
   static void read_box(CheckpointReader& ck, const ParamInfo& info, const std::string& name, const Slice& box,
@@ -452,33 +471,236 @@ struct TrainCheckpointer::Impl {
     }
   }
 
-  int restore(const std::string& path, LoaderState& data) {
-    CheckpointReader ck = CheckpointReader::open(path);
-    check_fits(cfg, ck);
-    const ParamStore& ps = model.params();
-    for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
-      const ParamInfo& info = ps.info(i);
-      const Slice all = whole_slice(info.shape);
-      read_box(ck, info, info.name, all, ps.param(i).f32());
-      if (opt) {
-        read_box(ck, info, "m." + info.name, all, opt->m(i).f32());
-        read_box(ck, info, "v." + info.name, all, opt->v(i).f32());
+  // ---- agreement over the mesh
+
+  // Every rank's flag, summed over the whole mesh: the ranks that raised it (empty: none). Collective; trivial in
+  // a single process.
+  std::vector<int> agree(bool mine) {
+    if (!mesh) return mine ? std::vector<int>{0} : std::vector<int>{};
+    const int world = cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp;
+    std::vector<float> flags(static_cast<size_t>(world), 0.0f);
+    flags[static_cast<size_t>(mesh->rank())] = mine ? 1.0f : 0.0f;
+    allreduce_all(*mesh, f32_view(flags.data(), {static_cast<int64_t>(world)}));
+    std::vector<int> ranks;
+    for (int r = 0; r < world; ++r)
+      if (flags[static_cast<size_t>(r)] != 0.0f) ranks.push_back(r);
+    return ranks;
+  }
+
+  // ---- two-stage saves
+
+  // Stage 1 of checkpoint `step` on the training thread; stage 2 (and the peer copy) posted to the background.
+  // Returns the committed directory on rank 0 when `wait`, else "".
+  //
+  // Slots: with peer copies, snapshot k goes to own[k % 2] (and the buddy's copy of it to its held[k % 2]). Before
+  // anyone overwrites slot k % 2 (snapshot k-2), every rank has finished its copy of snapshot k-1 (the agreement
+  // below). So whenever a rank dies, either every copy of k-1 completed (set k-1 survives: every rank's own k-1,
+  // and the dead rank's k-1 at its buddy) or nobody has passed this point yet, and set k-2 is untouched.
+  std::string snapshot(int step, const LoaderState& data, const std::string& why, bool wait) {
+    const double t0 = now_seconds();
+    worker->wait_idle();  // the previous save, if still in flight: its memory is about to be reused
+    if (as->peers) {
+      std::string err;
+      ErrorKind kind;
+      {
+        std::lock_guard<std::mutex> lk(as->mu);
+        err = as->exchange_error;
+        kind = as->exchange_kind;
       }
+      const std::vector<int> bad = agree(!err.empty());
+      if (!err.empty())
+        fail_as(kind, "step {}: copying this rank's snapshot to buddy rank {} failed: {}", step, as->peers->buddy, err);
+      if (!bad.empty())
+        fail_as(ErrorKind::PeerLost, "step {}: rank(s) {} could not copy their snapshot to their buddy (their errors "
+                "say why)", step, fmt::join(bad, ", "));
     }
-    if (ddp) {
-      for (const DataParallel::MomentSlice& ms : ddp->moment_slices()) {
-        const ParamInfo& info = ps.info(ms.tensor);
-        for (const Slice& box : flat_range_slices(info.shape, static_cast<int64_t>(ms.begin), static_cast<int64_t>(ms.end))) {
-          const int64_t off = flat_index(box.start, info.shape) - static_cast<int64_t>(ms.begin);
-          read_box(ck, info, "m." + info.name, box, ms.m + off);
-          read_box(ck, info, "v." + info.name, box, ms.v + off);
+    const bool persist = why != "snapshot";
+    const int slot = as->peers ? snapshots % 2 : 0;
+    as->own_ok[slot] = false;
+    if (persist && mesh && main_rank) begin_sharded_checkpoint(cfg.ckpt.dir, step);
+    if (ddp) ddp->sync_params();
+    piece_staging.clear();
+    const MeshCoord c = mesh ? mesh->coord() : MeshCoord{};
+    const bool finite = as->own[slot].stage(step, shard_file_name(c.pp, c.tp, c.dp), my_pieces(piece_staging),
+                                            checkpoint_extra(cfg, step, data, micro));
+    const bool covered = !mesh || (c.dp == 0 && c.tp == 0 && wte_copy < 0);
+    check_finite(step, finite && covered);  // collective: also the barrier after begin_sharded_checkpoint
+    as->own_ok[slot] = true;
+    ++snapshots;
+    as->event({step, "snapshot", why, "", "", now_seconds() - t0});
+    if (as->peers) worker->post([st = as, slot] { exchange_snapshot(*st, slot); });
+    if (persist) worker->post([st = as, slot, why, t0] { persist_snapshot(*st, slot, why, t0); });
+    test_kill_hook(step);
+    if (!wait) return "";
+
+    // Waited for (a synchronous save, the final and the stop checkpoint): every rank leaves only once rank 0 has
+    // committed, and every rank fails together when any part failed.
+    worker->wait_idle();
+    bool failed;
+    std::string msg, dir;
+    {
+      std::lock_guard<std::mutex> lk(as->mu);
+      failed = persist && as->persist_failed;
+      msg = as->persist_message;
+      dir = as->committed_dir;
+    }
+    const std::vector<int> bad = agree(failed);
+    if (failed) fail_as(ErrorKind::IO, "checkpoint ({}) step {} failed: {}", why, step, msg);
+    if (!bad.empty())
+      fail_as(ErrorKind::IO, "checkpoint ({}) step {} was not committed: rank(s) {} failed to write (their errors say "
+              "why)", why, step, fmt::join(bad, ", "));
+    return main_rank && persist ? dir : "";
+  }
+
+  // Tests only (MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT=rank:step): this rank dies by SIGKILL right after stage 1 of
+  // `step`, its background work just posted: a rank lost with its snapshot only in memory.
+  void test_kill_hook(int step) {
+    if (kill_hook.empty()) return;
+    const int me = mesh ? mesh->rank() : 0;
+    if (kill_hook == fmt::format("{}:{}", me, step)) {
+      fmt::print(stderr, "MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT: rank {} kills itself after the snapshot of step {}\n",
+                 me, step);
+      std::fflush(stderr);
+      ::raise(SIGKILL);
+    }
+  }
+
+  // ---- restore: phase A (local reads, which may fail), B (agreement), C (broadcast; no file access)
+
+  // With one reader per dp group, dp rank 0 reads the replicated state (parameters, and the moments without ZeRO)
+  // and broadcasts it; the ZeRO moment slices differ per dp rank, so each reads its own (nothing read twice).
+  bool one_reader() const { return mesh && cfg.ckpt.one_reader && cfg.parallel.dp > 1; }
+
+  // Phase A: this rank's reads. Returns "" or what failed (the reader's message names the file).
+  std::string read_mine(CheckpointReader& ck) {
+    try {
+      const ParamStore& ps = model.params();
+      if (!one_reader() || mesh->coord().dp == 0) {
+        for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
+          const ParamInfo& info = ps.info(i);
+          const Slice all = whole_slice(info.shape);
+          read_box(ck, info, info.name, all, ps.param(i).f32());
+          if (opt) {
+            read_box(ck, info, "m." + info.name, all, opt->m(i).f32());
+            read_box(ck, info, "v." + info.name, all, opt->v(i).f32());
+          }
         }
       }
-      ddp->commit_moment_slices();
+      if (ddp) {
+        for (const DataParallel::MomentSlice& ms : ddp->moment_slices()) {
+          const ParamInfo& info = ps.info(ms.tensor);
+          for (const Slice& box : flat_range_slices(info.shape, static_cast<int64_t>(ms.begin), static_cast<int64_t>(ms.end))) {
+            const int64_t off = flat_index(box.start, info.shape) - static_cast<int64_t>(ms.begin);
+            read_box(ck, info, "m." + info.name, box, ms.m + off);
+            read_box(ck, info, "v." + info.name, box, ms.v + off);
+          }
+        }
+      }
+      return "";
+    } catch (const std::exception& e) {
+      return e.what();
     }
+  }
+
+  // Phase C: dp rank 0's replicated state to the rest of its dp group. The host plane never touches the backend's
+  // memory (a GPU run would hand Gloo a device pointer; see tests/train_planes_test.cpp), so the tensors go
+  // through a host buffer, 64 MiB at a time: two memcpys per chunk, small beside the transfer.
+  void broadcast_replicas() {
+    const ParamStore& ps = model.params();
+    ProcessGroup& g = mesh->dp();
+    constexpr size_t kChunk = size_t{16} << 20;  // floats
+    HostBuffer bounce(std::min(kChunk, std::max<size_t>(ps.total_floats(), 1)) * sizeof(float), false);
+    const bool root = g.rank() == 0;
+    auto bcast = [&](float* p, size_t n) {
+      for (size_t off = 0; off < n; off += kChunk) {
+        const size_t k = std::min(kChunk, n - off);
+        if (root) std::memcpy(bounce.f32(), p + off, k * sizeof(float));
+        g.broadcast(f32_view(bounce.f32(), {static_cast<int64_t>(k)}), 0)->wait();
+        if (!root) std::memcpy(p + off, bounce.f32(), k * sizeof(float));
+      }
+    };
+    bcast(ps.params_data(), ps.total_floats());
+    if (opt)
+      for (int i = 0; i < static_cast<int>(ps.size()); ++i)
+        for (Tensor t : {opt->m(i), opt->v(i)}) bcast(t.f32(), static_cast<size_t>(t.numel()));
+  }
+
+  // Loads checkpoint ck (checked to fit this run: a misfit throws on every rank alike). A read that fails on any
+  // rank makes every rank return -1 with `problem` set (the failing rank's message, or which ranks failed).
+  int load(CheckpointReader& ck, LoaderState& data, std::string& problem) {
+    check_fits(cfg, ck);
+    const std::string err = read_mine(ck);
+    const std::vector<int> bad = agree(!err.empty());
+    if (!bad.empty()) {
+      problem = !err.empty() ? err
+                             : fmt::format("rank(s) {} could not read checkpoint {} (their messages name the file)",
+                                           fmt::join(bad, ", "), ck.dir());
+      return -1;
+    }
+    if (one_reader()) broadcast_replicas();
+    if (ddp) ddp->commit_moment_slices();
+    if (mesh) mesh_barrier(*mesh);  // restored everywhere: rank 0's clock then times the whole group's restore
     const SavedPosition pos = saved_position(ck);
     data = pos.data;
+    as->protect = ck.dir();
     return pos.step;
+  }
+
+  int restore(const std::string& path, LoaderState& data) {
+    CheckpointReader ck = CheckpointReader::open(path);
+    std::string problem;
+    const int step = load(ck, data, problem);
+    MT_CHECK(step >= 0, "{}", problem);
+    return step;
+  }
+
+  // resume = auto: the newest readable checkpoint. Survivors' peer snapshots newer than the latest checkpoint are
+  // committed first (rank 0, then a barrier); a checkpoint that is corrupt or partial is skipped with a warning
+  // naming it, and the one before it tried. Returns -1 when there is none at all.
+  int restore_auto(LoaderState& data, std::string& from) {
+    const std::string& root = cfg.ckpt.dir;
+    if (main_rank && staged && mesh) {
+      try {
+        promote_peer_snapshots(root, cfg.ckpt.keep_last);
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "warning: the peer snapshots under {}/snapshots could not be committed: {}; resuming from "
+                   "disk\n", root, e.what());
+      }
+    }
+    if (mesh) mesh_barrier(*mesh);
+    std::vector<std::string> candidates;
+    if (auto latest = find_latest(root)) candidates.push_back(*latest);
+    const std::vector<CheckpointEntry> all = list_checkpoints(root);
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      std::error_code ec;
+      if (candidates.empty() || !std::filesystem::equivalent(it->dir, candidates.front(), ec))
+        candidates.push_back(it->dir);
+    }
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const std::string& c = candidates[i];
+      std::string problem;
+      int step = -1;
+      // open() reads the same manifest on every rank: they all fail it alike. check_fits' errors (a checkpoint of
+      // another run) are not a corrupt file: load() lets them stop the run.
+      std::optional<CheckpointReader> ck;
+      try {
+        ck.emplace(CheckpointReader::open(c));
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+      if (ck) step = load(*ck, data, problem);
+      if (step >= 0) {
+        from = c;
+        return step;
+      }
+      if (main_rank || !problem.starts_with("rank("))
+        fmt::print(stderr, "warning: resume = auto: skipping checkpoint {}: it is corrupt or partial: {}; {}\n", c,
+                   problem, i + 1 < candidates.size() ? "falling back to " + candidates[i + 1] : "no older checkpoint");
+    }
+    if (!candidates.empty())
+      fail_as(ErrorKind::Checkpoint, "resume = auto: none of the {} checkpoint(s) under {} is readable (the warnings "
+              "above say why); move them away (or set ckpt.resume = none) to start afresh", candidates.size(), root);
+    return -1;
   }
 };
 
@@ -490,13 +712,9 @@ TrainCheckpointer::~TrainCheckpointer() = default;
 
 std::string TrainCheckpointer::save(int step, const LoaderState& data, const char* why) {
   Impl& s = *impl_;
+  if (s.staged) return s.snapshot(step, data, why, /*wait=*/true);
   if (s.ddp) s.ddp->sync_params();
   s.check_finite(step);  // collective: every rank refuses, or none
-  if (s.sharded) {
-    const std::string dir = s.save_sharded(step, data, why);
-    mesh_barrier(*s.mesh);  // nobody runs ahead of a checkpoint that is not committed yet
-    return dir;
-  }
   if (s.ddp) s.ddp->gather_moments(s.full_m, s.full_v);  // collective: every dp rank takes part
   if (s.tp > 1) {
     if (s.tp_full.specs.empty()) s.tp_full.allocate(s.model.params(), s.cfg.model);
@@ -521,5 +739,62 @@ std::string TrainCheckpointer::save(int step, const LoaderState& data, const cha
 }
 
 int TrainCheckpointer::restore(const std::string& path, LoaderState& data) { return impl_->restore(path, data); }
+
+int TrainCheckpointer::restore_auto(LoaderState& data, std::string& from) { return impl_->restore_auto(data, from); }
+
+void TrainCheckpointer::snapshot(int step, const LoaderState& data, const char* why) {
+  Impl& s = *impl_;
+  const std::string w = why;
+  const bool wait = w == "final" || w == "stop" || !s.cfg.ckpt.async;
+  if (!s.staged) {  // a gathered parallel checkpoint: synchronous, as it always was
+    if (w == "snapshot") return;
+    const double t0 = now_seconds();
+    const std::string dir = save(step, data, why);
+    if (s.main_rank) s.as->event({step, "committed", w, dir, "", now_seconds() - t0});
+    return;
+  }
+  s.snapshot(step, data, w, wait);
+}
+
+bool TrainCheckpointer::snapshot_due(int step) const {
+  return impl_->as->peers && impl_->cfg.ckpt.snapshot_every > 0 && step % impl_->cfg.ckpt.snapshot_every == 0;
+}
+
+std::vector<CheckpointEvent> TrainCheckpointer::take_events() {
+  std::lock_guard<std::mutex> lk(impl_->as->mu);
+  return std::exchange(impl_->as->events, {});
+}
+
+void TrainCheckpointer::wait() { impl_->worker->wait_idle(); }
+
+void TrainCheckpointer::set_peer_links(std::unique_ptr<PeerLinks> links) {
+  Impl& s = *impl_;
+  s.worker->wait_idle();  // the background thread reads `peers`
+  s.as->peers = std::move(links);
+  if (s.as->peers) {  // both own slots, faulted in off the training thread (see the constructor)
+    std::vector<ShardPiece> layout = s.my_pieces(s.piece_staging);
+    const bool first_reserved = s.cfg.ckpt.every > 0;
+    s.worker->post([st = s.as, layout, first_reserved] {
+      if (!first_reserved) st->own[0].reserve(layout);
+      st->own[1].reserve(layout);
+    });
+  }
+}
+
+TrainObserver* TrainCheckpointer::survivor() {
+  // On a failing run: a lost peer or a timeout means ranks may be gone; the snapshots this rank holds are written
+  // out for the restarted job (persist_survivor_snapshots). Any failure: do not wait for background copies.
+  struct Survivor final : TrainObserver {
+    Impl* impl;
+    explicit Survivor(Impl* i) : impl(i) {}
+    void on_error(int, ErrorKind kind, const std::string&) override {
+      impl->failing = true;
+      if (impl->as->peers && (kind == ErrorKind::PeerLost || kind == ErrorKind::CommTimeout))
+        persist_survivor_snapshots(*impl->as);
+    }
+  };
+  if (!survivor_) survivor_ = std::make_unique<Survivor>(impl_.get());
+  return survivor_.get();
+}
 
 }  // namespace mt

@@ -6,10 +6,20 @@
 // replicated tensors: tp rank 0 only) and rank 0 commits the manifest. With ckpt.sharded = false, or in a single
 // process, the full tensors are gathered to rank 0, which writes one file per group. Restoring reads, from either
 // kind, only the slices this rank holds.
+//
+// Saves go in two stages (ckpt.async): stage 1, on the training thread, copies this rank's pieces into a snapshot
+// in memory allocated once (ckpt/snapshot.h) and checks them finite; stage 2, on a background thread, writes the
+// snapshot as this rank's shard file (fsynced, then its record: the "done" marker) and, on rank 0, waits for every
+// rank's record and commits the manifest. A failure in stage 2 is an event; the previous checkpoint stays latest.
+// Every ckpt.snapshot_every steps the snapshot is also copied to a buddy rank (train/peer_links.h); when ranks are
+// lost the survivors write what they hold, and resume = auto recovers from it. Restoring reads each replicated
+// tensor once per dp group and broadcasts it (ckpt.one_reader).
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "megatrain/train/observer.h"
 #include "megatrain/train/run_config.h"
 
 namespace mt {
@@ -19,6 +29,7 @@ class Optimizer;
 class DataParallel;
 class DeviceMesh;
 struct LoaderState;
+struct PeerLinks;
 
 class TrainCheckpointer {
  public:
@@ -32,17 +43,39 @@ class TrainCheckpointer {
 
   // Collective over every rank: writes checkpoint `step` (data: the loader position to resume from; why: for the
   // log line), then waits until rank 0 has committed it. Returns the checkpoint directory on rank 0, "" on the
-  // other ranks.
+  // other ranks. Throws (kind IO on every rank) when any part of it failed.
   std::string save(int step, const LoaderState& data, const char* why);
+
+  // The trainer's save (collective): why = "periodic" takes stage 1 now and leaves stage 2 to the background
+  // (with ckpt.async; else it waits, as save()); "final" and "stop" wait until committed (and throw if not);
+  // "snapshot" takes a snapshot for the peer copy only (nothing is written). A gathered parallel layout
+  // (ckpt.sharded = false) always saves synchronously. Progress arrives as events (take_events).
+  void snapshot(int step, const LoaderState& data, const char* why);
+  // A peer copy is due after `step` (ckpt.snapshot_every, when there are peer links).
+  bool snapshot_due(int step) const;
+  // The checkpoint events since the last call, in order (snapshot, persisted, committed, failed).
+  std::vector<CheckpointEvent> take_events();
+  // Waits for the background work (the end of a run).
+  void wait();
+  // The links to the buddy ranks of the peer copies (train/peer_links.h); without them there are none.
+  void set_peer_links(std::unique_ptr<PeerLinks> links);
+  // An observer for the trainer's list: when the run fails with a lost peer or a timeout, it writes the snapshots
+  // this rank holds (its own, its predecessor's) under ckpt.dir/snapshots/ for the restarted job.
+  TrainObserver* survivor();
 
   // Loads the checkpoint at path (sharded or not, of any layout) into this rank's parameters and optimizer moments
   // after checking that it fits this run (model config, optimizer, global batch); sets data to its loader
   // position and returns its step. Every rank reads only the pieces overlapping what it holds.
   int restore(const std::string& path, LoaderState& data);
+  // ckpt.resume = auto (collective): commits a complete set of survivors' peer snapshots newer than the latest
+  // checkpoint, then restores the newest checkpoint that reads back whole, skipping (with a warning naming the
+  // file) a corrupt or partial one. Returns its step and sets `from`, or -1 when there is no checkpoint at all.
+  int restore_auto(LoaderState& data, std::string& from);
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<TrainObserver> survivor_;
 };
 
 }  // namespace mt

@@ -80,6 +80,18 @@ void MetricsLog::on_checkpoint(int step, const std::string& dir, const std::stri
   write({{"kind", "checkpoint"}, {"step", step}, {"dir", dir}, {"why", why}});
 }
 
+// {"kind": "checkpoint_event", "stage": ...}: every stage of every save; the "checkpoint" line above is written only
+// for a committed one.
+void MetricsLog::on_checkpoint_event(const CheckpointEvent& e) {
+  nlohmann::json j = {{"kind", "checkpoint_event"}, {"step", e.step}, {"stage", e.stage}, {"why", e.why},
+                      {"seconds", e.seconds}};
+  if (!e.dir.empty()) j["dir"] = e.dir;
+  if (!e.message.empty())
+    j["message"] =
+        nlohmann::json::parse(nlohmann::json(e.message).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  write(j);
+}
+
 void MetricsLog::on_sample(int step, const std::string& text, const std::vector<int32_t>& tokens) {
   // A sample may end inside a multi-byte character: the log's copy has invalid UTF-8 replaced (U+FFFD).
   const auto clean =

@@ -26,6 +26,7 @@ class MetricsLog final : public TrainObserver {
   void on_step(const StepReport& r) override { write(to_json(r)); }
   void on_eval(int step, double val_loss) override;
   void on_checkpoint(int step, const std::string& dir, const std::string& why) override;
+  void on_checkpoint_event(const CheckpointEvent& e) override;
   void on_sample(int step, const std::string& text, const std::vector<int32_t>& tokens) override;
   void on_error(int step, ErrorKind kind, const std::string& what) override;
 

@@ -41,6 +41,19 @@ struct StepReport {
   CommTime dp, tp, pp;
 };
 
+// A stage of a checkpoint (train/checkpointing.h): "snapshot" (stage 1: this rank's state copied to memory; the
+// step goes on), "persisted" (stage 2: this rank's shard file is durable), "committed" (the manifest is written:
+// the checkpoint counts; also reported through on_checkpoint) or "failed" (stage 2 or the commit failed: the
+// previous checkpoint stays current and training goes on). Delivered on the training thread.
+struct CheckpointEvent {
+  int step = 0;
+  std::string stage;    // snapshot | persisted | committed | failed
+  std::string why;      // periodic | final | stop | snapshot (a peer copy only)
+  std::string dir;      // committed: the checkpoint directory
+  std::string message;  // failed: what went wrong
+  double seconds = 0;   // snapshot: the training thread's stall; persisted/committed: since the snapshot
+};
+
 class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
@@ -49,6 +62,7 @@ class TrainObserver {
   virtual void on_eval(int /*step*/, double /*val_loss*/) {}
   // A checkpoint of `step` was committed to `dir` (why: "periodic", "final", "stop").
   virtual void on_checkpoint(int /*step*/, const std::string& /*dir*/, const std::string& /*why*/) {}
+  virtual void on_checkpoint_event(const CheckpointEvent&) {}
   virtual void on_sample(int /*step*/, const std::string& /*text*/, const std::vector<int32_t>& /*tokens*/) {}
   // The run is about to end with this error (after the last completed step `step`); it is rethrown after.
   virtual void on_error(int /*step*/, ErrorKind /*kind*/, const std::string& /*what*/) {}

@@ -273,6 +273,9 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   k.get("resume", c.ckpt.resume);
   k.get("save_final", c.ckpt.save_final);
   k.get("sharded", c.ckpt.sharded);
+  k.get("async", c.ckpt.async);
+  k.get("snapshot_every", c.ckpt.snapshot_every);
+  k.get("one_reader", c.ckpt.one_reader);
   k.check_unknown();
 
   Section s = sec("sample");
@@ -343,6 +346,8 @@ void RunConfig::validate() const {
   MT_CHECK(std::isfinite(train.spike_factor) && (train.spike_factor == 0 || train.spike_factor > 1),
            "{}: train.spike_factor = {} must be > 1 (or 0: no ratio rule)", source, train.spike_factor);
   MT_CHECK(ckpt.every >= 0 && ckpt.keep_last >= 1, "{}: ckpt.every must be >= 0 and ckpt.keep_last >= 1", source);
+  MT_CHECK(ckpt.snapshot_every >= 0, "{}: ckpt.snapshot_every = {} is out of range: it must be >= 0 (0: no peer copies)",
+           source, ckpt.snapshot_every);
   MT_CHECK(parallel.dp >= 1 && parallel.pp >= 1 && parallel.tp >= 1,
            "{}: parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", source, parallel.dp,
            parallel.pp, parallel.tp);

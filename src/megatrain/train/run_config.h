@@ -49,6 +49,9 @@ struct CkptConfig {
   std::string resume = "auto";     // auto (latest under dir if any) | none | path to a checkpoint
   bool save_final = true;
   bool sharded = true;             // a parallel run: each rank writes its own shard file (false: gather to rank 0)
+  bool async = true;               // two-stage save: snapshot to memory, write in the background (false: wait)
+  int snapshot_every = 10;         // steps between in-memory snapshots copied to a buddy rank; 0 = none
+  bool one_reader = true;          // restore: one rank per dp group reads, broadcasts to the rest (false: all read)
 };
 
 struct SampleConfig {

@@ -4,6 +4,7 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/model_weights.h"
+#include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
@@ -11,17 +12,22 @@ namespace mt {
 StartPoint resume_or_init(const RunConfig& cfg, GPT& model, TrainCheckpointer& ckpt, HostMirror* mirror,
                           DataLoader& loader, bool main_rank) {
   StartPoint at;
+  LoaderState pos;
+  int restored = -1;
+  const double t0 = now_seconds();
   if (cfg.ckpt.resume == "auto") {
-    if (auto latest = find_latest(cfg.ckpt.dir)) at.resumed_from = *latest;
+    restored = with_kind(ErrorKind::Checkpoint, [&] { return ckpt.restore_auto(pos, at.resumed_from); });
   } else if (cfg.ckpt.resume != "none") {
     at.resumed_from = cfg.ckpt.resume;
+    restored = with_kind(ErrorKind::Checkpoint, [&] { return ckpt.restore(at.resumed_from, pos); });
   }
-  if (!at.resumed_from.empty()) {
-    LoaderState pos;
-    at.step = with_kind(ErrorKind::Checkpoint, [&] { return ckpt.restore(at.resumed_from, pos); });
+  if (restored >= 0) {
+    at.step = restored;
     if (mirror) mirror->push();
     loader.restore(pos);
-    if (main_rank) fmt::print("resumed from {} at step {}\n", at.resumed_from, at.step);
+    if (main_rank)
+      fmt::print("resumed from {} at step {} (restored in {:.3f} s, {})\n", at.resumed_from, at.step,
+                 now_seconds() - t0, cfg.ckpt.one_reader && cfg.parallel.dp > 1 ? "one reader per dp group" : "every rank reads");
   } else if (!cfg.init_from.empty()) {
     GPT& target = mirror ? mirror->model() : model;
     target.init_weights(cfg.train.seed);

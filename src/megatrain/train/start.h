@@ -15,7 +15,8 @@ struct StartPoint {
   std::string resumed_from;  // the checkpoint directory, or ""
 };
 
-// ckpt.resume = "auto": the latest checkpoint under ckpt.dir if there is one; "none": never; else a checkpoint
+// ckpt.resume = "auto": the newest readable checkpoint under ckpt.dir if there is one (or the survivors' peer
+// snapshots, when newer; see TrainCheckpointer::restore_auto); "none": never; else a checkpoint
 // path. Without a checkpoint: model.init_from's weights, or fresh weights from train.seed (the same seed on every
 // rank: replicas start identical). A restore also restores the loader's position. mirror: the host copy of a
 // device model (nullptr on the CPU). Collective when it restores (the checkpointer's reads). Errors reading the

@@ -40,6 +40,7 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   if (!ri.store_prefix.empty()) t.store = prefixed_store(std::move(t.store), ri.store_prefix);
   agree_on_config(*t.store, ri.rank, ri.world_size, cfg.effective, t.group_options.timeout);
   t.host_mesh = std::make_unique<DeviceMesh>(*t.store, t.shape, ri.rank, t.group_options, seams.host_groups);
+  t.host_groups = seams.host_groups;
   t.coord = t.host_mesh->coord();
   t.device_groups = seams.device_groups ? seams.device_groups : gpu ? gpu_mesh_groups(*t.ops) : GroupFactory{};
   if (t.device_groups)

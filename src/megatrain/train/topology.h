@@ -44,6 +44,7 @@ struct Topology {
   std::unique_ptr<ProcessGroup> make_device_group(const std::string& dim, const std::string& name,
                                                   const std::vector<int>& ranks);
 
+  GroupFactory host_groups;       // how host-plane groups outside the mesh are made (empty: Gloo); e.g. peer links
   GroupFactory device_groups;     // empty: Gloo (the device plane is the host plane)
   std::unique_ptr<DeviceMesh> own_device_mesh;  // set when the device plane has groups of its own
 };

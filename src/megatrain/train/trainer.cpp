@@ -19,6 +19,7 @@
 #include "megatrain/train/model_stack.h"
 #include "megatrain/train/peak.h"
 #include "megatrain/train/rank_guard.h"
+#include "megatrain/train/peer_links.h"
 #include "megatrain/train/start.h"
 #include "megatrain/train/update.h"
 
@@ -59,12 +60,21 @@ bool stop_agreed(Topology& topo) {
   return flag > 0;
 }
 
+// The checkpointer's events to the observers; a committed checkpoint is also on_checkpoint.
+void checkpoint_events(Job& j) {
+  for (const CheckpointEvent& e : j.ckpt.take_events()) {
+    if (e.stage == "committed" && j.topo.main_rank) j.res.last_checkpoint = e.dir;
+    j.obs.each([&](TrainObserver& o) { o.on_checkpoint_event(e); });
+    if (e.stage == "committed") j.obs.each([&](TrainObserver& o) { o.on_checkpoint(e.step, e.dir, e.why); });
+  }
+}
+
+// why: periodic (written in the background), final / stop (waited for), snapshot (a peer copy only).
 void checkpoint(Job& j, int step, const char* why) {
   heartbeat_phase(Phase::Checkpoint);
   if (j.mirror) j.mirror->pull();
-  const std::string dir = with_kind(ErrorKind::IO, [&] { return j.ckpt.save(step, j.loader.state(), why); });
-  if (j.topo.main_rank) j.res.last_checkpoint = dir;
-  j.obs.each([&](TrainObserver& o) { o.on_checkpoint(step, dir, why); });
+  with_kind(ErrorKind::IO, [&] { j.ckpt.snapshot(step, j.loader.state(), why); });
+  checkpoint_events(j);
 }
 
 // The loop: steps start_step+1 .. train.steps. Returns the last completed step.
@@ -107,6 +117,8 @@ int train_loop(Job& j, int step, double peak) {
       j.obs.each([&](TrainObserver& o) { o.on_eval(step, j.res.last_val_loss); });
     }
     if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps) checkpoint(j, step, "periodic");
+    else if (j.ckpt.snapshot_due(step) && step != cfg.train.steps) checkpoint(j, step, "snapshot");
+    checkpoint_events(j);
     if (step < cfg.train.steps && stop_agreed(j.topo)) {
       j.res.stopped = true;
       if (j.topo.main_rank) fmt::print("stop requested: stopping after step {}\n", step);
@@ -145,6 +157,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   TrainCheckpointer ckpt(cfg, mirror ? mirror->model() : *stack.model,
                          mirror ? mirror->optimizer() : update->optimizer(), update->data_parallel(),
                          topo.host_mesh.get(), stack.wte_copy);
+  ckpt.set_peer_links(make_peer_links(cfg, topo));
   const StartPoint start = resume_or_init(cfg, *stack.model, ckpt, mirror.get(), loader, topo.main_rank);
 
   const PeakFlops peak = peak_flops(cfg.train.peak_tflops, *topo.ops);
@@ -162,6 +175,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   }
   obs.list.insert(obs.list.end(), extra.begin(), extra.end());
   obs.list.push_back(&guard);
+  obs.list.push_back(ckpt.survivor());
   obs.each([&](TrainObserver& o) { o.on_run_start(rs); });
 
   Job job{cfg, topo, stack, *fb, *update, loader, ckpt, mirror.get(), obs, guard, res};
@@ -172,6 +186,8 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
     // A stopped run saves when the config saves at all, so a restart resumes where it stopped.
     const bool save = res.stopped ? cfg.ckpt.save_final || cfg.ckpt.every > 0 : cfg.ckpt.save_final;
     if (save && step >= res.first_step) checkpoint(job, step, res.stopped ? "stop" : "final");
+    ckpt.wait();  // a periodic save still in flight completes (or fails) before the run ends
+    checkpoint_events(job);
     update->sync_params();
     if (!res.stopped) {
       if (auto s = final_sample(cfg, *stack.model, topo)) {
