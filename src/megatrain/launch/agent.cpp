@@ -103,8 +103,9 @@ class Agent {
         return d.exit_code;
       }
       // A batch that makes the loss non-finite again after a rollback is the data's fault, not the machine's.
-      if (end.nonfinite_step > 0 && end.nonfinite_step == last_nonfinite && skip_steps_.insert(end.nonfinite_step).second)
-        say(fmt::format("step {} was non-finite twice in a row; the next attempts skip its batch", end.nonfinite_step));
+      const int bad = end.nonfinite_step;
+      if (bad > 0 && bad == last_nonfinite && skip_steps_.insert(bad).second)
+        say(fmt::format("step {} was non-finite twice in a row; the next attempts skip its batch", bad));
       last_nonfinite = end.nonfinite_step;
       say(fmt::format("attempt {} failed (code {}); {}, in {:.1f} s", attempt, end.code, d.reason, d.delay_s));
       events_.write("restarting", {{"delay_s", d.delay_s}, {"failure_code", end.code}, {"reason", d.reason},
