@@ -781,6 +781,10 @@ void TrainCheckpointer::set_peer_links(std::unique_ptr<PeerLinks> links) {
   }
 }
 
+namespace {
+constexpr double kFinishOnErrorSeconds = 30;
+}  // namespace
+
 TrainObserver* TrainCheckpointer::survivor() {
   // On a failing run: a lost peer or a timeout means ranks may be gone; the snapshots this rank holds are written
   // out for the restarted job (persist_survivor_snapshots). Any failure: do not wait for background copies.
@@ -788,6 +792,11 @@ TrainObserver* TrainCheckpointer::survivor() {
     Impl* impl;
     explicit Survivor(Impl* i) : impl(i) {}
     void on_error(int, ErrorKind kind, const std::string&) override {
+      // Every rank is alive (a non-finite loss, a data or I/O error): a periodic save in stage 2 holds good state
+      // from before the failing step, so it may finish (bounded: rank 0's commit waits for every rank's shard)
+      // and the restarted job loses fewer steps.
+      if (kind != ErrorKind::PeerLost && kind != ErrorKind::CommTimeout && kind != ErrorKind::Device)
+        impl->worker->wait_idle_for(kFinishOnErrorSeconds);
       impl->failing = true;
       if (impl->as->peers && (kind == ErrorKind::PeerLost || kind == ErrorKind::CommTimeout))
         persist_survivor_snapshots(*impl->as);

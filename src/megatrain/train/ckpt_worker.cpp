@@ -1,5 +1,7 @@
 #include "megatrain/train/ckpt_worker.h"
 
+#include <chrono>
+
 namespace mt {
 
 CkptWorker::CkptWorker() : thread_([this] { loop(); }) {}
@@ -29,6 +31,11 @@ bool CkptWorker::idle() {
 void CkptWorker::wait_idle() {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return tasks_.empty() && !running_; });
+}
+
+bool CkptWorker::wait_idle_for(double seconds) {
+  std::unique_lock<std::mutex> lk(mu_);
+  return cv_.wait_for(lk, std::chrono::duration<double>(seconds), [&] { return tasks_.empty() && !running_; });
 }
 
 void CkptWorker::loop() {

@@ -22,6 +22,7 @@ class CkptWorker {
 
   void post(std::function<void()> task);  // a task must not throw: it reports through its own state
   void wait_idle();
+  bool wait_idle_for(double seconds);  // false when still busy after that long
   bool idle();
 
  private:
