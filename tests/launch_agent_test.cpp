@@ -450,6 +450,17 @@ TEST_F(LaunchTest, MaxRestartsSpentEndsWithItsOwnCode) {
   EXPECT_NE(r.err.find("all 1 restarts"), std::string::npos) << r.err;
 }
 
+// Whatever a rank writes on its heartbeat pipe (fd 3), the agent goes on: malformed JSON, wrong types, foreign
+// objects are skipped.
+TEST_F(LaunchTest, GarbageOnTheHeartbeatPipeCannotBringDownTheAgent) {
+  Result r = launch({"launch", "--nproc", "1", "--exec", "--", "/bin/sh", "-c",
+                     "[ \"$MEGATRAIN_HEARTBEAT_FD\" = 3 ] || exit 9; "
+                     "printf '%s\\n' '{\"type\":5}' '{\"type\":\"event\",\"event\":7}' "
+                     "'{\"type\":\"hb\",\"step\":\"x\",\"colls\":[1]}' '[1,2' 'not json' >&3; sleep 0.3; echo ok"});
+  ASSERT_EQ(r.code(), 0) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] ok\n");
+}
+
 TEST_F(LaunchTest, DiagnoseChecksTheNodeAndFailsAgainstAFasterNodesExpectations) {
   const std::string healthy = (dir_ / "healthy.json").string();
   Result r = launch({"diagnose", "--json", "--local-ranks", "2", "--save", healthy});

@@ -174,7 +174,8 @@ class Agent {
       r.err.set_hook([this, i](const std::string& line) { on_stderr(size_t(i), line); });
     }
     attempt_started_ = last_progress_ = now_seconds();
-    events_.write("started", {{"ranks", opt_.nproc}, {"first_rank", first}, {"store_prefix", prefix},
+    events_.write("started", {{"ranks", opt_.nproc}, {"first_rank", first},
+                              {"store_prefix", opt_.max_restarts > 0 ? prefix : ""},
                               {"skip_steps", std::vector<int>(skip_steps_.begin(), skip_steps_.end())}});
     best_before_attempt_ = best_before;
     supervise();
@@ -191,6 +192,14 @@ class Agent {
   void on_heartbeat(size_t i, const std::string& line) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return;  // a torn or foreign line: ignore, the next one comes soon
+    try {
+      read_heartbeat(i, j);
+    } catch (const nlohmann::json::exception&) {
+      // A field of the wrong type: whatever a rank writes must not bring down its agent.
+    }
+  }
+
+  void read_heartbeat(size_t i, const nlohmann::json& j) {
     const double now = now_seconds();
     if (j.value("type", "") == "event") return on_rank_event(i, j);
     RankStatus& s = status_[i];
