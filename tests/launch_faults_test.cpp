@@ -3,79 +3,23 @@
 // undisturbed run (the oracle), and the event log must name the right rank and reason. Tests assert outcomes, not
 // speed: the timeouts only guard against a test that would otherwise hang.
 #include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <gtest/gtest.h>
-
 #include <sys/file.h>
 
 #include <cctype>
-#include <filesystem>
 #include <functional>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
-#include <string>
-#include <thread>
-#include <vector>
 
-#include "megatrain/core/clock.h"
+#include "launch_testutil.h"
 #include "test_util.h"
 
 using namespace mt;
+using namespace mt::test;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kMegatrain = std::string(MT_BINARY_DIR) + "/megatrain";
-const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown";
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::vector<nlohmann::json> events_of(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(p);
-  for (std::string l; std::getline(f, l);) {
-    auto j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded()) out.push_back(j);  // a line being written while the job runs is read next time
-  }
-  return out;
-}
-
-// The newest step in a metrics file (0 when none yet).
-int last_step(const fs::path& metrics) {
-  int s = 0;
-  std::ifstream f(metrics);
-  for (std::string l; std::getline(f, l);) {
-    auto j = nlohmann::json::parse(l, nullptr, false);
-    if (!j.is_discarded() && j.value("kind", "") == "train") s = std::max(s, j.value("step", 0));
-  }
-  return s;
-}
-
-// The pid of the process whose environment has RANK=<rank>, among the launcher's children.
-pid_t rank_pid(pid_t launcher, int rank) {
-  for (auto& t : fs::directory_iterator(fmt::format("/proc/{}/task", launcher))) {
-    std::ifstream kids(t.path() / "children");
-    for (pid_t p; kids >> p;) {
-      std::string env = slurp(fmt::format("/proc/{}/environ", p));
-      std::string want = fmt::format("RANK={}", rank);
-      for (size_t at = 0; (at = env.find(want, at)) != std::string::npos; ++at)
-        if ((at == 0 || env[at - 1] == '\0') && (at + want.size() == env.size() || env[at + want.size()] == '\0'))
-          return p;
-    }
-  }
-  return -1;
-}
+const std::string kMegatrain = mt::test::kMegatrain;
+const std::string kData = mt::test::kBrownData;
 
 class LaunchFaults : public ::testing::Test {
  protected:
@@ -106,40 +50,10 @@ class LaunchFaults : public ::testing::Test {
   }
 
   pid_t start(const std::vector<std::string>& args, const std::string& name) {
-    std::vector<std::string> all = {binary_};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    const std::string log = (dir_ / (name + ".log")).string();
-    pid_t parent = ::getpid();
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    return pid;
+    return start_logged(binary_, args, (dir_ / (name + ".log")).string());
   }
 
-  int finish(pid_t pid, double timeout_s = 400) {
-    const double t0 = now_seconds();
-    int st = 0;
-    while (::waitpid(pid, &st, WNOHANG) != pid) {
-      if (now_seconds() - t0 > timeout_s) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &st, 0);
-        ADD_FAILURE() << "launch did not finish within " << timeout_s << " s";
-        return -1;
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  }
+  int finish(pid_t pid, double timeout_s = 400) { return finish_within(pid, timeout_s); }
 
   // Waits until the run at `out` has logged step >= s (or the launcher is gone).
   void wait_for_step(pid_t launcher, const std::string& out, int s) {

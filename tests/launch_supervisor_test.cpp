@@ -4,6 +4,9 @@
 
 #include "megatrain/launch/diagnose.h"
 #include "megatrain/launch/hang_blame.h"
+#include "megatrain/launch/job_protocol.h"
+#include "megatrain/launch/job_watch.h"
+#include "megatrain/launch/node_plan.h"
 #include "megatrain/launch/rank_status.h"
 #include "megatrain/launch/restart_policy.h"
 
@@ -44,6 +47,20 @@ TEST(HangBlame, VictimsWaitingElsewhereAreFollowedToTheRoot) {
   ASSERT_EQ(b.ranks, std::vector<int>{2}) << b.line;
   EXPECT_NE(b.line.find("rank 2 (dp1,pp0,tp0) never entered allreduce #8 of group tp[2-3]; rank 3 waits in it"),
             std::string::npos)
+      << b.line;
+}
+
+// Rank 3 posted tp #7 but never started it; rank 2 runs tp #7, so neither enters dp #30, where ranks 0 and 1 wait:
+// rank 2 is a victim, rank 3 the root (the driver met this with tp inside a node and dp across nodes).
+TEST(HangBlame, ARankWaitingOnAPeerThatOnlyPostedIsAVictimNotTheRoot) {
+  std::vector<RankStatus> rs = {
+      rank(0, "dp0,pp0,tp0", {{"dp[0,2]", "reduce_scatter", 30, "started"}, {"tp[0-1]", "allreduce", 7, "done"}}),
+      rank(1, "dp0,pp0,tp1", {{"dp[1,3]", "reduce_scatter", 30, "started"}, {"tp[0-1]", "allreduce", 7, "done"}}),
+      rank(2, "dp1,pp0,tp0", {{"dp[0,2]", "reduce_scatter", 29, "done"}, {"tp[2-3]", "allreduce", 7, "started"}}),
+      rank(3, "dp1,pp0,tp1", {{"dp[1,3]", "reduce_scatter", 29, "done"}, {"tp[2-3]", "allreduce", 7, "posted"}})};
+  Blame b = blame_hang(rs, 100, 10);
+  EXPECT_EQ(b.ranks, std::vector<int>({3})) << b.line;
+  EXPECT_NE(b.line.find("rank 3 (dp1,pp0,tp1) never entered reduce_scatter #30 of group dp[1,3]"), std::string::npos)
       << b.line;
 }
 
@@ -157,4 +174,158 @@ TEST(Diagnose, AValueUnderTheToleratedFractionOfTheExpectedOneFails) {
   EXPECT_NE(none.detail.find("no expectation"), std::string::npos);
 }
 
+// ---- the job driver's decisions -----------------------------------------------------------------------------------
+
+TEST(RestartTracker, AStepNonFiniteInTwoAttemptsInARowIsSkippedAndProgressResetsTheRun) {
+  RestartPolicy p;
+  p.max_restarts = 10;
+  p.no_progress_limit = 2;
+  RestartTracker t(p);
+  std::string note;
+  EXPECT_TRUE(t.after_attempt(20, 5, 5, &note).restart);  // NaN at step 5: roll back
+  EXPECT_TRUE(note.empty());
+  EXPECT_TRUE(t.after_attempt(20, 5, 5, &note).restart);  // again at 5, no progress (1 of 2)
+  EXPECT_EQ(t.skip_steps(), std::set<int>({5}));
+  EXPECT_NE(note.find("step 5 was non-finite twice"), std::string::npos);
+  EXPECT_TRUE(t.after_attempt(22, 8, -1).restart);        // progress past 5: the run of no-progress resets
+  EXPECT_TRUE(t.after_attempt(22, 8, -1).restart);        // 1 without progress
+  RestartDecision d = t.after_attempt(22, 8, -1);         // 2 without progress: give up
+  EXPECT_FALSE(d.restart);
+  EXPECT_EQ(d.exit_code, kNoProgressExit);
+  EXPECT_EQ(t.best_step(), 8);
+  EXPECT_EQ(t.restarts(), 4);
+}
+
+TEST(NodePlan, ALostNodesSlotGoesToTheLowestUsableSpareAndTheLayoutStays) {
+  NodePlanInput in;
+  in.prev = {0, 1, 2};
+  in.usable = {true, false, true, false, true, true};  // 1 lost; spare 3 failed diagnose; 4 and 5 are fine
+  in.nproc = 8;
+  in.tp = 8, in.pp = 1, in.dp = 3;
+  NodePlan p = plan_next_nodes(in);
+  EXPECT_EQ(p.nodes, std::vector<int>({0, 4, 2}));
+  EXPECT_EQ(p.dp, 0);
+  EXPECT_EQ(p.why, "node 4 replaces node 1 in slot 1; the layout is unchanged");
+  in.usable = {true, true, true};
+  EXPECT_EQ(plan_next_nodes(in).nodes, std::vector<int>({0, 1, 2}));
+  EXPECT_EQ(plan_next_nodes(in).why, "the same nodes");
+}
+
+TEST(NodePlan, WithoutASpareTheJobShrinksToWholeReplicasAndKeepsTheGlobalBatch) {
+  NodePlanInput in;
+  in.prev = {0, 1, 2, 3};
+  in.usable = {true, true, false, true};
+  in.nproc = 4;
+  in.tp = 4, in.pp = 2, in.dp = 2, in.grad_accum = 1;  // a replica is 8 ranks = 2 nodes: 3 survivors keep 2
+  NodePlan p = plan_next_nodes(in);
+  EXPECT_EQ(p.nodes, std::vector<int>({0, 1}));
+  EXPECT_EQ(p.dp, 1);
+  EXPECT_EQ(p.grad_accum, 2);
+  EXPECT_EQ(p.why, "node(s) 2 out and no spare left; shrinking to 2 nodes: dp 2 -> 1 (tp 4, pp 2), world 16 -> 8, "
+                   "grad_accum 1 -> 2 (the global batch stays)");
+  in.tp = 4, in.pp = 1, in.dp = 4, in.grad_accum = 3;  // a replica per node: 12 micro-batches over 3 replicas
+  p = plan_next_nodes(in);
+  EXPECT_EQ(p.nodes, std::vector<int>({0, 1, 3}));
+  EXPECT_EQ(p.dp, 3);
+  EXPECT_EQ(p.grad_accum, 4);
+  in.grad_accum = 1;  // 4 micro-batches do not split over 3 replicas: 2 nodes, accumulating 2
+  p = plan_next_nodes(in);
+  EXPECT_EQ(p.nodes, std::vector<int>({0, 1}));
+  EXPECT_EQ(p.dp, 2);
+  EXPECT_EQ(p.grad_accum, 2);
+  in.shrink = false;
+  EXPECT_TRUE(plan_next_nodes(in).nodes.empty());
+  EXPECT_NE(plan_next_nodes(in).why.find("--no-shrink"), std::string::npos);
+  in.shrink = true;
+  in.tp = 0;  // no rank ever reported the layout
+  EXPECT_TRUE(plan_next_nodes(in).nodes.empty());
+  EXPECT_NE(plan_next_nodes(in).why.find("layout is unknown"), std::string::npos);
+  in.prev = {0, 1};
+  in.usable = {true, false};
+  in.tp = 8, in.pp = 1, in.dp = 1;  // one replica spans both nodes: nothing fits on one
+  EXPECT_TRUE(plan_next_nodes(in).nodes.empty());
+  EXPECT_NE(plan_next_nodes(in).why.find("holds whole tp 8 x pp 1 replicas"), std::string::npos);
+}
+
+// The driver sees ranks through their agents' published statuses: the round trip keeps what the hang rules need,
+// and puts the age of the last heartbeat on the reader's clock.
+TEST(JobProtocol, RankStatusesSurviveTheStoreAndKeepTheirAge) {
+  RankStatus s = rank(3, "dp1,pp0,tp1", {{"dp[1,3]", "all_gather", 41, "posted"}}, 100);
+  s.heard = true;
+  s.step = 7;
+  s.phase = "forward_backward";
+  s.compute_time = 0.25;
+  s.dp = 2, s.pp = 1, s.tp = 2, s.grad_accum = 3;
+  bool running = false;
+  RankStatus t = proto::status_from_json(proto::status_to_json(s, true, 104), 1000, &running);
+  EXPECT_TRUE(running);
+  EXPECT_EQ(t.rank, 3);
+  EXPECT_EQ(t.coord, "dp1,pp0,tp1");
+  EXPECT_EQ(t.step, 7);
+  EXPECT_DOUBLE_EQ(t.last_heard, 996);
+  EXPECT_EQ(t.compute_time, 0.25);
+  EXPECT_FALSE(t.step_time.has_value());
+  EXPECT_EQ(t.tp, 2);
+  EXPECT_EQ(t.grad_accum, 3);
+  ASSERT_EQ(t.colls.size(), 1u);
+  EXPECT_EQ(t.colls[0].seq, 41);
+  EXPECT_EQ(t.colls[0].state, "posted");
+  proto::AttemptPlan p;
+  p.attempt = 2, p.nodes = {0, 2}, p.nproc = 4, p.extra_args = {"--parallel.dp=1"};
+  proto::AttemptPlan q = proto::AttemptPlan::from_json(p.to_json());
+  EXPECT_EQ(q.nodes, p.nodes);
+  EXPECT_EQ(q.world(), 8);
+  EXPECT_EQ(q.slot_of(2), 1);
+  EXPECT_EQ(q.slot_of(1), -1);
+  EXPECT_EQ(q.extra_args, p.extra_args);
+}
+
+// Fed statuses (as the driver is), the watch finds a hang only past the floor and blames the rank that never
+// entered; a straggler is flagged after straggler_steps and marked for eviction after straggler_evict_steps.
+TEST(JobWatch, StatusesFeedTheSameHangAndStragglerRules) {
+  WatchOptions o;
+  o.hang_floor_s = 30;
+  o.startup_timeout_s = 60;
+  o.straggler_steps = 2;
+  o.straggler_evict_steps = 4;
+  JobWatch w(o);
+  w.reset({0, 1}, 0, 0);
+  auto status = [](int r, int step, double compute, std::vector<CollectiveState> colls, double heard) {
+    RankStatus s = rank(r, r == 0 ? "dp0,pp0,tp0" : "dp1,pp0,tp0", std::move(colls), heard);
+    s.heard = true;
+    s.step = step;
+    s.phase = "forward_backward";
+    s.step_time = compute;
+    s.compute_time = compute;
+    return s;
+  };
+  std::vector<std::string> flagged;
+  int evict_at = -1;
+  for (int step = 1; step <= 5; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      WatchUpdate u = w.apply_status(size_t(r), status(r, step, r == 1 ? 1.5 : 1.0, {}, step), step);
+      if (!u.straggler.empty()) flagged.push_back(u.straggler);
+      if (u.evict_straggler) evict_at = step;
+    }
+  }
+  ASSERT_EQ(flagged.size(), 1u);
+  EXPECT_NE(flagged[0].find("rank 1 (dp1,pp0,tp0) is a straggler"), std::string::npos) << flagged[0];
+  EXPECT_EQ(evict_at, 5);  // (a rank's first status is where it starts, not a step: slow steps 2..5)
+  // Rank 1 never enters all_gather #9, which rank 0 waits in; both keep heartbeating.
+  w.apply_status(0, status(0, 6, 1.0, {{"dp[0-1]", "all_gather", 9, "started"}}, 6), 6);
+  w.apply_status(1, status(1, 6, 1.0, {{"dp[0-1]", "all_gather", 8, "done"}}, 6), 6);
+  auto republish = [&](double now) {  // agents publish the same statuses again, with fresh heartbeats
+    w.apply_status(0, status(0, 6, 1.0, {{"dp[0-1]", "all_gather", 9, "started"}}, now), now);
+    w.apply_status(1, status(1, 6, 1.0, {{"dp[0-1]", "all_gather", 8, "done"}}, now), now);
+  };
+  republish(20);
+  EXPECT_FALSE(w.check_hang(20, {true, true}).has_value());  // 14 s without progress, under the 30 s floor
+  republish(37);
+  auto h = w.check_hang(37, {true, true});
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->blame.ranks, std::vector<int>({1}));
+  EXPECT_NE(h->why.find("no progress"), std::string::npos) << h->why;
+}
+
 }  // namespace
+

@@ -24,7 +24,11 @@ int cmd_launch(int argc, char** argv) {
                "after --grace seconds). With --max-restarts N a failure that a restart may help (not a config, data or\n"
                "checkpoint error) restarts every rank, which resume from the newest checkpoint; hangs are detected\n"
                "from the ranks' heartbeats and the blocking rank is named. --events FILE logs every fault,\n"
-               "detection and restart as JSON lines.",
+               "detection and restart as JSON lines.\n"
+               "On several nodes, --max-restarts makes node 0's agent the job driver: every node's agent\n"
+               "(--node-rank 0..nnodes-1, plus --spares more that wait) reports to it through the store; a lost node\n"
+               "(--node-timeout), a hang's blamed node and a node failing `megatrain diagnose` are evicted, and the\n"
+               "job restarts on a spare, or shrinks to fewer data-parallel replicas when none is left.",
                "megatrain launch"};
   launch::LaunchOptions o;
   app.add_option("--nproc,-n", o.nproc, "ranks to start on this node")->required()->check(CLI::Range(1, 4096));
@@ -68,6 +72,24 @@ int cmd_launch(int argc, char** argv) {
       ->check(CLI::Range(1.0, 100.0))->group(sup);
   app.add_option("--straggler-steps", o.straggler_steps, "... for this many steps in a row (3)")
       ->check(CLI::Range(1, 1000000))->group(sup);
+  auto* nodes = "several nodes (the job driver runs in node 0's agent)";
+  app.add_option("--spares", o.spares,
+                 "agents beyond --nnodes (started with --node-rank nnodes..) that wait to replace an evicted node (0)")
+      ->check(CLI::Range(0, 1 << 20))->group(nodes);
+  app.add_option("--node-timeout", o.node_timeout_s,
+                 "a node whose agent is silent this long is lost (8)")->check(CLI::Range(1.0, 3600.0))->group(nodes);
+  app.add_flag("!--no-diagnose", o.diagnose,
+               "do not run `megatrain diagnose` on the nodes of a failed attempt (and on spares) before going on")
+      ->group(nodes);
+  app.add_option("--diagnose-expect", o.diagnose_expect,
+                 "a healthy node's values (diagnose --save) that diagnose judges against (default: correctness only)")
+      ->group(nodes);
+  app.add_flag("!--no-shrink", o.shrink,
+               "with no spare left, give up (exit 42) instead of going on with fewer data-parallel replicas")
+      ->group(nodes);
+  app.add_option("--straggler-evict-steps", o.straggler_evict_steps,
+                 "a rank that stays a straggler this many steps gets its node evicted (0: never; default 0)")
+      ->check(CLI::Range(0, 1000000))->group(nodes);
   app.add_option("args", o.args, "after --: the megatrain subcommand and its options (or, with --exec, a program)");
   try {
     app.parse(argc, argv);
@@ -75,15 +97,14 @@ int cmd_launch(int argc, char** argv) {
     return app.exit(e);
   }
   MT_CHECK(!o.args.empty(), "nothing to launch: give the command after '--', e.g. megatrain launch --nproc 2 -- train");
-  MT_CHECK(o.node_rank < o.nnodes, "--node-rank {} must be below --nnodes {}", o.node_rank, o.nnodes);
-  if (o.nnodes > 1 && o.store.empty()) {
+  MT_CHECK(o.node_rank < o.nnodes + o.spares, "--node-rank {} must be below --nnodes {} + --spares {}", o.node_rank,
+           o.nnodes, o.spares);
+  if (o.nnodes + o.spares > 1 && o.store.empty()) {
     MT_CHECK(!o.master.empty(), "--nnodes {} needs --master ADDR:PORT (node 0's address) or --store URL", o.nnodes);
     if (o.master.rfind(':') == std::string::npos || o.master.back() == ']') o.master += ":29500";
   }
-  MT_CHECK(o.max_restarts == 0 || o.nnodes == 1,
-           "--max-restarts with --nnodes {}: restarting a multi-node job needs the job driver, which is not built "
-           "yet; supervise each node's launch from the scheduler (Slurm --requeue, a Kubernetes Job) meanwhile",
-           o.nnodes);
+  MT_CHECK(o.spares == 0 || o.max_restarts > 0,
+           "--spares {} without --max-restarts: a spare only ever replaces a node in a restart", o.spares);
   if (!o.iface.empty()) local_address_of(o.iface, "--iface");  // a typo fails here, not in every rank
   return launch::run_agent(o);
 }

@@ -12,16 +12,21 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <atomic>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "megatrain/comm/local_address.h"
 #include "megatrain/comm/store.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/launch/driver.h"
 #include "megatrain/launch/event_log.h"
-#include "megatrain/launch/hang_blame.h"
+#include "megatrain/launch/job_protocol.h"
 #include "megatrain/launch/job_store.h"
+#include "megatrain/launch/job_watch.h"
 #include "megatrain/launch/process_util.h"
 #include "megatrain/launch/rank_process.h"
 #include "megatrain/launch/rank_status.h"
@@ -40,27 +45,43 @@ constexpr int kHangCode = 21;
 constexpr const char* kAlerts[] = {"NCCL WARN", "CUDA error", "out of memory", "Segmentation fault",
                                    "terminate called", "Bus error"};
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
-
 // How one attempt ended.
 struct AttemptEnd {
   int code = 0;               // 0: every rank exited 0
   bool user_stop = false;     // the agent was signalled: no restart
   int best_step = 0;          // the highest step any rank reported
   int nonfinite_step = -1;    // the step a rank reported a non-finite loss at, if it did
+  std::string detected;       // what this agent saw fail, if anything
+};
+
+WatchOptions watch_options(const LaunchOptions& o) {
+  WatchOptions w;
+  w.hang_floor_s = o.hang_floor_s;
+  w.hang_factor = o.hang_factor;
+  w.startup_timeout_s = o.startup_timeout_s;
+  w.heartbeat_timeout_s = o.heartbeat_timeout_s;
+  w.straggler_factor = o.straggler_factor;
+  w.straggler_steps = o.straggler_steps;
+  return w;
+}
+
+RestartPolicy restart_policy(const LaunchOptions& o) {
+  RestartPolicy p;
+  p.max_restarts = o.max_restarts;
+  p.backoff_s = o.backoff_s;
+  p.no_progress_limit = o.no_progress_limit;
+  return p;
+}
+
+// Where this attempt's ranks sit in the job: the first global rank, the world, and what the command gets appended.
+struct Placement {
+  int first = 0, world = 0;
+  std::vector<std::string> extra_args;
 };
 
 class Agent {
  public:
-  explicit Agent(const LaunchOptions& o) : opt_(o) {
-    policy_.max_restarts = o.max_restarts;
-    policy_.backoff_s = o.backoff_s;
-    policy_.no_progress_limit = o.no_progress_limit;
-  }
+  explicit Agent(const LaunchOptions& o) : opt_(o), tracker_(restart_policy(o)), watch_(watch_options(o)) {}
 
   int run() {
     setup_signals();
@@ -82,72 +103,69 @@ class Agent {
       spec_.exec_path = "/proc/self/exe";
     }
 
-    int restarts = 0, no_progress_run = 0, last_nonfinite = -1;
+    if (opt_.driven()) return run_driven();
     for (int attempt = 0;; ++attempt) {
       events_.set_attempt(attempt);
-      const int best_before = best_step_;
-      AttemptEnd end = run_attempt(attempt);
-      best_step_ = std::max(best_step_, end.best_step);
+      Placement where;
+      where.first = opt_.node_rank * opt_.nproc;
+      where.world = opt_.nnodes * opt_.nproc;
+      if (trains() && !tracker_.skip_steps().empty())
+        where.extra_args.push_back(fmt::format("--train.skip_steps=[{}]", fmt::join(tracker_.skip_steps(), ",")));
+      const int restarts = tracker_.restarts();
+      AttemptEnd end = run_attempt(attempt, where);
       if (end.code == 0 || end.user_stop) {
+        tracker_.after_attempt(0, end.best_step, -1);
         events_.write(end.code == 0 ? "done" : "gave_up",
-                      {{"exit_code", end.code}, {"best_step", best_step_}, {"restarts", restarts},
+                      {{"exit_code", end.code}, {"best_step", tracker_.best_step()}, {"restarts", restarts},
                        {"reason", end.code == 0 ? "every rank finished" : "the launcher was signalled"}});
         return end.code;
       }
-      no_progress_run = end.best_step > best_before ? 0 : no_progress_run + 1;
-      RestartDecision d = decide_restart(policy_, end.code, restarts, no_progress_run);
+      std::string note;
+      RestartDecision d = tracker_.after_attempt(end.code, end.best_step, end.nonfinite_step, &note);
       if (!d.restart) {
         if (opt_.max_restarts > 0) say(fmt::format("giving up: {}", d.reason));
         events_.write("gave_up", {{"exit_code", d.exit_code}, {"failure_code", end.code}, {"reason", d.reason},
-                                  {"best_step", best_step_}, {"restarts", restarts}});
+                                  {"best_step", tracker_.best_step()}, {"restarts", restarts}});
         return d.exit_code;
       }
-      // A batch that makes the loss non-finite again after a rollback is the data's fault, not the machine's.
-      const int bad = end.nonfinite_step;
-      if (bad > 0 && bad == last_nonfinite && skip_steps_.insert(bad).second)
-        say(fmt::format("step {} was non-finite twice in a row; the next attempts skip its batch", bad));
-      last_nonfinite = end.nonfinite_step;
+      if (!note.empty()) say(note);
       say(fmt::format("attempt {} failed (code {}); {}, in {:.1f} s", attempt, end.code, d.reason, d.delay_s));
       events_.write("restarting", {{"delay_s", d.delay_s}, {"failure_code", end.code}, {"reason", d.reason},
                                    {"attempt_best_step", end.best_step},
-                                   {"skip_steps", std::vector<int>(skip_steps_.begin(), skip_steps_.end())}});
+                                   {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(),
+                                                                   tracker_.skip_steps().end())}});
       if (!wait_watching_signals(d.delay_s)) {
         events_.write("gave_up", {{"exit_code", exit_code_}, {"reason", "the launcher was signalled"}});
         return exit_code_;
       }
-      ++restarts;
     }
   }
 
  private:
   // ---- one attempt --------------------------------------------------------------------------------------------
-  AttemptEnd run_attempt(int attempt) {
+  bool trains() const { return !opt_.exec && !opt_.args.empty() && opt_.args[0] == "train"; }
+
+  AttemptEnd run_attempt(int attempt, const Placement& where) {
     attempt_ = attempt;
     stopping_ = killed_ = user_stop_ = false;
     exit_code_ = 0;
     detected_at_ = -1;
     nonfinite_step_ = -1;
-    resumed_ = caught_up_ = false;
-    const int best_before = best_step_;
-    attempt_best_ = 0;
+    detected_.clear();
     ranks_.clear();
-    status_.clear();
-    straggle_count_.clear();
-    recent_step_times_.clear();
 
-    const int first = opt_.node_rank * opt_.nproc, world = opt_.nnodes * opt_.nproc;
+    const int first = where.first, world = where.world;
     const std::string prefix = fmt::format("attempt-{}", attempt);
+    const bool fresh_prefix = opt_.max_restarts > 0 || opt_.driven();
     SpawnSpec spec = spec_;
-    const bool trains = !opt_.exec && !opt_.args.empty() && opt_.args[0] == "train";
-    if (trains && !skip_steps_.empty())
-      spec.argv.push_back(fmt::format("--train.skip_steps=[{}]", fmt::join(skip_steps_, ",")));
+    for (const auto& a : where.extra_args) spec.argv.push_back(a);
     say(fmt::format("{}starting {} (global {}..{} of {}), store {}",
                     attempt > 0 ? fmt::format("attempt {}: ", attempt) : "", plural(opt_.nproc, "rank"), first,
                     first + opt_.nproc - 1, world, store_.url));
     ranks_.resize(size_t(opt_.nproc));
-    status_.resize(size_t(opt_.nproc));
-    progress_mark_.assign(size_t(opt_.nproc), "");
-    straggle_count_.assign(size_t(opt_.nproc), 0);
+    std::vector<int> globals;
+    for (int i = 0; i < opt_.nproc; ++i) globals.push_back(first + i);
+    watch_.reset(globals, now_seconds(), tracker_.best_step());
     for (int i = 0; i < opt_.nproc && !stopping_; ++i) {
       std::vector<std::string> env = base_env_;
       for (auto [k, v] : {std::pair<const char*, std::string>{"RANK", std::to_string(first + i)},
@@ -161,11 +179,10 @@ class Agent {
                           {"MEGATRAIN_ATTEMPT", std::to_string(attempt)},
                           {"MEGATRAIN_NODE_RANK", std::to_string(opt_.node_rank)}})
         env.push_back(fmt::format("{}={}", k, v));
-      if (opt_.max_restarts > 0) env.push_back("MEGATRAIN_STORE_PREFIX=" + prefix);
+      if (fresh_prefix) env.push_back("MEGATRAIN_STORE_PREFIX=" + prefix);
       if (!opt_.iface.empty()) env.push_back(fmt::format("{}={}", kIfaceEnv, opt_.iface));
       RankProcess& r = ranks_[size_t(i)];
       r.global = first + i;
-      status_[size_t(i)].rank = first + i;
       if (std::string why = r.spawn(spec, env, !opt_.no_prefix); !why.empty()) {
         abort_start(why);
         break;
@@ -173,18 +190,19 @@ class Agent {
       r.hb.set_hook([this, i](const std::string& line) { on_heartbeat(size_t(i), line); });
       r.err.set_hook([this, i](const std::string& line) { on_stderr(size_t(i), line); });
     }
-    attempt_started_ = last_progress_ = now_seconds();
-    events_.write("started", {{"ranks", opt_.nproc}, {"first_rank", first},
-                              {"store_prefix", opt_.max_restarts > 0 ? prefix : ""},
-                              {"skip_steps", std::vector<int>(skip_steps_.begin(), skip_steps_.end())}});
-    best_before_attempt_ = best_before;
+    attempt_started_ = now_seconds();
+    events_.write("started", {{"ranks", opt_.nproc}, {"first_rank", first}, {"world", world},
+                              {"store_prefix", fresh_prefix ? prefix : ""}, {"extra_args", where.extra_args}});
+    in_attempt_ = true;
     supervise();
+    in_attempt_ = false;
     if (detected_at_ > 0) events_.write("stopped", {{"seconds", now_seconds() - detected_at_}});
     AttemptEnd end;
     end.code = exit_code_;
     end.user_stop = user_stop_;
-    end.best_step = attempt_best_;
+    end.best_step = watch_.best_step();
     end.nonfinite_step = nonfinite_step_;
+    end.detected = detected_;
     return end;
   }
 
@@ -202,40 +220,27 @@ class Agent {
   void read_heartbeat(size_t i, const nlohmann::json& j) {
     const double now = now_seconds();
     if (j.value("type", "") == "event") return on_rank_event(i, j);
-    RankStatus& s = status_[i];
-    const int before = s.step;
-    const bool first = !s.heard;  // a rank's first heartbeat (from init) gives the step it starts from: not progress
-    if (!s.apply(j, now)) return;
-    // Progress is a step completed or any collective moving on (a long evaluation or checkpoint is not a hang
-    // while its collectives advance); a hung job has neither.
-    std::string mark = fmt::format("{}|{}", s.step, s.phase);
-    for (const auto& c : s.colls) mark += fmt::format("|{}#{}{}", c.group, c.seq, c.state);
-    if (mark != progress_mark_[i]) {
-      if (!first) last_progress_ = now;
-      progress_mark_[i] = mark;
+    WatchUpdate u = watch_.apply_heartbeat(i, j, now);
+    // Under the job driver these are the driver's to say, from every node's ranks.
+    if (opt_.driven()) return;
+    const RankStatus& s = watch_.status()[i];
+    if (u.first_step && attempt_ > 0)  // the first step of the attempt: "resumed" after a restart
+      events_.write("resumed", {{"rank", s.rank}, {"step", s.step}, {"from", watch_.start_step()},
+                                {"seconds", now - attempt_started_}});
+    if (u.caught_up)
+      events_.write("caught_up", {{"step", watch_.min_step()}, {"seconds", now - attempt_started_}});
+    if (!u.straggler.empty()) {  // every collective waits for it; warned once per rank per attempt
+      say(u.straggler);
+      events_.write("warning", {{"rank", s.rank}, {"reason", "straggler"}, {"ratio", u.straggler_ratio},
+                                {"line", u.straggler}});
     }
-    if (first || s.step == before) return;
-    // A step completed.
-    attempt_best_ = std::max(attempt_best_, s.step);
-    if (s.step_time) {
-      recent_step_times_.push_back(*s.step_time);
-      if (recent_step_times_.size() > 64) recent_step_times_.erase(recent_step_times_.begin());
-    }
-    if (!resumed_) {  // the first step of the attempt: "resumed" after a restart
-      resumed_ = true;
-      if (attempt_ > 0)
-        events_.write("resumed", {{"rank", s.rank}, {"step", s.step}, {"seconds", now - attempt_started_}});
-    }
-    if (!caught_up_ && best_before_attempt_ > 0 && min_step() >= best_before_attempt_) {
-      caught_up_ = true;
-      events_.write("caught_up", {{"step", min_step()}, {"seconds", now - attempt_started_}});
-    }
-    check_straggler(i);
   }
+
+  int rank_of(size_t i) const { return ranks_[i].global; }
 
   void on_rank_event(size_t i, const nlohmann::json& j) {
     const std::string what = j.value("event", "");
-    nlohmann::json f = {{"rank", status_[i].rank}, {"reason", what}, {"detail", j}};
+    nlohmann::json f = {{"rank", rank_of(i)}, {"reason", what}, {"detail", j}};
     if (what == "non_finite" || what == "error") {
       if (what == "non_finite" && j.contains("step") && j["step"].is_number_integer())
         nonfinite_step_ = j["step"].get<int>();
@@ -250,70 +255,238 @@ class Agent {
   void on_stderr(size_t i, const std::string& line) {
     for (const char* a : kAlerts)
       if (line.find(a) != std::string::npos) {
-        events_.write("warning", {{"rank", status_[i].rank}, {"reason", "alert"}, {"line", line.substr(0, 500)}});
+        events_.write("warning", {{"rank", rank_of(i)}, {"reason", "alert"}, {"line", line.substr(0, 500)}});
         return;
       }
   }
 
-  int min_step() const {
-    int m = INT_MAX;
-    for (const auto& s : status_) m = std::min(m, s.step);
-    return m == INT_MAX ? 0 : m;
+  std::vector<bool> running_flags() const {
+    std::vector<bool> v;
+    for (const auto& r : ranks_) v.push_back(r.running);
+    return v;
   }
 
-  // A rank whose compute time stays over straggler_factor x its peers' median is slowing the whole job down
-  // (every collective waits for it). Warned once per rank per attempt.
-  void check_straggler(size_t i) {
-    if (status_.size() < 2 || !status_[i].compute_time || straggle_count_[i] < 0) return;
-    std::vector<double> peers;
-    for (size_t k = 0; k < status_.size(); ++k)
-      if (k != i && status_[k].compute_time) peers.push_back(*status_[k].compute_time);
-    if (peers.empty()) return;
-    const double m = median(peers), mine = *status_[i].compute_time;
-    if (m <= 0 || mine <= opt_.straggler_factor * m) {
-      straggle_count_[i] = 0;
-      return;
-    }
-    if (++straggle_count_[i] < opt_.straggler_steps) return;
-    straggle_count_[i] = -1;
-    const std::string line =
-        fmt::format("rank {} ({}) is a straggler: compute {:.3f} s per step against its peers' median {:.3f} s "
-                    "({:.2f}x) for {} steps",
-                    status_[i].rank, status_[i].coord, mine, m, mine / m, opt_.straggler_steps);
-    say(line);
-    events_.write("warning", {{"rank", status_[i].rank}, {"reason", "straggler"}, {"ratio", mine / m},
-                              {"line", line}});
-  }
-
-  // Hangs: no progress for too long, or a live rank gone silent.
+  // Hangs of this node's ranks (on one node; under the driver it judges every node's ranks together).
   void check_hang(double now) {
     if (stopping_) return;
-    bool any = false, silent = false;
-    for (size_t i = 0; i < status_.size(); ++i) {
-      if (!status_[i].heard) continue;
-      any = true;
-      if (ranks_[i].running && now - status_[i].last_heard > opt_.heartbeat_timeout_s) silent = true;
-    }
-    if (!any) return;  // not a megatrain rank (or not yet talking): only exits are supervised
-    // Before the first step, and while a rank initialises, evaluates or checkpoints (work with few or no
-    // collectives, whose length no step time predicts), the start-up limit applies.
-    const bool slow_phase = std::any_of(status_.begin(), status_.end(), [](const RankStatus& r) {
-      return r.phase == "init" || r.phase == "eval" || r.phase == "checkpoint";
-    });
-    const double limit = resumed_ && !slow_phase
-                             ? std::max(opt_.hang_floor_s, opt_.hang_factor * median(recent_step_times_))
-                             : std::max(opt_.hang_floor_s, opt_.startup_timeout_s);
-    if (!silent && now - last_progress_ <= limit) return;
-    Blame b = blame_hang(status_, now, opt_.heartbeat_timeout_s);
-    const std::string why = silent ? "a rank stopped sending heartbeats"
-                                   : fmt::format("no progress (step or collective) for {:.0f} s (limit {:.0f} s)",
-                                                 now - last_progress_, limit);
-    say(fmt::format("hang detected: {}: {}", why, b.line));
+    auto h = watch_.check_hang(now, running_flags());
+    if (!h) return;
+    say(fmt::format("hang detected: {}: {}", h->why, h->blame.line));
     detected_at_ = now;
-    events_.write("detected", {{"reason", "hang"}, {"why", why}, {"blame", b.line}, {"ranks", b.ranks},
-                               {"seconds_since_progress", now - last_progress_}});
+    events_.write("detected", {{"reason", "hang"}, {"why", h->why}, {"blame", h->blame.line},
+                               {"ranks", h->blame.ranks}, {"seconds_since_progress", h->since_progress_s}});
     exit_code_ = kHangCode;
     begin_stop(SIGTERM);
+  }
+
+  // ---- under the job driver ------------------------------------------------------------------------------------
+  // The loop of an agent of a multi-node supervised job: register, then run whatever attempt the driver plans for
+  // this node (or wait as a spare), until the driver says the job is done or this node is evicted.
+  int run_driven() {
+    std::unique_ptr<Store> driver_store;
+    std::thread driver;
+    std::atomic<int> driver_code{-1};
+    if (opt_.node_rank == 0) {  // the driver lives in node 0's agent, beside the store it serves
+      driver_store = connect_job_store(store_);
+      driver = std::thread([&] {
+        EventLog log;
+        log.open(opt_.events, 0);
+        driver_code = run_driver(opt_, *driver_store, log);
+      });
+    }
+    ctl_ = connect_job_store(store_);
+    std::atomic<bool> quit{false};
+    std::thread alive([&] { keep_alive(quit); });
+    int code = driven_loop();
+    quit = true;
+    alive.join();
+    if (driver.joinable()) {
+      if (code >= 128) {  // signalled: the process ends here, and the driver (mid-wait) with it
+        std::fflush(nullptr);
+        std::_Exit(code);
+      }
+      driver.join();
+      code = driver_code;
+    }
+    return code;
+  }
+
+  int driven_loop() {
+    proto::AgentHello hello;
+    hello.agent = opt_.node_rank;
+    hello.nproc = opt_.nproc;
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    hello.host = host;
+    if (opt_.node_rank >= opt_.nnodes && opt_.diagnose) {  // a spare proves itself before it may be enlisted
+      say(fmt::format("spare node {}: checking this node (megatrain diagnose)", opt_.node_rank));
+      hello.diagnosis = diagnose_node();
+    }
+    ctl_->set(proto::agent_key(opt_.node_rank), hello.to_json().dump());
+    say(fmt::format("node {} registered{}; waiting for the driver's plan", opt_.node_rank,
+                    opt_.node_rank >= opt_.nnodes ? " as a spare" : ""));
+    for (int attempt = 0;; ++attempt) {
+      std::optional<proto::AttemptPlan> plan;
+      if (int c = wait_for_plan(attempt, &plan); c >= 0) return c;
+      events_.set_attempt(attempt);
+      const int slot = plan->slot_of(opt_.node_rank);
+      if (slot < 0) continue;  // a spare, or a node left out of this attempt
+      Placement where;
+      where.first = slot * opt_.nproc;
+      where.world = plan->world();
+      where.extra_args = plan->extra_args;
+      AttemptEnd end = run_attempt(attempt, where);
+      proto::AgentEnd rec;
+      rec.code = end.code;
+      rec.user_stop = end.user_stop;
+      rec.best_step = end.best_step;
+      rec.nonfinite_step = end.nonfinite_step;
+      rec.detected = end.detected;
+      if (end.code != 0 && !end.user_stop && opt_.diagnose && !store_lost_) rec.diagnosis = diagnose_node();
+      if (store_lost_) return lost_store_exit();
+      try {
+        ctl_->set(proto::end_key(attempt, opt_.node_rank), rec.to_json().dump());
+      } catch (const std::exception& e) {
+        say(fmt::format("cannot report to the driver: {}", e.what()));
+        return lost_store_exit();
+      }
+      if (end.user_stop) return end.code;
+    }
+  }
+
+  int lost_store_exit() {
+    say("the job store (node 0: the driver) cannot be reached; this node's part of the job ends");
+    events_.write("gave_up", {{"exit_code", 22}, {"reason", "the job store is gone"}});
+    return 22;
+  }
+
+  // Waits for attempt `attempt`'s plan. Returns -1 with the plan, or the code this agent exits with (the job is
+  // done, this node was evicted, the store is gone, the agent was signalled).
+  int wait_for_plan(int attempt, std::optional<proto::AttemptPlan>* plan) {
+    for (;;) {
+      try {
+        if (ctl_->check(proto::kDoneKey)) {
+          const int code = std::atoi(ctl_->get(proto::kDoneKey, Millis(5000)).c_str());
+          if (opt_.node_rank != 0) events_.write(code == 0 ? "done" : "gave_up", {{"exit_code", code}});
+          return code;
+        }
+        if (ctl_->check(proto::evicted_key(opt_.node_rank))) {
+          const std::string why = ctl_->get(proto::evicted_key(opt_.node_rank), Millis(5000));
+          if (opt_.node_rank == 0) {
+            // Node 0 keeps the store and the driver: it stays up, without ranks, until the job is done.
+            if (!evicted_said_) say(fmt::format("this node was evicted ({}); it keeps serving the driver", why));
+            evicted_said_ = true;
+          } else {
+            say(fmt::format("this node was evicted by the driver: {}", why));
+            return kEvictedExit;
+          }
+        }
+        if (ctl_->check(proto::plan_key(attempt))) {
+          auto j = nlohmann::json::parse(ctl_->get(proto::plan_key(attempt), Millis(5000)));
+          *plan = proto::AttemptPlan::from_json(j);
+          return -1;
+        }
+      } catch (const nlohmann::json::exception& e) {
+        say(fmt::format("the driver's plan of attempt {} is unreadable: {}", attempt, e.what()));
+        return 1;
+      } catch (const std::exception& e) {
+        say(fmt::format("the job store: {}", e.what()));
+        return lost_store_exit();
+      }
+      if (store_lost_) return lost_store_exit();
+      if (!wait_watching_signals(0.2)) return exit_code_;
+    }
+  }
+
+  // Bumps this agent's liveness counter every second from its own thread and store client, so the driver sees a
+  // live node even while the main loop waits on a slow rank or a diagnosis.
+  void keep_alive(std::atomic<bool>& quit) {
+    std::unique_ptr<Store> s;
+    int failures = 0;
+    while (!quit) {
+      try {
+        if (!s) s = connect_job_store(store_);
+        s->add(proto::alive_key(opt_.node_rank), 1);
+        failures = 0;
+      } catch (const std::exception&) {
+        s.reset();
+        if (++failures >= 3) store_lost_ = true;  // (the client itself already retried for seconds)
+      }
+      for (int i = 0; i < 10 && !quit; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+  // Every half second of an attempt: publish this node's ranks' statuses, and stop when the attempt is stopped.
+  void driven_tick(double now) {
+    if (store_lost_) {
+      if (!stopping_) {
+        say("the job store (node 0: the driver) is gone; stopping this node's ranks");
+        exit_code_ = 22;
+        begin_stop(SIGTERM);
+      }
+      return;
+    }
+    try {
+      nlohmann::json ranks = nlohmann::json::array();
+      const auto running = running_flags();
+      for (size_t i = 0; i < watch_.status().size(); ++i)
+        ranks.push_back(proto::status_to_json(watch_.status()[i], running[i], now));
+      ctl_->set(proto::status_key(attempt_, opt_.node_rank), nlohmann::json{{"ranks", ranks}}.dump());
+      if (!stopping_ && ctl_->check(proto::stop_key(attempt_))) {
+        auto j = nlohmann::json::parse(ctl_->get(proto::stop_key(attempt_), Millis(5000)), nullptr, false);
+        const std::string why = j.is_object() ? j.value("reason", "") : "";
+        say(fmt::format("the attempt was stopped ({}); stopping this node's {}", why,
+                        plural(running_count(), "rank")));
+        exit_code_ = j.is_object() ? j.value("code", 1) : 1;
+        begin_stop(SIGTERM);
+      }
+    } catch (const std::exception& e) {
+      say(fmt::format("the job store: {}", e.what()));
+      store_lost_ = true;
+    }
+  }
+
+  // Tells every node that this attempt failed here (driven mode only; the first word stands).
+  void announce_stop(const std::string& why) {
+    if (!opt_.driven() || !ctl_ || store_lost_ || !in_attempt_) return;
+    try {
+      if (!ctl_->check(proto::stop_key(attempt_)))
+        ctl_->set(proto::stop_key(attempt_), nlohmann::json{{"by", fmt::format("node {}", opt_.node_rank)},
+                                                            {"code", std::max(1, exit_code_)},
+                                                            {"reason", why}}.dump());
+    } catch (const std::exception&) {
+      store_lost_ = true;
+    }
+  }
+
+  // `megatrain diagnose --json` on this node, as a child process (this process has threads; the checks fork
+  // ranks of their own). The report, or {"pass": false, "error": ...} when it could not run.
+  nlohmann::json diagnose_node() {
+    char tmpl[] = "/tmp/mt-diagnose-XXXXXX";
+    int fd = ::mkstemp(tmpl);
+    if (fd < 0) return {{"pass", false}, {"error", std::string("mkstemp: ") + std::strerror(errno)}};
+    ::close(fd);
+    std::string cmd = fmt::format("MEGATRAIN_NODE_RANK={} /proc/{}/exe diagnose --json --node {} --local-ranks {}{}",
+                                  opt_.node_rank, ::getpid(), opt_.node_rank, std::max(2, opt_.nproc),
+                                  opt_.diagnose_expect.empty() ? "" : " --expect '" + opt_.diagnose_expect + "'");
+    cmd += fmt::format(" > {} 2>&1 < /dev/null", tmpl);
+    const double t0 = now_seconds();
+    // (system() runs /bin/sh with SIGCHLD blocked in this thread, which is what a signalfd loop needs anyway)
+    const int st = std::system(cmd.c_str());
+    std::ifstream f(tmpl);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    ::unlink(tmpl);
+    nlohmann::json report;
+    std::string line, last;
+    while (std::getline(ss, line))
+      if (!line.empty() && line[0] == '{') last = line;
+    report = nlohmann::json::parse(last, nullptr, false);
+    if (!report.is_object())
+      report = {{"pass", false}, {"error", fmt::format("diagnose {}: {}", describe_status(st), ss.str().substr(0, 500))}};
+    report["seconds"] = now_seconds() - t0;
+    events_.write("diagnosed", {{"pass", report.value("pass", false)}, {"report", report}});
+    return report;
   }
 
   // ---- processes and signals ----------------------------------------------------------------------------------
@@ -382,6 +555,8 @@ class Agent {
     events_.write("detected", {{"reason", "exit"}, {"rank", r.global}, {"status", describe_status(st)},
                                {"code", exit_code_of(st)}});
     exit_code_ = std::max(1, exit_code_of(st));
+    detected_ = fmt::format("rank {} {}", r.global, describe_status(st));
+    announce_stop(detected_);
     begin_stop(SIGTERM);
   }
 
@@ -408,6 +583,7 @@ class Agent {
                         plural(running_count(), "rank")));
         exit_code_ = 128 + sig;
         user_stop_ = true;
+        announce_stop(fmt::format("the agent of node {} was signalled", opt_.node_rank));
         if (stopping_) signal_all(sig);
         begin_stop(sig);  // forwarded as is: ranks may treat SIGINT and SIGTERM differently
       } else if (!killed_) {
@@ -451,7 +627,10 @@ class Agent {
         drain_until = now + 2.0;
       }
       if (!cleaned && now >= next_check) {
-        check_hang(now);
+        if (opt_.driven())
+          driven_tick(now);
+        else
+          check_hang(now);
         next_check = now + 0.5;
       }
 
@@ -498,23 +677,24 @@ class Agent {
   }
 
   const LaunchOptions& opt_;
-  RestartPolicy policy_;
+  RestartTracker tracker_;
+  JobWatch watch_;
   JobStore store_;
   EventLog events_;
   SpawnSpec spec_;
   std::vector<std::string> base_env_;
-  std::set<int> skip_steps_;
-  int best_step_ = 0;
 
   // The current attempt.
   std::vector<RankProcess> ranks_;
-  std::vector<RankStatus> status_;
-  std::vector<std::string> progress_mark_;  // per rank: step, phase and collective states at its last change
-  std::vector<int> straggle_count_;  // consecutive slow steps per rank; -1 once warned
-  std::vector<double> recent_step_times_;
-  double attempt_started_ = 0, last_progress_ = 0, detected_at_ = -1;
-  int attempt_ = 0, attempt_best_ = 0, best_before_attempt_ = 0, nonfinite_step_ = -1;
-  bool resumed_ = false, caught_up_ = false;
+  double attempt_started_ = 0, detected_at_ = -1;
+  int attempt_ = 0, nonfinite_step_ = -1;
+  std::string detected_;
+
+  // Under the job driver (driven mode).
+  std::unique_ptr<Store> ctl_;             // this agent's client of the job store
+  std::atomic<bool> store_lost_{false};    // the liveness thread could not reach the store
+  bool evicted_said_ = false;
+  bool in_attempt_ = false;
 
   int sigfd_ = -1;
   sigset_t old_mask_{};

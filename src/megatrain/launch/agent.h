@@ -20,8 +20,11 @@
 // with the agent (PR_SET_PDEATHSIG); the agent is a child subreaper, so processes the ranks leave behind become its
 // children, and it kills and reaps whatever remains before an attempt ends.
 //
-// One node only for now: restarts across several nodes need the job driver (issue 12), so cli/ refuses
-// --max-restarts with --nnodes > 1.
+// Several nodes (LaunchOptions::driven(): --nnodes > 1 with --max-restarts, or --spares): the agents run whatever
+// attempt the job driver (driver.h, a thread of node 0's agent) plans, through the job store (job_protocol.h). An
+// agent then leaves hang and straggler judgement to the driver, which sees every node's ranks; it publishes its
+// ranks' statuses, bumps a liveness counter every second, stops its ranks when the attempt is stopped (and stops the
+// attempt itself when one of its ranks fails), and after a failed attempt runs `megatrain diagnose` on its node.
 #pragma once
 #include "megatrain/launch/options.h"
 

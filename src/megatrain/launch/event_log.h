@@ -6,10 +6,16 @@
 //   detected     the supervisor decided the attempt failed    rank(s), reason, blame (hangs), latency inputs
 //   stopped      every rank of the attempt is gone            seconds (from detection)
 //   restarting   a new attempt comes after a backoff           delay_s, attempt_best_step, skip_steps
-//   resumed      the first step of the new attempt finished    step (so it resumed from step - 1)
+//   resumed      the first step of the new attempt finished    step, from (the step it resumed from)
 //   caught_up    the new attempt reached the best step before  step
 //   warning      a loss spike, a straggler, an alert line      rank, reason
 //   done / gave_up  the end                                     exit_code, reason
+// Under the job driver (driver.h; its lines carry "by": "driver" and sit in node 0's log) also:
+//   registered   an agent joined (a spare with its diagnosis)  node, host, spare, healthy
+//   planned      an attempt's nodes and layout                  nodes, world, extra_args, why
+//   diagnosed    `megatrain diagnose` of a node after a fault   node, pass, report
+//   evicted      a node is out of the job                       node, reason
+// and "detected" with reason node_lost (node), hang (ranks, nodes, blame) or straggler (rank, node).
 #pragma once
 #include <cstdio>
 #include <string>

@@ -77,9 +77,18 @@ Blame blame_hang(const std::vector<RankStatus>& ranks, double now, double stale_
   }
   // A lagging rank that is itself waiting in a group where someone lags is a victim: keep the findings whose lagging
   // ranks are not (or, in a cycle, all of them).
+  // So is a rank running a collective that a member of its group only posted (rule 3's case, met on the way: rank 2
+  // waits in tp #7, which its tp peer 3 posted and never started; rank 2 then never enters dp #30, and neither
+  // does 3, but only 3 is the root).
   std::set<int> victims;
   for (const auto& f : findings)
     for (int w : f.waiting) victims.insert(w);
+  for (const auto& [name, members] : groups)
+    for (const auto& [i, c] : members)
+      if (c.state == "started" &&
+          std::any_of(members.begin(), members.end(),
+                      [&](const auto& m) { return m.second.seq == c.seq && m.second.state == "posted"; }))
+        victims.insert(i);
   std::vector<const Finding*> roots;
   for (const auto& f : findings)
     if (std::any_of(f.lagging.begin(), f.lagging.end(), [&](int i) { return !victims.count(i); })) roots.push_back(&f);

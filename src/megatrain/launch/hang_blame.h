@@ -9,7 +9,7 @@
 //  3. Not started: all members are at #k, some running it and some only posted it (a rank stuck before its op
 //     reached the wire).
 // A blocked rank may itself be the victim of another group's hang (it waits in tp #10 because its tp peer never
-// came); rule 2 follows such chains to the ranks that are not waiting on anyone.
+// came, or only posted it); rule 2 follows such chains to the ranks that are not waiting on anyone.
 #pragma once
 #include <string>
 #include <vector>

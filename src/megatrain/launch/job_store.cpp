@@ -19,7 +19,7 @@ std::string choose_secret(const LaunchOptions& opt) {
   std::string s = opt.secret_file.empty() ? store_secret_from_env() : read_store_secret_file(opt.secret_file);
   if (!s.empty()) return s;
   bool tcp = opt.store.empty() || opt.store.rfind("tcp://", 0) == 0;
-  MT_CHECK(opt.nnodes == 1 || !tcp,
+  MT_CHECK(opt.nnodes + opt.spares == 1 || !tcp,
            "--nnodes {} with a tcp store needs the store secret every node shares: set {} to the same value on "
            "every node (e.g. `export {}=$(openssl rand -hex 16)` in the job script, before the launchers start), "
            "or give --secret-file FILE (mode 600, on a file system every node reads)",
@@ -56,11 +56,13 @@ JobStore open_job_store(const LaunchOptions& opt) {
     // Listen on the master address only: loopback by default on one node, on several the address the other
     // nodes were told (never every interface: the store must not be reachable from where the job is not).
     std::string bind = js.master_addr;
-    if (opt.nnodes > 1) {
+    // Every node on this one host (--iface lo): a test, or a machine split into "nodes"; loopback reaches them all.
+    const bool one_host = !opt.iface.empty() && is_loopback_address(local_address_of(opt.iface, "--iface").address);
+    if (opt.nnodes + opt.spares > 1) {
       bind = resolve_numeric(js.master_addr, "--master");
-      MT_CHECK(!is_loopback_address(bind),
+      MT_CHECK(one_host || !is_loopback_address(bind),
                "--master '{}' is the loopback address {}, which the other {} cannot reach; give node 0's address on "
-               "the network they share (this host has: {})",
+               "the network they share (this host has: {}), or --iface lo when every node runs on this host",
                opt.master, bind, plural(opt.nnodes - 1, "node"), list_local_addresses());
     }
     TcpStoreLimits limits;
@@ -68,12 +70,28 @@ JobStore open_job_store(const LaunchOptions& opt) {
     limits.max_connections = std::max(1024, 8 * opt.nnodes * opt.nproc);
     js.server = std::make_unique<TcpStoreServer>(bind, port > 0 ? port : 0, js.secret, limits);
     js.master_port = js.server->port();
-    if (opt.nnodes > 1) say(fmt::format("the store listens on {}:{}", bind, js.master_port));
+    if (opt.nnodes + opt.spares > 1) say(fmt::format("the store listens on {}:{}", bind, js.master_port));
   } else {
     js.master_port = port;
   }
   js.url = fmt::format("tcp://{}:{}", host, js.master_port);
   return js;
+}
+
+std::unique_ptr<Store> connect_job_store(const JobStore& js) {
+  if (js.url.rfind("tcp://", 0) == 0) {
+    std::string host = js.master_addr;
+    int port = js.master_port;
+    // A user-given tcp:// store names its own address.
+    const std::string rest = js.url.substr(6);
+    if (auto colon = rest.rfind(':'); colon != std::string::npos) {
+      host = rest.substr(0, colon);
+      port = std::atoi(rest.c_str() + colon + 1);
+      if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    }
+    return make_tcp_store(host, port, Millis(30000), js.secret);
+  }
+  return open_store(js.url);
 }
 
 }  // namespace mt::launch

@@ -21,4 +21,8 @@ struct JobStore {
 // several nodes on a tcp store without a shared secret.
 JobStore open_job_store(const LaunchOptions& opt);
 
+// A new client of the job's store for the launcher itself (the driver, an agent's control and liveness), with the
+// job's secret.
+std::unique_ptr<Store> connect_job_store(const JobStore& js);
+
 }  // namespace mt::launch

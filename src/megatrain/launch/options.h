@@ -30,6 +30,15 @@ struct LaunchOptions {
   double heartbeat_timeout_s = 10;// a live rank silent this long is stopped or wedged
   double straggler_factor = 1.1;  // compute time over this x the peers' median, straggler_steps in a row: a warning
   int straggler_steps = 3;
+  int straggler_evict_steps = 0;  // a straggler this many steps in a row: evict its node (driver only; 0: never)
+
+  // Several nodes (the job driver, launch/driver.h; used when nnodes > 1 and max_restarts > 0, or spares > 0).
+  int spares = 0;                 // agents beyond nnodes (--node-rank nnodes..nnodes+spares-1) that wait to replace one
+  double node_timeout_s = 8;      // an agent whose liveness counter stands still this long is a lost node
+  bool diagnose = true;           // every agent of a failed attempt runs `megatrain diagnose`; failing nodes are evicted
+  std::string diagnose_expect;    // a healthy node's values (diagnose --save) to judge against; "": correctness only
+  bool shrink = true;             // with no spare left, go on with fewer data-parallel replicas
+  bool driven() const { return nnodes + spares > 1 && (max_restarts > 0 || spares > 0); }
 };
 
 }  // namespace mt::launch

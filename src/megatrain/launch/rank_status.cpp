@@ -13,6 +13,12 @@ bool RankStatus::apply(const nlohmann::json& hb, double now) {
     phase = hb.value("phase", phase);
     if (auto c = hb.find("coord"); c != hb.end() && c->is_array() && c->size() == 3)
       coord = fmt::format("dp{},pp{},tp{}", (*c)[0].get<int>(), (*c)[1].get<int>(), (*c)[2].get<int>());
+    if (auto l = hb.find("layout"); l != hb.end() && l->is_object()) {
+      dp = l->value("dp", 0);
+      pp = l->value("pp", 0);
+      tp = l->value("tp", 0);
+      grad_accum = l->value("grad_accum", 0);
+    }
     auto num = [&](const char* k) -> std::optional<double> {
       auto it = hb.find(k);
       if (it == hb.end() || !it->is_number()) return std::nullopt;

@@ -29,6 +29,8 @@ struct RankStatus {
   std::string phase;             // what it was doing then
   std::optional<double> step_time, compute_time;
   std::vector<CollectiveState> colls;
+  // The job's layout as the rank reported it (0 until known): a supervisor that shrinks dp keeps the global batch.
+  int dp = 0, pp = 0, tp = 0, grad_accum = 0;
 
   // Applies one heartbeat line ({"type":"hb",...}); returns false (and changes nothing) for a line that is not
   // one (events, or garbage: a rank must not be able to crash its agent).

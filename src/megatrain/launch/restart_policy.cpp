@@ -35,4 +35,19 @@ RestartDecision decide_restart(const RestartPolicy& p, int code, int restarts_do
   return d;
 }
 
+RestartDecision RestartTracker::after_attempt(int code, int attempt_best, int nonfinite_step, std::string* note) {
+  const int best_before = best_;
+  best_ = std::max(best_, attempt_best);
+  if (code == 0) return RestartDecision{};
+  no_progress_run_ = attempt_best > best_before ? 0 : no_progress_run_ + 1;
+  RestartDecision d = decide_restart(p_, code, restarts_, no_progress_run_);
+  if (!d.restart) return d;
+  if (nonfinite_step > 0 && nonfinite_step == last_nonfinite_ && skip_.insert(nonfinite_step).second && note)
+    *note = fmt::format("step {} was non-finite twice in a row; the next attempts skip its batch", nonfinite_step);
+  last_nonfinite_ = nonfinite_step;
+  ++restarts_;
+  return d;
+}
+
 }  // namespace mt::launch
+

@@ -9,6 +9,7 @@
 //    no_progress_limit such attempts in a row the job exits with kNoProgressExit, which tells a scheduler not to
 //    requeue it (the fault follows the job: a bad batch, a bad checkpoint, a broken node it keeps landing on).
 #pragma once
+#include <set>
 #include <string>
 
 namespace mt::launch {
@@ -37,5 +38,28 @@ RestartDecision decide_restart(const RestartPolicy& p, int exit_code, int restar
 
 // Whether a restart can change the outcome of a failure with this exit code.
 bool restart_may_help(int exit_code);
+
+// The bookkeeping across attempts that both supervisors keep (one node's agent, and the job driver for several):
+// the best step reached, restarts used, attempts in a row without progress, and the batches to skip. A batch that
+// makes the loss non-finite at the same step in two attempts in a row is the data's fault, not the machine's: the
+// next attempts skip it (train.skip_steps).
+class RestartTracker {
+ public:
+  explicit RestartTracker(RestartPolicy p) : p_(p) {}
+
+  int best_step() const { return best_; }
+  int restarts() const { return restarts_; }
+  const std::set<int>& skip_steps() const { return skip_; }
+
+  // An attempt ended. code 0 is success (no decision needed: the job is done); otherwise the decision, and in
+  // `skip_note` a line when a step was added to skip_steps. attempt_best: the best step the attempt reached;
+  // nonfinite_step: the step a rank reported a non-finite loss at (-1: none).
+  RestartDecision after_attempt(int code, int attempt_best, int nonfinite_step, std::string* skip_note = nullptr);
+
+ private:
+  RestartPolicy p_;
+  int best_ = 0, restarts_ = 0, no_progress_run_ = 0, last_nonfinite_ = -1;
+  std::set<int> skip_;
+};
 
 }  // namespace mt::launch

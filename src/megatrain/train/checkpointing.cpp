@@ -164,9 +164,22 @@ void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
   const int64_t saved_t = extra_field(ck, "seq_len", true, is_count, "a non-negative integer").get<int64_t>();
   const int micro = cfg.pipeline_microbatches();
   const int64_t global_b = int64_t{cfg.data.batch_size} * micro * cfg.parallel.dp;
-  MT_CHECK(saved_b == global_b && saved_t == cfg.data.seq_len,
-           "checkpoint {} used a global batch of {} x {} tokens, this run {} x {}: the data position would not carry over",
-           ck.dir(), saved_b, saved_t, global_b, cfg.data.seq_len);
+  // The data position is a cursor into the epoch's window order, which any read size continues as long as a step
+  // takes the same windows: the same rows per read, or (a job that shrank dp and accumulates more, launch/driver.h)
+  // the same rows per optimizer step with the cursor on a read boundary. The one difference then: an epoch drops
+  // its remainder of less than one read, which depends on the read size.
+  const int64_t saved_accum = x.contains("train") && x["train"].is_object() && x["train"].contains("grad_accum") &&
+                                      x["train"]["grad_accum"].is_number_integer()
+                                  ? x["train"]["grad_accum"].get<int64_t>()
+                                  : 0;
+  const uint64_t cursor = saved_position(ck).data.cursor;
+  const bool same_read = saved_b == global_b;
+  const bool same_step = saved_accum > 0 && global_b > 0 && saved_b * saved_accum == global_b * cfg.train.grad_accum &&
+                         cursor % uint64_t(global_b) == 0;
+  MT_CHECK((same_read || same_step) && saved_t == cfg.data.seq_len,
+           "checkpoint {} used a global batch of {} x {} tokens (grad_accum {}), this run {} x {} (grad_accum {}): the "
+           "data position would not carry over",
+           ck.dir(), saved_b, saved_t, saved_accum, global_b, cfg.data.seq_len, cfg.train.grad_accum);
 }
 
 // A barrier over the whole mesh (which has no world group): rank (d,t,p) leaves its pp barrier only after every

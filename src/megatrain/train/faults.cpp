@@ -198,8 +198,9 @@ FaultInjector::~FaultInjector() {
 }
 
 void FaultInjector::check_world(int world_size) const {
+  // Only the faults of this attempt: a job that shrank after attempt 0 may no longer have the rank one named.
   for (const Fault& f : all_)
-    if (f.kind != FaultKind::BadNode && f.rank >= world_size)
+    if (f.kind != FaultKind::BadNode && f.fires_in(attempt_) && f.rank >= world_size)
       fail_as(ErrorKind::Config, "MEGATRAIN_FAULTS item '{}': rank {} is outside the world of {} ranks", f.item,
               f.rank, world_size);
 }

@@ -57,6 +57,8 @@ class Heartbeat {
   Heartbeat& operator=(const Heartbeat&) = delete;
 
   void set_coord(const MeshCoord& c);
+  // The job's layout: dp, pp, tp and train.grad_accum (a supervisor that changes dp must keep the global batch).
+  void set_layout(int dp, int pp, int tp, int grad_accum);
   void set_phase(Phase p);
   void set_step(int step);  // the last completed step, without a step line (a skipped batch)
   // A step completed: records its numbers and writes the step line.
@@ -78,6 +80,7 @@ class Heartbeat {
   mutable std::mutex mu_;  // the state below and the queue
   std::condition_variable cv_, written_cv_;
   std::optional<MeshCoord> coord_;
+  std::optional<nlohmann::ordered_json> layout_;
   Phase phase_ = Phase::Init;
   int step_ = 0;
   std::optional<double> loss_, step_time_, compute_time_;

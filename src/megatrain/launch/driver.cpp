@@ -1,0 +1,442 @@
+#include "megatrain/launch/driver.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "megatrain/core/clock.h"
+#include "megatrain/core/error.h"
+#include "megatrain/launch/job_protocol.h"
+#include "megatrain/launch/job_watch.h"
+#include "megatrain/launch/node_plan.h"
+#include "megatrain/launch/process_util.h"
+#include "megatrain/launch/restart_policy.h"
+
+namespace mt::launch {
+namespace {
+
+using nlohmann::json;
+
+// Failure codes the driver gives an attempt it stopped itself (the ranks' own codes then only say they were
+// stopped); both are codes a restart may help.
+constexpr int kHangCode = 21;      // a hang, or a straggler to evict
+constexpr int kNodeLostCode = 22;  // a node stopped answering
+
+constexpr double kPollSeconds = 0.5;
+
+// The job's layout as the ranks report it (0 until some rank has); a shrink changes dp and grad_accum.
+struct Layout {
+  int dp = 0, pp = 0, tp = 0, grad_accum = 0;
+  void learn(const RankStatus& s) {
+    if (s.dp > 0) *this = Layout{s.dp, s.pp, s.tp, s.grad_accum};
+  }
+  bool known() const { return dp > 0; }
+};
+
+struct AgentState {
+  std::optional<proto::AgentHello> hello;
+  int64_t alive = -1;        // the last value of its liveness counter
+  double alive_changed = 0;  // when it last changed (driver clock)
+  bool lost = false;
+  std::string evicted;       // non-empty: the reason it is out
+  bool usable() const {
+    return hello && !lost && evicted.empty() &&
+           (!hello->diagnosis.is_object() || hello->diagnosis.value("pass", true));
+  }
+};
+
+class Driver {
+ public:
+  Driver(const LaunchOptions& o, Store& s, EventLog& e)
+      : opt_(o), store_(s), events_(e), tracker_(policy_of(o)), watch_(watch_of(o)),
+        agents_(size_t(o.nnodes + o.spares)),
+        is_train_(!o.exec && !o.args.empty() && o.args[0] == "train") {}
+
+  int run() {
+    try {
+      return finish(drive());
+    } catch (const std::exception& e) {
+      say(fmt::format("driver: {}", e.what()));
+      events_.write("gave_up", {{"by", "driver"}, {"exit_code", 1}, {"reason", e.what()}});
+      return finish(1);
+    }
+  }
+
+ private:
+  static RestartPolicy policy_of(const LaunchOptions& o) {
+    RestartPolicy p;
+    p.max_restarts = o.max_restarts;
+    p.backoff_s = o.backoff_s;
+    p.no_progress_limit = o.no_progress_limit;
+    return p;
+  }
+  static WatchOptions watch_of(const LaunchOptions& o) {
+    WatchOptions w;
+    w.hang_floor_s = o.hang_floor_s;
+    w.hang_factor = o.hang_factor;
+    w.startup_timeout_s = o.startup_timeout_s;
+    w.heartbeat_timeout_s = o.heartbeat_timeout_s;
+    w.straggler_factor = o.straggler_factor;
+    w.straggler_steps = o.straggler_steps;
+    w.straggler_evict_steps = o.straggler_evict_steps;
+    return w;
+  }
+
+  int finish(int code) {
+    try {
+      store_.set(proto::kDoneKey, std::to_string(code));
+    } catch (const std::exception& e) {
+      say(fmt::format("driver: cannot tell the agents the job ended: {}", e.what()));
+    }
+    return code;
+  }
+
+  int drive() {
+    wait_for_agents();
+    std::vector<int> nodes;
+    for (int a = 0; a < opt_.nnodes; ++a) nodes.push_back(a);
+    std::string why = "the first attempt";
+    for (int attempt = 0;; ++attempt) {
+      events_.set_attempt(attempt);
+      proto::AttemptPlan plan;
+      plan.attempt = attempt;
+      plan.nodes = nodes;
+      plan.nproc = opt_.nproc;
+      plan.why = why;
+      plan.extra_args = extra_args(int(nodes.size()));
+      store_.set(proto::plan_key(attempt), plan.to_json().dump());
+      say(fmt::format("driver: attempt {} on {} (agents {}), {} ranks: {}", attempt, plural(int(nodes.size()), "node"),
+                      fmt::join(nodes, ","), plan.world(), why));
+      events_.write("planned", {{"by", "driver"}, {"nodes", nodes}, {"world", plan.world()},
+                                {"extra_args", plan.extra_args}, {"why", why}});
+
+      Outcome out = watch_attempt(plan);
+      if (out.user_stop) {
+        events_.write("gave_up", {{"by", "driver"}, {"exit_code", out.code}, {"reason", "an agent was signalled"}});
+        return out.code;
+      }
+      if (out.code == 0) {
+        events_.write("done", {{"by", "driver"}, {"exit_code", 0}, {"best_step", tracker_.best_step()},
+                               {"restarts", tracker_.restarts()}, {"reason", "every rank finished"}});
+        return 0;
+      }
+      std::string note;
+      const int before = tracker_.restarts();
+      RestartDecision d = tracker_.after_attempt(out.code, out.best_step, out.nonfinite_step, &note);
+      if (!d.restart) {
+        say(fmt::format("driver: giving up: {}", d.reason));
+        events_.write("gave_up", {{"by", "driver"}, {"exit_code", d.exit_code}, {"failure_code", out.code},
+                                  {"reason", d.reason}, {"best_step", tracker_.best_step()}, {"restarts", before}});
+        return d.exit_code;
+      }
+      if (!note.empty()) say("driver: " + note);
+      evict_marked();
+      auto next = plan_nodes(nodes, &why);
+      if (!next) {
+        events_.write("gave_up", {{"by", "driver"}, {"exit_code", kNoNodesExit}, {"failure_code", out.code},
+                                  {"reason", why}});
+        say("driver: giving up: " + why);
+        return kNoNodesExit;
+      }
+      nodes = *next;
+      say(fmt::format("driver: attempt {} failed (code {}); {}, in {:.1f} s", attempt, out.code, d.reason, d.delay_s));
+      events_.write("restarting", {{"by", "driver"}, {"delay_s", d.delay_s}, {"failure_code", out.code},
+                                   {"reason", d.reason}, {"attempt_best_step", out.best_step},
+                                   {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(),
+                                                                   tracker_.skip_steps().end())},
+                                   {"nodes", nodes}, {"why", why}});
+      std::this_thread::sleep_for(std::chrono::duration<double>(d.delay_s));
+    }
+  }
+
+  // ---- agents ---------------------------------------------------------------------------------------------------
+  void wait_for_agents() {
+    const double deadline = now_seconds() + opt_.startup_timeout_s;
+    for (;;) {
+      poll_agents(now_seconds());
+      int ready = 0;
+      for (int a = 0; a < opt_.nnodes; ++a) ready += agents_[size_t(a)].hello.has_value();
+      if (ready == opt_.nnodes) return;
+      if (now_seconds() > deadline) {
+        std::vector<int> missing;
+        for (int a = 0; a < opt_.nnodes; ++a)
+          if (!agents_[size_t(a)].hello) missing.push_back(a);
+        fail_as(ErrorKind::PeerLost, "the agents of node(s) {} never registered within --startup-timeout {} s",
+                fmt::join(missing, ","), opt_.startup_timeout_s);
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(kPollSeconds));
+    }
+  }
+
+  // Registrations and liveness of every agent. Returns the agents found lost just now.
+  std::vector<int> poll_agents(double now) {
+    std::vector<int> lost_now;
+    for (int a = 0; a < int(agents_.size()); ++a) {
+      AgentState& s = agents_[size_t(a)];
+      if (s.lost || !s.evicted.empty()) continue;
+      if (!s.hello) {
+        if (!store_.check(proto::agent_key(a))) continue;
+        json j = json::parse(store_.get(proto::agent_key(a), Millis(5000)), nullptr, false);
+        if (j.is_discarded()) continue;
+        try {
+          s.hello = proto::AgentHello::from_json(j);
+        } catch (const json::exception&) {
+          continue;
+        }
+        s.alive_changed = now;
+        const bool ok = s.usable();
+        events_.write("registered", {{"by", "driver"}, {"node", a}, {"host", s.hello->host},
+                                     {"spare", a >= opt_.nnodes}, {"healthy", ok}, {"diagnosis", s.hello->diagnosis}});
+        if (!ok) evict(a, "it failed diagnose when it registered");
+        continue;
+      }
+      const int64_t v = store_.add(proto::alive_key(a), 0);
+      if (v != s.alive) {
+        s.alive = v;
+        s.alive_changed = now;
+      } else if (now - s.alive_changed > opt_.node_timeout_s) {
+        s.lost = true;
+        lost_now.push_back(a);
+      }
+    }
+    return lost_now;
+  }
+
+  void evict(int a, const std::string& reason) {
+    AgentState& s = agents_[size_t(a)];
+    if (!s.evicted.empty()) return;
+    s.evicted = reason;
+    say(fmt::format("driver: evicting node {}: {}", a, reason));
+    events_.write("evicted", {{"by", "driver"}, {"node", a}, {"reason", reason}});
+    try {
+      store_.set(proto::evicted_key(a), reason);
+    } catch (const std::exception&) {
+      // A lost node's agent will not read it anyway.
+    }
+  }
+
+  // Evictions decided during the attempt (blamed ranks, failed diagnosis), carried out once it is over.
+  void evict_marked() {
+    for (auto& [a, reason] : to_evict_) evict(a, reason);
+    to_evict_.clear();
+  }
+
+  // The next attempt's nodes (node_plan.h); nullopt (with `why`) when no layout fits.
+  std::optional<std::vector<int>> plan_nodes(const std::vector<int>& prev, std::string* why) {
+    NodePlanInput in;
+    in.prev = prev;
+    for (const auto& a : agents_) in.usable.push_back(a.usable());
+    in.nproc = opt_.nproc;
+    if (is_train_ && layout_.known()) {
+      in.tp = layout_.tp;
+      in.pp = layout_.pp;
+      in.dp = layout_.dp;
+      in.grad_accum = layout_.grad_accum;
+    }
+    in.shrink = opt_.shrink;
+    NodePlan p = plan_next_nodes(in);
+    *why = p.why;
+    if (p.nodes.empty()) return std::nullopt;
+    if (p.dp > 0) {
+      override_.dp = p.dp;
+      override_.grad_accum = p.grad_accum;
+    }
+    return p.nodes;
+  }
+
+  std::vector<std::string> extra_args(int /*nodes*/) const {
+    std::vector<std::string> a;
+    if (!is_train_) return a;
+    if (override_.dp > 0) {
+      a.push_back(fmt::format("--parallel.dp={}", override_.dp));
+      a.push_back(fmt::format("--train.grad_accum={}", override_.grad_accum));
+    }
+    if (!tracker_.skip_steps().empty())
+      a.push_back(fmt::format("--train.skip_steps=[{}]", fmt::join(tracker_.skip_steps(), ",")));
+    return a;
+  }
+
+  // ---- one attempt ----------------------------------------------------------------------------------------------
+  struct Outcome {
+    int code = 0;
+    bool user_stop = false;
+    int best_step = 0;
+    int nonfinite_step = -1;
+  };
+
+  void request_stop(int attempt, int code, const std::string& reason) {
+    if (stop_code_ != 0) return;
+    stop_code_ = code;
+    store_.set(proto::stop_key(attempt), json{{"by", "driver"}, {"code", code}, {"reason", reason}}.dump());
+  }
+
+  Outcome watch_attempt(const proto::AttemptPlan& plan) {
+    const int attempt = plan.attempt;
+    std::vector<int> ranks(size_t(plan.world()));
+    for (int r = 0; r < plan.world(); ++r) ranks[size_t(r)] = r;
+    watch_.reset(ranks, now_seconds(), tracker_.best_step());
+    std::vector<bool> running(ranks.size(), true);
+    std::map<int, proto::AgentEnd> ends;
+    stop_code_ = 0;
+    const double started = now_seconds();
+    double detected_at = -1;
+    auto waiting_on = [&] {
+      int n = 0;
+      for (int a : plan.nodes) n += !ends.count(a) && !agents_[size_t(a)].lost;
+      return n;
+    };
+    while (waiting_on() > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kPollSeconds));
+      const double now = now_seconds();
+      for (int a : poll_agents(now)) {
+        const bool in_plan = plan.slot_of(a) >= 0 && !ends.count(a);
+        const std::string line =
+            fmt::format("node {} is lost: its agent's liveness counter stood still for {:.0f} s", a,
+                        now - agents_[size_t(a)].alive_changed);
+        say("driver: " + line);
+        events_.write(in_plan ? "detected" : "warning",
+                      {{"by", "driver"}, {"node", a}, {"reason", "node_lost"}, {"line", line}});
+        if (in_plan) {
+          if (detected_at < 0) detected_at = now;
+          request_stop(attempt, kNodeLostCode, line);
+        }
+        to_evict_[a] = "its agent stopped answering (node lost)";
+      }
+      for (int a : plan.nodes) {
+        if (ends.count(a) || agents_[size_t(a)].lost) continue;
+        read_statuses(attempt, a, plan, running, now, started);
+        if (store_.check(proto::end_key(attempt, a))) {
+          json j = json::parse(store_.get(proto::end_key(attempt, a), Millis(5000)), nullptr, false);
+          try {
+            ends[a] = proto::AgentEnd::from_json(j);
+          } catch (const json::exception&) {
+            ends[a] = proto::AgentEnd{};
+            ends[a].code = 1;
+          }
+        }
+      }
+      if (stop_code_ == 0 && store_.check(proto::stop_key(attempt))) {
+        json j = json::parse(store_.get(proto::stop_key(attempt), Millis(5000)), nullptr, false);
+        stop_code_ = j.is_object() ? j.value("code", 1) : 1;  // an agent saw a rank fail (its event says which)
+        if (detected_at < 0) detected_at = now;
+      }
+      if (stop_code_ == 0) check_hang(plan, running, now, &detected_at);
+    }
+    if (detected_at > 0) events_.write("stopped", {{"by", "driver"}, {"seconds", now_seconds() - detected_at}});
+
+    Outcome out;
+    out.best_step = watch_.best_step();
+    bool all_ok = stop_code_ == 0;
+    int first_code = 0;
+    for (int a : plan.nodes) {
+      auto it = ends.find(a);
+      if (it == ends.end()) {
+        all_ok = false;
+        continue;
+      }
+      const proto::AgentEnd& e = it->second;
+      out.best_step = std::max(out.best_step, e.best_step);
+      out.nonfinite_step = std::max(out.nonfinite_step, e.nonfinite_step);
+      if (e.user_stop) {
+        out.user_stop = true;
+        out.code = e.code;
+      }
+      if (e.code != 0) {
+        all_ok = false;
+        if (first_code == 0) first_code = e.code;
+      }
+      if (e.diagnosis.is_object() && !e.diagnosis.empty()) {
+        events_.write("diagnosed", {{"by", "driver"}, {"node", a}, {"pass", e.healthy()}, {"report", e.diagnosis}});
+        if (!e.healthy()) to_evict_[a] = "it failed diagnose after the fault: " + failed_checks(e.diagnosis);
+      }
+    }
+    if (out.user_stop) return out;
+    out.code = all_ok ? 0 : stop_code_ != 0 ? stop_code_ : first_code != 0 ? first_code : kNodeLostCode;
+    return out;
+  }
+
+  static std::string failed_checks(const json& report) {
+    std::vector<std::string> names;
+    for (const auto& c : report.value("checks", json::array()))
+      if (c.is_object() && c.value("ran", true) && !c.value("pass", true))
+        names.push_back(c.value("name", "?") + " (" + c.value("detail", "") + ")");
+    return names.empty() ? "a check failed" : fmt::format("{}", fmt::join(names, "; "));
+  }
+
+  void read_statuses(int attempt, int a, const proto::AttemptPlan& plan, std::vector<bool>& running, double now,
+                     double started) {
+    if (!store_.check(proto::status_key(attempt, a))) return;
+    json j = json::parse(store_.get(proto::status_key(attempt, a), Millis(5000)), nullptr, false);
+    if (!j.is_object() || !j.contains("ranks") || !j["ranks"].is_array()) return;
+    for (const auto& r : j["ranks"]) {
+      bool alive = true;
+      RankStatus s;
+      try {
+        s = proto::status_from_json(r, now, &alive);
+      } catch (const json::exception&) {
+        continue;
+      }
+      if (s.rank < 0 || s.rank >= plan.world()) continue;
+      running[size_t(s.rank)] = alive;
+      layout_.learn(s);
+      WatchUpdate u = watch_.apply_status(size_t(s.rank), s, now);
+      if (u.first_step && attempt > 0)
+        events_.write("resumed", {{"by", "driver"}, {"rank", s.rank}, {"step", s.step},
+                                  {"from", watch_.start_step()}, {"seconds", now - started}});
+      if (u.caught_up)
+        events_.write("caught_up", {{"by", "driver"}, {"step", watch_.min_step()}, {"seconds", now - started}});
+      if (!u.straggler.empty()) {
+        say("driver: " + u.straggler);
+        events_.write("warning", {{"by", "driver"}, {"rank", s.rank}, {"node", a}, {"reason", "straggler"},
+                                  {"ratio", u.straggler_ratio}, {"line", u.straggler}});
+      }
+      if (u.evict_straggler && stop_code_ == 0) {
+        const std::string line = fmt::format("rank {} ({}) on node {} stayed a straggler ({:.2f}x) for {} steps",
+                                             s.rank, s.coord, a, u.straggler_ratio, opt_.straggler_evict_steps);
+        say("driver: " + line + "; stopping the attempt to evict its node");
+        events_.write("detected", {{"by", "driver"}, {"reason", "straggler"}, {"rank", s.rank}, {"node", a},
+                                   {"line", line}});
+        to_evict_[a] = line;
+        request_stop(attempt, kHangCode, line);
+      }
+    }
+  }
+
+  void check_hang(const proto::AttemptPlan& plan, const std::vector<bool>& running, double now, double* detected_at) {
+    auto h = watch_.check_hang(now, running);
+    if (!h) return;
+    say(fmt::format("driver: hang detected: {}: {}", h->why, h->blame.line));
+    std::vector<int> nodes;
+    for (int r : h->blame.ranks) {
+      const int a = plan.nodes[size_t(r / plan.nproc)];
+      if (std::find(nodes.begin(), nodes.end(), a) == nodes.end()) nodes.push_back(a);
+      to_evict_[a] = fmt::format("it held rank {}, blamed for a hang: {}", r, h->blame.line);
+    }
+    *detected_at = now;
+    events_.write("detected", {{"by", "driver"}, {"reason", "hang"}, {"why", h->why}, {"blame", h->blame.line},
+                               {"ranks", h->blame.ranks}, {"nodes", nodes},
+                               {"seconds_since_progress", h->since_progress_s}});
+    request_stop(plan.attempt, kHangCode, "hang: " + h->blame.line);
+  }
+
+  const LaunchOptions& opt_;
+  Store& store_;
+  EventLog& events_;
+  RestartTracker tracker_;
+  JobWatch watch_;
+  std::vector<AgentState> agents_;
+  std::map<int, std::string> to_evict_;
+  Layout layout_;     // as the ranks of the last attempt reported it
+  Layout override_;   // what the driver set after a shrink (dp, grad_accum), passed on to every later attempt
+  const bool is_train_;  // the command is `train`, whose layout and batches the driver may change
+  int stop_code_ = 0;
+};
+
+}  // namespace
+
+int run_driver(const LaunchOptions& opt, Store& store, EventLog& events) { return Driver(opt, store, events).run(); }
+
+}  // namespace mt::launch

@@ -1,0 +1,34 @@
+// The job driver of a supervised job on several nodes (`megatrain launch --nnodes N --max-restarts K`, optionally
+// with --spares S): it runs inside node 0's agent, on a thread of its own, and talks to every agent (node 0's
+// included) only through the job store (job_protocol.h). Per attempt it
+//  - plans: which agents run which node slot. The first attempt takes agents 0..N-1; after a failure, a slot whose
+//    agent is out (lost, evicted) goes to the lowest healthy spare; with no spare left the job shrinks to fewer
+//    data-parallel replicas (`--parallel.dp` of the command lowered so that world = nodes x nproc still holds
+//    tp x pp x dp), which the resharding checkpoint loader resumes, and a line says what the new layout is;
+//  - watches: every agent's liveness counter (a node whose counter stands still for --node-timeout is lost), and
+//    every rank's status as its agent publishes it, with the same hang and straggler rules as one node's agent
+//    (job_watch.h), so a hang is blamed on a rank of whichever node it is;
+//  - stops the attempt (the stop key) on a hang, a lost node or a straggler to evict; an agent stops it itself when
+//    one of its ranks fails;
+//  - after the attempt, reads every agent's end record with its `megatrain diagnose` result, evicts the nodes that
+//    failed diagnosis, were lost, or held the blamed rank of a hang or an evicted straggler, and restarts by the
+//    same policy as one node (restart_policy.h).
+// Spares register like any agent and check themselves with diagnose before they may be enlisted.
+// The driver is a single point of failure, as MegaScale's is: if node 0 (its host, or its agent process) dies, the
+// store and the driver go with it, every other agent exits 22 (peer lost), and the scheduler must requeue the job.
+#pragma once
+#include "megatrain/comm/store.h"
+#include "megatrain/launch/event_log.h"
+#include "megatrain/launch/options.h"
+
+namespace mt::launch {
+
+// Exit codes of the driver's own (also in the README).
+constexpr int kNoNodesExit = 42;  // gave up: too few healthy nodes for any layout of the job (requeue: yes)
+constexpr int kEvictedExit = 43;  // an agent's own exit: the driver evicted this node (replace it)
+
+// Runs the job from the driver's side; returns the job's exit code, which it also writes to job/done for every
+// agent. `store` is the driver's own client of the job store; `events` its event log (node 0's).
+int run_driver(const LaunchOptions& opt, Store& store, EventLog& events);
+
+}  // namespace mt::launch

@@ -1,0 +1,287 @@
+// The job driver (launch/driver.h) on real jobs: several `megatrain launch` agents on this host act as the nodes of
+// one job (--iface lo), each with 2 ranks of a 4-rank dp2 x tp2 training job. Node faults are done to them: an agent
+// killed (kill -9) or stopped (kill -STOP), a node that fails `megatrain diagnose` after a crash, a rank hung in a
+// collective on another node than the driver's. The job must finish by itself, and
+//  - with a spare, keep its layout: its per-step losses equal an undisturbed 4-rank run's (the oracle);
+//  - without one, shrink to dp1 x tp2 on the surviving node, accumulating 2 micro-batches so the global batch stays:
+//    the steps before the restart equal the undisturbed run's, and the steps after it equal a dp1 x tp2 run with
+//    grad_accum 2 resumed from the same checkpoint (the oracle of a shrink).
+// The event logs must name the node and the reason. Tests assert outcomes, not speed: the timeouts only guard
+// against a test that would otherwise hang.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+
+#include <cctype>
+#include <map>
+
+#include "launch_testutil.h"
+#include "test_util.h"
+
+using namespace mt;
+using namespace mt::test;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A port nobody listens on now (the store of node 0 binds it a moment later).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+class LaunchNodes : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prepare_brown_once(kMegatrain, kBrownData);
+    dir_ = fs::path(temp_root()) /
+           ("mt-nodes-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    ::setenv("MEGATRAIN_STORE_SECRET", "0123456789abcdef0123456789abcdef", 1);
+  }
+  void TearDown() override {
+    for (pid_t p : agents_)
+      if (p > 0) {
+        ::kill(p, SIGCONT);
+        ::kill(p, SIGKILL);
+        ::waitpid(p, nullptr, 0);
+      }
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // The training command: dp2 x tp2 (tp inside a node), 10 steps, a checkpoint every 2 steps, all kept.
+  static std::vector<std::string> train(const std::string& out, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> a = {"--", "train", "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2",
+                                  "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64",
+                                  "--data.seq_len=32", "--data.batch_size=2", "--optim.lr=3e-3",
+                                  "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",
+                                  "--train.log_every=1", "--train.threads=1", "--train.steps=10", "--ckpt.every=2",
+                                  "--ckpt.keep_last=100", "--ckpt.save_final=false", "--parallel.timeout_s=60",
+                                  "--data.dir=" + kBrownData, "--train.out_dir=" + out};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+
+  // Starts agents 0..nodes+spares-1 of the job (MEGATRAIN_FAULTS = faults, for this start only).
+  void start_job(int nodes, int spares, const std::string& faults = "", std::vector<std::string> opts = {}) {
+    const int port = free_port();
+    if (!faults.empty()) ::setenv("MEGATRAIN_FAULTS", faults.c_str(), 1);
+    for (int a = 0; a < nodes + spares; ++a) {
+      std::vector<std::string> args = {"launch",          "--nproc",        "2",
+                                       "--nnodes",        std::to_string(nodes), "--node-rank", std::to_string(a),
+                                       "--spares",        std::to_string(spares), "--master",
+                                       fmt::format("127.0.0.1:{}", port), "--iface", "lo",
+                                       "--max-restarts",  "3",              "--backoff",      "0",
+                                       "--events",        events(a)};
+      args.insert(args.end(), opts.begin(), opts.end());
+      for (auto& s : train(out())) args.push_back(s);
+      agents_.push_back(start_logged(kMegatrain, args, log_path(a)));
+    }
+    ::unsetenv("MEGATRAIN_FAULTS");
+  }
+
+  // Waits for agent a's exit code.
+  int finish(int a) {
+    int code = finish_within(agents_[size_t(a)], 400);
+    agents_[size_t(a)] = -1;
+    return code;
+  }
+
+  void wait_for_step(int s) {
+    const double t0 = now_seconds();
+    while (last_step(out() + "/metrics.jsonl") < s) {
+      ASSERT_EQ(::waitpid(agents_[0], nullptr, WNOHANG), 0) << "the job ended before step " << s << "\n" << log(0);
+      ASSERT_LT(now_seconds() - t0, 300) << "step " << s << " never came";
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+
+  // The losses of an undisturbed run of the same job on one 4-rank launcher, computed once per build of the binary
+  // (the first case to take the lock runs it, the others read its file).
+  std::vector<std::string> undisturbed() {
+    const std::string key = fmt::format("{}-{}", fs::file_size(kMegatrain),
+                                        fs::last_write_time(kMegatrain).time_since_epoch().count());
+    const std::string cache = std::string(MT_BINARY_DIR) + "/test-data/nodes-undisturbed-" + key + ".txt";
+    const int fd = ::open((cache + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
+    EXPECT_GE(fd, 0);
+    ::flock(fd, LOCK_EX);
+    std::vector<std::string> losses;
+    if (fs::exists(cache)) {
+      std::ifstream f(cache);
+      for (std::string l; std::getline(f, l);) losses.push_back(l);
+    } else {
+      const std::string out = (dir_ / "undisturbed").string();
+      std::vector<std::string> args = {"launch", "--nproc", "4"};
+      for (auto& s : train(out)) args.push_back(s);
+      const std::string log = (dir_ / "undisturbed.log").string();
+      EXPECT_EQ(finish_within(start_logged(kMegatrain, args, log), 400), 0) << slurp(log);
+      losses = step_losses(out + "/metrics.jsonl");
+      std::ofstream f(cache + ".tmp");
+      for (auto& l : losses) f << l << "\n";
+      f.close();
+      fs::rename(cache + ".tmp", cache);
+    }
+    ::flock(fd, LOCK_UN);
+    ::close(fd);
+    EXPECT_EQ(losses.size(), 10u);
+    return losses;
+  }
+
+  // The checkpoint the last attempt resumed from, and its step: the last `run` line of the job's metrics says.
+  std::pair<fs::path, int> resumed_from() const {
+    std::string dir;
+    std::ifstream f(out() + "/metrics.jsonl");
+    for (std::string l; std::getline(f, l);) {
+      auto j = nlohmann::json::parse(l, nullptr, false);
+      if (!j.is_discarded() && j.value("kind", "") == "run") dir = j.value("resumed_from", "");
+    }
+    int step = -1;
+    if (auto at = dir.rfind("step_"); at != std::string::npos) step = std::atoi(dir.c_str() + at + 5);
+    return {dir, step};
+  }
+
+  // The oracle of a job that shrank to dp1 x tp2: the undisturbed losses up to the checkpoint it resumed from, then a
+  // dp1 x tp2 run with grad_accum 2 on 2 ranks resumed from a copy of that very checkpoint.
+  std::vector<std::string> shrunk_oracle() {
+    auto [src, from] = resumed_from();
+    EXPECT_GE(from, 2) << "resumed from '" << src.string() << "'";
+    std::vector<std::string> want = undisturbed();
+    want.resize(size_t(std::max(0, from)));
+    const fs::path copy = dir_ / "resume-from";
+    std::error_code ec;
+    fs::copy(src, copy, fs::copy_options::recursive, ec);
+    EXPECT_FALSE(ec) << "cannot copy " << src << ": " << ec.message();
+    const std::string oracle = (dir_ / "oracle").string();
+    std::vector<std::string> args = {"launch", "--nproc", "2"};
+    for (auto& s : train(oracle, {"--parallel.dp=1", "--train.grad_accum=2", "--ckpt.resume=" + copy.string()}))
+      args.push_back(s);
+    const std::string log = (dir_ / "oracle.log").string();
+    EXPECT_EQ(finish_within(start_logged(kMegatrain, args, log), 400), 0) << slurp(log);
+    for (auto& l : step_losses(oracle + "/metrics.jsonl")) want.push_back(l);
+    return want;
+  }
+
+  std::string out() const { return (dir_ / "run").string(); }
+  std::string events(int a) const { return (dir_ / fmt::format("events-{}.jsonl", a)).string(); }
+  std::string log_path(int a) const { return (dir_ / fmt::format("agent-{}.log", a)).string(); }
+  std::string log(int a) const { return slurp(log_path(a)); }
+  std::string logs() const {
+    std::string s;
+    for (size_t a = 0; a < agents_.size(); ++a) s += fmt::format("---- agent {}\n{}", a, log(int(a)));
+    return s;
+  }
+  // The driver's events (node 0's log, "by": "driver") named `name`.
+  std::vector<nlohmann::json> driver(const std::string& name) const {
+    std::vector<nlohmann::json> v;
+    for (auto& e : events_of(events(0)))
+      if (e.value("by", "") == "driver" && e["event"] == name) v.push_back(e);
+    return v;
+  }
+  fs::path dir_;
+  std::vector<pid_t> agents_;
+};
+
+TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
+  const auto want = undisturbed();
+  start_job(2, 1);
+  wait_for_step(5);
+  ::kill(agents_[1], SIGKILL);
+  agents_[1] = -1;
+  ASSERT_EQ(finish(0), 0) << logs();
+  EXPECT_EQ(finish(2), 0) << logs();
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
+  auto d = driver("detected");
+  ASSERT_FALSE(d.empty()) << slurp(events(0));
+  EXPECT_EQ(d[0]["reason"], "node_lost") << d[0].dump();
+  EXPECT_EQ(d[0]["node"], 1) << d[0].dump();
+  auto p = driver("planned");
+  ASSERT_EQ(p.size(), 2u) << slurp(events(0));
+  EXPECT_EQ(p[1]["nodes"], nlohmann::json::array({0, 2})) << p[1].dump();
+  EXPECT_EQ(driver("evicted").at(0)["node"], 1);
+}
+
+TEST_F(LaunchNodes, AKilledAgentWithoutASpareShrinksTheJobToFewerReplicas) {
+  start_job(2, 0);
+  wait_for_step(5);
+  ::kill(agents_[1], SIGKILL);
+  agents_[1] = -1;
+  ASSERT_EQ(finish(0), 0) << logs();
+  EXPECT_NE(log(0).find("shrinking to 1 node: dp 2 -> 1 (tp 2, pp 1), world 4 -> 2, grad_accum 1 -> 2"), std::string::npos) << log(0);
+  auto p = driver("planned");
+  ASSERT_EQ(p.size(), 2u) << slurp(events(0));
+  EXPECT_EQ(p[1]["nodes"], nlohmann::json::array({0}));
+  EXPECT_EQ(p[1]["extra_args"], nlohmann::json::array({"--parallel.dp=1", "--train.grad_accum=2"}));
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), shrunk_oracle()) << logs();
+}
+
+// A crash, after which `megatrain diagnose` fails on node 1 (badnode): node 1 is evicted and the spare takes slot 1.
+TEST_F(LaunchNodes, ANodeThatFailsDiagnoseIsEvictedAndASpareTakesItsPlace) {
+  const auto want = undisturbed();
+  start_job(2, 1, "crash:rank=2:step=5;badnode:node=1");
+  ASSERT_EQ(finish(0), 0) << logs();
+  EXPECT_EQ(finish(1), 43) << log(1);  // evicted
+  EXPECT_EQ(finish(2), 0) << logs();
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
+  std::map<int, bool> diag;
+  for (auto& e : driver("diagnosed")) diag[e["node"].get<int>()] = e["pass"].get<bool>();
+  EXPECT_EQ(diag, (std::map<int, bool>{{0, true}, {1, false}})) << slurp(events(0));
+  auto ev = driver("evicted");
+  ASSERT_EQ(ev.size(), 1u) << slurp(events(0));
+  EXPECT_EQ(ev[0]["node"], 1);
+  EXPECT_NE(ev[0]["reason"].get<std::string>().find("failed diagnose"), std::string::npos) << ev[0].dump();
+  EXPECT_EQ(driver("planned").at(1)["nodes"], nlohmann::json::array({0, 2}));
+}
+
+TEST_F(LaunchNodes, ANodeThatFailsDiagnoseWithoutASpareShrinksTheJob) {
+  start_job(2, 0, "crash:rank=2:step=5;badnode:node=1");
+  ASSERT_EQ(finish(0), 0) << logs();
+  EXPECT_EQ(finish(1), 43) << log(1);
+  EXPECT_EQ(driver("evicted").at(0)["node"], 1);
+  EXPECT_EQ(driver("planned").at(1)["nodes"], nlohmann::json::array({0}));
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), shrunk_oracle()) << logs();
+}
+
+// Rank 3 (node 1) blocks inside a collective: the driver, which sees every node's ranks, declares the hang and
+// blames rank 3, not one of the ranks on its own node that wait for it; node 1 is evicted, the spare takes over.
+TEST_F(LaunchNodes, AHangOnAnotherNodeIsBlamedOnItsRankAndThatNodeEvicted) {
+  const auto want = undisturbed();
+  start_job(2, 1, "hang:rank=3:step=6", {"--hang-floor", "5"});
+  ASSERT_EQ(finish(0), 0) << logs();
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
+  auto d = driver("detected");
+  ASSERT_FALSE(d.empty()) << slurp(events(0));
+  EXPECT_EQ(d[0]["reason"], "hang") << d[0].dump();
+  EXPECT_EQ(d[0]["ranks"], nlohmann::json::array({3})) << d[0].dump();
+  EXPECT_NE(d[0]["blame"].get<std::string>().find("rank 3 (dp1,pp0,tp1)"), std::string::npos) << d[0].dump();
+  EXPECT_EQ(d[0]["nodes"], nlohmann::json::array({1})) << d[0].dump();
+  EXPECT_EQ(driver("evicted").at(0)["node"], 1);
+  EXPECT_EQ(driver("planned").at(1)["nodes"], nlohmann::json::array({0, 2}));
+}
+
+// kill -STOP of an agent: the node's ranks live on, but the agent answers nothing; the driver declares the node
+// lost after --node-timeout and goes on with the spare.
+TEST_F(LaunchNodes, AStoppedAgentIsALostNode) {
+  const auto want = undisturbed();
+  start_job(2, 1);
+  wait_for_step(5);
+  ::kill(agents_[1], SIGSTOP);
+  ASSERT_EQ(finish(0), 0) << logs();
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
+  auto d = driver("detected");
+  ASSERT_FALSE(d.empty()) << slurp(events(0));
+  EXPECT_EQ(d[0]["reason"], "node_lost") << d[0].dump();
+  EXPECT_EQ(d[0]["node"], 1) << d[0].dump();
+  EXPECT_EQ(driver("planned").at(1)["nodes"], nlohmann::json::array({0, 2}));
+}
+
+}  // namespace

@@ -1,0 +1,112 @@
+// Helpers of the tests that run supervised jobs with the built `megatrain` (launch_faults_test: one node;
+// launch_nodes_test: several agents on this host as nodes): starting a launcher with its output in a file, waiting
+// for it, reading its event log and metrics, and finding a rank's process.
+#pragma once
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "megatrain/core/clock.h"
+
+namespace mt::test {
+
+inline const std::string kMegatrain = std::string(MT_BINARY_DIR) + "/megatrain";
+inline const std::string kBrownData = std::string(MT_BINARY_DIR) + "/test-data/brown";
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline std::vector<nlohmann::json> events_of(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(p);
+  for (std::string l; std::getline(f, l);) {
+    auto j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded()) out.push_back(j);  // a line being written while the job runs is read next time
+  }
+  return out;
+}
+
+// The newest step in a metrics file (0 when none yet).
+inline int last_step(const std::filesystem::path& metrics) {
+  int s = 0;
+  std::ifstream f(metrics);
+  for (std::string l; std::getline(f, l);) {
+    auto j = nlohmann::json::parse(l, nullptr, false);
+    if (!j.is_discarded() && j.value("kind", "") == "train") s = std::max(s, j.value("step", 0));
+  }
+  return s;
+}
+
+// The pid of the process whose environment has RANK=<rank>, among the launcher's children.
+inline pid_t rank_pid(pid_t launcher, int rank) {
+  namespace fs = std::filesystem;
+  for (auto& t : fs::directory_iterator(fmt::format("/proc/{}/task", launcher))) {
+    std::ifstream kids(t.path() / "children");
+    for (pid_t p; kids >> p;) {
+      std::string env = slurp(fmt::format("/proc/{}/environ", p));
+      std::string want = fmt::format("RANK={}", rank);
+      for (size_t at = 0; (at = env.find(want, at)) != std::string::npos; ++at)
+        if ((at == 0 || env[at - 1] == '\0') && (at + want.size() == env.size() || env[at + want.size()] == '\0'))
+          return p;
+    }
+  }
+  return -1;
+}
+
+// Starts `binary args...` with stdout and stderr in `log`; it dies with the test process.
+inline pid_t start_logged(const std::string& binary, const std::vector<std::string>& args, const std::string& log) {
+  std::vector<std::string> all = {binary};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits for pid; its exit code (128 + signal when killed), or -1 (and a test failure) past timeout_s.
+inline int finish_within(pid_t pid, double timeout_s) {
+  const double t0 = now_seconds();
+  int st = 0;
+  while (::waitpid(pid, &st, WNOHANG) != pid) {
+    if (now_seconds() - t0 > timeout_s) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      ADD_FAILURE() << "launch did not finish within " << timeout_s << " s";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+}  // namespace mt::test
