@@ -2,10 +2,6 @@
 // `megatrain launch --max-restarts ... -- train` job, which must finish by itself with the per-step losses of an
 // undisturbed run (the oracle), and the event log must name the right rank and reason. Tests assert outcomes, not
 // speed: the timeouts only guard against a test that would otherwise hang.
-#include <fcntl.h>
-#include <sys/file.h>
-
-#include <cctype>
 #include <functional>
 
 #include "launch_testutil.h"
@@ -34,11 +30,12 @@ class LaunchFaults : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // A 2-rank dp job of a very small model, 10 steps, a checkpoint every 2 steps.
+  // A 4-rank dp2 x tp2 job of a very small model, 10 steps, a checkpoint every 2 steps. Rank 2 is (dp1,pp0,tp0):
+  // the faults go there, so a tp peer (rank 3) and a dp peer (rank 0) wait on it.
   std::vector<std::string> job(const std::string& out, std::vector<std::string> launch_opts) {
-    std::vector<std::string> a = {"launch", "--nproc", "2"};
+    std::vector<std::string> a = {"launch", "--nproc", "4"};
     a.insert(a.end(), launch_opts.begin(), launch_opts.end());
-    for (std::string s : {"--", "train", "--parallel.dp=2", "--model.n_layer=2", "--model.d_model=64",
+    for (std::string s : {"--", "train", "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2", "--model.d_model=64",
                           "--model.n_head=2", "--model.max_seq_len=64", "--data.seq_len=32", "--data.batch_size=2",
                           "--optim.lr=3e-3", "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",
                           "--train.log_every=1", "--train.threads=1", "--train.steps=10", "--ckpt.every=2",
@@ -65,36 +62,14 @@ class LaunchFaults : public ::testing::Test {
     }
   }
 
-  // The losses of the undisturbed run of job(extra), computed once per build of the binary: ctest runs each case as
-  // its own process, so the first case to take the lock runs it and the others read its file. The file is keyed by
-  // the binary's size and time, so a rebuilt megatrain never meets losses of an older one.
+  // The losses of the undisturbed run of job(extra), computed once per build and job (launch_testutil.h).
   std::vector<std::string> undisturbed(const std::vector<std::string>& extra = {}) {
-    std::string key = fmt::format("{}-{}", fs::file_size(kMegatrain),
-                                  fs::last_write_time(kMegatrain).time_since_epoch().count());
-    for (auto& e : extra) key += "_" + e;
-    for (char& c : key)
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
-    const std::string cache = std::string(MT_BINARY_DIR) + "/test-data/faults-undisturbed-" + key + ".txt";
-    const int fd = ::open((cache + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
-    EXPECT_GE(fd, 0);
-    ::flock(fd, LOCK_EX);
-    std::vector<std::string> losses;
-    if (fs::exists(cache)) {
-      std::ifstream f(cache);
-      for (std::string l; std::getline(f, l);) losses.push_back(l);
-    } else {
-      const std::string out = (dir_ / "undisturbed").string();
-      std::vector<std::string> args = job(out, {});
-      args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<std::string> args = job((dir_ / "undisturbed").string(), {});
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<std::string> losses = cached_losses("faults-undisturbed", args, [&] {
       EXPECT_EQ(finish(start(args, "undisturbed")), 0) << slurp(dir_ / "undisturbed.log");
-      losses = mt::test::step_losses(out + "/metrics.jsonl");
-      std::ofstream f(cache + ".tmp");
-      for (auto& l : losses) f << l << "\n";
-      f.close();
-      fs::rename(cache + ".tmp", cache);
-    }
-    ::flock(fd, LOCK_UN);
-    ::close(fd);
+      return mt::test::step_losses((dir_ / "undisturbed" / "metrics.jsonl").string());
+    });
     EXPECT_EQ(losses.size(), 10u - extra.size());  // (the only extra used skips one step)
     return losses;
   }
@@ -136,14 +111,14 @@ class LaunchFaults : public ::testing::Test {
 TEST_F(LaunchFaults, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturbedRun) {
   const auto want = undisturbed();
   ASSERT_EQ(supervised({}, "", 5, [](pid_t launcher) {
-              pid_t victim = rank_pid(launcher, 1);
+              pid_t victim = rank_pid(launcher, 2);
               ASSERT_GT(victim, 0);
               ::kill(victim, SIGKILL);
             }),
             0)
       << log();
   EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
-  EXPECT_EQ(first("detected")["rank"], 1);
+  EXPECT_EQ(first("detected")["rank"], 2);
   EXPECT_NE(first("detected")["status"].get<std::string>().find("signal 9"), std::string::npos);
   EXPECT_EQ(first("restarting")["attempt"], 0);
   EXPECT_EQ(first("resumed")["attempt"], 1);
@@ -152,10 +127,10 @@ TEST_F(LaunchFaults, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturbedRun) 
 
 TEST_F(LaunchFaults, AnInjectedCrashIsRecovered) {
   const auto want = undisturbed();
-  ASSERT_EQ(supervised({}, "crash:rank=1:step=6"), 0) << log();
+  ASSERT_EQ(supervised({}, "crash:rank=2:step=6"), 0) << log();
   EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
-  EXPECT_EQ(first("injected")["rank"], 1);
-  EXPECT_EQ(first("detected")["rank"], 1);
+  EXPECT_EQ(first("injected")["rank"], 2);
+  EXPECT_EQ(first("detected")["rank"], 2);
   EXPECT_EQ(first("done")["attempt"], 1);
 }
 
@@ -164,7 +139,7 @@ TEST_F(LaunchFaults, AStoppedRankIsNamedAndTheJobRecovers) {
   const auto want = undisturbed();
   pid_t stopped = -1;
   ASSERT_EQ(supervised({"--heartbeat-timeout", "4"}, "", 5, [&](pid_t launcher) {
-              stopped = rank_pid(launcher, 1);
+              stopped = rank_pid(launcher, 2);
               ASSERT_GT(stopped, 0);
               ::kill(stopped, SIGSTOP);
             }),
@@ -173,8 +148,8 @@ TEST_F(LaunchFaults, AStoppedRankIsNamedAndTheJobRecovers) {
   EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
   nlohmann::json d = first("detected");
   EXPECT_EQ(d["reason"], "hang") << d.dump();
-  EXPECT_EQ(d["ranks"], nlohmann::json::array({1})) << d.dump();
-  EXPECT_NE(d["blame"].get<std::string>().find("rank 1 (dp1,pp0,tp0) stopped responding"), std::string::npos)
+  EXPECT_EQ(d["ranks"], nlohmann::json::array({2})) << d.dump();
+  EXPECT_NE(d["blame"].get<std::string>().find("rank 2 (dp1,pp0,tp0) stopped responding"), std::string::npos)
       << d.dump();
 }
 
@@ -182,13 +157,13 @@ TEST_F(LaunchFaults, AStoppedRankIsNamedAndTheJobRecovers) {
 // no step comes, the agent declares a hang after the floor and blames that rank from the collectives' states.
 TEST_F(LaunchFaults, ARankHungInACollectiveIsBlamedAndTheJobRecovers) {
   const auto want = undisturbed();
-  ASSERT_EQ(supervised({"--hang-floor", "5"}, "hang:rank=1:step=6"), 0) << log();
+  ASSERT_EQ(supervised({"--hang-floor", "5"}, "hang:rank=2:step=6"), 0) << log();
   EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
   nlohmann::json d = first("detected");
   EXPECT_EQ(d["reason"], "hang") << d.dump();
-  EXPECT_EQ(d["ranks"], nlohmann::json::array({1})) << d.dump();
-  EXPECT_NE(d["blame"].get<std::string>().find("rank 1 (dp1,pp0,tp0)"), std::string::npos) << d.dump();
-  EXPECT_NE(d["blame"].get<std::string>().find("rank 0 waits in it"), std::string::npos) << d.dump();
+  EXPECT_EQ(d["ranks"], nlohmann::json::array({2})) << d.dump();
+  EXPECT_NE(d["blame"].get<std::string>().find("rank 2 (dp1,pp0,tp0)"), std::string::npos) << d.dump();
+  EXPECT_NE(d["blame"].get<std::string>().find("wait"), std::string::npos) << d.dump();  // who waits for it
 }
 
 // A NaN rolls back to the last checkpoint; no optimizer step is committed with it (the losses equal an undisturbed
@@ -213,16 +188,16 @@ TEST_F(LaunchFaults, ANanThatComesBackSkipsItsBatch) {
   EXPECT_NE(log().find("the next attempts skip its batch"), std::string::npos);
 }
 
-// A rank three times slower than its peer is flagged (a warning naming it), and the job is left to finish.
+// A rank three times slower than its peers is flagged (a warning naming it), and the job is left to finish.
 TEST_F(LaunchFaults, ASlowRankIsFlaggedAsAStraggler) {
   const auto want = undisturbed();
-  ASSERT_EQ(supervised({"--straggler-steps", "3"}, "slow:rank=1:factor=3"), 0) << log();
+  ASSERT_EQ(supervised({"--straggler-steps", "3"}, "slow:rank=2:factor=3"), 0) << log();
   EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
   nlohmann::json w;
   for (auto& e : events_of(events()))
     if (e["event"] == "warning" && e["reason"] == "straggler") w = e;
   ASSERT_FALSE(w.is_null()) << slurp(events());
-  EXPECT_EQ(w["rank"], 1);
+  EXPECT_EQ(w["rank"], 2);
   EXPECT_EQ(count("started"), 1);  // a warning, not a restart
 }
 
@@ -232,7 +207,7 @@ TEST_F(LaunchFaults, ARestartRunsTheJobsOwnBinaryAfterTheFileIsReplaced) {
   const auto want = undisturbed();
   binary_ = (dir_ / "megatrain").string();
   fs::copy_file(kMegatrain, binary_);
-  ::setenv("MEGATRAIN_FAULTS", "crash:rank=1:step=4", 1);
+  ::setenv("MEGATRAIN_FAULTS", "crash:rank=2:step=4", 1);
   pid_t launcher = start(job(out(), {"--max-restarts", "2", "--backoff", "3", "--events", events()}), "run");
   ::unsetenv("MEGATRAIN_FAULTS");
   for (const double t0 = now_seconds(); count("restarting") == 0;) {  // in the 3 s backoff: delete the file

@@ -8,12 +8,9 @@
 //    grad_accum 2 resumed from the same checkpoint (the oracle of a shrink).
 // The event logs must name the node and the reason. Tests assert outcomes, not speed: the timeouts only guard
 // against a test that would otherwise hang.
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/file.h>
 #include <sys/socket.h>
 
-#include <cctype>
 #include <map>
 
 #include "launch_testutil.h"
@@ -106,33 +103,16 @@ class LaunchNodes : public ::testing::Test {
     }
   }
 
-  // The losses of an undisturbed run of the same job on one 4-rank launcher, computed once per build of the binary
-  // (the first case to take the lock runs it, the others read its file).
+  // The losses of an undisturbed run of the same job on one 4-rank launcher, computed once per build and job
+  // (launch_testutil.h).
   std::vector<std::string> undisturbed() {
-    const std::string key = fmt::format("{}-{}", fs::file_size(kMegatrain),
-                                        fs::last_write_time(kMegatrain).time_since_epoch().count());
-    const std::string cache = std::string(MT_BINARY_DIR) + "/test-data/nodes-undisturbed-" + key + ".txt";
-    const int fd = ::open((cache + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
-    EXPECT_GE(fd, 0);
-    ::flock(fd, LOCK_EX);
-    std::vector<std::string> losses;
-    if (fs::exists(cache)) {
-      std::ifstream f(cache);
-      for (std::string l; std::getline(f, l);) losses.push_back(l);
-    } else {
-      const std::string out = (dir_ / "undisturbed").string();
-      std::vector<std::string> args = {"launch", "--nproc", "4"};
-      for (auto& s : train(out)) args.push_back(s);
-      const std::string log = (dir_ / "undisturbed.log").string();
+    const std::string out = (dir_ / "undisturbed").string(), log = (dir_ / "undisturbed.log").string();
+    std::vector<std::string> args = {"launch", "--nproc", "4"};
+    for (auto& s : train(out)) args.push_back(s);
+    std::vector<std::string> losses = cached_losses("nodes-undisturbed", args, [&] {
       EXPECT_EQ(finish_within(start_logged(kMegatrain, args, log), 400), 0) << slurp(log);
-      losses = step_losses(out + "/metrics.jsonl");
-      std::ofstream f(cache + ".tmp");
-      for (auto& l : losses) f << l << "\n";
-      f.close();
-      fs::rename(cache + ".tmp", cache);
-    }
-    ::flock(fd, LOCK_UN);
-    ::close(fd);
+      return step_losses(out + "/metrics.jsonl");
+    });
     EXPECT_EQ(losses.size(), 10u);
     return losses;
   }

@@ -10,7 +10,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/file.h>
+
 #include <chrono>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -109,4 +112,36 @@ inline int finish_within(pid_t pid, double timeout_s) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+// Losses of an undisturbed run, computed once per build of the binary and per job: ctest runs each case as its own
+// process, so the first case to take the lock runs `compute` and the others read its file. The key is the binary's
+// size and time and a hash of the job's arguments, so neither a rebuilt megatrain nor a changed job meets old losses.
+inline std::vector<std::string> cached_losses(const std::string& name, const std::vector<std::string>& job,
+                                              const std::function<std::vector<std::string>()>& compute) {
+  namespace fs = std::filesystem;
+  std::string joined;
+  for (const auto& a : job) joined += a + '\n';
+  const std::string cache = fmt::format("{}/test-data/{}-{}-{}-{:016x}.txt", MT_BINARY_DIR, name,
+                                        fs::file_size(kMegatrain),
+                                        fs::last_write_time(kMegatrain).time_since_epoch().count(),
+                                        std::hash<std::string>{}(joined));
+  const int fd = ::open((cache + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
+  EXPECT_GE(fd, 0);
+  ::flock(fd, LOCK_EX);
+  std::vector<std::string> losses;
+  if (fs::exists(cache)) {
+    std::ifstream f(cache);
+    for (std::string l; std::getline(f, l);) losses.push_back(l);
+  } else {
+    losses = compute();
+    std::ofstream f(cache + ".tmp");
+    for (auto& l : losses) f << l << "\n";
+    f.close();
+    fs::rename(cache + ".tmp", cache);
+  }
+  ::flock(fd, LOCK_UN);
+  ::close(fd);
+  return losses;
+}
+
 }  // namespace mt::test
+
