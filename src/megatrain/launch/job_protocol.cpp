@@ -71,6 +71,7 @@ nlohmann::json status_to_json(const RankStatus& s, bool running, double now) {
   for (const auto& c : s.colls) colls.push_back({{"group", c.group}, {"op", c.op}, {"seq", c.seq}, {"state", c.state}});
   nlohmann::json j = {{"rank", s.rank},   {"coord", s.coord}, {"heard", s.heard}, {"age", now - s.last_heard},
                       {"step", s.step},   {"phase", s.phase}, {"colls", colls},   {"running", running}};
+  if (s.start_step >= 0) j["start_step"] = s.start_step;
   if (s.dp > 0) j["layout"] = {{"dp", s.dp}, {"pp", s.pp}, {"tp", s.tp}, {"grad_accum", s.grad_accum}};
   if (s.step_time) j["step_time"] = *s.step_time;
   if (s.compute_time) j["compute_time"] = *s.compute_time;
@@ -85,6 +86,7 @@ RankStatus status_from_json(const nlohmann::json& j, double now, bool* running) 
   s.last_heard = now - j.value("age", 0.0);
   s.step = j.value("step", 0);
   s.phase = j.value("phase", "");
+  s.start_step = j.value("start_step", -1);
   if (j.contains("layout")) {
     const auto& l = j["layout"];
     s.dp = l.at("dp").get<int>();

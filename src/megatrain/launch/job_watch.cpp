@@ -27,7 +27,6 @@ void JobWatch::reset(const std::vector<int>& ranks, double now, int best_before)
   last_progress_ = now;
   best_ = 0;
   best_before_ = best_before;
-  start_ = -1;
   resumed_ = caught_up_ = false;
 }
 
@@ -61,7 +60,6 @@ WatchUpdate JobWatch::after_change(size_t i, int step_before, bool first, double
     if (!first) last_progress_ = now;
     mark_[i] = mark;
   }
-  if (first) start_ = start_ < 0 ? s.step : std::min(start_, s.step);
   if (first || s.step == step_before) return u;
   u.stepped = true;
   best_ = std::max(best_, s.step);
@@ -73,6 +71,13 @@ WatchUpdate JobWatch::after_change(size_t i, int step_before, bool first, double
   if (!caught_up_ && best_before_ > 0 && min_step() >= best_before_) caught_up_ = u.caught_up = true;
   check_straggler(i, u);
   return u;
+}
+
+int JobWatch::start_step() const {
+  int m = -1;
+  for (const auto& s : status_)
+    if (s.start_step >= 0) m = m < 0 ? s.start_step : std::min(m, s.start_step);
+  return m;
 }
 
 int JobWatch::min_step() const {

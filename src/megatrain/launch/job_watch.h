@@ -66,7 +66,8 @@ class JobWatch {
   const std::vector<RankStatus>& status() const { return status_; }
   int best_step() const { return best_; }  // the highest step any rank reported in this attempt
   int min_step() const;
-  int start_step() const { return start_ < 0 ? 0 : start_; }  // the step the attempt started from (its ranks' first word)
+  // The step the attempt resumed from: the lowest start_step the ranks reported (-1 until one did).
+  int start_step() const;
 
  private:
   WatchUpdate after_change(size_t i, int step_before, bool first, double now);
@@ -79,7 +80,7 @@ class JobWatch {
   std::vector<bool> flagged_;         // warned in this attempt
   std::vector<double> recent_step_times_;
   double last_progress_ = 0;
-  int best_ = 0, best_before_ = 0, start_ = -1;
+  int best_ = 0, best_before_ = 0;
   bool resumed_ = false, caught_up_ = false;
 };
 

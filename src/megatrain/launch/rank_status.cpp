@@ -19,6 +19,7 @@ bool RankStatus::apply(const nlohmann::json& hb, double now) {
       tp = l->value("tp", 0);
       grad_accum = l->value("grad_accum", 0);
     }
+    if (hb.contains("start_step") && hb["start_step"].is_number_integer()) start_step = hb["start_step"].get<int>();
     auto num = [&](const char* k) -> std::optional<double> {
       auto it = hb.find(k);
       if (it == hb.end() || !it->is_number()) return std::nullopt;

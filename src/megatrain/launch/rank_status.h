@@ -31,6 +31,7 @@ struct RankStatus {
   std::vector<CollectiveState> colls;
   // The job's layout as the rank reported it (0 until known): a supervisor that shrinks dp keeps the global batch.
   int dp = 0, pp = 0, tp = 0, grad_accum = 0;
+  int start_step = -1;           // the step the rank's run started from (-1 until it says)
 
   // Applies one heartbeat line ({"type":"hb",...}); returns false (and changes nothing) for a line that is not
   // one (events, or garbage: a rank must not be able to crash its agent).

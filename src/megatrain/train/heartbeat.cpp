@@ -109,9 +109,10 @@ void Heartbeat::set_coord(const MeshCoord& c) {
   coord_ = c;
 }
 
-void Heartbeat::set_layout(int dp, int pp, int tp, int grad_accum) {
+void Heartbeat::set_layout(int dp, int pp, int tp, int grad_accum, int start_step) {
   std::lock_guard<std::mutex> lock(mu_);
   layout_ = nlohmann::ordered_json{{"dp", dp}, {"pp", pp}, {"tp", tp}, {"grad_accum", grad_accum}};
+  start_step_ = start_step;
 }
 
 void Heartbeat::set_phase(Phase p) {
@@ -153,6 +154,7 @@ std::string Heartbeat::hb_line(const char* at) const {
     j = {{"type", "hb"}, {"rank", rank_}};
     j["coord"] = coord_ ? nlohmann::ordered_json({coord_->dp, coord_->pp, coord_->tp}) : nlohmann::ordered_json();
     if (layout_) j["layout"] = *layout_;
+    if (start_step_) j["start_step"] = *start_step_;
     j["t"] = now;
     j["at"] = at;
     j["step"] = step_;

@@ -57,8 +57,9 @@ class Heartbeat {
   Heartbeat& operator=(const Heartbeat&) = delete;
 
   void set_coord(const MeshCoord& c);
-  // The job's layout: dp, pp, tp and train.grad_accum (a supervisor that changes dp must keep the global batch).
-  void set_layout(int dp, int pp, int tp, int grad_accum);
+  // The job's layout: dp, pp, tp and train.grad_accum (a supervisor that changes dp must keep the global batch),
+  // and the step this run started from (0, or the checkpoint's): "layout" and "start_step" in every line after.
+  void set_layout(int dp, int pp, int tp, int grad_accum, int start_step);
   void set_phase(Phase p);
   void set_step(int step);  // the last completed step, without a step line (a skipped batch)
   // A step completed: records its numbers and writes the step line.
@@ -81,6 +82,7 @@ class Heartbeat {
   std::condition_variable cv_, written_cv_;
   std::optional<MeshCoord> coord_;
   std::optional<nlohmann::ordered_json> layout_;
+  std::optional<int> start_step_;
   Phase phase_ = Phase::Init;
   int step_ = 0;
   std::optional<double> loss_, step_time_, compute_time_;

@@ -46,7 +46,7 @@ void RankGuard::on_run_start(const RunStart& rs) {
   faults_->check_world(rs.world_size);
   if (heartbeat_) {
     heartbeat_->set_coord(rs.coord);
-    heartbeat_->set_layout(rs.dp, rs.pp, rs.tp, rs.cfg ? rs.cfg->train.grad_accum : 1);
+    heartbeat_->set_layout(rs.dp, rs.pp, rs.tp, rs.cfg ? rs.cfg->train.grad_accum : 1, rs.start_step);
     heartbeat_->set_step(rs.start_step);
   }
 }
