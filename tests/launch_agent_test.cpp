@@ -493,6 +493,34 @@ TEST_F(LaunchTest, DiagnoseChecksTheNodeAndFailsAgainstAFasterNodesExpectations)
   EXPECT_EQ(other.code(), 0) << other.err;
 }
 
+// Two nodes' diagnose meet through a store for the pairwise check: both see an exact all-reduce and a bandwidth. A
+// neighbour that never comes makes the check not run (and not fail): a missing peer says nothing of this node.
+TEST_F(LaunchTest, DiagnosePairsTwoNodesOverAStoreAndAMissingNeighbourIsNoFailure) {
+  const std::string store = "file://" + (dir_ / "pair-store").string();
+  const std::string diagnose = kMegatrain + " diagnose --json --local-ranks 1 --pair-store " + store;
+  Result r = launch({"launch", "--nproc", "2", "--no-prefix", "--exec", "--", "/bin/sh", "-c",
+                     sh(diagnose + " --pair-group diag/pair-0 --pair-rank $RANK > pair.$RANK")});
+  ASSERT_EQ(r.code(), 0) << r.err << r.out;
+  for (int rank = 0; rank < 2; ++rank) {
+    nlohmann::json pairwise, report = nlohmann::json::parse(slurp(dir_ / ("pair." + std::to_string(rank))));
+    for (auto& c : report["checks"])
+      if (c["name"] == "pairwise_bandwidth") pairwise = c;
+    ASSERT_TRUE(pairwise["ran"].get<bool>()) << pairwise.dump();
+    EXPECT_TRUE(pairwise["pass"].get<bool>()) << pairwise.dump();
+    EXPECT_GT(pairwise["value"].get<double>(), 0) << pairwise.dump();
+    EXPECT_NE(pairwise["detail"].get<std::string>().find("every element exact"), std::string::npos);
+  }
+  r = launch({"diagnose", "--json", "--local-ranks", "1", "--pair-store", store, "--pair-group", "diag/pair-alone",
+              "--pair-rank", "0", "--pair-timeout", "2"});
+  ASSERT_EQ(r.code(), 0) << r.err << r.out;
+  const nlohmann::json report = nlohmann::json::parse(r.out);
+  for (auto& c : report["checks"])
+    if (c["name"] == "pairwise_bandwidth") {
+      EXPECT_FALSE(c["ran"].get<bool>()) << c.dump();
+      EXPECT_NE(c["detail"].get<std::string>().find("did not come"), std::string::npos) << c.dump();
+    }
+}
+
 // ---- the agent's pieces, in process ------------------------------------------------------------------------------
 
 namespace {

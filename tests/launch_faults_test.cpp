@@ -35,8 +35,9 @@ class LaunchFaults : public ::testing::Test {
   std::vector<std::string> job(const std::string& out, std::vector<std::string> launch_opts) {
     std::vector<std::string> a = {"launch", "--nproc", "4"};
     a.insert(a.end(), launch_opts.begin(), launch_opts.end());
-    for (std::string s : {"--", "train", "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2", "--model.d_model=64",
-                          "--model.n_head=2", "--model.max_seq_len=64", "--data.seq_len=32", "--data.batch_size=2",
+    for (std::string s : {"--", "train", "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2",
+                          "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64", "--data.seq_len=32",
+                          "--data.batch_size=2",
                           "--optim.lr=3e-3", "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",
                           "--train.log_every=1", "--train.threads=1", "--train.steps=10", "--ckpt.every=2",
                           "--ckpt.save_final=false", "--parallel.timeout_s=60"})

@@ -196,7 +196,9 @@ TEST_F(LaunchNodes, AKilledAgentWithoutASpareShrinksTheJobToFewerReplicas) {
   ::kill(agents_[1], SIGKILL);
   agents_[1] = -1;
   ASSERT_EQ(finish(0), 0) << logs();
-  EXPECT_NE(log(0).find("shrinking to 1 node: dp 2 -> 1 (tp 2, pp 1), world 4 -> 2, grad_accum 1 -> 2"), std::string::npos) << log(0);
+  EXPECT_NE(log(0).find("shrinking to 1 node: dp 2 -> 1 (tp 2, pp 1), world 4 -> 2, grad_accum 1 -> 2"),
+            std::string::npos)
+      << log(0);
   auto p = driver("planned");
   ASSERT_EQ(p.size(), 2u) << slurp(events(0));
   EXPECT_EQ(p[1]["nodes"], nlohmann::json::array({0}));

@@ -283,6 +283,7 @@ class Agent {
   // The loop of an agent of a multi-node supervised job: register, then run whatever attempt the driver plans for
   // this node (or wait as a spare), until the driver says the job is done or this node is evicted.
   int run_driven() {
+    ctl_ = connect_job_store(store_);
     std::unique_ptr<Store> driver_store;
     std::thread driver;
     std::atomic<int> driver_code{-1};
@@ -290,14 +291,23 @@ class Agent {
       driver_store = connect_job_store(store_);
       driver = std::thread([&] {
         EventLog log;
-        log.open(opt_.events, 0);
+        try {
+          log.open(opt_.events, 0);
+        } catch (const std::exception& e) {
+          say(fmt::format("driver: no event log: {}", e.what()));
+        }
         driver_code = run_driver(opt_, *driver_store, log);
       });
     }
-    ctl_ = connect_job_store(store_);
     std::atomic<bool> quit{false};
     std::thread alive([&] { keep_alive(quit); });
-    int code = driven_loop();
+    int code = 0;
+    try {
+      code = driven_loop();
+    } catch (const std::exception& e) {  // the store failed under us: nothing to coordinate with any more
+      say(fmt::format("the job store: {}", e.what()));
+      code = lost_store_exit();
+    }
     quit = true;
     alive.join();
     if (driver.joinable()) {
@@ -342,16 +352,33 @@ class Agent {
       rec.best_step = end.best_step;
       rec.nonfinite_step = end.nonfinite_step;
       rec.detected = end.detected;
-      if (end.code != 0 && !end.user_stop && opt_.diagnose && !store_lost_) rec.diagnosis = diagnose_node();
       if (store_lost_) return lost_store_exit();
-      try {
-        ctl_->set(proto::end_key(attempt, opt_.node_rank), rec.to_json().dump());
-      } catch (const std::exception& e) {
-        say(fmt::format("cannot report to the driver: {}", e.what()));
-        return lost_store_exit();
-      }
+      ctl_->set(proto::end_key(attempt, opt_.node_rank), rec.to_json().dump());
       if (end.user_stop) return end.code;
+      // (also after this node's own ranks finished: the attempt may have failed elsewhere)
+      if (opt_.diagnose) diagnose_on_request(attempt);
     }
+  }
+
+  // After a failed attempt the driver asks the surviving nodes to check themselves, in pairs over the network
+  // (MegaScale's stop-and-check): wait for its request (or the next plan, or the job's end), run diagnose, report.
+  void diagnose_on_request(int attempt) {
+    const std::string me = std::to_string(opt_.node_rank);
+    for (;;) {
+      if (ctl_->check(proto::diagnose_key(attempt))) break;
+      if (ctl_->check(proto::plan_key(attempt + 1)) || ctl_->check(proto::kDoneKey) ||
+          ctl_->check(proto::evicted_key(opt_.node_rank)) || store_lost_ || !wait_watching_signals(0.2))
+        return;
+    }
+    auto req = nlohmann::json::parse(ctl_->get(proto::diagnose_key(attempt), Millis(5000)), nullptr, false);
+    std::string group;
+    int pair_rank = 0;
+    if (req.is_object() && req.contains("pairs") && req["pairs"].contains(me)) {
+      group = req["pairs"][me].value("group", "");
+      pair_rank = req["pairs"][me].value("rank", 0);
+    }
+    nlohmann::json report = diagnose_node(group, pair_rank);
+    ctl_->set(proto::diag_key(attempt, opt_.node_rank), report.dump());
   }
 
   int lost_store_exit() {
@@ -461,18 +488,37 @@ class Agent {
 
   // `megatrain diagnose --json` on this node, as a child process (this process has threads; the checks fork
   // ranks of their own). The report, or {"pass": false, "error": ...} when it could not run.
-  nlohmann::json diagnose_node() {
+  // With a pair group, the pairwise check with the neighbour the driver named runs too (over the job store).
+  nlohmann::json diagnose_node(const std::string& pair_group = "", int pair_rank = 0) {
     char tmpl[] = "/tmp/mt-diagnose-XXXXXX";
     int fd = ::mkstemp(tmpl);
     if (fd < 0) return {{"pass", false}, {"error", std::string("mkstemp: ") + std::strerror(errno)}};
     ::close(fd);
+    std::string expect;  // single-quoted for the shell, a ' inside as '\''
+    for (char c : opt_.diagnose_expect) expect += c == '\'' ? std::string("'\\''") : std::string(1, c);
     std::string cmd = fmt::format("MEGATRAIN_NODE_RANK={} /proc/{}/exe diagnose --json --node {} --local-ranks {}{}",
                                   opt_.node_rank, ::getpid(), opt_.node_rank, std::max(2, opt_.nproc),
-                                  opt_.diagnose_expect.empty() ? "" : " --expect '" + opt_.diagnose_expect + "'");
+                                  expect.empty() ? "" : " --expect '" + expect + "'");
+    char secret_path[] = "/tmp/mt-diagnose-secret-XXXXXX";  // mkstemp makes it mode 600
+    bool secret_file = false;
+    if (!pair_group.empty()) {
+      const std::string addr = !opt_.iface.empty() ? opt_.iface
+                                                   : route_source_address(store_.master_addr, store_.master_port);
+      cmd += fmt::format(" --pair-store {} --pair-group {} --pair-rank {} --iface {}", store_.url, pair_group,
+                         pair_rank, addr);
+      // The store's secret goes through a private file, never a command line (ps shows those).
+      if (int sfd = ::mkstemp(secret_path); sfd >= 0) {
+        write_all(sfd, store_.secret.data(), store_.secret.size());
+        ::close(sfd);
+        secret_file = true;
+        cmd += fmt::format(" --secret-file {}", secret_path);
+      }
+    }
     cmd += fmt::format(" > {} 2>&1 < /dev/null", tmpl);
     const double t0 = now_seconds();
     // (system() runs /bin/sh with SIGCHLD blocked in this thread, which is what a signalfd loop needs anyway)
     const int st = std::system(cmd.c_str());
+    if (secret_file) ::unlink(secret_path);
     std::ifstream f(tmpl);
     std::stringstream ss;
     ss << f.rdbuf();
@@ -483,7 +529,8 @@ class Agent {
       if (!line.empty() && line[0] == '{') last = line;
     report = nlohmann::json::parse(last, nullptr, false);
     if (!report.is_object())
-      report = {{"pass", false}, {"error", fmt::format("diagnose {}: {}", describe_status(st), ss.str().substr(0, 500))}};
+      report = {{"pass", false},
+                {"error", fmt::format("diagnose {}: {}", describe_status(st), ss.str().substr(0, 500))}};
     report["seconds"] = now_seconds() - t0;
     events_.write("diagnosed", {{"pass", report.value("pass", false)}, {"report", report}});
     return report;

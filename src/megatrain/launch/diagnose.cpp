@@ -44,6 +44,18 @@ constexpr int64_t kAllreduceFloats = 1 << 22;  // 16 MiB: past latency, into ban
 // Rank r contributes r + 1 everywhere; every element of the sum must be n(n+1)/2 exactly (small integers are exact
 // in fp32 whatever the reduction order). Returns the bus bandwidth (GB/s, ring convention 2(n-1)/n x bytes / time),
 // or throws naming the first wrong element.
+double allreduce_exact(ProcessGroup& g, int rank, int n) {
+  std::vector<float> buf(static_cast<size_t>(kAllreduceFloats));
+  const float want = float(n * (n + 1) / 2);
+  double secs = best_seconds(3, [&] {
+    std::fill(buf.begin(), buf.end(), float(rank + 1));
+    g.allreduce(f32_view(buf.data(), {kAllreduceFloats}))->wait();
+  });
+  for (int64_t i = 0; i < kAllreduceFloats; ++i)
+    MT_CHECK(buf[size_t(i)] == want, "all-reduce element {} is {}, expected {}", i, buf[size_t(i)], want);
+  return 2.0 * (n - 1) / n * double(kAllreduceFloats) * 4 / secs / 1e9;
+}
+
 double allreduce_rank(const std::string& dir, int rank, int n) {
   auto store = make_file_store(dir);
   std::vector<int> ranks(static_cast<size_t>(n));
@@ -51,15 +63,7 @@ double allreduce_rank(const std::string& dir, int rank, int n) {
   GroupOptions go;
   go.timeout = Millis(60000);
   auto g = make_gloo_group(*store, "diagnose", ranks, rank, go);
-  std::vector<float> buf(static_cast<size_t>(kAllreduceFloats));
-  const float want = float(n * (n + 1) / 2);
-  double secs = best_seconds(3, [&] {
-    std::fill(buf.begin(), buf.end(), float(rank + 1));
-    g->allreduce(f32_view(buf.data(), {kAllreduceFloats}))->wait();
-  });
-  for (int64_t i = 0; i < kAllreduceFloats; ++i)
-    MT_CHECK(buf[size_t(i)] == want, "all-reduce element {} is {}, expected {}", i, buf[size_t(i)], want);
-  return 2.0 * (n - 1) / n * double(kAllreduceFloats) * 4 / secs / 1e9;
+  return allreduce_exact(*g, rank, n);
 }
 
 CheckResult check_local_allreduce(int n) {
@@ -106,6 +110,43 @@ CheckResult check_local_allreduce(int n) {
     }
   }
   std::filesystem::remove_all(dir);
+  return c;
+}
+
+// This node and one neighbour all-reduce a known tensor over the network (the job store for the rendezvous): the
+// link between them, its bandwidth and the sum's exactness. A neighbour that never comes (it died meanwhile) makes
+// the check not run, not fail: a missing peer says nothing about this node.
+CheckResult check_pairwise(const DiagnoseOptions& o) {
+  CheckResult c = named("pairwise_bandwidth", "GB/s");
+  if (o.pair_store.empty()) {
+    c.ran = false;
+    c.pass = true;
+    c.detail = "not run: no neighbour given (--pair-store, --pair-group, --pair-rank; the job driver pairs nodes)";
+    return c;
+  }
+  std::unique_ptr<Store> store;
+  std::unique_ptr<ProcessGroup> g;
+  try {
+    store = open_store(o.pair_store, Millis(int64_t(o.pair_timeout_s * 1000)));
+    GroupOptions go;
+    go.timeout = Millis(int64_t(o.pair_timeout_s * 1000));
+    go.iface = o.iface;
+    g = make_gloo_group(*store, o.pair_group, {0, 1}, o.pair_rank, go);
+  } catch (const std::exception& e) {
+    c.ran = false;
+    c.pass = true;
+    c.detail = fmt::format("not run: the neighbour of group {} did not come: {}", o.pair_group, e.what());
+    return c;
+  }
+  try {
+    c.value = allreduce_exact(*g, o.pair_rank, 2);
+    c.detail = fmt::format("with the neighbour of group {} on {}, {} MiB, every element exact", o.pair_group, o.iface,
+                           kAllreduceFloats * 4 >> 20);
+    c.pass = true;
+  } catch (const std::exception& e) {
+    c.pass = false;
+    c.detail = fmt::format("with the neighbour of group {}: {}", o.pair_group, e.what());
+  }
   return c;
 }
 
@@ -179,11 +220,7 @@ DiagnoseReport run_diagnose(const DiagnoseOptions& opt) {
   r.checks.push_back(check_local_allreduce(opt.local_ranks));  // first: it forks
   r.checks.push_back(check_gemm());
   r.checks.push_back(check_memory_bandwidth());
-  CheckResult peers = named("pairwise_bandwidth", "GB/s");
-  peers.ran = false;
-  peers.pass = true;
-  peers.detail = "not run: needs the job driver's list of neighbouring nodes";
-  r.checks.push_back(peers);
+  r.checks.push_back(check_pairwise(opt));
   // The badnode fault (MEGATRAIN_FAULTS=badnode:node=N) makes this node's matmul check fail, as a node with a
   // throttled or faulty GPU would: what the supervisor's eviction path is tested with.
   if (fault_badnode(opt.node)) {

@@ -6,9 +6,10 @@
 //   gemm              the backend's fp32 matmul rate (GFLOP/s)
 //   memory_bandwidth  a large copy (GB/s, bytes read + written)
 // A check passes when its value is at least `tolerance` x the expected one (and, for the all-reduce, the sum is
-// exact). Without an expectation a measured value passes (nothing to compare with) and says so. Pairwise bandwidth
-// to neighbouring nodes needs the job driver (issue 12) and is reported as not run. MEGATRAIN_FAULTS'
-// badnode:node=N fails node N's matmul check (train/faults.h).
+// exact). Without an expectation a measured value passes (nothing to compare with) and says so.
+//   pairwise_bandwidth  with a neighbouring node (the job driver pairs the nodes of a failed attempt): the two
+//                     all-reduce a known tensor over the network through the job store; exact, and its bandwidth
+// MEGATRAIN_FAULTS' badnode:node=N fails node N's matmul check (train/faults.h).
 #pragma once
 #include <string>
 #include <vector>
@@ -21,7 +22,14 @@ struct DiagnoseOptions {
   int node = 0;            // for the report (and the badnode fault of MEGATRAIN_FAULTS)
   int local_ranks = 2;     // ranks in the local all-reduce
   double tolerance = 0.5;  // a value below tolerance x expected fails
-  nlohmann::json expect;   // {"gemm": GFLOP/s, "memory_bandwidth": GB/s, "local_allreduce": GB/s}; may be empty
+  nlohmann::json expect;   // {"gemm": GFLOP/s, "memory_bandwidth": GB/s, "local_allreduce": GB/s, ...}; may be {}
+  // The pairwise check (off when pair_store is empty): the store URL (a tcp store's secret comes from
+  // MEGATRAIN_STORE_SECRET), a group name both nodes use, this node's rank in the pair (0 or 1), and the address
+  // this node listens on.
+  std::string pair_store, pair_group;
+  int pair_rank = 0;
+  std::string iface = "127.0.0.1";
+  double pair_timeout_s = 30;
 };
 
 struct CheckResult {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "megatrain/core/clock.h"
@@ -348,14 +349,53 @@ class Driver {
         all_ok = false;
         if (first_code == 0) first_code = e.code;
       }
-      if (e.diagnosis.is_object() && !e.diagnosis.empty()) {
-        events_.write("diagnosed", {{"by", "driver"}, {"node", a}, {"pass", e.healthy()}, {"report", e.diagnosis}});
-        if (!e.healthy()) to_evict_[a] = "it failed diagnose after the fault: " + failed_checks(e.diagnosis);
-      }
     }
     if (out.user_stop) return out;
     out.code = all_ok ? 0 : stop_code_ != 0 ? stop_code_ : first_code != 0 ? first_code : kNodeLostCode;
+    if (out.code != 0 && opt_.diagnose) diagnose(plan, ends);
     return out;
+  }
+
+  // MegaScale's stop-and-check: every node of the failed attempt that is still there runs `megatrain diagnose`,
+  // consecutive nodes (by slot) paired for the pairwise check over the network. A node whose check fails is evicted;
+  // a failed pairwise check cannot say which end of the link is bad, so both nodes go. A node that does not report
+  // within the deadline is lost (its liveness decides), never judged from silence alone.
+  void diagnose(const proto::AttemptPlan& plan, const std::map<int, proto::AgentEnd>& ends) {
+    std::vector<int> alive;
+    for (int a : plan.nodes)
+      if (ends.count(a) && !agents_[size_t(a)].lost) alive.push_back(a);
+    json pairs = json::object();
+    for (size_t i = 0; i + 1 < alive.size(); i += 2)
+      for (int k = 0; k < 2; ++k)
+        pairs[std::to_string(alive[i + size_t(k)])] = {
+            {"group", fmt::format("diag/attempt-{}/pair-{}", plan.attempt, i / 2)}, {"rank", k}};
+    store_.set(proto::diagnose_key(plan.attempt), json{{"nodes", alive}, {"pairs", pairs}}.dump());
+    const double deadline = now_seconds() + 120;  // the checks take seconds; a pair waits at most 30 s for its peer
+    std::set<int> pending(alive.begin(), alive.end());
+    while (!pending.empty() && now_seconds() < deadline) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kPollSeconds));
+      for (int a : poll_agents(now_seconds())) pending.erase(a), to_evict_[a] = "its agent stopped answering";
+      for (auto it = pending.begin(); it != pending.end();) {
+        if (!store_.check(proto::diag_key(plan.attempt, *it))) {
+          ++it;
+          continue;
+        }
+        const int a = *it;
+        json r = json::parse(store_.get(proto::diag_key(plan.attempt, a), Millis(5000)), nullptr, false);
+        const bool pass = r.is_object() && r.value("pass", false);
+        events_.write("diagnosed", {{"by", "driver"}, {"node", a}, {"pass", pass}, {"report", r}});
+        if (!pass) {
+          to_evict_[a] = "it failed diagnose after the fault: " + failed_checks(r);
+          for (const auto& c : r.is_object() ? r.value("checks", json::array()) : json::array())
+            if (c.value("name", "") == "pairwise_bandwidth" && c.value("ran", false) && !c.value("pass", true))
+              for (const auto& [b, p] : pairs.items())  // the other end of the failed link
+                if (b != std::to_string(a) && p["group"] == pairs[std::to_string(a)]["group"])
+                  to_evict_[std::stoi(b)] = fmt::format("its pairwise check with node {} failed", a);
+        }
+        it = pending.erase(it);
+      }
+    }
+    for (int a : pending) say(fmt::format("driver: node {} did not report its diagnosis within 120 s", a));
   }
 
   static std::string failed_checks(const json& report) {

@@ -13,6 +13,8 @@ std::string plan_key(int n) { return fmt::format("job/attempt/{}/plan", n); }
 std::string status_key(int n, int a) { return fmt::format("job/attempt/{}/status/{}", n, a); }
 std::string stop_key(int n) { return fmt::format("job/attempt/{}/stop", n); }
 std::string end_key(int n, int a) { return fmt::format("job/attempt/{}/end/{}", n, a); }
+std::string diagnose_key(int n) { return fmt::format("job/attempt/{}/diagnose", n); }
+std::string diag_key(int n, int a) { return fmt::format("job/attempt/{}/diag/{}", n, a); }
 
 nlohmann::json AgentHello::to_json() const {
   return {{"agent", agent}, {"host", host}, {"nproc", nproc}, {"diagnosis", diagnosis}};
@@ -46,13 +48,12 @@ AttemptPlan AttemptPlan::from_json(const nlohmann::json& j) {
   return p;
 }
 
-bool AgentEnd::healthy() const {
-  return !diagnosis.is_object() || !diagnosis.contains("pass") || diagnosis["pass"] == true;
-}
-
 nlohmann::json AgentEnd::to_json() const {
-  return {{"code", code},         {"user_stop", user_stop}, {"best_step", best_step},
-          {"nonfinite_step", nonfinite_step}, {"detected", detected}, {"diagnosis", diagnosis}};
+  return {{"code", code},
+          {"user_stop", user_stop},
+          {"best_step", best_step},
+          {"nonfinite_step", nonfinite_step},
+          {"detected", detected}};
 }
 
 AgentEnd AgentEnd::from_json(const nlohmann::json& j) {
@@ -62,7 +63,6 @@ AgentEnd AgentEnd::from_json(const nlohmann::json& j) {
   e.best_step = j.value("best_step", 0);
   e.nonfinite_step = j.value("nonfinite_step", -1);
   e.detected = j.value("detected", "");
-  e.diagnosis = j.value("diagnosis", nlohmann::json::object());
   return e;
 }
 

@@ -9,7 +9,10 @@
 //   job/attempt/N/status/A agent A's view of its ranks (their RankStatus), refreshed every half second
 //   job/attempt/N/stop     set by whoever first sees attempt N fail (an agent: a rank died; the driver: a hang, a
 //                          lost node); every agent of the attempt then stops its ranks
-//   job/attempt/N/end/A    how attempt N ended on agent A (AgentEnd), with its diagnosis after a failure
+//   job/attempt/N/end/A    how attempt N ended on agent A (AgentEnd)
+//   job/attempt/N/diagnose after a failed attempt, the driver's request that the surviving nodes check themselves:
+//                          {"pairs": {"A": {"group": G, "rank": 0|1}, ...}} pairs nodes for the pairwise check
+//   job/attempt/N/diag/A   agent A's `megatrain diagnose --json` report
 //   job/done               the job's exit code: every agent leaves with it
 //
 // Agents are named by their --node-rank A (0 .. nnodes + spares - 1), which stays theirs for the whole job; the
@@ -32,6 +35,8 @@ std::string plan_key(int attempt);
 std::string status_key(int attempt, int agent);
 std::string stop_key(int attempt);
 std::string end_key(int attempt, int agent);
+std::string diagnose_key(int attempt);
+std::string diag_key(int attempt, int agent);
 inline const std::string kDoneKey = "job/done";
 
 struct AgentHello {
@@ -61,8 +66,6 @@ struct AgentEnd {
   int best_step = 0;
   int nonfinite_step = -1;
   std::string detected;      // what this agent saw first, if it saw the failure ("rank 3 exited with code 22")
-  nlohmann::json diagnosis;  // `megatrain diagnose --json` after a failed attempt ({} when not run)
-  bool healthy() const;      // no diagnosis, or one that passed
   nlohmann::json to_json() const;
   static AgentEnd from_json(const nlohmann::json& j);
 };

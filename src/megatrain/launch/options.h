@@ -35,7 +35,7 @@ struct LaunchOptions {
   // Several nodes (the job driver, launch/driver.h; used when nnodes > 1 and max_restarts > 0, or spares > 0).
   int spares = 0;                 // agents beyond nnodes (--node-rank nnodes..nnodes+spares-1) that wait to replace one
   double node_timeout_s = 8;      // an agent whose liveness counter stands still this long is a lost node
-  bool diagnose = true;           // every agent of a failed attempt runs `megatrain diagnose`; failing nodes are evicted
+  bool diagnose = true;           // agents of a failed attempt run `megatrain diagnose`; failing nodes are evicted
   std::string diagnose_expect;    // a healthy node's values (diagnose --save) to judge against; "": correctness only
   bool shrink = true;             // with no spare left, go on with fewer data-parallel replicas
   bool driven() const { return nnodes + spares > 1 && (max_restarts > 0 || spares > 0); }
