@@ -8,11 +8,9 @@
 //    grad_accum 2 resumed from the same checkpoint (the oracle of a shrink).
 // The event logs must name the node and the reason. Tests assert outcomes, not speed: the timeouts only guard
 // against a test that would otherwise hang.
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <map>
 
+#include "comm_servers.h"
 #include "launch_testutil.h"
 #include "test_util.h"
 
@@ -23,18 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A port nobody listens on now (the store of node 0 binds it a moment later).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using comm_test::free_port;  // a port nobody listens on now (node 0's store binds it a moment later)
 
 class LaunchNodes : public ::testing::Test {
  protected:

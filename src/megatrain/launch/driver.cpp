@@ -52,7 +52,7 @@ struct AgentState {
 class Driver {
  public:
   Driver(const LaunchOptions& o, Store& s, EventLog& e)
-      : opt_(o), store_(s), events_(e), tracker_(policy_of(o)), watch_(watch_of(o)),
+      : opt_(o), store_(s), events_(e), tracker_(restart_policy(o)), watch_(watch_options(o)),
         agents_(size_t(o.nnodes + o.spares)),
         is_train_(!o.exec && !o.args.empty() && o.args[0] == "train") {}
 
@@ -67,25 +67,6 @@ class Driver {
   }
 
  private:
-  static RestartPolicy policy_of(const LaunchOptions& o) {
-    RestartPolicy p;
-    p.max_restarts = o.max_restarts;
-    p.backoff_s = o.backoff_s;
-    p.no_progress_limit = o.no_progress_limit;
-    return p;
-  }
-  static WatchOptions watch_of(const LaunchOptions& o) {
-    WatchOptions w;
-    w.hang_floor_s = o.hang_floor_s;
-    w.hang_factor = o.hang_factor;
-    w.startup_timeout_s = o.startup_timeout_s;
-    w.heartbeat_timeout_s = o.heartbeat_timeout_s;
-    w.straggler_factor = o.straggler_factor;
-    w.straggler_steps = o.straggler_steps;
-    w.straggler_evict_steps = o.straggler_evict_steps;
-    return w;
-  }
-
   int finish(int code) {
     try {
       store_.set(proto::kDoneKey, std::to_string(code));

@@ -6,6 +6,9 @@
 
 namespace mt::launch {
 
+struct WatchOptions;   // job_watch.h
+struct RestartPolicy;  // restart_policy.h
+
 struct LaunchOptions {
   int nproc = 0;             // ranks on this node
   int nnodes = 1;            // nodes in the job
@@ -40,5 +43,9 @@ struct LaunchOptions {
   bool shrink = true;             // with no spare left, go on with fewer data-parallel replicas
   bool driven() const { return nnodes + spares > 1 && (max_restarts > 0 || spares > 0); }
 };
+
+// The pieces of the options the supervisors hand to their parts (options.cpp).
+WatchOptions watch_options(const LaunchOptions& o);
+RestartPolicy restart_policy(const LaunchOptions& o);
 
 }  // namespace mt::launch
