@@ -147,7 +147,7 @@ void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
            "checkpoint {} lacks the training state (model/data/step); was it written by `megatrain convert`? Use "
            "model.init_from for weights only", ck.dir());
   extra_field(ck, "data", false, is_object, "an object");
-  saved_position(ck);  // checked before any tensor is read
+  const SavedPosition pos = saved_position(ck);  // checked before any tensor is read
   ModelConfig saved = model_config_from_manifest(x, ck.dir());
   nlohmann::json want = model_config_to_json(cfg.model), have = model_config_to_json(saved);
   want.erase("recompute");
@@ -172,10 +172,9 @@ void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
                                       x["train"]["grad_accum"].is_number_integer()
                                   ? x["train"]["grad_accum"].get<int64_t>()
                                   : 0;
-  const uint64_t cursor = saved_position(ck).data.cursor;
   const bool same_read = saved_b == global_b;
   const bool same_step = saved_accum > 0 && global_b > 0 && saved_b * saved_accum == global_b * cfg.train.grad_accum &&
-                         cursor % uint64_t(global_b) == 0;
+                         pos.data.cursor % uint64_t(global_b) == 0;
   MT_CHECK((same_read || same_step) && saved_t == cfg.data.seq_len,
            "checkpoint {} used a global batch of {} x {} tokens (grad_accum {}), this run {} x {} (grad_accum {}): the "
            "data position would not carry over",
