@@ -1,5 +1,6 @@
 // The supervisor's decisions, in process, against known answers: whom a hang blames (from synthetic flight
 // recorder states whose answer is known by construction), when a failure is restarted, and how heartbeats are read.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "megatrain/launch/diagnose.h"
@@ -278,6 +279,30 @@ TEST(JobProtocol, RankStatusesSurviveTheStoreAndKeepTheirAge) {
   EXPECT_EQ(q.slot_of(2), 1);
   EXPECT_EQ(q.slot_of(1), -1);
   EXPECT_EQ(q.extra_args, p.extra_args);
+}
+
+// The straggler's tp peer waits for it, and on a loaded host part of that wait is counted as compute: the peer can
+// cross the factor too, but it is never the slowest rank, and only the slowest is flagged.
+TEST(JobWatch, OnlyTheSlowestRankIsFlaggedAsAStraggler) {
+  WatchOptions o;
+  o.straggler_steps = 2;
+  JobWatch w(o);
+  w.reset({0, 1, 2, 3}, 0, 0);
+  const double compute[] = {1.0, 1.0, 3.0, 2.0};  // rank 3 waits on rank 2, half of it unmeasured
+  std::vector<std::string> flagged;
+  for (int step = 1; step <= 5; ++step)
+    for (int r = 0; r < 4; ++r) {
+      RankStatus s = rank(r, fmt::format("dp{},pp0,tp{}", r / 2, r % 2), {}, step);
+      s.heard = true;
+      s.step = step;
+      s.phase = "forward_backward";
+      s.step_time = 3.0;
+      s.compute_time = compute[r];
+      WatchUpdate u = w.apply_status(size_t(r), s, step);
+      if (!u.straggler.empty()) flagged.push_back(u.straggler);
+    }
+  ASSERT_EQ(flagged.size(), 1u);
+  EXPECT_NE(flagged[0].find("rank 2 (dp1,pp0,tp0) is a straggler"), std::string::npos) << flagged[0];
 }
 
 // Fed statuses (as the driver is), the watch finds a hang only past the floor and blames the rank that never

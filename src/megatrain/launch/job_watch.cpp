@@ -87,7 +87,10 @@ int JobWatch::min_step() const {
 }
 
 // A rank whose compute time stays over straggler_factor x its peers' median slows the whole job down (every
-// collective waits for it).
+// collective waits for it). Only the slowest rank of the job counts: "compute" is step time less the waits the
+// collectives measured, and a peer's wait is not all measured (the time before it enters a collective, a core shared
+// with the slow rank), so on a loaded host a tp peer of the straggler can also cross the factor. It is never slower
+// than the rank it waits for.
 void JobWatch::check_straggler(size_t i, WatchUpdate& u) {
   if (status_.size() < 2 || !status_[i].compute_time) return;
   std::vector<double> peers;
@@ -95,7 +98,8 @@ void JobWatch::check_straggler(size_t i, WatchUpdate& u) {
     if (k != i && status_[k].compute_time) peers.push_back(*status_[k].compute_time);
   if (peers.empty()) return;
   const double m = median(peers), mine = *status_[i].compute_time;
-  if (m <= 0 || mine <= opt_.straggler_factor * m) {
+  const bool slowest = mine >= *std::max_element(peers.begin(), peers.end());
+  if (m <= 0 || mine <= opt_.straggler_factor * m || !slowest) {
     straggle_[i] = 0;
     return;
   }

@@ -7,8 +7,8 @@
 //    first step and while a rank initialises, evaluates or checkpoints (work whose length no step time predicts),
 //    max(hang_floor_s, startup_timeout_s); or a live rank silent for heartbeat_timeout_s. The line that blames a rank
 //    comes from hang_blame.h.
-//  - Straggler: a rank whose compute time stays over straggler_factor x its peers' median for straggler_steps steps
-//    in a row is flagged once per attempt; one that stays so for straggler_evict_steps (0: never) is to be evicted.
+//  - Straggler: a rank whose compute time stays over straggler_factor x its peers' median, and is the job's slowest,
+//    for straggler_steps steps in a row is flagged once per attempt; one that stays so for straggler_evict_steps (0: never) is to be evicted.
 #pragma once
 #include <optional>
 #include <string>
