@@ -40,7 +40,7 @@ class LaunchNodes : public ::testing::Test {
         ::kill(p, SIGKILL);
         ::waitpid(p, nullptr, 0);
       }
-    if (!HasFailure()) fs::remove_all(dir_);
+    if (!HasFailure() && !std::getenv("MT_KEEP_TEST_DIRS")) fs::remove_all(dir_);
   }
 
   // The training command: dp2 x tp2 (tp inside a node), 10 steps, a checkpoint every 2 steps, all kept.

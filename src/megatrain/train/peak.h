@@ -8,7 +8,9 @@ namespace mt {
 
 // Measured matmul throughput of a backend (FLOP/s), the median of a few GEMMs of transformer-like shape. Used as
 // the MFU denominator of a CPU run when no peak is configured: a CPU has no single datasheet number that means much.
-double measure_matmul_flops(Ops& ops, int rows = 1024, int in = 768, int out = 3072, int reps = 5);
+// 256 rows (1.2 GFLOP a GEMM) already runs the BLAS's large-matrix kernels, and costs every rank of every attempt
+// ~0.1 s at start-up on one core (1024 rows cost over half a second, paid again on each restart).
+double measure_matmul_flops(Ops& ops, int rows = 256, int in = 768, int out = 3072, int reps = 5);
 
 // The dense bf16 tensor-core peak of a GPU from its product name (H100 SXM/PCIe/NVL, H200, GH200, A100), or 0 when
 // the name is not in the table (then train.peak_tflops must be set).
