@@ -8,7 +8,8 @@
 //    max(hang_floor_s, startup_timeout_s); or a live rank silent for heartbeat_timeout_s. The line that blames a rank
 //    comes from hang_blame.h.
 //  - Straggler: a rank whose compute time stays over straggler_factor x its peers' median, and is the job's slowest,
-//    for straggler_steps steps in a row is flagged once per attempt; one that stays so for straggler_evict_steps (0: never) is to be evicted.
+//    for straggler_steps steps in a row is flagged once per attempt; one that stays so for straggler_evict_steps
+//    (0: never) is to be evicted.
 #pragma once
 #include <optional>
 #include <string>
