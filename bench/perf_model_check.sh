@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The performance model against our own runs: calibrates a cluster file for this machine right before each run, with
-# as many ranks as the run (bench/calibrate_cpu: sgemm, memory bandwidth, attention, Gloo all-reduce over loopback,
-# measured by all ranks at once), runs the tiny model (configs/tiny.toml) on
+# as many ranks as the run or as the machine has cores, whichever is fewer (bench/calibrate_cpu: sgemm, memory
+# bandwidth, attention, Gloo all-reduce over loopback, measured by all ranks at once), runs the tiny model (configs/tiny.toml) on
 # CPU under dp2, tp2, pp2 and dp2 x pp2 with `megatrain launch`, takes each run's median step time from
 # metrics.jsonl (the first WARMUP steps dropped), and prints it beside `megatrain simulate`'s prediction for the same
 # layout on the calibrated cluster, with their ratio. A benchmark, not a test: the numbers depend on the machine and
@@ -19,6 +19,7 @@ STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-2}
 OUT=${OUT:-runs/perf_check}
 DATA=${DATA:-data/brown}
+CORES=$(nproc)
 [[ -x "$BIN" && -x "$CAL" ]] || { echo "perf_model_check: build megatrain and calibrate_cpu first" >&2; exit 2; }
 [[ -f "$DATA/meta.json" ]] || { echo "perf_model_check: no prepared data in $DATA (make train prepares it, or set DATA=)" >&2; exit 2; }
 mkdir -p "$OUT"
@@ -33,12 +34,14 @@ for layout in "dp2:2:--parallel.dp=2" "tp2:2:--parallel.tp=2" "pp2:2:--parallel.
   par=($flags)
   rm -rf "$OUT/$name"
   # Calibrate right before each run: on a shared machine the load changes, and the model should see the machine the
-  # run will see.
-  "$BIN" launch --nproc "$nproc" --exec -- "$CAL" --out "$OUT/$name-local" > "$OUT/$name.calibrate.log" 2>&1 ||
+  # run will see. With more ranks than cores, calibrate with one rank per core: the model shares the cores itself
+  # (a rank waiting in the pipeline gives its core away, which ranks all timed together would not show).
+  cal_n=$(( nproc < CORES ? nproc : CORES )); (( cal_n >= 2 )) || cal_n=2
+  "$BIN" launch --nproc "$cal_n" --exec -- "$CAL" --out "$OUT/$name-local" > "$OUT/$name.calibrate.log" 2>&1 ||
     { cat "$OUT/$name.calibrate.log" >&2; exit 1; }
   "$BIN" launch --nproc "$nproc" -- train "${COMMON[@]}" "${par[@]}" --train.out_dir="$OUT/$name" \
     > "$OUT/$name.log" 2>&1 || { tail -20 "$OUT/$name.log" >&2; exit 1; }
-  "$BIN" simulate --config configs/tiny.toml --cluster "$OUT/$name-local-$nproc.toml" "${par[@]}" --recompute none \
+  "$BIN" simulate --config configs/tiny.toml --cluster "$OUT/$name-local-$cal_n.toml" "${par[@]}" --recompute none \
     --tp-overlap --pp-overlap --dp-overlap --misc --json > "$OUT/$name.predicted.json"
   results+=("$name:$OUT/$name/metrics.jsonl:$OUT/$name.predicted.json:$OUT/$name.calibrate.log")
 done

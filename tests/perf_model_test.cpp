@@ -265,12 +265,82 @@ TEST(StepModel, BreakdownAddsUpToTheStepAndMfuFollowsFromIt) {
   const Job j = small_job(c);
   const Prediction p = predict(j, c);
   const Breakdown& b = p.breakdown;
-  EXPECT_NEAR(b.compute + b.tp + b.pp + b.dp + b.bubble + b.optimizer + b.straggler, p.step_seconds,
+  EXPECT_NEAR(b.compute + b.tp + b.pp + b.dp + b.bubble + b.optimizer + b.straggler + b.shared_cores, p.step_seconds,
               1e-9 * p.step_seconds);
   const double tokens = double(j.layout.global_batch()) * j.layout.seq;
   EXPECT_DOUBLE_EQ(p.mfu, j.model.flops_per_token(32) * tokens / (p.step_seconds * 8 * c.peak_flops()));
   EXPECT_DOUBLE_EQ(p.tokens_per_second, tokens / p.step_seconds);
   EXPECT_DOUBLE_EQ(predict_step_seconds(j, c), p.step_seconds);
+}
+
+namespace {
+// A CPU host of `cores` cores whose ranks talk over loopback: link latency L, bandwidth `gbps`, no stragglers.
+Cluster cpu_host(int cores, double latency_us, double gbps) {
+  Cluster c = a100();
+  c.topology = "single-host";
+  c.host_cores = {double(cores), "test"};
+  c.nic_latency_us.value = c.nvlink_latency_us.value = latency_us;
+  c.nic_gbps.value = c.nvlink_gbps.value = gbps;
+  c.nics_per_node.value = c.gpus_per_node.value;
+  c.straggler_node_fraction.value = c.straggler_slowdown.value = c.gpu_speed_range.value = 0;
+  return c;
+}
+}  // namespace
+
+TEST(StepModel, OnASaturatedCpuHostEveryTpCollectiveIsExposedAndEachPiecePaysTheLatency) {
+  // Oracle: a hand count of megatrain's tp collectives for the sequential block with sequence parallelism, at
+  // (almost) infinite bandwidth so that each costs its latency steps only. tp 2: a ring all-gather or
+  // reduce-scatter is 1 step, an all-reduce 2.
+  //   per layer: forward all-gather + reduce-scatter around attention and around the MLP (4); backward their
+  //     conjugates (4) and the re-gather of the two sequence-parallel inputs for the weight gradients (2): 10;
+  //   embedding: reduce-scatter forward, all-gather backward (2); head: all-gather forward, two backward (3);
+  //   cross-entropy: two all-reduces per micro-batch (row maxima; sums);
+  //   once a step, the replicated gradients summed: one all-reduce per layer, one for ln_f, one for wpe.
+  const double L = 100e-6;
+  const Cluster c = cpu_host(2, L * 1e6, 1e9);
+  Job j;
+  j.model = small_model();  // 8 layers, learned positions, LayerNorm with biases
+  j.layout = Layout{1, 1, 2, 1, 1, 1, 32};
+  j.tech.tp_overlap = true;
+  j.tech.tp_chunks = 1;
+  const int layers = j.model.n_layer;
+  const double steps_chunked = 10.0 * layers + 2 + 3, steps_allreduce = 2 * 2 + 2 * (layers + 2);
+  const Prediction one = predict(j, c);
+  EXPECT_NEAR(one.breakdown.tp, (steps_chunked + steps_allreduce) * L, 1e-3 * L);
+  // Cut into 4 pieces, every chunked collective pays 3 more latencies; nothing else changes.
+  j.tech.tp_chunks = 4;
+  EXPECT_NEAR(predict(j, c).breakdown.tp - one.breakdown.tp, 3 * steps_chunked * L, 1e-3 * L);
+  // Without the overlap switch megatrain does not cut them, and with nothing to hide behind, the result is the
+  // same as one piece.
+  j.tech.tp_overlap = false;
+  EXPECT_NEAR(predict(j, c).breakdown.tp, one.breakdown.tp, 1e-9);
+  // With a core to spare for communication (4 cores, 2 ranks) the GPU overlap model applies instead, which does not
+  // price the pieces one by one: the chunk count no longer changes anything.
+  j.tech.tp_overlap = true;
+  const Cluster spare = cpu_host(4, L * 1e6, 1e9);
+  j.tech.tp_chunks = 1;
+  const double tp1 = predict(j, spare).breakdown.tp;
+  j.tech.tp_chunks = 4;
+  EXPECT_DOUBLE_EQ(predict(j, spare).breakdown.tp, tp1);
+}
+
+TEST(StepModel, RanksBeyondTheCoresTakeTurns) {
+  // dp 2 with one core: both ranks' compute and optimizer run on it one after the other. Oracle: the same job
+  // with a core per rank, whose breakdown gives each rank's compute and optimizer.
+  Job j;
+  j.model = small_model();
+  j.layout = Layout{2, 1, 1, 1, 4, 2, 32};
+  const Cluster own = cpu_host(2, 10, 10), shared = cpu_host(1, 10, 10);
+  const Prediction a = predict(j, own), b = predict(j, shared);
+  EXPECT_EQ(a.breakdown.shared_cores, 0.0);
+  const double work = 2 * (a.breakdown.compute + a.breakdown.optimizer);
+  ASSERT_GT(work, a.step_seconds);  // the test's premise: one core is the bottleneck
+  EXPECT_NEAR(b.step_seconds, work, 1e-9 * work);
+  EXPECT_NEAR(b.breakdown.shared_cores, work - a.step_seconds, 1e-9 * work);
+  EXPECT_NEAR(predict_step_seconds(j, shared), b.step_seconds, 1e-12 * work);
+  // A GPU cluster never shares: host_cores is absent there. A single-host file keeps it through a round trip.
+  EXPECT_EQ(a100().host_cores.value, 0.0);
+  EXPECT_EQ(parse_cluster(to_toml(shared), "roundtrip").host_cores.value, 1.0);
 }
 
 TEST(StepModel, ImpossibleLayoutsAreRefusedNamingTheProblem) {
@@ -411,6 +481,12 @@ TEST(ClusterFile, BadFilesAreRefusedNamingTheKey) {
   missing.erase(at, missing.find('\n', at) - at + 1);
   EXPECT_NE(error_of([&] { parse_cluster(missing, "f.toml"); }).find("f.toml: network.nic_latency_us is missing"),
             std::string::npos);
+  // A single-host cluster must say how many cores its ranks share; the GPU clusters need not.
+  EXPECT_NE(error_of([&] { parse_cluster(with("topology = \"rail-clos\"", "topology = \"single-host\""), "f.toml"); })
+                .find("f.toml: gpu.host_cores is missing (a single-host cluster must say how many cores"),
+            std::string::npos);
+  EXPECT_EQ(parse_cluster(with("[gpu]\n", "[gpu]\nhost_cores = { value = 4, source = \"x\" }\n"), "f.toml")
+                .host_cores.value, 4.0);
   EXPECT_NE(error_of([] { load_cluster("/nonexistent/cluster.toml"); }).find("cluster file /nonexistent/cluster.toml does not exist"),
             std::string::npos);
   try {

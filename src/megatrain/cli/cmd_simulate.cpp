@@ -111,6 +111,7 @@ int cmd_simulate(int argc, char** argv) {
   job.tech.fused_ops = fused || megascale;
   job.tech.misc = misc || megascale;
   job.tech.recompute = parse_recompute(recompute);
+  job.tech.tp_chunks = cfg.parallel.tp_chunks;  // megatrain's pieces per tp collective (matter on a saturated CPU host)
 
   if (search) {
     if (gpus <= 0 || batch <= 0) fail_as(ErrorKind::Config, "--search needs --gpus N and --batch N");

@@ -120,7 +120,13 @@ void GPT::ensure_capacity(int B, int T, int mb) {
   scratch_.allocate(cfg_, rows, tp, &ops_);
   dres_ = ops_.alloc(srows * C * a);
   dlnf_ = ops_.alloc(srows * C * a);
-  if (tp_) ce_stats_ = ops_.alloc(3 * rows * f);
+  if (tp_) {
+    ce_stats_ = ops_.alloc(3 * rows * f);
+    int64_t replicated = 0;
+    for (int i = 0; i < static_cast<int>(params_.size()); ++i)
+      if (!params_.info(i).shard.sharded()) replicated += params_.grad(i).numel();
+    if (replicated > 0 && !replicated_grads_.data()) replicated_grads_ = ops_.alloc(static_cast<size_t>(replicated) * f);
+  }
   AttnShape as;  // every layer's attention has this shape: its workspace is planned here, not in a step
   as.B = B, as.T = T, as.n_head = cfg_.n_head / tp, as.n_kv_head = cfg_.kv_heads() / tp;
   as.head_dim = cfg_.head_dim(), as.window = cfg_.window;
@@ -486,10 +492,31 @@ float GPT::loss_tp(Slot& s, int64_t N, int64_t valid, float dloss, bool train) {
   return static_cast<float>(sum / static_cast<double>(valid));
 }
 
+// A layer has several small replicated tensors (norm weights and biases, row-parallel biases): one all-reduce of
+// them packed together instead of one each, because every collective pays the link's latency (hundreds of us
+// over Gloo on loopback) and the tensors are only C floats.
 void GPT::sync_replicated_grads(int first, int end) {
   if (!tp_ || !tp_grad_sync_) return;
+  std::vector<int> idx;
+  int64_t total = 0;
   for (int i = first; i < end; ++i)
-    if (!params_.info(i).shard.sharded()) tp_->allreduce(params_.grad(i), TpReduce::Sum);
+    if (!params_.info(i).shard.sharded()) idx.push_back(i), total += params_.grad(i).numel();
+  if (idx.empty()) return;
+  if (idx.size() == 1) return tp_->allreduce(params_.grad(idx[0]), TpReduce::Sum);
+  Tensor packed = f32s(replicated_grads_, total);
+  int64_t at = 0;
+  for (int i : idx) {
+    const int64_t n = params_.grad(i).numel();
+    ops_.copy(f32s(replicated_grads_, n, at), params_.grad(i).view({n}));
+    at += n;
+  }
+  tp_->allreduce(packed, TpReduce::Sum);
+  at = 0;
+  for (int i : idx) {
+    const int64_t n = params_.grad(i).numel();
+    ops_.copy(params_.grad(i).view({n}), f32s(replicated_grads_, n, at));
+    at += n;
+  }
 }
 
 }  // namespace mt

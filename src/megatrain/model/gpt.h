@@ -172,6 +172,7 @@ class GPT {
   BlockScratch scratch_;
   Buffer dres_, dlnf_;
   Buffer ce_stats_;  // tp: [3, N] cross-entropy statistics
+  Buffer replicated_grads_;  // tp: staging to sum a range of replicated tensors' gradients in one all-reduce
   DType act_ = DType::F32;
   std::vector<int32_t> host_ids_;  // staging for token/target ids on their way to the device
   std::vector<float> host_losses_;

@@ -21,6 +21,7 @@ struct Field {
   Sourced Cluster::*member;
   double lo, hi;  // allowed range, inclusive
   bool integer;
+  bool single_host = false;  // required only with topology "single-host"; elsewhere absent means 0
 };
 
 // Every scalar constant of a cluster file. The ranges only refuse what cannot be meant (a negative bandwidth, an
@@ -32,6 +33,7 @@ const Field kFields[] = {
     {"gpu", "gpus_per_node", &Cluster::gpus_per_node, 1, 1024, true},
     {"gpu", "dtype_bytes", &Cluster::dtype_bytes, 1, 8, true},
     {"gpu", "sm_count", &Cluster::sm_count, 1, 1e6, true},
+    {"gpu", "host_cores", &Cluster::host_cores, 1, 1e6, true, true},
     {"intra_node", "nvlink_gbps", &Cluster::nvlink_gbps, 1e-6, 1e6, false},
     {"intra_node", "nvlink_latency_us", &Cluster::nvlink_latency_us, 0, 1e6, false},
     {"network", "nic_gbps", &Cluster::nic_gbps, 1e-6, 1e6, false},
@@ -140,7 +142,9 @@ double Cluster::network_bytes_per_s() const {
 
 std::vector<std::pair<std::string, Sourced>> Cluster::constants() const {
   std::vector<std::pair<std::string, Sourced>> out;
-  for (const Field& f : kFields) out.emplace_back(std::string(f.section) + "." + f.key, this->*f.member);
+  for (const Field& f : kFields)
+    if (!f.single_host || !(this->*f.member).source.empty())
+      out.emplace_back(std::string(f.section) + "." + f.key, this->*f.member);
   std::string pts;
   for (auto& [x, y] : gemm.points) pts += fmt::format("{}({:.3g}: {:.2f})", pts.empty() ? "" : " ", x, y);
   out.emplace_back("efficiency.gemm " + pts, Sourced{0, gemm.source});
@@ -186,7 +190,8 @@ Cluster parse_cluster(const std::string& text, const std::string& src) {
       const std::string where = fmt::format("{}: {}.{}", src, f.section, f.key);
       auto it = sections.find(f.section);
       const toml::node* n = it == sections.end() ? nullptr : it->second->get(f.key);
-      MT_CHECK(n, "{} is missing", where);
+      if (!n && f.single_host && c.topology != "single-host") continue;  // stays 0: ranks do not share cores
+      MT_CHECK(n, "{} is missing{}", where, f.single_host ? " (a single-host cluster must say how many cores its ranks share)" : "");
       c.*f.member = read_sourced(*n, where, f.lo, f.hi, f.integer);
     }
     auto eff = sections.find("efficiency");
@@ -222,6 +227,7 @@ std::string to_toml(const Cluster& c) {
       }
     }
     const Sourced& s = c.*f.member;
+    if (f.single_host && c.topology != "single-host" && s.source.empty()) continue;
     out += fmt::format("{} = {{ value = {:.6g}, source = {} }}\n", f.key, s.value, quote(s.source));
   }
   return out;

@@ -37,6 +37,10 @@ struct Cluster {
   Sourced gpus_per_node;
   Sourced dtype_bytes;      // bytes of one activation / weight element in compute (2: bf16 on GPUs; 4: fp32 on CPU)
   Sourced sm_count;         // streaming multiprocessors (cores on a CPU host): a GEMM runs in waves of this many tiles
+  // single-host only: the cores all ranks share. A rank computes at the calibrated rate while no more ranks than
+  // this compute at once; with more ranks than cores a step takes at least all ranks' compute / host_cores.
+  // 0 (absent) elsewhere: every GPU is its own.
+  Sourced host_cores;
   // [intra_node]
   Sourced nvlink_gbps;      // per-GPU unidirectional bandwidth a collective achieves inside a node, GB/s
   Sourced nvlink_latency_us;

@@ -116,6 +116,8 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
   const Link tl = group_link(c, s.tp, 1);
   const double msg = N * C * c.dtype_bytes.value;
   const double one = s.tp > 1 ? ring_all_gather_seconds(s.tp, msg, tl) : 0;
+  const double pieces = t.tp_overlap ? std::max(1, t.tp_chunks) : 1;  // pieces of a collective on a saturated host
+  const double one_cut = s.tp > 1 ? pieces * ring_all_gather_seconds(s.tp, msg / pieces, tl) : 0;
   const int pairs_fwd = ptb ? 1 : 2;
   const double comm_fwd = 2 * pairs_fwd * one, comm_bwd = 3 * pairs_fwd * one;
   // Each collective with the GEMM it can hide behind and whether Megatron-LM already overlaps it: in backward it
@@ -137,6 +139,7 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
     bwd_colls = {{g_proj, false}, {g_down, false}, {g_qkv, true}, {g_qkv, true}, {g_up, true}, {g_up, true}};
   }
   auto exposed = [&](const std::vector<Coll>& colls) {
+    if (!t.comm_overlaps_compute) return s.tp > 1 ? colls.size() * one_cut : 0.0;
     double sum = 0;
     for (const Coll& k : colls) {
       double e = k.megatron_overlaps ? concurrent_exposed(one, k.gemm) : one;
@@ -150,11 +153,11 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
   LayerCost lc;
   lc.fwd.compute = gemm_fwd + attn_fwd + elem_fwd;
   lc.fwd.flops = gemm_flops + attn_flops_fwd;
-  lc.fwd.tp_comm = comm_fwd;
+  lc.fwd.tp_comm = t.comm_overlaps_compute ? comm_fwd : exp_fwd;
   lc.fwd.tp_exposed = exp_fwd;
   lc.bwd.compute = gemm_bwd + attn_bwd + elem_bwd;
   lc.bwd.flops = 2 * gemm_flops + attn_flops_bwd;
-  lc.bwd.tp_comm = comm_bwd;
+  lc.bwd.tp_comm = t.comm_overlaps_compute ? comm_bwd : exp_bwd;
   lc.bwd.tp_exposed = exp_bwd;
   if (t.recompute == Recompute::Full) {  // the whole forward runs again before the backward (attention included)
     lc.bwd.compute += gemm_fwd + elem_fwd + attn_fwd;
@@ -173,7 +176,9 @@ LayerCost embedding_cost(const ModelConfig& m, const Cluster& c, const Shape& s,
   lc.fwd.compute = memory_seconds(c, 2 * N * C * c.dtype_bytes.value, 2);
   lc.bwd.compute = memory_seconds(c, 3 * N * C * c.dtype_bytes.value, 2);
   if (s.tp > 1) {
-    const double one = ring_reduce_scatter_seconds(s.tp, N * C * c.dtype_bytes.value, group_link(c, s.tp, 1));
+    const double pieces = !t.comm_overlaps_compute && t.tp_overlap ? std::max(1, t.tp_chunks) : 1;
+    const double one = pieces * ring_reduce_scatter_seconds(s.tp, N * C * c.dtype_bytes.value / pieces,
+                                                            group_link(c, s.tp, 1));
     lc.fwd.tp_comm = lc.fwd.tp_exposed = one;
     lc.bwd.tp_comm = lc.bwd.tp_exposed = one;
   }
@@ -196,10 +201,21 @@ LayerCost head_cost(const ModelConfig& m, const Cluster& c, const Shape& s, cons
     const double one = ring_all_gather_seconds(s.tp, N * C * c.dtype_bytes.value, group_link(c, s.tp, 1));
     lc.fwd.tp_comm = lc.fwd.tp_exposed = one;
     lc.bwd.tp_comm = lc.bwd.tp_exposed = 2 * one;
-    if (t.tp_overlap) {
+    if (!t.comm_overlaps_compute) {  // cut into pieces like the layers' collectives, and nothing hides
+      const double pieces = t.tp_overlap ? std::max(1, t.tp_chunks) : 1;
+      const double cut = pieces * ring_all_gather_seconds(s.tp, N * C * c.dtype_bytes.value / pieces,
+                                                          group_link(c, s.tp, 1));
+      lc.fwd.tp_comm = lc.fwd.tp_exposed = cut;
+      lc.bwd.tp_comm = lc.bwd.tp_exposed = 2 * cut;
+    } else if (t.tp_overlap) {
       lc.fwd.tp_exposed = overlapped_exposed(one, g, s.tp);
       lc.bwd.tp_exposed = 2 * overlapped_exposed(one, g, s.tp);
     }
+    // The vocab-parallel cross-entropy needs every rank's row maxima, then the sums of exp and the target logits
+    // (megatrain: two all-reduces of N and 2N floats); the loss waits for both, so nothing hides them.
+    const double ce = allreduce_seconds(c, s.tp, 1, N * 4) + allreduce_seconds(c, s.tp, 1, 2 * N * 4);
+    lc.fwd.tp_comm += ce;
+    lc.fwd.tp_exposed += ce;
   }
   return lc;
 }

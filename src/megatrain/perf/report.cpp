@@ -14,7 +14,7 @@ constexpr double kGiB = double(1 << 30);
 json breakdown_json(const Breakdown& b) {
   return {{"compute", b.compute}, {"tp", b.tp},         {"pp", b.pp},
           {"dp", b.dp},           {"bubble", b.bubble}, {"optimizer", b.optimizer},
-          {"straggler", b.straggler}};
+          {"straggler", b.straggler}, {"shared_cores", b.shared_cores}};
 }
 
 std::string layout_str(const Layout& L) {
@@ -92,6 +92,7 @@ std::string format_prediction(const Job& j, const Prediction& p, const Cluster& 
   out += row("compute", b.compute) + row("exposed tp comm", b.tp) + row("exposed pp comm", b.pp) +
          row("exposed dp comm", b.dp) + row("pipeline bubble", b.bubble) + row("optimizer", b.optimizer) +
          row("stragglers (expected)", b.straggler);
+  if (b.shared_cores > 0) out += row("waiting for a core", b.shared_cores);
   out += fmt::format("\nmemory per GPU (pipeline rank 0, {} chunks in flight)\n", p.peak_in_flight);
   auto mrow = [&](const char* name, double bytes) { return fmt::format("  {:<22} {:>8.2f} GiB\n", name, bytes / kGiB); };
   out += mrow("parameters (bf16)", m.params) + mrow("gradients (fp32)", m.grads) +

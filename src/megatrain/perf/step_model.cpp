@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "megatrain/core/error.h"
+#include "megatrain/model/layout.h"
+#include "megatrain/model/params.h"
 #include "megatrain/parallel/schedule.h"
 #include "megatrain/perf/collectives.h"
 #include "megatrain/perf/pipeline_sim.h"
@@ -17,13 +19,50 @@ struct Plan {
   PipelineCosts costs;
   std::vector<double> compute_per_rank, tp_per_rank;  // per micro-batch sums, per rank
   std::vector<double> dp_blocking_per_rank;  // reduce-scatter + all-gather when not overlapped
+  std::vector<double> tp_sync_per_rank;      // once a step: the replicated tensors' gradients summed over tp
   double optimizer = 0;
 };
+
+// True when the ranks of a CPU run use every core of the host: communication then competes with compute for
+// the same cores (Gloo's copies, reductions and socket work), and nothing overlaps.
+bool saturated_host(const Job& job, const Cluster& c) {
+  return c.topology == "single-host" && c.host_cores.value > 0 && job.layout.gpus() >= c.host_cores.value;
+}
+
+Techniques effective_techniques(const Job& job, const Cluster& c) {
+  Techniques t = job.tech;
+  if (saturated_host(job, c)) {
+    t.comm_overlaps_compute = false;
+    t.pp_overlap = t.dp_overlap = false;
+  }
+  return t;
+}
+
+// Floats of the replicated tensors (norms, row-parallel biases, positions) in one layer and outside the layers,
+// from the real parameter layout: megatrain sums each layer's (and the final norm's, and the embedding's) in one
+// all-reduce over tp in the step's last backward.
+struct Replicated {
+  double per_layer = 0, head = 0, embedding = 0;
+};
+Replicated replicated_floats(const ModelConfig& m, int tp) {
+  ParamStore store;
+  declare_gpt_params(m, store, tp, 0);
+  Replicated r;
+  for (int i = 0; i < static_cast<int>(store.size()); ++i) {
+    const ParamInfo& p = store.info(i);
+    if (p.shard.sharded()) continue;
+    if (p.name.rfind("h.0.", 0) == 0) r.per_layer += double(p.numel);
+    else if (p.name.rfind("h.", 0) == 0) continue;
+    else if (p.name.rfind("ln_f", 0) == 0) r.head += double(p.numel);
+    else r.embedding += double(p.numel);
+  }
+  return r;
+}
 
 Plan make_plan(const Job& job, const Cluster& c) {
   const Layout& L = job.layout;
   const ModelConfig& m = job.model;
-  const Techniques& t = job.tech;
+  const Techniques t = effective_techniques(job, c);
   const Shape shape{L.tp, L.micro_batch, L.seq};
   const int S = L.pp * L.virtual_stages, per_stage = m.n_layer / S;
   Plan p;
@@ -110,6 +149,18 @@ Plan make_plan(const Job& job, const Cluster& c) {
     p.costs.dp_reduce_scatter.clear();
   }
   for (double& x : p.dp_blocking_per_rank) x = std::max(0.0, x);
+  p.tp_sync_per_rank.assign(L.pp, 0);
+  if (L.tp > 1) {
+    const Replicated rep = replicated_floats(m, L.tp);
+    const Link tl = group_link(c, L.tp, 1);
+    auto sum = [&](double floats) { return floats > 0 ? ring_allreduce_seconds(L.tp, floats * 4, tl) : 0.0; };
+    for (int st = 0; st < S; ++st) {
+      double x = per_stage * sum(rep.per_layer);
+      if (st == 0) x += sum(rep.embedding);
+      if (st == S - 1) x += sum(rep.head);
+      p.tp_sync_per_rank[st % L.pp] += x;
+    }
+  }
   p.optimizer = max_shard * c.optimizer_bytes_per_param.value / (c.hbm_bytes_per_s() * c.memory_bound.value) +
                 allreduce_seconds(c, L.gpus(), 1, 8);
   return p;
@@ -117,8 +168,21 @@ Plan make_plan(const Job& job, const Cluster& c) {
 
 double step_end(const PipelineResult& r, const Plan& p) {
   double end = 0;
-  for (size_t i = 0; i < r.finish.size(); ++i) end = std::max(end, r.finish[i] + p.dp_blocking_per_rank[i]);
+  for (size_t i = 0; i < r.finish.size(); ++i)
+    end = std::max(end, r.finish[i] + p.tp_sync_per_rank[i] + p.dp_blocking_per_rank[i]);
   return end;
+}
+
+// With more ranks than cores, ranks take turns: a step lasts at least every rank's compute divided by the cores,
+// even when the schedule leaves some rank idle (a waiting rank gives its core to another). Returns that bound
+// (0 when every rank has a core of its own). The optimizer runs on every rank at once, so it shares the cores too.
+double shared_cores_bound(const Job& job, const Cluster& c, const Plan& p) {
+  const Layout& L = job.layout;
+  if (c.topology != "single-host" || c.host_cores.value <= 0 || L.gpus() <= c.host_cores.value) return 0;
+  double work = 0;
+  for (double x : p.compute_per_rank) work += x * L.microbatches;
+  work = work * L.dp * L.tp + p.optimizer * L.gpus();
+  return work / c.host_cores.value;
 }
 
 double straggler_fraction(const Job& job, const Cluster& c) {
@@ -174,7 +238,7 @@ double predict_step_seconds(const Job& job, const Cluster& c, int* peak_in_fligh
   const Plan p = make_plan(job, c);
   const PipelineResult r = simulate_pipeline(p.schedule, p.costs);
   if (peak_in_flight) *peak_in_flight = r.peak_in_flight.empty() ? 1 : r.peak_in_flight[0];
-  const double base = step_end(r, p) + p.optimizer;
+  const double base = std::max(step_end(r, p) + p.optimizer, shared_cores_bound(job, c, p));
   return base * (1 + straggler_fraction(job, c));
 }
 
@@ -190,6 +254,7 @@ Prediction predict(const Job& job, const Cluster& c) {
   q.costs.dp_all_gather.clear();
   q.costs.dp_reduce_scatter.clear();
   std::fill(q.dp_blocking_per_rank.begin(), q.dp_blocking_per_rank.end(), 0.0);
+  std::fill(q.tp_sync_per_rank.begin(), q.tp_sync_per_rank.end(), 0.0);
   const PipelineResult no_dp = simulate_pipeline(q.schedule, q.costs);
   q.costs.p2p_seconds = 0;
   const PipelineResult no_comm = simulate_pipeline(q.schedule, q.costs);
@@ -201,12 +266,20 @@ Prediction predict(const Job& job, const Cluster& c) {
   Prediction out;
   Breakdown& b = out.breakdown;
   b.compute = p.compute_per_rank[busiest] * m;
-  b.tp = p.tp_per_rank[busiest] * m;
+  // The replicated gradients' tp sums sit at the end of the step like the dp traffic; they count as tp.
+  const double t_no_sync = [&] {
+    double end = 0;
+    for (size_t i = 0; i < full.finish.size(); ++i) end = std::max(end, full.finish[i] + p.dp_blocking_per_rank[i]);
+    return end;
+  }();
+  b.tp = p.tp_per_rank[busiest] * m + std::max(0.0, t_full - t_no_sync);
   b.bubble = std::max(0.0, no_comm.makespan - no_comm.busy[busiest]);
   b.pp = std::max(0.0, no_dp.makespan - no_comm.makespan);
-  b.dp = std::max(0.0, t_full - no_dp.makespan);
+  b.dp = std::max(0.0, t_no_sync - no_dp.makespan);
   b.optimizer = p.optimizer;
-  const double base = t_full + p.optimizer;
+  const double bound = shared_cores_bound(job, c, p);
+  b.shared_cores = std::max(0.0, bound - (t_full + p.optimizer));
+  const double base = std::max(t_full + p.optimizer, bound);
   b.straggler = base * straggler_fraction(job, c);
   out.step_seconds = base + b.straggler;
   out.global_batch = L.global_batch();

@@ -37,6 +37,7 @@ struct Breakdown {
   double bubble = 0;     // pipeline idle time with free communication
   double optimizer = 0;  // the optimizer step on the dp shard, and the global gradient-norm all-reduce
   double straggler = 0;  // expected wait for the slowest GPU, and for faulty slow nodes unless evicted
+  double shared_cores = 0;  // CPU host with more ranks than cores: waiting for a core (0 on GPU clusters)
 };
 
 struct Prediction {
