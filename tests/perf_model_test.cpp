@@ -343,6 +343,31 @@ TEST(StepModel, RanksBeyondTheCoresTakeTurns) {
   EXPECT_EQ(parse_cluster(to_toml(shared), "roundtrip").host_cores.value, 1.0);
 }
 
+TEST(StepModel, TheStepWaitsForTheSlowestGpuNotForTheSumOfSlowdowns) {
+  // Oracle: the slowest of n healthy GPUs is sigma * sqrt(2 ln n) behind (sigma = range / 2.847, the expected
+  // range of 8 normal draws); a faulty node that is slower still replaces that maximum, one that is faster does not
+  // matter, and evicting faulty nodes (misc) leaves the healthy maximum.
+  Cluster c = a100();
+  const Job j = small_job(c);  // 8 GPUs on one node
+  const double healthy = c.gpu_speed_range.value / 2.847 * std::sqrt(2 * std::log(8.0));
+  auto share = [&](const Cluster& cl, bool misc) {
+    Job x = j;
+    x.tech.misc = misc;
+    const Prediction p = predict(x, cl);
+    return p.breakdown.straggler / (p.step_seconds - p.breakdown.straggler);
+  };
+  c.straggler_node_fraction.value = 1;  // the node is surely faulty
+  c.straggler_slowdown.value = 0.10;
+  ASSERT_GT(0.10, healthy);
+  EXPECT_NEAR(share(c, false), 0.10, 1e-12);
+  EXPECT_NEAR(share(c, true), healthy, 1e-12);
+  c.straggler_slowdown.value = healthy / 2;
+  EXPECT_NEAR(share(c, false), healthy, 1e-12);
+  c.straggler_node_fraction.value = 0.5;  // faulty with probability 1/2, and then 2 x healthy
+  c.straggler_slowdown.value = 2 * healthy;
+  EXPECT_NEAR(share(c, false), 1.5 * healthy, 1e-12);
+}
+
 TEST(StepModel, ImpossibleLayoutsAreRefusedNamingTheProblem) {
   const Cluster c = a100();
   Job j = small_job(c);
