@@ -38,7 +38,7 @@ ExternalProject_Add(mt_fuzz_targets
   BINARY_DIR ${CMAKE_BINARY_DIR}/fuzz
   STAMP_DIR ${CMAKE_BINARY_DIR}/fuzz/stamp  # inside it: deleting build/fuzz rebuilds it from scratch
   TMP_DIR ${CMAKE_BINARY_DIR}/fuzz/tmp
-  CMAKE_ARGS -DCMAKE_CXX_COMPILER=${MT_FUZZ_CXX} -DMT_DEPS_ROOT=${MT_DEPS_ROOT}
+  CMAKE_ARGS -DCMAKE_CXX_COMPILER=${MT_FUZZ_CXX} -DMT_DEPS_ROOT=${MT_DEPS_ROOT} -DMEGATRAIN_UNITY=${MEGATRAIN_UNITY}
              -DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}
   BUILD_ALWAYS ON      # the sub-build decides what is out of date (sources live outside its tree)
   INSTALL_COMMAND "")
