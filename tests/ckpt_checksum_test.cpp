@@ -104,9 +104,13 @@ TEST(Crc32c, ChecksumStrings) {
 TEST(Crc32c, HardwarePathIsUsedWhereTheCpuHasIt) {
   std::printf("crc32c: %s\n", crc32c_hardware() ? "hardware" : "slice-by-8");
 #if MT_NATIVE_BUILD && defined(__x86_64__)
-  if (__builtin_cpu_supports("sse4.2")) EXPECT_TRUE(crc32c_hardware()) << "the CPU has SSE4.2";
+  if (__builtin_cpu_supports("sse4.2")) {
+    EXPECT_TRUE(crc32c_hardware()) << "the CPU has SSE4.2";
+  }
 #elif MT_NATIVE_BUILD && defined(__aarch64__) && defined(__linux__)
-  if (::getauxval(AT_HWCAP) & HWCAP_CRC32) EXPECT_TRUE(crc32c_hardware()) << "the CPU has the CRC32 extension";
+  if (::getauxval(AT_HWCAP) & HWCAP_CRC32) {
+    EXPECT_TRUE(crc32c_hardware()) << "the CPU has the CRC32 extension";
+  }
 #endif
   EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
   auto big = random_bytes((4 << 20) + 5, 7);  // many of the hardware path's 24 KiB three-stream blocks, and a tail

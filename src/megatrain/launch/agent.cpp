@@ -375,6 +375,7 @@ class Agent {
       try {
         if (ctl_->check(proto::kDoneKey)) {
           const int code = std::atoi(ctl_->get(proto::kDoneKey, Millis(5000)).c_str());
+          ctl_->set(proto::done_ack_key(opt_.node_rank), "1");  // the driver keeps the store up until it reads this
           if (opt_.node_rank != 0) events_.write(code == 0 ? "done" : "gave_up", {{"exit_code", code}});
           return code;
         }

@@ -27,6 +27,8 @@ constexpr int kHangCode = 21;      // a hang, or a straggler to evict
 constexpr int kNodeLostCode = 22;  // a node stopped answering
 
 constexpr double kPollSeconds = 0.5;
+// How long the driver keeps the store up after the job's end for the agents to read it (they poll every 0.2 s).
+constexpr double kDoneAckSeconds = 5.0;
 
 // The job's layout as the ranks report it (0 until some rank has); a shrink changes dp and grad_accum.
 struct Layout {
@@ -70,10 +72,30 @@ class Driver {
   int finish(int code) {
     try {
       store_.set(proto::kDoneKey, std::to_string(code));
+      wait_for_done_acks();
     } catch (const std::exception& e) {
       say(fmt::format("driver: cannot tell the agents the job ended: {}", e.what()));
     }
     return code;
+  }
+
+  // The agents learn of the end by polling, and the store lives in node 0's process: returning at once could take
+  // it away before an agent's next poll, and that agent would report a lost store (exit 22) for a job that ended
+  // (CI saw it once: the spare that finished the job polled for a diagnosis request just as node 0 exited). So
+  // wait, a bounded while, until every live agent says it has read the end.
+  void wait_for_done_acks() {
+    const double until = now_seconds() + kDoneAckSeconds;
+    for (int a = 1; a < int(agents_.size()); ++a) {
+      const AgentState& s = agents_[size_t(a)];
+      if (!s.hello || s.lost || !s.evicted.empty()) continue;  // gone, or told to leave: nothing will read it
+      while (!store_.check(proto::done_ack_key(a))) {
+        if (now_seconds() > until) {
+          say(fmt::format("driver: agent {} has not read the job's end within {} s; ending anyway", a, kDoneAckSeconds));
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::duration<double>(0.05));
+      }
+    }
   }
 
   int drive() {

@@ -15,6 +15,7 @@ std::string stop_key(int n) { return fmt::format("job/attempt/{}/stop", n); }
 std::string end_key(int n, int a) { return fmt::format("job/attempt/{}/end/{}", n, a); }
 std::string diagnose_key(int n) { return fmt::format("job/attempt/{}/diagnose", n); }
 std::string diag_key(int n, int a) { return fmt::format("job/attempt/{}/diag/{}", n, a); }
+std::string done_ack_key(int a) { return fmt::format("job/done_ack/{}", a); }
 
 nlohmann::json AgentHello::to_json() const {
   return {{"agent", agent}, {"host", host}, {"nproc", nproc}, {"diagnosis", diagnosis}};

@@ -38,6 +38,7 @@ std::string end_key(int attempt, int agent);
 std::string diagnose_key(int attempt);
 std::string diag_key(int attempt, int agent);
 inline const std::string kDoneKey = "job/done";
+std::string done_ack_key(int agent);  // an agent has read kDoneKey (the driver keeps the store up until then)
 
 struct AgentHello {
   int agent = 0;
