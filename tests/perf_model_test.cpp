@@ -217,6 +217,10 @@ TEST(ComputeCost, TensorParallelOverlapAndParallelBlockHideCommunication) {
   EXPECT_DOUBLE_EQ(over.fwd.tp_comm, plain.fwd.tp_comm);  // the same traffic, less of it exposed
   m.block = BlockKind::Parallel;
   EXPECT_DOUBLE_EQ(layer_cost(m, c, s, t).fwd.tp_comm, plain.fwd.tp_comm / 2);  // one all-gather/reduce-scatter pair
+  // The LM head too, even where its GEMM (the small model's: microseconds) is too short to hide a chunk.
+  const ModelConfig tiny = small_model();
+  EXPECT_LE(head_cost(tiny, c, s, t).fwd.tp_exposed, head_cost(tiny, c, s, Techniques{}).fwd.tp_exposed);
+  EXPECT_LE(head_cost(tiny, c, s, t).bwd.tp_exposed, head_cost(tiny, c, s, Techniques{}).bwd.tp_exposed);
 }
 
 // ---- memory -----------------------------------------------------------------------------------------------

@@ -207,9 +207,9 @@ LayerCost head_cost(const ModelConfig& m, const Cluster& c, const Shape& s, cons
                                                           group_link(c, s.tp, 1));
       lc.fwd.tp_comm = lc.fwd.tp_exposed = cut;
       lc.bwd.tp_comm = lc.bwd.tp_exposed = 2 * cut;
-    } else if (t.tp_overlap) {
-      lc.fwd.tp_exposed = overlapped_exposed(one, g, s.tp);
-      lc.bwd.tp_exposed = 2 * overlapped_exposed(one, g, s.tp);
+    } else if (t.tp_overlap) {  // never more exposed than without the overlap (a short GEMM hides less than a chunk)
+      lc.fwd.tp_exposed = std::min(one, overlapped_exposed(one, g, s.tp));
+      lc.bwd.tp_exposed = 2 * std::min(one, overlapped_exposed(one, g, s.tp));
     }
     // The vocab-parallel cross-entropy needs every rank's row maxima, then the sums of exp and the target logits
     // (megatrain: two all-reduces of N and 2N floats); the loss waits for both, so nothing hides them.
