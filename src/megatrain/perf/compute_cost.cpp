@@ -26,6 +26,15 @@ double overlapped_exposed(double comm, double gemm, int chunks) {
 // Exposed part of a collective issued asynchronously next to a GEMM it does not depend on (no chunking).
 double concurrent_exposed(double comm, double gemm) { return std::max(0.0, comm - gemm); }
 
+// One tp all-gather (or reduce-scatter: the same ring cost) of `bytes` as megatrain runs it: cut into
+// parallel.tp_chunks pieces when tp_overlap is on, each paying the link latency. Used where nothing overlaps
+// (a saturated CPU host), so the pieces' latencies are what the overlap costs.
+double tp_gather_seconds(const Cluster& c, const Shape& s, const Techniques& t, double bytes) {
+  if (s.tp <= 1) return 0;
+  const double pieces = t.tp_overlap ? std::max(1, t.tp_chunks) : 1;
+  return pieces * ring_all_gather_seconds(s.tp, bytes / pieces, group_link(c, s.tp, 1));
+}
+
 }  // namespace
 
 const char* recompute_name(Recompute r) {
@@ -116,8 +125,7 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
   const Link tl = group_link(c, s.tp, 1);
   const double msg = N * C * c.dtype_bytes.value;
   const double one = s.tp > 1 ? ring_all_gather_seconds(s.tp, msg, tl) : 0;
-  const double pieces = t.tp_overlap ? std::max(1, t.tp_chunks) : 1;  // pieces of a collective on a saturated host
-  const double one_cut = s.tp > 1 ? pieces * ring_all_gather_seconds(s.tp, msg / pieces, tl) : 0;
+  const double one_cut = tp_gather_seconds(c, s, t, msg);  // on a saturated host
   const int pairs_fwd = ptb ? 1 : 2;
   const double comm_fwd = 2 * pairs_fwd * one, comm_bwd = 3 * pairs_fwd * one;
   // Each collective with the GEMM it can hide behind and whether Megatron-LM already overlaps it: in backward it
@@ -176,9 +184,9 @@ LayerCost embedding_cost(const ModelConfig& m, const Cluster& c, const Shape& s,
   lc.fwd.compute = memory_seconds(c, 2 * N * C * c.dtype_bytes.value, 2);
   lc.bwd.compute = memory_seconds(c, 3 * N * C * c.dtype_bytes.value, 2);
   if (s.tp > 1) {
-    const double pieces = !t.comm_overlaps_compute && t.tp_overlap ? std::max(1, t.tp_chunks) : 1;
-    const double one = pieces * ring_reduce_scatter_seconds(s.tp, N * C * c.dtype_bytes.value / pieces,
-                                                            group_link(c, s.tp, 1));
+    const double bytes = N * C * c.dtype_bytes.value;
+    const double one = t.comm_overlaps_compute ? ring_reduce_scatter_seconds(s.tp, bytes, group_link(c, s.tp, 1))
+                                               : tp_gather_seconds(c, s, t, bytes);
     lc.fwd.tp_comm = lc.fwd.tp_exposed = one;
     lc.bwd.tp_comm = lc.bwd.tp_exposed = one;
   }
@@ -202,9 +210,7 @@ LayerCost head_cost(const ModelConfig& m, const Cluster& c, const Shape& s, cons
     lc.fwd.tp_comm = lc.fwd.tp_exposed = one;
     lc.bwd.tp_comm = lc.bwd.tp_exposed = 2 * one;
     if (!t.comm_overlaps_compute) {  // cut into pieces like the layers' collectives, and nothing hides
-      const double pieces = t.tp_overlap ? std::max(1, t.tp_chunks) : 1;
-      const double cut = pieces * ring_all_gather_seconds(s.tp, N * C * c.dtype_bytes.value / pieces,
-                                                          group_link(c, s.tp, 1));
+      const double cut = tp_gather_seconds(c, s, t, N * C * c.dtype_bytes.value);
       lc.fwd.tp_comm = lc.fwd.tp_exposed = cut;
       lc.bwd.tp_comm = lc.bwd.tp_exposed = 2 * cut;
     } else if (t.tp_overlap) {  // never more exposed than without the overlap (a short GEMM hides less than a chunk)

@@ -166,10 +166,12 @@ Plan make_plan(const Job& job, const Cluster& c) {
   return p;
 }
 
-double step_end(const PipelineResult& r, const Plan& p) {
+// When the last rank is done: its pipeline finish plus what runs after it (dp traffic that was not overlapped and,
+// unless with_tp_sync is false, the replicated gradients' tp sums).
+double step_end(const PipelineResult& r, const Plan& p, bool with_tp_sync = true) {
   double end = 0;
   for (size_t i = 0; i < r.finish.size(); ++i)
-    end = std::max(end, r.finish[i] + p.tp_sync_per_rank[i] + p.dp_blocking_per_rank[i]);
+    end = std::max(end, r.finish[i] + (with_tp_sync ? p.tp_sync_per_rank[i] : 0.0) + p.dp_blocking_per_rank[i]);
   return end;
 }
 
@@ -269,11 +271,7 @@ Prediction predict(const Job& job, const Cluster& c) {
   Breakdown& b = out.breakdown;
   b.compute = p.compute_per_rank[busiest] * m;
   // The replicated gradients' tp sums sit at the end of the step like the dp traffic; they count as tp.
-  const double t_no_sync = [&] {
-    double end = 0;
-    for (size_t i = 0; i < full.finish.size(); ++i) end = std::max(end, full.finish[i] + p.dp_blocking_per_rank[i]);
-    return end;
-  }();
+  const double t_no_sync = step_end(full, p, false);
   b.tp = p.tp_per_rank[busiest] * m + std::max(0.0, t_full - t_no_sync);
   b.bubble = std::max(0.0, no_comm.makespan - no_comm.busy[busiest]);
   b.pp = std::max(0.0, no_dp.makespan - no_comm.makespan);
