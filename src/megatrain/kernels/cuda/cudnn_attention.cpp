@@ -663,6 +663,11 @@ void CudnnAttention::backward(const AttnShape& s, const __nv_bfloat16* qkv, cons
   char* scratch = static_cast<char*>(impl_->ws) + align_up(static_cast<size_t>(p.cudnn_ws));
   void* softmax_sum = scratch;
   void* dq_accum = scratch + align_up(size_t(s.B) * s.n_head * s.T * sizeof(float));
+  // The fused backward engines add dQ into dQ_accum tile by tile (atomics over key tiles); before cuDNN 9.6 zeroing
+  // it is the caller's job (cudnn-frontend memsets it), and stale values from the last call would be summed in.
+  // One memset of B*H*T*hd floats, on the stream the execution runs on, is cheap against the attention itself.
+  Impl::check(cudaMemsetAsync(dq_accum, 0, size_t(s.B) * s.n_head * s.T * s.head_dim * sizeof(float), impl_->stream),
+              "cudaMemsetAsync (dQ accumulator)");
   impl_->execute(p, s, true, [&](int64_t uid) -> void* {
     switch (uid) {
       case kQ: return x;
