@@ -17,6 +17,10 @@
 //   causal: r = gen_index(axis 2), c = gen_index(axis 3) (INT32); keep = r >= c; S = keep ? S : lowest float
 //   window: r, c = gen_index (float); keep = c + W > r; S = keep ? S : -2^30      (only when window > 0)
 //   so key c is visible from query r iff r - W < c <= r, our convention.
+//   Why float indices for the window when the causal mask uses INT32: these are the ops, types and fill that cuDNN's
+//   own frontend emitted for its sliding window before cuDNN 9.21 (float GEN_INDEX, a float window added on axis 3,
+//   CMP_GT computing BOOLEAN, -2^30), i.e. a pattern the fused engines are known to match. Newer frontends emit
+//   INT32 indices plus an INT32 window; if a future cuDNN refuses this graph, that is the variant to try.
 // Backward:
 //   Dsum = sum_row(dO * O) * 1                             stored fp32 [B,H,T,1] in our workspace ("softmax sum")
 //   S = mask(matmul(Q, K^T) * scale - Stats); P = exp(S)   Stats = the forward's lse
