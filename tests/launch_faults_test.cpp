@@ -152,6 +152,9 @@ TEST_F(LaunchFaults, AStoppedRankIsNamedAndTheJobRecovers) {
   EXPECT_EQ(d["ranks"], nlohmann::json::array({2})) << d.dump();
   EXPECT_NE(d["blame"].get<std::string>().find("rank 2 (dp1,pp0,tp0) stopped responding"), std::string::npos)
       << d.dump();
+  EXPECT_NE(log().find(fmt::format("rank 2 (pid {}) is blamed for the hang; killing it now", stopped)),
+            std::string::npos)
+      << log();
 }
 
 // A rank stuck inside a collective (the hang fault blocks it before its op reaches the wire; its heartbeats go on):
@@ -165,6 +168,9 @@ TEST_F(LaunchFaults, ARankHungInACollectiveIsBlamedAndTheJobRecovers) {
   EXPECT_EQ(d["ranks"], nlohmann::json::array({2})) << d.dump();
   EXPECT_NE(d["blame"].get<std::string>().find("rank 2 (dp1,pp0,tp0)"), std::string::npos) << d.dump();
   EXPECT_NE(d["blame"].get<std::string>().find("wait"), std::string::npos) << d.dump();  // who waits for it
+  // The blamed rank is killed at once, not after the grace period it could never use (agent.cpp, begin_stop).
+  EXPECT_NE(log().find("rank 2 (pid"), std::string::npos) << log();
+  EXPECT_NE(log().find("is blamed for the hang; killing it now"), std::string::npos) << log();
 }
 
 // A NaN rolls back to the last checkpoint; no optimizer step is committed with it (the losses equal an undisturbed

@@ -235,6 +235,9 @@ TEST_F(LaunchNodes, AHangOnAnotherNodeIsBlamedOnItsRankAndThatNodeEvicted) {
   EXPECT_EQ(d[0]["nodes"], nlohmann::json::array({1})) << d[0].dump();
   EXPECT_EQ(driver("evicted").at(0)["node"], 1);
   EXPECT_EQ(driver("planned").at(1)["nodes"], nlohmann::json::array({0, 2}));
+  // The driver's stop names rank 3, and node 1's agent kills it at once instead of granting it a grace period.
+  EXPECT_NE(log(1).find("is blamed for the hang; killing it now"), std::string::npos) << log(1);
+  EXPECT_EQ(log(0).find("is blamed for the hang"), std::string::npos) << log(0);  // rank 3 is not node 0's
 }
 
 // kill -STOP of an agent: the node's ranks live on, but the agent answers nothing; the driver declares the node

@@ -257,7 +257,7 @@ class Agent {
     events_.write("detected", {{"reason", "hang"}, {"why", h->why}, {"blame", h->blame.line},
                                {"ranks", h->blame.ranks}, {"seconds_since_progress", h->since_progress_s}});
     exit_code_ = kHangCode;
-    begin_stop(SIGTERM);
+    begin_stop(SIGTERM, h->blame.ranks);
   }
 
   // ---- under the job driver ------------------------------------------------------------------------------------
@@ -447,7 +447,11 @@ class Agent {
         say(fmt::format("the attempt was stopped ({}); stopping this node's {}", why,
                         plural(running_count(), "rank")));
         exit_code_ = j.is_object() ? j.value("code", 1) : 1;
-        begin_stop(SIGTERM);
+        std::vector<int> blamed;  // the driver names the ranks blamed for a hang (see begin_stop)
+        if (j.is_object() && j.contains("kill_now") && j["kill_now"].is_array())
+          for (const auto& r : j["kill_now"])
+            if (r.is_number_integer()) blamed.push_back(r.get<int>());
+        begin_stop(SIGTERM, blamed);
       }
     } catch (const std::exception& e) {
       say(fmt::format("the job store: {}", e.what()));
@@ -567,10 +571,21 @@ class Agent {
       if (r.pid > 0) ::killpg(r.pid, sig);
   }
 
-  void begin_stop(int sig) {
+  // Stops every rank: `sig` now, SIGKILL after the grace period. The ranks in `kill_now` (global ranks blamed for a
+  // hang) get SIGKILL at once. Why: a rank stuck in a collective (or stopped) never reaches the step boundary where
+  // SIGTERM is honoured, so its grace period is pure lost time; and while it lives its peers stay blocked in their
+  // collectives with it, so they would be killed after the grace too, holding their in-memory snapshots. Killed at
+  // once, it closes its connections: the peers' collectives fail as a lost peer, they write their snapshots for the
+  // restart (fast checkpoints) and exit by themselves.
+  void begin_stop(int sig, const std::vector<int>& kill_now = {}) {
     if (stopping_) return;
     stopping_ = true;
     kill_at_ = now_seconds() + opt_.grace;
+    for (auto& r : ranks_)
+      if (r.running && r.pid > 0 && std::find(kill_now.begin(), kill_now.end(), r.global) != kill_now.end()) {
+        say(fmt::format("rank {} (pid {}) is blamed for the hang; killing it now", r.global, r.pid));
+        ::killpg(r.pid, SIGKILL);
+      }
     signal_all(sig);
   }
 

@@ -271,10 +271,12 @@ class Driver {
     int nonfinite_step = -1;
   };
 
-  void request_stop(int attempt, int code, const std::string& reason) {
+  // kill_now: global ranks the agents kill without a grace period (ranks blamed for a hang; agent.cpp, begin_stop).
+  void request_stop(int attempt, int code, const std::string& reason, const std::vector<int>& kill_now = {}) {
     if (stop_code_ != 0) return;
     stop_code_ = code;
-    store_.set(proto::stop_key(attempt), json{{"by", "driver"}, {"code", code}, {"reason", reason}}.dump());
+    store_.set(proto::stop_key(attempt),
+               json{{"by", "driver"}, {"code", code}, {"reason", reason}, {"kill_now", kill_now}}.dump());
   }
 
   Outcome watch_attempt(const proto::AttemptPlan& plan) {
@@ -462,7 +464,7 @@ class Driver {
     events_.write("detected", {{"by", "driver"}, {"reason", "hang"}, {"why", h->why}, {"blame", h->blame.line},
                                {"ranks", h->blame.ranks}, {"nodes", nodes},
                                {"seconds_since_progress", h->since_progress_s}});
-    request_stop(plan.attempt, kHangCode, "hang: " + h->blame.line);
+    request_stop(plan.attempt, kHangCode, "hang: " + h->blame.line, h->blame.ranks);
   }
 
   const LaunchOptions& opt_;

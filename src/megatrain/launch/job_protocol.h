@@ -8,7 +8,8 @@
 //   job/attempt/N/plan     the driver's plan of attempt N (AttemptPlan): which agents run which node slot
 //   job/attempt/N/status/A agent A's view of its ranks (their RankStatus), refreshed every half second
 //   job/attempt/N/stop     set by whoever first sees attempt N fail (an agent: a rank died; the driver: a hang, a
-//                          lost node); every agent of the attempt then stops its ranks
+//                          lost node): {"by", "code", "reason", "kill_now": [global ranks]}; every agent of the
+//                          attempt then stops its ranks, killing those in kill_now (blamed for a hang) at once
 //   job/attempt/N/end/A    how attempt N ended on agent A (AgentEnd)
 //   job/attempt/N/diagnose after a failed attempt, the driver's request that the surviving nodes check themselves:
 //                          {"pairs": {"A": {"group": G, "rank": 0|1}, ...}} pairs nodes for the pairwise check
