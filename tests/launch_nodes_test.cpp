@@ -43,7 +43,8 @@ class LaunchNodes : public ::testing::Test {
     if (!HasFailure() && !std::getenv("MT_KEEP_TEST_DIRS")) fs::remove_all(dir_);
   }
 
-  // The training command: dp2 x tp2 (tp inside a node), 10 steps, a checkpoint every 2 steps, all kept.
+  // The training command: dp2 x tp2 (tp inside a node), 10 steps, a checkpoint every 2 steps, all kept; one tp
+  // piece per collective, as in launch_faults_test.cpp (why there).
   static std::vector<std::string> train(const std::string& out, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> a = {"--", "train", "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2",
                                   "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64",
@@ -51,6 +52,7 @@ class LaunchNodes : public ::testing::Test {
                                   "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",
                                   "--train.log_every=1", "--train.threads=1", "--train.steps=10", "--ckpt.every=2",
                                   "--ckpt.keep_last=100", "--ckpt.save_final=false", "--parallel.timeout_s=60",
+                                  "--parallel.tp_chunks=1",
                                   "--data.dir=" + kBrownData, "--train.out_dir=" + out};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
