@@ -104,6 +104,14 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 50; ++i) g.allreduce(x.t({floats}))->wait();
       put(fmt::format("allreduce_{}B", floats * 4), time_calls(reps, [&] { g.allreduce(x.t({floats}))->wait(); }));
     }
+    {
+      // The shapes of a sequence-parallel tp layer: all-gather and reduce-scatter of 4 KiB per rank.
+      const int64_t per = 1024, n = ri.world_size;
+      Buf shard(per), full(per * n);
+      put("all_gather_4096B", time_calls(reps, [&] { g.all_gather(full.t({per * n}), shard.t({per}))->wait(); }));
+      put("reduce_scatter_4096B",
+          time_calls(reps, [&] { g.reduce_scatter(shard.t({per}), full.t({per * n}))->wait(); }));
+    }
     put("barrier", time_calls(reps, [&] { g.barrier()->wait(); }));
     g.barrier()->wait();
     if (ri.rank == 0) {

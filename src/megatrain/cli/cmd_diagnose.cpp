@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 
@@ -60,6 +61,7 @@ int cmd_diagnose(int argc, char** argv) {
     o.expect = nlohmann::json::parse(read_text_file(expect), nullptr, /*allow_exceptions=*/false);
     MT_CHECK(o.expect.is_object(), "--expect {}: not a JSON object of check names and values", expect);
   }
+  std::signal(SIGPIPE, SIG_IGN);  // a peer that dies mid-check is a failed check, not a SIGPIPE death (cmd_train.cpp)
   launch::DiagnoseReport r = launch::run_diagnose(o);
   if (!save.empty()) write_file_atomic(save, r.values().dump(2) + "\n");
   if (json) {

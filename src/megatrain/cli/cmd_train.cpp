@@ -1,6 +1,7 @@
 // megatrain train --config FILE.toml [--section.key=value ...]
 #include <fmt/format.h>
 
+#include <csignal>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,10 @@ int cmd_train(int argc, char** argv) {
   }
   RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(config, overrides); });
   install_stop_handlers();  // SIGTERM/SIGINT: finish the step, checkpoint, exit with the Stopped code
+  // A write to a peer that died (its socket closed) must fail as a lost peer, which the trainer reports with exit
+  // code 22 after writing its snapshots for the restart, not kill this rank with SIGPIPE and no word: Gloo writes
+  // with writev, which has no MSG_NOSIGNAL. (`launch` resets SIGPIPE to the default before exec, for any program.)
+  std::signal(SIGPIPE, SIG_IGN);
   TrainResult r = run_training(cfg);
   fmt::print("{}: steps {}-{}, loss {:.4f} -> {:.4f}{}\n", r.stopped ? "stopped" : "done", r.first_step, r.last_step,
              r.first_loss, r.last_loss, r.last_val_loss >= 0 ? fmt::format(", val loss {:.4f}", r.last_val_loss) : "");

@@ -6,6 +6,9 @@
 //    receives early and its sends whenever ready, in any interleaving, without deadlock (MegaScale §3.2).
 // Tensors are contiguous host fp32 (I32 also for broadcast/send/recv/all_gather) on the Gloo backend; the NCCL
 // backend (comm/cuda/nccl_group.h, the CUDA path) takes device tensors behind the same interface.
+// A process using the Gloo backend should ignore SIGPIPE (`megatrain train` and `diagnose` do): a write to a peer
+// that died then fails as ErrorKind::PeerLost; with the default disposition it kills the process (Gloo writes with
+// writev, which has no MSG_NOSIGNAL).
 #pragma once
 #include <memory>
 #include <string>
