@@ -58,6 +58,7 @@ inline std::string run_procs(const std::vector<int>& ranks, const std::function<
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(3);
+      ::signal(SIGPIPE, SIG_IGN);  // as a rank does (cmd_train.cpp): a write to a dead peer is then a PeerLost error
       ::close(p[0]);
       for (auto& k : kids) ::close(k.fd);
       std::string err;
