@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <system_error>
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/config_json.h"
