@@ -305,6 +305,23 @@ TEST(JobWatch, OnlyTheSlowestRankIsFlaggedAsAStraggler) {
   EXPECT_NE(flagged[0].find("rank 2 (dp1,pp0,tp0) is a straggler"), std::string::npos) << flagged[0];
 }
 
+// The driver polls statuses, so the first status it hears of a rank may be steps past the rank's start (a short
+// restarted attempt can be done by the second poll): that is progress, and the attempt has resumed. A first status
+// at the start step is only where the rank starts.
+TEST(JobWatch, AFirstStatusPastTheStartStepIsProgress) {
+  JobWatch w(WatchOptions{});
+  w.reset({0, 1}, 0, /*best_before=*/11);
+  RankStatus at_start = rank(0, "dp0,pp0,tp0", {}, 1);
+  at_start.heard = true, at_start.start_step = 5, at_start.step = 5;
+  EXPECT_FALSE(w.apply_status(0, at_start, 1).first_step);
+  RankStatus past = rank(1, "dp1,pp0,tp0", {}, 1);
+  past.heard = true, past.start_step = 5, past.step = 20;
+  const WatchUpdate u = w.apply_status(1, past, 1);
+  EXPECT_TRUE(u.first_step);
+  EXPECT_TRUE(u.stepped);
+  EXPECT_EQ(w.best_step(), 20);
+}
+
 // Fed statuses (as the driver is), the watch finds a hang only past the floor and blames the rank that never
 // entered; a straggler is flagged after straggler_steps and marked for eviction after straggler_evict_steps.
 TEST(JobWatch, StatusesFeedTheSameHangAndStragglerRules) {

@@ -334,6 +334,14 @@ class Agent {
       rec.nonfinite_step = end.nonfinite_step;
       rec.detected = end.detected;
       if (store_lost_) return lost_store_exit();
+      // The ranks' last steps before the end: the driver reads statuses every half second, and would otherwise
+      // miss the progress of an attempt shorter than that (no "resumed" event for a restart near the end).
+      try {
+        publish_status(now_seconds());
+      } catch (const std::exception&) {
+        store_lost_ = true;
+        return lost_store_exit();
+      }
       ctl_->set(proto::end_key(attempt, opt_.node_rank), rec.to_json().dump());
       if (end.user_stop) return end.code;
       // (also after this node's own ranks finished: the attempt may have failed elsewhere)
@@ -436,11 +444,7 @@ class Agent {
       return;
     }
     try {
-      nlohmann::json ranks = nlohmann::json::array();
-      const auto running = running_flags();
-      for (size_t i = 0; i < watch_.status().size(); ++i)
-        ranks.push_back(proto::status_to_json(watch_.status()[i], running[i], now));
-      ctl_->set(proto::status_key(attempt_, opt_.node_rank), nlohmann::json{{"ranks", ranks}}.dump());
+      publish_status(now);
       if (!stopping_ && ctl_->check(proto::stop_key(attempt_))) {
         auto j = nlohmann::json::parse(ctl_->get(proto::stop_key(attempt_), Millis(5000)), nullptr, false);
         const std::string why = j.is_object() ? j.value("reason", "") : "";
@@ -457,6 +461,15 @@ class Agent {
       say(fmt::format("the job store: {}", e.what()));
       store_lost_ = true;
     }
+  }
+
+  // This node's ranks' statuses, for the driver's hang, straggler and progress watch.
+  void publish_status(double now) {
+    nlohmann::json ranks = nlohmann::json::array();
+    const auto running = running_flags();
+    for (size_t i = 0; i < watch_.status().size(); ++i)
+      ranks.push_back(proto::status_to_json(watch_.status()[i], running[i], now));
+    ctl_->set(proto::status_key(attempt_, opt_.node_rank), nlohmann::json{{"ranks", ranks}}.dump());
   }
 
   // Tells every node that this attempt failed here (driven mode only; the first word stands).

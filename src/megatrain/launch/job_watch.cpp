@@ -48,6 +48,9 @@ WatchUpdate JobWatch::apply_status(size_t i, const RankStatus& in, double now) {
   s = in;
   s.rank = rank;
   s.step = std::max(s.step, before);
+  // The driver reads statuses every half second, so the first it hears of a rank may already be steps past where
+  // the rank started (a short attempt can even be over by then): those steps are progress, not a starting point.
+  if (first && s.start_step >= 0 && s.step > s.start_step) return after_change(i, s.start_step, false, now);
   return after_change(i, before, first, now);
 }
 
