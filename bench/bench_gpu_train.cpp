@@ -4,7 +4,8 @@
 // (989 TFLOP/s: H100 SXM dense bf16; the same figure is used for H200), and the GPU memory the run took.
 // Usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] [--warmup N]
 //                        [--block sequential|parallel] [--window W] [--recompute] [--peak-tflops P]
-//                        [--attention flash|cudnn]   (flash: our kernels, the default; cudnn: cuDNN's fused attention)
+//                        [--attention auto|flash|cudnn]   (auto, the default: cuDNN's fused attention where built
+//                        with cuDNN, else flash; flash: our kernels; cudnn: cuDNN's). The JSON names the one that ran.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -63,7 +64,7 @@ std::string gpu_name() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name = "gpt2-124m", block = "sequential", attention = "flash";
+  std::string model_name = "gpt2-124m", block = "sequential", attention = "auto";
   int B = 8, T = 0, steps = 20, warmup = 3, window = 0;
   bool recompute = false;
   double peak_tflops = 989.0;
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] "
                    "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--peak-tflops P] "
-                   "[--attention flash|cudnn]\n");
+                   "[--attention auto|flash|cudnn]\n");
       return 2;
     }
   }
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
   if (recompute) cfg.recompute.assign(cfg.n_layer, true);
   nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},
                         {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute},
-                        {"attention", attention}};
+                        {"attention", resolve_cuda_attention(attention)}};
   if (!cuda_available()) {
     out["skipped"] = "no CUDA device (or megatrain built without CUDA)";
     std::printf("%s\n", out.dump().c_str());

@@ -7,7 +7,9 @@
 #   MODELS=gpt2-124m VARIANTS=0 bench/gpu_compare.sh   # one size, no block variants (to fit a time-limited call);
 #                                             # the result file is then named after the sizes run
 #   MODELS=none bench/gpu_compare.sh          # only the megatrain block variants (PTB / SWA vs sequential)
-#   ATTENTION=cudnn bench/gpu_compare.sh      # megatrain with cuDNN's fused attention instead of our kernels
+#   ATTENTION=flash bench/gpu_compare.sh      # megatrain with our flash kernels instead of the default (auto: cuDNN's
+#                                             # fused attention where megatrain was built with cuDNN); the result
+#                                             # file then ends in -flash (or -cudnn)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +21,7 @@ STEPS=${STEPS:-20}
 ALL_RUNS=("gpt2-124m:${B_124M:-16}:1024" "gpt2-350m:${B_350M:-8}:1024" "gpt-1.3b:${B_1P3B:-4}:2048")
 MODELS=${MODELS:-}
 VARIANTS=${VARIANTS:-1}
-ATTENTION=${ATTENTION:-flash}
+ATTENTION=${ATTENTION:-auto}
 RUNS=()
 for run in "${ALL_RUNS[@]}"; do
   [[ -z "$MODELS" || " ${MODELS//,/ } " == *" ${run%%:*} "* ]] && RUNS+=("$run")
@@ -32,7 +34,7 @@ slug=$(echo "$gpu" | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '-' | sed 's/^
 suffix=""
 [[ -n "$MODELS" || "$VARIANTS" == 0 ]] && suffix="-$(echo "${MODELS:-variants}" | tr ',' '-')"
 [[ "$VARIANTS" == 0 && -z "$MODELS" ]] && suffix="-sizes"
-[[ "$ATTENTION" != flash ]] && suffix="$suffix-$ATTENTION"
+[[ "$ATTENTION" != auto ]] && suffix="$suffix-$ATTENTION"
 out=bench/results/gpu_compare-${slug}${suffix}.json
 mkdir -p bench/results
 tmp=$(mktemp -d)

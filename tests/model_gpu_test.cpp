@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "megatrain/core/rng.h"
@@ -70,15 +72,26 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-class GptGpu : public ::testing::TestWithParam<std::string> {};
+// The parameter: the model variant and the attention that runs on the GPU (our flash kernels or cuDNN's).
+class GptGpu : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+ protected:
+  std::unique_ptr<Ops> gpu_ops() const {
+    return make_cuda_ops(-1, CudaOptions{std::get<1>(GetParam())});
+  }
+};
+
+#define SKIP_WITHOUT_GPU_OR_CUDNN()                                                                                   \
+  SKIP_WITHOUT_GPU();                                                                                                 \
+  if (std::get<1>(GetParam()) == "cudnn" && resolve_cuda_attention("auto") != "cudnn")                                \
+  GTEST_SKIP() << "built without cuDNN"
 
 // One forward/backward from identical fp32 weights: the loss within bf16 tolerance, and every parameter gradient
 // within 5% relative (L2 over the tensor; bf16 activations carry ~0.4% error per rounding, compounded over layers).
 TEST_P(GptGpu, GradientsMatchCpu) {
-  SKIP_WITHOUT_GPU();
-  const ModelConfig cfg = small_config(GetParam());
+  SKIP_WITHOUT_GPU_OR_CUDNN();
+  const ModelConfig cfg = small_config(std::get<0>(GetParam()));
   auto cpu = make_cpu_ops();
-  auto gpu = make_cuda_ops();
+  auto gpu = gpu_ops();
   GPT a(cfg, *cpu), b(cfg, *gpu);
   a.init_weights(11);
   b.init_weights(11);
@@ -102,10 +115,10 @@ TEST_P(GptGpu, GradientsMatchCpu) {
 
 // 20 AdamW steps: the bf16 loss curve tracks the fp32 one within 3% at every step, and both fall.
 TEST_P(GptGpu, TwentyStepsTrackCpuLossCurve) {
-  SKIP_WITHOUT_GPU();
-  const ModelConfig cfg = small_config(GetParam());
+  SKIP_WITHOUT_GPU_OR_CUDNN();
+  const ModelConfig cfg = small_config(std::get<0>(GetParam()));
   auto cpu = make_cpu_ops();
-  auto gpu = make_cuda_ops();
+  auto gpu = gpu_ops();
   GPT a(cfg, *cpu), b(cfg, *gpu);
   a.init_weights(3);
   b.init_weights(3);
@@ -129,7 +142,10 @@ TEST_P(GptGpu, TwentyStepsTrackCpuLossCurve) {
   EXPECT_LT(la.back(), 0.7 * la.front());
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, GptGpu, ::testing::Values("gpt2", "parallel_window", "llama", "recompute"));
+INSTANTIATE_TEST_SUITE_P(Variants, GptGpu,
+                         ::testing::Combine(::testing::Values("gpt2", "parallel_window", "llama", "recompute"),
+                                            ::testing::Values("flash", "cudnn")),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 }  // namespace
 }  // namespace mt

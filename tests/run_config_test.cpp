@@ -70,7 +70,8 @@ TEST(RunConfig, WrongTypesAndValuesAreErrors) {
   EXPECT_NE(error_of("[optim]\nname = \"sgd\"\n").find("optim.name"), std::string::npos);
   EXPECT_NE(error_of("", {"--train.steps"}).find("section.key=value"), std::string::npos);
   EXPECT_NE(error_of("[train]\ndevice = \"tpu\"\n").find("train.device must be"), std::string::npos);
-  EXPECT_NE(error_of("[train]\nattention = \"bogus\"\n").find("train.attention must be"), std::string::npos);
+  const std::string attention_error = error_of("[train]\nattention = \"bogus\"\n");
+  EXPECT_NE(attention_error.find("train.attention must be \"auto\""), std::string::npos) << attention_error;
 }
 
 // The model's kinds are enums parsed once from their spelling (model/config.h): every spelling maps to its kind, in

@@ -56,14 +56,20 @@ TEST(TrainGpu, TwentyStepsTrackTheCpuRun) {
   fs::remove_all(c);
   fs::remove_all(g);
   run_training(small(c, "cpu", {"--train.steps=20", "--ckpt.save_final=false"}));
-  run_training(small(g, "cuda", {"--train.steps=20", "--ckpt.save_final=false"}));
-  const std::vector<double> lc = losses(c + "/metrics.jsonl"), lg = losses(g + "/metrics.jsonl");
+  const std::vector<double> lc = losses(c + "/metrics.jsonl");
   ASSERT_EQ(lc.size(), 20u);
-  ASSERT_EQ(lg.size(), 20u);
-  // bf16 activations: ~0.4% per rounding, compounded over 2 layers and 20 steps; 3% of the loss is a loose bound
-  // that a wrong gradient or optimizer step would still break within a few steps.
-  for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lg[i], lc[i], 0.03 * lc[i]) << "step " << i + 1;
-  EXPECT_LT(lg.back(), lg.front() - 1.0);
+  // The default attention (cuDNN's where the build has it) and our flash kernels, each against the same CPU run.
+  for (const std::string attention : {"auto", "flash"}) {
+    SCOPED_TRACE("train.attention = " + attention);
+    fs::remove_all(g);
+    run_training(small(g, "cuda", {"--train.steps=20", "--ckpt.save_final=false", "--train.attention=" + attention}));
+    const std::vector<double> lg = losses(g + "/metrics.jsonl");
+    ASSERT_EQ(lg.size(), 20u);
+    // bf16 activations: ~0.4% per rounding, compounded over 2 layers and 20 steps; 3% of the loss is a loose bound
+    // that a wrong gradient or optimizer step would still break within a few steps.
+    for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lg[i], lc[i], 0.03 * lc[i]) << "step " << i + 1;
+    EXPECT_LT(lg.back(), lg.front() - 1.0);
+  }
 }
 
 TEST(TrainGpu, ResumeContinuesTheRun) {

@@ -11,5 +11,9 @@ std::unique_ptr<Ops> make_cuda_ops(int, const CudaOptions&) {
 
 bool cuda_available() { return false; }
 
+std::string resolve_cuda_attention(const std::string& attention) {
+  return attention == "auto" ? "flash" : attention;
+}
+
 }  // namespace mt
 #endif

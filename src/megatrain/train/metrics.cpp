@@ -8,6 +8,7 @@
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
+#include "megatrain/kernels/ops.h"
 #include "megatrain/train/run_config.h"
 
 namespace mt {
@@ -116,9 +117,13 @@ std::string ProgressPrinter::progress_line(const StepStats& s) {
 void ProgressPrinter::on_run_start(const RunStart& r) {
   first_ = r.start_step + 1;
   const RunConfig& c = *r.cfg;
-  fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}, {:.2f}M params | data: {} train tokens, "
+  // On a GPU, which attention runs ("auto" resolved): the two differ several-fold in speed.
+  const std::string attention =
+      c.train.device == "cuda" ? fmt::format(", attention {}", resolve_cuda_attention(c.train.attention)) : "";
+  fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}{}, {:.2f}M params | data: {} train tokens, "
              "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s))\n",
-             c.model.n_layer, c.model.d_model, c.model.n_head, kind_name(c.model.block), c.model.window, r.params / 1e6,
+             c.model.n_layer, c.model.d_model, c.model.n_head, kind_name(c.model.block), c.model.window, attention,
+             r.params / 1e6,
              r.train_tokens, r.dp, c.data.batch_size, c.data.seq_len, c.train.grad_accum,
              r.pp > 1 ? fmt::format(" | pipeline pp={} v={} microbatches={}", r.pp, c.parallel.virtual_stages,
                                     c.pipeline_microbatches())

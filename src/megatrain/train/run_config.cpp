@@ -336,9 +336,9 @@ void RunConfig::validate() const {
            kMaxThreads);
   MT_CHECK(train.device == "cpu" || train.device == "cuda", "{}: train.device must be \"cpu\" or \"cuda\" (got \"{}\")",
            source, train.device);
-  MT_CHECK(train.attention == "flash" || train.attention == "cudnn",
-           "{}: train.attention must be \"flash\" (our kernels) or \"cudnn\" (cuDNN's fused attention) (got \"{}\")",
-           source, train.attention);
+  MT_CHECK(train.attention == "auto" || train.attention == "flash" || train.attention == "cudnn",
+           "{}: train.attention must be \"auto\" (cuDNN where built with it, else flash), \"flash\" (our kernels) or "
+           "\"cudnn\" (cuDNN's fused attention) (got \"{}\")", source, train.attention);
   MT_CHECK(train.spike_window >= 0, "{}: train.spike_window = {} must be >= 0 (0: no loss-spike warning)", source,
            train.spike_window);
   MT_CHECK(std::isfinite(train.spike_sigmas) && train.spike_sigmas > 0,

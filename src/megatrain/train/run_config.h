@@ -31,7 +31,8 @@ struct TrainConfig {
   double peak_tflops = 0;          // MFU denominator; 0 = measure the backend's matmul peak at start-up
   int threads = 0;                 // OpenMP threads; 0 = all cores
   std::string device = "cpu";      // cpu (fp32) | cuda (bf16; with several ranks, one GPU per local rank)
-  std::string attention = "flash"; // cuda only: flash (our kernels) | cudnn (cuDNN's fused attention)
+  std::string attention = "auto";  // cuda only: auto (cudnn where built with it, else flash) | flash (our kernels) |
+                                   // cudnn (cuDNN's fused attention)
   // Robust training (README "Robust training"). skip_steps: steps whose batches are read and dropped unused (no
   // forward, backward or optimizer step), e.g. after a NaN that repeats on the same data.
   std::vector<int> skip_steps;

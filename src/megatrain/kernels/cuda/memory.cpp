@@ -34,11 +34,18 @@ bool cuda_available() {
   return n > 0;
 }
 
-std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& opt) {
+std::string resolve_cuda_attention(const std::string& attention) {
+  if (attention == "auto") return CudnnAttention::available() ? "cudnn" : "flash";
+  return attention;
+}
+
+std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& options) {
   // The options first: their errors do not depend on the machine.
-  MT_CHECK(opt.attention == "flash" || opt.attention == "cudnn",
-           "make_cuda_ops: attention must be \"flash\" (our kernels) or \"cudnn\" (cuDNN's fused attention); got "
-           "\"{}\"", opt.attention);
+  MT_CHECK(options.attention == "auto" || options.attention == "flash" || options.attention == "cudnn",
+           "make_cuda_ops: attention must be \"auto\" (cuDNN where built with it, else flash), \"flash\" (our "
+           "kernels) or \"cudnn\" (cuDNN's fused attention); got \"{}\"", options.attention);
+  CudaOptions opt = options;
+  opt.attention = resolve_cuda_attention(options.attention);
   MT_CHECK(opt.attention != "cudnn" || CudnnAttention::available(),
            "make_cuda_ops: attention = \"cudnn\" asked for, but this megatrain was built without cuDNN (CMake found "
            "no libcudnn next to the CUDA toolkit); use attention = \"flash\" or rebuild with cuDNN installed");
