@@ -63,7 +63,7 @@ class CudaOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-    gpu_ = make_cuda_ops();
+    gpu_ = make_cuda_ops(-1, CudaOptions{"flash"});  // attention here is our flash kernels (cuDNN's has its own test)
     cpu_ = make_cpu_ops();
   }
 
@@ -254,7 +254,9 @@ TEST_F(CudaOpsTest, SwigluForwardBackward) {
 struct GemmShape {
   int64_t N, C, OC;
 };
-const GemmShape kGemmShapes[] = {{37, 100, 60}, {64, 128, 96}, {1, 64, 24}, {5, 40, 13}};
+// The bias gradient's column sums over OC: 60, 96, 24 and 2056 take the vector path (2056: three column tiles, 300
+// rows: ten row blocks), 13 the scalar one.
+const GemmShape kGemmShapes[] = {{37, 100, 60}, {64, 128, 96}, {1, 64, 24}, {5, 40, 13}, {300, 64, 2056}};
 
 TEST_F(CudaOpsTest, MatmulForwardWithAndWithoutBias) {
   for (const auto& [N, C, OC] : kGemmShapes) {
@@ -392,7 +394,9 @@ TEST_F(CudaOpsTest, EmbeddingTokenOutOfRangeIsReportedAtSync) {
 struct NormShape {
   int64_t N, C;
 };
-const NormShape kNormShapes[] = {{1, 64}, {37, 100}, {16, 768}, {3, 7}};
+// 64, 768, 2048, 4104: the vector path of the backward with 1 pack of 8 per thread (2 and 256 threads, 300 rows
+// over several blocks) and with 4 (4104 = 513 packs, a partly filled last one); 100 and 7: the scalar path.
+const NormShape kNormShapes[] = {{1, 64}, {37, 100}, {16, 768}, {3, 7}, {300, 2048}, {40, 4104}};
 
 TEST_F(CudaOpsTest, LayerNormForwardBackward) {
   for (const auto& [N, C] : kNormShapes) {

@@ -45,10 +45,16 @@ void axpy(cudaStream_t s, bool is_bf16, void* dst, const void* src, float alpha,
 void scale(cudaStream_t s, bool is_bf16, void* x, float alpha, int64_t n);
 // partials[g] = sum of x^2 over block g's share (double); returns the number of blocks written (<= kMaxPartials).
 int sum_squares_partials(cudaStream_t s, bool is_bf16, const void* x, int64_t n, double* partials);
-// out[c] += sum over rows r of x[r, c] for x [N, C]: per-block partial column sums in `scratch`, then a second pass
-// adding them in block order (deterministic, no atomics). scratch holds scratch_floats floats.
+// out[c] += sum over rows r of x[r, c] for x [N, C]: per-block partial column sums in `scratch`, then
+// add_partial_rows (deterministic, no atomics). scratch holds scratch_floats floats.
 void column_sums_accumulate(cudaStream_t s, float* out, const bf16* x, int64_t N, int64_t C, float* scratch,
                             size_t scratch_floats);
+// The second pass of the column reductions (column sums, the norms' dw/db): for the partial rows [G, W] (row-major),
+// column j's sum over the G rows is added to out0[j] for j < split and to out1[j - split] otherwise (out1 may be
+// null: those columns are then dropped, e.g. the db half of a LayerNorm without bias). Accumulates (+=); the order of the additions is fixed, so the result is the same bits on
+// every run.
+void add_partial_rows(cudaStream_t s, float* out0, float* out1, int64_t split, const float* partial, int64_t W,
+                      int64_t G);
 
 // out[n, j] += bias[j] for out [N, OC]: a separate bias pass, used only as the unfused peer in bench_cuda_ops (the
 // ops fuse the bias into the GEMM epilogue).
