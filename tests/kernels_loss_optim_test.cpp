@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels_testutil.h"
+#include "megatrain/core/bf16.h"
 #include "megatrain/kernels/ops.h"
 
 namespace mt::test {
@@ -195,6 +196,37 @@ TEST(Optimizer, AdamWMultiTensorIsPerSegmentAdamW) {
     FAIL() << "a segment past the end was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("outside a flat tensor"), std::string::npos) << e.what();
+  }
+}
+
+// The fused refresh of the compute copy: with weight_out (bf16), every segment of it holds the updated weights
+// rounded as convert() rounds (the host's float_to_bf16, bit for bit), and the gaps between segments keep what they
+// held; the fp32 update is the same bits as without it.
+TEST(Optimizer, AdamWMultiTensorWritesTheComputeCopyOfEachSegment) {
+  auto ops = make_cpu_ops();
+  const std::vector<AdamSegment> segs = {{0, 13, 0.1f}, {16, 1, 0.0f}, {32, 0, 0.1f}, {32, 500, 0.1f}, {540, 7, 0.0f}};
+  const int64_t n = 560;
+  const VecF p0 = randn(n, 730);
+  VecF p = p0, m(n, 0.0f), v(n, 0.0f), q = p0, mq(n, 0.0f), vq(n, 0.0f);
+  constexpr uint16_t kSentinel = 0x7fc1;  // a NaN pattern convert() never writes for these finite weights
+  std::vector<uint16_t> w(n, kSentinel);
+  AdamHParams h = hparams(1);
+  for (int step = 1; step <= 2; ++step) {
+    h.step = step;
+    VecF g = randn(n, 740 + step, 0.1f);
+    ops->adamw_update_multi(tf(p, {n}), tf(g, {n}), tf(m, {n}), tf(v, {n}), segs, h,
+                            Tensor(w.data(), {n}, DType::BF16));
+    ops->adamw_update_multi(tf(q, {n}), tf(g, {n}), tf(mq, {n}), tf(vq, {n}), segs, h);
+  }
+  std::vector<bool> in_segment(n, false);
+  for (const AdamSegment& sg : segs)
+    for (int64_t i = sg.offset; i < sg.offset + sg.numel; ++i) in_segment[i] = true;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(p[i], q[i]) << "element " << i;
+    if (in_segment[i])
+      ASSERT_EQ(w[i], float_to_bf16(p[i])) << "element " << i;
+    else
+      ASSERT_EQ(w[i], kSentinel) << "gap element " << i;
   }
 }
 

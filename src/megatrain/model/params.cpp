@@ -57,6 +57,11 @@ void ParamStore::refresh_weights(Ops& ops) {
   ops.convert(lowp, master);
 }
 
+Tensor ParamStore::compute_flat() const {
+  if (compute_.empty()) return {};
+  return Tensor(compute_.data(), {static_cast<int64_t>(total_)}, compute_dtype_, compute_.device());
+}
+
 int ParamStore::tensor_at_or_after(size_t off) const {
   for (size_t i = 0; i < infos_.size(); ++i)
     if (infos_[i].offset + infos_[i].numel > off) return static_cast<int>(i);

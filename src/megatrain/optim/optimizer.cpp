@@ -140,12 +140,13 @@ Tensor Optimizer::v(int i) const { return state_view(v_, params_.info(i)); }
 void Optimizer::step(ParamStore& params, float lr, float grad_scale, int step) {
   MT_CHECK(step >= 1, "optimizer step must be >= 1 (got {})", step);
   if (cfg_.name == "lamb") return lamb_step(params, lr, grad_scale, step);
-  // AdamW: every tensor in one multi-tensor call over the flat buffers (each segment with its own weight decay).
+  // AdamW: every tensor in one multi-tensor call over the flat buffers (each segment with its own weight decay),
+  // which also rewrites the compute copy (bf16 on CUDA) from the updated weights: the segments are every tensor,
+  // and the padding between them never changes, so the copy ends up as refresh_weights() would leave it.
   const int64_t n = static_cast<int64_t>(params.total_floats());
   auto flat = [&](void* p) { return Tensor(p, {n}, DType::F32, params.device()); };
   ops_.adamw_update_multi(flat(params.params_data()), flat(params.grads_data()), flat(m_.data()), flat(v_.data()),
-                          segments_, adam_hparams(cfg_, false, lr, grad_scale, step));
-  params.refresh_weights(ops_);
+                          segments_, adam_hparams(cfg_, false, lr, grad_scale, step), params.compute_flat());
 }
 
 }  // namespace mt

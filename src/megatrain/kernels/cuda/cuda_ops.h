@@ -51,7 +51,7 @@ class CudaOps final : public Ops {
   DType compute_dtype() const override { return DType::BF16; }
   Buffer alloc(size_t bytes) override;
   void adamw_update_multi(Tensor param, Tensor grad, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
-                          const AdamHParams& h) override;
+                          const AdamHParams& h, Tensor weight_out = {}) override;
   size_t allocated_bytes() const override { return allocated_; }
   void to_device(Tensor dst, const void* host) override;
   void to_host(void* host, Tensor src) override;

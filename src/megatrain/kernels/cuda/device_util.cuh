@@ -23,6 +23,15 @@ __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
 
+// The host's float_to_bf16 (core/bf16.h) on the device, so a round trip through either side is bit-identical,
+// NaN payloads included (__float2bfloat16_rn agrees on every non-NaN input).
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
 // K consecutive elements moved as one load/store: K * sizeof(T) == 16 bytes gives 128-bit memory instructions, the
 // widest a thread can issue; K == 1 is the fallback for unaligned pointers or widths that are not a multiple of K.
 template <int K, class T>

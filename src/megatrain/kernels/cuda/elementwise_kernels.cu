@@ -11,15 +11,6 @@ constexpr int kThreads = 256;
 
 // ---- conversions ------------------------------------------------------------------------------------------------
 
-// The host's float_to_bf16 (core/bf16.h) on the device, so a round trip through either side is bit-identical,
-// NaN payloads included (__float2bfloat16_rn agrees on every non-NaN input).
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 __global__ void f32_to_bf16_kernel(uint16_t* dst, const float* src, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) dst[i] = f32_to_bf16_bits(src[i]);
 }

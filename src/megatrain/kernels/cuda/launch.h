@@ -132,9 +132,10 @@ struct AdamSeg {
   float wd;
 };
 // AdamW over n_segs segments (a device array) of the flat buffers in one launch; k.wd is replaced per segment.
-// max_numel: the largest segment (sizes the grid).
+// max_numel: the largest segment (sizes the grid). w16 (may be null): the bf16 copy, each updated element written
+// there too, rounded as convert_f32_to_bf16 rounds.
 void adamw_update_multi(cudaStream_t s, float* p, const float* g, float* m, float* v, const AdamSeg* segs, int n_segs,
-                        int64_t max_numel, const AdamConsts& k);
+                        int64_t max_numel, const AdamConsts& k, uint16_t* w16 = nullptr);
 // Updates m, v; partials[g] = sum of u^2 over block g (u as in lamb_apply); returns the number of blocks written.
 int lamb_moments(cudaStream_t s, const float* p, const float* g, float* m, float* v, int64_t n, const AdamConsts& k,
                  double* partials);

@@ -65,16 +65,23 @@ CudaOps::SegTable CudaOps::segment_table(const char* op, const std::vector<AdamS
 }
 
 void CudaOps::adamw_update_multi(Tensor param, Tensor grad, Tensor m_t, Tensor v_t,
-                                 const std::vector<AdamSegment>& segs, const AdamHParams& h) {
+                                 const std::vector<AdamSegment>& segs, const AdamHParams& h, Tensor weight_out) {
   const char* op = "adamw_update_multi";
   auto scope = timed(op);
   const auto [p, m, v, n] = opt_args(op, param, m_t, v_t, cuda_args::f32_arg);
   const float* g = f32_arg(grad, op, "grad");
   check_numel(grad, n, op, "grad");
+  uint16_t* w16 = nullptr;
+  if (weight_out.defined()) {
+    if (weight_out.dtype != DType::BF16)  // an fp32 copy: the generic path (update, then convert per segment)
+      return Ops::adamw_update_multi(param, grad, m_t, v_t, segs, h, weight_out);
+    w16 = reinterpret_cast<uint16_t*>(bf16_arg(weight_out, op, "weight_out"));
+    check_numel(weight_out, n, op, "weight_out");
+  }
   if (segs.empty()) return;
   const SegTable t = segment_table(op, segs, n, 0);
   cuda::adamw_update_multi(stream_, p, g, m, v, static_cast<const cuda::AdamSeg*>(t.segs),
-                           static_cast<int>(segs.size()), t.max_numel, kernel_consts(op, h));
+                           static_cast<int>(segs.size()), t.max_numel, kernel_consts(op, h), w16);
 }
 
 double CudaOps::lamb_moments(Tensor param, Tensor grad, Tensor m_t, Tensor v_t, const AdamHParams& h) {

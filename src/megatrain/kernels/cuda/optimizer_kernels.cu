@@ -46,11 +46,16 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 }
 
 // The same for many tensors: grid.y walks the segments, grid.x strides within one (blocks past a small segment's end
-// exit at once, which is cheaper than a launch per tensor).
-__global__ void adamw_multi_kernel(float* p, const float* g, float* m, float* v, const AdamSeg* segs, AdamConsts k) {
+// exit at once, which is cheaper than a launch per tensor). With w16, the updated weight also goes to the bf16
+// compute copy from the register that holds it (the separate refresh pass read the fp32 weights back).
+__global__ void adamw_multi_kernel(float* p, const float* g, float* m, float* v, const AdamSeg* segs, AdamConsts k,
+                                   uint16_t* w16) {
   const AdamSeg s = segs[blockIdx.y];
   k.wd = s.wd;
-  for (int64_t i = global_thread(); i < s.numel; i += grid_threads()) adamw_element(p, g, m, v, s.offset + i, k);
+  for (int64_t i = global_thread(); i < s.numel; i += grid_threads()) {
+    adamw_element(p, g, m, v, s.offset + i, k);
+    if (w16) w16[s.offset + i] = f32_to_bf16_bits(p[s.offset + i]);
+  }
 }
 
 // Moments as in AdamW; block g writes the sum of u^2 over its share (double per thread) to partials[g].
@@ -146,11 +151,11 @@ void adamw_update(cudaStream_t s, float* p, const float* g, float* m, float* v, 
 }
 
 void adamw_update_multi(cudaStream_t s, float* p, const float* g, float* m, float* v, const AdamSeg* segs, int n_segs,
-                        int64_t max_numel, const AdamConsts& k) {
+                        int64_t max_numel, const AdamConsts& k, uint16_t* w16) {
   if (n_segs <= 0 || max_numel <= 0) return;
   // At most 1024 blocks per segment (each thread then loops): enough to fill the GPU with the large matrices.
   const unsigned gx = std::min(grid_for(max_numel, kThreads), 1024u);
-  adamw_multi_kernel<<<dim3(gx, static_cast<unsigned>(n_segs)), kThreads, 0, s>>>(p, g, m, v, segs, k);
+  adamw_multi_kernel<<<dim3(gx, static_cast<unsigned>(n_segs)), kThreads, 0, s>>>(p, g, m, v, segs, k, w16);
   check_launch("adamw_multi_kernel");
 }
 
