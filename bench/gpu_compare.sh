@@ -7,6 +7,8 @@
 #   MODELS=gpt2-124m VARIANTS=0 bench/gpu_compare.sh   # one size, no block variants (to fit a time-limited call);
 #                                             # the result file is then named after the sizes run
 #   MODELS=none bench/gpu_compare.sh          # only the megatrain block variants (PTB / SWA vs sequential)
+#   MT_FLAGS=--recompute-act bench/gpu_compare.sh   # extra bench_gpu_train flags for every megatrain run (here: the
+#                                             # GeLU output recomputed in backward); the file name ends in them
 #   ATTENTION=flash bench/gpu_compare.sh      # megatrain with our flash kernels instead of the default (auto: cuDNN's
 #                                             # fused attention where megatrain was built with cuDNN); the result
 #                                             # file then ends in -flash (or -cudnn)
@@ -35,6 +37,8 @@ suffix=""
 [[ -n "$MODELS" || "$VARIANTS" == 0 ]] && suffix="-$(echo "${MODELS:-variants}" | tr ',' '-')"
 [[ "$VARIANTS" == 0 && -z "$MODELS" ]] && suffix="-sizes"
 [[ "$ATTENTION" != auto ]] && suffix="$suffix-$ATTENTION"
+MT_FLAGS=${MT_FLAGS:-}
+[[ -n "$MT_FLAGS" ]] && suffix="$suffix-$(echo "$MT_FLAGS" | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')"
 out=bench/results/gpu_compare-${slug}${suffix}.json
 mkdir -p bench/results
 tmp=$(mktemp -d)
@@ -57,7 +61,7 @@ for run in ${RUNS[@]+"${RUNS[@]}"}; do
   : >"$tmp/mt-$model.json"
   if [[ -x "$MEGATRAIN_BIN" ]]; then
     "$MEGATRAIN_BIN" --model "$model" --batch "$batch" --seq "$seq" --warmup "$WARMUP" --steps "$STEPS" \
-      --attention "$ATTENTION" >"$tmp/mt-$model.out" 2>"$tmp/mt-$model.log" || { echo "megatrain run failed:" >&2; tail -n 20 "$tmp/mt-$model.log" >&2; }
+      --attention "$ATTENTION" $MT_FLAGS >"$tmp/mt-$model.out" 2>"$tmp/mt-$model.log" || { echo "megatrain run failed:" >&2; tail -n 20 "$tmp/mt-$model.log" >&2; }
     json_line "$tmp/mt-$model.out" >"$tmp/mt-$model.json"
     cat "$tmp/mt-$model.json" >&2
   else
@@ -81,7 +85,7 @@ for v in ${variants[@]+"${variants[@]}"}; do
     echo "== variant $name ($VARIANT_MODEL B=$VARIANT_B: $flags)" >&2
     # shellcheck disable=SC2086
     "$MEGATRAIN_BIN" --model "$VARIANT_MODEL" --batch "$VARIANT_B" --warmup "$WARMUP" --steps "$STEPS" \
-      --attention "$ATTENTION" $flags \
+      --attention "$ATTENTION" $MT_FLAGS $flags \
       >"$tmp/var-$name.out" 2>"$tmp/var-$name.log" || tail -n 20 "$tmp/var-$name.log" >&2
     json_line "$tmp/var-$name.out" >"$tmp/var-$name.json"
   fi

@@ -285,6 +285,60 @@ TEST(Gpt, RecomputationGivesIdenticalGradients) {
   }
 }
 
+// model.recompute_act: the GeLU output is rebuilt from the saved pre-activation in backward. On the CPU the forward's
+// GeLU and the recomputation are the same function, so losses and gradients are the same bits as keeping it, for
+// both blocks and together with layer recomputation; each layer then saves rows x ff_dim values fewer.
+TEST(Gpt, RecomputingTheGeluOutputGivesIdenticalGradientsAndSavesItsMemory) {
+  for (BlockKind block : {BlockKind::Sequential, BlockKind::Parallel}) {
+    for (bool layer_recompute : {false, true}) {
+      SCOPED_TRACE(std::string(kind_name(block)) + (layer_recompute ? ", layer 0 recomputed" : ""));
+      ModelConfig c = tiny("gpt2");
+      c.block = block;
+      if (layer_recompute) c.recompute = {true, false};
+      auto ops = make_cpu_ops();
+      GPT a(c, *ops);
+      c.recompute_act = true;
+      GPT r(c, *ops);
+      a.init_weights(3);
+      r.init_weights(3);
+      for (int step = 0; step < 2; ++step) {  // twice: the scratch holds the last layer's GeLU output after a step
+        Batch b = make_batch(c, 2, 8, 4 + step);
+        a.params().zero_grads();
+        r.params().zero_grads();
+        const float la = a.forward(b.tok.data(), b.tgt.data(), 2, 8, true);
+        a.backward();
+        const float lr = r.forward(b.tok.data(), b.tgt.data(), 2, 8, true);
+        r.backward();
+        EXPECT_EQ(la, lr);
+        for (size_t i = 0; i < a.params().total_floats(); ++i)
+          ASSERT_EQ(a.params().grads_data()[i], r.params().grads_data()[i]) << "grad float " << i;
+      }
+    }
+  }
+  // The saving, counted from the buffers a layer keeps: exactly its GeLU output, rows x ff_dim floats.
+  ModelConfig c = tiny("gpt2");
+  auto bytes = [](const BlockActs& x) {
+    size_t n = 0;
+    for (const Buffer* b : {&x.ln1, &x.ln1_mean, &x.ln1_rstd, &x.qkv, &x.att, &x.lse, &x.h, &x.ln2, &x.ln2_mean,
+                            &x.ln2_rstd, &x.fc, &x.act})
+      n += b->size();
+    return n;
+  };
+  const int64_t rows = 16;
+  BlockActs keep, rebuild;
+  keep.allocate(c, rows);
+  c.recompute_act = true;
+  rebuild.allocate(c, rows);
+  EXPECT_TRUE(rebuild.act.empty());
+  EXPECT_EQ(bytes(keep) - bytes(rebuild), size_t(rows) * c.ff_dim() * sizeof(float));
+  // The SwiGLU MLP keeps its activation (its backward needs the scratch for the activation's gradient).
+  ModelConfig l = tiny("llama");
+  l.recompute_act = true;
+  BlockActs swiglu;
+  swiglu.allocate(l, rows);
+  EXPECT_FALSE(swiglu.act.empty());
+}
+
 TEST(Gpt, RejectsTokensOutsideVocabulary) {
   ModelConfig c = tiny("gpt2");
   auto ops = make_cpu_ops();

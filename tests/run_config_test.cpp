@@ -44,6 +44,8 @@ TEST(RunConfig, ParsesSectionsAndOverrides) {
 TEST(RunConfig, RecomputeAll) {
   RunConfig c = parse_run_config("[model]\nn_layer = 3\nrecompute = \"all\"\n", "t.toml");
   EXPECT_EQ(c.model.recompute, (std::vector<bool>{true, true, true}));
+  EXPECT_FALSE(c.model.recompute_act);
+  EXPECT_TRUE(parse_run_config("", "t.toml", {"--model.recompute_act=true"}).model.recompute_act);
 }
 
 TEST(RunConfig, MalformedTomlNamesFileAndLine) {

@@ -36,7 +36,8 @@ json model_config_to_json(const ModelConfig& c) {
           {"bias", c.bias},
           {"norm_eps", clean_float(c.norm_eps)},
           {"init_std", clean_float(c.init_std)},
-          {"recompute", recompute}};
+          {"recompute", recompute},
+          {"recompute_act", c.recompute_act}};
 }
 
 ModelConfig model_config_from_json(const json& j) {
@@ -88,6 +89,7 @@ ModelConfig model_config_from_json(const json& j) {
       {"bias", boolean("bias", c.bias)},
       {"norm_eps", number("norm_eps", c.norm_eps)},
       {"init_std", number("init_std", c.init_std)},
+      {"recompute_act", boolean("recompute_act", c.recompute_act)},
       {"recompute",
        [&c](const json& v) {
          MT_CHECK(v.is_array(), "model config key 'recompute' must be a list of booleans (got {})", v.dump());

@@ -34,7 +34,8 @@ void BlockActs::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* ops)
   att = make(ops, rows * H * hd, dtype);
   lse = make(ops, rows * H, f32);
   fc = make(ops, rows * fc_w, dtype);
-  act = make(ops, rows * F, dtype);
+  // With recompute_act (GeLU), the activation lives in BlockScratch::d_act instead (Block::views).
+  if (!(cfg.recompute_act && cfg.mlp == MlpKind::Gelu)) act = make(ops, rows * F, dtype);
   if (cfg.block == BlockKind::Sequential) {
     h = make(ops, rows * C, dtype);
     ln2 = make(ops, rows * C, dtype);
@@ -58,6 +59,7 @@ void BlockScratch::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* o
 }
 
 Block::Block(const ModelConfig& cfg, const ParamStore& params, int layer, TpComm* tp) : cfg_(cfg), params_(params) {
+  recompute_act_ = cfg.recompute_act && cfg.mlp == MlpKind::Gelu;
   if (tp && tp->size() > 1) {
     tp_ = tp;
     tp_size_ = tp->size();
@@ -98,7 +100,9 @@ Block::Views Block::views(BlockActs& a, BlockScratch& s, int B, int T) const {
   v.ln1 = mat(a.ln1, N, C, dt), v.mean1 = stat(a.ln1_mean), v.rstd1 = stat(a.ln1_rstd);
   v.qkv = mat(a.qkv, N, v.as.qkv_width(), dt), v.att = mat(a.att, N, att_w, dt);
   v.lse = mat(a.lse, N * v.as.n_head, 1).view({B, v.as.n_head, T});
-  v.fc = mat(a.fc, N, fc_w, dt), v.act = mat(a.act, N, F, dt);
+  // recompute_act: the GeLU output is a temporary in the scratch d_act (the GeLU backward writes d_fc directly and
+  // never uses d_act): written in forward for the down-projection, rewritten from fc in backward before its use.
+  v.fc = mat(a.fc, N, fc_w, dt), v.act = recompute_act_ ? mat(s.d_act, N, F, s.dtype) : mat(a.act, N, F, dt);
   if (cfg_.block == BlockKind::Sequential) {
     v.h = mat(a.h, Ns, C, dt), v.ln2 = mat(a.ln2, N, C, dt);
     v.mean2 = stat(a.ln2_mean), v.rstd2 = stat(a.ln2_rstd);
@@ -253,6 +257,7 @@ void Block::mlp_down_backward(Ops& ops, Tensor d_fc, Tensor d_act, Tensor dout, 
     ops.matmul_backward(d_act, G(mlp_proj_.w), dbias, dout, act, P(mlp_proj_.w), false);
     ops.swiglu_backward(d_fc, fc, d_act);
   } else {
+    if (recompute_act_) ops.gelu_forward(act, fc);  // act is scratch (views): rebuild this layer's GeLU output
     ops.matmul_backward_gelu(d_fc, G(mlp_proj_.w), dbias, dout, act, P(mlp_proj_.w), fc);
   }
 }
