@@ -51,8 +51,8 @@ void column_sums_accumulate(cudaStream_t s, float* out, const bf16* x, int64_t N
                             size_t scratch_floats);
 // The second pass of the column reductions (column sums, the norms' dw/db): for the partial rows [G, W] (row-major),
 // column j's sum over the G rows is added to out0[j] for j < split and to out1[j - split] otherwise (out1 may be
-// null: those columns are then dropped, e.g. the db half of a LayerNorm without bias). Accumulates (+=); the order of the additions is fixed, so the result is the same bits on
-// every run.
+// null: those columns are then dropped, e.g. the db half of a LayerNorm without bias). Accumulates (+=); the order
+// of the additions is fixed, so the result is the same bits on every run.
 void add_partial_rows(cudaStream_t s, float* out0, float* out1, int64_t split, const float* partial, int64_t W,
                       int64_t G);
 
