@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] "
-                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--recompute-act] [--peak-tflops P] "
-                   "[--attention auto|flash|cudnn]\n");
+                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--recompute-act] "
+                   "[--peak-tflops P] [--attention auto|flash|cudnn]\n");
       return 2;
     }
   }
@@ -111,8 +111,8 @@ int main(int argc, char** argv) {
   if (recompute) cfg.recompute.assign(cfg.n_layer, true);
   cfg.recompute_act = recompute_act;
   nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},
-                        {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute}, {"recompute_act", recompute_act},
-                        {"attention", resolve_cuda_attention(attention)}};
+                        {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute},
+                        {"recompute_act", recompute_act}, {"attention", resolve_cuda_attention(attention)}};
   if (!cuda_available()) {
     out["skipped"] = "no CUDA device (or megatrain built without CUDA)";
     std::printf("%s\n", out.dump().c_str());

@@ -23,7 +23,10 @@ import sys
 
 
 def short_name(name: str) -> str:
-    """"void cuda::<unnamed>::norm_backward_kernel<0>(cuda::NormBackwardArgs, float *, long)" -> "norm_backward_kernel<0>"."""
+    """A kernel's name without its return type, namespaces and parameters.
+
+    'void cuda::<unnamed>::norm_backward_kernel<0>(cuda::NormBackwardArgs, float *, long)' -> 'norm_backward_kernel<0>'
+    """
     depth, start, cut = 0, 0, len(name)
     for i, ch in enumerate(name):
         if ch in "<(":

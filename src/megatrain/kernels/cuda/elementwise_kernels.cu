@@ -96,7 +96,8 @@ __global__ void sum_squares_kernel(const T* x, int64_t n, double* partials) {
 // step on an H100 for ~7 GB of reads (bench/results/ncu_kernels-gpt-1.3b-nvidia-h100-80gb-hbm3.json).
 constexpr int kColThreads = 128;  // columns per tile: 8 * kColThreads
 
-__global__ void column_partials_vec_kernel(float* partial, const bf16* x, int64_t N, int64_t C, int64_t rows_per_block) {
+__global__ void column_partials_vec_kernel(float* partial, const bf16* x, int64_t N, int64_t C,
+                                           int64_t rows_per_block) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x) * 8;
   if (c >= C) return;
   const int64_t r0 = blockIdx.y * rows_per_block;
