@@ -1,8 +1,10 @@
-// cuBLASLt calls: descriptors are cheap host objects, created per call; the algorithm choice (a heuristic query
-// costing tens of microseconds) is cached per distinct problem.
+// cuBLASLt calls (through lt(): the library is loaded on first use, cublaslt_api.h says why): descriptors are cheap
+// host objects, created per call; the algorithm choice (a heuristic query costing tens of microseconds) is cached per
+// distinct problem.
 #include "megatrain/kernels/cuda/gemm.h"
 
 #include "megatrain/core/error.h"
+#include "megatrain/kernels/cuda/cublaslt_api.h"
 #include "megatrain/kernels/cuda/launch.h"
 
 namespace mt {
@@ -10,7 +12,8 @@ namespace mt {
 namespace {
 
 void lt_check(cublasStatus_t st, const char* op, const char* call) {
-  if (st != CUBLAS_STATUS_SUCCESS) fail_as(ErrorKind::Device, "{}: {} failed: {} ({})", op, call, cublasLtGetStatusName(st), static_cast<int>(st));
+  if (st != CUBLAS_STATUS_SUCCESS)
+    fail_as(ErrorKind::Device, "{}: {} failed: {} ({})", op, call, lt().GetStatusName(st), static_cast<int>(st));
 }
 
 // The largest power of two (up to 256) dividing the address: cuBLASLt algorithms state the alignment they need,
@@ -28,39 +31,39 @@ struct Descs {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   ~Descs() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (pref) lt().MatmulPreferenceDestroy(pref);
+    if (d) lt().MatrixLayoutDestroy(d);
+    if (b) lt().MatrixLayoutDestroy(b);
+    if (a) lt().MatrixLayoutDestroy(a);
+    if (op) lt().MatmulDescDestroy(op);
   }
 };
 
 template <class T>
 void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v, const char* op) {
-  lt_check(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)), op, "cublasLtMatmulDescSetAttribute");
+  lt_check(lt().MatmulDescSetAttribute(d, attr, &v, sizeof(v)), op, "cublasLtMatmulDescSetAttribute");
 }
 
 template <class T>
 void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const T& v, const char* op) {
-  lt_check(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)), op, "cublasLtMatmulPreferenceSetAttribute");
+  lt_check(lt().MatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)), op, "cublasLtMatmulPreferenceSetAttribute");
 }
 
 }  // namespace
 
 LtGemm::LtGemm() {
-  lt_check(cublasLtCreate(&handle_), "CudaOps", "cublasLtCreate");
+  lt_check(lt().Create(&handle_), "CudaOps", "cublasLtCreate");
   cuda::check(cudaMalloc(&workspace_, kWorkspaceBytes), "CudaOps: cudaMalloc(cuBLASLt workspace)");
 }
 
 LtGemm::~LtGemm() {
   if (workspace_) cudaFree(workspace_);
-  if (handle_) cublasLtDestroy(handle_);
+  if (handle_) lt().Destroy(handle_);
 }
 
 bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
   Descs ds;
-  lt_check(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), op, "cublasLtMatmulDescCreate");
+  lt_check(lt().MatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), op, "cublasLtMatmulDescCreate");
   set_desc(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(c.trans_a), op);
   set_desc(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(c.trans_b), op);
   set_desc(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(c.epilogue), op);
@@ -73,11 +76,11 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
   }
   // Layouts describe the matrices as stored (before op()): rows x cols, column-major, leading dimension.
   const bool ta = c.trans_a == CUBLAS_OP_T, tb = c.trans_b == CUBLAS_OP_T;
-  lt_check(cublasLtMatrixLayoutCreate(&ds.a, CUDA_R_16BF, ta ? c.k : c.m, ta ? c.m : c.k, c.lda), op,
+  lt_check(lt().MatrixLayoutCreate(&ds.a, CUDA_R_16BF, ta ? c.k : c.m, ta ? c.m : c.k, c.lda), op,
            "cublasLtMatrixLayoutCreate(A)");
-  lt_check(cublasLtMatrixLayoutCreate(&ds.b, CUDA_R_16BF, tb ? c.n : c.k, tb ? c.k : c.n, c.ldb), op,
+  lt_check(lt().MatrixLayoutCreate(&ds.b, CUDA_R_16BF, tb ? c.n : c.k, tb ? c.k : c.n, c.ldb), op,
            "cublasLtMatrixLayoutCreate(B)");
-  lt_check(cublasLtMatrixLayoutCreate(&ds.d, c.d_type, c.m, c.n, c.ldd), op, "cublasLtMatrixLayoutCreate(D)");
+  lt_check(lt().MatrixLayoutCreate(&ds.d, c.d_type, c.m, c.n, c.ldd), op, "cublasLtMatrixLayoutCreate(D)");
 
   const uint32_t al_a = alignment(c.A), al_b = alignment(c.B), al_d = alignment(c.D);
   const Key key{c.trans_a, c.trans_b, c.m,    c.n,    c.k,    c.lda,  c.ldb,       c.ldd,
@@ -85,7 +88,7 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
                 c.bias ? alignment(c.bias) : 0, c.aux ? alignment(c.aux) : 0};
   auto it = algos_.find(key);
   if (it == algos_.end()) {
-    lt_check(cublasLtMatmulPreferenceCreate(&ds.pref), op, "cublasLtMatmulPreferenceCreate");
+    lt_check(lt().MatmulPreferenceCreate(&ds.pref), op, "cublasLtMatmulPreferenceCreate");
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes), op);
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a, op);
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b, op);
@@ -94,7 +97,7 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(handle_, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &count);
+        lt().MatmulAlgoGetHeuristic(handle_, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &count);
     Found f;
     if (st == CUBLAS_STATUS_SUCCESS && count > 0) {
       f.ok = true;
@@ -109,7 +112,7 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
   if (!it->second.ok) return false;
 
   const float alpha = 1.0f, beta = c.beta;
-  lt_check(cublasLtMatmul(handle_, ds.op, &alpha, c.A, ds.a, c.B, ds.b, &beta, c.D, ds.d, c.D, ds.d,
+  lt_check(lt().Matmul(handle_, ds.op, &alpha, c.A, ds.a, c.B, ds.b, &beta, c.D, ds.d, c.D, ds.d,
                           &it->second.algo, workspace_, kWorkspaceBytes, stream),
            op, "cublasLtMatmul");
   return true;
