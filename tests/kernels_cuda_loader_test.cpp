@@ -36,12 +36,8 @@ TEST(CublasLtLoader, LoadsOnFirstUseAndResolvesEveryEntryPoint) {
   // A call into the loaded library that needs no device, against the name the cuBLAS documentation gives.
   EXPECT_STREQ(api.GetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
   EXPECT_STREQ(api.GetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
-  for (const void* f : {(const void*)api.Create, (const void*)api.Destroy, (const void*)api.Matmul,
-                        (const void*)api.MatmulAlgoGetHeuristic, (const void*)api.MatmulDescCreate,
-                        (const void*)api.MatmulDescDestroy, (const void*)api.MatmulDescSetAttribute,
-                        (const void*)api.MatmulPreferenceCreate, (const void*)api.MatmulPreferenceDestroy,
-                        (const void*)api.MatmulPreferenceSetAttribute, (const void*)api.MatrixLayoutCreate,
-                        (const void*)api.MatrixLayoutDestroy})
-    EXPECT_NE(f, nullptr);
+#define MT_EXPECT_LOADED(name) EXPECT_NE(reinterpret_cast<const void*>(api.name), nullptr) << #name;
+  MT_CUBLASLT_ENTRY_POINTS(MT_EXPECT_LOADED)
+#undef MT_EXPECT_LOADED
   EXPECT_EQ(&mt::lt(), &api) << "a second call must not load again";
 }

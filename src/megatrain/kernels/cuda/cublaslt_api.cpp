@@ -48,19 +48,9 @@ LtApi load() {
               api.path, name);
     slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(p);
   };
-  sym(api.Create, "cublasLtCreate");
-  sym(api.Destroy, "cublasLtDestroy");
-  sym(api.GetStatusName, "cublasLtGetStatusName");
-  sym(api.Matmul, "cublasLtMatmul");
-  sym(api.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
-  sym(api.MatmulDescCreate, "cublasLtMatmulDescCreate");
-  sym(api.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
-  sym(api.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
-  sym(api.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
-  sym(api.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
-  sym(api.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
-  sym(api.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
-  sym(api.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+#define MT_CUBLASLT_LOAD(name) sym(api.name, "cublasLt" #name);
+  MT_CUBLASLT_ENTRY_POINTS(MT_CUBLASLT_LOAD)
+#undef MT_CUBLASLT_LOAD
   return api;
 }
 

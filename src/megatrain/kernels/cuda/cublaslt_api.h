@@ -15,20 +15,16 @@
 
 namespace mt {
 
+// The entry points, each named without its `cublasLt` prefix: one list for the table and for the loader.
+#define MT_CUBLASLT_ENTRY_POINTS(X)                                                                               \
+  X(Create) X(Destroy) X(GetStatusName) X(Matmul) X(MatmulAlgoGetHeuristic) X(MatmulDescCreate)                 \
+  X(MatmulDescDestroy) X(MatmulDescSetAttribute) X(MatmulPreferenceCreate) X(MatmulPreferenceDestroy)           \
+  X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate) X(MatrixLayoutDestroy)
+
 struct LtApi {
-  decltype(&cublasLtCreate) Create;
-  decltype(&cublasLtDestroy) Destroy;
-  decltype(&cublasLtGetStatusName) GetStatusName;
-  decltype(&cublasLtMatmul) Matmul;
-  decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
-  decltype(&cublasLtMatmulDescCreate) MatmulDescCreate;
-  decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy;
-  decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
-  decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
-  decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
-  decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
-  decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
-  decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
+#define MT_CUBLASLT_FIELD(name) decltype(&cublasLt##name) name = nullptr;
+  MT_CUBLASLT_ENTRY_POINTS(MT_CUBLASLT_FIELD)
+#undef MT_CUBLASLT_FIELD
   std::string path;  // the file that was loaded
 };
 
