@@ -2,7 +2,8 @@
 # GPU training throughput, megatrain vs PyTorch (bench/torch_gpt.py) on the same model shapes, one after the other
 # on this machine's first GPU. Writes bench/results/gpu_compare-<gpu name>.json and prints it.
 #   bench/gpu_compare.sh                      # the three sizes with batch sizes that fit in 80 GB
-#   B_124M=32 STEPS=50 bench/gpu_compare.sh   # override batch sizes / timed steps
+#   B_124M=32 STEPS=50 bench/gpu_compare.sh   # override batch sizes / timed steps (a batch that is not the
+#                                             # default is named in the result file: ...-124m-b32.json)
 #   MEGATRAIN_BIN=build/bench/bench_gpu_train # the megatrain side (skipped, with a note, when it is not built)
 #   MODELS=gpt2-124m VARIANTS=0 bench/gpu_compare.sh   # one size, no block variants (to fit a time-limited call);
 #                                             # the result file is then named after the sizes run
@@ -39,6 +40,10 @@ suffix=""
 [[ "$ATTENTION" != auto ]] && suffix="$suffix-$ATTENTION"
 MT_FLAGS=${MT_FLAGS:-}
 [[ -n "$MT_FLAGS" ]] && suffix="$suffix-$(echo "$MT_FLAGS" | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')"
+# A batch other than the default goes into the name too, so such a run never replaces the default's file.
+[[ "${B_124M:-16}" != 16 ]] && suffix="$suffix-124m-b$B_124M"
+[[ "${B_350M:-8}" != 8 ]] && suffix="$suffix-350m-b$B_350M"
+[[ "${B_1P3B:-4}" != 4 ]] && suffix="$suffix-1.3b-b$B_1P3B"
 out=bench/results/gpu_compare-${slug}${suffix}.json
 mkdir -p bench/results
 tmp=$(mktemp -d)
