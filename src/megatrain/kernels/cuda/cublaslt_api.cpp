@@ -8,7 +8,7 @@
 
 #include "megatrain/core/error.h"
 
-// Set by CMake: the library CUDAToolkit found (resolved to its versioned file) and its soname.
+// Set by CMake: <the folder of the library CUDAToolkit found>/<its soname>, and the soname alone.
 #ifndef MT_CUBLASLT_PATH
 #define MT_CUBLASLT_PATH ""
 #endif

@@ -113,7 +113,7 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
 
   const float alpha = 1.0f, beta = c.beta;
   lt_check(lt().Matmul(handle_, ds.op, &alpha, c.A, ds.a, c.B, ds.b, &beta, c.D, ds.d, c.D, ds.d,
-                          &it->second.algo, workspace_, kWorkspaceBytes, stream),
+                       &it->second.algo, workspace_, kWorkspaceBytes, stream),
            op, "cublasLtMatmul");
   return true;
 }
