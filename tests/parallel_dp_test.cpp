@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/comm/mesh.h"
+#include "megatrain/core/bf16.h"
+#include "megatrain/kernels/cpu/cpu_ops.h"
+#include "megatrain/parallel/data_parallel.h"
 #include "parallel_testutil.h"
 
 using namespace ptest;
@@ -75,3 +79,55 @@ TEST(DataParallel, MissingPeerIsATimeoutNamingTheRank) {
 }
 
 }  // namespace
+
+namespace {
+
+// The CPU backend with a bf16 compute copy, as on CUDA (ParamStore keeps fp32 master weights and the copy the layers
+// read). Only the copy's dtype differs, and the data-parallel update and all-gather are all this test runs.
+class Bf16CopyOps final : public mt::CpuOps {
+ public:
+  mt::DType compute_dtype() const override { return mt::DType::BF16; }
+};
+
+// One update through DataParallel (a group of one: the all-gather is a copy), then the compute copy must be the
+// updated master weights rounded to bf16, element for element. The oracle is the conversion itself.
+void expect_compute_copy_follows_the_update(bool overlap) {
+  using namespace mt;
+  Bf16CopyOps ops;
+  ModelConfig c;
+  c.vocab_size = 97, c.n_layer = 2, c.n_head = 2, c.d_model = 32, c.max_seq_len = 16;
+  GPT model(c, ops, dp_pad_multiple(1));
+  model.init_weights(7);
+  ParamStore& ps = model.params();
+  const size_t n = ps.total_floats();
+  ASSERT_TRUE(ps.compute_flat().defined()) << "the test backend must give the model a compute copy";
+  for (size_t i = 0; i < n; ++i) ps.grads_data()[i] = 0.01f * static_cast<float>(static_cast<int>(i % 13) - 6);
+  std::vector<float> before(ps.params_data(), ps.params_data() + n);
+
+  auto group = make_local_group(0, "dp");
+  OptimConfig oc;
+  DataParallelOptions o;
+  o.bucket_floats = 1024;  // several buckets
+  o.overlap = overlap;
+  DataParallel ddp(model, *group, ops, oc, o);
+  ddp.finish_gradients();
+  ddp.step(1e-2f, 1.0f, 1);
+  ddp.sync_params();
+
+  const auto* copy = static_cast<const uint16_t*>(ps.compute_flat().ptr);
+  size_t changed = 0, stale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    changed += ps.params_data()[i] != before[i];
+    stale += copy[i] != float_to_bf16(ps.params_data()[i]);
+  }
+  EXPECT_GT(changed, n / 2) << "the update moved too few weights for the check to mean anything";
+  EXPECT_EQ(stale, 0u) << stale << " of " << n << " compute-copy elements are not the updated weights in bf16 "
+                       << "(overlap " << overlap << ")";
+}
+
+}  // namespace
+
+TEST(DataParallel, TheComputeCopyFollowsTheGatheredWeights) {
+  expect_compute_copy_follows_the_update(true);
+  expect_compute_copy_follows_the_update(false);
+}

@@ -96,6 +96,18 @@ void DataParallel::wait(WorkPtr& w) {
   w.reset();
 }
 
+void DataParallel::finish_all_gather(Bucket& b) {
+  if (!b.ag) return;
+  wait(b.ag);
+  // The update and the all-gather write the fp32 master weights only; on a backend that computes in another dtype
+  // the layers read a separate copy, which would otherwise keep the weights of the step before (every step's).
+  const Tensor lowp = model_.params().compute_flat();
+  if (!lowp.defined()) return;
+  float* p = model_.params().params_data();
+  ops_.convert(lowp.slice0(static_cast<int64_t>(b.begin), static_cast<int64_t>(b.end)),
+               span(p + b.begin, b.end - b.begin));
+}
+
 void DataParallel::begin_last_backward() { arm(0, static_cast<int>(model_.params().size())); }
 
 void DataParallel::begin_last_backward(int chunk) {
@@ -140,7 +152,7 @@ void DataParallel::on_params_used(int first, int end) {
   const ParamStore& ps = model_.params();
   const size_t lo = ps.info(first).offset, hi = ps.info(end - 1).offset + ps.info(end - 1).numel;
   for (auto& b : buckets_)
-    if (b.ag && b.begin < hi && b.end > lo) wait(b.ag);
+    if (b.ag && b.begin < hi && b.end > lo) finish_all_gather(b);
 }
 
 double DataParallel::finish_gradients() {
@@ -264,8 +276,7 @@ void DataParallel::step(float lr, float grad_scale, int step) {
 }
 
 void DataParallel::sync_params() {
-  for (auto& b : buckets_)
-    if (b.ag) wait(b.ag);
+  for (auto& b : buckets_) finish_all_gather(b);
 }
 
 std::pair<float*, float*> DataParallel::host_moments(bool pull) {

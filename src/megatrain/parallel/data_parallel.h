@@ -107,6 +107,9 @@ class DataParallel {
     size_t slice_begin() const;
   };
   void wait(WorkPtr& w);  // waits, accounting exec and exposed time
+  // Waits for bucket b's parameter all-gather, then rewrites its range of the compute copy (bf16 on CUDA: what the
+  // layers read) from the gathered fp32 weights. A no-op when nothing is in flight.
+  void finish_all_gather(Bucket& b);
   Tensor span(float* p, size_t n) const;  // n floats of the backend's memory at p
   ProcessGroup& host() { return opt_.host ? *opt_.host : group_; }
   // My moment slices in host memory: the shard buffers themselves on a CPU backend; else a host copy, pulled
