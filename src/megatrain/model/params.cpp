@@ -50,10 +50,15 @@ void ParamStore::allocate(size_t pad_multiple, Ops* ops) {
   allocated_ = true;
 }
 
-void ParamStore::refresh_weights(Ops& ops) {
+void ParamStore::refresh_weights(Ops& ops) { refresh_weights(ops, 0, total_); }
+
+void ParamStore::refresh_weights(Ops& ops, size_t begin, size_t end) {
   if (compute_.empty()) return;
-  Tensor master(params_.data(), {static_cast<int64_t>(total_)}, DType::F32, params_.device());
-  Tensor lowp(compute_.data(), {static_cast<int64_t>(total_)}, compute_dtype_, compute_.device());
+  MT_CHECK(begin <= end && end <= total_, "refresh_weights: range [{}, {}) outside the {} floats", begin, end, total_);
+  const auto n = static_cast<int64_t>(end - begin);
+  Tensor master(params_data() + begin, {n}, DType::F32, params_.device());
+  Tensor lowp(static_cast<char*>(compute_.data()) + begin * dtype_size(compute_dtype_), {n}, compute_dtype_,
+              compute_.device());
   ops.convert(lowp, master);
 }
 

@@ -55,6 +55,8 @@ class ParamStore {
   Tensor weight(int i) const;  // the compute copy the layers read (== param(i) when the backend computes in fp32)
   // Re-derives the compute copy from the master weights (after an optimizer step or a load); no-op without one.
   void refresh_weights(Ops& ops);
+  // The same for the flat range [begin, end) only (e.g. one data-parallel bucket once its all-gather is done).
+  void refresh_weights(Ops& ops, size_t begin, size_t end);
   // The whole compute copy as one flat tensor [total_floats()] of compute_dtype() (what an optimizer step that
   // refreshes it in the same pass writes: Ops::adamw_update_multi's weight_out); undefined without a copy.
   Tensor compute_flat() const;

@@ -101,11 +101,7 @@ void DataParallel::finish_all_gather(Bucket& b) {
   wait(b.ag);
   // The update and the all-gather write the fp32 master weights only; on a backend that computes in another dtype
   // the layers read a separate copy, which would otherwise keep the weights of the step before (every step's).
-  const Tensor lowp = model_.params().compute_flat();
-  if (!lowp.defined()) return;
-  float* p = model_.params().params_data();
-  ops_.convert(lowp.slice0(static_cast<int64_t>(b.begin), static_cast<int64_t>(b.end)),
-               span(p + b.begin, b.end - b.begin));
+  model_.params().refresh_weights(ops_, b.begin, b.end);
 }
 
 void DataParallel::begin_last_backward() { arm(0, static_cast<int>(model_.params().size())); }
