@@ -4,8 +4,8 @@
 // (989 TFLOP/s: H100 SXM dense bf16; the same figure is used for H200), and the GPU memory the run took.
 // Usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] [--warmup N]
 //                        [--block sequential|parallel] [--window W] [--recompute] [--recompute-act]
-//                        [--peak-tflops P]   (--recompute-act: ModelConfig::recompute_act, the GeLU output rebuilt
-//                        in backward)
+//                        [--recompute-norm] [--peak-tflops P]   (--recompute-act / --recompute-norm:
+//                        ModelConfig::recompute_act / recompute_norm, the GeLU / norm outputs rebuilt in backward)
 //                        [--attention auto|flash|cudnn]   (auto, the default: cuDNN's fused attention where built
 //                        with cuDNN, else flash; flash: our kernels; cudnn: cuDNN's). The JSON names the one that ran.
 #include <algorithm>
@@ -68,7 +68,7 @@ std::string gpu_name() {
 int main(int argc, char** argv) {
   std::string model_name = "gpt2-124m", block = "sequential", attention = "auto";
   int B = 8, T = 0, steps = 20, warmup = 3, window = 0;
-  bool recompute = false, recompute_act = false;
+  bool recompute = false, recompute_act = false, recompute_norm = false;
   double peak_tflops = 989.0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -88,12 +88,13 @@ int main(int argc, char** argv) {
     else if (a == "--window") window = std::atoi(next().c_str());
     else if (a == "--recompute") recompute = true;
     else if (a == "--recompute-act") recompute_act = true;
+    else if (a == "--recompute-norm") recompute_norm = true;
     else if (a == "--peak-tflops") peak_tflops = std::atof(next().c_str());
     else if (a == "--attention") attention = next();
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] "
-                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--recompute-act] "
+                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--recompute-act] [--recompute-norm] "
                    "[--peak-tflops P] [--attention auto|flash|cudnn]\n");
       return 2;
     }
@@ -110,9 +111,10 @@ int main(int argc, char** argv) {
   cfg.window = window;
   if (recompute) cfg.recompute.assign(cfg.n_layer, true);
   cfg.recompute_act = recompute_act;
+  cfg.recompute_norm = recompute_norm;
   nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},
                         {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute},
-                        {"recompute_act", recompute_act}, {"attention", resolve_cuda_attention(attention)}};
+                        {"recompute_act", recompute_act}, {"recompute_norm", recompute_norm}, {"attention", resolve_cuda_attention(attention)}};
   if (!cuda_available()) {
     out["skipped"] = "no CUDA device (or megatrain built without CUDA)";
     std::printf("%s\n", out.dump().c_str());

@@ -364,6 +364,8 @@ TEST(ConfigJson, RoundTripAndStrictKeys) {
   c.norm_eps = 1e-6f;
   c.init_std = 0.01f;
   c.recompute = {true, false, true};
+  c.recompute_act = true;
+  c.recompute_norm = true;
   json j = model_config_to_json(c);
   // The kinds keep their user-facing spelling in manifests (extra.model), so older checkpoints still load.
   EXPECT_EQ(j["norm"], "rmsnorm");
@@ -379,6 +381,8 @@ TEST(ConfigJson, RoundTripAndStrictKeys) {
   ModelConfig back = model_config_from_json(json::parse(j.dump()));
   EXPECT_EQ(model_config_to_json(back), j);
   EXPECT_EQ(back.recompute, c.recompute);
+  EXPECT_TRUE(back.recompute_act);
+  EXPECT_TRUE(back.recompute_norm);
   EXPECT_EQ(back.norm_eps, c.norm_eps);
   EXPECT_EQ(back.rope_theta, c.rope_theta);
   // Absent keys keep defaults.

@@ -34,6 +34,9 @@ ModelConfig small_config(const std::string& variant) {
     c.tied_embeddings = false;
   } else if (variant == "recompute") {
     c.recompute = {true, false};
+  } else if (variant == "rebuild") {  // the norm and GeLU outputs rebuilt in backward (ModelConfig)
+    c.recompute_norm = true;
+    c.recompute_act = true;
   }
   return c;
 }
@@ -143,7 +146,7 @@ TEST_P(GptGpu, TwentyStepsTrackCpuLossCurve) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GptGpu,
-                         ::testing::Combine(::testing::Values("gpt2", "parallel_window", "llama", "recompute"),
+                         ::testing::Combine(::testing::Values("gpt2", "parallel_window", "llama", "recompute", "rebuild"),
                                             ::testing::Values("flash", "cudnn")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 

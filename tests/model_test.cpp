@@ -4,6 +4,7 @@
 //  * every parameter gradient matches central finite differences of the naive double model;
 //  * activation recomputation gives bit-identical gradients.
 // (The optimizers' tests are in optim_test.cpp.)
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -285,6 +286,38 @@ TEST(Gpt, RecomputationGivesIdenticalGradients) {
   }
 }
 
+// Two models that differ only in what they keep for backward: the same weights and batches give the same losses and
+// the same gradient bits. Two steps: after a step the scratch holds the last layer's rebuilt values.
+void expect_identical_training(const ModelConfig& keep_cfg, const ModelConfig& rebuild_cfg) {
+  auto ops = make_cpu_ops();
+  GPT a(keep_cfg, *ops), r(rebuild_cfg, *ops);
+  a.init_weights(3);
+  r.init_weights(3);
+  perturb(a, 11);
+  perturb(r, 11);
+  for (int step = 0; step < 2; ++step) {
+    Batch b = make_batch(keep_cfg, 2, 8, 4 + step);
+    a.params().zero_grads();
+    r.params().zero_grads();
+    const float la = a.forward(b.tok.data(), b.tgt.data(), 2, 8, true);
+    a.backward();
+    const float lr = r.forward(b.tok.data(), b.tgt.data(), 2, 8, true);
+    r.backward();
+    EXPECT_EQ(la, lr);
+    ASSERT_EQ(a.params().total_floats(), r.params().total_floats());
+    for (size_t i = 0; i < a.params().total_floats(); ++i)
+      ASSERT_EQ(a.params().grads_data()[i], r.params().grads_data()[i]) << "step " << step << ", grad float " << i;
+  }
+}
+
+size_t kept_bytes(const BlockActs& x) {
+  size_t n = 0;
+  for (const Buffer* b : {&x.ln1, &x.ln1_mean, &x.ln1_rstd, &x.qkv, &x.att, &x.lse, &x.h, &x.ln2, &x.ln2_mean,
+                          &x.ln2_rstd, &x.fc, &x.act})
+    n += b->size();
+  return n;
+}
+
 // model.recompute_act: the GeLU output is rebuilt from the saved pre-activation in backward. On the CPU the forward's
 // GeLU and the recomputation are the same function, so losses and gradients are the same bits as keeping it, for
 // both blocks and together with layer recomputation; each layer then saves rows x ff_dim values fewer.
@@ -295,48 +328,66 @@ TEST(Gpt, RecomputingTheGeluOutputGivesIdenticalGradientsAndSavesItsMemory) {
       ModelConfig c = tiny("gpt2");
       c.block = block;
       if (layer_recompute) c.recompute = {true, false};
-      auto ops = make_cpu_ops();
-      GPT a(c, *ops);
-      c.recompute_act = true;
-      GPT r(c, *ops);
-      a.init_weights(3);
-      r.init_weights(3);
-      for (int step = 0; step < 2; ++step) {  // twice: the scratch holds the last layer's GeLU output after a step
-        Batch b = make_batch(c, 2, 8, 4 + step);
-        a.params().zero_grads();
-        r.params().zero_grads();
-        const float la = a.forward(b.tok.data(), b.tgt.data(), 2, 8, true);
-        a.backward();
-        const float lr = r.forward(b.tok.data(), b.tgt.data(), 2, 8, true);
-        r.backward();
-        EXPECT_EQ(la, lr);
-        for (size_t i = 0; i < a.params().total_floats(); ++i)
-          ASSERT_EQ(a.params().grads_data()[i], r.params().grads_data()[i]) << "grad float " << i;
-      }
+      ModelConfig r = c;
+      r.recompute_act = true;
+      expect_identical_training(c, r);
     }
   }
   // The saving, counted from the buffers a layer keeps: exactly its GeLU output, rows x ff_dim floats.
   ModelConfig c = tiny("gpt2");
-  auto bytes = [](const BlockActs& x) {
-    size_t n = 0;
-    for (const Buffer* b : {&x.ln1, &x.ln1_mean, &x.ln1_rstd, &x.qkv, &x.att, &x.lse, &x.h, &x.ln2, &x.ln2_mean,
-                            &x.ln2_rstd, &x.fc, &x.act})
-      n += b->size();
-    return n;
-  };
   const int64_t rows = 16;
   BlockActs keep, rebuild;
   keep.allocate(c, rows);
   c.recompute_act = true;
   rebuild.allocate(c, rows);
   EXPECT_TRUE(rebuild.act.empty());
-  EXPECT_EQ(bytes(keep) - bytes(rebuild), size_t(rows) * c.ff_dim() * sizeof(float));
+  EXPECT_EQ(kept_bytes(keep) - kept_bytes(rebuild), size_t(rows) * c.ff_dim() * sizeof(float));
   // The SwiGLU MLP keeps its activation (its backward needs the scratch for the activation's gradient).
   ModelConfig l = tiny("llama");
   l.recompute_act = true;
   BlockActs swiglu;
   swiglu.allocate(l, rows);
   EXPECT_FALSE(swiglu.act.empty());
+}
+
+// model.recompute_norm: each norm's output is rebuilt from its saved input in backward (the statistics are kept).
+// The rebuild is the forward's arithmetic on the same input, so on the CPU the gradients are the same bits as
+// keeping the outputs: LayerNorm and RMSNorm, both blocks, with the GeLU rebuilt too and with layer recomputation.
+// A layer then keeps rows x d_model values fewer per norm, and the scratch grows by one such buffer for all layers.
+TEST(Gpt, RecomputingTheNormOutputsGivesIdenticalGradientsAndSavesTheirMemory) {
+  for (const char* style : {"gpt2", "llama"}) {
+    for (BlockKind block : {BlockKind::Sequential, BlockKind::Parallel}) {
+      for (int variant = 0; variant < 3; ++variant) {  // alone; with recompute_act; with layer 1 recomputed
+        SCOPED_TRACE(fmt::format("{}, {}, variant {}", style, kind_name(block), variant));
+        ModelConfig c = tiny(style);
+        c.block = block;
+        if (variant == 1) c.recompute_act = true;
+        if (variant == 2) c.recompute = {false, true};
+        ModelConfig r = c;
+        r.recompute_norm = true;
+        expect_identical_training(c, r);
+      }
+    }
+  }
+  const int64_t rows = 16;
+  for (BlockKind block : {BlockKind::Sequential, BlockKind::Parallel}) {
+    ModelConfig c = tiny("gpt2");
+    c.block = block;
+    BlockActs keep, rebuild;
+    BlockScratch keep_s, rebuild_s;
+    keep.allocate(c, rows);
+    keep_s.allocate(c, rows);
+    c.recompute_norm = true;
+    rebuild.allocate(c, rows);
+    rebuild_s.allocate(c, rows);
+    const size_t norm_out = size_t(rows) * c.d_model * sizeof(float);
+    const size_t norms = block == BlockKind::Sequential ? 2 : 1;
+    EXPECT_TRUE(rebuild.ln1.empty());
+    EXPECT_TRUE(rebuild.ln2.empty());
+    EXPECT_EQ(kept_bytes(keep) - kept_bytes(rebuild), norms * norm_out) << kind_name(block);
+    EXPECT_TRUE(keep_s.ln.empty());
+    EXPECT_EQ(rebuild_s.ln.size(), norm_out);
+  }
 }
 
 TEST(Gpt, RejectsTokensOutsideVocabulary) {

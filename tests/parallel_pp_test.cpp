@@ -158,12 +158,15 @@ TEST(GptStage, WholeModelCallsOnAStageAreClearErrors) {
 
 // Micro-batches in flight at once on the same stages, backwarded out of order: each backward must use its own
 // forward's activations (no recomputation), so the accumulated gradients equal the whole model's over the same
-// micro-batches. With a recomputed layer too (it recomputes from its saved input, as in one process).
+// micro-batches. With a recomputed layer too (it recomputes from its saved input, as in one process), and with
+// the norm and GeLU outputs rebuilt in backward on the stages only (shared scratch, every micro-batch in flight).
 TEST(GptStage, ActivationSlotsKeepMicroBatchesApart) {
-  for (bool rec : {false, true}) {
-    SCOPED_TRACE(fmt::format("recompute {}", rec));
+  for (int rec : {0, 1, 2}) {
+    SCOPED_TRACE(fmt::format("recompute variant {}", rec));
     ModelConfig c = tiny(true);
-    if (rec) c.recompute = {false, true, false, false};
+    if (rec == 1) c.recompute = {false, true, false, false};
+    ModelConfig stage_cfg = c;
+    if (rec == 2) stage_cfg.recompute_norm = stage_cfg.recompute_act = true;
     auto ops = make_cpu_ops();
     const int B = 2, T = 8, pp = 2, v = 2, m = 3, S = pp * v;
     std::vector<std::vector<int32_t>> tok(m, std::vector<int32_t>(B * T)), tg = tok;
@@ -183,7 +186,7 @@ TEST(GptStage, ActivationSlotsKeepMicroBatchesApart) {
     }
     std::vector<std::unique_ptr<GPT>> st;
     for (int r = 0; r < pp; ++r) {
-      st.push_back(std::make_unique<GPT>(c, *ops, 16, nullptr, pipeline_part(c, pp, v, r)));
+      st.push_back(std::make_unique<GPT>(stage_cfg, *ops, 16, nullptr, pipeline_part(c, pp, v, r)));
       st.back()->init_weights(5);
       st.back()->params().zero_grads();
       for (int ch = 0; ch < v; ++ch) st.back()->reserve_activation_slots(ch, m, B, T);

@@ -148,7 +148,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"gpt2", ""}, Case{"no_overlap", " --parallel.overlap=false"},
                       Case{"chunks3", " --parallel.tp_chunks=3"},
                       Case{"parallel_block_accum", " --model.block=parallel --train.grad_accum=2"},
-                      Case{"llama", kLlama}, Case{"lamb", " --optim.name=lamb --model.bias=false"},
+                      Case{"llama", kLlama},
+                      // The norms' outputs rebuilt in backward: each rank rebuilds its rows, then gathers them again.
+                      Case{"lamb_recompute_norm", " --optim.name=lamb --model.bias=false --model.recompute_norm=true"},
+                      Case{"parallel_block_recompute_norm_act",
+                           " --model.block=parallel --model.recompute_norm=true --model.recompute_act=true"},
                       Case{"dp2_tp2", "", 2}, Case{"dp2_tp2_llama_lamb", kLlama + " --optim.name=lamb", 2}),
     CaseName());
 

@@ -46,6 +46,8 @@ TEST(RunConfig, RecomputeAll) {
   EXPECT_EQ(c.model.recompute, (std::vector<bool>{true, true, true}));
   EXPECT_FALSE(c.model.recompute_act);
   EXPECT_TRUE(parse_run_config("", "t.toml", {"--model.recompute_act=true"}).model.recompute_act);
+  EXPECT_FALSE(c.model.recompute_norm);
+  EXPECT_TRUE(parse_run_config("", "t.toml", {"--model.recompute_norm=true"}).model.recompute_norm);
 }
 
 TEST(RunConfig, MalformedTomlNamesFileAndLine) {

@@ -129,6 +129,10 @@ TEST(Train, ResumeRefusesADifferentModel) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("different model config"), std::string::npos) << e.what();
   }
+  // What backward rebuilds is a memory choice, not the model: a run resumes with other recomputation switches.
+  TrainResult r = run_training(small(a, {"--train.steps=2", "--model.recompute=all", "--model.recompute_act=true",
+                                         "--model.recompute_norm=true"}));
+  EXPECT_EQ(r.last_step, 2);
 }
 
 TEST(Train, MissingDataDirectoryIsAClearError) {

@@ -37,7 +37,8 @@ json model_config_to_json(const ModelConfig& c) {
           {"norm_eps", clean_float(c.norm_eps)},
           {"init_std", clean_float(c.init_std)},
           {"recompute", recompute},
-          {"recompute_act", c.recompute_act}};
+          {"recompute_act", c.recompute_act},
+          {"recompute_norm", c.recompute_norm}};
 }
 
 ModelConfig model_config_from_json(const json& j) {
@@ -90,6 +91,7 @@ ModelConfig model_config_from_json(const json& j) {
       {"norm_eps", number("norm_eps", c.norm_eps)},
       {"init_std", number("init_std", c.init_std)},
       {"recompute_act", boolean("recompute_act", c.recompute_act)},
+      {"recompute_norm", boolean("recompute_norm", c.recompute_norm)},
       {"recompute",
        [&c](const json& v) {
          MT_CHECK(v.is_array(), "model config key 'recompute' must be a list of booleans (got {})", v.dump());

@@ -27,7 +27,8 @@ void BlockActs::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* ops)
   const int64_t qkv_w = (H + 2 * cfg.kv_heads() / tp) * hd;
   dtype = ops ? ops->compute_dtype() : DType::F32;
   const DType f32 = DType::F32;
-  ln1 = make(ops, rows * C, dtype);
+  // With recompute_norm, the norms' outputs live in BlockScratch::ln instead (Block::views).
+  if (!cfg.recompute_norm) ln1 = make(ops, rows * C, dtype);
   ln1_mean = make(ops, rows, f32);
   ln1_rstd = make(ops, rows, f32);
   qkv = make(ops, rows * qkv_w, dtype);
@@ -38,7 +39,7 @@ void BlockActs::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* ops)
   if (!(cfg.recompute_act && cfg.mlp == MlpKind::Gelu)) act = make(ops, rows * F, dtype);
   if (cfg.block == BlockKind::Sequential) {
     h = make(ops, rows * C, dtype);
-    ln2 = make(ops, rows * C, dtype);
+    if (!cfg.recompute_norm) ln2 = make(ops, rows * C, dtype);
     ln2_mean = make(ops, rows, f32);
     ln2_rstd = make(ops, rows, f32);
   }
@@ -56,10 +57,12 @@ void BlockScratch::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* o
   d_fc = make(ops, rows * fc_w, dtype);
   d_act = make(ops, rows * F, dtype);
   d_h = make(ops, rows * C, dtype);
+  if (cfg.recompute_norm) ln = make(ops, rows * C, dtype);
 }
 
 Block::Block(const ModelConfig& cfg, const ParamStore& params, int layer, TpComm* tp) : cfg_(cfg), params_(params) {
   recompute_act_ = cfg.recompute_act && cfg.mlp == MlpKind::Gelu;
+  recompute_norm_ = cfg.recompute_norm;
   if (tp && tp->size() > 1) {
     tp_ = tp;
     tp_size_ = tp->size();
@@ -97,14 +100,18 @@ Block::Views Block::views(BlockActs& a, BlockScratch& s, int B, int T) const {
   const int64_t fc_w = cfg_.mlp == MlpKind::SwiGlu ? 2 * F : F, att_w = int64_t(v.as.n_head) * v.as.head_dim;
   const DType dt = a.dtype, st = s.dtype;
   auto stat = [&](const Buffer& b) { return mat(b, Ns, 1).view({Ns}); };
-  v.ln1 = mat(a.ln1, N, C, dt), v.mean1 = stat(a.ln1_mean), v.rstd1 = stat(a.ln1_rstd);
+  // recompute_norm: both norms' (gathered) outputs are one [N, C] scratch, live from the norm to the column-parallel
+  // GEMMs reading it: LN1's is dead before LN2 writes (forward), and each is rebuilt just before its readers'
+  // backward (rebuild_norm).
+  v.ln1 = recompute_norm_ ? mat(s.ln, N, C, st) : mat(a.ln1, N, C, dt);
+  v.mean1 = stat(a.ln1_mean), v.rstd1 = stat(a.ln1_rstd);
   v.qkv = mat(a.qkv, N, v.as.qkv_width(), dt), v.att = mat(a.att, N, att_w, dt);
   v.lse = mat(a.lse, N * v.as.n_head, 1).view({B, v.as.n_head, T});
   // recompute_act: the GeLU output is a temporary in the scratch d_act (the GeLU backward writes d_fc directly and
   // never uses d_act): written in forward for the down-projection, rewritten from fc in backward before its use.
   v.fc = mat(a.fc, N, fc_w, dt), v.act = recompute_act_ ? mat(s.d_act, N, F, s.dtype) : mat(a.act, N, F, dt);
   if (cfg_.block == BlockKind::Sequential) {
-    v.h = mat(a.h, Ns, C, dt), v.ln2 = mat(a.ln2, N, C, dt);
+    v.h = mat(a.h, Ns, C, dt), v.ln2 = recompute_norm_ ? mat(s.ln, N, C, st) : mat(a.ln2, N, C, dt);
     v.mean2 = stat(a.ln2_mean), v.rstd2 = stat(a.ln2_rstd);
   }
   v.proj = mat(s.proj_out, Ns, C, st), v.d_ln = mat(s.d_ln, N, C, st), v.d_qkv = mat(s.d_qkv, N, v.as.qkv_width(), st);
@@ -128,6 +135,17 @@ void Block::norm_backward(Ops& ops, const Norm& n, Tensor din, Tensor dout, Tens
     ops.layernorm_backward(din, G(n.w), G(n.b), dout, in, P(n.w), mean, rstd);
   else
     ops.rmsnorm_backward(din, G(n.w), dout, in, P(n.w), rstd);
+}
+
+// recompute_norm: rebuilds a norm's output `full` [N, C] (the column-parallel GEMMs' input) from its saved input,
+// before backward reads it. The saved statistics are left as they are (no mean/rstd out): the backward of the norm
+// reads those of the forward. The arithmetic is the forward's (the fused add + norm normalises the stored sum, as
+// here), so the rebuilt rows are the forward's bits. With tp, this rank rebuilds its rows into out and the
+// all-gather runs again (Megatron's sequence parallelism re-gathers in backward the same way).
+void Block::rebuild_norm(Ops& ops, const Norm& n, Tensor full, Tensor out, Tensor in) const {
+  if (!recompute_norm_) return;
+  norm_forward(ops, n, out, Tensor{}, Tensor{}, in);
+  if (tp_) tp_->all_gather_rows(full, out);
 }
 
 // Normalisation of a residual sum: res = a + b, out = norm(res) (fused on backends that fuse it).
@@ -280,6 +298,7 @@ void Block::backward(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& 
     if (!seq) attn_proj(dy, r0, n);
   });
   if (seq) {
+    rebuild_norm(ops, ln2_, v.ln2, v.ln2_out, v.h);
     column_backward(ops, d_ln, v.N, {{c_fc_, v.d_fc, v.ln2}});
     // dh = dy + LN2'(d_ln); dx holds dy, so LN2 backward accumulates into it: dx becomes dh, the attention
     // branch's output gradient.
@@ -293,6 +312,7 @@ void Block::backward(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& 
   // keeps its order so that its losses stay bit-identical.
   std::vector<ColumnGrad> ln1_readers = {{c_attn_, v.d_qkv, v.ln1}};
   if (!seq) ln1_readers.insert(tp_ ? ln1_readers.end() : ln1_readers.begin(), ColumnGrad{c_fc_, v.d_fc, v.ln1});
+  rebuild_norm(ops, ln1_, v.ln1, v.ln1_out, x);
   column_backward(ops, d_ln, v.N, ln1_readers);
   norm_backward(ops, ln1_, dx, d_ln, x, v.mean1, v.rstd1);
 }

@@ -32,6 +32,7 @@ struct BlockActs {
 // Scratch shared by all layers in backward (gradients of the intermediate activations) and forward temporaries.
 struct BlockScratch {
   Buffer proj_out, d_ln, d_qkv, d_att, d_fc, d_act, d_h;
+  Buffer ln;  // recompute_norm only: the norms' [rows, C] outputs (gathered with tp), rebuilt in backward
   DType dtype = DType::F32;
   void allocate(const ModelConfig& cfg, int64_t rows, int tp = 1, Ops* ops = nullptr);
 };
@@ -65,6 +66,7 @@ class Block {
   Tensor row_bias_grad(const Lin& l) const { return first_ ? G(l.b) : Tensor{}; }
   void norm_forward(Ops& ops, const Norm& n, Tensor out, Tensor mean, Tensor rstd, Tensor in) const;
   void norm_backward(Ops& ops, const Norm& n, Tensor din, Tensor dout, Tensor in, Tensor mean, Tensor rstd) const;
+  void rebuild_norm(Ops& ops, const Norm& n, Tensor full, Tensor out, Tensor in) const;
   void add_norm_forward(Ops& ops, const Norm& n, Tensor res, Tensor out, Tensor mean, Tensor rstd, Tensor a,
                         Tensor b) const;
   void mlp_up_forward(Ops& ops, Tensor fc, Tensor act, Tensor in) const;
@@ -118,6 +120,7 @@ class Block {
   int tp_size_ = 1;
   bool first_ = true;  // tp rank 0 (or no tp)
   bool recompute_act_ = false;  // ModelConfig::recompute_act with a GeLU MLP
+  bool recompute_norm_ = false;  // ModelConfig::recompute_norm
   Norm ln1_, ln2_;
   Lin c_attn_, attn_proj_, c_fc_, mlp_proj_;
 };

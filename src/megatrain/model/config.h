@@ -51,6 +51,11 @@ struct ModelConfig {
   // per layer) into a scratch buffer the GeLU backward does not otherwise use: saves rows x ff_dim activations per
   // layer (3.2 GB for the 1.3B model at B 4, T 2048), as torch.compile does. The SwiGLU MLP keeps its activation.
   bool recompute_act = false;
+  // Keep only each norm's input and statistics and rebuild its output in backward (one elementwise pass per norm,
+  // into a BlockScratch buffer): saves rows x d_model activations per norm, i.e. 2 per sequential layer and 1 per
+  // parallel one (1.6 GB for the 1.3B model at B 4, T 2048, as torch.compile's recomputation of cheap ops). With
+  // tensor parallelism the rebuilt rows are all-gathered again, as Megatron's sequence parallelism does.
+  bool recompute_norm = false;
 
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_dim() const { return d_model / n_head; }

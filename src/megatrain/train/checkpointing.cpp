@@ -151,8 +151,11 @@ void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
   const SavedPosition pos = saved_position(ck);  // checked before any tensor is read
   ModelConfig saved = model_config_from_manifest(x, ck.dir());
   nlohmann::json want = model_config_to_json(cfg.model), have = model_config_to_json(saved);
-  want.erase("recompute");
-  have.erase("recompute");
+  // What backward rebuilds instead of keeping is a memory choice, not the model: a run may resume with another one.
+  for (const char* k : {"recompute", "recompute_act", "recompute_norm"}) {
+    want.erase(k);
+    have.erase(k);
+  }
   MT_CHECK(want == have, "checkpoint {} was trained with a different model config:\n  checkpoint: {}\n  this run:   {}",
            ck.dir(), have.dump(), want.dump());
   const std::string optim = extra_field(ck, "optim_name", false, is_string, "a string").get<std::string>();

@@ -224,6 +224,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   m.get("init_std", mc.init_std);
   m.get_recompute("recompute", mc.recompute, mc.n_layer);
   m.get("recompute_act", mc.recompute_act);
+  m.get("recompute_norm", mc.recompute_norm);
   m.get("init_from", c.init_from);
   m.check_unknown();
 
