@@ -8,6 +8,8 @@
 //                        ModelConfig::recompute_act / recompute_norm, the GeLU / norm outputs rebuilt in backward)
 //                        [--attention auto|flash|cudnn]   (auto, the default: cuDNN's fused attention where built
 //                        with cuDNN, else flash; flash: our kernels; cudnn: cuDNN's). The JSON names the one that ran.
+//                        [--plan-memory]   (no GPU needed: what the run would allocate through the backend, from the
+//                        same allocation code on the host, with bf16 activations; see plan_memory below)
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -19,8 +21,11 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/rng.h"
+#include "megatrain/kernels/cpu/cpu_ops.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/optim/optimizer.h"
+
+#include <sys/mman.h>
 
 #ifdef MT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -49,6 +54,47 @@ bool preset(const std::string& name, ModelConfig& c, int& T) {
   return true;
 }
 
+// The CUDA backend's allocation plan without a GPU: the model and the optimizer allocate everything up front through
+// Ops::alloc (the figure bench runs report as allocated_gb), so building them over a backend with the CUDA dtypes
+// (bf16 activations and compute copy, fp32 master weights, gradients and moments) gives the same bytes. Nothing is
+// computed: alloc reserves lazily zeroed address space (untouched pages take no memory, so a 1.3B plan fits on a
+// small host) and the ops that fill buffers at construction are no-ops. The CUDA backend's own workspaces (cuBLASLt,
+// attention, reduction scratch) are outside Ops::alloc, in the measured figure and here alike.
+class PlanOps final : public CpuOps {
+ public:
+  DType compute_dtype() const override { return DType::BF16; }
+  Buffer alloc(size_t bytes) override {
+    void* p = mmap(nullptr, bytes > 0 ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) fail("plan-memory: cannot reserve {} bytes of address space", bytes);
+    allocated_ += bytes;
+    return Buffer(p, bytes, Device::CPU, nullptr);  // never released: the process ends after the plan
+  }
+  size_t allocated_bytes() const override { return allocated_; }
+  void zero(Tensor) override {}  // the reserved pages are zero already
+  void copy(Tensor, Tensor) override {}
+  void convert(Tensor, Tensor) override {}
+
+ private:
+  size_t allocated_ = 0;
+};
+
+nlohmann::json plan_memory(const ModelConfig& cfg, int B, int T) {
+  PlanOps ops;
+  GPT model(cfg, ops);
+  const size_t model_bytes = ops.allocated_bytes();  // master weights, gradients, the bf16 compute copy
+  OptimConfig oc;
+  Optimizer opt(oc, model.params(), ops);
+  const size_t optim_bytes = ops.allocated_bytes() - model_bytes;
+  model.reserve_activation_slots(0, 1, B, T);  // what the first forward plans: activations and scratch
+  const size_t act_bytes = ops.allocated_bytes() - model_bytes - optim_bytes;
+  return {{"planned_bytes", ops.allocated_bytes()},
+          {"planned_gb", double(ops.allocated_bytes()) / 1e9},
+          {"params_grads_compute_copy_gb", double(model_bytes) / 1e9},
+          {"optimizer_gb", double(optim_bytes) / 1e9},
+          {"activations_and_scratch_gb", double(act_bytes) / 1e9}};
+}
+
 #ifdef MT_HAVE_CUDA
 size_t gpu_used_bytes() {
   size_t free_b = 0, total_b = 0;
@@ -68,7 +114,7 @@ std::string gpu_name() {
 int main(int argc, char** argv) {
   std::string model_name = "gpt2-124m", block = "sequential", attention = "auto";
   int B = 8, T = 0, steps = 20, warmup = 3, window = 0;
-  bool recompute = false, recompute_act = false, recompute_norm = false;
+  bool recompute = false, recompute_act = false, recompute_norm = false, plan = false;
   double peak_tflops = 989.0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -89,12 +135,13 @@ int main(int argc, char** argv) {
     else if (a == "--recompute") recompute = true;
     else if (a == "--recompute-act") recompute_act = true;
     else if (a == "--recompute-norm") recompute_norm = true;
+    else if (a == "--plan-memory") plan = true;
     else if (a == "--peak-tflops") peak_tflops = std::atof(next().c_str());
     else if (a == "--attention") attention = next();
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] "
-                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--recompute-act] [--recompute-norm] "
+                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--recompute-act] [--recompute-norm] [--plan-memory] "
                    "[--peak-tflops P] [--attention auto|flash|cudnn]\n");
       return 2;
     }
@@ -115,6 +162,19 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},
                         {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute},
                         {"recompute_act", recompute_act}, {"recompute_norm", recompute_norm}, {"attention", resolve_cuda_attention(attention)}};
+  if (plan) {
+    try {
+      out["benchmark"] = "memory_plan";
+      out.update(plan_memory(cfg, B, T));
+    } catch (const std::exception& e) {
+      out["error"] = e.what();
+      std::printf("%s\n", out.dump().c_str());
+      return 1;
+    }
+    out.erase("attention");  // not a run: nothing is resolved
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
   if (!cuda_available()) {
     out["skipped"] = "no CUDA device (or megatrain built without CUDA)";
     std::printf("%s\n", out.dump().c_str());

@@ -13,6 +13,9 @@
 #   ATTENTION=flash bench/gpu_compare.sh      # megatrain with our flash kernels instead of the default (auto: cuDNN's
 #                                             # fused attention where megatrain was built with cuDNN); the result
 #                                             # file then ends in -flash (or -cudnn)
+#   MT_ALT_FLAGS="--recompute-act --recompute-norm" bench/gpu_compare.sh   # a second megatrain run per size with
+#                                             # these flags, against the same PyTorch run ("megatrain_alt")
+#   RESULTS_DIR=/tmp/r bench/gpu_compare.sh   # where the result file goes (default bench/results)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,13 +42,16 @@ suffix=""
 [[ "$VARIANTS" == 0 && -z "$MODELS" ]] && suffix="-sizes"
 [[ "$ATTENTION" != auto ]] && suffix="$suffix-$ATTENTION"
 MT_FLAGS=${MT_FLAGS:-}
+MT_ALT_FLAGS=${MT_ALT_FLAGS:-}
+RESULTS_DIR=${RESULTS_DIR:-bench/results}
 [[ -n "$MT_FLAGS" ]] && suffix="$suffix-$(echo "$MT_FLAGS" | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')"
 # A batch other than the default goes into the name too, so such a run never replaces the default's file.
 [[ "${B_124M:-16}" != 16 ]] && suffix="$suffix-124m-b$B_124M"
 [[ "${B_350M:-8}" != 8 ]] && suffix="$suffix-350m-b$B_350M"
 [[ "${B_1P3B:-4}" != 4 ]] && suffix="$suffix-1.3b-b$B_1P3B"
-out=bench/results/gpu_compare-${slug}${suffix}.json
-mkdir -p bench/results
+[[ -n "$MT_ALT_FLAGS" ]] && suffix="$suffix-alt"
+out=$RESULTS_DIR/gpu_compare-${slug}${suffix}.json
+mkdir -p "$RESULTS_DIR"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -69,6 +75,14 @@ for run in ${RUNS[@]+"${RUNS[@]}"}; do
       --attention "$ATTENTION" $MT_FLAGS >"$tmp/mt-$model.out" 2>"$tmp/mt-$model.log" || { echo "megatrain run failed:" >&2; tail -n 20 "$tmp/mt-$model.log" >&2; }
     json_line "$tmp/mt-$model.out" >"$tmp/mt-$model.json"
     cat "$tmp/mt-$model.json" >&2
+    if [[ -n "$MT_ALT_FLAGS" ]]; then
+      # shellcheck disable=SC2086
+      "$MEGATRAIN_BIN" --model "$model" --batch "$batch" --seq "$seq" --warmup "$WARMUP" --steps "$STEPS" \
+        --attention "$ATTENTION" $MT_FLAGS $MT_ALT_FLAGS >"$tmp/mt-alt-$model.out" 2>"$tmp/mt-alt-$model.log" ||
+        { echo "megatrain run ($MT_ALT_FLAGS) failed:" >&2; tail -n 20 "$tmp/mt-alt-$model.log" >&2; }
+      json_line "$tmp/mt-alt-$model.out" >"$tmp/mt-alt-$model.json"
+      cat "$tmp/mt-alt-$model.json" >&2
+    fi
   else
     echo "(megatrain side skipped: $MEGATRAIN_BIN not built)" >&2
   fi
@@ -96,21 +110,32 @@ for v in ${variants[@]+"${variants[@]}"}; do
   fi
 done
 
-# One JSON document: per size the two results and the ratio megatrain/torch of tokens/s (null when one is missing).
-"$PYTHON" - "$tmp" "$gpu" "$out" "$ATTENTION" ${RUNS[@]+"${RUNS[@]}"} <<'PY'
+# One JSON document: per size the results, the ratio megatrain/torch of tokens/s and of memory (megatrain's
+# allocated_gb against PyTorch's max_memory_allocated; null when one is missing), and the same for the run with
+# MT_ALT_FLAGS when there is one.
+"$PYTHON" - "$tmp" "$gpu" "$out" "$ATTENTION" "$MT_ALT_FLAGS" ${RUNS[@]+"${RUNS[@]}"} <<'PY'
 import json, sys, datetime, pathlib
-tmp, gpu, out, attention, runs = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+tmp, gpu, out, attention, alt_flags = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+runs = sys.argv[6:]
 def load(p):
     s = p.read_text().strip() if p.exists() else ""
     return json.loads(s) if s else None
+def ratio(m, t, mkey, tkey):
+    ok = t and m and t.get(tkey) and m.get(mkey)  # a skipped or failed run has none
+    return round(m[mkey] / t[tkey], 3) if ok else None
 rows = []
 for run in runs:
     model, batch, seq = run.split(":")
     t, m = load(tmp / f"torch-{model}.json"), load(tmp / f"mt-{model}.json")
-    ok = t and m and t.get("tokens_per_s") and m.get("tokens_per_s")  # a skipped or failed run has none
-    ratio = m["tokens_per_s"] / t["tokens_per_s"] if ok else None
-    rows.append({"model": model, "B": int(batch), "T": int(seq), "torch": t, "megatrain": m,
-                 "ratio_tokens_per_s": None if ratio is None else round(ratio, 3)})
+    row = {"model": model, "B": int(batch), "T": int(seq), "torch": t, "megatrain": m,
+           "ratio_tokens_per_s": ratio(m, t, "tokens_per_s", "tokens_per_s"),
+           "ratio_memory": ratio(m, t, "allocated_gb", "gpu_memory_gb")}
+    if alt_flags:
+        a = load(tmp / f"mt-alt-{model}.json")
+        row.update({"megatrain_alt_flags": alt_flags, "megatrain_alt": a,
+                    "ratio_tokens_per_s_alt": ratio(a, t, "tokens_per_s", "tokens_per_s"),
+                    "ratio_memory_alt": ratio(a, t, "allocated_gb", "gpu_memory_gb")})
+    rows.append(row)
 variants = {}
 for name in ["seq_full", "ptb_full", "seq_swa", "ptb_swa"]:
     variants[name] = load(tmp / f"var-{name}.json")
