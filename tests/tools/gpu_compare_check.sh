@@ -3,11 +3,8 @@
 # bench/torch_gpt.py) and a fake bench_gpu_train whose speed and memory depend on the flags it is given. The result
 # must carry both megatrain runs (plain and MT_ALT_FLAGS) against the one PyTorch run, with the right ratios, under
 # RESULTS_DIR and a name that says it has the alternative run.
-set -euo pipefail
 src=$1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/check_lib.sh"
 cat >"$tmp/py" <<'SH'
 #!/usr/bin/env bash
 if [[ "${1:-}" == bench/torch_gpt.py ]]; then

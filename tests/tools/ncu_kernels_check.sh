@@ -2,11 +2,8 @@
 # bench/ncu_kernels.py against a hand-written Nsight Compute CSV log with a known answer: ncu's own lines are
 # skipped, durations in ns and us are converted, launches of one kernel and shape are summed and divided by --steps,
 # names lose return type, namespaces and parameters, and a log without duration rows is an error.
-set -euo pipefail
 src=$1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/check_lib.sh"
 cat >"$tmp/k.csv" <<'CSV'
 ==PROF== Connected to process 1
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
