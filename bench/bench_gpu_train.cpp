@@ -67,16 +67,16 @@ class PlanOps final : public CpuOps {
     void* p = mmap(nullptr, bytes > 0 ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p == MAP_FAILED) fail("plan-memory: cannot reserve {} bytes of address space", bytes);
-    allocated_ += bytes;
+    reserved_ += bytes;
     return Buffer(p, bytes, Device::CPU, nullptr);  // never released: the process ends after the plan
   }
-  size_t allocated_bytes() const override { return allocated_; }
+  size_t allocated_bytes() const override { return reserved_; }
   void zero(Tensor) override {}  // the reserved pages are zero already
   void copy(Tensor, Tensor) override {}
   void convert(Tensor, Tensor) override {}
 
  private:
-  size_t allocated_ = 0;
+  size_t reserved_ = 0;
 };
 
 nlohmann::json plan_memory(const ModelConfig& cfg, int B, int T) {

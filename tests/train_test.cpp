@@ -50,6 +50,18 @@ TEST(Train, LossFallsOnTheDefaultCorpus) {
   // Unigram statistics alone take a model from ~10.8 to ~7.5 nats on Brown; require most of that.
   EXPECT_LT(r.last_loss, r.first_loss - 2.5) << "loss did not fall enough";
   EXPECT_LT(r.last_val_loss, 8.3);
+  // Every train line reports the memory this rank allocated through its backend: planned up front, so the same
+  // on every step, and at least the fp32 parameters, gradients and both AdamW moments (16 bytes a parameter).
+  std::ifstream in(out + "/metrics.jsonl");
+  std::vector<double> mem;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") mem.push_back(j.at("memory_gb").get<double>());
+  }
+  ASSERT_EQ(mem.size(), 80u);
+  const ModelConfig m = small(out).model;
+  EXPECT_GE(mem.front() * 1e9, 16.0 * static_cast<double>(m.num_params()));
+  for (double x : mem) EXPECT_EQ(x, mem.front());
 }
 
 // The closing sample decodes with the tokenizer the data was prepared with (data.dir/meta.json), unless

@@ -66,7 +66,8 @@ nlohmann::json MetricsLog::to_json(const StepReport& r) {
           // waited for them (not hidden behind compute).
           {"comm_busy_s", {{"dp", r.dp.busy_seconds}, {"tp", r.tp.busy_seconds}, {"pp", r.pp.busy_seconds}}},
           {"comm_exposed_s",
-           {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}}};
+           {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}},
+          {"memory_gb", static_cast<double>(r.memory_bytes) / 1e9}};
 }
 
 void MetricsLog::on_run_start(const RunStart& r) {
@@ -107,11 +108,13 @@ void MetricsLog::on_error(int step, ErrorKind kind, const std::string& what) {
          {"message", msg}});
 }
 
-std::string ProgressPrinter::progress_line(const StepStats& s) {
+std::string ProgressPrinter::progress_line(const StepReport& r) {
+  const StepStats& s = r.stats;
   return fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {:>8.0f} tok/s | {:.3f} TFLOP/s | "
-                     "MFU {:.1f}% | {:.0f} ms",
+                     "MFU {:.1f}% | {:.0f} ms | mem {:.2f} GB",
                      s.step, s.total_steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
-                     s.model_flops_per_second / 1e12, 100.0 * s.mfu, 1000.0 * s.step_seconds);
+                     s.model_flops_per_second / 1e12, 100.0 * s.mfu, 1000.0 * s.step_seconds,
+                     static_cast<double>(r.memory_bytes) / 1e9);
 }
 
 void ProgressPrinter::on_run_start(const RunStart& r) {
@@ -137,7 +140,7 @@ void ProgressPrinter::on_sample(int, const std::string& text, const std::vector<
 
 void ProgressPrinter::on_step(const StepReport& r) {
   const StepStats& s = r.stats;
-  if (s.step % log_every_ == 0 || s.step == first_ || s.step == s.total_steps) fmt::print("{}\n", progress_line(s));
+  if (s.step % log_every_ == 0 || s.step == first_ || s.step == s.total_steps) fmt::print("{}\n", progress_line(r));
 }
 
 void ProgressPrinter::on_eval(int step, double val_loss) { fmt::print("step {:>6} | val loss {:.4f}\n", step, val_loss); }

@@ -38,7 +38,7 @@ class MetricsLog final : public TrainObserver {
 class ProgressPrinter final : public TrainObserver {
  public:
   explicit ProgressPrinter(int log_every) : log_every_(log_every) {}
-  static std::string progress_line(const StepStats& s);
+  static std::string progress_line(const StepReport& r);
   void on_run_start(const RunStart& r) override;
   void on_step(const StepReport& r) override;
   void on_eval(int step, double val_loss) override;

@@ -39,6 +39,9 @@ struct StepStats {
 struct StepReport {
   StepStats stats;
   CommTime dp, tp, pp;
+  // What this rank has allocated through its backend (device memory on a GPU, host memory on the CPU): the model's
+  // parameters, gradients, optimizer state and activations, all planned up front, so it is fixed after step 1.
+  size_t memory_bytes = 0;
 };
 
 // A stage of a checkpoint (train/checkpointing.h): "snapshot" (stage 1: this rank's state copied to memory; the

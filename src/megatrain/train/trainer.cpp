@@ -105,6 +105,7 @@ int train_loop(Job& j, int step, double peak) {
     r.dp = j.update.take_comm_time();
     r.tp = j.fb.take_tp_time();
     r.pp = j.fb.take_pp_time();
+    r.memory_bytes = j.topo.ops->allocated_bytes();
     j.obs.each([&](TrainObserver& o) { o.on_step(r); });
     if (step == j.res.first_step) j.res.first_loss = loss;
     j.res.last_loss = loss;

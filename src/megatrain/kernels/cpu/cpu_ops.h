@@ -2,6 +2,8 @@
 // (elementwise.cpp, matmul.cpp, embedding.cpp, norm.cpp, attention.cpp, rope.cpp, activation.cpp,
 // cross_entropy.cpp, optimizer.cpp).
 #pragma once
+#include <atomic>
+
 #include "megatrain/kernels/ops.h"
 
 namespace mt {
@@ -12,6 +14,7 @@ class CpuOps : public Ops {
 
   DType compute_dtype() const override { return DType::F32; }
   Buffer alloc(size_t bytes) override;
+  size_t allocated_bytes() const override { return allocated_.load(std::memory_order_relaxed); }
   void to_device(Tensor dst, const void* host) override;
   void to_host(void* host, Tensor src) override;
   void convert(Tensor dst, Tensor src) override;
@@ -56,6 +59,9 @@ class CpuOps : public Ops {
   void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;
   double lamb_moments(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamHParams& h) override;
   void lamb_apply(Tensor param, Tensor m, Tensor v, const AdamHParams& h, float trust) override;
+
+ private:
+  std::atomic<size_t> allocated_{0};  // by alloc(), for the memory figure of a run (the model's host footprint)
 };
 
 }  // namespace mt

@@ -8,7 +8,10 @@
 
 namespace mt {
 
-Buffer CpuOps::alloc(size_t bytes) { return host_buffer(bytes, 256); }
+Buffer CpuOps::alloc(size_t bytes) {
+  allocated_.fetch_add(bytes, std::memory_order_relaxed);
+  return host_buffer(bytes, 256);
+}
 
 void CpuOps::to_device(Tensor dst, const void* host) {
   MT_CHECK(dst.device == Device::CPU, "to_device: a CPU backend writes CPU tensors only");
