@@ -132,6 +132,23 @@ TEST_F(CudaOpsTest, BasicsAndAllocIsZeroed) {
   for (float x : got) ASSERT_EQ(x, 0.0f);
 }
 
+// More than the device holds: a Device error (exit 23) that says how far the plan got and what makes it smaller,
+// not a bare cudaMalloc message; the backend stays usable afterwards.
+TEST_F(CudaOpsTest, AllocBeyondTheDeviceIsAnErrorThatSaysWhatToChange) {
+  try {
+    gpu_->alloc(size_t{1} << 50);  // 1 PiB
+    FAIL() << "allocated a petabyte";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, ErrorKind::Device);
+    const std::string w = e.what();
+    EXPECT_NE(w.find("out of device memory"), std::string::npos) << w;
+    EXPECT_NE(w.find("data.batch_size"), std::string::npos) << w;
+    EXPECT_NE(w.find("model.recompute_norm"), std::string::npos) << w;
+  }
+  Buffer b = gpu_->alloc(1024);
+  EXPECT_TRUE(b.data());
+}
+
 TEST_F(CudaOpsTest, ConvertRoundTripIsBitExact) {
   // Normal values, halfway cases (round to even), denormals, signed zeros, infinities and NaNs.
   VecF v = randn(1000 + 5, 1, 3.0f);

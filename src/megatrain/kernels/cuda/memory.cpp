@@ -108,9 +108,23 @@ Buffer CudaOps::alloc(size_t bytes) {
   if (bytes == 0) return {};
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);  // 256-byte aligned
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    // Everything a run needs is allocated up front, so this happens while the model, the optimizer or the first
+    // batch's activations are planned: say how far the plan got and what makes it smaller.
+    fail_as(ErrorKind::Device,
+            "out of device memory: this run asked for {:.2f} GB more with {:.2f} GB already allocated, and the GPU "
+            "has {:.2f} GB free of {:.2f} GB. A run allocates everything up front: lower data.batch_size, set "
+            "model.recompute_act / model.recompute_norm (cheap) or model.recompute (layers), or spread the model "
+            "with parallel.tp / parallel.pp / parallel.dp (ZeRO shards the optimizer state); "
+            "`bench_gpu_train --plan-memory` shows a single-GPU plan without a GPU",
+            bytes / 1e9, allocated_ / 1e9, free_b / 1e9, total_b / 1e9);
+  }
   if (err != cudaSuccess) {
     cudaGetLastError();
-    fail("alloc: cudaMalloc of {} bytes failed: {}", bytes, cudaGetErrorString(err));
+    fail_as(ErrorKind::Device, "alloc: cudaMalloc of {} bytes failed: {}", bytes, cudaGetErrorString(err));
   }
   Buffer buf(p, bytes, Device::CUDA, [](void* q) { cudaFree(q); });
   allocated_ += bytes;
