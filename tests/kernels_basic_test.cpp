@@ -151,6 +151,30 @@ TEST_F(Kernels, MatmulForwardWithAndWithoutBias) {
   }
 }
 
+// A linear joining the residual stream: out = residual + (x @ w^T + b), into a separate output and in place (out is
+// the residual), against the double reference; tmp is scratch only.
+TEST_F(Kernels, MatmulForwardAddJoinsTheResidual) {
+  const int N = 13, C = 9, OC = 11;
+  VecF x = randn(size_t(N) * C, 40), w = randn(size_t(OC) * C, 41), b = randn(OC, 42), r = randn(size_t(N) * OC, 43);
+  VecD want = ref_matmul(to_d(x), to_d(w), nullptr, N, C, OC), want_b = ref_matmul(to_d(x), to_d(w), nullptr, N, C, OC);
+  VecD bd = to_d(b);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      want[size_t(n) * OC + o] += r[size_t(n) * OC + o];
+      want_b[size_t(n) * OC + o] += r[size_t(n) * OC + o] + bd[o];
+    }
+  for (bool in_place : {false, true}) {
+    for (bool with_bias : {false, true}) {
+      VecF out = in_place ? r : VecF(size_t(N) * OC, kNaN), tmp(size_t(N) * OC, kNaN);
+      const VecF r0 = r;
+      ops->matmul_forward_add(tf(out, {N, OC}), tf(x, {N, C}), tf(w, {OC, C}), with_bias ? tf(b, {OC}) : Tensor{},
+                              in_place ? tf(out, {N, OC}) : tf(r, {N, OC}), tf(tmp, {N, OC}));
+      EXPECT_TRUE(close(out, with_bias ? want_b : want, 1e-5, 1e-5)) << in_place << with_bias;
+      EXPECT_EQ(r, r0);  // a separate residual is only read
+    }
+  }
+}
+
 TEST_F(Kernels, MatmulBackwardMatchesFiniteDifferences) {
   const int N = 5, C = 7, OC = 6;
   VecF x = randn(N * C, 20), w = randn(OC * C, 21), b = randn(OC, 22), G = randn(N * OC, 23);

@@ -291,6 +291,27 @@ TEST_F(CudaOpsTest, MatmulForwardWithAndWithoutBias) {
   }
 }
 
+// The residual read as the GEMM's C matrix (fused) against the CPU's GEMM then add, into a separate output and in
+// place, with and without a bias; OC = 13 (a leading dimension cuBLASLt may refuse) exercises whichever path runs.
+TEST_F(CudaOpsTest, MatmulForwardAddJoinsTheResidual) {
+  for (const auto& [N, C, OC] : kGemmShapes) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool with_bias = variant & 1, in_place = variant & 2;
+      SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
+                   (with_bias ? " bias" : "") + (in_place ? " in place" : ""));
+      VecF x = randn(N * C, 30), w = randn(OC * C, 31, 0.1f), b = randn(OC, 32), r = randn(N * OC, 33);
+      Tensor gx = dev(x, {N, C}), gw = dev(w, {OC, C}), gb = dev(b, {OC}), gr = dev(r, {N, OC});
+      Tensor go = in_place ? gr : zeros({N, OC}), gt = zeros({N, OC});
+      VecF want(N * OC), tmp(N * OC);
+      cpu_->matmul_forward_add(tf(want, {N, OC}), tf(x, {N, C}), tf(w, {OC, C}), with_bias ? tf(b, {OC}) : Tensor{},
+                               tf(r, {N, OC}), tf(tmp, {N, OC}));
+      gpu_->matmul_forward_add(go, gx, gw, with_bias ? gb : Tensor{}, gr, gt);
+      EXPECT_TRUE(near(host(go), want, 1e-2, 2e-3));
+      if (!in_place) EXPECT_TRUE(near(host(gr), r, 4e-3, 0.0));  // only read (bf16 storage of r)
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, MatmulBackwardOverwritesOrAccumulatesDinpAndAccumulatesDwDbias) {
   for (const auto& [N, C, OC] : kGemmShapes) {
     for (bool acc : {false, true}) {

@@ -111,6 +111,13 @@ class Ops {
                                bool accumulate_dinp) = 0;
 
   // Fused epilogues (cuBLASLt on CUDA); the defaults compose the plain ops, which the CPU backend keeps.
+  // A linear joining the residual stream: out[N,OC] = residual + (inp @ w^T + bias) (overwritten; out may alias
+  // residual). tmp: [N,OC] scratch distinct from out and residual, where a backend that does not fuse the add puts
+  // the product (its contents are undefined afterwards).
+  virtual void matmul_forward_add(Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual, Tensor tmp) {
+    matmul_forward(tmp, inp, w, bias);
+    add(out, residual, tmp);
+  }
   // MLP up-projection: pre = inp @ w^T + bias (kept for backward), out = gelu(pre).
   virtual void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias) {
     matmul_forward(pre, inp, w, bias);

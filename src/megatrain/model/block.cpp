@@ -183,22 +183,24 @@ void Block::row_forward(Tensor out, int64_t N, const PartGemm& gemm) const {
 }
 
 void Block::row_forward_add(Ops& ops, Tensor y, Tensor residual, Tensor tmp, int64_t N,
-                            const std::vector<PartGemm>& gemms) const {
+                            const std::vector<RowLinear>& lins) const {
   if (!tp_) {
-    // One process: each product joins the residual stream in turn, y = (residual + p0) + p1.
-    for (size_t k = 0; k < gemms.size(); ++k) {
-      gemms[k](tmp, 0, N);
-      ops.add(y, k == 0 ? residual : y, tmp);
-    }
+    // One process: each product joins the residual stream in turn, y = (residual + p0) + p1, the add fused into
+    // the GEMM where the backend can (cuBLASLt reads the residual as its C matrix: no separate pass over y).
+    for (size_t k = 0; k < lins.size(); ++k)
+      ops.matmul_forward_add(y, lins[k].in, P(lins[k].lin.w), row_bias(lins[k].lin), k == 0 ? residual : y, tmp);
     return;
   }
   // tp > 1: the partial products are summed before one reduce-scatter (one transfer instead of one per product),
   // then join the residual stream: y = residual + (p0 + p1).
+  auto product = [&](Tensor out, const RowLinear& l, int64_t r0, int64_t n) {
+    ops.matmul_forward(out, l.in.slice0(r0, r0 + n), P(l.lin.w), row_bias(l.lin));
+  };
   tp_->reduce_scatter_rows(y, N, [&](Tensor out, int64_t r0, int64_t n) {
-    gemms[0](out, r0, n);
-    for (size_t k = 1; k < gemms.size(); ++k) {
+    product(out, lins[0], r0, n);
+    for (size_t k = 1; k < lins.size(); ++k) {
       Tensor t = tmp.slice0(0, n);
-      gemms[k](t, r0, n);
+      product(t, lins[k], r0, n);
       ops.add(out, out, t);
     }
   });
@@ -244,9 +246,7 @@ void Block::forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s,
   auto attn_proj = [&](Tensor out, int64_t r0, int64_t n) {
     ops.matmul_forward(out, rows(v.att, r0, n), P(attn_proj_.w), row_bias(attn_proj_));
   };
-  auto mlp_proj = [&](Tensor out, int64_t r0, int64_t n) {
-    ops.matmul_forward(out, rows(v.act, r0, n), P(mlp_proj_.w), row_bias(mlp_proj_));
-  };
+  const RowLinear attn_out{attn_proj_, v.att}, mlp_out{mlp_proj_, v.act};
 
   // Attention branch; in the parallel block the MLP's up-projection reads the same LN1 output.
   norm_forward(ops, ln1_, v.ln1_out, v.mean1, v.rstd1, x);
@@ -256,7 +256,7 @@ void Block::forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s,
   });
   if (cfg_.pos == PosKind::Rope) ops.rope_forward(v.qkv, v.as, cfg_.rope_theta);
   ops.attention_forward(v.att, v.lse, v.qkv, v.as);
-  if (!seq) return row_forward_add(ops, y, x, v.part, v.N, {attn_proj, mlp_proj});  // y = x + attn + mlp
+  if (!seq) return row_forward_add(ops, y, x, v.part, v.N, {attn_out, mlp_out});  // y = x + attn + mlp
 
   Tensor attn = v.part.slice0(0, v.Ns);
   row_forward(attn, v.N, attn_proj);
@@ -264,7 +264,7 @@ void Block::forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s,
   column_forward(v.ln2, v.ln2_out, [&](int64_t r0, int64_t n) {
     mlp_up_forward(ops, rows(v.fc, r0, n), rows(v.act, r0, n), rows(v.ln2, r0, n));
   });
-  row_forward_add(ops, y, v.h, v.part, v.N, {mlp_proj});  // y = h + mlp
+  row_forward_add(ops, y, v.h, v.part, v.N, {mlp_out});  // y = h + mlp
 }
 
 // MLP down-projection backward into the up-projection's output gradient d_fc (GeLU fused into the GEMM where

@@ -106,9 +106,14 @@ class Block {
   void column_forward(Tensor full, Tensor norm_out, const RowsGemm& gemms) const;
   // out[Ns, C] = the row-parallel product (summed over tp ranks, scattered to this rank's rows).
   void row_forward(Tensor out, int64_t N, const PartGemm& gemm) const;
+  // A row-parallel linear and its [N, width] input (this rank's columns of it at tp > 1).
+  struct RowLinear {
+    Lin lin;
+    Tensor in;
+  };
   // y[Ns, C] = residual + the sum of the row-parallel products (tmp: [N, C] scratch).
   void row_forward_add(Ops& ops, Tensor y, Tensor residual, Tensor tmp, int64_t N,
-                       const std::vector<PartGemm>& gemms) const;
+                       const std::vector<RowLinear>& lins) const;
   // Runs grads on the output gradient dy[Ns, C], gathered through gathered[N, C] at tp > 1.
   void row_backward(Tensor dy, Tensor gathered, const GradGemm& grads) const;
   // din[Ns, C] = the sum of the linears' input gradients (reduce-scattered at tp > 1); accumulates their dW, db.

@@ -69,6 +69,7 @@ class CudaOps final : public Ops {
   std::vector<OpTiming> take_op_timings() override;
 
   void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) override;
+  void matmul_forward_add(Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual, Tensor tmp) override;
   void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                        bool accumulate_dinp) override;
   void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias) override;
@@ -130,6 +131,9 @@ class CudaOps final : public Ops {
   void sync_and_check();
   // Copies `count` partial sums from partials_dev_ to the host after a sync and adds them in order.
   double sum_partials(int count);
+  // matmul_forward_add through cuBLASLt with the residual as C; false when cuBLASLt has no algorithm for it (or OC
+  // is 0), having launched nothing.
+  bool fused_forward_add(const char* op, Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual);
   // dw[OC,C] += dout^T @ inp and dbias += column sums of dout (the parts of matmul_backward that do not touch dinp).
   void weight_grads(const char* op, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, int64_t N, int64_t C,
                     int64_t OC);

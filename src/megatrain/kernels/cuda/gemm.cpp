@@ -3,6 +3,8 @@
 // distinct problem.
 #include "megatrain/kernels/cuda/gemm.h"
 
+#include <algorithm>
+
 #include "megatrain/core/error.h"
 #include "megatrain/kernels/cuda/cublaslt_api.h"
 #include "megatrain/kernels/cuda/launch.h"
@@ -82,17 +84,19 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
            "cublasLtMatrixLayoutCreate(B)");
   lt_check(lt().MatrixLayoutCreate(&ds.d, c.d_type, c.m, c.n, c.ldd), op, "cublasLtMatrixLayoutCreate(D)");
 
+  const void* C = c.C ? c.C : c.D;
   const uint32_t al_a = alignment(c.A), al_b = alignment(c.B), al_d = alignment(c.D);
+  const uint32_t al_c = std::min(alignment(C), al_d);  // C and D share one layout and one alignment preference
   const Key key{c.trans_a, c.trans_b, c.m,    c.n,    c.k,    c.lda,  c.ldb,       c.ldd,
                 c.d_type,  c.beta != 0.0f ? 1 : 0, c.epilogue, c.bias != nullptr, c.aux_ld, al_a, al_b, al_d,
-                c.bias ? alignment(c.bias) : 0, c.aux ? alignment(c.aux) : 0};
+                c.bias ? alignment(c.bias) : 0, c.aux ? alignment(c.aux) : 0, al_c};
   auto it = algos_.find(key);
   if (it == algos_.end()) {
     lt_check(lt().MatmulPreferenceCreate(&ds.pref), op, "cublasLtMatmulPreferenceCreate");
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes), op);
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a, op);
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b, op);
-    set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d, op);
+    set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c, op);
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d, op);
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
@@ -112,7 +116,7 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
   if (!it->second.ok) return false;
 
   const float alpha = 1.0f, beta = c.beta;
-  lt_check(lt().Matmul(handle_, ds.op, &alpha, c.A, ds.a, c.B, ds.b, &beta, c.D, ds.d, c.D, ds.d,
+  lt_check(lt().Matmul(handle_, ds.op, &alpha, c.A, ds.a, c.B, ds.b, &beta, C, ds.d, c.D, ds.d,
                        &it->second.algo, workspace_, kWorkspaceBytes, stream),
            op, "cublasLtMatmul");
   return true;

@@ -18,8 +18,9 @@ struct LtCall {
   int64_t lda = 0;
   const void* B = nullptr;      // bf16, stored [k, n] (N) or [n, k] (T)
   int64_t ldb = 0;
-  void* D = nullptr;            // C and D are the same matrix
+  void* D = nullptr;            // C and D are the same matrix unless C is set
   int64_t ldd = 0;
+  const void* C = nullptr;      // with beta != 0: the matrix added, when it is not D (same type and layout as D)
   cudaDataType_t d_type = CUDA_R_16BF;  // CUDA_R_16BF or CUDA_R_32F
   float beta = 0;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
@@ -43,7 +44,7 @@ class LtGemm {
   bool run(cudaStream_t stream, const LtCall& c, const char* op);
 
  private:
-  using Key = std::array<int64_t, 18>;
+  using Key = std::array<int64_t, 19>;
   struct Found {
     bool ok = false;
     cublasLtMatmulAlgo_t algo{};

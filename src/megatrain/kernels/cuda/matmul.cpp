@@ -18,6 +18,8 @@
 // transposed view as D, leading dimension = the row width, which cuBLASLt requires to be a multiple of 8: other
 // widths take the unfused path (GEMM, then the elementwise kernel).
 // dbias is a column-sum kernel (deterministic, accumulating) rather than the BGRAD epilogues, which overwrite.
+// A linear joining the residual stream reads the residual as the GEMM's C matrix (beta = 1, C distinct from D or D
+// itself): out^T = w^T^T @ inp^T + residual^T (+ bias), one pass over the output instead of a GEMM and an add.
 #include "megatrain/kernels/cuda/cuda_args.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/cuda/launch.h"
@@ -100,6 +102,38 @@ void CudaOps::matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) {
     c.bias = b;
   }
   if (!gemm_->run(stream_, c, op)) no_algo(op, "forward", d);
+}
+
+void CudaOps::matmul_forward_add(Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual, Tensor tmp) {
+  const char* op = "matmul_forward_add";
+  {
+    auto scope = timed(op);  // the fallback below times its own two ops
+    if (fused_forward_add(op, out, inp, w, bias, residual)) return;
+  }
+  // No algorithm for the fused form (or nothing to multiply): the product into tmp, then the add.
+  Ops::matmul_forward_add(out, inp, w, bias, residual, tmp);
+}
+
+bool CudaOps::fused_forward_add(const char* op, Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual) {
+  bf16* o = bf16_arg(out, op, "out");
+  const bf16* x = bf16_arg(inp, op, "inp");
+  const bf16* wt = bf16_arg(w, op, "w");
+  const bf16* b = bf16_opt(bias, op, "bias");
+  const bf16* r = bf16_arg(residual, op, "residual");
+  const LinearDims d = linear_dims(op, inp, w);
+  check_numel(out, d.N * d.OC, op, "out");
+  check_numel(residual, d.N * d.OC, op, "residual");
+  if (b) check_numel(bias, d.OC, op, "bias");
+  if (d.N == 0) return true;
+  if (d.OC == 0) return false;
+  LtCall c = forward_call(o, x, wt, d);
+  c.C = r;
+  c.beta = 1.0f;
+  if (b) {
+    c.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    c.bias = b;
+  }
+  return gemm_->run(stream_, c, op);
 }
 
 void CudaOps::matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias) {
