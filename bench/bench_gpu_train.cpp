@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
     for (int s = 0; s < warmup + steps; ++s) {
       ops->synchronize();
       const double t0 = now_seconds();
-      model.params().zero_grads();
+      model.params().begin_grads();
       loss = model.forward(x.data(), y.data(), B, T, true);
       model.backward();
       const double norm = global_grad_norm(*ops, model.params());
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
     }
     // One more step with every op timed by CUDA events (no syncs inside): where the time goes, by op name.
     ops->set_op_timing(true);
-    model.params().zero_grads();
+    model.params().begin_grads();
     model.forward(x.data(), y.data(), B, T, true);
     model.backward();
     opt.step(model.params(), 6e-4f, 1.0f, warmup + steps + 1);

@@ -175,6 +175,63 @@ TEST_F(Kernels, MatmulForwardAddJoinsTheResidual) {
   }
 }
 
+// accumulate_dw = false (a step's first write of a gradient, ParamStore::begin_grads): dw, dbias and the norms' dw, db
+// are overwritten, and the result is bit for bit accumulating onto zeros, including a batch of no rows (all zeros).
+TEST_F(Kernels, WeightGradientsOverwriteAsZeroingFirstWould) {
+  const VecF garbage = randn(21 * 336, 60, 1e3f);
+  auto run = [&](bool overwrite, const std::function<void(float*, float*)>& op, size_t nw, size_t nb) {
+    VecF dw(nw), db(nb);
+    if (overwrite) {
+      std::copy_n(garbage.begin(), nw, dw.begin());
+      std::copy_n(garbage.begin() + nw, nb, db.begin());
+    }
+    op(dw.data(), db.data());
+    dw.insert(dw.end(), db.begin(), db.end());
+    return dw;
+  };
+  for (int N : {0, 7, 150}) {
+    SCOPED_TRACE("N=" + std::to_string(N));
+    const int C = 336, OC = 20;  // N * C above the CPU kernels' threshold for threads (per-thread partials)
+    const size_t R = std::max(N, 1);  // buffers of at least one row: an empty batch still has defined tensors
+    VecF x = randn(R * C, 61), w = randn(size_t(OC) * C, 62), dy = randn(R * OC, 63);
+    VecF pre = randn(R * C, 64), dx(R * C);
+    VecF mean(R), rstd(R), out(R * C), nw = randn(C, 65), nb = randn(C, 66), ndy = randn(R * C, 67);
+    ops->layernorm_forward(tf(out, {N, C}), tf(mean, {N}), tf(rstd, {N}), tf(x, {N, C}), tf(nw, {C}), tf(nb, {C}),
+                           1e-5f);
+    const std::vector<std::pair<std::string, std::function<void(bool, float*, float*)>>> cases = {
+        {"matmul_backward",
+         [&](bool acc, float* g, float* b) {
+           ops->matmul_backward(tf(dx, {N, C}), f32_view(g, {OC, C}), f32_view(b, {OC}), tf(dy, {N, OC}),
+                                tf(x, {N, C}), tf(w, {OC, C}), false, acc);
+         }},
+        {"matmul_backward_gelu",
+         [&](bool acc, float* g, float* b) {
+           ops->matmul_backward_gelu(tf(dx, {N, C}), f32_view(g, {OC, C}), f32_view(b, {OC}), tf(dy, {N, OC}),
+                                     tf(x, {N, C}), tf(w, {OC, C}), tf(pre, {N, C}), acc);
+         }},
+        {"layernorm_backward",
+         [&](bool acc, float* g, float* b) {
+           ops->layernorm_backward(tf(dx, {N, C}), f32_view(g, {C}), f32_view(b, {C}), tf(ndy, {N, C}),
+                                   tf(x, {N, C}), tf(nw, {C}), tf(mean, {N}), tf(rstd, {N}), acc);
+         }},
+        {"rmsnorm_backward",
+         [&](bool acc, float* g, float*) {
+           ops->rmsnorm_backward(tf(dx, {N, C}), f32_view(g, {C}), tf(ndy, {N, C}), tf(x, {N, C}), tf(nw, {C}),
+                                 tf(rstd, {N}), acc);
+         }},
+    };
+    for (const auto& [name, op] : cases) {
+      const bool norm = name.find("norm") != std::string::npos;
+      const size_t n_w = norm ? C : size_t(OC) * C, n_b = norm ? C : OC;
+      const VecF want = run(false, [&](float* g, float* b) { op(true, g, b); }, n_w, n_b);
+      const VecF got = run(true, [&](float* g, float* b) { op(false, g, b); }, n_w, n_b);
+      EXPECT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i)
+        if (name != "rmsnorm_backward" || i < n_w) ASSERT_EQ(got[i], want[i]) << name << " element " << i;
+    }
+  }
+}
+
 TEST_F(Kernels, MatmulBackwardMatchesFiniteDifferences) {
   const int N = 5, C = 7, OC = 6;
   VecF x = randn(N * C, 20), w = randn(OC * C, 21), b = randn(OC, 22), G = randn(N * OC, 23);

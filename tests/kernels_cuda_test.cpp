@@ -332,6 +332,32 @@ TEST_F(CudaOpsTest, MatmulBackwardOverwritesOrAccumulatesDinpAndAccumulatesDwDbi
   }
 }
 
+// accumulate_dw = false (a step's first write of a gradient): the existing dw / dbias (large garbage here) are
+// overwritten, through the GEMM's beta = 0 and the column sums' overwriting second pass, as on the CPU.
+TEST_F(CudaOpsTest, MatmulBackwardOverwritesDwDbiasWhenAsked) {
+  for (const auto& [N, C, OC] : kGemmShapes) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+    VecF x = randn(N * C, 13), w = randn(OC * C, 14, 0.1f), dy = randn(N * OC, 15), pre = randn(N * C, 16);
+    VecF dw0 = randn(OC * C, 17, 1e4f), db0 = randn(OC, 18, 1e4f);
+    Tensor gx = dev(x, {N, C}), gw = dev(w, {OC, C}), gdy = dev(dy, {N, OC}), gpre = dev(pre, {N, C});
+    for (bool gelu : {false, true}) {
+      Tensor gdx = zeros({N, C}), gdw = dev_f32(dw0, {OC, C}), gdb = dev_f32(db0, {OC});
+      VecF dx(N * C), dw = dw0, db = db0, prec = pre;
+      if (gelu) {
+        cpu_->matmul_backward_gelu(tf(dx, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(dy, {N, OC}), tf(x, {N, C}),
+                                   tf(w, {OC, C}), tf(prec, {N, C}), false);
+        gpu_->matmul_backward_gelu(gdx, gdw, gdb, gdy, gx, gw, gpre, false);
+      } else {
+        cpu_->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(dy, {N, OC}), tf(x, {N, C}),
+                              tf(w, {OC, C}), false, false);
+        gpu_->matmul_backward(gdx, gdw, gdb, gdy, gx, gw, false, false);
+      }
+      EXPECT_TRUE(near(host(gdw), dw, 1e-3, 1e-4)) << (gelu ? "gelu" : "plain");
+      EXPECT_TRUE(near(host(gdb), db, 1e-4, 1e-5)) << (gelu ? "gelu" : "plain");
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, MatmulBackwardWithoutInputOrWeightGrad) {
   const int64_t N = 9, C = 32, OC = 16;
   VecF w = randn(OC * C, 19, 0.1f), dy = randn(N * OC, 20);
@@ -463,6 +489,34 @@ TEST_F(CudaOpsTest, LayerNormForwardBackward) {
       EXPECT_TRUE(near(host(gdx), dx, 8e-3, 4e-3));
       EXPECT_TRUE(near(host(gdw), dw, 1e-3, 1e-4));
       EXPECT_TRUE(near(host(gdb), db, 1e-3, 1e-4));  // untouched without bias
+    }
+  }
+}
+
+// The norms' dw (and db) overwritten with accumulate_dw = false: vector and scalar paths (kNormShapes), as on the CPU.
+TEST_F(CudaOpsTest, NormBackwardOverwritesDwDbWhenAsked) {
+  for (const auto& [N, C] : kNormShapes) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
+    VecF x = randn(N * C, 70), w = randn(C, 71), dy = randn(N * C, 72), mean(N), rstd(N), out(N * C);
+    rounded(x);
+    cpu_->layernorm_forward(tf(out, {N, C}), tf(mean, {N}), tf(rstd, {N}), tf(x, {N, C}), tf(w, {C}), Tensor{}, 1e-5f);
+    Tensor gx = dev(x, {N, C}), gw = dev(w, {C}), gdy = dev(dy, {N, C});
+    Tensor gm = dev_f32(mean, {N}), gr = dev_f32(rstd, {N});
+    VecF dw0 = randn(C, 73, 1e4f), db0 = randn(C, 74, 1e4f);
+    for (bool rms : {false, true}) {
+      Tensor gdx = zeros({N, C}), gdw = dev_f32(dw0, {C}), gdb = dev_f32(db0, {C});
+      VecF dx(N * C), dw = dw0, db = db0;
+      if (rms) {
+        cpu_->rmsnorm_backward(tf(dx, {N, C}), tf(dw, {C}), tf(dy, {N, C}), tf(x, {N, C}), tf(w, {C}), tf(rstd, {N}),
+                               false);
+        gpu_->rmsnorm_backward(gdx, gdw, gdy, gx, gw, gr, false);
+      } else {
+        cpu_->layernorm_backward(tf(dx, {N, C}), tf(dw, {C}), tf(db, {C}), tf(dy, {N, C}), tf(x, {N, C}), tf(w, {C}),
+                                 tf(mean, {N}), tf(rstd, {N}), false);
+        gpu_->layernorm_backward(gdx, gdw, gdb, gdy, gx, gw, gm, gr, false);
+      }
+      EXPECT_TRUE(near(host(gdw), dw, 1e-3, 1e-4)) << (rms ? "rms" : "layernorm");
+      EXPECT_TRUE(near(host(gdb), db, 1e-3, 1e-4)) << (rms ? "rms" : "layernorm");  // untouched for RMS
     }
   }
 }

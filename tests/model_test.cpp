@@ -15,6 +15,7 @@
 #include "megatrain/core/rng.h"
 #include "megatrain/model/gpt.h"
 #include "model_testutil.h"
+#include "test_util.h"
 
 using namespace mt;
 
@@ -387,6 +388,73 @@ TEST(Gpt, RecomputingTheNormOutputsGivesIdenticalGradientsAndSavesTheirMemory) {
     EXPECT_EQ(kept_bytes(keep) - kept_bytes(rebuild), norms * norm_out) << kind_name(block);
     EXPECT_TRUE(keep_s.ln.empty());
     EXPECT_EQ(rebuild_s.ln.size(), norm_out);
+  }
+}
+
+// ParamStore's lazy zeroing: after begin_grads each tensor's first writer is told to overwrite (once), settle_grads
+// zeroes exactly the tensors nobody wrote, and zero_grads leaves nothing pending.
+TEST(ParamStore, LazyZeroingTellsTheFirstWriterAndSettlesTheRest) {
+  ParamStore ps;
+  const int a = ps.add("a", {3}, false), b = ps.add("b", {5}, false), c = ps.add("c", {2}, false);
+  ps.allocate();
+  std::fill(ps.grads_data(), ps.grads_data() + ps.total_floats(), 7.0f);  // a previous step's gradients
+  EXPECT_FALSE(ps.take_fresh_grad(a));  // nothing begun: accumulate
+  ps.begin_grads();
+  EXPECT_EQ(ps.grad(a).f32()[0], 7.0f);  // nothing written yet
+  EXPECT_TRUE(ps.take_fresh_grad(a));
+  EXPECT_FALSE(ps.take_fresh_grad(a));
+  ps.grad(a).f32()[0] = 1.0f;  // what the first writer overwrote
+  ps.settle_grads(0, 2);       // b was not written: zeroed; a was: kept
+  EXPECT_EQ(ps.grad(a).f32()[0], 1.0f);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(ps.grad(b).f32()[i], 0.0f);
+  EXPECT_FALSE(ps.take_fresh_grad(b));  // settled: later writers accumulate onto the zeros
+  EXPECT_EQ(ps.grad(c).f32()[1], 7.0f);  // outside the range: still pending
+  EXPECT_TRUE(ps.take_fresh_grad(c));
+  ps.begin_grads();
+  ps.zero_grads();  // eager zeroing leaves nothing pending
+  EXPECT_FALSE(ps.take_fresh_grad(a));
+  const std::string e = mt::test::error_of([&] { ps.settle_grads(0, 4); });
+  EXPECT_NE(e.find("outside the 3 parameters"), std::string::npos) << e;
+}
+
+// A training step's gradients zeroed lazily (begin_grads: the first write of each tensor overwrites, the model settles
+// what nobody wrote) are the bits of zeroing them first, over two accumulated micro-batches, whatever the previous
+// contents: LayerNorm and RMSNorm, both blocks, tied and untied embeddings, with the rebuild switches and with layer
+// recomputation. The stale contents are huge, so any tensor whose first write accumulated would show.
+TEST(Gpt, LazilyZeroedGradientsAreTheBitsOfZeroedOnes) {
+  for (const char* style : {"gpt2", "llama"}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      SCOPED_TRACE(fmt::format("{}, variant {}", style, variant));
+      ModelConfig c = tiny(style);
+      if (variant == 1) c.block = BlockKind::Parallel;
+      if (variant == 2) c.tied_embeddings = !c.tied_embeddings, c.recompute_norm = c.recompute_act = true;
+      if (variant == 3) c.recompute = {true, false};
+      auto ops = make_cpu_ops();
+      GPT eager(c, *ops), lazy(c, *ops);
+      eager.init_weights(5);
+      lazy.init_weights(5);
+      perturb(eager, 12);
+      perturb(lazy, 12);
+      for (int step = 0; step < 2; ++step) {
+        float* g = lazy.params().grads_data();
+        for (size_t i = 0; i < lazy.params().total_floats(); ++i) g[i] = 1e30f;
+        eager.params().zero_grads();
+        lazy.params().begin_grads();
+        for (int mb = 0; mb < 2; ++mb) {
+          Batch b = make_batch(c, 2, 8, 20 + 2 * step + mb);
+          EXPECT_EQ(eager.forward(b.tok.data(), b.tgt.data(), 2, 8, true, 0.5f),
+                    lazy.forward(b.tok.data(), b.tgt.data(), 2, 8, true, 0.5f));
+          eager.backward();
+          lazy.backward();
+        }
+        for (const ParamInfo& info : eager.params().infos()) {
+          const float* ge = eager.params().grad(info.name).f32();
+          const float* gl = lazy.params().grad(info.name).f32();
+          for (size_t i = 0; i < info.numel; ++i)
+            ASSERT_EQ(ge[i], gl[i]) << info.name << "[" << i << "], step " << step;
+        }
+      }
+    }
   }
 }
 

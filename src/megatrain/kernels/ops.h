@@ -106,9 +106,11 @@ class Ops {
   virtual void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) = 0;
   // dinp[N,C] = dout @ w (overwritten, or accumulated when accumulate_dinp); dinp may be undefined (skip).
   // dw[OC,C] += dout^T @ inp (dw may be undefined: skip; inp may then be undefined too, dinp giving the rows);
-  // dbias[OC] += column sums of dout (dbias may be undefined).
+  // dbias[OC] += column sums of dout (dbias may be undefined). With accumulate_dw false, dw and dbias are overwritten
+  // instead (the first write of a step's gradients: ParamStore::begin_grads), bit for bit what zeroing them first
+  // and accumulating gives.
   virtual void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                               bool accumulate_dinp) = 0;
+                               bool accumulate_dinp, bool accumulate_dw = true) = 0;
 
   // Fused epilogues (cuBLASLt on CUDA); the defaults compose the plain ops, which the CPU backend keeps.
   // A linear joining the residual stream: out[N,OC] = residual + (inp @ w^T + bias) (overwritten; out may alias
@@ -124,10 +126,11 @@ class Ops {
     gelu_forward(out, pre);
   }
   // MLP down-projection's backward fused with the GeLU before it: dpre = (dout @ w) * gelu'(pre) (overwritten);
-  // dw += dout^T @ act, dbias += column sums of dout, where act = gelu(pre) was the projection's input.
+  // dw += dout^T @ act, dbias += column sums of dout, where act = gelu(pre) was the projection's input
+  // (overwritten instead with accumulate_dw false, as in matmul_backward).
   virtual void matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w,
-                                    Tensor pre) {
-    matmul_backward(dpre, dw, dbias, dout, act, w, false);
+                                    Tensor pre, bool accumulate_dw = true) {
+    matmul_backward(dpre, dw, dbias, dout, act, w, false, accumulate_dw);
     gelu_backward(dpre, pre, dpre);
   }
 
@@ -143,12 +146,15 @@ class Ops {
   // out = (inp - mean) * rstd * w + b; saves mean[N], rstd[N] for backward. b may be undefined; mean and rstd
   // may be undefined too (inference: nothing saved).
   virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) = 0;
-  // dinp += ...(accumulated: the residual stream's gradient is already there); dw += ; db += (db may be undefined)
+  // dinp += ...(accumulated: the residual stream's gradient is already there); dw += ; db += (db may be undefined);
+  // dw and db overwritten instead with accumulate_dw false (as in matmul_backward; dinp still accumulates)
   virtual void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
-                                  Tensor rstd) = 0;
+                                  Tensor rstd, bool accumulate_dw = true) = 0;
   // out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps)   (rstd[N] saved; may be undefined for inference)
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) = 0;
-  virtual void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) = 0;  // dinp +=
+  // dinp +=; dw += (overwritten with accumulate_dw false)
+  virtual void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd,
+                                bool accumulate_dw = true) = 0;
 
   // Residual add fused with the next norm: res = a + b (res may alias a), then out = LayerNorm(res) as above
   // (rms: RMSNorm instead, out = res * rstd * w, with mean and bias unused).

@@ -60,7 +60,7 @@ void BlockScratch::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* o
   if (cfg.recompute_norm) ln = make(ops, rows * C, dtype);
 }
 
-Block::Block(const ModelConfig& cfg, const ParamStore& params, int layer, TpComm* tp) : cfg_(cfg), params_(params) {
+Block::Block(const ModelConfig& cfg, ParamStore& params, int layer, TpComm* tp) : cfg_(cfg), params_(params) {
   recompute_act_ = cfg.recompute_act && cfg.mlp == MlpKind::Gelu;
   recompute_norm_ = cfg.recompute_norm;
   if (tp && tp->size() > 1) {
@@ -130,11 +130,19 @@ void Block::norm_forward(Ops& ops, const Norm& n, Tensor out, Tensor mean, Tenso
     ops.rmsnorm_forward(out, rstd, in, P(n.w), cfg_.norm_eps);
 }
 
+bool Block::accumulates(int w, int b) const {
+  const bool fresh = params_.take_fresh_grad(w);
+  if (b >= 0)
+    MT_CHECK(params_.take_fresh_grad(b) == fresh, "the gradients of parameters {} and {} (a weight and its bias) were "
+             "not first written by the same op", params_.info(w).name, params_.info(b).name);
+  return !fresh;
+}
+
 void Block::norm_backward(Ops& ops, const Norm& n, Tensor din, Tensor dout, Tensor in, Tensor mean, Tensor rstd) const {
   if (cfg_.norm == NormKind::LayerNorm)
-    ops.layernorm_backward(din, G(n.w), G(n.b), dout, in, P(n.w), mean, rstd);
+    ops.layernorm_backward(din, G(n.w), G(n.b), dout, in, P(n.w), mean, rstd, accumulates(n.w, n.b));
   else
-    ops.rmsnorm_backward(din, G(n.w), dout, in, P(n.w), rstd);
+    ops.rmsnorm_backward(din, G(n.w), dout, in, P(n.w), rstd, accumulates(n.w, -1));
 }
 
 // recompute_norm: rebuilds a norm's output `full` [N, C] (the column-parallel GEMMs' input) from its saved input,
@@ -218,7 +226,8 @@ void Block::column_backward(Ops& ops, Tensor din, int64_t N, const std::vector<C
     // One GEMM call per linear forms its input gradient (the later ones accumulating) and its dW, db.
     for (size_t k = 0; k < lins.size(); ++k) {
       const ColumnGrad& l = lins[k];
-      ops.matmul_backward(din, G(l.lin.w), G(l.lin.b), l.dout, l.in, P(l.lin.w), /*accumulate_dinp=*/k > 0);
+      ops.matmul_backward(din, G(l.lin.w), G(l.lin.b), l.dout, l.in, P(l.lin.w), /*accumulate_dinp=*/k > 0,
+                          accumulates(l.lin));
     }
     return;
   }
@@ -233,7 +242,7 @@ void Block::column_backward(Ops& ops, Tensor din, int64_t N, const std::vector<C
       },
       [&] {
         for (const ColumnGrad& l : lins)
-          ops.matmul_backward(Tensor{}, G(l.lin.w), G(l.lin.b), l.dout, l.in, P(l.lin.w), false);
+          ops.matmul_backward(Tensor{}, G(l.lin.w), G(l.lin.b), l.dout, l.in, P(l.lin.w), false, accumulates(l.lin));
       });
 }
 
@@ -272,11 +281,11 @@ void Block::forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s,
 void Block::mlp_down_backward(Ops& ops, Tensor d_fc, Tensor d_act, Tensor dout, Tensor act, Tensor fc,
                               Tensor dbias) const {
   if (cfg_.mlp == MlpKind::SwiGlu) {
-    ops.matmul_backward(d_act, G(mlp_proj_.w), dbias, dout, act, P(mlp_proj_.w), false);
+    ops.matmul_backward(d_act, G(mlp_proj_.w), dbias, dout, act, P(mlp_proj_.w), false, accumulates_row(mlp_proj_));
     ops.swiglu_backward(d_fc, fc, d_act);
   } else {
     if (recompute_act_) ops.gelu_forward(act, fc);  // act is scratch (views): rebuild this layer's GeLU output
-    ops.matmul_backward_gelu(d_fc, G(mlp_proj_.w), dbias, dout, act, P(mlp_proj_.w), fc);
+    ops.matmul_backward_gelu(d_fc, G(mlp_proj_.w), dbias, dout, act, P(mlp_proj_.w), fc, accumulates_row(mlp_proj_));
   }
 }
 
@@ -287,7 +296,7 @@ void Block::backward(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& 
   auto rows = [](Tensor t, int64_t r0, int64_t n) { return t.slice0(r0, r0 + n); };
   auto attn_proj = [&](Tensor dy, int64_t r0, int64_t n) {
     ops.matmul_backward(rows(v.d_att, r0, n), G(attn_proj_.w), row_bias_grad(attn_proj_), dy, rows(v.att, r0, n),
-                        P(attn_proj_.w), false);
+                        P(attn_proj_.w), false, accumulates_row(attn_proj_));
   };
 
   // MLP branch: its output gradient is dx (the gradient w.r.t. y); the parallel block's attention projection

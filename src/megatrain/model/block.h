@@ -44,7 +44,9 @@ class Block {
  public:
   // tp: tensor/sequence parallelism (nullptr or size 1: the single-process layer). With tp, x, y and dx are
   // this rank's row block [B*T/tp, C] of the residual stream and the weights are its shards (layout.h).
-  Block(const ModelConfig& cfg, const ParamStore& params, int layer, TpComm* tp = nullptr);
+  // params: the layer reads its weights there and writes its gradients (the first write of a step overwrites:
+  // ParamStore::begin_grads).
+  Block(const ModelConfig& cfg, ParamStore& params, int layer, TpComm* tp = nullptr);
 
   // y[B*T, C] = layer(x). x must stay valid until backward (it is the saved layer input).
   void forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
@@ -64,6 +66,11 @@ class Block {
   // (exactly once in the reduce-scatter) and forms its gradient; undefined on the other ranks.
   Tensor row_bias(const Lin& l) const { return first_ ? P(l.b) : Tensor{}; }
   Tensor row_bias_grad(const Lin& l) const { return first_ ? G(l.b) : Tensor{}; }
+  // Whether the op about to write the gradient of weight w (and of bias b, written by the same op; -1: none)
+  // accumulates: false for the step's first write of it (ParamStore::begin_grads), which overwrites.
+  bool accumulates(int w, int b) const;
+  bool accumulates(const Lin& l) const { return accumulates(l.w, l.b); }
+  bool accumulates_row(const Lin& l) const { return accumulates(l.w, first_ ? l.b : -1); }  // row_bias_grad's bias
   void norm_forward(Ops& ops, const Norm& n, Tensor out, Tensor mean, Tensor rstd, Tensor in) const;
   void norm_backward(Ops& ops, const Norm& n, Tensor din, Tensor dout, Tensor in, Tensor mean, Tensor rstd) const;
   void rebuild_norm(Ops& ops, const Norm& n, Tensor full, Tensor out, Tensor in) const;
@@ -120,7 +127,7 @@ class Block {
   void column_backward(Ops& ops, Tensor din, int64_t N, const std::vector<ColumnGrad>& lins) const;
 
   const ModelConfig& cfg_;
-  const ParamStore& params_;
+  ParamStore& params_;
   TpComm* tp_ = nullptr;  // set only when tp > 1
   int tp_size_ = 1;
   bool first_ = true;  // tp rank 0 (or no tp)

@@ -331,7 +331,7 @@ void GPT::head_backward(Slot& s) {
   if (!tp_) {
     const int64_t Vp = cfg_.padded_vocab();
     ops_.matmul_backward(dlnf, params_.grad(head_), Tensor{}, act(s.logits, N, Vp), act(s.lnf, N, C), W(head_),
-                         false);
+                         false, !params_.take_fresh_grad(head_));
   } else {
     Tensor lnf = act(s.lnf, N, C), dlogits = act(s.logits, N, local_vocab());
     tp_->reduce_scatter_rows(
@@ -339,16 +339,22 @@ void GPT::head_backward(Slot& s) {
         [&](Tensor out, int64_t r0, int64_t n) {
           ops_.matmul_backward(out, Tensor{}, Tensor{}, dlogits.slice0(r0, r0 + n), Tensor{}, W(head_), false);
         },
-        [&] { ops_.matmul_backward(Tensor{}, params_.grad(head_), Tensor{}, dlogits, lnf, W(head_), false); });
+        [&] {
+          ops_.matmul_backward(Tensor{}, params_.grad(head_), Tensor{}, dlogits, lnf, W(head_), false,
+                               !params_.take_fresh_grad(head_));
+        });
   }
   if (!cfg_.tied_embeddings) ready(head_);
   ops_.zero(dres);
   Tensor x = act(s.residual[cfg_.n_layer], R, C);
+  const bool accumulate = !params_.take_fresh_grad(lnf_w_);
+  if (lnf_b_ >= 0) params_.take_fresh_grad(lnf_b_);  // written with the weight, by the same op
   if (cfg_.norm == NormKind::LayerNorm)
     ops_.layernorm_backward(dres, params_.grad(lnf_w_), lnf_b_ >= 0 ? params_.grad(lnf_b_) : Tensor{}, dlnf, x,
-                            W(lnf_w_), f32s(s.lnf_mean, R), f32s(s.lnf_rstd, R));
+                            W(lnf_w_), f32s(s.lnf_mean, R), f32s(s.lnf_rstd, R), accumulate);
   else
-    ops_.rmsnorm_backward(dres, params_.grad(lnf_w_), dlnf, x, W(lnf_w_), f32s(s.lnf_rstd, R));
+    ops_.rmsnorm_backward(dres, params_.grad(lnf_w_), dlnf, x, W(lnf_w_), f32s(s.lnf_rstd, R), accumulate);
+  params_.settle_grads(lnf_w_, static_cast<int>(params_.size()));
   sync_replicated_grads(lnf_w_, static_cast<int>(params_.size()));
   ready(lnf_w_);
 }
@@ -363,6 +369,7 @@ void GPT::layers_backward(Slot& s, int first, int end) {
     // to scratch so the saved residual stream is untouched.
     if (recompute(l)) blocks_[l]->forward(ops_, act(scratch_.d_h, R, C), xin, a, scratch_, s.B, s.T);
     blocks_[l]->backward(ops_, dres, xin, a, scratch_, s.B, s.T);
+    params_.settle_grads(layer_first_[l], layer_end_[l]);  // what this rank did not write (tp: rank 0's row biases)
     sync_replicated_grads(layer_first_[l], layer_end_[l]);
     ready(layer_first_[l]);
   }
@@ -371,16 +378,24 @@ void GPT::layers_backward(Slot& s, int first, int end) {
 void GPT::embed_backward(Slot& s) {
   const int B = s.B, T = s.T;
   const int64_t N = static_cast<int64_t>(B) * T, C = cfg_.d_model;
+  // The embedding's backward is a scatter-add, which always accumulates: a table no op has written yet this step
+  // (untied, or tied with the head on another stage) is zeroed first; settle_grads then zeroes what this rank
+  // did not touch (tp: the positions table outside rank 0).
+  params_.settle_grads(wte_, wte_ + 1);
+  const bool write_wpe = wpe_ >= 0 && (!tp_ || tp_->rank() == 0);
+  if (write_wpe) params_.settle_grads(wpe_, wpe_ + 1);
   if (!tp_) {
-    ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 ? params_.grad(wpe_) : Tensor{}, act(dres_, N, C),
+    ops_.embedding_backward(params_.grad(wte_), write_wpe ? params_.grad(wpe_) : Tensor{}, act(dres_, N, C),
                             ids(s.tokens, B, T));
+    params_.settle_grads(0, emb_end_);
     ready(0);
     return;
   }
   Tensor demb = act(scratch_.d_h, N, C);
   tp_->all_gather_rows(demb, act(dres_, stream_rows(s), C));
-  ops_.embedding_backward(params_.grad(wte_), wpe_ >= 0 && tp_->rank() == 0 ? params_.grad(wpe_) : Tensor{}, demb,
+  ops_.embedding_backward(params_.grad(wte_), write_wpe ? params_.grad(wpe_) : Tensor{}, demb,
                           ids(s.local_tokens, B, T));
+  params_.settle_grads(0, emb_end_);
   sync_replicated_grads(0, emb_end_);
   ready(0);
 }

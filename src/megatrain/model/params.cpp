@@ -97,6 +97,31 @@ void ParamStore::zero_grads() {
     ops_->zero(g);
   else
     std::memset(grads_.data(), 0, total_ * sizeof(float));
+  fresh_.assign(infos_.size(), 0);  // zero for real: nothing is pending
+}
+
+// The padding between and after tensors is never written by any op, so it stays as allocate() left it: zero.
+void ParamStore::begin_grads() { fresh_.assign(infos_.size(), 1); }
+
+bool ParamStore::take_fresh_grad(int i) {
+  MT_CHECK(i >= 0 && static_cast<size_t>(i) < infos_.size(), "take_fresh_grad: no parameter {}", i);
+  if (fresh_.empty() || !fresh_[i]) return false;
+  fresh_[i] = 0;
+  return true;
+}
+
+void ParamStore::settle_grads(int first, int end) {
+  if (fresh_.empty()) return;
+  MT_CHECK(0 <= first && first <= end && static_cast<size_t>(end) <= infos_.size(),
+           "settle_grads: range [{}, {}) outside the {} parameters", first, end, infos_.size());
+  for (int i = first; i < end; ++i) {
+    if (!fresh_[i]) continue;
+    fresh_[i] = 0;
+    if (ops_)
+      ops_->zero(grad(i));
+    else
+      std::memset(grad(i).ptr, 0, infos_[i].numel * sizeof(float));
+  }
 }
 
 }  // namespace mt

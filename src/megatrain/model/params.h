@@ -72,12 +72,24 @@ class ParamStore {
   int tensor_at_or_after(size_t off) const;
   int64_t num_params() const;                    // sum of numel
 
+  // Every gradient to zero now: one pass over the flat buffer.
   void zero_grads();
+  // Every gradient to zero lazily (a training step's start): nothing is written now. The first op to write a tensor
+  // overwrites it instead of accumulating (take_fresh_grad), and settle_grads zeroes the tensors of a range that
+  // nothing wrote, before anything reads them. The model does both (GPT settles each layer as its backward ends), so
+  // a step pays no separate pass over the gradients (1.65 ms of a 1.3B model's step on an H100).
+  void begin_grads();
+  // True, once, when tensor i's gradient is still logically zero: the caller then overwrites it (and its other
+  // tensors written by the same op, e.g. a linear's bias). False afterwards: accumulate.
+  bool take_fresh_grad(int i);
+  // Zeroes the gradients of tensors [first, end) that are still logically zero: after this they read as zeros.
+  void settle_grads(int first, int end);
 
  private:
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> by_name_;
   Buffer params_, grads_, compute_;  // compute_ is empty when the compute dtype is fp32
+  std::vector<uint8_t> fresh_;        // per tensor: its gradient is logically zero (begin_grads), not yet written
   DType compute_dtype_ = DType::F32;
   Ops* ops_ = nullptr;  // the backend owning the memory (nullptr: host)
   size_t total_ = 0;

@@ -88,7 +88,7 @@ int train_loop(Job& j, int step, double peak) {
     ++step;
     const double t0 = now_seconds();
     if (j.guard.begin_step(step, j.loader, *j.stack.model)) continue;  // a skipped batch (train.skip_steps)
-    j.stack.model->params().zero_grads();
+    j.stack.model->params().begin_grads();  // zeroed lazily: the first write overwrites (ParamStore)
     float loss = j.fb.run(j.loader, j.update);
     const double norm = j.update.finish_gradients(loss);
     if (!std::isfinite(loss) || !std::isfinite(norm)) j.guard.fail_non_finite(step, loss, norm);

@@ -29,16 +29,17 @@ class CpuOps : public Ops {
 
   void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) override;
   void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                       bool accumulate_dinp) override;
+                       bool accumulate_dinp, bool accumulate_dw = true) override;
 
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override;
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override;
 
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) override;
   void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
-                          Tensor rstd) override;
+                          Tensor rstd, bool accumulate_dw = true) override;
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override;
-  void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override;
+  void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd,
+                        bool accumulate_dw = true) override;
 
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnShape& s) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) override;

@@ -1,6 +1,8 @@
 // Linear layers on OpenBLAS sgemm. Row-major out[N,OC] = inp[N,C] @ w[OC,C]^T is sgemm(NoTrans, Trans).
 #include <cblas.h>
 
+#include <algorithm>
+
 #include "megatrain/kernels/cpu/cpu_ops.h"
 #include "megatrain/kernels/cpu/cpu_util.h"
 
@@ -48,7 +50,7 @@ void CpuOps::matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) {
 }
 
 void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                             bool accumulate_dinp) {
+                             bool accumulate_dinp, bool accumulate_dw) {
   const char* op = "matmul_backward";
   float* dx = f32_opt(dinp, op, "dinp");
   float* dwt = f32_opt(dw, op, "dw");
@@ -63,13 +65,19 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
   if (dwt) check_numel(dw, int64_t{OC} * C, op, "dw");
   if (dx) check_numel(dinp, int64_t{N} * C, op, "dinp");
   if (db) check_numel(dbias, OC, op, "dbias");
-  if (N == 0) return;
+  if (N == 0) {  // sums over no rows: nothing to add, or zeros to write
+    if (!accumulate_dw && dwt) std::fill(dwt, dwt + int64_t{OC} * C, 0.0f);
+    if (!accumulate_dw && db) std::fill(db, db + OC, 0.0f);
+    return;
+  }
 
   if (dx)  // dinp[N,C] = dout[N,OC] @ w[OC,C]
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dy, OC, wt, C,
                 accumulate_dinp ? 1.0f : 0.0f, dx, C);
-  // dw[OC,C] += dout^T @ inp
-  if (dwt) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dy, OC, x, C, 1.0f, dwt, C);
+  // dw[OC,C] += dout^T @ inp (beta 0 overwrites: the same bits as accumulating onto zeros)
+  if (dwt)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dy, OC, x, C, accumulate_dw ? 1.0f : 0.0f,
+                dwt, C);
 
   if (db) {
     // Column sums: each thread owns a strip of columns and walks all rows, so the sums need no reduction and
@@ -85,7 +93,7 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
 #pragma omp simd
         for (int j = 0; j < nj; ++j) acc[j] += row[j];
       }
-      for (int j = 0; j < nj; ++j) db[j0 + j] += acc[j];
+      for (int j = 0; j < nj; ++j) db[j0 + j] = accumulate_dw ? db[j0 + j] + acc[j] : acc[j];
     }
   }
 }

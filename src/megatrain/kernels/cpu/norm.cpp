@@ -1,4 +1,5 @@
 // LayerNorm and RMSNorm over the last dimension, one row per loop iteration.
+#include <algorithm>
 #include <cmath>
 
 #include "megatrain/kernels/cpu/cpu_ops.h"
@@ -22,7 +23,10 @@ class ParamGradPartials {
   int threads() const { return threads_; }
   float* slice(int tid) const { return buf_ + tid * width_; }
   // dst[j] += sum over threads of slice[j], for j in [offset, offset + n)
-  void add_to(float* dst, int64_t offset, int64_t n) const {
+  // dst += the threads' partials in thread order; accumulate false: dst starts from zero (the same bits as zeroing
+  // it first).
+  void add_to(float* dst, int64_t offset, int64_t n, bool accumulate) const {
+    if (!accumulate) std::fill(dst, dst + n, 0.0f);
     for (int t = 0; t < threads_; ++t) {
       const float* s = slice(t) + offset;
 #pragma omp simd
@@ -73,7 +77,7 @@ void CpuOps::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp,
 }
 
 void CpuOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
-                                Tensor rstd) {
+                                Tensor rstd, bool accumulate_dw) {
   const char* op = "layernorm_backward";
   float* dx = f32_arg(dinp, op, "dinp");
   float* dwt = f32_arg(dw, op, "dw");
@@ -115,8 +119,8 @@ void CpuOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, 
       }
     }
   }
-  part.add_to(dwt, 0, C);
-  if (dbs) part.add_to(dbs, C, C);
+  part.add_to(dwt, 0, C, accumulate_dw);
+  if (dbs) part.add_to(dbs, C, C, accumulate_dw);
 }
 
 void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) {
@@ -141,7 +145,8 @@ void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, floa
   }
 }
 
-void CpuOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
+void CpuOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd,
+                              bool accumulate_dw) {
   const char* op = "rmsnorm_backward";
   float* dx = f32_arg(dinp, op, "dinp");
   float* dwt = f32_arg(dw, op, "dw");
@@ -174,7 +179,7 @@ void CpuOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, T
       }
     }
   }
-  part.add_to(dwt, 0, C);
+  part.add_to(dwt, 0, C, accumulate_dw);
 }
 
 }  // namespace mt

@@ -29,6 +29,10 @@
 
 namespace mt {
 
+namespace cuda {
+struct NormBackwardArgs;  // launch.h
+}
+
 class CudaOps final : public Ops {
  public:
   CudaOps();  // on the current CUDA device
@@ -71,19 +75,20 @@ class CudaOps final : public Ops {
   void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) override;
   void matmul_forward_add(Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual, Tensor tmp) override;
   void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                       bool accumulate_dinp) override;
+                       bool accumulate_dinp, bool accumulate_dw = true) override;
   void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias) override;
   void matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w,
-                            Tensor pre) override;
+                            Tensor pre, bool accumulate_dw = true) override;
 
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override;
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override;
 
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b, float eps) override;
   void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
-                          Tensor rstd) override;
+                          Tensor rstd, bool accumulate_dw = true) override;
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override;
-  void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override;
+  void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd,
+                        bool accumulate_dw = true) override;
   void add_layernorm_forward(Tensor res, Tensor out, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor w,
                              Tensor bias, float eps, bool rms) override;
 
@@ -134,9 +139,12 @@ class CudaOps final : public Ops {
   // matmul_forward_add through cuBLASLt with the residual as C; false when cuBLASLt has no algorithm for it (or OC
   // is 0), having launched nothing.
   bool fused_forward_add(const char* op, Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual);
-  // dw[OC,C] += dout^T @ inp and dbias += column sums of dout (the parts of matmul_backward that do not touch dinp).
+  // dw[OC,C] += dout^T @ inp and dbias += column sums of dout (the parts of matmul_backward that do not touch dinp);
+  // both overwritten without accumulate.
   void weight_grads(const char* op, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, int64_t N, int64_t C,
-                    int64_t OC);
+                    int64_t OC, bool accumulate);
+  // The norms' backward on filled-in args (dinp, dw, db, rows, C): an empty batch still overwrites dw/db.
+  void run_norm_backward(cuda::NormBackwardArgs& a);
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;

@@ -142,7 +142,7 @@ __global__ void column_partials_kernel(float* partial, const bf16* x, int64_t N,
 constexpr int kRowLanes = 16;
 
 __global__ void partial_rows_reduce_kernel(float* out0, float* out1, int64_t split, const float* partial, int64_t W,
-                                           int64_t G) {
+                                           int64_t G, bool accumulate) {
   __shared__ float part[kRowLanes][33];  // +1: no bank conflicts on the column-wise reads below
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float acc = 0;
@@ -154,10 +154,8 @@ __global__ void partial_rows_reduce_kernel(float* out0, float* out1, int64_t spl
   float sum = 0;
 #pragma unroll
   for (int y = 0; y < kRowLanes; ++y) sum += part[y][threadIdx.x];
-  if (j < split)
-    out0[j] += sum;
-  else if (out1)
-    out1[j - split] += sum;
+  float* out = j < split ? out0 + j : out1 ? out1 + (j - split) : nullptr;
+  if (out) *out = accumulate ? *out + sum : sum;
 }
 
 __global__ void add_bias_rows_kernel(bf16* out, const bf16* bias, int64_t N, int64_t OC) {
@@ -211,15 +209,16 @@ int sum_squares_partials(cudaStream_t s, bool is_bf16, const void* x, int64_t n,
 }
 
 void add_partial_rows(cudaStream_t s, float* out0, float* out1, int64_t split, const float* partial, int64_t W,
-                      int64_t G) {
+                      int64_t G, bool accumulate) {
   if (W <= 0 || G <= 0) return;
   const dim3 block(32, kRowLanes);
-  partial_rows_reduce_kernel<<<static_cast<unsigned>((W + 31) / 32), block, 0, s>>>(out0, out1, split, partial, W, G);
+  partial_rows_reduce_kernel<<<static_cast<unsigned>((W + 31) / 32), block, 0, s>>>(out0, out1, split, partial, W, G,
+                                                                                     accumulate);
   check_launch("partial_rows_reduce_kernel");
 }
 
 void column_sums_accumulate(cudaStream_t s, float* out, const bf16* x, int64_t N, int64_t C, float* scratch,
-                            size_t scratch_floats) {
+                            size_t scratch_floats, bool accumulate) {
   if (N <= 0 || C <= 0) return;
   // Enough row blocks to fill the GPU (~32 rows each), bounded by the scratch and by 1024 partial rows.
   int64_t G = (N + 31) / 32;
@@ -236,7 +235,7 @@ void column_sums_accumulate(cudaStream_t s, float* out, const bf16* x, int64_t N
     column_partials_kernel<<<static_cast<unsigned>(G), kThreads, 0, s>>>(scratch, x, N, C, rows_per_block);
   }
   check_launch("column_partials_kernel");
-  add_partial_rows(s, out, nullptr, C, scratch, C, G);
+  add_partial_rows(s, out, nullptr, C, scratch, C, G, accumulate);
 }
 
 }  // namespace mt::cuda

@@ -45,16 +45,17 @@ void axpy(cudaStream_t s, bool is_bf16, void* dst, const void* src, float alpha,
 void scale(cudaStream_t s, bool is_bf16, void* x, float alpha, int64_t n);
 // partials[g] = sum of x^2 over block g's share (double); returns the number of blocks written (<= kMaxPartials).
 int sum_squares_partials(cudaStream_t s, bool is_bf16, const void* x, int64_t n, double* partials);
-// out[c] += sum over rows r of x[r, c] for x [N, C]: per-block partial column sums in `scratch`, then
-// add_partial_rows (deterministic, no atomics). scratch holds scratch_floats floats.
+// out[c] += sum over rows r of x[r, c] for x [N, C] (out = the sum without accumulate): per-block partial column
+// sums in `scratch`, then add_partial_rows (deterministic, no atomics). scratch holds scratch_floats floats.
 void column_sums_accumulate(cudaStream_t s, float* out, const bf16* x, int64_t N, int64_t C, float* scratch,
-                            size_t scratch_floats);
+                            size_t scratch_floats, bool accumulate = true);
 // The second pass of the column reductions (column sums, the norms' dw/db): for the partial rows [G, W] (row-major),
 // column j's sum over the G rows is added to out0[j] for j < split and to out1[j - split] otherwise (out1 may be
-// null: those columns are then dropped, e.g. the db half of a LayerNorm without bias). Accumulates (+=); the order
-// of the additions is fixed, so the result is the same bits on every run.
+// null: those columns are then dropped, e.g. the db half of a LayerNorm without bias). Accumulates (+=), or
+// overwrites without accumulate (the bits of adding to zero); the order of the additions is fixed, so the result is
+// the same bits on every run.
 void add_partial_rows(cudaStream_t s, float* out0, float* out1, int64_t split, const float* partial, int64_t W,
-                      int64_t G);
+                      int64_t G, bool accumulate = true);
 
 // out[n, j] += bias[j] for out [N, OC]: a separate bias pass, used only as the unfused peer in bench_cuda_ops (the
 // ops fuse the bias into the GEMM epilogue).
@@ -92,8 +93,9 @@ void norm_forward(cudaStream_t s, const NormForwardArgs& a);
 
 struct NormBackwardArgs {
   bf16* dinp = nullptr;        // accumulated (+=)
-  float* dw = nullptr;         // accumulated (+=)
-  float* db = nullptr;         // accumulated (+=); may be null; unused for RMS
+  float* dw = nullptr;         // accumulated (+=), or overwritten without accumulate_dw
+  float* db = nullptr;         // as dw; may be null; unused for RMS
+  bool accumulate_dw = true;
   const bf16* dout = nullptr;
   const bf16* inp = nullptr;
   const bf16* w = nullptr;

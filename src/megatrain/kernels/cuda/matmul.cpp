@@ -66,8 +66,8 @@ LtCall dinp_call(void* dinp, const void* dout, const void* w, const LinearDims& 
   return c;
 }
 
-// dw^T[C,OC] += inp^T[C,N] @ dout[N,OC], fp32 D.
-LtCall dw_call(float* dw, const void* dout, const void* inp, const LinearDims& d) {
+// dw^T[C,OC] += inp^T[C,N] @ dout[N,OC], fp32 D (beta 0: overwritten, the first write of a step's gradients).
+LtCall dw_call(float* dw, const void* dout, const void* inp, const LinearDims& d, float beta) {
   LtCall c;
   c.trans_a = CUBLAS_OP_N;
   c.trans_b = CUBLAS_OP_T;
@@ -75,7 +75,7 @@ LtCall dw_call(float* dw, const void* dout, const void* inp, const LinearDims& d
   c.A = inp, c.lda = d.C;
   c.B = dout, c.ldb = d.OC;
   c.D = dw, c.ldd = d.C, c.d_type = CUDA_R_32F;
-  c.beta = 1.0f;
+  c.beta = beta;
   return c;
 }
 
@@ -167,7 +167,7 @@ void CudaOps::matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, 
 }
 
 void CudaOps::weight_grads(const char* op, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, int64_t N, int64_t C,
-                           int64_t OC) {
+                           int64_t OC, bool accumulate) {
   // Checked before anything of the op is launched (the callers check dinp / dpre themselves).
   float* dwt = f32_opt(dw, op, "dw");
   float* db = f32_opt(dbias, op, "dbias");
@@ -180,14 +180,19 @@ void CudaOps::weight_grads(const char* op, Tensor dw, Tensor dbias, Tensor dout,
     check_numel(dbias, OC, op, "dbias");
     MT_CHECK(static_cast<size_t>(OC) <= scratch_floats_, "{}: OC = {} exceeds the column-sum scratch", op, OC);
   }
-  if (N == 0) return;
+  if (N == 0) {  // sums over no rows: nothing to add, or zeros to write
+    if (!accumulate && dwt) cuda::check(cudaMemsetAsync(dwt, 0, dw.nbytes(), stream_), "weight_grads: memset dw");
+    if (!accumulate && db) cuda::check(cudaMemsetAsync(db, 0, dbias.nbytes(), stream_), "weight_grads: memset db");
+    return;
+  }
   const bf16* dy = static_cast<const bf16*>(dout.ptr);
-  if (dwt && OC > 0 && !gemm_->run(stream_, dw_call(dwt, dy, x, {N, C, OC}), op)) no_algo(op, "dw", {N, C, OC});
-  if (db) cuda::column_sums_accumulate(stream_, db, dy, N, OC, scratch_, scratch_floats_);
+  const LtCall c = dw_call(dwt, dy, x, {N, C, OC}, accumulate ? 1.0f : 0.0f);
+  if (dwt && OC > 0 && !gemm_->run(stream_, c, op)) no_algo(op, "dw", {N, C, OC});
+  if (db) cuda::column_sums_accumulate(stream_, db, dy, N, OC, scratch_, scratch_floats_, accumulate);
 }
 
 void CudaOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                              bool accumulate_dinp) {
+                              bool accumulate_dinp, bool accumulate_dw) {
   const char* op = "matmul_backward";
   auto scope = timed(op);
   bf16* dx = bf16_opt(dinp, op, "dinp");
@@ -199,7 +204,7 @@ void CudaOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout,
   const LinearDims d = linear_dims(op, inp.defined() ? inp : dinp, w);
   check_numel(dout, d.N * d.OC, op, "dout");
   if (dx) check_numel(dinp, d.N * d.C, op, "dinp");
-  if (d.N == 0) return;
+  if (d.N == 0) return weight_grads(op, dw, dbias, dout, inp, 0, d.C, d.OC, accumulate_dw);
   if (dx && d.OC == 0 && !accumulate_dinp) {  // an empty sum: dinp = 0
     cuda::check(cudaMemsetAsync(dx, 0, dinp.nbytes(), stream_), "matmul_backward: cudaMemsetAsync");
   } else if (dx && d.OC > 0) {
@@ -210,11 +215,11 @@ void CudaOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout,
     if (dbias.defined()) check_numel(dbias, d.OC, op, "dbias");
     if (!gemm_->run(stream_, dinp_call(dx, dy, wt, d, accumulate_dinp ? 1.0f : 0.0f), op)) no_algo(op, "dinp", d);
   }
-  weight_grads(op, dw, dbias, dout, inp, d.N, d.C, d.OC);
+  weight_grads(op, dw, dbias, dout, inp, d.N, d.C, d.OC, accumulate_dw);
 }
 
 void CudaOps::matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w,
-                                   Tensor pre) {
+                                   Tensor pre, bool accumulate_dw) {
   const char* op = "matmul_backward_gelu";
   auto scope = timed(op);
   bf16* dp = bf16_arg(dpre, op, "dpre");
@@ -224,7 +229,7 @@ void CudaOps::matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor 
   const LinearDims d = linear_dims(op, dpre, w);
   check_numel(dout, d.N * d.OC, op, "dout");
   check_numel(pre, d.N * d.C, op, "pre");
-  if (d.N == 0) return;
+  if (d.N == 0) return weight_grads(op, dw, dbias, dout, act, 0, d.C, d.OC, accumulate_dw);
   MT_CHECK(d.OC > 0, "{}: weight {} has no output channels", op, w.shape_str());
   f32_opt(dw, op, "dw");  // validated before the first launch
   f32_opt(dbias, op, "dbias");
@@ -244,7 +249,7 @@ void CudaOps::matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor 
     if (!gemm_->run(stream_, dinp_call(dp, dy, wt, d, 0.0f), op)) no_algo(op, "dinp", d);
     cuda::gelu_backward(stream_, dp, pr, dp, d.N * d.C);
   }
-  weight_grads(op, dw, dbias, dout, act, d.N, d.C, d.OC);
+  weight_grads(op, dw, dbias, dout, act, d.N, d.C, d.OC, accumulate_dw);
 }
 
 }  // namespace mt

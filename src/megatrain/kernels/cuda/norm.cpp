@@ -60,7 +60,7 @@ void CudaOps::add_layernorm_forward(Tensor res, Tensor out, Tensor mean, Tensor 
 }
 
 void CudaOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
-                                 Tensor rstd) {
+                                 Tensor rstd, bool accumulate_dw) {
   const char* op = "layernorm_backward";
   auto scope = timed(op);
   cuda::NormBackwardArgs a;
@@ -74,12 +74,12 @@ void CudaOps::layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout,
   a.rstd = f32_arg(rstd, op, "rstd");
   const auto [N, C] = layernorm_backward_dims(op, dinp, dw, db, dout, inp, w, mean, rstd);
   MT_CHECK(static_cast<size_t>(2 * C) <= scratch_floats_, "{}: C = {} exceeds the reduction scratch", op, C);
-  a.N = N, a.C = C, a.rms = false;
-  a.scratch = scratch_, a.scratch_floats = scratch_floats_;
-  cuda::norm_backward(stream_, a);
+  a.N = N, a.C = C, a.rms = false, a.accumulate_dw = accumulate_dw;
+  run_norm_backward(a);
 }
 
-void CudaOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) {
+void CudaOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd,
+                               bool accumulate_dw) {
   const char* op = "rmsnorm_backward";
   auto scope = timed(op);
   cuda::NormBackwardArgs a;
@@ -91,7 +91,18 @@ void CudaOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, 
   a.rstd = f32_arg(rstd, op, "rstd");
   const auto [N, C] = rmsnorm_backward_dims(op, dinp, dw, dout, inp, w, rstd);
   MT_CHECK(static_cast<size_t>(C) <= scratch_floats_, "{}: C = {} exceeds the reduction scratch", op, C);
-  a.N = N, a.C = C, a.rms = true;
+  a.N = N, a.C = C, a.rms = true, a.accumulate_dw = accumulate_dw;
+  run_norm_backward(a);
+}
+
+void CudaOps::run_norm_backward(cuda::NormBackwardArgs& a) {
+  if (a.N == 0) {  // sums over no rows: nothing to add, or zeros to write
+    if (a.accumulate_dw) return;
+    cuda::check(cudaMemsetAsync(a.dw, 0, a.C * sizeof(float), stream_), "norm backward: cudaMemsetAsync");
+    if (a.db && !a.rms)
+      cuda::check(cudaMemsetAsync(a.db, 0, a.C * sizeof(float), stream_), "norm backward: cudaMemsetAsync");
+    return;
+  }
   a.scratch = scratch_, a.scratch_floats = scratch_floats_;
   cuda::norm_backward(stream_, a);
 }

@@ -311,7 +311,7 @@ void norm_backward(cudaStream_t s, const NormBackwardArgs& a) {
   }
   check_launch("norm_backward_kernel");
   // dw (and db) += the partial rows' column sums; db may be null (LayerNorm without bias): its half is then skipped.
-  add_partial_rows(s, a.dw, a.rms ? nullptr : a.db, a.C, a.scratch, row_floats, G);
+  add_partial_rows(s, a.dw, a.rms ? nullptr : a.db, a.C, a.scratch, row_floats, G, a.accumulate_dw);
 }
 
 }  // namespace mt::cuda
