@@ -287,15 +287,20 @@ TEST(Gpt, RecomputationGivesIdenticalGradients) {
   }
 }
 
+// Two models from the same start: initialised with one seed, their norms perturbed alike.
+void same_start(GPT& a, GPT& b, uint64_t seed, uint64_t perturb_seed) {
+  a.init_weights(seed);
+  b.init_weights(seed);
+  perturb(a, perturb_seed);
+  perturb(b, perturb_seed);
+}
+
 // Two models that differ only in what they keep for backward: the same weights and batches give the same losses and
 // the same gradient bits. Two steps: after a step the scratch holds the last layer's rebuilt values.
 void expect_identical_training(const ModelConfig& keep_cfg, const ModelConfig& rebuild_cfg) {
   auto ops = make_cpu_ops();
   GPT a(keep_cfg, *ops), r(rebuild_cfg, *ops);
-  a.init_weights(3);
-  r.init_weights(3);
-  perturb(a, 11);
-  perturb(r, 11);
+  same_start(a, r, 3, 11);
   for (int step = 0; step < 2; ++step) {
     Batch b = make_batch(keep_cfg, 2, 8, 4 + step);
     a.params().zero_grads();
@@ -431,10 +436,7 @@ TEST(Gpt, LazilyZeroedGradientsAreTheBitsOfZeroedOnes) {
       if (variant == 3) c.recompute = {true, false};
       auto ops = make_cpu_ops();
       GPT eager(c, *ops), lazy(c, *ops);
-      eager.init_weights(5);
-      lazy.init_weights(5);
-      perturb(eager, 12);
-      perturb(lazy, 12);
+      same_start(eager, lazy, 5, 12);
       for (int step = 0; step < 2; ++step) {
         float* g = lazy.params().grads_data();
         for (size_t i = 0; i < lazy.params().total_floats(); ++i) g[i] = 1e30f;

@@ -79,6 +79,20 @@ LtCall dw_call(float* dw, const void* dout, const void* inp, const LinearDims& d
   return c;
 }
 
+// The checked arguments of a forward linear: out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC]), all bf16.
+struct ForwardArgs {
+  bf16* out;
+  const bf16 *inp, *w, *bias;
+  LinearDims d;
+};
+ForwardArgs forward_args(const char* op, Tensor out, Tensor inp, Tensor w, Tensor bias) {
+  ForwardArgs a{bf16_arg(out, op, "out"), bf16_arg(inp, op, "inp"), bf16_arg(w, op, "w"), bf16_opt(bias, op, "bias"),
+                linear_dims(op, inp, w)};
+  check_numel(out, a.d.N * a.d.OC, op, "out");
+  if (a.bias) check_numel(bias, a.d.OC, op, "bias");
+  return a;
+}
+
 [[noreturn]] void no_algo(const char* op, const char* what, const LinearDims& d) {
   fail("{}: cuBLASLt found no algorithm for the {} GEMM (N = {}, C = {}, OC = {})", op, what, d.N, d.C, d.OC);
 }
@@ -88,15 +102,11 @@ LtCall dw_call(float* dw, const void* dout, const void* inp, const LinearDims& d
 void CudaOps::matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) {
   const char* op = "matmul_forward";
   auto scope = timed(op);
-  bf16* o = bf16_arg(out, op, "out");
-  const bf16* x = bf16_arg(inp, op, "inp");
-  const bf16* wt = bf16_arg(w, op, "w");
-  const bf16* b = bf16_opt(bias, op, "bias");
-  const LinearDims d = linear_dims(op, inp, w);
-  check_numel(out, d.N * d.OC, op, "out");
-  if (b) check_numel(bias, d.OC, op, "bias");
+  const ForwardArgs a = forward_args(op, out, inp, w, bias);
+  const LinearDims& d = a.d;
+  const bf16* b = a.bias;
   if (d.N == 0 || d.OC == 0) return;
-  LtCall c = forward_call(o, x, wt, d);
+  LtCall c = forward_call(a.out, a.inp, a.w, d);
   if (b) {
     c.epilogue = CUBLASLT_EPILOGUE_BIAS;
     c.bias = b;
@@ -115,23 +125,17 @@ void CudaOps::matmul_forward_add(Tensor out, Tensor inp, Tensor w, Tensor bias, 
 }
 
 bool CudaOps::fused_forward_add(const char* op, Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual) {
-  bf16* o = bf16_arg(out, op, "out");
-  const bf16* x = bf16_arg(inp, op, "inp");
-  const bf16* wt = bf16_arg(w, op, "w");
-  const bf16* b = bf16_opt(bias, op, "bias");
+  const ForwardArgs a = forward_args(op, out, inp, w, bias);
   const bf16* r = bf16_arg(residual, op, "residual");
-  const LinearDims d = linear_dims(op, inp, w);
-  check_numel(out, d.N * d.OC, op, "out");
-  check_numel(residual, d.N * d.OC, op, "residual");
-  if (b) check_numel(bias, d.OC, op, "bias");
-  if (d.N == 0) return true;
-  if (d.OC == 0) return false;
-  LtCall c = forward_call(o, x, wt, d);
+  check_numel(residual, a.d.N * a.d.OC, op, "residual");
+  if (a.d.N == 0) return true;
+  if (a.d.OC == 0) return false;
+  LtCall c = forward_call(a.out, a.inp, a.w, a.d);
   c.C = r;
   c.beta = 1.0f;
-  if (b) {
+  if (a.bias) {
     c.epilogue = CUBLASLT_EPILOGUE_BIAS;
-    c.bias = b;
+    c.bias = a.bias;
   }
   return gemm_->run(stream_, c, op);
 }
@@ -139,15 +143,12 @@ bool CudaOps::fused_forward_add(const char* op, Tensor out, Tensor inp, Tensor w
 void CudaOps::matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias) {
   const char* op = "matmul_gelu_forward";
   auto scope = timed(op);
-  bf16* o = bf16_arg(out, op, "out");
+  const ForwardArgs a = forward_args(op, out, inp, w, bias);
+  bf16* o = a.out;
   bf16* p = bf16_arg(pre, op, "pre");
-  const bf16* x = bf16_arg(inp, op, "inp");
-  const bf16* wt = bf16_arg(w, op, "w");
-  const bf16* b = bf16_opt(bias, op, "bias");
-  const LinearDims d = linear_dims(op, inp, w);
-  check_numel(out, d.N * d.OC, op, "out");
+  const bf16 *x = a.inp, *wt = a.w, *b = a.bias;
+  const LinearDims& d = a.d;
   check_numel(pre, d.N * d.OC, op, "pre");
-  if (b) check_numel(bias, d.OC, op, "bias");
   if (d.N == 0 || d.OC == 0) return;
   // Fused: out = gelu(inp @ w^T + bias) with pre = inp @ w^T + bias saved as the epilogue's auxiliary output.
   LtCall c = forward_call(o, x, wt, d);
