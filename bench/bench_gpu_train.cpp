@@ -10,6 +10,8 @@
 //                        with cuDNN, else flash; flash: our kernels; cudnn: cuDNN's). The JSON names the one that ran.
 //                        [--plan-memory]   (no GPU needed: what the run would allocate through the backend, from the
 //                        same allocation code on the host, with bf16 activations; see plan_memory below)
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -24,8 +26,6 @@
 #include "megatrain/kernels/cpu/cpu_ops.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/optim/optimizer.h"
-
-#include <sys/mman.h>
 
 #ifdef MT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -141,8 +141,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] "
-                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--recompute-act] [--recompute-norm] [--plan-memory] "
-                   "[--peak-tflops P] [--attention auto|flash|cudnn]\n");
+                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--recompute-act] "
+                   "[--recompute-norm] [--plan-memory] [--peak-tflops P] [--attention auto|flash|cudnn]\n");
       return 2;
     }
   }
@@ -161,7 +161,8 @@ int main(int argc, char** argv) {
   cfg.recompute_norm = recompute_norm;
   nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},
                         {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute},
-                        {"recompute_act", recompute_act}, {"recompute_norm", recompute_norm}, {"attention", resolve_cuda_attention(attention)}};
+                        {"recompute_act", recompute_act}, {"recompute_norm", recompute_norm},
+                        {"attention", resolve_cuda_attention(attention)}};
   if (plan) {
     try {
       out["benchmark"] = "memory_plan";
