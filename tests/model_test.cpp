@@ -416,6 +416,12 @@ TEST(ParamStore, LazyZeroingTellsTheFirstWriterAndSettlesTheRest) {
   EXPECT_EQ(ps.grad(c).f32()[1], 7.0f);  // outside the range: still pending
   EXPECT_TRUE(ps.take_fresh_grad(c));
   ps.begin_grads();
+  EXPECT_TRUE(ps.take_fresh_grad(b, c));  // a weight and its bias, first written together
+  ps.begin_grads();
+  ps.take_fresh_grad(a);
+  const std::string both = mt::test::error_of([&] { ps.take_fresh_grad(c, a); });  // c fresh, a already written
+  EXPECT_NE(both.find("not first written together"), std::string::npos) << both;
+  ps.begin_grads();
   ps.zero_grads();  // eager zeroing leaves nothing pending
   EXPECT_FALSE(ps.take_fresh_grad(a));
   const std::string e = mt::test::error_of([&] { ps.settle_grads(0, 4); });

@@ -130,14 +130,6 @@ void Block::norm_forward(Ops& ops, const Norm& n, Tensor out, Tensor mean, Tenso
     ops.rmsnorm_forward(out, rstd, in, P(n.w), cfg_.norm_eps);
 }
 
-bool Block::accumulates(int w, int b) const {
-  const bool fresh = params_.take_fresh_grad(w);
-  if (b >= 0)
-    MT_CHECK(params_.take_fresh_grad(b) == fresh, "the gradients of parameters {} and {} (a weight and its bias) were "
-             "not first written by the same op", params_.info(w).name, params_.info(b).name);
-  return !fresh;
-}
-
 void Block::norm_backward(Ops& ops, const Norm& n, Tensor din, Tensor dout, Tensor in, Tensor mean, Tensor rstd) const {
   if (cfg_.norm == NormKind::LayerNorm)
     ops.layernorm_backward(din, G(n.w), G(n.b), dout, in, P(n.w), mean, rstd, accumulates(n.w, n.b));

@@ -68,7 +68,7 @@ class Block {
   Tensor row_bias_grad(const Lin& l) const { return first_ ? G(l.b) : Tensor{}; }
   // Whether the op about to write the gradient of weight w (and of bias b, written by the same op; -1: none)
   // accumulates: false for the step's first write of it (ParamStore::begin_grads), which overwrites.
-  bool accumulates(int w, int b) const;
+  bool accumulates(int w, int b) const { return !params_.take_fresh_grad(w, b); }
   bool accumulates(const Lin& l) const { return accumulates(l.w, l.b); }
   bool accumulates_row(const Lin& l) const { return accumulates(l.w, first_ ? l.b : -1); }  // row_bias_grad's bias
   void norm_forward(Ops& ops, const Norm& n, Tensor out, Tensor mean, Tensor rstd, Tensor in) const;

@@ -347,8 +347,7 @@ void GPT::head_backward(Slot& s) {
   if (!cfg_.tied_embeddings) ready(head_);
   ops_.zero(dres);
   Tensor x = act(s.residual[cfg_.n_layer], R, C);
-  const bool accumulate = !params_.take_fresh_grad(lnf_w_);
-  if (lnf_b_ >= 0) params_.take_fresh_grad(lnf_b_);  // written with the weight, by the same op
+  const bool accumulate = !params_.take_fresh_grad(lnf_w_, lnf_b_);  // the norm's weight and bias, by one op
   if (cfg_.norm == NormKind::LayerNorm)
     ops_.layernorm_backward(dres, params_.grad(lnf_w_), lnf_b_ >= 0 ? params_.grad(lnf_b_) : Tensor{}, dlnf, x,
                             W(lnf_w_), f32s(s.lnf_mean, R), f32s(s.lnf_rstd, R), accumulate);

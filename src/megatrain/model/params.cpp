@@ -103,11 +103,14 @@ void ParamStore::zero_grads() {
 // The padding between and after tensors is never written by any op, so it stays as allocate() left it: zero.
 void ParamStore::begin_grads() { fresh_.assign(infos_.size(), 1); }
 
-bool ParamStore::take_fresh_grad(int i) {
+bool ParamStore::take_fresh_grad(int i, int with) {
   MT_CHECK(i >= 0 && static_cast<size_t>(i) < infos_.size(), "take_fresh_grad: no parameter {}", i);
-  if (fresh_.empty() || !fresh_[i]) return false;
-  fresh_[i] = 0;
-  return true;
+  const bool fresh = !fresh_.empty() && fresh_[i];
+  if (fresh) fresh_[i] = 0;
+  if (with >= 0)
+    MT_CHECK(take_fresh_grad(with) == fresh, "the gradients of parameters {} and {} (written by one op) were not "
+             "first written together", infos_[i].name, infos_.at(with).name);
+  return fresh;
 }
 
 void ParamStore::settle_grads(int first, int end) {

@@ -79,9 +79,10 @@ class ParamStore {
   // nothing wrote, before anything reads them. The model does both (GPT settles each layer as its backward ends), so
   // a step pays no separate pass over the gradients (1.65 ms of a 1.3B model's step on an H100).
   void begin_grads();
-  // True, once, when tensor i's gradient is still logically zero: the caller then overwrites it (and its other
-  // tensors written by the same op, e.g. a linear's bias). False afterwards: accumulate.
-  bool take_fresh_grad(int i);
+  // True, once, when tensor i's gradient is still logically zero: the caller then overwrites it. False afterwards:
+  // accumulate. with (>= 0): a tensor the same op writes too (a linear's or a norm's bias), which must be in the same
+  // state; a mismatch throws naming both.
+  bool take_fresh_grad(int i, int with = -1);
   // Zeroes the gradients of tensors [first, end) that are still logically zero: after this they read as zeros.
   void settle_grads(int first, int end);
 
