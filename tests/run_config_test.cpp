@@ -144,6 +144,10 @@ TEST(RunConfig, HyperparametersOutOfRangeNameKeyValueAndRange) {
       {"--model.rope_theta=inf", "model.rope_theta = inf is out of range"},
       {"--train.peak_tflops=inf", "train.peak_tflops = inf is out of range"},
       {"--sample.temperature=inf", "sample.temperature = inf is out of range"},
+      {"--train.trace_steps=[3]", "train.trace_steps must be [first, last] with first <= last"},
+      {"--train.trace_steps=[5,2]", "train.trace_steps must be [first, last] with first <= last"},
+      {"--train.trace_steps=[1,2,3]", "train.trace_steps must be [first, last]"},
+      {"--train.trace_steps=[0,2]", "train.trace_steps"},
   };
   for (const Case& c : cases) {
     const std::string e = error_of("", {c.override});

@@ -24,6 +24,7 @@ const Command kCommands[] = {
     {"launch", mt::cli::cmd_launch, "spawn local ranks (torchrun-style env) and supervise them"},
     {"diagnose", mt::cli::cmd_diagnose, "check this node (all-reduce, matmul rate, memory bandwidth) after a fault"},
     {"simulate", mt::cli::cmd_simulate, "predict step time, MFU and memory of a 3D-parallel job on a modelled cluster"},
+    {"trace", mt::cli::cmd_trace, "merge the ranks' timelines into one Perfetto trace and check it"},
 };
 
 void usage(FILE* f) {

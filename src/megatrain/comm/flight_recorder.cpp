@@ -1,15 +1,32 @@
 #include "megatrain/comm/flight_recorder.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
-#include <chrono>
+
+#include "megatrain/obs/timeline.h"
 
 namespace mt {
 
 namespace {
 
-double unix_now() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
+// The trace clock (unix seconds), so that the entries and the timeline's spans share one clock.
+double unix_now() { return obs::trace_clock(); }
+
+// A completed op as a timeline span: collectives on their group's track (they run in issue order), transfers on a
+// track per direction and peer (they overlap).
+void record_span(const std::string& group, const std::vector<int>& ranks, const FlightEntry& e) {
+  obs::Span s;
+  s.name = e.op;
+  s.cat = "comm";
+  s.track = e.p2p() ? fmt::format("{} {} {}", group, e.op == "send" ? "send to" : "recv from", e.peer) : group;
+  s.t0 = e.t_started > 0 ? e.t_started : e.t_posted;
+  s.t1 = e.t_ended;
+  s.args = {{"group", group}, {"seq", e.seq}, {"queued_ms", (s.t0 - e.t_posted) * 1e3}};
+  if (e.p2p()) s.args["peer"] = e.peer;
+  else s.args["members"] = ranks.size();
+  if (!e.error.empty()) s.args["error"] = e.error;
+  obs::timeline().add(std::move(s));
 }
 
 }  // namespace
@@ -90,6 +107,7 @@ void GroupRecord::finish(uint64_t id, const std::string* error) {
   it->second.state = error ? OpState::Failed : OpState::Done;
   it->second.t_ended = unix_now();
   if (error) it->second.error = *error;
+  if (obs::timeline().on()) record_span(name_, ranks_, it->second);
   ++done_count_;
   trim();
 }

@@ -1,5 +1,8 @@
 #include "megatrain/train/forward_backward.h"
 
+#include <fmt/format.h>
+
+#include "megatrain/obs/timeline.h"
 #include "megatrain/parallel/gpt_pipeline.h"
 
 namespace mt {
@@ -7,6 +10,11 @@ namespace mt {
 namespace {
 
 CommTime take(ProcessGroupTpComm* tpc) { return tpc ? tpc->take_comm_time() : CommTime{}; }
+
+Batch next_batch(DataLoader& loader) {
+  obs::ScopedSpan span("phase", "data");  // waiting for the loader (its prefetch thread reads ahead)
+  return loader.next();
+}
 
 class PlainForwardBackward final : public ForwardBackward {
  public:
@@ -16,11 +24,15 @@ class PlainForwardBackward final : public ForwardBackward {
   float run(DataLoader& loader, Update& update) override {
     float loss = 0;
     for (int mi = 0; mi < accum_; ++mi) {
-      Batch b = loader.next();
+      Batch b = next_batch(loader);
       const bool last = mi == accum_ - 1;
       if (last) update.begin_last_backward(-1);
       if (tpc_) model_.set_tp_grad_sync(last);  // replicated tensors' gradients: one tp sum per step
-      loss += model_.forward(b.x.data(), b.y.data(), B_, T_, true, 1.0f / accum_);
+      {
+        obs::ScopedSpan span("compute", fmt::format("forward mb{}", mi), {{"mb", mi}});
+        loss += model_.forward(b.x.data(), b.y.data(), B_, T_, true, 1.0f / accum_);
+      }
+      obs::ScopedSpan span("compute", fmt::format("backward mb{}", mi), {{"mb", mi}});
       model_.backward();
     }
     return loss / accum_;
@@ -45,7 +57,7 @@ class PipelinedForwardBackward final : public ForwardBackward {
     const int micro = stack_.microbatches;
     float loss = 0;
     for (int round = 0; round < accum_; ++round) {
-      Batch b = loader.next();
+      Batch b = next_batch(loader);
       loss += pipe_.run(device_pp_, b.x.data(), b.y.data(), 1.0f / static_cast<float>(accum_ * micro),
                         round == accum_ - 1);
     }

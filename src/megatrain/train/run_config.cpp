@@ -263,6 +263,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   t.get("device", c.train.device);
   t.get("attention", c.train.attention);
   t.get_int_list("skip_steps", c.train.skip_steps, 1);
+  t.get_int_list("trace_steps", c.train.trace_steps, 1);
   t.get("spike_window", c.train.spike_window);
   t.get("spike_sigmas", c.train.spike_sigmas);
   t.get("spike_factor", c.train.spike_factor);
@@ -341,6 +342,9 @@ void RunConfig::validate() const {
   MT_CHECK(train.attention == "auto" || train.attention == "flash" || train.attention == "cudnn",
            "{}: train.attention must be \"auto\" (cuDNN where built with it, else flash), \"flash\" (our kernels) or "
            "\"cudnn\" (cuDNN's fused attention) (got \"{}\")", source, train.attention);
+  MT_CHECK(train.trace_steps.empty() || (train.trace_steps.size() == 2 && train.trace_steps[0] <= train.trace_steps[1]),
+           "{}: train.trace_steps must be [first, last] with first <= last (e.g. [5, 7]), or [] for no timeline",
+           source);
   MT_CHECK(train.spike_window >= 0, "{}: train.spike_window = {} must be >= 0 (0: no loss-spike warning)", source,
            train.spike_window);
   MT_CHECK(std::isfinite(train.spike_sigmas) && train.spike_sigmas > 0,

@@ -36,6 +36,9 @@ struct TrainConfig {
   // Robust training (README "Robust training"). skip_steps: steps whose batches are read and dropped unused (no
   // forward, backward or optimizer step), e.g. after a NaN that repeats on the same data.
   std::vector<int> skip_steps;
+  // The timeline (README "Timeline"): steps [first, last] are recorded and each rank writes
+  // <out_dir>/trace/rank<R>.json; the job's merged trace is <out_dir>/trace.json. [] = off.
+  std::vector<int> trace_steps;
   // Loss-spike warning: a step's loss above mean + spike_sigmas x std, or above spike_factor x median, of the
   // previous spike_window steps' losses (spike_window 0: off; spike_factor 0: no ratio rule).
   int spike_window = 50;

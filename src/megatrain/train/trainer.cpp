@@ -9,6 +9,7 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/stop_request.h"
+#include "megatrain/obs/timeline.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/train/checkpointing.h"
 #include "megatrain/train/evaluate.h"
@@ -21,6 +22,7 @@
 #include "megatrain/train/rank_guard.h"
 #include "megatrain/train/peer_links.h"
 #include "megatrain/train/start.h"
+#include "megatrain/train/trace_window.h"
 #include "megatrain/train/update.h"
 
 namespace mt {
@@ -48,6 +50,7 @@ struct Job {
   HostMirror* mirror;
   Observers& obs;
   RankGuard& guard;
+  TraceWindow& trace;
   TrainResult& res;
 };
 
@@ -71,10 +74,70 @@ void checkpoint_events(Job& j) {
 
 // why: periodic (written in the background), final / stop (waited for), snapshot (a peer copy only).
 void checkpoint(Job& j, int step, const char* why) {
+  obs::ScopedSpan phase("phase", fmt::format("checkpoint ({})", why));
   heartbeat_phase(Phase::Checkpoint);
   if (j.mirror) j.mirror->pull();
   with_kind(ErrorKind::IO, [&] { j.ckpt.snapshot(step, j.loader.state(), why); });
   checkpoint_events(j);
+}
+
+// One step: forward and backward, the optimizer, then the observers, evaluation and checkpoints. Returns false when
+// the job agreed to stop after it.
+bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step, double peak) {
+  const RunConfig& cfg = j.cfg;
+  obs::ScopedSpan span("step", fmt::format("step {}", step), {{"step", step}});
+  const double t0 = now_seconds();
+  if (j.guard.begin_step(step, j.loader, *j.stack.model)) return true;  // a skipped batch (train.skip_steps)
+  j.stack.model->params().begin_grads();  // zeroed lazily: the first write overwrites (ParamStore)
+  float loss;
+  {
+    obs::ScopedSpan phase("phase", "forward-backward");
+    loss = j.fb.run(j.loader, j.update);
+  }
+  double norm;
+  {
+    obs::ScopedSpan phase("phase", "gradients");  // data-parallel reduction and the norm
+    norm = j.update.finish_gradients(loss);
+  }
+  if (!std::isfinite(loss) || !std::isfinite(norm)) j.guard.fail_non_finite(step, loss, norm);
+  const float scale = cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip
+                          ? static_cast<float>(cfg.optim.grad_clip / norm) : 1.0f;
+  const float lr = lr_at(cfg.optim, step, cfg.train.steps);
+  heartbeat_phase(Phase::Optimizer);
+  {
+    obs::ScopedSpan phase("phase", "optimizer");
+    j.update.step(lr, scale, step);
+  }
+  const double dt = now_seconds() - t0;
+
+  StepReport r;
+  r.stats = StepStats{step, cfg.train.steps, loss, lr, norm, dt, tokens_per_step / dt, flops_per_step / dt, 0};
+  r.stats.mfu = r.stats.model_flops_per_second / peak;
+  r.dp = j.update.take_comm_time();
+  r.tp = j.fb.take_tp_time();
+  r.pp = j.fb.take_pp_time();
+  r.memory_bytes = j.topo.ops->allocated_bytes();
+  j.obs.each([&](TrainObserver& o) { o.on_step(r); });
+  if (step == j.res.first_step) j.res.first_loss = loss;
+  j.res.last_loss = loss;
+  j.res.last_step = step;
+
+  if (cfg.train.eval_every > 0 && cfg.train.eval_batches > 0 &&
+      (step % cfg.train.eval_every == 0 || step == cfg.train.steps)) {
+    obs::ScopedSpan phase("phase", "eval");
+    heartbeat_phase(Phase::Eval);
+    j.res.last_val_loss = evaluate(*j.stack.model, cfg, j.topo, j.stack.microbatches, step);
+    j.obs.each([&](TrainObserver& o) { o.on_eval(step, j.res.last_val_loss); });
+  }
+  if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps) checkpoint(j, step, "periodic");
+  else if (j.ckpt.snapshot_due(step) && step != cfg.train.steps) checkpoint(j, step, "snapshot");
+  checkpoint_events(j);
+  if (step < cfg.train.steps && stop_agreed(j.topo)) {
+    j.res.stopped = true;
+    if (j.topo.main_rank) fmt::print("stop requested: stopping after step {}\n", step);
+    return false;
+  }
+  return true;
 }
 
 // The loop: steps start_step+1 .. train.steps. Returns the last completed step.
@@ -86,45 +149,10 @@ int train_loop(Job& j, int step, double peak) {
   j.res.first_step = step + 1;
   while (step < cfg.train.steps) {
     ++step;
-    const double t0 = now_seconds();
-    if (j.guard.begin_step(step, j.loader, *j.stack.model)) continue;  // a skipped batch (train.skip_steps)
-    j.stack.model->params().begin_grads();  // zeroed lazily: the first write overwrites (ParamStore)
-    float loss = j.fb.run(j.loader, j.update);
-    const double norm = j.update.finish_gradients(loss);
-    if (!std::isfinite(loss) || !std::isfinite(norm)) j.guard.fail_non_finite(step, loss, norm);
-    const float scale = cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip
-                            ? static_cast<float>(cfg.optim.grad_clip / norm) : 1.0f;
-    const float lr = lr_at(cfg.optim, step, cfg.train.steps);
-    heartbeat_phase(Phase::Optimizer);
-    j.update.step(lr, scale, step);
-    const double dt = now_seconds() - t0;
-
-    StepReport r;
-    r.stats = StepStats{step, cfg.train.steps, loss, lr, norm, dt, tokens_per_step / dt, flops_per_step / dt, 0};
-    r.stats.mfu = r.stats.model_flops_per_second / peak;
-    r.dp = j.update.take_comm_time();
-    r.tp = j.fb.take_tp_time();
-    r.pp = j.fb.take_pp_time();
-    r.memory_bytes = j.topo.ops->allocated_bytes();
-    j.obs.each([&](TrainObserver& o) { o.on_step(r); });
-    if (step == j.res.first_step) j.res.first_loss = loss;
-    j.res.last_loss = loss;
-    j.res.last_step = step;
-
-    if (cfg.train.eval_every > 0 && cfg.train.eval_batches > 0 &&
-        (step % cfg.train.eval_every == 0 || step == cfg.train.steps)) {
-      heartbeat_phase(Phase::Eval);
-      j.res.last_val_loss = evaluate(*j.stack.model, cfg, j.topo, j.stack.microbatches, step);
-      j.obs.each([&](TrainObserver& o) { o.on_eval(step, j.res.last_val_loss); });
-    }
-    if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps) checkpoint(j, step, "periodic");
-    else if (j.ckpt.snapshot_due(step) && step != cfg.train.steps) checkpoint(j, step, "snapshot");
-    checkpoint_events(j);
-    if (step < cfg.train.steps && stop_agreed(j.topo)) {
-      j.res.stopped = true;
-      if (j.topo.main_rank) fmt::print("stop requested: stopping after step {}\n", step);
-      break;
-    }
+    j.trace.before_step(step);
+    const bool go_on = train_step(j, step, tokens_per_step, flops_per_step, peak);
+    j.trace.after_step(step);
+    if (!go_on) break;
   }
   return step;
 }
@@ -179,11 +207,13 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   obs.list.push_back(ckpt.survivor());
   obs.each([&](TrainObserver& o) { o.on_run_start(rs); });
 
-  Job job{cfg, topo, stack, *fb, *update, loader, ckpt, mirror.get(), obs, guard, res};
+  TraceWindow trace(cfg, topo);
+  Job job{cfg, topo, stack, *fb, *update, loader, ckpt, mirror.get(), obs, guard, trace, res};
   int step = start.step;
   try {
     step = train_loop(job, step, rs.peak_flops);
     res.last_step = step;
+    trace.finish();  // a window still open (the run stopped inside it) closes here
     // A stopped run saves when the config saves at all, so a restart resumes where it stopped.
     const bool save = res.stopped ? cfg.ckpt.save_final || cfg.ckpt.every > 0 : cfg.ckpt.save_final;
     if (save && step >= res.first_step) checkpoint(job, step, res.stopped ? "stop" : "final");

@@ -1,0 +1,127 @@
+#include "megatrain/obs/trace_check.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <tuple>
+
+namespace mt::obs {
+
+namespace {
+
+std::string group_kind(const std::string& group) {
+  std::string g = group.substr(0, group.find('['));
+  const size_t slash = g.rfind('/');
+  return slash == std::string::npos ? g : g.substr(slash + 1);
+}
+
+}  // namespace
+
+TraceReport check_trace(const MergedTrace& m) {
+  TraceReport rep;
+  std::map<int, double> err;
+  for (const RankTrace& r : m.ranks) err[r.rank] = m.aligned ? r.clock_error_s : 0;
+  // Collectives by (group, seq); transfers by (sender, receiver, group, seq).
+  std::map<std::pair<std::string, int64_t>, std::vector<const TraceEvent*>> coll;
+  std::map<std::tuple<int, int, std::string, int64_t>, const TraceEvent*> sends, recvs;
+  for (const TraceEvent& e : m.events) {
+    if (e.cat != "comm" || !e.args.is_object() || !e.args.contains("group") || !e.args.contains("seq")) continue;
+    const std::string group = e.args["group"].get<std::string>();
+    const int64_t seq = e.args["seq"].get<int64_t>();
+    if (e.args.contains("peer")) {
+      const int peer = e.args["peer"].get<int>();
+      if (e.name == "send") sends[{e.rank, peer, group, seq}] = &e;
+      else recvs[{peer, e.rank, group, seq}] = &e;
+    } else {
+      coll[{group, seq}].push_back(&e);
+    }
+  }
+  for (const auto& [key, evs] : coll) {
+    if (evs.size() < 2) {
+      ++rep.unmatched;
+      continue;
+    }
+    Meeting mt;
+    mt.group = key.first;
+    mt.seq = key.second;
+    mt.op = evs.front()->name;
+    double max_start = -1e300, min_end = 1e300;
+    int at_max = -1, at_min = -1;
+    for (const TraceEvent* e : evs) {
+      mt.ranks.push_back(e->rank);
+      mt.start.push_back(e->t0);
+      mt.end.push_back(e->t1);
+      if (e->t0 > max_start) max_start = e->t0, at_max = e->rank;
+      if (e->t1 < min_end) min_end = e->t1, at_min = e->rank;
+    }
+    mt.last_in = at_max;
+    double waits = 0;
+    for (const TraceEvent* e : evs) waits += max_start - e->t0;
+    mt.wait_s = waits / static_cast<double>(evs.size() - 1);
+    const double bound = err[at_max] + err[at_min];
+    rep.max_error_bound_s = std::max(rep.max_error_bound_s, bound);
+    if (max_start - min_end > bound)
+      rep.violations.push_back(
+          {fmt::format("{} #{} of {}: rank {} completed it at {:.6f} s, before rank {} entered it at {:.6f} s", mt.op,
+                       mt.seq, mt.group, at_min, min_end, at_max, max_start),
+           max_start - min_end - bound});
+    const std::string kind = group_kind(mt.group);
+    ++rep.last_in[kind][mt.last_in];
+    rep.caused_wait_s[kind][mt.last_in] += waits;
+    rep.meetings.push_back(std::move(mt));
+  }
+  for (const auto& [key, send] : sends) {
+    auto it = recvs.find(key);
+    if (it == recvs.end()) {
+      ++rep.unmatched;
+      continue;
+    }
+    const TraceEvent* recv = it->second;
+    ++rep.transfers;
+    const double bound = err[send->rank] + err[recv->rank];
+    rep.max_error_bound_s = std::max(rep.max_error_bound_s, bound);
+    if (send->t0 - recv->t1 > bound)
+      rep.violations.push_back(
+          {fmt::format("transfer #{} of {} from rank {} to rank {}: received at {:.6f} s, before it was sent at "
+                       "{:.6f} s",
+                       std::get<3>(key), std::get<2>(key), send->rank, recv->rank, recv->t1, send->t0),
+           send->t0 - recv->t1 - bound});
+  }
+  for (const auto& [key, recv] : recvs)
+    if (!sends.count(key)) ++rep.unmatched;
+  return rep;
+}
+
+std::string format_report(const MergedTrace& m, const TraceReport& r) {
+  std::map<int, std::string> label;
+  for (const RankTrace& rt : m.ranks) label[rt.rank] = rt.label.empty() ? fmt::format("rank {}", rt.rank) : rt.label;
+  std::string out;
+  out += fmt::format("causality: {} collectives and {} transfers checked{}: ", r.meetings.size(), r.transfers,
+                     m.aligned ? fmt::format(" (clocks aligned to within {:.1f} us a pair)", r.max_error_bound_s * 1e6)
+                               : " (clocks not aligned)");
+  if (r.violations.empty()) {
+    out += "consistent\n";
+  } else {
+    out += fmt::format("{} violations (a clock offset is wrong, or the files are of different runs)\n",
+                       r.violations.size());
+    for (size_t i = 0; i < r.violations.size() && i < 5; ++i) out += "  " + r.violations[i].what + "\n";
+    if (r.violations.size() > 5) out += fmt::format("  ... and {} more\n", r.violations.size() - 5);
+  }
+  if (r.unmatched) out += fmt::format("{} ops without their partners in these files (not checked)\n", r.unmatched);
+  for (const auto& [kind, counts] : r.last_in) {
+    int total = 0;
+    for (const auto& [rank, n] : counts) total += n;
+    std::vector<std::pair<int, int>> by(counts.begin(), counts.end());
+    std::sort(by.begin(), by.end(), [&](auto a, auto b) {
+      return r.caused_wait_s.at(kind).at(a.first) > r.caused_wait_s.at(kind).at(b.first);
+    });
+    out += fmt::format("{} collectives ({}): the others waited most for", kind, total);
+    for (size_t i = 0; i < by.size() && i < 3; ++i)
+      out += fmt::format("{} {} (last in {} of them, {:.2f} ms of waiting)", i ? ";" : "", label[by[i].first],
+                         by[i].second, r.caused_wait_s.at(kind).at(by[i].first) * 1e3);
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace mt::obs

@@ -1,0 +1,99 @@
+#include "megatrain/train/trace_window.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
+#include "megatrain/obs/chrome_trace.h"
+#include "megatrain/obs/timeline.h"
+#include "megatrain/obs/trace_check.h"
+
+namespace mt {
+
+TraceWindow::TraceWindow(const RunConfig& cfg, Topology& topo) : cfg_(cfg), topo_(topo) {
+  if (cfg.train.trace_steps.size() != 2) return;
+  first_ = cfg.train.trace_steps[0];
+  last_ = cfg.train.trace_steps[1];
+  dir_ = cfg.train.out_dir + "/trace";
+  with_kind(ErrorKind::IO, [&] { std::filesystem::create_directories(dir_); });
+  if (topo.host_mesh) clock_ = clock_offset_to_rank0(*topo.host_mesh);
+  if (topo.main_rank)
+    fmt::print("timeline: steps {}-{} -> {}/rank<R>.json, merged into {}/trace.json\n", first_, last_, dir_,
+               cfg.train.out_dir);
+}
+
+TraceWindow::~TraceWindow() {
+  if (!open_) return;
+  obs::timeline().set_on(false);
+  try {
+    write();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "timeline: could not write this rank's trace: {}\n", e.what());
+  }
+}
+
+void TraceWindow::before_step(int step) {
+  if (!enabled() || done_ || open_ || step < first_ || step > last_) return;
+  obs::timeline().take();  // nothing from before the window
+  obs::timeline().set_on(true);
+  open_ = true;
+  first_recorded_ = step;
+}
+
+void TraceWindow::after_step(int step) {
+  if (!open_) return;
+  last_recorded_ = step;
+  if (step < last_) return;
+  finish();
+}
+
+void TraceWindow::finish() {
+  if (!open_) return;
+  obs::timeline().set_on(false);
+  open_ = false;
+  done_ = true;
+  write();
+  // Every rank closes the window at the same step, so they all meet here before the main rank reads their files.
+  if (topo_.host_mesh) {
+    float one = 1;
+    allreduce_all(*topo_.host_mesh, f32_view(&one, {1}));
+  }
+  if (topo_.main_rank) merge();
+}
+
+void TraceWindow::write() {
+  obs::RankTrace info;
+  info.rank = topo_.rank_info.rank;
+  info.world = topo_.rank_info.world_size;
+  info.label = fmt::format("rank {} (dp {}, pp {}, tp {})", info.rank, topo_.coord.dp, topo_.coord.pp, topo_.coord.tp);
+  info.clock_offset_s = clock_.offset_s;
+  info.clock_error_s = clock_.error_s;
+  info.dropped = obs::timeline().dropped();
+  info.first_step = first_recorded_;
+  info.last_step = last_recorded_;
+  const auto spans = obs::timeline().take();
+  with_kind(ErrorKind::IO, [&] { obs::write_rank_trace(fmt::format("{}/rank{}.json", dir_, info.rank), info, spans); });
+  if (info.dropped)
+    fmt::print(stderr, "timeline: rank {} dropped {} spans beyond the limit of {}\n", info.rank, info.dropped,
+               obs::Timeline::kDefaultLimit);
+}
+
+void TraceWindow::merge() {
+  const int world = topo_.rank_info.world_size;
+  for (int r = 0; r < world; ++r)
+    if (!std::filesystem::exists(fmt::format("{}/rank{}.json", dir_, r))) {
+      fmt::print("timeline: rank {}'s trace is not in {} (another host?); gather the rank files and run "
+                 "`megatrain trace merge DIR`\n", r, dir_);
+      return;
+    }
+  const obs::MergedTrace m = obs::merge_rank_traces({dir_});
+  const std::string out = cfg_.train.out_dir + "/trace.json";
+  with_kind(ErrorKind::IO, [&] { write_file_atomic(out, obs::to_chrome(m).dump()); });
+  fmt::print("timeline: {} spans of {} ranks, steps {}-{} -> {} (open in ui.perfetto.dev)\n", m.events.size(),
+             m.ranks.size(), first_recorded_, last_recorded_, out);
+  fmt::print("{}", obs::format_report(m, obs::check_trace(m)));
+}
+
+}  // namespace mt

@@ -1,0 +1,108 @@
+// The timeline end to end (train.trace_steps, README "Timeline"): real ranks under `megatrain launch`, each with its
+// clock shifted by a known amount (MEGATRAIN_TEST_CLOCK_SKEW_S), trace a window of steps; the trainer measures
+// each clock against rank 0's and merges the files. Oracles:
+//   - the injected skews: each rank's measured offset must recover its skew within the bound it states;
+//   - causality: on the merged clock no collective completes before all its members entered it and no receive
+//     before its send; with the offsets not applied, the same files break it (so the alignment is what fixes it);
+//   - the pipeline schedule: each rank's forward/backward spans are its schedule's compute actions, in order, once
+//     per traced step (parallel/schedule.h, the object the executor runs).
+#include "parallel_testutil.h"
+
+#include "megatrain/core/fs.h"
+#include "megatrain/obs/chrome_trace.h"
+#include "megatrain/obs/trace_check.h"
+#include "megatrain/parallel/schedule.h"
+
+using namespace ptest;
+using namespace mt;
+
+namespace {
+
+const std::vector<double> kSkew = {0, 3.5, -2.25, 1.75};  // seconds, by rank
+
+TEST(TimelineJob, FourRanksOnSkewedClocksMergeIntoOneConsistentTrace) {
+  prepare();
+  const std::string out = fresh_dir("trace_dp2_pp2");
+  const std::string log = out + ".log";
+  const std::string cmd =
+      "MEGATRAIN_TEST_CLOCK_SKEW_S=0,3.5,-2.25,1.75 " + kBin + " launch --nproc 4 -- train" +
+      common_args(out, 2, 2,
+                  " --parallel.dp=2 --parallel.pp=2 --parallel.microbatches=4 --train.steps=4"
+                  " --train.trace_steps=[2,3]") +
+      " > " + log + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << mt::read_text_file(log);
+  ASSERT_TRUE(fs::exists(out + "/trace.json")) << mt::read_text_file(log);
+  EXPECT_NE(mt::read_text_file(log).find("consistent"), std::string::npos) << mt::read_text_file(log);
+
+  const obs::MergedTrace m = obs::merge_rank_traces({out + "/trace"});
+  ASSERT_EQ(m.ranks.size(), 4u);
+  EXPECT_TRUE(m.missing_ranks.empty());
+  double min_gap = 1e9;
+  for (size_t a = 0; a < kSkew.size(); ++a)
+    for (size_t b = a + 1; b < kSkew.size(); ++b) min_gap = std::min(min_gap, std::abs(kSkew[a] - kSkew[b]));
+  for (const obs::RankTrace& r : m.ranks) {
+    // Rank r's clock reads true time + skew[r], so adding skew[0] - skew[r] reads rank 0's.
+    const double truth = kSkew[0] - kSkew[r.rank];
+    EXPECT_LE(std::abs(r.clock_offset_s - truth), r.clock_error_s + 1e-9)
+        << "rank " << r.rank << ": offset " << r.clock_offset_s << " vs " << truth << " +- " << r.clock_error_s;
+    // The bound is half the shortest of 8 round trips over the host mesh (well under a millisecond here); it only
+    // has to be small enough to tell the injected skews apart for the checks below to mean anything.
+    EXPECT_LT(r.clock_error_s, min_gap / 4) << "rank " << r.rank;
+    EXPECT_EQ(r.first_step, 2);
+    EXPECT_EQ(r.last_step, 3);
+    EXPECT_EQ(r.dropped, 0u);
+  }
+
+  const obs::TraceReport aligned = obs::check_trace(m);
+  EXPECT_TRUE(aligned.violations.empty()) << aligned.violations.front().what;
+  EXPECT_GT(aligned.transfers, 0u);
+  EXPECT_GT(aligned.last_in.count("dp"), 0u);  // ZeRO's collectives, seen by both members of each dp group
+  EXPECT_GT(aligned.last_in.count("pp"), 0u);
+  const obs::TraceReport raw = obs::check_trace(obs::merge_rank_traces({out + "/trace"}, /*align=*/false));
+  EXPECT_FALSE(raw.violations.empty()) << "the skews should break causality on the ranks' own clocks";
+
+  // Each rank's compute spans: its schedule's Forward/Backward actions, once per traced step; and each lies inside
+  // its step's forward-backward phase.
+  const Schedule s = make_1f1b(2, 4);
+  for (int rank = 0; rank < 4; ++rank) {
+    const int pp_rank = rank / 2;  // rank = (pp * dp + dp_i) * tp + tp_i, with dp 2 and tp 1
+    std::vector<std::string> want, got;
+    for (int step = 0; step < 2; ++step)
+      for (const Action& a : s.per_rank[pp_rank])
+        if (a.kind == ActionKind::Forward || a.kind == ActionKind::Backward) want.push_back(to_string(a, 1));
+    std::vector<const obs::TraceEvent*> phases;
+    for (const obs::TraceEvent& e : m.events)
+      if (e.rank == rank && e.name == "forward-backward") phases.push_back(&e);
+    ASSERT_EQ(phases.size(), 2u) << "rank " << rank;
+    for (const obs::TraceEvent& e : m.events) {
+      if (e.rank != rank || e.cat != "compute") continue;
+      got.push_back(e.name);
+      const bool inside = std::any_of(phases.begin(), phases.end(),
+                                      [&](const obs::TraceEvent* p) { return p->t0 <= e.t0 && e.t1 <= p->t1; });
+      EXPECT_TRUE(inside) << "rank " << rank << ": " << e.name << " outside every forward-backward phase";
+    }
+    EXPECT_EQ(got, want) << "rank " << rank;
+  }
+}
+
+TEST(TimelineJob, OffByDefaultAndAWindowCutShortByTheRunStillCloses) {
+  prepare();
+  const std::string plain = fresh_dir("trace_off");
+  run(kBin + " train" + common_args(plain, 2, 1, " --train.steps=2"));
+  EXPECT_FALSE(fs::exists(plain + "/trace"));
+  EXPECT_FALSE(fs::exists(plain + "/trace.json"));
+
+  const std::string out = fresh_dir("trace_cut");
+  run(kBin + " train" + common_args(out, 2, 1, " --train.steps=3 --train.trace_steps=[2,9]"));
+  const obs::MergedTrace m = obs::merge_rank_traces({out + "/trace/rank0.json"});
+  ASSERT_EQ(m.ranks.size(), 1u);
+  EXPECT_EQ(m.ranks[0].first_step, 2);
+  EXPECT_EQ(m.ranks[0].last_step, 3);
+  std::vector<std::string> steps;
+  for (const obs::TraceEvent& e : m.events)
+    if (e.cat == "step") steps.push_back(e.name);
+  EXPECT_EQ(steps, (std::vector<std::string>{"step 2", "step 3"}));
+  EXPECT_TRUE(fs::exists(out + "/trace.json"));
+}
+
+}  // namespace
