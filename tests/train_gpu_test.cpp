@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -87,6 +88,43 @@ TEST(TrainGpu, ResumeContinuesTheRun) {
   ASSERT_EQ(lb.size(), 4u);
   // The embedding gradient uses float atomics on the GPU, so runs agree closely but not bit for bit.
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(lb[i], la[4 + i], 1e-3 * la[4 + i]) << "step " << 5 + i;
+}
+
+// The timeline on a GPU (train.trace_steps): each op's device time from CUDA events, on the "device" track. Two
+// traced steps of the same shapes enqueue the same ops, so the device track is one step's op sequence twice
+// (oracle: the step's own repetition); ops of one stream never overlap; the window's first op cannot start before
+// the window's first step did on the host.
+TEST(TrainGpu, TheTimelineCarriesEveryOpsDeviceTime) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  mt::test::prepare_brown_once(std::string(MT_BINARY_DIR) + "/megatrain", kData);
+  const std::string out = ::testing::TempDir() + "/mt_gpu_trace";
+  fs::remove_all(out);
+  run_training(small(out, "cuda", {"--train.steps=3", "--ckpt.save_final=false", "--train.trace_steps=[2,3]",
+                                   "--sample.tokens=0"}));
+  std::ifstream f(out + "/trace.json");
+  ASSERT_TRUE(f.good());
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::map<int, std::string> tracks;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"].get<int>()] = e["args"]["name"];
+  std::vector<std::string> ops;
+  double prev_end = -1, first_step = 1e300, first_op = 1e300;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    if (e["cat"] == "step") first_step = std::min(first_step, e["ts"].get<double>());
+    if (tracks[e["tid"].get<int>()] != "device") continue;
+    const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+    EXPECT_GE(ts, prev_end - 1.0) << e["name"] << " overlaps the op before it";  // 1 us: the events' resolution
+    prev_end = ts + dur;
+    first_op = std::min(first_op, ts);
+    ops.push_back(e["name"]);
+  }
+  ASSERT_FALSE(ops.empty());
+  ASSERT_EQ(ops.size() % 2, 0u);
+  const std::vector<std::string> step2(ops.begin(), ops.begin() + ops.size() / 2), step3(ops.begin() + ops.size() / 2, ops.end());
+  EXPECT_EQ(step2, step3);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), std::string("cross_entropy")), 2);
+  EXPECT_GE(first_op, first_step);
 }
 
 // Several GPUs: `megatrain launch` with one rank per GPU, the tensors over NCCL and the norms and losses over Gloo,

@@ -100,6 +100,10 @@ class Ops {
   // a sync; CPU: nothing, returns no timings). take_op_timings() returns and clears what finished so far.
   virtual void set_op_timing(bool on) {}
   virtual std::vector<OpTiming> take_op_timings() { return {}; }
+  // The trace clock (obs/timeline.h, unix seconds) when this timing session's first op was enqueued, from which
+  // start_ms counts (0 before any). With the device idle at that moment (synchronize() before set_op_timing(true))
+  // that op starts within a launch latency of it, so base + start_ms / 1e3 puts ops on the host's timeline.
+  virtual double op_timing_base() const { return 0; }
 
   // ---- linear ----------------------------------------------------------------------------------
   // out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC])

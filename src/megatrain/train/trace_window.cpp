@@ -37,20 +37,40 @@ TraceWindow::~TraceWindow() {
 void TraceWindow::before_step(int step) {
   if (!enabled() || done_ || open_ || step < first_ || step > last_) return;
   obs::timeline().take();  // nothing from before the window
+  device_ = topo_.ops->device() != Device::CPU;
+  if (device_) {
+    topo_.ops->synchronize();  // an idle device: the first timed op starts as it is enqueued (op_timing_base)
+    topo_.ops->set_op_timing(true);
+  }
   obs::timeline().set_on(true);
   open_ = true;
   first_recorded_ = step;
 }
 
+void TraceWindow::drain_device() {
+  if (!device_) return;
+  const double base = topo_.ops->op_timing_base();
+  for (const OpTiming& t : topo_.ops->take_op_timings()) {
+    const double t0 = base + t.start_ms / 1e3;
+    obs::timeline().add(obs::Span{t.name, "device", "device", t0, t0 + t.ms / 1e3, nullptr});
+  }
+}
+
 void TraceWindow::after_step(int step) {
   if (!open_) return;
   last_recorded_ = step;
+  drain_device();  // every step, so the backend's ring of event pairs (4096 ops) never fills
   if (step < last_) return;
   finish();
 }
 
 void TraceWindow::finish() {
   if (!open_) return;
+  if (device_) {
+    topo_.ops->synchronize();
+    drain_device();
+    topo_.ops->set_op_timing(false);
+  }
   obs::timeline().set_on(false);
   open_ = false;
   done_ = true;

@@ -4,6 +4,8 @@
 // main rank, where it sees all ranks' files (one host, or a shared file system), merges them into
 // <out_dir>/trace.json and prints what the merged trace says (obs/trace_check.h); elsewhere it says how to merge.
 // A run without train.trace_steps does none of this and records nothing.
+// On a GPU the host spans show when work was enqueued; the backend's op timings (Ops::set_op_timing, CUDA events)
+// add each op's device time on a "device" track, placed from the idle device's first op (Ops::op_timing_base).
 #pragma once
 #include <string>
 
@@ -25,11 +27,13 @@ class TraceWindow {
  private:
   void write();
   void merge();
+  void drain_device();  // the finished ops' device times, as spans on the "device" track
 
   const RunConfig& cfg_;
   Topology& topo_;
   int first_ = 0, last_ = 0;
   bool open_ = false, done_ = false;
+  bool device_ = false;  // a GPU backend: its ops' device times are traced too
   int first_recorded_ = 0, last_recorded_ = 0;
   ClockOffset clock_;
   std::string dir_;

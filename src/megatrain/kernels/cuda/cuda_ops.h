@@ -71,6 +71,7 @@ class CudaOps final : public Ops {
 
   void set_op_timing(bool on) override;
   std::vector<OpTiming> take_op_timings() override;
+  double op_timing_base() const override { return timer_.base_host_seconds(); }
 
   void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) override;
   void matmul_forward_add(Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual, Tensor tmp) override;

@@ -1,6 +1,7 @@
 #include "megatrain/kernels/cuda/op_timer.h"
 
 #include "megatrain/kernels/cuda/launch.h"
+#include "megatrain/obs/timeline.h"
 
 namespace mt {
 
@@ -35,6 +36,7 @@ void OpTimer::begin(const char* name, cudaStream_t s) {
   Slot& slot = ring_[(head_ + pending_) % kCapacity];
   slot.name = name;
   if (!have_base_) {
+    base_host_s_ = obs::trace_clock();
     check(cudaEventRecord(base_, s), "op timing: cudaEventRecord");
     have_base_ = true;
   }

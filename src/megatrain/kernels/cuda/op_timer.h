@@ -24,6 +24,7 @@ class OpTimer {
   // Turning timing on creates the event pool on first use (never inside an op).
   void set_enabled(bool on);
   std::vector<OpTiming> take();
+  double base_host_seconds() const { return base_host_s_; }  // obs::trace_clock() as the base event was recorded
 
   // RAII: records the start event when constructed and the end event when destroyed, for the outermost op only
   // (an op implemented with another op's entry point is timed once, under the outer name).
@@ -55,6 +56,7 @@ class OpTimer {
   bool recording_ = false;  // the current outermost op holds slot (head_ + pending_) % kCapacity
   cudaEvent_t base_ = nullptr;  // recorded before the first timed op: start_ms is measured from it
   bool have_base_ = false;
+  double base_host_s_ = 0;
 };
 
 }  // namespace mt
