@@ -106,3 +106,23 @@ TEST(TimelineJob, OffByDefaultAndAWindowCutShortByTheRunStillCloses) {
 }
 
 }  // namespace
+
+namespace {
+
+// The timeline never ends a run: a rank file that cannot be written (here a directory sits at its path) is
+// reported, and training completes every step.
+TEST(TimelineJob, ATraceThatCannotBeWrittenIsReportedAndTrainingGoesOn) {
+  prepare();
+  const std::string out = fresh_dir("trace_unwritable");
+  fs::create_directories(out + "/trace/rank0.json");
+  const std::string log = out + ".log";
+  const std::string cmd = kBin + " train" + common_args(out, 2, 1, " --train.steps=3 --train.trace_steps=[1,2]") +
+                          " > " + log + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(log);
+  const std::string text = mt::read_text_file(log);
+  EXPECT_NE(text.find("timeline: rank 0 could not write its trace"), std::string::npos) << text;
+  EXPECT_NE(text.find("training goes on"), std::string::npos) << text;
+  EXPECT_EQ(mt::test::step_losses(out + "/metrics.jsonl").size(), 3u);
+}
+
+}  // namespace

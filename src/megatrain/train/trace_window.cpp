@@ -74,13 +74,25 @@ void TraceWindow::finish() {
   obs::timeline().set_on(false);
   open_ = false;
   done_ = true;
-  write();
+  // The timeline is for looking at a run, never a reason to end one: a file that cannot be written or merged is
+  // reported, and training goes on (and this rank still meets the others below).
+  try {
+    write();
+  } catch (const Error& e) {
+    fmt::print(stderr, "timeline: rank {} could not write its trace ({}); training goes on\n", topo_.rank_info.rank,
+               e.what());
+  }
   // Every rank closes the window at the same step, so they all meet here before the main rank reads their files.
   if (topo_.host_mesh) {
     float one = 1;
     allreduce_all(*topo_.host_mesh, f32_view(&one, {1}));
   }
-  if (topo_.main_rank) merge();
+  if (!topo_.main_rank) return;
+  try {
+    merge();
+  } catch (const Error& e) {
+    fmt::print(stderr, "timeline: could not merge the ranks' traces ({}); training goes on\n", e.what());
+  }
 }
 
 void TraceWindow::write() {
