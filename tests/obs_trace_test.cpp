@@ -188,3 +188,35 @@ TEST(TraceCheck, AnOpCompletedBeforeItsPartnerBeganIsAViolationBeyondTheClockBou
 }
 
 }  // namespace
+
+namespace {
+
+// One step of 10 s on rank 0: data 0-1, compute 1-4 inside forward-backward 1-6 with a pipeline wait 4-5, gradients
+// 6-7, optimizer 7-9; the remaining 1.5 s (5-6 inside forward-backward, 9-9.5, 9.5-10) is "other". A second step
+// doubles every part, so the mean is 1.5x the first step's.
+TEST(TraceCheck, StepBreakdownSumsEachKindOfSpanAndLeavesTheRestAsOther) {
+  const std::string d = fresh("breakdown");
+  std::vector<Span> spans;
+  for (int k = 0; k < 2; ++k) {
+    const double o = 100.0 * k, x = k + 1.0;  // step k starts at o and is x times as long
+    spans.push_back({"step", "step", "main", o, o + 10 * x, nullptr});
+    spans.push_back({"data", "phase", "main", o, o + 1 * x, nullptr});
+    spans.push_back({"forward-backward", "phase", "main", o + 1 * x, o + 6 * x, nullptr});
+    spans.push_back({"F0", "compute", "main", o + 1 * x, o + 4 * x, nullptr});
+    spans.push_back({"wrB0", "wait", "main", o + 4 * x, o + 5 * x, nullptr});
+    spans.push_back({"gradients", "phase", "main", o + 6 * x, o + 7 * x, nullptr});
+    spans.push_back({"optimizer", "phase", "main", o + 7 * x, o + 9 * x, nullptr});
+    spans.push_back(comm("allreduce", "dp[0,1]", k, o + 6 * x, o + 7 * x));  // another track: not a part
+  }
+  write_rank_trace(d + "/rank0.json", info(0, 1), spans);
+  const std::vector<StepBreakdown> b = step_breakdown(merge_rank_traces({d}));
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].steps, 2);
+  EXPECT_NEAR(b[0].step_s, 15.0, 1e-6);
+  const std::map<std::string, double> want = {{"compute", 4.5}, {"pipeline wait", 1.5}, {"data", 1.5},
+                                              {"gradients", 1.5}, {"optimizer", 3.0},     {"eval", 0},
+                                              {"checkpoint", 0},  {"other", 3.0}};
+  for (const auto& [part, s] : want) EXPECT_NEAR(b[0].parts_s.at(part), s, 1e-6) << part;
+}
+
+}  // namespace

@@ -61,6 +61,17 @@ TEST(TimelineJob, FourRanksOnSkewedClocksMergeIntoOneConsistentTrace) {
   const obs::TraceReport raw = obs::check_trace(obs::merge_rank_traces({out + "/trace"}, /*align=*/false));
   EXPECT_FALSE(raw.violations.empty()) << "the skews should break causality on the ranks' own clocks";
 
+  // Where the steps went: the parts sum to the step, and every rank computed and waited for its pipeline peer
+  // (1F1B over 2 stages cannot run without waits).
+  for (const obs::StepBreakdown& b : obs::step_breakdown(m)) {
+    EXPECT_EQ(b.steps, 2) << "rank " << b.rank;
+    double sum = 0;
+    for (const auto& [part, s] : b.parts_s) sum += s;
+    EXPECT_NEAR(sum, b.step_s, 1e-6 * b.step_s) << "rank " << b.rank;
+    EXPECT_GT(b.parts_s.at("compute"), 0) << "rank " << b.rank;
+    EXPECT_GT(b.parts_s.at("pipeline wait"), 0) << "rank " << b.rank;
+  }
+
   // Each rank's compute spans: its schedule's Forward/Backward actions, once per traced step; and each lies inside
   // its step's forward-backward phase.
   const Schedule s = make_1f1b(2, 4);

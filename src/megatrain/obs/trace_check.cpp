@@ -92,10 +92,71 @@ TraceReport check_trace(const MergedTrace& m) {
   return rep;
 }
 
+namespace {
+
+// The part of the step a main-track span counts as, or "" for spans that contain others (forward-backward).
+std::string part_of(const TraceEvent& e) {
+  if (e.cat == "compute") return "compute";
+  if (e.cat == "wait") return "pipeline wait";
+  if (e.cat != "phase") return "";
+  if (e.name == "data" || e.name == "gradients" || e.name == "optimizer" || e.name == "eval") return e.name;
+  if (e.name.rfind("checkpoint", 0) == 0) return "checkpoint";
+  return "";
+}
+
+const char* const kParts[] = {"compute", "pipeline wait", "data", "gradients", "optimizer", "eval", "checkpoint",
+                              "other"};
+
+}  // namespace
+
+std::vector<StepBreakdown> step_breakdown(const MergedTrace& m) {
+  std::vector<StepBreakdown> out;
+  for (const RankTrace& rt : m.ranks) {
+    StepBreakdown b;
+    b.rank = rt.rank;
+    for (const char* p : kParts) b.parts_s[p] = 0;
+    std::vector<const TraceEvent*> steps, leaves;
+    for (const TraceEvent& e : m.events) {
+      if (e.rank != rt.rank || e.track != "main") continue;
+      if (e.cat == "step") steps.push_back(&e);
+      else if (!part_of(e).empty()) leaves.push_back(&e);
+    }
+    for (const TraceEvent* s : steps) {
+      double counted = 0;
+      for (const TraceEvent* e : leaves)
+        if (e->t0 >= s->t0 && e->t1 <= s->t1) {
+          b.parts_s[part_of(*e)] += e->t1 - e->t0;
+          counted += e->t1 - e->t0;
+        }
+      b.step_s += s->t1 - s->t0;
+      b.parts_s["other"] += std::max(0.0, (s->t1 - s->t0) - counted);
+    }
+    b.steps = static_cast<int>(steps.size());
+    if (b.steps > 0) {
+      b.step_s /= b.steps;
+      for (auto& [k, v] : b.parts_s) v /= b.steps;
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 std::string format_report(const MergedTrace& m, const TraceReport& r) {
   std::map<int, std::string> label;
   for (const RankTrace& rt : m.ranks) label[rt.rank] = rt.label.empty() ? fmt::format("rank {}", rt.rank) : rt.label;
   std::string out;
+  const std::vector<StepBreakdown> steps = step_breakdown(m);
+  if (!steps.empty() && steps.front().steps > 0) {
+    out += fmt::format("where the steps went (ms, mean of {} traced steps):\n{:<27} {:>9}", steps.front().steps,
+                       "rank", "step");
+    for (const char* p : kParts) out += fmt::format(" {:>13}", p);
+    out += "\n";
+    for (const StepBreakdown& b : steps) {
+      out += fmt::format("{:<27} {:>9.2f}", label[b.rank], b.step_s * 1e3);
+      for (const char* p : kParts) out += fmt::format(" {:>13.2f}", b.parts_s.at(p) * 1e3);
+      out += "\n";
+    }
+  }
   out += fmt::format("causality: {} collectives and {} transfers checked{}: ", r.meetings.size(), r.transfers,
                      m.aligned ? fmt::format(" (clocks aligned to within {:.1f} us a pair)", r.max_error_bound_s * 1e6)
                                : " (clocks not aligned)");

@@ -44,7 +44,20 @@ struct TraceReport {
 };
 
 TraceReport check_trace(const MergedTrace& m);
-// The report for people: the checks' outcome, and per group kind the ranks others waited for most.
+
+// Where each rank's steps went: the mean over its traced steps of the step's time and of each kind of span on its
+// main track inside the step: compute (forward/backward of micro-batches or pipeline actions), pipeline waits,
+// data, gradients (data-parallel reduction and norm), optimizer, eval, checkpoint; `other` is the rest of the step
+// (observers, bookkeeping, the stop agreement), so the parts sum to the step.
+struct StepBreakdown {
+  int rank = 0;
+  int steps = 0;
+  double step_s = 0;
+  std::map<std::string, double> parts_s;  // compute, pipeline wait, data, gradients, optimizer, eval, checkpoint, other
+};
+std::vector<StepBreakdown> step_breakdown(const MergedTrace& m);
+// The report for people: where each rank's steps went, the checks' outcome, and per group kind the ranks others
+// waited for most.
 std::string format_report(const MergedTrace& m, const TraceReport& r);
 
 }  // namespace mt::obs
