@@ -113,13 +113,27 @@ void TraceWindow::write() {
 }
 
 void TraceWindow::merge() {
+  // The merge runs on the main rank's training thread while the others go on to the next step and wait for it in
+  // their first collective, so a large job's traces are left to `megatrain trace merge`, off the job's clock.
+  constexpr uintmax_t kAutoMergeBytes = uintmax_t{256} << 20;
   const int world = topo_.rank_info.world_size;
-  for (int r = 0; r < world; ++r)
-    if (!std::filesystem::exists(fmt::format("{}/rank{}.json", dir_, r))) {
+  uintmax_t bytes = 0;
+  for (int r = 0; r < world; ++r) {
+    const std::string f = fmt::format("{}/rank{}.json", dir_, r);
+    std::error_code ec;
+    const uintmax_t n = std::filesystem::file_size(f, ec);
+    if (ec) {
       fmt::print("timeline: rank {}'s trace is not in {} (another host?); gather the rank files and run "
-                 "`megatrain trace merge DIR`\n", r, dir_);
+                 "`megatrain trace merge DIR...`\n", r, dir_);
       return;
     }
+    bytes += n;
+  }
+  if (bytes > kAutoMergeBytes) {
+    fmt::print("timeline: the {} rank files in {} hold {:.0f} MiB, more than is merged during training ({} MiB); "
+               "run `megatrain trace merge {}`\n", world, dir_, bytes / 1048576.0, kAutoMergeBytes >> 20, dir_);
+    return;
+  }
   const obs::MergedTrace m = obs::merge_rank_traces({dir_});
   const std::string out = cfg_.train.out_dir + "/trace.json";
   with_kind(ErrorKind::IO, [&] { write_file_atomic(out, obs::to_chrome(m).dump()); });

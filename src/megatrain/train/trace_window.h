@@ -2,7 +2,8 @@
 // start, switches recording on for the steps of train.trace_steps = [first, last], and when the window closes (or
 // the run ends inside it) writes <out_dir>/trace/rank<R>.json. Then every rank meets once on the host mesh and the
 // main rank, where it sees all ranks' files (one host, or a shared file system), merges them into
-// <out_dir>/trace.json and prints what the merged trace says (obs/trace_check.h); elsewhere it says how to merge.
+// <out_dir>/trace.json and prints what the merged trace says (obs/trace_check.h), unless the files are too large to
+// merge on the job's clock (over 256 MiB); otherwise it says how to merge them.
 // A run without train.trace_steps does none of this and records nothing.
 // On a GPU the host spans show when work was enqueued; the backend's op timings (Ops::set_op_timing, CUDA events)
 // add each op's device time on a "device" track, placed from the idle device's first op (Ops::op_timing_base).
