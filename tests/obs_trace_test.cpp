@@ -53,11 +53,18 @@ RankTrace info(int rank, int world, double offset = 0, double error = 0) {
 TEST(Timeline, RecordsOnlyWhileOnAndCountsWhatItDrops) {
   Timeline& t = timeline();
   t.take();
-  { ScopedSpan off("phase", "before"); }
+  bool described = false;
+  {
+    ScopedSpan off("phase", [&] {
+      described = true;
+      return SpanInfo{"before", nullptr};
+    });
+  }
+  EXPECT_FALSE(described) << "a span's description is built only while the timeline is on";
   t.set_on(true);
   {
     ScopedSpan outer("step", "step 1");
-    ScopedSpan inner("phase", "inner", {{"mb", 3}});
+    ScopedSpan inner("phase", [] { return SpanInfo{"inner", {{"mb", 3}}}; });
   }
   t.set_on(false);
   { ScopedSpan off("phase", "after"); }
@@ -128,7 +135,8 @@ TEST(ChromeTrace, MergePutsEveryRankOnRankZerosClock) {
   const nlohmann::json c = to_chrome(m);
   int named = 0;
   for (const auto& e : c["traceEvents"])
-    if (e["ph"] == "M" && e["name"] == "process_name") named += e["args"]["name"] == "rank " + std::to_string(e["pid"].get<int>());
+    if (e["ph"] == "M" && e["name"] == "process_name")
+      named += e["args"]["name"] == "rank " + std::to_string(e["pid"].get<int>());
   EXPECT_EQ(named, 2);
   EXPECT_EQ(c["megatrain"]["missing_ranks"], nlohmann::json::array({2}));
 }
@@ -158,7 +166,8 @@ MergedTrace two_ranks(double rank1_start, double recv_end, double error = 0) {
   write_rank_trace(d + "/rank0.json", info(0, 2, 0, error),
                    {comm("allreduce", "dp[0,1]", 4, 10.0, 10.3), comm("send", "pp[0-1]", 2, 10.4, 10.5, 1)});
   write_rank_trace(d + "/rank1.json", info(1, 2, 0, error),
-                   {comm("allreduce", "dp[0,1]", 4, rank1_start, 10.3), comm("recv", "pp[0-1]", 2, 10.35, recv_end, 0)});
+                   {comm("allreduce", "dp[0,1]", 4, rank1_start, 10.3),
+                    comm("recv", "pp[0-1]", 2, 10.35, recv_end, 0)});
   return merge_rank_traces({d});
 }
 

@@ -12,9 +12,9 @@ namespace mt::cli {
 
 int cmd_trace(int argc, char** argv) {
   CLI::App app{"Merge the ranks' timeline files (train.trace_steps writes <out_dir>/trace/rank<R>.json) into one\n"
-               "Chrome trace on rank 0's clock, for ui.perfetto.dev or chrome://tracing, and say what it shows: whether\n"
-               "the ranks' clocks agree (no collective completes before all its members entered it), and which ranks\n"
-               "the others waited for in each kind of collective.\n"
+               "Chrome trace on rank 0's clock, for ui.perfetto.dev or chrome://tracing, and say what it shows: where\n"
+               "each rank's steps went, whether the ranks' clocks agree (no collective completes before all its\n"
+               "members entered it), and which ranks the others waited for in each kind of collective.\n"
                "  megatrain trace merge runs/job/trace -o job.json\n"
                "  megatrain trace merge node0/trace node1/trace -o job.json --check   # exit 1 on a problem",
                "megatrain trace"};
@@ -57,6 +57,8 @@ int cmd_trace(int argc, char** argv) {
                         {"violations", v},
                         {"last_in", r.last_in},
                         {"caused_wait_s", r.caused_wait_s}};
+    for (const obs::StepBreakdown& b : obs::step_breakdown(m))
+      j["breakdown"].push_back({{"rank", b.rank}, {"steps", b.steps}, {"step_s", b.step_s}, {"parts_s", b.parts_s}});
     fmt::print("{}\n", j.dump(2));
   } else {
     fmt::print("trace: {} spans of {} ranks -> {} (open in ui.perfetto.dev)\n", m.events.size(), m.ranks.size(), out);

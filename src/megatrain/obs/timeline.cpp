@@ -65,14 +65,6 @@ Timeline& timeline() {
   return t;
 }
 
-ScopedSpan::ScopedSpan(const char* cat, std::string name, nlohmann::json args)
-    : on_(timeline().on()), cat_(cat) {
-  if (!on_) return;
-  name_ = std::move(name);
-  args_ = std::move(args);
-  t0_ = trace_clock();
-}
-
 ScopedSpan::~ScopedSpan() {
   if (!on_) return;
   timeline().add(Span{std::move(name_), cat_, "main", t0_, trace_clock(), std::move(args_)});

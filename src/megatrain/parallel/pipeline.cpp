@@ -35,8 +35,9 @@ PipelineStats run_pipeline(const Schedule& s, int rank, const std::vector<Pipeli
   auto wait = [&](ActionKind post, const Action& a) {
     auto it = pending.find(key(post, a));
     MT_CHECK(it != pending.end(), "pipeline rank {}: {} without its post", rank, to_string(a, s.virtual_stages));
-    obs::ScopedSpan span("wait", obs::timeline().on() ? to_string(a, s.virtual_stages) : std::string(),
-                         {{"mb", a.microbatch}, {"chunk", a.chunk}});
+    obs::ScopedSpan span("wait", [&] {
+      return obs::SpanInfo{to_string(a, s.virtual_stages), {{"mb", a.microbatch}, {"chunk", a.chunk}}};
+    });
     double t0 = now_seconds();
     it->second->wait();
     st.wait_seconds += now_seconds() - t0;
@@ -121,8 +122,10 @@ PipelineStats run_pipeline(const Schedule& s, int rank, const std::vector<Pipeli
       case ActionKind::Forward:
       case ActionKind::Backward: {
         // The span's name is the schedule's own spelling of the action, so a trace reads as the schedule does.
-        obs::ScopedSpan span("compute", obs::timeline().on() ? to_string(a, s.virtual_stages) : std::string(),
-                             {{"mb", a.microbatch}, {"chunk", a.chunk}, {"stage", s.stage_of(rank, a.chunk)}});
+        obs::ScopedSpan span("compute", [&] {
+          return obs::SpanInfo{to_string(a, s.virtual_stages),
+                               {{"mb", a.microbatch}, {"chunk", a.chunk}, {"stage", s.stage_of(rank, a.chunk)}}};
+        });
         if (a.kind == ActionKind::Forward) c.forward(a.microbatch);
         else c.backward(a.microbatch);
         break;

@@ -29,10 +29,10 @@ class PlainForwardBackward final : public ForwardBackward {
       if (last) update.begin_last_backward(-1);
       if (tpc_) model_.set_tp_grad_sync(last);  // replicated tensors' gradients: one tp sum per step
       {
-        obs::ScopedSpan span("compute", fmt::format("forward mb{}", mi), {{"mb", mi}});
+        obs::ScopedSpan span("compute", [mi] { return obs::SpanInfo{fmt::format("forward mb{}", mi), {{"mb", mi}}}; });
         loss += model_.forward(b.x.data(), b.y.data(), B_, T_, true, 1.0f / accum_);
       }
-      obs::ScopedSpan span("compute", fmt::format("backward mb{}", mi), {{"mb", mi}});
+      obs::ScopedSpan span("compute", [mi] { return obs::SpanInfo{fmt::format("backward mb{}", mi), {{"mb", mi}}}; });
       model_.backward();
     }
     return loss / accum_;

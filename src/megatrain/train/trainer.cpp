@@ -74,7 +74,7 @@ void checkpoint_events(Job& j) {
 
 // why: periodic (written in the background), final / stop (waited for), snapshot (a peer copy only).
 void checkpoint(Job& j, int step, const char* why) {
-  obs::ScopedSpan phase("phase", fmt::format("checkpoint ({})", why));
+  obs::ScopedSpan phase("phase", [why] { return obs::SpanInfo{fmt::format("checkpoint ({})", why), nullptr}; });
   heartbeat_phase(Phase::Checkpoint);
   if (j.mirror) j.mirror->pull();
   with_kind(ErrorKind::IO, [&] { j.ckpt.snapshot(step, j.loader.state(), why); });
@@ -85,7 +85,7 @@ void checkpoint(Job& j, int step, const char* why) {
 // the job agreed to stop after it.
 bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step, double peak) {
   const RunConfig& cfg = j.cfg;
-  obs::ScopedSpan span("step", fmt::format("step {}", step), {{"step", step}});
+  obs::ScopedSpan span("step", [step] { return obs::SpanInfo{fmt::format("step {}", step), {{"step", step}}}; });
   const double t0 = now_seconds();
   if (j.guard.begin_step(step, j.loader, *j.stack.model)) return true;  // a skipped batch (train.skip_steps)
   j.stack.model->params().begin_grads();  // zeroed lazily: the first write overwrites (ParamStore)
