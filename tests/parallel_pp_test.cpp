@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm_fork_util.h"
+#include "megatrain/core/fs.h"
 #include "megatrain/core/rng.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/comm/store.h"
@@ -66,9 +67,37 @@ TEST(PipelinePart, LayersSplitIntoVirtualStages) {
   EXPECT_TRUE(f.has("wte.weight") && f.has("wpe.weight") && f.has("h.1.ln_1.weight"));
   EXPECT_FALSE(f.has("h.2.ln_1.weight") || f.has("ln_f.weight"));
   std::string e = error_of([&] { pipeline_part(c, 3, 1, 0); });
-  EXPECT_NE(e.find("model.n_layer = 4 must be divisible by parallel.pp * parallel.virtual_stages = 3 * 1"),
+  EXPECT_NE(e.find("model.n_layer = 4 must be divisible by parallel.pp * parallel.virtual_stages = 3 * 1 for an "
+                   "even split"),
             std::string::npos)
       << e;
+}
+
+// parallel.stage_layers: the layers of each virtual stage, in stage order; chunk c of rank r is stage c*pp + r.
+TEST(PipelinePart, AnUnevenSplitGivesEachVirtualStageItsCount) {
+  ModelConfig c = tiny(true);
+  c.n_layer = 7;
+  // pp 2, v 2: stages 0..3 hold 1, 3, 2, 1 layers = [0,1) [1,4) [4,6) [6,7).
+  const std::vector<int> counts = {1, 3, 2, 1};
+  EXPECT_EQ(pipeline_part(c, 2, 2, 0, counts).chunks, (std::vector<std::pair<int, int>>{{0, 1}, {4, 6}}));
+  EXPECT_EQ(pipeline_part(c, 2, 2, 1, counts).chunks, (std::vector<std::pair<int, int>>{{1, 4}, {6, 7}}));
+  EXPECT_EQ(pipeline_part(c, 3, 1, 2, {3, 3, 1}).chunks, (std::vector<std::pair<int, int>>{{6, 7}}));
+  EXPECT_EQ(stage_layer_counts(c, 7, 1), std::vector<int>(7, 1));  // empty: the even split
+  struct Bad {
+    int pp, v;
+    std::vector<int> counts;
+    std::string expect;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {2, 2, {1, 3, 3}, "parallel.stage_layers has 3 entries but there are parallel.pp * "
+                             "parallel.virtual_stages = 2 * 2 = 4 virtual stages"},
+           {2, 1, {3, 3}, "parallel.stage_layers sums to 6 layers but model.n_layer is 7"},
+           {2, 1, {7, 0}, "parallel.stage_layers[1] = 0: every virtual stage needs at least one layer"},
+           {2, 1, {}, "model.n_layer = 7 must be divisible by parallel.pp * parallel.virtual_stages = 2 * 1 for an "
+                      "even split (or give parallel.stage_layers"}}) {
+    const std::string e = error_of([&] { pipeline_part(c, b.pp, b.v, 0, b.counts); });
+    EXPECT_NE(e.find(b.expect), std::string::npos) << e;
+  }
 }
 
 double rel_diff(const Tensor& a, const std::vector<float>& b) {
@@ -337,6 +366,13 @@ TEST_P(PipelineVsSingle, LossesAndParametersMatch) {
       " --parallel.pp=2 --parallel.microbatches=" + std::to_string(c.micro) + " --parallel.dp=" +
       std::to_string(c.dp) + " --parallel.tp=" + std::to_string(c.tp) + c.extra + c.pp_extra);
   expect_equivalent(t, "pp2 " + c.name);
+  if (c.pp_extra.find("stage_layers=[3,1]") != std::string::npos) {
+    // The split was the one asked for, not the even one (which would match one process as well): the checkpoint
+    // records each tensor's virtual stage, and layer 2 sits on stage 0.
+    const auto m = nlohmann::json::parse(mt::read_text_file(t.multi + "/ckpt/step_00000005/manifest.json"));
+    EXPECT_EQ(m["extra"]["pp_layout"]["h.2.ln_1.weight"], nlohmann::json::array({0}));
+    EXPECT_EQ(m["extra"]["pp_layout"]["h.3.ln_1.weight"], nlohmann::json::array({1}));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -346,6 +382,7 @@ INSTANTIATE_TEST_SUITE_P(
                       pcase("interleaved", "", 1, 1, 4, " --parallel.virtual_stages=2"),
                       pcase("dp2_interleaved", "", 2, 1, 2, " --parallel.virtual_stages=2"),
                       pcase("parallel_block", " --model.block=parallel"),
+                      pcase("uneven_stages", "", 2, 1, 2, " --parallel.stage_layers=[3,1]"),
                       pcase("lamb", " --optim.name=lamb --model.bias=false"),
                       pcase("overlap_off_dp2", " --parallel.overlap=false", 2, 1, 2),
                       pcase("dp2_pp2_lamb", " --optim.name=lamb --model.bias=false", 2, 1, 2),

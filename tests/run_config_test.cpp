@@ -246,3 +246,21 @@ TEST(RunConfig, SampleTokenizerMustBeAVocabularyDirectory) {
   EXPECT_EQ(parse_run_config("", "t.toml", {"--sample.tokenizer=" + dir}).sample.tokenizer, dir);
   std::filesystem::remove_all(dir);
 }
+
+// parallel.stage_layers is checked against the layout at load: one count per virtual stage, each >= 1, summing to
+// n_layer, and only with a pipeline.
+TEST(RunConfig, StageLayersMustFitThePipeline) {
+  const std::string base = "[model]\nn_layer = 4\n[parallel]\npp = 2\n";
+  EXPECT_EQ(error_of(base, {"--parallel.stage_layers=[3,1]"}), "");
+  EXPECT_EQ(parse_run_config(base, "t.toml", {"--parallel.stage_layers=[3,1]"}).parallel.stage_layers,
+            (std::vector<int>{3, 1}));
+  EXPECT_NE(error_of(base, {"--parallel.stage_layers=[3,2]"})
+                .find("test.toml: parallel.stage_layers sums to 5 layers but model.n_layer is 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(base, {"--parallel.stage_layers=[2,1,1]"}).find("parallel.stage_layers has 3 entries"),
+            std::string::npos);
+  EXPECT_NE(error_of(base, {"--parallel.stage_layers=[4,0]"}).find("parallel.stage_layers holds 0"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nn_layer = 4\n", {"--parallel.stage_layers=[4]"}).find("need parallel.pp > 1"),
+            std::string::npos);
+}

@@ -22,10 +22,18 @@ struct GptPart {
   bool whole() const { return chunks.empty() && embedding && head; }
 };
 
+// The number of layers of each virtual stage (pp * virtual_stages of them, in stage order). `stage_layers` empty:
+// an even split, which needs n_layer divisible by pp * virtual_stages. Given (parallel.stage_layers): one count per
+// virtual stage, each >= 1, summing to n_layer; e.g. fewer layers on the last stage, which also computes the LM
+// head and the loss, and on the first, which computes the embedding (Megatron's
+// --decoder-first/last-pipeline-num-layers). Throws mt::Error naming the keys when the split is impossible.
+std::vector<int> stage_layer_counts(const ModelConfig& cfg, int pp, int virtual_stages,
+                                    const std::vector<int>& stage_layers = {});
+
 // The part pipeline rank pp_rank holds with `virtual_stages` chunks per rank: chunk c is virtual stage
-// c*pp + pp_rank. Throws mt::Error naming model.n_layer / parallel.pp / parallel.virtual_stages when the layers
-// do not split evenly.
-GptPart pipeline_part(const ModelConfig& cfg, int pp, int virtual_stages, int pp_rank);
+// c*pp + pp_rank, with the layers stage_layer_counts() gives it.
+GptPart pipeline_part(const ModelConfig& cfg, int pp, int virtual_stages, int pp_rank,
+                      const std::vector<int>& stage_layers = {});
 
 // Declares every parameter of `cfg` in `store` (in forward order), as rank tp_rank's shards; the caller then
 // calls store.allocate(). tp_size = 1 is the single-process layout.

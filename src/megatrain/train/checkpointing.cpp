@@ -71,7 +71,7 @@ nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderStat
     nlohmann::json layout;
     const int pp = cfg.parallel.pp, v = cfg.parallel.virtual_stages;
     for (int r = 0; r < pp; ++r) {
-      GptPart part = pipeline_part(cfg.model, pp, v, r);
+      GptPart part = pipeline_part(cfg.model, pp, v, r, cfg.parallel.stage_layers);
       ParamStore lay;
       declare_gpt_params(cfg.model, lay, 1, 0, part);
       for (const ParamInfo& p : lay.infos()) {
@@ -324,7 +324,8 @@ struct TrainCheckpointer::Impl {
     std::deque<HostBuffer> bufs;
     for (int r = 1; r < pp; ++r) {
       ParamStore lay;
-      declare_gpt_params(cfg.model, lay, 1, 0, pipeline_part(cfg.model, pp, vstages, r));
+      declare_gpt_params(cfg.model, lay, 1, 0,
+                         pipeline_part(cfg.model, pp, vstages, r, cfg.parallel.stage_layers));
       std::vector<WorkPtr> work;
       int tag = 0;
       for (const ParamInfo& info : lay.infos()) {

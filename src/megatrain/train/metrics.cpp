@@ -128,8 +128,11 @@ void ProgressPrinter::on_run_start(const RunStart& r) {
              c.model.n_layer, c.model.d_model, c.model.n_head, kind_name(c.model.block), c.model.window, attention,
              r.params / 1e6,
              r.train_tokens, r.dp, c.data.batch_size, c.data.seq_len, c.train.grad_accum,
-             r.pp > 1 ? fmt::format(" | pipeline pp={} v={} microbatches={}", r.pp, c.parallel.virtual_stages,
-                                    c.pipeline_microbatches())
+             r.pp > 1 ? fmt::format(" | pipeline pp={} v={} microbatches={}{}", r.pp, c.parallel.virtual_stages,
+                                    c.pipeline_microbatches(),
+                                    c.parallel.stage_layers.empty()
+                                        ? std::string()
+                                        : fmt::format(" stage layers {}", fmt::join(c.parallel.stage_layers, "+")))
                       : "",
              r.threads, r.peak_flops / 1e9, r.peak_source, r.world_size);
 }

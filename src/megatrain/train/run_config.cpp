@@ -10,6 +10,7 @@
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
+#include "megatrain/model/layout.h"
 
 namespace mt {
 
@@ -297,6 +298,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   par.get("bucket_mb", c.parallel.bucket_mb);
   par.get("overlap", c.parallel.overlap);
   par.get("virtual_stages", c.parallel.virtual_stages);
+  par.get_int_list("stage_layers", c.parallel.stage_layers, 1);
   par.get("microbatches", c.parallel.microbatches);
   par.get("tp_chunks", c.parallel.tp_chunks);
   par.get("timeout_s", c.parallel.timeout_s);
@@ -361,14 +363,17 @@ void RunConfig::validate() const {
            "{}: parallel.virtual_stages must be >= 1 and parallel.microbatches >= 0 (got {}, {})", source,
            parallel.virtual_stages, parallel.microbatches);
   if (parallel.pp == 1) {
-    MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1, "{}: parallel.virtual_stages ({}) and "
-             "parallel.microbatches ({}) need parallel.pp > 1 (use train.grad_accum to accumulate micro-batches)",
-             source, parallel.virtual_stages, parallel.microbatches);
+    MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1 && parallel.stage_layers.empty(),
+             "{}: parallel.virtual_stages ({}), parallel.microbatches ({}) and parallel.stage_layers need "
+             "parallel.pp > 1 (use train.grad_accum to accumulate micro-batches)", source, parallel.virtual_stages,
+             parallel.microbatches);
   } else {
     const int v = parallel.virtual_stages, m = parallel.microbatches > 0 ? parallel.microbatches : parallel.pp;
-    MT_CHECK(model.n_layer % (parallel.pp * v) == 0, "{}: model.n_layer = {} must be divisible by parallel.pp * "
-             "parallel.virtual_stages = {} * {} (every virtual pipeline stage holds the same number of layers)",
-             source, model.n_layer, parallel.pp, v);
+    try {
+      stage_layer_counts(model, parallel.pp, v, parallel.stage_layers);  // even, or as parallel.stage_layers says
+    } catch (const Error& e) {
+      fail("{}: {}", source, e.what());
+    }
     MT_CHECK(v == 1 || m % parallel.pp == 0, "{}: interleaved 1F1B (parallel.virtual_stages = {}) runs micro-batches "
              "in groups of parallel.pp: parallel.microbatches = {} must be a multiple of parallel.pp = {}", source, v,
              m, parallel.pp);

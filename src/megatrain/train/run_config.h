@@ -74,6 +74,8 @@ struct ParallelConfig {
   int bucket_mb = 16;              // data-parallel gradient bucket size (MiB of fp32)
   bool overlap = true;             // overlap communication with compute
   int virtual_stages = 1;          // pipeline: model chunks per pp rank (interleaved 1F1B when > 1)
+  std::vector<int> stage_layers;   // pipeline: layers of each virtual stage, pp * virtual_stages counts in stage
+                                   // order (model/layout.h); [] = an even split
   int microbatches = 0;            // pipeline: micro-batches of data.batch_size rows per step; 0 = parallel.pp
   int tp_chunks = 4;               // tensor parallel: row chunks of each fused all-gather+GEMM / GEMM+reduce-scatter
   int timeout_s = 120;             // rendezvous / collective timeout
