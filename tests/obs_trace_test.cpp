@@ -222,7 +222,7 @@ TEST(TraceCheck, StepBreakdownSumsEachKindOfSpanAndLeavesTheRestAsOther) {
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].steps, 2);
   EXPECT_NEAR(b[0].step_s, 15.0, 1e-6);
-  const std::map<std::string, double> want = {{"compute", 4.5}, {"pipeline wait", 1.5}, {"data", 1.5},
+  const std::map<std::string, double> want = {{"compute", 4.5}, {"comm wait", 1.5}, {"data", 1.5},
                                               {"gradients", 1.5}, {"optimizer", 3.0},     {"eval", 0},
                                               {"checkpoint", 0},  {"other", 3.0}};
   for (const auto& [part, s] : want) EXPECT_NEAR(b[0].parts_s.at(part), s, 1e-6) << part;

@@ -392,6 +392,38 @@ TEST(StepModel, ImpossibleLayoutsAreRefusedNamingTheProblem) {
   EXPECT_NE(error_of([&] { predict(j, c); }).find("data.seq_len = 64"), std::string::npos);
 }
 
+// parallel.stage_layers in the model: the even split written out gives the same prediction to the bit; moving
+// layers off the last stage, which also computes the LM head, keeps the work and the parameters (known answers)
+// and shortens a head-heavy step (the busiest rank computes less).
+TEST(StepModel, AnUnevenSplitMovesWorkOffTheHeadsStage) {
+  const Cluster c = a100();
+  Job j;
+  j.model = small_model();
+  j.model.vocab_size = 8192;  // a head of 8192 x 64 = 524k weights: about ten of the model's 50k-weight layers
+  j.layout = Layout{1, 4, 1, 1, 16, 2, 32};  // pp 4, 16 micro-batches of 2
+  const Prediction even = predict(j, c);
+  Job same = j;
+  same.layout.stage_layers = {2, 2, 2, 2};
+  EXPECT_EQ(predict(same, c).step_seconds, even.step_seconds);
+  EXPECT_EQ(predict(same, c).memory.params, even.memory.params);
+  Job moved = j;
+  moved.layout.stage_layers = {3, 2, 2, 1};
+  const Prediction m = predict(moved, c);
+  EXPECT_LT(m.breakdown.compute, even.breakdown.compute);
+  EXPECT_LT(m.step_seconds, even.step_seconds);
+  // Rank 0 holds one layer more: its parameters grow by exactly one layer's; the ranks' sum stays the model's.
+  const double layer = (params_per_gpu(j.model, 1, 4, 1) + params_per_gpu(j.model, 1, 4, 2)) / 4;
+  EXPECT_NEAR(params_per_gpu(j.model, 1, 4, 0, 1, {3, 2, 2, 1}) - params_per_gpu(j.model, 1, 4, 0), layer, 1e-6);
+  double sum_even = 0, sum_moved = 0;
+  for (int r = 0; r < 4; ++r) {
+    sum_even += params_per_gpu(j.model, 1, 4, r);
+    sum_moved += params_per_gpu(j.model, 1, 4, r, 1, {3, 2, 2, 1});
+  }
+  EXPECT_NEAR(sum_moved, sum_even, 1e-6);
+  moved.layout.stage_layers = {3, 2, 2};
+  EXPECT_NE(error_of([&] { predict(moved, c); }).find("parallel.stage_layers has 3 entries"), std::string::npos);
+}
+
 // ---- presets ----------------------------------------------------------------------------------------------
 
 TEST(Presets, Table2GivesSixteenRowsWithTheJsonFields) {

@@ -134,6 +134,7 @@ int cmd_simulate(int argc, char** argv) {
   L.pp = cfg.parallel.pp;
   L.tp = cfg.parallel.tp;
   L.virtual_stages = cfg.parallel.virtual_stages;
+  L.stage_layers = cfg.parallel.stage_layers;
   L.micro_batch = cfg.data.batch_size;
   L.seq = cfg.data.seq_len;
   L.microbatches = cfg.parallel.pp > 1 ? cfg.pipeline_microbatches() : cfg.train.grad_accum;

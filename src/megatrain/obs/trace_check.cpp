@@ -97,14 +97,14 @@ namespace {
 // The part of the step a main-track span counts as, or "" for spans that contain others (forward-backward).
 std::string part_of(const TraceEvent& e) {
   if (e.cat == "compute") return "compute";
-  if (e.cat == "wait") return "pipeline wait";
+  if (e.cat == "wait") return "comm wait";
   if (e.cat != "phase") return "";
   if (e.name == "data" || e.name == "gradients" || e.name == "optimizer" || e.name == "eval") return e.name;
   if (e.name.rfind("checkpoint", 0) == 0) return "checkpoint";
   return "";
 }
 
-const char* const kParts[] = {"compute", "pipeline wait", "data", "gradients", "optimizer", "eval", "checkpoint",
+const char* const kParts[] = {"compute", "comm wait", "data", "gradients", "optimizer", "eval", "checkpoint",
                               "other"};
 
 }  // namespace

@@ -46,14 +46,15 @@ struct TraceReport {
 TraceReport check_trace(const MergedTrace& m);
 
 // Where each rank's steps went: the mean over its traced steps of the step's time and of each kind of span on its
-// main track inside the step: compute (forward/backward of micro-batches or pipeline actions), pipeline waits,
+// main track inside the step: compute (forward/backward of micro-batches or pipeline actions), comm waits (for
+// pipeline transfers, and for the tied embedding's and the loss's sums after the pipeline),
 // data, gradients (data-parallel reduction and norm), optimizer, eval, checkpoint; `other` is the rest of the step
 // (observers, bookkeeping, the stop agreement), so the parts sum to the step.
 struct StepBreakdown {
   int rank = 0;
   int steps = 0;
   double step_s = 0;
-  std::map<std::string, double> parts_s;  // compute, pipeline wait, data, gradients, optimizer, eval, checkpoint, other
+  std::map<std::string, double> parts_s;  // compute, comm wait, data, gradients, optimizer, eval, checkpoint, other
 };
 std::vector<StepBreakdown> step_breakdown(const MergedTrace& m);
 // The report for people: where each rank's steps went, the checks' outcome, and per group kind the ranks others

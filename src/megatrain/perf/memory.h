@@ -2,6 +2,7 @@
 // state and fp32 master weights sharded over data parallel), and the activations the pipeline keeps alive (the
 // peak number of micro-batch chunks in flight comes from the simulated schedule).
 #pragma once
+#include <vector>
 #include "megatrain/model/config.h"
 #include "megatrain/perf/compute_cost.h"
 
@@ -17,7 +18,9 @@ struct MemoryBreakdown {
 
 // Parameters one GPU of pipeline stage `rank` holds (its layers / tp, plus the embedding or head rows on the end
 // stages).
-double params_per_gpu(const ModelConfig& m, int tp, int pp, int rank);
+// stage_layers: layers per virtual stage (model/layout.h; empty = even), with v virtual stages per rank.
+double params_per_gpu(const ModelConfig& m, int tp, int pp, int rank, int v = 1,
+                      const std::vector<int>& stage_layers = {});
 // Activation bytes one layer keeps per micro-batch under sequence parallelism (Korthikanti et al. 2022, §4: 34sbh/t
 // when the attention core is not stored, 2sbh/t with full recomputation). Flash attention never stores the a*s*s
 // scores, so "none" and "selective" keep the same bytes.
@@ -25,6 +28,6 @@ double params_per_gpu(const ModelConfig& m, int tp, int pp, int rank);
 double layer_activation_bytes(const ModelConfig& m, const Shape& s, const Techniques& t);
 // The most loaded GPU (rank 0: the most micro-batches in flight, and the embedding).
 MemoryBreakdown memory_per_gpu(const ModelConfig& m, const Shape& s, const Techniques& t, int dp, int pp, int v,
-                               int peak_in_flight_chunks);
+                               int peak_in_flight_chunks, const std::vector<int>& stage_layers = {});
 
 }  // namespace mt::perf

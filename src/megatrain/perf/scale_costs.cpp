@@ -29,7 +29,7 @@ GroupInitCost group_init_cost(const Cluster& c, const Layout& L) {
 CheckpointCost checkpoint_cost(const Cluster& c, const ModelConfig& m, const Layout& L) {
   CheckpointCost k;
   double p = 0;
-  for (int r = 0; r < L.pp; ++r) p = std::max(p, params_per_gpu(m, L.tp, L.pp, r));
+  for (int r = 0; r < L.pp; ++r) p = std::max(p, params_per_gpu(m, L.tp, L.pp, r, L.virtual_stages, L.stage_layers));
   k.bytes_per_gpu = 2 * p + 12 * p / L.dp;
   k.stall_seconds = k.bytes_per_gpu / (c.host_copy_gbps.value * 1e9);
   const double per_node = k.bytes_per_gpu * std::min(L.gpus(), c.node_gpus());

@@ -64,7 +64,8 @@ Plan make_plan(const Job& job, const Cluster& c) {
   const ModelConfig& m = job.model;
   const Techniques t = effective_techniques(job, c);
   const Shape shape{L.tp, L.micro_batch, L.seq};
-  const int S = L.pp * L.virtual_stages, per_stage = m.n_layer / S;
+  const int S = L.pp * L.virtual_stages;
+  const std::vector<int> layers = stage_layer_counts(m, L.pp, L.virtual_stages, L.stage_layers);
   Plan p;
   p.schedule = make_interleaved_1f1b(L.pp, L.virtual_stages, L.microbatches);
   const LayerCost layer = layer_cost(m, c, shape, t);
@@ -74,10 +75,10 @@ Plan make_plan(const Job& job, const Cluster& c) {
   p.compute_per_rank.assign(L.pp, 0);
   p.tp_per_rank.assign(L.pp, 0);
   for (int st = 0; st < S; ++st) {
-    double compute = per_stage * (layer.fwd.compute + layer.bwd.compute);
-    double tp = per_stage * (layer.fwd.tp_exposed + layer.bwd.tp_exposed);
-    p.costs.fwd[st] = per_stage * layer.fwd.total();
-    p.costs.bwd[st] = per_stage * layer.bwd.total();
+    double compute = layers[st] * (layer.fwd.compute + layer.bwd.compute);
+    double tp = layers[st] * (layer.fwd.tp_exposed + layer.bwd.tp_exposed);
+    p.costs.fwd[st] = layers[st] * layer.fwd.total();
+    p.costs.bwd[st] = layers[st] * layer.bwd.total();
     if (st == 0) {
       p.costs.fwd[st] += emb.fwd.total();
       p.costs.bwd[st] += emb.bwd.total();
@@ -117,7 +118,7 @@ Plan make_plan(const Job& job, const Cluster& c) {
     double rank_params = 0;
     for (int k = 0; k < L.virtual_stages; ++k) {
       const int st = k * L.pp + r;
-      double params = per_stage * layer_params / L.tp;
+      double params = layers[st] * layer_params / L.tp;
       const double vocab_rows = double(m.padded_vocab(L.tp)) * m.d_model / L.tp;
       if (st == 0) params += vocab_rows;                                          // the embedding
       if (st == S - 1 && (S > 1 || !m.tied_embeddings)) params += vocab_rows;    // the LM head (or its copy)
@@ -155,7 +156,7 @@ Plan make_plan(const Job& job, const Cluster& c) {
     const Link tl = group_link(c, L.tp, 1);
     auto sum = [&](double floats) { return floats > 0 ? ring_allreduce_seconds(L.tp, floats * 4, tl) : 0.0; };
     for (int st = 0; st < S; ++st) {
-      double x = per_stage * sum(rep.per_layer);
+      double x = layers[st] * sum(rep.per_layer);
       if (st == 0) x += sum(rep.embedding);
       if (st == S - 1) x += sum(rep.head);
       p.tp_sync_per_rank[st % L.pp] += x;
@@ -218,9 +219,14 @@ void validate_job(const Job& job, const Cluster& c, int gpus) {
   if (L.virtual_stages < 1) bad(fmt::format("parallel.virtual_stages must be >= 1 (got {})", L.virtual_stages));
   if (L.virtual_stages > 1 && L.pp < 2)
     bad(fmt::format("parallel.virtual_stages = {} needs parallel.pp >= 2", L.virtual_stages));
-  if (m.n_layer % (L.pp * L.virtual_stages) != 0)
+  if (L.stage_layers.empty() && m.n_layer % (L.pp * L.virtual_stages) != 0)
     bad(fmt::format("model.n_layer = {} is not divisible by parallel.pp * parallel.virtual_stages = {} * {}",
                     m.n_layer, L.pp, L.virtual_stages));
+  try {
+    stage_layer_counts(m, L.pp, L.virtual_stages, L.stage_layers);
+  } catch (const Error& e) {
+    bad(e.what());
+  }
   if (L.microbatches < 1) bad(fmt::format("parallel.microbatches must be >= 1 (got {})", L.microbatches));
   if (L.virtual_stages > 1 && L.microbatches % L.pp != 0)
     bad(fmt::format("interleaved schedule: parallel.microbatches ({}) must be a multiple of parallel.pp ({})",
@@ -289,7 +295,7 @@ Prediction predict(const Job& job, const Cluster& c) {
   out.mfu = out.model_flops_per_step / (out.step_seconds * L.gpus() * c.peak_flops());
   out.peak_in_flight = full.peak_in_flight.empty() ? 1 : full.peak_in_flight[0];
   out.memory = memory_per_gpu(job.model, Shape{L.tp, L.micro_batch, L.seq}, job.tech, L.dp, L.pp,
-                              L.virtual_stages, out.peak_in_flight);
+                              L.virtual_stages, out.peak_in_flight, L.stage_layers);
   return out;
 }
 

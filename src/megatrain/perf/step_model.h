@@ -4,6 +4,7 @@
 // overlapped, the optimizer step) and the expected straggler delay. The breakdown is found by simulating again
 // without data-parallel traffic and without point-to-point time: each difference is what that traffic exposed.
 #pragma once
+#include <vector>
 #include <string>
 
 #include "megatrain/model/config.h"
@@ -19,6 +20,7 @@ struct Layout {
   int microbatches = 1;  // per pipeline per step
   int micro_batch = 1;   // sequences per micro-batch
   int seq = 1024;
+  std::vector<int> stage_layers;  // layers per virtual stage (parallel.stage_layers); empty = an even split
   int gpus() const { return dp * pp * tp; }
   int global_batch() const { return dp * microbatches * micro_batch; }
 };

@@ -64,7 +64,11 @@ class PipelinedForwardBackward final : public ForwardBackward {
     loss /= static_cast<float>(accum_ * micro);
     // The two copies of a tied wte take the sum of both stages' gradients (ZeRO reduces the buckets holding wte
     // only in finish_gradients, after this sum).
-    if (stack_.embedding_group) stack_.embedding_group->allreduce(stack_.model->params().grad("wte.weight"))->wait();
+    if (stack_.embedding_group) {
+      obs::ScopedSpan span("wait", "tied-embedding sum");
+      stack_.embedding_group->allreduce(stack_.model->params().grad("wte.weight"))->wait();
+    }
+    obs::ScopedSpan span("wait", "loss sum");
     host_pp_.allreduce(f32_view(&loss, {1}))->wait();  // the loss exists on the last stage only
     return loss;
   }
