@@ -13,6 +13,8 @@
 //  * bad input: unknown cluster key, missing source, missing file, impossible layouts, named in the error.
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include <cmath>
 #include <set>
 #include <string>
@@ -422,6 +424,45 @@ TEST(StepModel, AnUnevenSplitMovesWorkOffTheHeadsStage) {
   EXPECT_NEAR(sum_moved, sum_even, 1e-6);
   moved.layout.stage_layers = {3, 2, 2};
   EXPECT_NE(error_of([&] { predict(moved, c); }).find("parallel.stage_layers has 3 entries"), std::string::npos);
+}
+
+// The balancer: a valid split (one count per stage, each >= 1, summing to n_layer) whose stages are never busier
+// than the even split's, with the fewest layers on the head's stage; the simulated refinement never predicts a
+// slower step than either start, and leaves a model without a heavy head on the even split.
+TEST(StepModel, BalancedStageLayersOffloadTheHeadAndNeverPredictASlowerStep) {
+  const Cluster c = a100();
+  Job j;
+  j.model = small_model();
+  j.model.vocab_size = 8192;
+  j.model.n_layer = 16;
+  j.layout = Layout{1, 4, 1, 1, 16, 2, 32};
+  const std::vector<int> k = balanced_stage_layers(j, c);
+  ASSERT_EQ(k.size(), 4u);
+  EXPECT_EQ(std::accumulate(k.begin(), k.end(), 0), 16);
+  EXPECT_EQ(*std::min_element(k.begin(), k.end()), k.back()) << "the head's stage gets the fewest layers";
+  EXPECT_LT(k.back(), 4);
+  const double even = predict(j, c).step_seconds;
+  Job b = j;
+  b.layout.stage_layers = k;
+  EXPECT_LT(predict(b, c).breakdown.compute, predict(j, c).breakdown.compute);
+  const std::vector<int> best = best_stage_layers(j, c);
+  b.layout.stage_layers = best;
+  const double best_s = predict(b, c).step_seconds;
+  EXPECT_LT(best_s, even);
+  Job bal = j;
+  bal.layout.stage_layers = k;
+  EXPECT_LE(best_s, predict(bal, c).step_seconds);
+  // Interleaved: 2 chunks a rank, 8 virtual stages; the head sits on the last one.
+  Job v2 = j;
+  v2.layout.virtual_stages = 2;
+  const std::vector<int> k2 = balanced_stage_layers(v2, c);
+  ASSERT_EQ(k2.size(), 8u);
+  EXPECT_EQ(std::accumulate(k2.begin(), k2.end(), 0), 16);
+  EXPECT_EQ(k2.back(), 1);
+  // A head that weighs little: the even split stays.
+  Job light = j;
+  light.model.vocab_size = 64;
+  EXPECT_EQ(best_stage_layers(light, c), std::vector<int>(4, 4));
 }
 
 // ---- presets ----------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ int cmd_simulate(int argc, char** argv) {
   double mem_limit_gib = 0, mtbf_hours = 0;
   bool ptb = false, swa = false, tp_overlap = false, pp_overlap = false, dp_overlap = false, fused = false;
   bool misc = false, megascale = false, json_out = false, search = false, scale = false, constants = false;
+  bool balance = false;
   app.add_option("--config", config, "model TOML (the training config format; default configs/megascale-175b.toml)");
   app.add_option("--cluster", cluster_path, "cluster TOML (default configs/clusters/megascale-a100.toml)");
   app.add_option("--batch", batch, "global batch in sequences (sets parallel.microbatches = batch / (dp * data.batch_size))")
@@ -47,6 +48,9 @@ int cmd_simulate(int argc, char** argv) {
   app.add_flag("--megascale", megascale, "all of the above");
   app.add_option("--recompute", recompute, "activation recomputation: none | selective | full");
   app.add_option("--preset", preset, "megascale-table2 | megascale-table3: the paper's experiments beside predictions");
+  app.add_flag("--balance", balance, "find the layer counts of the pipeline stages that give the shortest step "
+               "(parallel.stage_layers: the first stage also computes the embedding, the last the head and loss); "
+               "where n_layer has no even split, give any valid parallel.stage_layers for the config to load");
   app.add_flag("--search", search, "find the fastest layout for --gpus and --batch within --mem-limit");
   app.add_option("--mem-limit", mem_limit_gib, "GiB per GPU for --search (default: the cluster's memory)")
       ->check(CLI::PositiveNumber);
@@ -150,12 +154,33 @@ int cmd_simulate(int argc, char** argv) {
               batch, batch / per, L.microbatches);
     L.microbatches = batch / per;
   }
+  const int stages = L.pp * L.virtual_stages;
+  const bool even_possible = stages > 0 && job.model.n_layer % stages == 0;
+  if (balance) {
+    MT_CHECK(L.pp > 1, "--balance needs parallel.pp > 1");
+    // A given split only lets the config load where no even split exists; the balanced one replaces it.
+    L.stage_layers.clear();
+    if (!even_possible) L.stage_layers = balanced_stage_layers(job, cluster);  // a valid split to check the job with
+  }
   validate_job(job, cluster, gpus);
+  std::string balanced_note;
+  if (balance) {
+    const std::string even = even_possible ? fmt::format("the even split: {:.4f} s a step",
+                                                         predict(job, cluster).step_seconds)
+                                           : fmt::format("no even split of {} layers", job.model.n_layer);
+    const std::vector<int> k = best_stage_layers(job, cluster);
+    if (even_possible && k == std::vector<int>(stages, job.model.n_layer / stages)) {
+      balanced_note = "balanced: the even split is already the fastest (no parallel.stage_layers needed)\n";
+    } else {
+      L.stage_layers = k;
+      balanced_note = fmt::format("balanced: --parallel.stage_layers=[{}] ({})\n", fmt::join(k, ","), even);
+    }
+  }
   const Prediction p = predict(job, cluster);
   nlohmann::json j = to_json(p);
   j["layout"] = to_json(job);
   j["cluster"] = cluster.name;
-  std::string text = format_prediction(job, p, cluster);
+  std::string text = balanced_note + format_prediction(job, p, cluster);
   if (scale) {
     const GroupInitCost g = group_init_cost(cluster, L);
     const CheckpointCost k = checkpoint_cost(cluster, job.model, L);

@@ -18,8 +18,10 @@ json breakdown_json(const Breakdown& b) {
 }
 
 std::string layout_str(const Layout& L) {
-  return fmt::format("dp {} x pp {} x tp {} (v {}, {} micro-batches of {})", L.dp, L.pp, L.tp, L.virtual_stages,
-                     L.microbatches, L.micro_batch);
+  return fmt::format("dp {} x pp {} x tp {} (v {}, {} micro-batches of {}{})", L.dp, L.pp, L.tp, L.virtual_stages,
+                     L.microbatches, L.micro_batch,
+                     L.stage_layers.empty() ? std::string()
+                                            : fmt::format(", stage layers {}", fmt::join(L.stage_layers, "+")));
 }
 
 std::string switches(const Job& j) {
@@ -46,6 +48,7 @@ json to_json(const Job& j) {
           {"pp", L.pp},
           {"tp", L.tp},
           {"virtual_stages", L.virtual_stages},
+          {"stage_layers", L.stage_layers},
           {"microbatches", L.microbatches},
           {"micro_batch", L.micro_batch},
           {"seq", L.seq},

@@ -207,6 +207,65 @@ double straggler_fraction(const Job& job, const Cluster& c) {
 
 }  // namespace
 
+std::vector<int> balanced_stage_layers(const Job& job, const Cluster& c) {
+  const Layout& L = job.layout;
+  const ModelConfig& m = job.model;
+  const Techniques t = effective_techniques(job, c);
+  const Shape shape{L.tp, L.micro_batch, L.seq};
+  const int S = L.pp * L.virtual_stages;
+  MT_CHECK(m.n_layer >= S, "{} layers cannot give each of {} virtual stages one", m.n_layer, S);
+  auto total = [](const LayerCost& x) { return x.fwd.total() + x.bwd.total(); };
+  const double layer = total(layer_cost(m, c, shape, t));
+  std::vector<double> extra(S, 0);
+  extra[0] += total(embedding_cost(m, c, shape, t));
+  extra[S - 1] += total(head_cost(m, c, shape, t));
+  std::vector<int> n(S, 1);
+  for (int given = S; given < m.n_layer; ++given) {
+    int best = 0;
+    for (int s = 1; s < S; ++s)
+      if ((n[s] + 1) * layer + extra[s] < (n[best] + 1) * layer + extra[best]) best = s;
+    ++n[best];
+  }
+  // Prefer the even split (no key to set) when it is as balanced.
+  if (m.n_layer % S == 0) {
+    const std::vector<int> even(S, m.n_layer / S);
+    auto busiest = [&](const std::vector<int>& k) {
+      double x = 0;
+      for (int s = 0; s < S; ++s) x = std::max(x, k[s] * layer + extra[s]);
+      return x;
+    };
+    if (busiest(even) <= busiest(n)) return even;
+  }
+  return n;
+}
+
+std::vector<int> best_stage_layers(const Job& job, const Cluster& c) {
+  Job j = job;
+  auto step = [&](const std::vector<int>& k) {
+    j.layout.stage_layers = k;
+    return predict_step_seconds(j, c);
+  };
+  std::vector<int> best = balanced_stage_layers(job, c);
+  double best_s = step(best);
+  const int S = static_cast<int>(best.size());
+  if (job.model.n_layer % S == 0) {
+    const std::vector<int> even(S, job.model.n_layer / S);
+    if (const double e = step(even); e <= best_s) best = even, best_s = e;
+  }
+  for (bool improved = true; improved;) {
+    improved = false;
+    for (int s = 0; s + 1 < S; ++s)
+      for (const auto [from, to] : {std::pair{s, s + 1}, std::pair{s + 1, s}}) {
+        if (best[from] == 1) continue;
+        std::vector<int> k = best;
+        --k[from];
+        ++k[to];
+        if (const double t = step(k); t < best_s) best = k, best_s = t, improved = true;
+      }
+  }
+  return best;
+}
+
 void validate_job(const Job& job, const Cluster& c, int gpus) {
   const Layout& L = job.layout;
   const ModelConfig& m = job.model;

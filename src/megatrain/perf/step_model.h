@@ -57,6 +57,16 @@ struct Prediction {
 // (slow) but must divide the node when it spans several.
 void validate_job(const Job& job, const Cluster& c, int gpus = 0);
 Prediction predict(const Job& job, const Cluster& c);
+// The layers of each virtual stage that make the busiest stage's compute smallest: the first stage also computes
+// the embedding, the last the final norm, LM head and loss, so they get fewer layers when those weigh enough. Every
+// layer costs the same, so giving each layer in turn to the stage it makes least busy is optimal for this min-max
+// (each stage keeps at least one). Returns the even split's counts when that is as good.
+std::vector<int> balanced_stage_layers(const Job& job, const Cluster& c);
+// The split to use: balanced_stage_layers(), then improved while moving one layer between neighbouring virtual stages
+// shortens the simulated step (the schedule, not only the stages' compute, decides: in 1F1B the stages' positions
+// matter). Never slower than the even split when there is one.
+std::vector<int> best_stage_layers(const Job& job, const Cluster& c);
+
 // Step seconds only (one simulation instead of three): for the layout search.
 double predict_step_seconds(const Job& job, const Cluster& c, int* peak_in_flight = nullptr);
 
