@@ -66,6 +66,9 @@ int cmd_simulate(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (balance && (search || !preset.empty()))
+    fail_as(ErrorKind::Config, "--balance chooses the split of one layout: it does not apply to --{}",
+            search ? "search" : "preset");
   std::vector<std::string> overrides;
   std::vector<std::string> extras = app.remaining();
   for (size_t i = 0; i < extras.size(); ++i) {
