@@ -18,14 +18,14 @@ using namespace mt;
 
 namespace {
 
-const std::vector<double> kSkew = {0, 3.5, -2.25, 1.75};  // seconds, by rank
+const std::vector<double> kSkew = {0, 40, -25, 15};  // seconds, by rank: at least 15 s apart
 
 TEST(TimelineJob, FourRanksOnSkewedClocksMergeIntoOneConsistentTrace) {
   prepare();
   const std::string out = fresh_dir("trace_dp2_pp2");
   const std::string log = out + ".log";
   const std::string cmd =
-      "MEGATRAIN_TEST_CLOCK_SKEW_S=0,3.5,-2.25,1.75 " + kBin + " launch --nproc 4 -- train" +
+      "MEGATRAIN_TEST_CLOCK_SKEW_S=0,40,-25,15 " + kBin + " launch --nproc 4 -- train" +
       common_args(out, 2, 2,
                   " --parallel.dp=2 --parallel.pp=2 --parallel.microbatches=4 --train.steps=4"
                   " --train.trace_steps=[2,3]") +
@@ -45,8 +45,10 @@ TEST(TimelineJob, FourRanksOnSkewedClocksMergeIntoOneConsistentTrace) {
     const double truth = kSkew[0] - kSkew[r.rank];
     EXPECT_LE(std::abs(r.clock_offset_s - truth), r.clock_error_s + 1e-9)
         << "rank " << r.rank << ": offset " << r.clock_offset_s << " vs " << truth << " +- " << r.clock_error_s;
-    // The bound is half the shortest of 8 round trips over the host mesh (well under a millisecond here); it only
-    // has to be small enough to tell the injected skews apart for the checks below to mean anything.
+    // The bound only has to tell the injected skews apart for the checks below to mean anything. It is half the
+    // shortest of 8 round trips over the host mesh (under a millisecond here); with skews 15 s or more apart this
+    // fails only if every one of the 8 took over 7.5 s, which no machine that can run the job at all does (the
+    // test asserts nothing about how fast the job runs).
     EXPECT_LT(r.clock_error_s, min_gap / 4) << "rank " << r.rank;
     EXPECT_EQ(r.first_step, 2);
     EXPECT_EQ(r.last_step, 3);
