@@ -121,15 +121,21 @@ std::vector<StepBreakdown> step_breakdown(const MergedTrace& m) {
       if (e.cat == "step") steps.push_back(&e);
       else if (!part_of(e).empty()) leaves.push_back(&e);
     }
-    for (const TraceEvent* s : steps) {
-      double counted = 0;
-      for (const TraceEvent* e : leaves)
-        if (e->t0 >= s->t0 && e->t1 <= s->t1) {
-          b.parts_s[part_of(*e)] += e->t1 - e->t0;
-          counted += e->t1 - e->t0;
-        }
-      b.step_s += s->t1 - s->t0;
-      b.parts_s["other"] += std::max(0.0, (s->t1 - s->t0) - counted);
+    // Steps do not overlap and come in start order (events are sorted by start), so a span belongs to the last step
+    // starting at or before it, if it also ends inside that step: one binary search per span.
+    std::vector<double> counted(steps.size(), 0);
+    for (const TraceEvent* e : leaves) {
+      auto it = std::upper_bound(steps.begin(), steps.end(), e->t0,
+                                 [](double t, const TraceEvent* s) { return t < s->t0; });
+      if (it == steps.begin()) continue;
+      const size_t k = static_cast<size_t>(it - steps.begin()) - 1;
+      if (e->t1 > steps[k]->t1) continue;
+      b.parts_s[part_of(*e)] += e->t1 - e->t0;
+      counted[k] += e->t1 - e->t0;
+    }
+    for (size_t k = 0; k < steps.size(); ++k) {
+      b.step_s += steps[k]->t1 - steps[k]->t0;
+      b.parts_s["other"] += std::max(0.0, (steps[k]->t1 - steps[k]->t0) - counted[k]);
     }
     b.steps = static_cast<int>(steps.size());
     if (b.steps > 0) {
