@@ -20,25 +20,13 @@ nlohmann::json meta_event(const char* what, int pid, int tid, const std::string&
   return e;
 }
 
-// Track ids in first-seen order, "main" first.
-std::map<std::string, int> track_ids(const std::vector<std::string>& tracks) {
+// One process's events: metadata (names, sort order), then the spans (Span or TraceEvent: the same fields), with
+// their tracks as threads numbered in first-seen order, "main" first.
+template <typename S>
+void append_process(nlohmann::json& events, const RankTrace& r, const std::vector<const S*>& spans) {
   std::map<std::string, int> ids{{"main", 0}};
-  for (const std::string& t : tracks)
-    if (!ids.count(t)) ids.emplace(t, static_cast<int>(ids.size()));
-  return ids;
-}
-
-nlohmann::json info_json(const RankTrace& r) {
-  return {{"rank", r.rank},           {"world", r.world},
-          {"label", r.label},         {"clock_offset_s", r.clock_offset_s},
-          {"clock_error_s", r.clock_error_s}, {"dropped", r.dropped},
-          {"first_step", r.first_step}, {"last_step", r.last_step}};
-}
-
-// One process's events: metadata (names, sort order), then the spans, times from `shift` (seconds added).
-void append_process(nlohmann::json& events, const RankTrace& r, const std::vector<std::string>& tracks,
-                    const std::vector<const TraceEvent*>& spans) {
-  const auto ids = track_ids(tracks);
+  for (const S* s : spans)
+    if (!ids.count(s->track)) ids.emplace(s->track, static_cast<int>(ids.size()));
   events.push_back(meta_event("process_name", r.rank, -1, r.label.empty() ? fmt::format("rank {}", r.rank) : r.label));
   events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r.rank}, {"args", {{"sort_index", r.rank}}}});
   for (const auto& [name, id] : ids) {
@@ -46,13 +34,20 @@ void append_process(nlohmann::json& events, const RankTrace& r, const std::vecto
     events.push_back(
         {{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", r.rank}, {"tid", id}, {"args", {{"sort_index", id}}}});
   }
-  for (const TraceEvent* s : spans) {
+  for (const S* s : spans) {
     nlohmann::json e = {{"ph", "X"},         {"name", s->name},         {"cat", s->cat},
                         {"pid", r.rank},     {"tid", ids.at(s->track)}, {"ts", s->t0 * kUs},
                         {"dur", std::max(0.0, s->t1 - s->t0) * kUs}};
     if (!s->args.is_null()) e["args"] = s->args;
     events.push_back(std::move(e));
   }
+}
+
+nlohmann::json info_json(const RankTrace& r) {
+  return {{"rank", r.rank},           {"world", r.world},
+          {"label", r.label},         {"clock_offset_s", r.clock_offset_s},
+          {"clock_error_s", r.clock_error_s}, {"dropped", r.dropped},
+          {"first_step", r.first_step}, {"last_step", r.last_step}};
 }
 
 RankTrace info_from(const nlohmann::json& m, const std::string& path) {
@@ -98,17 +93,11 @@ std::vector<std::string> expand(const std::vector<std::string>& paths) {
 }  // namespace
 
 nlohmann::json chrome_trace(const RankTrace& info, const std::vector<Span>& spans) {
-  std::vector<TraceEvent> evs;
-  std::vector<std::string> tracks;
-  evs.reserve(spans.size());
-  for (const Span& s : spans) {
-    evs.push_back(TraceEvent{info.rank, s.name, s.cat, s.track, s.t0, s.t1, s.args});
-    tracks.push_back(s.track);
-  }
-  std::vector<const TraceEvent*> ptrs;
-  for (const TraceEvent& e : evs) ptrs.push_back(&e);
+  std::vector<const Span*> ptrs;
+  ptrs.reserve(spans.size());
+  for (const Span& s : spans) ptrs.push_back(&s);
   nlohmann::json events = nlohmann::json::array();
-  append_process(events, info, tracks, ptrs);
+  append_process(events, info, ptrs);
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"megatrain", info_json(info)}};
 }
 
@@ -175,12 +164,8 @@ nlohmann::json to_chrome(const MergedTrace& m) {
   size_t at = 0;
   for (const RankTrace& r : m.ranks) {
     std::vector<const TraceEvent*> mine;
-    std::vector<std::string> tracks;
-    for (; at < m.events.size() && m.events[at].rank == r.rank; ++at) {
-      mine.push_back(&m.events[at]);
-      tracks.push_back(m.events[at].track);
-    }
-    append_process(events, r, tracks, mine);
+    for (; at < m.events.size() && m.events[at].rank == r.rank; ++at) mine.push_back(&m.events[at]);
+    append_process(events, r, mine);
   }
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankTrace& r : m.ranks) ranks.push_back(info_json(r));
