@@ -10,6 +10,9 @@
 #include <cmath>
 #include <filesystem>
 #include <set>
+#include <unistd.h>
+#include <thread>
+#include <sstream>
 
 #include "comm_fork_util.h"
 #include "megatrain/train/heartbeat.h"
@@ -78,6 +81,45 @@ TEST(Heartbeat, LinesCarryTheProtocolsFields) {
   EXPECT_EQ(skipped[0]["step"], 2);
   EXPECT_EQ(skipped[0]["batches"], nlohmann::json::parse(R"([{"epoch":0,"first":4,"last":7}])"));
   EXPECT_TRUE(has(slurp(out + "/log"), "skipping the batch of step 2 (data rows: epoch 0, positions 4-7"));
+}
+
+// Lines leave in the order of their time stamps even while the training thread writes step lines and events as
+// fast as it can and the writer thread stamps a tick at every turn (interval 0): a line stamped before a tick must
+// not be written after it. The reader's oracle is the stamps themselves: "t" never decreases along the pipe.
+TEST(Heartbeat, LinesReachTheReaderInTheOrderOfTheirStamps) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  std::string text;
+  std::thread reader([&] {
+    char buf[65536];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  });
+  {
+    mt::Heartbeat hb(mt::HeartbeatSettings{fds[1], 0.0}, 0);
+    for (int i = 1; i <= 3000; ++i) {
+      hb.step_done(i, 1.0, 0.001, 0.001);
+      if (i % 3 == 0) hb.event("probe", {{"i", i}});
+      // Now and then the queue drains, and the writer, finding it empty, stamps ticks between producers' lines.
+      if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  ::close(fds[1]);
+  reader.join();
+  ::close(fds[0]);
+  double prev = 0;
+  size_t lines = 0, ticks = 0, out_of_order = 0;
+  std::stringstream ss(text);
+  for (std::string l; std::getline(ss, l);) {
+    const auto j = nlohmann::json::parse(l);
+    ++lines;
+    ticks += j.value("at", "") == "tick";
+    out_of_order += j["t"].get<double>() < prev;
+    prev = j["t"].get<double>();
+  }
+  // (A writer that falls 1,024 lines behind drops the oldest, so the count of lines is not asserted.)
+  EXPECT_GT(lines, ticks);
+  EXPECT_GT(ticks, 0u) << "the test needs ticks among the producers' lines";
+  EXPECT_EQ(out_of_order, 0u) << "of " << lines << " lines (" << ticks << " ticks)";
 }
 
 TEST(Heartbeat, GoOnWhileARankWaitsForAStoppedPeer) {

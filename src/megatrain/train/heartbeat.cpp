@@ -95,7 +95,7 @@ Heartbeat::~Heartbeat() {
     std::lock_guard<std::mutex> lock(g_current_mu);
     if (g_current == this) g_current = nullptr;
   }
-  enqueue(hb_line("exit"), false);
+  enqueue([this] { return hb_line("exit"); }, false);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -133,7 +133,7 @@ void Heartbeat::step_done(int step, double loss, double step_time, double comput
     step_time_ = step_time;
     compute_time_ = compute_time;
   }
-  enqueue(hb_line("step"), false);
+  enqueue([this] { return hb_line("step"); }, false);
 }
 
 std::string Heartbeat::hb_line(const char* at) const {
@@ -179,23 +179,28 @@ std::string Heartbeat::hb_line(const char* at) const {
 }
 
 void Heartbeat::event(const std::string& name, nlohmann::ordered_json fields, bool sync) {
-  nlohmann::ordered_json j = {{"type", "event"}, {"event", name}, {"rank", rank_}, {"t", unix_seconds()}};
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    j["step"] = step_;
-  }
-  for (auto& [k, v] : fields.items()) j[k] = v;  // fields may name the step itself
-  std::string line = j.dump();
-  if (line.size() + 1 > PIPE_BUF && j.contains("message")) {  // a long error message: cut it, keep the line whole
-    const std::string m = j["message"].get<std::string>();
-    j["message"] = m.substr(0, m.size() - std::min(m.size(), line.size() + 1 - PIPE_BUF + 16)) + "...";
-    line = j.dump();
-  }
-  enqueue(line + "\n", sync);
+  enqueue([&] {
+    nlohmann::ordered_json j = {{"type", "event"}, {"event", name}, {"rank", rank_}, {"t", unix_seconds()}};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      j["step"] = step_;
+    }
+    for (auto& [k, v] : fields.items()) j[k] = v;  // fields may name the step itself
+    std::string line = j.dump();
+    if (line.size() + 1 > PIPE_BUF && j.contains("message")) {  // a long error message: cut it, keep the line whole
+      const std::string m = j["message"].get<std::string>();
+      j["message"] = m.substr(0, m.size() - std::min(m.size(), line.size() + 1 - PIPE_BUF + 16)) + "...";
+      line = j.dump();
+    }
+    return line + "\n";
+  }, sync);
 }
 
-void Heartbeat::enqueue(std::string line, bool sync) {
+void Heartbeat::enqueue(const std::function<std::string()>& make, bool sync) {
+  std::unique_lock<std::mutex> order(order_mu_);
+  std::string line = make();
   std::unique_lock<std::mutex> lock(mu_);
+  order.unlock();  // the line has its place in the queue
   // A reader that stopped reading must not make the queue grow without bound: drop the oldest lines.
   constexpr size_t kMaxQueued = 1024;
   if (queue_.size() >= kMaxQueued) {
@@ -242,14 +247,21 @@ void Heartbeat::run() {
     const auto due = std::chrono::duration<double>(first ? 0.0 : last_write_ + settings_.interval_s - now_seconds());
     cv_.wait_for(lock, due, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty() && stop_) break;
+    const bool tick = queue_.empty() && (first || now_seconds() >= last_write_ + settings_.interval_s);
     std::deque<std::string> lines;
-    lines.swap(queue_);
-    const size_t queued = lines.size();
-    if (lines.empty() && (first || now_seconds() >= last_write_ + settings_.interval_s)) {
+    if (tick) {
+      // Stamp the tick and take the queue with no producer in between (order_mu_ before mu_): the lines queued
+      // so far were stamped earlier and are written first; any line stamped later goes out after the tick.
       lock.unlock();
-      lines.push_back(hb_line("tick"));
+      std::lock_guard<std::mutex> order(order_mu_);
+      std::string t = hb_line("tick");
       lock.lock();
+      lines.swap(queue_);
+      lines.push_back(std::move(t));
+    } else {
+      lines.swap(queue_);
     }
+    const size_t queued = lines.size() - (tick ? 1 : 0);
     first = false;
     if (lines.empty()) continue;
     bool ok = !broken_;

@@ -23,6 +23,7 @@
 #pragma once
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -72,12 +73,16 @@ class Heartbeat {
   std::string hb_line(const char* at) const;
 
  private:
-  void enqueue(std::string line, bool sync);
+  // Builds a line with make() and queues it, both under order_mu_ (see there).
+  void enqueue(const std::function<std::string()>& make, bool sync);
   void run();
   bool write_line(const std::string& line);
 
   const HeartbeatSettings settings_;
   const int rank_;
+  // Held from a line's time stamp ("t") until it is in the queue, by every producer and by the writer while it
+  // stamps a tick and takes the queue: so lines reach the reader in the order of their "t". (Taken before mu_.)
+  std::mutex order_mu_;
   mutable std::mutex mu_;  // the state below and the queue
   std::condition_variable cv_, written_cv_;
   std::optional<MeshCoord> coord_;
