@@ -1,9 +1,9 @@
 # libFuzzer targets (tests/fuzz/): the parsers of untrusted files built with clang, AddressSanitizer and UBSan in a
 # tree of their own (build/fuzz), configured and built as part of the main build so `make test` needs no extra step.
 # Each target gets two tests, labelled `fuzz`: a regression run over its committed corpus (every seed and every past
-# crash input once) and a short fuzzing run (MT_FUZZ_SECONDS, 10 s by default: the CI budget) on a copy of that corpus.
+# crash input once) and a short fuzzing run (MT_FUZZ_SECONDS, 5 s by default: the CI budget) on a copy of that corpus.
 option(MEGATRAIN_FUZZ "Build the libFuzzer targets (tests/fuzz: clang, ASan, UBSan) and run them in ctest" ON)
-set(MT_FUZZ_SECONDS 10 CACHE STRING "Seconds of fuzzing per target in ctest (the environment's MT_FUZZ_SECONDS wins)")
+set(MT_FUZZ_SECONDS 5 CACHE STRING "Seconds of fuzzing per target in ctest (the environment's MT_FUZZ_SECONDS wins)")
 if(NOT MEGATRAIN_FUZZ)
   return()
 endif()
