@@ -42,6 +42,7 @@ ExternalProject_Add(mt_fuzz_targets
              -DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}
   BUILD_ALWAYS ON      # the sub-build decides what is out of date (sources live outside its tree)
   INSTALL_COMMAND "")
+add_dependencies(mt_tests mt_fuzz_targets)
 
 include(${CMAKE_SOURCE_DIR}/tests/fuzz/targets.cmake)
 set(_run ${CMAKE_SOURCE_DIR}/tests/fuzz/run_fuzz.sh)
