@@ -24,7 +24,8 @@ int cmd_launch(int argc, char** argv) {
                "after --grace seconds). With --max-restarts N a failure that a restart may help (not a config, data or\n"
                "checkpoint error) restarts every rank, which resume from the newest checkpoint; hangs are detected\n"
                "from the ranks' heartbeats and the blocking rank is named. --events FILE logs every fault,\n"
-               "detection and restart as JSON lines.\n"
+               "detection and restart as JSON lines; --dashboard HOST:PORT serves a web page of the job, its state\n"
+               "as JSON and Prometheus metrics.\n"
                "On several nodes, --max-restarts makes node 0's agent the job driver: every node's agent\n"
                "(--node-rank 0..nnodes-1, plus --spares more that wait) reports to it through the store; a lost node\n"
                "(--node-timeout), a hang's blamed node and a node failing `megatrain diagnose` are evicted, and the\n"
@@ -52,6 +53,11 @@ int cmd_launch(int argc, char** argv) {
   app.add_option("--max-restarts", o.max_restarts, "restarts after failures a restart may help (default 0: none)")
       ->check(CLI::Range(0, 1000000))->group(sup);
   app.add_option("--events", o.events, "append the supervisor's events to this file (JSON lines)")->group(sup);
+  app.add_option("--dashboard", o.dashboard,
+                 "serve the job's dashboard (/), its state as JSON (/api/job) and Prometheus metrics (/metrics) on "
+                 "HOST:PORT (port 0: any free one; the URL is printed and logged as a 'dashboard' event); on several "
+                 "nodes node 0 serves it")
+      ->group(sup);
   app.add_option("--backoff", o.backoff_s, "seconds before the first restart, doubling while no progress is made (1)")
       ->check(CLI::Range(0.0, 3600.0))->group(sup);
   app.add_option("--no-progress-limit", o.no_progress_limit,

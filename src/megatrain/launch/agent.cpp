@@ -22,6 +22,7 @@
 #include "megatrain/comm/store.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/launch/dashboard.h"
 #include "megatrain/launch/driver.h"
 #include "megatrain/launch/event_log.h"
 #include "megatrain/launch/job_protocol.h"
@@ -68,6 +69,7 @@ class Agent {
     setup_signals();
     store_ = open_job_store(opt_);
     events_.open(opt_.events, opt_.node_rank);
+    open_dashboard();
     base_env_ = inherited_env();
     spec_.argv = opt_.args;
     spec_.search_path = opt_.exec;
@@ -95,6 +97,7 @@ class Agent {
       const int restarts = tracker_.restarts();
       AttemptEnd end = run_attempt(attempt, where);
       if (end.code == 0 || end.user_stop) {
+        show(end.code == 0 ? "done" : "failed", end.code == 0 ? "every rank finished" : "the launcher was signalled");
         tracker_.after_attempt(0, end.best_step, -1);
         events_.write(end.code == 0 ? "done" : "gave_up",
                       {{"exit_code", end.code}, {"best_step", tracker_.best_step()}, {"restarts", restarts},
@@ -104,6 +107,7 @@ class Agent {
       std::string note;
       RestartDecision d = tracker_.after_attempt(end.code, end.best_step, end.nonfinite_step, &note);
       if (!d.restart) {
+        show("failed", d.reason);
         if (opt_.max_restarts > 0) say(fmt::format("giving up: {}", d.reason));
         events_.write("gave_up", {{"exit_code", d.exit_code}, {"failure_code", end.code}, {"reason", d.reason},
                                   {"best_step", tracker_.best_step()}, {"restarts", restarts}});
@@ -111,6 +115,8 @@ class Agent {
       }
       if (!note.empty()) say(note);
       say(fmt::format("attempt {} failed (code {}); {}, in {:.1f} s", attempt, end.code, d.reason, d.delay_s));
+      show("restarting", fmt::format("attempt {} failed (code {}{}); {}", attempt, end.code,
+                                     end.detected.empty() ? "" : ": " + end.detected, d.reason));
       events_.write("restarting", {{"delay_s", d.delay_s}, {"failure_code", end.code}, {"reason", d.reason},
                                    {"attempt_best_step", end.best_step},
                                    {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(),
@@ -172,6 +178,8 @@ class Agent {
       r.err.set_hook([this, i](const std::string& line) { on_stderr(size_t(i), line); });
     }
     attempt_started_ = now_seconds();
+    fixed_state_.clear();
+    show();
     events_.write("started", {{"ranks", opt_.nproc}, {"first_rank", first}, {"world", world},
                               {"store_prefix", fresh_prefix ? prefix : ""}, {"extra_args", where.extra_args}});
     in_attempt_ = true;
@@ -204,6 +212,7 @@ class Agent {
     WatchUpdate u = watch_.apply_heartbeat(i, j, now);
     // Under the job driver these are the driver's to say, from every node's ranks.
     if (opt_.driven()) return;
+    show();
     const RankStatus& s = watch_.status()[i];
     if (u.first_step && attempt_ > 0)  // the first step of the attempt: "resumed" after a restart
       events_.write("resumed", {{"rank", s.rank}, {"step", s.step}, {"from", watch_.start_step()},
@@ -253,6 +262,7 @@ class Agent {
     auto h = watch_.check_hang(now, running_flags());
     if (!h) return;
     say(fmt::format("hang detected: {}: {}", h->why, h->blame.line));
+    view_detail_ = fmt::format("hang: {}: {}", h->why, h->blame.line);
     detected_at_ = now;
     events_.write("detected", {{"reason", "hang"}, {"why", h->why}, {"blame", h->blame.line},
                                {"ranks", h->blame.ranks}, {"seconds_since_progress", h->since_progress_s}});
@@ -277,7 +287,7 @@ class Agent {
         } catch (const std::exception& e) {
           say(fmt::format("driver: no event log: {}", e.what()));
         }
-        driver_code = run_driver(opt_, *driver_store, log);
+        driver_code = run_driver(opt_, *driver_store, log, dashboard_.get());
       });
     }
     std::atomic<bool> quit{false};
@@ -600,6 +610,44 @@ class Agent {
         ::killpg(r.pid, SIGKILL);
       }
     signal_all(sig);
+    show();
+  }
+
+  // ---- the dashboard ------------------------------------------------------------------------------------------
+  // On node 0 only: on one node this agent sees every rank; under the job driver (several nodes) the driver does,
+  // and feeds the dashboard itself (driver.h).
+  void open_dashboard() {
+    if (opt_.dashboard.empty() || opt_.node_rank != 0) return;
+    dashboard_ = std::make_unique<Dashboard>(opt_.dashboard);
+    if (!opt_.driven()) events_.set_observer([this](const nlohmann::json& e) { dashboard_->event(e); });
+    const std::string url = dashboard_->url();
+    say(fmt::format("dashboard: {} (state as JSON: {}api/job, Prometheus: {}metrics)", url, url, url));
+    events_.write("dashboard", {{"url", url}});
+    show();
+  }
+
+  // Publishes this agent's view of the job (one node, not under the driver). state: "" while an attempt runs
+  // (then starting, running or stopping follows from the ranks), else restarting, done or failed.
+  void show(const std::string& state = "", const std::string& detail = "") {
+    if (!dashboard_ || opt_.driven()) return;
+    if (!state.empty()) fixed_state_ = state;
+    if (!detail.empty()) view_detail_ = detail;
+    JobView v;
+    v.attempt = attempt_;
+    v.restarts = tracker_.restarts();
+    v.max_restarts = opt_.max_restarts;
+    v.nodes = opt_.nnodes;
+    v.world = int(ranks_.size());
+    v.now = now_seconds();
+    v.started = job_started_;
+    v.detail = view_detail_;
+    bool stepped = false;
+    for (size_t i = 0; i < watch_.status().size() && i < ranks_.size(); ++i) {
+      v.ranks.push_back({watch_.status()[i], ranks_[i].running, opt_.node_rank});
+      stepped = stepped || watch_.status()[i].step_time.has_value();
+    }
+    v.state = !fixed_state_.empty() ? fixed_state_ : stopping_ ? "stopping" : stepped ? "running" : "starting";
+    dashboard_->publish(v);
   }
 
   void on_rank_exit(RankProcess& r, int st) {
@@ -613,6 +661,7 @@ class Agent {
                                {"code", exit_code_of(st)}});
     exit_code_ = std::max(1, exit_code_of(st));
     detected_ = fmt::format("rank {} {}", r.global, describe_status(st));
+    view_detail_ = detected_;
     announce_stop(detected_);
     begin_stop(SIGTERM);
   }
@@ -752,6 +801,10 @@ class Agent {
   std::atomic<bool> store_lost_{false};    // the liveness thread could not reach the store
   bool evicted_said_ = false;
   bool in_attempt_ = false;
+
+  std::unique_ptr<Dashboard> dashboard_;
+  std::string fixed_state_ = "starting", view_detail_;
+  const double job_started_ = now_seconds();
 
   int sigfd_ = -1;
   sigset_t old_mask_{};

@@ -10,6 +10,7 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/launch/dashboard.h"
 #include "megatrain/launch/job_protocol.h"
 #include "megatrain/launch/job_watch.h"
 #include "megatrain/launch/node_plan.h"
@@ -53,8 +54,8 @@ struct AgentState {
 
 class Driver {
  public:
-  Driver(const LaunchOptions& o, Store& s, EventLog& e)
-      : opt_(o), store_(s), events_(e), tracker_(restart_policy(o)), watch_(watch_options(o)),
+  Driver(const LaunchOptions& o, Store& s, EventLog& e, Dashboard* d)
+      : opt_(o), store_(s), events_(e), dashboard_(d), tracker_(restart_policy(o)), watch_(watch_options(o)),
         agents_(size_t(o.nnodes + o.spares)),
         is_train_(!o.exec && !o.args.empty() && o.args[0] == "train") {}
 
@@ -119,10 +120,12 @@ class Driver {
 
       Outcome out = watch_attempt(plan);
       if (out.user_stop) {
+        show("failed", "an agent was signalled");
         events_.write("gave_up", {{"by", "driver"}, {"exit_code", out.code}, {"reason", "an agent was signalled"}});
         return out.code;
       }
       if (out.code == 0) {
+        show("done", "every rank finished");
         events_.write("done", {{"by", "driver"}, {"exit_code", 0}, {"best_step", tracker_.best_step()},
                                {"restarts", tracker_.restarts()}, {"reason", "every rank finished"}});
         return 0;
@@ -131,6 +134,7 @@ class Driver {
       const int before = tracker_.restarts();
       RestartDecision d = tracker_.after_attempt(out.code, out.best_step, out.nonfinite_step, &note);
       if (!d.restart) {
+        show("failed", d.reason);
         say(fmt::format("driver: giving up: {}", d.reason));
         events_.write("gave_up", {{"by", "driver"}, {"exit_code", d.exit_code}, {"failure_code", out.code},
                                   {"reason", d.reason}, {"best_step", tracker_.best_step()}, {"restarts", before}});
@@ -143,10 +147,13 @@ class Driver {
         events_.write("gave_up", {{"by", "driver"}, {"exit_code", kNoNodesExit}, {"failure_code", out.code},
                                   {"reason", why}});
         say("driver: giving up: " + why);
+        show("failed", why);
         return kNoNodesExit;
       }
       nodes = *next;
       say(fmt::format("driver: attempt {} failed (code {}); {}, in {:.1f} s", attempt, out.code, d.reason, d.delay_s));
+      show("restarting", fmt::format("attempt {} failed (code {}); {}; next on nodes {}", attempt, out.code, d.reason,
+                                     fmt::join(nodes, ",")));
       events_.write("restarting", {{"by", "driver"}, {"delay_s", d.delay_s}, {"failure_code", out.code},
                                    {"reason", d.reason}, {"attempt_best_step", out.best_step},
                                    {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(),
@@ -287,6 +294,9 @@ class Driver {
     std::vector<bool> running(ranks.size(), true);
     std::map<int, proto::AgentEnd> ends;
     stop_code_ = 0;
+    plan_ = plan;
+    running_ = running;
+    show();
     const double started = now_seconds();
     double detected_at = -1;
     auto waiting_on = [&] {
@@ -303,6 +313,7 @@ class Driver {
             fmt::format("node {} is lost: its agent's liveness counter stood still for {:.0f} s", a,
                         now - agents_[size_t(a)].alive_changed);
         say("driver: " + line);
+        if (in_plan) detail_ = line;
         events_.write(in_plan ? "detected" : "warning",
                       {{"by", "driver"}, {"node", a}, {"reason", "node_lost"}, {"line", line}});
         if (in_plan) {
@@ -330,6 +341,8 @@ class Driver {
         if (detected_at < 0) detected_at = now;
       }
       if (stop_code_ == 0) check_hang(plan, running, now, &detected_at);
+      running_ = running;
+      show();
     }
     if (detected_at > 0) events_.write("stopped", {{"by", "driver"}, {"seconds", now_seconds() - detected_at}});
 
@@ -454,6 +467,7 @@ class Driver {
     auto h = watch_.check_hang(now, running);
     if (!h) return;
     say(fmt::format("driver: hang detected: {}: {}", h->why, h->blame.line));
+    detail_ = fmt::format("hang: {}: {}", h->why, h->blame.line);
     std::vector<int> nodes;
     for (int r : h->blame.ranks) {
       const int a = plan.nodes[size_t(r / plan.nproc)];
@@ -467,11 +481,41 @@ class Driver {
     request_stop(plan.attempt, kHangCode, "hang: " + h->blame.line, h->blame.ranks);
   }
 
+  // Publishes the driver's view of every rank of the attempt (plan_, running_). state: "" while an attempt runs
+  // (starting, running or stopping then follows from the ranks), else restarting, done or failed.
+  void show(const std::string& state = "", const std::string& detail = "") {
+    if (!dashboard_) return;
+    if (!detail.empty()) detail_ = detail;
+    JobView v;
+    v.attempt = plan_.attempt;
+    v.restarts = tracker_.restarts();
+    v.max_restarts = opt_.max_restarts;
+    v.nodes = int(plan_.nodes.size());
+    v.world = plan_.world();
+    v.now = now_seconds();
+    v.started = started_;
+    v.detail = detail_;
+    bool stepped = false;
+    const auto& st = watch_.status();
+    for (size_t r = 0; r < st.size() && r < running_.size(); ++r) {
+      const size_t slot = r / size_t(std::max(1, plan_.nproc));
+      v.ranks.push_back({st[r], running_[r], slot < plan_.nodes.size() ? plan_.nodes[slot] : -1});
+      stepped = stepped || st[r].step_time.has_value();
+    }
+    v.state = !state.empty() ? state : stop_code_ != 0 ? "stopping" : stepped ? "running" : "starting";
+    dashboard_->publish(v);
+  }
+
   const LaunchOptions& opt_;
   Store& store_;
   EventLog& events_;
+  Dashboard* dashboard_ = nullptr;
   RestartTracker tracker_;
   JobWatch watch_;
+  proto::AttemptPlan plan_;     // the attempt being watched (for the dashboard)
+  std::vector<bool> running_;   // ... and which of its ranks live
+  std::string detail_;
+  const double started_ = now_seconds();
   std::vector<AgentState> agents_;
   std::map<int, std::string> to_evict_;
   Layout layout_;     // as the ranks of the last attempt reported it
@@ -482,6 +526,9 @@ class Driver {
 
 }  // namespace
 
-int run_driver(const LaunchOptions& opt, Store& store, EventLog& events) { return Driver(opt, store, events).run(); }
+int run_driver(const LaunchOptions& opt, Store& store, EventLog& events, Dashboard* dashboard) {
+  if (dashboard) events.set_observer([dashboard](const nlohmann::json& e) { dashboard->event(e); });
+  return Driver(opt, store, events, dashboard).run();
+}
 
 }  // namespace mt::launch

@@ -32,12 +32,15 @@ void EventLog::open(const std::string& path, int node) {
 }
 
 void EventLog::write(const std::string& event, nlohmann::json fields) {
-  if (!f_) return;
+  if (!f_ && !observer_) return;
   nlohmann::json j = {{"t", unix_seconds()}, {"event", event}, {"attempt", attempt_}, {"node", node_}};
   for (auto& [k, v] : fields.items()) j[k] = v;
-  const std::string line = j.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), f_);
-  std::fflush(f_);
+  if (f_) {
+    const std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    std::fwrite(line.data(), 1, line.size(), f_);
+    std::fflush(f_);
+  }
+  if (observer_) observer_(j);
 }
 
 }  // namespace mt::launch

@@ -18,6 +18,7 @@
 // and "detected" with reason node_lost (node), hang (ranks, nodes, blame) or straggler (rank, node).
 #pragma once
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -34,11 +35,14 @@ class EventLog {
   // Appends to path (creating its folder); "" keeps the log off. Throws mt::Error naming the path it cannot open.
   void open(const std::string& path, int node);
   void set_attempt(int attempt) { attempt_ = attempt; }
-  // Writes {"t":..., "event": event, "attempt":..., "node":..., fields...}.
+  // Writes {"t":..., "event": event, "attempt":..., "node":..., fields...}, and hands it to the observer.
   void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
+  // Called with every event written from then on (the dashboard's feed), on the writer's thread.
+  void set_observer(std::function<void(const nlohmann::json&)> f) { observer_ = std::move(f); }
 
  private:
   std::FILE* f_ = nullptr;
+  std::function<void(const nlohmann::json&)> observer_;
   int node_ = 0, attempt_ = 0;
 };
 

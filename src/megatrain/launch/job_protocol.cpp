@@ -76,6 +76,11 @@ nlohmann::json status_to_json(const RankStatus& s, bool running, double now) {
   if (s.dp > 0) j["layout"] = {{"dp", s.dp}, {"pp", s.pp}, {"tp", s.tp}, {"grad_accum", s.grad_accum}};
   if (s.step_time) j["step_time"] = *s.step_time;
   if (s.compute_time) j["compute_time"] = *s.compute_time;
+  if (s.loss) j["loss"] = *s.loss;
+  if (s.tokens_per_s) j["tokens_per_s"] = *s.tokens_per_s;
+  if (s.mfu) j["mfu"] = *s.mfu;
+  if (s.rss) j["rss"] = *s.rss;
+  if (s.coord_dp >= 0) j["xyz"] = {s.coord_dp, s.coord_pp, s.coord_tp};
   return j;
 }
 
@@ -97,6 +102,15 @@ RankStatus status_from_json(const nlohmann::json& j, double now, bool* running) 
   }
   if (j.contains("step_time")) s.step_time = j["step_time"].get<double>();
   if (j.contains("compute_time")) s.compute_time = j["compute_time"].get<double>();
+  for (auto [key, field] : {std::pair{"loss", &s.loss}, {"tokens_per_s", &s.tokens_per_s}, {"mfu", &s.mfu},
+                            {"rss", &s.rss}})
+    if (j.contains(key)) *field = j[key].get<double>();
+  if (j.contains("xyz")) {
+    const auto& c = j["xyz"];
+    s.coord_dp = c.at(0).get<int>();
+    s.coord_pp = c.at(1).get<int>();
+    s.coord_tp = c.at(2).get<int>();
+  }
   for (const auto& c : j.value("colls", nlohmann::json::array()))
     s.colls.push_back({c.value("group", ""), c.value("op", ""), c.value("seq", -1L), c.value("state", "")});
   if (running) *running = j.value("running", true);

@@ -25,6 +25,7 @@ struct LaunchOptions {
   // Supervision (launch/agent.h says what each does).
   int max_restarts = 0;           // restarts after a failure that a restart may help; 0: the first failure ends it
   std::string events;             // the event log (JSON lines); "" = none
+  std::string dashboard;          // HOST:PORT the dashboard serves on (launch/dashboard.h); "" = none
   double backoff_s = 1.0;         // first delay before a restart (doubling while attempts make no progress)
   int no_progress_limit = 3;      // attempts in a row without progress before giving up (exit 40)
   double hang_floor_s = 30;       // a hang is declared after max(hang_factor x median step time, this)

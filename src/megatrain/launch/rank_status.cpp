@@ -11,8 +11,12 @@ bool RankStatus::apply(const nlohmann::json& hb, double now) {
     last_heard = now;
     if (hb.contains("step") && hb["step"].is_number_integer()) step = std::max(step, hb["step"].get<int>());
     phase = hb.value("phase", phase);
-    if (auto c = hb.find("coord"); c != hb.end() && c->is_array() && c->size() == 3)
-      coord = fmt::format("dp{},pp{},tp{}", (*c)[0].get<int>(), (*c)[1].get<int>(), (*c)[2].get<int>());
+    if (auto c = hb.find("coord"); c != hb.end() && c->is_array() && c->size() == 3) {
+      coord_dp = (*c)[0].get<int>();
+      coord_pp = (*c)[1].get<int>();
+      coord_tp = (*c)[2].get<int>();
+      coord = fmt::format("dp{},pp{},tp{}", coord_dp, coord_pp, coord_tp);
+    }
     if (auto l = hb.find("layout"); l != hb.end() && l->is_object()) {
       dp = l->value("dp", 0);
       pp = l->value("pp", 0);
@@ -27,6 +31,10 @@ bool RankStatus::apply(const nlohmann::json& hb, double now) {
     };
     if (auto v = num("step_time")) step_time = v;
     if (auto v = num("compute_time")) compute_time = v;
+    if (auto v = num("loss")) loss = v;
+    if (auto v = num("tokens_per_s")) tokens_per_s = v;
+    if (auto v = num("mfu")) mfu = v;
+    if (auto v = num("rss")) rss = v;
     if (auto cs = hb.find("colls"); cs != hb.end() && cs->is_array()) {
       colls.clear();
       for (const auto& c : *cs)

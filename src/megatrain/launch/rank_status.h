@@ -28,6 +28,9 @@ struct RankStatus {
   int step = 0;                  // newest completed step reported
   std::string phase;             // what it was doing then
   std::optional<double> step_time, compute_time;
+  std::optional<double> loss, tokens_per_s, mfu;  // of the newest step (the heartbeat's)
+  std::optional<double> rss;                      // resident bytes at the newest heartbeat
+  int coord_dp = -1, coord_pp = -1, coord_tp = -1;  // coord as numbers (-1 until known)
   std::vector<CollectiveState> colls;
   // The job's layout as the rank reported it (0 until known): a supervisor that shrinks dp keeps the global batch.
   int dp = 0, pp = 0, tp = 0, grad_accum = 0;

@@ -125,13 +125,16 @@ void Heartbeat::set_step(int step) {
   step_ = step;
 }
 
-void Heartbeat::step_done(int step, double loss, double step_time, double compute_time) {
+void Heartbeat::step_done(int step, double loss, double step_time, double compute_time, double tokens_per_s,
+                          double mfu) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     step_ = step;
     loss_ = loss;
     step_time_ = step_time;
     compute_time_ = compute_time;
+    tokens_per_s_ = tokens_per_s;
+    mfu_ = mfu;
   }
   enqueue([this] { return hb_line("step"); }, false);
 }
@@ -162,6 +165,8 @@ std::string Heartbeat::hb_line(const char* at) const {
     j["loss"] = optional_number(loss_);
     j["step_time"] = optional_number(step_time_);
     j["compute_time"] = optional_number(compute_time_);
+    j["tokens_per_s"] = optional_number(tokens_per_s_);
+    j["mfu"] = optional_number(mfu_);
   }
   j["rss"] = resident_bytes();
   j["colls"] = colls;

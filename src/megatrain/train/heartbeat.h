@@ -6,11 +6,12 @@
 // ranks sharing a pipe never interleave). Two types:
 //   {"type":"hb","rank":R,"coord":[dp,pp,tp]|null,"t":<unix s>,"at":"step"|"tick"|"exit","step":S,
 //    "phase":"init|forward_backward|optimizer|eval|checkpoint|done","loss":x|null,"step_time":s|null,
-//    "compute_time":s|null,"rss":bytes,"colls":[{"group":"dp[1,3]","op":"all_gather","seq":41,"state":"started",
+//    "compute_time":s|null,"tokens_per_s":x|null,"mfu":x|null,"rss":bytes,"colls":[{"group":"dp[1,3]","op":"all_gather","seq":41,"state":"started",
 //    "wait_s":12.5}, ...]}
 //     step: the last completed step (0 before the first); while phase is forward_backward or optimizer the rank
 //     works on step+1. loss, step_time, compute_time: that step's (compute_time = step time minus the
-//     communication time the rank was blocked on: the straggler measure to compare across ranks). colls: per
+//     communication time the rank was blocked on: the straggler measure to compare across ranks); tokens_per_s and
+//     mfu: the job's, as this rank measured its step (train/observer.h StepStats; null before a step). colls: per
 //     process group, its oldest op not completed (with wait_s, seconds since it was posted), else its newest
 //     (comm/flight_recorder.h). "at": a step end, a timer tick, or the last line before the run returns/throws.
 //   {"type":"event","event":NAME,"rank":R,"t":<unix s>,"step":S,...}: fault_injected, non_finite, loss_spike,
@@ -64,7 +65,8 @@ class Heartbeat {
   void set_phase(Phase p);
   void set_step(int step);  // the last completed step, without a step line (a skipped batch)
   // A step completed: records its numbers and writes the step line.
-  void step_done(int step, double loss, double step_time, double compute_time);
+  void step_done(int step, double loss, double step_time, double compute_time, double tokens_per_s = 0,
+                 double mfu = 0);
   // An event line; sync: returns once it was written (or after 10 s), for a fault about to end the process.
   void event(const std::string& name, nlohmann::ordered_json fields, bool sync = false);
   void finished() { set_phase(Phase::Done); }
@@ -90,7 +92,7 @@ class Heartbeat {
   std::optional<int> start_step_;
   Phase phase_ = Phase::Init;
   int step_ = 0;
-  std::optional<double> loss_, step_time_, compute_time_;
+  std::optional<double> loss_, step_time_, compute_time_, tokens_per_s_, mfu_;
   std::deque<std::string> queue_;
   uint64_t enqueued_ = 0, written_ = 0;
   bool stop_ = false, broken_ = false;

@@ -89,7 +89,8 @@ void RankGuard::on_step(const StepReport& r) {
   const double blocked = r.dp.exposed_seconds + r.tp.exposed_seconds + r.pp.exposed_seconds;
   const double compute = std::max(0.0, r.stats.step_seconds - blocked);
   faults_->step_compute(compute);
-  if (heartbeat_) heartbeat_->step_done(r.stats.step, r.stats.loss, r.stats.step_seconds, compute);
+  if (heartbeat_) heartbeat_->step_done(r.stats.step, r.stats.loss, r.stats.step_seconds, compute,
+                                        r.stats.tokens_per_second, r.stats.mfu);
   if (auto s = spikes_.observe(r.stats.loss)) {
     heartbeat_event("loss_spike", {{"step", r.stats.step}, {"loss", r.stats.loss}, {"rule", s->rule},
                                    {"threshold", s->threshold}, {"mean", s->mean}, {"std", s->std},

@@ -1,0 +1,121 @@
+#include "megatrain/launch/dashboard.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "megatrain/core/error.h"
+
+namespace mt::launch {
+
+Dashboard::Dashboard(const std::string& address) : server_(std::make_unique<httplib::Server>()) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
+    fail_as(ErrorKind::Config, "--dashboard '{}': expected HOST:PORT (e.g. 0.0.0.0:8080, or 127.0.0.1:0 for any "
+            "free port)", address);
+  host_ = address.substr(0, colon);
+  int port = -1;
+  try {
+    size_t used = 0;
+    port = std::stoi(address.substr(colon + 1), &used);
+    if (used != address.size() - colon - 1) port = -1;
+  } catch (const std::exception&) {
+  }
+  if (port < 0 || port > 65535) fail_as(ErrorKind::Config, "--dashboard '{}': the port must be 0..65535", address);
+
+  // SO_REUSEADDR only (a restarted launcher may bind at once), not the library's default SO_REUSEPORT as well: with
+  // it a second job given the same port would bind too, and the kernel would share the connections between them.
+  server_->set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  server_->Get("/", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(kDashboardPage, "text/html; charset=utf-8");
+  });
+  server_->Get("/api/job", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    res.set_content(api_job(), "application/json");
+  });
+  server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  port_ = port == 0 ? server_->bind_to_any_port(host_) : (server_->bind_to_port(host_, port) ? port : -1);
+  if (port_ <= 0)
+    fail_as(ErrorKind::Config, "--dashboard '{}': cannot listen there (address in use, or not this host's)", address);
+  auto ended = std::make_shared<std::atomic<bool>>(false);
+  thread_ = std::thread([this, ended] {
+    server_->listen_after_bind();
+    *ended = true;
+  });
+  // stop() only ends a server that is already listening: one stopped before its thread got there would listen on,
+  // and the destructor's join would never return. So the dashboard exists only once it listens.
+  while (!server_->is_running() && !*ended) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+Dashboard::~Dashboard() {
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Dashboard::url() const {
+  const std::string host = host_ == "0.0.0.0" || host_ == "::" ? "127.0.0.1" : host_;
+  return fmt::format("http://{}:{}/", host, port_);
+}
+
+void Dashboard::publish(const JobView& v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (v.attempt != history_attempt_) {  // a new attempt numbers its steps afresh from its checkpoint
+    history_attempt_ = v.attempt;
+    last_step_.clear();
+  }
+  for (const RankView& r : v.ranks) {
+    const RankStatus& s = r.status;
+    // A step joins the history once per rank: when the rank's newest step is one it has not reported yet. Its
+    // numbers are that step's (a heartbeat carries the last completed step's loss and time).
+    auto [it, fresh] = last_step_.try_emplace(s.rank, s.start_step >= 0 ? s.start_step : 0);
+    if (!s.step_time || s.step <= it->second) continue;
+    it->second = s.step;
+    StepPoint& p = history_[{v.attempt, s.step}];
+    if (!p.loss && s.loss) p.loss = s.loss;
+    p.fastest = p.ranks == 0 ? *s.step_time : std::min(p.fastest, *s.step_time);
+    p.slowest = p.ranks == 0 ? *s.step_time : std::max(p.slowest, *s.step_time);
+    ++p.ranks;
+  }
+  while (history_.size() > kMaxHistory) history_.erase(history_.begin());
+  view_ = v;
+}
+
+void Dashboard::event(const nlohmann::json& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back(e);
+  while (events_.size() > kMaxEvents) events_.pop_front();
+}
+
+std::string Dashboard::api_job() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json j = job_json(view_);
+  nlohmann::json h = nlohmann::json::array();
+  for (const auto& [key, p] : history_)
+    h.push_back({{"attempt", key.first}, {"step", key.second},
+                 {"loss", p.loss ? nlohmann::json(*p.loss) : nlohmann::json()}, {"fastest", p.fastest},
+                 {"slowest", p.slowest}, {"ranks", p.ranks}});
+  j["history"] = std::move(h);
+  nlohmann::json ev = nlohmann::json::array();
+  for (const nlohmann::json& e : events_) ev.push_back(e);
+  j["events"] = std::move(ev);
+  // Event lines quote the ranks' output, which need not be UTF-8: replace what JSON cannot carry. (A NaN loss is
+  // written as null by the library.)
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string Dashboard::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prometheus_text(view_);
+}
+
+}  // namespace mt::launch

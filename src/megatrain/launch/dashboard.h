@@ -1,0 +1,80 @@
+// The supervisor's HTTP dashboard (`megatrain launch --dashboard HOST:PORT`): what the job is doing, while it runs,
+// for people and for monitoring systems. The supervisor that sees every rank (one node's agent, or the job driver
+// on node 0) publishes a JobView whenever something changed; the server answers from the latest one:
+//   GET /          a page (launch/dashboard_page.cpp) that polls /api/job each second: the job's state, a
+//                  (dp, pp, tp) grid of the ranks with each one's step, phase and heartbeat age (a rank that
+//                  stopped answering or waits on a collective stands out), the loss and the spread of step times
+//                  over steps, and the newest events;
+//   GET /api/job   job_json(view) plus "history" (per step: the loss, and the fastest and slowest rank's step
+//                  time) and "events" (the newest event-log lines);
+//   GET /metrics   the Prometheus text format (job_view.h).
+// The server runs on threads of its own (cpp-httplib's pool), so a slow client never delays supervision, and it
+// never touches the supervisor's state: publish() copies the view under a lock.
+#pragma once
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "megatrain/launch/job_view.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace mt::launch {
+
+extern const char* const kDashboardPage;  // dashboard_page.cpp
+
+class Dashboard {
+ public:
+  // Listens on "HOST:PORT" (PORT 0: a free port the kernel picks; HOST 0.0.0.0: every interface). Throws
+  // mt::Error (Config) naming the address when it is malformed or cannot be bound.
+  explicit Dashboard(const std::string& address);
+  ~Dashboard();
+  Dashboard(const Dashboard&) = delete;
+  Dashboard& operator=(const Dashboard&) = delete;
+
+  int port() const { return port_; }
+  std::string url() const;  // http://HOST:PORT/ (127.0.0.1 for a wildcard host)
+
+  // Replaces the view. Each rank's step that is new joins the history (keyed by attempt and step: a restart
+  // replays steps from its checkpoint, and those are the new attempt's).
+  void publish(const JobView& v);
+  // An event-log line (EventLog's observer); the newest kMaxEvents are kept.
+  void event(const nlohmann::json& e);
+
+  // The bodies the server sends (also for tests).
+  std::string api_job() const;
+  std::string metrics() const;
+
+  static constexpr size_t kMaxEvents = 100;
+  static constexpr size_t kMaxHistory = 2000;  // steps
+
+ private:
+  struct StepPoint {
+    std::optional<double> loss;
+    double fastest = 0, slowest = 0;  // step time over the ranks that reported this step
+    int ranks = 0;
+  };
+
+  mutable std::mutex mu_;
+  JobView view_;
+  std::map<std::pair<int, int>, StepPoint> history_;  // (attempt, step)
+  std::map<int, int> last_step_;                      // per rank: the newest step already in history_ (this attempt)
+  int history_attempt_ = -1;
+  std::deque<nlohmann::json> events_;
+
+  std::string host_;
+  int port_ = 0;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+};
+
+}  // namespace mt::launch

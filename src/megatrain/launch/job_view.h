@@ -1,0 +1,44 @@
+// What the supervisor shows of a job at one moment (the dashboard's snapshot, launch/dashboard.h), and its two
+// renderings: JSON for the page and for scripts (GET /api/job), and the Prometheus text format (GET /metrics).
+// The supervisor that watches every rank fills it: one node's agent, or the job driver on node 0 for a job of
+// several nodes. Rendering is pure, so tests compare it with known answers.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "megatrain/launch/rank_status.h"
+
+namespace mt::launch {
+
+struct RankView {
+  RankStatus status;  // what the rank's heartbeats said (last_heard on the supervisor's clock)
+  bool running = false;
+  int node = 0;       // the node slot the rank runs on
+};
+
+struct JobView {
+  // "starting" (no step yet), "running", "stopping" (a failure was detected), "restarting" (waiting out the
+  // backoff), "done" or "failed" (the supervisor's last word; the page keeps showing it).
+  std::string state = "starting";
+  int attempt = 0, restarts = 0, max_restarts = 0;
+  int nodes = 1, world = 0;
+  double now = 0;            // the supervisor's clock (now_seconds) when the view was taken
+  double started = 0;        // ... when the job started
+  std::string detail;        // the latest line worth showing: a hang's blame, why it restarts, why it ended
+  std::vector<RankView> ranks;
+};
+
+// {"job": {state, attempt, restarts, max_restarts, nodes, world, uptime_s, detail, layout: {dp,pp,tp}|null,
+//  step: {min, max}}, "ranks": [{rank, node, coord: [dp,pp,tp]|null, running, heard, age_s, step, phase, loss,
+//  step_time, compute_time, tokens_per_s, mfu, rss, in_flight: [{group, op, seq, state}]}]}; numbers the rank has
+// not reported are null.
+nlohmann::json job_json(const JobView& v);
+
+// The Prometheus text exposition format (version 0.0.4): job gauges (megatrain_job_*) and one series per rank of
+// each rank gauge (megatrain_rank_*), labelled rank, node, dp, pp, tp. A value the rank has not reported is left
+// out, not written as 0. Each metric has its HELP and TYPE lines.
+std::string prometheus_text(const JobView& v);
+
+}  // namespace mt::launch

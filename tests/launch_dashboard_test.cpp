@@ -1,0 +1,343 @@
+// The supervisor's dashboard (launch/dashboard.h, job_view.h): the renderings against known answers, the HTTP
+// server against an HTTP client, and a real job: `megatrain launch --dashboard` over a pp2 x tp2 training run,
+// whose served steps, layout and losses must be the ones the ranks themselves logged (metrics.jsonl, the oracle),
+// and whose page must show every rank in a real headless browser (Debian's chromium, which scripts/setup installs).
+#include <httplib.h>
+#include <signal.h>
+
+#include <map>
+#include <regex>
+#include <set>
+
+#include "launch_testutil.h"
+#include "megatrain/core/error.h"
+#include "megatrain/launch/dashboard.h"
+#include "megatrain/launch/job_view.h"
+#include "test_util.h"
+
+using namespace mt;
+using namespace mt::launch;
+using namespace mt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+RankView rank_view(int rank, int step, bool with_numbers) {
+  RankView r;
+  r.status.rank = rank;
+  r.status.step = step;
+  r.running = true;
+  r.node = rank / 2;
+  if (with_numbers) {
+    r.status.heard = true;
+    r.status.last_heard = 100.0;
+    r.status.phase = "forward_backward";
+    r.status.coord_dp = 0, r.status.coord_pp = rank % 2, r.status.coord_tp = 0;
+    r.status.dp = 1, r.status.pp = 2, r.status.tp = 1, r.status.grad_accum = 1;
+    r.status.loss = 2.5 + rank;
+    r.status.step_time = 0.25 * (rank + 1);
+    r.status.compute_time = 0.2;
+    r.status.mfu = 0.5;
+    r.status.colls = {{"pp[0,1]", "recv", 7, "started"}, {"dp[0]", "all_reduce", 3, "done"}};
+  }
+  return r;
+}
+
+JobView two_ranks() {
+  JobView v;
+  v.state = "running";
+  v.attempt = 1;
+  v.restarts = 1;
+  v.max_restarts = 3;
+  v.nodes = 1;
+  v.world = 2;
+  v.started = 90.0;
+  v.now = 101.5;
+  v.ranks = {rank_view(0, 7, true), rank_view(1, 6, false)};
+  return v;
+}
+
+TEST(JobView, JsonCarriesEveryRankAndNullForWhatWasNotReported) {
+  const nlohmann::json j = job_json(two_ranks());
+  EXPECT_EQ(j["job"]["state"], "running");
+  EXPECT_EQ(j["job"]["uptime_s"], 11.5);
+  EXPECT_EQ(j["job"]["layout"], (nlohmann::json{{"dp", 1}, {"pp", 2}, {"tp", 1}, {"grad_accum", 1}}));
+  EXPECT_EQ(j["job"]["step"], (nlohmann::json{{"min", 6}, {"max", 7}}));
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  const auto& a = j["ranks"][0];
+  EXPECT_EQ(a["coord"], (nlohmann::json{0, 0, 0}));
+  EXPECT_EQ(a["age_s"], 1.5);
+  EXPECT_EQ(a["loss"], 2.5);
+  EXPECT_EQ(a["step_time"], 0.25);
+  ASSERT_EQ(a["in_flight"].size(), 1u) << "only the collective not yet done";
+  EXPECT_EQ(a["in_flight"][0]["op"], "recv");
+  const auto& b = j["ranks"][1];  // a rank that has said nothing yet
+  for (const char* k : {"coord", "age_s", "loss", "step_time", "compute_time", "tokens_per_s", "mfu", "rss"})
+    EXPECT_TRUE(b[k].is_null()) << k;
+  EXPECT_EQ(b["step"], 6);
+}
+
+// Prometheus's text format, line by line: comments are HELP or TYPE; a sample is name{labels} value, and its
+// metric's TYPE came before it. Returns the samples by their name{labels}.
+std::map<std::string, std::string> parse_prometheus(const std::string& text) {
+  static const std::regex help(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+)"), type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) gauge)"),
+      sample(R"re(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\])*",?)*\})? (\S+))re");
+  std::set<std::string> typed;
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, help)) continue;
+    if (std::regex_match(line, m, type)) {
+      typed.insert(m[1]);
+      continue;
+    }
+    if (!std::regex_match(line, m, sample)) {
+      ADD_FAILURE() << "not a Prometheus line: '" << line << "'";
+      continue;
+    }
+    EXPECT_TRUE(typed.count(m[1])) << "sample before its TYPE: " << line;
+    std::size_t space = line.rfind(' ');
+    std::string value = line.substr(space + 1);
+    EXPECT_NO_THROW((void)std::stod(value)) << line;
+    out[line.substr(0, space)] = value;
+  }
+  EXPECT_FALSE(text.empty() || text.back() != '\n') << "the format ends every line with a newline";
+  return out;
+}
+
+TEST(JobView, PrometheusTextIsWellFormedAndLeavesOutUnreportedValues) {
+  const auto s = parse_prometheus(prometheus_text(two_ranks()));
+  EXPECT_EQ(s.at("megatrain_job_restarts"), "1");
+  EXPECT_EQ(s.at("megatrain_job_state{state=\"running\"}"), "1");
+  EXPECT_EQ(s.at("megatrain_job_state{state=\"failed\"}"), "0");
+  const std::string r0 = "{rank=\"0\",node=\"0\",dp=\"0\",pp=\"0\",tp=\"0\"}";
+  EXPECT_EQ(s.at("megatrain_rank_step" + r0), "7");
+  EXPECT_EQ(s.at("megatrain_rank_loss" + r0), "2.5");
+  EXPECT_EQ(s.at("megatrain_rank_heartbeat_age_seconds" + r0), "1.5");
+  EXPECT_EQ(s.at("megatrain_rank_collectives_in_flight" + r0), "1");
+  EXPECT_EQ(s.at("megatrain_rank_phase{rank=\"0\",node=\"0\",dp=\"0\",pp=\"0\",tp=\"0\",phase=\"forward_backward\"}"),
+            "1");
+  const std::string r1 = "{rank=\"1\",node=\"0\"}";  // no coordinates yet: no dp/pp/tp labels
+  EXPECT_EQ(s.at("megatrain_rank_step" + r1), "6");
+  EXPECT_FALSE(s.count("megatrain_rank_loss" + r1)) << "a loss never reported is left out, not 0";
+  EXPECT_FALSE(s.count("megatrain_rank_heartbeat_age_seconds" + r1));
+}
+
+TEST(Dashboard, HistoryTakesEachRanksNewStepOnceAndANewAttemptAfresh) {
+  Dashboard d("127.0.0.1:0");
+  JobView v = two_ranks();
+  v.attempt = 0;
+  v.ranks = {rank_view(0, 1, true), rank_view(1, 1, true)};
+  d.publish(v);
+  d.publish(v);  // the same heartbeat state again: nothing new
+  v.ranks[0].status.step = 2;
+  v.ranks[0].status.step_time = 3.0;
+  d.publish(v);
+  v.ranks[1].status.step = 2;
+  v.ranks[1].status.step_time = 1.0;
+  d.publish(v);
+  v.attempt = 1;  // a restart from the step-1 checkpoint replays step 2
+  v.ranks[0].status.start_step = v.ranks[1].status.start_step = 1;
+  d.publish(v);
+  const nlohmann::json h = nlohmann::json::parse(d.api_job())["history"];
+  ASSERT_EQ(h.size(), 3u) << h.dump();
+  EXPECT_EQ(h[0], (nlohmann::json{{"attempt", 0}, {"step", 1}, {"loss", 2.5}, {"fastest", 0.25}, {"slowest", 0.5},
+                                  {"ranks", 2}}));
+  EXPECT_EQ(h[1], (nlohmann::json{{"attempt", 0}, {"step", 2}, {"loss", 2.5}, {"fastest", 1.0}, {"slowest", 3.0},
+                                  {"ranks", 2}}));
+  EXPECT_EQ(h[2]["attempt"], 1);
+  EXPECT_EQ(h[2]["step"], 2);
+  EXPECT_EQ(h[2]["ranks"], 2);
+}
+
+TEST(Dashboard, ServesThePageTheJobAndTheMetricsOverHttp) {
+  Dashboard d("127.0.0.1:0");
+  ASSERT_GT(d.port(), 0);
+  EXPECT_EQ(d.url(), fmt::format("http://127.0.0.1:{}/", d.port()));
+  d.publish(two_ranks());
+  d.event({{"t", 1.0}, {"event", "started"}, {"bytes", std::string("\xff\xfe")}});  // not UTF-8: still served
+  httplib::Client c("127.0.0.1", d.port());
+  auto page = c.Get("/");
+  ASSERT_TRUE(page) << httplib::to_string(page.error());
+  EXPECT_EQ(page->status, 200);
+  EXPECT_NE(page->body.find("<title>megatrain</title>"), std::string::npos);
+  auto job = c.Get("/api/job");
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->get_header_value("Content-Type"), "application/json");
+  const nlohmann::json j = nlohmann::json::parse(job->body);
+  EXPECT_EQ(j["ranks"].size(), 2u);
+  ASSERT_EQ(j["events"].size(), 1u);
+  EXPECT_EQ(j["events"][0]["event"], "started");
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_EQ(metrics->body, d.metrics());
+  EXPECT_EQ(c.Get("/nothing-here")->status, 404);
+}
+
+TEST(Dashboard, BadAddressesAreConfigErrorsNamingThem) {
+  for (const char* bad : {"8080", "host:", ":8080", "127.0.0.1:http", "127.0.0.1:70000"}) {
+    try {
+      Dashboard d(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind, ErrorKind::Config) << bad;
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+  Dashboard taken("127.0.0.1:0");
+  const std::string again = fmt::format("127.0.0.1:{}", taken.port());
+  try {
+    Dashboard d(again);
+    ADD_FAILURE() << "a port in use was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen"), std::string::npos) << e.what();
+  }
+}
+
+// ---- a real job ------------------------------------------------------------------------------------------------
+
+// The page as a real browser renders it: chromium, headless, prints the DOM once the page's scripts ran (its first
+// /api/job fetch is answered before the virtual time budget runs out).
+std::string rendered_dom(const std::string& url, const fs::path& dir) {
+  const char* candidates[] = {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"};
+  std::string browser;
+  for (const char* c : candidates)
+    if (fs::exists(c)) browser = c;
+  if (browser.empty()) {
+    ADD_FAILURE() << "no chromium: scripts/setup installs Debian's (apt-get install chromium)";
+    return "";
+  }
+  const fs::path out = dir / "dom.html", log = dir / "chromium.log";
+  // --no-sandbox: the suite may run as root, where chromium's sandbox refuses to start. A profile of its own, so
+  // parallel tests never share one.
+  const std::string cmd = fmt::format(
+      "timeout 120 {} --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir={} "
+      "--virtual-time-budget=5000 --dump-dom '{}' > {} 2> {}",
+      browser, (dir / "profile").string(), url, out.string(), log.string());
+  const int rc = std::system(cmd.c_str());
+  EXPECT_EQ(rc, 0) << cmd << "\n" << slurp(log);
+  return slurp(out);
+}
+
+class LaunchDashboard : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prepare_brown_once(kMegatrain, kBrownData);
+    dir_ = fs::path(temp_root()) / "mt-dashboard";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (launcher_ > 0) {
+      ::kill(launcher_, SIGKILL);
+      ::waitpid(launcher_, nullptr, 0);
+    }
+    if (!HasFailure() && !std::getenv("MT_KEEP_TEST_DIRS")) fs::remove_all(dir_);
+  }
+  fs::path dir_;
+  pid_t launcher_ = -1;
+};
+
+TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
+  const std::string out = (dir_ / "run").string(), events = (dir_ / "events.jsonl").string();
+  // pp2 x tp2 on 4 ranks: two pipeline stages of two tensor-parallel ranks. The run is far longer than the test,
+  // which ends it with SIGTERM once it has seen what it needs.
+  launcher_ = start_logged(
+      kMegatrain,
+      {"launch", "--nproc", "4", "--max-restarts", "1", "--events", events, "--dashboard", "127.0.0.1:0", "--",
+       "train", "--parallel.pp=2", "--parallel.tp=2", "--parallel.microbatches=2", "--parallel.tp_chunks=1",
+       "--model.n_layer=2", "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=32", "--data.seq_len=32",
+       "--data.batch_size=4", "--train.steps=100000", "--train.eval_every=0", "--sample.tokens=0",
+       "--train.log_every=1", "--train.threads=1", "--ckpt.every=0", "--ckpt.save_final=false",
+       "--data.dir=" + kBrownData, "--train.out_dir=" + out},
+      (dir_ / "launch.log").string());
+
+  // The URL, from the launcher's event log.
+  std::string url;
+  for (const double t0 = now_seconds(); url.empty(); std::this_thread::sleep_for(std::chrono::milliseconds(50))) {
+    for (const auto& e : events_of(events))
+      if (e.value("event", "") == "dashboard") url = e.value("url", "");
+    ASSERT_EQ(::waitpid(launcher_, nullptr, WNOHANG), 0) << "launch ended:\n" << slurp(dir_ / "launch.log");
+    ASSERT_LT(now_seconds() - t0, 60) << "no dashboard event";
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(url, m, std::regex(R"(http://127\.0\.0\.1:(\d+)/)"))) << url;
+  httplib::Client c("127.0.0.1", std::stoi(m[1]));
+
+  // Wait until every rank has completed 3 steps, as the dashboard sees it.
+  nlohmann::json j;
+  for (const double t0 = now_seconds();; std::this_thread::sleep_for(std::chrono::milliseconds(100))) {
+    ASSERT_EQ(::waitpid(launcher_, nullptr, WNOHANG), 0) << "launch ended:\n" << slurp(dir_ / "launch.log");
+    ASSERT_LT(now_seconds() - t0, 300) << "the ranks never reached step 3: " << j.dump();
+    auto r = c.Get("/api/job");
+    if (!r) continue;
+    j = nlohmann::json::parse(r->body);
+    if (!j["job"]["step"].is_null() && j["job"]["step"]["min"].get<int>() >= 3) break;
+  }
+
+  // The job and its layout, and every rank where the layout puts it.
+  EXPECT_EQ(j["job"]["state"], "running");
+  EXPECT_EQ(j["job"]["world"], 4);
+  EXPECT_EQ(j["job"]["layout"]["pp"], 2);
+  EXPECT_EQ(j["job"]["layout"]["tp"], 2);
+  std::set<std::vector<int>> coords;
+  for (const auto& r : j["ranks"]) {
+    ASSERT_FALSE(r["coord"].is_null()) << r.dump();
+    coords.insert(r["coord"].get<std::vector<int>>());
+    EXPECT_TRUE(r["running"].get<bool>());
+    EXPECT_LT(r["age_s"].get<double>(), 60.0) << "a heartbeat this old would be a hang";
+  }
+  EXPECT_EQ(coords, (std::set<std::vector<int>>{{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1}}));
+
+  // The oracle: the losses rank 0 logged itself. Each step the dashboard holds has the very same loss (the
+  // heartbeat carries the double the metrics line was written from; JSON round-trips it exactly).
+  std::map<int, double> logged;
+  for (const auto& l : events_of(out + "/metrics.jsonl"))
+    if (l.value("kind", "") == "train") logged[l["step"].get<int>()] = l["loss"].get<double>();
+  int compared = 0;
+  for (const auto& p : j["history"]) {
+    if (p["loss"].is_null() || !logged.count(p["step"].get<int>())) continue;
+    EXPECT_EQ(p["loss"].get<double>(), logged[p["step"].get<int>()]) << "step " << p["step"];
+    EXPECT_LE(p["fastest"].get<double>(), p["slowest"].get<double>());
+    ++compared;
+  }
+  EXPECT_GE(compared, 3) << j["history"].dump();
+
+  // /metrics: every rank's step, labelled with its coordinates, at least the step seen above.
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  const auto samples = parse_prometheus(metrics->body);
+  for (int rank = 0; rank < 4; ++rank) {
+    int found = 0;
+    for (const auto& [key, value] : samples)
+      if (key.rfind(fmt::format("megatrain_rank_step{{rank=\"{}\",", rank), 0) == 0) {
+        EXPECT_NE(key.find(",pp=\""), std::string::npos) << key;
+        EXPECT_GE(std::stoi(value), 3) << key;
+        ++found;
+      }
+    EXPECT_EQ(found, 1) << "rank " << rank;
+  }
+  EXPECT_EQ(samples.at("megatrain_job_state{state=\"running\"}"), "1");
+
+  // The page in a real browser: two stages, four rank cells with their steps, and the loss drawn.
+  const std::string dom = rendered_dom(url, dir_);
+  std::set<int> cells;
+  const std::regex cell(R"re(class="rank[^"]*" data-rank="(\d+)" data-step="(\d+)" data-state="(\w+)")re");
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), cell); it != std::sregex_iterator(); ++it) {
+    cells.insert(std::stoi((*it)[1]));
+    EXPECT_GE(std::stoi((*it)[2]), 3) << (*it)[0];
+  }
+  EXPECT_EQ(cells, (std::set<int>{0, 1, 2, 3})) << dom;
+  EXPECT_NE(dom.find("stage pp1"), std::string::npos);
+  EXPECT_NE(dom.find("<b>running</b>"), std::string::npos);
+  EXPECT_NE(dom.find("<polyline"), std::string::npos) << "no loss curve";
+
+  // SIGTERM ends the job cleanly: the ranks stop at a step boundary, the launcher exits as signalled.
+  ::kill(launcher_, SIGTERM);
+  EXPECT_EQ(finish_within(launcher_, 120), 128 + SIGTERM) << slurp(dir_ / "launch.log");
+  launcher_ = -1;
+}
+
+}  // namespace
