@@ -8,7 +8,12 @@
 //    grad_accum 2 resumed from the same checkpoint (the oracle of a shrink).
 // The event logs must name the node and the reason. Tests assert outcomes, not speed: the timeouts only guard
 // against a test that would otherwise hang.
+#include <httplib.h>
+
+#include <atomic>
 #include <map>
+#include <mutex>
+#include <set>
 
 #include "comm_servers.h"
 #include "launch_testutil.h"
@@ -160,14 +165,46 @@ class LaunchNodes : public ::testing::Test {
   std::vector<pid_t> agents_;
 };
 
+// Also watches the job through node 0's dashboard, which the driver feeds: it must show the job's ranks on the
+// nodes the driver placed them on, before the fault (nodes 0 and 1) and after it (0 and the spare, 2).
 TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   const auto want = undisturbed();
-  start_job(2, 1);
+  start_job(2, 1, "", {"--dashboard", "127.0.0.1:0"});
+  // Poll /api/job until the job ends, keeping, per attempt, the nodes its running ranks were shown on (while the
+  // attempt runs: the driver may see only its start of a short attempt, so "starting" counts).
+  std::mutex mu;
+  std::map<int, std::set<int>> nodes_of_attempt;
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    int port = 0;
+    while (!done && port == 0) {
+      for (const auto& e : events_of(events(0)))
+        if (e.value("event", "") == "dashboard") port = std::stoi(e.value("url", "").substr(17));  // http://127.0.0.1:
+      std::this_thread::sleep_for(20ms);
+    }
+    httplib::Client c("127.0.0.1", port);
+    while (!done) {
+      if (auto r = c.Get("/api/job")) {
+        auto j = nlohmann::json::parse(r->body, nullptr, false);
+        const std::set<std::string> in_attempt = {"starting", "running", "stopping"};
+        if (j.is_object() && in_attempt.count(j["job"]["state"].get<std::string>())) {
+          std::lock_guard<std::mutex> lock(mu);
+          for (const auto& rank : j["ranks"])
+            if (rank["running"].get<bool>()) nodes_of_attempt[j["job"]["attempt"].get<int>()].insert(rank["node"].get<int>());
+        }
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+  });
   wait_for_step(5);
   ::kill(agents_[1], SIGKILL);
   agents_[1] = -1;
-  ASSERT_EQ(finish(0), 0) << logs();
+  const int code0 = finish(0);
+  done = true;
+  watcher.join();
+  ASSERT_EQ(code0, 0) << logs();
   EXPECT_EQ(finish(2), 0) << logs();
+  EXPECT_EQ(nodes_of_attempt, (std::map<int, std::set<int>>{{0, {0, 1}}, {1, {0, 2}}}));
   EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
   auto d = driver("detected");
   ASSERT_FALSE(d.empty()) << slurp(events(0));

@@ -317,6 +317,8 @@ class Driver {
         events_.write(in_plan ? "detected" : "warning",
                       {{"by", "driver"}, {"node", a}, {"reason", "node_lost"}, {"line", line}});
         if (in_plan) {
+          for (int r = plan.slot_of(a) * plan.nproc; r < (plan.slot_of(a) + 1) * plan.nproc; ++r)
+            running[size_t(r)] = false;  // its ranks went with it (no status of theirs will say so)
           if (detected_at < 0) detected_at = now;
           request_stop(attempt, kNodeLostCode, line);
         }
