@@ -111,6 +111,9 @@ int cmd_launch(int argc, char** argv) {
   }
   MT_CHECK(o.spares == 0 || o.max_restarts > 0,
            "--spares {} without --max-restarts: a spare only ever replaces a node in a restart", o.spares);
+  MT_CHECK(o.dashboard.empty() || o.nnodes == 1 || o.driven(),
+           "--dashboard on {} nodes needs the job driver (--max-restarts 1 or more): without it no process sees "
+           "every rank", o.nnodes);
   if (!o.iface.empty()) local_address_of(o.iface, "--iface");  // a typo fails here, not in every rank
   return launch::run_agent(o);
 }
