@@ -97,7 +97,7 @@ TEST(Heartbeat, LinesReachTheReaderInTheOrderOfTheirStamps) {
   {
     mt::Heartbeat hb(mt::HeartbeatSettings{fds[1], 0.0}, 0);
     for (int i = 1; i <= 3000; ++i) {
-      hb.step_done(i, 1.0, 0.001, 0.001);
+      hb.step_done(i, 1.0, 0.001, 0.001, 1000.0, 0.5);
       if (i % 3 == 0) hb.event("probe", {{"i", i}});
       // Now and then the queue drains, and the writer, finding it empty, stamps ticks between producers' lines.
       if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));

@@ -641,12 +641,8 @@ class Agent {
     v.now = now_seconds();
     v.started = job_started_;
     v.detail = view_detail_;
-    bool stepped = false;
-    for (size_t i = 0; i < watch_.status().size() && i < ranks_.size(); ++i) {
-      v.ranks.push_back({watch_.status()[i], ranks_[i].running, opt_.node_rank});
-      stepped = stepped || watch_.status()[i].step_time.has_value();
-    }
-    v.state = !fixed_state_.empty() ? fixed_state_ : stopping_ ? "stopping" : stepped ? "running" : "starting";
+    set_ranks(v, watch_.status(), running_flags(), [this](size_t) { return opt_.node_rank; }, stopping_);
+    if (!fixed_state_.empty()) v.state = fixed_state_;
     dashboard_->publish(v);
   }
 

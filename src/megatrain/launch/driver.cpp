@@ -497,14 +497,11 @@ class Driver {
     v.now = now_seconds();
     v.started = started_;
     v.detail = detail_;
-    bool stepped = false;
-    const auto& st = watch_.status();
-    for (size_t r = 0; r < st.size() && r < running_.size(); ++r) {
+    set_ranks(v, watch_.status(), running_, [this](size_t r) {
       const size_t slot = r / size_t(std::max(1, plan_.nproc));
-      v.ranks.push_back({st[r], running_[r], slot < plan_.nodes.size() ? plan_.nodes[slot] : -1});
-      stepped = stepped || st[r].step_time.has_value();
-    }
-    v.state = !state.empty() ? state : stop_code_ != 0 ? "stopping" : stepped ? "running" : "starting";
+      return slot < plan_.nodes.size() ? plan_.nodes[slot] : -1;
+    }, stop_code_ != 0);
+    if (!state.empty()) v.state = state;
     dashboard_->publish(v);
   }
 

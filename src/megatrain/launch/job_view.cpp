@@ -47,6 +47,17 @@ std::string sample(double x) {
 
 }  // namespace
 
+void set_ranks(JobView& v, const std::vector<RankStatus>& status, const std::vector<bool>& running,
+               const std::function<int(size_t)>& node_of, bool stopping) {
+  v.ranks.clear();
+  bool stepped = false;
+  for (size_t i = 0; i < status.size(); ++i) {
+    v.ranks.push_back({status[i], i < running.size() && running[i], node_of(i)});
+    stepped = stepped || status[i].step_time.has_value();
+  }
+  v.state = stopping ? "stopping" : stepped ? "running" : "starting";
+}
+
 nlohmann::json job_json(const JobView& v) {
   nlohmann::json job = {{"state", v.state},   {"attempt", v.attempt}, {"restarts", v.restarts},
                         {"max_restarts", v.max_restarts}, {"nodes", v.nodes}, {"world", v.world},

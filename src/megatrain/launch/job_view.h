@@ -3,6 +3,7 @@
 // The supervisor that watches every rank fills it: one node's agent, or the job driver on node 0 for a job of
 // several nodes. Rendering is pure, so tests compare it with known answers.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ struct JobView {
   std::string detail;        // the latest line worth showing: a hang's blame, why it restarts, why it ended
   std::vector<RankView> ranks;
 };
+
+// The ranks of the attempt being watched, as views (node_of(i): the node rank i runs on; running has one flag per
+// status, or fewer: the rest count as not running), and the attempt's state: "stopping" once a failure was
+// detected, "running" once any rank completed a step in it, else "starting". Both supervisors use it.
+void set_ranks(JobView& v, const std::vector<RankStatus>& status, const std::vector<bool>& running,
+               const std::function<int(size_t)>& node_of, bool stopping);
 
 // {"job": {state, attempt, restarts, max_restarts, nodes, world, uptime_s, detail, layout: {dp,pp,tp}|null,
 //  step: {min, max}}, "ranks": [{rank, node, coord: [dp,pp,tp]|null, running, heard, age_s, step, phase, loss,

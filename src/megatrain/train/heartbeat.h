@@ -65,8 +65,7 @@ class Heartbeat {
   void set_phase(Phase p);
   void set_step(int step);  // the last completed step, without a step line (a skipped batch)
   // A step completed: records its numbers and writes the step line.
-  void step_done(int step, double loss, double step_time, double compute_time, double tokens_per_s = 0,
-                 double mfu = 0);
+  void step_done(int step, double loss, double step_time, double compute_time, double tokens_per_s, double mfu);
   // An event line; sync: returns once it was written (or after 10 s), for a fault about to end the process.
   void event(const std::string& name, nlohmann::ordered_json fields, bool sync = false);
   void finished() { set_phase(Phase::Done); }
