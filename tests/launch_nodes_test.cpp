@@ -8,6 +8,8 @@
 //    grad_accum 2 resumed from the same checkpoint (the oracle of a shrink).
 // The event logs must name the node and the reason. Tests assert outcomes, not speed: the timeouts only guard
 // against a test that would otherwise hang.
+// LaunchHosts runs the same job on separate hosts of a test network (net_hosts.h: network namespaces on a bridge),
+// each agent finding its own address by the route to the master, and cuts a host off the network.
 #include <httplib.h>
 
 #include <atomic>
@@ -17,6 +19,7 @@
 
 #include "comm_servers.h"
 #include "launch_testutil.h"
+#include "net_hosts.h"
 #include "test_util.h"
 
 using namespace mt;
@@ -293,6 +296,90 @@ TEST_F(LaunchNodes, AStoppedAgentIsALostNode) {
   EXPECT_EQ(d[0]["reason"], "node_lost") << d[0].dump();
   EXPECT_EQ(d[0]["node"], 1) << d[0].dump();
   EXPECT_EQ(driver("planned").at(1)["nodes"], nlohmann::json::array({0, 2}));
+}
+
+// The same job on three hosts of a test network: nodes 0 and 1 and a spare, with no --iface: each agent and its
+// ranks find their address by the route to the master (10.77.0.1), the store listens there, Gloo runs between
+// the hosts' own addresses. At step 5 host 1's cable is cut (its switch port down: its packets vanish, nobody gets
+// a reset). Its agent cannot renew its lease (launch/node_lease.h), so it must kill its ranks and leave before the
+// driver declares the node lost; the driver then goes on with the spare, and the link comes back (a flap) while
+// the job runs without host 1. Oracles:
+//  - the losses equal the undisturbed run's, step for step;
+//  - host 1 fenced itself before the driver's detection (the two events' times, one clock: the same machine), and
+//    its ranks were gone when the driver's detection was seen;
+//  - after the flap nothing of host 1 is left: its agent exited 22 and its namespace holds no process.
+// Without the lease, host 1's ranks sat in their collectives until the link returned, then failed as a lost peer
+// and wrote their snapshots into the checkpoint directory the new attempt was using.
+class LaunchHosts : public LaunchNodes {
+ protected:
+  void start_on_hosts(NetHosts& net, int nodes, int spares) {
+    const std::string master = net.address(0) + ":29500";  // each host has its own ports: any port is free
+    for (int a = 0; a < nodes + spares; ++a) {
+      std::vector<std::string> args = {kMegatrain, "launch", "--nproc", "2", "--nnodes", std::to_string(nodes),
+                                       "--node-rank", std::to_string(a), "--spares", std::to_string(spares),
+                                       "--master", master, "--max-restarts", "3", "--backoff", "0",
+                                       "--events", events(a)};
+      for (auto& s : train(out())) args.push_back(s);
+      const std::vector<std::string> cmd = net.on_host(a, args);
+      agents_.push_back(start_logged(cmd[0], {cmd.begin() + 1, cmd.end()}, log_path(a)));
+    }
+  }
+};
+
+// A process that has not exited (a zombie has: it only waits to be reaped).
+bool running(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  if (!std::getline(f, stat)) return false;
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
+TEST_F(LaunchHosts, AHostCutOffTheNetworkFencesItselfBeforeTheSpareTakesItsPlace) {
+  NetHosts net(3);
+  if (!net.ok()) GTEST_SKIP() << "no test network on this machine: " << net.why();
+  const auto want = undisturbed();
+  start_on_hosts(net, 2, 1);
+  wait_for_step(5);
+  const std::vector<pid_t> host1_ranks = {rank_pid(agents_[1], 2), rank_pid(agents_[1], 3)};
+  ASSERT_GT(host1_ranks[0], 0) << logs();
+  ASSERT_GT(host1_ranks[1], 0) << logs();
+  net.cut(1);
+  const double t0 = now_seconds();
+  while (driver("detected").empty()) {
+    ASSERT_LT(now_seconds() - t0, 300) << "the driver never noticed\n" << logs();
+    std::this_thread::sleep_for(20ms);
+  }
+  for (pid_t p : host1_ranks) EXPECT_FALSE(running(p)) << "host 1's rank (pid " << p << ") outlived its lease";
+  while (driver("evicted").empty()) {
+    ASSERT_LT(now_seconds() - t0, 300) << "host 1 was never evicted\n" << logs();
+    std::this_thread::sleep_for(20ms);
+  }
+  net.restore(1);
+  ASSERT_EQ(finish(0), 0) << logs();
+  EXPECT_EQ(finish(2), 0) << logs();
+  EXPECT_EQ(finish(1), 22) << log(1);
+  EXPECT_TRUE(net.pids(1).empty()) << "processes left on host 1";
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
+
+  const auto d = driver("detected");
+  EXPECT_EQ(d[0]["reason"], "node_lost") << d[0].dump();
+  EXPECT_EQ(d[0]["node"], 1) << d[0].dump();
+  std::vector<nlohmann::json> fenced;
+  for (auto& e : events_of(events(1)))
+    if (e["event"] == "fenced") fenced.push_back(e);
+  ASSERT_EQ(fenced.size(), 1u) << slurp(events(1));
+  EXPECT_EQ(fenced[0]["ranks_killed"], 2) << fenced[0].dump();
+  EXPECT_LT(fenced[0]["t"].get<double>(), d[0]["t"].get<double>()) << "host 1 fenced itself only after the driver "
+                                                                       "declared it lost";
+  EXPECT_EQ(log(1).find("peer snapshot: wrote"), std::string::npos) << "a fenced rank wrote snapshots\n" << log(1);
+  EXPECT_EQ(driver("planned").at(1)["nodes"], nlohmann::json::array({0, 2}));
+  // Each host's ranks talked on that host's own address, found by the route to the master.
+  for (int a : {0, 1, 2})
+    EXPECT_NE(log(a).find(fmt::format("use {} ({}): the route to MASTER_ADDR {}", net.address(a), net.interface(a),
+                                      net.address(0))),
+              std::string::npos)
+        << log(a);
 }
 
 }  // namespace

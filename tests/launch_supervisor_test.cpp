@@ -7,6 +7,7 @@
 #include "megatrain/launch/hang_blame.h"
 #include "megatrain/launch/job_protocol.h"
 #include "megatrain/launch/job_watch.h"
+#include "megatrain/launch/node_lease.h"
 #include "megatrain/launch/node_plan.h"
 #include "megatrain/launch/rank_status.h"
 #include "megatrain/launch/restart_policy.h"
@@ -369,5 +370,30 @@ TEST(JobWatch, StatusesFeedTheSameHangAndStragglerRules) {
   EXPECT_NE(h->why.find("no progress"), std::string::npos) << h->why;
 }
 
-}  // namespace
+// The lease ends strictly before the driver can declare the node lost: the driver waits the whole timeout from
+// when it saw the last bump, which is no earlier than when the bump was sent; the lease is 3/4 of it from then.
+TEST(NodeLease, LapsesAQuarterOfTheTimeoutBeforeTheDriverCouldDeclareTheNodeLost) {
+  NodeLease l(8.0, 100.0);
+  EXPECT_DOUBLE_EQ(l.length(), 6.0);
+  EXPECT_DOUBLE_EQ(l.renew_interval(), 1.0);
+  EXPECT_FALSE(l.lapsed(106.0));  // exactly at its length it still holds
+  EXPECT_TRUE(l.lapsed(106.001));
+  l.renewed(105.0);  // a bump sent at 105 was acknowledged (say at 107: the ack time does not count)
+  EXPECT_DOUBLE_EQ(l.age(107.0), 2.0);
+  EXPECT_FALSE(l.lapsed(111.0));
+  EXPECT_TRUE(l.lapsed(111.5));
+  l.renewed(103.0);  // a late ack of an older bump never moves the lease back
+  EXPECT_DOUBLE_EQ(l.age(107.0), 2.0);
+}
 
+// At every --node-timeout (>= 1 s) three renewals fit in the lease, so one slow round trip does not lapse it.
+TEST(NodeLease, RenewsOftenEnoughAtShortTimeouts) {
+  for (double t : {1.0, 2.0, 4.0, 8.0, 60.0}) {
+    NodeLease l(t);
+    EXPECT_LE(l.renew_interval() * 3, l.length()) << "timeout " << t;
+    EXPECT_LE(l.renew_interval(), 1.0);
+    EXPECT_LT(l.length(), t);
+  }
+}
+
+}  // namespace

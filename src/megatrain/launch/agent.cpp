@@ -14,6 +14,7 @@
 #include <cstring>
 #include <atomic>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "megatrain/launch/job_protocol.h"
 #include "megatrain/launch/job_store.h"
 #include "megatrain/launch/job_watch.h"
+#include "megatrain/launch/node_lease.h"
 #include "megatrain/launch/process_util.h"
 #include "megatrain/launch/rank_process.h"
 #include "megatrain/launch/rank_status.h"
@@ -174,6 +176,10 @@ class Agent {
         abort_start(why);
         break;
       }
+      {
+        std::lock_guard<std::mutex> lock(groups_mu_);
+        live_groups_.push_back(r.pid);
+      }
       r.hb.set_hook([this, i](const std::string& line) { on_heartbeat(size_t(i), line); });
       r.err.set_hook([this, i](const std::string& line) { on_stderr(size_t(i), line); });
     }
@@ -185,6 +191,10 @@ class Agent {
     in_attempt_ = true;
     supervise();
     in_attempt_ = false;
+    {
+      std::lock_guard<std::mutex> lock(groups_mu_);
+      live_groups_.clear();  // every rank was reaped: their group ids may be reused from now on
+    }
     if (detected_at_ > 0) events_.write("stopped", {{"seconds", now_seconds() - detected_at_}});
     AttemptEnd end;
     end.code = exit_code_;
@@ -291,7 +301,11 @@ class Agent {
       });
     }
     std::atomic<bool> quit{false};
+    lease_ = std::make_unique<NodeLease>(opt_.node_timeout_s, now_seconds());
     std::thread alive([&] { keep_alive(quit); });
+    // Node 0 serves the store and runs the driver: it cannot be cut off from them, and must outlive every lease.
+    std::thread fence;
+    if (opt_.node_rank != 0) fence = std::thread([&] { fence_watch(quit); });
     int code = 0;
     try {
       code = driven_loop();
@@ -301,6 +315,7 @@ class Agent {
     }
     quit = true;
     alive.join();
+    if (fence.joinable()) fence.join();
     if (driver.joinable()) {
       if (code >= 128) {  // signalled: the process ends here, and the driver (mid-wait) with it
         std::fflush(nullptr);
@@ -425,21 +440,54 @@ class Agent {
     }
   }
 
-  // Bumps this agent's liveness counter every second from its own thread and store client, so the driver sees a
-  // live node even while the main loop waits on a slow rank or a diagnosis.
+  // Bumps this agent's liveness counter (every second, or a quarter of --node-timeout when that is shorter) from its
+  // own thread and store client, so the driver sees a live node even while the main loop waits on a slow rank or a
+  // diagnosis. Each acknowledged bump renews the node's lease (node_lease.h).
   void keep_alive(std::atomic<bool>& quit) {
     std::unique_ptr<Store> s;
     int failures = 0;
     while (!quit) {
+      const double next = now_seconds() + lease_->renew_interval();
       try {
         if (!s) s = connect_job_store(store_);
+        const double sent = now_seconds();
         s->add(proto::alive_key(opt_.node_rank), 1);
+        lease_->renewed(sent);
         failures = 0;
       } catch (const std::exception&) {
         s.reset();
         if (++failures >= 3) store_lost_ = true;  // (the client itself already retried for seconds)
       }
-      for (int i = 0; i < 10 && !quit; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      while (!quit && now_seconds() < next) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  // The other half of the lease: once it lapses, this node's ranks must be gone before the driver declares the node
+  // lost and the job goes on without it (node_lease.h says what they would do otherwise). Its own thread, because
+  // the main loop may be stuck in a store call for the client's whole timeout (30 s) when the network is gone.
+  // The ranks get SIGKILL, not a grace period: they are cut off, no step boundary they could reach would help, and
+  // a rank that dies of its own lost peer is exactly what must not happen. Then the agent leaves (exit 22, as for a
+  // lost store): the driver has evicted, or is about to evict, this node.
+  void fence_watch(std::atomic<bool>& quit) {
+    while (!quit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const double now = now_seconds();
+      if (!lease_->lapsed(now)) continue;
+      std::vector<pid_t> groups;
+      {
+        std::lock_guard<std::mutex> lock(groups_mu_);
+        groups = live_groups_;
+      }
+      if (groups.empty()) continue;  // no ranks (a spare, or between attempts): nothing acts for this node
+      for (pid_t g : groups) ::killpg(g, SIGKILL);
+      say(fmt::format("this node has not reached the job store for {:.1f} s (its last acknowledged liveness bump; "
+                      "the driver declares a node lost after {:.0f} s): killed its {} so that none of them acts "
+                      "after the job goes on without this node; leaving the job",
+                      lease_->age(now), opt_.node_timeout_s, plural(int(groups.size()), "rank")));
+      events_.write("fenced", {{"lease_age_s", lease_->age(now)}, {"node_timeout_s", opt_.node_timeout_s},
+                               {"ranks_killed", groups.size()}});
+      std::fflush(nullptr);
+      std::_Exit(22);  // the ranks' PR_SET_PDEATHSIG covers any started since the copy was taken
     }
   }
 
@@ -795,6 +843,9 @@ class Agent {
   // Under the job driver (driven mode).
   std::unique_ptr<Store> ctl_;             // this agent's client of the job store
   std::atomic<bool> store_lost_{false};    // the liveness thread could not reach the store
+  std::unique_ptr<NodeLease> lease_;       // renewed by keep_alive, watched by fence_watch
+  std::mutex groups_mu_;
+  std::vector<pid_t> live_groups_;         // the process groups of this attempt's ranks, for fence_watch
   bool evicted_said_ = false;
   bool in_attempt_ = false;
 

@@ -32,6 +32,7 @@ void EventLog::open(const std::string& path, int node) {
 }
 
 void EventLog::write(const std::string& event, nlohmann::json fields) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (!f_ && !observer_) return;
   nlohmann::json j = {{"t", unix_seconds()}, {"event", event}, {"attempt", attempt_}, {"node", node_}};
   for (auto& [k, v] : fields.items()) j[k] = v;

@@ -16,9 +16,13 @@
 //   diagnosed    `megatrain diagnose` of a node after a fault   node, pass, report
 //   evicted      a node is out of the job                       node, reason
 // and "detected" with reason node_lost (node), hang (ranks, nodes, blame) or straggler (rank, node).
+// An agent other than node 0's writes in its own log:
+//   fenced       its lease lapsed (node_lease.h): it killed its   lease_age_s, node_timeout_s, ranks_killed
+//                ranks and left the job (exit 22)
 #pragma once
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -35,12 +39,14 @@ class EventLog {
   // Appends to path (creating its folder); "" keeps the log off. Throws mt::Error naming the path it cannot open.
   void open(const std::string& path, int node);
   void set_attempt(int attempt) { attempt_ = attempt; }
-  // Writes {"t":..., "event": event, "attempt":..., "node":..., fields...}, and hands it to the observer.
+  // Writes {"t":..., "event": event, "attempt":..., "node":..., fields...}, and hands it to the observer. Any thread
+  // may write (the agent's fence thread does); lines never interleave.
   void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
   // Called with every event written from then on (the dashboard's feed), on the writer's thread.
   void set_observer(std::function<void(const nlohmann::json&)> f) { observer_ = std::move(f); }
 
  private:
+  std::mutex mu_;
   std::FILE* f_ = nullptr;
   std::function<void(const nlohmann::json&)> observer_;
   int node_ = 0, attempt_ = 0;
