@@ -72,6 +72,7 @@ class NetHosts {
   const std::string& why() const { return why_; }
   std::string address(int i) const { return fmt::format("10.77.0.{}", i + 1); }
   std::string interface(int i) const { return host_if(i); }
+  std::string netns(int i) const { return host(i); }  // the namespace's name, for `ip netns exec NAME ...`
 
   // The command line that runs `argv` on host i: `ip netns exec NAME argv...` (ip execs it: same pid).
   std::vector<std::string> on_host(int i, const std::vector<std::string>& argv) const {
