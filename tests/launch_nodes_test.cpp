@@ -51,18 +51,10 @@ class LaunchNodes : public ::testing::Test {
     if (!HasFailure() && !std::getenv("MT_KEEP_TEST_DIRS")) fs::remove_all(dir_);
   }
 
-  // The training command: dp2 x tp2 (tp inside a node), 10 steps, a checkpoint every 2 steps, all kept; one tp
-  // piece per collective, as in launch_faults_test.cpp (why there).
+  // The training command (launch_testutil.h's node_job), after launch's options.
   static std::vector<std::string> train(const std::string& out, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {"--", "train", "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2",
-                                  "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64",
-                                  "--data.seq_len=32", "--data.batch_size=2", "--optim.lr=3e-3",
-                                  "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",
-                                  "--train.log_every=1", "--train.threads=1", "--train.steps=10", "--ckpt.every=2",
-                                  "--ckpt.keep_last=100", "--ckpt.save_final=false", "--parallel.timeout_s=60",
-                                  "--parallel.tp_chunks=1",
-                                  "--data.dir=" + kBrownData, "--train.out_dir=" + out};
-    a.insert(a.end(), extra.begin(), extra.end());
+    std::vector<std::string> a = {"--"};
+    for (auto& s : node_job(out, extra)) a.push_back(s);
     return a;
   }
 
@@ -100,19 +92,8 @@ class LaunchNodes : public ::testing::Test {
     }
   }
 
-  // The losses of an undisturbed run of the same job on one 4-rank launcher, computed once per build and job
-  // (launch_testutil.h).
-  std::vector<std::string> undisturbed() {
-    const std::string out = (dir_ / "undisturbed").string(), log = (dir_ / "undisturbed.log").string();
-    std::vector<std::string> args = {"launch", "--nproc", "4"};
-    for (auto& s : train(out)) args.push_back(s);
-    std::vector<std::string> losses = cached_losses("nodes-undisturbed", args, [&] {
-      EXPECT_EQ(finish_within(start_logged(kMegatrain, args, log), 400), 0) << slurp(log);
-      return step_losses(out + "/metrics.jsonl");
-    });
-    EXPECT_EQ(losses.size(), 10u);
-    return losses;
-  }
+  // The losses of an undisturbed run of the same job on one 4-rank launcher (launch_testutil.h).
+  std::vector<std::string> undisturbed() { return node_job_undisturbed(dir_); }
 
   // The checkpoint the last attempt resumed from, and its step: the last `run` line of the job's metrics says.
   std::pair<fs::path, int> resumed_from() const {

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "megatrain/core/clock.h"
+#include "test_util.h"
 
 namespace mt::test {
 
@@ -145,5 +146,34 @@ inline std::vector<std::string> cached_losses(const std::string& name, const std
   return losses;
 }
 
-}  // namespace mt::test
+// The training job of the multi-node tests (launch_nodes_test, deploy_slurm_test): dp2 x tp2 on 4 ranks (2 per
+// node, tp inside a node), 10 steps, a checkpoint every 2 steps, all kept; one tp piece per collective, as in
+// launch_faults_test.cpp (why there). The `train` subcommand and its options, after launch's `--`.
+inline std::vector<std::string> node_job(const std::string& out, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> a = {"train", "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2",
+                                "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64",
+                                "--data.seq_len=32", "--data.batch_size=2", "--optim.lr=3e-3",
+                                "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",
+                                "--train.log_every=1", "--train.threads=1", "--train.steps=10", "--ckpt.every=2",
+                                "--ckpt.keep_last=100", "--ckpt.save_final=false", "--parallel.timeout_s=60",
+                                "--parallel.tp_chunks=1",
+                                "--data.dir=" + kBrownData, "--train.out_dir=" + out};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
 
+// The per-step losses of node_job undisturbed, on one 4-rank launcher (the oracle of the multi-node tests), run in
+// `dir` once per build and shared by every test that asks (cached_losses).
+inline std::vector<std::string> node_job_undisturbed(const std::filesystem::path& dir) {
+  const std::string out = (dir / "undisturbed").string(), log = (dir / "undisturbed.log").string();
+  std::vector<std::string> args = {"launch", "--nproc", "4", "--"};
+  for (auto& s : node_job(out)) args.push_back(s);
+  std::vector<std::string> losses = cached_losses("nodes-undisturbed", args, [&] {
+    EXPECT_EQ(finish_within(start_logged(kMegatrain, args, log), 400), 0) << slurp(log);
+    return step_losses(out + "/metrics.jsonl");
+  });
+  EXPECT_EQ(losses.size(), 10u);
+  return losses;
+}
+
+}  // namespace mt::test

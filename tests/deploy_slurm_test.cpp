@@ -1,0 +1,277 @@
+// deploy/slurm/megatrain.sbatch on a real Slurm cluster: Debian's slurmctld, slurmd and munged, on the hosts of a
+// test network (net_hosts.h). Host 0 is the controller (the login node, where sbatch runs); hosts 1..n are the
+// compute nodes n1..nN, each a slurmd in its host's network namespace under its own hostname (a UTS namespace), so
+// Slurm sees N machines with N addresses. The job is launch_testutil.h's node_job (dp2 x tp2, 2 ranks a node) on
+// 3 nodes with MEGATRAIN_SPARES=1, submitted with sbatch from the controller host; one agent is killed (kill -9)
+// mid-run. Slurm reports that task's failure, but the job must complete with the driver's exit code, 0, and its
+// per-step losses must equal the undisturbed run's (the oracle): the spare took the node's place. (One test, not a
+// clean run and a faulty one: the clean path is all inside this one, and each cluster costs seconds of CI.)
+// Needs root, iproute2, nsenter and unshare (util-linux), and the Slurm and MUNGE daemons; without them the tests
+// skip, saying what is missing.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <regex>
+#include <thread>
+
+#include "launch_testutil.h"
+#include "net_hosts.h"
+#include "test_util.h"
+
+using namespace mt;
+using namespace mt::test;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Runs a shell command; its exit code, and what it printed in *out.
+int shell(const std::string& cmd, std::string* out = nullptr) {
+  char tmpl[] = "/tmp/mt-slurm-sh-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  if (fd >= 0) ::close(fd);
+  const int st = std::system(fmt::format("{} > {} 2>&1 < /dev/null", cmd, tmpl).c_str());
+  if (out) *out = slurp(tmpl);
+  ::unlink(tmpl);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+// The programs a Slurm cluster needs here that are not installed ("" when none).
+std::string missing_programs() {
+  std::string missing;
+  for (const char* p : {"slurmctld", "slurmd", "munged", "sbatch", "scontrol", "sinfo", "nsenter", "unshare"})
+    if (shell(fmt::format("command -v {}", p)) != 0) missing += std::string(missing.empty() ? "" : ", ") + p;
+  return missing;
+}
+
+// A Slurm cluster on the hosts of `net`: MUNGE (one daemon, on a socket in `dir`, which every host's processes
+// reach: they share the file system), slurmctld on host 0 and a slurmd on each of hosts 1..nodes. Everything it
+// writes is under `dir`; the destructor stops its daemons (the hosts' NetHosts kills whatever is left in them).
+class SlurmCluster {
+ public:
+  SlurmCluster(NetHosts& net, int nodes, const fs::path& dir) : net_(net), nodes_(nodes), dir_(dir) {
+    fs::create_directories(dir_ / "state");
+    for (int i = 1; i <= nodes_; ++i) fs::create_directories(dir_ / fmt::format("spool-n{}", i));
+    {
+      std::ifstream rnd("/dev/urandom", std::ios::binary);
+      std::string key(1024, '\0');
+      rnd.read(key.data(), std::streamsize(key.size()));
+      std::ofstream(dir_ / "munge.key", std::ios::binary) << key;
+    }
+    fs::permissions(dir_ / "munge.key", fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
+    std::ofstream conf(conf_path());
+    conf << fmt::format(
+        "ClusterName=mt\nSlurmctldHost=ctl({})\nSlurmUser=root\nSlurmdUser=root\n"
+        "AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={d}/munge.sock\n"
+        "StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool-%n\nSlurmctldPidFile={d}/slurmctld.pid\n"
+        "SlurmdPidFile={d}/slurmd-%n.pid\nSlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd-%n.log\n"
+        // No cgroups (a container may not have them): processes are tracked by their parent pids.
+        "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSwitchType=switch/none\nMpiDefault=none\n"
+        "SelectType=select/linear\nJobAcctGatherType=jobacct_gather/none\n"
+        "AccountingStorageType=accounting_storage/none\nReturnToService=2\nKillWait=5\nMinJobAge=600\n",
+        net_.address(0), fmt::arg("d", dir_.string()));
+    std::string names;
+    for (int i = 1; i <= nodes_; ++i) {
+      conf << fmt::format("NodeName=n{} NodeAddr={} CPUs=1 State=UNKNOWN\n", i, net_.address(i));
+      names += fmt::format("{}n{}", i > 1 ? "," : "", i);
+    }
+    conf << fmt::format("PartitionName=p Nodes={} Default=YES MaxTime=INFINITE State=UP\n", names);
+    conf.close();
+
+    std::string out;
+    const std::string d = dir_.string();
+    if (shell(fmt::format("munged -f --socket={d}/munge.sock --key-file={d}/munge.key --log-file={d}/munged.log "
+                          "--pid-file={d}/munged.pid --seed-file={d}/munged.seed",
+                          fmt::arg("d", d)),
+              &out) != 0) {
+      why_ = "munged did not start: " + out;
+      return;
+    }
+    if (on_host(0, "ctl", fmt::format("slurmctld -f {} -i", conf_path()), &out) != 0) {
+      why_ = "slurmctld did not start: " + out + slurp(dir_ / "slurmctld.log");
+      return;
+    }
+    for (int i = 1; i <= nodes_; ++i)
+      if (on_host(i, fmt::format("n{}", i), fmt::format("slurmd -f {}", conf_path()), &out) != 0) {
+        why_ = fmt::format("slurmd of n{} did not start: {}{}", i, out, slurp(dir_ / fmt::format("slurmd-n{}.log", i)));
+        return;
+      }
+    // Up when every node is idle (the slurmds registered with the controller).
+    const double t0 = now_seconds();
+    for (;;) {
+      slurm("sinfo -h -o %t", &out);
+      if (std::count(out.begin(), out.end(), '\n') >= 1 && out.find("idle") != std::string::npos &&
+          out.find_first_not_of("idle\n") == std::string::npos)
+        break;
+      if (now_seconds() - t0 > 60) {
+        why_ = "the nodes never became idle: sinfo says '" + out + "'\n" + slurp(dir_ / "slurmctld.log");
+        return;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    ok_ = true;
+  }
+  ~SlurmCluster() {
+    std::vector<std::string> pid_files = {"slurmctld.pid", "munged.pid"};
+    for (int i = 1; i <= nodes_; ++i) pid_files.push_back(fmt::format("slurmd-n{}.pid", i));
+    for (const auto& f : pid_files)
+      if (const int pid = std::atoi(slurp(dir_ / f).c_str()); pid > 0) ::kill(pid, SIGKILL);
+  }
+
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+  std::string conf_path() const { return (dir_ / "slurm.conf").string(); }
+
+  // A Slurm client command on the controller host (the login node), with `env` before it.
+  int slurm(const std::string& cmd, std::string* out = nullptr, const std::string& env = "") const {
+    return shell(fmt::format("nsenter --net=/run/netns/{} env SLURM_CONF={} {} {}", net_.netns(0), conf_path(), env,
+                             cmd),
+                 out);
+  }
+
+  // The job's state and exit code once it has ended (polls `scontrol show job`).
+  std::pair<std::string, int> wait_for(const std::string& job, double timeout_s) const {
+    const std::regex state(R"(JobState=(\S+))"), code(R"( ExitCode=(\d+):)");
+    const double t0 = now_seconds();
+    for (std::string out;; std::this_thread::sleep_for(100ms)) {
+      slurm("scontrol show job -o " + job, &out);
+      std::smatch s, c;
+      if (std::regex_search(out, s, state) && std::regex_search(out, c, code) && s[1] != "PENDING" &&
+          s[1] != "RUNNING" && s[1] != "CONFIGURING" && s[1] != "COMPLETING")
+        return {s[1], std::stoi(c[1])};
+      if (now_seconds() - t0 > timeout_s) {
+        ADD_FAILURE() << "job " << job << " did not end within " << timeout_s << " s: " << out;
+        return {"", -1};
+      }
+    }
+  }
+
+ private:
+  // Starts a daemon on host i, in its network namespace and under `hostname` (a UTS namespace of its own: Slurm
+  // knows its nodes by their host names). Mounts are shared: /sys/fs/cgroup stays visible (`ip netns exec` would
+  // remount /sys).
+  int on_host(int i, const std::string& hostname, const std::string& cmd, std::string* out) const {
+    return shell(fmt::format("nsenter --net=/run/netns/{} unshare --uts sh -c 'hostname {} && exec {}'", net_.netns(i),
+                             hostname, cmd),
+                 out);
+  }
+
+  NetHosts& net_;
+  int nodes_;
+  fs::path dir_;
+  bool ok_ = false;
+  std::string why_;
+};
+
+class SlurmJob : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prepare_brown_once(kMegatrain, kBrownData);
+    dir_ = fs::path(temp_root()) /
+           ("mt-slurm-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    cluster_.reset();  // the daemons first, then the hosts they ran on
+    net_.reset();
+    if (!HasFailure() && !std::getenv("MT_KEEP_TEST_DIRS")) {
+      fs::remove_all(dir_);
+      if (!slurm_dir_.empty()) fs::remove_all(slurm_dir_);
+    }
+  }
+
+  // Starts a controller and `nodes` compute nodes (cluster_). Returns why a test must skip: this machine cannot
+  // have such a cluster at all ("" when it can; whether it came up, cluster_->ok() says).
+  std::string start_cluster(int nodes) {
+    if (std::string m = missing_programs(); !m.empty()) return "not installed: " + m;
+    net_ = std::make_unique<NetHosts>(nodes + 1);
+    if (!net_->ok()) return "no test network on this machine: " + net_->why();
+    // The daemons' folder is short: slurmstepd makes Unix sockets in it, whose paths may not exceed 108 bytes.
+    char tmpl[] = "/tmp/mt-slurm-XXXXXX";
+    MT_CHECK(::mkdtemp(tmpl), "mkdtemp: {}", std::strerror(errno));
+    slurm_dir_ = tmpl;
+    cluster_ = std::make_unique<SlurmCluster>(*net_, nodes, slurm_dir_);
+    return "";
+  }
+
+  // Submits the script for `nodes` nodes from the login node; the job id.
+  std::string submit(int nodes, int spares) {
+    const SlurmCluster& c = *cluster_;
+    std::string args = "--max-restarts 3 --backoff 0 --";
+    for (const auto& a : node_job(out())) args += " '" + a + "'";
+    const std::string env = fmt::format("MEGATRAIN={} MEGATRAIN_NPROC=2 MEGATRAIN_SPARES={} MEGATRAIN_RUN_DIR={}",
+                                        kMegatrain, spares, run_dir());
+    std::string id;
+    EXPECT_EQ(c.slurm(fmt::format("sbatch --parsable --nodes={} --chdir={} -o {} {}/deploy/slurm/megatrain.sbatch {}",
+                                  nodes, dir_.string(), job_log(), MT_SOURCE_DIR, args),
+                      &id, env),
+              0)
+        << id;
+    return id.substr(0, id.find_first_of(";\n"));
+  }
+
+  std::string out() const { return (dir_ / "run").string(); }
+  std::string run_dir() const { return (dir_ / "slurm-run").string(); }
+  std::string job_log() const { return (dir_ / "job.out").string(); }
+  std::string events(int node) const { return fmt::format("{}/events-{}.jsonl", run_dir(), node); }
+  // The daemons' logs, for a failure's message.
+  std::string daemon_logs() const {
+    std::string s;
+    for (const auto& e : fs::directory_iterator(slurm_dir_))
+      if (e.path().extension() == ".log") s += "---- " + e.path().filename().string() + "\n" + slurp(e.path());
+    return s;
+  }
+
+  fs::path dir_, slurm_dir_;
+  std::unique_ptr<NetHosts> net_;
+  std::unique_ptr<SlurmCluster> cluster_;
+};
+
+TEST_F(SlurmJob, AKilledAgentIsReplacedByTheSpareAndTheJobSucceeds) {
+  if (std::string skip = start_cluster(3); !skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_TRUE(cluster_->ok()) << cluster_->why();
+  const auto want = node_job_undisturbed(dir_);
+  const std::string job = submit(3, 1);
+  // Node 1 of the job is n2 (host 2): kill its agent once training is under way.
+  const double t0 = now_seconds();
+  for (int polls = 0; last_step(out() + "/metrics.jsonl") < 5; ++polls) {
+    ASSERT_LT(now_seconds() - t0, 300) << "step 5 never came\n" << slurp(job_log()) << daemon_logs();
+    if (polls % 50 == 0) {  // a job Slurm failed to start is requeued and held: say so now, not after the guard
+      std::string st;
+      cluster_->slurm("scontrol show job -o " + job, &st);
+      const bool alive = st.find("JobState=RUNNING") != std::string::npos ||
+                         (st.find("JobState=PENDING") != std::string::npos && st.find("held") == std::string::npos &&
+                          st.find("launch failed") == std::string::npos);
+      ASSERT_TRUE(alive) << st << "\n" << slurp(job_log()) << daemon_logs();
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  pid_t agent = -1;
+  for (pid_t p : net_->pids(2)) {
+    const std::string cmd = slurp(fmt::format("/proc/{}/cmdline", p));
+    if (cmd.find(std::string("launch\0--nproc", 14)) != std::string::npos) agent = p;
+  }
+  ASSERT_GT(agent, 0) << "no agent on n2";
+  ::kill(agent, SIGKILL);
+  const auto [state, code] = cluster_->wait_for(job, 300);
+  EXPECT_EQ(state, "COMPLETED") << slurp(job_log());
+  EXPECT_EQ(code, 0) << slurp(job_log());
+  const std::string log = slurp(job_log());
+  // Slurm saw node 1's task fail (the script's shell around the agent reports its SIGKILL as 137).
+  EXPECT_NE(log.find("n2: task 1: Exited with exit code 137"), std::string::npos) << log;
+  EXPECT_NE(log.find("the job driver's exit code: 0"), std::string::npos) << log;
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << log;
+  // Node 0 is the allocation's first node, reached at its NodeAddr; each node's agent logged its own events.
+  EXPECT_NE(log.find(fmt::format("driver on n1 ({}:29500)", net_->address(1))), std::string::npos) << log;
+  for (int node : {0, 1, 2}) EXPECT_FALSE(events_of(events(node)).empty()) << events(node);
+  std::vector<nlohmann::json> planned;
+  for (const auto& e : events_of(events(0)))
+    if (e.value("by", "") == "driver" && e["event"] == "planned") planned.push_back(e);
+  ASSERT_EQ(planned.size(), 2u) << slurp(events(0));
+  EXPECT_EQ(planned[1]["nodes"], nlohmann::json::array({0, 2})) << planned[1].dump();
+}
+
+}  // namespace
