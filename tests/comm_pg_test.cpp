@@ -20,6 +20,7 @@
 #include "comm_fork_util.h"
 #include "test_util.h"
 #include "megatrain/core/clock.h"
+#include "megatrain/core/stop_request.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/comm/process_group.h"
 #include "megatrain/comm/store.h"
@@ -444,6 +445,51 @@ TEST(GlooGroup, FailuresSayWhetherAPeerWentAwayOrTimedOut) {
     } catch (const Error& e) {
       MT_CHECK(e.kind == ErrorKind::CommTimeout, "a missing member gave kind '{}': {}", kind_name(e.kind), e.what());
     }
+  });
+  EXPECT_EQ(report, "");
+}
+
+// A peer that is alive but never joins the op (as one behind a cut cable looks): the supervisor's abandon request
+// (SIGUSR1, core/stop_request.h) makes the waiting rank's collective and receive fail at once as a lost peer,
+// naming the op, where they would otherwise wait out the group's 60 s timeout. Nothing in the test waits for that
+// timeout: the waiter leaves with _exit while the group's thread is still blocked, as the trainer does.
+TEST(GlooGroup, AnAbandonedWaitFailsAtOnceAsALostPeer) {
+  TempDir dir;
+  std::string path = dir.path;
+  auto report = run_procs(2, [&](int i) {
+    auto g = join_group(path, 2, i, quick(60000));
+    auto store = make_file_store(path);
+    if (i == 1) {
+      store->get("done", Millis(60000));  // alive, in no op
+      ::_exit(0);
+    }
+    std::vector<float> v(8), r(8);
+    auto coll = g->allreduce(f32_view(v.data(), {8}));
+    auto recv = g->recv(f32_view(r.data(), {8}), 1, 7);
+    MT_CHECK(!coll->done() && !recv->done(), "the ops finished without their peer");
+    std::thread signaller([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ::raise(SIGUSR1);  // through the handler a rank has, not request_abandon()
+    });
+    install_stop_handlers();
+    const std::string e1 = error_of([&] { coll->wait(); });
+    signaller.join();
+    MT_CHECK(abandon_requested(), "SIGUSR1 did not request abandoning");
+    ErrorKind kind = ErrorKind::Internal;
+    try {
+      recv->wait();
+    } catch (const Error& e) {
+      kind = e.kind;
+    }
+    const std::string e2 = error_of([&] { recv->wait(); });
+    store->set("done", "1");
+    MT_CHECK(e1.find("group g: allreduce(sum, 8 floats) #0: abandoned while waiting for it") != std::string::npos,
+             "message: '{}'", e1);
+    MT_CHECK(e2.find("group g: recv of 32 bytes from rank 3 (group rank 1), tag 7: abandoned") != std::string::npos,
+             "message: '{}'", e2);
+    MT_CHECK(kind == ErrorKind::PeerLost, "an abandoned wait gave kind '{}'", kind_name(kind));
+    std::fflush(nullptr);
+    ::_exit(0);  // the group's thread is still in the allreduce: no destructor may join it
   });
   EXPECT_EQ(report, "");
 }

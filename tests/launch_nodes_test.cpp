@@ -289,6 +289,7 @@ TEST_F(LaunchNodes, AStoppedAgentIsALostNode) {
 //  - host 1 fenced itself before the driver's detection (the two events' times, one clock: the same machine), and
 //    its ranks were gone when the driver's detection was seen;
 //  - after the flap nothing of host 1 is left: its agent exited 22 and its namespace holds no process.
+//  - host 0's ranks, blocked in collectives with host 1's, gave up at once when the driver stopped the attempt.
 // Without the lease, host 1's ranks sat in their collectives until the link returned, then failed as a lost peer
 // and wrote their snapshots into the checkpoint directory the new attempt was using.
 class LaunchHosts : public LaunchNodes {
@@ -354,6 +355,11 @@ TEST_F(LaunchHosts, AHostCutOffTheNetworkFencesItselfBeforeTheSpareTakesItsPlace
   EXPECT_LT(fenced[0]["t"].get<double>(), d[0]["t"].get<double>()) << "host 1 fenced itself only after the driver "
                                                                        "declared it lost";
   EXPECT_EQ(log(1).find("peer snapshot: wrote"), std::string::npos) << "a fenced rank wrote snapshots\n" << log(1);
+  // Host 0's ranks were blocked in collectives with host 1's, which never answer: the driver's stop abandons the
+  // attempt (SIGUSR1), so they give up at once as a lost peer (writing whatever snapshots they hold) instead of
+  // sitting out the grace period and dying by SIGKILL.
+  EXPECT_NE(log(0).find("abandoned while waiting for it"), std::string::npos) << log(0);
+  EXPECT_EQ(log(0).find("still running after the grace period"), std::string::npos) << log(0);
   EXPECT_EQ(driver("planned").at(1)["nodes"], nlohmann::json::array({0, 2}));
   // Each host's ranks talked on that host's own address, found by the route to the master.
   for (int a : {0, 1, 2})

@@ -47,6 +47,7 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/core/stop_request.h"
 #include "megatrain/comm/flight_recorder.h"
 #include "megatrain/comm/process_group.h"
 
@@ -261,9 +262,11 @@ std::shared_ptr<gloo::transport::Device> shared_device(const std::string& iface)
   return dev;
 }
 
-// The Work every op returns: completed once, by whichever thread ran the op.
+// The Work every op returns: completed once, by whichever thread ran the op. `what` names the op in the error of an
+// abandoned wait.
 class OpWork : public Work {
  public:
+  explicit OpWork(std::string what = "") : what_(std::move(what)) {}
   void finish(double exec, std::exception_ptr err) {
     std::lock_guard<std::mutex> lock(mu_);
     exec_ = exec;
@@ -271,9 +274,15 @@ class OpWork : public Work {
     done_ = true;
     cv_.notify_all();
   }
+  // Waits for the op; gives up with a lost-peer error once the supervisor abandons the attempt (stop_request.h).
+  // The op itself stays blocked on the group's thread: the process is about to exit.
   void wait() override {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return done_; }))
+      if (abandon_requested())
+        throw Error(fmt::format("{}: abandoned while waiting for it: the supervisor ended the attempt (a peer is gone)",
+                                what_.empty() ? std::string("a collective") : what_),
+                    ErrorKind::PeerLost);
     if (err_) std::rethrow_exception(err_);
   }
   bool done() override {
@@ -288,6 +297,7 @@ class OpWork : public Work {
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::string what_;
   bool done_ = false;
   double exec_ = 0;
   std::exception_ptr err_;
@@ -474,11 +484,12 @@ class GlooGroup : public ProcessGroup {
   // op: the collective's name in the flight recorder, whose sequence numbers equal the tags (both count this
   // group's collectives in issue order).
   WorkPtr enqueue(const char* op, std::string what, std::function<void(uint32_t)> body) {
-    auto work = std::make_shared<OpWork>();
+    std::shared_ptr<OpWork> work;
     {
       std::lock_guard<std::mutex> lock(qmu_);
       MT_CHECK(!stop_, "group {}: {} issued while the group is being destroyed", name_, what);
       uint32_t tag = next_tag_++;
+      work = std::make_shared<OpWork>(fmt::format("group {}: {} #{}", name_, what, tag));
       const uint64_t id = record_->post_collective(op);
       queue_.push_back(Task{fmt::format("{} #{}", what, tag), std::move(body), tag, work, id});
     }
@@ -571,14 +582,14 @@ class GlooGroup : public ProcessGroup {
     MT_CHECK(tag >= 0, "group {}: {} tag {} must be >= 0", name_, what, tag);
     auto op = std::make_unique<P2POp>();
     op->is_send = is_send;
-    op->work = std::make_shared<OpWork>();
     const size_t bytes = t.nbytes();
+    const std::string desc = fmt::format("group {}: {} of {} bytes {} rank {} (group rank {}), tag {}", name_, what,
+                                         bytes, is_send ? "to" : "from", ranks_[peer], peer, tag);
+    op->work = std::make_shared<OpWork>(desc);
     if (bytes == 0) {
       op->work->finish(0, nullptr);
       return op->work;
     }
-    const std::string desc = fmt::format("group {}: {} of {} bytes {} rank {} (group rank {}), tag {}", name_, what,
-                                         bytes, is_send ? "to" : "from", ranks_[peer], peer, tag);
     const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, static_cast<uint32_t>(tag));
     const uint64_t record_id = record_->post_p2p(what, ranks_[peer]);
     record_->enter(record_id);

@@ -277,7 +277,7 @@ class Agent {
     events_.write("detected", {{"reason", "hang"}, {"why", h->why}, {"blame", h->blame.line},
                                {"ranks", h->blame.ranks}, {"seconds_since_progress", h->since_progress_s}});
     exit_code_ = kHangCode;
-    begin_stop(SIGTERM, h->blame.ranks);
+    begin_stop(SIGTERM, h->blame.ranks, /*abandon=*/true);
   }
 
   // ---- under the job driver ------------------------------------------------------------------------------------
@@ -497,7 +497,7 @@ class Agent {
       if (!stopping_) {
         say("the job store (node 0: the driver) is gone; stopping this node's ranks");
         exit_code_ = 22;
-        begin_stop(SIGTERM);
+        begin_stop(SIGTERM, {}, /*abandon=*/true);
       }
       return;
     }
@@ -513,7 +513,7 @@ class Agent {
         if (j.is_object() && j.contains("kill_now") && j["kill_now"].is_array())
           for (const auto& r : j["kill_now"])
             if (r.is_number_integer()) blamed.push_back(r.get<int>());
-        begin_stop(SIGTERM, blamed);
+        begin_stop(SIGTERM, blamed, j.is_object() && j.value("abandon", false));
       }
     } catch (const std::exception& e) {
       say(fmt::format("the job store: {}", e.what()));
@@ -530,14 +530,15 @@ class Agent {
     ctl_->set(proto::status_key(attempt_, opt_.node_rank), nlohmann::json{{"ranks", ranks}}.dump());
   }
 
-  // Tells every node that this attempt failed here (driven mode only; the first word stands).
-  void announce_stop(const std::string& why) {
+  // Tells every node that this attempt failed here (driven mode only; the first word stands). abandon: as begin_stop's.
+  void announce_stop(const std::string& why, bool abandon) {
     if (!opt_.driven() || !ctl_ || store_lost_ || !in_attempt_) return;
     try {
       if (!ctl_->check(proto::stop_key(attempt_)))
         ctl_->set(proto::stop_key(attempt_), nlohmann::json{{"by", fmt::format("node {}", opt_.node_rank)},
                                                             {"code", std::max(1, exit_code_)},
-                                                            {"reason", why}}.dump());
+                                                            {"reason", why},
+                                                            {"abandon", abandon}}.dump());
     } catch (const std::exception&) {
       store_lost_ = true;
     }
@@ -629,7 +630,7 @@ class Agent {
   void abort_start(const std::string& why) {
     say(why + "; stopping the ranks already started");
     if (exit_code_ == 0) exit_code_ = 1;
-    begin_stop(SIGTERM);
+    begin_stop(SIGTERM, {}, /*abandon=*/true);
   }
 
   int running_count() const {
@@ -648,10 +649,17 @@ class Agent {
   // collectives with it, so they would be killed after the grace too, holding their in-memory snapshots. Killed at
   // once, it closes its connections: the peers' collectives fail as a lost peer, they write their snapshots for the
   // restart (fast checkpoints) and exit by themselves.
-  void begin_stop(int sig, const std::vector<int>& kill_now = {}) {
+  //
+  // abandon (a stop because a rank or node failed, not the user's or a straggler's): training ranks first get SIGUSR1,
+  // so that any of them waiting for a collective gives up at once instead of waiting for a peer that may never
+  // answer (core/stop_request.h): it writes its in-memory snapshots for the restart and exits 22 within a moment,
+  // where it would otherwise sit out the grace period and die by SIGKILL with its snapshots. A stop that is not a
+  // failure keeps the ranks' way to a step boundary and a checkpoint there.
+  void begin_stop(int sig, const std::vector<int>& kill_now = {}, bool abandon = false) {
     if (stopping_) return;
     stopping_ = true;
     kill_at_ = now_seconds() + opt_.grace;
+    if (abandon && trains()) signal_all(SIGUSR1);
     for (auto& r : ranks_)
       if (r.running && r.pid > 0 && std::find(kill_now.begin(), kill_now.end(), r.global) != kill_now.end()) {
         say(fmt::format("rank {} (pid {}) is blamed for the hang; killing it now", r.global, r.pid));
@@ -706,8 +714,8 @@ class Agent {
     exit_code_ = std::max(1, exit_code_of(st));
     detected_ = fmt::format("rank {} {}", r.global, describe_status(st));
     view_detail_ = detected_;
-    announce_stop(detected_);
-    begin_stop(SIGTERM);
+    announce_stop(detected_, /*abandon=*/true);
+    begin_stop(SIGTERM, {}, /*abandon=*/true);
   }
 
   void reap() {
@@ -733,7 +741,7 @@ class Agent {
                         plural(running_count(), "rank")));
         exit_code_ = 128 + sig;
         user_stop_ = true;
-        announce_stop(fmt::format("the agent of node {} was signalled", opt_.node_rank));
+        announce_stop(fmt::format("the agent of node {} was signalled", opt_.node_rank), /*abandon=*/false);
         if (stopping_) signal_all(sig);
         begin_stop(sig);  // forwarded as is: ranks may treat SIGINT and SIGTERM differently
       } else if (!killed_) {

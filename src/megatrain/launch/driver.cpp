@@ -279,11 +279,14 @@ class Driver {
   };
 
   // kill_now: global ranks the agents kill without a grace period (ranks blamed for a hang; agent.cpp, begin_stop).
-  void request_stop(int attempt, int code, const std::string& reason, const std::vector<int>& kill_now = {}) {
+  // abandon: the attempt failed (a node is lost, a rank hangs), so the ranks still waiting in collectives give up
+  // at once and write their snapshots (agent.cpp's begin_stop); a straggler's eviction stops at a step boundary.
+  void request_stop(int attempt, int code, const std::string& reason, const std::vector<int>& kill_now = {},
+                    bool abandon = true) {
     if (stop_code_ != 0) return;
     stop_code_ = code;
-    store_.set(proto::stop_key(attempt),
-               json{{"by", "driver"}, {"code", code}, {"reason", reason}, {"kill_now", kill_now}}.dump());
+    store_.set(proto::stop_key(attempt), json{{"by", "driver"}, {"code", code}, {"reason", reason},
+                                              {"kill_now", kill_now}, {"abandon", abandon}}.dump());
   }
 
   Outcome watch_attempt(const proto::AttemptPlan& plan) {
@@ -460,7 +463,7 @@ class Driver {
         events_.write("detected", {{"by", "driver"}, {"reason", "straggler"}, {"rank", s.rank}, {"node", a},
                                    {"line", line}});
         to_evict_[a] = line;
-        request_stop(attempt, kHangCode, line);
+        request_stop(attempt, kHangCode, line, {}, /*abandon=*/false);
       }
     }
   }

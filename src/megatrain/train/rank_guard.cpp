@@ -109,7 +109,9 @@ void RankGuard::on_step(const StepReport& r) {
 
 void RankGuard::on_error(int step, ErrorKind kind, const std::string& what) {
   failed_ = true;
-  heartbeat_event("error", {{"step", step}, {"kind", kind_name(kind)}, {"code", exit_code(kind)}, {"message", what}});
+  // Written before returning: an abandoned attempt's rank leaves with _Exit right after (trainer.cpp).
+  heartbeat_event("error", {{"step", step}, {"kind", kind_name(kind)}, {"code", exit_code(kind)}, {"message", what}},
+                  /*sync=*/true);
 }
 
 }  // namespace mt

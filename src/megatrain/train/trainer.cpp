@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -228,6 +230,15 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
     }
   } catch (const Error& e) {
     obs.each([&](TrainObserver& o) { o.on_error(res.last_step, e.kind, e.what()); });
+    // An abandoned attempt (core/stop_request.h) ends here, once the observers have written the snapshots and told
+    // the supervisor: its groups' threads are still blocked in collectives with a peer that is gone, and unwinding
+    // would join them, waiting out the group timeout.
+    if (abandon_requested()) {
+      fmt::print(stderr, "megatrain train: error: {}\nmegatrain train: exit code {} ({} error)\n", e.what(),
+                 exit_code(e.kind), kind_name(e.kind));
+      std::fflush(nullptr);
+      std::_Exit(exit_code(e.kind));
+    }
     throw;
   }
   return res;
