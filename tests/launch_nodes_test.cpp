@@ -369,4 +369,49 @@ TEST_F(LaunchHosts, AHostCutOffTheNetworkFencesItselfBeforeTheSpareTakesItsPlace
         << log(a);
 }
 
+// Host 1 freezes at step 5 (every process on it stopped, as a hung kernel or a paused VM stops them), the job goes
+// on with the spare, and then host 1 thaws - its ranks first. They wake in collectives whose peers are long gone,
+// fail as a lost peer, and a failing rank writes its in-memory snapshots for the restart: into the checkpoint
+// directory of the attempt now running. Before writing, each asks the store whether the job went on without its
+// attempt (train/attempt_fence.h: the next attempt's plan exists), and must write nothing. Then the agent thaws,
+// finds its lease long lapsed, and leaves. The losses must still equal the undisturbed run's.
+TEST_F(LaunchHosts, AFrozenHostThatThawsAfterTheJobWentOnWritesNothing) {
+  NetHosts net(3);
+  if (!net.ok()) GTEST_SKIP() << "no test network on this machine: " << net.why();
+  const auto want = undisturbed();
+  start_on_hosts(net, 2, 1);
+  wait_for_step(5);
+  const std::vector<pid_t> ranks = {rank_pid(agents_[1], 2), rank_pid(agents_[1], 3)};
+  ASSERT_GT(ranks[0], 0) << logs();
+  ASSERT_GT(ranks[1], 0) << logs();
+  const std::vector<pid_t> frozen = net.pids(1);
+  for (pid_t p : frozen) ::kill(p, SIGSTOP);
+  const double t0 = now_seconds();
+  while (driver("resumed").empty()) {  // the next attempt, on the spare, has made a step
+    ASSERT_LT(now_seconds() - t0, 300) << "the job never went on\n" << logs();
+    std::this_thread::sleep_for(20ms);
+  }
+  for (pid_t p : ranks) ::kill(p, SIGCONT);
+  while (running(ranks[0]) || running(ranks[1])) {
+    ASSERT_LT(now_seconds() - t0, 300) << "host 1's thawed ranks never ended\n" << log(1);
+    std::this_thread::sleep_for(20ms);
+  }
+  for (pid_t p : frozen) ::kill(p, SIGCONT);
+  ASSERT_EQ(finish(0), 0) << logs();
+  EXPECT_EQ(finish(2), 0) << logs();
+  const int code1 = finish(1);
+  EXPECT_TRUE(code1 == 22 || code1 == 43) << code1 << "\n" << log(1);  // fenced, or read its eviction first
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
+  // Survivors' snapshots are written only by a failing attempt, and the next attempt's start consumes or removes
+  // them; this job's last attempt did not fail, so whatever lies under snapshots/ now came from host 1's ranks.
+  // (Their own messages may be lost: the agent that copies their output left without draining it.)
+  std::vector<std::string> late;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(out() + "/ckpt/snapshots", ec);
+       !ec && it != fs::recursive_directory_iterator(); ++it)
+    if (it->is_regular_file()) late.push_back(it->path().string());
+  EXPECT_TRUE(late.empty()) << "written after the job went on:\n" << fmt::format("{}", fmt::join(late, "\n"));
+  EXPECT_EQ(log(1).find("peer snapshot: wrote"), std::string::npos) << log(1);
+}
+
 }  // namespace

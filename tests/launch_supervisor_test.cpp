@@ -373,9 +373,11 @@ TEST(JobWatch, StatusesFeedTheSameHangAndStragglerRules) {
 // The lease ends strictly before the driver can declare the node lost: the driver waits the whole timeout from
 // when it saw the last bump, which is no earlier than when the bump was sent; the lease is 3/4 of it from then.
 TEST(NodeLease, LapsesAQuarterOfTheTimeoutBeforeTheDriverCouldDeclareTheNodeLost) {
-  NodeLease l(8.0, 100.0);
+  NodeLease l(8.0);
   EXPECT_DOUBLE_EQ(l.length(), 6.0);
   EXPECT_DOUBLE_EQ(l.renew_interval(), 1.0);
+  EXPECT_FALSE(l.lapsed(1e9));  // not armed: the node has not reached the store yet
+  l.renewed(100.0);
   EXPECT_FALSE(l.lapsed(106.0));  // exactly at its length it still holds
   EXPECT_TRUE(l.lapsed(106.001));
   l.renewed(105.0);  // a bump sent at 105 was acknowledged (say at 107: the ack time does not count)
@@ -384,6 +386,19 @@ TEST(NodeLease, LapsesAQuarterOfTheTimeoutBeforeTheDriverCouldDeclareTheNodeLost
   EXPECT_TRUE(l.lapsed(111.5));
   l.renewed(103.0);  // a late ack of an older bump never moves the lease back
   EXPECT_DOUBLE_EQ(l.age(107.0), 2.0);
+}
+
+// Once lapsed, a lease stays lapsed: a bump that gets through after it (the host thawed, the network came back) may
+// come after the driver declared the node lost.
+TEST(NodeLease, ALapsedLeaseIsNeverRenewed) {
+  NodeLease l(8.0);
+  l.renewed(100.0);
+  l.renewed(106.0);  // sent while the lease held (by its last instant): renews
+  EXPECT_FALSE(l.lapsed(112.0));
+  l.renewed(112.5);  // sent after it lapsed at 112
+  EXPECT_TRUE(l.lapsed(112.5));
+  EXPECT_TRUE(l.lapsed(200.0));
+  EXPECT_DOUBLE_EQ(l.age(112.5), 6.5);
 }
 
 // At every --node-timeout (>= 1 s) three renewals fit in the lease, so one slow round trip does not lapse it.

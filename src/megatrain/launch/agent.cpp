@@ -169,6 +169,11 @@ class Agent {
                           {"MEGATRAIN_NODE_RANK", std::to_string(opt_.node_rank)}})
         env.push_back(fmt::format("{}={}", k, v));
       if (fresh_prefix) env.push_back("MEGATRAIN_STORE_PREFIX=" + prefix);
+      // Under the driver: the keys whose existence tells a rank the job went on without its attempt
+      // (train/attempt_fence.h): the next attempt's plan, this node's eviction, the job's end.
+      if (opt_.driven())
+        env.push_back(fmt::format("MEGATRAIN_FENCE_KEYS={},{},{}", proto::plan_key(attempt + 1),
+                                  proto::evicted_key(opt_.node_rank), proto::kDoneKey));
       if (!opt_.iface.empty()) env.push_back(fmt::format("{}={}", kIfaceEnv, opt_.iface));
       RankProcess& r = ranks_[size_t(i)];
       r.global = first + i;
@@ -301,7 +306,7 @@ class Agent {
       });
     }
     std::atomic<bool> quit{false};
-    lease_ = std::make_unique<NodeLease>(opt_.node_timeout_s, now_seconds());
+    lease_ = std::make_unique<NodeLease>(opt_.node_timeout_s);
     std::thread alive([&] { keep_alive(quit); });
     // Node 0 serves the store and runs the driver: it cannot be cut off from them, and must outlive every lease.
     std::thread fence;
@@ -467,24 +472,27 @@ class Agent {
   // the main loop may be stuck in a store call for the client's whole timeout (30 s) when the network is gone.
   // The ranks get SIGKILL, not a grace period: they are cut off, no step boundary they could reach would help, and
   // a rank that dies of its own lost peer is exactly what must not happen. Then the agent leaves (exit 22, as for a
-  // lost store): the driver has evicted, or is about to evict, this node.
+  // lost store): the driver has evicted, or is about to evict, this node. (The ranks' last output, still in their
+  // pipes, is not copied out: the agent does not wait for anything any more.)
   void fence_watch(std::atomic<bool>& quit) {
     while (!quit) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       const double now = now_seconds();
       if (!lease_->lapsed(now)) continue;
+      const double age = lease_->age(now);
       std::vector<pid_t> groups;
       {
         std::lock_guard<std::mutex> lock(groups_mu_);
         groups = live_groups_;
       }
-      if (groups.empty()) continue;  // no ranks (a spare, or between attempts): nothing acts for this node
       for (pid_t g : groups) ::killpg(g, SIGKILL);
-      say(fmt::format("this node has not reached the job store for {:.1f} s (its last acknowledged liveness bump; "
-                      "the driver declares a node lost after {:.0f} s): killed its {} so that none of them acts "
-                      "after the job goes on without this node; leaving the job",
-                      lease_->age(now), opt_.node_timeout_s, plural(int(groups.size()), "rank")));
-      events_.write("fenced", {{"lease_age_s", lease_->age(now)}, {"node_timeout_s", opt_.node_timeout_s},
+      say(fmt::format("this node's last acknowledged liveness bump was sent {:.1f} s ago (the driver declares a node "
+                      "lost after {:.0f} s without one): its lease lapsed; {}leaving the job",
+                      age, opt_.node_timeout_s,
+                      groups.empty() ? "" : fmt::format("killed its {} so that none of them acts after the job goes "
+                                                        "on without this node; ",
+                                                        plural(int(groups.size()), "rank"))));
+      events_.write("fenced", {{"lease_age_s", age}, {"node_timeout_s", opt_.node_timeout_s},
                                {"ranks_killed", groups.size()}});
       std::fflush(nullptr);
       std::_Exit(22);  // the ranks' PR_SET_PDEATHSIG covers any started since the copy was taken
@@ -617,7 +625,7 @@ class Agent {
     std::set<std::string> ours = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",      "LOCAL_WORLD_SIZE",
                                   "MASTER_ADDR", "MASTER_PORT", "MEGATRAIN_STORE", kStoreSecretEnv,
                                   "MEGATRAIN_ATTEMPT", "MEGATRAIN_NODE_RANK", "MEGATRAIN_STORE_PREFIX",
-                                  "MEGATRAIN_HEARTBEAT_FD"};
+                                  "MEGATRAIN_HEARTBEAT_FD", "MEGATRAIN_FENCE_KEYS"};
     if (!opt_.iface.empty()) ours.insert(kIfaceEnv);
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) {

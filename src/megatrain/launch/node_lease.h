@@ -9,9 +9,13 @@
 //
 // So the agent holds a lease: each acknowledged liveness bump renews it from the moment the bump was *sent*
 // (the store applied it no earlier, and the driver saw it no earlier still, so the driver's clock for this node
-// starts after ours). The lease lapses at 3/4 of --node-timeout; a node whose lease lapses kills its ranks at once
-// and leaves the job. Its ranks are therefore gone before the driver can declare it lost, and nothing of it acts
-// after the job has moved on: the fencing a lease gives, without help from the file system.
+// starts after ours). The lease lapses at 3/4 of --node-timeout, and a node whose lease lapses leaves the job at once,
+// killing its ranks. Its ranks are therefore gone before the driver can declare it lost, and nothing of it acts after
+// the job has moved on: the fencing a lease gives, without help from the file system.
+//  - The lease starts with the first acknowledged bump: before it, the node is not in the job yet (its agent may
+//    wait for node 0's store to come up), and there is nothing to fence.
+//  - A lapsed lease is never renewed, even when the store answers again (a host that froze and thawed, a network
+//    that came back): by then the driver may have declared the node lost.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -20,7 +24,7 @@ namespace mt::launch {
 
 class NodeLease {
  public:
-  explicit NodeLease(double node_timeout_s, double now = 0) : timeout_(node_timeout_s), sent_(now) {}
+  explicit NodeLease(double node_timeout_s) : timeout_(node_timeout_s) {}
 
   // How often the agent bumps its liveness: at least three renewals per lease at every allowed timeout (>= 1 s),
   // so one slow round trip never lapses it by itself.
@@ -28,18 +32,19 @@ class NodeLease {
   // The lease's length: the driver waits the whole timeout, the node a quarter less (the margin covers killing
   // the ranks, and the driver's own delay never shortens its wait).
   double length() const { return 0.75 * timeout_; }
-  // A bump sent at `sent_at` was acknowledged by the store.
+  // A bump sent at `sent_at` was acknowledged by the store: the first arms the lease; later ones renew it unless it
+  // had lapsed by then. (One thread renews; others only read.)
   void renewed(double sent_at) {
-    double cur = sent_.load();
-    while (sent_at > cur && !sent_.compare_exchange_weak(cur, sent_at)) {
-    }
+    const double cur = sent_.load();
+    if (cur < 0 || (sent_at > cur && sent_at - cur <= length())) sent_.store(sent_at);
   }
-  double age(double now) const { return now - sent_.load(); }
-  bool lapsed(double now) const { return age(now) > length(); }
+  bool armed() const { return sent_.load() >= 0; }
+  double age(double now) const { return armed() ? now - sent_.load() : 0; }
+  bool lapsed(double now) const { return armed() && age(now) > length(); }
 
  private:
   double timeout_;
-  std::atomic<double> sent_;  // when the newest acknowledged bump was sent
+  std::atomic<double> sent_{-1};  // when the newest acknowledged bump was sent; < 0: none yet
 };
 
 }  // namespace mt::launch

@@ -25,6 +25,7 @@
 #include "megatrain/parallel/data_parallel.h"
 #include "megatrain/parallel/gpt_pipeline.h"
 #include "megatrain/parallel/tensor_parallel.h"
+#include "megatrain/train/attempt_fence.h"
 #include "megatrain/train/ckpt_async.h"
 #include "megatrain/train/ckpt_worker.h"
 #include "megatrain/train/finite.h"
@@ -815,8 +816,14 @@ TrainObserver* TrainCheckpointer::survivor() {
       if (kind != ErrorKind::PeerLost && kind != ErrorKind::CommTimeout && kind != ErrorKind::Device)
         impl->worker->wait_idle_for(kFinishOnErrorSeconds);
       impl->failing = true;
-      if (impl->as->peers && (kind == ErrorKind::PeerLost || kind == ErrorKind::CommTimeout))
+      if (impl->as->peers && (kind == ErrorKind::PeerLost || kind == ErrorKind::CommTimeout)) {
+        if (const std::string over = attempt_superseded(); !over.empty()) {
+          fmt::print(stderr, "peer snapshot: none written: {}\n", over);
+          std::fflush(stderr);
+          return;
+        }
         persist_survivor_snapshots(*impl->as);
+      }
     }
   };
   if (!survivor_) survivor_ = std::make_unique<Survivor>(impl_.get());
