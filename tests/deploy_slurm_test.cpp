@@ -2,10 +2,12 @@
 // test network (net_hosts.h). Host 0 is the controller (the login node, where sbatch runs); hosts 1..n are the
 // compute nodes n1..nN, each a slurmd in its host's network namespace under its own hostname (a UTS namespace), so
 // Slurm sees N machines with N addresses. The job is launch_testutil.h's node_job (dp2 x tp2, 2 ranks a node) on
-// 3 nodes with MEGATRAIN_SPARES=1, submitted with sbatch from the controller host; one agent is killed (kill -9)
-// mid-run. Slurm reports that task's failure, but the job must complete with the driver's exit code, 0, and its
-// per-step losses must equal the undisturbed run's (the oracle): the spare took the node's place. (One test, not a
-// clean run and a faulty one: the clean path is all inside this one, and each cluster costs seconds of CI.)
+// 3 nodes with MEGATRAIN_SPARES=1, submitted with sbatch from the controller host. Two faults, one after the other:
+//  - node 1's agent is killed (kill -9) mid-run: Slurm reports that task's failure, the spare takes its place;
+//  - then node 0's agent, the driver: the others leave within their lease, and the script requeues the job, whose
+//    next run resumes from the newest checkpoint.
+// The job must complete with exit code 0, and its per-step losses must equal the undisturbed run's (the oracle).
+// (One test, not a clean run and faulty ones: the clean path is inside it, and each cluster costs seconds of CI.)
 // Needs root, iproute2, nsenter and unshare (util-linux), and the Slurm and MUNGE daemons; without them the tests
 // skip, saying what is missing.
 #include <signal.h>
@@ -13,6 +15,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <regex>
 #include <thread>
 
@@ -225,52 +228,95 @@ class SlurmJob : public ::testing::Test {
     return s;
   }
 
+  // Polls `done` until it holds. Fails at once when the job ended, or Slurm requeued it unasked (a failed launch),
+  // or after the guard of 300 s.
+  void wait_until(const std::string& job, const std::function<bool()>& done, const std::string& what,
+                  bool requeue_expected = false) {
+    const double t0 = now_seconds();
+    for (int polls = 0; !done(); ++polls) {
+      ASSERT_LT(now_seconds() - t0, 300) << what << " never came\n" << slurp(job_log()) << daemon_logs();
+      if (polls % 25 == 0) {
+        std::string st;
+        cluster_->slurm("scontrol show job -o " + job, &st);
+        const bool alive = st.find("JobState=RUNNING") != std::string::npos ||
+                           st.find("JobState=COMPLETING") != std::string::npos ||
+                           st.find("JobState=REQUEUED") != std::string::npos ||
+                           (st.find("JobState=PENDING") != std::string::npos &&
+                            (requeue_expected || st.find("Restarts=0") != std::string::npos));
+        ASSERT_TRUE(alive) << "waiting for " << what << ": " << st << "\n" << slurp(job_log()) << daemon_logs();
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+
+  // The job's agent on host i (its `megatrain launch` process), or -1.
+  pid_t agent_on(int host) const {
+    for (pid_t p : net_->pids(host))
+      if (slurp(fmt::format("/proc/{}/cmdline", p)).find(std::string("launch\0--nproc", 14)) != std::string::npos)
+        return p;
+    return -1;
+  }
+
+  // The `run` lines in the job's metrics: one per start of training (attempt or requeued run).
+  int run_lines() const {
+    int n = 0;
+    for (const auto& e : events_of(out() + "/metrics.jsonl")) n += e.value("kind", "") == "run";
+    return n;
+  }
+
   fs::path dir_, slurm_dir_;
   std::unique_ptr<NetHosts> net_;
   std::unique_ptr<SlurmCluster> cluster_;
 };
 
-TEST_F(SlurmJob, AKilledAgentIsReplacedByTheSpareAndTheJobSucceeds) {
+TEST_F(SlurmJob, AKilledAgentIsReplacedByTheSpareAndALostDriverRequeuesTheJob) {
   if (std::string skip = start_cluster(3); !skip.empty()) GTEST_SKIP() << skip;
   ASSERT_TRUE(cluster_->ok()) << cluster_->why();
   const auto want = node_job_undisturbed(dir_);
   const std::string job = submit(3, 1);
-  // Node 1 of the job is n2 (host 2): kill its agent once training is under way.
-  const double t0 = now_seconds();
-  for (int polls = 0; last_step(out() + "/metrics.jsonl") < 5; ++polls) {
-    ASSERT_LT(now_seconds() - t0, 300) << "step 5 never came\n" << slurp(job_log()) << daemon_logs();
-    if (polls % 50 == 0) {  // a job Slurm failed to start is requeued and held: say so now, not after the guard
-      std::string st;
-      cluster_->slurm("scontrol show job -o " + job, &st);
-      const bool alive = st.find("JobState=RUNNING") != std::string::npos ||
-                         (st.find("JobState=PENDING") != std::string::npos && st.find("held") == std::string::npos &&
-                          st.find("launch failed") == std::string::npos);
-      ASSERT_TRUE(alive) << st << "\n" << slurp(job_log()) << daemon_logs();
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  pid_t agent = -1;
-  for (pid_t p : net_->pids(2)) {
-    const std::string cmd = slurp(fmt::format("/proc/{}/cmdline", p));
-    if (cmd.find(std::string("launch\0--nproc", 14)) != std::string::npos) agent = p;
-  }
-  ASSERT_GT(agent, 0) << "no agent on n2";
-  ::kill(agent, SIGKILL);
+  // 1. Node 1 of the job is n2 (host 2): kill its agent once training is under way; the spare (n3) takes over.
+  wait_until(job, [&] { return last_step(out() + "/metrics.jsonl") >= 5; }, "step 5");
+  if (HasFatalFailure()) return;
+  ASSERT_GT(agent_on(2), 0) << "no agent on n2";
+  ::kill(agent_on(2), SIGKILL);
+  // 2. As soon as the next attempt has started (its `run` line), kill node 0's agent (n1: the driver). The other
+  //    agents leave within their lease, and the script requeues the job.
+  wait_until(job, [&] { return run_lines() >= 2; }, "the second attempt");
+  if (HasFatalFailure()) return;
+  ASSERT_GT(agent_on(1), 0) << "no agent on n1";
+  ::kill(agent_on(1), SIGKILL);
+  // Slurm holds a requeued job for 2 minutes (its begin time), time for the nodes to clean up after the run that
+  // ended; the test waits for that cleanup (every node idle again) and moves the begin time to now.
+  std::string st, nodes;
+  wait_until(job, [&] {
+    cluster_->slurm("scontrol show job -o " + job, &st);
+    cluster_->slurm("sinfo -h -o %t", &nodes);
+    return st.find("Restarts=1") != std::string::npos && st.find("JobState=PENDING") != std::string::npos &&
+           nodes.find_first_not_of("idle\n") == std::string::npos;
+  }, "the requeue", /*requeue_expected=*/true);
+  if (HasFatalFailure()) return;
+  // A requeue revokes the job's credential, and a slurmd refuses a new one issued within the same second ("Job
+  // credential revoked": the job fails). Slurm's own 2 minutes cover that; the test waits 2 s.
+  std::this_thread::sleep_for(2s);
+  ASSERT_EQ(cluster_->slurm(fmt::format("scontrol update JobId={} StartTime=now", job), &st), 0) << st;
   const auto [state, code] = cluster_->wait_for(job, 300);
-  EXPECT_EQ(state, "COMPLETED") << slurp(job_log());
-  EXPECT_EQ(code, 0) << slurp(job_log());
   const std::string log = slurp(job_log());
+  EXPECT_EQ(state, "COMPLETED") << log;
+  EXPECT_EQ(code, 0) << log;
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << log;
   // Slurm saw node 1's task fail (the script's shell around the agent reports its SIGKILL as 137).
   EXPECT_NE(log.find("n2: task 1: Exited with exit code 137"), std::string::npos) << log;
+  EXPECT_NE(log.find("requeueing the job (requeue 1 of 3"), std::string::npos) << log;
+  EXPECT_NE(log.find("(run 2)"), std::string::npos) << log;
   EXPECT_NE(log.find("the job driver's exit code: 0"), std::string::npos) << log;
-  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << log;
   // Node 0 is the allocation's first node, reached at its NodeAddr; each node's agent logged its own events.
   EXPECT_NE(log.find(fmt::format("driver on n1 ({}:29500)", net_->address(1))), std::string::npos) << log;
   for (int node : {0, 1, 2}) EXPECT_FALSE(events_of(events(node)).empty()) << events(node);
+  // The first run's driver put the spare in node 1's place; the second run planned all over again.
   std::vector<nlohmann::json> planned;
   for (const auto& e : events_of(events(0)))
     if (e.value("by", "") == "driver" && e["event"] == "planned") planned.push_back(e);
-  ASSERT_EQ(planned.size(), 2u) << slurp(events(0));
+  ASSERT_EQ(planned.size(), 3u) << slurp(events(0));
   EXPECT_EQ(planned[1]["nodes"], nlohmann::json::array({0, 2})) << planned[1].dump();
 }
 

@@ -454,7 +454,10 @@ class Agent {
     while (!quit) {
       const double next = now_seconds() + lease_->renew_interval();
       try {
-        if (!s) s = connect_job_store(store_);
+        // Once the lease runs, a reconnection may take no longer than the lease: past it the node leaves anyway,
+        // and the agent's exit (which joins this thread) must not wait out the client's 30 s for a store that died.
+        if (!s)
+          s = connect_job_store(store_, lease_->armed() ? Millis(int64_t(1000 * lease_->length())) : Millis(30000));
         const double sent = now_seconds();
         s->add(proto::alive_key(opt_.node_rank), 1);
         lease_->renewed(sent);

@@ -78,7 +78,7 @@ JobStore open_job_store(const LaunchOptions& opt) {
   return js;
 }
 
-std::unique_ptr<Store> connect_job_store(const JobStore& js) {
+std::unique_ptr<Store> connect_job_store(const JobStore& js, Millis connect_timeout) {
   if (js.url.rfind("tcp://", 0) == 0) {
     std::string host = js.master_addr;
     int port = js.master_port;
@@ -89,9 +89,9 @@ std::unique_ptr<Store> connect_job_store(const JobStore& js) {
       port = std::atoi(rest.c_str() + colon + 1);
       if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
     }
-    return make_tcp_store(host, port, Millis(30000), js.secret);
+    return make_tcp_store(host, port, connect_timeout, js.secret);
   }
-  return open_store(js.url);
+  return open_store(js.url, connect_timeout);
 }
 
 }  // namespace mt::launch

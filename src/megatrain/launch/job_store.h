@@ -23,6 +23,7 @@ JobStore open_job_store(const LaunchOptions& opt);
 
 // A new client of the job's store for the launcher itself (the driver, an agent's control and liveness), with the
 // job's secret.
-std::unique_ptr<Store> connect_job_store(const JobStore& js);
+// connect_timeout: how long a tcp:// client waits for a server that does not answer yet (see make_tcp_store).
+std::unique_ptr<Store> connect_job_store(const JobStore& js, Millis connect_timeout = Millis(30000));
 
 }  // namespace mt::launch
