@@ -532,6 +532,66 @@ TEST(Search, RanksLayoutsWithinMemoryAndBeatsAHandPickedOne) {
   }
 }
 
+// The search also tries depths that do not divide the layers (the balanced split), and where a layout splits evenly
+// it keeps the balanced split only when that predicts a strictly shorter step (a tie keeps the even split). The
+// oracle for each row: the step model on the same layout with the other split. Two setups: a small model whose
+// head weighs several layers, on 6 GPUs (pp 3 and 6 cannot divide its 8 layers), and the 1.3B model on 8 H100s,
+// where some balanced splits tie with the even one.
+TEST(Search, TriesDepthsThatDoNotDivideTheLayersAndKeepsTheFasterSplit) {
+  ModelConfig small = small_model();
+  small.vocab_size = 32768;
+  const ModelConfig big = load_run_config(std::string(MT_SOURCE_DIR) + "/configs/gpt-1.3b.toml").model;
+  const Cluster h100 = load_cluster(std::string(MT_SOURCE_DIR) + "/configs/clusters/h100-sxm.toml");
+  struct Setup {
+    ModelConfig m;
+    Cluster c;
+    int gpus, batch, seq;
+  };
+  int uneven_depths = 0, rebalanced = 0, ties_kept_even = 0;
+  for (const Setup& u : {Setup{small, a100(), 6, 36, 32}, Setup{big, h100, 8, 64, 2048}}) {
+    SearchOptions o;
+    o.gpus = u.gpus;
+    o.global_batch = u.batch;
+    o.seq = u.seq;
+    const SearchResult r = search_layouts(u.m, u.c, o);
+    EXPECT_GE(r.simulated, int(r.ranked.size()));
+    for (const Candidate& cand : r.ranked) {
+      const Layout& L = cand.job.layout;
+      const int S = L.pp * L.virtual_stages;
+      if (L.stage_layers.empty()) {
+        EXPECT_EQ(u.m.n_layer % S, 0) << "an even split of " << u.m.n_layer << " layers over " << S << " stages";
+        if (L.pp > 1) {  // the balanced split, had it been kept, would not be faster
+          Job b = cand.job;
+          b.layout.stage_layers = balanced_stage_layers(b, u.c);
+          const double other = predict_step_seconds(b, u.c);
+          EXPECT_LE(cand.step_seconds, other);
+          ties_kept_even += b.layout.stage_layers != std::vector<int>(size_t(S), u.m.n_layer / S) &&
+                            other == cand.step_seconds;
+        }
+        continue;
+      }
+      ASSERT_EQ(int(L.stage_layers.size()), S);
+      int sum = 0;
+      for (int k : L.stage_layers) {
+        EXPECT_GE(k, 1);
+        sum += k;
+      }
+      EXPECT_EQ(sum, u.m.n_layer);
+      if (u.m.n_layer % S) {
+        ++uneven_depths;
+      } else {  // kept over the even split: strictly faster
+        ++rebalanced;
+        Job e = cand.job;
+        e.layout.stage_layers.clear();
+        EXPECT_LT(cand.step_seconds, predict_step_seconds(e, u.c));
+      }
+    }
+  }
+  EXPECT_GT(uneven_depths, 0) << "no layout whose depth does not divide the layers was ranked";
+  EXPECT_GT(rebalanced, 0) << "the heavy head never made a balanced split win";
+  EXPECT_GT(ties_kept_even, 0) << "no tie between the even and the balanced split was met";
+}
+
 TEST(ScaleCosts, QuadraticInitGrowsFasterAndAvailabilityFallsWithScale) {
   const Cluster c = a100();
   Layout small{4, 8, 8, 6, 192, 1, 2048}, big{192, 8, 8, 6, 32, 1, 2048};

@@ -182,16 +182,30 @@ json to_json(const SearchResult& r, int top) {
   return {{"considered", r.considered}, {"over_memory", r.over_memory}, {"simulated", r.simulated}, {"ranked", ranked}};
 }
 
+// A split as runs, e.g. [1, 2x40, 1x15]; "even" for none.
+static std::string stage_layers_text(const std::vector<int>& k) {
+  if (k.empty()) return "even";
+  std::string out;
+  for (size_t i = 0; i < k.size();) {
+    size_t j = i;
+    while (j < k.size() && k[j] == k[i]) ++j;
+    out += fmt::format("{}{}{}", out.empty() ? "" : ", ", k[i], j - i > 1 ? fmt::format("x{}", j - i) : "");
+    i = j;
+  }
+  return "[" + out + "]";
+}
+
 std::string format_search(const SearchResult& r, const Cluster& c, int top) {
-  std::string out = fmt::format("{:>3} {:>5} {:>3} {:>3} {:>2} {:>5} {:>3} {:<10} | {:>8} {:>6} {:>8}\n", "#", "dp", "pp",
-                                "tp", "v", "micro", "mbs", "recompute", "step s", "MFU", "mem GiB");
+  std::string out = fmt::format("{:>3} {:>5} {:>3} {:>3} {:>2} {:>5} {:>3} {:<10} | {:>8} {:>6} {:>8} | {}\n", "#", "dp",
+                                "pp", "tp", "v", "micro", "mbs", "recompute", "step s", "MFU", "mem GiB", "layers");
   for (size_t i = 0; i < r.ranked.size() && int(i) < top; ++i) {
     const Candidate& cand = r.ranked[i];
     const Layout& L = cand.job.layout;
-    out += fmt::format("{:>3} {:>5} {:>3} {:>3} {:>2} {:>5} {:>3} {:<10} | {:>8.3f} {:>5.1f}% {:>8.1f}\n", i + 1, L.dp,
-                       L.pp, L.tp, L.virtual_stages, L.microbatches, L.micro_batch,
+    out += fmt::format("{:>3} {:>5} {:>3} {:>3} {:>2} {:>5} {:>3} {:<10} | {:>8.3f} {:>5.1f}% {:>8.1f} | {}\n", i + 1,
+                       L.dp, L.pp, L.tp, L.virtual_stages, L.microbatches, L.micro_batch,
                        recompute_name(cand.job.tech.recompute), cand.step_seconds, 100 * cand.mfu,
-                       cand.memory_bytes / kGiB);
+                       cand.memory_bytes / kGiB,
+                       stage_layers_text(L.stage_layers));
   }
   return out + explain(r, c);
 }

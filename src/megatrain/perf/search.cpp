@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "megatrain/core/error.h"
 #include "megatrain/perf/memory.h"
@@ -27,33 +28,54 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
   for (int tp = 1; tp <= std::min(o.gpus, c.node_gpus()); tp *= 2) {
     if (m.n_head % tp || m.kv_heads() % tp || m.ff_dim() % tp) continue;
     for (int pp = 1; pp <= m.n_layer; ++pp) {
-      if (m.n_layer % pp || o.gpus % (tp * pp)) continue;
+      if (o.gpus % (tp * pp)) continue;
       const int dp = o.gpus / (tp * pp);
       for (int mb : o.micro_batches) {
         if (o.global_batch % (dp * mb)) continue;
         const int micro = o.global_batch / (dp * mb);
         for (int v = 1; v <= o.max_virtual_stages; ++v) {
-          if ((m.n_layer / pp) % v || (v > 1 && (pp < 2 || micro % pp))) continue;
+          if (pp * v > m.n_layer || (v > 1 && (pp < 2 || micro % pp))) continue;
+          // The layer splits tried: the even one where pp * v divides the layers, and the one that balances the
+          // stages' compute (the first stage also embeds, the last computes the head and loss; step_model.h) where
+          // it differs. So depths that do not divide the layers are searched too, and a heavy head gets its stage
+          // lightened. Where both fit, the faster is kept (the even one on a tie): one row per layout. (The
+          // balanced split, not best_stage_layers' refinement, which simulates every move.)
+          Job base;
+          base.model = m;
+          base.layout = Layout{dp, pp, tp, v, micro, mb, o.seq};
+          base.tech = o.tech;
+          const bool even = m.n_layer % (pp * v) == 0;
+          std::vector<std::vector<int>> splits;
+          if (even) splits.push_back({});
+          if (pp > 1) {
+            std::vector<int> b = balanced_stage_layers(base, c);
+            if (!even || b != std::vector<int>(size_t(pp * v), m.n_layer / (pp * v))) splits.push_back(std::move(b));
+          }
           // Selective recomputation only drops the attention scores, which flash attention never stores: it costs and
           // saves the same as none, so the search tries none and full.
           for (Recompute rc : {Recompute::None, Recompute::Full}) {
             ++r.considered;
-            Job j;
-            j.model = m;
-            j.layout = Layout{dp, pp, tp, v, micro, mb, o.seq};
-            j.tech = o.tech;
-            j.tech.recompute = rc;
-            const MemoryBreakdown mem = memory_per_gpu(m, Shape{tp, mb, o.seq}, j.tech, dp, pp, v,
-                                                       peak_in_flight_estimate(pp, v, micro));
-            if (mem.total() > limit) {
+            std::optional<Candidate> kept;
+            bool over = true;
+            for (const std::vector<int>& split : splits) {
+              Job j = base;
+              j.layout.stage_layers = split;
+              j.tech.recompute = rc;
+              const MemoryBreakdown mem = memory_per_gpu(m, Shape{tp, mb, o.seq}, j.tech, dp, pp, v,
+                                                         peak_in_flight_estimate(pp, v, micro), split);
+              if (mem.total() > limit) continue;
+              over = false;
+              ++r.simulated;
+              Candidate cand{j, predict_step_seconds(j, c), 0, mem.total()};
+              if (!kept || cand.step_seconds < kept->step_seconds) kept = cand;
+            }
+            if (over) {
               ++r.over_memory;
               continue;
             }
-            ++r.simulated;
-            Candidate cand{j, predict_step_seconds(j, c), 0, mem.total()};
-            cand.mfu = m.flops_per_token(o.seq) * double(o.global_batch) * o.seq /
-                       (cand.step_seconds * o.gpus * c.peak_flops());
-            all.push_back(cand);
+            kept->mfu = m.flops_per_token(o.seq) * double(o.global_batch) * o.seq /
+                        (kept->step_seconds * o.gpus * c.peak_flops());
+            all.push_back(*kept);
           }
         }
       }
@@ -77,7 +99,8 @@ std::string explain(const SearchResult& r, const Cluster& c) {
   const Breakdown& b = p.breakdown;
   const Layout& L = best.job.layout;
   std::string out = fmt::format(
-      "why: of {} layouts, {} exceed the memory limit and {} were simulated. The winner spends {:.1f}% of its step in "
+      "why: of {} layouts, {} exceed the memory limit; the others took {} simulations (an evenly split layout also "
+      "tries the split that balances its stages, and keeps the faster). The winner spends {:.1f}% of its step in "
       "compute, {:.1f}% in the pipeline bubble, {:.1f}% in exposed tp, {:.1f}% pp, {:.1f}% dp communication, {:.1f}% in "
       "the optimizer and {:.1f}% waiting on stragglers; it needs {:.1f} GiB per GPU.\n",
       r.considered, r.over_memory, r.simulated, 100 * b.compute / p.step_seconds, 100 * b.bubble / p.step_seconds,
