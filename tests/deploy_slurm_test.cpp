@@ -30,22 +30,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Runs a shell command; its exit code, and what it printed in *out.
-int shell(const std::string& cmd, std::string* out = nullptr) {
-  char tmpl[] = "/tmp/mt-slurm-sh-XXXXXX";
-  const int fd = ::mkstemp(tmpl);
-  if (fd >= 0) ::close(fd);
-  const int st = std::system(fmt::format("{} > {} 2>&1 < /dev/null", cmd, tmpl).c_str());
-  if (out) *out = slurp(tmpl);
-  ::unlink(tmpl);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 // The programs a Slurm cluster needs here that are not installed ("" when none).
 std::string missing_programs() {
   std::string missing;
   for (const char* p : {"slurmctld", "slurmd", "munged", "sbatch", "scontrol", "sinfo", "nsenter", "unshare"})
-    if (shell(fmt::format("command -v {}", p)) != 0) missing += std::string(missing.empty() ? "" : ", ") + p;
+    if (run_shell(fmt::format("command -v {}", p)) != 0) missing += std::string(missing.empty() ? "" : ", ") + p;
   return missing;
 }
 
@@ -85,10 +74,10 @@ class SlurmCluster {
 
     std::string out;
     const std::string d = dir_.string();
-    if (shell(fmt::format("munged -f --socket={d}/munge.sock --key-file={d}/munge.key --log-file={d}/munged.log "
-                          "--pid-file={d}/munged.pid --seed-file={d}/munged.seed",
-                          fmt::arg("d", d)),
-              &out) != 0) {
+    if (run_shell(fmt::format("munged -f --socket={d}/munge.sock --key-file={d}/munge.key --log-file={d}/munged.log "
+                              "--pid-file={d}/munged.pid --seed-file={d}/munged.seed",
+                              fmt::arg("d", d)),
+                  &out) != 0) {
       why_ = "munged did not start: " + out;
       return;
     }
@@ -129,9 +118,8 @@ class SlurmCluster {
 
   // A Slurm client command on the controller host (the login node), with `env` before it.
   int slurm(const std::string& cmd, std::string* out = nullptr, const std::string& env = "") const {
-    return shell(fmt::format("nsenter --net=/run/netns/{} env SLURM_CONF={} {} {}", net_.netns(0), conf_path(), env,
-                             cmd),
-                 out);
+    return run_shell(
+        fmt::format("nsenter --net=/run/netns/{} env SLURM_CONF={} {} {}", net_.netns(0), conf_path(), env, cmd), out);
   }
 
   // The job's state and exit code once it has ended (polls `scontrol show job`).
@@ -156,9 +144,9 @@ class SlurmCluster {
   // knows its nodes by their host names). Mounts are shared: /sys/fs/cgroup stays visible (`ip netns exec` would
   // remount /sys).
   int on_host(int i, const std::string& hostname, const std::string& cmd, std::string* out) const {
-    return shell(fmt::format("nsenter --net=/run/netns/{} unshare --uts sh -c 'hostname {} && exec {}'", net_.netns(i),
-                             hostname, cmd),
-                 out);
+    return run_shell(fmt::format("nsenter --net=/run/netns/{} unshare --uts sh -c 'hostname {} && exec {}'",
+                                 net_.netns(i), hostname, cmd),
+                     out);
   }
 
   NetHosts& net_;

@@ -5,6 +5,7 @@
 // Needs iproute2's `ip` and the right to make namespaces (root, or CAP_SYS_ADMIN and CAP_NET_ADMIN).
 #pragma once
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -19,6 +20,21 @@
 #include <fmt/format.h>
 
 namespace mt::test {
+
+// Runs a shell command with its output in a private temporary file; its exit code (128 when it did not exit), and
+// what it printed in *out.
+inline int run_shell(const std::string& cmd, std::string* out = nullptr) {
+  char tmpl[] = "/tmp/mt-sh-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  if (fd >= 0) ::close(fd);
+  const int st = std::system(fmt::format("{} > {} 2>&1 < /dev/null", cmd, tmpl).c_str());
+  if (out) {
+    std::ifstream f(tmpl);
+    out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  ::unlink(tmpl);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
 
 class NetHosts {
  public:
@@ -42,7 +58,8 @@ class NetHosts {
       why_ = last_error_;
       return;
     }
-    bool ok = run(fmt::format("-n {} link add br0 type bridge", sw())) && run(fmt::format("-n {} link set br0 up", sw()));
+    bool ok = run(fmt::format("-n {} link add br0 type bridge", sw())) &&
+              run(fmt::format("-n {} link set br0 up", sw()));
     for (int i = 0; i < n_ && ok; ++i) {
       ok = run(fmt::format("netns add {}", host(i)));
       if (ok) ++hosts_made_;
@@ -100,15 +117,10 @@ class NetHosts {
   std::string port(int i) const { return fmt::format("{}s{}", tag_, i); }
 
   bool run(const std::string& args) const {
-    const std::string out = std::filesystem::temp_directory_path() / (tag_ + "-ip.txt");
-    const int st = std::system(fmt::format("{} {} > {} 2>&1", ip_, args, out).c_str());
-    if (st != 0) {
-      std::ifstream f(out);
-      std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      last_error_ = fmt::format("`ip {}` failed: {}", args, msg.empty() ? "(no message)" : msg);
-    }
-    std::remove(out.c_str());
-    return st == 0;
+    std::string msg;
+    if (run_shell(fmt::format("{} {}", ip_, args), &msg) == 0) return true;
+    last_error_ = fmt::format("`ip {}` failed: {}", args, msg.empty() ? "(no message)" : msg);
+    return false;
   }
   void must(const std::string& args) {
     if (!run(args)) throw std::runtime_error(last_error_);
