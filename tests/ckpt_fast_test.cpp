@@ -34,7 +34,7 @@ namespace {
 
 // A small GPT for `steps` steps; every run of a comparison shares these flags.
 std::string args(const std::string& out, int steps, const std::string& extra) {
-  return " --data.dir=" + kData + " --train.out_dir=" + out +
+  return " --data.dir=" + kData + " --train.out_dir=" + out + " " + mt::test::kSmallVocabFlag +
          " --model.n_layer=2 --model.d_model=64 --model.n_head=4 --model.max_seq_len=32 --data.seq_len=32"
          " --optim.lr=3e-3 --optim.warmup_steps=2 --train.eval_every=0 --sample.tokens=0 --train.log_every=100"
          " --train.threads=1 --parallel.bucket_mb=1 --train.peak_tflops=1 --ckpt.keep_last=10 --train.steps=" +
@@ -195,7 +195,8 @@ TEST(FastCheckpoint, FullDiskInStage2IsAnEventAndTrainingGoesOn) {
   prepare();
   const std::string out = fresh_dir("mt_fast_full"), mnt = fresh_dir("mt_fast_full_tmpfs");
   fs::create_directories(mnt);
-  // One checkpoint of this model is ~40 MB (3.3M parameters and two moments, fp32): 64 MiB holds one, not two.
+  // One checkpoint of this model is ~40 MB (3.3M parameters and two moments, fp32): 64 MiB holds one, not two. GPT-2's
+  // vocabulary size (the later flag wins over args' small one; the data's 1,024 tokens fit in it) makes it that big.
   if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64m") != 0)
     GTEST_SKIP() << "cannot mount a tmpfs at " << mnt << " (" << std::strerror(errno)
                  << "): this test needs root (CAP_SYS_ADMIN) to make a small disk";
@@ -208,7 +209,8 @@ TEST(FastCheckpoint, FullDiskInStage2IsAnEventAndTrainingGoesOn) {
   fs::create_directories(out);
   const int rc = std::system((launcher(2) + args(out, 6, " --data.batch_size=2 --parallel.dp=2 --ckpt.every=2"
                                                           " --ckpt.save_final=false --ckpt.keep_last=5 --ckpt.resume=none"
-                                                          " --ckpt.dir=" + root) + " > " + log + " 2>&1").c_str());
+                                                          " --model.vocab_size=50257 --ckpt.dir=" + root) +
+                              " > " + log + " 2>&1").c_str());
   const std::string text = read_all(log);
   EXPECT_EQ(rc, 0) << text;
   // Every step ran; step 2 was committed; step 4 failed (the disk is full) as an event and a log line.

@@ -159,7 +159,7 @@ class SlurmCluster {
 class SlurmJob : public ::testing::Test {
  protected:
   void SetUp() override {
-    prepare_brown_once(kMegatrain, kBrownData);
+    prepare_launch_data();
     dir_ = fs::path(temp_root()) /
            ("mt-slurm-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);

@@ -224,7 +224,7 @@ std::string rendered_dom(const std::string& url, const fs::path& dir) {
 class LaunchDashboard : public ::testing::Test {
  protected:
   void SetUp() override {
-    prepare_brown_once(kMegatrain, kBrownData);
+    prepare_launch_data();
     dir_ = fs::path(temp_root()) / "mt-dashboard";
     fs::remove_all(dir_);
     fs::create_directories(dir_);
@@ -251,7 +251,7 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
        "--model.n_layer=2", "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=32", "--data.seq_len=32",
        "--data.batch_size=4", "--train.steps=100000", "--train.eval_every=0", "--sample.tokens=0",
        "--train.log_every=1", "--train.threads=1", "--ckpt.every=0", "--ckpt.save_final=false",
-       "--data.dir=" + kBrownData, "--train.out_dir=" + out},
+       kSmallVocabFlag, "--data.dir=" + kBrownData, "--train.out_dir=" + out},
       (dir_ / "launch.log").string());
 
   // The URL, from the launcher's event log.

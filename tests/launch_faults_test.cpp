@@ -20,7 +20,7 @@ const std::string kData = mt::test::kBrownData;
 class LaunchFaults : public ::testing::Test {
  protected:
   void SetUp() override {
-    mt::test::prepare_brown_once(kMegatrain, kData);
+    mt::test::prepare_launch_data();
     dir_ = fs::path(mt::test::temp_root()) /
            ("mt-faults-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
@@ -45,6 +45,7 @@ class LaunchFaults : public ::testing::Test {
                           "--train.log_every=1", "--train.threads=1", "--train.steps=10", "--ckpt.every=2",
                           "--ckpt.save_final=false", "--parallel.timeout_s=60", "--parallel.tp_chunks=1"})
       a.push_back(s);
+    a.push_back(mt::test::kSmallVocabFlag);
     a.push_back("--data.dir=" + kData);
     a.push_back("--train.out_dir=" + out);
     return a;

@@ -34,7 +34,7 @@ using comm_test::free_port;  // a port nobody listens on now (node 0's store bin
 class LaunchNodes : public ::testing::Test {
  protected:
   void SetUp() override {
-    prepare_brown_once(kMegatrain, kBrownData);
+    prepare_launch_data();
     dir_ = fs::path(temp_root()) /
            ("mt-nodes-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);

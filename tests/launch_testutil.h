@@ -30,7 +30,9 @@
 namespace mt::test {
 
 inline const std::string kMegatrain = std::string(MT_BINARY_DIR) + "/megatrain";
-inline const std::string kBrownData = std::string(MT_BINARY_DIR) + "/test-data/brown";
+// The Brown shards in the small test vocabulary (prepare_launch_data; every job's flags carry kSmallVocabFlag).
+inline const std::string kBrownData = kSmallBrown;
+inline void prepare_launch_data() { prepare_brown_once(kMegatrain, kBrownData, kSmallVocab); }
 
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream f(p);
@@ -150,7 +152,7 @@ inline std::vector<std::string> cached_losses(const std::string& name, const std
 // node, tp inside a node), 10 steps, a checkpoint every 2 steps, all kept; one tp piece per collective, as in
 // launch_faults_test.cpp (why there). The `train` subcommand and its options, after launch's `--`.
 inline std::vector<std::string> node_job(const std::string& out, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> a = {"train", "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2",
+  std::vector<std::string> a = {"train", kSmallVocabFlag, "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2",
                                 "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64",
                                 "--data.seq_len=32", "--data.batch_size=2", "--optim.lr=3e-3",
                                 "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",

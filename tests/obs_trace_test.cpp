@@ -163,8 +163,10 @@ TEST(ChromeTrace, BadFilesAreErrorsNamingThem) {
 }
 
 // Two ranks, one allreduce and one transfer, with hand-set times on one clock (offset 0).
+// A folder per test case: ctest runs the cases as parallel processes, and two of them sharing one folder delete each
+// other's files (seen under ctest -j 4).
 MergedTrace two_ranks(double rank1_start, double recv_end, double error = 0) {
-  const std::string d = fresh("check");
+  const std::string d = fresh(std::string("check-") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
   write_rank_trace(d + "/rank0.json", info(0, 2, 0, error),
                    {comm("allreduce", "dp[0,1]", 4, 10.0, 10.3), comm("send", "pp[0-1]", 2, 10.4, 10.5, 1)});
   write_rank_trace(d + "/rank1.json", info(1, 2, 0, error),

@@ -29,15 +29,16 @@ namespace ptest {
 namespace fs = std::filesystem;
 
 inline const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-inline const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown-dp";
+inline const std::string kData = mt::test::kSmallBrown;
 
 // The Brown shards, prepared once per build tree (shared by all three tests).
-inline void prepare() { mt::test::prepare_brown_once(kBin, kData); }
+inline void prepare() { mt::test::prepare_brown_once(kBin, kData, mt::test::kSmallVocab); }
 
-// The flags every run of these tests shares: a small GPT (n_layer layers, d_model 64, 4 heads) for 5 steps on the
-// Brown shards, writing to `out`; `extra` is appended (e.g. " --optim.eps=1e-6").
+// The flags every run of these tests shares: a small GPT (n_layer layers, d_model 64, 4 heads, the small test
+// vocabulary) for 5 steps on the Brown shards, writing to `out`; `extra` is appended (e.g. " --optim.eps=1e-6").
 inline std::string common_args(const std::string& out, int batch, int n_layer, const std::string& extra = "") {
-  return " --data.dir=" + kData + " --train.out_dir=" + out + " --model.n_layer=" + std::to_string(n_layer) +
+  return " --data.dir=" + kData + " --train.out_dir=" + out + " " + mt::test::kSmallVocabFlag +
+         " --model.n_layer=" + std::to_string(n_layer) +
          " --model.d_model=64 --model.n_head=4 --model.max_seq_len=32 --data.seq_len=32"
          " --data.batch_size=" + std::to_string(batch) +
          " --optim.lr=3e-3 --optim.warmup_steps=2 --train.eval_every=0 --sample.tokens=0 --train.steps=5"

@@ -178,7 +178,7 @@ struct Job {
 
 std::unique_ptr<Job> start_job(const std::string& name, const std::string& faults, std::vector<std::string> extra,
                                const std::vector<std::string>& env = {}) {
-  mt::test::prepare_brown_once(kBin, kData);
+  prepare();
   auto j = std::make_unique<Job>();
   j->out = mt::test::temp_root() + name;
   fs::remove_all(j->out);

@@ -31,7 +31,7 @@ std::string fresh_dir(const std::string& name) {
 }
 
 TEST(Heartbeat, LinesCarryTheProtocolsFields) {
-  mt::test::prepare_brown_once(kBin, kData);
+  prepare();
   const std::string out = fresh_dir("mt_hb_fields");
   comm_test::TempDir store;
   std::vector<std::string> args = small_flags(out + "/run");
@@ -123,7 +123,7 @@ TEST(Heartbeat, LinesReachTheReaderInTheOrderOfTheirStamps) {
 }
 
 TEST(Heartbeat, GoOnWhileARankWaitsForAStoppedPeer) {
-  mt::test::prepare_brown_once(kBin, kData);
+  prepare();
   const std::string out = fresh_dir("mt_hb_stopped_peer");
   comm_test::TempDir store;
   std::vector<std::string> args = small_flags(out + "/run");

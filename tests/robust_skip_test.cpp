@@ -55,7 +55,7 @@ struct StopAt final : TrainObserver {
 };
 
 TEST(SkipSteps, TheBatchIsDroppedAndTheDataPositionMovesAsIfTrained) {
-  mt::test::prepare_brown_once(kBin, kData);
+  prepare();
   for (const int accum : {1, 2}) {
     SCOPED_TRACE(fmt::format("grad_accum {}", accum));
     const std::string a = fresh("mt_skip_plain"), b = fresh("mt_skip_skipped");
@@ -84,7 +84,7 @@ TEST(SkipSteps, TheBatchIsDroppedAndTheDataPositionMovesAsIfTrained) {
 }
 
 TEST(SkipSteps, AResumedRunWithTheSameSkipListEqualsTheUninterruptedOne) {
-  mt::test::prepare_brown_once(kBin, kData);
+  prepare();
   const std::string whole = fresh("mt_skip_whole"), parts = fresh("mt_skip_parts");
   run_training(config(whole, {"--train.skip_steps=[3]"}));
   StopAt stop(2);
@@ -101,7 +101,7 @@ TEST(SkipSteps, AResumedRunWithTheSameSkipListEqualsTheUninterruptedOne) {
 // Two data-parallel ranks (forked, in process): every rank skips at the same step, none waits for another, and
 // the position after the skip is the undisturbed run's.
 TEST(SkipSteps, EveryDataParallelRankSkipsTogether) {
-  mt::test::prepare_brown_once(kBin, kData);
+  prepare();
   const std::string a = fresh("mt_skip_dp_plain"), b = fresh("mt_skip_dp_skipped");
   for (const std::string& out : {a, b}) {
     comm_test::TempDir store;

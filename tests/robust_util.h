@@ -25,7 +25,7 @@ extern char** environ;
 namespace robust_test {
 
 inline const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-inline const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown";
+inline const std::string kData = mt::test::kSmallBrown;  // prepare(): the small test vocabulary
 
 inline std::string slurp(const std::string& path) {
   std::ifstream f(path);
@@ -34,9 +34,12 @@ inline std::string slurp(const std::string& path) {
 
 inline bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+inline void prepare() { mt::test::prepare_brown_once(kBin, kData, mt::test::kSmallVocab); }
+
 // A small model on the Brown shards, one thread per rank.
 inline std::vector<std::string> small_flags(const std::string& out) {
-  return {"--data.dir=" + kData,    "--train.out_dir=" + out, "--model.n_layer=2",      "--model.d_model=64",
+  return {"--data.dir=" + kData,    "--train.out_dir=" + out, mt::test::kSmallVocabFlag,
+          "--model.n_layer=2",      "--model.d_model=64",
           "--model.n_head=2",       "--model.max_seq_len=64", "--data.seq_len=32",     "--data.batch_size=4",
           "--optim.lr=3e-3",        "--optim.warmup_steps=2", "--train.eval_every=0",  "--sample.tokens=0",
           "--train.log_every=1000", "--train.threads=1",      "--train.peak_tflops=1"};

@@ -68,6 +68,11 @@ TEST(RunConfig, UnknownKeysAreErrorsNamingTheKey) {
 
 TEST(RunConfig, WrongTypesAndValuesAreErrors) {
   EXPECT_NE(error_of("[model]\nn_layer = \"four\"\n").find("model.n_layer must be an integer"), std::string::npos);
+  // A float where an integer goes, even one beyond int64's range (tests/fuzz found UB in the conversion).
+  EXPECT_NE(error_of("[optim]\nwarmup_steps = 14611686018427387904.1\n").find("optim.warmup_steps must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nskip_steps = [3, 7.5]\n").find("train.skip_steps must hold integers only"),
+            std::string::npos);
   EXPECT_NE(error_of("[model]\nblock = \"diagonal\"\n").find("model.block"), std::string::npos);
   EXPECT_NE(error_of("[model]\nd_model = 100\nn_head = 3\n").find("model.d_model"), std::string::npos);
   EXPECT_NE(error_of("[data]\nseq_len = 4096\n").find("max_seq_len"), std::string::npos);

@@ -133,11 +133,12 @@ GroupFactory checked(bool data_plane) {
 }
 
 const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown-planes";
+const std::string kData = mt::test::kSmallBrown;  // with kSmallVocabFlag in every run
 const std::string kConfig = std::string(MT_SOURCE_DIR) + "/configs/tiny.toml";  // what `megatrain train` starts from
 
 std::vector<std::string> flags(const std::string& out, int batch, const std::string& layout) {
-  std::vector<std::string> f = {"--data.dir=" + kData, "--train.out_dir=" + out, "--model.n_layer=4",
+  std::vector<std::string> f = {"--data.dir=" + kData, "--train.out_dir=" + out, mt::test::kSmallVocabFlag,
+                                "--model.n_layer=4",
                                 "--model.d_model=64", "--model.n_head=4", "--model.max_seq_len=32",
                                 "--data.seq_len=32", "--data.batch_size=" + std::to_string(batch),
                                 "--optim.lr=3e-3", "--optim.warmup_steps=2", "--train.steps=4",
@@ -173,7 +174,7 @@ class Planes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Planes, DevicePlaneSeesOnlyBackendMemoryAndHostPlaneNever) {
   const Case& c = GetParam();
-  mt::test::prepare_brown_once(kBin, kData);
+  mt::test::prepare_brown_once(kBin, kData, mt::test::kSmallVocab);
   const std::string root = ::testing::TempDir() + "/mt_planes_" + c.name;
   std::filesystem::remove_all(root);
   // The oracle: one process with the same global batch (a separate process: this one forks the ranks below), and

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <fmt/format.h>
 #include <toml++/toml.h>
@@ -40,6 +41,13 @@ std::string suggestion(const std::string& key, const std::set<std::string>& know
   return best.empty() ? "" : " (did you mean '" + best + "'?)";
 }
 
+// A TOML integer's value; nullopt for any other node. Never node::value<int64_t>() on a float: toml++ converts it
+// with a plain cast, undefined behaviour for 1.5e19 (found by tests/fuzz/fuzz_run_config).
+std::optional<int64_t> integer_of(const toml::node& n) {
+  if (!n.is_integer()) return std::nullopt;
+  return n.value<int64_t>();
+}
+
 // Reads typed values out of one [section], remembering which keys it consumed and, in `effective`, every key's
 // value after defaults and overrides (what the ranks of a job compare at start-up).
 class Section {
@@ -68,8 +76,8 @@ class Section {
       MT_CHECK(v.has_value(), "{}: {} must be true or false", src_, full);
       out = *v;
     } else if constexpr (std::is_integral_v<T>) {
-      auto v = n->value<int64_t>();
-      MT_CHECK(v.has_value() && n->is_integer(), "{}: {} must be an integer", src_, full);
+      auto v = integer_of(*n);
+      MT_CHECK(v.has_value(), "{}: {} must be an integer", src_, full);
       // (A negative value is compared as signed: cast to uint64 it would exceed every maximum.)
       MT_CHECK(*v >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
                    (*v < 0 || static_cast<uint64_t>(*v) <= static_cast<uint64_t>(std::numeric_limits<T>::max())),
@@ -100,8 +108,8 @@ class Section {
         MT_CHECK(arr, "{}: {} must be a list of integers (e.g. [3, 7])", src_, full);
         out.clear();
         for (auto& e : *arr) {
-          auto v = e.value<int64_t>();
-          MT_CHECK(v && e.is_integer(), "{}: {} must hold integers only", src_, full);
+          auto v = integer_of(e);
+          MT_CHECK(v.has_value(), "{}: {} must hold integers only", src_, full);
           MT_CHECK(*v >= lo && *v <= std::numeric_limits<int>::max(), "{}: {} holds {}: each must be in [{}, {}]", src_,
                    full, *v, lo, std::numeric_limits<int>::max());
           out.push_back(static_cast<int>(*v));
@@ -138,7 +146,7 @@ class Section {
     const toml::array* arr = n->as_array();
     MT_CHECK(arr, "{}: {} must be \"none\", \"all\" or a list of layer indices", src_, full);
     for (auto& e : *arr) {
-      auto v = e.value<int64_t>();
+      auto v = integer_of(e);
       MT_CHECK(v && *v >= 0 && *v < n_layer, "{}: {} has an invalid layer index (layers are 0..{})", src_, full,
                n_layer - 1);
       out[*v] = true;
