@@ -25,6 +25,7 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/reader.h"
+#include "megatrain/train/ckpt_async.h"
 #include "parallel_testutil.h"
 
 using namespace mt;
@@ -264,6 +265,24 @@ TEST(FastCheckpoint, PeerSnapshotRestoreAfterKillingOneRankIsBitIdentical) {
 }
 
 // ---- a corrupt newest checkpoint
+
+// Survivors of a dp2 job whose peer died mid-exchange hold only their own shards of the newest step: that set can
+// never be completed (its other writers are gone), so the restart neither uses it nor leaves it behind. Neither
+// does it leave a set whose extra.json cannot be read.
+TEST(FastCheckpoint, PeerSnapshotSetsThatCanNeverBeUsedAreRemoved) {
+  const std::string root = fresh_dir("mt_fast_unusable_sets");
+  const fs::path incomplete = fs::path(root) / "snapshots" / "step_00000006",
+                 unreadable = fs::path(root) / "snapshots" / "step_00000007";
+  fs::create_directories(incomplete);
+  fs::create_directories(unreadable);
+  std::ofstream(incomplete / "extra.json") << R"({"parallel": {"pp": 1, "tp": 1, "dp": 2}})";
+  for (const std::string f : {"shard-pp0-tp0-dp0.safetensors", "shard-pp0-tp0-dp0.safetensors.pieces.json"})
+    std::ofstream(incomplete / f) << "x";
+  std::ofstream(unreadable / "extra.json") << "{";
+  EXPECT_EQ(promote_peer_snapshots(root, 3), "");
+  EXPECT_FALSE(fs::exists(incomplete));
+  EXPECT_FALSE(fs::exists(unreadable));
+}
 
 TEST(FastCheckpoint, CorruptNewestCheckpointFallsBackWithAWarning) {
   prepare();

@@ -151,6 +151,28 @@ TEST(Dashboard, HistoryTakesEachRanksNewStepOnceAndANewAttemptAfresh) {
   EXPECT_EQ(h[2]["ranks"], 2);
 }
 
+// A supervisor that sees a rank's status less often than the rank steps (the job driver) gets the steps in between
+// as the status's records: each joins the history with its own loss and time, once.
+TEST(Dashboard, HistoryTakesEveryRecordedStepNotOnlyTheNewest) {
+  Dashboard d("127.0.0.1:0");
+  JobView v = two_ranks();
+  v.attempt = 0;
+  v.ranks = {rank_view(0, 3, true)};
+  v.ranks[0].status.recent = {{1, 3.0, 0.1, 100}, {2, 2.0, 0.2, 100}, {3, 1.0, 0.3, 100}};
+  d.publish(v);
+  v.ranks[0].status.step = 5;  // the next status: its window still holds step 3
+  v.ranks[0].status.recent = {{3, 1.0, 0.3, 100}, {4, 0.5, 0.4, 101}, {5, 0.25, 0.5, 101}};
+  d.publish(v);
+  const nlohmann::json h = nlohmann::json::parse(d.api_job())["history"];
+  ASSERT_EQ(h.size(), 5u) << h.dump();
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(h[i]["step"], i + 1) << h.dump();
+    EXPECT_EQ(h[i]["loss"], i < 3 ? 3.0 - i : 0.5 / (1 << (i - 3))) << h.dump();
+    EXPECT_DOUBLE_EQ(h[i]["fastest"].get<double>(), 0.1 * (i + 1)) << h.dump();
+    EXPECT_EQ(h[i]["ranks"], 1) << h.dump();
+  }
+}
+
 TEST(Dashboard, ServesThePageTheJobAndTheMetricsOverHttp) {
   Dashboard d("127.0.0.1:0");
   ASSERT_GT(d.port(), 0);

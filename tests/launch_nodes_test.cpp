@@ -150,7 +150,9 @@ class LaunchNodes : public ::testing::Test {
 };
 
 // Also watches the job through node 0's dashboard, which the driver feeds: it must show the job's ranks on the
-// nodes the driver placed them on, before the fault (nodes 0 and 1) and after it (0 and the spare, 2).
+// nodes the driver placed them on, before the fault (nodes 0 and 1) and after it (0 and the spare, 2), and a history
+// with every step of each attempt and rank 0's losses, though steps here take milliseconds and the agents publish
+// their ranks' statuses every half second.
 TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   const auto want = undisturbed();
   start_job(2, 1, "", {"--dashboard", "127.0.0.1:0"});
@@ -158,6 +160,7 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   // attempt runs: the driver may see only its start of a short attempt, so "starting" counts).
   std::mutex mu;
   std::map<int, std::set<int>> nodes_of_attempt;
+  std::map<std::pair<int, int>, nlohmann::json> history;  // (attempt, step): the newest point seen
   std::atomic<bool> done{false};
   std::thread watcher([&] {
     int port = 0;
@@ -176,6 +179,10 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
           for (const auto& rank : j["ranks"])
             if (rank["running"].get<bool>()) nodes_of_attempt[j["job"]["attempt"].get<int>()].insert(rank["node"].get<int>());
         }
+        if (j.is_object()) {
+          std::lock_guard<std::mutex> lock(mu);
+          for (const auto& p : j["history"]) history[{p["attempt"].get<int>(), p["step"].get<int>()}] = p;
+        }
       }
       std::this_thread::sleep_for(50ms);
     }
@@ -190,6 +197,21 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   EXPECT_EQ(finish(2), 0) << logs();
   EXPECT_EQ(nodes_of_attempt, (std::map<int, std::set<int>>{{0, {0, 1}}, {1, {0, 2}}}));
   EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
+  // The history: per attempt, every step from its first to its last shown, with the loss rank 0 logged for it.
+  std::map<int, double> logged;  // a replayed step logs the same loss again (the run is deterministic)
+  for (const auto& l : events_of(out() + "/metrics.jsonl"))
+    if (l.value("kind", "") == "train") logged[l["step"].get<int>()] = l["loss"].get<double>();
+  std::map<int, std::vector<int>> steps_of_attempt;
+  for (const auto& [key, p] : history) {
+    steps_of_attempt[key.first].push_back(key.second);
+    if (!p["loss"].is_null() && logged.count(key.second))
+      EXPECT_EQ(p["loss"].get<double>(), logged[key.second]) << p.dump();
+  }
+  EXPECT_EQ(steps_of_attempt.size(), 2u);
+  for (const auto& [attempt, steps] : steps_of_attempt)  // std::map: in order
+    EXPECT_EQ(steps.back() - steps.front() + 1, int(steps.size()))
+        << "attempt " << attempt << " misses steps: " << nlohmann::json(steps).dump();
+  EXPECT_EQ(steps_of_attempt[1].back(), 10) << nlohmann::json(steps_of_attempt[1]).dump();
   auto d = driver("detected");
   ASSERT_FALSE(d.empty()) << slurp(events(0));
   EXPECT_EQ(d[0]["reason"], "node_lost") << d[0].dump();

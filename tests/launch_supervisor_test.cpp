@@ -251,6 +251,29 @@ TEST(NodePlan, WithoutASpareTheJobShrinksToWholeReplicasAndKeepsTheGlobalBatch) 
 
 // The driver sees ranks through their agents' published statuses: the round trip keeps what the hang rules need,
 // and puts the age of the last heartbeat on the reader's clock.
+// Each step line is kept as a record (a tick line is not): the last RankStatus::kRecentSeconds of them, at most
+// kMaxRecent.
+TEST(RankStatus, StepLinesOfTheLastSecondsAreKeptAsRecords) {
+  RankStatus s;
+  auto line = [](const char* at, int step, double loss) {
+    return nlohmann::json{{"type", "hb"}, {"at", at}, {"step", step}, {"loss", loss}, {"step_time", 0.01 * step}};
+  };
+  for (int step = 1; step <= 3; ++step) s.apply(line("step", step, 5.0 - step), 10.0 + step);
+  s.apply(line("tick", 3, 2.0), 13.5);
+  ASSERT_EQ(s.recent.size(), 3u);
+  EXPECT_EQ(s.recent[0].step, 1);
+  EXPECT_EQ(s.recent[2].step, 3);
+  EXPECT_EQ(s.recent[2].loss, 2.0);
+  EXPECT_DOUBLE_EQ(s.recent[2].step_time, 0.03);
+  EXPECT_EQ(s.recent[2].heard, 13.0);
+  s.apply(line("step", 4, 1.0), 12.0 + RankStatus::kRecentSeconds + 0.5);  // steps 1 and 2 fall out of the window
+  ASSERT_EQ(s.recent.size(), 2u);
+  EXPECT_EQ(s.recent.front().step, 3);
+  for (int step = 5; step < 5 + int(RankStatus::kMaxRecent) + 10; ++step) s.apply(line("step", step, 1.0), 18.0);
+  EXPECT_EQ(s.recent.size(), RankStatus::kMaxRecent);
+  EXPECT_EQ(s.recent.back().step, 4 + int(RankStatus::kMaxRecent) + 10);
+}
+
 TEST(JobProtocol, RankStatusesSurviveTheStoreAndKeepTheirAge) {
   RankStatus s = rank(3, "dp1,pp0,tp1", {{"dp[1,3]", "all_gather", 41, "posted"}}, 100);
   s.heard = true;
@@ -258,6 +281,9 @@ TEST(JobProtocol, RankStatusesSurviveTheStoreAndKeepTheirAge) {
   s.phase = "forward_backward";
   s.compute_time = 0.25;
   s.dp = 2, s.pp = 1, s.tp = 2, s.grad_accum = 3;
+  // Step records: one too old to be published (heard 98.5 at 104 is beyond kRecentSeconds), two that are, one
+  // without a loss (a pipeline stage before the last).
+  s.recent = {{5, 1.5, 0.2, 98.5}, {6, std::nullopt, 0.3, 100}, {7, 1.25, 0.4, 103}};
   bool running = false;
   RankStatus t = proto::status_from_json(proto::status_to_json(s, true, 104), 1000, &running);
   EXPECT_TRUE(running);
@@ -272,6 +298,12 @@ TEST(JobProtocol, RankStatusesSurviveTheStoreAndKeepTheirAge) {
   ASSERT_EQ(t.colls.size(), 1u);
   EXPECT_EQ(t.colls[0].seq, 41);
   EXPECT_EQ(t.colls[0].state, "posted");
+  ASSERT_EQ(t.recent.size(), 2u);
+  EXPECT_EQ(t.recent[0].step, 6);
+  EXPECT_FALSE(t.recent[0].loss.has_value());
+  EXPECT_DOUBLE_EQ(t.recent[0].heard, 996);  // its age (4 s) on the reader's clock
+  EXPECT_EQ(t.recent[1].loss, 1.25);
+  EXPECT_EQ(t.recent[1].step_time, 0.4);
   proto::AttemptPlan p;
   p.attempt = 2, p.nodes = {0, 2}, p.nproc = 4, p.extra_args = {"--parallel.dp=1"};
   proto::AttemptPlan q = proto::AttemptPlan::from_json(p.to_json());

@@ -75,16 +75,20 @@ void Dashboard::publish(const JobView& v) {
   }
   for (const RankView& r : v.ranks) {
     const RankStatus& s = r.status;
-    // A step joins the history once per rank: when the rank's newest step is one it has not reported yet. Its
-    // numbers are that step's (a heartbeat carries the last completed step's loss and time).
+    // A step joins the history once per rank: each of the rank's step records newer than the newest step it already
+    // gave. A view made of statuses without records (none in the window) gives the newest step's numbers alone.
     auto [it, fresh] = last_step_.try_emplace(s.rank, s.start_step >= 0 ? s.start_step : 0);
-    if (!s.step_time || s.step <= it->second) continue;
-    it->second = s.step;
-    StepPoint& p = history_[{v.attempt, s.step}];
-    if (!p.loss && s.loss) p.loss = s.loss;
-    p.fastest = p.ranks == 0 ? *s.step_time : std::min(p.fastest, *s.step_time);
-    p.slowest = p.ranks == 0 ? *s.step_time : std::max(p.slowest, *s.step_time);
-    ++p.ranks;
+    auto add = [&](int step, const std::optional<double>& loss, double step_time) {
+      if (step <= it->second) return;
+      it->second = step;
+      StepPoint& p = history_[{v.attempt, step}];
+      if (!p.loss && loss) p.loss = loss;
+      p.fastest = p.ranks == 0 ? step_time : std::min(p.fastest, step_time);
+      p.slowest = p.ranks == 0 ? step_time : std::max(p.slowest, step_time);
+      ++p.ranks;
+    };
+    for (const StepRecord& rec : s.recent) add(rec.step, rec.loss, rec.step_time);
+    if (s.recent.empty() && s.step_time) add(s.step, s.loss, *s.step_time);
   }
   while (history_.size() > kMaxHistory) history_.erase(history_.begin());
   view_ = v;

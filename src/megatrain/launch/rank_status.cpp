@@ -35,6 +35,11 @@ bool RankStatus::apply(const nlohmann::json& hb, double now) {
     if (auto v = num("tokens_per_s")) tokens_per_s = v;
     if (auto v = num("mfu")) mfu = v;
     if (auto v = num("rss")) rss = v;
+    const auto this_step_time = num("step_time");
+    if (hb.value("at", "") == "step" && this_step_time && hb.contains("step") && hb["step"].is_number_integer()) {
+      recent.push_back({hb["step"].get<int>(), num("loss"), *this_step_time, now});
+      trim_recent(now);
+    }
     if (auto cs = hb.find("colls"); cs != hb.end() && cs->is_array()) {
       colls.clear();
       for (const auto& c : *cs)
@@ -44,6 +49,11 @@ bool RankStatus::apply(const nlohmann::json& hb, double now) {
     // A field of the wrong type: keep what was read so far.
   }
   return true;
+}
+
+void RankStatus::trim_recent(double now) {
+  while (!recent.empty() && (recent.size() > kMaxRecent || recent.front().heard < now - kRecentSeconds))
+    recent.pop_front();
 }
 
 }  // namespace mt::launch

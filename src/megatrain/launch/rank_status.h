@@ -2,6 +2,7 @@
 // JSON object per line; train/heartbeat.h writes them): its step and phase, its coordinates, and the state of the
 // newest (or oldest unfinished) collective of each of its process groups, as its flight recorder saw it.
 #pragma once
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,14 @@ struct CollectiveState {
   bool in_flight() const { return state == "posted" || state == "started"; }
 };
 
+// One completed step, as the rank's step line reported it: what the dashboard's history is made of.
+struct StepRecord {
+  int step = 0;
+  std::optional<double> loss;
+  double step_time = 0;
+  double heard = 0;  // agent clock (now_seconds) when the line arrived
+};
+
 struct RankStatus {
   int rank = -1;
   std::string coord;             // "dp1,pp0,tp1" ("" until known)
@@ -35,10 +44,21 @@ struct RankStatus {
   // The job's layout as the rank reported it (0 until known): a supervisor that shrinks dp keeps the global batch.
   int dp = 0, pp = 0, tp = 0, grad_accum = 0;
   int start_step = -1;           // the step the rank's run started from (-1 until it says)
+  // The step lines of the last kRecentSeconds, at most kMaxRecent, oldest first. The fields above hold only the
+  // newest step, and a supervisor that sees them less often than the rank completes steps (the job driver reads
+  // each node's statuses every half second; tiny models step in milliseconds) would miss the rest. The window
+  // bounds what each status carries: a few records for the seconds-long steps of a large job; the cap still
+  // covers half a second of steps down to 2 ms each.
+  std::deque<StepRecord> recent;
+  static constexpr double kRecentSeconds = 5;
+  static constexpr size_t kMaxRecent = 256;
 
   // Applies one heartbeat line ({"type":"hb",...}); returns false (and changes nothing) for a line that is not
-  // one (events, or garbage: a rank must not be able to crash its agent).
+  // one (events, or garbage: a rank must not be able to crash its agent). A step line ("at":"step") with a step
+  // time joins `recent`.
   bool apply(const nlohmann::json& hb, double now);
+  // Drops the records older than kRecentSeconds before now, and the oldest beyond kMaxRecent.
+  void trim_recent(double now);
 };
 
 }  // namespace mt::launch

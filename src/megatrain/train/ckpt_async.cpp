@@ -148,6 +148,7 @@ std::string promote_peer_snapshots(const std::string& root, int keep_last) {
     if (n.rfind("step_", 0) == 0 && n.find('.') == std::string::npos) sets[std::stoll(n.substr(5))] = e.path();
   }
   std::string promoted;
+  std::vector<fs::path> unusable;
   for (auto& [step, dir] : sets) {
     if (step <= disk_step) break;
     std::vector<std::string> files, missing;
@@ -159,14 +160,16 @@ std::string promote_peer_snapshots(const std::string& root, int keep_last) {
         for (int t = 0; t < par.at("tp").get<int>(); ++t)
           for (int d = 0; d < par.at("dp").get<int>(); ++d) files.push_back(shard_file_name(p, t, d));
     } catch (const std::exception& e) {
-      fmt::print(stderr, "peer snapshots of step {} in {}: unusable ({}); skipped\n", step, dir.string(), e.what());
+      fmt::print(stderr, "peer snapshots of step {} in {}: unusable ({}); removed\n", step, dir.string(), e.what());
+      unusable.push_back(dir);
       continue;
     }
     for (const std::string& f : files)
       if (!file_exists((dir / f).string()) || !file_exists((dir / (f + ".pieces.json")).string())) missing.push_back(f);
     if (!missing.empty()) {
-      fmt::print(stderr, "peer snapshots of step {} in {} are incomplete (missing {}); not used\n", step,
+      fmt::print(stderr, "peer snapshots of step {} in {} are incomplete (missing {}); not used, removed\n", step,
                  dir.string(), fmt::join(missing, ", "));
+      unusable.push_back(dir);
       continue;
     }
     // Complete: it becomes the staging directory of a sharded save of `step` and is committed like one (sizes and
@@ -182,12 +185,16 @@ std::string promote_peer_snapshots(const std::string& root, int keep_last) {
                "on disk was step {})\n", step, promoted, disk_step < 0 ? std::string("none") : std::to_string(disk_step));
     break;
   }
-  // Sets at or below what is now the latest checkpoint can never be used again.
+  // Sets at or below what is now the latest checkpoint can never be used again, nor can an incomplete or unreadable
+  // one: the ranks that wrote it belong to a stopped attempt, and the lost ones that held its missing pieces wrote
+  // nothing (a node's lease ends its ranks before the driver goes on; a rank checks the attempt fence before it
+  // writes). Left in place, such a set would outlive the job (the next attempt checkpoints past it).
   if (!promoted.empty()) {
     fs::remove_all(sroot, ec);
   } else {
     for (auto& [step, dir] : sets)
       if (step <= disk_step) fs::remove_all(dir, ec);
+    for (const fs::path& dir : unusable) fs::remove_all(dir, ec);
   }
   return promoted;
 }

@@ -58,7 +58,8 @@ void persist_survivor_snapshots(CkptAsyncState& st);
 
 // Restarted job, one process (rank 0) before the restore: the newest complete set of survivor-persisted snapshots
 // newer than the latest committed checkpoint becomes a committed checkpoint (the ordinary restore then loads it).
-// Returns its directory, or "" (with a line saying why, when sets exist but none is complete).
+// Returns its directory, or "" (with a line saying why, when sets exist but none is complete). Every set that can
+// no longer be used (at or below the latest checkpoint, incomplete, unreadable) is removed.
 std::string promote_peer_snapshots(const std::string& root, int keep_last);
 
 }  // namespace mt
