@@ -208,10 +208,9 @@ TEST(FastCheckpoint, FullDiskInStage2IsAnEventAndTrainingGoesOn) {
   const std::string root = mnt + "/ckpt";
   const std::string log = out + ".log";
   fs::create_directories(out);
-  const int rc = std::system((launcher(2) + args(out, 6, " --data.batch_size=2 --parallel.dp=2 --ckpt.every=2"
-                                                          " --ckpt.save_final=false --ckpt.keep_last=5 --ckpt.resume=none"
-                                                          " --model.vocab_size=50257 --ckpt.dir=" + root) +
-                              " > " + log + " 2>&1").c_str());
+  const std::string flags = " --data.batch_size=2 --parallel.dp=2 --ckpt.every=2 --ckpt.save_final=false"
+                            " --ckpt.keep_last=5 --ckpt.resume=none --model.vocab_size=50257 --ckpt.dir=" + root;
+  const int rc = std::system((launcher(2) + args(out, 6, flags) + " > " + log + " 2>&1").c_str());
   const std::string text = read_all(log);
   EXPECT_EQ(rc, 0) << text;
   // Every step ran; step 2 was committed; step 4 failed (the disk is full) as an event and a log line.

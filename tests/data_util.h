@@ -17,7 +17,8 @@ namespace mt::testing {
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = std::string(MT_BINARY_DIR) + "/test-tmp-data-XXXXXX";
+    std::string tmpl = std::string(MT_BINARY_DIR);
+    tmpl += "/test-tmp-data-XXXXXX";  // (one + of a literal to a temporary: GCC 12 warns falsely, -Warray-bounds)
     std::filesystem::create_directories(MT_BINARY_DIR);
     path_ = mkdtemp(tmpl.data());
   }

@@ -226,8 +226,11 @@ TEST_F(Kernels, WeightGradientsOverwriteAsZeroingFirstWould) {
       const VecF want = run(false, [&](float* g, float* b) { op(true, g, b); }, n_w, n_b);
       const VecF got = run(true, [&](float* g, float* b) { op(false, g, b); }, n_w, n_b);
       EXPECT_EQ(got.size(), want.size());
-      for (size_t i = 0; i < want.size(); ++i)
-        if (name != "rmsnorm_backward" || i < n_w) ASSERT_EQ(got[i], want[i]) << name << " element " << i;
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (name != "rmsnorm_backward" || i < n_w) {
+          ASSERT_EQ(got[i], want[i]) << name << " element " << i;
+        }
+      }
     }
   }
 }

@@ -307,7 +307,9 @@ TEST_F(CudaOpsTest, MatmulForwardAddJoinsTheResidual) {
                                tf(r, {N, OC}), tf(tmp, {N, OC}));
       gpu_->matmul_forward_add(go, gx, gw, with_bias ? gb : Tensor{}, gr, gt);
       EXPECT_TRUE(near(host(go), want, 1e-2, 2e-3));
-      if (!in_place) EXPECT_TRUE(near(host(gr), r, 4e-3, 0.0));  // only read (bf16 storage of r)
+      if (!in_place) {
+        EXPECT_TRUE(near(host(gr), r, 4e-3, 0.0));  // only read (bf16 storage of r)
+      }
     }
   }
 }

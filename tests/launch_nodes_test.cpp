@@ -204,8 +204,9 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   std::map<int, std::vector<int>> steps_of_attempt;
   for (const auto& [key, p] : history) {
     steps_of_attempt[key.first].push_back(key.second);
-    if (!p["loss"].is_null() && logged.count(key.second))
+    if (!p["loss"].is_null() && logged.count(key.second)) {
       EXPECT_EQ(p["loss"].get<double>(), logged[key.second]) << p.dump();
+    }
   }
   EXPECT_EQ(steps_of_attempt.size(), 2u);
   for (const auto& [attempt, steps] : steps_of_attempt)  // std::map: in order

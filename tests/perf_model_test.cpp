@@ -68,7 +68,7 @@ ModelConfig small_model() {
 Job small_job(const Cluster& c) {
   Job j;
   j.model = small_model();
-  j.layout = Layout{2, 2, 2, 2, 4, 2, 32};  // dp 2, pp 2, tp 2, v 2, 4 micro-batches of 2
+  j.layout = Layout{2, 2, 2, 2, 4, 2, 32, {}};  // dp 2, pp 2, tp 2, v 2, 4 micro-batches of 2
   (void)c;
   return j;
 }
@@ -251,7 +251,7 @@ TEST(Memory, ZeroShardsAndPerStageParametersAddUp) {
 
 TEST(StepModel, NoOverlapSwitchAndNoExtraBandwidthEverMakesAStepSlower) {
   const Cluster c = a100();
-  for (Job j : {small_job(c), [&] { Job x = small_job(c); x.layout = Layout{4, 4, 1, 2, 8, 1, 32}; return x; }()}) {
+  for (Job j : {small_job(c), [&] { Job x = small_job(c); x.layout = Layout{4, 4, 1, 2, 8, 1, 32, {}}; return x; }()}) {
     double prev = predict(j, c).step_seconds;
     for (int k = 0; k < 4; ++k) {
       (k == 0 ? j.tech.tp_overlap : k == 1 ? j.tech.pp_overlap : k == 2 ? j.tech.dp_overlap : j.tech.misc) = true;
@@ -306,7 +306,7 @@ TEST(StepModel, OnASaturatedCpuHostEveryTpCollectiveIsExposedAndEachPiecePaysThe
   const Cluster c = cpu_host(2, L * 1e6, 1e9);
   Job j;
   j.model = small_model();  // 8 layers, learned positions, LayerNorm with biases
-  j.layout = Layout{1, 1, 2, 1, 1, 1, 32};
+  j.layout = Layout{1, 1, 2, 1, 1, 1, 32, {}};
   j.tech.tp_overlap = true;
   j.tech.tp_chunks = 1;
   const int layers = j.model.n_layer;
@@ -335,7 +335,7 @@ TEST(StepModel, RanksBeyondTheCoresTakeTurns) {
   // with a core per rank, whose breakdown gives each rank's compute and optimizer.
   Job j;
   j.model = small_model();
-  j.layout = Layout{2, 1, 1, 1, 4, 2, 32};
+  j.layout = Layout{2, 1, 1, 1, 4, 2, 32, {}};
   const Cluster own = cpu_host(2, 10, 10), shared = cpu_host(1, 10, 10);
   const Prediction a = predict(j, own), b = predict(j, shared);
   EXPECT_EQ(a.breakdown.shared_cores, 0.0);
@@ -402,7 +402,7 @@ TEST(StepModel, AnUnevenSplitMovesWorkOffTheHeadsStage) {
   Job j;
   j.model = small_model();
   j.model.vocab_size = 8192;  // a head of 8192 x 64 = 524k weights: about ten of the model's 50k-weight layers
-  j.layout = Layout{1, 4, 1, 1, 16, 2, 32};  // pp 4, 16 micro-batches of 2
+  j.layout = Layout{1, 4, 1, 1, 16, 2, 32, {}};  // pp 4, 16 micro-batches of 2
   const Prediction even = predict(j, c);
   Job same = j;
   same.layout.stage_layers = {2, 2, 2, 2};
@@ -435,7 +435,7 @@ TEST(StepModel, BalancedStageLayersOffloadTheHeadAndNeverPredictASlowerStep) {
   j.model = small_model();
   j.model.vocab_size = 8192;
   j.model.n_layer = 16;
-  j.layout = Layout{1, 4, 1, 1, 16, 2, 32};
+  j.layout = Layout{1, 4, 1, 1, 16, 2, 32, {}};
   const std::vector<int> k = balanced_stage_layers(j, c);
   ASSERT_EQ(k.size(), 4u);
   EXPECT_EQ(std::accumulate(k.begin(), k.end(), 0), 16);
@@ -521,7 +521,7 @@ TEST(Search, RanksLayoutsWithinMemoryAndBeatsAHandPickedOne) {
   for (const auto& cand : r.ranked) EXPECT_LE(cand.memory_bytes, c.memory_gib.value * double(1 << 30));
   Job hand;
   hand.model = small_model();
-  hand.layout = Layout{2, 4, 2, 1, 16, 1, 32};
+  hand.layout = Layout{2, 4, 2, 1, 16, 1, 32, {}};
   EXPECT_LE(r.ranked.front().step_seconds, predict(hand, c).step_seconds);
   o.memory_limit = 1024;  // 1 KiB: nothing fits
   EXPECT_NE(error_of([&] { search_layouts(small_model(), c, o); }).find("raise --mem-limit"), std::string::npos);
@@ -594,7 +594,7 @@ TEST(Search, TriesDepthsThatDoNotDivideTheLayersAndKeepsTheFasterSplit) {
 
 TEST(ScaleCosts, QuadraticInitGrowsFasterAndAvailabilityFallsWithScale) {
   const Cluster c = a100();
-  Layout small{4, 8, 8, 6, 192, 1, 2048}, big{192, 8, 8, 6, 32, 1, 2048};
+  Layout small{4, 8, 8, 6, 192, 1, 2048, {}}, big{192, 8, 8, 6, 32, 1, 2048, {}};
   const GroupInitCost gs = group_init_cost(c, small), gb = group_init_cost(c, big);
   const double n_ratio = double(big.gpus()) / small.gpus();
   EXPECT_DOUBLE_EQ(gb.requests_linear / gs.requests_linear, n_ratio);

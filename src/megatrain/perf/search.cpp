@@ -42,7 +42,7 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
           // balanced split, not best_stage_layers' refinement, which simulates every move.)
           Job base;
           base.model = m;
-          base.layout = Layout{dp, pp, tp, v, micro, mb, o.seq};
+          base.layout = Layout{dp, pp, tp, v, micro, mb, o.seq, {}};
           base.tech = o.tech;
           const bool even = m.n_layer % (pp * v) == 0;
           std::vector<std::vector<int>> splits;

@@ -255,7 +255,7 @@ std::vector<int> best_stage_layers(const Job& job, const Cluster& c) {
   for (bool improved = true; improved;) {
     improved = false;
     for (int s = 0; s + 1 < S; ++s)
-      for (const auto [from, to] : {std::pair{s, s + 1}, std::pair{s + 1, s}}) {
+      for (const auto& [from, to] : {std::pair{s, s + 1}, std::pair{s + 1, s}}) {
         if (best[from] == 1) continue;
         std::vector<int> k = best;
         --k[from];

@@ -116,17 +116,15 @@ class Section {
         }
       }
     }
-    std::string items;
-    for (int v : out) items += (items.empty() ? "" : ",") + std::to_string(v);
-    effective_.emplace_back(name_ + "." + key, "[" + items + "]");
+    effective_.emplace_back(name_ + "." + key, fmt::format("[{}]", fmt::join(out, ",")));
   }
   // model.recompute: "none" | "all" | [layer indices]
   void get_recompute(const char* key, std::vector<bool>& out, int n_layer) {
     read_recompute(key, out, n_layer);
-    std::string layers;
+    std::vector<size_t> layers;
     for (size_t i = 0; i < out.size(); ++i)
-      if (out[i]) layers += (layers.empty() ? "" : ",") + std::to_string(i);
-    effective_.emplace_back(name_ + "." + key, "[" + layers + "]");
+      if (out[i]) layers.push_back(i);
+    effective_.emplace_back(name_ + "." + key, fmt::format("[{}]", fmt::join(layers, ",")));
   }
   void read_recompute(const char* key, std::vector<bool>& out, int n_layer) {
     known_.insert(key);
