@@ -183,6 +183,36 @@ TEST(DataPrepare, JsonLinesCorpus) {
   EXPECT_NE(m.find("part1.jsonl:1: no field 'text'"), std::string::npos) << m;
 }
 
+// Progress comes after every chunk (4,096 documents here): the bytes read grow to the input files' sizes, and the
+// last report counts every document and the tokens the shards hold (one EOT per document included).
+TEST(DataPrepare, ProgressReachesTheInputsSizeAndTheStoredTokens) {
+  TempDir dir;
+  std::string a, b;
+  for (int i = 0; i < 6000; ++i) (i < 5000 ? a : b) += nlohmann::json{{"text", doc_text(i)}}.dump() + "\n";
+  write_bytes(dir / "data/a.jsonl", a);
+  write_bytes(dir / "data/b.jsonl", b);
+  PrepareOptions opt;
+  opt.inputs = {dir / "data"};
+  opt.format = CorpusFormat::Jsonl;
+  opt.out_dir = dir / "out";
+  std::vector<PrepareProgress> seen;
+  opt.on_progress = [&](const PrepareProgress& p) { seen.push_back(p); };
+  const PrepareResult r = prepare_data(opt, byte_encoder());
+  ASSERT_EQ(seen.size(), 2u);  // 4,096 documents, then the other 1,904
+  EXPECT_EQ(seen[0].documents, 4096u);
+  EXPECT_GT(seen[0].bytes_read, 0u);
+  EXPECT_LT(seen[0].bytes_read, a.size());
+  EXPECT_EQ(seen[1].bytes_read, a.size() + b.size());
+  EXPECT_EQ(seen[1].bytes_total, a.size() + b.size());
+  EXPECT_EQ(seen[1].documents, 6000u);
+  EXPECT_EQ(seen[1].tokens, r.train.tokens + r.val.tokens);
+  EXPECT_LE(seen[0].seconds, seen[1].seconds);
+  // The line people see: 3 of 10 GB in 300 s is 10 MB/s, and the other 7 GB take 700 s more.
+  const PrepareProgress p{3'000'000'000, 10'000'000'000, 1234, 2'500'000, 300};
+  EXPECT_EQ(progress_line(p), "prepare-data: 3.00 of 10.00 GB read (30.0%), 1234 documents, 2.5M tokens, 10.0 MB/s, "
+                              "about 12 min left");
+}
+
 TEST(DataPrepare, ClearErrors) {
   TempDir dir;
   PrepareOptions opt;

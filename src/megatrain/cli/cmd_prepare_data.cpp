@@ -51,6 +51,13 @@ int cmd_prepare_data(int argc, char** argv) {
   enc.eot = tok.eot();
   enc.name = vocab;
 
+  // A line every 10 s: a corpus of gigabytes takes minutes to hours, and silence looks like a hang.
+  double last_line = 0;
+  opt.on_progress = [&last_line](const PrepareProgress& p) {
+    if (p.seconds - last_line < 10) return;
+    last_line = p.seconds;
+    fmt::print("{}\n", progress_line(p));
+  };
   PrepareResult r = prepare_data(opt, enc);
   fmt::print("prepare-data: {} documents from {} file(s) -> {}: train {} docs / {} tokens ({} shard(s)), val {} docs / "
              "{} tokens ({} shard(s)){}, {:.1f} s\n",

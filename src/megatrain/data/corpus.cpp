@@ -111,6 +111,7 @@ bool DocumentReader::next(std::string& doc) {
     if (!open_next_file()) return false;
     const std::string& path = files_[file_index_ - 1];
     std::string raw = read_text_file(path);
+    done_bytes_ += raw.size();
     strip_bom(raw);
     doc = format_ == CorpusFormat::Brown ? brown_to_text(raw) : std::move(raw);
     return true;
@@ -121,6 +122,8 @@ bool DocumentReader::next(std::string& doc) {
     if (!std::getline(jsonl_, line)) {
       MT_CHECK(jsonl_.eof(), "error reading {}", where());
       jsonl_.close();
+      std::error_code ec;
+      done_bytes_ += std::filesystem::file_size(files_[file_index_ - 1], ec);
       continue;
     }
     ++line_;
@@ -139,6 +142,14 @@ bool DocumentReader::next(std::string& doc) {
     doc = it->get<std::string>();
     return true;
   }
+}
+
+uint64_t DocumentReader::bytes_read() {
+  if (format_ != CorpusFormat::Jsonl || !jsonl_.is_open()) return done_bytes_;
+  const std::streamoff at = jsonl_.tellg();  // -1 once the stream hit the end of the file
+  if (at >= 0) return done_bytes_ + uint64_t(at);
+  std::error_code ec;
+  return done_bytes_ + std::filesystem::file_size(files_[file_index_ - 1], ec);
 }
 
 std::vector<std::string> read_documents(const std::vector<std::string>& files, CorpusFormat format,

@@ -40,6 +40,8 @@ class DocumentReader {
   bool next(std::string& doc);
   // Where the last document came from: "path" or "path:line".
   std::string where() const;
+  // Bytes of the input files consumed so far: the sum of their sizes once every document was read.
+  uint64_t bytes_read();
 
  private:
   bool open_next_file();
@@ -49,6 +51,7 @@ class DocumentReader {
   size_t file_index_ = 0;  // files_[file_index_ - 1] is the current file
   std::ifstream jsonl_;
   uint64_t line_ = 0;
+  uint64_t done_bytes_ = 0;  // of the files read to the end (text, brown: each file at once)
 };
 
 // Convenience: every document of the files (for small corpora and tests).

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <exception>
 #include <filesystem>
+#include <fmt/format.h>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -61,6 +62,23 @@ nlohmann::json split_json(const SplitStats& s) {
 
 }  // namespace
 
+std::string progress_line(const PrepareProgress& p) {
+  const bool gb = p.bytes_total >= 1'000'000'000;
+  const double unit = gb ? 1e9 : 1e6;
+  const double rate = p.seconds > 0 ? double(p.bytes_read) / p.seconds : 0;  // bytes/s
+  std::string left;
+  if (rate > 0 && p.bytes_read < p.bytes_total) {
+    const double s = double(p.bytes_total - p.bytes_read) / rate;
+    left = s < 90     ? fmt::format(", about {:.0f} s left", s)
+           : s < 5400 ? fmt::format(", about {:.0f} min left", s / 60)
+                      : fmt::format(", about {:.1f} h left", s / 3600);
+  }
+  return fmt::format("prepare-data: {:.2f} of {:.2f} {} read ({:.1f}%), {} documents, {:.1f}M tokens, {:.1f} MB/s{}",
+                     p.bytes_read / unit, p.bytes_total / unit, gb ? "GB" : "MB",
+                     p.bytes_total ? 100.0 * double(p.bytes_read) / double(p.bytes_total) : 100.0, p.documents,
+                     p.tokens / 1e6, rate / 1e6, left);
+}
+
 PrepareResult prepare_data(const PrepareOptions& opt, const TokenEncoder& enc) {
   const double t0 = now_seconds();
   MT_CHECK(enc.encode != nullptr, "prepare-data: no tokenizer");
@@ -76,6 +94,11 @@ PrepareResult prepare_data(const PrepareOptions& opt, const TokenEncoder& enc) {
   PrepareResult res;
   res.sources = expand_inputs(opt.inputs, opt.format);
   DocumentReader reader(res.sources, opt.format, opt.field);
+  PrepareProgress progress;
+  for (const std::string& f : res.sources) {
+    std::error_code ec;
+    progress.bytes_total += fs::file_size(f, ec);
+  }
 
   // Created once the first document is in hand: a run that finds nothing to write leaves the directory alone.
   std::optional<ShardWriter> train, val;
@@ -109,6 +132,13 @@ PrepareResult prepare_data(const PrepareOptions& opt, const TokenEncoder& enc) {
       val.emplace(opt.out_dir, "val", enc.vocab_size, enc.eot, opt.shard_tokens);
     }
     std::vector<std::vector<int32_t>> tokens = encode_all(docs, enc);
+    if (opt.on_progress) {
+      progress.bytes_read = reader.bytes_read();
+      progress.documents += tokens.size();
+      for (const auto& t : tokens) progress.tokens += t.size() + 1;
+      progress.seconds = now_seconds() - t0;
+      opt.on_progress(progress);
+    }
     for (auto& t : tokens) {
       if (is_val_document(index++, opt.seed, opt.val_fraction)) {
         if (held) {

@@ -24,6 +24,14 @@ struct TokenEncoder {
   std::string name;  // recorded in meta.json (e.g. the vocabulary directory)
 };
 
+// How far prepare_data has got, for a progress line: a large corpus takes minutes to hours.
+struct PrepareProgress {
+  uint64_t bytes_read = 0, bytes_total = 0;  // of the input files
+  uint64_t documents = 0;                    // tokenized so far (empty ones not counted)
+  uint64_t tokens = 0;                       // as they will be stored: one EOT per document included
+  double seconds = 0;                        // since prepare_data started
+};
+
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files or directories (expanded by expand_inputs)
   CorpusFormat format = CorpusFormat::Text;
@@ -32,6 +40,8 @@ struct PrepareOptions {
   double val_fraction = 0.05;
   uint64_t shard_tokens = 100'000'000;  // maximum tokens per shard
   uint64_t seed = 0;
+  // Called after each chunk of documents (32 MiB or 4,096 documents) is tokenized, on the calling thread.
+  std::function<void(const PrepareProgress&)> on_progress;
 };
 
 struct SplitStats {
@@ -46,6 +56,9 @@ struct PrepareResult {
   std::vector<std::string> sources;  // the files read
   double seconds = 0;
 };
+
+// "prepare-data: 1.21 of 10.40 GB read (11.6%), 2340000 documents, 310.2M tokens, 14.2 MB/s, about 11 min left".
+std::string progress_line(const PrepareProgress& p);
 
 // The split rule for document i (without the at-least-one-val fallback).
 bool is_val_document(uint64_t doc_index, uint64_t seed, double val_fraction);
