@@ -180,6 +180,56 @@ TEST(FlightRecorder, AMemberHeldInTheEnterHookShowsThePostedCollective) {
   EXPECT_EQ(report, "");
 }
 
+// A device op (an NCCL collective: the host moves on as soon as it is queued) takes its state from its probe
+// whenever the record is read: posted, started, then done, after which the probe is no longer asked.
+TEST(FlightRecorder, ADeviceOpTakesItsStateFromItsProbe) {
+  GroupRecord g("dp[0,1]", {0, 1}, 0);
+  OpState device = OpState::Posted;
+  int asked = 0;
+  const uint64_t id = g.post_collective("allreduce");
+  g.track(id, [&] {
+    ++asked;
+    return device;
+  });
+  GroupFlight f = g.flight();
+  ASSERT_TRUE(f.oldest_pending);
+  EXPECT_EQ(f.oldest_pending->state, OpState::Posted);
+  EXPECT_EQ(f.oldest_pending->t_started, 0);
+  device = OpState::Started;
+  f = g.flight();
+  ASSERT_TRUE(f.oldest_pending);
+  EXPECT_EQ(f.oldest_pending->state, OpState::Started);
+  EXPECT_GT(f.oldest_pending->t_started, 0);
+  device = OpState::Done;
+  f = g.flight();
+  EXPECT_FALSE(f.oldest_pending);
+  ASSERT_TRUE(f.last);
+  EXPECT_EQ(f.last->state, OpState::Done);
+  EXPECT_GE(f.last->t_ended, f.last->t_started);
+  const int asked_before = asked;
+  g.flight();
+  EXPECT_EQ(asked, asked_before) << "a completed op's probe is asked again";
+  // The next collective fails on the device; the first stays done.
+  g.track(g.post_collective("all_gather"), [] { return OpState::Failed; });
+  const std::vector<FlightEntry> es = g.entries();
+  ASSERT_EQ(es.size(), 2u);
+  EXPECT_EQ(es[0].state, OpState::Done);
+  EXPECT_EQ(es[1].state, OpState::Failed);
+  EXPECT_EQ(es[1].seq, 1);
+  EXPECT_FALSE(es[1].error.empty());
+  // Without readers (no heartbeats) each new op's post retires the completed ones before it, so the record and the
+  // probes' CUDA events stay bounded.
+  GroupRecord h("tp[0,1]", {0, 1}, 0);
+  int retired = 0;
+  for (int i = 0; i < 1000; ++i) h.track(h.post_collective("allreduce"), [&] {
+    ++retired;
+    return OpState::Done;
+  });
+  EXPECT_EQ(retired, 999) << "the posts did not ask the earlier ops' probes";
+  EXPECT_LE(h.entries().size(), GroupRecord::kDoneKept);
+  EXPECT_EQ(retired, 1000);
+}
+
 TEST(FlightRecorder, KeepsTheNewestCompletedEntriesAndEveryPendingOne) {
   TempDir dir;
   const std::string report = run_procs(1, [&](int) {

@@ -61,6 +61,7 @@ GroupRecord::GroupRecord(std::string name, std::vector<int> ranks, int rank)
     : name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank) {}
 
 uint64_t GroupRecord::add(FlightEntry e) {
+  poll(/*all=*/false);
   e.t_posted = unix_now();
   const uint64_t id = next_id_++;
   entries_.emplace(id, std::move(e));
@@ -112,8 +113,42 @@ void GroupRecord::finish(uint64_t id, const std::string* error) {
   trim();
 }
 
+void GroupRecord::track(uint64_t id, std::function<OpState()> probe) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.completed()) return;
+  probes_[id] = std::move(probe);
+}
+
+void GroupRecord::poll(bool all) const {
+  if (probes_.empty()) return;
+  const double now = unix_now();
+  for (auto it = probes_.begin(); it != probes_.end();) {
+    auto e = entries_.find(it->first);
+    if (e == entries_.end()) {
+      it = probes_.erase(it);
+      continue;
+    }
+    const OpState s = it->second();
+    FlightEntry& f = e->second;
+    if (s != OpState::Posted && f.t_started == 0) f.t_started = now;  // seen running (or over) no later than now
+    f.state = s;
+    if (f.completed()) {
+      f.t_ended = now;
+      if (s == OpState::Failed) f.error = "the device reported the op failed (see the group's error)";
+      ++done_count_;
+      it = probes_.erase(it);
+    } else if (!all) {
+      break;
+    } else {
+      ++it;
+    }
+  }
+  trim();
+}
+
 // Drops the oldest completed entries beyond kDoneKept; entries still in flight stay whatever their age.
-void GroupRecord::trim() {
+void GroupRecord::trim() const {
   for (auto it = entries_.begin(); done_count_ > kDoneKept && it != entries_.end();) {
     if (it->second.completed()) {
       it = entries_.erase(it);
@@ -126,6 +161,7 @@ void GroupRecord::trim() {
 
 GroupFlight GroupRecord::flight() const {
   std::lock_guard<std::mutex> lock(mu_);
+  poll(/*all=*/true);
   GroupFlight g;
   g.group = name_;
   g.rank = rank_;
@@ -143,6 +179,7 @@ GroupFlight GroupRecord::flight() const {
 
 std::vector<FlightEntry> GroupRecord::entries() const {
   std::lock_guard<std::mutex> lock(mu_);
+  poll(/*all=*/true);
   std::vector<FlightEntry> out;
   out.reserve(entries_.size());
   for (const auto& [id, e] : entries_) out.push_back(e);

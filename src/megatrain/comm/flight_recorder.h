@@ -65,23 +65,32 @@ class GroupRecord {
   uint64_t post_p2p(const char* op, int peer_global_rank);  // op: "send" or "recv"
   void enter(uint64_t id);  // runs the process's enter hook (which may block), then marks it started
   void finish(uint64_t id, const std::string* error = nullptr);
+  // A device op (NCCL): the host thread that issued it moves on at once, so its state is known only by asking the
+  // device. probe() says Posted (queued on its stream), Started (running: waiting for peers is part of that),
+  // Done or Failed, from CUDA events; it is asked whenever the record is read (flight(), entries()), under the
+  // record's lock, so it must not block, until it says Done or Failed. No enter hook runs for such an op.
+  void track(uint64_t id, std::function<OpState()> probe);
   const std::string& name() const { return name_; }
   GroupFlight flight() const;
   std::vector<FlightEntry> entries() const;  // oldest first
 
  private:
   uint64_t add(FlightEntry e);
-  void trim();  // mu_ held
+  void trim() const;  // mu_ held
+  // mu_ held: asks the tracked ops' probes, oldest first; all = false stops at the first op not completed (a new
+  // op's post does that, so a record nobody reads stays bounded: one stream's ops complete in order).
+  void poll(bool all) const;
 
   const std::string name_;
   const std::vector<int> ranks_;
   const int rank_;
   mutable std::mutex mu_;
-  std::map<uint64_t, FlightEntry> entries_;
+  mutable std::map<uint64_t, FlightEntry> entries_;  // (poll() updates tracked ops from const readers)
+  mutable std::map<uint64_t, std::function<OpState()>> probes_;  // tracked ops not yet completed
   uint64_t next_id_ = 0;
   int64_t next_seq_ = 0;
   std::map<std::pair<bool, int>, int64_t> p2p_seq_;  // (is send, peer) -> next seq
-  size_t done_count_ = 0;
+  mutable size_t done_count_ = 0;
 };
 
 class FlightRecorder {

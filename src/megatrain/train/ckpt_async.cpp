@@ -112,10 +112,34 @@ void exchange_snapshot(CkptAsyncState& st, int slot) {
 
 static std::string snapshots_root(const std::string& root) { return (fs::path(root) / "snapshots").string(); }
 
+// The step of the checkpoint `latest` names under root; -1 when there is none.
+static int64_t latest_committed_step(const std::string& root) {
+  std::error_code ec;
+  if (auto latest = find_latest(root)) {
+    for (const CheckpointEntry& c : list_checkpoints(root))
+      if (fs::equivalent(c.dir, *latest, ec)) return c.step;
+  }
+  return -1;
+}
+
 void persist_survivor_snapshots(CkptAsyncState& st) {
   int written = 0;
+  // A snapshot no newer than the latest committed checkpoint can never be used (promote_peer_snapshots removes such
+  // sets), so it is not written. That also covers a rank that outlived its job on a thawing host after the job
+  // ended: then nobody is left to ask whether the attempt is over (attempt_superseded), but the job's checkpoints say.
+  int64_t disk_step = -1;
+  try {
+    disk_step = latest_committed_step(st.root);
+  } catch (const std::exception&) {
+    // An unreadable checkpoint directory: write what we hold, the restart decides.
+  }
   auto put = [&](const ShardSnapshot& s, const std::atomic<bool>& ok, const char* whose) {
     if (!ok || !s.staged()) return;
+    if (s.step() <= disk_step) {
+      fmt::print(stderr, "peer snapshot: {} snapshot of step {} not written: the latest checkpoint is step {}\n", whose,
+                 s.step(), disk_step);
+      return;
+    }
     const std::string dir = (fs::path(snapshots_root(st.root)) / checkpoint_dir_name(s.step())).string();
     try {
       fs::create_directories(dir);
@@ -137,11 +161,7 @@ std::string promote_peer_snapshots(const std::string& root, int keep_last) {
   const fs::path sroot = snapshots_root(root);
   std::error_code ec;
   if (!fs::is_directory(sroot, ec)) return "";
-  int64_t disk_step = -1;
-  if (auto latest = find_latest(root)) {
-    for (const CheckpointEntry& c : list_checkpoints(root))
-      if (fs::equivalent(c.dir, *latest, ec)) disk_step = c.step;
-  }
+  const int64_t disk_step = latest_committed_step(root);
   std::map<int64_t, fs::path, std::greater<>> sets;
   for (auto& e : fs::directory_iterator(sroot, ec)) {
     const std::string n = e.path().filename().string();

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "megatrain/comm/flight_recorder.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
@@ -121,25 +122,45 @@ struct Channel {
   std::string what;  // "collectives", "p2p 3->5" (global ranks): for messages
 };
 
+// An op's start and done events. Shared by its Work and its flight-recorder probe, which may outlive the Work.
+struct OpEvents {
+  cudaEvent_t start = nullptr, done = nullptr;
+  OpEvents() = default;
+  OpEvents(const OpEvents&) = delete;
+  OpEvents& operator=(const OpEvents&) = delete;
+  ~OpEvents() {
+    // Destroying an event whose record is still pending is allowed: CUDA releases it once it completes.
+    if (start) (void)cudaEventDestroy(start);
+    if (done) (void)cudaEventDestroy(done);
+  }
+  // The op's state for the flight recorder (GroupRecord::track): cudaEventQuery never blocks, and works from any
+  // thread (the heartbeat thread asks).
+  OpState state() const {
+    const cudaError_t d = cudaEventQuery(done);
+    if (d == cudaSuccess) return OpState::Done;
+    if (d != cudaErrorNotReady) return OpState::Failed;
+    return cudaEventQuery(start) == cudaSuccess ? OpState::Started : OpState::Posted;
+  }
+};
+
 class NcclWork : public Work {
  public:
   NcclWork(std::shared_ptr<SharedState> state, ncclComm_t comm, cudaStream_t compute, std::string what)
-      : state_(std::move(state)), comm_(comm), compute_(compute), what_(std::move(what)) {}
-  ~NcclWork() override {
-    // Destroying an event whose record is still pending is allowed: CUDA releases it once it completes.
-    if (start_) (void)cudaEventDestroy(start_);
-    if (done_) (void)cudaEventDestroy(done_);
-  }
+      : state_(std::move(state)), comm_(comm), compute_(compute), what_(std::move(what)),
+        events_(std::make_shared<OpEvents>()) {}
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
 
   // Called by the group while issuing, with the group's device current.
   void create_events(const std::string& group) {
-    MT_CUDA(group, cudaEventCreate(&start_));
-    MT_CUDA(group, cudaEventCreate(&done_));
+    MT_CUDA(group, cudaEventCreate(&events_->start));
+    MT_CUDA(group, cudaEventCreate(&events_->done));
+    start_ = events_->start;
+    done_ = events_->done;
   }
   cudaEvent_t start() const { return start_; }
   cudaEvent_t done_event() const { return done_; }
+  const std::shared_ptr<OpEvents>& events() const { return events_; }
 
   // Orders the compute stream after the op; the host does not wait (see nccl_group.h).
   void wait() override {
@@ -174,7 +195,8 @@ class NcclWork : public Work {
   ncclComm_t comm_;
   cudaStream_t compute_;
   std::string what_;
-  cudaEvent_t start_ = nullptr, done_ = nullptr;
+  std::shared_ptr<OpEvents> events_;
+  cudaEvent_t start_ = nullptr, done_ = nullptr;  // events_'s, for short
 };
 
 // Zero-size ops move nothing and are skipped on every rank alike (sizes must match across ranks anyway).
@@ -192,6 +214,7 @@ class NcclGroup : public ProcessGroup {
       : name_(name), ranks_(ranks), compute_(compute_stream), timeout_(opt.timeout),
         state_(std::make_shared<SharedState>()) {
     rank_ = static_cast<int>(std::find(ranks_.begin(), ranks_.end(), my_global_rank) - ranks_.begin());
+    record_ = flight_recorder().open(name_, ranks_, rank_);
     try {
       init(store, nopt);
     } catch (const Error& e) {
@@ -217,7 +240,7 @@ class NcclGroup : public ProcessGroup {
     void* p = t.ptr;
     const size_t n = static_cast<size_t>(t.numel());
     Channel& ch = coll_;
-    return launch(ch, fmt::format("allreduce({}, {} x {})", op_name(op), n, dtype_name(t.dtype)),
+    return launch(ch, "allreduce", -1, fmt::format("allreduce({}, {} x {})", op_name(op), n, dtype_name(t.dtype)),
                   "ncclAllReduce",
                   [=, &ch] { return ncclAllReduce(p, p, n, dt, nccl_op(op), ch.comm, ch.stream); });
   }
@@ -236,7 +259,7 @@ class NcclGroup : public ProcessGroup {
     const size_t c = static_cast<size_t>(out.numel());
     Channel& ch = coll_;
     // NCCL's count is the per-rank (output) count; in place when out is my chunk of in.
-    return launch(ch, fmt::format("reduce_scatter({}, {} x {} per rank)", op_name(op), c, dtype_name(out.dtype)),
+    return launch(ch, "reduce_scatter", -1, fmt::format("reduce_scatter({}, {} x {} per rank)", op_name(op), c, dtype_name(out.dtype)),
                   "ncclReduceScatter",
                   [=, &ch] { return ncclReduceScatter(pi, po, c, dt, nccl_op(op), ch.comm, ch.stream); });
   }
@@ -255,7 +278,7 @@ class NcclGroup : public ProcessGroup {
     const size_t c = static_cast<size_t>(in.numel());
     Channel& ch = coll_;
     // NCCL's count is the per-rank (input) count; in place when in is my chunk of out.
-    return launch(ch, fmt::format("all_gather({} x {} per rank)", c, dtype_name(in.dtype)),
+    return launch(ch, "all_gather", -1, fmt::format("all_gather({} x {} per rank)", c, dtype_name(in.dtype)),
                   "ncclAllGather", [=, &ch] { return ncclAllGather(pi, po, c, dt, ch.comm, ch.stream); });
   }
 
@@ -266,7 +289,7 @@ class NcclGroup : public ProcessGroup {
     void* p = t.ptr;
     const size_t n = static_cast<size_t>(t.numel());
     Channel& ch = coll_;
-    return launch(ch, fmt::format("broadcast(root {}, {} x {})", root, n, dtype_name(t.dtype)),
+    return launch(ch, "broadcast", -1, fmt::format("broadcast(root {}, {} x {})", root, n, dtype_name(t.dtype)),
                   "ncclBroadcast", [=, &ch] { return ncclBroadcast(p, p, n, dt, root, ch.comm, ch.stream); });
   }
 
@@ -274,7 +297,7 @@ class NcclGroup : public ProcessGroup {
   WorkPtr barrier() override {
     float* p = scratch_;
     Channel& ch = coll_;
-    return launch(ch, "barrier", "ncclAllReduce",
+    return launch(ch, "barrier", -1, "barrier", "ncclAllReduce",
                   [=, &ch] { return ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, ch.comm, ch.stream); });
   }
 
@@ -285,7 +308,7 @@ class NcclGroup : public ProcessGroup {
     const void* p = t.ptr;
     const size_t n = static_cast<size_t>(t.numel());
     // In a channel's 2-rank communicator the sender is rank 0 and the receiver rank 1.
-    return launch(ch, fmt::format("send of {} x {} to rank {} (group rank {}), tag {}", n, dtype_name(t.dtype),
+    return launch(ch, "send", ranks_[dst], fmt::format("send of {} x {} to rank {} (group rank {}), tag {}", n, dtype_name(t.dtype),
                                   ranks_[dst], dst, tag),
                   "ncclSend", [=, &ch] { return ncclSend(p, n, dt, 1, ch.comm, ch.stream); });
   }
@@ -296,7 +319,7 @@ class NcclGroup : public ProcessGroup {
     if (t.numel() == 0) return std::make_shared<DoneWork>();
     void* p = t.ptr;
     const size_t n = static_cast<size_t>(t.numel());
-    return launch(ch, fmt::format("recv of {} x {} from rank {} (group rank {}), tag {}", n, dtype_name(t.dtype),
+    return launch(ch, "recv", ranks_[src], fmt::format("recv of {} x {} from rank {} (group rank {}), tag {}", n, dtype_name(t.dtype),
                                   ranks_[src], src, tag),
                   "ncclRecv", [=, &ch] { return ncclRecv(p, n, dt, 0, ch.comm, ch.stream); });
   }
@@ -506,12 +529,15 @@ class NcclGroup : public ProcessGroup {
   }
 
   // Issues one op on ch: the comm stream waits for the compute issued so far, a start event, the NCCL call (in its
-  // own NCCL group), a done event. Returns at once; a failure is remembered so the destructor aborts.
-  WorkPtr launch(Channel& ch, const std::string& what, const char* call_name,
+  // own NCCL group), a done event. Returns at once; a failure is remembered so the destructor aborts. op, peer: the
+  // flight recorder's name for it and, for send/recv, the peer's global rank (-1 for a collective); the record
+  // follows the op's events from then on (GroupRecord::track), so a hang report sees GPU collectives too.
+  WorkPtr launch(Channel& ch, const char* op, int peer, const std::string& what, const char* call_name,
                  const std::function<ncclResult_t()>& call) {
     std::lock_guard<std::mutex> lock(issue_mu_);  // one communicator must not be used by two threads at once
     const std::string full = fmt::format("group {} ({}): {}", name_, ch.what, what);
     if (std::string f = state_->get_failure(); !f.empty()) fail("{} issued after an earlier failure: {}", full, f);
+    const uint64_t id = peer >= 0 ? record_->post_p2p(op, peer) : record_->post_collective(op);
     try {
       DeviceGuard guard(device_, name_);
       auto work = std::make_shared<NcclWork>(state_, ch.comm, compute_, full);
@@ -526,9 +552,12 @@ class NcclGroup : public ProcessGroup {
       nccl_check(r_end, &ch, what, "ncclGroupEnd");
       settle(ch, what);
       MT_CUDA(name_, cudaEventRecord(work->done_event(), ch.stream));
+      record_->track(id, [ev = work->events()] { return ev->state(); });
       return work;
     } catch (const Error& e) {
       state_->set_failure(e.what());
+      const std::string why = e.what();
+      record_->finish(id, &why);
       throw;
     }
   }
@@ -582,6 +611,8 @@ class NcclGroup : public ProcessGroup {
     if (scratch_) (void)cudaFree(scratch_);
     scratch_ = nullptr;
     if (dev_ok && prev != device_) (void)cudaSetDevice(prev);
+    if (record_) flight_recorder().close(record_);
+    record_.reset();
   }
 
   std::string name_;
@@ -597,6 +628,7 @@ class NcclGroup : public ProcessGroup {
   std::map<int, Channel> send_, recv_;  // by peer group rank
   cudaEvent_t ready_ = nullptr;         // recorded on the compute stream per op (reusable: waits capture it)
   float* scratch_ = nullptr;            // kScratchFloats device floats: barrier and p2p warm-up
+  std::shared_ptr<GroupRecord> record_;  // this group's flight-recorder record (launch posts and tracks each op)
 };
 
 }  // namespace
