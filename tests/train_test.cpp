@@ -130,6 +130,37 @@ TEST(Train, MetricsOfAResumedRunReadAsOneHistory) {
   EXPECT_EQ(losses(b + "/metrics.jsonl"), losses(a + "/metrics.jsonl"));
 }
 
+// A data position is a cursor into one window order. Resumed under another (a changed data.seed, or a checkpoint
+// from before WindowOrder, which recorded no "order"), the rest of the epoch may repeat and skip windows: allowed,
+// never silent. The oracle: the same checkpoint resumed under its own order says nothing.
+TEST(Train, ResumeUnderAnotherWindowOrderSaysSo) {
+  prepare_brown();
+  const std::string a = ::testing::TempDir() + "/mt_resume_order";
+  fs::remove_all(a);
+  run_training(small(a, {"--train.steps=3", "--ckpt.every=2", "--ckpt.save_final=false"}));
+  const std::string ck = a + "/ckpt/step_00000002", mpath = ck + "/manifest.json";
+  const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(mpath));
+  ASSERT_EQ(manifest["extra"]["data"]["order"], "feistel6");
+  ASSERT_GT(manifest["extra"]["data"]["cursor"].get<uint64_t>(), 0u);
+  auto resume_stderr = [&](std::vector<std::string> extra) {
+    fs::remove_all(a + "/metrics.jsonl");
+    extra.insert(extra.end(), {"--train.steps=3", "--ckpt.save_final=false", "--ckpt.resume=" + ck});
+    ::testing::internal::CaptureStderr();
+    run_training(small(a, extra));
+    return ::testing::internal::GetCapturedStderr();
+  };
+  EXPECT_EQ(resume_stderr({}).find("window order"), std::string::npos);
+  std::string err = resume_stderr({"--data.seed=9"});
+  EXPECT_NE(err.find("another window order (shuffled, seed 1234, feistel6) than this run's (shuffled, seed 9, "
+                     "feistel6)"), std::string::npos) << err;
+  EXPECT_NE(err.find("the rest of epoch 0 may repeat some windows"), std::string::npos) << err;
+  nlohmann::json old = manifest;
+  old["extra"]["data"].erase("order");
+  { std::ofstream(mpath) << seal_manifest(old).dump(1); }
+  err = resume_stderr({});
+  EXPECT_NE(err.find("(shuffled, seed 1234, fisher-yates)"), std::string::npos) << err;
+}
+
 TEST(Train, ResumeRefusesADifferentModel) {
   prepare_brown();
   std::string a = ::testing::TempDir() + "/mt_resume_mismatch";

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <numeric>
 
 #include "megatrain/core/error.h"
-#include "megatrain/core/rng.h"
+#include "megatrain/data/window_order.h"
 
 namespace mt {
 
@@ -35,6 +34,7 @@ DataLoader::DataLoader(const std::string& dir, const std::string& split, int B, 
     }
     shard_start_.push_back(total_tokens_);
     total_tokens_ += h.num_tokens;
+    if (shuffle_) r.expect_random_access();
     shards_.push_back(std::move(r));
   }
   num_windows_ = total_tokens_ > 0 ? (total_tokens_ - 1) / static_cast<uint64_t>(T) : 0;
@@ -50,17 +50,6 @@ DataLoader::~DataLoader() { stop_prefetch(); }
 LoaderState DataLoader::normalized(LoaderState s) const {
   if (s.cursor + global_rows() > num_windows_) return {s.epoch + 1, 0};
   return s;
-}
-
-const std::vector<uint64_t>& DataLoader::order_for(uint64_t epoch) {
-  if (order_epoch_ != epoch) {
-    order_.resize(num_windows_);
-    std::iota(order_.begin(), order_.end(), uint64_t{0});
-    Rng rng(mix_seed(seed_, epoch));
-    for (uint64_t i = num_windows_ - 1; i > 0; --i) std::swap(order_[i], order_[rng.below(i + 1)]);
-    order_epoch_ = epoch;
-  }
-  return order_;
 }
 
 void DataLoader::read_stream(uint64_t offset, uint64_t n, int32_t* out) const {
@@ -88,8 +77,9 @@ Batch DataLoader::make_batch(LoaderState& pos) {
   b.x.resize(static_cast<size_t>(B_) * T_);
   b.y.resize(static_cast<size_t>(B_) * T_);
   const uint64_t first = pos.cursor + static_cast<uint64_t>(rank_) * B_;
+  const WindowOrder order(num_windows_, seed_, pos.epoch);
   for (int r = 0; r < B_; ++r) {
-    uint64_t w = shuffle_ ? order_for(pos.epoch)[first + r] : first + r;
+    uint64_t w = shuffle_ ? order(first + r) : first + r;
     read_stream(w * T_, static_cast<uint64_t>(T_) + 1, window_.data());
     std::copy(window_.begin(), window_.end() - 1, b.x.begin() + static_cast<size_t>(r) * T_);
     std::copy(window_.begin() + 1, window_.end(), b.y.begin() + static_cast<size_t>(r) * T_);

@@ -5,7 +5,8 @@
 // share their boundary token (x = the first T tokens, y = the last T). An epoch visits the windows in order
 // (shuffle off) or in a permutation that depends only on (seed, epoch). A global batch is world*B consecutive
 // entries of the epoch's order and rank r takes rows [r*B, (r+1)*B); an epoch's remainder that cannot fill a
-// global batch is dropped and the next epoch begins.
+// global batch is dropped and the next epoch begins. The shuffled order is computed per row (WindowOrder), never
+// stored, so a loader's memory and start-up time do not grow with the dataset.
 //
 // A background thread prepares the next `prefetch` batches. The position (epoch, cursor) of the next batch is
 // the whole state of the loader: restore(state()) continues exactly where the saved run was.
@@ -61,7 +62,6 @@ class DataLoader {
   uint64_t global_rows() const { return static_cast<uint64_t>(world_) * B_; }
   LoaderState normalized(LoaderState s) const;
   Batch make_batch(LoaderState& pos);  // the batch at pos; advances pos past it
-  const std::vector<uint64_t>& order_for(uint64_t epoch);
   void read_stream(uint64_t offset, uint64_t n, int32_t* out) const;
   void start_prefetch(LoaderState from);
   void stop_prefetch();
@@ -77,8 +77,6 @@ class DataLoader {
   int vocab_size_ = 0, eot_ = -1;
 
   // Used by whichever side makes batches: the prefetch thread, or next() when prefetch is 0.
-  std::vector<uint64_t> order_;
-  uint64_t order_epoch_ = UINT64_MAX;
   std::vector<int32_t> window_;
 
   LoaderState consumer_pos_;  // position of the batch next() returns next

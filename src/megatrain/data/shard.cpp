@@ -219,6 +219,10 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
 
 ShardReader::~ShardReader() { unmap(); }
 
+void ShardReader::expect_random_access() const {
+  if (map_) ::madvise(const_cast<uint8_t*>(map_), map_bytes_, MADV_RANDOM);  // a hint: failure changes nothing
+}
+
 ShardReader::ShardReader(ShardReader&& o) noexcept
     : path_(std::move(o.path_)), h_(o.h_), map_(std::exchange(o.map_, nullptr)),
       map_bytes_(std::exchange(o.map_bytes_, 0)) {}

@@ -98,6 +98,10 @@ class ShardReader {
   // outside the vocabulary (if recorded) or does not fit int32.
   void read(uint64_t begin, uint64_t n, int32_t* out) const;
   std::vector<int32_t> read_all() const;
+  // Tells the kernel reads will jump around (a shuffled epoch): a page fault then reads that page, not the
+  // device's read-ahead window around it (8 MB on some machines, for a 4 KB window of tokens). Only a hint: it
+  // changes no result.
+  void expect_random_access() const;
 
  private:
   void unmap();

@@ -18,6 +18,7 @@
 #include "megatrain/ckpt/sharded.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/data/loader.h"
+#include "megatrain/data/window_order.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/model/layout.h"
@@ -55,7 +56,8 @@ nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderStat
                           {"data", {{"epoch", data.epoch}, {"cursor", data.cursor}, {"dir", cfg.data.dir},
                                     {"batch_size", cfg.data.batch_size}, {"seq_len", cfg.data.seq_len},
                                     {"global_batch_size", cfg.data.batch_size * micro * cfg.parallel.dp},
-                                    {"shuffle", cfg.data.shuffle}, {"seed", cfg.data.seed}}},
+                                    {"shuffle", cfg.data.shuffle}, {"seed", cfg.data.seed},
+                                    {"order", cfg.data.shuffle ? WindowOrder::kName : "sequential"}}},
                           {"train", {{"steps", cfg.train.steps}, {"grad_accum", cfg.train.grad_accum}}},
                           {"parallel", {{"dp", cfg.parallel.dp}, {"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp},
                                         {"virtual_stages", cfg.parallel.virtual_stages}, {"microbatches", micro}}}};
@@ -140,6 +142,29 @@ SavedPosition saved_position(const CheckpointReader& ck) {
   p.data.epoch = extra_field(ck, "epoch", true, is_count, "a non-negative integer").get<uint64_t>();
   p.data.cursor = extra_field(ck, "cursor", true, is_count, "a non-negative integer").get<uint64_t>();
   return p;
+}
+
+// The order an epoch visits the windows in, as a run configured with cfg uses it and as checkpoint ck recorded it
+// (checkpoints without "order" predate WindowOrder: they shuffled by Fisher-Yates).
+std::string window_order_of(const RunConfig& cfg) {
+  return cfg.data.shuffle ? fmt::format("shuffled, seed {}, {}", cfg.data.seed, WindowOrder::kName) : "sequential";
+}
+std::string window_order_of(const CheckpointReader& ck) {
+  const nlohmann::json& d = ck.extra()["data"];
+  if (!d.value("shuffle", true)) return "sequential";
+  const nlohmann::json seed = d.value("seed", nlohmann::json());
+  return fmt::format("shuffled, seed {}, {}", seed.dump(), d.value("order", std::string("fisher-yates")));
+}
+
+// A data position is a cursor into one window order: resumed under another (a changed seed, another megatrain's
+// shuffle), the rest of the saved epoch reads some windows twice and skips others. That is allowed (the next epoch
+// is a whole epoch again) but never silent: the main rank says so.
+void warn_if_order_changed(const RunConfig& cfg, const CheckpointReader& ck, const LoaderState& data) {
+  const std::string saved = window_order_of(ck), now = window_order_of(cfg);
+  if (saved == now || data.cursor == 0) return;
+  fmt::print(stderr, "warning: checkpoint {} saved its data position (epoch {}, cursor {}) in another window order "
+             "({}) than this run's ({}): the rest of epoch {} may repeat some windows and skip others; epoch {} on "
+             "are whole\n", ck.dir(), data.epoch, data.cursor, saved, now, data.epoch, data.epoch + 1);
 }
 
 // Throws unless the checkpoint continues this run: same model, optimizer and global batch.
@@ -660,6 +685,7 @@ struct TrainCheckpointer::Impl {
     if (mesh) mesh_barrier(*mesh);  // restored everywhere: rank 0's clock then times the whole group's restore
     const SavedPosition pos = saved_position(ck);
     data = pos.data;
+    if (main_rank) warn_if_order_changed(cfg, ck, data);
     as->protect = ck.dir();
     return pos.step;
   }
