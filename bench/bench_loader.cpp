@@ -10,8 +10,8 @@
 //  * io: D tokens (default 1e9, 2 GB) of real random ids on disk, read cold (the page cache dropped first, when
 //    this process may; the JSON says which). The loader's median next() over the first batches of a shuffled
 //    epoch, against the same windows read through a plain mmap of the same shards without the random-access hint
-//    (what the loader did before), cold again. With the device's read-ahead window (read_ahead_kb, reported) a
-//    plain mapping reads that much around every 4 KB window.
+//    (what the loader did before), cold again; then both again over the same windows, warm. With the device's
+//    read-ahead window (read_ahead_kb, reported) a plain mapping reads that much around every 4 KB window.
 // Prints one JSON object. Usage: bench_loader [--tokens N] [--io-tokens D] [--seq T] [--batch B] [--batches K]
 //                                             [--dir DIR] [--skip-io]
 #include <fcntl.h>
@@ -151,12 +151,15 @@ std::vector<double> plain_mmap_batches(const std::string& dir, int B, int T, int
   for (int b = 0; b < batches; ++b) {
     const double t0 = mt::now_seconds();
     for (int r = 0; r < B; ++r) {
+      // As the old loader read a row: find its shard once, copy tokens until the row ends or the shard does.
       uint64_t off = order(static_cast<uint64_t>(b) * B + r) * T;
-      for (int t = 0; t <= T; ++t, ++off) {
-        const size_t s = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), off) - start.begin()) - 1;
-        uint16_t v;
-        std::memcpy(&v, maps[s].p + mt::kShardHeaderBytes + 2 * (off - start[s]), 2);
-        row[t] = v;
+      size_t s = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), off) - start.begin()) - 1;
+      for (int t = 0; t <= T; ++s) {
+        const auto* src = reinterpret_cast<const uint16_t*>(maps[s].p + mt::kShardHeaderBytes) + (off - start[s]);
+        const uint64_t take = std::min<uint64_t>(static_cast<uint64_t>(T + 1 - t), maps[s].tokens - (off - start[s]));
+        for (uint64_t k = 0; k < take; ++k) row[t + k] = src[k];
+        t += static_cast<int>(take);
+        off += take;
       }
       sink += static_cast<uint64_t>(row[T]);
     }
@@ -268,13 +271,26 @@ int main(int argc, char** argv) {
     }
     if (cold) drop_page_cache();
     const std::vector<double> plain_ts = plain_mmap_batches(d, B, T, batches, seed);
+    // Warm: the same windows again, now in the page cache (a fresh loader and a fresh mapping).
+    std::vector<double> loader_warm;
+    {
+      mt::DataLoader loader(d, "train", B, T, true, seed, 0, 1, 0);
+      for (int i = 0; i < batches; ++i) {
+        const double t0 = mt::now_seconds();
+        mt::Batch b = loader.next();
+        loader_warm.push_back(mt::now_seconds() - t0);
+      }
+    }
+    const std::vector<double> plain_warm = plain_mmap_batches(d, B, T, batches, seed);
     out["io"] = {{"tokens", io_tokens},
                  {"cache", cold ? "dropped before each side" : "warm (cannot drop the page cache)"},
                  {"read_ahead", dev_ra},
                  {"batches", batches},
                  {"loader_next_median_s", median(loader_ts)},
                  {"plain_mmap_batch_median_s", median(plain_ts)},
-                 {"ratio_plain_over_loader", median(plain_ts) / median(loader_ts)}};
+                 {"ratio_plain_over_loader", median(plain_ts) / median(loader_ts)},
+                 {"warm_loader_next_median_s", median(loader_warm)},
+                 {"warm_plain_mmap_batch_median_s", median(plain_warm)}};
     fs::remove_all(d);
   }
   fs::remove_all(dir);

@@ -1,5 +1,6 @@
 // DataLoader against a naive oracle: the split's token stream read shard by shard and sliced by hand.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -256,6 +257,52 @@ TEST(DataLoad, BackgroundErrorsReachNext) {
   EXPECT_THROW(dl.next(), Error);  // stays failed
   dl.restore({0, 0});              // and can be restarted
   EXPECT_NO_THROW(dl.next());
+}
+
+// A split of more shards than the soft limit on open files allows (1,500 shards of 2 tokens against a limit of
+// 256): the loader keeps every shard open, so it raises the soft limit towards the hard one and reads them all.
+// Under a hard limit too low for them, it fails with an error that says which limit to raise. Both in a child
+// process (a death test), so the limits of the test binary stay as they were.
+TEST(DataLoad, ASplitOfMoreShardsThanTheOpenFileLimitReadsOrSaysWhatToRaise) {
+  TempDir dir;
+  const int shards = 1500;
+  {
+    ShardWriter w(dir.path(), "train", 100, 99, 2);
+    std::vector<int32_t> one = {5};
+    for (int i = 0; i < shards; ++i) w.add_document(one);  // EOT 5 per document: one shard each
+    ASSERT_EQ(w.finish().size(), static_cast<size_t>(shards));
+  }
+  auto load_all = [&] {
+    DataLoader dl(dir.path(), "train", 1, 2, false, 0, 0, 1, 0);
+    for (uint64_t i = 0; i < dl.batches_per_epoch(); ++i) {
+      Batch b = dl.next();
+      if (b.x[0] != 99 || b.x[1] != 5) std::_Exit(4);  // every window is "EOT 5"
+    }
+  };
+  auto raised = [&] {
+    struct rlimit lim {};
+    getrlimit(RLIMIT_NOFILE, &lim);
+    if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < shards + 1024u) std::_Exit(0);  // nothing to raise to
+    lim.rlim_cur = 256;
+    setrlimit(RLIMIT_NOFILE, &lim);
+    load_all();
+    std::_Exit(0);
+  };
+  auto too_low = [&] {
+    struct rlimit lim {};
+    lim.rlim_cur = lim.rlim_max = 256;
+    setrlimit(RLIMIT_NOFILE, &lim);
+    try {
+      load_all();
+    } catch (const Error& e) {
+      fprintf(stderr, "%s\n", e.what());
+      std::_Exit(e.kind == ErrorKind::IO ? 3 : 5);
+    }
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(raised(), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(too_low(), ::testing::ExitedWithCode(3),
+              "Too many open files \\(a loader keeps every shard of a split open: raise the limit");
 }
 
 }  // namespace

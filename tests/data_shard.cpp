@@ -196,5 +196,47 @@ TEST(DataShard, WriterValidatesAndCleansUp) {
   EXPECT_EQ(ShardReader(shard_path(dir.path(), "train", 0)).read_all(), (std::vector<int32_t>{99, 1}));
 }
 
+// A shard that shrinks under an open reader (rewritten in place by a second prepare-data, rsync --inplace, a
+// network file system losing data): a memory-mapped reader dies of SIGBUS with no word of which file, so this test
+// would crash the test binary. The reader must throw instead, kind Data, naming the shard and what changed; and a
+// shard renamed over (what ShardWriter does) goes on being read as it was when opened.
+TEST(DataShard, AShardThatChangesUnderAReaderIsAnErrorNamingIt) {
+  TempDir dir;
+  std::vector<int32_t> doc(5000);
+  for (int i = 0; i < 5000; ++i) doc[i] = i % 1000;
+  ShardWriter w(dir.path(), "train", 1001, 1000, 100000);
+  w.add_document(doc);
+  const std::string path = w.finish().at(0);
+  const std::vector<int32_t> before = ShardReader(path).read_all();
+
+  ShardReader renamed_over(path);
+  std::vector<int32_t> other(5000);
+  for (int i = 0; i < 5000; ++i) other[i] = (3 * i) % 1000;
+  {
+    ShardWriter again(dir.path(), "train", 1001, 1000, 100000);  // removes the old shard, renames a new one in
+    again.add_document(other);
+    again.finish();
+  }
+  EXPECT_EQ(renamed_over.read_all(), before);  // the open file is the old one
+
+  ShardReader shrunk(path);
+  ASSERT_EQ(shrunk.size(), 5001u);  // 11,026 bytes with the header: three pages
+  std::filesystem::resize_file(path, kShardHeaderBytes + 2 * 100);  // the first 100 tokens remain
+  std::vector<int32_t> x(100);
+  shrunk.read(0, 100, x.data());  // what is still there reads
+  EXPECT_EQ(x[0], 1000);
+  EXPECT_EQ(x[99], other[98]);
+  try {
+    shrunk.read(4000, 10, x.data());  // two pages past the new end: a mapping would raise SIGBUS here
+    FAIL() << "read past the new end of a shrunk shard";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.kind, ErrorKind::Data);
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("changed while it was read: it now ends at byte 1224, but it had 11026 bytes"),
+              std::string::npos) << msg;
+  }
+}
+
 }  // namespace
 }  // namespace mt

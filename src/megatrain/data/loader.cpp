@@ -1,5 +1,7 @@
 #include "megatrain/data/loader.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -7,6 +9,22 @@
 #include "megatrain/data/window_order.h"
 
 namespace mt {
+namespace {
+
+// A loader keeps every shard of its split open (ShardReader), and a large dataset has thousands of shards: raise the
+// soft limit on open files towards the hard one when they would not fit under it with room to spare. A hard limit
+// too low still fails, with ShardReader's error saying what to do.
+void make_room_for_open_files(size_t shards) {
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const rlim_t want = static_cast<rlim_t>(shards) + 1024;  // sockets, logs, checkpoints and the other split
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want) {
+    lim.rlim_cur = lim.rlim_max == RLIM_INFINITY ? want : std::min(want, lim.rlim_max);
+    (void)::setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+}  // namespace
 
 DataLoader::DataLoader(const std::string& dir, const std::string& split, int B, int T, bool shuffle, uint64_t seed,
                        int rank, int world, int prefetch)
@@ -19,6 +37,7 @@ DataLoader::DataLoader(const std::string& dir, const std::string& split, int B, 
   paths_ = list_shards(dir, split);
   MT_CHECK(!paths_.empty(), "no shards of split '{}' in {} (expected files named {}_*.bin; run `megatrain prepare-data`)",
            split, dir, split);
+  make_room_for_open_files(paths_.size());
 
   for (const std::string& p : paths_) {
     ShardReader r(p);

@@ -1,7 +1,6 @@
 #include "megatrain/data/shard.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -165,30 +164,46 @@ const std::vector<std::string>& ShardWriter::finish() {
 
 // ---------------------------------------------------------------------------------------------- reader
 
-ShardReader::ShardReader(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  MT_CHECK(fd >= 0, "cannot open shard {}: {}", path, std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail("cannot stat shard {}: {}", path, std::strerror(err));
-  }
-  size_t file_bytes = static_cast<size_t>(st.st_size);
-  if (file_bytes < kShardHeaderBytes) {
-    ::close(fd);
-    fail("shard {} is truncated: {} bytes, shorter than the {}-byte header", path, file_bytes, kShardHeaderBytes);
-  }
-  void* m = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  int err = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  MT_CHECK(m != MAP_FAILED, "cannot mmap shard {}: {}", path, std::strerror(err));
-  map_ = static_cast<const uint8_t*>(m);
-  map_bytes_ = file_bytes;
+namespace {
 
+// Reads exactly n bytes at off, or says why not: an I/O error is kind IO (a restart may find the file system well
+// again); a file that ends early changed after it was opened and checked, which no restart mends: kind Data.
+void pread_exactly(int fd, void* buf, size_t n, uint64_t off, const std::string& path, uint64_t expected_bytes) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(off));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      fail_as(ErrorKind::IO, "cannot read shard {} at byte {}: {}", path, off, std::strerror(errno));
+    if (got == 0) {
+      struct stat st {};
+      const long long now = ::fstat(fd, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
+      fail_as(ErrorKind::Data, "shard {} changed while it was read: it now ends at byte {}, but it had {} bytes when "
+              "it was opened and checked (was it rewritten in place, e.g. by prepare-data or rsync --inplace, "
+              "during the run?)", path, now, expected_bytes);
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+    off += static_cast<uint64_t>(got);
+  }
+}
+
+}  // namespace
+
+ShardReader::ShardReader(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0 && errno == EMFILE)
+    fail_as(ErrorKind::IO, "cannot open shard {}: {} (a loader keeps every shard of a split open: raise the limit, "
+            "`ulimit -n`, or prepare the data in fewer, larger shards with --shard-tokens)", path, std::strerror(errno));
+  MT_CHECK(fd_ >= 0, "cannot open shard {}: {}", path, std::strerror(errno));
   try {
+    struct stat st;
+    MT_CHECK(::fstat(fd_, &st) == 0, "cannot stat shard {}: {}", path, std::strerror(errno));
+    file_bytes_ = static_cast<uint64_t>(st.st_size);
+    MT_CHECK(file_bytes_ >= kShardHeaderBytes, "shard {} is truncated: {} bytes, shorter than the {}-byte header",
+             path, file_bytes_, kShardHeaderBytes);
     int32_t hdr[kShardHeaderInts];
-    std::memcpy(hdr, map_, sizeof(hdr));
+    pread_exactly(fd_, hdr, sizeof(hdr), 0, path, file_bytes_);
     MT_CHECK(hdr[0] == kShardMagic, "shard {} has bad magic {} (expected {}): not a token shard", path, hdr[0],
              kShardMagic);
     MT_CHECK(hdr[1] == 1 || hdr[1] == 2, "shard {} has unknown version {} (1 = uint16 tokens, 2 = uint32 tokens)", path,
@@ -206,53 +221,45 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
       h_.eot = hdr[4];
       h_.num_documents = hdr[5];
     }
-    size_t expected = kShardHeaderBytes + h_.num_tokens * h_.token_bytes();
-    MT_CHECK(map_bytes_ >= expected, "shard {} is truncated: the header says {} tokens ({} bytes with the header) but "
-             "the file has {} bytes", path, h_.num_tokens, expected, map_bytes_);
-    MT_CHECK(map_bytes_ == expected, "shard {} has {} unexpected bytes after its {} tokens", path,
-             map_bytes_ - expected, h_.num_tokens);
+    const uint64_t expected = kShardHeaderBytes + h_.num_tokens * h_.token_bytes();
+    MT_CHECK(file_bytes_ >= expected, "shard {} is truncated: the header says {} tokens ({} bytes with the header) "
+             "but the file has {} bytes", path, h_.num_tokens, expected, file_bytes_);
+    MT_CHECK(file_bytes_ == expected, "shard {} has {} unexpected bytes after its {} tokens", path,
+             file_bytes_ - expected, h_.num_tokens);
   } catch (...) {
-    unmap();
+    close_fd();
     throw;
   }
 }
 
-ShardReader::~ShardReader() { unmap(); }
+ShardReader::~ShardReader() { close_fd(); }
 
 void ShardReader::expect_random_access() const {
-  if (map_) ::madvise(const_cast<uint8_t*>(map_), map_bytes_, MADV_RANDOM);  // a hint: failure changes nothing
+  (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);  // a hint: failure changes nothing
 }
 
 ShardReader::ShardReader(ShardReader&& o) noexcept
-    : path_(std::move(o.path_)), h_(o.h_), map_(std::exchange(o.map_, nullptr)),
-      map_bytes_(std::exchange(o.map_bytes_, 0)) {}
+    : path_(std::move(o.path_)), h_(o.h_), fd_(std::exchange(o.fd_, -1)), file_bytes_(o.file_bytes_) {}
 
 ShardReader& ShardReader::operator=(ShardReader&& o) noexcept {
   if (this != &o) {
-    unmap();
+    close_fd();
     path_ = std::move(o.path_);
     h_ = o.h_;
-    map_ = std::exchange(o.map_, nullptr);
-    map_bytes_ = std::exchange(o.map_bytes_, 0);
+    fd_ = std::exchange(o.fd_, -1);
+    file_bytes_ = o.file_bytes_;
   }
   return *this;
 }
 
-void ShardReader::unmap() {
-  if (map_) ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
-  map_ = nullptr;
-  map_bytes_ = 0;
+void ShardReader::close_fd() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 int64_t ShardReader::token(uint64_t i) const {
-  const uint8_t* p = map_ + kShardHeaderBytes + i * h_.token_bytes();
-  if (h_.version == 1) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-  }
-  uint32_t v;
-  std::memcpy(&v, p, 4);
+  int32_t v;
+  read(i, 1, &v);
   return v;
 }
 
@@ -260,10 +267,29 @@ void ShardReader::read(uint64_t begin, uint64_t n, int32_t* out) const {
   MT_CHECK(begin <= h_.num_tokens && n <= h_.num_tokens - begin, "shard {}: read of tokens [{}, {}) is outside its {} "
            "tokens", path_, begin, begin + n, h_.num_tokens);
   const int64_t limit = h_.vocab_size > 0 ? h_.vocab_size : std::numeric_limits<int32_t>::max() + int64_t{1};
-  for (uint64_t i = 0; i < n; ++i) {
-    int64_t t = token(begin + i);
-    MT_CHECK(t < limit, "shard {}: token {} at index {} is outside the vocabulary [0, {})", path_, t, begin + i, limit);
-    out[i] = static_cast<int32_t>(t);
+  const size_t tb = h_.token_bytes();
+  // In chunks, so read_all of a 2^31-token shard needs no second copy of it; the raw ids land in out's own memory
+  // first when they are as wide as int32, else in a small buffer.
+  constexpr uint64_t kChunk = 1 << 20;
+  std::vector<uint16_t> narrow;
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t k = std::min(kChunk, n - done);
+    const uint64_t off = kShardHeaderBytes + (begin + done) * tb;
+    int32_t* dst = out + done;
+    if (h_.version == 1) {
+      narrow.resize(static_cast<size_t>(k));
+      pread_exactly(fd_, narrow.data(), static_cast<size_t>(k) * 2, off, path_, file_bytes_);
+      for (uint64_t i = 0; i < k; ++i) dst[i] = narrow[i];
+    } else {
+      pread_exactly(fd_, dst, static_cast<size_t>(k) * 4, off, path_, file_bytes_);
+    }
+    for (uint64_t i = 0; i < k; ++i) {
+      const int64_t t = h_.version == 1 ? int64_t{dst[i]} : int64_t{static_cast<uint32_t>(dst[i])};
+      if (t >= limit)
+        fail_as(ErrorKind::Data, "shard {}: token {} at index {} is outside the vocabulary [0, {})", path_, t,
+                begin + done + i, limit);
+    }
+    done += k;
   }
 }
 

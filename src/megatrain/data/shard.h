@@ -79,8 +79,12 @@ class ShardWriter {
   bool finished_ = false;
 };
 
-// A shard mapped into memory (read-only) and validated: bad magic, unknown version, or a file size that
-// disagrees with the header's token count throw mt::Error naming the file and the problem.
+// A shard opened and validated: bad magic, unknown version, or a file size that disagrees with the header's token
+// count throw mt::Error naming the file and the problem. Reads are pread()s through the page cache (which the ranks
+// of a node share), not a memory mapping: a mapped file that shrinks, or a device that fails, under a read kills the
+// process with SIGBUS and no word of which file; here either is an mt::Error naming the shard (kind Data for a
+// file that changed after it was checked, IO for a failed read). The file stays open for the reader's life, so a
+// shard replaced on disk (renamed over) is still read as it was.
 class ShardReader {
  public:
   explicit ShardReader(const std::string& path);
@@ -93,22 +97,22 @@ class ShardReader {
   const std::string& path() const { return path_; }
   const ShardHeader& header() const { return h_; }
   uint64_t size() const { return h_.num_tokens; }
-  int64_t token(uint64_t i) const;  // unchecked index
-  // Copies tokens [begin, begin + n) as int32. Throws when the range is outside the shard, or when an id is
-  // outside the vocabulary (if recorded) or does not fit int32.
+  int64_t token(uint64_t i) const;  // one token (a read() of one)
+  // Copies tokens [begin, begin + n) as int32. Throws when the range is outside the shard, when an id is outside
+  // the vocabulary (if recorded) or does not fit int32 (kind Data), or when the read fails (see above).
   void read(uint64_t begin, uint64_t n, int32_t* out) const;
   std::vector<int32_t> read_all() const;
-  // Tells the kernel reads will jump around (a shuffled epoch): a page fault then reads that page, not the
+  // Tells the kernel reads will jump around (a shuffled epoch): a read then fetches what it asks for, not the
   // device's read-ahead window around it (8 MB on some machines, for a 4 KB window of tokens). Only a hint: it
   // changes no result.
   void expect_random_access() const;
 
  private:
-  void unmap();
+  void close_fd();
   std::string path_;
   ShardHeader h_;
-  const uint8_t* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  int fd_ = -1;
+  uint64_t file_bytes_ = 0;  // the size it had when it was checked
 };
 
 }  // namespace mt
