@@ -130,9 +130,9 @@ TEST(Train, MetricsOfAResumedRunReadAsOneHistory) {
   EXPECT_EQ(losses(b + "/metrics.jsonl"), losses(a + "/metrics.jsonl"));
 }
 
-// A data position is a cursor into one window order. Resumed under another (a changed data.seed, or a checkpoint
-// from before WindowOrder, which recorded no "order"), the rest of the epoch may repeat and skip windows: allowed,
-// never silent. The oracle: the same checkpoint resumed under its own order says nothing.
+// A data position is a cursor into one window order. Resumed under another (a changed data.seed, a dataset that
+// grew, or a checkpoint from before WindowOrder, which recorded no "order"), the rest of the epoch may repeat and
+// skip windows: allowed, never silent. The oracle: the same checkpoint resumed under its own order says nothing.
 TEST(Train, ResumeUnderAnotherWindowOrderSaysSo) {
   prepare_brown();
   const std::string a = ::testing::TempDir() + "/mt_resume_order";
@@ -150,15 +150,27 @@ TEST(Train, ResumeUnderAnotherWindowOrderSaysSo) {
     return ::testing::internal::GetCapturedStderr();
   };
   EXPECT_EQ(resume_stderr({}).find("window order"), std::string::npos);
+  const std::string W = std::to_string(manifest["extra"]["data"]["windows"].get<uint64_t>());
   std::string err = resume_stderr({"--data.seed=9"});
-  EXPECT_NE(err.find("another window order (shuffled, seed 1234, feistel6) than this run's (shuffled, seed 9, "
-                     "feistel6)"), std::string::npos) << err;
+  EXPECT_NE(err.find("another window order (shuffled, seed 1234, feistel6, " + W + " windows) than this run's "
+                     "(shuffled, seed 9, feistel6, " + W + " windows)"), std::string::npos) << err;
   EXPECT_NE(err.find("the rest of epoch 0 may repeat some windows"), std::string::npos) << err;
+
+  // The dataset grew (a second shard): the same seed permutes more windows, so the saved cursor means other rows.
+  const std::string grown = a + "/grown";
+  fs::create_directories(grown);
+  fs::copy(kData + "/train_000000.bin", grown + "/train_000000.bin");
+  fs::copy(kData + "/val_000000.bin", grown + "/train_000001.bin");
+  fs::copy(kData + "/val_000000.bin", grown + "/val_000000.bin");
+  err = resume_stderr({"--data.dir=" + grown});
+  EXPECT_NE(err.find("(shuffled, seed 1234, feistel6, " + W + " windows) than this run's (shuffled, seed 1234, "
+                     "feistel6, "), std::string::npos) << err;
+
   nlohmann::json old = manifest;
   old["extra"]["data"].erase("order");
   { std::ofstream(mpath) << seal_manifest(old).dump(1); }
   err = resume_stderr({});
-  EXPECT_NE(err.find("(shuffled, seed 1234, fisher-yates)"), std::string::npos) << err;
+  EXPECT_NE(err.find("(shuffled, seed 1234, fisher-yates, " + W + " windows)"), std::string::npos) << err;
 }
 
 TEST(Train, ResumeRefusesADifferentModel) {

@@ -49,7 +49,7 @@ struct SavedTensor {
 };
 
 // What a checkpoint records besides the tensors: the model and optimizer, the position of the run, the layout.
-nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderState& data, int micro) {
+nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderState& data, int micro, uint64_t windows) {
   nlohmann::json extra = {{"model", model_config_to_json(cfg.model)},
                           {"optim_name", cfg.optim.name},
                           {"step", step},
@@ -61,6 +61,7 @@ nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderStat
                           {"train", {{"steps", cfg.train.steps}, {"grad_accum", cfg.train.grad_accum}}},
                           {"parallel", {{"dp", cfg.parallel.dp}, {"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp},
                                         {"virtual_stages", cfg.parallel.virtual_stages}, {"microbatches", micro}}}};
+  if (windows > 0) extra["data"]["windows"] = windows;  // what the order permutes: a grown dataset is another order
   if (cfg.parallel.tp > 1) {
     // The tp layout the tensors were trained in (a sharded checkpoint's pieces follow it).
     ParamStore lay;
@@ -96,14 +97,14 @@ nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderStat
 
 // A full (gathered) checkpoint: parameters and optimizer moments, one file each. Returns its directory.
 std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor>& tensors, int step,
-                             const LoaderState& data, int micro, const std::string& why) {
+                             const LoaderState& data, int micro, uint64_t windows, const std::string& why) {
   std::vector<TensorRef> model_t, optim_t;
   for (const SavedTensor& t : tensors) {
     model_t.push_back(tensor_ref(t.name, t.p));
     optim_t.push_back(tensor_ref("m." + t.name, t.m));
     optim_t.push_back(tensor_ref("v." + t.name, t.v));
   }
-  const nlohmann::json extra = checkpoint_extra(cfg, step, data, micro);
+  const nlohmann::json extra = checkpoint_extra(cfg, step, data, micro, windows);
   SaveOptions so;
   so.keep_last = cfg.ckpt.keep_last;
   double t0 = now_seconds();
@@ -144,23 +145,27 @@ SavedPosition saved_position(const CheckpointReader& ck) {
   return p;
 }
 
-// The order an epoch visits the windows in, as a run configured with cfg uses it and as checkpoint ck recorded it
-// (checkpoints without "order" predate WindowOrder: they shuffled by Fisher-Yates).
-std::string window_order_of(const RunConfig& cfg) {
-  return cfg.data.shuffle ? fmt::format("shuffled, seed {}, {}", cfg.data.seed, WindowOrder::kName) : "sequential";
-}
-std::string window_order_of(const CheckpointReader& ck) {
-  const nlohmann::json& d = ck.extra()["data"];
-  if (!d.value("shuffle", true)) return "sequential";
-  const nlohmann::json seed = d.value("seed", nlohmann::json());
-  return fmt::format("shuffled, seed {}, {}", seed.dump(), d.value("order", std::string("fisher-yates")));
+// The order an epoch visits the windows in, as a run configured with cfg over `windows` windows uses it and as
+// checkpoint ck recorded it (checkpoints without "order" predate WindowOrder: they shuffled by Fisher-Yates). The
+// window count is part of a shuffled order (a dataset that grew is permuted anew); it is compared when both sides
+// know it.
+std::string window_order_of(bool shuffle, const std::string& seed, const std::string& order, uint64_t windows) {
+  if (!shuffle) return "sequential";
+  return fmt::format("shuffled, seed {}, {}{}", seed, order, windows ? fmt::format(", {} windows", windows) : "");
 }
 
-// A data position is a cursor into one window order: resumed under another (a changed seed, another megatrain's
-// shuffle), the rest of the saved epoch reads some windows twice and skips others. That is allowed (the next epoch
-// is a whole epoch again) but never silent: the main rank says so.
-void warn_if_order_changed(const RunConfig& cfg, const CheckpointReader& ck, const LoaderState& data) {
-  const std::string saved = window_order_of(ck), now = window_order_of(cfg);
+// A data position is a cursor into one window order: resumed under another (a changed seed, a dataset that grew or
+// shrank, another megatrain's shuffle), the rest of the saved epoch reads some windows twice and skips others.
+// That is allowed (the next epoch is a whole epoch again) but never silent: the main rank says so.
+void warn_if_order_changed(const RunConfig& cfg, uint64_t windows, const CheckpointReader& ck,
+                           const LoaderState& data) {
+  const nlohmann::json& d = ck.extra()["data"];
+  const uint64_t saved_windows = d.contains("windows") && d["windows"].is_number_unsigned() ? d["windows"].get<uint64_t>() : 0;
+  const uint64_t both = saved_windows > 0 && windows > 0 ? 1 : 0;
+  const std::string saved = window_order_of(d.value("shuffle", true), d.value("seed", nlohmann::json()).dump(),
+                                            d.value("order", std::string("fisher-yates")), both * saved_windows);
+  const std::string now = window_order_of(cfg.data.shuffle, std::to_string(cfg.data.seed), WindowOrder::kName,
+                                          both * windows);
   if (saved == now || data.cursor == 0) return;
   fmt::print(stderr, "warning: checkpoint {} saved its data position (epoch {}, cursor {}) in another window order "
              "({}) than this run's ({}): the rest of epoch {} may repeat some windows and skip others; epoch {} on "
@@ -265,6 +270,7 @@ struct TrainCheckpointer::Impl {
   const int tp, pp, vstages, pp_rank, micro;
   const bool main_rank;
   const bool sharded;  // each rank writes its own pieces (sharded.h); else rank 0 writes gathered full tensors
+  uint64_t data_windows = 0;  // windows in an epoch of the training data (set_data_windows; 0 = not told)
   // Full moments for gathered checkpoints: the optimizer's own, or a gathered copy of the ZeRO shards.
   HostBuffer full_m, full_v;
   Moments moments;
@@ -565,7 +571,7 @@ struct TrainCheckpointer::Impl {
     piece_staging.clear();
     const MeshCoord c = mesh ? mesh->coord() : MeshCoord{};
     const bool finite = as->own[slot].stage(step, shard_file_name(c.pp, c.tp, c.dp), my_pieces(piece_staging),
-                                            checkpoint_extra(cfg, step, data, micro));
+                                            checkpoint_extra(cfg, step, data, micro, data_windows));
     const bool covered = !mesh || (c.dp == 0 && c.tp == 0 && wte_copy < 0);
     check_finite(step, finite && covered);  // collective: also the barrier after begin_sharded_checkpoint
     as->own_ok[slot] = true;
@@ -685,7 +691,7 @@ struct TrainCheckpointer::Impl {
     if (mesh) mesh_barrier(*mesh);  // restored everywhere: rank 0's clock then times the whole group's restore
     const SavedPosition pos = saved_position(ck);
     data = pos.data;
-    if (main_rank) warn_if_order_changed(cfg, ck, data);
+    if (main_rank) warn_if_order_changed(cfg, data_windows, ck, data);
     as->protect = ck.dir();
     return pos.step;
   }
@@ -774,9 +780,9 @@ std::string TrainCheckpointer::save(int step, const LoaderState& data, const cha
     for (auto& w : work) w->wait();
   } else if (s.pp > 1 && s.main_rank) {
     auto gathered = s.gather_stages();
-    dir = write_checkpoint(s.cfg, gathered.first, step, data, s.micro, why);
+    dir = write_checkpoint(s.cfg, gathered.first, step, data, s.micro, s.data_windows, why);
   } else if (s.main_rank) {
-    dir = write_checkpoint(s.cfg, s.stage_tensors(), step, data, s.micro, why);
+    dir = write_checkpoint(s.cfg, s.stage_tensors(), step, data, s.micro, s.data_windows, why);
   }
   if (s.mesh) mesh_barrier(*s.mesh);  // nobody runs ahead of a checkpoint that is not committed yet
   return dir;
@@ -810,6 +816,8 @@ std::vector<CheckpointEvent> TrainCheckpointer::take_events() {
 }
 
 void TrainCheckpointer::wait() { impl_->worker->wait_idle(); }
+
+void TrainCheckpointer::set_data_windows(uint64_t windows) { impl_->data_windows = windows; }
 
 void TrainCheckpointer::set_peer_links(std::unique_ptr<PeerLinks> links) {
   Impl& s = *impl_;

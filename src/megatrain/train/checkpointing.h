@@ -57,6 +57,9 @@ class TrainCheckpointer {
   std::vector<CheckpointEvent> take_events();
   // Waits for the background work (the end of a run).
   void wait();
+  // The number of windows in an epoch of the training data (DataLoader::windows_per_epoch): saved with the data
+  // position, whose shuffled order depends on it, and compared on resume (a mismatch is a warning).
+  void set_data_windows(uint64_t windows);
   // The links to the buddy ranks of the peer copies (train/peer_links.h); without them there are none.
   void set_peer_links(std::unique_ptr<PeerLinks> links);
   // An observer for the trainer's list: when the run fails with a lost peer or a timeout, it writes the snapshots

@@ -189,6 +189,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
                          mirror ? mirror->optimizer() : update->optimizer(), update->data_parallel(),
                          topo.host_mesh.get(), stack.wte_copy);
   ckpt.set_peer_links(make_peer_links(cfg, topo));
+  ckpt.set_data_windows(loader.windows_per_epoch());
   const StartPoint start = resume_or_init(cfg, *stack.model, ckpt, mirror.get(), loader, topo.main_rank);
 
   const PeakFlops peak = peak_flops(cfg.train.peak_tflops, *topo.ops);
