@@ -259,28 +259,23 @@ int main(int argc, char** argv) {
         }
       }
     }
-    const bool cold = drop_page_cache();
-    std::vector<double> loader_ts;
-    {
+    // The seconds of each of a fresh loader's first batches.
+    auto loader_batches = [&] {
+      std::vector<double> ts;
       mt::DataLoader loader(d, "train", B, T, true, seed, 0, 1, 0);
       for (int i = 0; i < batches; ++i) {
         const double t0 = mt::now_seconds();
         mt::Batch b = loader.next();
-        loader_ts.push_back(mt::now_seconds() - t0);
+        ts.push_back(mt::now_seconds() - t0);
       }
-    }
+      return ts;
+    };
+    const bool cold = drop_page_cache();
+    const std::vector<double> loader_ts = loader_batches();
     if (cold) drop_page_cache();
     const std::vector<double> plain_ts = plain_mmap_batches(d, B, T, batches, seed);
     // Warm: the same windows again, now in the page cache (a fresh loader and a fresh mapping).
-    std::vector<double> loader_warm;
-    {
-      mt::DataLoader loader(d, "train", B, T, true, seed, 0, 1, 0);
-      for (int i = 0; i < batches; ++i) {
-        const double t0 = mt::now_seconds();
-        mt::Batch b = loader.next();
-        loader_warm.push_back(mt::now_seconds() - t0);
-      }
-    }
+    const std::vector<double> loader_warm = loader_batches();
     const std::vector<double> plain_warm = plain_mmap_batches(d, B, T, batches, seed);
     out["io"] = {{"tokens", io_tokens},
                  {"cache", cold ? "dropped before each side" : "warm (cannot drop the page cache)"},
