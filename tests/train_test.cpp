@@ -171,6 +171,12 @@ TEST(Train, ResumeUnderAnotherWindowOrderSaysSo) {
   { std::ofstream(mpath) << seal_manifest(old).dump(1); }
   err = resume_stderr({});
   EXPECT_NE(err.find("(shuffled, seed 1234, fisher-yates, " + W + " windows)"), std::string::npos) << err;
+  // Keys of the wrong type only describe the order: shown as they are, never a json exception.
+  old["extra"]["data"]["order"] = 5;
+  old["extra"]["data"]["windows"] = "many";
+  { std::ofstream(mpath) << seal_manifest(old).dump(1); }
+  err = resume_stderr({});
+  EXPECT_NE(err.find("another window order (shuffled, seed 1234, 5) than"), std::string::npos) << err;
 }
 
 TEST(Train, ResumeRefusesADifferentModel) {

@@ -159,17 +159,22 @@ std::string window_order_of(bool shuffle, const std::string& seed, const std::st
 // That is allowed (the next epoch is a whole epoch again) but never silent: the main rank says so.
 void warn_if_order_changed(const RunConfig& cfg, uint64_t windows, const CheckpointReader& ck,
                            const LoaderState& data) {
+  // Only the description depends on these keys, so a value of the wrong type is shown as it is, never thrown.
   const nlohmann::json& d = ck.extra()["data"];
-  const uint64_t saved_windows = d.contains("windows") && d["windows"].is_number_unsigned() ? d["windows"].get<uint64_t>() : 0;
+  auto key = [&](const char* k) { return d.contains(k) ? d[k] : nlohmann::json(); };
+  const nlohmann::json shuffle = key("shuffle"), order = key("order"), w = key("windows");
+  const uint64_t saved_windows = w.is_number_unsigned() ? w.get<uint64_t>() : 0;
   const uint64_t both = saved_windows > 0 && windows > 0 ? 1 : 0;
-  const std::string saved = window_order_of(d.value("shuffle", true), d.value("seed", nlohmann::json()).dump(),
-                                            d.value("order", std::string("fisher-yates")), both * saved_windows);
+  const std::string saved =
+      window_order_of(!shuffle.is_boolean() || shuffle.get<bool>(), key("seed").dump(),
+                      order.is_null() ? "fisher-yates" : order.is_string() ? order.get<std::string>() : order.dump(),
+                      both * saved_windows);
   const std::string now = window_order_of(cfg.data.shuffle, std::to_string(cfg.data.seed), WindowOrder::kName,
                                           both * windows);
   if (saved == now || data.cursor == 0) return;
   fmt::print(stderr, "warning: checkpoint {} saved its data position (epoch {}, cursor {}) in another window order "
-             "({}) than this run's ({}): the rest of epoch {} may repeat some windows and skip others; epoch {} on "
-             "are whole\n", ck.dir(), data.epoch, data.cursor, saved, now, data.epoch, data.epoch + 1);
+             "({}) than this run's ({}): the rest of epoch {} may repeat some windows and skip others; the epochs from {} "
+             "on are whole\n", ck.dir(), data.epoch, data.cursor, saved, now, data.epoch, data.epoch + 1);
 }
 
 // Throws unless the checkpoint continues this run: same model, optimizer and global batch.
