@@ -15,6 +15,7 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/core/error.h"
+#include "megatrain/data/shard.h"
 #include "megatrain/train/trainer.h"
 #include "test_util.h"
 
@@ -177,6 +178,46 @@ TEST(Train, ResumeUnderAnotherWindowOrderSaysSo) {
   { std::ofstream(mpath) << seal_manifest(old).dump(1); }
   err = resume_stderr({});
   EXPECT_NE(err.find("another window order (shuffled, seed 1234, 5) than"), std::string::npos) << err;
+}
+
+// Evaluation reads the val split every train.eval_every steps. A split that cannot give one batch (none at all, or
+// too few tokens) must stop the run before its first step, as a data error that says what to do, not at the first
+// evaluation (before: step 20 here, hours into a real run, as exit code 1). The oracle that the data is otherwise
+// fine: the same directory trains with evaluation off.
+TEST(Train, AValSplitThatCannotBeReadFailsAtStartNotAtTheFirstEvaluation) {
+  prepare_brown();
+  const std::string base = ::testing::TempDir() + "/mt_val_split";
+  fs::remove_all(base);
+  const std::string data = base + "/data";
+  fs::create_directories(data);
+  fs::copy(kData + "/train_000000.bin", data + "/train_000000.bin");
+  fs::copy(kData + "/meta.json", data + "/meta.json");
+  auto run = [&](const std::string& out, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--data.dir=" + data, "--train.steps=30", "--ckpt.save_final=false"});
+    return run_training(small(base + "/" + out, extra));
+  };
+  auto expect_fails_at_start = [&](const std::string& out, const std::string& why) {
+    try {
+      run(out, {"--train.eval_every=20", "--train.eval_batches=2"});
+      FAIL() << "trained without a readable val split";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(e.kind, ErrorKind::Data) << msg;
+      EXPECT_NE(msg.find("train.eval_every = 20 evaluates on the val split, but it cannot be read"),
+                std::string::npos) << msg;
+      EXPECT_NE(msg.find(why), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--train.eval_every=0"), std::string::npos) << msg;
+    }
+    EXPECT_TRUE(losses(base + "/" + out + "/metrics.jsonl").empty()) << "steps ran before the failure";
+  };
+  expect_fails_at_start("none", "no shards of split 'val'");
+  {
+    ShardWriter w(data, "val", 50257, 50256, 1000);  // 21 tokens: no batch of 4 windows of 33
+    w.add_document(std::vector<int32_t>(20, 11));
+    w.finish();
+  }
+  expect_fails_at_start("tiny", "too few for one batch");
+  EXPECT_EQ(run("no_eval", {"--train.eval_every=0"}).last_step, 30);
 }
 
 TEST(Train, ResumeRefusesADifferentModel) {

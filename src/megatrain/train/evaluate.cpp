@@ -8,6 +8,26 @@
 
 namespace mt {
 
+namespace {
+
+// The val split as evaluate() reads it: the step's global batch, unshuffled, dp rank's rows, no prefetch.
+DataLoader open_val(const RunConfig& cfg, const Topology& topo, int micro) {
+  return DataLoader(cfg.data.dir, "val", cfg.data.batch_size * micro, cfg.data.seq_len, false, 0, topo.coord.dp,
+                    topo.shape.dp, 0);
+}
+
+}  // namespace
+
+void check_val_split(const RunConfig& cfg, const Topology& topo, int micro) {
+  try {
+    open_val(cfg, topo, micro);
+  } catch (const Error& e) {
+    fail_as(ErrorKind::Data, "train.eval_every = {} evaluates on the val split, but it cannot be read: {}. Prepare the "
+            "data with a val split (`megatrain prepare-data --val-fraction`), or set --train.eval_every=0",
+            cfg.train.eval_every, e.what());
+  }
+}
+
 // Validation loss: the mean over the first train.eval_batches batches of the val split (unshuffled, so every
 // evaluation sees the same windows) of each batch's mean loss. A batch is the step's global batch, dp x
 // microbatches x data.batch_size rows, so any layout sees the windows one process with that batch size sees: each
@@ -16,10 +36,10 @@ namespace mt {
 // them) and dp. The activations move over the device mesh, the sums over the host mesh.
 double evaluate(GPT& model, const RunConfig& cfg, Topology& topo, int micro, int step) {
   DeviceMesh* host = topo.host_mesh.get();
-  const int dp = topo.shape.dp, dp_rank = topo.coord.dp;
+  const int dp = topo.shape.dp;
   const bool pipelined = topo.shape.pp > 1;
   const int B = cfg.data.batch_size, T = cfg.data.seq_len;
-  DataLoader val(cfg.data.dir, "val", B * micro, T, false, 0, dp_rank, dp, 0);
+  DataLoader val = with_kind(ErrorKind::Data, [&] { return open_val(cfg, topo, micro); });
   const int n = static_cast<int>(std::min<uint64_t>(cfg.train.eval_batches, val.batches_per_epoch()));
   if (n == 0) return NAN;
   std::vector<float> sums(2 * static_cast<size_t>(n), 0.0f);  // per batch: loss sum, valid targets

@@ -10,4 +10,9 @@ namespace mt {
 // NonFinite when the loss is not finite (a model that evaluates to inf/nan must not go on to be checkpointed).
 double evaluate(GPT& model, const RunConfig& cfg, Topology& topo, int microbatches, int step);
 
+// Throws an mt::Error of kind Data, naming the problem and the way out, when train.eval_every asks for evaluations
+// that the val split cannot give (no val shards, too few tokens for one batch, a corrupt shard). The trainer calls
+// it at start, so such a run fails before its first step rather than at its first evaluation, possibly hours in.
+void check_val_split(const RunConfig& cfg, const Topology& topo, int microbatches);
+
 }  // namespace mt

@@ -177,6 +177,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
     fail_as(ErrorKind::Data, "the shards in {} use a vocabulary of {} tokens but model.vocab_size is {}", cfg.data.dir,
             loader.vocab_size(), cfg.model.vocab_size);
   ModelStack stack = build_model_stack(cfg, topo);
+  if (cfg.train.eval_every > 0 && cfg.train.eval_batches > 0) check_val_split(cfg, topo, stack.microbatches);
   std::unique_ptr<Update> update = make_update(cfg, topo, stack);
   std::unique_ptr<ForwardBackward> fb = make_forward_backward(cfg, topo, stack);
   // A model in device memory is checkpointed (and imported) through a host copy, refreshed around each save.
