@@ -220,6 +220,40 @@ TEST(Train, AValSplitThatCannotBeReadFailsAtStartNotAtTheFirstEvaluation) {
   EXPECT_EQ(run("no_eval", {"--train.eval_every=0"}).last_step, 30);
 }
 
+// A checkpoint directory that cannot take a file used to surface at the first save, which a run tolerates (a disk
+// may fill for a while), so it trained on without checkpoints and failed at its end with exit code 24. Now the main
+// rank tries the directories before the first step: a path under a regular file (unusable even for root, which
+// CI may be) is a config error naming the key. Without checkpoints to write, ckpt.dir is not touched.
+TEST(Train, AnUnusableOutputOrCheckpointDirectoryFailsBeforeTheFirstStep) {
+  prepare_brown();
+  const std::string base = ::testing::TempDir() + "/mt_unusable_dirs";
+  fs::remove_all(base);
+  fs::create_directories(base);
+  const std::string file = base + "/a_file";
+  std::ofstream(file) << "not a directory";
+  auto expect_config_error = [&](const std::string& out, std::vector<std::string> extra, const std::string& want) {
+    extra.push_back("--train.steps=2");
+    try {
+      run_training(small(out, extra));
+      FAIL() << "trained with an unusable directory";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind, ErrorKind::Config) << e.what();
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  expect_config_error(base + "/run", {"--ckpt.dir=" + file + "/ckpt", "--ckpt.every=1"},
+                      "ckpt.dir = '" + file + "/ckpt' cannot be used");
+  EXPECT_TRUE(losses(base + "/run/metrics.jsonl").empty());
+  expect_config_error(file + "/out", {}, "train.out_dir = '" + file + "/out' cannot be used");
+  const TrainResult r = run_training(small(base + "/no_ckpt", {"--ckpt.dir=" + file + "/ckpt", "--train.steps=2",
+                                                               "--ckpt.every=0", "--ckpt.save_final=false"}));
+  EXPECT_EQ(r.last_step, 2);
+  // A usable directory keeps only the checkpoints: the probe is gone.
+  run_training(small(base + "/ok", {"--train.steps=2", "--ckpt.every=1"}));
+  EXPECT_TRUE(fs::exists(base + "/ok/ckpt/step_00000001"));
+  EXPECT_FALSE(fs::exists(base + "/ok/ckpt/.megatrain-write-probe"));
+}
+
 TEST(Train, ResumeRefusesADifferentModel) {
   prepare_brown();
   std::string a = ::testing::TempDir() + "/mt_resume_mismatch";

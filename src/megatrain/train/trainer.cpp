@@ -12,6 +12,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/stop_request.h"
 #include "megatrain/obs/timeline.h"
+#include "megatrain/core/fs.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/train/checkpointing.h"
 #include "megatrain/train/evaluate.h"
@@ -159,13 +160,34 @@ int train_loop(Job& j, int step, double peak) {
   return step;
 }
 
+// The main rank makes the output directories before the first step, and proves the checkpoint directory takes a
+// file when the run will write checkpoints. A path that cannot be used (under a file, on a read-only mount, without
+// permission) is then a config error at once, not a periodic checkpoint failing at every save while the run goes on
+// (it tolerates a failed save: a disk may fill for a while) and the run failing at its end.
+void prepare_output_dirs(const RunConfig& cfg) {
+  auto usable = [](const char* key, const std::string& dir, bool write) {
+    try {
+      std::filesystem::create_directories(dir);
+      if (write) {
+        const std::string probe = dir + "/.megatrain-write-probe";
+        write_file_atomic(probe, "ok");
+        std::filesystem::remove(probe);
+      }
+    } catch (const std::exception& e) {
+      fail_as(ErrorKind::Config, "{} = '{}' cannot be used: {}", key, dir, e.what());
+    }
+  };
+  usable("train.out_dir", cfg.train.out_dir, false);
+  if (cfg.ckpt.every > 0 || cfg.ckpt.save_final) usable("ckpt.dir", cfg.ckpt.dir, true);
+}
+
 }  // namespace
 
 TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const std::vector<TrainObserver*>& extra) {
   RankGuard guard(cfg);  // heartbeats, injected faults, skipped batches, loss spikes (train/rank_guard.h)
   TrainResult res;
   Topology topo = build_topology(cfg, seams);
-  if (topo.main_rank) std::filesystem::create_directories(cfg.train.out_dir);
+  if (topo.main_rank) prepare_output_dirs(cfg);
 
   // With pp a step's rows per dp rank are micro x data.batch_size: every pp rank reads them (the first stage uses
   // the tokens, the last the targets), in the order a single process with micro x dp times the batch reads them.
