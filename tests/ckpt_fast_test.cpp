@@ -221,6 +221,10 @@ TEST(FastCheckpoint, FullDiskInStage2IsAnEventAndTrainingGoesOn) {
   EXPECT_NE(text.find("step 4 FAILED in stage 2"), std::string::npos) << text;
   EXPECT_NE(text.find("No space left on device"), std::string::npos) << text;
   EXPECT_NE(text.find("the latest checkpoint is still " + root + "/step_00000002"), std::string::npos) << text;
+  // And it was said at start: 64 MiB free against about 40 MB a checkpoint, up to 6 at once with keep_last 5.
+  EXPECT_NE(text.find("warning: ckpt.dir " + root + " has 0.07 GB free, but a checkpoint of this model takes about "
+                      "0.04 GB and up to 6 are on disk at once (ckpt.keep_last 5 and the one being written; 0 there "
+                      "now)"), std::string::npos) << text;
   // No "checkpoint" (committed) line for it in the metrics, and latest names the last complete checkpoint.
   for (const std::string& l : {std::string("\"kind\":\"checkpoint\",\"step\":4")})
     EXPECT_EQ(read_all(out + "/metrics.jsonl").find(l), std::string::npos);
