@@ -259,6 +259,31 @@ TEST(DataLoad, BackgroundErrorsReachNext) {
   EXPECT_NO_THROW(dl.next());
 }
 
+// llm.c's shards record no vocabulary, so the shard cannot hold its ids to one; the model's can. Ids at or above
+// it were caught only inside the model's forward, as an internal error (exit 1) naming no file. With the model's
+// vocabulary as the loader's limit, the batch that holds one fails as kind Data naming the shard and index.
+TEST(DataLoad, IdsOfShardsWithoutAVocabularyAreHeldToTheModels) {
+  TempDir dir;
+  std::vector<uint32_t> toks(64, 1);
+  toks[40] = 150;
+  testing::write_bytes(dir / "train_000000.bin", testing::llmc_shard_bytes({20240520, 1, 64}, toks, 2));
+  for (int limit : {0, 151}) {  // no limit, or one above every id: all 3 batches read
+    DataLoader dl(dir.path(), "train", 1, 16, false, 0, 0, 1, 0, limit);
+    for (int i = 0; i < 3; ++i) EXPECT_NO_THROW(dl.next()) << "limit " << limit << " batch " << i;
+  }
+  DataLoader dl(dir.path(), "train", 1, 16, false, 0, 0, 1, 0, 150);
+  EXPECT_NO_THROW(dl.next());  // windows 0 and 1 hold only id 1
+  EXPECT_NO_THROW(dl.next());
+  try {
+    dl.next();
+    FAIL() << "read id 150 under a limit of 150";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, ErrorKind::Data);
+    EXPECT_NE(std::string(e.what()).find("train_000000.bin: token 150 at index 40 is outside the model's vocabulary "
+                                         "[0, 150)"), std::string::npos) << e.what();
+  }
+}
+
 // A split of more shards than the soft limit on open files allows (1,500 shards of 2 tokens against a limit of
 // 256): the loader keeps every shard open, so it raises the soft limit towards the hard one and reads them all.
 // Under a hard limit too low for them, it fails with an error that says which limit to raise. Both in a child

@@ -27,11 +27,13 @@ void make_room_for_open_files(size_t shards) {
 }  // namespace
 
 DataLoader::DataLoader(const std::string& dir, const std::string& split, int B, int T, bool shuffle, uint64_t seed,
-                       int rank, int world, int prefetch)
-    : B_(B), T_(T), rank_(rank), world_(world), prefetch_(prefetch), shuffle_(shuffle), seed_(seed) {
+                       int rank, int world, int prefetch, int id_limit)
+    : B_(B), T_(T), rank_(rank), world_(world), prefetch_(prefetch), id_limit_(id_limit), shuffle_(shuffle),
+      seed_(seed) {
   MT_CHECK(B > 0 && T > 0, "data loader: batch size B={} and sequence length T={} must be positive", B, T);
   MT_CHECK(world > 0 && rank >= 0 && rank < world, "data loader: rank {} is not in [0, world={})", rank, world);
   MT_CHECK(prefetch >= 0, "data loader: prefetch depth must be >= 0, got {}", prefetch);
+  MT_CHECK(id_limit >= 0, "data loader: the token id limit must be >= 0 (0: none), got {}", id_limit);
   std::error_code ec;
   MT_CHECK(std::filesystem::is_directory(dir, ec), "data directory {} does not exist (or is not a directory)", dir);
   paths_ = list_shards(dir, split);
@@ -79,6 +81,12 @@ void DataLoader::read_stream(uint64_t offset, uint64_t n, int32_t* out) const {
     uint64_t local = offset - shard_start_[s];
     uint64_t take = std::min(n, shards_[s].size() - local);
     shards_[s].read(local, take, out);
+    if (id_limit_ > 0 && shards_[s].header().vocab_size == 0)
+      for (uint64_t i = 0; i < take; ++i)
+        if (out[i] >= id_limit_)
+          fail_as(ErrorKind::Data, "shard {}: token {} at index {} is outside the model's vocabulary [0, {}) (the "
+                  "shard records no vocabulary of its own: llm.c's format?)", shards_[s].path(), out[i], local + i,
+                  id_limit_);
     out += take;
     offset += take;
     n -= take;

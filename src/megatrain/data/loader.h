@@ -40,9 +40,11 @@ struct Batch {
 class DataLoader {
  public:
   // Throws mt::Error for a missing directory, no shards of the split, a bad shard, too few tokens for one global
-  // batch, or out-of-range B, T, rank, world, prefetch.
+  // batch, or out-of-range B, T, rank, world, prefetch. id_limit > 0 (the model's vocabulary): a token read from a
+  // shard that records no vocabulary (llm.c's) must be below it, else next() throws kind Data naming the shard;
+  // shards that record one are held to it (ShardReader), and a caller compares it with its own.
   DataLoader(const std::string& dir, const std::string& split, int B, int T, bool shuffle, uint64_t seed,
-             int rank = 0, int world = 1, int prefetch = 2);
+             int rank = 0, int world = 1, int prefetch = 2, int id_limit = 0);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -71,7 +73,7 @@ class DataLoader {
   std::vector<std::string> paths_;
   std::vector<uint64_t> shard_start_;  // stream offset of each shard's first token
   uint64_t total_tokens_ = 0, num_windows_ = 0;
-  int B_, T_, rank_, world_, prefetch_;
+  int B_, T_, rank_, world_, prefetch_, id_limit_;
   bool shuffle_;
   uint64_t seed_;
   int vocab_size_ = 0, eot_ = -1;

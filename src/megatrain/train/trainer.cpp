@@ -216,7 +216,8 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   // the tokens, the last the targets), in the order a single process with micro x dp times the batch reads them.
   DataLoader loader = with_kind(ErrorKind::Data, [&] {
     return DataLoader(cfg.data.dir, "train", cfg.data.batch_size * cfg.pipeline_microbatches(), cfg.data.seq_len,
-                      cfg.data.shuffle, cfg.data.seed, topo.coord.dp, topo.shape.dp, cfg.data.prefetch);
+                      cfg.data.shuffle, cfg.data.seed, topo.coord.dp, topo.shape.dp, cfg.data.prefetch,
+                      cfg.model.vocab_size);
   });
   if (loader.vocab_size() > cfg.model.vocab_size)
     fail_as(ErrorKind::Data, "the shards in {} use a vocabulary of {} tokens but model.vocab_size is {}", cfg.data.dir,
