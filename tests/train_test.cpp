@@ -6,6 +6,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +41,26 @@ RunConfig small(const std::string& out, std::vector<std::string> extra = {}) {
 
 std::vector<std::string> losses(const std::string& metrics) { return mt::test::step_losses(metrics); }
 
+// An empty TempDir()/name, with Brown prepared.
+std::string fresh_base(const std::string& name) {
+  prepare_brown();
+  const std::string base = ::testing::TempDir() + "/" + name;
+  fs::remove_all(base);
+  fs::create_directories(base);
+  return base;
+}
+
+// base/data holding copies of the named files of the prepared Brown directory (every file when none is named).
+std::string copy_of_brown(const std::string& base, const std::vector<std::string>& files) {
+  const std::string data = base + "/data";
+  fs::create_directories(data);
+  for (auto& e : fs::directory_iterator(kData)) {
+    const std::string name = e.path().filename().string();
+    if (files.empty() || std::find(files.begin(), files.end(), name) != files.end()) fs::copy(e.path(), data + "/" + name);
+  }
+  return data;
+}
+
 TEST(Train, LossFallsOnTheDefaultCorpus) {
   prepare_brown();
   std::string out = ::testing::TempDir() + "/mt_train_falls";
@@ -68,12 +89,8 @@ TEST(Train, LossFallsOnTheDefaultCorpus) {
 // The closing sample decodes with the tokenizer the data was prepared with (data.dir/meta.json), unless
 // sample.tokenizer names one; a recorded tokenizer that is gone means no sample, not a crash or the wrong decoding.
 TEST(Train, SampleTokenizerComesFromTheDataOrTheConfig) {
-  prepare_brown();
-  const std::string base = ::testing::TempDir() + "/mt_sample_tok";
-  fs::remove_all(base);
-  const std::string data = base + "/data";
-  fs::create_directories(data);
-  for (auto& e : fs::directory_iterator(kData)) fs::copy(e.path(), data / e.path().filename());
+  const std::string base = fresh_base("mt_sample_tok");
+  const std::string data = copy_of_brown(base, {});
   const std::string recorded = nlohmann::json::parse(std::ifstream(data + "/meta.json"))["tokenizer"];
   ASSERT_TRUE(fs::exists(recorded + "/encoder.json")) << recorded;
 
@@ -185,13 +202,8 @@ TEST(Train, ResumeUnderAnotherWindowOrderSaysSo) {
 // evaluation (before: step 20 here, hours into a real run, as exit code 1). The oracle that the data is otherwise
 // fine: the same directory trains with evaluation off.
 TEST(Train, AValSplitThatCannotBeReadFailsAtStartNotAtTheFirstEvaluation) {
-  prepare_brown();
-  const std::string base = ::testing::TempDir() + "/mt_val_split";
-  fs::remove_all(base);
-  const std::string data = base + "/data";
-  fs::create_directories(data);
-  fs::copy(kData + "/train_000000.bin", data + "/train_000000.bin");
-  fs::copy(kData + "/meta.json", data + "/meta.json");
+  const std::string base = fresh_base("mt_val_split");
+  const std::string data = copy_of_brown(base, {"train_000000.bin", "meta.json"});
   auto run = [&](const std::string& out, std::vector<std::string> extra) {
     extra.insert(extra.end(), {"--data.dir=" + data, "--train.steps=30", "--ckpt.save_final=false"});
     return run_training(small(base + "/" + out, extra));
@@ -225,10 +237,7 @@ TEST(Train, AValSplitThatCannotBeReadFailsAtStartNotAtTheFirstEvaluation) {
 // rank tries the directories before the first step: a path under a regular file (unusable even for root, which
 // CI may be) is a config error naming the key. Without checkpoints to write, ckpt.dir is not touched.
 TEST(Train, AnUnusableOutputOrCheckpointDirectoryFailsBeforeTheFirstStep) {
-  prepare_brown();
-  const std::string base = ::testing::TempDir() + "/mt_unusable_dirs";
-  fs::remove_all(base);
-  fs::create_directories(base);
+  const std::string base = fresh_base("mt_unusable_dirs");
   const std::string file = base + "/a_file";
   std::ofstream(file) << "not a directory";
   auto expect_config_error = [&](const std::string& out, std::vector<std::string> extra, const std::string& want) {
