@@ -71,7 +71,14 @@ class LaunchNodes : public ::testing::Test {
                                        "--events",        events(a)};
       args.insert(args.end(), opts.begin(), opts.end());
       for (auto& s : train(out())) args.push_back(s);
-      agents_.push_back(start_logged(kMegatrain, args, log_path(a)));
+      if (auto w = wrap_.find(a); w != wrap_.end()) {  // the agent runs under a wrapper: wrapper..., megatrain, args...
+        std::vector<std::string> wrapped(w->second.begin() + 1, w->second.end());
+        wrapped.push_back(kMegatrain);
+        wrapped.insert(wrapped.end(), args.begin(), args.end());
+        agents_.push_back(start_logged(w->second.front(), wrapped, log_path(a)));
+      } else {
+        agents_.push_back(start_logged(kMegatrain, args, log_path(a)));
+      }
     }
     ::unsetenv("MEGATRAIN_FAULTS");
   }
@@ -128,6 +135,8 @@ class LaunchNodes : public ::testing::Test {
     for (auto& l : step_losses(oracle + "/metrics.jsonl")) want.push_back(l);
     return want;
   }
+
+  std::map<int, std::vector<std::string>> wrap_;  // agent -> the command it runs under (start_job)
 
   std::string out() const { return (dir_ / "run").string(); }
   std::string events(int a) const { return (dir_ / fmt::format("events-{}.jsonl", a)).string(); }
@@ -237,6 +246,31 @@ TEST_F(LaunchNodes, AKilledAgentWithoutASpareShrinksTheJobToFewerReplicas) {
   EXPECT_EQ(p[1]["nodes"], nlohmann::json::array({0}));
   EXPECT_EQ(p[1]["extra_args"], nlohmann::json::array({"--parallel.dp=1", "--train.grad_accum=2"}));
   EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), shrunk_oracle()) << logs();
+}
+
+// Node 1 does not see the shared checkpoint directory: its agent runs in a mount namespace of its own with a tmpfs
+// over <out>/ckpt, as a node whose shared file system is not mounted there writes to its local disk. Sharded
+// checkpoints cannot commit then (rank 0 never sees node 1's files): before the check, a job like this trained to
+// its end and stalled in its final save, rank 0 waiting up to 10 minutes for shard files it could never see (killed
+// after 120 s; its periodic checkpoint left as step_00000003.tmp-sharded). Now every rank refuses at start, kind
+// Config, naming node 1's ranks, and the driver does not restart.
+TEST_F(LaunchNodes, ANodeThatDoesNotShareTheCheckpointDirectoryStopsTheJobAtStart) {
+  if (std::system("unshare -m --propagation private sh -c 'mount -t tmpfs none /mnt' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "cannot make a mount namespace with a tmpfs (needs root and unshare): no way to give a node a "
+                    "private view of the directory";
+  fs::create_directories(out() + "/ckpt");
+  wrap_[1] = {"/usr/bin/unshare", "-m", "--propagation", "private", "sh", "-c",
+              "mount -t tmpfs none '" + out() + "/ckpt' && exec \"$0\" \"$@\""};
+  start_job(2, 0);
+  EXPECT_EQ(finish(0), 10) << logs();
+  EXPECT_EQ(finish(1), 10) << logs();
+  const std::string want = "ckpt.dir " + out() + "/ckpt is not one directory for every rank: rank(s) 2, 3 do not "
+                           "see the file rank 0 wrote there";
+  EXPECT_NE(log(0).find(want), std::string::npos) << log(0);
+  EXPECT_NE(log(1).find("the probe file rank 0 wrote there: it is not there"), std::string::npos) << log(1);
+  EXPECT_NE(log(0).find("restarting cannot help"), std::string::npos) << log(0);
+  EXPECT_TRUE(step_losses(out() + "/metrics.jsonl").empty()) << "steps ran before the check";
+  EXPECT_EQ(driver("planned").size(), 1u) << slurp(events(0));  // no second attempt
 }
 
 // A crash, after which `megatrain diagnose` fails on node 1 (badnode): node 1 is evicted and the spare takes slot 1.

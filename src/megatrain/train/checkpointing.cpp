@@ -7,9 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
+#include <random>
 #include <system_error>
 
 #include "megatrain/ckpt/checkpoint.h"
@@ -17,6 +20,7 @@
 #include "megatrain/ckpt/reader.h"
 #include "megatrain/ckpt/sharded.h"
 #include "megatrain/core/clock.h"
+#include "megatrain/core/fs.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/data/window_order.h"
 #include "megatrain/comm/mesh.h"
@@ -701,6 +705,45 @@ struct TrainCheckpointer::Impl {
     return pos.step;
   }
 
+  // Sharded checkpoints: every rank writes its own files into ckpt.dir and rank 0 commits them, so every rank must
+  // see the directory rank 0 sees. Rank 0 writes a probe holding a fresh nonce (spread over the host mesh in 16-bit
+  // pieces, exact in fp32), every other rank reads it back, and all agree on who could not.
+  void check_shared_dir() {
+    if (!mesh || !sharded) return;
+    const std::string probe = cfg.ckpt.dir + "/.megatrain-shared-probe";
+    std::vector<float> pieces(4, 0.0f);
+    std::string err;
+    if (main_rank) {
+      const uint64_t nonce = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
+                             static_cast<uint64_t>(now_seconds() * 1e6);
+      for (int i = 0; i < 4; ++i) pieces[i] = static_cast<float>((nonce >> (16 * i)) & 0xffff);
+      try {
+        write_file_atomic(probe, std::to_string(nonce));
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    allreduce_all(*mesh, f32_view(pieces.data(), {4}));  // rank 0's pieces, everywhere (the others add zeros)
+    uint64_t nonce = 0;
+    for (int i = 0; i < 4; ++i) nonce |= static_cast<uint64_t>(pieces[i]) << (16 * i);
+    if (!main_rank) {
+      std::ifstream f(probe);
+      std::string seen;
+      if (!(f >> seen) || seen != std::to_string(nonce))
+        err = f ? "it holds another run's probe" : "it is not there";
+    }
+    const std::vector<int> bad = agree(!err.empty());
+    if (main_rank) {
+      std::error_code ec;
+      std::filesystem::remove(probe, ec);
+    }
+    if (bad.empty()) return;
+    if (!err.empty()) fmt::print(stderr, "ckpt.dir {}: the probe file rank 0 wrote there: {}\n", cfg.ckpt.dir, err);
+    fail_as(ErrorKind::Config, "ckpt.dir {} is not one directory for every rank: rank(s) {} do not see the file "
+            "rank 0 wrote there. Sharded checkpoints need a file system every rank shares (or ckpt.sharded=false: "
+            "rank 0 writes them alone)", cfg.ckpt.dir, fmt::join(bad, ", "));
+  }
+
   int restore(const std::string& path, LoaderState& data) {
     CheckpointReader ck = CheckpointReader::open(path);
     std::string problem;
@@ -794,6 +837,8 @@ std::string TrainCheckpointer::save(int step, const LoaderState& data, const cha
 }
 
 int TrainCheckpointer::restore(const std::string& path, LoaderState& data) { return impl_->restore(path, data); }
+
+void TrainCheckpointer::check_shared_dir() { impl_->check_shared_dir(); }
 
 int TrainCheckpointer::restore_auto(LoaderState& data, std::string& from) { return impl_->restore_auto(data, from); }
 

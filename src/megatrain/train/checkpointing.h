@@ -57,6 +57,10 @@ class TrainCheckpointer {
   std::vector<CheckpointEvent> take_events();
   // Waits for the background work (the end of a run).
   void wait();
+  // Collective over every rank, for a sharded parallel run (else nothing): throws kind Config on every rank when some
+  // rank does not see the ckpt.dir rank 0 sees (no shared file system), naming those ranks. Call it at start: such a
+  // run's saves can never commit.
+  void check_shared_dir();
   // The number of windows in an epoch of the training data (DataLoader::windows_per_epoch): saved with the data
   // position, whose shuffled order depends on it, and compared on resume (a mismatch is a warning).
   void set_data_windows(uint64_t windows);

@@ -192,6 +192,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
                          topo.host_mesh.get(), stack.wte_copy);
   ckpt.set_peer_links(make_peer_links(cfg, topo));
   ckpt.set_data_windows(loader.windows_per_epoch());
+  if (cfg.ckpt.every > 0 || cfg.ckpt.save_final) ckpt.check_shared_dir();
   const StartPoint start = resume_or_init(cfg, *stack.model, ckpt, mirror.get(), loader, topo.main_rank);
 
   const PeakFlops peak = peak_flops(cfg.train.peak_tflops, *topo.ops);
