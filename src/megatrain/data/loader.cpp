@@ -80,13 +80,7 @@ void DataLoader::read_stream(uint64_t offset, uint64_t n, int32_t* out) const {
     MT_CHECK(s < shards_.size(), "data loader: read past the end of the token stream (offset {})", offset);
     uint64_t local = offset - shard_start_[s];
     uint64_t take = std::min(n, shards_[s].size() - local);
-    shards_[s].read(local, take, out);
-    if (id_limit_ > 0 && shards_[s].header().vocab_size == 0)
-      for (uint64_t i = 0; i < take; ++i)
-        if (out[i] >= id_limit_)
-          fail_as(ErrorKind::Data, "shard {}: token {} at index {} is outside the model's vocabulary [0, {}) (the "
-                  "shard records no vocabulary of its own: llm.c's format?)", shards_[s].path(), out[i], local + i,
-                  id_limit_);
+    shards_[s].read(local, take, out, id_limit_);
     out += take;
     offset += take;
     n -= take;

@@ -263,15 +263,19 @@ int64_t ShardReader::token(uint64_t i) const {
   return v;
 }
 
-void ShardReader::read(uint64_t begin, uint64_t n, int32_t* out) const {
+void ShardReader::read(uint64_t begin, uint64_t n, int32_t* out, int id_limit) const {
   MT_CHECK(begin <= h_.num_tokens && n <= h_.num_tokens - begin, "shard {}: read of tokens [{}, {}) is outside its {} "
            "tokens", path_, begin, begin + n, h_.num_tokens);
-  const int64_t limit = h_.vocab_size > 0 ? h_.vocab_size : std::numeric_limits<int32_t>::max() + int64_t{1};
+  // The shard's own vocabulary when it records one, else the caller's (the model's), else what int32 holds.
+  const bool callers = h_.vocab_size == 0 && id_limit > 0;
+  const int64_t limit = h_.vocab_size > 0 ? h_.vocab_size
+                        : callers         ? id_limit
+                                          : std::numeric_limits<int32_t>::max() + int64_t{1};
   const size_t tb = h_.token_bytes();
   // In chunks, so read_all of a 2^31-token shard needs no second copy of it; the raw ids land in out's own memory
   // first when they are as wide as int32, else in a small buffer.
   constexpr uint64_t kChunk = 1 << 20;
-  std::vector<uint16_t> narrow;
+  thread_local std::vector<uint16_t> narrow;  // reused: a loader reads a row at a time
   for (uint64_t done = 0; done < n;) {
     const uint64_t k = std::min(kChunk, n - done);
     const uint64_t off = kShardHeaderBytes + (begin + done) * tb;
@@ -286,8 +290,9 @@ void ShardReader::read(uint64_t begin, uint64_t n, int32_t* out) const {
     for (uint64_t i = 0; i < k; ++i) {
       const int64_t t = h_.version == 1 ? int64_t{dst[i]} : int64_t{static_cast<uint32_t>(dst[i])};
       if (t >= limit)
-        fail_as(ErrorKind::Data, "shard {}: token {} at index {} is outside the vocabulary [0, {})", path_, t,
-                begin + done + i, limit);
+        fail_as(ErrorKind::Data, "shard {}: token {} at index {} is outside the {}vocabulary [0, {}){}", path_, t,
+                begin + done + i, callers ? "model's " : "", limit,
+                callers ? " (the shard records no vocabulary of its own: llm.c's format?)" : "");
     }
     done += k;
   }

@@ -99,8 +99,9 @@ class ShardReader {
   uint64_t size() const { return h_.num_tokens; }
   int64_t token(uint64_t i) const;  // one token (a read() of one)
   // Copies tokens [begin, begin + n) as int32. Throws when the range is outside the shard, when an id is outside
-  // the vocabulary (if recorded) or does not fit int32 (kind Data), or when the read fails (see above).
-  void read(uint64_t begin, uint64_t n, int32_t* out) const;
+  // the vocabulary (the shard's if it records one, else id_limit if > 0: the model's) or does not fit int32 (kind
+  // Data), or when the read fails (see above).
+  void read(uint64_t begin, uint64_t n, int32_t* out, int id_limit = 0) const;
   std::vector<int32_t> read_all() const;
   // Tells the kernel reads will jump around (a shuffled epoch): a read then fetches what it asks for, not the
   // device's read-ahead window around it (8 MB on some machines, for a 4 KB window of tokens). Only a hint: it
