@@ -13,6 +13,7 @@
 #include <sys/file.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <filesystem>
 #include <fstream>
@@ -117,14 +118,17 @@ inline int finish_within(pid_t pid, double timeout_s) {
 
 // Losses of an undisturbed run, computed once per build of the binary and per job: ctest runs each case as its own
 // process, so the first case to take the lock runs `compute` and the others read its file. The key is the binary's
-// size and time and a hash of the job's arguments but its --train.out_dir (each case writes its own), so neither a
-// rebuilt megatrain nor a changed job meets old losses.
+// size and time, a hash of the job's arguments but its --train.out_dir (each case writes its own), and the BLAS
+// kernel OPENBLAS_CORETYPE forces, so neither a rebuilt megatrain, a changed job nor another kernel's rounding (a
+// run under OPENBLAS_CORETYPE=Haswell, then one without: losses 5e-8 apart) meets old losses.
 inline std::vector<std::string> cached_losses(const std::string& name, const std::vector<std::string>& job,
                                               const std::function<std::vector<std::string>()>& compute) {
   namespace fs = std::filesystem;
   std::string joined;  // where the run writes is no part of what it computes: cases with their own out_dir share
   for (const auto& a : job)
     if (a.rfind("--train.out_dir=", 0) != 0) joined += a + '\n';
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  joined += std::string("OPENBLAS_CORETYPE=") + (core ? core : "") + '\n';
   const std::string cache = fmt::format("{}/test-data/{}-{}-{}-{:016x}.txt", MT_BINARY_DIR, name,
                                         fs::file_size(kMegatrain),
                                         fs::last_write_time(kMegatrain).time_since_epoch().count(),

@@ -12,8 +12,7 @@ namespace mt {
 
 using nlohmann::json;
 
-// A float as the shortest decimal that reads back as the same float (1e-05, not 9.999999747378752e-06).
-static double clean_float(float x) { return std::stod(fmt::format("{}", x)); }
+double shortest_decimal(float x) { return std::stod(fmt::format("{}", x)); }
 
 json model_config_to_json(const ModelConfig& c) {
   json recompute = json::array();
@@ -29,13 +28,13 @@ json model_config_to_json(const ModelConfig& c) {
           {"norm", kind_name(c.norm)},
           {"mlp", kind_name(c.mlp)},
           {"pos", kind_name(c.pos)},
-          {"rope_theta", clean_float(c.rope_theta)},
+          {"rope_theta", shortest_decimal(c.rope_theta)},
           {"block", kind_name(c.block)},
           {"window", c.window},
           {"tied_embeddings", c.tied_embeddings},
           {"bias", c.bias},
-          {"norm_eps", clean_float(c.norm_eps)},
-          {"init_std", clean_float(c.init_std)},
+          {"norm_eps", shortest_decimal(c.norm_eps)},
+          {"init_std", shortest_decimal(c.init_std)},
           {"recompute", recompute},
           {"recompute_act", c.recompute_act},
           {"recompute_norm", c.recompute_norm}};

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "megatrain/ckpt/config_json.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/model/layout.h"
@@ -65,9 +66,6 @@ std::optional<json> config_json_beside(const std::string& path) {
     fail("{} is not valid JSON: {}", p.string(), e.what());
   }
 }
-
-// A float as the shortest decimal that reads back as the same float (1e-05, not 9.999999747378752e-06).
-double clean_float(float x) { return std::stod(fmt::format("{}", x)); }
 
 }  // namespace
 
@@ -249,8 +247,8 @@ json hf_gpt2_config_json(const ModelConfig& c) {
             {"n_head", c.n_head},
             {"n_inner", c.ff_dim() == 4 * c.d_model ? json(nullptr) : json(c.ff_dim())},
             {"activation_function", "gelu_new"},  // tanh GELU, as our kernels compute
-            {"layer_norm_epsilon", clean_float(c.norm_eps)},
-            {"initializer_range", clean_float(c.init_std)},
+            {"layer_norm_epsilon", shortest_decimal(c.norm_eps)},
+            {"initializer_range", shortest_decimal(c.init_std)},
             // megatrain trains without dropout
             {"resid_pdrop", 0.0},
             {"embd_pdrop", 0.0},

@@ -1,5 +1,5 @@
-// Model weights in and out of checkpoints, and the one entry point that reads weights from either an HF GPT-2
-// file or a megatrain checkpoint (model.init_from, convert, generate).
+// Model weights in and out of checkpoints, and the one entry point that reads weights from an HF GPT-2 or Llama
+// model or a megatrain checkpoint (model.init_from, convert, generate).
 #pragma once
 #include <string>
 #include <vector>
@@ -29,18 +29,20 @@ void check_same_architecture(const ModelConfig& stored, const ModelConfig& want,
 void load_params(const Checkpoint& ck, const ModelConfig& cfg, ParamStore& store);
 
 // Reads weights for cfg into store (declared for cfg and allocated; an empty store is declared and allocated
-// here) from an HF GPT-2 .safetensors file or a megatrain checkpoint (root or step directory, or its
-// model.safetensors). A checkpoint's stored config must match cfg (check_same_architecture); an HF file must
-// match its shapes. Returns true when the source was an HF file, false for a megatrain checkpoint.
+// here) from an HF model (GPT-2 or Llama: a directory, .safetensors file or index, hf_model_files.h) or a megatrain
+// checkpoint (root or step directory, or its model.safetensors). A checkpoint's stored config, or the config the HF
+// model describes, must match cfg (check_same_architecture). Returns true when the source was an HF model, false
+// for a megatrain checkpoint.
 bool load_model_weights(const std::string& path, const ModelConfig& cfg, ParamStore& store);
 
-// The config that a weights source describes: a checkpoint's extra.model, or inferred from an HF GPT-2 file
-// (n_head as in infer_hf_gpt2_config).
+// The config that a weights source describes: a checkpoint's extra.model, or an HF model's (GPT-2:
+// infer_hf_gpt2_config, with n_head; Llama: infer_hf_llama_config, where n_head > 0 must agree with config.json).
 ModelConfig model_config_of(const std::string& path, int n_head = 0);
 
-// `megatrain convert`: HF GPT-2 file -> checkpoint root (step 0, kModelFile only, extra {"model": config});
-// returns the step directory written. And a checkpoint (root or step dir) -> HF file + config.json beside it.
-std::string convert_hf_to_checkpoint(const std::string& hf_file, const std::string& out_root, int n_head = 0);
+// `megatrain convert`: HF model -> checkpoint root (step 0, kModelFile only, extra {"model": config}); returns the
+// step directory written. And a checkpoint (root or step dir) -> HF file + config.json beside it, as GPT-2 or as
+// Llama, whichever layout the model has (an error giving both reasons when it has neither).
+std::string convert_hf_to_checkpoint(const std::string& hf_path, const std::string& out_root, int n_head = 0);
 ModelConfig convert_checkpoint_to_hf(const std::string& ckpt, const std::string& out_file);
 
 }  // namespace mt

@@ -1,4 +1,4 @@
-// megatrain convert: HF GPT-2 safetensors <-> megatrain checkpoint directories.
+// megatrain convert: HF GPT-2 and Llama models <-> megatrain checkpoint directories.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -10,19 +10,23 @@
 namespace mt::cli {
 
 int cmd_convert(int argc, char** argv) {
-  CLI::App app{"Convert HF GPT-2 weights to a megatrain checkpoint (--from-hf) or back (--to-hf).\n"
-               "  megatrain convert --from-hf model.safetensors --out CKPT_DIR [--n-head N]\n"
-               "  megatrain convert --to-hf CKPT_DIR --out model.safetensors   (config.json is written beside it)",
+  CLI::App app{"Convert HF GPT-2 or Llama weights to a megatrain checkpoint (--from-hf) or back (--to-hf).\n"
+               "  megatrain convert --from-hf HF_MODEL --out CKPT_DIR [--n-head N]\n"
+               "      HF_MODEL: a model directory (config.json + model.safetensors or model.safetensors.index.json),\n"
+               "      its .safetensors file or its index\n"
+               "  megatrain convert --to-hf CKPT_DIR --out model.safetensors   (config.json is written beside it;\n"
+               "      GPT-2 or Llama, whichever layout the checkpoint's model has)",
                "megatrain convert"};
   std::string from_hf, to_hf, out;
   int n_head = 0;
-  auto* from = app.add_option("--from-hf", from_hf, "HF GPT-2 .safetensors file to import");
+  auto* from = app.add_option("--from-hf", from_hf, "HF GPT-2 or Llama model to import (directory, file or index)");
   auto* to = app.add_option("--to-hf", to_hf, "checkpoint (root or step directory) to export");
   from->excludes(to);
   app.add_option("--out,-o", out, "--from-hf: checkpoint root to create; --to-hf: .safetensors file to write")
       ->required();
   app.add_option("--n-head", n_head,
-                 "--from-hf: attention heads (shapes cannot tell; default: config.json beside the file, else width/64)");
+                 "--from-hf, GPT-2: attention heads (shapes cannot tell; default: config.json beside the file, else "
+                 "width/64); a Llama's config.json always gives them");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,286 @@
+#include "megatrain/ckpt/hf_llama.h"
+
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "megatrain/ckpt/config_json.h"
+#include "megatrain/ckpt/safetensors.h"
+#include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
+#include "megatrain/model/layout.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// One of our parameters as HF Llama stores it: the HF tensors whose rows, stacked in this order, make it.
+struct LlamaSource {
+  std::vector<std::string> parts;
+};
+
+bool ends_in(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+LlamaSource llama_source(const std::string& ours) {
+  auto layer_part = [&](const char* suffix) { return ends_in(ours, suffix); };
+  if (ours == "wte.weight") return {{"model.embed_tokens.weight"}};
+  if (ours == "ln_f.weight") return {{"model.norm.weight"}};
+  if (ours == "lm_head.weight") return {{"lm_head.weight"}};
+  // h.{i}.<rest>
+  const size_t dot = ours.find('.', 2);
+  MT_CHECK(ours.rfind("h.", 0) == 0 && dot != std::string::npos, "HF Llama has no place for parameter '{}'", ours);
+  const std::string p = "model.layers." + ours.substr(2, dot - 2) + ".";
+  if (layer_part(".ln_1.weight")) return {{p + "input_layernorm.weight"}};
+  if (layer_part(".ln_2.weight")) return {{p + "post_attention_layernorm.weight"}};
+  if (layer_part(".attn.c_attn.weight"))
+    return {{p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"}};
+  if (layer_part(".attn.c_proj.weight")) return {{p + "self_attn.o_proj.weight"}};
+  if (layer_part(".mlp.c_fc.weight")) return {{p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}};
+  if (layer_part(".mlp.c_proj.weight")) return {{p + "mlp.down_proj.weight"}};
+  fail("HF Llama has no place for parameter '{}'", ours);
+}
+
+// Buffers some files carry that are not weights (older transformers saved RoPE's inverse frequencies).
+bool is_llama_buffer(const std::string& name) { return ends_in(name, ".rotary_emb.inv_freq"); }
+
+// The rows each part contributes to our parameter, from the config: q, k, v heads; gate, up.
+std::vector<int64_t> part_rows(const ModelConfig& c, const std::string& ours, const ParamInfo& p) {
+  const int64_t hd = c.head_dim();
+  if (ours.find(".attn.c_attn.") != std::string::npos) return {c.n_head * hd, c.kv_heads() * hd, c.kv_heads() * hd};
+  if (ours.find(".mlp.c_fc.") != std::string::npos) return {c.ff_dim(), c.ff_dim()};
+  if (ours == "wte.weight" || ours == "lm_head.weight") return {c.vocab_size};
+  return {p.shape[0]};
+}
+
+// Typed reads of config.json, each error naming the file and the key.
+struct LlamaSettings {
+  const HfModelFiles& m;
+  const std::string& where;
+
+  int count(const char* key, std::optional<int64_t> absent) const {
+    const json* v = m.setting(key);
+    if (!v) {
+      MT_CHECK(absent.has_value(), "{}: {} is missing; an HF Llama config must give it", where, key);
+      return static_cast<int>(*absent);
+    }
+    MT_CHECK(v->is_number_integer() && v->get<int64_t>() >= 1 && v->get<int64_t>() <= INT_MAX,
+             "{}: {} must be a positive integer (got {})", where, key, v->dump());
+    return v->get<int>();
+  }
+  double number(const json* v, const char* key, double absent) const {
+    if (!v) return absent;
+    MT_CHECK(v->is_number(), "{}: {} must be a number (got {})", where, key, v->dump());
+    return v->get<double>();
+  }
+  bool flag(const char* key, bool absent) const {
+    const json* v = m.setting(key);
+    if (!v) return absent;
+    MT_CHECK(v->is_boolean(), "{}: {} must be true or false (got {})", where, key, v->dump());
+    return v->get<bool>();
+  }
+};
+
+}  // namespace
+
+void check_hf_llama_convertible(const ModelConfig& c) {
+  auto refuse = [](const std::string& what) {
+    fail("HF Llama cannot express {} (the Llama layout converts: rmsnorm, swiglu, rope, sequential block, no "
+         "biases, full causal attention; grouped-query attention and a tied or untied head are fine)",
+         what);
+  };
+  if (c.norm != NormKind::RmsNorm) refuse(fmt::format("model.norm = '{}'", kind_name(c.norm)));
+  if (c.mlp != MlpKind::SwiGlu) refuse(fmt::format("model.mlp = '{}'", kind_name(c.mlp)));
+  if (c.pos != PosKind::Rope) refuse(fmt::format("model.pos = '{}'", kind_name(c.pos)));
+  if (c.block != BlockKind::Sequential) refuse(fmt::format("model.block = '{}'", kind_name(c.block)));
+  if (c.bias) refuse("model.bias = true");
+  if (c.window != 0) refuse(fmt::format("model.window = {} (sliding-window attention)", c.window));
+}
+
+bool is_hf_llama(const HfModelFiles& m) {
+  if (const json* t = m.setting("model_type")) return *t == "llama";
+  return m.has("model.embed_tokens.weight");
+}
+
+ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
+  MT_CHECK(m.config().has_value(),
+           "{}: an HF Llama needs the config.json saved with it (its head counts are not in the tensor shapes); there "
+           "is none beside it", m.source());
+  const std::string& where = m.config_path();
+  const LlamaSettings s{m, where};
+  if (const json* t = m.setting("model_type"))
+    MT_CHECK(*t == "llama", "{} describes a {} model; this converter reads model_type \"llama\"", where, t->dump());
+  // What HF's Llama can compute and megatrain's cannot: refused by name, never converted into a different network.
+  if (const json* r = m.setting("rope_scaling"))
+    fail("{}: rope_scaling = {} is not supported: megatrain's RoPE has no frequency scaling (Llama 3.1 and later "
+         "scale them for long contexts)", where, r->dump());
+  double theta = s.number(m.setting("rope_theta"), "rope_theta", 10000.0);
+  if (const json* rp = m.setting("rope_parameters")) {  // transformers 5 moved rope_theta and rope_type here
+    MT_CHECK(rp->is_object(), "{}: rope_parameters must be an object (got {})", where, rp->dump());
+    if (rp->contains("rope_type") && !(*rp)["rope_type"].is_null())
+      MT_CHECK((*rp)["rope_type"] == "default", "{}: rope_parameters.rope_type = {} is not supported: megatrain's RoPE "
+               "has no frequency scaling", where, (*rp)["rope_type"].dump());
+    if (rp->contains("rope_theta") && !(*rp)["rope_theta"].is_null())
+      theta = s.number(&(*rp)["rope_theta"], "rope_parameters.rope_theta", theta);
+  }
+  if (const json* act = m.setting("hidden_act"))
+    MT_CHECK(*act == "silu", "{}: hidden_act = {} is not supported: megatrain's SwiGLU gates with silu", where,
+             act->dump());
+  MT_CHECK(!s.flag("attention_bias", false), "{}: attention_bias = true is not supported: megatrain's Llama layout has "
+           "no biases", where);
+  MT_CHECK(!s.flag("mlp_bias", false), "{}: mlp_bias = true is not supported: megatrain's Llama layout has no biases",
+           where);
+
+  ModelConfig c;
+  c.norm = NormKind::RmsNorm;
+  c.mlp = MlpKind::SwiGlu;
+  c.pos = PosKind::Rope;
+  c.block = BlockKind::Sequential;
+  c.bias = false;
+  c.window = 0;
+  c.d_model = s.count("hidden_size", std::nullopt);
+  c.n_layer = s.count("num_hidden_layers", std::nullopt);
+  c.n_head = s.count("num_attention_heads", std::nullopt);
+  c.n_kv_head = s.count("num_key_value_heads", c.n_head);
+  c.d_ff = s.count("intermediate_size", std::nullopt);
+  c.vocab_size = s.count("vocab_size", std::nullopt);
+  c.max_seq_len = s.count("max_position_embeddings", 2048);  // HF LlamaConfig's defaults, here and below
+  c.norm_eps = static_cast<float>(s.number(m.setting("rms_norm_eps"), "rms_norm_eps", 1e-6));
+  c.rope_theta = static_cast<float>(theta);
+  if (const json* ir = m.setting("initializer_range"))
+    c.init_std = static_cast<float>(s.number(ir, "initializer_range", 0.02));
+  c.tied_embeddings = s.flag("tie_word_embeddings", false);
+  MT_CHECK(c.d_model % c.n_head == 0, "{}: hidden_size {} is not a multiple of num_attention_heads {}", where,
+           c.d_model, c.n_head);
+  if (m.setting("head_dim"))
+    MT_CHECK(s.count("head_dim", std::nullopt) == c.d_model / c.n_head,
+             "{}: head_dim = {} is not supported: megatrain's heads are hidden_size / num_attention_heads = {} wide",
+             where, m.setting("head_dim")->dump(), c.d_model / c.n_head);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
+  }
+  // The layer count must match the tensors: a file with more layers would otherwise lose them in silence.
+  MT_CHECK(!m.has(fmt::format("model.layers.{}.input_layernorm.weight", c.n_layer)),
+           "{}: num_hidden_layers = {} but {} holds a layer {}", where, c.n_layer, m.source(), c.n_layer);
+  return c;
+}
+
+void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& store) {
+  check_hf_llama_convertible(cfg);
+  if (store.size() == 0) {
+    declare_gpt_params(cfg, store);
+    store.allocate();
+  }
+  MT_CHECK(store.params_data() != nullptr, "import_hf_llama: the parameter store is not allocated");
+  std::set<std::string> used;
+  for (int i = 0; i < static_cast<int>(store.size()); ++i) {
+    const ParamInfo& p = store.info(i);
+    MT_CHECK(p.shape.size() <= 2, "import_hf_llama: parameter '{}' is not a vector or a matrix", p.name);
+    const LlamaSource src = llama_source(p.name);
+    const std::vector<int64_t> rows = part_rows(cfg, p.name, p);
+    const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
+    float* dst = store.param(i).f32();
+    std::memset(dst, 0, p.numel * sizeof(float));  // the vocabulary padding rows stay zero
+    size_t at = 0;
+    for (size_t k = 0; k < src.parts.size(); ++k) {
+      const std::string& hn = src.parts[k];
+      if (!m.has(hn) && hn == "lm_head.weight")
+        fail("{}: the config unties the LM head (tie_word_embeddings = false) but there is no lm_head.weight",
+             m.source());
+      MT_CHECK(m.has(hn), "{}: no tensor '{}', which parameter '{}' needs", m.source(), hn, p.name);
+      const TensorData& t = m.tensor(hn);
+      const std::vector<int64_t> want = p.shape.size() == 2 ? std::vector<int64_t>{rows[k], cols}
+                                                           : std::vector<int64_t>{rows[k]};
+      MT_CHECK(t.shape == want, "{}: tensor '{}' has shape {} but this model ({}) needs {}", m.file_of(hn), hn,
+               t.shape_str(), p.name, shape_str(want));
+      const std::vector<float> v = m.read_f32(hn);
+      std::memcpy(dst + at, v.data(), v.size() * sizeof(float));
+      at += v.size();
+      used.insert(hn);
+    }
+  }
+  std::vector<std::string> unused;
+  for (auto& name : m.names()) {
+    if (used.count(name) || is_llama_buffer(name)) continue;
+    if (name == "lm_head.weight" && cfg.tied_embeddings) {  // a tied head saved anyway: it must be the embedding
+      MT_CHECK(m.read_f32(name) == m.read_f32("model.embed_tokens.weight"),
+               "{}: lm_head.weight differs from model.embed_tokens.weight but the config ties them "
+               "(tie_word_embeddings = true)", m.source());
+      continue;
+    }
+    unused.push_back(name);
+  }
+  if (!unused.empty()) {
+    std::string list;
+    for (size_t i = 0; i < std::min<size_t>(unused.size(), 5); ++i) list += (i ? ", " : "") + unused[i];
+    fail("{}: {} tensor(s) have no place in a Llama with this config (n_layer {}): {}{}", m.source(), unused.size(),
+         cfg.n_layer, list, unused.size() > 5 ? ", ..." : "");
+  }
+}
+
+json hf_llama_config_json(const ModelConfig& c) {
+  check_hf_llama_convertible(c);
+  json j = {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"vocab_size", c.vocab_size},
+            {"hidden_size", c.d_model},
+            {"intermediate_size", c.ff_dim()},
+            {"num_hidden_layers", c.n_layer},
+            {"num_attention_heads", c.n_head},
+            {"num_key_value_heads", c.kv_heads()},
+            {"head_dim", c.head_dim()},
+            {"max_position_embeddings", c.max_seq_len},
+            {"rms_norm_eps", shortest_decimal(c.norm_eps)},
+            {"rope_theta", shortest_decimal(c.rope_theta)},
+            {"rope_scaling", nullptr},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"mlp_bias", false},
+            {"attention_dropout", 0.0},  // megatrain trains without dropout
+            {"initializer_range", shortest_decimal(c.init_std)},
+            {"tie_word_embeddings", c.tied_embeddings},
+            {"pretraining_tp", 1},
+            {"use_cache", true},
+            {"torch_dtype", "float32"}};
+  if (c.vocab_size > 50256) j["bos_token_id"] = j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>: our tokenizer
+  return j;
+}
+
+void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std::string& path) {
+  check_hf_llama_convertible(cfg);
+  MT_CHECK(store.params_data() != nullptr, "export_hf_llama: the parameter store is not allocated");
+  ParamStore layout;
+  declare_gpt_params(cfg, layout);
+  std::vector<TensorRef> refs;
+  for (auto& p : layout.infos()) {
+    MT_CHECK(store.has(p.name), "export_hf_llama: the model has no parameter '{}'", p.name);
+    const ParamInfo& have = store.info(store.index(p.name));
+    MT_CHECK(have.shape == p.shape, "export_hf_llama: parameter '{}' has shape {} but the config implies {}", p.name,
+             shape_str(have.shape), shape_str(p.shape));
+    const LlamaSource src = llama_source(p.name);
+    const std::vector<int64_t> rows = part_rows(cfg, p.name, p);
+    const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
+    // Each part is a run of whole rows of ours (the vocabulary's padding rows are the tail): no copy needed.
+    const float* at = store.param(p.name).f32();
+    for (size_t k = 0; k < src.parts.size(); ++k) {
+      std::vector<int64_t> shape = p.shape.size() == 2 ? std::vector<int64_t>{rows[k], cols}
+                                                      : std::vector<int64_t>{rows[k]};
+      refs.push_back({src.parts[k], DType::F32, shape, at});
+      at += rows[k] * cols;
+    }
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  write_safetensors(path, std::move(refs), {{"format", "pt"}});
+  write_file_atomic((parent / "config.json").string(), hf_llama_config_json(cfg).dump(2) + "\n");
+}
+
+}  // namespace mt

@@ -1,0 +1,52 @@
+// Hugging Face Llama weights (LlamaForCausalLM) <-> megatrain parameters.
+//
+// megatrain's Llama-style model (rmsnorm, swiglu, rope, no biases, sequential block) is HF's Llama computed the same
+// way: RoPE pairs (i, i + head_dim/2) as HF's rotate_half does, query head h reads key/value head h / (H / Hkv) as
+// repeat_kv does, and the MLP is down(silu(gate) * up). So no weight is permuted, only regrouped:
+//   model.embed_tokens.weight [V, C]                  -> wte.weight (padded_vocab() rows, the padding zero)
+//   model.layers.{i}.input_layernorm.weight           -> h.{i}.ln_1.weight
+//   model.layers.{i}.self_attn.{q,k,v}_proj.weight    -> h.{i}.attn.c_attn.weight, rows q | k | v
+//   model.layers.{i}.self_attn.o_proj.weight          -> h.{i}.attn.c_proj.weight
+//   model.layers.{i}.post_attention_layernorm.weight  -> h.{i}.ln_2.weight
+//   model.layers.{i}.mlp.{gate,up}_proj.weight        -> h.{i}.mlp.c_fc.weight, rows gate | up
+//   model.layers.{i}.mlp.down_proj.weight             -> h.{i}.mlp.c_proj.weight
+//   model.norm.weight -> ln_f.weight;  lm_head.weight -> lm_head.weight (absent when tie_word_embeddings)
+// Every linear weight is [out, in] on both sides. Unlike GPT-2, the head count is not in the shapes, so an HF
+// Llama needs its config.json.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "megatrain/ckpt/hf_model_files.h"
+#include "megatrain/model/config.h"
+#include "megatrain/model/params.h"
+
+namespace mt {
+
+// Throws naming the first option HF Llama cannot express (layernorm, gelu, learned positions, parallel block,
+// biases, sliding window).
+void check_hf_llama_convertible(const ModelConfig& cfg);
+
+// True when the files are an HF Llama: config.json's model_type is "llama", or, without a model_type, the tensor
+// names are Llama's (model.embed_tokens.weight).
+bool is_hf_llama(const HfModelFiles& m);
+
+// The config config.json describes, checked against the tensors' shapes: hidden_size, num_hidden_layers,
+// num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, rms_norm_eps,
+// rope_theta (or rope_parameters.rope_theta), tie_word_embeddings. What megatrain does not compute is refused by
+// name: rope_scaling (Llama 3.1's long-context frequencies), attention_bias, mlp_bias, a hidden_act other than
+// silu, a head_dim other than hidden_size / num_attention_heads.
+ModelConfig infer_hf_llama_config(const HfModelFiles& m);
+
+// Fills store (declared for cfg and allocated; an empty store is declared and allocated here) from the files.
+// F32, F16 and BF16 tensors are read. A missing tensor, a shape mismatch, or a tensor with no place in the model
+// is an error naming it (rotary inv_freq buffers, which older files carry, are skipped).
+void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& store);
+
+// Writes store as one HF Llama F32 safetensors file at path and config.json beside it.
+void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std::string& path);
+
+// HF LlamaConfig keys for cfg (architectures LlamaForCausalLM, model_type "llama", ...).
+nlohmann::json hf_llama_config_json(const ModelConfig& cfg);
+
+}  // namespace mt

@@ -1,0 +1,144 @@
+#include "megatrain/ckpt/hf_model_files.h"
+
+#include <filesystem>
+#include <set>
+
+#include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kHfWeights = "model.safetensors";
+constexpr const char* kHfIndex = "model.safetensors.index.json";
+
+bool is_index_path(const std::string& s) {
+  const std::string suffix = ".index.json";
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+json read_json_file(const std::string& path) {
+  try {
+    return json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    fail("{} is not valid JSON: {}", path, e.what());
+  }
+}
+
+}  // namespace
+
+bool HfModelFiles::is_model_dir(const std::string& path) {
+  std::error_code ec;
+  const fs::path d(path);
+  return fs::is_directory(d, ec) && !fs::exists(d / "manifest.json", ec) && fs::is_regular_file(d / "config.json", ec) &&
+         (fs::is_regular_file(d / kHfWeights, ec) || fs::is_regular_file(d / kHfIndex, ec));
+}
+
+HfModelFiles HfModelFiles::open(const std::string& path) {
+  std::error_code ec;
+  MT_CHECK(fs::exists(path, ec), "{} does not exist", path);
+  HfModelFiles m;
+  m.source_ = path;
+  fs::path folder, weights, index;
+  if (fs::is_directory(path, ec)) {
+    folder = path;
+    if (fs::is_regular_file(folder / kHfIndex, ec))
+      index = folder / kHfIndex;
+    else if (fs::is_regular_file(folder / kHfWeights, ec))
+      weights = folder / kHfWeights;
+    else
+      fail("{} holds neither {} nor {}: not an HF model directory", path, kHfWeights, kHfIndex);
+  } else if (is_index_path(path)) {
+    index = path;
+    folder = index.parent_path();
+  } else {
+    weights = path;
+    folder = weights.parent_path();
+  }
+  if (fs::is_regular_file(folder / "config.json", ec)) {
+    m.config_path_ = (folder / "config.json").string();
+    json c = read_json_file(m.config_path_);
+    MT_CHECK(c.is_object(), "{}: expected a JSON object of settings (got {})", m.config_path_, c.type_name());
+    m.config_ = std::move(c);
+  }
+  if (!weights.empty()) {
+    m.files_.push_back(SafetensorsFile::open(weights.string()));
+    for (auto& name : m.files_[0].names()) m.owner_[name] = 0;
+    return m;
+  }
+
+  // Sharded: the index says which file holds each tensor.
+  const std::string where = index.string();
+  const json ix = read_json_file(where);
+  MT_CHECK(ix.is_object() && ix.contains("weight_map") && ix["weight_map"].is_object(),
+           "{}: expected an object with a weight_map object (tensor name -> file name)", where);
+  std::map<std::string, size_t> file_index;  // file name -> index into files_
+  std::map<size_t, std::set<std::string>> listed;
+  for (auto& [name, file] : ix["weight_map"].items()) {
+    MT_CHECK(file.is_string(), "{}: weight_map['{}'] must be a file name (got {})", where, name, file.dump());
+    const std::string f = file.get<std::string>();
+    // A name, not a path: an index must not reach outside its folder.
+    MT_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..",
+             "{}: weight_map['{}'] = '{}' is not a file name in the index's folder", where, name, f);
+    auto it = file_index.find(f);
+    if (it == file_index.end()) {
+      const fs::path p = folder / f;
+      MT_CHECK(fs::is_regular_file(p, ec), "{}: weight_map names {} (for tensor '{}'), which does not exist", where,
+               p.string(), name);
+      m.files_.push_back(SafetensorsFile::open(p.string()));
+      it = file_index.emplace(f, m.files_.size() - 1).first;
+    }
+    MT_CHECK(m.files_[it->second].has(name), "{}: weight_map puts tensor '{}' in {}, which does not hold it", where,
+             name, m.files_[it->second].path());
+    m.owner_[name] = it->second;
+    listed[it->second].insert(name);
+  }
+  MT_CHECK(!m.files_.empty(), "{}: weight_map lists no tensors", where);
+  // A tensor the index does not list would be dropped without a word by every reader that trusts the index.
+  for (size_t i = 0; i < m.files_.size(); ++i)
+    for (auto& name : m.files_[i].names())
+      MT_CHECK(listed[i].count(name), "{}: {} holds tensor '{}', which the index does not list", where,
+               m.files_[i].path(), name);
+  return m;
+}
+
+bool HfModelFiles::has(const std::string& name) const { return owner_.count(name) > 0; }
+
+const TensorData& HfModelFiles::tensor(const std::string& name) const {
+  auto it = owner_.find(name);
+  MT_CHECK(it != owner_.end(), "{}: no tensor '{}'", source_, name);
+  return files_[it->second].tensors().at(name);
+}
+
+const std::string& HfModelFiles::file_of(const std::string& name) const {
+  auto it = owner_.find(name);
+  MT_CHECK(it != owner_.end(), "{}: no tensor '{}'", source_, name);
+  return files_[it->second].path();
+}
+
+std::vector<std::string> HfModelFiles::names() const {
+  std::vector<std::string> v;
+  v.reserve(owner_.size());
+  for (auto& [name, _] : owner_) v.push_back(name);
+  return v;
+}
+
+std::vector<float> HfModelFiles::read_f32(const std::string& name) const {
+  const TensorData& t = tensor(name);
+  MT_CHECK(t.dtype_str == "F32" || t.dtype_str == "F16" || t.dtype_str == "BF16",
+           "{}: tensor '{}' has dtype {}; expected F32, F16 or BF16", file_of(name), name, t.dtype_str);
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  to_f32(t, v.data());
+  return v;
+}
+
+const json* HfModelFiles::setting(const char* key) const {
+  if (!config_ || !config_->contains(key) || (*config_)[key].is_null()) return nullptr;
+  return &(*config_)[key];
+}
+
+}  // namespace mt
