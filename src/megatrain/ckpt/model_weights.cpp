@@ -178,6 +178,8 @@ bool load_model_weights(const std::string& path, const ModelConfig& cfg, ParamSt
   return true;
 }
 
+bool is_hf_model(const std::string& path) { return !is_megatrain_checkpoint(path); }
+
 ModelConfig model_config_of(const std::string& path, int n_head) {
   if (is_megatrain_checkpoint(path)) {
     Checkpoint ck = Checkpoint::load(checkpoint_dir_of(path), false);

@@ -35,6 +35,10 @@ void load_params(const Checkpoint& ck, const ModelConfig& cfg, ParamStore& store
 // for a megatrain checkpoint.
 bool load_model_weights(const std::string& path, const ModelConfig& cfg, ParamStore& store);
 
+// True when path is an HF model (a directory with config.json and HF weights, a .safetensors file or an index that
+// no megatrain manifest sits beside), false for a megatrain checkpoint. Throws when path does not exist.
+bool is_hf_model(const std::string& path);
+
 // The config that a weights source describes: a checkpoint's extra.model, or an HF model's (GPT-2:
 // infer_hf_gpt2_config, with n_head; Llama: infer_hf_llama_config, where n_head > 0 must agree with config.json).
 ModelConfig model_config_of(const std::string& path, int n_head = 0);

@@ -17,6 +17,7 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/config_json.h"
+#include "megatrain/ckpt/model_weights.h"
 #include "megatrain/ckpt/reader.h"
 #include "megatrain/ckpt/sharded.h"
 #include "megatrain/core/clock.h"
@@ -744,6 +745,35 @@ struct TrainCheckpointer::Impl {
             "rank 0 writes them alone)", cfg.ckpt.dir, fmt::join(bad, ", "));
   }
 
+  void init_params(const std::string& path) {
+    CheckpointReader ck = CheckpointReader::open(path);
+    const std::string source = "model.init_from = " + path + " (checkpoint " + ck.dir() + ")";
+    MT_CHECK(ck.extra().is_object() && ck.extra().contains(kModelConfigKey),
+             "{} records no model config (extra.model)", source);
+    check_same_architecture(model_config_from_manifest(ck.extra(), ck.dir()), cfg.model, source);
+    ParamStore whole;  // the names of the whole model's parameters (declared, never allocated)
+    declare_gpt_params(cfg.model, whole);
+    for (const std::string& n : ck.tensor_names())
+      MT_CHECK(n.starts_with("m.") || n.starts_with("v.") || whole.has(n),
+               "{} holds tensor '{}', which this model does not have", source, n);
+    std::string err;
+    try {
+      const ParamStore& ps = model.params();
+      for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
+        const ParamInfo& info = ps.info(i);
+        read_box(ck, info, info.name, whole_slice(info.shape), ps.param(i).f32());
+      }
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    const std::vector<int> bad = agree(!err.empty());
+    if (!bad.empty())
+      fail_as(ErrorKind::Checkpoint, "{}", !err.empty() ? err
+                                          : fmt::format("rank(s) {} could not read {} (their messages name the file)",
+                                                        fmt::join(bad, ", "), source));
+    if (mesh) mesh_barrier(*mesh);
+  }
+
   int restore(const std::string& path, LoaderState& data) {
     CheckpointReader ck = CheckpointReader::open(path);
     std::string problem;
@@ -837,6 +867,8 @@ std::string TrainCheckpointer::save(int step, const LoaderState& data, const cha
 }
 
 int TrainCheckpointer::restore(const std::string& path, LoaderState& data) { return impl_->restore(path, data); }
+
+void TrainCheckpointer::init_params(const std::string& path) { impl_->init_params(path); }
 
 void TrainCheckpointer::check_shared_dir() { impl_->check_shared_dir(); }
 

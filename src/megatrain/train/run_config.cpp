@@ -383,8 +383,6 @@ void RunConfig::validate() const {
     MT_CHECK(v == 1 || m % parallel.pp == 0, "{}: interleaved 1F1B (parallel.virtual_stages = {}) runs micro-batches "
              "in groups of parallel.pp: parallel.microbatches = {} must be a multiple of parallel.pp = {}", source, v,
              m, parallel.pp);
-    MT_CHECK(init_from.empty(), "{}: model.init_from with parallel.pp > 1 is not supported yet: initialise in one "
-             "process and resume from its checkpoint instead", source);
   }
   MT_CHECK(parallel.tp_chunks >= 1, "{}: parallel.tp_chunks must be >= 1 (got {})", source, parallel.tp_chunks);
   if (parallel.tp > 1) {
@@ -393,8 +391,6 @@ void RunConfig::validate() const {
     MT_CHECK(rows % parallel.tp == 0,
              "{}: sequence parallelism splits the data.batch_size * data.seq_len = {} rows over parallel.tp = {} ranks: "
              "they must divide evenly", source, rows, parallel.tp);
-    MT_CHECK(init_from.empty(), "{}: model.init_from with parallel.tp > 1 is not supported yet: initialise in one "
-             "process and resume from its checkpoint instead", source);
   }
   MT_CHECK(parallel.bucket_mb >= 1 && parallel.timeout_s >= 1, "{}: parallel.bucket_mb and parallel.timeout_s must be >= 1",
            source);

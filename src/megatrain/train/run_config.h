@@ -83,7 +83,7 @@ struct ParallelConfig {
 
 struct RunConfig {
   ModelConfig model;
-  std::string init_from;           // model.init_from: HF GPT-2 .safetensors or a checkpoint directory
+  std::string init_from;           // model.init_from: an HF GPT-2 or Llama model, or a megatrain checkpoint (tp/pp > 1: a checkpoint)
   DataConfig data;
   OptimConfig optim;
   TrainConfig train;
