@@ -300,6 +300,30 @@ TEST(HfLlama, ExportGivesBackHfsTensorsAndAConfigHfReads) {
   }
 }
 
+TEST(HfLlama, ABf16ExportHoldsEachWeightToHalfABf16Step) {
+  ScratchDir dir;
+  const HfModel m = random_llama(false);
+  write_llama(dir / "hf", m, llama_config(false));
+  convert_hf_to_checkpoint(dir / "hf", dir / "ck");
+  convert_checkpoint_to_hf(dir / "ck", dir / "f32/model.safetensors");
+  convert_checkpoint_to_hf(dir / "ck", dir / "bf16/model.safetensors", DType::BF16);
+  const HfModelFiles f = HfModelFiles::open(dir / "bf16");
+  for (auto& [n, t] : m) {
+    SCOPED_TRACE(n);
+    EXPECT_EQ(f.tensor(n).dtype_str, "BF16");
+    const std::vector<float> got = f.read_f32(n);
+    ASSERT_EQ(got.size(), t.v.size());
+    // Rounded to nearest: within half a bf16 step, 2^-8 of the value (8 significant bits), and the error is not a
+    // truncation's (which would be one-sided and up to a whole step).
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_LE(std::abs(double(got[i]) - t.v[i]), std::ldexp(std::abs(double(t.v[i])), -8)) << i;
+  }
+  EXPECT_EQ(json::parse(read_text_file(dir / "bf16/config.json")).at("torch_dtype"), "bfloat16");
+  EXPECT_EQ(json::parse(read_text_file(dir / "f32/config.json")).at("torch_dtype"), "float32");
+  const auto bytes = [&](const std::string& p) { return std::filesystem::file_size(p); };
+  EXPECT_LT(bytes(dir / "bf16/model.safetensors"), bytes(dir / "f32/model.safetensors") * 0.55);
+}
+
 TEST(HfLlama, WhatMegatrainCannotComputeIsRefusedByName) {
   ScratchDir dir;
   const HfModel m = random_llama(false);

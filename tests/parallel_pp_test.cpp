@@ -448,6 +448,18 @@ TEST(Pipeline, InitFromAConvertedHfLlamaUnderPp2Tp2MatchesOneProcessReadingTheHf
                                                " --model.n_kv_head=4 --parallel.tp=2 --model.init_from=" + ck,
                                            out + ".log", "init_from another model");
   EXPECT_NE(other.find("model.n_kv_head = 2 but the config says 4"), std::string::npos) << other;
+
+  // `generate` reads the HF directory and its conversion alike: the same greedy continuation.
+  auto greedy = [&](const std::string& from) {
+    const std::string log = out + "-generate.log";
+    const std::string cmd = kBin + " generate --ckpt " + from + " --vocab " + kData + "-tokenizer --prompt 'The jury'" +
+                            " --tokens 8 --temperature 0 > " + log + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return mt::read_text_file(log);
+  };
+  const std::string text_hf = greedy(hf);
+  EXPECT_GT(text_hf.size(), std::string("The jury\n").size()) << text_hf;
+  EXPECT_EQ(text_hf, greedy(ck));
 }
 
 std::string failing_run(const std::string& args) {

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "megatrain/ckpt/config_json.h"
+#include "megatrain/ckpt/hf_model_files.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/model/layout.h"
@@ -235,7 +236,7 @@ void import_hf_gpt2(const SafetensorsFile& f, const ModelConfig& cfg, ParamStore
   }
 }
 
-json hf_gpt2_config_json(const ModelConfig& c) {
+json hf_gpt2_config_json(const ModelConfig& c, DType dtype) {
   check_hf_gpt2_convertible(c);
   json j = {{"architectures", {"GPT2LMHeadModel"}},
             {"model_type", "gpt2"},
@@ -255,12 +256,12 @@ json hf_gpt2_config_json(const ModelConfig& c) {
             {"attn_pdrop", 0.0},
             {"scale_attn_weights", true},
             {"tie_word_embeddings", c.tied_embeddings},
-            {"torch_dtype", "float32"}};
+            {"torch_dtype", torch_dtype_name(dtype)}};
   if (c.vocab_size > 50256) j["bos_token_id"] = j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>
   return j;
 }
 
-void export_hf_gpt2(const ModelConfig& cfg, const ParamStore& store, const std::string& path) {
+void export_hf_gpt2(const ModelConfig& cfg, const ParamStore& store, const std::string& path, DType dtype) {
   check_hf_gpt2_convertible(cfg);
   ParamStore layout;
   declare_gpt_params(cfg, layout);
@@ -289,9 +290,9 @@ void export_hf_gpt2(const ModelConfig& cfg, const ParamStore& store, const std::
   const fs::path parent = fs::path(path).parent_path();
   std::error_code ec;
   if (!parent.empty()) fs::create_directories(parent, ec);
-  write_safetensors(path, std::move(refs), {{"format", "pt"}});
+  write_hf_weights(path, std::move(refs), dtype);
   fs::path cj = parent / "config.json";
-  write_file_atomic(cj.string(), hf_gpt2_config_json(cfg).dump(2) + "\n");
+  write_file_atomic(cj.string(), hf_gpt2_config_json(cfg, dtype).dump(2) + "\n");
 }
 
 }  // namespace mt

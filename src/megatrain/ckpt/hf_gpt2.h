@@ -28,11 +28,12 @@ ModelConfig infer_hf_gpt2_config(const SafetensorsFile& f, int n_head = 0);
 // here) from the file. F32, F16 and BF16 files are read. Shape mismatches and tensors left unused are errors.
 void import_hf_gpt2(const SafetensorsFile& f, const ModelConfig& cfg, ParamStore& store);
 
-// Writes store as an HF GPT-2 F32 safetensors file (names without prefix, Conv1D layout, vocab_size rows) and
-// config.json beside it.
-void export_hf_gpt2(const ModelConfig& cfg, const ParamStore& store, const std::string& path);
+// Writes store as an HF GPT-2 safetensors file in dtype (F32, or BF16 rounded to nearest even; names without
+// prefix, Conv1D layout, vocab_size rows) and config.json beside it.
+void export_hf_gpt2(const ModelConfig& cfg, const ParamStore& store, const std::string& path,
+                    DType dtype = DType::F32);
 
 // HF GPT2Config keys for cfg (vocab_size, n_positions, n_embd, n_layer, n_head, model_type "gpt2", ...).
-nlohmann::json hf_gpt2_config_json(const ModelConfig& cfg);
+nlohmann::json hf_gpt2_config_json(const ModelConfig& cfg, DType dtype = DType::F32);
 
 }  // namespace mt

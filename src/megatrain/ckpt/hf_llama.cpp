@@ -225,7 +225,7 @@ void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& 
   }
 }
 
-json hf_llama_config_json(const ModelConfig& c) {
+json hf_llama_config_json(const ModelConfig& c, DType dtype) {
   check_hf_llama_convertible(c);
   json j = {{"architectures", {"LlamaForCausalLM"}},
             {"model_type", "llama"},
@@ -248,12 +248,12 @@ json hf_llama_config_json(const ModelConfig& c) {
             {"tie_word_embeddings", c.tied_embeddings},
             {"pretraining_tp", 1},
             {"use_cache", true},
-            {"torch_dtype", "float32"}};
+            {"torch_dtype", torch_dtype_name(dtype)}};
   if (c.vocab_size > 50256) j["bos_token_id"] = j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>: our tokenizer
   return j;
 }
 
-void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std::string& path) {
+void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std::string& path, DType dtype) {
   check_hf_llama_convertible(cfg);
   MT_CHECK(store.params_data() != nullptr, "export_hf_llama: the parameter store is not allocated");
   ParamStore layout;
@@ -279,8 +279,8 @@ void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std:
   const fs::path parent = fs::path(path).parent_path();
   std::error_code ec;
   if (!parent.empty()) fs::create_directories(parent, ec);
-  write_safetensors(path, std::move(refs), {{"format", "pt"}});
-  write_file_atomic((parent / "config.json").string(), hf_llama_config_json(cfg).dump(2) + "\n");
+  write_hf_weights(path, std::move(refs), dtype);
+  write_file_atomic((parent / "config.json").string(), hf_llama_config_json(cfg, dtype).dump(2) + "\n");
 }
 
 }  // namespace mt

@@ -43,10 +43,12 @@ ModelConfig infer_hf_llama_config(const HfModelFiles& m);
 // is an error naming it (rotary inv_freq buffers, which older files carry, are skipped).
 void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& store);
 
-// Writes store as one HF Llama F32 safetensors file at path and config.json beside it.
-void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std::string& path);
+// Writes store as one HF Llama safetensors file at path in dtype (F32, or BF16 rounded to nearest even) and
+// config.json beside it.
+void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std::string& path,
+                     DType dtype = DType::F32);
 
 // HF LlamaConfig keys for cfg (architectures LlamaForCausalLM, model_type "llama", ...).
-nlohmann::json hf_llama_config_json(const ModelConfig& cfg);
+nlohmann::json hf_llama_config_json(const ModelConfig& cfg, DType dtype = DType::F32);
 
 }  // namespace mt

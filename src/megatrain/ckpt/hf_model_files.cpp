@@ -1,8 +1,10 @@
 #include "megatrain/ckpt/hf_model_files.h"
 
+#include <deque>
 #include <filesystem>
 #include <set>
 
+#include "megatrain/core/bf16.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 
@@ -139,6 +141,28 @@ std::vector<float> HfModelFiles::read_f32(const std::string& name) const {
 const json* HfModelFiles::setting(const char* key) const {
   if (!config_ || !config_->contains(key) || (*config_)[key].is_null()) return nullptr;
   return &(*config_)[key];
+}
+
+const char* torch_dtype_name(DType d) {
+  MT_CHECK(d == DType::F32 || d == DType::BF16, "HF weights are written as F32 or BF16, not {}", dtype_name(d));
+  return d == DType::F32 ? "float32" : "bfloat16";
+}
+
+void write_hf_weights(const std::string& path, std::vector<TensorRef> refs, DType dtype) {
+  torch_dtype_name(dtype);  // checks it
+  std::deque<std::vector<uint16_t>> halves;  // alive until the write returns
+  if (dtype == DType::BF16)
+    for (TensorRef& r : refs) {
+      MT_CHECK(r.dtype == DType::F32, "write_hf_weights: tensor '{}' is not F32", r.name);
+      int64_t n = 1;
+      for (int64_t d : r.shape) n *= d;
+      const float* src = static_cast<const float*>(r.data);
+      std::vector<uint16_t>& h = halves.emplace_back(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) h[static_cast<size_t>(i)] = float_to_bf16(src[i]);
+      r.dtype = DType::BF16;
+      r.data = h.data();
+    }
+  write_safetensors(path, std::move(refs), {{"format", "pt"}});
 }
 
 }  // namespace mt

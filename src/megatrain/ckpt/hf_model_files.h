@@ -49,4 +49,12 @@ class HfModelFiles {
   std::map<std::string, size_t> owner_;  // tensor name -> index into files_
 };
 
+// The dtypes megatrain writes HF weights in: F32 (exact) or BF16 (half the bytes, rounded to nearest even).
+// torch_dtype_name(F32) = "float32", (BF16) = "bfloat16": config.json's torch_dtype.
+const char* torch_dtype_name(DType d);
+
+// Writes F32 tensors as an HF weights file in `dtype` (F32 or BF16; anything else is an error), converting a copy
+// when BF16. The file says "format": "pt", as transformers' files do.
+void write_hf_weights(const std::string& path, std::vector<TensorRef> refs, DType dtype);
+
 }  // namespace mt

@@ -200,16 +200,16 @@ std::string convert_hf_to_checkpoint(const std::string& hf_path, const std::stri
                          {{kModelConfigKey, model_config_to_json(cfg)}});
 }
 
-ModelConfig convert_checkpoint_to_hf(const std::string& ckpt, const std::string& out_file) {
+ModelConfig convert_checkpoint_to_hf(const std::string& ckpt, const std::string& out_file, DType dtype) {
   Checkpoint ck = Checkpoint::load(ckpt);
   ModelConfig cfg = model_config_from_manifest(ck.extra(), ck.dir());
   const HfFamily family = hf_family(cfg);
   ParamStore store;
   load_params(ck, cfg, store);
   if (family == HfFamily::Gpt2)
-    export_hf_gpt2(cfg, store, out_file);
+    export_hf_gpt2(cfg, store, out_file, dtype);
   else
-    export_hf_llama(cfg, store, out_file);
+    export_hf_llama(cfg, store, out_file, dtype);
   return cfg;
 }
 

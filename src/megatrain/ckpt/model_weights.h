@@ -47,6 +47,7 @@ ModelConfig model_config_of(const std::string& path, int n_head = 0);
 // step directory written. And a checkpoint (root or step dir) -> HF file + config.json beside it, as GPT-2 or as
 // Llama, whichever layout the model has (an error giving both reasons when it has neither).
 std::string convert_hf_to_checkpoint(const std::string& hf_path, const std::string& out_root, int n_head = 0);
-ModelConfig convert_checkpoint_to_hf(const std::string& ckpt, const std::string& out_file);
+// dtype: F32 (exact) or BF16.
+ModelConfig convert_checkpoint_to_hf(const std::string& ckpt, const std::string& out_file, DType dtype = DType::F32);
 
 }  // namespace mt

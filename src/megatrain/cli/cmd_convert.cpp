@@ -14,7 +14,7 @@ int cmd_convert(int argc, char** argv) {
                "  megatrain convert --from-hf HF_MODEL --out CKPT_DIR [--n-head N]\n"
                "      HF_MODEL: a model directory (config.json + model.safetensors or model.safetensors.index.json),\n"
                "      its .safetensors file or its index\n"
-               "  megatrain convert --to-hf CKPT_DIR --out model.safetensors   (config.json is written beside it;\n"
+               "  megatrain convert --to-hf CKPT_DIR --out model.safetensors [--dtype bf16]   (config.json beside it;\n"
                "      GPT-2 or Llama, whichever layout the checkpoint's model has)",
                "megatrain convert"};
   std::string from_hf, to_hf, out;
@@ -27,6 +27,9 @@ int cmd_convert(int argc, char** argv) {
   app.add_option("--n-head", n_head,
                  "--from-hf, GPT-2: attention heads (shapes cannot tell; default: config.json beside the file, else "
                  "width/64); a Llama's config.json always gives them");
+  std::string dtype = "f32";
+  app.add_option("--dtype", dtype, "--to-hf: f32 (exact, the default) or bf16 (half the bytes, rounded to nearest even)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -34,6 +37,7 @@ int cmd_convert(int argc, char** argv) {
   }
   MT_CHECK(!from_hf.empty() || !to_hf.empty(), "say what to convert: --from-hf FILE or --to-hf CKPT_DIR");
   MT_CHECK(n_head == 0 || !from_hf.empty(), "--n-head applies to --from-hf only");
+  MT_CHECK(dtype == "f32" || !to_hf.empty(), "--dtype applies to --to-hf only (--from-hf reads F32, F16 and BF16)");
 
   double t0 = now_seconds();
   if (!from_hf.empty()) {
@@ -42,9 +46,10 @@ int cmd_convert(int argc, char** argv) {
     fmt::print("convert: {} -> {} (n_layer {}, n_head {}, d_model {}, vocab {}, {} params), {:.1f} s\n", from_hf, dir,
                cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, cfg.num_params(), now_seconds() - t0);
   } else {
-    ModelConfig cfg = convert_checkpoint_to_hf(to_hf, out);
-    fmt::print("convert: {} -> {} + config.json (n_layer {}, n_head {}, d_model {}, vocab {}), {:.1f} s\n", to_hf, out,
-               cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, now_seconds() - t0);
+    ModelConfig cfg = convert_checkpoint_to_hf(to_hf, out, dtype == "bf16" ? DType::BF16 : DType::F32);
+    fmt::print("convert: {} -> {} + config.json ({}, n_layer {}, n_head {}, d_model {}, vocab {}, {}), {:.1f} s\n",
+               to_hf, out, cfg.norm == NormKind::RmsNorm ? "Llama" : "GPT-2", cfg.n_layer, cfg.n_head, cfg.d_model,
+               cfg.vocab_size, dtype, now_seconds() - t0);
   }
   return 0;
 }

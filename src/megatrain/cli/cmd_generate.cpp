@@ -4,6 +4,7 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/config_json.h"
+#include "megatrain/ckpt/model_weights.h"
 #include "megatrain/cli/commands.h"
 #include "megatrain/data/assets.h"
 #include "megatrain/data/tokenizer.h"
@@ -13,12 +14,13 @@
 namespace mt::cli {
 
 int cmd_generate(int argc, char** argv) {
-  CLI::App app{"Sample text from a checkpoint (a training run's ckpt dir, a step dir, or `convert --from-hf` output)",
+  CLI::App app{"Sample text from a checkpoint (a training run's ckpt dir, a step dir, `convert --from-hf` output) or an "
+               "HF GPT-2 or Llama model",
                "generate"};
   std::string ckpt, prompt = "\n", vocab = default_gpt2_vocab_dir();
   SampleOptions o;
   o.tokens = 100;
-  app.add_option("--ckpt", ckpt, "checkpoint directory (root with `latest`, or one step_N directory)")->required();
+  app.add_option("--ckpt", ckpt, "checkpoint directory (root with `latest`, or one step_N directory), or an HF model (directory or file)")->required();
   app.add_option("--prompt", prompt, "text to continue");
   app.add_option("--tokens", o.tokens, "number of tokens to sample")->check(CLI::NonNegativeNumber);
   app.add_option("--temperature", o.temperature, "softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
@@ -30,12 +32,11 @@ int cmd_generate(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  Checkpoint ck = Checkpoint::load(ckpt);
-  ModelConfig cfg = model_config_from_manifest(ck.extra(), ck.dir());
+  ModelConfig cfg = model_config_of(ckpt);
   cfg.recompute.clear();
   auto ops = make_cpu_ops();
   GPT model(cfg, *ops);
-  for (auto& info : model.params().infos()) ck.copy_into(info.name, model.params().param(info.name));
+  load_model_weights(ckpt, cfg, model.params());
   Tokenizer tok = Tokenizer::load_gpt2(vocab);
   MT_CHECK(tok.vocab_size() == cfg.vocab_size, "the tokenizer in {} has {} tokens but the model has {}", vocab,
            tok.vocab_size(), cfg.vocab_size);
