@@ -14,6 +14,7 @@
 #include "ckpt_testutil.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/ckpt/hf_llama.h"
+#include "megatrain/ckpt/hf_model.h"
 #include "megatrain/ckpt/hf_model_files.h"
 #include "megatrain/ckpt/model_weights.h"
 #include "megatrain/core/bf16.h"
@@ -298,6 +299,55 @@ TEST(HfLlama, ExportGivesBackHfsTensorsAndAConfigHfReads) {
     // What was exported imports again to the same network.
     expect_logits_match(dir / "out", m, tied);
   }
+}
+
+// What a tensor- or pipeline-parallel rank reads (HfSliceReader): every box of every parameter, from the sharded
+// bf16 files, must hold exactly the elements the whole-model import put there, and vocabulary rows past the
+// real ones (a tp layout pads further) read as zero.
+TEST(HfLlama, SlicesEqualTheWholeImportBoxByBox) {
+  ScratchDir dir;
+  const HfModel m = random_llama(false, /*bf16_values=*/true);
+  write_llama(dir / "hf", m, llama_config(false), 3, DType::BF16);
+  const HfModelFiles files = HfModelFiles::open(dir / "hf");
+  const ModelConfig cfg = model_config_of(dir / "hf");
+  ParamStore whole;
+  load_model_weights(dir / "hf", cfg, whole);
+  HfSliceReader reader(files, cfg);
+  std::mt19937 gen(3);
+  for (const ParamInfo& p : whole.infos()) {
+    SCOPED_TRACE(p.name);
+    const float* ref = whole.param(p.name).f32();
+    const int64_t R = p.shape[0], C = p.shape.size() == 2 ? p.shape[1] : 1;
+    for (int trial = 0; trial < 6; ++trial) {
+      // A random box, written at an offset into a larger destination (as a shard's box is).
+      const int64_t r0 = std::uniform_int_distribution<int64_t>(0, R - 1)(gen);
+      const int64_t nr = std::uniform_int_distribution<int64_t>(1, R - r0)(gen);
+      const int64_t c0 = std::uniform_int_distribution<int64_t>(0, C - 1)(gen);
+      const int64_t nc = std::uniform_int_distribution<int64_t>(1, C - c0)(gen);
+      const bool two = p.shape.size() == 2;
+      const Slice src = two ? Slice{{r0, c0}, {nr, nc}} : Slice{{r0}, {nr}};
+      const std::vector<int64_t> dshape = two ? std::vector<int64_t>{nr + 2, nc + 3} : std::vector<int64_t>{nr + 2};
+      const std::vector<int64_t> dstart = two ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1};
+      std::vector<float> out(static_cast<size_t>(shape_numel(dshape)), -7.0f);
+      reader.read(p.name, src, out.data(), dshape, dstart);
+      for (int64_t i = 0; i < nr; ++i)
+        for (int64_t j = 0; j < (two ? nc : 1); ++j) {
+          const float got = two ? out[(1 + i) * (nc + 3) + 2 + j] : out[1 + i];
+          ASSERT_EQ(got, ref[(r0 + i) * C + (two ? c0 + j : 0)]) << src.str() << " at " << i << "," << j;
+        }
+      EXPECT_EQ(out[0], -7.0f);  // nothing outside the box is written
+    }
+  }
+  // Rows past the real vocabulary (a tp layout pads the vocabulary further) read as zeros, whatever the padding.
+  std::vector<float> pad(4 * C, -7.0f);
+  reader.read("wte.weight", Slice{{V - 1, 0}, {4, C}}, pad.data(), {4, C}, {0, 0});
+  for (int64_t j = 0; j < C; ++j) EXPECT_EQ(pad[j], m.at("model.embed_tokens.weight").v[(V - 1) * C + j]);
+  for (int64_t k = C; k < 4 * C; ++k) EXPECT_EQ(pad[k], 0.0f) << k;
+  // A model the files do not hold is refused when the reader is made, naming the field.
+  ModelConfig other = cfg;
+  other.n_kv_head = H;
+  EXPECT_NE(error_of([&] { HfSliceReader(files, other); }).find("model.n_kv_head = 2 but the config says 4"),
+            std::string::npos);
 }
 
 TEST(HfLlama, ABf16ExportHoldsEachWeightToHalfABf16Step) {

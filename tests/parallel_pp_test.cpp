@@ -412,42 +412,42 @@ TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
   expect_resumed_tail(a, alt, {b, c}, "pp2 <-> 1 resume");
 }
 
-// Continued pretraining of an HF Llama under pp2 x tp2: its converted checkpoint, read by each rank slice by slice,
-// must start the run where one process starts from the HF model itself (model.init_from of the HF directory goes
-// through the HF reader, of the checkpoint through the sharded reader: two independent paths to the same weights).
-// The HF model is this test's own: a short Llama run exported with `convert --to-hf`.
-TEST(Pipeline, InitFromAConvertedHfLlamaUnderPp2Tp2MatchesOneProcessReadingTheHfModel) {
+// Continued pretraining of an HF Llama under pp2 x tp2, each rank reading only its slices: straight from the HF
+// directory (HfSliceReader), and from its conversion (the sharded checkpoint reader). Each must start the run where
+// one process starts reading the whole HF model (the HF importer): independent paths to the same weights. The HF
+// model is this test's own: a short Llama run exported with `convert --to-hf`, in bf16 for the direct read (so the
+// slices convert from bf16; the single process reads the same file).
+TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
   prepare();
   const std::string llama = " --model.norm=rmsnorm --model.mlp=swiglu --model.pos=rope --model.n_kv_head=2"
                             " --model.bias=false --model.tied_embeddings=false";
   const std::string src = fresh_dir("mt_pp_init_src"), hf = fresh_dir("mt_pp_init_hf"), ck = fresh_dir("mt_pp_init_ck");
   run(kBin + " train" + common(src, 4) + llama + " --train.steps=2");
-  run(kBin + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
+  run(kBin + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors --dtype bf16");
   run(kBin + " convert --from-hf " + hf + " --out " + ck);
   const Trio t = fresh_trio("mt_pp_init", "llama");
   const std::string from_hf = llama + " --model.init_from=" + hf;
+  const std::string pp2_tp2 = " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4";
   run(kBin + " train" + common(t.single, 4) + from_hf);
   run(kBin + " train" + common(t.alt, 4) + from_hf + reordered(4, common(t.alt, 4) + from_hf));
-  run(kBin + " launch --nproc 4 -- train" + common(t.multi, 1) + llama + " --model.init_from=" + ck +
-      " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4");
-  expect_equivalent(t, "pp2 x tp2 init_from");
-  // Not a fresh initialisation that happens to agree: the first loss is the trained source's, well below ln(vocab).
+  run(kBin + " launch --nproc 4 -- train" + common(t.multi, 1) + from_hf + pp2_tp2);
+  expect_equivalent(t, "pp2 x tp2 init_from an HF model");
+  const Trio from_ck{t.single, t.alt, fresh_dir("mt_pp_init_multi_ck")};
+  run(kBin + " launch --nproc 4 -- train" + common(from_ck.multi, 1) + llama + " --model.init_from=" + ck + pp2_tp2);
+  expect_equivalent(from_ck, "pp2 x tp2 init_from its conversion");
+  // Not a fresh initialisation that happens to agree: the first loss is the trained source's, well below.
   const std::vector<double> fresh = losses(src), started = losses(t.multi);
   ASSERT_FALSE(started.empty());
   EXPECT_LT(started[0], fresh[0] - 0.05) << "the run did not start from the source's weights";
 
-  // The HF model itself under tp: each rank would need all of it; the error says how to convert it.
+  // Another model than the source holds is named, on every rank, before anything is read.
   const std::string out = fresh_dir("mt_pp_init_bad");
-  const std::string text = failing_output(kBin + " launch --nproc 2 -- train" + common(out, 4) + llama +
-                                              " --parallel.tp=2 --model.init_from=" + hf,
-                                          out + ".log", "init_from an HF model under tp");
-  EXPECT_NE(text.find("is an HF model"), std::string::npos) << text;
-  EXPECT_NE(text.find("megatrain convert --from-hf " + hf + " --out DIR"), std::string::npos) << text;
-  // A checkpoint of another model is named, on every rank, before anything is read.
-  const std::string other = failing_output(kBin + " launch --nproc 2 -- train" + common(out, 4) + llama +
-                                               " --model.n_kv_head=4 --parallel.tp=2 --model.init_from=" + ck,
-                                           out + ".log", "init_from another model");
-  EXPECT_NE(other.find("model.n_kv_head = 2 but the config says 4"), std::string::npos) << other;
+  for (const std::string& from : {hf, ck}) {
+    const std::string text = failing_output(kBin + " launch --nproc 2 -- train" + common(out, 4) + llama +
+                                                " --model.n_kv_head=4 --parallel.tp=2 --model.init_from=" + from,
+                                            out + ".log", "init_from another model");
+    EXPECT_NE(text.find("model.n_kv_head = 2 but the config says 4"), std::string::npos) << text;
+  }
 
   // `generate` reads the HF directory and its conversion alike: the same greedy continuation.
   auto greedy = [&](const std::string& from) {

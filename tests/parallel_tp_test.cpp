@@ -175,6 +175,23 @@ TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
   expect_resumed_tail(a, alt, {b, c}, "tp2 <-> 1 resume");
 }
 
+// GPT-2 from HF under dp2 x tp2, each rank reading its slices of the HF file: the Conv1D weights are stored
+// transposed, so a rank's rows of c_attn are columns of HF's tensor; the vocabulary and the tied head are split by
+// rows; the learned positions and biases are replicated. One process reading the whole file is the oracle.
+TEST(TensorParallel, InitFromAnHfGpt2MatchesOneProcess) {
+  prepare();
+  const std::string src = fresh_dir("mt_tp_init_src"), hf = fresh_dir("mt_tp_init_hf");
+  run(kBin + " train" + common(src, 4) + " --train.steps=2");
+  run(kBin + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
+  const Trio t = fresh_trio("mt_tp_init", "gpt2");
+  const std::string from_hf = " --model.init_from=" + hf + "/model.safetensors";
+  run(kBin + " train" + common(t.single, 4) + from_hf);
+  run(kBin + " train" + common(t.alt, 4) + from_hf + reordered(4, common(t.alt, 4) + from_hf));
+  run(kBin + " launch --nproc 4 -- train" + common(t.multi, 2) + from_hf + " --parallel.tp=2 --parallel.dp=2");
+  expect_equivalent(t, "dp2 x tp2 init_from an HF GPT-2");
+  EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05) << "the run did not start from the source's weights";
+}
+
 TEST(TensorParallel, RowsNotDividingIsAClearError) {
   prepare();
   std::string out = mt::test::temp_root() + "mt_tp_bad";

@@ -70,6 +70,12 @@ std::optional<json> config_json_beside(const std::string& path) {
 
 }  // namespace
 
+bool is_hf_gpt2_buffer(const std::string& name) { return is_mask_buffer(name); }
+
+HfGpt2Tensor hf_gpt2_tensor(const SafetensorsFile& f, const std::string& ours) {
+  return {hf_name(f, ours), is_conv1d(ours)};
+}
+
 void check_hf_gpt2_convertible(const ModelConfig& c) {
   auto refuse = [](const std::string& what) {
     fail("HF GPT-2 cannot express {} (only the GPT-2 layout converts: layernorm, gelu, learned positions, "

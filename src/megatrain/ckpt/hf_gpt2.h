@@ -33,6 +33,16 @@ void import_hf_gpt2(const SafetensorsFile& f, const ModelConfig& cfg, ParamStore
 void export_hf_gpt2(const ModelConfig& cfg, const ParamStore& store, const std::string& path,
                     DType dtype = DType::F32);
 
+// Where our parameter `ours` lives in an HF GPT-2 file: its name there ("" when absent) and whether HF stores it
+// transposed (Conv1D [in, out] against our [out, in]). Vocabulary rows past vocab_size are not in the file.
+struct HfGpt2Tensor {
+  std::string name;
+  bool transposed = false;
+};
+HfGpt2Tensor hf_gpt2_tensor(const SafetensorsFile& f, const std::string& ours);
+// The attention-mask buffers (*.attn.bias, *.attn.masked_bias) some GPT-2 files carry: not weights.
+bool is_hf_gpt2_buffer(const std::string& name);
+
 // HF GPT2Config keys for cfg (vocab_size, n_positions, n_embd, n_layer, n_head, model_type "gpt2", ...).
 nlohmann::json hf_gpt2_config_json(const ModelConfig& cfg, DType dtype = DType::F32);
 

@@ -46,17 +46,6 @@ LlamaSource llama_source(const std::string& ours) {
   fail("HF Llama has no place for parameter '{}'", ours);
 }
 
-// Buffers some files carry that are not weights (older transformers saved RoPE's inverse frequencies).
-bool is_llama_buffer(const std::string& name) { return ends_in(name, ".rotary_emb.inv_freq"); }
-
-// The rows each part contributes to our parameter, from the config: q, k, v heads; gate, up.
-std::vector<int64_t> part_rows(const ModelConfig& c, const std::string& ours, const ParamInfo& p) {
-  const int64_t hd = c.head_dim();
-  if (ours.find(".attn.c_attn.") != std::string::npos) return {c.n_head * hd, c.kv_heads() * hd, c.kv_heads() * hd};
-  if (ours.find(".mlp.c_fc.") != std::string::npos) return {c.ff_dim(), c.ff_dim()};
-  if (ours == "wte.weight" || ours == "lm_head.weight") return {c.vocab_size};
-  return {p.shape[0]};
-}
 
 // Typed reads of config.json, each error naming the file and the key.
 struct LlamaSettings {
@@ -87,6 +76,25 @@ struct LlamaSettings {
 };
 
 }  // namespace
+
+bool is_hf_llama_buffer(const std::string& name) { return ends_in(name, ".rotary_emb.inv_freq"); }
+
+std::vector<HfRowBlock> hf_llama_row_blocks(const ModelConfig& c, const std::string& ours) {
+  const std::vector<std::string> parts = llama_source(ours).parts;
+  const int64_t hd = c.head_dim();
+  std::vector<int64_t> rows;
+  if (ends_in(ours, ".attn.c_attn.weight"))
+    rows = {c.n_head * hd, c.kv_heads() * hd, c.kv_heads() * hd};
+  else if (ends_in(ours, ".mlp.c_fc.weight"))
+    rows = {c.ff_dim(), c.ff_dim()};
+  else if (ours == "wte.weight" || ours == "lm_head.weight")
+    rows = {c.vocab_size};
+  else
+    rows = {c.d_model};
+  std::vector<HfRowBlock> blocks;
+  for (size_t k = 0; k < parts.size(); ++k) blocks.push_back({parts[k], rows[k]});
+  return blocks;
+}
 
 void check_hf_llama_convertible(const ModelConfig& c) {
   auto refuse = [](const std::string& what) {
@@ -183,21 +191,20 @@ void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& 
   for (int i = 0; i < static_cast<int>(store.size()); ++i) {
     const ParamInfo& p = store.info(i);
     MT_CHECK(p.shape.size() <= 2, "import_hf_llama: parameter '{}' is not a vector or a matrix", p.name);
-    const LlamaSource src = llama_source(p.name);
-    const std::vector<int64_t> rows = part_rows(cfg, p.name, p);
+    const std::vector<HfRowBlock> blocks = hf_llama_row_blocks(cfg, p.name);
     const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
     float* dst = store.param(i).f32();
     std::memset(dst, 0, p.numel * sizeof(float));  // the vocabulary padding rows stay zero
     size_t at = 0;
-    for (size_t k = 0; k < src.parts.size(); ++k) {
-      const std::string& hn = src.parts[k];
+    for (const HfRowBlock& b : blocks) {
+      const std::string& hn = b.name;
       if (!m.has(hn) && hn == "lm_head.weight")
         fail("{}: the config unties the LM head (tie_word_embeddings = false) but there is no lm_head.weight",
              m.source());
       MT_CHECK(m.has(hn), "{}: no tensor '{}', which parameter '{}' needs", m.source(), hn, p.name);
       const TensorData& t = m.tensor(hn);
-      const std::vector<int64_t> want = p.shape.size() == 2 ? std::vector<int64_t>{rows[k], cols}
-                                                           : std::vector<int64_t>{rows[k]};
+      const std::vector<int64_t> want = p.shape.size() == 2 ? std::vector<int64_t>{b.rows, cols}
+                                                           : std::vector<int64_t>{b.rows};
       MT_CHECK(t.shape == want, "{}: tensor '{}' has shape {} but this model ({}) needs {}", m.file_of(hn), hn,
                t.shape_str(), p.name, shape_str(want));
       const std::vector<float> v = m.read_f32(hn);
@@ -208,7 +215,7 @@ void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& 
   }
   std::vector<std::string> unused;
   for (auto& name : m.names()) {
-    if (used.count(name) || is_llama_buffer(name)) continue;
+    if (used.count(name) || is_hf_llama_buffer(name)) continue;
     if (name == "lm_head.weight" && cfg.tied_embeddings) {  // a tied head saved anyway: it must be the embedding
       MT_CHECK(m.read_f32(name) == m.read_f32("model.embed_tokens.weight"),
                "{}: lm_head.weight differs from model.embed_tokens.weight but the config ties them "
@@ -264,16 +271,14 @@ void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std:
     const ParamInfo& have = store.info(store.index(p.name));
     MT_CHECK(have.shape == p.shape, "export_hf_llama: parameter '{}' has shape {} but the config implies {}", p.name,
              shape_str(have.shape), shape_str(p.shape));
-    const LlamaSource src = llama_source(p.name);
-    const std::vector<int64_t> rows = part_rows(cfg, p.name, p);
     const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
     // Each part is a run of whole rows of ours (the vocabulary's padding rows are the tail): no copy needed.
     const float* at = store.param(p.name).f32();
-    for (size_t k = 0; k < src.parts.size(); ++k) {
-      std::vector<int64_t> shape = p.shape.size() == 2 ? std::vector<int64_t>{rows[k], cols}
-                                                      : std::vector<int64_t>{rows[k]};
-      refs.push_back({src.parts[k], DType::F32, shape, at});
-      at += rows[k] * cols;
+    for (const HfRowBlock& b : hf_llama_row_blocks(cfg, p.name)) {
+      std::vector<int64_t> shape = p.shape.size() == 2 ? std::vector<int64_t>{b.rows, cols}
+                                                      : std::vector<int64_t>{b.rows};
+      refs.push_back({b.name, DType::F32, shape, at});
+      at += b.rows * cols;
     }
   }
   const fs::path parent = fs::path(path).parent_path();

@@ -16,6 +16,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "megatrain/ckpt/hf_model_files.h"
 #include "megatrain/model/config.h"
@@ -47,6 +48,17 @@ void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& 
 // config.json beside it.
 void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std::string& path,
                      DType dtype = DType::F32);
+
+// The HF tensors whose rows, stacked in this order, make our parameter `ours` of a model of cfg, with the rows each
+// gives: q | k | v for c_attn, gate | up for c_fc, vocab_size rows for wte and lm_head (the padding rows are in no
+// file), d_model for the rest. Throws for a name the Llama layout does not have.
+struct HfRowBlock {
+  std::string name;
+  int64_t rows = 0;
+};
+std::vector<HfRowBlock> hf_llama_row_blocks(const ModelConfig& cfg, const std::string& ours);
+// RoPE's inverse frequencies (*.rotary_emb.inv_freq), which files of older transformers carry: not weights.
+bool is_hf_llama_buffer(const std::string& name);
 
 // HF LlamaConfig keys for cfg (architectures LlamaForCausalLM, model_type "llama", ...).
 nlohmann::json hf_llama_config_json(const ModelConfig& cfg, DType dtype = DType::F32);

@@ -4,9 +4,7 @@
 #include <filesystem>
 
 #include "megatrain/ckpt/config_json.h"
-#include "megatrain/ckpt/hf_gpt2.h"
-#include "megatrain/ckpt/hf_llama.h"
-#include "megatrain/ckpt/hf_model_files.h"
+#include "megatrain/ckpt/hf_model.h"
 #include "megatrain/core/error.h"
 #include "megatrain/model/layout.h"
 
@@ -111,60 +109,6 @@ static std::string checkpoint_dir_of(const std::string& path) {
   return fs::is_directory(path, ec) ? path : fs::path(path).parent_path().string();
 }
 
-namespace {
-
-// The HF model families megatrain converts.
-enum class HfFamily { Gpt2, Llama };
-
-HfFamily hf_family(const HfModelFiles& m) {
-  if (is_hf_llama(m)) return HfFamily::Llama;
-  if (const nlohmann::json* t = m.setting("model_type"))
-    MT_CHECK(*t == "gpt2", "{} describes a {} model; megatrain converts \"gpt2\" and \"llama\"", m.config_path(),
-             t->dump());
-  for (size_t i = 0; i < m.num_files(); ++i)
-    MT_CHECK(!m.file(i).metadata().count("megatrain"),
-             "{} is a file of a megatrain checkpoint; pass the checkpoint directory (it holds the manifest)",
-             m.file(i).path());
-  // GPT-2 files are small enough that HF never splits them; the GPT-2 reader works on one file.
-  MT_CHECK(m.num_files() == 1, "{}: a GPT-2 split over {} files is not supported", m.source(), m.num_files());
-  return HfFamily::Gpt2;
-}
-
-ModelConfig hf_config(const HfModelFiles& m, int n_head) {
-  if (hf_family(m) == HfFamily::Gpt2) return infer_hf_gpt2_config(m.file(0), n_head);
-  ModelConfig c = infer_hf_llama_config(m);
-  MT_CHECK(n_head <= 0 || n_head == c.n_head, "n_head {} was asked for but {} says num_attention_heads = {}", n_head,
-           m.config_path(), c.n_head);
-  return c;
-}
-
-void hf_import(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& store) {
-  if (hf_family(m) == HfFamily::Gpt2)
-    import_hf_gpt2(m.file(0), cfg, store);
-  else
-    import_hf_llama(m, cfg, store);
-}
-
-// The family a model config exports to, or an error that says why neither can hold it.
-HfFamily hf_family(const ModelConfig& cfg) {
-  std::string why_not_gpt2;
-  try {
-    check_hf_gpt2_convertible(cfg);
-    return HfFamily::Gpt2;
-  } catch (const Error& e) {
-    why_not_gpt2 = e.what();
-  }
-  try {
-    check_hf_llama_convertible(cfg);
-    return HfFamily::Llama;
-  } catch (const Error& e) {
-    fail("this model has neither the GPT-2 nor the Llama layout, the two HF formats megatrain writes:\n  {}\n  {}",
-         why_not_gpt2, e.what());
-  }
-}
-
-}  // namespace
-
 bool load_model_weights(const std::string& path, const ModelConfig& cfg, ParamStore& store) {
   if (is_megatrain_checkpoint(path)) {
     Checkpoint ck = Checkpoint::load(checkpoint_dir_of(path));
@@ -172,9 +116,9 @@ bool load_model_weights(const std::string& path, const ModelConfig& cfg, ParamSt
     return false;
   }
   const HfModelFiles m = HfModelFiles::open(path);
-  check_same_architecture(hf_config(m, cfg.n_head), cfg, path);
+  check_same_architecture(hf_model_config(m, cfg.n_head), cfg, path);
   prepare_store(cfg, store);
-  hf_import(m, cfg, store);
+  import_hf_model(m, cfg, store);
   return true;
 }
 
@@ -185,7 +129,7 @@ ModelConfig model_config_of(const std::string& path, int n_head) {
     Checkpoint ck = Checkpoint::load(checkpoint_dir_of(path), false);
     return model_config_from_manifest(ck.extra(), ck.dir());
   }
-  return hf_config(HfModelFiles::open(path), n_head);
+  return hf_model_config(HfModelFiles::open(path), n_head);
 }
 
 std::string convert_hf_to_checkpoint(const std::string& hf_path, const std::string& out_root, int n_head) {
@@ -193,9 +137,9 @@ std::string convert_hf_to_checkpoint(const std::string& hf_path, const std::stri
   MT_CHECK(list_checkpoints(out_root).empty() && !fs::exists(fs::path(out_root) / "latest"),
            "{} already holds checkpoints; convert into a new directory", out_root);
   const HfModelFiles m = HfModelFiles::open(hf_path);
-  ModelConfig cfg = hf_config(m, n_head);
+  ModelConfig cfg = hf_model_config(m, n_head);
   ParamStore store;
-  hf_import(m, cfg, store);
+  import_hf_model(m, cfg, store);
   return save_checkpoint(out_root, 0, {{kModelFile, param_tensor_refs(store)}},
                          {{kModelConfigKey, model_config_to_json(cfg)}});
 }
@@ -203,13 +147,10 @@ std::string convert_hf_to_checkpoint(const std::string& hf_path, const std::stri
 ModelConfig convert_checkpoint_to_hf(const std::string& ckpt, const std::string& out_file, DType dtype) {
   Checkpoint ck = Checkpoint::load(ckpt);
   ModelConfig cfg = model_config_from_manifest(ck.extra(), ck.dir());
-  const HfFamily family = hf_family(cfg);
+  hf_family(cfg);  // refuses a model neither format holds before anything is read
   ParamStore store;
   load_params(ck, cfg, store);
-  if (family == HfFamily::Gpt2)
-    export_hf_gpt2(cfg, store, out_file, dtype);
-  else
-    export_hf_llama(cfg, store, out_file, dtype);
+  export_hf_model(cfg, store, out_file, dtype);
   return cfg;
 }
 

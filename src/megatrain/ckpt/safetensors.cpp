@@ -69,13 +69,18 @@ static float f16_to_f32(uint16_t h) {
   return f;
 }
 
-void to_f32(const TensorData& t, float* dst) {
-  const size_t n = static_cast<size_t>(t.numel());
-  const auto* src = static_cast<const uint8_t*>(t.data);
+void to_f32(const TensorData& t, float* dst) { to_f32(t, 0, t.numel(), dst); }
+
+void to_f32(const TensorData& t, int64_t first, int64_t count, float* dst) {
+  MT_CHECK(first >= 0 && count >= 0 && first + count <= t.numel(), "tensor '{}': elements [{}, {}) of {} asked for",
+           t.name, first, first + count, t.numel());
+  const size_t n = static_cast<size_t>(count);
+  const auto* base = static_cast<const uint8_t*>(t.data);
   if (t.dtype_str == "F32") {
-    std::memcpy(dst, src, n * 4);
+    std::memcpy(dst, base + 4 * first, n * 4);
   } else if (t.dtype_str == "BF16" || t.dtype_str == "F16") {
     const bool bf = t.dtype_str == "BF16";
+    const uint8_t* src = base + 2 * first;
     for (size_t i = 0; i < n; ++i) {
       uint16_t h;
       std::memcpy(&h, src + 2 * i, 2);

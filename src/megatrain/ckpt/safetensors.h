@@ -52,6 +52,8 @@ struct TensorData {
 std::string shape_str(const std::vector<int64_t>& shape);
 // Converts the elements of an F32, F16 or BF16 tensor to float (dst holds numel() floats); throws otherwise.
 void to_f32(const TensorData& t, float* dst);
+// The same for elements [first, first + count) of the tensor (row-major), into dst[0, count).
+void to_f32(const TensorData& t, int64_t first, int64_t count, float* dst);
 
 class SafetensorsFile {
  public:

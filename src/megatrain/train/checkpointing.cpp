@@ -17,6 +17,7 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/config_json.h"
+#include "megatrain/ckpt/hf_model.h"
 #include "megatrain/ckpt/model_weights.h"
 #include "megatrain/ckpt/reader.h"
 #include "megatrain/ckpt/sharded.h"
@@ -521,8 +522,9 @@ struct TrainCheckpointer::Impl {
 
   // Reads the slices of full tensor `name` that box `box` of tensor i's shard holds into `data` (the box's
   // elements, contiguous).
-  static void read_box(CheckpointReader& ck, const ParamInfo& info, const std::string& name, const Slice& box,
-                       float* data) {
+  // Reader: a CheckpointReader, or an HfSliceReader (model.init_from of an HF model).
+  template <class Reader>
+  static void read_box(Reader& ck, const ParamInfo& info, const std::string& name, const Slice& box, float* data) {
     for (const Placement& pl : shard_placements(info.shard, box)) {
       std::vector<int64_t> at(box.start.size());
       for (size_t d = 0; d < at.size(); ++d) at[d] = pl.local.start[d] - box.start[d];
@@ -746,22 +748,37 @@ struct TrainCheckpointer::Impl {
   }
 
   void init_params(const std::string& path) {
-    CheckpointReader ck = CheckpointReader::open(path);
-    const std::string source = "model.init_from = " + path + " (checkpoint " + ck.dir() + ")";
-    MT_CHECK(ck.extra().is_object() && ck.extra().contains(kModelConfigKey),
-             "{} records no model config (extra.model)", source);
-    check_same_architecture(model_config_from_manifest(ck.extra(), ck.dir()), cfg.model, source);
-    ParamStore whole;  // the names of the whole model's parameters (declared, never allocated)
-    declare_gpt_params(cfg.model, whole);
-    for (const std::string& n : ck.tensor_names())
-      MT_CHECK(n.starts_with("m.") || n.starts_with("v.") || whole.has(n),
-               "{} holds tensor '{}', which this model does not have", source, n);
+    // Both sources check, on every rank alike, that they hold this model and nothing else before a byte is read.
+    std::optional<CheckpointReader> ck;
+    std::optional<HfModelFiles> files;
+    std::optional<HfSliceReader> hf;
+    std::string source = "model.init_from = " + path;
+    if (is_hf_model(path)) {
+      files.emplace(HfModelFiles::open(path));
+      hf.emplace(*files, cfg.model);
+      source += " (an HF model)";
+    } else {
+      ck.emplace(CheckpointReader::open(path));
+      source += " (checkpoint " + ck->dir() + ")";
+      MT_CHECK(ck->extra().is_object() && ck->extra().contains(kModelConfigKey),
+               "{} records no model config (extra.model)", source);
+      check_same_architecture(model_config_from_manifest(ck->extra(), ck->dir()), cfg.model, source);
+      ParamStore whole;  // the names of the whole model's parameters (declared, never allocated)
+      declare_gpt_params(cfg.model, whole);
+      for (const std::string& n : ck->tensor_names())
+        MT_CHECK(n.starts_with("m.") || n.starts_with("v.") || whole.has(n),
+                 "{} holds tensor '{}', which this model does not have", source, n);
+    }
     std::string err;
     try {
       const ParamStore& ps = model.params();
       for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
         const ParamInfo& info = ps.info(i);
-        read_box(ck, info, info.name, whole_slice(info.shape), ps.param(i).f32());
+        const Slice all = whole_slice(info.shape);
+        if (hf)
+          read_box(*hf, info, info.name, all, ps.param(i).f32());
+        else
+          read_box(*ck, info, info.name, all, ps.param(i).f32());
       }
     } catch (const std::exception& e) {
       err = e.what();

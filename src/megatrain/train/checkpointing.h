@@ -74,10 +74,10 @@ class TrainCheckpointer {
   // after checking that it fits this run (model config, optimizer, global batch); sets data to its loader
   // position and returns its step. Every rank reads only the pieces overlapping what it holds.
   int restore(const std::string& path, LoaderState& data);
-  // model.init_from of a megatrain checkpoint (any layout wrote it, or `megatrain convert`) under any layout: this
-  // rank's slices of the parameters only (no moments, no data position, no step), after checking that the stored
-  // model is this run's (check_same_architecture) and holds no tensor this model lacks. Collective: a read that
-  // fails on any rank fails on every rank, naming it.
+  // model.init_from under any layout, from a megatrain checkpoint (any layout wrote it, or `megatrain convert`) or an
+  // HF GPT-2 or Llama model: this rank's slices of the parameters only (no moments, no data position, no step),
+  // after checking that the source holds this run's model (check_same_architecture) and no tensor it lacks.
+  // Collective: a read that fails on any rank fails on every rank, naming it.
   void init_params(const std::string& path);
   // ckpt.resume = auto (collective): commits a complete set of survivors' peer snapshots newer than the latest
   // checkpoint, then restores the newest checkpoint that reads back whole, skipping (with a warning naming the

@@ -1,0 +1,181 @@
+#include "megatrain/ckpt/hf_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "megatrain/ckpt/hf_gpt2.h"
+#include "megatrain/ckpt/hf_llama.h"
+#include "megatrain/ckpt/model_weights.h"
+#include "megatrain/core/error.h"
+#include "megatrain/model/layout.h"
+
+namespace mt {
+
+HfFamily hf_family(const HfModelFiles& m) {
+  if (is_hf_llama(m)) return HfFamily::Llama;
+  if (const nlohmann::json* t = m.setting("model_type"))
+    MT_CHECK(*t == "gpt2", "{} describes a {} model; megatrain converts \"gpt2\" and \"llama\"", m.config_path(),
+             t->dump());
+  for (size_t i = 0; i < m.num_files(); ++i)
+    MT_CHECK(!m.file(i).metadata().count("megatrain"),
+             "{} is a file of a megatrain checkpoint; pass the checkpoint directory (it holds the manifest)",
+             m.file(i).path());
+  // GPT-2 files are small enough that HF never splits them; the GPT-2 reader works on one file.
+  MT_CHECK(m.num_files() == 1, "{}: a GPT-2 split over {} files is not supported", m.source(), m.num_files());
+  return HfFamily::Gpt2;
+}
+
+HfFamily hf_family(const ModelConfig& cfg) {
+  std::string why_not_gpt2;
+  try {
+    check_hf_gpt2_convertible(cfg);
+    return HfFamily::Gpt2;
+  } catch (const Error& e) {
+    why_not_gpt2 = e.what();
+  }
+  try {
+    check_hf_llama_convertible(cfg);
+    return HfFamily::Llama;
+  } catch (const Error& e) {
+    fail("this model has neither the GPT-2 nor the Llama layout, the two HF formats megatrain writes:\n  {}\n  {}",
+         why_not_gpt2, e.what());
+  }
+}
+
+ModelConfig hf_model_config(const HfModelFiles& m, int n_head) {
+  if (hf_family(m) == HfFamily::Gpt2) return infer_hf_gpt2_config(m.file(0), n_head);
+  ModelConfig c = infer_hf_llama_config(m);
+  MT_CHECK(n_head <= 0 || n_head == c.n_head, "n_head {} was asked for but {} says num_attention_heads = {}", n_head,
+           m.config_path(), c.n_head);
+  return c;
+}
+
+void import_hf_model(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& store) {
+  if (hf_family(m) == HfFamily::Gpt2)
+    import_hf_gpt2(m.file(0), cfg, store);
+  else
+    import_hf_llama(m, cfg, store);
+}
+
+void export_hf_model(const ModelConfig& cfg, const ParamStore& store, const std::string& path, DType dtype) {
+  if (hf_family(cfg) == HfFamily::Gpt2)
+    export_hf_gpt2(cfg, store, path, dtype);
+  else
+    export_hf_llama(cfg, store, path, dtype);
+}
+
+// ---- slices -------------------------------------------------------------------------------------------------
+
+namespace {
+
+// Whether two float tensors hold the same values (a tied head saved beside its embedding).
+bool same_values(const HfModelFiles& m, const std::string& a, const std::string& b) {
+  const TensorData &x = m.tensor(a), &y = m.tensor(b);
+  if (x.shape != y.shape) return false;
+  if (x.dtype_str == y.dtype_str) return x.nbytes == y.nbytes && std::memcmp(x.data, y.data, x.nbytes) == 0;
+  return m.read_f32(a) == m.read_f32(b);
+}
+
+}  // namespace
+
+HfSliceReader::HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg) : m_(m), cfg_(cfg), family_(hf_family(m)) {
+  check_same_architecture(hf_model_config(m, cfg.n_head), cfg, m.source());
+  ParamStore whole;  // our whole model's tensors, full shapes (declared, never allocated)
+  declare_gpt_params(cfg, whole);
+  std::set<std::string> used;
+  for (const ParamInfo& p : whole.infos()) {
+    const int64_t R = p.shape[0], C = p.shape.size() == 2 ? p.shape[1] : 1;
+    const bool vocab = p.name == "wte.weight" || p.name == "lm_head.weight";
+    std::vector<Rows>& runs = rows_[p.name];
+    auto need = [&](const std::string& hn, const std::vector<int64_t>& shape, bool at_least_rows = false) {
+      if (hn.empty() || !m.has(hn)) {
+        if (p.name == "lm_head.weight")
+          fail("{}: the config unties the LM head but there is no lm_head.weight", m.source());
+        fail("{}: no tensor for parameter '{}'{}", m.source(), p.name, hn.empty() ? "" : " (looked for '" + hn + "')");
+      }
+      const TensorData& t = m.tensor(hn);
+      const bool fits = at_least_rows ? t.shape.size() == shape.size() && t.shape[0] >= shape[0] &&
+                                            std::equal(t.shape.begin() + 1, t.shape.end(), shape.begin() + 1)
+                                      : t.shape == shape;
+      MT_CHECK(fits, "{}: tensor '{}' has shape {} but this model ({}) needs {}", m.file_of(hn), hn, t.shape_str(),
+               p.name, shape_str(shape));
+      MT_CHECK(t.dtype_str == "F32" || t.dtype_str == "F16" || t.dtype_str == "BF16",
+               "{}: tensor '{}' has dtype {}; expected F32, F16 or BF16", m.file_of(hn), hn, t.dtype_str);
+      used.insert(hn);
+      return &t;
+    };
+    if (family_ == HfFamily::Llama) {
+      int64_t at = 0;
+      for (const HfRowBlock& b : hf_llama_row_blocks(cfg, p.name)) {
+        const std::vector<int64_t> shape = p.shape.size() == 2 ? std::vector<int64_t>{b.rows, C}
+                                                              : std::vector<int64_t>{b.rows};
+        runs.push_back({need(b.name, shape), at, b.rows, 0, false});
+        at += b.rows;
+      }
+    } else {
+      const HfGpt2Tensor h = hf_gpt2_tensor(m.file(0), p.name);
+      if (h.transposed)
+        runs.push_back({need(h.name, {C, R}), 0, R, 0, true});
+      else if (vocab)
+        runs.push_back({need(h.name, {cfg.vocab_size, C}), 0, cfg.vocab_size, 0, false});
+      else  // wpe may hold more positions than this run uses: the first ones
+        runs.push_back({need(h.name, p.shape, p.name == "wpe.weight"), 0, R, 0, false});
+    }
+  }
+  std::vector<std::string> unused;
+  for (const std::string& n : m.names()) {
+    if (used.count(n) || (family_ == HfFamily::Llama ? is_hf_llama_buffer(n) : is_hf_gpt2_buffer(n))) continue;
+    if (n == "lm_head.weight" && cfg.tied_embeddings) {
+      const std::string embed = family_ == HfFamily::Llama ? "model.embed_tokens.weight" : rows_.at("wte.weight")[0].t->name;
+      MT_CHECK(same_values(m, n, embed), "{}: lm_head.weight differs from {} but the config ties them", m.source(),
+               embed);
+      continue;
+    }
+    unused.push_back(n);
+  }
+  MT_CHECK(unused.empty(), "{}: {} tensor(s) have no place in this model (first: '{}')", m.source(), unused.size(),
+           unused.empty() ? "" : unused[0]);
+}
+
+const std::vector<HfSliceReader::Rows>& HfSliceReader::rows_of(const std::string& ours) {
+  auto it = rows_.find(ours);
+  MT_CHECK(it != rows_.end(), "{}: this model has no parameter '{}'", m_.source(), ours);
+  return it->second;
+}
+
+void HfSliceReader::read(const std::string& ours, const Slice& src, void* dst, const std::vector<int64_t>& dst_shape,
+                         const std::vector<int64_t>& dst_start) {
+  const size_t nd = src.start.size();
+  MT_CHECK((nd == 1 || nd == 2) && src.extent.size() == nd && dst_shape.size() == nd && dst_start.size() == nd,
+           "HfSliceReader::read: '{}': slice {} of a 1-D or 2-D tensor into a box of rank {}", ours, src.str(),
+           dst_shape.size());
+  const std::vector<Rows>& runs = rows_of(ours);
+  float* out = static_cast<float*>(dst);
+  const int64_t cols = nd == 2 ? src.extent[1] : 1, c0 = nd == 2 ? src.start[1] : 0;
+  for (int64_t i = 0; i < src.extent[0]; ++i) {
+    const int64_t r = src.start[0] + i;
+    float* o = out + (nd == 2 ? (dst_start[0] + i) * dst_shape[1] + dst_start[1] : dst_start[0] + i);
+    const Rows* run = nullptr;
+    for (const Rows& x : runs)
+      if (r >= x.begin && r < x.begin + x.count) run = &x;
+    if (!run) {  // the vocabulary's padding rows
+      std::fill(o, o + cols, 0.0f);
+      continue;
+    }
+    const TensorData& t = *run->t;
+    const int64_t hr = run->hf_row + (r - run->begin);
+    if (!run->transposed) {
+      const int64_t hf_cols = t.shape.size() == 2 ? t.shape[1] : 1;
+      MT_CHECK(c0 >= 0 && c0 + cols <= hf_cols, "HfSliceReader::read: '{}': columns {}:{} of {}", ours, c0, c0 + cols,
+               hf_cols);
+      to_f32(t, hr * hf_cols + c0, cols, o);
+    } else {  // HF [in, out]: our row r is HF's column r
+      MT_CHECK(c0 >= 0 && c0 + cols <= t.shape[0], "HfSliceReader::read: '{}': columns {}:{} of {}", ours, c0,
+               c0 + cols, t.shape[0]);
+      for (int64_t j = 0; j < cols; ++j) to_f32(t, (c0 + j) * t.shape[1] + hr, 1, o + j);
+    }
+  }
+}
+
+}  // namespace mt
