@@ -135,12 +135,29 @@ Vec rms_norm(const Vec& x, const HfTensor& w) {  // LlamaRMSNorm
   return y;
 }
 
+// config.json's rope_scaling of type "llama3" (absent: factor 0).
+struct Llama3Scaling {
+  double factor = 0, low = 1, high = 4, original = 8192;
+};
+
+// The inverse frequencies of modeling_rope_utils: the default ones, rescaled by _compute_llama3_parameters.
+double hf_inv_freq(int i, const Llama3Scaling& sc) {
+  const double inv = 1.0 / std::pow(kTheta, (2.0 * i) / HD);
+  if (sc.factor == 0) return inv;
+  const double wavelen = 2 * M_PI / inv;
+  double out = wavelen > sc.original / sc.low ? inv / sc.factor : inv;
+  const double smooth = (sc.original / wavelen - sc.low) / (sc.high - sc.low);
+  if (!(wavelen < sc.original / sc.high) && !(wavelen > sc.original / sc.low))
+    out = (1 - smooth) * out / sc.factor + smooth * out;
+  return out;
+}
+
 // apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1), per head of HD.
-void rope(Vec& x, int heads, int pos) {
+void rope(Vec& x, int heads, int pos, const Llama3Scaling& sc) {
   const int half = HD / 2;
   for (int h = 0; h < heads; ++h)
     for (int i = 0; i < half; ++i) {
-      const double inv_freq = 1.0 / std::pow(kTheta, (2.0 * i) / HD), ang = pos * inv_freq;
+      const double inv_freq = hf_inv_freq(i, sc), ang = pos * inv_freq;
       double& a = x[h * HD + i];
       double& b = x[h * HD + i + half];
       const double x1 = a, x2 = b;
@@ -150,7 +167,8 @@ void rope(Vec& x, int heads, int pos) {
 }
 
 // logits [T][V] of HF's LlamaForCausalLM on one sequence.
-std::vector<Vec> hf_llama_logits(const HfModel& m, const std::vector<int32_t>& tokens, bool tied) {
+std::vector<Vec> hf_llama_logits(const HfModel& m, const std::vector<int32_t>& tokens, bool tied,
+                                 const Llama3Scaling& sc) {
   const int n = static_cast<int>(tokens.size());
   std::vector<Vec> x(n, Vec(C));
   for (int t = 0; t < n; ++t)
@@ -163,8 +181,8 @@ std::vector<Vec> hf_llama_logits(const HfModel& m, const std::vector<int32_t>& t
       q[t] = matvec(m.at(p + "self_attn.q_proj.weight"), h);
       k[t] = matvec(m.at(p + "self_attn.k_proj.weight"), h);
       v[t] = matvec(m.at(p + "self_attn.v_proj.weight"), h);
-      rope(q[t], H, t);
-      rope(k[t], KV, t);
+      rope(q[t], H, t, sc);
+      rope(k[t], KV, t, sc);
     }
     for (int t = 0; t < n; ++t) {
       Vec o(H * HD, 0.0);
@@ -200,14 +218,14 @@ std::vector<Vec> hf_llama_logits(const HfModel& m, const std::vector<int32_t>& t
 }
 
 // Our logits for the model stored at `weights` (an HF directory or a checkpoint), against the oracle's.
-void expect_logits_match(const std::string& weights, const HfModel& m, bool tied) {
+void expect_logits_match(const std::string& weights, const HfModel& m, bool tied, const Llama3Scaling& sc = {}) {
   const ModelConfig cfg = model_config_of(weights);
   auto ops = make_cpu_ops();
   GPT gpt(cfg, *ops);
   load_model_weights(weights, cfg, gpt.params());
   const std::vector<int32_t> tokens = {3, 36, 0, 17, 17, 5, 29};
   const Tensor logits = gpt.logits(tokens.data(), 1, T);
-  const std::vector<Vec> want = hf_llama_logits(m, tokens, tied);
+  const std::vector<Vec> want = hf_llama_logits(m, tokens, tied, sc);
   const float* got = logits.f32();
   const int64_t Vp = cfg.padded_vocab();
   // fp32 against double: each logit comes through two layers of dot products of at most 40 terms of O(1) values,
@@ -374,6 +392,44 @@ TEST(HfLlama, ABf16ExportHoldsEachWeightToHalfABf16Step) {
   EXPECT_LT(bytes(dir / "bf16/model.safetensors"), bytes(dir / "f32/model.safetensors") * 0.55);
 }
 
+// Llama 3.1 and later scale RoPE's low frequencies for long contexts (rope_type "llama3"). The band here puts
+// head_dim 8's four wavelengths (6.3, 53, 444, 3737 at theta 5000) into every regime: kept (< 64 / 4), interpolated,
+// divided (> 64 / 1), so a model that ignored the scaling, or got a regime wrong, gives other logits.
+TEST(HfLlama, Llama31RopeScalingImportsExportsAndComputesAsHfDoes) {
+  ScratchDir dir;
+  const HfModel m = random_llama(false);
+  json config = llama_config(false);
+  config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  write_llama(dir / "hf", m, config);
+  const ModelConfig c = model_config_of(dir / "hf");
+  EXPECT_EQ(c.rope_scaling, 8.0f);
+  EXPECT_EQ(c.rope_original_max_len, 64);
+  const Llama3Scaling sc{8.0, 1.0, 4.0, 64.0};
+  expect_logits_match(dir / "hf", m, false, sc);
+  // The scaling matters at these positions: the unscaled HF forward is far from what was computed.
+  const std::vector<int32_t> tokens = {3, 36, 0, 17, 17, 5, 29};
+  const auto a = hf_llama_logits(m, tokens, false, sc), b = hf_llama_logits(m, tokens, false, {});
+  double diff = 0;
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < V; ++j) diff = std::max(diff, std::abs(a[t][j] - b[t][j]));
+  EXPECT_GT(diff, 1e-3);
+  // Exported, the scaling is written as HF writes it, and the file reads back as the same network.
+  convert_hf_to_checkpoint(dir / "hf", dir / "ck");
+  convert_checkpoint_to_hf(dir / "ck", dir / "out/model.safetensors");
+  const json back = json::parse(read_text_file(dir / "out/config.json"));
+  EXPECT_EQ(back.at("rope_scaling"), config["rope_scaling"]);
+  expect_logits_match(dir / "out", m, false, sc);
+  // transformers 5 spells it rope_parameters, with rope_theta inside.
+  json v5 = llama_config(false);
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = config["rope_scaling"];
+  v5["rope_parameters"]["rope_theta"] = kTheta;
+  write_llama(dir / "v5", m, v5);
+  expect_logits_match(dir / "v5", m, false, sc);
+}
+
 TEST(HfLlama, WhatMegatrainCannotComputeIsRefusedByName) {
   ScratchDir dir;
   const HfModel m = random_llama(false);
@@ -385,10 +441,13 @@ TEST(HfLlama, WhatMegatrainCannotComputeIsRefusedByName) {
   };
   json c = llama_config(false);
   c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
-  refused("scaling", c, {"config.json", "rope_scaling", "llama3", "no frequency scaling"});
+  refused("scaling", c, {"config.json", "rope_scaling.original_max_position_embeddings is missing"});
   c = llama_config(false);
   c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}};
-  refused("yarn", c, {"rope_parameters.rope_type", "yarn"});
+  refused("yarn", c, {"rope_parameters of type \"yarn\" is not supported"});
+  c = llama_config(false);
+  c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  refused("linear", c, {"rope_scaling of type \"linear\" is not supported"});
   c = llama_config(false);
   c["attention_bias"] = true;
   refused("qkv-bias", c, {"attention_bias = true"});

@@ -173,7 +173,21 @@ TEST(TileGemm, MatchesNaiveProductForEdgeSizesStridesAndBeta) {
 
 // ---- RoPE -------------------------------------------------------------------------------------------------
 
-VecD ref_rope(const VecD& x, const AttnShape& s, double theta) {
+// freq_i as HF's transformers computes it (modeling_rope_utils: the default inverse frequencies, and
+// _compute_llama3_parameters for Llama 3.1's scaling: wavelengths below original / high kept, above original / low
+// divided by the factor, the band between interpolated), in double.
+double hf_inv_freq(const RopeFreqs& f, int i, int hd) {
+  const double inv = 1.0 / std::pow(double(f.theta), (2.0 * i) / hd);
+  if (f.scaling == 0) return inv;
+  const double wavelen = 2 * M_PI / inv, low_wavelen = f.original_len / double(f.low_freq_factor),
+               high_wavelen = f.original_len / double(f.high_freq_factor);
+  double out = wavelen > low_wavelen ? inv / f.scaling : inv;
+  const double smooth = (f.original_len / wavelen - f.low_freq_factor) / (f.high_freq_factor - f.low_freq_factor);
+  if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) out = (1 - smooth) * out / f.scaling + smooth * out;
+  return out;
+}
+
+VecD ref_rope(const VecD& x, const AttnShape& s, const RopeFreqs& f) {
   VecD y = x;
   const int W = s.qkv_width(), half = s.head_dim / 2;
   for (int b = 0; b < s.B; ++b)
@@ -181,7 +195,7 @@ VecD ref_rope(const VecD& x, const AttnShape& s, double theta) {
       for (int h = 0; h < s.n_head + s.n_kv_head; ++h)
         for (int i = 0; i < half; ++i) {
           const size_t j = (size_t(b) * s.T + t) * W + h * s.head_dim + i;
-          const double ang = t * std::pow(theta, -2.0 * i / s.head_dim);
+          const double ang = t * hf_inv_freq(f, i, s.head_dim);
           y[j] = x[j] * std::cos(ang) - x[j + half] * std::sin(ang);
           y[j + half] = x[j] * std::sin(ang) + x[j + half] * std::cos(ang);
         }
@@ -190,20 +204,29 @@ VecD ref_rope(const VecD& x, const AttnShape& s, double theta) {
 
 TEST(Rope, ForwardMatchesReferenceAndBackwardIsItsTranspose) {
   auto ops = make_cpu_ops();
-  for (float theta : {10000.0f, 500.0f}) {
+  // Llama 3.1's scaling with a band that puts head_dim 8's four wavelengths (6.3, 63, 628, 6283) one in each
+  // regime: kept (< 1024/8), kept, interpolated, divided (> 1024/1).
+  const RopeFreqs llama31{10000.0f, 8.0f, 1.0f, 8.0f, 1024};
+  for (const RopeFreqs& f : {RopeFreqs{10000.0f}, RopeFreqs{500.0f}, llama31}) {
+    SCOPED_TRACE(fmt::format("theta {} scaling {}", f.theta, f.scaling));
     const AttnShape s{2, 37, 4, 2, 8, 0};
     const int64_t n = int64_t{s.B} * s.T * s.qkv_width();
     const VecF x = randn(n, 400), y = randn(n, 401);
     VecF rx = x;
-    ops->rope_forward(tf(rx, {n}), s, theta);
-    EXPECT_TRUE(close(rx, ref_rope(to_d(x), s, theta), 1e-5, 2e-5));
+    ops->rope_forward(tf(rx, {n}), s, f);
+    EXPECT_TRUE(close(rx, ref_rope(to_d(x), s, f), 1e-5, 2e-5));
+    if (f.scaling > 0) {  // and the scaling changed something: not the unscaled rotation
+      VecF plain = x;
+      ops->rope_forward(tf(plain, {n}), s, RopeFreqs{f.theta});
+      EXPECT_FALSE(close(rx, to_d(plain), 1e-3, 1e-3));
+    }
     // v heads untouched, bit for bit
     const int W = s.qkv_width(), v0 = (s.n_head + s.n_kv_head) * s.head_dim;
     for (int64_t r = 0; r < int64_t{s.B} * s.T; ++r)
       for (int c = v0; c < W; ++c) ASSERT_EQ(rx[r * W + c], x[r * W + c]);
 
     VecF by = y;
-    ops->rope_backward(tf(by, {n}), s, theta);
+    ops->rope_backward(tf(by, {n}), s, f);
     double lhs = 0, rhs = 0;  // <rope(x), y> == <x, rope_bwd(y)>
     for (int64_t i = 0; i < n; ++i) {
       lhs += double(rx[i]) * y[i];
@@ -211,11 +234,15 @@ TEST(Rope, ForwardMatchesReferenceAndBackwardIsItsTranspose) {
     }
     EXPECT_NEAR(lhs, rhs, 1e-5 * n);
     VecF back = rx;  // a rotation's transpose is its inverse
-    ops->rope_backward(tf(back, {n}), s, theta);
+    ops->rope_backward(tf(back, {n}), s, f);
     EXPECT_TRUE(close(back, to_d(x), 0, 1e-5));
   }
   VecF odd(2 * 3 * 3);
-  EXPECT_THROW(ops->rope_forward(tf(odd, {18}), AttnShape{1, 2, 1, 1, 3, 0}, 10000.0f), Error);
+  EXPECT_THROW(ops->rope_forward(tf(odd, {18}), AttnShape{1, 2, 1, 1, 3, 0}, RopeFreqs{}), Error);
+  VecF ok(2 * 8 * 4);  // B 1, T 2, heads 1 + 1 (+ v), head_dim 8... a scaling with an empty band is refused
+  EXPECT_THROW(ops->rope_forward(tf(ok, {static_cast<int64_t>(ok.size())}), AttnShape{1, 2, 1, 1, 8, 0},
+                                 RopeFreqs{10000.0f, 8.0f, 4.0f, 1.0f, 1024}),
+               Error);
 }
 
 }  // namespace

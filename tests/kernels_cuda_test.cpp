@@ -607,18 +607,22 @@ TEST_F(CudaOpsTest, RopeForwardBackward) {
   AttnShape s;
   s.B = 2, s.T = 37, s.n_head = 4, s.n_kv_head = 2, s.head_dim = 16;
   const int64_t n = int64_t{s.B} * s.T * s.qkv_width();
-  VecF x = randn(n, 56);
-  Tensor gx = dev(x, {s.B, s.T, s.qkv_width()});
-  VecF want = x;
-  cpu_->rope_forward(tf(want, {n}), s, 10000.0f);
-  gpu_->rope_forward(gx, s, 10000.0f);
-  EXPECT_TRUE(near(host(gx), want, kOneRounding, 4e-3));
-  VecF d = randn(n, 57);
-  Tensor gd = dev(d, {n});
-  VecF wantd = d;
-  cpu_->rope_backward(tf(wantd, {n}), s, 10000.0f);
-  gpu_->rope_backward(gd, s, 10000.0f);
-  EXPECT_TRUE(near(host(gd), wantd, kOneRounding, 4e-3));
+  // Plain, and Llama 3.1's scaling with every regime among head_dim 16's wavelengths (kept, interpolated, divided).
+  for (const RopeFreqs& f : {RopeFreqs{10000.0f}, RopeFreqs{10000.0f, 8.0f, 1.0f, 8.0f, 1024}}) {
+    SCOPED_TRACE(f.scaling);
+    VecF x = randn(n, 56);
+    Tensor gx = dev(x, {s.B, s.T, s.qkv_width()});
+    VecF want = x;
+    cpu_->rope_forward(tf(want, {n}), s, f);
+    gpu_->rope_forward(gx, s, f);
+    EXPECT_TRUE(near(host(gx), want, kOneRounding, 4e-3));
+    VecF d = randn(n, 57);
+    Tensor gd = dev(d, {n});
+    VecF wantd = d;
+    cpu_->rope_backward(tf(wantd, {n}), s, f);
+    gpu_->rope_backward(gd, s, f);
+    EXPECT_TRUE(near(host(gd), wantd, kOneRounding, 4e-3));
+  }
 }
 
 // ---- losses ---------------------------------------------------------------------------------------------------

@@ -147,6 +147,8 @@ TEST(RunConfig, HyperparametersOutOfRangeNameKeyValueAndRange) {
       {"--model.norm_eps=-1", "model.norm_eps = -1 is out of range: it must be finite and > 0"},
       {"--model.norm_eps=nan", "model.norm_eps = nan is out of range"},
       {"--model.rope_theta=inf", "model.rope_theta = inf is out of range"},
+      {"--model.rope_scaling=-1", "model.rope_scaling = -1 is out of range: it must be 0 (none) or a finite factor > 0"},
+      {"--model.rope_scaling=8", "model.rope_scaling = 8 scales RoPE's frequencies, but model.pos = 'learned'"},
       {"--train.peak_tflops=inf", "train.peak_tflops = inf is out of range"},
       {"--sample.temperature=inf", "sample.temperature = inf is out of range"},
       {"--train.trace_steps=[3]", "train.trace_steps must be [first, last] with first <= last"},

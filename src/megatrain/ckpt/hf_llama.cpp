@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "megatrain/ckpt/config_json.h"
@@ -123,16 +124,43 @@ ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
   const LlamaSettings s{m, where};
   if (const json* t = m.setting("model_type"))
     MT_CHECK(*t == "llama", "{} describes a {} model; this converter reads model_type \"llama\"", where, t->dump());
-  // What HF's Llama can compute and megatrain's cannot: refused by name, never converted into a different network.
-  if (const json* r = m.setting("rope_scaling"))
-    fail("{}: rope_scaling = {} is not supported: megatrain's RoPE has no frequency scaling (Llama 3.1 and later "
-         "scale them for long contexts)", where, r->dump());
+  // What HF's Llama can compute and megatrain's cannot is refused by name, never converted into another network.
+  // RoPE: rope_theta, and rope_scaling (transformers 5: both in rope_parameters), whose only type megatrain computes
+  // is Llama 3.1's "llama3" (kernels/rope_freqs.h).
   double theta = s.number(m.setting("rope_theta"), "rope_theta", 10000.0);
+  RopeFreqs scaled{0.0f};
+  auto rope_type = [&](const json& r, const std::string& key) {
+    MT_CHECK(r.is_object(), "{}: {} must be an object (got {})", where, key, r.dump());
+    for (const char* k : {"rope_type", "type"})  // "type": the older spelling
+      if (r.contains(k) && !r[k].is_null()) {
+        MT_CHECK(r[k].is_string(), "{}: {}.{} must be a string (got {})", where, key, k, r[k].dump());
+        return r[k].get<std::string>();
+      }
+    return std::string("default");
+  };
+  auto read_scaling = [&](const json& r, const std::string& key) {
+    const std::string type = rope_type(r, key);
+    if (type == "default") return;
+    MT_CHECK(type == "llama3", "{}: {} of type \"{}\" is not supported: megatrain scales RoPE's frequencies as "
+             "Llama 3.1 does (\"llama3\") or not at all", where, key, type);
+    auto field = [&](const char* k, std::optional<double> absent) {
+      if (!r.contains(k) || r[k].is_null()) {
+        MT_CHECK(absent.has_value(), "{}: {}.{} is missing; rope type \"llama3\" needs it", where, key, k);
+        return *absent;
+      }
+      return s.number(&r[k], (key + "." + k).c_str(), 0.0);
+    };
+    scaled.scaling = static_cast<float>(field("factor", std::nullopt));
+    scaled.low_freq_factor = static_cast<float>(field("low_freq_factor", 1.0));
+    scaled.high_freq_factor = static_cast<float>(field("high_freq_factor", 4.0));
+    const double orig = field("original_max_position_embeddings", std::nullopt);
+    MT_CHECK(orig >= 1 && orig <= INT_MAX && orig == static_cast<int>(orig),
+             "{}: {}.original_max_position_embeddings must be a positive integer (got {})", where, key, orig);
+    scaled.original_len = static_cast<int>(orig);
+  };
+  if (const json* r = m.setting("rope_scaling")) read_scaling(*r, "rope_scaling");
   if (const json* rp = m.setting("rope_parameters")) {  // transformers 5 moved rope_theta and rope_type here
-    MT_CHECK(rp->is_object(), "{}: rope_parameters must be an object (got {})", where, rp->dump());
-    if (rp->contains("rope_type") && !(*rp)["rope_type"].is_null())
-      MT_CHECK((*rp)["rope_type"] == "default", "{}: rope_parameters.rope_type = {} is not supported: megatrain's RoPE "
-               "has no frequency scaling", where, (*rp)["rope_type"].dump());
+    read_scaling(*rp, "rope_parameters");
     if (rp->contains("rope_theta") && !(*rp)["rope_theta"].is_null())
       theta = s.number(&(*rp)["rope_theta"], "rope_parameters.rope_theta", theta);
   }
@@ -160,6 +188,12 @@ ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
   c.max_seq_len = s.count("max_position_embeddings", 2048);  // HF LlamaConfig's defaults, here and below
   c.norm_eps = static_cast<float>(s.number(m.setting("rms_norm_eps"), "rms_norm_eps", 1e-6));
   c.rope_theta = static_cast<float>(theta);
+  c.rope_scaling = scaled.scaling;
+  if (scaled.scaling > 0) {
+    c.rope_low_freq_factor = scaled.low_freq_factor;
+    c.rope_high_freq_factor = scaled.high_freq_factor;
+    c.rope_original_max_len = scaled.original_len;
+  }
   if (const json* ir = m.setting("initializer_range"))
     c.init_std = static_cast<float>(s.number(ir, "initializer_range", 0.02));
   c.tied_embeddings = s.flag("tie_word_embeddings", false);
@@ -246,7 +280,12 @@ json hf_llama_config_json(const ModelConfig& c, DType dtype) {
             {"max_position_embeddings", c.max_seq_len},
             {"rms_norm_eps", shortest_decimal(c.norm_eps)},
             {"rope_theta", shortest_decimal(c.rope_theta)},
-            {"rope_scaling", nullptr},
+            {"rope_scaling", c.rope_scaling > 0 ? json{{"rope_type", "llama3"},
+                                                         {"factor", shortest_decimal(c.rope_scaling)},
+                                                         {"low_freq_factor", shortest_decimal(c.rope_low_freq_factor)},
+                                                         {"high_freq_factor", shortest_decimal(c.rope_high_freq_factor)},
+                                                         {"original_max_position_embeddings", c.rope_original_max_len}}
+                                                  : json(nullptr)},
             {"hidden_act", "silu"},
             {"attention_bias", false},
             {"mlp_bias", false},

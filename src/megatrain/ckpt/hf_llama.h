@@ -34,9 +34,10 @@ bool is_hf_llama(const HfModelFiles& m);
 
 // The config config.json describes, checked against the tensors' shapes: hidden_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, rms_norm_eps,
-// rope_theta (or rope_parameters.rope_theta), tie_word_embeddings. What megatrain does not compute is refused by
-// name: rope_scaling (Llama 3.1's long-context frequencies), attention_bias, mlp_bias, a hidden_act other than
-// silu, a head_dim other than hidden_size / num_attention_heads.
+// rope_theta and rope_scaling (or transformers 5's rope_parameters), tie_word_embeddings. What megatrain does not
+// compute is refused by name: a rope type other than "default" and Llama 3.1's "llama3" (yarn, linear, dynamic,
+// longrope), attention_bias, mlp_bias, a hidden_act other than silu, a head_dim other than hidden_size /
+// num_attention_heads.
 ModelConfig infer_hf_llama_config(const HfModelFiles& m);
 
 // Fills store (declared for cfg and allocated; an empty store is declared and allocated here) from the files.

@@ -45,7 +45,15 @@ void check_same_architecture(const ModelConfig& s, const ModelConfig& w, const s
   same("bias", s.bias, w.bias);
   same("tied_embeddings", s.tied_embeddings, w.tied_embeddings);
   same("norm_eps", s.norm_eps, w.norm_eps);
-  if (w.pos == PosKind::Rope) same("rope_theta", s.rope_theta, w.rope_theta);
+  if (w.pos == PosKind::Rope) {
+    same("rope_theta", s.rope_theta, w.rope_theta);
+    same("rope_scaling", s.rope_scaling, w.rope_scaling);
+    if (w.rope_scaling > 0) {
+      same("rope_low_freq_factor", s.rope_low_freq_factor, w.rope_low_freq_factor);
+      same("rope_high_freq_factor", s.rope_high_freq_factor, w.rope_high_freq_factor);
+      same("rope_original_max_len", s.rope_original_max_len, w.rope_original_max_len);
+    }
+  }
   if (w.pos == PosKind::Learned)
     MT_CHECK(s.max_seq_len >= w.max_seq_len, "{} has {} learned positions but the config asks for model.max_seq_len = {}",
              source, s.max_seq_len, w.max_seq_len);

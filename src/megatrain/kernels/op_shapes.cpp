@@ -124,10 +124,14 @@ void check_attention_forward(const char* op, const Tensor& out, const Tensor& ls
   check_numel(lse, int64_t{s.B} * s.n_head * s.T, op, "lse");
 }
 
-void check_rope(const char* op, const Tensor& qkv, const AttnShape& s, float theta) {
+void check_rope(const char* op, const Tensor& qkv, const AttnShape& s, const RopeFreqs& f) {
   MT_CHECK(s.B > 0 && s.T > 0 && s.n_head > 0 && s.n_kv_head > 0, "{}: bad attention shape", op);
   MT_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, "{}: head_dim must be even and positive (got {})", op, s.head_dim);
-  MT_CHECK(theta > 0, "{}: theta must be positive (got {})", op, theta);
+  MT_CHECK(f.theta > 0, "{}: theta must be positive (got {})", op, f.theta);
+  MT_CHECK(f.scaling == 0 || (f.scaling > 0 && f.low_freq_factor > 0 && f.high_freq_factor > f.low_freq_factor &&
+                              f.original_len > 0),
+           "{}: RoPE scaling {} needs 0 < low_freq_factor ({}) < high_freq_factor ({}) and original_len ({}) > 0", op,
+           f.scaling, f.low_freq_factor, f.high_freq_factor, f.original_len);
   check_numel(qkv, int64_t{s.B} * s.T * s.qkv_width(), op, "qkv");
 }
 

@@ -60,7 +60,7 @@ void check_attn_shape(const char* op, const AttnShape& s);
 void check_attention_forward(const char* op, const Tensor& out, const Tensor& lse, const Tensor& qkv,
                              const AttnShape& s);
 // The shape RoPE needs (head_dim even), theta > 0, qkv [B, T, qkv_width].
-void check_rope(const char* op, const Tensor& qkv, const AttnShape& s, float theta);
+void check_rope(const char* op, const Tensor& qkv, const AttnShape& s, const RopeFreqs& f);
 
 // ---- activations ---------------------------------------------------------------------------------------------
 // GeLU: out has inp's element count; returns it.

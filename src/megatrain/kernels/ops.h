@@ -23,6 +23,7 @@
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/core/tensor.h"
+#include "megatrain/kernels/rope_freqs.h"
 
 namespace mt {
 
@@ -180,9 +181,10 @@ class Ops {
   // dqkv must not alias qkv.
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) = 0;
   // Rotary position embedding, in place on the q and k heads of qkv (v untouched), position = t.
-  // Pairs are (i, i + head_dim/2) (GPT-NeoX / Llama "rotate_half" convention), freq_i = theta^(-2i/head_dim).
-  virtual void rope_forward(Tensor qkv, const AttnShape& s, float theta) = 0;
-  virtual void rope_backward(Tensor dqkv, const AttnShape& s, float theta) = 0;  // in place: the inverse rotation
+  // Pairs are (i, i + head_dim/2) (GPT-NeoX / Llama "rotate_half" convention), freq_i = rope_inv_freq(f, i, head_dim)
+  // (kernels/rope_freqs.h: theta^(-2i/head_dim), optionally Llama 3.1's long-context scaling).
+  virtual void rope_forward(Tensor qkv, const AttnShape& s, const RopeFreqs& f) = 0;
+  virtual void rope_backward(Tensor dqkv, const AttnShape& s, const RopeFreqs& f) = 0;  // in place: the inverse rotation
   // Sizes any workspace attention needs for shapes up to s now, so that no step allocates (a no-op on CPU).
   virtual void reserve_attention(const AttnShape& s) {}
 

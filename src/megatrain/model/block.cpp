@@ -255,7 +255,7 @@ void Block::forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s,
     ops.matmul_forward(rows(v.qkv, r0, n), rows(v.ln1, r0, n), P(c_attn_.w), P(c_attn_.b));
     if (!seq) mlp_up_forward(ops, rows(v.fc, r0, n), rows(v.act, r0, n), rows(v.ln1, r0, n));
   });
-  if (cfg_.pos == PosKind::Rope) ops.rope_forward(v.qkv, v.as, cfg_.rope_theta);
+  if (cfg_.pos == PosKind::Rope) ops.rope_forward(v.qkv, v.as, cfg_.rope_freqs());
   ops.attention_forward(v.att, v.lse, v.qkv, v.as);
   if (!seq) return row_forward_add(ops, y, x, v.part, v.N, {attn_out, mlp_out});  // y = x + attn + mlp
 
@@ -307,7 +307,7 @@ void Block::backward(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& 
     row_backward(dx, v.d_h, attn_proj);
   }
   ops.attention_backward(v.d_qkv, v.d_att, v.qkv, v.att, v.lse, v.as);
-  if (cfg_.pos == PosKind::Rope) ops.rope_backward(v.d_qkv, v.as, cfg_.rope_theta);
+  if (cfg_.pos == PosKind::Rope) ops.rope_backward(v.d_qkv, v.as, cfg_.rope_freqs());
   // LN1's output fed c_attn and, in the parallel block, c_fc too: their input gradients add. The single-process
   // and tp paths have always added them in opposite orders (c_fc first at tp = 1, c_attn first at tp > 1); each
   // keeps its order so that its losses stay bit-identical.

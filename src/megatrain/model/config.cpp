@@ -136,6 +136,18 @@ void ModelConfig::validate() const {
   positive("norm_eps", norm_eps, "the epsilon added to the variance in LayerNorm/RMSNorm");
   positive("init_std", init_std, "the standard deviation of the initial weights");
   positive("rope_theta", rope_theta, "RoPE's base frequency");
+  MT_CHECK(std::isfinite(rope_scaling) && rope_scaling >= 0,
+           "model.rope_scaling = {} is out of range: it must be 0 (none) or a finite factor > 0", rope_scaling);
+  if (rope_scaling > 0) {
+    MT_CHECK(pos == PosKind::Rope, "model.rope_scaling = {} scales RoPE's frequencies, but model.pos = '{}'",
+             rope_scaling, kind_name(pos));
+    positive("rope_low_freq_factor", rope_low_freq_factor, "the wavelength band's upper edge is "
+             "rope_original_max_len / rope_low_freq_factor");
+    MT_CHECK(std::isfinite(rope_high_freq_factor) && rope_high_freq_factor > rope_low_freq_factor,
+             "model.rope_high_freq_factor = {} must be finite and above model.rope_low_freq_factor = {}",
+             rope_high_freq_factor, rope_low_freq_factor);
+    in_range("rope_original_max_len", rope_original_max_len, 1, kMaxSeqLen);
+  }
   const int64_t n = num_params();
   MT_CHECK(n <= kMaxParams, "model: {} parameters (model.n_layer {}, model.d_model {}, model.vocab_size {}) exceed the "
            "limit of {} ({} TB of fp32 weights)", n, n_layer, d_model, vocab_size, kMaxParams, (kMaxParams * 4) >> 40);

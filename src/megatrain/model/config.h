@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/kernels/rope_freqs.h"
+
 namespace mt {
 
 // The model's kinds. Users (TOML, CLI overrides) and checkpoint manifests spell them as strings (kind_name);
@@ -39,6 +41,13 @@ struct ModelConfig {
   MlpKind mlp = MlpKind::Gelu;
   PosKind pos = PosKind::Learned;
   float rope_theta = 10000.0f;
+  // RoPE's long-context frequency scaling, as Llama 3.1 and later (HF rope_type "llama3"; kernels/rope_freqs.h):
+  // 0 = none, else the factor that divides the low frequencies (Llama 3.1: 8, Llama 3.2: 32), with the band edges
+  // and the context length the model was first trained at.
+  float rope_scaling = 0.0f;
+  float rope_low_freq_factor = 1.0f;
+  float rope_high_freq_factor = 4.0f;
+  int rope_original_max_len = 8192;
   BlockKind block = BlockKind::Sequential;  // sequential: x += Attn(LN1 x); x += MLP(LN2 x)
                                             // parallel:   x += Attn(LN x) + MLP(LN x)   (MegaScale PTB)
   int window = 0;                   // sliding-window attention width; 0 = full causal
@@ -58,6 +67,9 @@ struct ModelConfig {
   bool recompute_norm = false;
 
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  RopeFreqs rope_freqs() const {
+    return {rope_theta, rope_scaling, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_len};
+  }
   int head_dim() const { return d_model / n_head; }
   int ff_dim() const;
   int padded_vocab() const;

@@ -223,6 +223,10 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   m.get("mlp", mc.mlp);
   m.get("pos", mc.pos);
   m.get("rope_theta", mc.rope_theta);
+  m.get("rope_scaling", mc.rope_scaling);
+  m.get("rope_low_freq_factor", mc.rope_low_freq_factor);
+  m.get("rope_high_freq_factor", mc.rope_high_freq_factor);
+  m.get("rope_original_max_len", mc.rope_original_max_len);
   m.get("block", mc.block);
   m.get("window", mc.window);
   m.get("tied_embeddings", mc.tied_embeddings);

@@ -95,8 +95,8 @@ class CudaOps final : public Ops {
 
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, const AttnShape& s) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, const AttnShape& s) override;
-  void rope_forward(Tensor qkv, const AttnShape& s, float theta) override;
-  void rope_backward(Tensor dqkv, const AttnShape& s, float theta) override;
+  void rope_forward(Tensor qkv, const AttnShape& s, const RopeFreqs& f) override;
+  void rope_backward(Tensor dqkv, const AttnShape& s, const RopeFreqs& f) override;
 
   void gelu_forward(Tensor out, Tensor inp) override;
   void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override;

@@ -8,6 +8,7 @@
 // Dtypes: bf16 = activations and the weights' compute copy; float = parameter gradients, statistics, optimizer
 // state; int32 = token ids and targets. Every launcher is asynchronous on `s`.
 #pragma once
+#include "megatrain/kernels/rope_freqs.h"
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -110,7 +111,7 @@ void norm_backward(cudaStream_t s, const NormBackwardArgs& a);
 
 // ---- rope (rope_kernels.cu) ------------------------------------------------------------------------------------
 // In place on the q and k heads of qkv [B*T, (n_head + 2*n_kv_head) * hd]; sign +1 rotates, -1 un-rotates.
-void rope(cudaStream_t s, bf16* qkv, int64_t B, int64_t T, int n_head, int n_kv_head, int head_dim, float theta,
+void rope(cudaStream_t s, bf16* qkv, int64_t B, int64_t T, int n_head, int n_kv_head, int head_dim, const RopeFreqs& f,
           float sign);
 
 // ---- losses (loss_kernels.cu) ----------------------------------------------------------------------------------

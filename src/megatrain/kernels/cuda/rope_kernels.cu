@@ -1,11 +1,13 @@
 // Rotary position embedding in place on the q and k heads of packed bf16 qkv rows (rotate_half pairing: element i
-// of a head pairs with element i + hd/2; freq_i = theta^(-2i/hd); position = t).
+// of a head pairs with element i + hd/2; freq_i = rope_inv_freq (kernels/rope_freqs.h), the CPU reference's own
+// function; position = t).
 //
 // One thread per (row, pair index i): it computes cos/sin of t * freq_i once and applies them to that pair in
 // every q and k head of the row (heads are contiguous: [q heads | k heads | v heads]). The angle is formed in
 // double, as the CPU reference's table is: t * freq reaches thousands of radians, where a float angle would carry
 // errors of ~1e-4 rad; the double math is amortised over all heads of the row.
 #include "megatrain/kernels/cuda/device_util.cuh"
+#include "megatrain/kernels/rope_freqs.h"
 
 namespace mt::cuda {
 
@@ -13,14 +15,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void rope_kernel(bf16* qkv, int64_t rows, int64_t T, int heads, int64_t width, int head_dim, double log_theta,
+__global__ void rope_kernel(bf16* qkv, int64_t rows, int64_t T, int heads, int64_t width, int head_dim, RopeFreqs f,
                             float sign) {
   const int half = head_dim / 2;
   for (int64_t e = global_thread(); e < rows * half; e += grid_threads()) {
     const int64_t r = e / half;
     const int i = static_cast<int>(e % half);
     const int64_t t = r % T;
-    const double inv_freq = exp(-2.0 * i / head_dim * log_theta);  // theta^(-2i/hd)
+    const double inv_freq = rope_inv_freq(f, i, head_dim);
     double sd, cd;
     sincos(static_cast<double>(t) * inv_freq, &sd, &cd);
     const float c = static_cast<float>(cd), sn = sign * static_cast<float>(sd);
@@ -37,13 +39,13 @@ __global__ void rope_kernel(bf16* qkv, int64_t rows, int64_t T, int heads, int64
 
 }  // namespace
 
-void rope(cudaStream_t s, bf16* qkv, int64_t B, int64_t T, int n_head, int n_kv_head, int head_dim, float theta,
+void rope(cudaStream_t s, bf16* qkv, int64_t B, int64_t T, int n_head, int n_kv_head, int head_dim, const RopeFreqs& f,
           float sign) {
   const int64_t rows = B * T, width = static_cast<int64_t>(n_head + 2 * n_kv_head) * head_dim;
   const int64_t work = rows * (head_dim / 2);
   if (work <= 0) return;
-  rope_kernel<<<grid_for(work, kThreads), kThreads, 0, s>>>(qkv, rows, T, n_head + n_kv_head, width, head_dim,
-                                                          log(static_cast<double>(theta)), sign);
+  rope_kernel<<<grid_for(work, kThreads), kThreads, 0, s>>>(qkv, rows, T, n_head + n_kv_head, width, head_dim, f,
+                                                          sign);
   check_launch("rope_kernel");
 }
 
