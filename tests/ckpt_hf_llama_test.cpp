@@ -475,6 +475,7 @@ TEST(HfLlama, WhatMegatrainCannotComputeIsRefusedByName) {
   std::filesystem::remove(dir / "bare/config.json");
   EXPECT_NE(error_of([&] { model_config_of(dir / "bare/model.safetensors"); }).find("needs the config.json"),
             std::string::npos);
+  EXPECT_NE(error_of([&] { model_config_of(dir / "bare"); }).find("needs the config.json"), std::string::npos);
 
   // Shapes that disagree with the config, missing and extra tensors, a tied head that differs from the embedding.
   auto import_error = [&](const std::string& name, const HfModel& mm, const json& config) {

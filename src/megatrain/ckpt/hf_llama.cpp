@@ -165,8 +165,8 @@ ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
       theta = s.number(&(*rp)["rope_theta"], "rope_parameters.rope_theta", theta);
   }
   if (const json* act = m.setting("hidden_act"))
-    MT_CHECK(*act == "silu", "{}: hidden_act = {} is not supported: megatrain's SwiGLU gates with silu", where,
-             act->dump());
+    MT_CHECK(*act == "silu" || *act == "swish", "{}: hidden_act = {} is not supported: megatrain's SwiGLU gates "
+             "with silu", where, act->dump());
   MT_CHECK(!s.flag("attention_bias", false), "{}: attention_bias = true is not supported: megatrain's Llama layout has "
            "no biases", where);
   MT_CHECK(!s.flag("mlp_bias", false), "{}: mlp_bias = true is not supported: megatrain's Llama layout has no biases",

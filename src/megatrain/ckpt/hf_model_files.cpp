@@ -36,7 +36,7 @@ json read_json_file(const std::string& path) {
 bool HfModelFiles::is_model_dir(const std::string& path) {
   std::error_code ec;
   const fs::path d(path);
-  return fs::is_directory(d, ec) && !fs::exists(d / "manifest.json", ec) && fs::is_regular_file(d / "config.json", ec) &&
+  return fs::is_directory(d, ec) && !fs::exists(d / "manifest.json", ec) &&
          (fs::is_regular_file(d / kHfWeights, ec) || fs::is_regular_file(d / kHfIndex, ec));
 }
 

@@ -20,8 +20,8 @@ class HfModelFiles {
   // every listed file must exist and hold its tensors, and no file may hold a tensor the index does not list.
   static HfModelFiles open(const std::string& path);
 
-  // True when path looks like an HF model directory: config.json and model.safetensors or its index, and no
-  // megatrain manifest.json (what tells it from a checkpoint directory).
+  // True when path looks like an HF model directory: model.safetensors or its index, and no megatrain
+  // manifest.json (what tells it from a checkpoint step directory; a checkpoint root holds neither file).
   static bool is_model_dir(const std::string& path);
 
   const std::string& source() const { return source_; }  // what was opened, for messages
