@@ -167,8 +167,9 @@ void rope(Vec& x, int heads, int pos, const Llama3Scaling& sc) {
 }
 
 // logits [T][V] of HF's LlamaForCausalLM on one sequence.
+// window > 0: Mistral's sliding window, transformers' sliding_window_overlay: key s is seen from t when s > t - W.
 std::vector<Vec> hf_llama_logits(const HfModel& m, const std::vector<int32_t>& tokens, bool tied,
-                                 const Llama3Scaling& sc) {
+                                 const Llama3Scaling& sc, int window = 0) {
   const int n = static_cast<int>(tokens.size());
   std::vector<Vec> x(n, Vec(C));
   for (int t = 0; t < n; ++t)
@@ -191,13 +192,17 @@ std::vector<Vec> hf_llama_logits(const HfModel& m, const std::vector<int32_t>& t
         std::vector<double> s(t + 1);
         double mx = -1e300;
         for (int j = 0; j <= t; ++j) {
+          if (window > 0 && !(j > t - window)) {
+            s[j] = -1e300;
+            continue;
+          }
           double d = 0;
           for (int i = 0; i < HD; ++i) d += q[t][h * HD + i] * k[j][kvh * HD + i];
           s[j] = d / std::sqrt(double(HD));
           mx = std::max(mx, s[j]);
         }
         double z = 0;
-        for (double& e : s) z += (e = std::exp(e - mx));
+        for (double& e : s) z += (e = e == -1e300 ? 0.0 : std::exp(e - mx));
         for (int j = 0; j <= t; ++j)
           for (int i = 0; i < HD; ++i) o[h * HD + i] += s[j] / z * v[j][kvh * HD + i];
       }
@@ -218,14 +223,15 @@ std::vector<Vec> hf_llama_logits(const HfModel& m, const std::vector<int32_t>& t
 }
 
 // Our logits for the model stored at `weights` (an HF directory or a checkpoint), against the oracle's.
-void expect_logits_match(const std::string& weights, const HfModel& m, bool tied, const Llama3Scaling& sc = {}) {
+void expect_logits_match(const std::string& weights, const HfModel& m, bool tied, const Llama3Scaling& sc = {},
+                         int window = 0) {
   const ModelConfig cfg = model_config_of(weights);
   auto ops = make_cpu_ops();
   GPT gpt(cfg, *ops);
   load_model_weights(weights, cfg, gpt.params());
   const std::vector<int32_t> tokens = {3, 36, 0, 17, 17, 5, 29};
   const Tensor logits = gpt.logits(tokens.data(), 1, T);
-  const std::vector<Vec> want = hf_llama_logits(m, tokens, tied, sc);
+  const std::vector<Vec> want = hf_llama_logits(m, tokens, tied, sc, window);
   const float* got = logits.f32();
   const int64_t Vp = cfg.padded_vocab();
   // fp32 against double: each logit comes through two layers of dot products of at most 40 terms of O(1) values,
@@ -428,6 +434,46 @@ TEST(HfLlama, Llama31RopeScalingImportsExportsAndComputesAsHfDoes) {
   v5["rope_parameters"]["rope_theta"] = kTheta;
   write_llama(dir / "v5", m, v5);
   expect_logits_match(dir / "v5", m, false, sc);
+}
+
+// Mistral is Llama with sliding-window attention (MegaScale's SWA, model.window): a window of 3 over 7 positions
+// hides keys from every query past the third, so the full-attention forward would give other logits.
+TEST(HfLlama, MistralIsLlamaWithASlidingWindow) {
+  ScratchDir dir;
+  const HfModel m = random_llama(false);
+  json config = llama_config(false);
+  config["architectures"] = {"MistralForCausalLM"};
+  config["model_type"] = "mistral";
+  config["sliding_window"] = 3;
+  config.erase("attention_bias");  // not a MistralConfig key
+  write_llama(dir / "hf", m, config);
+  EXPECT_EQ(model_config_of(dir / "hf").window, 3);
+  expect_logits_match(dir / "hf", m, false, {}, 3);
+  const std::vector<int32_t> tokens = {3, 36, 0, 17, 17, 5, 29};
+  const auto a = hf_llama_logits(m, tokens, false, {}, 3), b = hf_llama_logits(m, tokens, false, {}, 0);
+  double diff = 0;
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < V; ++j) diff = std::max(diff, std::abs(a[t][j] - b[t][j]));
+  EXPECT_GT(diff, 1e-3);
+  // A megatrain model with a window exports as Mistral, and reads back as the same network.
+  convert_hf_to_checkpoint(dir / "hf", dir / "ck");
+  convert_checkpoint_to_hf(dir / "ck", dir / "out/model.safetensors");
+  const json back = json::parse(read_text_file(dir / "out/config.json"));
+  EXPECT_EQ(back.at("model_type"), "mistral");
+  EXPECT_EQ(back.at("architectures"), json::array({"MistralForCausalLM"}));
+  EXPECT_EQ(back.at("sliding_window"), 3);
+  EXPECT_FALSE(back.contains("attention_bias"));
+  expect_logits_match(dir / "out", m, false, {}, 3);
+  // null: full attention.
+  config["sliding_window"] = nullptr;
+  write_llama(dir / "full", m, config);
+  EXPECT_EQ(model_config_of(dir / "full").window, 0);
+  // A Llama config does not have one: a sliding_window there is a mistake, not a setting to drop.
+  json llama = llama_config(false);
+  llama["sliding_window"] = 3;
+  write_llama(dir / "llama", m, llama);
+  EXPECT_NE(error_of([&] { model_config_of(dir / "llama"); }).find("sliding_window is a Mistral setting"),
+            std::string::npos);
 }
 
 TEST(HfLlama, WhatMegatrainCannotComputeIsRefusedByName) {

@@ -1,4 +1,5 @@
-// Hugging Face Llama weights (LlamaForCausalLM) <-> megatrain parameters.
+// Hugging Face Llama weights (LlamaForCausalLM, and MistralForCausalLM: Llama with sliding-window attention) <->
+// megatrain parameters.
 //
 // megatrain's Llama-style model (rmsnorm, swiglu, rope, no biases, sequential block) is HF's Llama computed the same
 // way: RoPE pairs (i, i + head_dim/2) as HF's rotate_half does, query head h reads key/value head h / (H / Hkv) as
@@ -25,10 +26,10 @@
 namespace mt {
 
 // Throws naming the first option HF Llama cannot express (layernorm, gelu, learned positions, parallel block,
-// biases, sliding window).
+// biases). A sliding window exports as Mistral.
 void check_hf_llama_convertible(const ModelConfig& cfg);
 
-// True when the files are an HF Llama: config.json's model_type is "llama", or, without a model_type, the tensor
+// True when the files are an HF Llama: config.json's model_type is "llama" or "mistral", or, without one, the tensor
 // names are Llama's (model.embed_tokens.weight).
 bool is_hf_llama(const HfModelFiles& m);
 
@@ -61,7 +62,8 @@ std::vector<HfRowBlock> hf_llama_row_blocks(const ModelConfig& cfg, const std::s
 // RoPE's inverse frequencies (*.rotary_emb.inv_freq), which files of older transformers carry: not weights.
 bool is_hf_llama_buffer(const std::string& name);
 
-// HF LlamaConfig keys for cfg (architectures LlamaForCausalLM, model_type "llama", ...).
+// HF LlamaConfig keys for cfg (architectures LlamaForCausalLM, model_type "llama", ...); with model.window > 0,
+// MistralConfig's (MistralForCausalLM, model_type "mistral", sliding_window).
 nlohmann::json hf_llama_config_json(const ModelConfig& cfg, DType dtype = DType::F32);
 
 }  // namespace mt

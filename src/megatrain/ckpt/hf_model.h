@@ -30,7 +30,8 @@ void export_hf_model(const ModelConfig& cfg, const ParamStore& store, const std:
 
 // Slices of our parameters' full tensors, read straight from an HF model: what a rank that holds only part of the
 // model (tensor or pipeline parallel) needs from it. The files are mapped, so only the pages of the slices asked for
-// are read; a 70B model under tp 8 x pp 4 costs each rank 1/32 of it. The same signature as CheckpointReader::read.
+// are read: the rank's own rows of a tensor split by rows, and the pages its columns cross of one split by columns
+// (the row-parallel layers), rather than the whole model. The same signature as CheckpointReader::read.
 class HfSliceReader {
  public:
   // Checks that the files hold the model of cfg (check_same_architecture), that every tensor our layout maps has
