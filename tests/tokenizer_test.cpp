@@ -602,4 +602,158 @@ TEST(BpeTrain, TrainedVocabularyLoadsHereAndInTheReference) {
   EXPECT_LT(tokens, test_text.size() / 2) << "merges should compress text well below one token per byte";
 }
 
+// ---- HF tokenizer.json: Llama 3's, against an independent JS port (npm llama3-tokenizer-js) ------------------
+
+std::string llama3_package() { return mt::resource_path(".deps/npm/node_modules/llama3-tokenizer-js"); }
+
+// The package's vocabulary, merges and special tokens as a tokenizer.json (tests/tools/llama3_tokenizer.js dump),
+// loaded once per test process.
+const Tokenizer& llama3() {
+  static const Tokenizer t = [] {
+    const std::string path = tmp_dir() + "/llama3-tokenizer.json";
+    run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/llama3_tokenizer.js", llama3_package(), "dump", path});
+    return Tokenizer::load_hf(path);
+  }();
+  return t;
+}
+
+std::vector<Ids> llama3_reference(const std::vector<std::string>& texts) {
+  std::string in = tmp_dir() + "/l3_in.json", out = tmp_dir() + "/l3_out.json";
+  mt::write_file_atomic(in, nlohmann::json(texts).dump());
+  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/llama3_tokenizer.js", llama3_package(), "encode", in, out});
+  if (::testing::Test::HasFatalFailure()) return {};
+  return nlohmann::json::parse(mt::read_text_file(out)).get<std::vector<Ids>>();
+}
+
+TEST(HfTokenizer, Llama3MatchesItsReferenceOnHalfAMegabyte) {
+  const Tokenizer& t = llama3();
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(t.vocab_size(), 128256);
+  EXPECT_EQ(t.eot(), 128001);  // <|end_of_text|>
+  EXPECT_EQ(t.pre_tokenizer(), mt::PreTokenizer::Llama3);
+  // Brown's prose, and generated text with every case the pre-tokenizer distinguishes (contractions in both cases,
+  // digit runs, symbols before line breaks, whitespace runs with and without line breaks, many scripts).
+  const std::string text = brown_text(250'000, 100) + generated_text(250'000, 23);
+  const std::vector<std::string> chunks = line_chunks(text, 4096);
+  const std::vector<Ids> ref = llama3_reference(chunks);
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<Ids> ours;
+  for (auto& c : chunks) {
+    ours.push_back(t.encode(c, /*allow_special=*/false));
+    ASSERT_EQ(t.decode(ours.back()), c);
+  }
+  expect_same_ids(t, chunks, ours, ref);
+}
+
+TEST(HfTokenizer, Llama3PreTokensAndSpecialTokens) {
+  using mt::PreTokenizer;
+  // Splits derived by hand from the regex (tokenizer.h), each alternative where it differs from GPT-2's.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"I'M here", {"I", "'M", " here"}},                       // contractions in any case
+      {"(hello) world", {"(hello", ")", " world"}},             // one non-letter may lead a word
+      {" (hello", {" (", "hello"}},                             // ... but a space and a symbol go together
+      {"1234567", {"123", "456", "7"}},                         // digits in threes
+      {"x!?\n\ny", {"x", "!?\n\n", "y"}},                       // symbols take the line breaks after them
+      {"a \n\n  b", {"a", " \n\n", " ", " b"}},                  // whitespace up to its last line break
+      {"a   b", {"a", "  ", " b"}},                              // the last space goes with the word
+  };
+  for (const auto& [text, want] : cases) {
+    std::vector<std::string> got;
+    for (auto p : mt::pretokenize(text, PreTokenizer::Llama3)) got.emplace_back(p);
+    EXPECT_EQ(got, want) << escaped(text);
+  }
+  // Special tokens: text when allow_special is false, one id each when true (the reference always reads them so).
+  const Tokenizer& t = llama3();
+  ASSERT_FALSE(HasFatalFailure());
+  // Words that are one token but that BPE from their bytes splits in three or four (model.ignore_merges: found by
+  // encoding every token of the vocabulary with and without it; the half-megabyte above meets none).
+  for (const std::string w : {" nhiên", " biệt", " değiş", " характ", " nhiệm"})
+    EXPECT_EQ(t.encode(w, false).size(), 1u) << w;
+  const std::string words = "Thêm nhiên biệt değiş mektedir характ nhiệm";
+  EXPECT_EQ(t.encode(words, false), llama3_reference({words}).at(0));
+  const std::string s = "<|begin_of_text|>Hello<|end_of_text|><|reserved_special_token_7|>";
+  const Ids with = t.encode(s, /*allow_special=*/true);
+  EXPECT_EQ(with, llama3_reference({s}).at(0));
+  EXPECT_EQ(with.front(), 128000);
+  EXPECT_EQ(with[with.size() - 2], 128001);
+  EXPECT_EQ(t.decode(with), s);
+  const Ids plain = t.encode(s, /*allow_special=*/false);
+  EXPECT_GT(plain.size(), with.size());
+  for (int32_t id : plain) EXPECT_LT(id, 128000);
+}
+
+// GPT-2's own files written as a tokenizer.json (its ByteLevel pre-tokenizer) read as the same tokenizer.
+TEST(HfTokenizer, Gpt2AsTokenizerJsonEqualsItsFiles) {
+  const std::string dir = mt::default_gpt2_vocab_dir();
+  nlohmann::json vocab = nlohmann::json::parse(mt::read_text_file(dir + "/encoder.json"));
+  nlohmann::json merges = nlohmann::json::array();
+  const std::string bpe = mt::read_text_file(dir + "/vocab.bpe");
+  for (size_t p = bpe.find('\n') + 1; p < bpe.size();) {
+    const size_t e = bpe.find('\n', p);
+    if (e > p) merges.push_back(bpe.substr(p, e - p));
+    p = e + 1;
+  }
+  const nlohmann::json tj = {
+      {"added_tokens", {{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+  const std::string path = tmp_dir() + "/gpt2-tokenizer.json";
+  mt::write_file_atomic(path, tj.dump());
+  const Tokenizer hf = Tokenizer::load(path);  // a file: tokenizer.json
+  EXPECT_EQ(hf.vocab_size(), 50257);
+  EXPECT_EQ(hf.eot(), 50256);
+  const std::string text = brown_text(200'000, 120) + generated_text(100'000, 29);
+  for (const std::string& c : line_chunks(text, 4096)) ASSERT_EQ(hf.encode(c, false), gpt2().encode(c, false)) << escaped(c);
+  EXPECT_EQ(hf.encode("a<|endoftext|>b", true), gpt2().encode("a<|endoftext|>b", true));
+}
+
+TEST(HfTokenizer, WhatItCannotComputeIsRefusedByName) {
+  auto refused = [](const nlohmann::json& tj, const std::string& part) {
+    const std::string path = tmp_dir() + "/bad-tokenizer.json";
+    mt::write_file_atomic(path, tj.dump());
+    std::string e;
+    try {
+      Tokenizer::load_hf(path);
+    } catch (const mt::Error& err) {
+      e = err.what();
+    }
+    EXPECT_NE(e.find(part), std::string::npos) << e;
+  };
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[mt::bytes_to_gpt2_text(std::string(1, static_cast<char>(b)))] = b;
+  const nlohmann::json good = {
+      {"added_tokens", {{{"id", 256}, {"content", "<|endoftext|>"}}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  {
+    const std::string path = tmp_dir() + "/good-tokenizer.json";
+    mt::write_file_atomic(path, good.dump());
+    EXPECT_EQ(Tokenizer::load_hf(path).vocab_size(), 257);  // bytes only: every text encodes, byte by byte
+  }
+  nlohmann::json j = good;
+  j["model"]["byte_fallback"] = true;
+  refused(j, "SentencePiece-style BPE");
+  j = good;
+  j["model"]["type"] = "Unigram";
+  refused(j, "model.type is \"Unigram\"");
+  j = good;
+  j["normalizer"] = {{"type", "NFC"}};
+  refused(j, "a normalizer");
+  j = good;
+  j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}},
+                                                                  {"behavior", "Isolated"}},
+                                                                 {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+  refused(j, "is not one megatrain computes");
+  j = good;
+  j["added_tokens"] = nlohmann::json::array();
+  refused(j, "no end-of-text token");
+  j = good;
+  j["added_tokens"][0]["id"] = 300;
+  refused(j, "not dense");
+  j = good;
+  j["model"]["merges"] = {"a b"};
+  refused(j, "merge \"a b\" uses or makes a token missing from model.vocab");
+}
+
 }  // namespace

@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
+#include <cstdint>
+#include <filesystem>
+#include <map>
 #include <mutex>
 
 #include "megatrain/core/error.h"
@@ -99,6 +103,100 @@ void split(std::string_view text, Emit&& emit) {
   }
 }
 
+// Llama 3's regex (tokenizer.h), alternatives in its order at each match start:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)       contractions, ASCII case-insensitive (as the reference JS port has them)
+//   [^\r\n\p{L}\p{N}]?\p{L}+          letters, with one leading character that is no letter, digit, CR or LF
+//   \p{N}{1,3}                          digits in groups of at most three
+//    ?[^\s\p{L}\p{N}]+[\r\n]*           symbols, with a leading space and the line breaks after them
+//   \s*[\r\n]+                         whitespace up to and including its last line break
+//   \s+(?!\S) | \s+                     as GPT-2's
+template <typename Emit>
+void split_llama3(std::string_view text, Emit&& emit) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  auto lower = [](unsigned char c) { return static_cast<unsigned char>(c | 0x20); };
+  auto is_crlf = [&](size_t k) { return s[k] == '\r' || s[k] == '\n'; };
+  size_t i = 0;
+  while (i < n) {
+    if (s[i] == '\'' && i + 1 < n) {
+      const unsigned char c = lower(s[i + 1]);
+      const bool alpha = (s[i + 1] | 0x20) >= 'a' && (s[i + 1] | 0x20) <= 'z';
+      if (alpha && (c == 's' || c == 't' || c == 'm' || c == 'd')) {
+        emit(i, 2);
+        i += 2;
+        continue;
+      }
+      if (alpha && i + 2 < n && ((s[i + 2] | 0x20) >= 'a' && (s[i + 2] | 0x20) <= 'z')) {
+        const unsigned char c2 = lower(s[i + 2]);
+        if ((c == 'r' && c2 == 'e') || (c == 'v' && c2 == 'e') || (c == 'l' && c2 == 'l')) {
+          emit(i, 3);
+          i += 3;
+          continue;
+        }
+      }
+    }
+    const Unit u = unit_at(s, n, i);
+    auto run_of = [&](size_t from, CharClass cls, size_t max_units) {
+      size_t e = from, k = 0;
+      while (e < n && k < max_units) {
+        const Unit v = unit_at(s, n, e);
+        if (v.cls != cls) break;
+        e += v.len;
+        ++k;
+      }
+      return e;
+    };
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if (u.cls == CharClass::Letter) {
+      const size_t e = run_of(i, CharClass::Letter, SIZE_MAX);
+      emit(i, e - i);
+      i = e;
+      continue;
+    }
+    if (u.cls != CharClass::Number && !is_crlf(i) && i + u.len < n &&
+        unit_at(s, n, i + u.len).cls == CharClass::Letter) {
+      const size_t e = run_of(i + u.len, CharClass::Letter, SIZE_MAX);
+      emit(i, e - i);
+      i = e;
+      continue;
+    }
+    if (u.cls == CharClass::Number) {  // \p{N}{1,3}
+      const size_t e = run_of(i, CharClass::Number, 3);
+      emit(i, e - i);
+      i = e;
+      continue;
+    }
+    //  ?[^\s\p{L}\p{N}]+[\r\n]*
+    const size_t j = s[i] == ' ' && i + 1 < n && unit_at(s, n, i + 1).cls == CharClass::Other ? i + 1 : i;
+    if (unit_at(s, n, j).cls == CharClass::Other) {
+      size_t e = run_of(j, CharClass::Other, SIZE_MAX);
+      while (e < n && is_crlf(e)) ++e;
+      emit(i, e - i);
+      i = e;
+      continue;
+    }
+    // Whitespace: the run [i, e), its last line break, the start of its last character.
+    size_t e = i, last = i, units = 0, last_break = SIZE_MAX;
+    while (e < n) {
+      const Unit v = unit_at(s, n, e);
+      if (v.cls != CharClass::Space) break;
+      if (is_crlf(e)) last_break = e;
+      last = e;
+      e += v.len;
+      ++units;
+    }
+    size_t end;
+    if (last_break != SIZE_MAX)
+      end = last_break + 1;  // \s*[\r\n]+
+    else if (e == n || units == 1)
+      end = e;  // \s+(?!\S) to the end of the text, or \s+ of one character
+    else
+      end = last;  // \s+(?!\S): the last space goes with what follows
+    emit(i, end - i);
+    i = end;
+  }
+}
+
 struct ByteAlphabet {
   uint32_t to_char[256];
   int16_t from_char[324];  // inverse of to_char (chars < 324), -1 where no byte maps
@@ -161,13 +259,14 @@ struct StrHash {
 
 }  // namespace
 
-void pretokenize(std::string_view text, const std::function<void(std::string_view)>& fn) {
+void pretokenize(std::string_view text, const std::function<void(std::string_view)>& fn, PreTokenizer kind) {
+  if (kind == PreTokenizer::Llama3) return split_llama3(text, [&](size_t b, size_t len) { fn(text.substr(b, len)); });
   split(text, [&](size_t b, size_t len) { fn(text.substr(b, len)); });
 }
 
-std::vector<std::string_view> pretokenize(std::string_view text) {
+std::vector<std::string_view> pretokenize(std::string_view text, PreTokenizer kind) {
   std::vector<std::string_view> out;
-  split(text, [&](size_t b, size_t len) { out.push_back(text.substr(b, len)); });
+  pretokenize(text, [&](std::string_view piece) { out.push_back(piece); }, kind);
   return out;
 }
 
@@ -248,6 +347,7 @@ Tokenizer Tokenizer::from_gpt2_strings(std::string_view encoder_json, std::strin
   auto eot = t.ids_.find(std::string(kEndOfText));
   MT_CHECK(eot != t.ids_.end(), "{}: no \"{}\" token", enc_name, kEndOfText);
   t.eot_ = eot->second;
+  t.specials_ = {{std::string(kEndOfText), t.eot_}};
 
   // vocab.bpe: a "#version" line, then one merge "left right" per line in rank order, each line ending in
   // '\n'. (GPT-2's readers take lines [1:-1] of split('\n'), silently dropping an unterminated last line.)
@@ -298,6 +398,142 @@ Tokenizer Tokenizer::from_gpt2_strings(std::string_view encoder_json, std::strin
       if (m == by_text.end()) continue;
       t.pair_merge_[pair_key(a->second, b->second)] = Merge{rank, m->second};
     }
+  }
+  return t;
+}
+
+namespace {
+
+// The regexes of the pre-tokenizers megatrain computes, as tokenizer.json spells them.
+constexpr std::string_view kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kLlama3Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+}  // namespace
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return load_hf(path);
+  if (fs::is_regular_file(fs::path(path) / "tokenizer.json", ec) && !fs::exists(fs::path(path) / "encoder.json", ec))
+    return load_hf((fs::path(path) / "tokenizer.json").string());
+  return load_gpt2(path);
+}
+
+Tokenizer Tokenizer::load_hf(const std::string& path) {
+  MT_CHECK(file_exists(path), "tokenizer {} not found", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+  MT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "{}: no \"model\" object: not an HF "
+           "tokenizer.json", path);
+  const nlohmann::json& m = j["model"];
+  auto str = [](const nlohmann::json& o, const char* k) {
+    return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
+  };
+  auto flag = [](const nlohmann::json& o, const char* k, bool absent) {
+    return o.is_object() && o.contains(k) && o[k].is_boolean() ? o[k].get<bool>() : absent;
+  };
+  MT_CHECK(str(m, "type") == "BPE", "{}: model.type is \"{}\"; megatrain reads byte-level BPE tokenizers", path,
+           str(m, "type"));
+  MT_CHECK(!flag(m, "byte_fallback", false), "{}: model.byte_fallback = true is SentencePiece-style BPE (Llama 2, "
+           "Mistral): not supported; megatrain reads byte-level BPE (GPT-2, Llama 3)", path);
+  MT_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), "{}: a normalizer ({}) is not supported", path,
+           j.contains("normalizer") ? j["normalizer"].dump().substr(0, 80) : "");
+
+  Tokenizer t;
+  // The pre-tokenizer: GPT-2's ByteLevel with its regex, or a Split on Llama 3's regex followed by a plain ByteLevel.
+  const nlohmann::json pt = j.value("pre_tokenizer", nlohmann::json());
+  auto byte_level = [&](const nlohmann::json& o, bool regex) {
+    return str(o, "type") == "ByteLevel" && !flag(o, "add_prefix_space", false) && flag(o, "use_regex", true) == regex;
+  };
+  if (byte_level(pt, true)) {
+    t.pre_ = PreTokenizer::Gpt2;
+  } else {
+    const nlohmann::json* list = pt.is_object() && str(pt, "type") == "Sequence" && pt.contains("pretokenizers") &&
+                                         pt["pretokenizers"].is_array() && pt["pretokenizers"].size() == 2
+                                     ? &pt["pretokenizers"]
+                                     : nullptr;
+    const nlohmann::json split = list ? (*list)[0] : nlohmann::json();
+    const std::string regex = split.is_object() && split.contains("pattern") ? str(split["pattern"], "Regex") : "";
+    MT_CHECK(list && str(split, "type") == "Split" && str(split, "behavior") == "Isolated" &&
+                 !flag(split, "invert", false) && byte_level((*list)[1], false) &&
+                 (regex == kLlama3Regex || regex == kGpt2Regex),
+             "{}: pre_tokenizer {} is not one megatrain computes (GPT-2's ByteLevel, or a Split on GPT-2's or Llama "
+             "3's regex followed by a ByteLevel)", path, pt.dump().substr(0, 300));
+    t.pre_ = regex == kLlama3Regex ? PreTokenizer::Llama3 : PreTokenizer::Gpt2;
+  }
+  t.ignore_merges_ = flag(m, "ignore_merges", false);
+
+  // Ids: model.vocab (text in GPT-2's byte alphabet) and added_tokens (literal text), dense from 0.
+  MT_CHECK(m.contains("vocab") && m["vocab"].is_object() && !m["vocab"].empty(), "{}: model.vocab must be a "
+           "non-empty object of token -> id", path);
+  std::unordered_map<std::string, int32_t> by_text;
+  std::map<int64_t, std::string> bytes_of;
+  std::string bytes;
+  for (auto& [text, v] : m["vocab"].items()) {
+    MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 31),
+             "{}: model.vocab[\"{}\"] is not a token id", path, text);
+    MT_CHECK(gpt2_text_to_bytes(text, bytes), "{}: token \"{}\" has a character outside the byte-level alphabet",
+             path, text);
+    MT_CHECK(bytes_of.emplace(v.get<int64_t>(), bytes).second, "{}: id {} is used by two tokens", path, v.dump());
+    by_text.emplace(text, v.get<int32_t>());
+  }
+  std::vector<std::pair<std::string, int32_t>> added;
+  if (j.contains("added_tokens") && j["added_tokens"].is_array())
+    for (const nlohmann::json& a : j["added_tokens"]) {
+      MT_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && !str(a, "content").empty(),
+               "{}: an added_tokens entry without an id and a content: {}", path, a.dump().substr(0, 120));
+      const int64_t id = a["id"].get<int64_t>();
+      const std::string content = str(a, "content");
+      auto [it, fresh] = bytes_of.emplace(id, content);
+      MT_CHECK(fresh || it->second == content, "{}: added token \"{}\" has id {}, which the vocabulary gives to "
+               "another token", path, content, id);
+      added.emplace_back(content, static_cast<int32_t>(id));
+    }
+  const int64_t size = bytes_of.rbegin()->first + 1;
+  MT_CHECK(static_cast<int64_t>(bytes_of.size()) == size, "{}: token ids are not dense: {} tokens but the largest "
+           "id is {}", path, bytes_of.size(), size - 1);
+  t.tokens_.resize(static_cast<size_t>(size));
+  for (auto& [id, b] : bytes_of) t.tokens_[static_cast<size_t>(id)] = b;
+  for (auto& [id, b] : bytes_of) t.ids_.emplace(b, static_cast<int32_t>(id));  // the lower id where two share bytes
+  for (int b = 0; b < 256; ++b) {
+    auto it = t.ids_.find(std::string(1, static_cast<char>(b)));
+    MT_CHECK(it != t.ids_.end(), "{}: no token for byte 0x{:02X}", path, b);
+    t.byte_id_[b] = it->second;
+  }
+  // Specials: the added tokens; the end of a document is Llama 3's <|end_of_text|> or GPT-2's <|endoftext|>.
+  t.specials_ = added;
+  for (std::string_view name : {std::string_view("<|end_of_text|>"), kEndOfText})
+    for (auto& [content, id] : added)
+      if (t.eot_ < 0 && content == name) t.eot_ = id;
+  MT_CHECK(t.eot_ >= 0, "{}: no end-of-text token among added_tokens (<|end_of_text|> or {})", path, kEndOfText);
+
+  // Merges in rank order: "left right" strings, or [left, right] pairs (newer files).
+  MT_CHECK(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be a list", path);
+  int32_t rank = 0;
+  for (const nlohmann::json& e : m["merges"]) {
+    std::string left, right;
+    if (e.is_string()) {
+      const std::string s = e.get<std::string>();
+      const size_t sp = s.find(' ');
+      MT_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
+               "{}: merge {} is not \"left right\"", path, e.dump());
+      left = s.substr(0, sp), right = s.substr(sp + 1);
+    } else {
+      MT_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), "{}: merge {} is not a pair",
+               path, e.dump().substr(0, 80));
+      left = e[0].get<std::string>(), right = e[1].get<std::string>();
+    }
+    auto a = by_text.find(left), b = by_text.find(right), r = by_text.find(left + right);
+    MT_CHECK(a != by_text.end() && b != by_text.end() && r != by_text.end(),
+             "{}: merge {} uses or makes a token missing from model.vocab", path, e.dump());
+    t.merges_.emplace_back(a->second, b->second);
+    t.pair_merge_.emplace(pair_key(a->second, b->second), Merge{rank, r->second});  // the first rank of a pair wins
+    ++rank;
   }
   return t;
 }
@@ -396,18 +632,41 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
 }
 
 void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
-  split(text, [&](size_t b, size_t len) {
-    if (len == 1) out.push_back(byte_id_[static_cast<unsigned char>(text[b])]);
-    else bpe(text.substr(b, len), out);
-  });
+  auto piece = [&](size_t b, size_t len) {
+    if (len == 1) {
+      out.push_back(byte_id_[static_cast<unsigned char>(text[b])]);
+      return;
+    }
+    const std::string_view p = text.substr(b, len);
+    if (ignore_merges_) {  // a pre-token that is a token is that token, whatever the merges would make of it
+      auto it = ids_.find(std::string(p));
+      if (it != ids_.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
+    bpe(p, out);
+  };
+  if (pre_ == PreTokenizer::Llama3)
+    split_llama3(text, piece);
+  else
+    split(text, piece);
 }
 
 void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, bool allow_special) const {
-  if (allow_special) {
-    for (size_t f; (f = text.find(kEndOfText)) != std::string_view::npos;) {
-      encode_plain(text.substr(0, f), out);
-      out.push_back(eot_);
-      text.remove_prefix(f + kEndOfText.size());
+  if (allow_special && !specials_.empty()) {
+    // The earliest special token in the text (the longest at a tie), then the text before it as plain text.
+    for (;;) {
+      size_t at = std::string_view::npos, len = 0;
+      int32_t id = -1;
+      for (const auto& [bytes, sid] : specials_) {
+        const size_t f = text.find(bytes);
+        if (f != std::string_view::npos && (f < at || (f == at && bytes.size() > len))) at = f, len = bytes.size(), id = sid;
+      }
+      if (at == std::string_view::npos) break;
+      encode_plain(text.substr(0, at), out);
+      out.push_back(id);
+      text.remove_prefix(at + len);
     }
   }
   encode_plain(text, out);

@@ -19,9 +19,15 @@
 
 namespace mt {
 
+// How text is cut into pre-tokens before BPE: GPT-2's regex (above), or Llama 3's (OpenAI's cl100k's too),
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// both by hand over code points, with JavaScript's classes (unicode_tables.h).
+enum class PreTokenizer { Gpt2, Llama3 };
+
 // Calls fn for each pre-token of text, in order; the pieces tile the text exactly.
-void pretokenize(std::string_view text, const std::function<void(std::string_view)>& fn);
-std::vector<std::string_view> pretokenize(std::string_view text);
+void pretokenize(std::string_view text, const std::function<void(std::string_view)>& fn,
+                 PreTokenizer kind = PreTokenizer::Gpt2);
+std::vector<std::string_view> pretokenize(std::string_view text, PreTokenizer kind = PreTokenizer::Gpt2);
 
 // GPT-2 writes token bytes in a printable alphabet: byte b is the code point gpt2_byte_char(b)
 // (printable Latin-1 bytes stand for themselves, the other 68 bytes for U+0100..U+0143).
@@ -39,18 +45,28 @@ class Tokenizer {
   // The same from the files' contents; `source` names them in error messages.
   static Tokenizer from_gpt2_strings(std::string_view encoder_json, std::string_view vocab_bpe,
                                      const std::string& source = "<memory>");
+  // An HF tokenizer.json of a byte-level BPE (GPT-2's, Llama 3's): model.vocab and model.merges, the pre-tokenizer
+  // (GPT-2's ByteLevel regex, or a Split on Llama 3's regex before a ByteLevel without one), model.ignore_merges (a
+  // pre-token that is itself a token is not merged up to), and added_tokens, matched literally in text when
+  // allow_special. eot() is <|end_of_text|> (Llama 3) or <|endoftext|> (GPT-2). What this cannot compute exactly
+  // (a normalizer, byte_fallback: SentencePiece-style BPE as Llama 2's, another regex) is an error naming it.
+  static Tokenizer load_hf(const std::string& tokenizer_json);
+  // `path`: an HF tokenizer.json, or a directory holding one (and no encoder.json), else GPT-2's files.
+  static Tokenizer load(const std::string& path);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
 
-  // allow_special: the literal text "<|endoftext|>" becomes the single id eot(); otherwise it is plain text
-  // (as in the reference JS encoder, which knows no special tokens). Thread-safe.
+  // allow_special: the literal text of a special token ("<|endoftext|>"; an HF tokenizer's added tokens) becomes
+  // its single id; otherwise it is plain text (as in the reference JS encoder, which knows no special tokens).
+  // Thread-safe.
   std::vector<int32_t> encode(std::string_view utf8, bool allow_special = true) const;
   void encode_append(std::string_view utf8, std::vector<int32_t>& out, bool allow_special = true) const;
   std::string decode(std::span<const int32_t> ids) const;  // throws on an id outside [0, vocab_size())
 
   int eot() const { return eot_; }
+  PreTokenizer pre_tokenizer() const { return pre_; }
   int vocab_size() const { return static_cast<int>(tokens_.size()); }
   std::string_view token_bytes(int id) const;  // the raw bytes a token stands for
   int token_id(std::string_view bytes) const;  // the token whose bytes these are, or -1
@@ -78,6 +94,10 @@ class Tokenizer {
   std::unordered_map<uint64_t, Merge> pair_merge_;
   int32_t byte_id_[256] = {};
   int32_t eot_ = -1;
+  PreTokenizer pre_ = PreTokenizer::Gpt2;
+  bool ignore_merges_ = false;
+  // Special tokens matched in text when allow_special: (bytes, id). GPT-2's files: <|endoftext|> alone.
+  std::vector<std::pair<std::string, int32_t>> specials_;
   std::unique_ptr<Cache> cache_;
 };
 
