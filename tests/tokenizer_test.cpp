@@ -10,6 +10,7 @@
 #include <cctype>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -706,6 +707,45 @@ TEST(HfTokenizer, Gpt2AsTokenizerJsonEqualsItsFiles) {
   const std::string text = brown_text(200'000, 120) + generated_text(100'000, 29);
   for (const std::string& c : line_chunks(text, 4096)) ASSERT_EQ(hf.encode(c, false), gpt2().encode(c, false)) << escaped(c);
   EXPECT_EQ(hf.encode("a<|endoftext|>b", true), gpt2().encode("a<|endoftext|>b", true));
+}
+
+// `megatrain prepare-data --vocab tokenizer.json` with Llama 3's: uint32 shards (its ids pass 65,535) that record
+// its vocabulary and <|end_of_text|>, and every document's ids, after that token, the reference's.
+TEST(HfTokenizer, PrepareDataWritesShardsInLlama3Ids) {
+  llama3();
+  ASSERT_FALSE(HasFatalFailure());
+  const std::string corpus = tmp_dir() + "/l3-corpus", out = tmp_dir() + "/l3-shards";
+  fs::create_directories(corpus);
+  std::vector<std::string> docs = {"The jury said it did find that many of Georgia's registration laws are outmoded.",
+                                   "Ünïcödé wörds, ЖЖЖ and 日本語: 12345 — «quoted»!\n\n  indented",
+                                   "I'M SHOUTING DON'T 'LL 'VE\r\n\ttabs"};
+  for (size_t i = 0; i < docs.size(); ++i) mt::write_file_atomic(fmt::format("{}/doc_{}.txt", corpus, i), docs[i]);
+  const std::string cmd = fmt::format("{}/megatrain prepare-data --format text --input {} --vocab {} --out {} > {}/l3.log 2>&1",
+                                      MT_BINARY_DIR, corpus, tmp_dir() + "/llama3-tokenizer.json", out, tmp_dir());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(tmp_dir() + "/l3.log");
+  std::vector<Ids> stored;  // the documents of every shard, split at <|end_of_text|>
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().extension() != ".bin") continue;
+    const std::string bytes = mt::read_text_file(e.path().string());
+    ASSERT_GE(bytes.size(), 1024u);
+    int32_t h[8];
+    std::memcpy(h, bytes.data(), sizeof h);
+    EXPECT_EQ(h[1], 2) << "uint32 tokens";
+    EXPECT_EQ(h[3], 128256);
+    EXPECT_EQ(h[4], 128001);
+    ASSERT_EQ(bytes.size(), 1024u + 4u * static_cast<size_t>(h[2]));
+    for (int32_t k = 0; k < h[2]; ++k) {
+      uint32_t id;
+      std::memcpy(&id, bytes.data() + 1024 + 4 * k, 4);
+      if (id == 128001) stored.emplace_back();
+      else stored.back().push_back(static_cast<int32_t>(id));
+    }
+  }
+  std::vector<Ids> want = llama3_reference(docs);
+  ASSERT_FALSE(HasFatalFailure());
+  std::sort(stored.begin(), stored.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(stored, want);
 }
 
 TEST(HfTokenizer, WhatItCannotComputeIsRefusedByName) {

@@ -26,7 +26,7 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--temperature", o.temperature, "softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", o.top_k, "sample among the k most likely tokens; 0 = all")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o.seed, "sampling seed");
-  app.add_option("--vocab", vocab, "directory with encoder.json and vocab.bpe");
+  app.add_option("--vocab", vocab, "the tokenizer: GPT-2's encoder.json and vocab.bpe directory, or an HF tokenizer.json");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -37,7 +37,7 @@ int cmd_generate(int argc, char** argv) {
   auto ops = make_cpu_ops();
   GPT model(cfg, *ops);
   load_model_weights(ckpt, cfg, model.params());
-  Tokenizer tok = Tokenizer::load_gpt2(vocab);
+  Tokenizer tok = Tokenizer::load(vocab);
   MT_CHECK(tok.vocab_size() == cfg.vocab_size, "the tokenizer in {} has {} tokens but the model has {}", vocab,
            tok.vocab_size(), cfg.vocab_size);
   std::vector<int32_t> ids = tok.encode(prompt);

@@ -22,7 +22,8 @@ int cmd_prepare_data(int argc, char** argv) {
   app.add_option("--preset", preset, "a known corpus: brown (the Brown corpus installed by scripts/setup)")
       ->check(CLI::IsMember({"brown"}));
   app.add_option("--out,-o", opt.out_dir, "output directory")->required();
-  app.add_option("--vocab", vocab, "directory with GPT-2's encoder.json and vocab.bpe")->capture_default_str();
+  app.add_option("--vocab", vocab, "the tokenizer: a directory with GPT-2's encoder.json and vocab.bpe, or an HF "
+                 "tokenizer.json (byte-level BPE, e.g. Llama 3's) or its directory")->capture_default_str();
   app.add_option("--val-fraction", opt.val_fraction, "fraction of documents for the val split, in [0, 1)")
       ->capture_default_str();
   app.add_option("--shard-tokens", opt.shard_tokens, "maximum tokens per shard")->capture_default_str();
@@ -42,10 +43,10 @@ int cmd_prepare_data(int argc, char** argv) {
   MT_CHECK(!opt.inputs.empty(), "no input: give --input PATH... or --preset brown");
   opt.format = parse_corpus_format(format);
 
-  Tokenizer tok = Tokenizer::load_gpt2(vocab);
+  Tokenizer tok = Tokenizer::load(vocab);
   TokenEncoder enc;
-  // allow_special = false: a document that happens to contain the text "<|endoftext|>" must not forge a
-  // document boundary.
+  // allow_special = false: a document that happens to contain the text "<|endoftext|>" (or another special token's)
+  // must not forge a document boundary.
   enc.encode = [&tok](std::string_view s) { return tok.encode(s, /*allow_special=*/false); };
   enc.vocab_size = tok.vocab_size();
   enc.eot = tok.eot();

@@ -96,7 +96,7 @@ int cmd_tokenize(int argc, char** argv) {
   std::string vocab = default_gpt2_vocab_dir(), in = "-", out = "-", format = "text";
   bool no_special = false;
   auto add_io = [&](CLI::App* c) {
-    c->add_option("--vocab", vocab, "directory with encoder.json and vocab.bpe")->capture_default_str();
+    c->add_option("--vocab", vocab, "GPT-2's encoder.json and vocab.bpe directory, or an HF tokenizer.json (or its directory)")->capture_default_str();
     c->add_option("--in", in, "input file, - for stdin")->capture_default_str();
     c->add_option("--out", out, "output file, - for stdout")->capture_default_str();
     c->add_option("--format", format, "ids as text (one line, space separated) or little-endian u16/u32")
@@ -129,10 +129,10 @@ int cmd_tokenize(int argc, char** argv) {
   }
 
   if (*enc) {
-    Tokenizer tok = Tokenizer::load_gpt2(vocab);
+    Tokenizer tok = Tokenizer::load(vocab);
     write_output(out, ids_to_bytes(tok.encode(read_input(in), !no_special), format));
   } else if (*dec) {
-    Tokenizer tok = Tokenizer::load_gpt2(vocab);
+    Tokenizer tok = Tokenizer::load(vocab);
     write_output(out, tok.decode(bytes_to_ids(read_input(in), format)));
   } else if (*train) {
     auto t0 = std::chrono::steady_clock::now();

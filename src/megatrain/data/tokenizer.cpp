@@ -420,6 +420,17 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return load_gpt2(path);
 }
 
+std::string Tokenizer::missing_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec) || fs::is_regular_file(fs::path(path) / "tokenizer.json", ec)) return "";
+  for (const char* f : {"encoder.json", "vocab.bpe"})
+    if (!fs::is_regular_file(fs::path(path) / f, ec))
+      return fmt::format("{} has no {} (GPT-2's files: encoder.json and vocab.bpe) and no tokenizer.json (an HF "
+                         "tokenizer)", path, f);
+  return "";
+}
+
 Tokenizer Tokenizer::load_hf(const std::string& path) {
   MT_CHECK(file_exists(path), "tokenizer {} not found", path);
   nlohmann::json j;

@@ -53,6 +53,8 @@ class Tokenizer {
   static Tokenizer load_hf(const std::string& tokenizer_json);
   // `path`: an HF tokenizer.json, or a directory holding one (and no encoder.json), else GPT-2's files.
   static Tokenizer load(const std::string& path);
+  // "" when load(path) would find a tokenizer's files there (not checking their contents); else what is missing.
+  static std::string missing_files(const std::string& path);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -19,10 +19,10 @@ std::string sample_tokenizer_dir(const RunConfig& cfg, bool say) {
   if (!cfg.sample.tokenizer.empty()) return cfg.sample.tokenizer;
   const std::string recorded = prepared_tokenizer(cfg.data.dir);
   if (recorded.empty()) return default_gpt2_vocab_dir();
-  if (std::filesystem::is_regular_file(recorded + "/encoder.json")) return recorded;
+  if (Tokenizer::missing_files(recorded).empty()) return recorded;
   if (say)
-    fmt::print("(no sample: {}/meta.json names the tokenizer {}, which has no encoder.json here; set "
-               "sample.tokenizer)\n", cfg.data.dir, recorded);
+    fmt::print("(no sample: {}/meta.json names the tokenizer {}, which is not here; set sample.tokenizer)\n",
+               cfg.data.dir, recorded);
   return "";
 }
 
@@ -32,7 +32,7 @@ std::optional<TextSample> final_sample(const RunConfig& cfg, GPT& model, Topolog
   if (cfg.sample.tokens <= 0 || topo.coord.dp != 0) return std::nullopt;
   const std::string dir = sample_tokenizer_dir(cfg, topo.main_rank);
   if (dir.empty()) return std::nullopt;
-  Tokenizer tok = Tokenizer::load_gpt2(dir);
+  Tokenizer tok = Tokenizer::load(dir);
   if (tok.vocab_size() != cfg.model.vocab_size) {
     if (topo.main_rank)
       fmt::print("(no sample: model.vocab_size {} is not the vocabulary size {} of the tokenizer {})\n",

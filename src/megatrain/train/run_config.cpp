@@ -11,6 +11,7 @@
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
+#include "megatrain/data/tokenizer.h"
 #include "megatrain/model/layout.h"
 
 namespace mt {
@@ -398,11 +399,11 @@ void RunConfig::validate() const {
   }
   MT_CHECK(parallel.bucket_mb >= 1 && parallel.timeout_s >= 1, "{}: parallel.bucket_mb and parallel.timeout_s must be >= 1",
            source);
-  for (const char* file : {"encoder.json", "vocab.bpe"})
-    MT_CHECK(sample.tokenizer.empty() || std::filesystem::is_regular_file(sample.tokenizer + "/" + file),
-             "{}: sample.tokenizer = \"{}\" has no {}: it must name a directory with GPT-2-format encoder.json and "
-             "vocab.bpe (or be \"\" for the tokenizer data.dir was prepared with)",
-             source, sample.tokenizer, file);
+  if (!sample.tokenizer.empty()) {
+    const std::string missing = Tokenizer::missing_files(sample.tokenizer);
+    MT_CHECK(missing.empty(), "{}: sample.tokenizer = \"{}\": {} (or set \"\" for the tokenizer data.dir was "
+             "prepared with)", source, sample.tokenizer, missing);
+  }
   MT_CHECK(sample.tokens >= 0 && sample.top_k >= 0 && sample.temperature >= 0,
            "{}: sample.tokens/top_k/temperature must be >= 0", source);
   MT_CHECK(std::isfinite(sample.temperature), "{}: sample.temperature = {} is out of range: it must be finite and >= 0",
