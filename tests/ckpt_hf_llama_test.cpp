@@ -222,6 +222,16 @@ std::vector<Vec> hf_llama_logits(const HfModel& m, const std::vector<int32_t>& t
   return logits;
 }
 
+// The sequence every forward here runs.
+const std::vector<int32_t> kTokens = {3, 36, 0, 17, 17, 5, 29};
+
+double max_abs_diff(const std::vector<Vec>& a, const std::vector<Vec>& b) {
+  double d = 0;
+  for (size_t t = 0; t < a.size(); ++t)
+    for (size_t j = 0; j < a[t].size(); ++j) d = std::max(d, std::abs(a[t][j] - b[t][j]));
+  return d;
+}
+
 // Our logits for the model stored at `weights` (an HF directory or a checkpoint), against the oracle's.
 void expect_logits_match(const std::string& weights, const HfModel& m, bool tied, const Llama3Scaling& sc = {},
                          int window = 0) {
@@ -229,9 +239,8 @@ void expect_logits_match(const std::string& weights, const HfModel& m, bool tied
   auto ops = make_cpu_ops();
   GPT gpt(cfg, *ops);
   load_model_weights(weights, cfg, gpt.params());
-  const std::vector<int32_t> tokens = {3, 36, 0, 17, 17, 5, 29};
-  const Tensor logits = gpt.logits(tokens.data(), 1, T);
-  const std::vector<Vec> want = hf_llama_logits(m, tokens, tied, sc, window);
+  const Tensor logits = gpt.logits(kTokens.data(), 1, T);
+  const std::vector<Vec> want = hf_llama_logits(m, kTokens, tied, sc, window);
   const float* got = logits.f32();
   const int64_t Vp = cfg.padded_vocab();
   // fp32 against double: each logit comes through two layers of dot products of at most 40 terms of O(1) values,
@@ -414,12 +423,7 @@ TEST(HfLlama, Llama31RopeScalingImportsExportsAndComputesAsHfDoes) {
   const Llama3Scaling sc{8.0, 1.0, 4.0, 64.0};
   expect_logits_match(dir / "hf", m, false, sc);
   // The scaling matters at these positions: the unscaled HF forward is far from what was computed.
-  const std::vector<int32_t> tokens = {3, 36, 0, 17, 17, 5, 29};
-  const auto a = hf_llama_logits(m, tokens, false, sc), b = hf_llama_logits(m, tokens, false, {});
-  double diff = 0;
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < V; ++j) diff = std::max(diff, std::abs(a[t][j] - b[t][j]));
-  EXPECT_GT(diff, 1e-3);
+  EXPECT_GT(max_abs_diff(hf_llama_logits(m, kTokens, false, sc), hf_llama_logits(m, kTokens, false, {})), 1e-3);
   // Exported, the scaling is written as HF writes it, and the file reads back as the same network.
   convert_hf_to_checkpoint(dir / "hf", dir / "ck");
   convert_checkpoint_to_hf(dir / "ck", dir / "out/model.safetensors");
@@ -449,12 +453,7 @@ TEST(HfLlama, MistralIsLlamaWithASlidingWindow) {
   write_llama(dir / "hf", m, config);
   EXPECT_EQ(model_config_of(dir / "hf").window, 3);
   expect_logits_match(dir / "hf", m, false, {}, 3);
-  const std::vector<int32_t> tokens = {3, 36, 0, 17, 17, 5, 29};
-  const auto a = hf_llama_logits(m, tokens, false, {}, 3), b = hf_llama_logits(m, tokens, false, {}, 0);
-  double diff = 0;
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < V; ++j) diff = std::max(diff, std::abs(a[t][j] - b[t][j]));
-  EXPECT_GT(diff, 1e-3);
+  EXPECT_GT(max_abs_diff(hf_llama_logits(m, kTokens, false, {}, 3), hf_llama_logits(m, kTokens, false, {}, 0)), 1e-3);
   // A megatrain model with a window exports as Mistral, and reads back as the same network.
   convert_hf_to_checkpoint(dir / "hf", dir / "ck");
   convert_checkpoint_to_hf(dir / "ck", dir / "out/model.safetensors");
