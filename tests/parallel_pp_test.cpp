@@ -433,7 +433,9 @@ TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
   run(kBin + " launch --nproc 4 -- train" + common(t.multi, 1) + from_hf + pp2_tp2);
   expect_equivalent(t, "pp2 x tp2 init_from an HF model");
   const Trio from_ck{t.single, t.alt, fresh_dir("mt_pp_init_multi_ck")};
-  run(kBin + " launch --nproc 4 -- train" + common(from_ck.multi, 1) + llama + " --model.init_from=" + ck + pp2_tp2);
+  // (its model.safetensors, which stands for the checkpoint; the directory is read below)
+  run(kBin + " launch --nproc 4 -- train" + common(from_ck.multi, 1) + llama + " --model.init_from=" + ck +
+      "/step_00000000/model.safetensors" + pp2_tp2);
   expect_equivalent(from_ck, "pp2 x tp2 init_from its conversion");
   // Not a fresh initialisation that happens to agree: the first loss is the trained source's, well below.
   const std::vector<double> fresh = losses(src), started = losses(t.multi);

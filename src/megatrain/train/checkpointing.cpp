@@ -758,7 +758,10 @@ struct TrainCheckpointer::Impl {
       hf.emplace(*files, cfg.model);
       source += " (an HF model)";
     } else {
-      ck.emplace(CheckpointReader::open(path));
+      std::error_code ec;  // a checkpoint's model.safetensors stands for its directory, as in load_model_weights
+      ck.emplace(CheckpointReader::open(std::filesystem::is_regular_file(path, ec)
+                                            ? std::filesystem::path(path).parent_path().string()
+                                            : path));
       source += " (checkpoint " + ck->dir() + ")";
       MT_CHECK(ck->extra().is_object() && ck->extra().contains(kModelConfigKey),
                "{} records no model config (extra.model)", source);
