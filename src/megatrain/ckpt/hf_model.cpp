@@ -67,17 +67,6 @@ void export_hf_model(const ModelConfig& cfg, const ParamStore& store, const std:
 
 // ---- slices -------------------------------------------------------------------------------------------------
 
-namespace {
-
-// Whether two float tensors hold the same values (a tied head saved beside its embedding).
-bool same_values(const HfModelFiles& m, const std::string& a, const std::string& b) {
-  const TensorData &x = m.tensor(a), &y = m.tensor(b);
-  if (x.shape != y.shape) return false;
-  if (x.dtype_str == y.dtype_str) return x.nbytes == y.nbytes && std::memcmp(x.data, y.data, x.nbytes) == 0;
-  return m.read_f32(a) == m.read_f32(b);
-}
-
-}  // namespace
 
 HfSliceReader::HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg) : m_(m), cfg_(cfg), family_(hf_family(m)) {
   check_same_architecture(hf_model_config(m, cfg.n_head), cfg, m.source());
@@ -94,14 +83,12 @@ HfSliceReader::HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg) : m_
           fail("{}: the config unties the LM head but there is no lm_head.weight", m.source());
         fail("{}: no tensor for parameter '{}'{}", m.source(), p.name, hn.empty() ? "" : " (looked for '" + hn + "')");
       }
-      const TensorData& t = m.tensor(hn);
+      const TensorData& t = m.float_tensor(hn);
       const bool fits = at_least_rows ? t.shape.size() == shape.size() && t.shape[0] >= shape[0] &&
                                             std::equal(t.shape.begin() + 1, t.shape.end(), shape.begin() + 1)
                                       : t.shape == shape;
       MT_CHECK(fits, "{}: tensor '{}' has shape {} but this model ({}) needs {}", m.file_of(hn), hn, t.shape_str(),
                p.name, shape_str(shape));
-      MT_CHECK(t.dtype_str == "F32" || t.dtype_str == "F16" || t.dtype_str == "BF16",
-               "{}: tensor '{}' has dtype {}; expected F32, F16 or BF16", m.file_of(hn), hn, t.dtype_str);
       used.insert(hn);
       return &t;
     };
@@ -128,7 +115,7 @@ HfSliceReader::HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg) : m_
     if (used.count(n) || (family_ == HfFamily::Llama ? is_hf_llama_buffer(n) : is_hf_gpt2_buffer(n))) continue;
     if (n == "lm_head.weight" && cfg.tied_embeddings) {
       const std::string embed = family_ == HfFamily::Llama ? "model.embed_tokens.weight" : rows_.at("wte.weight")[0].t->name;
-      MT_CHECK(same_values(m, n, embed), "{}: lm_head.weight differs from {} but the config ties them", m.source(),
+      MT_CHECK(m.same_values(n, embed), "{}: lm_head.weight differs from {} but the config ties them", m.source(),
                embed);
       continue;
     }
@@ -153,9 +140,27 @@ void HfSliceReader::read(const std::string& ours, const Slice& src, void* dst, c
   const std::vector<Rows>& runs = rows_of(ours);
   float* out = static_cast<float*>(dst);
   const int64_t cols = nd == 2 ? src.extent[1] : 1, c0 = nd == 2 ? src.start[1] : 0;
+  auto out_row = [&](int64_t i) {
+    return out + (nd == 2 ? (dst_start[0] + i) * dst_shape[1] + dst_start[1] : dst_start[0] + i);
+  };
+  if (runs.size() == 1 && runs[0].transposed) {
+    // HF [in, out] (GPT-2's Conv1D): our column c is HF's row c, so the slice's rows of it are one contiguous run
+    // there: read a column per call, not an element.
+    const Rows& run = runs[0];
+    const TensorData& t = *run.t;
+    const int64_t r0 = src.start[0], n = src.extent[0];
+    MT_CHECK(r0 >= run.begin && r0 + n <= run.begin + run.count && c0 >= 0 && c0 + cols <= t.shape[0],
+             "HfSliceReader::read: '{}': slice {} outside {}", ours, src.str(), t.shape_str());
+    std::vector<float> column(static_cast<size_t>(n));
+    for (int64_t j = 0; j < cols; ++j) {
+      to_f32(t, (c0 + j) * t.shape[1] + run.hf_row + (r0 - run.begin), n, column.data());
+      for (int64_t i = 0; i < n; ++i) out_row(i)[j] = column[static_cast<size_t>(i)];
+    }
+    return;
+  }
   for (int64_t i = 0; i < src.extent[0]; ++i) {
     const int64_t r = src.start[0] + i;
-    float* o = out + (nd == 2 ? (dst_start[0] + i) * dst_shape[1] + dst_start[1] : dst_start[0] + i);
+    float* o = out_row(i);
     const Rows* run = nullptr;
     for (const Rows& x : runs)
       if (r >= x.begin && r < x.begin + x.count) run = &x;
@@ -164,17 +169,10 @@ void HfSliceReader::read(const std::string& ours, const Slice& src, void* dst, c
       continue;
     }
     const TensorData& t = *run->t;
-    const int64_t hr = run->hf_row + (r - run->begin);
-    if (!run->transposed) {
-      const int64_t hf_cols = t.shape.size() == 2 ? t.shape[1] : 1;
-      MT_CHECK(c0 >= 0 && c0 + cols <= hf_cols, "HfSliceReader::read: '{}': columns {}:{} of {}", ours, c0, c0 + cols,
-               hf_cols);
-      to_f32(t, hr * hf_cols + c0, cols, o);
-    } else {  // HF [in, out]: our row r is HF's column r
-      MT_CHECK(c0 >= 0 && c0 + cols <= t.shape[0], "HfSliceReader::read: '{}': columns {}:{} of {}", ours, c0,
-               c0 + cols, t.shape[0]);
-      for (int64_t j = 0; j < cols; ++j) to_f32(t, (c0 + j) * t.shape[1] + hr, 1, o + j);
-    }
+    const int64_t hf_cols = t.shape.size() == 2 ? t.shape[1] : 1;
+    MT_CHECK(c0 >= 0 && c0 + cols <= hf_cols, "HfSliceReader::read: '{}': columns {}:{} of {}", ours, c0, c0 + cols,
+             hf_cols);
+    to_f32(t, (run->hf_row + (r - run->begin)) * hf_cols + c0, cols, o);
   }
 }
 

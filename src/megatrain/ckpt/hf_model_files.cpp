@@ -1,5 +1,6 @@
 #include "megatrain/ckpt/hf_model_files.h"
 
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <set>
@@ -129,13 +130,25 @@ std::vector<std::string> HfModelFiles::names() const {
   return v;
 }
 
-std::vector<float> HfModelFiles::read_f32(const std::string& name) const {
+const TensorData& HfModelFiles::float_tensor(const std::string& name) const {
   const TensorData& t = tensor(name);
   MT_CHECK(t.dtype_str == "F32" || t.dtype_str == "F16" || t.dtype_str == "BF16",
            "{}: tensor '{}' has dtype {}; expected F32, F16 or BF16", file_of(name), name, t.dtype_str);
+  return t;
+}
+
+std::vector<float> HfModelFiles::read_f32(const std::string& name) const {
+  const TensorData& t = float_tensor(name);
   std::vector<float> v(static_cast<size_t>(t.numel()));
   to_f32(t, v.data());
   return v;
+}
+
+bool HfModelFiles::same_values(const std::string& a, const std::string& b) const {
+  const TensorData &x = float_tensor(a), &y = float_tensor(b);
+  if (x.shape != y.shape) return false;
+  if (x.dtype_str == y.dtype_str) return x.nbytes == y.nbytes && std::memcmp(x.data, y.data, x.nbytes) == 0;
+  return read_f32(a) == read_f32(b);
 }
 
 const json* HfModelFiles::setting(const char* key) const {

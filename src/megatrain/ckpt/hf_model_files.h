@@ -33,8 +33,13 @@ class HfModelFiles {
   const TensorData& tensor(const std::string& name) const;  // throws naming the name and the source
   const std::string& file_of(const std::string& name) const;  // the shard file holding it
   std::vector<std::string> names() const;                    // every tensor, sorted
-  // The tensor's elements as float: F32, F16 and BF16 files are read; any other dtype is an error naming it.
+  // The tensor, checked to be F32, F16 or BF16 (what megatrain reads as float); another dtype is an error naming it.
+  const TensorData& float_tensor(const std::string& name) const;
+  // Its elements as float.
   std::vector<float> read_f32(const std::string& name) const;
+  // Whether two float tensors hold the same values (a tied head saved beside its embedding): the bytes when both
+  // have one dtype, else the values.
+  bool same_values(const std::string& a, const std::string& b) const;
 
   size_t num_files() const { return files_.size(); }
   const SafetensorsFile& file(size_t i) const { return files_.at(i); }
