@@ -246,8 +246,8 @@ void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& 
                                                            : std::vector<int64_t>{b.rows};
       MT_CHECK(t.shape == want, "{}: tensor '{}' has shape {} but this model ({}) needs {}", m.file_of(hn), hn,
                t.shape_str(), p.name, shape_str(want));
-      // Straight into the parameter: a temporary copy per tensor cost fresh pages twice the model's size (the
-      // whole import of a 105M-parameter model took 2.8 s, mostly clearing them; bench_hf_slices).
+      // Straight into the parameter: a temporary copy per tensor costs fresh pages for twice the model's size, and
+      // clearing them was most of an import's time under perf.
       to_f32(t, 0, t.numel(), dst + at);
       at += static_cast<size_t>(t.numel());
       used.insert(hn);
