@@ -2,6 +2,8 @@
 // shapes with N = B*T = 8192 rows, each next to a peer measured in the same run:
 //   * GEMMs with a fused epilogue (matmul_forward with BIAS, matmul_gelu_forward with GELU_AUX_BIAS) against the
 //     same cuBLASLt GEMM without epilogue followed by separate bias (and GeLU) kernels; reported in TFLOP/s;
+//   * the weight gradients of matmul_backward (dw and dbias) with the bias sums in the GEMM's BGRADB epilogue
+//     against the column-sum kernels, and against the GEMM without dbias; in ms;
 //   * layernorm_forward, add_layernorm_forward and cross_entropy in GB/s of compulsory traffic (each tensor read or
 //     written once) against a device-to-device cudaMemcpy of 512 MiB (read + write).
 // Each number is the median over repetitions of CUDA-event times on the op stream. Prints JSON.
@@ -164,6 +166,30 @@ int main(int argc, char** argv) {
                        {"fused_speedup", unfused_ms / fused_ms}});
     }
     out["gemm"] = gemms;
+
+    // ---- weight gradients: dw and dbias of matmul_backward, the bias sums in the GEMM's BGRADB epilogue against
+    // the column-sum kernels after the GEMM, with the GEMM alone (no dbias) as the floor both approach. ----
+    json wgrads = json::array();
+    for (const GemmCase& g : cases) {
+      if (g.OC > 8192) continue;  // the lm head has no bias
+      DevTensors d{ops, {}};
+      Tensor x = d.bf16({g.N, g.C}, 1.0f, 1), w = d.bf16({g.OC, g.C}, 0.02f, 2), dy = d.bf16({g.N, g.OC}, 1.0f, 3);
+      Tensor dw = d.f32({g.OC, g.C}), db = d.f32({g.OC});
+      const int64_t before = ops.fused_bias_grads();
+      ops.set_fuse_bias_grads(true);
+      const double fused_ms = median_ms(s, [&] { ops.matmul_backward(Tensor{}, dw, db, dy, x, w, false, false); }, reps);
+      const bool ran_fused = ops.fused_bias_grads() > before;
+      ops.set_fuse_bias_grads(false);
+      const double kernels_ms =
+          median_ms(s, [&] { ops.matmul_backward(Tensor{}, dw, db, dy, x, w, false, false); }, reps);
+      ops.set_fuse_bias_grads(true);
+      const double dw_ms = median_ms(s, [&] { ops.matmul_backward(Tensor{}, dw, Tensor{}, dy, x, w, false, false); }, reps);
+      wgrads.push_back({{"name", g.name}, {"N", g.N}, {"C", g.C}, {"OC", g.OC},
+                        {"bgradb_accepted", ran_fused},
+                        {"fused_ms", fused_ms}, {"column_sum_kernels_ms", kernels_ms}, {"dw_only_ms", dw_ms},
+                        {"fused_speedup", kernels_ms / fused_ms}});
+    }
+    out["weight_grads"] = wgrads;
 
     // ---- memory-bound kernels ----
     json mb = json::array();

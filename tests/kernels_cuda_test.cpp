@@ -25,6 +25,7 @@
 #include "kernels_testutil.h"
 #include "megatrain/core/bf16.h"
 #include "megatrain/core/buffer.h"
+#include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/ops.h"
 #include "test_util.h"
 
@@ -314,28 +315,44 @@ TEST_F(CudaOpsTest, MatmulForwardAddJoinsTheResidual) {
   }
 }
 
+// Both ways to the bias gradient: the dw GEMM's BGRADB epilogue (the default, where cuBLASLt accepts it for the
+// shape) and the column-sum kernels (switched off), each against the CPU.
 TEST_F(CudaOpsTest, MatmulBackwardOverwritesOrAccumulatesDinpAndAccumulatesDwDbias) {
-  for (const auto& [N, C, OC] : kGemmShapes) {
-    for (bool acc : {false, true}) {
-      SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
-                   (acc ? " accumulate" : ""));
-      VecF x = randn(N * C, 13), w = randn(OC * C, 14, 0.1f), dy = randn(N * OC, 15);
-      VecF dx0 = randn(N * C, 16), dw0 = randn(OC * C, 17), db0 = randn(OC, 18);  // existing contents
-      Tensor gx = dev(x, {N, C}), gw = dev(w, {OC, C}), gdy = dev(dy, {N, OC});
-      Tensor gdx = dev(dx0, {N, C}), gdw = dev_f32(dw0, {OC, C}), gdb = dev_f32(db0, {OC});
-      VecF dx = dx0, dw = dw0, db = db0;
-      cpu_->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(dy, {N, OC}), tf(x, {N, C}),
-                            tf(w, {OC, C}), acc);
-      gpu_->matmul_backward(gdx, gdw, gdb, gdy, gx, gw, acc);
-      EXPECT_TRUE(near(host(gdx), dx, 8e-3, 2e-3));
-      EXPECT_TRUE(near(host(gdw), dw, 1e-3, 1e-4));
-      EXPECT_TRUE(near(host(gdb), db, 1e-4, 1e-5));
+  auto* cuda_ops = dynamic_cast<CudaOps*>(gpu_.get());
+  ASSERT_NE(cuda_ops, nullptr);
+  for (bool fuse : {true, false}) {
+    cuda_ops->set_fuse_bias_grads(fuse);
+    const int64_t fused_before = cuda_ops->fused_bias_grads();
+    for (const auto& [N, C, OC] : kGemmShapes) {
+      for (bool acc : {false, true}) {
+        SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
+                     (acc ? " accumulate" : "") + (fuse ? " BGRADB where accepted" : " column-sum kernels"));
+        VecF x = randn(N * C, 13), w = randn(OC * C, 14, 0.1f), dy = randn(N * OC, 15);
+        VecF dx0 = randn(N * C, 16), dw0 = randn(OC * C, 17), db0 = randn(OC, 18);  // existing contents
+        Tensor gx = dev(x, {N, C}), gw = dev(w, {OC, C}), gdy = dev(dy, {N, OC});
+        Tensor gdx = dev(dx0, {N, C}), gdw = dev_f32(dw0, {OC, C}), gdb = dev_f32(db0, {OC});
+        VecF dx = dx0, dw = dw0, db = db0;
+        cpu_->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(dy, {N, OC}), tf(x, {N, C}),
+                              tf(w, {OC, C}), acc);
+        gpu_->matmul_backward(gdx, gdw, gdb, gdy, gx, gw, acc);
+        EXPECT_TRUE(near(host(gdx), dx, 8e-3, 2e-3));
+        EXPECT_TRUE(near(host(gdw), dw, 1e-3, 1e-4));
+        EXPECT_TRUE(near(host(gdb), db, 1e-4, 1e-5));
+      }
+    }
+    const int64_t fused = cuda_ops->fused_bias_grads() - fused_before;
+    if (fuse) {
+      RecordProperty("bgradb_calls", static_cast<int>(fused));  // how many of the 10 cuBLASLt accepted, in the XML
+    } else {
+      EXPECT_EQ(fused, 0) << "set_fuse_bias_grads(false) still ran the epilogue";
     }
   }
+  cuda_ops->set_fuse_bias_grads(true);
 }
 
 // accumulate_dw = false (a step's first write of a gradient): the existing dw / dbias (large garbage here) are
-// overwritten, through the GEMM's beta = 0 and the column sums' overwriting second pass, as on the CPU.
+// overwritten, through the GEMM's beta = 0 and the BGRADB epilogue's write (or the column sums' overwriting second
+// pass), as on the CPU.
 TEST_F(CudaOpsTest, MatmulBackwardOverwritesDwDbiasWhenAsked) {
   for (const auto& [N, C, OC] : kGemmShapes) {
     SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC));

@@ -42,6 +42,11 @@ class CudaOps final : public Ops {
 
   cudaStream_t stream() const { return stream_; }
   int device_id() const { return device_; }
+  // The bias gradients of matmul_backward from the weight-gradient GEMM's BGRADB epilogue (on, the default) or from
+  // the column-sum kernels (off; bench_cuda_ops times both). fused_bias_grads() counts the calls that ran fused: a
+  // shape cuBLASLt refuses the epilogue for takes the kernels whatever the switch says.
+  void set_fuse_bias_grads(bool on) { fuse_bias_grads_ = on; }
+  int64_t fused_bias_grads() const { return fused_bias_grads_; }
   // Sizes the attention backward workspace for shapes up to `s` now (allocating outside the training step).
   void reserve(const AttnShape& s);
   void reserve_attention(const AttnShape& s) override { reserve(s); }
@@ -144,6 +149,9 @@ class CudaOps final : public Ops {
   // both overwritten without accumulate.
   void weight_grads(const char* op, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, int64_t N, int64_t C,
                     int64_t OC, bool accumulate);
+  // The weight-gradient GEMM `dw` with the BGRADB epilogue writing the column sums of dout into db (through the
+  // scratch when accumulating); false, having launched nothing, when cuBLASLt has no algorithm for it.
+  bool dw_with_bias_grads(const char* op, LtCall dw, float* db, int64_t OC, bool accumulate);
   // The norms' backward on filled-in args (dinp, dw, db, rows, C): an empty batch still overwrites dw/db.
   void run_norm_backward(cuda::NormBackwardArgs& a);
 
@@ -152,6 +160,8 @@ class CudaOps final : public Ops {
   std::unique_ptr<LtGemm> gemm_;
   float* scratch_ = nullptr;  // reduction scratch (norm dw/db partials, column sums)
   size_t scratch_floats_ = 0;
+  bool fuse_bias_grads_ = true;
+  int64_t fused_bias_grads_ = 0;
   double* partials_dev_ = nullptr;   // [kMaxPartials] block sums of sum_squares / lamb_moments
   double* partials_host_ = nullptr;  // pinned copy
   int* err_dev_ = nullptr;           // device word: kernels OR DeviceError codes into it

@@ -69,9 +69,11 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
   set_desc(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(c.trans_a), op);
   set_desc(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(c.trans_b), op);
   set_desc(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(c.epilogue), op);
-  // The bias and aux types are left at their defaults, which are D's type (bf16 wherever an epilogue is used);
-  // setting them explicitly is documented to fail for combinations that do not take the attribute.
+  // The bias and aux types are left at their defaults, which are D's type (bf16 for the forward epilogues, fp32
+  // for the bias gradient of the fp32 weight-gradient GEMM); setting them explicitly is documented to fail for
+  // combinations that do not take the attribute.
   if (c.bias) set_desc(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, c.bias, op);
+  if (c.bias_out) set_desc(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, c.bias_out, op);
   if (c.aux) {
     set_desc(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, c.aux, op);
     set_desc(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, c.aux_ld, op);
@@ -88,8 +90,9 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
   const uint32_t al_a = alignment(c.A), al_b = alignment(c.B), al_d = alignment(c.D);
   const uint32_t al_c = std::min(alignment(C), al_d);  // C and D share one layout and one alignment preference
   const Key key{c.trans_a, c.trans_b, c.m,    c.n,    c.k,    c.lda,  c.ldb,       c.ldd,
-                c.d_type,  c.beta != 0.0f ? 1 : 0, c.epilogue, c.bias != nullptr, c.aux_ld, al_a, al_b, al_d,
-                c.bias ? alignment(c.bias) : 0, c.aux ? alignment(c.aux) : 0, al_c};
+                c.d_type,  c.beta != 0.0f ? 1 : 0, c.epilogue, c.bias || c.bias_out, c.aux_ld, al_a, al_b, al_d,
+                c.bias ? alignment(c.bias) : c.bias_out ? alignment(c.bias_out) : 0, c.aux ? alignment(c.aux) : 0,
+                al_c};
   auto it = algos_.find(key);
   if (it == algos_.end()) {
     lt_check(lt().MatmulPreferenceCreate(&ds.pref), op, "cublasLtMatmulPreferenceCreate");
@@ -106,9 +109,10 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
     if (st == CUBLAS_STATUS_SUCCESS && count > 0) {
       f.ok = true;
       f.algo = result.algo;
-    } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !c.aux) {
-      // A plain or bias GEMM must run: anything but "no algorithm" is an error. A GeLU epilogue that cuBLASLt
-      // rejects for any reason (types, alignment, leading dimension) is not: the caller runs the unfused path.
+    } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !c.aux && !c.bias_out) {
+      // A plain or bias GEMM must run: anything but "no algorithm" is an error. A GeLU or bias-gradient epilogue
+      // that cuBLASLt rejects for any reason (types, alignment, leading dimension) is not: the caller runs the
+      // unfused path.
       lt_check(st, op, "cublasLtMatmulAlgoGetHeuristic");
     }
     it = algos_.emplace(key, f).first;

@@ -1,5 +1,5 @@
 // cuBLASLt GEMMs for the linear layers: bf16 A and B, fp32 compute and scale, bf16 or fp32 C = D, optional fused
-// epilogue (bias, GELU with its input saved, GELU gradient). Matrices here are COLUMN-major, as cuBLASLt sees them;
+// epilogue (bias, GELU with its input saved, GELU gradient, bias gradient). Matrices here are COLUMN-major, as cuBLASLt sees them;
 // matmul.cpp maps the row-major tensors onto this (see the comment there).
 #pragma once
 #include <cublasLt.h>
@@ -25,6 +25,7 @@ struct LtCall {
   float beta = 0;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;   // bf16 [m] (BIAS epilogues)
+  void* bias_out = nullptr;     // [n], D's type: the BGRADB epilogue writes the sums of op(B) over k here
   void* aux = nullptr;          // bf16 [m, n] with leading dimension aux_ld (GELU_AUX / DGELU epilogues)
   int64_t aux_ld = 0;
 };
