@@ -4,7 +4,7 @@
 //     same cuBLASLt GEMM without epilogue followed by separate bias (and GeLU) kernels; reported in TFLOP/s;
 //   * the weight gradients of matmul_backward (dw and dbias) with the bias sums in the GEMM's BGRADB epilogue
 //     against the column-sum kernels, and against the GEMM without dbias; in ms;
-//   * layernorm_forward, add_layernorm_forward and cross_entropy in GB/s of compulsory traffic (each tensor read or
+//   * layernorm_forward, layernorm_backward, add_layernorm_forward and cross_entropy in GB/s of compulsory traffic (each tensor read or
 //     written once) against a device-to-device cudaMemcpy of 512 MiB (read + write).
 // Each number is the median over repetitions of CUDA-event times on the op stream. Prints JSON.
 //   bench_cuda_ops [--quick]     (--quick: fewer shapes and repetitions; for smoke runs)
@@ -205,6 +205,14 @@ int main(int argc, char** argv) {
       const double add_ms =
           median_ms(s, [&] { ops.add_layernorm_forward(x, o, mean, rstd, x, r, w, b, 1e-5f, false); }, reps);
       const double add_bytes = 4.0 * N * C * 2 + 8.0 * N;  // read a, b; write res, out
+      // The backward: dinp += (read and written), dout and x read, dw/db through the partial rows (G * 2C floats,
+      // not counted).
+      Tensor dout = d.bf16({N, C}, 1.0f, 10), dinp = d.bf16({N, C}, 0, 0), dw = d.f32({C}), db = d.f32({C});
+      const double lnb_ms = median_ms(
+          s, [&] { ops.layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, false); }, reps);
+      const double lnb_bytes = 4.0 * N * C * 2 + 8.0 * N;
+      mb.push_back({{"op", "layernorm_backward"}, {"N", N}, {"C", C}, {"gbps", lnb_bytes / (lnb_ms * 1e-3) / 1e9},
+                    {"fraction_of_memcpy", lnb_bytes / (lnb_ms * 1e-3) / 1e9 / memcpy_gbps}});
       mb.push_back({{"op", "layernorm_forward"}, {"N", N}, {"C", C},
                     {"gbps", ln_bytes / (ln_ms * 1e-3) / 1e9}, {"fraction_of_memcpy", ln_bytes / (ln_ms * 1e-3) / 1e9 / memcpy_gbps}});
       mb.push_back({{"op", "add_layernorm_forward"}, {"N", N}, {"C", C},

@@ -158,9 +158,15 @@ __device__ __forceinline__ float2 block_sum2(float a, float b) {
 }
 
 // The vector path: thread t owns packs p = t + v * blockDim.x (v < V) of 8 columns each, p < C / 8.
+// Why the loads come early: a block walks its rows one after another, and each row's block reduction (two barriers)
+// stalls all of its warps. Issuing this row's dinp and (for V <= 2, where the registers allow) the next row's x and
+// dout before the reduction keeps those loads in flight across the barriers. The version that loaded them after
+// the reduction ran the 1.3B model's 49 norm backwards in 3.9 ms a step on the H100, ~55% of copy bandwidth for
+// the bytes it moves (bench/results/ncu_kernels-gpt-1.3b-nvidia-h100-80gb-hbm3.json).
 template <bool kRms, int V>
 __global__ void norm_backward_vec_kernel(NormBackwardArgs a, float* partial, int64_t rows_per_block) {
   constexpr int width = kRms ? 1 : 2;
+  constexpr bool kPrefetch = V <= 2;
   const int64_t C = a.C, packs = C / 8;
   const float invC = 1.0f / static_cast<float>(C);
   Pack<8, bf16> w[V];
@@ -172,16 +178,27 @@ __global__ void norm_backward_vec_kernel(NormBackwardArgs a, float* partial, int
   }
   const int64_t r0 = blockIdx.x * rows_per_block;
   const int64_t r1 = r0 + rows_per_block < a.N ? r0 + rows_per_block : a.N;
+  Pack<8, bf16> xv[V], gv[V];  // the current row's x and dout
+  auto load_row = [&](int64_t row, Pack<8, bf16>* x, Pack<8, bf16>* g) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const int64_t p = threadIdx.x + static_cast<int64_t>(v) * blockDim.x;
+      if (p >= packs) continue;
+      x[v] = load_pack<8>(a.inp + row * C + p * 8);
+      g[v] = load_pack<8>(a.dout + row * C + p * 8);
+    }
+  };
+  if (kPrefetch && r0 < r1) load_row(r0, xv, gv);
   for (int64_t row = r0; row < r1; ++row) {
     const float m = kRms ? 0.0f : a.mean[row], r = a.rstd[row];
-    Pack<8, bf16> xv[V], gv[V];
+    if (!kPrefetch) load_row(row, xv, gv);
+    Pack<8, bf16> dv[V];  // this row's dinp, accumulated into below
     float s1 = 0, s2 = 0;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const int64_t p = threadIdx.x + static_cast<int64_t>(v) * blockDim.x;
       if (p >= packs) continue;
-      xv[v] = load_pack<8>(a.inp + row * C + p * 8);
-      gv[v] = load_pack<8>(a.dout + row * C + p * 8);
+      dv[v] = load_pack<8>(a.dinp + row * C + p * 8);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const float dn = to_f(gv[v].v[k]) * to_f(w[v].v[k]);
@@ -189,14 +206,15 @@ __global__ void norm_backward_vec_kernel(NormBackwardArgs a, float* partial, int
         s2 += dn * (to_f(xv[v].v[k]) - m) * r;
       }
     }
+    Pack<8, bf16> xn[V], gn[V];  // the next row's, in flight across the reduction
+    if (kPrefetch && row + 1 < r1) load_row(row + 1, xn, gn);
     const float2 sums = block_sum2(s1, s2);
     const float mean_dn = kRms ? 0.0f : sums.x * invC, mean_dnx = sums.y * invC;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const int64_t p = threadIdx.x + static_cast<int64_t>(v) * blockDim.x;
       if (p >= packs) continue;
-      bf16* dx = a.dinp + row * C + p * 8;
-      Pack<8, bf16> d = load_pack<8>(dx);
+      Pack<8, bf16>& d = dv[v];
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const float gc = to_f(gv[v].v[k]);
@@ -206,7 +224,11 @@ __global__ void norm_backward_vec_kernel(NormBackwardArgs a, float* partial, int
         dw[v][k] += gc * xh;
         if constexpr (!kRms) db[v][k] += gc;
       }
-      store_pack<8>(dx, d);
+      store_pack<8>(a.dinp + row * C + p * 8, d);
+    }
+    if (kPrefetch) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) xv[v] = xn[v], gv[v] = gn[v];
     }
   }
 #pragma unroll
@@ -222,19 +244,51 @@ __global__ void norm_backward_vec_kernel(NormBackwardArgs a, float* partial, int
   }
 }
 
+// One wave of blocks: as many as the GPU holds at once (the kernel's occupancy times the SMs), each walking an
+// equal share of the rows, so no second, part-empty wave trails the first. At N = 8192, C = 2048 on an H100 that is
+// 3 blocks of 256 threads per SM, 396 blocks of ~21 rows; the earlier fixed 16 rows per block gave 512 blocks, a
+// full wave and a second one 29% full. G is also bounded by the rows, 1024 partial rows and the scratch (`fit`).
+// The order of the dw/db sums follows G, so their bits are the same on every run on one kind of GPU, not across
+// kinds (as with cuBLAS's own kernel choices).
+template <class Kernel>
+int64_t one_wave(Kernel kernel, unsigned threads, int64_t N, int64_t fit) {
+  int dev = 0, sms = 0, per_sm = 0;
+  check(cudaGetDevice(&dev), "norm_backward: cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+        "norm_backward: cudaDeviceGetAttribute(MultiProcessorCount)");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), 0),
+        "norm_backward: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  int64_t G = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  if (G > 1024) G = 1024;
+  if (G > fit) G = fit;
+  if (G > N) G = N;
+  return G < 1 ? 1 : G;
+}
+
+template <bool kRms, int V>
+void launch_backward_vec_v(cudaStream_t s, const NormBackwardArgs& a, unsigned threads, int64_t fit) {
+  const auto kernel = norm_backward_vec_kernel<kRms, V>;
+  int64_t G = one_wave(kernel, threads, a.N, fit);
+  const int64_t rows_per_block = (a.N + G - 1) / G;
+  G = (a.N + rows_per_block - 1) / rows_per_block;  // no empty blocks
+  kernel<<<static_cast<unsigned>(G), threads, 0, s>>>(a, a.scratch, rows_per_block);
+  check_launch("norm_backward_vec_kernel");
+  add_partial_rows(s, a.dw, kRms ? nullptr : a.db, a.C, a.scratch, (kRms ? 1 : 2) * a.C, G, a.accumulate_dw);
+}
+
+// The vector path's launch: V packs per thread (C up to 8192), one wave of blocks, then the dw/db second pass.
 template <bool kRms>
-void launch_backward_vec(cudaStream_t s, const NormBackwardArgs& a, int64_t G, int64_t rows_per_block) {
+void launch_backward_vec(cudaStream_t s, const NormBackwardArgs& a, int64_t fit) {
   const int64_t packs = a.C / 8;
   const int V = packs <= 256 ? 1 : packs <= 512 ? 2 : 4;
   const int64_t per_thread = (packs + V - 1) / V;
   const unsigned threads = static_cast<unsigned>((per_thread + kWarp - 1) / kWarp * kWarp);
-  const unsigned grid = static_cast<unsigned>(G);
   if (V == 1)
-    norm_backward_vec_kernel<kRms, 1><<<grid, threads, 0, s>>>(a, a.scratch, rows_per_block);
+    launch_backward_vec_v<kRms, 1>(s, a, threads, fit);
   else if (V == 2)
-    norm_backward_vec_kernel<kRms, 2><<<grid, threads, 0, s>>>(a, a.scratch, rows_per_block);
+    launch_backward_vec_v<kRms, 2>(s, a, threads, fit);
   else
-    norm_backward_vec_kernel<kRms, 4><<<grid, threads, 0, s>>>(a, a.scratch, rows_per_block);
+    launch_backward_vec_v<kRms, 4>(s, a, threads, fit);
 }
 
 template <int K>
@@ -287,22 +341,25 @@ void norm_backward(cudaStream_t s, const NormBackwardArgs& a) {
   const int64_t row_floats = width * a.C;
   if (static_cast<size_t>(row_floats) > a.scratch_floats)
     check(cudaErrorInvalidValue, "norm_backward: C is too wide for the reduction scratch");
-  // Blocks: enough to fill the GPU (~16 rows each), at most 1024 partial rows, and as many as the scratch holds.
-  int64_t G = (a.N + 15) / 16;
-  if (G > 1024) G = 1024;
-  const int64_t fit = static_cast<int64_t>(a.scratch_floats) / row_floats;
-  if (G > fit) G = fit;
-  const int64_t rows_per_block = (a.N + G - 1) / G;
-  G = (a.N + rows_per_block - 1) / rows_per_block;
+  const int64_t fit = static_cast<int64_t>(a.scratch_floats) / row_floats;  // partial rows the scratch holds
   // The vector path covers C up to 4 * 256 packs of 8 (8192 columns) in registers.
   const bool vec = a.C % 8 == 0 && a.C <= 8192 && aligned16(a.dinp) && aligned16(a.dout) && aligned16(a.inp) &&
                    aligned16(a.w);
+  if (vec) {
+    if (a.rms)
+      launch_backward_vec<true>(s, a, fit);
+    else
+      launch_backward_vec<false>(s, a, fit);
+    return;
+  }
+  // The scalar path: blocks of ~16 rows, at most 1024 partial rows, and as many as the scratch holds.
+  int64_t G = (a.N + 15) / 16;
+  if (G > 1024) G = 1024;
+  if (G > fit) G = fit;
+  const int64_t rows_per_block = (a.N + G - 1) / G;
+  G = (a.N + rows_per_block - 1) / rows_per_block;
   const size_t smem = static_cast<size_t>(row_floats) * sizeof(float);
-  if (vec && a.rms) {
-    launch_backward_vec<true>(s, a, G, rows_per_block);
-  } else if (vec) {
-    launch_backward_vec<false>(s, a, G, rows_per_block);
-  } else if (a.rms) {
+  if (a.rms) {
     set_smem(norm_backward_kernel<true>, smem);
     norm_backward_kernel<true><<<static_cast<unsigned>(G), kBwdThreads, smem, s>>>(a, a.scratch, rows_per_block);
   } else {
