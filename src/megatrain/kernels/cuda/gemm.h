@@ -1,6 +1,6 @@
 // cuBLASLt GEMMs for the linear layers: bf16 A and B, fp32 compute and scale, bf16 or fp32 C = D, optional fused
-// epilogue (bias, GELU with its input saved, GELU gradient, bias gradient). Matrices here are COLUMN-major, as cuBLASLt sees them;
-// matmul.cpp maps the row-major tensors onto this (see the comment there).
+// epilogue (bias, GELU with its input saved, GELU gradient, bias gradient). Matrices here are COLUMN-major, as
+// cuBLASLt sees them; matmul.cpp maps the row-major tensors onto this (see the comment there).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>

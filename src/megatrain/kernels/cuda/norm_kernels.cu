@@ -245,9 +245,9 @@ __global__ void norm_backward_vec_kernel(NormBackwardArgs a, float* partial, int
 }
 
 // One wave of blocks: as many as the GPU holds at once (the kernel's occupancy times the SMs), each walking an
-// equal share of the rows, so no second, part-empty wave trails the first. At N = 8192, C = 2048 on an H100 that is
-// 3 blocks of 256 threads per SM, 396 blocks of ~21 rows; the earlier fixed 16 rows per block gave 512 blocks, a
-// full wave and a second one 29% full. G is also bounded by the rows, 1024 partial rows and the scratch (`fit`).
+// equal share of the rows, so no second, part-empty wave trails the first. At N = 8192, C = 2048 on an H100 that
+// should be 3 blocks of 256 threads per SM (ptxas: 80 registers a thread), 396 blocks of ~21 rows; the earlier fixed
+// 16 rows per block gave 512 blocks, a full wave and a second one 29% full. G is also bounded by the rows, 1024 partial rows and the scratch (`fit`).
 // The order of the dw/db sums follows G, so their bits are the same on every run on one kind of GPU, not across
 // kinds (as with cuBLAS's own kernel choices).
 template <class Kernel>
