@@ -645,10 +645,12 @@ TEST_F(CudaOpsTest, RopeForwardBackward) {
 // ---- losses ---------------------------------------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, CrossEntropyPaddedVocabAndIgnoredTargets) {
-  for (int64_t Vp : {int64_t{56}, int64_t{53}, int64_t{50304}}) {  // packed, scalar, GPT-2's padded vocabulary
+  // Packed and scalar small rows; GPT-2's padded vocabulary (the row kept in shared memory); Llama 3's, wider than
+  // a block's shared memory (the streaming kernel).
+  for (int64_t Vp : {int64_t{56}, int64_t{53}, int64_t{50304}, int64_t{128256}}) {
     for (bool write_grad : {true, false}) {
       const int64_t N = 7;
-      const int V = Vp == 50304 ? 50257 : 50;
+      const int V = Vp == 50304 ? 50257 : Vp == 128256 ? 128256 : 50;
       SCOPED_TRACE("Vp=" + std::to_string(Vp) + (write_grad ? " grad" : ""));
       VecF z = randn(N * Vp, 58, 3.0f);
       std::vector<int32_t> tgt = {0, V - 1, -1, 17, 3, -5, 42};
