@@ -116,8 +116,8 @@ __global__ void cross_entropy_kernel(float* losses, bf16* logits, const int32_t*
 
 // The same, with the row kept in shared memory between the two passes: the gradient pass reads it from there, not
 // from global memory again. Why: one block per row walks 100 KB at GPT-2's vocabulary, and the rows of all resident
-// blocks (~50 MB on an H100) outgrow the L2, so the streaming kernel's second pass went back to DRAM: 63% of copy
-// bandwidth in bench_cuda_ops, 2.2 ms of the 124M model's 31.8 ms step. Each thread reads back only the packs it
+// blocks (~50 MB on an H100) outgrow the L2, so the streaming kernel's second pass most likely goes back to DRAM
+// (it ran at 63% of copy bandwidth in bench_cuda_ops, and took 2.2 ms of the 124M model's 31.8 ms step). Each thread reads back only the packs it
 // stored, in the same order, and sums as the streaming kernel does: the results are bit-identical. Loads are
 // unrolled by 4 so each thread has several in flight (two 100 KB blocks fit an SM's shared memory, 1024 threads).
 // Rows wider than the shared memory a block may have (Llama 3's 128,256 columns) take the streaming kernel.
