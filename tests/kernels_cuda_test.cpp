@@ -723,10 +723,11 @@ TEST_F(CudaOpsTest, AdamWThreeStepsMatchCpu) {
 }
 
 // The multi-tensor AdamW (one launch) against the CPU's per-segment updates: segments with gaps between them (which
-// must stay untouched), different weight decays, an empty and a one-element segment.
+// must stay untouched), different weight decays, an empty and a one-element segment, lengths that leave a tail after
+// the four-element steps, and a segment whose start is not 16-byte aligned (one element at a time).
 TEST_F(CudaOpsTest, AdamWMultiTensorMatchesCpu) {
-  const std::vector<AdamSegment> segs = {{0, 13, 0.1f}, {16, 1, 0.0f}, {32, 0, 0.1f}, {32, 100003, 0.1f},
-                                         {100048, 7, 0.0f}};
+  const std::vector<AdamSegment> segs = {{0, 13, 0.1f},      {16, 1, 0.0f},     {32, 0, 0.1f},
+                                         {32, 100003, 0.1f}, {100048, 7, 0.0f}, {100057, 5, 0.1f}};
   const int64_t n = 100064;
   VecF p = randn(n, 81), m(n), v(n);
   const VecF p0 = p;

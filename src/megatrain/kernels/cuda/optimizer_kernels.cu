@@ -45,16 +45,52 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
   for (int64_t i = global_thread(); i < n; i += grid_threads()) adamw_element(p, g, m, v, i, k);
 }
 
+__device__ __forceinline__ bool dev_aligned(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
 // The same for many tensors: grid.y walks the segments, grid.x strides within one (blocks past a small segment's end
 // exit at once, which is cheaper than a launch per tensor). With w16, the updated weight also goes to the bf16
 // compute copy from the register that holds it (the separate refresh pass read the fp32 weights back).
+// Four elements a thread per step, as 16-byte loads and stores (8 bytes for the bf16 copy), where the segment's
+// start is aligned for them (the rest, and unaligned segments, one element at a time): the 4-byte version moved
+// its 30 bytes an element at 88% of copy bandwidth on the H100 (15.2 ms for the 1.3B model). The arithmetic is
+// adamw_element's on registers, so the results are bit-identical either way.
 __global__ void adamw_multi_kernel(float* p, const float* g, float* m, float* v, const AdamSeg* segs, AdamConsts k,
                                    uint16_t* w16) {
   const AdamSeg s = segs[blockIdx.y];
   k.wd = s.wd;
-  for (int64_t i = global_thread(); i < s.numel; i += grid_threads()) {
-    adamw_element(p, g, m, v, s.offset + i, k);
-    if (w16) w16[s.offset + i] = f32_to_bf16_bits(p[s.offset + i]);
+  float* ps = p + s.offset;
+  const float* gs = g + s.offset;
+  float* mv = m + s.offset;
+  float* vv = v + s.offset;
+  uint16_t* ws = w16 ? w16 + s.offset : nullptr;
+  int64_t done = 0;
+  if (dev_aligned(ps, 16) && dev_aligned(gs, 16) && dev_aligned(mv, 16) && dev_aligned(vv, 16) &&
+      (!ws || dev_aligned(ws, 8))) {  // the same for every thread of the block: no divergence
+    const int64_t n4 = s.numel / 4;
+    for (int64_t q = global_thread(); q < n4; q += grid_threads()) {
+      const float4 P = reinterpret_cast<const float4*>(ps)[q], G = reinterpret_cast<const float4*>(gs)[q];
+      const float4 M = reinterpret_cast<const float4*>(mv)[q], V = reinterpret_cast<const float4*>(vv)[q];
+      float pl[4] = {P.x, P.y, P.z, P.w}, gl[4] = {G.x, G.y, G.z, G.w};
+      float ml[4] = {M.x, M.y, M.z, M.w}, vl[4] = {V.x, V.y, V.z, V.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) adamw_element(pl, gl, ml, vl, j, k);
+      reinterpret_cast<float4*>(ps)[q] = make_float4(pl[0], pl[1], pl[2], pl[3]);
+      reinterpret_cast<float4*>(mv)[q] = make_float4(ml[0], ml[1], ml[2], ml[3]);
+      reinterpret_cast<float4*>(vv)[q] = make_float4(vl[0], vl[1], vl[2], vl[3]);
+      if (ws) {  // element j in bits 16 * j (little-endian), as four uint16_t stores would put them
+        uint2 b;
+        b.x = uint32_t{f32_to_bf16_bits(pl[0])} | (uint32_t{f32_to_bf16_bits(pl[1])} << 16);
+        b.y = uint32_t{f32_to_bf16_bits(pl[2])} | (uint32_t{f32_to_bf16_bits(pl[3])} << 16);
+        reinterpret_cast<uint2*>(ws)[q] = b;
+      }
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + global_thread(); i < s.numel; i += grid_threads()) {
+    adamw_element(ps, gs, mv, vv, i, k);
+    if (ws) ws[i] = f32_to_bf16_bits(ps[i]);
   }
 }
 
@@ -153,8 +189,9 @@ void adamw_update(cudaStream_t s, float* p, const float* g, float* m, float* v, 
 void adamw_update_multi(cudaStream_t s, float* p, const float* g, float* m, float* v, const AdamSeg* segs, int n_segs,
                         int64_t max_numel, const AdamConsts& k, uint16_t* w16) {
   if (n_segs <= 0 || max_numel <= 0) return;
-  // At most 1024 blocks per segment (each thread then loops): enough to fill the GPU with the large matrices.
-  const unsigned gx = std::min(grid_for(max_numel, kThreads), 1024u);
+  // At most 1024 blocks per segment (each thread then loops): enough to fill the GPU with the large matrices. A
+  // thread takes four elements a step where it can.
+  const unsigned gx = std::min(grid_for((max_numel + 3) / 4, kThreads), 1024u);
   adamw_multi_kernel<<<dim3(gx, static_cast<unsigned>(n_segs)), kThreads, 0, s>>>(p, g, m, v, segs, k, w16);
   check_launch("adamw_multi_kernel");
 }
