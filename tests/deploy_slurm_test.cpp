@@ -188,13 +188,15 @@ class SlurmJob : public ::testing::Test {
     return "";
   }
 
-  // Submits the script for `nodes` nodes from the login node; the job id.
-  std::string submit(int nodes, int spares) {
+  // Submits the script for `nodes` nodes from the login node, with MEGATRAIN_FAULTS = `faults` for the ranks; the
+  // job id.
+  std::string submit(int nodes, int spares, const std::string& faults = "") {
     const SlurmCluster& c = *cluster_;
     std::string args = "--max-restarts 3 --backoff 0 --";
     for (const auto& a : node_job(out())) args += " '" + a + "'";
-    const std::string env = fmt::format("MEGATRAIN={} MEGATRAIN_NPROC=2 MEGATRAIN_SPARES={} MEGATRAIN_RUN_DIR={}",
-                                        kMegatrain, spares, run_dir());
+    const std::string env =
+        fmt::format("MEGATRAIN={} MEGATRAIN_NPROC=2 MEGATRAIN_SPARES={} MEGATRAIN_RUN_DIR={} MEGATRAIN_FAULTS='{}'",
+                    kMegatrain, spares, run_dir(), faults);
     std::string id;
     EXPECT_EQ(c.slurm(fmt::format("sbatch --parsable --nodes={} --chdir={} -o {} {}/deploy/slurm/megatrain.sbatch {}",
                                   nodes, dir_.string(), job_log(), MT_SOURCE_DIR, args),
@@ -261,7 +263,13 @@ TEST_F(SlurmJob, AKilledAgentIsReplacedByTheSpareAndALostDriverRequeuesTheJob) {
   if (std::string skip = start_cluster(3); !skip.empty()) GTEST_SKIP() << skip;
   ASSERT_TRUE(cluster_->ok()) << cluster_->why();
   const auto want = node_job_undisturbed(dir_);
-  const std::string job = submit(3, 1);
+  // The test kills an agent after step 5 of attempt 0 and another once attempt 1 has started: both attempts are
+  // slowed (slow_from_step6, launch_testutil.h, says why), attempt 1 from its first step. A test process starved on
+  // a busy machine (ctest -j 8 on 2 cores) once saw step 5 only after the job had finished. The requeued run starts
+  // at attempt 0 again and is slowed from step 6 too.
+  std::string faults = slow_from_step6();
+  for (int r = 0; r < 4; ++r) faults += fmt::format("slow:rank={}:factor=100:attempt=1;", r);
+  const std::string job = submit(3, 1, faults);
   // 1. Node 1 of the job is n2 (host 2): kill its agent once training is under way; the spare (n3) takes over.
   wait_until(job, [&] { return last_step(out() + "/metrics.jsonl") >= 5; }, "step 5");
   if (HasFatalFailure()) return;

@@ -164,7 +164,7 @@ class LaunchNodes : public ::testing::Test {
 // their ranks' statuses every half second.
 TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   const auto want = undisturbed();
-  start_job(2, 1, "", {"--dashboard", "127.0.0.1:0"});
+  start_job(2, 1, slow_from_step6(), {"--dashboard", "127.0.0.1:0"});
   // Poll /api/job until the job ends, keeping, per attempt, the nodes its running ranks were shown on (while the
   // attempt runs: the driver may see only its start of a short attempt, so "starting" counts).
   std::mutex mu;
@@ -233,7 +233,7 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
 }
 
 TEST_F(LaunchNodes, AKilledAgentWithoutASpareShrinksTheJobToFewerReplicas) {
-  start_job(2, 0);
+  start_job(2, 0, slow_from_step6());
   wait_for_step(5);
   ::kill(agents_[1], SIGKILL);
   agents_[1] = -1;
@@ -324,7 +324,7 @@ TEST_F(LaunchNodes, AHangOnAnotherNodeIsBlamedOnItsRankAndThatNodeEvicted) {
 // lost after --node-timeout and goes on with the spare.
 TEST_F(LaunchNodes, AStoppedAgentIsALostNode) {
   const auto want = undisturbed();
-  start_job(2, 1);
+  start_job(2, 1, slow_from_step6());
   wait_for_step(5);
   ::kill(agents_[1], SIGSTOP);
   ASSERT_EQ(finish(0), 0) << logs();
@@ -351,8 +351,10 @@ TEST_F(LaunchNodes, AStoppedAgentIsALostNode) {
 // and wrote their snapshots into the checkpoint directory the new attempt was using.
 class LaunchHosts : public LaunchNodes {
  protected:
-  void start_on_hosts(NetHosts& net, int nodes, int spares) {
+  // As start_job, each agent on its own host of `net`.
+  void start_on_hosts(NetHosts& net, int nodes, int spares, const std::string& faults = "") {
     const std::string master = net.address(0) + ":29500";  // each host has its own ports: any port is free
+    if (!faults.empty()) ::setenv("MEGATRAIN_FAULTS", faults.c_str(), 1);
     for (int a = 0; a < nodes + spares; ++a) {
       std::vector<std::string> args = {kMegatrain, "launch", "--nproc", "2", "--nnodes", std::to_string(nodes),
                                        "--node-rank", std::to_string(a), "--spares", std::to_string(spares),
@@ -362,6 +364,7 @@ class LaunchHosts : public LaunchNodes {
       const std::vector<std::string> cmd = net.on_host(a, args);
       agents_.push_back(start_logged(cmd[0], {cmd.begin() + 1, cmd.end()}, log_path(a)));
     }
+    ::unsetenv("MEGATRAIN_FAULTS");
   }
 };
 
@@ -378,7 +381,7 @@ TEST_F(LaunchHosts, AHostCutOffTheNetworkFencesItselfBeforeTheSpareTakesItsPlace
   NetHosts net(3);
   if (!net.ok()) GTEST_SKIP() << "no test network on this machine: " << net.why();
   const auto want = undisturbed();
-  start_on_hosts(net, 2, 1);
+  start_on_hosts(net, 2, 1, slow_from_step6());
   wait_for_step(5);
   const std::vector<pid_t> host1_ranks = {rank_pid(agents_[1], 2), rank_pid(agents_[1], 3)};
   ASSERT_GT(host1_ranks[0], 0) << logs();
@@ -436,7 +439,7 @@ TEST_F(LaunchHosts, AFrozenHostThatThawsAfterTheJobWentOnWritesNothing) {
   NetHosts net(3);
   if (!net.ok()) GTEST_SKIP() << "no test network on this machine: " << net.why();
   const auto want = undisturbed();
-  start_on_hosts(net, 2, 1);
+  start_on_hosts(net, 2, 1, slow_from_step6());
   wait_for_step(5);
   const std::vector<pid_t> ranks = {rank_pid(agents_[1], 2), rank_pid(agents_[1], 3)};
   ASSERT_GT(ranks[0], 0) << logs();

@@ -168,6 +168,16 @@ inline std::vector<std::string> node_job(const std::string& out, const std::vect
   return a;
 }
 
+// MEGATRAIN_FAULTS for a test that disturbs node_job (4 ranks) once it has logged step 5: every rank's compute
+// stretched 100 times (~1-2 s a step) from step 6 of attempt 0 on. Unslowed, steps take ~0.1 s, and a test process
+// starved on a busy machine (ctest -j 8 on 2 cores) saw step 5 only after the job had finished, too late to disturb
+// it. `slow` only sleeps, so the losses stay the undisturbed run's; later attempts run at full speed.
+inline std::string slow_from_step6() {
+  std::string f;
+  for (int r = 0; r < 4; ++r) f += fmt::format("slow:rank={}:factor=100:step=6;", r);
+  return f;
+}
+
 // The per-step losses of node_job undisturbed, on one 4-rank launcher (the oracle of the multi-node tests), run in
 // `dir` once per build and shared by every test that asks (cached_losses).
 inline std::vector<std::string> node_job_undisturbed(const std::filesystem::path& dir) {
