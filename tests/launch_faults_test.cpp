@@ -80,7 +80,8 @@ class LaunchFaults : public ::testing::Test {
   }
 
   // Runs the job under supervision with `env` set (MEGATRAIN_FAULTS), doing `act` to it once step `at` is logged
-  // (at = 0: nothing); returns the launcher's exit code. The events are in events().
+  // (at = 0: nothing); returns the launcher's exit code. The events are in events(). A test that acts at step 5
+  // passes slow_from_step6() (launch_testutil.h), so the job cannot end before the test acts.
   int supervised(const std::vector<std::string>& launch_opts, const std::string& faults, int at = 0,
                  const std::function<void(pid_t launcher)>& act = {}) {
     std::vector<std::string> opts = {"--max-restarts", "3", "--backoff", "0", "--events", events()};
@@ -115,7 +116,7 @@ class LaunchFaults : public ::testing::Test {
 
 TEST_F(LaunchFaults, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturbedRun) {
   const auto want = undisturbed();
-  ASSERT_EQ(supervised({}, "", 5, [](pid_t launcher) {
+  ASSERT_EQ(supervised({}, mt::test::slow_from_step6(), 5, [](pid_t launcher) {
               pid_t victim = rank_pid(launcher, 2);
               ASSERT_GT(victim, 0);
               ::kill(victim, SIGKILL);
@@ -143,7 +144,7 @@ TEST_F(LaunchFaults, AnInjectedCrashIsRecovered) {
 TEST_F(LaunchFaults, AStoppedRankIsNamedAndTheJobRecovers) {
   const auto want = undisturbed();
   pid_t stopped = -1;
-  ASSERT_EQ(supervised({"--heartbeat-timeout", "4"}, "", 5, [&](pid_t launcher) {
+  ASSERT_EQ(supervised({"--heartbeat-timeout", "4"}, mt::test::slow_from_step6(), 5, [&](pid_t launcher) {
               stopped = rank_pid(launcher, 2);
               ASSERT_GT(stopped, 0);
               ::kill(stopped, SIGSTOP);
