@@ -65,12 +65,15 @@ __device__ void zero_row(bf16* row, int64_t W) {
   for (int64_t c = threadIdx.x * K; c < W; c += blockDim.x * K) store_pack<K>(row + c, z);
 }
 
-// Rewrites row[0, W) as the softmax gradient: columns j < n_real get exp(x - lse) * dloss, minus dloss at column
-// `hot` (none when hot < 0); the padded columns j >= n_real get 0.
+// Writes row[0, W) as the softmax gradient of the logits x = src[0, W) (src is row itself, or its copy in shared
+// memory): columns j < n_real get exp(x - lse) * dloss, minus dloss at column `hot` (none when hot < 0); the padded
+// columns j >= n_real get 0. Each thread reads only the packs it writes.
 template <int K>
-__device__ void write_grad_row(bf16* row, int64_t W, int64_t n_real, float lse, int64_t hot, float dloss) {
+__device__ void write_grad_row(bf16* row, const bf16* src, int64_t W, int64_t n_real, float lse, int64_t hot,
+                               float dloss) {
+#pragma unroll 4
   for (int64_t c = threadIdx.x * K; c < W; c += blockDim.x * K) {
-    Pack<K, bf16> v = load_pack<K>(row + c);
+    Pack<K, bf16> v = load_pack<K>(src + c);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t j = c + k;
@@ -82,93 +85,68 @@ __device__ void write_grad_row(bf16* row, int64_t W, int64_t n_real, float lse, 
   }
 }
 
+// Row n's target t before its loss: a target past the vocabulary is reported (kErrCeTarget) with a NaN loss; a
+// negative one is an ignored position, loss 0 and gradient 0. False when that finished the row. t is uniform over
+// the block, so the callers' early returns keep their barriers uniform.
 template <int K>
-__global__ void cross_entropy_kernel(float* losses, bf16* logits, const int32_t* targets, int64_t Vp, int64_t V,
-                                     float dloss, bool write_grad, int* err) {
-  const int64_t n = blockIdx.x;
-  bf16* row = logits + n * Vp;
-  const int32_t t = targets[n];  // uniform over the block: the early returns below keep barriers uniform
+__device__ bool ce_row_has_loss(float* losses, bf16* row, int32_t t, int64_t n, int64_t Vp, int64_t V,
+                                bool write_grad, int* err) {
   if (t >= V) {
     if (threadIdx.x == 0) {
       atomicOr(err, kErrCeTarget);
       losses[n] = NAN;
     }
-    return;
+    return false;
   }
-  if (t < 0) {  // ignored position: no loss, no gradient
+  if (t < 0) {
     if (threadIdx.x == 0) losses[n] = 0.0f;
     if (write_grad) zero_row<K>(row, Vp);
-    return;
+    return false;
   }
-  const float zt = threadIdx.x == 0 ? to_f(row[t]) : 0.0f;
-  MaxSum ms{-INFINITY, 0.0f};
-  for (int64_t c = threadIdx.x * K; c < V; c += blockDim.x * K) {
-    const Pack<K, bf16> v = load_pack<K>(row + c);
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (c + k < V) push(ms, to_f(v.v[k]));
-  }
+  return true;
+}
+
+// The end of a row, from its threads' (max, sum) pairs: the loss lse - z_t (zt: thread 0's copy of the target's
+// logit), and with write_grad the gradient, from the logits at src.
+template <int K>
+__device__ void ce_finish_row(MaxSum ms, float zt, float* losses, int64_t n, bf16* row, const bf16* src, int64_t Vp,
+                              int64_t V, int32_t t, float dloss, bool write_grad) {
   ms = block_maxsum(ms);
   const float lse = ms.m + logf(ms.s);
   if (threadIdx.x == 0) losses[n] = lse - zt;
-  if (write_grad) write_grad_row<K>(row, Vp, V, lse, t, dloss);
+  if (write_grad) write_grad_row<K>(row, src, Vp, V, lse, t, dloss);
 }
 
-// The same, with the row kept in shared memory between the two passes: the gradient pass reads it from there, not
-// from global memory again. Why: one block per row walks 100 KB at GPT-2's vocabulary, and the rows of all resident
-// blocks (~50 MB on an H100) outgrow the L2, so the streaming kernel's second pass most likely goes back to DRAM
-// (it ran at 63% of copy bandwidth in bench_cuda_ops, and took 2.2 ms of the 124M model's 31.8 ms step). Each thread reads back only the packs it
-// stored, in the same order, and sums as the streaming kernel does: the results are bit-identical. Loads are
-// unrolled by 4 so each thread has several in flight (two 100 KB blocks fit an SM's shared memory, 1024 threads).
-// Rows wider than the shared memory a block may have (Llama 3's 128,256 columns) take the streaming kernel.
-__global__ void __launch_bounds__(kThreads) cross_entropy_row_in_smem_kernel(float* losses, bf16* logits,
-                                                                             const int32_t* targets, int64_t Vp,
-                                                                             int64_t V, float dloss, bool write_grad,
-                                                                             int* err) {
-  constexpr int K = 8;
+// One block per row: the row's (max, sum of exp) in one pass, then its loss and, with write_grad, its gradient over
+// the logits. kSmemRow keeps the row in shared memory between the two passes, so the gradient pass reads it from
+// there, not from global memory again. Why: at GPT-2's vocabulary a row is 100 KB, and the rows of all resident
+// blocks (~50 MB on an H100) outgrow the L2, so without it the second pass most likely goes back to DRAM (the
+// kernel ran at 63% of copy bandwidth in bench_cuda_ops, and took 2.2 ms of the 124M model's 31.8 ms step). Each
+// thread reads back only the packs it stored, and the sums are taken in the same order either way: the results are
+// bit-identical. Loads are unrolled by 4 so each thread has several in flight (two 100 KB rows fit an SM's shared
+// memory: 1024 threads). Rows wider than the shared memory a block may have (Llama 3's 128,256 columns) stream.
+template <int K, bool kSmemRow>
+__global__ void __launch_bounds__(kThreads) cross_entropy_kernel(float* losses, bf16* logits, const int32_t* targets,
+                                                                 int64_t Vp, int64_t V, float dloss, bool write_grad,
+                                                                 int* err) {
   extern __shared__ __align__(16) unsigned char ce_smem[];
   bf16* srow = reinterpret_cast<bf16*>(ce_smem);
   const int64_t n = blockIdx.x;
   bf16* row = logits + n * Vp;
-  const int32_t t = targets[n];  // uniform over the block: the early returns below keep barriers uniform
-  if (t >= V) {
-    if (threadIdx.x == 0) {
-      atomicOr(err, kErrCeTarget);
-      losses[n] = NAN;
-    }
-    return;
-  }
-  if (t < 0) {  // ignored position: no loss, no gradient
-    if (threadIdx.x == 0) losses[n] = 0.0f;
-    if (write_grad) zero_row<K>(row, Vp);
-    return;
-  }
-  const float zt = threadIdx.x == 0 ? to_f(row[t]) : 0.0f;
+  const int32_t t = targets[n];
+  if (!ce_row_has_loss<K>(losses, row, t, n, Vp, V, write_grad, err)) return;
+  const float zt = threadIdx.x == 0 ? to_f(row[t]) : 0.0f;  // read before the row is overwritten
   MaxSum ms{-INFINITY, 0.0f};
+  const int64_t end = kSmemRow ? Vp : V;  // the shared copy holds the padding too, which the gradient pass zeroes
 #pragma unroll 4
-  for (int64_t c = threadIdx.x * K; c < Vp; c += blockDim.x * K) {
+  for (int64_t c = threadIdx.x * K; c < end; c += blockDim.x * K) {
     const Pack<K, bf16> v = load_pack<K>(row + c);
-    store_pack<K>(srow + c, v);
+    if constexpr (kSmemRow) store_pack<K>(srow + c, v);
 #pragma unroll
     for (int k = 0; k < K; ++k)
       if (c + k < V) push(ms, to_f(v.v[k]));
   }
-  ms = block_maxsum(ms);
-  const float lse = ms.m + logf(ms.s);
-  if (threadIdx.x == 0) losses[n] = lse - zt;
-  if (!write_grad) return;
-#pragma unroll 4
-  for (int64_t c = threadIdx.x * K; c < Vp; c += blockDim.x * K) {
-    Pack<K, bf16> v = load_pack<K>(srow + c);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int64_t j = c + k;
-      float g = 0.0f;
-      if (j < V) g = expf(to_f(v.v[k]) - lse) * dloss - (j == t ? dloss : 0.0f);
-      v.v[k] = from_f<bf16>(g);
-    }
-    store_pack<K>(row + c, v);
-  }
+  ce_finish_row<K>(ms, zt, losses, n, row, kSmemRow ? srow : row, Vp, V, t, dloss, write_grad);
 }
 
 // Whether a row of Vp bf16 values fits the shared memory a block may opt in to on this device (and opts in).
@@ -180,7 +158,7 @@ bool ce_row_fits_smem(int64_t Vp) {
   check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
         "cross_entropy: cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   if (bytes > static_cast<size_t>(optin)) return false;
-  check(cudaFuncSetAttribute(cross_entropy_row_in_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  check(cudaFuncSetAttribute(cross_entropy_kernel<8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(bytes)),
         "cross_entropy: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   return true;
@@ -238,7 +216,7 @@ __global__ void vp_ce_finish_kernel(float* losses, bf16* logits, const float* st
   const float lse = stats[n] + logf(stats[N + n]);
   if (threadIdx.x == 0) losses[n] = lse - stats[2 * N + n];
   const int64_t local = static_cast<int64_t>(t) - v0;
-  if (write_grad) write_grad_row<K>(row, Vl, n_real, lse, local >= 0 && local < n_real ? local : -1, dloss);
+  if (write_grad) write_grad_row<K>(row, row, Vl, n_real, lse, local >= 0 && local < n_real ? local : -1, dloss);
 }
 
 // 16-byte packs when every row starts 16-byte aligned.
@@ -251,12 +229,12 @@ void cross_entropy(cudaStream_t s, float* losses, bf16* logits, const int32_t* t
   if (N <= 0) return;
   const unsigned grid = static_cast<unsigned>(N);
   if (packable(logits, Vp) && ce_row_fits_smem(Vp))
-    cross_entropy_row_in_smem_kernel<<<grid, kThreads, static_cast<size_t>(Vp) * sizeof(bf16), s>>>(
+    cross_entropy_kernel<8, true><<<grid, kThreads, static_cast<size_t>(Vp) * sizeof(bf16), s>>>(
         losses, logits, targets, Vp, V, dloss, write_grad, err);
   else if (packable(logits, Vp))
-    cross_entropy_kernel<8><<<grid, kThreads, 0, s>>>(losses, logits, targets, Vp, V, dloss, write_grad, err);
+    cross_entropy_kernel<8, false><<<grid, kThreads, 0, s>>>(losses, logits, targets, Vp, V, dloss, write_grad, err);
   else
-    cross_entropy_kernel<1><<<grid, kThreads, 0, s>>>(losses, logits, targets, Vp, V, dloss, write_grad, err);
+    cross_entropy_kernel<1, false><<<grid, kThreads, 0, s>>>(losses, logits, targets, Vp, V, dloss, write_grad, err);
   check_launch("cross_entropy_kernel");
 }
 
