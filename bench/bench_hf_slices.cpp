@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "megatrain/ckpt/hf_llama.h"
 #include "megatrain/ckpt/hf_model.h"
 #include "megatrain/ckpt/hf_model_files.h"
@@ -165,19 +167,13 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp/megatrain-bench-hf-slices";
   int layers = 16, width = 2048, vocab = 32000;
   bool keep = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] {
-      if (i + 1 >= argc) die(a + " needs a value");
-      return std::string(argv[++i]);
-    };
-    if (a == "--dir") dir = next();
-    else if (a == "--layers") layers = std::stoi(next());
-    else if (a == "--width") width = std::stoi(next());
-    else if (a == "--vocab") vocab = std::stoi(next());
-    else if (a == "--keep") keep = true;
-    else die("unknown argument " + a);
-  }
+  CLI::App app{"bench_hf_slices: what each rank of a tp x pp layout reads of a Hugging Face model; prints JSON"};
+  app.add_option("--dir", dir, "where the model is written");
+  app.add_option("--layers", layers, "layers of the Llama-shaped model");
+  app.add_option("--width", width, "its d_model");
+  app.add_option("--vocab", vocab, "its vocabulary");
+  app.add_flag("--keep", keep, "keep the model files afterwards");
+  CLI11_PARSE(app, argc, argv);
   const ModelConfig cfg = model(layers, width, vocab);
   fs::remove_all(dir);
   double t0 = now_seconds();

@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "megatrain/core/clock.h"
 #include "megatrain/core/rng.h"
 #include "megatrain/data/loader.h"
@@ -173,25 +175,20 @@ std::vector<double> plain_mmap_batches(const std::string& dir, int B, int T, int
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t tokens = 300'000'000'000ull, io_tokens = 1'000'000'000ull;
+  double tokens_d = 300e9, io_tokens_d = 1e9;  // read as doubles: "3e11" is how one writes these sizes
   int T = 2048, B = 8, batches = 100;
   std::string dir = "/tmp/mt_bench_loader";
   bool skip_io = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto val = [&] {
-      if (i + 1 >= argc) die(a + " needs a value");
-      return std::string(argv[++i]);
-    };
-    if (a == "--tokens") tokens = static_cast<uint64_t>(std::stod(val()));
-    else if (a == "--io-tokens") io_tokens = static_cast<uint64_t>(std::stod(val()));
-    else if (a == "--seq") T = std::stoi(val());
-    else if (a == "--batch") B = std::stoi(val());
-    else if (a == "--batches") batches = std::stoi(val());
-    else if (a == "--dir") dir = val();
-    else if (a == "--skip-io") skip_io = true;
-    else die("unknown option " + a);
-  }
+  CLI::App app{"bench_loader: the data loader's start-up, memory and read speed; prints JSON"};
+  app.add_option("--tokens", tokens_d, "tokens of the sparse dataset for the start-up and memory part");
+  app.add_option("--io-tokens", io_tokens_d, "tokens of the dataset actually written and read");
+  app.add_option("--seq", T, "sequence length");
+  app.add_option("--batch", B, "batch size");
+  app.add_option("--batches", batches, "batches read in the timed part");
+  app.add_option("--dir", dir, "scratch folder");
+  app.add_flag("--skip-io", skip_io, "leave out the read-speed part");
+  CLI11_PARSE(app, argc, argv);
+  const uint64_t tokens = static_cast<uint64_t>(tokens_d), io_tokens = static_cast<uint64_t>(io_tokens_d);
   const uint64_t seed = 1234;
   json out = {{"bench", "bench_loader"}, {"seq_len", T}, {"batch", B}};
 
