@@ -7,6 +7,10 @@
 // probability tensor ever exists. An element is read and rewritten by the same thread in both passes; the one
 // element read by another thread (the target logit, by thread 0) is read before the block reduction, whose
 // barriers order it before any rewrite.
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "megatrain/kernels/cuda/device_util.cuh"
 
 namespace mt::cuda {
@@ -149,18 +153,31 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(float* losses, 
   ce_finish_row<K>(ms, zt, losses, n, row, kSmemRow ? srow : row, Vp, V, t, dloss, write_grad);
 }
 
-// Whether a row of Vp bf16 values fits the shared memory a block may opt in to on this device (and opts in).
+// Whether a row of Vp bf16 values fits the shared memory a block may opt in to on this device (and opts in). The
+// limit and the largest size opted in so far are kept per device: the attribute calls are not repeated each step.
 bool ce_row_fits_smem(int64_t Vp) {
   const size_t bytes = static_cast<size_t>(Vp) * sizeof(bf16);
   if (bytes <= 48 * 1024) return true;
-  int dev = 0, optin = 0;
+  static std::mutex mu;
+  static std::map<int, std::pair<size_t, size_t>> devices;  // device -> (opt-in limit, bytes opted in)
+  int dev = 0;
   check(cudaGetDevice(&dev), "cross_entropy: cudaGetDevice");
-  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-        "cross_entropy: cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  if (bytes > static_cast<size_t>(optin)) return false;
-  check(cudaFuncSetAttribute(cross_entropy_kernel<8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes)),
-        "cross_entropy: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = devices.find(dev);
+  if (it == devices.end()) {
+    int optin = 0;
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+          "cross_entropy: cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+    it = devices.emplace(dev, std::pair{static_cast<size_t>(optin), size_t{48 * 1024}}).first;
+  }
+  auto& [limit, opted] = it->second;
+  if (bytes > limit) return false;
+  if (bytes > opted) {
+    check(cudaFuncSetAttribute(cross_entropy_kernel<8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(bytes)),
+          "cross_entropy: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    opted = bytes;
+  }
   return true;
 }
 

@@ -16,6 +16,10 @@
 // sums in shared memory and reads a row twice. On an H100 the first version (the scalar path only, and a
 // one-thread-per-column dw/db pass) took 12.6 ms of a 1.3B model's step for ~5 GB of traffic
 // (bench/results/ncu_kernels-gpt-1.3b-nvidia-h100-80gb-hbm3.json).
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "megatrain/kernels/cuda/device_util.cuh"
 
 namespace mt::cuda {
@@ -250,15 +254,28 @@ __global__ void norm_backward_vec_kernel(NormBackwardArgs a, float* partial, int
 // 16 rows per block gave 512 blocks, a full wave and a second one 29% full. G is also bounded by the rows, 1024 partial rows and the scratch (`fit`).
 // The order of the dw/db sums follows G, so their bits are the same on every run on one kind of GPU, not across
 // kinds (as with cuBLAS's own kernel choices).
+// The occupancy query costs microseconds and a norm backward runs ~50 times a step, so the wave's size is kept per
+// device and per block size (one cache per kernel instantiation).
 template <class Kernel>
 int64_t one_wave(Kernel kernel, unsigned threads, int64_t N, int64_t fit) {
-  int dev = 0, sms = 0, per_sm = 0;
+  static std::mutex mu;
+  static std::map<std::pair<int, unsigned>, int64_t> waves;  // (device, threads) -> blocks resident at once
+  int dev = 0;
   check(cudaGetDevice(&dev), "norm_backward: cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-        "norm_backward: cudaDeviceGetAttribute(MultiProcessorCount)");
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), 0),
-        "norm_backward: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  int64_t G = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  int64_t G;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = waves.find({dev, threads});
+    if (it == waves.end()) {
+      int sms = 0, per_sm = 0;
+      check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+            "norm_backward: cudaDeviceGetAttribute(MultiProcessorCount)");
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), 0),
+            "norm_backward: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      it = waves.emplace(std::pair{dev, threads}, static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1)).first;
+    }
+    G = it->second;
+  }
   if (G > 1024) G = 1024;
   if (G > fit) G = fit;
   if (G > N) G = N;
