@@ -171,7 +171,8 @@ bool ce_row_fits_smem(int64_t Vp) {
     it = devices.emplace(dev, std::pair{static_cast<size_t>(optin), size_t{48 * 1024}}).first;
   }
   auto& [limit, opted] = it->second;
-  if (bytes > limit) return false;
+  // The opt-in limit covers the block's static shared memory too (block_maxsum's 272 bytes): keep 1 KB for it.
+  if (bytes + 1024 > limit) return false;
   if (bytes > opted) {
     check(cudaFuncSetAttribute(cross_entropy_kernel<8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(bytes)),
