@@ -612,19 +612,23 @@ std::string llama3_package() { return mt::resource_path(".deps/npm/node_modules/
 // The package's vocabulary, merges and special tokens as a tokenizer.json (tests/tools/llama3_tokenizer.js dump),
 // written once per build tree (ctest runs each case as a process: the first takes the lock and writes it, the
 // others wait and read it) and loaded once per process.
-std::string llama3_tokenizer_json() {
-  const std::string path = std::string(MT_BINARY_DIR) + "/test-data/llama3-tokenizer.json";
+std::string dumped_tokenizer_json(const std::string& tool, const std::string& package, const std::string& name) {
+  const std::string path = std::string(MT_BINARY_DIR) + "/test-data/" + name;
   fs::create_directories(fs::path(path).parent_path());
   const int fd = ::open((path + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
   EXPECT_GE(fd, 0);
   ::flock(fd, LOCK_EX);
   if (!fs::exists(path)) {
-    run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/llama3_tokenizer.js", llama3_package(), "dump", path + ".tmp"});
+    run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/" + tool, package, "dump", path + ".tmp"});
     if (!::testing::Test::HasFatalFailure()) fs::rename(path + ".tmp", path);
   }
   ::flock(fd, LOCK_UN);
   ::close(fd);
   return path;
+}
+
+std::string llama3_tokenizer_json() {
+  return dumped_tokenizer_json("llama3_tokenizer.js", llama3_package(), "llama3-tokenizer.json");
 }
 
 const Tokenizer& llama3() {
@@ -762,6 +766,213 @@ TEST(HfTokenizer, PrepareDataWritesShardsInLlama3Ids) {
   EXPECT_EQ(stored, want);
 }
 
+// ---- SentencePiece-style BPE: Llama 2's and Mistral's, against independent JS ports ------------------------
+// (npm llama-tokenizer-js and mistral-tokenizer-js, SentencePiece's algorithm with each vocabulary baked in; their
+// vocabulary and merges dumped as the tokenizer.json transformers saves, by tests/tools/sentencepiece_tokenizer.js)
+
+struct SpModel {
+  const char* package;  // under .deps/npm/node_modules
+  int32_t hello, world;  // "Hello world": the ids of "▁Hello" and "▁world"
+};
+const SpModel kLlama2{"llama-tokenizer-js", 15043, 3186};
+const SpModel kMistral{"mistral-tokenizer-js", 22557, 1526};
+
+std::string sp_package(const SpModel& m) { return mt::resource_path(std::string(".deps/npm/node_modules/") + m.package); }
+
+std::string sp_tokenizer_json(const SpModel& m) {
+  return dumped_tokenizer_json("sentencepiece_tokenizer.js", sp_package(m), std::string(m.package) + ".json");
+}
+
+std::vector<Ids> sp_reference(const SpModel& m, const std::vector<std::string>& texts) {
+  std::string in = tmp_dir() + "/sp_in.json", out = tmp_dir() + "/sp_out.json";
+  mt::write_file_atomic(in, nlohmann::json(texts).dump());
+  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/sentencepiece_tokenizer.js", sp_package(m), "encode", in, out});
+  if (::testing::Test::HasFatalFailure()) return {};
+  return nlohmann::json::parse(mt::read_text_file(out)).get<std::vector<Ids>>();
+}
+
+void expect_sp_matches_reference(const SpModel& m, const std::string& text) {
+  const Tokenizer t = Tokenizer::load_hf(sp_tokenizer_json(m));
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_TRUE(t.sentencepiece());
+  EXPECT_EQ(t.space_prefix(), Tokenizer::SpacePrefix::Prepend);
+  EXPECT_EQ(t.vocab_size(), 32000);
+  EXPECT_EQ(t.eot(), 2);  // </s>
+  EXPECT_EQ(t.encode("Hello world"), (Ids{m.hello, m.world}));
+  const std::vector<std::string> chunks = line_chunks(text, 4096);
+  const std::vector<Ids> ref = sp_reference(m, chunks);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  std::vector<Ids> ours;
+  for (auto& c : chunks) {
+    ours.push_back(t.encode(c, /*allow_special=*/false));
+    ASSERT_EQ(t.decode_text(ours.back()), c);
+    ASSERT_EQ(t.decode(ours.back()), " " + c);  // the prefixed space, as a continuation would carry it
+  }
+  expect_same_ids(t, chunks, ours, ref);
+}
+
+// Brown's prose and the generated text of every script (characters Llama 2 lacks fall back to their bytes). The
+// merges of both come from SentencePiece scores: about 10,000 of each list use a token that a later merge makes,
+// where GPT-2's merge-every-occurrence rounds would give other ids, so this checks the one-at-a-time order too.
+TEST(SentencePieceTokenizer, Llama2MatchesItsReference) {
+  expect_sp_matches_reference(kLlama2, brown_text(100'000, 40) + generated_text(60'000, 31));
+}
+
+TEST(SentencePieceTokenizer, MistralMatchesItsReference) {
+  expect_sp_matches_reference(kMistral, brown_text(100'000, 60) + generated_text(60'000, 37));
+}
+
+// A tokenizer.json of single characters, their byte tokens and the merges given, with the SentencePiece layout given.
+std::string tiny_sp_tokenizer(const std::vector<std::string>& pieces, const std::vector<std::string>& merges,
+                              const nlohmann::json& normalizer, const nlohmann::json& pre_tokenizer) {
+  nlohmann::json vocab = nlohmann::json::object();
+  int32_t id = 0;
+  for (const char* s : {"<unk>", "<s>", "</s>"}) vocab[s] = id++;
+  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = id++;
+  for (const std::string& p : pieces) vocab[p] = id++;
+  nlohmann::json added = nlohmann::json::array();
+  for (int i = 0; i < 3; ++i)
+    added.push_back({{"id", i}, {"content", std::vector<std::string>{"<unk>", "<s>", "</s>"}[i]}, {"special", true}});
+  const nlohmann::json tj = {{"added_tokens", added}, {"normalizer", normalizer}, {"pre_tokenizer", pre_tokenizer},
+                             {"model", {{"type", "BPE"}, {"byte_fallback", true}, {"vocab", vocab}, {"merges", merges}}}};
+  static int n = 0;
+  const std::string path = fmt::format("{}/tiny-sp-{}.json", tmp_dir(), n++);
+  mt::write_file_atomic(path, tj.dump());
+  return path;
+}
+
+const nlohmann::json kLlama2Normalizer = {
+    {"type", "Sequence"},
+    {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+                     {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
+
+nlohmann::json metaspace(const std::string& scheme, bool split = false) {
+  return {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", split}};
+}
+
+// Known answers, worked by hand from the rules in tokenizer.h.
+TEST(SentencePieceTokenizer, MergesOneAtATimeLowestRankThenLeftmost) {
+  // "ab" + "a" ranks before "a" + "b". On "abab": the first "ab" is made, then at once "aba" (rank 0) takes the
+  // second "a", so the second "ab" is never made: "aba" "b". GPT-2's rounds would make both "ab"s first: "ab" "ab".
+  // tiny_sp_tokenizer's ids: 0-2 <unk> <s> </s>, 3-258 the bytes, then the pieces in order from 259.
+  const Tokenizer t = Tokenizer::load_hf(tiny_sp_tokenizer({"\u2581", "a", "b", "ab", "aba"}, {"ab a", "a b"},
+                                                            nlohmann::json(), metaspace("never")));
+  const int32_t a = 260, b = 261, aba = 263;
+  EXPECT_EQ(t.encode("abab"), (Ids{aba, b}));
+  // Equal ranks go left to right: "aaa" with only "a" + "a" is "aa" "a".
+  const Tokenizer u = Tokenizer::load_hf(tiny_sp_tokenizer({"\u2581", "a", "aa"}, {"a a"}, nlohmann::json(),
+                                                            metaspace("never")));
+  EXPECT_EQ(u.encode("aaa"), (Ids{261, a}));
+  // A character the vocabulary lacks is its UTF-8 bytes' tokens; so is a byte that starts no character.
+  EXPECT_EQ(u.encode("\xC3\xA9"), (Ids{3 + 0xC3, 3 + 0xA9}));
+  EXPECT_EQ(u.encode("a\xFF"), (Ids{a, 3 + 0xFF}));
+  EXPECT_EQ(u.decode(u.encode("a\xFF\xC3\xA9 a")), "a\xFF\xC3\xA9 a");
+}
+
+TEST(SentencePieceTokenizer, WhereTheSpaceGoesBeforeText) {
+  const std::vector<std::string> pieces = {"\u2581", "a", "b"};
+  auto ids_of = [](const Tokenizer& t, const std::string& text) {
+    std::string shown;
+    for (int32_t id : t.encode(text, /*allow_special=*/true)) shown += id == 2 ? "</s>" : std::string(t.token_bytes(id));
+    return shown;
+  };
+  // Llama 2's normalizer: a "▁" before every stretch of text, also one that starts with a space, also after </s>.
+  const Tokenizer prepend = Tokenizer::load_hf(tiny_sp_tokenizer(pieces, {}, kLlama2Normalizer, nullptr));
+  EXPECT_EQ(ids_of(prepend, "a b"), " a b");
+  EXPECT_EQ(ids_of(prepend, " a"), "  a");
+  EXPECT_EQ(ids_of(prepend, "a</s>b"), " a</s> b");
+  EXPECT_EQ(ids_of(prepend, "</s>"), "</s>");
+  EXPECT_EQ(prepend.decode_text(prepend.encode(" a")), " a");
+  // Metaspace "always": the same, but not before a stretch that already starts with a space.
+  const Tokenizer always = Tokenizer::load_hf(tiny_sp_tokenizer(pieces, {}, nullptr, metaspace("always")));
+  EXPECT_EQ(ids_of(always, " a"), " a");
+  EXPECT_EQ(ids_of(always, "a</s>b"), " a</s> b");
+  // "first": only at the start of the whole text.
+  const Tokenizer first = Tokenizer::load_hf(tiny_sp_tokenizer(pieces, {}, nullptr, metaspace("first")));
+  EXPECT_EQ(ids_of(first, "a</s>b"), " a</s>b");
+  EXPECT_EQ(ids_of(first, "</s>b"), "</s>b");
+  // "never": nowhere, and decode_text then strips nothing.
+  const Tokenizer never = Tokenizer::load_hf(tiny_sp_tokenizer(pieces, {}, nullptr, metaspace("never")));
+  EXPECT_EQ(ids_of(never, "a b"), "a b");
+  EXPECT_EQ(never.decode_text(never.encode(" a")), " a");
+}
+
+// A whole document is one word: the merges' work must grow with its length, not its square. The bound follows from
+// the algorithm: n - 1 pairs pushed at the start, at most two more per merge (at most n - 1 merges), one pop each.
+TEST(SentencePieceTokenizer, ALongDocumentCostsLinearWork) {
+  const Tokenizer t = Tokenizer::load_hf(sp_tokenizer_json(kLlama2));
+  ASSERT_FALSE(HasFatalFailure());
+  const std::string text = brown_text(400'000, 10);
+  const uint64_t before = t.bpe_work();
+  const Ids ids = t.encode(text, false);
+  const uint64_t work = t.bpe_work() - before;
+  EXPECT_LE(work, 6 * (text.size() + 1));
+  EXPECT_EQ(t.decode_text(ids), text);
+}
+
+// `megatrain prepare-data --vocab tokenizer.json` with Llama 2's: uint16 shards recording its vocabulary and </s>,
+// every document's ids the reference's.
+TEST(SentencePieceTokenizer, PrepareDataWritesShardsInLlama2Ids) {
+  const std::string json = sp_tokenizer_json(kLlama2);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::string corpus = tmp_dir() + "/sp-corpus", out = tmp_dir() + "/sp-shards";
+  fs::create_directories(corpus);
+  const std::vector<std::string> docs = {"The jury said it did find that many of Georgia's laws are outmoded.",
+                                         " Ünïcödé wörds, ЖЖЖ and 日本語: 12345\n\n  indented", "</s> is text here"};
+  for (size_t i = 0; i < docs.size(); ++i) mt::write_file_atomic(fmt::format("{}/doc_{}.txt", corpus, i), docs[i]);
+  const std::string cmd = fmt::format("{}/megatrain prepare-data --format text --input {} --vocab {} --out {} > {}/sp.log 2>&1",
+                                      MT_BINARY_DIR, corpus, json, out, tmp_dir());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(tmp_dir() + "/sp.log");
+  std::vector<Ids> stored;  // the documents of every shard, split at </s>
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().extension() != ".bin") continue;
+    const std::string bytes = mt::read_text_file(e.path().string());
+    ASSERT_GE(bytes.size(), 1024u);
+    int32_t h[8];
+    std::memcpy(h, bytes.data(), sizeof h);
+    EXPECT_EQ(h[1], 1) << "uint16 tokens";
+    EXPECT_EQ(h[3], 32000);
+    EXPECT_EQ(h[4], 2);
+    ASSERT_EQ(bytes.size(), 1024u + 2u * static_cast<size_t>(h[2]));
+    for (int32_t k = 0; k < h[2]; ++k) {
+      uint16_t id;
+      std::memcpy(&id, bytes.data() + 1024 + 2 * k, 2);
+      if (id == 2) stored.emplace_back();
+      else stored.back().push_back(static_cast<int32_t>(id));
+    }
+  }
+  std::vector<Ids> want = sp_reference(kLlama2, docs);
+  ASSERT_FALSE(HasFatalFailure());
+  std::sort(stored.begin(), stored.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(stored, want);
+}
+
+TEST(SentencePieceTokenizer, WhatItCannotComputeIsRefusedByName) {
+  auto refused = [](const std::string& path, const std::string& part) {
+    std::string e;
+    try {
+      Tokenizer::load_hf(path);
+    } catch (const mt::Error& err) {
+      e = err.what();
+    }
+    EXPECT_NE(e.find(part), std::string::npos) << e;
+  };
+  const std::vector<std::string> pieces = {"\u2581", "a"};
+  refused(tiny_sp_tokenizer(pieces, {}, nullptr, metaspace("always", /*split=*/true)), "split = false");
+  refused(tiny_sp_tokenizer(pieces, {}, nullptr, metaspace("sometimes")), "prepend_scheme");
+  refused(tiny_sp_tokenizer(pieces, {}, nullptr, nullptr), "is not one megatrain computes for SentencePiece");
+  refused(tiny_sp_tokenizer(pieces, {}, {{"type", "NFKC"}}, nullptr), "normalizer {\"type\":\"NFKC\"}");
+  refused(tiny_sp_tokenizer(pieces, {}, kLlama2Normalizer, metaspace("first")), "a pre_tokenizer");
+  // byte_fallback needs every byte's token.
+  nlohmann::json j = nlohmann::json::parse(mt::read_text_file(tiny_sp_tokenizer(pieces, {}, kLlama2Normalizer, nullptr)));
+  j["model"]["vocab"]["zz"] = j["model"]["vocab"]["<0x41>"];  // the id stays taken, by another piece
+  j["model"]["vocab"].erase("<0x41>");
+  const std::string path = tmp_dir() + "/no-byte.json";
+  mt::write_file_atomic(path, j.dump());
+  refused(path, "has no \"<0x41>\"");
+}
+
 TEST(HfTokenizer, WhatItCannotComputeIsRefusedByName) {
   auto refused = [](const nlohmann::json& tj, const std::string& part) {
     const std::string path = tmp_dir() + "/bad-tokenizer.json";
@@ -786,14 +997,20 @@ TEST(HfTokenizer, WhatItCannotComputeIsRefusedByName) {
     EXPECT_EQ(Tokenizer::load_hf(path).vocab_size(), 257);  // bytes only: every text encodes, byte by byte
   }
   nlohmann::json j = good;
-  j["model"]["byte_fallback"] = true;
-  refused(j, "SentencePiece-style BPE");
-  j = good;
   j["model"]["type"] = "Unigram";
   refused(j, "model.type is \"Unigram\"");
   j = good;
   j["normalizer"] = {{"type", "NFC"}};
   refused(j, "a normalizer");
+  j = good;
+  j["model"]["dropout"] = 0.1;
+  refused(j, "model.dropout = 0.1");
+  j = good;
+  j["model"]["continuing_subword_prefix"] = "##";
+  refused(j, "model.continuing_subword_prefix = \"##\"");
+  j = good;
+  j["model"]["byte_fallback"] = true;  // SentencePiece-style, which needs its own normalizer or pre-tokenizer
+  refused(j, "not one megatrain computes for SentencePiece-style BPE");
   j = good;
   j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}},
                                                                   {"behavior", "Isolated"}},

@@ -133,7 +133,7 @@ int cmd_tokenize(int argc, char** argv) {
     write_output(out, ids_to_bytes(tok.encode(read_input(in), !no_special), format));
   } else if (*dec) {
     Tokenizer tok = Tokenizer::load(vocab);
-    write_output(out, tok.decode(bytes_to_ids(read_input(in), format)));
+    write_output(out, tok.decode_text(bytes_to_ids(read_input(in), format)));
   } else if (*train) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::string> texts;

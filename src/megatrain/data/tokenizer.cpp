@@ -296,6 +296,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 uint64_t Tokenizer::bpe_work() const { return cache_->bpe_work.load(std::memory_order_relaxed); }
+void Tokenizer::add_bpe_work(uint64_t work) const { cache_->bpe_work.fetch_add(work, std::memory_order_relaxed); }
 
 Tokenizer Tokenizer::load_gpt2(const std::string& dir) {
   std::string enc_path = dir + "/encoder.json", bpe_path = dir + "/vocab.bpe";
@@ -409,6 +410,58 @@ constexpr std::string_view kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p
 constexpr std::string_view kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// SentencePiece-style BPE: where "▁" goes before text, from the normalizer and the pre-tokenizer of a tokenizer.json
+// with model.byte_fallback. Two layouts compute what megatrain does: Llama 2's and Mistral's files (the normalizer
+// Sequence[Prepend("▁"), Replace(" " -> "▁")], no pre-tokenizer), and newer ones (no normalizer, a Metaspace
+// pre-tokenizer with replacement "▁" and split = false).
+Tokenizer::SpacePrefix sentencepiece_prefix(const nlohmann::json& norm, const nlohmann::json& pt, const std::string& path) {
+  using SP = Tokenizer::SpacePrefix;
+  constexpr std::string_view kMeta = "\u2581";
+  auto str = [](const nlohmann::json& o, const char* k) {
+    return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
+  };
+  if (!norm.is_null()) {
+    const nlohmann::json list = norm.is_object() && str(norm, "type") == "Sequence" ? norm.value("normalizers",
+                                                                                                 nlohmann::json())
+                                                                                   : nlohmann::json();
+    const bool llama2 = list.is_array() && list.size() == 2 && str(list[0], "type") == "Prepend" &&
+                        str(list[0], "prepend") == kMeta && str(list[1], "type") == "Replace" &&
+                        list[1].contains("pattern") && str(list[1]["pattern"], "String") == " " &&
+                        str(list[1], "content") == kMeta;
+    MT_CHECK(llama2, "{}: normalizer {} is not one megatrain computes for SentencePiece-style BPE (Llama 2's "
+             "Sequence[Prepend(\"\u2581\"), Replace(\" \", \"\u2581\")])", path, norm.dump().substr(0, 200));
+    MT_CHECK(pt.is_null(), "{}: a pre_tokenizer ({}) after Llama 2's normalizer is not supported", path,
+             pt.dump().substr(0, 200));
+    return SP::Prepend;
+  }
+  const bool metaspace = str(pt, "type") == "Metaspace" && str(pt, "replacement") == kMeta &&
+                         pt.contains("split") && pt["split"].is_boolean() && !pt["split"].get<bool>();
+  const std::string scheme = str(pt, "prepend_scheme");
+  MT_CHECK(metaspace && (scheme == "always" || scheme == "first" || scheme == "never"),
+           "{}: pre_tokenizer {} is not one megatrain computes for SentencePiece-style BPE (none after Llama 2's "
+           "normalizer, or a Metaspace with replacement \"\u2581\", split = false and a prepend_scheme)", path,
+           pt.dump().substr(0, 200));
+  return scheme == "always" ? SP::MetaspaceAlways : scheme == "first" ? SP::MetaspaceFirst : SP::MetaspaceNever;
+}
+
+// The bytes a SentencePiece vocabulary entry stands for: "<0xXX>" is byte XX; otherwise its text with "▁" a space.
+std::string sentencepiece_piece_bytes(std::string_view text) {
+  auto hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); };
+  if (text.size() == 6 && text.substr(0, 3) == "<0x" && hex(text[3]) && hex(text[4]) && text[5] == '>')
+    return std::string(1, static_cast<char>(std::stoi(std::string(text.substr(3, 2)), nullptr, 16)));
+  std::string out;
+  constexpr std::string_view kMeta = "\u2581";
+  for (size_t i = 0; i < text.size();) {
+    if (text.substr(i, kMeta.size()) == kMeta) {
+      out += ' ';
+      i += kMeta.size();
+    } else {
+      out += text[i++];
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path) {
@@ -450,18 +503,22 @@ Tokenizer Tokenizer::load_hf(const std::string& path) {
   };
   MT_CHECK(str(m, "type") == "BPE", "{}: model.type is \"{}\"; megatrain reads byte-level BPE tokenizers", path,
            str(m, "type"));
-  MT_CHECK(!flag(m, "byte_fallback", false), "{}: model.byte_fallback = true is SentencePiece-style BPE (Llama 2, "
-           "Mistral): not supported; megatrain reads byte-level BPE (GPT-2, Llama 3)", path);
-  MT_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), "{}: a normalizer ({}) is not supported", path,
-           j.contains("normalizer") ? j["normalizer"].dump().substr(0, 80) : "");
-
   Tokenizer t;
-  // The pre-tokenizer: GPT-2's ByteLevel with its regex, or a Split on Llama 3's regex followed by a plain ByteLevel.
   const nlohmann::json pt = j.value("pre_tokenizer", nlohmann::json());
+  const nlohmann::json norm = j.value("normalizer", nlohmann::json());
+  if (flag(m, "byte_fallback", false)) {
+    t.sp_ = sentencepiece_prefix(norm, pt, path);
+  } else {
+    MT_CHECK(norm.is_null(), "{}: a normalizer ({}) is not supported with byte-level BPE", path,
+             norm.dump().substr(0, 120));
+  }
+  // The pre-tokenizer: GPT-2's ByteLevel with its regex, or a Split on Llama 3's regex followed by a plain ByteLevel.
   auto byte_level = [&](const nlohmann::json& o, bool regex) {
     return str(o, "type") == "ByteLevel" && !flag(o, "add_prefix_space", false) && flag(o, "use_regex", true) == regex;
   };
-  if (byte_level(pt, true)) {
+  if (t.sp_ != SpacePrefix::None) {
+    // no pre-tokenizer: the text is one word
+  } else if (byte_level(pt, true)) {
     t.pre_ = PreTokenizer::Gpt2;
   } else {
     const nlohmann::json* list = pt.is_object() && str(pt, "type") == "Sequence" && pt.contains("pretokenizers") &&
@@ -478,6 +535,13 @@ Tokenizer Tokenizer::load_hf(const std::string& path) {
     t.pre_ = regex == kLlama3Regex ? PreTokenizer::Llama3 : PreTokenizer::Gpt2;
   }
   t.ignore_merges_ = flag(m, "ignore_merges", false);
+  MT_CHECK(!t.ignore_merges_ || t.sp_ == SpacePrefix::None, "{}: model.ignore_merges with byte_fallback is not "
+           "supported (no Llama 2 or Mistral file sets it)", path);
+  // What would change the ids and that megatrain does not compute: refused rather than ignored.
+  MT_CHECK(!m.contains("dropout") || m["dropout"].is_null() || (m["dropout"].is_number() && m["dropout"] == 0),
+           "{}: model.dropout = {} (BPE dropout, random merges) is not supported", path, m.value("dropout", nlohmann::json()).dump());
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    MT_CHECK(str(m, k).empty(), "{}: model.{} = \"{}\" is not supported", path, k, str(m, k));
 
   // Ids: model.vocab (text in GPT-2's byte alphabet) and added_tokens (literal text), dense from 0.
   MT_CHECK(m.contains("vocab") && m["vocab"].is_object() && !m["vocab"].empty(), "{}: model.vocab must be a "
@@ -485,11 +549,17 @@ Tokenizer Tokenizer::load_hf(const std::string& path) {
   std::unordered_map<std::string, int32_t> by_text;
   std::map<int64_t, std::string> bytes_of;
   std::string bytes;
+  const bool sp = t.sp_ != SpacePrefix::None;
   for (auto& [text, v] : m["vocab"].items()) {
     MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 31),
              "{}: model.vocab[\"{}\"] is not a token id", path, text);
-    MT_CHECK(gpt2_text_to_bytes(text, bytes), "{}: token \"{}\" has a character outside the byte-level alphabet",
-             path, text);
+    if (sp) {
+      bytes = sentencepiece_piece_bytes(text);
+      t.piece_ids_.emplace(text, v.get<int32_t>());
+    } else {
+      MT_CHECK(gpt2_text_to_bytes(text, bytes), "{}: token \"{}\" has a character outside the byte-level alphabet",
+               path, text);
+    }
     MT_CHECK(bytes_of.emplace(v.get<int64_t>(), bytes).second, "{}: id {} is used by two tokens", path, v.dump());
     by_text.emplace(text, v.get<int32_t>());
   }
@@ -512,16 +582,25 @@ Tokenizer Tokenizer::load_hf(const std::string& path) {
   for (auto& [id, b] : bytes_of) t.tokens_[static_cast<size_t>(id)] = b;
   for (auto& [id, b] : bytes_of) t.ids_.emplace(b, static_cast<int32_t>(id));  // the lower id where two share bytes
   for (int b = 0; b < 256; ++b) {
+    if (sp) {  // byte_fallback: the byte's own "<0xXX>" token (the byte alone may also be a character's token)
+      auto it = t.piece_ids_.find(fmt::format("<0x{:02X}>", b));
+      MT_CHECK(it != t.piece_ids_.end(), "{}: model.byte_fallback is set but model.vocab has no \"<0x{:02X}>\"", path,
+               b);
+      t.byte_id_[b] = it->second;
+      continue;
+    }
     auto it = t.ids_.find(std::string(1, static_cast<char>(b)));
     MT_CHECK(it != t.ids_.end(), "{}: no token for byte 0x{:02X}", path, b);
     t.byte_id_[b] = it->second;
   }
-  // Specials: the added tokens; the end of a document is Llama 3's <|end_of_text|> or GPT-2's <|endoftext|>.
+  // Specials: the added tokens; the end of a document is Llama 3's <|end_of_text|>, GPT-2's <|endoftext|> or
+  // SentencePiece's </s>.
   t.specials_ = added;
-  for (std::string_view name : {std::string_view("<|end_of_text|>"), kEndOfText})
+  for (std::string_view name : {std::string_view("<|end_of_text|>"), kEndOfText, std::string_view("</s>")})
     for (auto& [content, id] : added)
       if (t.eot_ < 0 && content == name) t.eot_ = id;
-  MT_CHECK(t.eot_ >= 0, "{}: no end-of-text token among added_tokens (<|end_of_text|> or {})", path, kEndOfText);
+  MT_CHECK(t.eot_ >= 0, "{}: no end-of-text token among added_tokens (<|end_of_text|>, {} or </s>)", path,
+           kEndOfText);
 
   // Merges in rank order: "left right" strings, or [left, right] pairs (newer files).
   MT_CHECK(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be a list", path);
@@ -642,7 +721,8 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
   }
 }
 
-void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out, bool text_start) const {
+  if (sp_ != SpacePrefix::None) return encode_sentencepiece(text, text_start, out);
   auto piece = [&](size_t b, size_t len) {
     if (len == 1) {
       out.push_back(byte_id_[static_cast<unsigned char>(text[b])]);
@@ -665,6 +745,7 @@ void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) c
 }
 
 void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, bool allow_special) const {
+  bool start = true;  // the stretch of text at offset 0 (SentencePiece's prefix "first" goes only there)
   if (allow_special && !specials_.empty()) {
     // The earliest special token in the text (the longest at a tie), then the text before it as plain text.
     for (;;) {
@@ -675,12 +756,13 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, 
         if (f != std::string_view::npos && (f < at || (f == at && bytes.size() > len))) at = f, len = bytes.size(), id = sid;
       }
       if (at == std::string_view::npos) break;
-      encode_plain(text.substr(0, at), out);
+      encode_plain(text.substr(0, at), out, start);
       out.push_back(id);
       text.remove_prefix(at + len);
+      start = false;
     }
   }
-  encode_plain(text, out);
+  encode_plain(text, out, start);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
@@ -709,6 +791,14 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
              id, i, vocab_size() - 1);
     out += tokens_[id];
   }
+  return out;
+}
+
+std::string Tokenizer::decode_text(std::span<const int32_t> ids) const {
+  std::string out = decode(ids);
+  const bool prefixed = sp_ == SpacePrefix::Prepend || sp_ == SpacePrefix::MetaspaceAlways ||
+                        sp_ == SpacePrefix::MetaspaceFirst;
+  if (prefixed && !out.empty() && out[0] == ' ') out.erase(0, 1);
   return out;
 }
 
