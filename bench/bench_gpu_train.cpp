@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "megatrain/core/clock.h"
@@ -116,42 +117,28 @@ int main(int argc, char** argv) {
   int B = 8, T = 0, steps = 20, warmup = 3, window = 0;
   bool recompute = false, recompute_act = false, recompute_norm = false, plan = false;
   double peak_tflops = 989.0;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_gpu_train: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--model") model_name = next();
-    else if (a == "--batch") B = std::atoi(next().c_str());
-    else if (a == "--seq") T = std::atoi(next().c_str());
-    else if (a == "--steps") steps = std::atoi(next().c_str());
-    else if (a == "--warmup") warmup = std::atoi(next().c_str());
-    else if (a == "--block") block = next();
-    else if (a == "--window") window = std::atoi(next().c_str());
-    else if (a == "--recompute") recompute = true;
-    else if (a == "--recompute-act") recompute_act = true;
-    else if (a == "--recompute-norm") recompute_norm = true;
-    else if (a == "--plan-memory") plan = true;
-    else if (a == "--peak-tflops") peak_tflops = std::atof(next().c_str());
-    else if (a == "--attention") attention = next();
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] "
-                   "[--warmup N] [--block sequential|parallel] [--window W] [--recompute] [--recompute-act] "
-                   "[--recompute-norm] [--plan-memory] [--peak-tflops P] [--attention auto|flash|cudnn]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"bench_gpu_train: megatrain's training-step throughput on one GPU; prints one JSON line"};
+  app.add_option("--model", model_name, "preset (bench/torch_gpt.py's)")
+      ->check(CLI::IsMember({"gpt2-124m", "gpt2-350m", "gpt-1.3b"}))->capture_default_str();
+  app.add_option("--batch", B, "sequences per step")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--seq", T, "tokens per sequence (0: the preset's)")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--block", block, "transformer block")->check(CLI::IsMember({"sequential", "parallel"}))
+      ->capture_default_str();
+  app.add_option("--window", window, "sliding-window width (0: full causal)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--recompute", recompute, "recompute every layer in backward");
+  app.add_flag("--recompute-act", recompute_act, "rebuild the GeLU output in backward");
+  app.add_flag("--recompute-norm", recompute_norm, "rebuild the norms' outputs in backward");
+  app.add_flag("--plan-memory", plan, "print what a run would allocate, without a GPU");
+  app.add_option("--peak-tflops", peak_tflops, "the GPU's dense bf16 peak, for MFU")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--attention", attention, "auto: cuDNN where built with it, else flash")
+      ->check(CLI::IsMember({"auto", "flash", "cudnn"}))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   ModelConfig cfg;
   int preset_T = 0;
-  if (!preset(model_name, cfg, preset_T)) {
-    std::fprintf(stderr, "bench_gpu_train: unknown --model '%s'\n", model_name.c_str());
-    return 2;
-  }
+  preset(model_name, cfg, preset_T);  // the name was checked by CLI11
   if (T == 0) T = preset_T;
   cfg.max_seq_len = T;
   parse_kind("--block", block, cfg.block);
