@@ -3,7 +3,9 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <memory>
 #include <set>
 
 #include "data_util.h"
@@ -205,6 +207,190 @@ TEST(DataLoad, ResumesExactlyAtAnyPoint) {
   dl.restore({2, 8});
   ASSERT_TRUE(same(dl.next(), ref[50]));
   EXPECT_THROW(dl.restore({0, 100}), Error);  // beyond an epoch of 99 windows
+}
+
+// ---- blends -------------------------------------------------------------------------------------------------
+
+// A source of a blend: one document of `n` distinct ids from `base` on (vocabulary 4096, EOT 4095 before it), so a
+// row's second token names its source (its first, its window: every source's window 0 starts with the EOT). Shards of 97 tokens: windows cross shard boundaries.
+struct BlendSource {
+  TempDir dir;
+  std::vector<int32_t> stream;
+  BlendSource(int base, int n, const std::string& split = "train") {
+    ShardWriter w(dir.path(), split, 4096, 4095, 97);
+    std::vector<int32_t> doc(n);
+    for (int i = 0; i < n; ++i) doc[i] = base + i;
+    w.add_document(doc);
+    for (const std::string& p : w.finish()) {
+      auto t = ShardReader(p).read_all();
+      stream.insert(stream.end(), t.begin(), t.end());
+    }
+  }
+  uint64_t windows(int T) const { return (stream.size() - 1) / T; }
+};
+
+// The naive oracle of a blend: the rule of loader.h written out with doubles over the whole run (largest deficit,
+// lowest index at a tie), each source's window visits generated epoch by epoch from the one-source loader's order.
+struct NaiveBlend {
+  std::vector<double> w;
+  std::vector<uint64_t> given;
+  explicit NaiveBlend(std::vector<double> weights) : w(std::move(weights)), given(w.size(), 0) {
+    double sum = 0;
+    for (double x : w) sum += x;
+    for (double& x : w) x /= sum;
+  }
+  size_t next() {
+    uint64_t n = 0;
+    for (uint64_t g : given) n += g;
+    size_t best = 0;
+    double best_d = -1e300;
+    for (size_t k = 0; k < w.size(); ++k) {
+      const double d = w[k] * static_cast<double>(n + 1) - static_cast<double>(given[k]);
+      if (d > best_d) best = k, best_d = d;
+    }
+    ++given[best];
+    return best;
+  }
+};
+
+TEST(DataBlend, RowsFollowTheLargestDeficitRuleAndStayWithinARowOfTheirShare) {
+  BlendSource a(0, 900), b(1000, 400), c(2000, 300);
+  const int B = 3, T = 8;
+  // Dyadic weights: the loader's integer shares of 2^30 are then exact, and so are the oracle's doubles, so the two
+  // meet the same ties (frequent here) and break them alike.
+  const std::vector<double> weights = {0.5, 0.375, 0.125};
+  DataLoader dl({{a.dir.path(), 4}, {b.dir.path(), 3}, {c.dir.path(), 1}}, "train", B, T, true, 7, 0, 1, 2);
+  EXPECT_TRUE(dl.blended());
+  NaiveBlend oracle(weights);
+  std::vector<uint64_t> rows(3, 0);
+  std::vector<std::vector<int32_t>> firsts(3);  // each source's rows, by first token
+  for (int i = 0; i < 400; ++i) {
+    const Batch bt = dl.next();
+    for (int r = 0; r < B; ++r) {
+      const int32_t first = bt.x[static_cast<size_t>(r) * T];
+      const size_t k = static_cast<size_t>(bt.x[static_cast<size_t>(r) * T + 1] / 1000);  // (window 0 starts with EOT)
+      ASSERT_EQ(k, oracle.next()) << "batch " << i << " row " << r;
+      firsts[k].push_back(first);
+      ++rows[k];
+    }
+    const double n = static_cast<double>((i + 1) * B);
+    for (size_t k = 0; k < 3; ++k) EXPECT_LE(std::abs(static_cast<double>(rows[k]) - weights[k] * n), 1.0);
+  }
+  // Each source visits every one of its windows once per its own epoch, each epoch in another order.
+  for (size_t k = 0; k < 3; ++k) {
+    const BlendSource& src = k == 0 ? a : k == 1 ? b : c;
+    const uint64_t W = src.windows(T);
+    ASSERT_GE(firsts[k].size(), 2 * W) << "source " << k << " should wrap at least once";
+    for (int e = 0; e < 2; ++e) {
+      std::set<int32_t> seen(firsts[k].begin() + e * W, firsts[k].begin() + (e + 1) * W);
+      EXPECT_EQ(seen.size(), W) << "source " << k << " epoch " << e;
+    }
+    EXPECT_FALSE(std::equal(firsts[k].begin(), firsts[k].begin() + W, firsts[k].begin() + W));
+  }
+}
+
+// Ranks slice each global batch; the rows they read together are the single process's, batch by batch, and so are
+// the positions, whatever the world and prefetch.
+TEST(DataBlend, RanksSliceTheGlobalBatchOfOneProcess) {
+  BlendSource a(0, 700), b(1000, 500);
+  const std::vector<DataSource> src = {{a.dir.path(), 2.0}, {b.dir.path(), 1.0}};
+  const int B = 2, T = 8, world = 3;
+  DataLoader one(src, "train", B * world, T, true, 5, 0, 1, 0);
+  std::vector<std::unique_ptr<DataLoader>> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.push_back(std::make_unique<DataLoader>(src, "train", B, T, true, 5, r, world, r));
+  for (int i = 0; i < 60; ++i) {
+    const Batch whole = one.next();
+    for (int r = 0; r < world; ++r) {
+      const Batch part = ranks[r]->next();
+      const size_t n = static_cast<size_t>(B) * T;
+      ASSERT_TRUE(std::equal(part.x.begin(), part.x.end(), whole.x.begin() + r * n)) << "batch " << i << " rank " << r;
+      ASSERT_TRUE(std::equal(part.y.begin(), part.y.end(), whole.y.begin() + r * n));
+      EXPECT_EQ(part.taken, whole.taken);
+      EXPECT_EQ(ranks[r]->state(), one.state());
+    }
+  }
+}
+
+TEST(DataBlend, ResumesExactlyAndCarriesOverAnyReadSize) {
+  BlendSource a(0, 500), b(1000, 300);
+  const std::vector<DataSource> src = {{a.dir.path(), 0.7}, {b.dir.path(), 0.3}};
+  const int B = 4, T = 8;
+  std::vector<Batch> ref;
+  {
+    DataLoader dl(src, "train", B, T, true, 9, 0, 1, 0);
+    for (int i = 0; i < 60; ++i) ref.push_back(dl.next());
+  }
+  for (int k : {0, 1, 17, 31, 59}) {
+    LoaderState saved;
+    {
+      DataLoader dl(src, "train", B, T, true, 9, 0, 1, 2);
+      for (int i = 0; i < k; ++i) ASSERT_EQ(dl.next().x, ref[i].x);
+      saved = dl.state();
+    }
+    DataLoader resumed(src, "train", B, T, true, 9, 0, 1, 3);
+    resumed.restore(saved);
+    for (int i = k; i < std::min(k + 8, 60); ++i) ASSERT_EQ(resumed.next().x, ref[i].x) << "resume at " << k;
+  }
+  // Half the rows per read: the same rows, two reads per batch (a job that halved dp and accumulates twice).
+  DataLoader half(src, "train", B / 2, T, true, 9, 0, 1, 1);
+  half.restore(ref[10].next.taken.empty() ? LoaderState{} : ref[10].next);
+  for (int i = 11; i < 20; ++i) {
+    std::vector<int32_t> x = half.next().x;
+    const std::vector<int32_t> x2 = half.next().x;
+    x.insert(x.end(), x2.begin(), x2.end());
+    ASSERT_EQ(x, ref[i].x) << "batch " << i;
+  }
+  DataLoader dl(src, "train", B, T, true, 9, 0, 1, 0);
+  EXPECT_NE(error_of([&] { dl.restore(LoaderState{0, 0}); }).find("a blend of 2"), std::string::npos);
+  LoaderState bad;
+  bad.taken = {1, 2};
+  bad.since = {2, 0};
+  EXPECT_NE(error_of([&] { dl.restore(bad); }).find("cannot be negative"), std::string::npos);
+}
+
+// New weights from a position on (`since` = `taken`): the shares hold over the rows after it, not over the run.
+TEST(DataBlend, NewWeightsHoldFromWhereTheyTookEffect) {
+  BlendSource a(0, 600), b(1000, 600);
+  const int B = 4, T = 8;
+  DataLoader first({{a.dir.path(), 0.9}, {b.dir.path(), 0.1}}, "train", B, T, false, 0, 0, 1, 0);
+  for (int i = 0; i < 25; ++i) first.next();
+  LoaderState at = first.state();
+  EXPECT_EQ(at.taken, (std::vector<uint64_t>{90, 10}));
+  at.since = at.taken;
+  DataLoader second({{a.dir.path(), 0.5}, {b.dir.path(), 0.5}}, "train", B, T, false, 0, 0, 1, 0);
+  second.restore(at);
+  std::vector<int> rows(2, 0);
+  for (int i = 0; i < 10; ++i) {
+    const Batch bt = second.next();
+    for (int r = 0; r < B; ++r) {
+      ++rows[bt.x[static_cast<size_t>(r) * T + 1] / 1000];
+    }
+  }
+  EXPECT_EQ(rows, (std::vector<int>{20, 20}));  // without the rebase, b would take 40 of the 40 rows to catch up
+  EXPECT_EQ(second.state().taken, (std::vector<uint64_t>{110, 30}));
+}
+
+TEST(DataBlend, ClearErrors) {
+  BlendSource a(0, 300), b(1000, 300);
+  TempDir other;
+  {
+    ShardWriter w(other.path(), "train", 8192, 8191, 97);
+    w.add_document(std::vector<int32_t>(200, 5));
+    w.finish();
+  }
+  auto err = [](const std::vector<DataSource>& s) {
+    return error_of([&] { DataLoader dl(s, "train", 2, 8, true, 1, 0, 1, 0); });
+  };
+  EXPECT_NE(err({{a.dir.path(), 1}, {other.path(), 1}}).find("the blended sources come from different tokenizers"),
+            std::string::npos);
+  EXPECT_NE(err({{a.dir.path(), 1}, {a.dir.path(), 2}}).find("listed twice"), std::string::npos);
+  EXPECT_NE(err({{a.dir.path(), 1}, {b.dir.path(), 0}}).find("must be finite and > 0"), std::string::npos);
+  EXPECT_NE(err({{a.dir.path(), 1}, {b.dir.path(), NAN}}).find("must be finite and > 0"), std::string::npos);
+  EXPECT_NE(err({{a.dir.path(), 1}, {b.dir.path() + "/nope", 1}}).find("does not exist"), std::string::npos);
+  EXPECT_NE(error_of([&] { DataLoader dl({{a.dir.path(), 1}, {b.dir.path(), 1}}, "val", 2, 8, true, 1, 0, 1, 0); })
+                .find("no shards of split 'val'"),
+            std::string::npos);
 }
 
 TEST(DataLoad, ReadsLlmcShardsByTheirNames) {

@@ -2,7 +2,10 @@
 
 #include <sys/resource.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "megatrain/core/error.h"
@@ -28,59 +31,124 @@ void make_room_for_open_files(size_t shards) {
 
 DataLoader::DataLoader(const std::string& dir, const std::string& split, int B, int T, bool shuffle, uint64_t seed,
                        int rank, int world, int prefetch, int id_limit)
+    : DataLoader(std::vector<DataSource>{{dir, 1.0}}, split, B, T, shuffle, seed, rank, world, prefetch, id_limit) {}
+
+DataLoader::DataLoader(const std::vector<DataSource>& sources, const std::string& split, int B, int T, bool shuffle,
+                       uint64_t seed, int rank, int world, int prefetch, int id_limit)
     : B_(B), T_(T), rank_(rank), world_(world), prefetch_(prefetch), id_limit_(id_limit), shuffle_(shuffle),
       seed_(seed) {
   MT_CHECK(B > 0 && T > 0, "data loader: batch size B={} and sequence length T={} must be positive", B, T);
   MT_CHECK(world > 0 && rank >= 0 && rank < world, "data loader: rank {} is not in [0, world={})", rank, world);
   MT_CHECK(prefetch >= 0, "data loader: prefetch depth must be >= 0, got {}", prefetch);
   MT_CHECK(id_limit >= 0, "data loader: the token id limit must be >= 0 (0: none), got {}", id_limit);
-  std::error_code ec;
-  MT_CHECK(std::filesystem::is_directory(dir, ec), "data directory {} does not exist (or is not a directory)", dir);
-  paths_ = list_shards(dir, split);
-  MT_CHECK(!paths_.empty(), "no shards of split '{}' in {} (expected files named {}_*.bin; run `megatrain prepare-data`)",
-           split, dir, split);
-  make_room_for_open_files(paths_.size());
+  MT_CHECK(!sources.empty(), "data loader: no data source");
+  double weights = 0;
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const DataSource& src = sources[k];
+    MT_CHECK(std::isfinite(src.weight) && src.weight > 0, "data blend: the weight of {} is {}; weights must be finite "
+             "and > 0 (leave a source out to give it none)", src.dir, src.weight);
+    for (size_t j = 0; j < k; ++j)
+      MT_CHECK(sources[j].dir != src.dir, "data blend: {} is listed twice; give it one entry with the summed weight",
+               src.dir);
+    weights += src.weight;
+  }
+  streams_.resize(sources.size());
+  for (size_t k = 0; k < sources.size(); ++k) {
+    Stream& st = streams_[k];
+    st.dir = sources[k].dir;
+    // Integer shares of 2^30 in all: the source picked for a row is then exact integer arithmetic.
+    st.quota = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(sources[k].weight / weights * (1u << 30))));
+    st.seed = seed + 0x9E3779B97F4A7C15ull * k;  // source 0 keeps the seed: a one-source loader is unchanged
+    open_stream(st, split);
+  }
+  quota_sum_ = 0;
+  for (const Stream& st : streams_) quota_sum_ += st.quota;
+  if (!blended()) {
+    const Stream& st = streams_[0];
+    MT_CHECK(st.windows >= global_rows(), "split '{}' in {} has {} tokens, too few for one batch: world {} x B {} "
+             "windows of T+1 = {} tokens need at least {} tokens", split, st.dir, st.tokens, world, B, T + 1,
+             global_rows() * static_cast<uint64_t>(T) + 1);
+  }
+  if (blended()) consumer_pos_.taken = consumer_pos_.since = std::vector<uint64_t>(streams_.size(), 0);
+  if (prefetch_ > 0) start_prefetch(consumer_pos_);
+}
 
-  for (const std::string& p : paths_) {
+void DataLoader::open_stream(Stream& st, const std::string& split) {
+  std::error_code ec;
+  MT_CHECK(std::filesystem::is_directory(st.dir, ec), "data directory {} does not exist (or is not a directory)",
+           st.dir);
+  st.paths = list_shards(st.dir, split);
+  MT_CHECK(!st.paths.empty(), "no shards of split '{}' in {} (expected files named {}_*.bin; run `megatrain "
+           "prepare-data`)", split, st.dir, split);
+  size_t open = st.paths.size();
+  for (const Stream& other : streams_) open += other.shards.size();
+  make_room_for_open_files(open);
+
+  for (const std::string& p : st.paths) {
     ShardReader r(p);
     const ShardHeader& h = r.header();
     if (h.vocab_size > 0) {
       if (vocab_size_ == 0) {
         vocab_size_ = h.vocab_size;
         eot_ = h.eot;
+        first_vocab_shard_ = p;
       }
       MT_CHECK(h.vocab_size == vocab_size_ && h.eot == eot_, "shard {} has vocab size {} / EOT {}, but {} has {} / {}: "
-               "the shards of split '{}' come from different tokenizers", p, h.vocab_size, h.eot, paths_[0],
-               vocab_size_, eot_, split);
+               "{} come from different tokenizers", p, h.vocab_size, h.eot, first_vocab_shard_, vocab_size_, eot_,
+               blended() ? "the blended sources" : fmt::format("the shards of split '{}'", split));
     }
-    shard_start_.push_back(total_tokens_);
-    total_tokens_ += h.num_tokens;
+    st.start.push_back(st.tokens);
+    st.tokens += h.num_tokens;
     if (shuffle_) r.expect_random_access();
-    shards_.push_back(std::move(r));
+    st.shards.push_back(std::move(r));
   }
-  num_windows_ = total_tokens_ > 0 ? (total_tokens_ - 1) / static_cast<uint64_t>(T) : 0;
-  MT_CHECK(num_windows_ >= global_rows(), "split '{}' in {} has {} tokens, too few for one batch: world {} x B {} "
-           "windows of T+1 = {} tokens need at least {} tokens", split, dir, total_tokens_, world, B, T + 1,
-           global_rows() * static_cast<uint64_t>(T) + 1);
-  window_.resize(static_cast<size_t>(T) + 1);
-  if (prefetch_ > 0) start_prefetch(consumer_pos_);
+  st.windows = st.tokens > 0 ? (st.tokens - 1) / static_cast<uint64_t>(T_) : 0;
+  MT_CHECK(st.windows > 0 || !blended(), "data blend: split '{}' in {} has {} tokens, not one window of T+1 = {}",
+           split, st.dir, st.tokens, T_ + 1);
 }
 
 DataLoader::~DataLoader() { stop_prefetch(); }
 
+uint64_t DataLoader::num_tokens() const {
+  uint64_t n = 0;
+  for (const Stream& st : streams_) n += st.tokens;
+  return n;
+}
+
+uint64_t DataLoader::windows_per_epoch() const {
+  uint64_t n = 0;
+  for (const Stream& st : streams_) n += st.windows;
+  return n;
+}
+
 LoaderState DataLoader::normalized(LoaderState s) const {
-  if (s.cursor + global_rows() > num_windows_) return {s.epoch + 1, 0};
+  if (blended()) return s;
+  if (s.cursor + global_rows() > streams_[0].windows) return {s.epoch + 1, 0};
   return s;
 }
 
-void DataLoader::read_stream(uint64_t offset, uint64_t n, int32_t* out) const {
-  size_t s = static_cast<size_t>(std::upper_bound(shard_start_.begin(), shard_start_.end(), offset) -
-                                 shard_start_.begin()) - 1;
+size_t DataLoader::pick_source(const std::vector<uint64_t>& taken, const std::vector<uint64_t>& since) const {
+  uint64_t n = 0;
+  for (size_t k = 0; k < taken.size(); ++k) n += taken[k] - since[k];
+  // Source k's deficit after one more row: quota_k / quota_sum * (n + 1) - given_k, times quota_sum (exact: < 2^127).
+  size_t best = 0;
+  __int128 best_deficit = 0;
+  for (size_t k = 0; k < streams_.size(); ++k) {
+    const __int128 d = static_cast<__int128>(streams_[k].quota) * (n + 1) -
+                       static_cast<__int128>(taken[k] - since[k]) * quota_sum_;
+    if (k == 0 || d > best_deficit) best = k, best_deficit = d;
+  }
+  return best;
+}
+
+void DataLoader::read_stream(const Stream& st, uint64_t offset, uint64_t n, int32_t* out) const {
+  size_t s = static_cast<size_t>(std::upper_bound(st.start.begin(), st.start.end(), offset) - st.start.begin()) - 1;
   while (n > 0) {
-    MT_CHECK(s < shards_.size(), "data loader: read past the end of the token stream (offset {})", offset);
-    uint64_t local = offset - shard_start_[s];
-    uint64_t take = std::min(n, shards_[s].size() - local);
-    shards_[s].read(local, take, out, id_limit_);
+    MT_CHECK(s < st.shards.size(), "data loader: read past the end of the token stream of {} (offset {})", st.dir,
+             offset);
+    uint64_t local = offset - st.start[s];
+    uint64_t take = std::min(n, st.shards[s].size() - local);
+    st.shards[s].read(local, take, out, id_limit_);
     out += take;
     offset += take;
     n -= take;
@@ -88,24 +156,43 @@ void DataLoader::read_stream(uint64_t offset, uint64_t n, int32_t* out) const {
   }
 }
 
+void DataLoader::read_row(const Stream& st, uint64_t window, size_t row, Batch& b) {
+  read_stream(st, window * T_, static_cast<uint64_t>(T_) + 1, window_.data());
+  std::copy(window_.begin(), window_.end() - 1, b.x.begin() + row * T_);
+  std::copy(window_.begin() + 1, window_.end(), b.y.begin() + row * T_);
+}
+
 Batch DataLoader::make_batch(LoaderState& pos) {
   pos = normalized(pos);
   Batch b;
   b.B = B_;
   b.T = T_;
-  b.epoch = pos.epoch;
-  b.cursor = pos.cursor;
   b.x.resize(static_cast<size_t>(B_) * T_);
   b.y.resize(static_cast<size_t>(B_) * T_);
-  const uint64_t first = pos.cursor + static_cast<uint64_t>(rank_) * B_;
-  const WindowOrder order(num_windows_, seed_, pos.epoch);
-  for (int r = 0; r < B_; ++r) {
-    uint64_t w = shuffle_ ? order(first + r) : first + r;
-    read_stream(w * T_, static_cast<uint64_t>(T_) + 1, window_.data());
-    std::copy(window_.begin(), window_.end() - 1, b.x.begin() + static_cast<size_t>(r) * T_);
-    std::copy(window_.begin() + 1, window_.end(), b.y.begin() + static_cast<size_t>(r) * T_);
+  window_.resize(static_cast<size_t>(T_) + 1);
+  if (!blended()) {
+    b.epoch = pos.epoch;
+    b.cursor = pos.cursor;
+    const Stream& st = streams_[0];
+    const uint64_t first = pos.cursor + static_cast<uint64_t>(rank_) * B_;
+    const WindowOrder order(st.windows, st.seed, pos.epoch);
+    for (int r = 0; r < B_; ++r) read_row(st, shuffle_ ? order(first + r) : first + r, static_cast<size_t>(r), b);
+    pos.cursor += global_rows();
+  } else {
+    // Every rank walks the whole global batch (the sources of the rows before its own move the counts it reads at).
+    b.taken = pos.taken;
+    const uint64_t mine = static_cast<uint64_t>(rank_) * B_;
+    for (uint64_t g = 0; g < global_rows(); ++g) {
+      const size_t k = pick_source(pos.taken, pos.since);
+      if (g >= mine && g < mine + static_cast<uint64_t>(B_)) {
+        const Stream& st = streams_[k];
+        const uint64_t epoch = pos.taken[k] / st.windows, i = pos.taken[k] % st.windows;
+        read_row(st, shuffle_ ? WindowOrder(st.windows, st.seed, epoch)(i) : i, static_cast<size_t>(g - mine), b);
+      }
+      ++pos.taken[k];
+    }
   }
-  pos.cursor += global_rows();
+  b.next = pos;
   return b;
 }
 
@@ -118,15 +205,24 @@ Batch DataLoader::next() {
   queue_.pop_front();
   lk.unlock();
   cv_.notify_all();
-  consumer_pos_ = {b.epoch, b.cursor + global_rows()};
+  consumer_pos_ = b.next;
   return b;
 }
 
 LoaderState DataLoader::state() const { return normalized(consumer_pos_); }
 
 void DataLoader::restore(const LoaderState& s) {
-  MT_CHECK(s.cursor <= num_windows_, "data loader: cannot restore cursor {}: an epoch has only {} windows (was the "
-           "state saved with another dataset or sequence length?)", s.cursor, num_windows_);
+  if (blended()) {
+    MT_CHECK(s.taken.size() == streams_.size() && s.since.size() == streams_.size(), "data loader: cannot restore a "
+             "position of {} source(s) into a blend of {}", s.taken.size(), streams_.size());
+    for (size_t k = 0; k < streams_.size(); ++k)
+      MT_CHECK(s.since[k] <= s.taken[k], "data loader: source {} ({}): the rows since the weights took effect ({} "
+               "given, {} at the change) cannot be negative", k, streams_[k].dir, s.taken[k], s.since[k]);
+  } else {
+    MT_CHECK(s.taken.empty(), "data loader: cannot restore a blend's position into a loader of one source");
+    MT_CHECK(s.cursor <= streams_[0].windows, "data loader: cannot restore cursor {}: an epoch has only {} windows "
+             "(was the state saved with another dataset or sequence length?)", s.cursor, streams_[0].windows);
+  }
   stop_prefetch();
   consumer_pos_ = s;
   if (prefetch_ > 0) start_prefetch(s);

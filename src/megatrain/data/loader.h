@@ -8,8 +8,17 @@
 // global batch is dropped and the next epoch begins. The shuffled order is computed per row (WindowOrder), never
 // stored, so a loader's memory and start-up time do not grow with the dataset.
 //
-// A background thread prepares the next `prefetch` batches. The position (epoch, cursor) of the next batch is
-// the whole state of the loader: restore(state()) continues exactly where the saved run was.
+// A blend (several sources, each a directory of shards with a weight, as Megatron-LM's --data-path takes them): each
+// source is a stream of windows as above, visited in its own epochs (a source's epoch e is its windows in the order
+// of (seed + k * a constant, e) for source k), one after another with no remainder dropped. Global row n of the run
+// comes from the source furthest below its share: the k maximising weight_k * (n + 1) - rows_k, the lowest k at a
+// tie, computed in integers (weights scaled to 2^30 in all) so every rank and machine picks alike. Each source then
+// stays within about one row of its share at every row, and a global batch is cut into the ranks' rows as above.
+// Nothing in the rule depends on the batch size: the rows each source has given are the whole position.
+//
+// A background thread prepares the next `prefetch` batches. The position of the next batch ((epoch, cursor); for a
+// blend, the rows each source has given) is the whole state of the loader: restore(state()) continues exactly where
+// the saved run was.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -24,9 +33,21 @@
 
 namespace mt {
 
+// One source of a blend: a directory of prepared shards and its weight (relative; the weights need not sum to 1).
+struct DataSource {
+  std::string dir;
+  double weight = 1.0;
+  bool operator==(const DataSource&) const = default;
+};
+
 struct LoaderState {
+  LoaderState() = default;
+  LoaderState(uint64_t e, uint64_t c) : epoch(e), cursor(c) {}  // one source's position
   uint64_t epoch = 0;
   uint64_t cursor = 0;  // index into the epoch's window order of the next global batch's first window
+  // A blend: the rows each source has given (its position in its own stream of epochs), and the same counts when
+  // the current weights took effect (shares are kept over the rows since then; equal to `taken` after a change).
+  std::vector<uint64_t> taken, since;
   bool operator==(const LoaderState&) const = default;
 };
 
@@ -35,6 +56,8 @@ struct Batch {
   int B = 0, T = 0;
   uint64_t epoch = 0;
   uint64_t cursor = 0;  // this batch's position; state() after it is {epoch, cursor + world*B} (or the next epoch)
+  std::vector<uint64_t> taken;  // a blend: this batch's position (the rows each source had given before it)
+  LoaderState next;             // the position after this batch
 };
 
 class DataLoader {
@@ -45,38 +68,59 @@ class DataLoader {
   // shards that record one are held to it (ShardReader), and a caller compares it with its own.
   DataLoader(const std::string& dir, const std::string& split, int B, int T, bool shuffle, uint64_t seed,
              int rank = 0, int world = 1, int prefetch = 2, int id_limit = 0);
+  // A blend of sources (one source: the same loader as above). Every source must hold the split, and the sources'
+  // shards must record the same vocabulary and end-of-text token (a blend of two tokenizers' ids is nonsense); a
+  // weight must be finite and > 0 and a directory appear once.
+  DataLoader(const std::vector<DataSource>& sources, const std::string& split, int B, int T, bool shuffle,
+             uint64_t seed, int rank = 0, int world = 1, int prefetch = 2, int id_limit = 0);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
   Batch next();                       // rethrows an error raised while the batch was prepared in the background
   LoaderState state() const;          // the position of the batch next() returns next
-  void restore(const LoaderState& s); // discards prefetched batches; continues from s
+  // Discards prefetched batches; continues from s. A blend's state must have one count per source, since <= taken.
+  void restore(const LoaderState& s);
 
-  uint64_t num_tokens() const { return total_tokens_; }
-  uint64_t windows_per_epoch() const { return num_windows_; }
-  uint64_t batches_per_epoch() const { return num_windows_ / global_rows(); }
+  bool blended() const { return streams_.size() > 1; }
+  uint64_t num_tokens() const;
+  uint64_t windows_per_epoch() const;  // a blend: all sources' windows
+  uint64_t batches_per_epoch() const { return windows_per_epoch() / global_rows(); }
   int vocab_size() const { return vocab_size_; }  // 0 when the shards do not record it (llm.c shards)
   int eot() const { return eot_; }                // -1 when not recorded
-  const std::vector<std::string>& shard_paths() const { return paths_; }
+  const std::vector<std::string>& shard_paths() const { return streams_[0].paths; }  // the first source's
+  // A blend: the source global row n of the run comes from, given the rows each source has given so far (taken, and
+  // since: the counts when the weights took effect). Exposed for tests; the loader uses it for every row.
+  size_t pick_source(const std::vector<uint64_t>& taken, const std::vector<uint64_t>& since) const;
 
  private:
+  // One source's split: its shards as one token stream, cut into windows.
+  struct Stream {
+    std::string dir;
+    std::vector<ShardReader> shards;
+    std::vector<std::string> paths;
+    std::vector<uint64_t> start;  // stream offset of each shard's first token
+    uint64_t tokens = 0, windows = 0;
+    uint64_t quota = 1;           // the weight in integer parts of quota_sum_
+    uint64_t seed = 0;            // its window orders' key
+  };
   uint64_t global_rows() const { return static_cast<uint64_t>(world_) * B_; }
+  void open_stream(Stream& st, const std::string& split);
   LoaderState normalized(LoaderState s) const;
   Batch make_batch(LoaderState& pos);  // the batch at pos; advances pos past it
-  void read_stream(uint64_t offset, uint64_t n, int32_t* out) const;
+  void read_row(const Stream& st, uint64_t window, size_t row, Batch& b);
+  void read_stream(const Stream& st, uint64_t offset, uint64_t n, int32_t* out) const;
   void start_prefetch(LoaderState from);
   void stop_prefetch();
   void prefetch_loop(LoaderState pos);
 
-  std::vector<ShardReader> shards_;
-  std::vector<std::string> paths_;
-  std::vector<uint64_t> shard_start_;  // stream offset of each shard's first token
-  uint64_t total_tokens_ = 0, num_windows_ = 0;
+  std::vector<Stream> streams_;
+  uint64_t quota_sum_ = 1;
   int B_, T_, rank_, world_, prefetch_, id_limit_;
   bool shuffle_;
   uint64_t seed_;
   int vocab_size_ = 0, eot_ = -1;
+  std::string first_vocab_shard_;  // the shard that set vocab_size_ (named when another disagrees)
 
   // Used by whichever side makes batches: the prefetch thread, or next() when prefetch is 0.
   std::vector<int32_t> window_;
