@@ -42,6 +42,27 @@ INSTANTIATE_TEST_SUITE_P(Dp2, DataParallelVsSingle,
                                            Case{"accum_parallel_block", " --train.grad_accum=2 --model.block=parallel"}),
                          CaseName());
 
+// A blend of two sources (Brown's train split, and its val split as the second source's) under dp2: the ranks cut
+// each global batch of the blend as one process reads it, so the run matches the single process up to the floor.
+TEST(DataParallel, ABlendMatchesOneProcess) {
+  prepare();
+  const std::string second = fresh_dir("mt_dp_blend_source");
+  fs::create_directories(second);
+  fs::copy(kData + "/val_000000.bin", second + "/train_000000.bin");
+  const std::string blend = " '--data.blend=[{dir=\"" + kData + "\",weight=2},{dir=\"" + second + "\",weight=1}]'";
+  auto with_blend = [&](std::string args) {
+    const std::string dir = " --data.dir=" + kData;
+    const size_t at = args.find(dir);
+    EXPECT_NE(at, std::string::npos);
+    return args.replace(at, dir.size(), blend);
+  };
+  const Trio t = fresh_trio("mt_dp", "blend");
+  run(kBin + " train" + with_blend(common(t.single, 4)));
+  run(kBin + " train" + with_blend(common(t.alt, 4)) + reordered(4, common(t.alt, 4)));
+  run(kBin + " launch --nproc 2 -- train" + with_blend(common(t.multi, 2)) + " --parallel.dp=2");
+  expect_equivalent(t, "dp2 blend");
+}
+
 TEST(DataParallel, ResumeAcrossLayoutsKeepsTheRun) {
   // A dp=2 run checkpointed at step 3 resumes in a single process with the uninterrupted run's losses, up to the
   // noise floor of a reordered single run (alt).

@@ -41,6 +41,29 @@ TEST(RunConfig, ParsesSectionsAndOverrides) {
   EXPECT_EQ(c.ckpt.dir, c.train.out_dir + "/ckpt");
 }
 
+// data.blend: inline tables or [[data.blend]] entries, or an override; every mistake named.
+TEST(RunConfig, DataBlendParsesBothSpellingsAndRefusesMistakes) {
+  const RunConfig a = parse_run_config("[[data.blend]]\ndir = \"web\"\nweight = 0.7\n[[data.blend]]\ndir = \"code\"\n"
+                                       "weight = 3\n", "t.toml");
+  EXPECT_EQ(a.data.blend, (std::vector<DataSource>{{"web", 0.7}, {"code", 3.0}}));
+  EXPECT_EQ(a.data.sources(), a.data.blend);
+  const RunConfig b = parse_run_config("", "t.toml", {"--data.blend=[{dir=\"web\",weight=0.7},{dir=\"code\"}]"});
+  EXPECT_EQ(b.data.blend, (std::vector<DataSource>{{"web", 0.7}, {"code", 1.0}}));  // weight: 1 when not given
+  EXPECT_EQ(parse_run_config("", "t.toml").data.sources(), (std::vector<DataSource>{{"data/brown", 1.0}}));
+  // A blend replaces data.dir (a config file's, say), which then is not read: sources() is the blend.
+  const RunConfig both = parse_run_config("[data]\ndir = \"x\"\n", "t.toml", {"--data.blend=[{dir=\"a\"},{dir=\"b\"}]"});
+  EXPECT_EQ(both.data.sources(), (std::vector<DataSource>{{"a", 1.0}, {"b", 1.0}}));
+  EXPECT_EQ(blend_description(both.data), "a blend of a 50%, b 50%; data.dir is not read");
+  EXPECT_NE(error_of("", {"--data.blend=\"web\""}).find("data.blend must be a list of {dir"), std::string::npos);
+  EXPECT_NE(error_of("", {"--data.blend=[{dir=\"a\",weight=0}]"}).find("weights must be finite and > 0"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--data.blend=[{dir=\"a\",weight=\"high\"}]"}).find("weight must be a number"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--data.blend=[{dir=\"a\"},{dir=\"a\"}]"}).find("lists a twice"), std::string::npos);
+  EXPECT_NE(error_of("", {"--data.blend=[{dir=\"a\",share=2}]"}).find("unknown key 'share'"), std::string::npos);
+  EXPECT_NE(error_of("", {"--data.blend=[{weight=2}]"}).find("an entry has no dir"), std::string::npos);
+}
+
 TEST(RunConfig, RecomputeAll) {
   RunConfig c = parse_run_config("[model]\nn_layer = 3\nrecompute = \"all\"\n", "t.toml");
   EXPECT_EQ(c.model.recompute, (std::vector<bool>{true, true, true}));

@@ -126,6 +126,48 @@ TEST(Train, ResumeIsBitIdentical) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(la[4 + i], lb[i]);
 }
 
+// A blend of two sources (Brown's train split, and its val split as a second source's train split): a run resumed
+// from a checkpoint gives the uninterrupted run's losses bit for bit, the checkpoint records each source's rows,
+// and a resume under new weights says so and continues every source where it was.
+TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
+  const std::string base = fresh_base("mt_blend");
+  const std::string web = copy_of_brown(base, {}), code = base + "/code";
+  fs::create_directories(code);
+  fs::copy(kData + "/val_000000.bin", code + "/train_000000.bin");
+  fs::copy(kData + "/val_000000.bin", code + "/val_000000.bin");
+  const std::string blend = "--data.blend=[{dir=\"" + web + "\",weight=3},{dir=\"" + code + "\",weight=1}]";
+  auto run = [&](const std::string& out, std::vector<std::string> extra) {  // small()'s data.dir: replaced
+    extra.insert(extra.begin(), blend);
+    return run_training(small(base + "/" + out, extra));
+  };
+  run("a", {"--train.steps=8"});
+  run("b", {"--train.steps=8", "--ckpt.every=4", "--ckpt.save_final=false"});
+  const std::string ck = base + "/b/ckpt/step_00000004";
+  const nlohmann::json data = nlohmann::json::parse(std::ifstream(ck + "/manifest.json"))["extra"]["data"];
+  EXPECT_EQ(data["taken"], (nlohmann::json{12, 4}));  // 16 rows, 3:1
+  EXPECT_EQ(data["since"], (nlohmann::json{0, 0}));
+  EXPECT_EQ(data["blend"][1]["dir"], code);
+  fs::remove_all(base + "/b/metrics.jsonl");
+  run("b", {"--train.steps=8", "--ckpt.resume=" + ck});
+  const std::vector<std::string> la = losses(base + "/a/metrics.jsonl"), lb = losses(base + "/b/metrics.jsonl");
+  ASSERT_EQ(la.size(), 8u);
+  ASSERT_EQ(lb.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(la[4 + i], lb[i]) << "step " << 5 + i;
+
+  // New weights: said, and the rows from here on follow them (8 rows at 1:1 from 12 and 4).
+  ::testing::internal::CaptureStdout();
+  run("c", {"--data.blend=[{dir=\"" + web + "\",weight=1},{dir=\"" + code + "\",weight=1}]", "--train.steps=7",
+            "--ckpt.resume=" + ck, "--ckpt.every=6", "--ckpt.save_final=false"});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("data: the blend changed since checkpoint"), std::string::npos) << out;
+  EXPECT_NE(out.find("the new shares hold from here"), std::string::npos) << out;
+  const nlohmann::json after =
+      nlohmann::json::parse(std::ifstream(base + "/c/ckpt/step_00000006/manifest.json"))["extra"]["data"];
+  EXPECT_EQ(after["taken"], (nlohmann::json{16, 8}));
+  EXPECT_EQ(after["since"], (nlohmann::json{12, 4}));
+  fs::remove_all(base);
+}
+
 // An attempt ran past its last checkpoint (steps 5..8 after the checkpoint at 4, no final one: as if it died just
 // before saving); the restarted run resumes at 4 and runs 5..8 again. metrics.jsonl must then read as one history: steps 1..8 once each, with the
 // losses of an undisturbed run (the oracle), so a supervisor's restarts leave no trace in the training record.

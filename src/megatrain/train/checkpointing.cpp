@@ -59,7 +59,7 @@ nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderStat
   nlohmann::json extra = {{"model", model_config_to_json(cfg.model)},
                           {"optim_name", cfg.optim.name},
                           {"step", step},
-                          {"data", {{"epoch", data.epoch}, {"cursor", data.cursor}, {"dir", cfg.data.dir},
+                          {"data", {{"epoch", data.epoch}, {"cursor", data.cursor}, {"dir", cfg.data.sources()[0].dir},
                                     {"batch_size", cfg.data.batch_size}, {"seq_len", cfg.data.seq_len},
                                     {"global_batch_size", cfg.data.batch_size * micro * cfg.parallel.dp},
                                     {"shuffle", cfg.data.shuffle}, {"seed", cfg.data.seed},
@@ -68,6 +68,13 @@ nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderStat
                           {"parallel", {{"dp", cfg.parallel.dp}, {"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp},
                                         {"virtual_stages", cfg.parallel.virtual_stages}, {"microbatches", micro}}}};
   if (windows > 0) extra["data"]["windows"] = windows;  // what the order permutes: a grown dataset is another order
+  if (!data.taken.empty()) {  // a blend: its sources, and the rows each has given (the position)
+    nlohmann::json blend = nlohmann::json::array();
+    for (const DataSource& src : cfg.data.sources()) blend.push_back({{"dir", src.dir}, {"weight", src.weight}});
+    extra["data"]["blend"] = blend;
+    extra["data"]["taken"] = data.taken;
+    extra["data"]["since"] = data.since;
+  }
   if (cfg.parallel.tp > 1) {
     // The tp layout the tensors were trained in (a sharded checkpoint's pieces follow it).
     ParamStore lay;
@@ -149,6 +156,81 @@ SavedPosition saved_position(const CheckpointReader& ck) {
   p.data.epoch = extra_field(ck, "epoch", true, is_count, "a non-negative integer").get<uint64_t>();
   p.data.cursor = extra_field(ck, "cursor", true, is_count, "a non-negative integer").get<uint64_t>();
   return p;
+}
+
+// The data position a checkpoint saved, carried over to this run's sources. A blend's position is the rows each source
+// has given, matched by directory; a source new to the run starts at its beginning. When the sources or their weights
+// changed, the shares count from here (`since` = `taken`): the new weights hold over the rows to come, rather than
+// making up the past. A one-source run resumed as a blend (or the reverse) carries its one source's position over
+// through its window count. Every change is said on the main rank.
+LoaderState position_for_this_run(const RunConfig& cfg, const CheckpointReader& ck, const LoaderState& saved,
+                                  uint64_t windows, bool say) {
+  const nlohmann::json& d = ck.extra()["data"];
+  const std::vector<DataSource> now = cfg.data.sources();
+  // The saved sources and the rows each gave: a blend's lists, or one source's (dir, epoch x windows + cursor).
+  std::vector<DataSource> was;
+  std::vector<uint64_t> taken, since;
+  const bool saved_blend = d.contains("blend");
+  if (saved_blend) {
+    const nlohmann::json &b = d["blend"], &t = d.contains("taken") ? d["taken"] : nlohmann::json(),
+                         &sn = d.contains("since") ? d["since"] : nlohmann::json();
+    MT_CHECK(b.is_array() && t.is_array() && sn.is_array() && t.size() == b.size() && sn.size() == b.size(),
+             "checkpoint {}: manifest.json: extra.data.blend, .taken and .since must be lists of one length", ck.dir());
+    for (size_t k = 0; k < b.size(); ++k) {
+      MT_CHECK(b[k].is_object() && b[k].contains("dir") && b[k]["dir"].is_string() && b[k].contains("weight") &&
+                   b[k]["weight"].is_number() && is_count(t[k]) && is_count(sn[k]) && sn[k] <= t[k],
+               "checkpoint {}: manifest.json: extra.data.blend entry {} is not a {{dir, weight}} with counts taken >= "
+               "since", ck.dir(), k);
+      was.push_back({b[k]["dir"].get<std::string>(), b[k]["weight"].get<double>()});
+      taken.push_back(t[k].get<uint64_t>());
+      since.push_back(sn[k].get<uint64_t>());
+    }
+  } else {
+    const std::string dir = d.contains("dir") && d["dir"].is_string() ? d["dir"].get<std::string>() : "";
+    const uint64_t w = d.contains("windows") && is_count(d["windows"]) ? d["windows"].get<uint64_t>() : 0;
+    if (now.size() == 1) return saved;  // one source then and now: the position as saved (the order check follows)
+    was.push_back({dir, 1.0});
+    taken.push_back(saved.epoch * w + saved.cursor);
+    since.push_back(taken.back());
+    if (say && w == 0 && saved.epoch > 0)
+      fmt::print(stderr, "warning: checkpoint {} records no window count for {}: its position in it is taken as "
+                 "cursor {} of its first epoch\n", ck.dir(), dir, saved.cursor);
+  }
+  auto find = [&](const std::string& dir) -> int {
+    for (size_t k = 0; k < was.size(); ++k)
+      if (was[k].dir == dir) return static_cast<int>(k);
+    return -1;
+  };
+  if (now.size() == 1) {  // a blend resumed as one source: that source's rows, as (epoch, cursor)
+    const int k = find(now[0].dir);
+    const uint64_t t = k >= 0 ? taken[k] : 0;
+    if (say)
+      fmt::print("data: checkpoint {} was a blend; this run reads {} alone, {}\n", ck.dir(), now[0].dir,
+                 k >= 0 ? fmt::format("from its row {} on", t) : std::string("from its start (the blend did not hold it)"));
+    return windows > 0 ? LoaderState(t / windows, t % windows) : LoaderState();
+  }
+  LoaderState out;
+  double sum_was = 0, sum_now = 0;
+  for (const DataSource& w : was) sum_was += w.weight;
+  for (const DataSource& n : now) sum_now += n.weight;
+  bool same = saved_blend && was.size() == now.size();
+  for (const DataSource& n : now) {
+    const int k = find(n.dir);
+    out.taken.push_back(k >= 0 ? taken[k] : 0);
+    out.since.push_back(k >= 0 ? since[k] : 0);
+    same = same && k >= 0 && std::abs(was[k].weight / sum_was - n.weight / sum_now) <= 1e-12;
+  }
+  if (!same) {
+    out.since = out.taken;
+    if (say) {
+      std::vector<std::string> a, b;
+      for (const DataSource& w : was) a.push_back(fmt::format("{} {:.4g}", w.dir, w.weight / sum_was));
+      for (const DataSource& n : now) b.push_back(fmt::format("{} {:.4g}", n.dir, n.weight / sum_now));
+      fmt::print("data: the blend changed since checkpoint {} (was {}; now {}): each source continues where it was, "
+                 "and the new shares hold from here\n", ck.dir(), fmt::join(a, ", "), fmt::join(b, ", "));
+    }
+  }
+  return out;
 }
 
 // The order an epoch visits the windows in, as a run configured with cfg over `windows` windows uses it and as
@@ -702,8 +784,9 @@ struct TrainCheckpointer::Impl {
     if (ddp) ddp->commit_moment_slices();
     if (mesh) mesh_barrier(*mesh);  // restored everywhere: rank 0's clock then times the whole group's restore
     const SavedPosition pos = saved_position(ck);
-    data = pos.data;
-    if (main_rank) warn_if_order_changed(cfg, data_windows, ck, data);
+    data = position_for_this_run(cfg, ck, pos.data, data_windows, main_rank);
+    if (main_rank && data.taken.empty() && !ck.extra()["data"].contains("blend"))
+      warn_if_order_changed(cfg, data_windows, ck, data);
     as->protect = ck.dir();
     return pos.step;
   }

@@ -12,7 +12,7 @@ namespace {
 
 // The val split as evaluate() reads it: the step's global batch, unshuffled, dp rank's rows, no prefetch.
 DataLoader open_val(const RunConfig& cfg, const Topology& topo, int micro) {
-  return DataLoader(cfg.data.dir, "val", cfg.data.batch_size * micro, cfg.data.seq_len, false, 0, topo.coord.dp,
+  return DataLoader(cfg.data.sources(), "val", cfg.data.batch_size * micro, cfg.data.seq_len, false, 0, topo.coord.dp,
                     topo.shape.dp, 0, cfg.model.vocab_size);
 }
 

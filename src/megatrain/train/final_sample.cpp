@@ -17,12 +17,13 @@ namespace {
 // what the model learned; else GPT-2's. "" with a note when the recorded one is gone.
 std::string sample_tokenizer_dir(const RunConfig& cfg, bool say) {
   if (!cfg.sample.tokenizer.empty()) return cfg.sample.tokenizer;
-  const std::string recorded = prepared_tokenizer(cfg.data.dir);
+  const std::string data = cfg.data.sources()[0].dir;  // a blend's sources share one vocabulary (the loader checks)
+  const std::string recorded = prepared_tokenizer(data);
   if (recorded.empty()) return default_gpt2_vocab_dir();
   if (Tokenizer::missing_files(recorded).empty()) return recorded;
   if (say)
-    fmt::print("(no sample: {}/meta.json names the tokenizer {}, which is not here; set sample.tokenizer)\n",
-               cfg.data.dir, recorded);
+    fmt::print("(no sample: {}/meta.json names the tokenizer {}, which is not here; set sample.tokenizer)\n", data,
+               recorded);
   return "";
 }
 

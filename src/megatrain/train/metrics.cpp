@@ -123,11 +123,14 @@ void ProgressPrinter::on_run_start(const RunStart& r) {
   // On a GPU, which attention runs ("auto" resolved): the two differ several-fold in speed.
   const std::string attention =
       c.train.device == "cuda" ? fmt::format(", attention {}", resolve_cuda_attention(c.train.attention)) : "";
-  fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}{}, {:.2f}M params | data: {} train tokens, "
+  fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}{}, {:.2f}M params | data: {}, "
              "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s))\n",
              c.model.n_layer, c.model.d_model, c.model.n_head, kind_name(c.model.block), c.model.window, attention,
              r.params / 1e6,
-             r.train_tokens, r.dp, c.data.batch_size, c.data.seq_len, c.train.grad_accum,
+             c.data.blend.empty()
+                 ? fmt::format("{} train tokens", r.train_tokens)
+                 : fmt::format("{} train tokens ({})", r.train_tokens, blend_description(c.data)),
+             r.dp, c.data.batch_size, c.data.seq_len, c.train.grad_accum,
              r.pp > 1 ? fmt::format(" | pipeline pp={} v={} microbatches={}{}", r.pp, c.parallel.virtual_stages,
                                     c.pipeline_microbatches(),
                                     c.parallel.stage_layers.empty()

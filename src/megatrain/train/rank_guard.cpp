@@ -62,6 +62,12 @@ bool RankGuard::begin_step(int step, DataLoader& loader, GPT& model) {
   std::string where;
   for (int i = 0; i < cfg_.train.grad_accum; ++i) {
     const Batch b = with_kind(ErrorKind::Data, [&] { return loader.next(); });
+    if (!b.taken.empty()) {  // a blend: the rows each source had given before the batch, and after it
+      batches.push_back({{"blend_rows_before", b.taken}, {"blend_rows_after", b.next.taken}});
+      where += fmt::format("{}blend rows per source [{}] to [{}]", where.empty() ? "" : "; ", fmt::join(b.taken, ", "),
+                           fmt::join(b.next.taken, ", "));
+      continue;
+    }
     batches.push_back({{"epoch", b.epoch}, {"first", b.cursor}, {"last", b.cursor + rows - 1}});
     where += fmt::format("{}epoch {}, positions {}-{}", where.empty() ? "" : "; ", b.epoch, b.cursor,
                          b.cursor + rows - 1);

@@ -99,6 +99,48 @@ class Section {
       out = *v;
     }
   }
+  // data.blend: a list of {dir = "...", weight = w} tables (inline, or [[data.blend]] entries).
+  void get_blend(const char* key, std::vector<DataSource>& out) {
+    known_.insert(key);
+    if (t_) {
+      if (const toml::node* n = t_->get(key)) {
+        const std::string full = name_ + "." + key;
+        const char* form = "a list of {dir = \"...\", weight = w} tables, e.g. [{dir = \"data/web\", weight = 0.7}, "
+                           "{dir = \"data/code\", weight = 0.3}]";
+        const toml::array* arr = n->as_array();
+        MT_CHECK(arr, "{}: {} must be {}", src_, full, form);
+        out.clear();
+        for (auto& e : *arr) {
+          const toml::table* t = e.as_table();
+          MT_CHECK(t, "{}: {} must be {}", src_, full, form);
+          DataSource ds;
+          for (auto& [k, v] : *t) {
+            const std::string kk(k.str());
+            if (kk == "dir") {
+              auto d = v.value<std::string>();
+              MT_CHECK(d && !d->empty(), "{}: {}: dir must be a non-empty string", src_, full);
+              ds.dir = *d;
+            } else if (kk == "weight") {
+              auto w = v.value<double>();
+              MT_CHECK(w && (v.is_floating_point() || v.is_integer()), "{}: {}: weight must be a number", src_, full);
+              ds.weight = *w;
+            } else {
+              fail("{}: {}: unknown key '{}' in an entry (an entry has dir and weight)", src_, full, kk);
+            }
+          }
+          MT_CHECK(!ds.dir.empty(), "{}: {}: an entry has no dir", src_, full);
+          MT_CHECK(std::isfinite(ds.weight) && ds.weight > 0, "{}: {}: the weight of {} is {}: weights must be finite "
+                   "and > 0", src_, full, ds.dir, ds.weight);
+          for (const DataSource& o : out)
+            MT_CHECK(o.dir != ds.dir, "{}: {} lists {} twice", src_, full, ds.dir);
+          out.push_back(ds);
+        }
+      }
+    }
+    std::vector<std::string> shown;
+    for (const DataSource& d : out) shown.push_back(fmt::format("{}:{}", d.dir, d.weight));
+    effective_.emplace_back(name_ + "." + key, fmt::format("[{}]", fmt::join(shown, ",")));
+  }
   // A list of integers, each in [lo, INT_MAX] (train.skip_steps).
   void get_int_list(const char* key, std::vector<int>& out, int lo) {
     known_.insert(key);
@@ -242,6 +284,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
 
   Section d = sec("data");
   d.get("dir", c.data.dir);
+  d.get_blend("blend", c.data.blend);  // when set, it is what the loaders read (data.dir is not: the start line says so)
   d.get("batch_size", c.data.batch_size);
   d.get("seq_len", c.data.seq_len);
   d.get("shuffle", c.data.shuffle);
@@ -318,6 +361,21 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   if (c.ckpt.dir.empty()) c.ckpt.dir = c.train.out_dir + "/ckpt";
   c.validate();
   return c;
+}
+
+std::string blend_description(const DataConfig& d) {
+  double sum = 0;
+  for (const DataSource& s : d.blend) sum += s.weight;
+  std::vector<std::string> parts;
+  for (const DataSource& s : d.blend) parts.push_back(fmt::format("{} {:.3g}%", s.dir, 100 * s.weight / sum));
+  return fmt::format("a blend of {}; data.dir is not read", fmt::join(parts, ", "));
+}
+
+std::string data_dirs(const DataConfig& d) {
+  if (d.blend.empty()) return d.dir;
+  std::vector<std::string> dirs;
+  for (const DataSource& s : d.blend) dirs.push_back(s.dir);
+  return fmt::format("the blend of {}", fmt::join(dirs, ", "));
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "megatrain/data/loader.h"
 #include "megatrain/model/config.h"
 #include "megatrain/optim/optimizer.h"
 
@@ -13,12 +14,22 @@ namespace mt {
 
 struct DataConfig {
   std::string dir = "data/brown";  // directory of train_*.bin / val_*.bin shards (prepare-data output)
+  // Several such directories, each with a weight (DataLoader's blend: rows by the largest-deficit rule). Empty: dir
+  // alone. Set, it replaces dir (which a config file may still carry: the start line names what is read).
+  std::vector<DataSource> blend;
   int batch_size = 8;              // micro-batch B per data-parallel rank
   int seq_len = 128;               // T
   bool shuffle = true;
   uint64_t seed = 1234;
   int prefetch = 2;                // batches prefetched by a background thread; 0 = synchronous
+  // What the loaders read: the blend, or dir with weight 1.
+  std::vector<DataSource> sources() const { return blend.empty() ? std::vector<DataSource>{{dir, 1.0}} : blend; }
 };
+
+// "data/brown", or "the blend of data/web, data/code": the data a message is about.
+std::string data_dirs(const DataConfig& d);
+// "a blend of data/web 70%, data/code 30%; data.dir is not read" (the start line of a blended run).
+std::string blend_description(const DataConfig& d);
 
 struct TrainConfig {
   int steps = 200;

@@ -170,13 +170,13 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   // With pp a step's rows per dp rank are micro x data.batch_size: every pp rank reads them (the first stage uses
   // the tokens, the last the targets), in the order a single process with micro x dp times the batch reads them.
   DataLoader loader = with_kind(ErrorKind::Data, [&] {
-    return DataLoader(cfg.data.dir, "train", cfg.data.batch_size * cfg.pipeline_microbatches(), cfg.data.seq_len,
-                      cfg.data.shuffle, cfg.data.seed, topo.coord.dp, topo.shape.dp, cfg.data.prefetch,
-                      cfg.model.vocab_size);
+    return DataLoader(cfg.data.sources(), "train", cfg.data.batch_size * cfg.pipeline_microbatches(),
+                      cfg.data.seq_len, cfg.data.shuffle, cfg.data.seed, topo.coord.dp, topo.shape.dp,
+                      cfg.data.prefetch, cfg.model.vocab_size);
   });
   if (loader.vocab_size() > cfg.model.vocab_size)
-    fail_as(ErrorKind::Data, "the shards in {} use a vocabulary of {} tokens but model.vocab_size is {}", cfg.data.dir,
-            loader.vocab_size(), cfg.model.vocab_size);
+    fail_as(ErrorKind::Data, "the shards in {} use a vocabulary of {} tokens but model.vocab_size is {}",
+            data_dirs(cfg.data), loader.vocab_size(), cfg.model.vocab_size);
   ModelStack stack = build_model_stack(cfg, topo);
   if (cfg.train.eval_every > 0 && cfg.train.eval_batches > 0) check_val_split(cfg, topo, stack.microbatches);
   std::unique_ptr<Update> update = make_update(cfg, topo, stack);
