@@ -35,8 +35,7 @@ DataLoader::DataLoader(const std::string& dir, const std::string& split, int B, 
 
 DataLoader::DataLoader(const std::vector<DataSource>& sources, const std::string& split, int B, int T, bool shuffle,
                        uint64_t seed, int rank, int world, int prefetch, int id_limit)
-    : B_(B), T_(T), rank_(rank), world_(world), prefetch_(prefetch), id_limit_(id_limit), shuffle_(shuffle),
-      seed_(seed) {
+    : B_(B), T_(T), rank_(rank), world_(world), prefetch_(prefetch), id_limit_(id_limit), shuffle_(shuffle) {
   MT_CHECK(B > 0 && T > 0, "data loader: batch size B={} and sequence length T={} must be positive", B, T);
   MT_CHECK(world > 0 && rank >= 0 && rank < world, "data loader: rank {} is not in [0, world={})", rank, world);
   MT_CHECK(prefetch >= 0, "data loader: prefetch depth must be >= 0, got {}", prefetch);

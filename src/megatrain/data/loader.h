@@ -118,7 +118,6 @@ class DataLoader {
   uint64_t quota_sum_ = 1;
   int B_, T_, rank_, world_, prefetch_, id_limit_;
   bool shuffle_;
-  uint64_t seed_;
   int vocab_size_ = 0, eot_ = -1;
   std::string first_vocab_shard_;  // the shard that set vocab_size_ (named when another disagrees)
 

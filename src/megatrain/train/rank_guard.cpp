@@ -73,8 +73,8 @@ bool RankGuard::begin_step(int step, DataLoader& loader, GPT& model) {
                          b.cursor + rows - 1);
   }
   if (main_rank_) {
-    fmt::print("skipping the batch of step {} (data rows: {} of the epoch's window order; train.skip_steps)\n", step,
-               where);
+    fmt::print("skipping the batch of step {} (data rows: {}{}; train.skip_steps)\n", step, where,
+               loader.blended() ? "" : " of the epoch's window order");
     std::fflush(stdout);
   }
   heartbeat_event("batch_skipped", {{"step", step}, {"batches", batches}});
