@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -134,7 +135,14 @@ TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
   const std::string web = copy_of_brown(base, {}), code = base + "/code";
   fs::create_directories(code);
   fs::copy(kData + "/val_000000.bin", code + "/train_000000.bin");
-  fs::copy(kData + "/val_000000.bin", code + "/val_000000.bin");
+  {  // a val split of its own, unlike Brown's: a repeating run of ids
+    const ShardHeader h = ShardReader(kData + "/val_000000.bin").header();
+    ShardWriter w(code, "val", h.vocab_size, h.eot, 1 << 20);
+    std::vector<int32_t> doc(2000);
+    for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<int32_t>(100 + i % 50);
+    w.add_document(doc);
+    w.finish();
+  }
   const std::string blend = "--data.blend=[{dir=\"" + web + "\",weight=3},{dir=\"" + code + "\",weight=1}]";
   auto run = [&](const std::string& out, std::vector<std::string> extra) {  // small()'s data.dir: replaced
     extra.insert(extra.begin(), blend);
@@ -165,6 +173,24 @@ TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
       nlohmann::json::parse(std::ifstream(base + "/c/ckpt/step_00000006/manifest.json"))["extra"]["data"];
   EXPECT_EQ(after["taken"], (nlohmann::json{16, 8}));
   EXPECT_EQ(after["since"], (nlohmann::json{12, 4}));
+
+  // Evaluation: each source's val split on its own ("val_source" lines), and the "val" line their mean by share.
+  run("d", {"--train.steps=4", "--train.eval_every=4", "--train.eval_batches=2", "--ckpt.save_final=false"});
+  std::vector<nlohmann::json> by_source;
+  double val = NAN;
+  std::ifstream in(base + "/d/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["kind"] == "val_source") by_source.push_back(j);
+    if (j["kind"] == "val") val = j["val_loss"].get<double>();
+  }
+  ASSERT_EQ(by_source.size(), 2u);
+  EXPECT_EQ(by_source[0]["dir"], web);
+  EXPECT_EQ(by_source[1]["dir"], code);
+  EXPECT_EQ(by_source[0]["share"].get<double>(), 0.75);
+  const double a_loss = by_source[0]["val_loss"].get<double>(), b_loss = by_source[1]["val_loss"].get<double>();
+  EXPECT_TRUE(std::isfinite(a_loss) && std::isfinite(b_loss) && a_loss != b_loss);
+  EXPECT_EQ(val, 0.75 * a_loss + 0.25 * b_loss);
   fs::remove_all(base);
 }
 

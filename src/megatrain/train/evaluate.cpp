@@ -10,17 +10,19 @@ namespace mt {
 
 namespace {
 
-// The val split as evaluate() reads it: the step's global batch, unshuffled, dp rank's rows, no prefetch.
-DataLoader open_val(const RunConfig& cfg, const Topology& topo, int micro) {
-  return DataLoader(cfg.data.sources(), "val", cfg.data.batch_size * micro, cfg.data.seq_len, false, 0, topo.coord.dp,
-                    topo.shape.dp, 0, cfg.model.vocab_size);
+// One source's val split as evaluate() reads it: the step's global batch, unshuffled, dp rank's rows, no prefetch.
+DataLoader open_val(const RunConfig& cfg, const std::string& dir, const Topology& topo, int micro) {
+  return DataLoader(dir, "val", cfg.data.batch_size * micro, cfg.data.seq_len, false, 0, topo.coord.dp, topo.shape.dp,
+                    0, cfg.model.vocab_size);
 }
+
+double evaluate_source(GPT& model, const RunConfig& cfg, const std::string& dir, Topology& topo, int micro, int step);
 
 }  // namespace
 
 void check_val_split(const RunConfig& cfg, const Topology& topo, int micro) {
   try {
-    open_val(cfg, topo, micro);
+    for (const DataSource& src : cfg.data.sources()) open_val(cfg, src.dir, topo, micro);
   } catch (const Error& e) {
     fail_as(ErrorKind::Data, "train.eval_every = {} evaluates on the val split, but it cannot be read: {}. Prepare the "
             "data with a val split (`megatrain prepare-data --val-fraction`), or set --train.eval_every=0",
@@ -34,12 +36,28 @@ void check_val_split(const RunConfig& cfg, const Topology& topo, int micro) {
 // dp rank takes its rows (through the pipeline stages with pp; with tp the model's vocab-parallel loss is the same
 // on every tp rank), and the per-position loss sums and target counts are summed over pp (only the last stage has
 // them) and dp. The activations move over the device mesh, the sums over the host mesh.
-double evaluate(GPT& model, const RunConfig& cfg, Topology& topo, int micro, int step) {
+double evaluate(GPT& model, const RunConfig& cfg, Topology& topo, int micro, int step,
+                std::vector<SourceLoss>* by_source) {
+  const std::vector<DataSource> sources = cfg.data.sources();
+  if (sources.size() == 1) return evaluate_source(model, cfg, sources[0].dir, topo, micro, step);
+  double weights = 0, mean = 0;
+  for (const DataSource& src : sources) weights += src.weight;
+  for (const DataSource& src : sources) {
+    const double loss = evaluate_source(model, cfg, src.dir, topo, micro, step);
+    mean += src.weight / weights * loss;
+    if (by_source) by_source->push_back({src.dir, src.weight / weights, loss});
+  }
+  return mean;
+}
+
+namespace {
+
+double evaluate_source(GPT& model, const RunConfig& cfg, const std::string& dir, Topology& topo, int micro, int step) {
   DeviceMesh* host = topo.host_mesh.get();
   const int dp = topo.shape.dp;
   const bool pipelined = topo.shape.pp > 1;
   const int B = cfg.data.batch_size, T = cfg.data.seq_len;
-  DataLoader val = with_kind(ErrorKind::Data, [&] { return open_val(cfg, topo, micro); });
+  DataLoader val = with_kind(ErrorKind::Data, [&] { return open_val(cfg, dir, topo, micro); });
   const int n = static_cast<int>(std::min<uint64_t>(cfg.train.eval_batches, val.batches_per_epoch()));
   if (n == 0) return NAN;
   std::vector<float> sums(2 * static_cast<size_t>(n), 0.0f);  // per batch: loss sum, valid targets
@@ -68,8 +86,11 @@ double evaluate(GPT& model, const RunConfig& cfg, Topology& topo, int micro, int
   // Every rank holds the same mean (the sums were reduced), so every rank throws together: no rank is left
   // waiting in a collective.
   if (!std::isfinite(mean))
-    fail_as(ErrorKind::NonFinite, "step {}: the validation loss is not finite ({}): the model has diverged", step, mean);
+    fail_as(ErrorKind::NonFinite, "step {}: the validation loss is not finite ({}, on the val split of {}): the model "
+            "has diverged", step, mean, dir);
   return mean;
 }
+
+}  // namespace
 
 }  // namespace mt

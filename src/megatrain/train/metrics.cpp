@@ -78,6 +78,12 @@ void MetricsLog::on_run_start(const RunStart& r) {
 
 void MetricsLog::on_eval(int step, double val_loss) { write({{"kind", "val"}, {"step", step}, {"val_loss", val_loss}}); }
 
+// A blend: one line per source before the "val" line ({"kind": "val_source", "dir", "share", "val_loss"}).
+void MetricsLog::on_eval_sources(int step, const std::vector<SourceLoss>& losses) {
+  for (const SourceLoss& l : losses)
+    write({{"kind", "val_source"}, {"step", step}, {"dir", l.dir}, {"share", l.share}, {"val_loss", l.loss}});
+}
+
 void MetricsLog::on_checkpoint(int step, const std::string& dir, const std::string& why) {
   write({{"kind", "checkpoint"}, {"step", step}, {"dir", dir}, {"why", why}});
 }
@@ -150,5 +156,11 @@ void ProgressPrinter::on_step(const StepReport& r) {
 }
 
 void ProgressPrinter::on_eval(int step, double val_loss) { fmt::print("step {:>6} | val loss {:.4f}\n", step, val_loss); }
+
+void ProgressPrinter::on_eval_sources(int step, const std::vector<SourceLoss>& losses) {
+  std::vector<std::string> parts;
+  for (const SourceLoss& l : losses) parts.push_back(fmt::format("{} {:.4f} ({:.3g}%)", l.dir, l.loss, 100 * l.share));
+  fmt::print("step {:>6} | val loss by source: {}\n", step, fmt::join(parts, ", "));
+}
 
 }  // namespace mt

@@ -25,6 +25,7 @@ class MetricsLog final : public TrainObserver {
   void on_run_start(const RunStart& r) override;
   void on_step(const StepReport& r) override { write(to_json(r)); }
   void on_eval(int step, double val_loss) override;
+  void on_eval_sources(int step, const std::vector<SourceLoss>& losses) override;
   void on_checkpoint(int step, const std::string& dir, const std::string& why) override;
   void on_checkpoint_event(const CheckpointEvent& e) override;
   void on_sample(int step, const std::string& text, const std::vector<int32_t>& tokens) override;
@@ -42,6 +43,7 @@ class ProgressPrinter final : public TrainObserver {
   void on_run_start(const RunStart& r) override;
   void on_step(const StepReport& r) override;
   void on_eval(int step, double val_loss) override;
+  void on_eval_sources(int step, const std::vector<SourceLoss>& losses) override;
   void on_sample(int step, const std::string& text, const std::vector<int32_t>& tokens) override;
 
  private:

@@ -57,12 +57,21 @@ struct CheckpointEvent {
   double seconds = 0;   // snapshot: the training thread's stall; persisted/committed: since the snapshot
 };
 
+// A blend's validation loss on one source's val split (TrainObserver::on_eval_sources).
+struct SourceLoss {
+  std::string dir;
+  double share = 0;  // its weight over the weights' sum
+  double loss = 0;
+};
+
 class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
   virtual void on_run_start(const RunStart&) {}
   virtual void on_step(const StepReport&) {}
   virtual void on_eval(int /*step*/, double /*val_loss*/) {}
+  // A blend: each source's validation loss, just before on_eval (whose loss is their mean weighted by share).
+  virtual void on_eval_sources(int /*step*/, const std::vector<SourceLoss>& /*losses*/) {}
   // A checkpoint of `step` was committed to `dir` (why: "periodic", "final", "stop").
   virtual void on_checkpoint(int /*step*/, const std::string& /*dir*/, const std::string& /*why*/) {}
   virtual void on_checkpoint_event(const CheckpointEvent&) {}

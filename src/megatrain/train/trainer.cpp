@@ -128,7 +128,9 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
       (step % cfg.train.eval_every == 0 || step == cfg.train.steps)) {
     obs::ScopedSpan phase("phase", "eval");
     heartbeat_phase(Phase::Eval);
-    j.res.last_val_loss = evaluate(*j.stack.model, cfg, j.topo, j.stack.microbatches, step);
+    std::vector<SourceLoss> by_source;
+    j.res.last_val_loss = evaluate(*j.stack.model, cfg, j.topo, j.stack.microbatches, step, &by_source);
+    if (!by_source.empty()) j.obs.each([&](TrainObserver& o) { o.on_eval_sources(step, by_source); });
     j.obs.each([&](TrainObserver& o) { o.on_eval(step, j.res.last_val_loss); });
   }
   if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps) checkpoint(j, step, "periodic");
