@@ -727,41 +727,50 @@ TEST(HfTokenizer, Gpt2AsTokenizerJsonEqualsItsFiles) {
   EXPECT_EQ(hf.encode("a<|endoftext|>b", true), gpt2().encode("a<|endoftext|>b", true));
 }
 
-// `megatrain prepare-data --vocab tokenizer.json` with Llama 3's: uint32 shards (its ids pass 65,535) that record
-// its vocabulary and <|end_of_text|>, and every document's ids, after that token, the reference's.
-TEST(HfTokenizer, PrepareDataWritesShardsInLlama3Ids) {
-  llama3();
-  ASSERT_FALSE(HasFatalFailure());
-  const std::string corpus = tmp_dir() + "/l3-corpus", out = tmp_dir() + "/l3-shards";
+// `megatrain prepare-data --vocab <tokenizer.json>` over `docs`, one file each: the documents its shards hold (split
+// at the end-of-text token, in no particular order), after checking every shard records the vocabulary, the
+// end-of-text token and the token width (2 or 4 bytes) given.
+std::vector<Ids> prepared_documents(const std::string& tokenizer_json, const std::vector<std::string>& docs,
+                                    const std::string& name, int vocab, int eot, int token_bytes) {
+  const std::string corpus = tmp_dir() + "/" + name + "-corpus", out = tmp_dir() + "/" + name + "-shards",
+                    log = tmp_dir() + "/" + name + ".log";
   fs::create_directories(corpus);
-  std::vector<std::string> docs = {"The jury said it did find that many of Georgia's registration laws are outmoded.",
-                                   "Ünïcödé wörds, ЖЖЖ and 日本語: 12345 — «quoted»!\n\n  indented",
-                                   "I'M SHOUTING DON'T 'LL 'VE\r\n\ttabs"};
   for (size_t i = 0; i < docs.size(); ++i) mt::write_file_atomic(fmt::format("{}/doc_{}.txt", corpus, i), docs[i]);
-  const std::string cmd = fmt::format("{}/megatrain prepare-data --format text --input {} --vocab {} --out {} > {}/l3.log 2>&1",
-                                      MT_BINARY_DIR, corpus, llama3_tokenizer_json(), out, tmp_dir());
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(tmp_dir() + "/l3.log");
-  std::vector<Ids> stored;  // the documents of every shard, split at <|end_of_text|>
+  const std::string cmd = fmt::format("{}/megatrain prepare-data --format text --input {} --vocab {} --out {} > {} 2>&1",
+                                      MT_BINARY_DIR, corpus, tokenizer_json, out, log);
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(log);
+  std::vector<Ids> stored;
   for (const auto& e : fs::directory_iterator(out)) {
     if (e.path().extension() != ".bin") continue;
     const std::string bytes = mt::read_text_file(e.path().string());
-    ASSERT_GE(bytes.size(), 1024u);
+    EXPECT_GE(bytes.size(), 1024u);
     int32_t h[8];
     std::memcpy(h, bytes.data(), sizeof h);
-    EXPECT_EQ(h[1], 2) << "uint32 tokens";
-    EXPECT_EQ(h[3], 128256);
-    EXPECT_EQ(h[4], 128001);
-    ASSERT_EQ(bytes.size(), 1024u + 4u * static_cast<size_t>(h[2]));
-    for (int32_t k = 0; k < h[2]; ++k) {
-      uint32_t id;
-      std::memcpy(&id, bytes.data() + 1024 + 4 * k, 4);
-      if (id == 128001) stored.emplace_back();
-      else stored.back().push_back(static_cast<int32_t>(id));
+    EXPECT_EQ(h[1], token_bytes / 2) << "version 1: uint16 tokens, 2: uint32";
+    EXPECT_EQ(h[3], vocab);
+    EXPECT_EQ(h[4], eot);
+    EXPECT_EQ(bytes.size(), 1024u + static_cast<size_t>(token_bytes) * static_cast<size_t>(h[2]));
+    for (int32_t k = 0; k < h[2] && bytes.size() >= 1024u + static_cast<size_t>(token_bytes) * (k + 1); ++k) {
+      uint32_t id = 0;
+      std::memcpy(&id, bytes.data() + 1024 + static_cast<size_t>(token_bytes) * k, static_cast<size_t>(token_bytes));
+      if (id == static_cast<uint32_t>(eot)) stored.emplace_back();
+      else if (!stored.empty()) stored.back().push_back(static_cast<int32_t>(id));
     }
   }
+  std::sort(stored.begin(), stored.end());
+  return stored;
+}
+
+// Llama 3's: uint32 shards (its ids pass 65,535), every document's ids the reference's.
+TEST(HfTokenizer, PrepareDataWritesShardsInLlama3Ids) {
+  llama3();
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<std::string> docs = {
+      "The jury said it did find that many of Georgia's registration laws are outmoded.",
+      "Ünïcödé wörds, ЖЖЖ and 日本語: 12345 — «quoted»!\n\n  indented", "I'M SHOUTING DON'T 'LL 'VE\r\n\ttabs"};
+  const std::vector<Ids> stored = prepared_documents(llama3_tokenizer_json(), docs, "l3", 128256, 128001, 4);
   std::vector<Ids> want = llama3_reference(docs);
   ASSERT_FALSE(HasFatalFailure());
-  std::sort(stored.begin(), stored.end());
   std::sort(want.begin(), want.end());
   EXPECT_EQ(stored, want);
 }
@@ -910,40 +919,15 @@ TEST(SentencePieceTokenizer, ALongDocumentCostsLinearWork) {
   EXPECT_EQ(t.decode_text(ids), text);
 }
 
-// `megatrain prepare-data --vocab tokenizer.json` with Llama 2's: uint16 shards recording its vocabulary and </s>,
-// every document's ids the reference's.
+// Llama 2's: uint16 shards recording its vocabulary and </s>, every document's ids the reference's.
 TEST(SentencePieceTokenizer, PrepareDataWritesShardsInLlama2Ids) {
   const std::string json = sp_tokenizer_json(kLlama2);
   ASSERT_FALSE(HasFatalFailure());
-  const std::string corpus = tmp_dir() + "/sp-corpus", out = tmp_dir() + "/sp-shards";
-  fs::create_directories(corpus);
   const std::vector<std::string> docs = {"The jury said it did find that many of Georgia's laws are outmoded.",
                                          " Ünïcödé wörds, ЖЖЖ and 日本語: 12345\n\n  indented", "</s> is text here"};
-  for (size_t i = 0; i < docs.size(); ++i) mt::write_file_atomic(fmt::format("{}/doc_{}.txt", corpus, i), docs[i]);
-  const std::string cmd = fmt::format("{}/megatrain prepare-data --format text --input {} --vocab {} --out {} > {}/sp.log 2>&1",
-                                      MT_BINARY_DIR, corpus, json, out, tmp_dir());
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(tmp_dir() + "/sp.log");
-  std::vector<Ids> stored;  // the documents of every shard, split at </s>
-  for (const auto& e : fs::directory_iterator(out)) {
-    if (e.path().extension() != ".bin") continue;
-    const std::string bytes = mt::read_text_file(e.path().string());
-    ASSERT_GE(bytes.size(), 1024u);
-    int32_t h[8];
-    std::memcpy(h, bytes.data(), sizeof h);
-    EXPECT_EQ(h[1], 1) << "uint16 tokens";
-    EXPECT_EQ(h[3], 32000);
-    EXPECT_EQ(h[4], 2);
-    ASSERT_EQ(bytes.size(), 1024u + 2u * static_cast<size_t>(h[2]));
-    for (int32_t k = 0; k < h[2]; ++k) {
-      uint16_t id;
-      std::memcpy(&id, bytes.data() + 1024 + 2 * k, 2);
-      if (id == 2) stored.emplace_back();
-      else stored.back().push_back(static_cast<int32_t>(id));
-    }
-  }
+  const std::vector<Ids> stored = prepared_documents(json, docs, "sp", 32000, 2, 2);
   std::vector<Ids> want = sp_reference(kLlama2, docs);
   ASSERT_FALSE(HasFatalFailure());
-  std::sort(stored.begin(), stored.end());
   std::sort(want.begin(), want.end());
   EXPECT_EQ(stored, want);
 }
