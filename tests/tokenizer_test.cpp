@@ -932,16 +932,19 @@ TEST(SentencePieceTokenizer, PrepareDataWritesShardsInLlama2Ids) {
   EXPECT_EQ(stored, want);
 }
 
+// Tokenizer::load_hf(path) must fail with a message holding `part`.
+void expect_refused(const std::string& path, const std::string& part) {
+  std::string e;
+  try {
+    Tokenizer::load_hf(path);
+  } catch (const mt::Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find(part), std::string::npos) << e;
+}
+
 TEST(SentencePieceTokenizer, WhatItCannotComputeIsRefusedByName) {
-  auto refused = [](const std::string& path, const std::string& part) {
-    std::string e;
-    try {
-      Tokenizer::load_hf(path);
-    } catch (const mt::Error& err) {
-      e = err.what();
-    }
-    EXPECT_NE(e.find(part), std::string::npos) << e;
-  };
+  auto refused = expect_refused;
   const std::vector<std::string> pieces = {"\u2581", "a"};
   refused(tiny_sp_tokenizer(pieces, {}, nullptr, metaspace("always", /*split=*/true)), "split = false");
   refused(tiny_sp_tokenizer(pieces, {}, nullptr, metaspace("sometimes")), "prepend_scheme");
@@ -961,13 +964,7 @@ TEST(HfTokenizer, WhatItCannotComputeIsRefusedByName) {
   auto refused = [](const nlohmann::json& tj, const std::string& part) {
     const std::string path = tmp_dir() + "/bad-tokenizer.json";
     mt::write_file_atomic(path, tj.dump());
-    std::string e;
-    try {
-      Tokenizer::load_hf(path);
-    } catch (const mt::Error& err) {
-      e = err.what();
-    }
-    EXPECT_NE(e.find(part), std::string::npos) << e;
+    expect_refused(path, part);
   };
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[mt::bytes_to_gpt2_text(std::string(1, static_cast<char>(b)))] = b;
