@@ -613,7 +613,9 @@ std::string llama3_package() { return mt::resource_path(".deps/npm/node_modules/
 // written once per build tree (ctest runs each case as a process: the first takes the lock and writes it, the
 // others wait and read it) and loaded once per process.
 std::string dumped_tokenizer_json(const std::string& tool, const std::string& package, const std::string& name) {
-  const std::string path = std::string(MT_BINARY_DIR) + "/test-data/" + name;
+  // The version in the name: a build tree keeps its dumps, so a tool that writes more (v2: the post-processor) must
+  // not find an older dump under the same name.
+  const std::string path = std::string(MT_BINARY_DIR) + "/test-data/v2-" + name;
   fs::create_directories(fs::path(path).parent_path());
   const int fd = ::open((path + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
   EXPECT_GE(fd, 0);
@@ -636,10 +638,12 @@ const Tokenizer& llama3() {
   return t;
 }
 
-std::vector<Ids> llama3_reference(const std::vector<std::string>& texts) {
+// bos: with the package's <|begin_of_text|> first (as HF's tokenizer(text) gives the ids).
+std::vector<Ids> llama3_reference(const std::vector<std::string>& texts, bool bos = false) {
   std::string in = tmp_dir() + "/l3_in.json", out = tmp_dir() + "/l3_out.json";
   mt::write_file_atomic(in, nlohmann::json(texts).dump());
-  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/llama3_tokenizer.js", llama3_package(), "encode", in, out});
+  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/llama3_tokenizer.js", llama3_package(),
+            bos ? "encode-bos" : "encode", in, out});
   if (::testing::Test::HasFatalFailure()) return {};
   return nlohmann::json::parse(mt::read_text_file(out)).get<std::vector<Ids>>();
 }
@@ -650,6 +654,11 @@ TEST(HfTokenizer, Llama3MatchesItsReferenceOnAQuarterMegabyte) {
   EXPECT_EQ(t.vocab_size(), 128256);
   EXPECT_EQ(t.eot(), 128001);  // <|end_of_text|>
   EXPECT_EQ(t.pre_tokenizer(), mt::PreTokenizer::Llama3);
+  // The post-processor's template: the package's own begin-of-text (its encode with bos) before a text, none after.
+  const Ids with_bos = llama3_reference({"Hi"}, /*bos=*/true).at(0);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(t.template_prefix(), Ids{with_bos.at(0)});
+  EXPECT_EQ(t.template_suffix(), Ids{});
   // Brown's prose, and generated text with every case the pre-tokenizer distinguishes (contractions in both cases,
   // digit runs, symbols before line breaks, whitespace runs with and without line breaks, many scripts).
   const std::string text = brown_text(120'000, 100) + generated_text(130'000, 23);
@@ -761,7 +770,7 @@ std::vector<Ids> prepared_documents(const std::string& tokenizer_json, const std
   return stored;
 }
 
-// Llama 3's: uint32 shards (its ids pass 65,535), every document's ids the reference's.
+// Llama 3's: uint32 shards (its ids pass 65,535), every document's ids the reference's, <|begin_of_text|> first.
 TEST(HfTokenizer, PrepareDataWritesShardsInLlama3Ids) {
   llama3();
   ASSERT_FALSE(HasFatalFailure());
@@ -769,7 +778,7 @@ TEST(HfTokenizer, PrepareDataWritesShardsInLlama3Ids) {
       "The jury said it did find that many of Georgia's registration laws are outmoded.",
       "Ünïcödé wörds, ЖЖЖ and 日本語: 12345 — «quoted»!\n\n  indented", "I'M SHOUTING DON'T 'LL 'VE\r\n\ttabs"};
   const std::vector<Ids> stored = prepared_documents(llama3_tokenizer_json(), docs, "l3", 128256, 128001, 4);
-  std::vector<Ids> want = llama3_reference(docs);
+  std::vector<Ids> want = llama3_reference(docs, /*bos=*/true);  // each document begins as HF's tokenizer begins it
   ASSERT_FALSE(HasFatalFailure());
   std::sort(want.begin(), want.end());
   EXPECT_EQ(stored, want);
@@ -792,10 +801,11 @@ std::string sp_tokenizer_json(const SpModel& m) {
   return dumped_tokenizer_json("sentencepiece_tokenizer.js", sp_package(m), std::string(m.package) + ".json");
 }
 
-std::vector<Ids> sp_reference(const SpModel& m, const std::vector<std::string>& texts) {
+std::vector<Ids> sp_reference(const SpModel& m, const std::vector<std::string>& texts, bool bos = false) {
   std::string in = tmp_dir() + "/sp_in.json", out = tmp_dir() + "/sp_out.json";
   mt::write_file_atomic(in, nlohmann::json(texts).dump());
-  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/sentencepiece_tokenizer.js", sp_package(m), "encode", in, out});
+  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/sentencepiece_tokenizer.js", sp_package(m),
+            bos ? "encode-bos" : "encode", in, out});
   if (::testing::Test::HasFatalFailure()) return {};
   return nlohmann::json::parse(mt::read_text_file(out)).get<std::vector<Ids>>();
 }
@@ -808,6 +818,10 @@ void expect_sp_matches_reference(const SpModel& m, const std::string& text) {
   EXPECT_EQ(t.vocab_size(), 32000);
   EXPECT_EQ(t.eot(), 2);  // </s>
   EXPECT_EQ(t.encode("Hello world"), (Ids{m.hello, m.world}));
+  const Ids with_bos = sp_reference(m, {"Hello world"}, /*bos=*/true).at(0);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_EQ(with_bos, (Ids{1, m.hello, m.world}));  // the package's <s>, as HF's tokenizer(text) gives it
+  EXPECT_EQ(t.template_prefix(), Ids{1});
   const std::vector<std::string> chunks = line_chunks(text, 4096);
   const std::vector<Ids> ref = sp_reference(m, chunks);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
@@ -906,6 +920,52 @@ TEST(SentencePieceTokenizer, WhereTheSpaceGoesBeforeText) {
   EXPECT_EQ(never.decode_text(never.encode(" a")), " a");
 }
 
+// Tokenizer::load_hf(path) must fail with a message holding `part`.
+void expect_refused(const std::string& path, const std::string& part) {
+  std::string e;
+  try {
+    Tokenizer::load_hf(path);
+  } catch (const mt::Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find(part), std::string::npos) << e;
+}
+
+// The post-processor's template, worked by hand: which tokens go before and after a text, and what is refused.
+TEST(SentencePieceTokenizer, TheTemplateAroundAText) {
+  const std::vector<std::string> pieces = {"\u2581", "a"};
+  auto with_post = [&](const nlohmann::json& post) {
+    nlohmann::json j = nlohmann::json::parse(mt::read_text_file(tiny_sp_tokenizer(pieces, {}, kLlama2Normalizer, nullptr)));
+    j["post_processor"] = post;
+    static int n = 0;
+    const std::string path = fmt::format("{}/post-{}.json", tmp_dir(), n++);
+    mt::write_file_atomic(path, j.dump());
+    return path;
+  };
+  auto special = [](const std::string& name) { return nlohmann::json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}}; };
+  const nlohmann::json text = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  const nlohmann::json ids = {{"<s>", {{"id", "<s>"}, {"ids", {1}}}}, {"</s>", {{"id", "</s>"}, {"ids", {2}}}}};
+  const nlohmann::json both = {{"type", "TemplateProcessing"}, {"single", {special("<s>"), text, special("</s>")}},
+                               {"special_tokens", ids}};
+  const Tokenizer t = Tokenizer::load_hf(with_post(both));
+  EXPECT_EQ(t.template_prefix(), Ids{1});
+  EXPECT_EQ(t.template_suffix(), Ids{2});
+  EXPECT_EQ(t.encode("a"), (Ids{259, 260}));  // encode() itself adds neither
+  const Tokenizer none = Tokenizer::load_hf(with_post({{"type", "ByteLevel"}, {"trim_offsets", true}}));
+  EXPECT_TRUE(none.template_prefix().empty() && none.template_suffix().empty());
+  const Tokenizer seq = Tokenizer::load_hf(with_post({{"type", "Sequence"}, {"processors", {{{"type", "ByteLevel"}}, both}}}));
+  EXPECT_EQ(seq.template_prefix(), Ids{1});
+  expect_refused(with_post({{"type", "BertProcessing"}}), "post_processor {\"type\":\"BertProcessing\"} is not one");
+  expect_refused(with_post({{"type", "TemplateProcessing"}, {"single", {special("<s>")}}, {"special_tokens", ids}}),
+                 "has no place for the text");
+  expect_refused(with_post({{"type", "TemplateProcessing"}, {"single", {special("<cls>"), text}}, {"special_tokens", ids}}),
+                 "neither the text nor a special token with ids");
+  nlohmann::json far = ids;
+  far["<s>"]["ids"] = {70000};
+  expect_refused(with_post({{"type", "TemplateProcessing"}, {"single", {special("<s>"), text}}, {"special_tokens", far}}),
+                 "id 70000 is outside the vocabulary");
+}
+
 // A whole document is one word: the merges' work must grow with its length, not its square. The bound follows from
 // the algorithm: n - 1 pairs pushed at the start, at most two more per merge (at most n - 1 merges), one pop each.
 TEST(SentencePieceTokenizer, ALongDocumentCostsLinearWork) {
@@ -919,28 +979,17 @@ TEST(SentencePieceTokenizer, ALongDocumentCostsLinearWork) {
   EXPECT_EQ(t.decode_text(ids), text);
 }
 
-// Llama 2's: uint16 shards recording its vocabulary and </s>, every document's ids the reference's.
+// Llama 2's: uint16 shards recording its vocabulary and </s>, every document's ids the reference's, <s> first.
 TEST(SentencePieceTokenizer, PrepareDataWritesShardsInLlama2Ids) {
   const std::string json = sp_tokenizer_json(kLlama2);
   ASSERT_FALSE(HasFatalFailure());
   const std::vector<std::string> docs = {"The jury said it did find that many of Georgia's laws are outmoded.",
                                          " Ünïcödé wörds, ЖЖЖ and 日本語: 12345\n\n  indented", "</s> is text here"};
   const std::vector<Ids> stored = prepared_documents(json, docs, "sp", 32000, 2, 2);
-  std::vector<Ids> want = sp_reference(kLlama2, docs);
+  std::vector<Ids> want = sp_reference(kLlama2, docs, /*bos=*/true);  // <s> first, as HF's tokenizer gives it
   ASSERT_FALSE(HasFatalFailure());
   std::sort(want.begin(), want.end());
   EXPECT_EQ(stored, want);
-}
-
-// Tokenizer::load_hf(path) must fail with a message holding `part`.
-void expect_refused(const std::string& path, const std::string& part) {
-  std::string e;
-  try {
-    Tokenizer::load_hf(path);
-  } catch (const mt::Error& err) {
-    e = err.what();
-  }
-  EXPECT_NE(e.find(part), std::string::npos) << e;
 }
 
 TEST(SentencePieceTokenizer, WhatItCannotComputeIsRefusedByName) {

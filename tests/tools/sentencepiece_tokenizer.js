@@ -6,7 +6,7 @@
 //        as an HF tokenizer.json, in the layout transformers saves for Llama 2 and Mistral (the Prepend + Replace
 //        normalizer, no pre-tokenizer, byte_fallback)
 //   node sentencepiece_tokenizer.js <package dir> encode <in.json> <out.json>   the package's ids for each string
-//        of a JSON array (no <s>; the leading space the tokenizers add, added)
+//        of a JSON array (no <s>; the leading space the tokenizers add, added); encode-bos: with <s> first
 //
 // The packages order equal merges by position with `rank + position / text.length` against merge ranks 2 apart, so
 // they are exact only while a text has fewer than 2 * text.length starting symbols (a symbol is a character, or a
@@ -18,8 +18,8 @@ const path = require('path');
 const {pathToFileURL} = require('url');
 
 const [pkg, mode, a, b] = process.argv.slice(2);
-if (!pkg || !(mode === 'dump' && a) && !(mode === 'encode' && b)) {
-  console.error('usage: node sentencepiece_tokenizer.js <package dir> dump <out.json> | encode <in.json> <out.json>');
+if (!pkg || !(mode === 'dump' && a) && !((mode === 'encode' || mode === 'encode-bos') && b)) {
+  console.error('usage: node sentencepiece_tokenizer.js <package dir> dump <out.json> | encode[-bos] <in.json> <out.json>');
   process.exit(2);
 }
 
@@ -46,7 +46,12 @@ async function load(dir) {
       normalizer: {type: 'Sequence', normalizers: [
         {type: 'Prepend', prepend: kSpace},
         {type: 'Replace', pattern: {String: ' '}, content: kSpace}]},
-      pre_tokenizer: null, post_processor: null,
+      pre_tokenizer: null,
+      post_processor: {type: 'TemplateProcessing',  // <s> before a text, as transformers saves Llama 2's
+                       single: [{SpecialToken: {id: '<s>', type_id: 0}}, {Sequence: {id: 'A', type_id: 0}}],
+                       pair: [{SpecialToken: {id: '<s>', type_id: 0}}, {Sequence: {id: 'A', type_id: 0}},
+                              {SpecialToken: {id: '<s>', type_id: 1}}, {Sequence: {id: 'B', type_id: 1}}],
+                       special_tokens: {'<s>': {id: '<s>', ids: [1], tokens: ['<s>']}}},
       decoder: {type: 'Sequence', decoders: [
         {type: 'Replace', pattern: {String: kSpace}, content: ' '}, {type: 'ByteFallback'}, {type: 'Fuse'},
         {type: 'Strip', content: ' ', start: 1, stop: 0}]},
@@ -64,7 +69,7 @@ async function load(dir) {
       if (t.length > 0 && symbols >= 2 * t.length)
         throw new Error(`a text of ${t.length} UTF-16 units starts as ${symbols} symbols: beyond what the ` +
                         `package orders exactly (fewer than twice its length)`);
-      return tok.encode(t, /*add_bos_token=*/false, /*add_preceding_space=*/true);
+      return tok.encode(t, /*add_bos_token=*/mode === 'encode-bos', /*add_preceding_space=*/true);
     });
     for (const ids of out)
       for (const id of ids)

@@ -40,7 +40,8 @@ int cmd_generate(int argc, char** argv) {
   Tokenizer tok = Tokenizer::load(vocab);
   MT_CHECK(tok.vocab_size() == cfg.vocab_size, "the tokenizer in {} has {} tokens but the model has {}", vocab,
            tok.vocab_size(), cfg.vocab_size);
-  std::vector<int32_t> ids = tok.encode(prompt);
+  std::vector<int32_t> ids = tok.template_prefix();  // a text starts as the tokenizer's models saw it (Llama: <s>)
+  tok.encode_append(prompt, ids);
   if (ids.empty()) ids.push_back(tok.eot());
   o.stop_token = tok.eot();
   std::vector<int32_t> out = sample_tokens(model, ids, o);

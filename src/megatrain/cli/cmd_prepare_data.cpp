@@ -46,8 +46,17 @@ int cmd_prepare_data(int argc, char** argv) {
   Tokenizer tok = Tokenizer::load(vocab);
   TokenEncoder enc;
   // allow_special = false: a document that happens to contain the text "<|endoftext|>" (or another special token's)
-  // must not forge a document boundary.
-  enc.encode = [&tok](std::string_view s) { return tok.encode(s, /*allow_special=*/false); };
+  // must not forge a document boundary. Each document is tokenized as HF's tokenizer(text) gives it, with its
+  // template's special tokens (Llama's begin-of-text before it), except an end-of-text after it: the shard format's
+  // end-of-text before each document already separates them.
+  std::vector<int32_t> suffix = tok.template_suffix();
+  if (suffix == std::vector<int32_t>{tok.eot()}) suffix.clear();
+  enc.encode = [&tok, suffix](std::string_view s) {
+    std::vector<int32_t> ids = tok.template_prefix();
+    tok.encode_append(s, ids, /*allow_special=*/false);
+    ids.insert(ids.end(), suffix.begin(), suffix.end());
+    return ids;
+  };
   enc.vocab_size = tok.vocab_size();
   enc.eot = tok.eot();
   enc.name = vocab;

@@ -462,6 +462,52 @@ std::string sentencepiece_piece_bytes(std::string_view text) {
   return out;
 }
 
+// The post-processor's template for a single text: the special tokens before and after it. HF writes none (null),
+// a ByteLevel one (offsets only: GPT-2's, and beside a template in Llama 3's Sequence), or a TemplateProcessing whose
+// "single" is special tokens around the sequence "A" (Llama 2: [<s>, A]; Llama 3: [<|begin_of_text|>, A]).
+void template_of(const nlohmann::json& post, const std::string& path, std::vector<int32_t>& prefix,
+                 std::vector<int32_t>& suffix) {
+  auto type = [](const nlohmann::json& o) {
+    return o.is_object() && o.contains("type") && o["type"].is_string() ? o["type"].get<std::string>() : std::string();
+  };
+  std::vector<const nlohmann::json*> parts;
+  if (type(post) == "Sequence" && post.contains("processors") && post["processors"].is_array())
+    for (const nlohmann::json& p : post["processors"]) parts.push_back(&p);
+  else if (!post.is_null())
+    parts.push_back(&post);
+  bool seen = false;
+  for (const nlohmann::json* p : parts) {
+    if (type(*p) == "ByteLevel") continue;
+    MT_CHECK(type(*p) == "TemplateProcessing", "{}: post_processor {} is not one megatrain computes (none, ByteLevel, "
+             "or a TemplateProcessing of special tokens around the text)", path, p->dump().substr(0, 200));
+    MT_CHECK(!seen, "{}: the post_processor has two TemplateProcessing steps", path);
+    seen = true;
+    const nlohmann::json& single = p->contains("single") ? (*p)["single"] : nlohmann::json();
+    const nlohmann::json& specials = p->contains("special_tokens") ? (*p)["special_tokens"] : nlohmann::json();
+    MT_CHECK(single.is_array(), "{}: post_processor TemplateProcessing has no \"single\" list", path);
+    bool text = false;
+    for (const nlohmann::json& item : single) {
+      if (item.is_object() && item.contains("Sequence")) {
+        MT_CHECK(!text, "{}: post_processor template {} holds the text twice", path, single.dump().substr(0, 200));
+        text = true;
+        continue;
+      }
+      const nlohmann::json& st = item.is_object() && item.contains("SpecialToken") ? item["SpecialToken"] : nlohmann::json();
+      const std::string name = st.is_object() && st.contains("id") && st["id"].is_string() ? st["id"].get<std::string>() : "";
+      MT_CHECK(!name.empty() && specials.is_object() && specials.contains(name) && specials[name].contains("ids") &&
+                   specials[name]["ids"].is_array(),
+               "{}: post_processor template item {} is neither the text nor a special token with ids", path,
+               item.dump().substr(0, 200));
+      for (const nlohmann::json& id : specials[name]["ids"]) {
+        MT_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (int64_t{1} << 31),
+                 "{}: post_processor special token {} has id {}", path, name, id.dump());
+        (text ? suffix : prefix).push_back(id.get<int32_t>());
+      }
+    }
+    MT_CHECK(text, "{}: post_processor template {} has no place for the text", path, single.dump().substr(0, 200));
+  }
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path) {
@@ -601,6 +647,11 @@ Tokenizer Tokenizer::load_hf(const std::string& path) {
       if (t.eot_ < 0 && content == name) t.eot_ = id;
   MT_CHECK(t.eot_ >= 0, "{}: no end-of-text token among added_tokens (<|end_of_text|>, {} or </s>)", path,
            kEndOfText);
+  template_of(j.value("post_processor", nlohmann::json()), path, t.prefix_, t.suffix_);
+  for (const std::vector<int32_t>* ids : {&t.prefix_, &t.suffix_})
+    for (int32_t id : *ids)
+      MT_CHECK(id < t.vocab_size(), "{}: the post_processor's special token id {} is outside the vocabulary (0..{})",
+               path, id, t.vocab_size() - 1);
 
   // Merges in rank order: "left right" strings, or [left, right] pairs (newer files).
   MT_CHECK(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be a list", path);

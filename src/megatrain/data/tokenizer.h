@@ -88,6 +88,12 @@ class Tokenizer {
   std::string decode_text(std::span<const int32_t> ids) const;
 
   int eot() const { return eot_; }
+  // The special tokens an HF tokenizer.json's post-processor (TemplateProcessing) puts around one text, as HF's
+  // tokenizer(text) adds them: Llama 2's <s> and Llama 3's <|begin_of_text|> before it; empty for GPT-2's. encode()
+  // never adds them; prepare-data puts the prefix before each document (after the shard format's end-of-text) and
+  // generate before the prompt, so a model sees a text start as the tokenizer's own models were trained to.
+  const std::vector<int32_t>& template_prefix() const { return prefix_; }
+  const std::vector<int32_t>& template_suffix() const { return suffix_; }
   PreTokenizer pre_tokenizer() const { return pre_; }  // byte-level BPE only
   bool sentencepiece() const { return sp_ != SpacePrefix::None; }
   SpacePrefix space_prefix() const { return sp_; }
@@ -129,6 +135,7 @@ class Tokenizer {
   PreTokenizer pre_ = PreTokenizer::Gpt2;
   bool ignore_merges_ = false;
   SpacePrefix sp_ = SpacePrefix::None;
+  std::vector<int32_t> prefix_, suffix_;  // the post-processor's template around a single text
   // SentencePiece-style: a vocabulary entry's text ("▁the", "é") -> id, for the characters a text starts as.
   std::unordered_map<std::string, int32_t> piece_ids_;
   // Special tokens matched in text when allow_special: (bytes, id). GPT-2's files: <|endoftext|> alone.

@@ -41,7 +41,8 @@ std::optional<TextSample> final_sample(const RunConfig& cfg, GPT& model, Topolog
     return std::nullopt;
   }
   SampleOptions so{cfg.sample.tokens, cfg.sample.temperature, cfg.sample.top_k, cfg.sample.seed, tok.eot()};
-  std::vector<int32_t> prompt = tok.encode(cfg.sample.prompt);
+  std::vector<int32_t> prompt = tok.template_prefix();  // as generate: Llama's <s> first
+  tok.encode_append(cfg.sample.prompt, prompt);
   if (prompt.empty()) prompt.push_back(tok.eot());
   DeviceMesh* host = topo.host_mesh.get();
   const bool tp = topo.shape.tp > 1, pp = topo.shape.pp > 1;
