@@ -18,9 +18,9 @@ struct Command {
 const Command kCommands[] = {
     {"train", mt::cli::cmd_train, "train a model from a TOML config (--section.key=value overrides)"},
     {"generate", mt::cli::cmd_generate, "sample text from a checkpoint"},
-    {"tokenize", mt::cli::cmd_tokenize, "encode/decode text with a GPT-2 style BPE, or train a BPE vocabulary"},
+    {"tokenize", mt::cli::cmd_tokenize, "encode/decode text (GPT-2's BPE, or an HF tokenizer.json: Llama 2/3, Mistral), or train a BPE"},
     {"prepare-data", mt::cli::cmd_prepare_data, "turn text / JSON-lines into token shards (train/val split)"},
-    {"convert", mt::cli::cmd_convert, "import/export HF GPT-2 safetensors"},
+    {"convert", mt::cli::cmd_convert, "import/export HF models (GPT-2, Llama, Mistral safetensors)"},
     {"launch", mt::cli::cmd_launch, "spawn local ranks (torchrun-style env) and supervise them"},
     {"diagnose", mt::cli::cmd_diagnose, "check this node (all-reduce, matmul rate, memory bandwidth) after a fault"},
     {"simulate", mt::cli::cmd_simulate, "predict step time, MFU and memory of a 3D-parallel job on a modelled cluster"},
