@@ -2,6 +2,7 @@
 //  * the loss falls;
 //  * resuming from a checkpoint gives bit-identical losses to an uninterrupted run (shuffle and prefetch on);
 //  * a checkpoint from a different model config is refused with a message.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
 #include "megatrain/data/shard.h"
 #include "megatrain/train/trainer.h"
 #include "test_util.h"
@@ -191,6 +193,31 @@ TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
   const double a_loss = by_source[0]["val_loss"].get<double>(), b_loss = by_source[1]["val_loss"].get<double>();
   EXPECT_TRUE(std::isfinite(a_loss) && std::isfinite(b_loss) && a_loss != b_loss);
   EXPECT_EQ(val, 0.75 * a_loss + 0.25 * b_loss);
+  fs::remove_all(base);
+}
+
+// `megatrain eval` reads the windows the trainer's evaluation reads and averages as it does: on the final checkpoint
+// of a run that evaluated at its last step, it gives that run's validation loss (the oracle). The trainer sums each
+// batch's loss x targets in float before dividing, so the two agree to float's rounding (2^-24 relative, a few
+// times over), not bit for bit.
+TEST(Train, TheEvalCommandGivesTheTrainersValidationLoss) {
+  const std::string base = fresh_base("mt_eval_cmd");
+  const TrainResult r = run_training(small(base + "/run", {"--train.steps=3", "--train.eval_every=3",
+                                                             "--train.eval_batches=4"}));
+  ASSERT_GT(r.last_val_loss, 0);
+  const std::string bin = std::string(MT_BINARY_DIR) + "/megatrain", out = base + "/eval.json";
+  const std::string cmd = fmt::format("{} eval --ckpt {}/run/ckpt --data {} --batches 4 --batch-size 4 --seq-len 32 "
+                                      "--threads 2 --json > {} 2>&1", bin, base, kData, out);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(out);
+  const nlohmann::json j = nlohmann::json::parse(mt::read_text_file(out));
+  EXPECT_EQ(j["tokens"], 4 * 4 * 32);
+  EXPECT_NEAR(j["loss"].get<double>(), r.last_val_loss, 1e-6 * r.last_val_loss);
+  // A context longer than the model's, and data of another vocabulary, are refused by name.
+  const std::string err = base + "/err.txt";
+  EXPECT_NE(std::system(fmt::format("{} eval --ckpt {}/run/ckpt --data {} --seq-len 65 > {} 2>&1", bin, base, kData,
+                                    err).c_str()), 0);
+  EXPECT_NE(mt::read_text_file(err).find("--seq-len 65 exceeds the model's context of 64 tokens"), std::string::npos)
+      << mt::read_text_file(err);
   fs::remove_all(base);
 }
 

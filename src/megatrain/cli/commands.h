@@ -8,6 +8,7 @@ int cmd_tokenize(int argc, char** argv);     // tokenize encode|decode|train   (
 int cmd_prepare_data(int argc, char** argv); // prepare-data                   (cmd_prepare_data.cpp)
 int cmd_train(int argc, char** argv);        // train                          (cmd_train.cpp)
 int cmd_generate(int argc, char** argv);     // generate                       (cmd_generate.cpp)
+int cmd_eval(int argc, char** argv);         // eval                           (cmd_eval.cpp)
 int cmd_convert(int argc, char** argv);      // convert                        (cmd_convert.cpp)
 int cmd_launch(int argc, char** argv);       // launch                         (cmd_launch.cpp)
 int cmd_diagnose(int argc, char** argv);     // diagnose                       (cmd_diagnose.cpp)

@@ -18,6 +18,7 @@ struct Command {
 const Command kCommands[] = {
     {"train", mt::cli::cmd_train, "train a model from a TOML config (--section.key=value overrides)"},
     {"generate", mt::cli::cmd_generate, "sample text from a checkpoint"},
+    {"eval", mt::cli::cmd_eval, "the loss of a checkpoint or an HF model on prepared data"},
     {"tokenize", mt::cli::cmd_tokenize, "encode/decode text (GPT-2's BPE, or an HF tokenizer.json: Llama 2/3, Mistral), or train a BPE"},
     {"prepare-data", mt::cli::cmd_prepare_data, "turn text / JSON-lines into token shards (train/val split)"},
     {"convert", mt::cli::cmd_convert, "import/export HF models (GPT-2, Llama, Mistral safetensors)"},
