@@ -125,6 +125,45 @@ void tokenizer(const fs::path& out) {
                                         "It's the  end\n\n of   the   text \xc3\xa9t\xc3\xa9 \xe2\x82\xac"},
                                        300);
   put(out / "seed-trained.txt", mt::gpt2_encoder_json(v) + "\n#--vocab.bpe--\n" + mt::gpt2_vocab_bpe(v));
+
+  // HF tokenizer.json files (fuzz_tokenizer.cpp's second kind): the same vocabulary as a byte-level BPE, and a
+  // small SentencePiece-style one (Llama 2's layout: byte fallback, the Prepend normalizer, <s> before a text).
+  const std::string text = "\n#--text--\nThe cat's hat \xc3\xa9t\xc3\xa9 \xe2\x82\xac\xff  end\n";
+  nlohmann::json vocab = nlohmann::json::parse(mt::gpt2_encoder_json(v)), merges = nlohmann::json::array();
+  const std::string bpe = mt::gpt2_vocab_bpe(v);
+  for (size_t p = bpe.find('\n') + 1; p < bpe.size();) {
+    const size_t e = bpe.find('\n', p);
+    if (e > p) merges.push_back(bpe.substr(p, e - p));
+    p = e + 1;
+  }
+  const nlohmann::json byte_level = {
+      {"added_tokens", {{{"id", vocab.size() - 1}, {"content", "<|endoftext|>"}, {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", {{"type", "ByteLevel"}, {"trim_offsets", true}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", merges}}}};
+  put(out / "seed-hf-byte-level.txt", "#tokenizer.json\n" + byte_level.dump(1) + text);
+  nlohmann::json sp_vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) sp_vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
+  int id = 259;
+  for (const char* piece : {"\u2581", "t", "h", "e", "a", "c", "\u2581t", "he", "\u2581the", "at", "\u2581c", "\u2581cat"})
+    sp_vocab[piece] = id++;
+  const nlohmann::json sp = {
+      {"added_tokens", {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+                        {{"id", 1}, {"content", "<s>"}, {"special", true}},
+                        {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
+      {"normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+                                                             {{"type", "Replace"}, {"pattern", {{"String", " "}}},
+                                                              {"content", "\u2581"}}}}}},
+      {"pre_tokenizer", nullptr},
+      {"post_processor", {{"type", "TemplateProcessing"},
+                          {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                      {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                          {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+      {"model", {{"type", "BPE"}, {"byte_fallback", true}, {"fuse_unk", true}, {"unk_token", "<unk>"},
+                 {"vocab", sp_vocab},
+                 {"merges", {"\u2581 t", "h e", "\u2581t he", "a t", "\u2581 c", "\u2581c at"}}}}};
+  put(out / "seed-hf-sentencepiece.txt", "#tokenizer.json\n" + sp.dump(1) + text);
 }
 
 // Connections to the TCP store, as the client writes them (TcpStore's set/get/wait/check/add/remove all encode with

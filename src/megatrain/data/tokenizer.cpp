@@ -547,7 +547,8 @@ Tokenizer Tokenizer::load_hf(const std::string& path) {
   auto flag = [](const nlohmann::json& o, const char* k, bool absent) {
     return o.is_object() && o.contains(k) && o[k].is_boolean() ? o[k].get<bool>() : absent;
   };
-  MT_CHECK(str(m, "type") == "BPE", "{}: model.type is \"{}\"; megatrain reads byte-level BPE tokenizers", path,
+  MT_CHECK(str(m, "type") == "BPE", "{}: model.type is \"{}\"; megatrain reads BPE tokenizers (byte-level, or "
+           "SentencePiece-style with byte_fallback)", path,
            str(m, "type"));
   Tokenizer t;
   const nlohmann::json pt = j.value("pre_tokenizer", nlohmann::json());
