@@ -84,7 +84,9 @@ class Tokenizer {
   // id outside [0, vocab_size()).
   std::string decode(std::span<const int32_t> ids) const;
   // The inverse of encode for a whole text: decode() less the one leading space that a SentencePiece-style
-  // tokenizer put before the text (HF's decoders drop it too). The same as decode() for byte-level BPE.
+  // tokenizer put before the text (HF's decoders drop it too). The same as decode() for byte-level BPE. Exact for
+  // Llama 2's and Mistral's Prepend; with a Metaspace ("always", "first"), a text that starts with a space got no
+  // prefix, so that space is the one dropped, as HF's Metaspace decoder drops it.
   std::string decode_text(std::span<const int32_t> ids) const;
 
   int eot() const { return eot_; }
