@@ -151,6 +151,15 @@ TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
     return run_training(small(base + "/" + out, extra));
   };
   run("a", {"--train.steps=8"});
+  {  // each train line says how often each source's data has been seen: rows over its windows of T + 1 tokens
+    nlohmann::json last;
+    std::ifstream in(base + "/a/metrics.jsonl");
+    for (std::string line; std::getline(in, line);)
+      if (nlohmann::json j = nlohmann::json::parse(line); j["kind"] == "train") last = j;
+    auto windows = [&](const std::string& shard) { return double((ShardReader(shard).header().num_tokens - 1) / 32); };
+    EXPECT_EQ(last["blend_epochs"], (nlohmann::json{24 / windows(web + "/train_000000.bin"),
+                                                    8 / windows(code + "/train_000000.bin")}));  // 32 rows, 3:1
+  }
   run("b", {"--train.steps=8", "--ckpt.every=4", "--ckpt.save_final=false"});
   const std::string ck = base + "/b/ckpt/step_00000004";
   const nlohmann::json data = nlohmann::json::parse(std::ifstream(ck + "/manifest.json"))["extra"]["data"];

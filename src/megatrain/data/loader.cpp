@@ -120,6 +120,14 @@ uint64_t DataLoader::windows_per_epoch() const {
   return n;
 }
 
+std::vector<double> DataLoader::source_epochs(const LoaderState& s) const {
+  std::vector<double> out;
+  if (!blended()) return out;
+  for (size_t k = 0; k < streams_.size() && k < s.taken.size(); ++k)
+    out.push_back(static_cast<double>(s.taken[k]) / static_cast<double>(streams_[k].windows));
+  return out;
+}
+
 LoaderState DataLoader::normalized(LoaderState s) const {
   if (blended()) return s;
   if (s.cursor + global_rows() > streams_[0].windows) return {s.epoch + 1, 0};

@@ -83,6 +83,8 @@ class DataLoader {
   void restore(const LoaderState& s);
 
   bool blended() const { return streams_.size() > 1; }
+  // A blend at position s: the epochs each source has given (its rows over its windows). Empty for one source.
+  std::vector<double> source_epochs(const LoaderState& s) const;
   uint64_t num_tokens() const;
   uint64_t windows_per_epoch() const;  // a blend: all sources' windows
   uint64_t batches_per_epoch() const { return windows_per_epoch() / global_rows(); }

@@ -52,22 +52,25 @@ void MetricsLog::write(const nlohmann::json& j) {
 nlohmann::json MetricsLog::to_json(const StepReport& r) {
   const StepStats& s = r.stats;
   // The loss is also written with 9 significant digits (float round-trip) so runs can be compared exactly.
-  return {{"kind", "train"},
-          {"step", s.step},
-          {"loss", s.loss},
-          {"loss_exact", fmt::format("{:.9g}", s.loss)},
-          {"lr", s.lr},
-          {"grad_norm", s.grad_norm},
-          {"step_seconds", s.step_seconds},
-          {"tokens_per_second", s.tokens_per_second},
-          {"model_tflops", s.model_flops_per_second / 1e12},
-          {"mfu", s.mfu},
-          // This rank's communication per plane: busy = the ops' execution time, exposed = the time the step
-          // waited for them (not hidden behind compute).
-          {"comm_busy_s", {{"dp", r.dp.busy_seconds}, {"tp", r.tp.busy_seconds}, {"pp", r.pp.busy_seconds}}},
-          {"comm_exposed_s",
-           {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}},
-          {"memory_gb", static_cast<double>(r.memory_bytes) / 1e9}};
+  nlohmann::json j = {{"kind", "train"},
+                    {"step", s.step},
+                    {"loss", s.loss},
+                    {"loss_exact", fmt::format("{:.9g}", s.loss)},
+                    {"lr", s.lr},
+                    {"grad_norm", s.grad_norm},
+                    {"step_seconds", s.step_seconds},
+                    {"tokens_per_second", s.tokens_per_second},
+                    {"model_tflops", s.model_flops_per_second / 1e12},
+                    {"mfu", s.mfu},
+                    // This rank's communication per plane: busy = the ops' execution time, exposed = the time the
+                    // step waited for them (not hidden behind compute).
+                    {"comm_busy_s",
+                     {{"dp", r.dp.busy_seconds}, {"tp", r.tp.busy_seconds}, {"pp", r.pp.busy_seconds}}},
+                    {"comm_exposed_s",
+                     {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}},
+                    {"memory_gb", static_cast<double>(r.memory_bytes) / 1e9}};
+  if (!r.blend_epochs.empty()) j["blend_epochs"] = r.blend_epochs;  // how often each source's data has been seen
+  return j;
 }
 
 void MetricsLog::on_run_start(const RunStart& r) {

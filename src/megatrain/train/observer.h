@@ -42,6 +42,8 @@ struct StepReport {
   // What this rank has allocated through its backend (device memory on a GPU, host memory on the CPU): the model's
   // parameters, gradients, optimizer state and activations, all planned up front, so it is fixed after step 1.
   size_t memory_bytes = 0;
+  // A blend: the epochs each source has given so far (rows / its windows; 2.5 = its data seen two and a half times).
+  std::vector<double> blend_epochs;
 };
 
 // A stage of a checkpoint (train/checkpointing.h): "snapshot" (stage 1: this rank's state copied to memory; the

@@ -119,6 +119,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   r.tp = j.fb.take_tp_time();
   r.pp = j.fb.take_pp_time();
   r.memory_bytes = j.topo.ops->allocated_bytes();
+  r.blend_epochs = j.loader.source_epochs(j.loader.state());
   j.obs.each([&](TrainObserver& o) { o.on_step(r); });
   if (step == j.res.first_step) j.res.first_loss = loss;
   j.res.last_loss = loss;
