@@ -184,6 +184,12 @@ TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
       nlohmann::json::parse(std::ifstream(base + "/c/ckpt/step_00000006/manifest.json"))["extra"]["data"];
   EXPECT_EQ(after["taken"], (nlohmann::json{16, 8}));
   EXPECT_EQ(after["since"], (nlohmann::json{12, 4}));
+  // Another seed: every source's window order changes, which is said (the same weights: no rebase).
+  ::testing::internal::CaptureStderr();
+  run("e", {"--train.steps=5", "--ckpt.resume=" + ck, "--ckpt.save_final=false", "--data.seed=9"});
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("in another window order (shuffled, seed 1234) than this run's (shuffled, seed 9)"),
+            std::string::npos) << err;
 
   // Evaluation: each source's val split on its own ("val_source" lines), and the "val" line their mean by share.
   run("d", {"--train.steps=4", "--train.eval_every=4", "--train.eval_batches=2", "--ckpt.save_final=false"});

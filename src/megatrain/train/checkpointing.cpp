@@ -230,6 +230,17 @@ LoaderState position_for_this_run(const RunConfig& cfg, const CheckpointReader& 
                  "and the new shares hold from here\n", ck.dir(), fmt::join(a, ", "), fmt::join(b, ", "));
     }
   }
+  // Each source's position is a count into its epochs' window orders: under another seed or shuffle setting, the
+  // rest of each source's current epoch repeats some windows and skips others (as warn_if_order_changed says of one
+  // source).
+  const bool saved_shuffle = !d.contains("shuffle") || !d["shuffle"].is_boolean() || d["shuffle"].get<bool>();
+  const std::string saved_seed = d.contains("seed") ? d["seed"].dump() : "?";
+  if (say && saved_blend && (saved_shuffle != cfg.data.shuffle ||
+                             (cfg.data.shuffle && saved_seed != std::to_string(cfg.data.seed))))
+    fmt::print(stderr, "warning: checkpoint {} saved its blend's position in another window order ({}) than this "
+               "run's ({}): the rest of each source's current epoch may repeat some windows and skip others\n",
+               ck.dir(), saved_shuffle ? "shuffled, seed " + saved_seed : "sequential",
+               cfg.data.shuffle ? "shuffled, seed " + std::to_string(cfg.data.seed) : "sequential");
   return out;
 }
 
