@@ -20,6 +20,7 @@
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/shard.h"
+#include "megatrain/data/tokenizer.h"
 #include "megatrain/train/trainer.h"
 #include "test_util.h"
 
@@ -233,6 +234,40 @@ TEST(Train, TheEvalCommandGivesTheTrainersValidationLoss) {
                                     err).c_str()), 0);
   EXPECT_NE(mt::read_text_file(err).find("--seq-len 65 exceeds the model's context of 64 tokens"), std::string::npos)
       << mt::read_text_file(err);
+  fs::remove_all(base);
+}
+
+// `convert --to-hf` writes the model's tokenizer beside it under HF's names: by default the one the checkpoint's data
+// was prepared with (its meta.json), byte for byte (GPT-2's encoder.json and vocab.bpe as vocab.json and merges.txt);
+// a tokenizer larger than the model's vocabulary is refused before any file is written; `none` writes none.
+TEST(Train, AnHfExportCarriesTheTokenizerItsDataWasPreparedWith) {
+  const std::string base = fresh_base("mt_export_tok");
+  run_training(small(base + "/run", {"--train.steps=1"}));
+  const std::string bin = std::string(MT_BINARY_DIR) + "/megatrain", log = base + "/log.txt";
+  auto convert = [&](const std::string& out, const std::string& extra) {
+    return std::system(fmt::format("{} convert --to-hf {}/run/ckpt --out {}/model.safetensors {} > {} 2>&1", bin, base,
+                                   out, extra, log).c_str());
+  };
+  ASSERT_EQ(convert(base + "/hf", ""), 0) << mt::read_text_file(log);
+  const std::string recorded = nlohmann::json::parse(std::ifstream(kData + "/meta.json"))["tokenizer"];
+  EXPECT_EQ(mt::read_text_file(base + "/hf/vocab.json"), mt::read_text_file(recorded + "/encoder.json"));
+  EXPECT_EQ(mt::read_text_file(base + "/hf/merges.txt"), mt::read_text_file(recorded + "/vocab.bpe"));
+
+  // A tokenizer larger than the model's 50,257 rows: the bytes, 50,100 more tokens and an end of text.
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[mt::bytes_to_gpt2_text(std::string(1, static_cast<char>(b)))] = b;
+  for (int i = 0; i < 50100; ++i) vocab[fmt::format("x{}", i)] = 256 + i;
+  const nlohmann::json other = {{"added_tokens", {{{"id", 50356}, {"content", "<|endoftext|>"}}}},
+                                {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}},
+                                {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  mt::write_file_atomic(base + "/other.json", other.dump());
+  EXPECT_NE(convert(base + "/wrong", "--tokenizer " + base + "/other.json"), 0);
+  EXPECT_NE(mt::read_text_file(log).find("has 50357 tokens but the model has 50257"), std::string::npos)
+      << mt::read_text_file(log);
+  EXPECT_FALSE(fs::exists(base + "/wrong")) << "a refused export left files behind";
+  ASSERT_EQ(convert(base + "/bare", "--tokenizer none"), 0) << mt::read_text_file(log);
+  EXPECT_TRUE(fs::exists(base + "/bare/config.json"));
+  EXPECT_FALSE(fs::exists(base + "/bare/vocab.json"));
   fs::remove_all(base);
 }
 
