@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <sstream>
 #include <cctype>
 #include <chrono>
 #include <climits>
@@ -929,6 +930,25 @@ void expect_refused(const std::string& path, const std::string& part) {
     e = err.what();
   }
   EXPECT_NE(e.find(part), std::string::npos) << e;
+}
+
+// `megatrain tokenize encode --with-template` gives HF's tokenizer(text): the package's own ids with its <s> first.
+TEST(SentencePieceTokenizer, TheCliEncodesWithTheTemplateOnRequest) {
+  const std::string json = sp_tokenizer_json(kLlama2);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::string text = "The jury said it did find that many of Georgia's laws are outmoded.";
+  mt::write_file_atomic(tmp_dir() + "/cli_in.txt", text);
+  auto cli = [&](const std::string& flags) {
+    const std::string out = tmp_dir() + "/cli_out.txt";
+    EXPECT_EQ(std::system(fmt::format("{}/megatrain tokenize encode --vocab {} --in {}/cli_in.txt --out {} {}",
+                                      MT_BINARY_DIR, json, tmp_dir(), out, flags).c_str()), 0);
+    Ids ids;
+    std::istringstream in(mt::read_text_file(out));
+    for (int32_t id; in >> id;) ids.push_back(id);
+    return ids;
+  };
+  EXPECT_EQ(cli("--with-template"), sp_reference(kLlama2, {text}, /*bos=*/true).at(0));
+  EXPECT_EQ(cli(""), sp_reference(kLlama2, {text}).at(0));
 }
 
 // The post-processor's template, worked by hand: which tokens go before and after a text, and what is refused.

@@ -90,11 +90,12 @@ std::vector<int32_t> bytes_to_ids(const std::string& in, const std::string& form
 }  // namespace
 
 int cmd_tokenize(int argc, char** argv) {
-  CLI::App app{"Encode/decode text with a GPT-2 byte-level BPE, or train a BPE vocabulary.", "megatrain tokenize"};
+  CLI::App app{"Encode/decode text with GPT-2's byte-level BPE or an HF tokenizer.json (byte-level or "
+               "SentencePiece-style: Llama 2 and 3, Mistral), or train a BPE vocabulary.", "megatrain tokenize"};
   app.require_subcommand(1);
 
   std::string vocab = default_gpt2_vocab_dir(), in = "-", out = "-", format = "text";
-  bool no_special = false;
+  bool no_special = false, with_template = false;
   auto add_io = [&](CLI::App* c) {
     c->add_option("--vocab", vocab, "GPT-2's encoder.json and vocab.bpe directory, or an HF tokenizer.json (or its directory)")->capture_default_str();
     c->add_option("--in", in, "input file, - for stdin")->capture_default_str();
@@ -106,6 +107,8 @@ int cmd_tokenize(int argc, char** argv) {
   CLI::App* enc = app.add_subcommand("encode", "text -> token ids");
   add_io(enc);
   enc->add_flag("--no-special", no_special, "treat \"<|endoftext|>\" as plain text, not the end-of-text token");
+  enc->add_flag("--with-template", with_template, "add the special tokens the tokenizer.json's post-processor puts "
+                "around a text (Llama's <s> first), as HF's tokenizer(text) does");
   CLI::App* dec = app.add_subcommand("decode", "token ids -> text");
   add_io(dec);
 
@@ -130,7 +133,10 @@ int cmd_tokenize(int argc, char** argv) {
 
   if (*enc) {
     Tokenizer tok = Tokenizer::load(vocab);
-    write_output(out, ids_to_bytes(tok.encode(read_input(in), !no_special), format));
+    std::vector<int32_t> ids = with_template ? tok.template_prefix() : std::vector<int32_t>{};
+    tok.encode_append(read_input(in), ids, !no_special);
+    if (with_template) ids.insert(ids.end(), tok.template_suffix().begin(), tok.template_suffix().end());
+    write_output(out, ids_to_bytes(ids, format));
   } else if (*dec) {
     Tokenizer tok = Tokenizer::load(vocab);
     write_output(out, tok.decode_text(bytes_to_ids(read_input(in), format)));
