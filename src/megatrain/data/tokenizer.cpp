@@ -13,6 +13,7 @@
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/unicode_tables.h"
+#include "megatrain/data/utf8.h"
 
 namespace mt {
 
@@ -28,25 +29,10 @@ struct Unit {
 
 inline bool cont(unsigned char c) { return (c & 0xC0) == 0x80; }
 
-// Strict UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF); a bad byte is one Other character.
+// A bad byte (utf8.h) is one Other character.
 inline Unit unit_at(const unsigned char* s, size_t n, size_t i) {
-  unsigned char b = s[i];
-  if (b < 0x80) return {1, unicode::char_class(b)};
-  constexpr Unit bad{1, CharClass::Other};
-  if (b < 0xC2 || b > 0xF4) return bad;
-  if (b < 0xE0) {
-    if (i + 1 >= n || !cont(s[i + 1])) return bad;
-    return {2, unicode::char_class((b & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu))};
-  }
-  if (b < 0xF0) {
-    if (i + 2 >= n || !cont(s[i + 1]) || !cont(s[i + 2])) return bad;
-    if ((b == 0xE0 && s[i + 1] < 0xA0) || (b == 0xED && s[i + 1] > 0x9F)) return bad;
-    return {3, unicode::char_class((b & 0x0Fu) << 12 | (s[i + 1] & 0x3Fu) << 6 | (s[i + 2] & 0x3Fu))};
-  }
-  if (i + 3 >= n || !cont(s[i + 1]) || !cont(s[i + 2]) || !cont(s[i + 3])) return bad;
-  if ((b == 0xF0 && s[i + 1] < 0x90) || (b == 0xF4 && s[i + 1] > 0x8F)) return bad;
-  return {4, unicode::char_class((b & 0x07u) << 18 | (s[i + 1] & 0x3Fu) << 12 | (s[i + 2] & 0x3Fu) << 6 |
-                                 (s[i + 3] & 0x3Fu))};
+  const utf8::Char c = utf8::at(s, n, i);
+  return {c.len, c.cp == utf8::kNone ? CharClass::Other : unicode::char_class(c.cp)};
 }
 
 // The regex's alternatives, tried in its order at each match start. ` ?X+` for X in {L, N, other} reduces to

@@ -6,32 +6,13 @@
 #include <vector>
 
 #include "megatrain/data/tokenizer.h"
+#include "megatrain/data/utf8.h"
 
 namespace mt {
 
 namespace {
 
 constexpr std::string_view kSpMeta = "\u2581";  // "▁", SentencePiece's stand-in for a space
-
-// Length of the well-formed UTF-8 character at s[i], or 0 where s[i] starts none (a stray byte). The same strict
-// rules as the byte-level pre-tokenizers (no overlongs, no surrogates, nothing above U+10FFFF).
-size_t sp_char_len(std::string_view s, size_t i) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  auto cont = [&](size_t k) { return k < n && (p[k] & 0xC0) == 0x80; };
-  const unsigned char b = p[i];
-  if (b < 0x80) return 1;
-  if (b < 0xC2 || b > 0xF4) return 0;
-  if (b < 0xE0) return cont(i + 1) ? 2 : 0;
-  if (b < 0xF0) {
-    if (!cont(i + 1) || !cont(i + 2)) return 0;
-    if ((b == 0xE0 && p[i + 1] < 0xA0) || (b == 0xED && p[i + 1] > 0x9F)) return 0;
-    return 3;
-  }
-  if (!cont(i + 1) || !cont(i + 2) || !cont(i + 3)) return 0;
-  if ((b == 0xF0 && p[i + 1] < 0x90) || (b == 0xF4 && p[i + 1] > 0x8F)) return 0;
-  return 4;
-}
 
 }  // namespace
 
@@ -55,15 +36,14 @@ void Tokenizer::encode_sentencepiece(std::string_view text, bool text_start, std
     for (unsigned char b : c) symbols.push_back(byte_id_[b]);
   };
   if (prefix) push_char(kSpMeta);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
   for (size_t i = 0; i < text.size();) {
-    const size_t len = sp_char_len(text, i);
-    if (len == 0) {  // a stray byte: its byte token (HF takes only valid UTF-8; this keeps any input encodable)
-      symbols.push_back(byte_id_[static_cast<unsigned char>(text[i])]);
-      ++i;
-      continue;
-    }
-    push_char(text.substr(i, len));
-    i += len;
+    const utf8::Char c = utf8::at(bytes, text.size(), i);
+    if (c.cp == utf8::kNone)  // a stray byte: its byte token (HF takes only valid UTF-8; this keeps any input encodable)
+      symbols.push_back(byte_id_[bytes[i]]);
+    else
+      push_char(text.substr(i, c.len));
+    i += c.len;
   }
   bpe_ranked(symbols);
   out.insert(out.end(), symbols.begin(), symbols.end());
