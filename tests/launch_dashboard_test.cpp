@@ -1,7 +1,7 @@
 // The supervisor's dashboard (launch/dashboard.h, job_view.h): the renderings against known answers, the HTTP
 // server against an HTTP client, and a real job: `megatrain launch --dashboard` over a pp2 x tp2 training run,
 // whose served steps, layout and losses must be the ones the ranks themselves logged (metrics.jsonl, the oracle),
-// and whose page must show every rank in a real headless browser (Debian's chromium, which scripts/setup installs).
+// which answers nothing without its token, and whose page must show every rank in a real headless browser (Debian's chromium, which scripts/setup installs).
 #include <httplib.h>
 #include <signal.h>
 
@@ -198,6 +198,30 @@ TEST(Dashboard, ServesThePageTheJobAndTheMetricsOverHttp) {
   EXPECT_EQ(c.Get("/nothing-here")->status, 404);
 }
 
+TEST(Dashboard, WithATokenAnswersOnlyRequestsThatCarryIt) {
+  Dashboard d("127.0.0.1:0", "s3cret");
+  d.publish(two_ranks());
+  httplib::Client c("127.0.0.1", d.port());
+  for (const char* path : {"/", "/api/job", "/metrics", "/api/job?token=s3cre", "/api/job?token=s3cret2"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 401) << path;
+    EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer") << path;
+    EXPECT_NE(r->body.find("needs the dashboard's token"), std::string::npos) << r->body;
+  }
+  auto q = c.Get("/api/job?token=s3cret");  // a browser's way
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(q->body)["ranks"].size(), 2u);
+  c.set_bearer_token_auth("wrong");
+  EXPECT_EQ(c.Get("/metrics")->status, 401);
+  c.set_bearer_token_auth("s3cret");  // Prometheus's bearer_token, curl -H
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_EQ(m->body, d.metrics());
+}
+
 TEST(Dashboard, BadAddressesAreConfigErrorsNamingThem) {
   for (const char* bad : {"8080", "host:", ":8080", "127.0.0.1:http", "127.0.0.1:70000"}) {
     try {
@@ -264,11 +288,15 @@ class LaunchDashboard : public ::testing::Test {
 
 TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   const std::string out = (dir_ / "run").string(), events = (dir_ / "events.jsonl").string();
+  // The dashboard is behind a token: each request carries it (a header, or the page's ?token=).
+  const std::string token = "t0k3n-of-this-test", token_file = (dir_ / "token").string();
+  std::ofstream(token_file) << token << "\n";
   // pp2 x tp2 on 4 ranks: two pipeline stages of two tensor-parallel ranks. The run is far longer than the test,
   // which ends it with SIGTERM once it has seen what it needs.
   launcher_ = start_logged(
       kMegatrain,
-      {"launch", "--nproc", "4", "--max-restarts", "1", "--events", events, "--dashboard", "127.0.0.1:0", "--",
+      {"launch", "--nproc", "4", "--max-restarts", "1", "--events", events, "--dashboard", "127.0.0.1:0",
+       "--dashboard-token-file", token_file, "--",
        "train", "--parallel.pp=2", "--parallel.tp=2", "--parallel.microbatches=2", "--parallel.tp_chunks=1",
        "--model.n_layer=2", "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=32", "--data.seq_len=32",
        "--data.batch_size=4", "--train.steps=100000", "--train.eval_every=0", "--sample.tokens=0",
@@ -287,6 +315,12 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   std::smatch m;
   ASSERT_TRUE(std::regex_match(url, m, std::regex(R"(http://127\.0\.0\.1:(\d+)/)"))) << url;
   httplib::Client c("127.0.0.1", std::stoi(m[1]));
+  for (const char* path : {"/", "/api/job", "/metrics", "/api/job?token=wrong"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 401) << path << " was served without the token";
+  }
+  c.set_bearer_token_auth(token.c_str());
 
   // Wait until every rank has completed 3 steps, as the dashboard sees it.
   nlohmann::json j;
@@ -344,7 +378,7 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   EXPECT_EQ(samples.at("megatrain_job_state{state=\"running\"}"), "1");
 
   // The page in a real browser: two stages, four rank cells with their steps, and the loss drawn.
-  const std::string dom = rendered_dom(url, dir_);
+  const std::string dom = rendered_dom(url + "?token=" + token, dir_);
   std::set<int> cells;
   const std::regex cell(R"re(class="rank[^"]*" data-rank="(\d+)" data-step="(\d+)" data-state="(\w+)")re");
   for (auto it = std::sregex_iterator(dom.begin(), dom.end(), cell); it != std::sregex_iterator(); ++it) {

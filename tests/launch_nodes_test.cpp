@@ -19,6 +19,7 @@
 
 #include "comm_servers.h"
 #include "launch_testutil.h"
+#include "webhook_receiver.h"
 #include "net_hosts.h"
 #include "test_util.h"
 
@@ -164,7 +165,10 @@ class LaunchNodes : public ::testing::Test {
 // their ranks' statuses every half second.
 TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   const auto want = undisturbed();
-  start_job(2, 1, slow_from_step6(), {"--dashboard", "127.0.0.1:0"});
+  // Every agent is given the webhook; node 0 sends the driver's events (all kinds here), the others nothing.
+  Receiver webhook;
+  start_job(2, 1, slow_from_step6(), {"--dashboard", "127.0.0.1:0", "--notify", webhook.url(), "--notify-events",
+                                      "all"});
   // Poll /api/job until the job ends, keeping, per attempt, the nodes its running ranks were shown on (while the
   // attempt runs: the driver may see only its start of a short attempt, so "starting" counts).
   std::mutex mu;
@@ -230,6 +234,13 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   ASSERT_EQ(p.size(), 2u) << slurp(events(0));
   EXPECT_EQ(p[1]["nodes"], nlohmann::json::array({0, 2})) << p[1].dump();
   EXPECT_EQ(driver("evicted").at(0)["node"], 1);
+  // The webhook got the driver's lines, each once, in order (node 0's agent sent them before it exited).
+  std::vector<nlohmann::json> driver_lines;
+  for (auto& e : events_of(events(0)))
+    if (e.value("by", "") == "driver") driver_lines.push_back(e);
+  const auto got = webhook.bodies();
+  ASSERT_EQ(got.size(), driver_lines.size()) << log(0);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i]["event"], driver_lines[i]);
 }
 
 TEST_F(LaunchNodes, AKilledAgentWithoutASpareShrinksTheJobToFewerReplicas) {

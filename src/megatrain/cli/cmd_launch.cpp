@@ -1,6 +1,11 @@
 // megatrain launch: argument parsing only. The agent that starts and supervises this node's ranks lives in
 // src/megatrain/launch/ (agent.h), where the robust-training supervisor grows and tests reach it.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <fstream>
 
 #include "megatrain/cli/commands.h"
 #include "megatrain/comm/local_address.h"
@@ -8,6 +13,20 @@
 #include "megatrain/launch/agent.h"
 
 namespace mt::cli {
+namespace {
+
+// A secret kept in a file: its first line, without surrounding whitespace; a missing or empty file is an error.
+std::string read_secret_file(const std::string& path, const char* option) {
+  std::ifstream f(path);
+  if (!f) fail_as(ErrorKind::Config, "{} {}: cannot open it", option, path);
+  std::string line;
+  std::getline(f, line);
+  const size_t a = line.find_first_not_of(" \t\r"), b = line.find_last_not_of(" \t\r");
+  if (a == std::string::npos) fail_as(ErrorKind::Config, "{} {}: the file is empty", option, path);
+  return line.substr(a, b - a + 1);
+}
+
+}  // namespace
 
 int cmd_launch(int argc, char** argv) {
   CLI::App app{"Spawn this node's ranks with torchrun-style environment variables (RANK, WORLD_SIZE, LOCAL_RANK,\n"
@@ -58,6 +77,24 @@ int cmd_launch(int argc, char** argv) {
                  "HOST:PORT (port 0: any free one; the URL is printed and logged as a 'dashboard' event); on several "
                  "nodes node 0 serves it")
       ->group(sup);
+  std::string token_file;
+  app.add_option("--dashboard-token-file", token_file,
+                 "the dashboard answers only requests carrying the token in this file (Authorization: Bearer TOKEN, "
+                 "or ?token=TOKEN); default: MEGATRAIN_DASHBOARD_TOKEN if set, else no token")
+      ->group(sup);
+  app.add_option("--notify", o.notify,
+                 "POST the job's events (a fault detected, a restart, a resume, an eviction, done, gave up) to this "
+                 "http(s) webhook as JSON with a 'text' line; default: MEGATRAIN_NOTIFY_URL if set. Node 0 sends")
+      ->group(sup);
+  std::string notify_events;
+  app.add_option("--notify-events", notify_events,
+                 "which events to send (comma-separated names from the event log, or 'all'; default "
+                 "detected,restarting,resumed,evicted,done,gave_up)")
+      ->group(sup);
+  app.add_option("--notify-ca", o.notify_ca, "PEM file of the CAs that sign an https webhook's certificate "
+                 "(default: the system's)")->group(sup);
+  app.add_option("--job-name", o.job_name, "the job's name in notifications (default: SLURM_JOB_NAME, else the "
+                 "host name)")->group(sup);
   app.add_option("--backoff", o.backoff_s, "seconds before the first restart, doubling while no progress is made (1)")
       ->check(CLI::Range(0.0, 3600.0))->group(sup);
   app.add_option("--no-progress-limit", o.no_progress_limit,
@@ -115,6 +152,33 @@ int cmd_launch(int argc, char** argv) {
            "--dashboard on {} nodes needs the job driver (--max-restarts 1 or more): without it no process sees "
            "every rank", o.nnodes);
   if (!o.iface.empty()) local_address_of(o.iface, "--iface");  // a typo fails here, not in every rank
+  // Secrets come from files or the environment, never the command line, which every user of the host can read.
+  if (!token_file.empty()) {
+    o.dashboard_token = read_secret_file(token_file, "--dashboard-token-file");
+  } else if (const char* t = std::getenv("MEGATRAIN_DASHBOARD_TOKEN"); t && *t) {
+    o.dashboard_token = t;
+  }
+  if (!o.dashboard_token.empty() && o.dashboard.empty())
+    fail_as(ErrorKind::Config, "a dashboard token was given (--dashboard-token-file or MEGATRAIN_DASHBOARD_TOKEN) "
+            "but no --dashboard");
+  if (o.notify.empty())
+    if (const char* u = std::getenv("MEGATRAIN_NOTIFY_URL"); u && *u) o.notify = u;
+  for (size_t at = 0; !notify_events.empty() && at <= notify_events.size();) {
+    const size_t comma = std::min(notify_events.find(',', at), notify_events.size());
+    if (comma > at) o.notify_events.push_back(notify_events.substr(at, comma - at));
+    at = comma + 1;
+  }
+  if (o.notify.empty() && (!o.notify_events.empty() || !o.notify_ca.empty()))
+    fail_as(ErrorKind::Config, "--notify-events and --notify-ca need --notify URL (or MEGATRAIN_NOTIFY_URL)");
+  if (o.job_name.empty()) {
+    if (const char* j = std::getenv("SLURM_JOB_NAME"); j && *j) {
+      o.job_name = j;
+    } else {
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      o.job_name = host;
+    }
+  }
   return launch::run_agent(o);
 }
 

@@ -24,6 +24,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/dashboard.h"
+#include "megatrain/launch/notifier.h"
 #include "megatrain/launch/driver.h"
 #include "megatrain/launch/event_log.h"
 #include "megatrain/launch/job_protocol.h"
@@ -71,6 +72,7 @@ class Agent {
     setup_signals();
     store_ = open_job_store(opt_);
     events_.open(opt_.events, opt_.node_rank);
+    open_notifier();
     open_dashboard();
     base_env_ = inherited_env();
     spec_.argv = opt_.args;
@@ -302,7 +304,7 @@ class Agent {
         } catch (const std::exception& e) {
           say(fmt::format("driver: no event log: {}", e.what()));
         }
-        driver_code = run_driver(opt_, *driver_store, log, dashboard_.get());
+        driver_code = run_driver(opt_, *driver_store, log, dashboard_.get(), notifier_.get());
       });
     }
     std::atomic<bool> quit{false};
@@ -323,6 +325,7 @@ class Agent {
     if (fence.joinable()) fence.join();
     if (driver.joinable()) {
       if (code >= 128) {  // signalled: the process ends here, and the driver (mid-wait) with it
+        if (notifier_) notifier_->close();  // what the driver said so far still goes out
         std::fflush(nullptr);
         std::_Exit(code);
       }
@@ -685,12 +688,27 @@ class Agent {
   // and feeds the dashboard itself (driver.h).
   void open_dashboard() {
     if (opt_.dashboard.empty() || opt_.node_rank != 0) return;
-    dashboard_ = std::make_unique<Dashboard>(opt_.dashboard);
-    if (!opt_.driven()) events_.set_observer([this](const nlohmann::json& e) { dashboard_->event(e); });
+    dashboard_ = std::make_unique<Dashboard>(opt_.dashboard, opt_.dashboard_token);
+    if (!opt_.driven()) events_.add_observer([this](const nlohmann::json& e) { dashboard_->event(e); });
     const std::string url = dashboard_->url();
-    say(fmt::format("dashboard: {} (state as JSON: {}api/job, Prometheus: {}metrics)", url, url, url));
+    say(fmt::format("dashboard: {} (state as JSON: {}api/job, Prometheus: {}metrics){}", url, url, url,
+                    opt_.dashboard_token.empty() ? "" : "; every request needs the token (?token=, or Bearer)"));
     events_.write("dashboard", {{"url", url}});
     show();
+  }
+
+  // ---- the webhook -----------------------------------------------------------------------------------------------
+  // Node 0 only, like the dashboard: one node's agent sees every rank, and under the job driver the driver's events
+  // (node 0's) say everything the job did, once; a message per node would repeat them N times.
+  void open_notifier() {
+    if (opt_.notify.empty() || opt_.node_rank != 0) return;
+    NotifyOptions n;
+    n.url = opt_.notify;
+    n.events = opt_.notify_events;
+    n.ca_file = opt_.notify_ca;
+    n.job = opt_.job_name;
+    notifier_ = std::make_unique<Notifier>(n, [](const std::string& line) { say(line); });
+    if (!opt_.driven()) events_.add_observer([this](const nlohmann::json& e) { notifier_->event(e); });
   }
 
   // Publishes this agent's view of the job (one node, not under the driver). state: "" while an attempt runs
@@ -850,6 +868,7 @@ class Agent {
   JobWatch watch_;
   JobStore store_;
   EventLog events_;
+  std::unique_ptr<Notifier> notifier_;  // after events_: destroyed (and flushed) before the log it observes
   SpawnSpec spec_;
   std::vector<std::string> base_env_;
 

@@ -13,7 +13,18 @@
 
 namespace mt::launch {
 
-Dashboard::Dashboard(const std::string& address) : server_(std::make_unique<httplib::Server>()) {
+namespace {
+// Compares in time that depends on the length only, so response times do not leak how much of a guess was right.
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+}  // namespace
+
+Dashboard::Dashboard(const std::string& address, std::string token)
+    : token_(std::move(token)), server_(std::make_unique<httplib::Server>()) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
     fail_as(ErrorKind::Config, "--dashboard '{}': expected HOST:PORT (e.g. 0.0.0.0:8080, or 127.0.0.1:0 for any "
@@ -34,6 +45,19 @@ Dashboard::Dashboard(const std::string& address) : server_(std::make_unique<http
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
+  if (!token_.empty()) {
+    server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const std::string auth = req.get_header_value("Authorization");
+      const bool ok = (auth.rfind("Bearer ", 0) == 0 && same_secret(auth.substr(7), token_)) ||
+                      (req.has_param("token") && same_secret(req.get_param_value("token"), token_));
+      if (ok) return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 401;
+      res.set_header("WWW-Authenticate", "Bearer");
+      res.set_content("megatrain dashboard: this request needs the dashboard's token (Authorization: Bearer TOKEN, "
+                      "or ?token=TOKEN)\n", "text/plain; charset=utf-8");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   server_->Get("/", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(kDashboardPage, "text/html; charset=utf-8");
   });

@@ -8,6 +8,8 @@
 //   GET /api/job   job_json(view) plus "history" (per step: the loss, and the fastest and slowest rank's step
 //                  time) and "events" (the newest event-log lines);
 //   GET /metrics   the Prometheus text format (job_view.h).
+// Without a token anyone who reaches the port reads the job (names, losses, the command line's events); with one
+// (`--dashboard-token-file`), only those who hold it.
 // The server runs on threads of its own (cpp-httplib's pool), so a slow client never delays supervision, and it
 // never touches the supervisor's state: publish() copies the view under a lock.
 #pragma once
@@ -35,8 +37,10 @@ extern const char* const kDashboardPage;  // dashboard_page.cpp
 class Dashboard {
  public:
   // Listens on "HOST:PORT" (PORT 0: a free port the kernel picks; HOST 0.0.0.0: every interface). Throws
-  // mt::Error (Config) naming the address when it is malformed or cannot be bound.
-  explicit Dashboard(const std::string& address);
+  // mt::Error (Config) naming the address when it is malformed or cannot be bound. With a token, every request
+  // must carry it, as "Authorization: Bearer TOKEN" (Prometheus's bearer_token, curl -H) or "?token=TOKEN" (a
+  // browser; the page passes its own query on to its fetches); others get 401.
+  explicit Dashboard(const std::string& address, std::string token = "");
   ~Dashboard();
   Dashboard(const Dashboard&) = delete;
   Dashboard& operator=(const Dashboard&) = delete;
@@ -71,7 +75,7 @@ class Dashboard {
   int history_attempt_ = -1;
   std::deque<nlohmann::json> events_;
 
-  std::string host_;
+  std::string host_, token_;
   int port_ = 0;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;

@@ -166,7 +166,13 @@ function drawEvents(events) {
 
 async function refresh() {
   try {
-    const r = await fetch("/api/job", {cache: "no-store"});
+    // The page's own query (?token=...) goes with each fetch: a dashboard with a token wants it on every request.
+    const r = await fetch("/api/job" + location.search, {cache: "no-store"});
+    if (r.status === 401) {
+      document.getElementById("job").replaceChildren(
+          text("this dashboard needs its token: open it as /?token=TOKEN (launch --dashboard-token-file)"));
+      return;
+    }
     const d = await r.json();
     drawJob(d.job, d.ranks);
     drawGrid(d.job, d.ranks);

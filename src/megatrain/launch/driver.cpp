@@ -11,6 +11,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/dashboard.h"
+#include "megatrain/launch/notifier.h"
 #include "megatrain/launch/job_protocol.h"
 #include "megatrain/launch/job_watch.h"
 #include "megatrain/launch/node_plan.h"
@@ -528,8 +529,9 @@ class Driver {
 
 }  // namespace
 
-int run_driver(const LaunchOptions& opt, Store& store, EventLog& events, Dashboard* dashboard) {
-  if (dashboard) events.set_observer([dashboard](const nlohmann::json& e) { dashboard->event(e); });
+int run_driver(const LaunchOptions& opt, Store& store, EventLog& events, Dashboard* dashboard, Notifier* notifier) {
+  if (dashboard) events.add_observer([dashboard](const nlohmann::json& e) { dashboard->event(e); });
+  if (notifier) events.add_observer([notifier](const nlohmann::json& e) { notifier->event(e); });
   return Driver(opt, store, events, dashboard).run();
 }
 

@@ -28,10 +28,13 @@ constexpr int kNoNodesExit = 42;  // gave up: too few healthy nodes for any layo
 constexpr int kEvictedExit = 43;  // an agent's own exit: the driver evicted this node (replace it)
 
 class Dashboard;  // dashboard.h
+class Notifier;   // notifier.h
 
 // Runs the job from the driver's side; returns the job's exit code, which it also writes to job/done for every
 // agent. `store` is the driver's own client of the job store; `events` its event log (node 0's). With a
-// dashboard, the driver publishes its view of every rank to it and its events go there too.
-int run_driver(const LaunchOptions& opt, Store& store, EventLog& events, Dashboard* dashboard = nullptr);
+// dashboard, the driver publishes its view of every rank to it and its events go there too; with a notifier, its
+// events go to the webhook.
+int run_driver(const LaunchOptions& opt, Store& store, EventLog& events, Dashboard* dashboard = nullptr,
+               Notifier* notifier = nullptr);
 
 }  // namespace mt::launch

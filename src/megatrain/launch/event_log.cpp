@@ -33,7 +33,7 @@ void EventLog::open(const std::string& path, int node) {
 
 void EventLog::write(const std::string& event, nlohmann::json fields) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!f_ && !observer_) return;
+  if (!f_ && observers_.empty()) return;
   nlohmann::json j = {{"t", unix_seconds()}, {"event", event}, {"attempt", attempt_}, {"node", node_}};
   for (auto& [k, v] : fields.items()) j[k] = v;
   if (f_) {
@@ -41,7 +41,7 @@ void EventLog::write(const std::string& event, nlohmann::json fields) {
     std::fwrite(line.data(), 1, line.size(), f_);
     std::fflush(f_);
   }
-  if (observer_) observer_(j);
+  for (const auto& observe : observers_) observe(j);
 }
 
 }  // namespace mt::launch

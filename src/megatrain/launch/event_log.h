@@ -24,6 +24,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,13 +43,14 @@ class EventLog {
   // Writes {"t":..., "event": event, "attempt":..., "node":..., fields...}, and hands it to the observer. Any thread
   // may write (the agent's fence thread does); lines never interleave.
   void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
-  // Called with every event written from then on (the dashboard's feed), on the writer's thread.
-  void set_observer(std::function<void(const nlohmann::json&)> f) { observer_ = std::move(f); }
+  // Called with every event written from then on (the dashboard's feed, the webhook's), on the writer's thread.
+  // Add observers before the log is shared between threads.
+  void add_observer(std::function<void(const nlohmann::json&)> f) { observers_.push_back(std::move(f)); }
 
  private:
   std::mutex mu_;
   std::FILE* f_ = nullptr;
-  std::function<void(const nlohmann::json&)> observer_;
+  std::vector<std::function<void(const nlohmann::json&)>> observers_;
   int node_ = 0, attempt_ = 0;
 };
 

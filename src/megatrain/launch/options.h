@@ -26,6 +26,11 @@ struct LaunchOptions {
   int max_restarts = 0;           // restarts after a failure that a restart may help; 0: the first failure ends it
   std::string events;             // the event log (JSON lines); "" = none
   std::string dashboard;          // HOST:PORT the dashboard serves on (launch/dashboard.h); "" = none
+  std::string dashboard_token;    // a request must carry it (Authorization: Bearer, or ?token=); "" = open
+  std::string notify;             // the webhook URL events are POSTed to (launch/notifier.h); "" = none
+  std::vector<std::string> notify_events;  // which events; empty: kDefaultNotifyEvents
+  std::string notify_ca;          // CA bundle (PEM) for an https webhook; "": the system's
+  std::string job_name;           // the job's name in notifications
   double backoff_s = 1.0;         // first delay before a restart (doubling while attempts make no progress)
   int no_progress_limit = 3;      // attempts in a row without progress before giving up (exit 40)
   double hang_floor_s = 30;       // a hang is declared after max(hang_factor x median step time, this)

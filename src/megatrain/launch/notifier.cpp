@@ -1,0 +1,247 @@
+#include "megatrain/launch/notifier.h"
+
+#include <httplib.h>
+#include <openssl/x509.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "megatrain/core/clock.h"
+#include "megatrain/core/error.h"
+
+namespace mt::launch {
+
+using nlohmann::json;
+
+const std::vector<std::string> kDefaultNotifyEvents = {"detected", "restarting", "resumed",
+                                                       "evicted",  "done",       "gave_up"};
+const std::vector<std::string> kAllEventNames = {
+    "started",  "fault",     "injected",   "detected", "stopped",  "restarting", "resumed", "caught_up", "warning",
+    "done",     "gave_up",   "registered", "planned",  "diagnosed", "evicted",   "fenced",  "dashboard"};
+
+WebhookUrl parse_webhook_url(const std::string& url) {
+  const size_t sep = url.find("://");
+  const std::string scheme = sep == std::string::npos ? "" : url.substr(0, sep);
+  if (scheme != "http" && scheme != "https")
+    fail_as(ErrorKind::Config, "--notify '{}': expected an http:// or https:// URL", url);
+  const size_t path_at = url.find('/', sep + 3);
+  const std::string authority = url.substr(sep + 3, path_at == std::string::npos ? std::string::npos
+                                                                                  : path_at - sep - 3);
+  if (authority.find('@') != std::string::npos)
+    fail_as(ErrorKind::Config, "--notify '{}': user:password@ in the URL is not supported; put the secret in the path "
+            "or query, as webhook services do", url);
+  // HOST, HOST:PORT, [IPv6] or [IPv6]:PORT.
+  std::string host = authority, port;
+  if (!authority.empty() && authority[0] == '[') {
+    const size_t close = authority.find(']');
+    if (close == std::string::npos) fail_as(ErrorKind::Config, "--notify '{}': an unclosed '[' in the host", url);
+    host = authority.substr(0, close + 1);
+    if (close + 1 < authority.size()) {
+      if (authority[close + 1] != ':') fail_as(ErrorKind::Config, "--notify '{}': a malformed host", url);
+      port = authority.substr(close + 2);
+    }
+  } else if (const size_t colon = authority.rfind(':'); colon != std::string::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+    if (port.empty()) fail_as(ErrorKind::Config, "--notify '{}': an empty port", url);
+  }
+  if (host.empty() || host == "[]") fail_as(ErrorKind::Config, "--notify '{}': no host", url);
+  if (!port.empty()) {
+    const bool digits = port.size() <= 5 && std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535)
+      fail_as(ErrorKind::Config, "--notify '{}': the port must be 1..65535", url);
+  }
+  WebhookUrl w;
+  w.scheme_host_port = scheme + "://" + host + (port.empty() ? "" : ":" + port);
+  w.path = path_at == std::string::npos ? "/" : url.substr(path_at);
+  return w;
+}
+
+namespace {
+
+std::string str(const json& e, const char* key) {
+  if (!e.contains(key)) return "";
+  return e[key].is_string() ? e[key].get<std::string>() : e[key].dump();
+}
+
+std::string detected_text(const json& e) {
+  const std::string reason = str(e, "reason");
+  if (reason == "exit") return fmt::format("rank {} {}", str(e, "rank"), str(e, "status"));
+  if (reason == "hang") return fmt::format("hang: {}: {}", str(e, "why"), str(e, "blame"));
+  if (e.contains("line")) return str(e, "line");  // node_lost, straggler
+  return reason;
+}
+
+// httplib's names of its errors are one word ("Connection"); the launcher's output says what it means.
+std::string describe(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection: return "cannot connect (refused, or the host unreachable)";
+    case httplib::Error::ConnectionTimeout: return "no connection within 5 s";
+    case httplib::Error::Read: return "no answer within 5 s";
+    case httplib::Error::Write: return "the request could not be written";
+    case httplib::Error::SSLConnection: return "the TLS handshake failed";
+    case httplib::Error::SSLServerVerification: return "the server's certificate was refused";
+    default: return httplib::to_string(e);
+  }
+}
+
+}  // namespace
+
+std::string notify_text(const json& e, const std::string& job) {
+  const std::string event = str(e, "event");
+  std::string what;
+  if (event == "detected") {
+    what = "fault detected: " + detected_text(e);
+  } else if (event == "restarting") {
+    what = fmt::format("restarting in {:.1f} s after a failure (code {}): {}", e.value("delay_s", 0.0),
+                       str(e, "failure_code"), str(e, "reason"));
+    if (e.contains("nodes")) what += fmt::format("; next on nodes {}", fmt::join(e["nodes"].get<std::vector<int>>(), ","));
+  } else if (event == "resumed") {
+    what = fmt::format("resumed: step {} done, {:.1f} s after the restart (from the checkpoint of step {})",
+                       str(e, "step"), e.value("seconds", 0.0), str(e, "from"));
+  } else if (event == "caught_up") {
+    what = fmt::format("caught up: step {} reached again, {:.1f} s after the restart", str(e, "step"),
+                       e.value("seconds", 0.0));
+  } else if (event == "evicted") {
+    what = fmt::format("node {} evicted: {}", str(e, "node"), str(e, "reason"));
+  } else if (event == "done") {
+    what = fmt::format("done: {} (step {}, {} restarts)", e.value("reason", "every rank finished"),
+                       str(e, "best_step"), e.value("restarts", 0));
+  } else if (event == "gave_up") {
+    what = fmt::format("gave up (exit {}): {}", str(e, "exit_code"), str(e, "reason"));
+  } else if (event == "warning" || event == "fault") {
+    what = fmt::format("{}: rank {}: {}", event, str(e, "rank"), e.contains("line") ? str(e, "line") : str(e, "reason"));
+  } else {
+    json rest = e;
+    for (const char* k : {"t", "event", "attempt", "node", "by"}) rest.erase(k);
+    what = event + ": " + rest.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  return fmt::format("megatrain {}, attempt {}: {}", job, str(e, "attempt"), what);
+}
+
+Notifier::Notifier(NotifyOptions o, std::function<void(const std::string&)> say)
+    : opt_(std::move(o)), where_(parse_webhook_url(opt_.url)), say_(std::move(say)) {
+  const std::vector<std::string>& names = opt_.events.empty() ? kDefaultNotifyEvents : opt_.events;
+  for (const std::string& n : names) {
+    if (n == "all") {
+      selected_.insert(kAllEventNames.begin(), kAllEventNames.end());
+      continue;
+    }
+    if (std::find(kAllEventNames.begin(), kAllEventNames.end(), n) == kAllEventNames.end())
+      fail_as(ErrorKind::Config, "--notify-events: '{}' is not an event the supervisor writes (one of: all, {})", n,
+              fmt::join(kAllEventNames, ", "));
+    selected_.insert(n);
+  }
+  if (!opt_.ca_file.empty()) {
+    if (where_.scheme_host_port.rfind("https://", 0) != 0)
+      fail_as(ErrorKind::Config, "--notify-ca {}: the webhook URL is not https://", opt_.ca_file);
+    std::ifstream f(opt_.ca_file);
+    if (!f) fail_as(ErrorKind::Config, "--notify-ca {}: cannot open it", opt_.ca_file);
+    std::string pem((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (pem.find("-----BEGIN CERTIFICATE-----") == std::string::npos)
+      fail_as(ErrorKind::Config, "--notify-ca {}: no PEM certificate in it (missing, or not a CA bundle)",
+              opt_.ca_file);
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Notifier::~Notifier() { close(); }
+
+void Notifier::event(const json& e) {
+  if (!selected_.count(e.value("event", ""))) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closing_) return;
+  if (queue_.size() >= kMaxQueued) {
+    if (counts_.dropped++ == 0)
+      say_(fmt::format("notify: {} events are waiting for the webhook already; dropping new ones (first: '{}' of "
+                       "attempt {})", kMaxQueued, e.value("event", ""), str(e, "attempt")));
+    return;
+  }
+  queue_.push_back(e);
+  cv_.notify_one();
+}
+
+void Notifier::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = closing_ = true;
+    close_deadline_ = now_seconds() + kCloseSeconds;
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+  const Counts c = counts();
+  if (c.sent + c.failed + c.dropped > 0)
+    say_(fmt::format("notify: {} sent, {} not delivered, {} dropped ({})", c.sent, c.failed, c.dropped, where_.scheme_host_port));
+}
+
+Notifier::Counts Notifier::counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
+void Notifier::run() {
+  for (;;) {
+    json e;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      if (closing_ && now_seconds() > close_deadline_) {
+        counts_.dropped += int(queue_.size());
+        say_(fmt::format("notify: {} events still queued after {:.0f} s of closing; not sent", queue_.size(),
+                         kCloseSeconds));
+        queue_.clear();
+        return;
+      }
+      e = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const bool ok = send(e);
+    std::lock_guard<std::mutex> lock(mu_);
+    (ok ? counts_.sent : counts_.failed)++;
+  }
+}
+
+bool Notifier::send(const json& e) {
+  const json body = {{"text", notify_text(e, opt_.job)}, {"job", opt_.job}, {"event", e}};
+  const std::string payload = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  httplib::Client client(where_.scheme_host_port);
+  client.set_connection_timeout(5, 0);
+  client.set_read_timeout(5, 0);
+  client.set_write_timeout(5, 0);
+  if (where_.scheme_host_port.rfind("https://", 0) == 0) {
+    client.enable_server_certificate_verification(true);
+    if (!opt_.ca_file.empty()) client.set_ca_cert_path(opt_.ca_file);
+  }
+  std::string why;
+  for (int attempt = 1; attempt <= kTries; ++attempt) {
+    if (attempt > 1) {
+      // 1 s, then 2 s; a close() in progress shortens nothing (the deadline is checked between events).
+      std::this_thread::sleep_for(std::chrono::seconds(1 << (attempt - 2)));
+    }
+    auto res = client.Post(where_.path, payload, "application/json");
+    if (res && res->status >= 200 && res->status < 300) return true;
+    if (res) {
+      why = fmt::format("HTTP {}{}", res->status, res->body.empty() ? "" : ": " + res->body.substr(0, 200));
+      if (res->status < 500 && res->status != 429) break;  // the request itself is refused: trying again won't help
+    } else {
+      why = describe(res.error());
+      if (res.error() == httplib::Error::SSLServerVerification) {
+        if (const long v = client.get_openssl_verify_result(); v != X509_V_OK)
+          why += fmt::format(" ({})", X509_verify_cert_error_string(v));
+        break;  // the same certificate next time
+      }
+    }
+  }
+  say_(fmt::format("notify: the '{}' event of attempt {} was not delivered to {}: {}", e.value("event", ""),
+                   str(e, "attempt"), where_.scheme_host_port, why));
+  return false;
+}
+
+}  // namespace mt::launch
