@@ -14,6 +14,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cerrno>
+#include <cstring>
 #include <functional>
 #include <filesystem>
 #include <fstream>
@@ -104,7 +106,12 @@ inline pid_t start_logged(const std::string& binary, const std::vector<std::stri
 inline int finish_within(pid_t pid, double timeout_s) {
   const double t0 = now_seconds();
   int st = 0;
-  while (::waitpid(pid, &st, WNOHANG) != pid) {
+  for (pid_t r; (r = ::waitpid(pid, &st, WNOHANG)) != pid;) {
+    if (r < 0) {  // reaped already (a WNOHANG check that saw it end): waiting on would last the whole timeout
+      ADD_FAILURE() << "process " << pid << " cannot be waited for (" << std::strerror(errno)
+                    << "): it ended and was reaped earlier";
+      return -1;
+    }
     if (now_seconds() - t0 > timeout_s) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, &st, 0);
