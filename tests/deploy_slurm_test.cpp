@@ -6,7 +6,8 @@
 //  - node 1's agent is killed (kill -9) mid-run: Slurm reports that task's failure, the spare takes its place;
 //  - then node 0's agent, the driver: the others leave within their lease, and the script requeues the job, whose
 //    next run resumes from the newest checkpoint.
-// The job must complete with exit code 0, and its per-step losses must equal the undisturbed run's (the oracle).
+// The job must complete with exit code 0, and its per-step losses must equal the undisturbed run's (the oracle). A
+// webhook on the login node must hear the node lost, the requeue and the end (MEGATRAIN_NOTIFY_URL).
 // (One test, not a clean run and faulty ones: the clean path is inside it, and each cluster costs seconds of CI.)
 // Needs root, iproute2, nsenter and unshare (util-linux), and the Slurm and MUNGE daemons; without them the tests
 // skip, saying what is missing.
@@ -20,6 +21,7 @@
 #include <thread>
 
 #include "launch_testutil.h"
+#include "webhook_receiver.h"
 #include "net_hosts.h"
 #include "test_util.h"
 
@@ -190,13 +192,14 @@ class SlurmJob : public ::testing::Test {
 
   // Submits the script for `nodes` nodes from the login node, with MEGATRAIN_FAULTS = `faults` for the ranks; the
   // job id.
-  std::string submit(int nodes, int spares, const std::string& faults = "") {
+  std::string submit(int nodes, int spares, const std::string& faults = "", const std::string& notify_url = "") {
     const SlurmCluster& c = *cluster_;
     std::string args = "--max-restarts 3 --backoff 0 --";
     for (const auto& a : node_job(out())) args += " '" + a + "'";
-    const std::string env =
+    std::string env =
         fmt::format("MEGATRAIN={} MEGATRAIN_NPROC=2 MEGATRAIN_SPARES={} MEGATRAIN_RUN_DIR={} MEGATRAIN_FAULTS='{}'",
                     kMegatrain, spares, run_dir(), faults);
+    if (!notify_url.empty()) env += " MEGATRAIN_NOTIFY_URL=" + notify_url;
     std::string id;
     EXPECT_EQ(c.slurm(fmt::format("sbatch --parsable --nodes={} --chdir={} -o {} {}/deploy/slurm/megatrain.sbatch {}",
                                   nodes, dir_.string(), job_log(), MT_SOURCE_DIR, args),
@@ -269,7 +272,10 @@ TEST_F(SlurmJob, AKilledAgentIsReplacedByTheSpareAndALostDriverRequeuesTheJob) {
   // at attempt 0 again and is slowed from step 6 too.
   std::string faults = slow_from_step6();
   for (int r = 0; r < 4; ++r) faults += fmt::format("slow:rank={}:factor=100:attempt=1;", r);
-  const std::string job = submit(3, 1, faults);
+  // The team's webhook, on the login node (host 0): the driver posts to it, and the script when the driver is lost.
+  Receiver webhook(std::make_unique<httplib::Server>(), "/run/netns/" + net_->netns(0));
+  ASSERT_GT(webhook.port(), 0);
+  const std::string job = submit(3, 1, faults, webhook.url("http", net_->address(0)));
   // 1. Node 1 of the job is n2 (host 2): kill its agent once training is under way; the spare (n3) takes over.
   wait_until(job, [&] { return last_step(out() + "/metrics.jsonl") >= 5; }, "step 5");
   if (HasFatalFailure()) return;
@@ -314,6 +320,36 @@ TEST_F(SlurmJob, AKilledAgentIsReplacedByTheSpareAndALostDriverRequeuesTheJob) {
     if (e.value("by", "") == "driver" && e["event"] == "planned") planned.push_back(e);
   ASSERT_EQ(planned.size(), 3u) << slurp(events(0));
   EXPECT_EQ(planned[1]["nodes"], nlohmann::json::array({0, 2})) << planned[1].dump();
+
+  // The webhook heard the story: node 1 lost (from the first run's driver), the requeue (from the script: the driver
+  // was gone), and the end (from the second run's driver). Each driver line it got is one of node 0's log, in the
+  // log's order (the first driver may have died with a message still queued: nothing more is asked of it).
+  std::vector<nlohmann::json> driver_lines, got_driver;
+  for (const auto& e : events_of(events(0)))
+    if (e.value("by", "") == "driver") driver_lines.push_back(e);
+  nlohmann::json requeued;
+  for (const auto& b : webhook.bodies()) {
+    EXPECT_EQ(b["job"], "megatrain") << b.dump();  // #SBATCH --job-name
+    if (b["event"].value("by", "") == "driver") got_driver.push_back(b["event"]);
+    if (b["event"]["event"] == "requeued") requeued = b["event"];
+  }
+  size_t at = 0;
+  for (const auto& g : got_driver) {
+    while (at < driver_lines.size() && driver_lines[at] != g) ++at;
+    EXPECT_LT(at, driver_lines.size()) << "not in node 0's log, or out of its order: " << g.dump();
+  }
+  auto received = [&](const std::string& event, const std::string& reason) {
+    for (const auto& g : got_driver)
+      if (g["event"] == event && (reason.empty() || g.value("reason", "") == reason)) return true;
+    return false;
+  };
+  EXPECT_TRUE(received("detected", "node_lost")) << nlohmann::json(got_driver).dump();
+  EXPECT_TRUE(received("done", "")) << nlohmann::json(got_driver).dump();
+  ASSERT_TRUE(requeued.is_object()) << "no requeued message from the script\n" << log;
+  EXPECT_EQ(requeued["requeue"], 1);
+  EXPECT_EQ(requeued["of"], 3);
+  EXPECT_EQ(requeued["slurm_job"], std::stoi(job));
+  EXPECT_NE(requeued["reason"].get<std::string>().find("the driver"), std::string::npos) << requeued.dump();
 }
 
 }  // namespace

@@ -316,6 +316,39 @@ TEST(LaunchNotify, AJobThatRecoversTellsTheWebhookWhatItsEventLogSays) {
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
 
+// `megatrain notify`: a job script's own event (the Slurm script's requeue), in the supervisor's format.
+TEST(LaunchNotify, TheNotifyCommandPostsOneEventWithTypedFields) {
+  const fs::path dir = fs::path(temp_root()) / "mt-notify-cmd";
+  fs::create_directories(dir);
+  const std::string log = (dir / "out.log").string();
+  Receiver r;
+  int code = finish_within(start_logged(kMegatrain, {"notify", "--url", r.url(), "--event", "requeued", "--job-name",
+                                                     "j", "--field", "requeue=1", "--field", "of=3", "--field",
+                                                     "reason=the driver's node was lost", "--field", "ok=true"},
+                                        log),
+                           60);
+  EXPECT_EQ(code, 0) << slurp(log);
+  ASSERT_EQ(r.bodies().size(), 1u) << slurp(log);
+  const json b = r.bodies()[0];
+  EXPECT_EQ(b["text"], "megatrain j: requeued (requeue 1 of 3): the driver's node was lost");
+  EXPECT_EQ(b["event"]["requeue"], 1);  // JSON where the value parses as JSON, a string otherwise
+  EXPECT_EQ(b["event"]["ok"], true);
+  EXPECT_EQ(b["event"]["reason"], "the driver's node was lost");
+  EXPECT_TRUE(b["event"]["t"].is_number());
+  // Refused by the webhook: exit 1, saying why. Malformed: a config error (10), nothing sent.
+  r.answer = [](int) { return 404; };
+  code = finish_within(start_logged(kMegatrain, {"notify", "--url", r.url(), "--event", "x"}, log), 60);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(slurp(log).find("was not delivered to http://127.0.0.1:"), std::string::npos) << slurp(log);
+  EXPECT_NE(slurp(log).find("HTTP 404"), std::string::npos) << slurp(log);
+  code = finish_within(start_logged(kMegatrain, {"notify", "--url", r.url(), "--event", "x", "--field", "novalue"}, log),
+                       60);
+  EXPECT_EQ(code, 10);
+  EXPECT_NE(slurp(log).find("--field 'novalue': expected KEY=VALUE"), std::string::npos) << slurp(log);
+  EXPECT_EQ(r.requests(), 2);
+  fs::remove_all(dir);
+}
+
 TEST(LaunchNotify, OptionsWithoutAUrlOrATokenWithoutADashboardAreRefused) {
   const fs::path dir = fs::path(temp_root()) / "mt-notify-opts";
   fs::create_directories(dir);

@@ -1,7 +1,5 @@
 // megatrain launch: argument parsing only. The agent that starts and supervises this node's ranks lives in
 // src/megatrain/launch/ (agent.h), where the robust-training supervisor grows and tests reach it.
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
@@ -11,6 +9,7 @@
 #include "megatrain/comm/local_address.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/agent.h"
+#include "megatrain/launch/notifier.h"
 
 namespace mt::cli {
 namespace {
@@ -170,15 +169,7 @@ int cmd_launch(int argc, char** argv) {
   }
   if (o.notify.empty() && (!o.notify_events.empty() || !o.notify_ca.empty()))
     fail_as(ErrorKind::Config, "--notify-events and --notify-ca need --notify URL (or MEGATRAIN_NOTIFY_URL)");
-  if (o.job_name.empty()) {
-    if (const char* j = std::getenv("SLURM_JOB_NAME"); j && *j) {
-      o.job_name = j;
-    } else {
-      char host[256] = {};
-      ::gethostname(host, sizeof host - 1);
-      o.job_name = host;
-    }
-  }
+  if (o.job_name.empty()) o.job_name = launch::default_job_name();
   return launch::run_agent(o);
 }
 

@@ -12,6 +12,7 @@ int cmd_eval(int argc, char** argv);         // eval                           (
 int cmd_convert(int argc, char** argv);      // convert                        (cmd_convert.cpp)
 int cmd_launch(int argc, char** argv);       // launch                         (cmd_launch.cpp)
 int cmd_diagnose(int argc, char** argv);     // diagnose                       (cmd_diagnose.cpp)
+int cmd_notify(int argc, char** argv);       // notify                         (cmd_notify.cpp)
 int cmd_simulate(int argc, char** argv);     // simulate                       (cmd_simulate.cpp)
 int cmd_trace(int argc, char** argv);        // trace merge                    (cmd_trace.cpp)
 

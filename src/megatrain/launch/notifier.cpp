@@ -1,10 +1,12 @@
 #include "megatrain/launch/notifier.h"
 
 #include <httplib.h>
+#include <unistd.h>
 #include <openssl/x509.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -23,6 +25,13 @@ const std::vector<std::string> kDefaultNotifyEvents = {"detected", "restarting",
 const std::vector<std::string> kAllEventNames = {
     "started",  "fault",     "injected",   "detected", "stopped",  "restarting", "resumed", "caught_up", "warning",
     "done",     "gave_up",   "registered", "planned",  "diagnosed", "evicted",   "fenced",  "dashboard"};
+
+std::string default_job_name() {
+  if (const char* j = std::getenv("SLURM_JOB_NAME"); j && *j) return j;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
 
 WebhookUrl parse_webhook_url(const std::string& url) {
   const size_t sep = url.find("://");
@@ -114,6 +123,8 @@ std::string notify_text(const json& e, const std::string& job) {
                        str(e, "best_step"), e.value("restarts", 0));
   } else if (event == "gave_up") {
     what = fmt::format("gave up (exit {}): {}", str(e, "exit_code"), str(e, "reason"));
+  } else if (event == "requeued") {
+    what = fmt::format("requeued (requeue {} of {}): {}", str(e, "requeue"), str(e, "of"), str(e, "reason"));
   } else if (event == "warning" || event == "fault") {
     what = fmt::format("{}: rank {}: {}", event, str(e, "rank"), e.contains("line") ? str(e, "line") : str(e, "reason"));
   } else {
@@ -121,6 +132,7 @@ std::string notify_text(const json& e, const std::string& job) {
     for (const char* k : {"t", "event", "attempt", "node", "by"}) rest.erase(k);
     what = event + ": " + rest.dump(-1, ' ', false, json::error_handler_t::replace);
   }
+  if (!e.contains("attempt")) return fmt::format("megatrain {}: {}", job, what);  // a job script's own event
   return fmt::format("megatrain {}, attempt {}: {}", job, str(e, "attempt"), what);
 }
 
@@ -202,45 +214,44 @@ void Notifier::run() {
       e = std::move(queue_.front());
       queue_.pop_front();
     }
-    const bool ok = send(e);
+    std::string why;
+    const bool ok = post_event(opt_, e, &why);
+    if (!ok)
+      say_(fmt::format("notify: the '{}' event of attempt {} was not delivered to {}: {}", e.value("event", ""),
+                       str(e, "attempt"), where_.scheme_host_port, why));
     std::lock_guard<std::mutex> lock(mu_);
     (ok ? counts_.sent : counts_.failed)++;
   }
 }
 
-bool Notifier::send(const json& e) {
-  const json body = {{"text", notify_text(e, opt_.job)}, {"job", opt_.job}, {"event", e}};
+bool post_event(const NotifyOptions& o, const json& e, std::string* why) {
+  const WebhookUrl where = parse_webhook_url(o.url);
+  const json body = {{"text", notify_text(e, o.job)}, {"job", o.job}, {"event", e}};
   const std::string payload = body.dump(-1, ' ', false, json::error_handler_t::replace);
-  httplib::Client client(where_.scheme_host_port);
+  httplib::Client client(where.scheme_host_port);
   client.set_connection_timeout(5, 0);
   client.set_read_timeout(5, 0);
   client.set_write_timeout(5, 0);
-  if (where_.scheme_host_port.rfind("https://", 0) == 0) {
+  if (where.scheme_host_port.rfind("https://", 0) == 0) {
     client.enable_server_certificate_verification(true);
-    if (!opt_.ca_file.empty()) client.set_ca_cert_path(opt_.ca_file);
+    if (!o.ca_file.empty()) client.set_ca_cert_path(o.ca_file);
   }
-  std::string why;
-  for (int attempt = 1; attempt <= kTries; ++attempt) {
-    if (attempt > 1) {
-      // 1 s, then 2 s; a close() in progress shortens nothing (the deadline is checked between events).
-      std::this_thread::sleep_for(std::chrono::seconds(1 << (attempt - 2)));
-    }
-    auto res = client.Post(where_.path, payload, "application/json");
+  for (int attempt = 1; attempt <= Notifier::kTries; ++attempt) {
+    if (attempt > 1) std::this_thread::sleep_for(std::chrono::seconds(1 << (attempt - 2)));  // 1 s, then 2 s
+    auto res = client.Post(where.path, payload, "application/json");
     if (res && res->status >= 200 && res->status < 300) return true;
     if (res) {
-      why = fmt::format("HTTP {}{}", res->status, res->body.empty() ? "" : ": " + res->body.substr(0, 200));
+      *why = fmt::format("HTTP {}{}", res->status, res->body.empty() ? "" : ": " + res->body.substr(0, 200));
       if (res->status < 500 && res->status != 429) break;  // the request itself is refused: trying again won't help
     } else {
-      why = describe(res.error());
+      *why = describe(res.error());
       if (res.error() == httplib::Error::SSLServerVerification) {
         if (const long v = client.get_openssl_verify_result(); v != X509_V_OK)
-          why += fmt::format(" ({})", X509_verify_cert_error_string(v));
+          *why += fmt::format(" ({})", X509_verify_cert_error_string(v));
         break;  // the same certificate next time
       }
     }
   }
-  say_(fmt::format("notify: the '{}' event of attempt {} was not delivered to {}: {}", e.value("event", ""),
-                   str(e, "attempt"), where_.scheme_host_port, why));
   return false;
 }
 

@@ -39,6 +39,9 @@ struct NotifyOptions {
   std::string job;                  // the job's name in each message
 };
 
+// The job's name when none is given: SLURM_JOB_NAME, else this host's name.
+std::string default_job_name();
+
 // The URL split for the HTTP client. Throws mt::Error (Config) naming the URL when it is not http(s)://HOST...
 struct WebhookUrl {
   std::string scheme_host_port;  // "https://hooks.example.com:443"
@@ -48,6 +51,10 @@ WebhookUrl parse_webhook_url(const std::string& url);
 
 // The line for people ("text") for an event-log line.
 std::string notify_text(const nlohmann::json& event, const std::string& job);
+
+// POSTs one event now, with the retries above (Notifier's rule); false with *why set when it was not delivered.
+// (`megatrain notify`: a job script's own events, e.g. the Slurm script's requeue when the driver is gone.)
+bool post_event(const NotifyOptions& o, const nlohmann::json& event, std::string* why);
 
 class Notifier {
  public:
@@ -74,7 +81,6 @@ class Notifier {
 
  private:
   void run();
-  bool send(const nlohmann::json& e);  // with retries; false when it could not be delivered
 
   NotifyOptions opt_;
   WebhookUrl where_;
