@@ -40,7 +40,7 @@ class EventLog {
   // Appends to path (creating its folder); "" keeps the log off. Throws mt::Error naming the path it cannot open.
   void open(const std::string& path, int node);
   void set_attempt(int attempt) { attempt_ = attempt; }
-  // Writes {"t":..., "event": event, "attempt":..., "node":..., fields...}, and hands it to the observer. Any thread
+  // Writes {"t":..., "event": event, "attempt":..., "node":..., fields...}, and hands it to the observers. Any thread
   // may write (the agent's fence thread does); lines never interleave.
   void write(const std::string& event, nlohmann::json fields = nlohmann::json::object());
   // Called with every event written from then on (the dashboard's feed, the webhook's), on the writer's thread.
