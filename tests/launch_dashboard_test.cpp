@@ -53,6 +53,7 @@ JobView two_ranks() {
   v.world = 2;
   v.started = 90.0;
   v.now = 101.5;
+  v.useful_s = 5.75;
   v.ranks = {rank_view(0, 7, true), rank_view(1, 6, false)};
   return v;
 }
@@ -61,6 +62,8 @@ TEST(JobView, JsonCarriesEveryRankAndNullForWhatWasNotReported) {
   const nlohmann::json j = job_json(two_ranks());
   EXPECT_EQ(j["job"]["state"], "running");
   EXPECT_EQ(j["job"]["uptime_s"], 11.5);
+  EXPECT_EQ(j["job"]["useful_s"], 5.75);
+  EXPECT_EQ(j["job"]["effective_training"], 0.5);  // 5.75 / 11.5
   EXPECT_EQ(j["job"]["layout"], (nlohmann::json{{"dp", 1}, {"pp", 2}, {"tp", 1}, {"grad_accum", 1}}));
   EXPECT_EQ(j["job"]["step"], (nlohmann::json{{"min", 6}, {"max", 7}}));
   ASSERT_EQ(j["ranks"].size(), 2u);
@@ -109,6 +112,8 @@ std::map<std::string, std::string> parse_prometheus(const std::string& text) {
 TEST(JobView, PrometheusTextIsWellFormedAndLeavesOutUnreportedValues) {
   const auto s = parse_prometheus(prometheus_text(two_ranks()));
   EXPECT_EQ(s.at("megatrain_job_restarts"), "1");
+  EXPECT_EQ(s.at("megatrain_job_useful_step_seconds"), "5.75");
+  EXPECT_EQ(s.at("megatrain_job_effective_training_ratio"), "0.5");
   EXPECT_EQ(s.at("megatrain_job_state{state=\"running\"}"), "1");
   EXPECT_EQ(s.at("megatrain_job_state{state=\"failed\"}"), "0");
   const std::string r0 = "{rank=\"0\",node=\"0\",dp=\"0\",pp=\"0\",tp=\"0\"}";
@@ -388,6 +393,8 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   EXPECT_EQ(cells, (std::set<int>{0, 1, 2, 3})) << dom;
   EXPECT_NE(dom.find("stage pp1"), std::string::npos);
   EXPECT_NE(dom.find("<b>running</b>"), std::string::npos);
+  EXPECT_TRUE(std::regex_search(dom, std::regex(R"(id="job-effectivetraining">effective training: <b>\d+\.\d%</b>)")))
+      << "no effective training time on the page";
   EXPECT_NE(dom.find("<polyline"), std::string::npos) << "no loss curve";
 
   // SIGTERM ends the job cleanly: the ranks stop at a step boundary, the launcher exits as signalled.

@@ -241,6 +241,14 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   const auto got = webhook.bodies();
   ASSERT_EQ(got.size(), driver_lines.size()) << log(0);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i]["event"], driver_lines[i]);
+  // The driver's effective training time: the kept steps (rank 0's records, heard through the agents' statuses
+  // every half second) took exactly what the final metrics lines say.
+  double kept = 0;
+  for (const auto& l : events_of(out() + "/metrics.jsonl"))
+    if (l.value("kind", "") == "train") kept += l["step_seconds"].get<double>();
+  const auto end = driver("done");
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0]["useful_s"].get<double>(), kept) << end[0].dump();
 }
 
 TEST_F(LaunchNodes, AKilledAgentWithoutASpareShrinksTheJobToFewerReplicas) {

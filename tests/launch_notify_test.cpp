@@ -311,6 +311,21 @@ TEST(LaunchNotify, AJobThatRecoversTellsTheWebhookWhatItsEventLogSays) {
     EXPECT_EQ(got[i]["job"], "notify-test");
   }
   EXPECT_NE(got[0]["text"].get<std::string>().find("fault detected: rank 1 "), std::string::npos) << got[0].dump();
+  // The job's effective training time: its kept steps' time is the sum of the final metrics lines' step_seconds
+  // (rank 0's own record, the oracle), to the bit; the steps attempt 0 made after its last checkpoint are not in it.
+  double kept = 0;
+  int lines = 0;
+  for (const json& l : events_of(out + "/metrics.jsonl"))
+    if (l.value("kind", "") == "train") kept += l["step_seconds"].get<double>(), ++lines;
+  EXPECT_EQ(lines, 6);
+  const json& done = want.back();
+  ASSERT_EQ(done["event"], "done");
+  EXPECT_EQ(done["useful_s"].get<double>(), kept) << done.dump();
+  EXPECT_GE(done["wall_s"].get<double>(), kept);
+  EXPECT_EQ(done["effective_training"].get<double>(), kept / done["wall_s"].get<double>());
+  EXPECT_NE(got.back()["text"].get<std::string>().find("effective training time"), std::string::npos)
+      << got.back().dump();
+  EXPECT_NE(slurp(dir / "launch.log").find("effective training time"), std::string::npos);
   EXPECT_NE(slurp(dir / "launch.log").find("notify: 4 sent, 0 not delivered, 0 dropped"), std::string::npos)
       << slurp(dir / "launch.log");
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);

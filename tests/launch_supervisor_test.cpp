@@ -11,6 +11,7 @@
 #include "megatrain/launch/node_plan.h"
 #include "megatrain/launch/rank_status.h"
 #include "megatrain/launch/restart_policy.h"
+#include "megatrain/launch/useful_time.h"
 
 using namespace mt::launch;
 
@@ -441,6 +442,59 @@ TEST(NodeLease, RenewsOftenEnoughAtShortTimeouts) {
     EXPECT_LE(l.renew_interval(), 1.0);
     EXPECT_LT(l.length(), t);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// Effective training time: a step run again replaces its first run and drops what came after; the sum is taken in
+// step order, as summing metrics.jsonl's final lines gives it.
+TEST(UsefulTime, ARecomputedStepCountsOnceAndTheLostStepsAfterItNotAtAll) {
+  UsefulTime u;
+  for (int s = 1; s <= 5; ++s) u.step(s, 0.1 * s);  // attempt 0: steps 1-5, then a crash
+  u.step(4, 0.75);                                    // attempt 1 resumed from step 3's checkpoint
+  EXPECT_EQ(u.steps(), 4) << "step 5 of attempt 0 was lost with it";
+  EXPECT_EQ(u.seconds(), ((0.1 + 0.2) + 0.30000000000000004) + 0.75);  // summed from step 1, as the file's lines
+  u.step(5, 0.5);
+  u.step(6, 0.25);
+  EXPECT_EQ(u.steps(), 6);
+  EXPECT_EQ(u.seconds(), ((((0.1 + 0.2) + 0.30000000000000004) + 0.75) + 0.5) + 0.25);
+  const nlohmann::json j = effective_training_json(u, 4.25);
+  EXPECT_EQ(j["useful_s"], u.seconds());
+  EXPECT_EQ(j["wall_s"], 4.25);
+  EXPECT_DOUBLE_EQ(j["effective_training"].get<double>(), u.seconds() / 4.25);
+  EXPECT_EQ(effective_training_line(u, 4.25), "effective training time 49.4%: the 6 steps kept took 2.1 s of the "
+                                              "job's 4.2 s");
+}
+
+// The supervisors feed it from rank 0's step lines only, across attempts (reset() keeps it).
+TEST(JobWatch, UsefulTimeTakesRankZerosStepsAcrossAttempts) {
+  JobWatch w(WatchOptions{});
+  auto step_line = [](int step, double t) {
+    return nlohmann::json{{"type", "hb"}, {"at", "step"}, {"step", step}, {"step_time", t}, {"start_step", 0}};
+  };
+  w.reset({0, 1}, 0.0, 0);
+  for (int s = 1; s <= 3; ++s) {
+    w.apply_heartbeat(0, step_line(s, 1.0), 1.0 * s);
+    w.apply_heartbeat(1, step_line(s, 100.0), 1.0 * s);  // rank 1's times are not counted
+  }
+  w.apply_heartbeat(0, step_line(3, 1.0), 3.5);  // the same line again (a tick would carry it too): counted once
+  EXPECT_EQ(w.useful().steps(), 3);
+  EXPECT_EQ(w.useful().seconds(), 3.0);
+  w.reset({0, 1}, 10.0, 3);  // attempt 1 resumed from step 2
+  w.apply_heartbeat(0, step_line(3, 2.0), 11.0);
+  EXPECT_EQ(w.useful().seconds(), 4.0) << "steps 1 and 2 of attempt 0, step 3 of attempt 1";
+  // Under the driver, a status carries several records at once.
+  RankStatus s;
+  s.rank = 0;
+  s.heard = true;
+  s.step = 5;
+  s.start_step = 2;
+  s.recent = {{3, 2.0, 2.0, 11.0}, {4, std::nullopt, 0.5, 11.5}, {5, std::nullopt, 0.25, 11.6}};
+  w.apply_status(0, s, 12.0);
+  EXPECT_EQ(w.useful().steps(), 5);
+  EXPECT_EQ(w.useful().seconds(), 4.75);
 }
 
 }  // namespace

@@ -103,9 +103,9 @@ class Agent {
       if (end.code == 0 || end.user_stop) {
         show(end.code == 0 ? "done" : "failed", end.code == 0 ? "every rank finished" : "the launcher was signalled");
         tracker_.after_attempt(0, end.best_step, -1);
-        events_.write(end.code == 0 ? "done" : "gave_up",
-                      {{"exit_code", end.code}, {"best_step", tracker_.best_step()}, {"restarts", restarts},
-                       {"reason", end.code == 0 ? "every rank finished" : "the launcher was signalled"}});
+        end_job(end.code == 0 ? "done" : "gave_up",
+                {{"exit_code", end.code}, {"best_step", tracker_.best_step()}, {"restarts", restarts},
+                 {"reason", end.code == 0 ? "every rank finished" : "the launcher was signalled"}});
         return end.code;
       }
       std::string note;
@@ -113,8 +113,8 @@ class Agent {
       if (!d.restart) {
         show("failed", d.reason);
         if (opt_.max_restarts > 0) say(fmt::format("giving up: {}", d.reason));
-        events_.write("gave_up", {{"exit_code", d.exit_code}, {"failure_code", end.code}, {"reason", d.reason},
-                                  {"best_step", tracker_.best_step()}, {"restarts", restarts}});
+        end_job("gave_up", {{"exit_code", d.exit_code}, {"failure_code", end.code}, {"reason", d.reason},
+                            {"best_step", tracker_.best_step()}, {"restarts", restarts}});
         return d.exit_code;
       }
       if (!note.empty()) say(note);
@@ -126,13 +126,24 @@ class Agent {
                                    {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(),
                                                                    tracker_.skip_steps().end())}});
       if (!wait_watching_signals(d.delay_s)) {
-        events_.write("gave_up", {{"exit_code", exit_code_}, {"reason", "the launcher was signalled"}});
+        end_job("gave_up", {{"exit_code", exit_code_}, {"reason", "the launcher was signalled"}});
         return exit_code_;
       }
     }
   }
 
  private:
+  // The job's last event (one node, not under the driver: the driver writes its own). A training job's carries its
+  // effective training time (useful_time.h), which the launcher also says.
+  void end_job(const std::string& event, nlohmann::json fields) {
+    if (trains()) {
+      const double wall = now_seconds() - job_started_;
+      fields.update(effective_training_json(watch_.useful(), wall));
+      say(effective_training_line(watch_.useful(), wall));
+    }
+    events_.write(event, std::move(fields));
+  }
+
   // ---- one attempt --------------------------------------------------------------------------------------------
   bool trains() const { return !opt_.exec && !opt_.args.empty() && opt_.args[0] == "train"; }
 
@@ -725,6 +736,7 @@ class Agent {
     v.world = int(ranks_.size());
     v.now = now_seconds();
     v.started = job_started_;
+    v.useful_s = watch_.useful().seconds();
     v.detail = view_detail_;
     set_ranks(v, watch_.status(), running_flags(), [this](size_t) { return opt_.node_rank; }, stopping_);
     if (!fixed_state_.empty()) v.state = fixed_state_;

@@ -76,6 +76,9 @@ function drawJob(job, ranks) {
   if (mfu.length) parts.push(["MFU", (100 * mfu[0]).toFixed(1) + "%"]);
   const tps = ranks.map(r => r.tokens_per_s).filter(x => x !== null);
   if (tps.length) parts.push(["tokens/s", Math.round(tps[0]).toLocaleString("en")]);
+  // The kept steps' time over the time since launch: what faults and overheads have cost so far.
+  if (job.effective_training !== null && job.useful_s > 0)
+    parts.push(["effective training", (100 * job.effective_training).toFixed(1) + "%"]);
   for (const [k, v] of parts) d.appendChild(el("span", {id: "job-" + k.replace(/\W/g, "")}, [k + ": ", el("b", {}, [v])]));
   if (job.detail) d.appendChild(el("div", {id: "detail"}, [job.detail]));
 }

@@ -122,13 +122,13 @@ class Driver {
       Outcome out = watch_attempt(plan);
       if (out.user_stop) {
         show("failed", "an agent was signalled");
-        events_.write("gave_up", {{"by", "driver"}, {"exit_code", out.code}, {"reason", "an agent was signalled"}});
+        end_job("gave_up", {{"by", "driver"}, {"exit_code", out.code}, {"reason", "an agent was signalled"}});
         return out.code;
       }
       if (out.code == 0) {
         show("done", "every rank finished");
-        events_.write("done", {{"by", "driver"}, {"exit_code", 0}, {"best_step", tracker_.best_step()},
-                               {"restarts", tracker_.restarts()}, {"reason", "every rank finished"}});
+        end_job("done", {{"by", "driver"}, {"exit_code", 0}, {"best_step", tracker_.best_step()},
+                         {"restarts", tracker_.restarts()}, {"reason", "every rank finished"}});
         return 0;
       }
       std::string note;
@@ -137,16 +137,16 @@ class Driver {
       if (!d.restart) {
         show("failed", d.reason);
         say(fmt::format("driver: giving up: {}", d.reason));
-        events_.write("gave_up", {{"by", "driver"}, {"exit_code", d.exit_code}, {"failure_code", out.code},
-                                  {"reason", d.reason}, {"best_step", tracker_.best_step()}, {"restarts", before}});
+        end_job("gave_up", {{"by", "driver"}, {"exit_code", d.exit_code}, {"failure_code", out.code},
+                            {"reason", d.reason}, {"best_step", tracker_.best_step()}, {"restarts", before}});
         return d.exit_code;
       }
       if (!note.empty()) say("driver: " + note);
       evict_marked();
       auto next = plan_nodes(nodes, &why);
       if (!next) {
-        events_.write("gave_up", {{"by", "driver"}, {"exit_code", kNoNodesExit}, {"failure_code", out.code},
-                                  {"reason", why}});
+        end_job("gave_up", {{"by", "driver"}, {"exit_code", kNoNodesExit}, {"failure_code", out.code},
+                            {"reason", why}});
         say("driver: giving up: " + why);
         show("failed", why);
         return kNoNodesExit;
@@ -487,6 +487,16 @@ class Driver {
     request_stop(plan.attempt, kHangCode, "hang: " + h->blame.line, h->blame.ranks);
   }
 
+  // The job's last event; a training job's carries its effective training time (useful_time.h), also said.
+  void end_job(const std::string& event, json fields) {
+    if (!opt_.exec && !opt_.args.empty() && opt_.args[0] == "train") {
+      const double wall = now_seconds() - started_;
+      fields.update(effective_training_json(watch_.useful(), wall));
+      say("driver: " + effective_training_line(watch_.useful(), wall));
+    }
+    events_.write(event, std::move(fields));
+  }
+
   // Publishes the driver's view of every rank of the attempt (plan_, running_). state: "" while an attempt runs
   // (starting, running or stopping then follows from the ranks), else restarting, done or failed.
   void show(const std::string& state = "", const std::string& detail = "") {
@@ -500,6 +510,7 @@ class Driver {
     v.world = plan_.world();
     v.now = now_seconds();
     v.started = started_;
+    v.useful_s = watch_.useful().seconds();
     v.detail = detail_;
     set_ranks(v, watch_.status(), running_, [this](size_t r) {
       const size_t slot = r / size_t(std::max(1, plan_.nproc));

@@ -61,7 +61,10 @@ void set_ranks(JobView& v, const std::vector<RankStatus>& status, const std::vec
 nlohmann::json job_json(const JobView& v) {
   nlohmann::json job = {{"state", v.state},   {"attempt", v.attempt}, {"restarts", v.restarts},
                         {"max_restarts", v.max_restarts}, {"nodes", v.nodes}, {"world", v.world},
-                        {"uptime_s", std::max(0.0, v.now - v.started)}, {"detail", v.detail}};
+                        {"uptime_s", std::max(0.0, v.now - v.started)}, {"useful_s", v.useful_s},
+                        {"effective_training", v.now > v.started ? nlohmann::json(v.useful_s / (v.now - v.started))
+                                                                 : nlohmann::json()},
+                        {"detail", v.detail}};
   if (const RankStatus* l = layout_source(v))
     job["layout"] = {{"dp", l->dp}, {"pp", l->pp}, {"tp", l->tp}, {"grad_accum", l->grad_accum}};
   else
@@ -113,6 +116,12 @@ std::string prometheus_text(const JobView& v) {
   job_gauge("megatrain_job_nodes", "Nodes in the current attempt.", v.nodes);
   job_gauge("megatrain_job_uptime_seconds", "Seconds since the supervisor started the job.",
             std::max(0.0, v.now - v.started));
+  job_gauge("megatrain_job_useful_step_seconds",
+            "Seconds of the steps the job kept (rank 0's; a step a restart recomputed counts once).", v.useful_s);
+  if (v.now > v.started)
+    job_gauge("megatrain_job_effective_training_ratio",
+              "Effective training time: the kept steps' seconds over the seconds since the job started.",
+              v.useful_s / (v.now - v.started));
   header("megatrain_job_state", "1 for the state the job is in, 0 for the others.");
   for (const char* st : {"starting", "running", "stopping", "restarting", "done", "failed"})
     out += fmt::format("megatrain_job_state{{state=\"{}\"}} {}\n", st, v.state == st ? 1 : 0);

@@ -28,6 +28,7 @@ struct JobView {
   double now = 0;            // the supervisor's clock (now_seconds) when the view was taken
   double started = 0;        // ... when the job started
   std::string detail;        // the latest line worth showing: a hang's blame, why it restarts, why it ended
+  double useful_s = 0;       // the kept steps' time so far (useful_time.h): effective training = useful_s / uptime
   std::vector<RankView> ranks;
 };
 
@@ -37,7 +38,8 @@ struct JobView {
 void set_ranks(JobView& v, const std::vector<RankStatus>& status, const std::vector<bool>& running,
                const std::function<int(size_t)>& node_of, bool stopping);
 
-// {"job": {state, attempt, restarts, max_restarts, nodes, world, uptime_s, detail, layout: {dp,pp,tp}|null,
+// {"job": {state, attempt, restarts, max_restarts, nodes, world, uptime_s, useful_s, effective_training (useful_s /
+//  uptime_s; null at uptime 0), detail, layout: {dp,pp,tp}|null,
 //  step: {min, max}}, "ranks": [{rank, node, coord: [dp,pp,tp]|null, running, heard, age_s, step, phase, loss,
 //  step_time, compute_time, tokens_per_s, mfu, rss, in_flight: [{group, op, seq, state}]}]}; numbers the rank has
 // not reported are null.

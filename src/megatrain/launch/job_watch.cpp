@@ -28,6 +28,7 @@ void JobWatch::reset(const std::vector<int>& ranks, double now, int best_before)
   best_ = 0;
   best_before_ = best_before;
   resumed_ = caught_up_ = false;
+  useful_last_ = -1;
 }
 
 WatchUpdate JobWatch::apply_heartbeat(size_t i, const nlohmann::json& hb, double now) {
@@ -63,6 +64,12 @@ WatchUpdate JobWatch::after_change(size_t i, int step_before, bool first, double
     if (!first) last_progress_ = now;
     mark_[i] = mark;
   }
+  if (s.rank == 0)
+    for (const StepRecord& r : s.recent)
+      if (r.step > useful_last_) {
+        useful_.step(r.step, r.step_time);
+        useful_last_ = r.step;
+      }
   if (first || s.step == step_before) return u;
   u.stepped = true;
   best_ = std::max(best_, s.step);

@@ -19,6 +19,7 @@
 
 #include "megatrain/launch/hang_blame.h"
 #include "megatrain/launch/rank_status.h"
+#include "megatrain/launch/useful_time.h"
 
 namespace mt::launch {
 
@@ -69,6 +70,8 @@ class JobWatch {
   int min_step() const;
   // The step the attempt resumed from: the lowest start_step the ranks reported (-1 until one did).
   int start_step() const;
+  // Rank 0's steps over every attempt so far (not reset by reset()): the job's effective training time.
+  const UsefulTime& useful() const { return useful_; }
 
  private:
   WatchUpdate after_change(size_t i, int step_before, bool first, double now);
@@ -82,6 +85,8 @@ class JobWatch {
   std::vector<double> recent_step_times_;
   double last_progress_ = 0;
   int best_ = 0, best_before_ = 0;
+  UsefulTime useful_;
+  int useful_last_ = -1;  // rank 0's newest step record already fed to useful_ in this attempt
   bool resumed_ = false, caught_up_ = false;
 };
 

@@ -119,8 +119,11 @@ std::string notify_text(const json& e, const std::string& job) {
   } else if (event == "evicted") {
     what = fmt::format("node {} evicted: {}", str(e, "node"), str(e, "reason"));
   } else if (event == "done") {
-    what = fmt::format("done: {} (step {}, {} restarts)", e.value("reason", "every rank finished"),
+    what = fmt::format("done: {} (step {}, {} restarts", e.value("reason", "every rank finished"),
                        str(e, "best_step"), e.value("restarts", 0));
+    if (e.contains("effective_training") && e["effective_training"].is_number())
+      what += fmt::format("; effective training time {:.1f}%", 100.0 * e["effective_training"].get<double>());
+    what += ")";
   } else if (event == "gave_up") {
     what = fmt::format("gave up (exit {}): {}", str(e, "exit_code"), str(e, "reason"));
   } else if (event == "requeued") {
