@@ -13,6 +13,7 @@
 #include "megatrain/core/error.h"
 #include "megatrain/launch/dashboard.h"
 #include "megatrain/launch/job_view.h"
+#include "megatrain/launch/status_text.h"
 #include "test_util.h"
 
 using namespace mt;
@@ -127,6 +128,32 @@ TEST(JobView, PrometheusTextIsWellFormedAndLeavesOutUnreportedValues) {
   EXPECT_EQ(s.at("megatrain_rank_step" + r1), "6");
   EXPECT_FALSE(s.count("megatrain_rank_loss" + r1)) << "a loss never reported is left out, not 0";
   EXPECT_FALSE(s.count("megatrain_rank_heartbeat_age_seconds" + r1));
+}
+
+// `megatrain status`'s text: the job line, the step line with the slowest and fastest rank, and only the ranks
+// that are not keeping up, each with why.
+TEST(StatusText, SaysTheJobAndOnlyTheRanksWorthALook) {
+  JobView v = two_ranks();  // rank 0 at step 7, in a recv; rank 1 at step 6, never heard
+  v.detail = "attempt 0 failed (code 22): restart 1 of 3";
+  nlohmann::json j = job_json(v);
+  j["events"] = {{{"t", 1700000000.0}, {"event", "restarting"}, {"attempt", 0}, {"node", 0}, {"delay_s", 1.0}}};
+  EXPECT_EQ(status_text(j),
+            "job: running, attempt 1 (1 restart), dp1 x pp2 x tp1, 2 ranks on 1 node, up 12 s\n"
+            "steps 6-7, loss 2.5000, step time 0.250-0.250 s (fastest-slowest rank), MFU 50.0%, effective training "
+            "50.0%\n"
+            "last word: attempt 0 failed (code 22): restart 1 of 3\n"
+            "ranks to look at:\n"
+            "  rank 0 (dp0,pp0,tp0) on node 0: step 7, forward_backward, in recv pp[0,1] #7 (started)\n"
+            "  rank 1 on node 0: step 6, -, 1 behind\n"
+            "newest events:\n"
+            "  22:13:20Z restarting (attempt 0) {\"delay_s\":1.0}\n");
+  // A healthy job: one line says so. A list beyond max_ranks says how many more.
+  JobView ok = two_ranks();
+  ok.ranks = {rank_view(0, 7, true), rank_view(1, 7, true)};
+  for (auto& r : ok.ranks) r.status.colls.clear();
+  EXPECT_NE(status_text(job_json(ok)).find("all 2 ranks at step 7, heard within 6 s, none waiting in a collective"),
+            std::string::npos) << status_text(job_json(ok));
+  EXPECT_NE(status_text(j, 1).find("  ... and 1 more\n"), std::string::npos) << status_text(j, 1);
 }
 
 TEST(Dashboard, HistoryTakesEachRanksNewStepOnceAndANewAttemptAfresh) {
@@ -381,6 +408,17 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
     EXPECT_EQ(found, 1) << "rank " << rank;
   }
   EXPECT_EQ(samples.at("megatrain_job_state{state=\"running\"}"), "1");
+
+  // `megatrain status`, a terminal's view of the same: with the token, the job and its layout; without, refused.
+  {
+    const std::string st = (dir_ / "status.log").string();
+    EXPECT_EQ(finish_within(start_logged(kMegatrain, {"status", url, "--token-file", token_file}, st), 60), 0)
+        << slurp(st);
+    EXPECT_NE(slurp(st).find("job: running, attempt 0 (0 restarts), dp1 x pp2 x tp2, 4 ranks on 1 node"),
+              std::string::npos) << slurp(st);
+    EXPECT_EQ(finish_within(start_logged(kMegatrain, {"status", url}, st), 60), 1) << slurp(st);
+    EXPECT_NE(slurp(st).find("answered HTTP 401 (the dashboard wants its token"), std::string::npos) << slurp(st);
+  }
 
   // The page in a real browser: two stages, four rank cells with their steps, and the loss drawn.
   const std::string dom = rendered_dom(url + "?token=" + token, dir_);

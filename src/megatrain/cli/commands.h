@@ -13,6 +13,7 @@ int cmd_convert(int argc, char** argv);      // convert                        (
 int cmd_launch(int argc, char** argv);       // launch                         (cmd_launch.cpp)
 int cmd_diagnose(int argc, char** argv);     // diagnose                       (cmd_diagnose.cpp)
 int cmd_notify(int argc, char** argv);       // notify                         (cmd_notify.cpp)
+int cmd_status(int argc, char** argv);       // status                         (cmd_status.cpp)
 int cmd_simulate(int argc, char** argv);     // simulate                       (cmd_simulate.cpp)
 int cmd_trace(int argc, char** argv);        // trace merge                    (cmd_trace.cpp)
 

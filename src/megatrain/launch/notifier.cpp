@@ -33,37 +33,37 @@ std::string default_job_name() {
   return host;
 }
 
-WebhookUrl parse_webhook_url(const std::string& url) {
+WebhookUrl parse_webhook_url(const std::string& url, const char* option) {
   const size_t sep = url.find("://");
   const std::string scheme = sep == std::string::npos ? "" : url.substr(0, sep);
   if (scheme != "http" && scheme != "https")
-    fail_as(ErrorKind::Config, "--notify '{}': expected an http:// or https:// URL", url);
+    fail_as(ErrorKind::Config, "{} '{}': expected an http:// or https:// URL", option, url);
   const size_t path_at = url.find('/', sep + 3);
   const std::string authority = url.substr(sep + 3, path_at == std::string::npos ? std::string::npos
                                                                                   : path_at - sep - 3);
   if (authority.find('@') != std::string::npos)
-    fail_as(ErrorKind::Config, "--notify '{}': user:password@ in the URL is not supported; put the secret in the path "
-            "or query, as webhook services do", url);
+    fail_as(ErrorKind::Config, "{} '{}': user:password@ in the URL is not supported; put the secret in the path "
+            "or query, as webhook services do", option, url);
   // HOST, HOST:PORT, [IPv6] or [IPv6]:PORT.
   std::string host = authority, port;
   if (!authority.empty() && authority[0] == '[') {
     const size_t close = authority.find(']');
-    if (close == std::string::npos) fail_as(ErrorKind::Config, "--notify '{}': an unclosed '[' in the host", url);
+    if (close == std::string::npos) fail_as(ErrorKind::Config, "{} '{}': an unclosed '[' in the host", option, url);
     host = authority.substr(0, close + 1);
     if (close + 1 < authority.size()) {
-      if (authority[close + 1] != ':') fail_as(ErrorKind::Config, "--notify '{}': a malformed host", url);
+      if (authority[close + 1] != ':') fail_as(ErrorKind::Config, "{} '{}': a malformed host", option, url);
       port = authority.substr(close + 2);
     }
   } else if (const size_t colon = authority.rfind(':'); colon != std::string::npos) {
     host = authority.substr(0, colon);
     port = authority.substr(colon + 1);
-    if (port.empty()) fail_as(ErrorKind::Config, "--notify '{}': an empty port", url);
+    if (port.empty()) fail_as(ErrorKind::Config, "{} '{}': an empty port", option, url);
   }
-  if (host.empty() || host == "[]") fail_as(ErrorKind::Config, "--notify '{}': no host", url);
+  if (host.empty() || host == "[]") fail_as(ErrorKind::Config, "{} '{}': no host", option, url);
   if (!port.empty()) {
     const bool digits = port.size() <= 5 && std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535)
-      fail_as(ErrorKind::Config, "--notify '{}': the port must be 1..65535", url);
+      fail_as(ErrorKind::Config, "{} '{}': the port must be 1..65535", option, url);
   }
   WebhookUrl w;
   w.scheme_host_port = scheme + "://" + host + (port.empty() ? "" : ":" + port);

@@ -42,12 +42,13 @@ struct NotifyOptions {
 // The job's name when none is given: SLURM_JOB_NAME, else this host's name.
 std::string default_job_name();
 
-// The URL split for the HTTP client. Throws mt::Error (Config) naming the URL when it is not http(s)://HOST...
+// The URL split for the HTTP client. Throws mt::Error (Config) naming the URL (and `option`, the place it came
+// from) when it is not http(s)://HOST...
 struct WebhookUrl {
   std::string scheme_host_port;  // "https://hooks.example.com:443"
   std::string path;              // "/services/T0/B0/x" ("/" when the URL has none)
 };
-WebhookUrl parse_webhook_url(const std::string& url);
+WebhookUrl parse_webhook_url(const std::string& url, const char* option = "--notify");
 
 // The line for people ("text") for an event-log line.
 std::string notify_text(const nlohmann::json& event, const std::string& job);
