@@ -176,6 +176,23 @@ TEST_F(LaunchFaults, ARankHungInACollectiveIsBlamedAndTheJobRecovers) {
   // The blamed rank is killed at once, not after the grace period it could never use (agent.cpp, begin_stop).
   EXPECT_NE(log().find("rank 2 (pid"), std::string::npos) << log();
   EXPECT_NE(log().find("is blamed for the hang; killing it now"), std::string::npos) << log();
+  // Before that, its stacks (stack_dump.h): a file beside the event log, and an event naming each thread's innermost
+  // megatrain function. The injected hang blocks a group's worker thread inside the injector's hook (train/faults.cpp)
+  // while the main thread waits for that collective: both must show.
+  nlohmann::json st = first("stacks");
+  ASSERT_TRUE(st.is_object()) << log();
+  EXPECT_EQ(st["rank"], 2);
+  if (const std::string why = gdb_cannot_attach(); !why.empty()) {
+    // Then the event must say why instead, and the job recover all the same (above).
+    EXPECT_TRUE(st.contains("error")) << st.dump();
+    GTEST_SKIP() << "the stacks themselves are not checked: " << why;
+  }
+  EXPECT_FALSE(st.contains("error")) << st.dump();
+  const std::string frames = st["frames"].dump();
+  EXPECT_NE(frames.find("\"main: mt::"), std::string::npos) << frames;
+  EXPECT_NE(frames.find("mt::FaultInjector::FaultInjector"), std::string::npos) << frames;
+  EXPECT_NE(slurp(st["file"].get<std::string>()).find("Thread 1 "), std::string::npos) << st.dump();
+  EXPECT_LT(log().find("rank 2's stacks"), log().find("is blamed for the hang; killing it now")) << log();
 }
 
 // A NaN rolls back to the last checkpoint; no optimizer step is committed with it (the losses equal an undisturbed

@@ -337,6 +337,16 @@ TEST_F(LaunchNodes, AHangOnAnotherNodeIsBlamedOnItsRankAndThatNodeEvicted) {
   // The driver's stop names rank 3, and node 1's agent kills it at once instead of granting it a grace period.
   EXPECT_NE(log(1).find("is blamed for the hang; killing it now"), std::string::npos) << log(1);
   EXPECT_EQ(log(0).find("is blamed for the hang"), std::string::npos) << log(0);  // rank 3 is not node 0's
+  // ... after dumping its stacks, in node 1's own event log.
+  std::vector<nlohmann::json> stacks;
+  for (auto& e : events_of(events(1)))
+    if (e["event"] == "stacks") stacks.push_back(e);
+  ASSERT_EQ(stacks.size(), 1u) << slurp(events(1));
+  EXPECT_EQ(stacks[0]["rank"], 3);
+  if (const std::string why = gdb_cannot_attach(); !why.empty())
+    GTEST_SKIP() << "the stacks themselves are not checked: " << why;
+  EXPECT_NE(stacks[0]["frames"].dump().find("mt::FaultInjector::FaultInjector"), std::string::npos)
+      << stacks[0].dump();
 }
 
 // kill -STOP of an agent: the node's ranks live on, but the agent answers nothing; the driver declares the node

@@ -11,6 +11,7 @@
 #include "megatrain/launch/node_plan.h"
 #include "megatrain/launch/rank_status.h"
 #include "megatrain/launch/restart_policy.h"
+#include "megatrain/launch/stack_dump.h"
 #include "megatrain/launch/useful_time.h"
 
 using namespace mt::launch;
@@ -495,6 +496,56 @@ TEST(JobWatch, UsefulTimeTakesRankZerosStepsAcrossAttempts) {
   w.apply_status(0, s, 12.0);
   EXPECT_EQ(w.useful().steps(), 5);
   EXPECT_EQ(w.useful().seconds(), 4.75);
+}
+
+}  // namespace
+
+namespace {
+
+// gdb's "thread apply all bt", shortened: the main thread's three innermost megatrain frames, then each other
+// thread's innermost one, once; names cut at their argument lists ("(anonymous namespace)" is not one).
+TEST(StackDump, NamesEachThreadsInnermostMegatrainFunction) {
+  const std::string gdb =
+      "[New LWP 22178]\n"
+      "__futex_abstimed_wait_common64 (private=0) at ./nptl/futex-internal.c:57\n"
+      "\n"
+      "Thread 3 (Thread 0x7ff40d7fa000 (LWP 22191) \"exe\"):\n"
+      "#0  __futex_abstimed_wait_common64 (private=0) at ./nptl/futex-internal.c:57\n"
+      "#5  0x000055db3062fd30 in mt::(anonymous namespace)::GlooGroup::run_worker() ()\n"
+      "#6  0x00007ff4254d44a3 in ?? () from /lib/x86_64-linux-gnu/libstdc++.so.6\n"
+      "\n"
+      "Thread 2 (Thread 0x7ff40dffb000 (LWP 22188) \"exe\"):\n"
+      "#0  0x00007ff4256ebfa5 in clock_nanosleep () from /lib/x86_64-linux-gnu/libc.so.6\n"
+      "#2  0x000055db30561234 in mt::FaultInjector::FaultInjector(mt::RunConfig const&)::{lambda(std::__cxx11::"
+      "basic_string<char> const&, mt::FlightEntry const&)#1}::operator()(std::string const&, mt::FlightEntry const&) "
+      "const ()\n"
+      "#3  0x000055db30561299 in mt::FlightRecorder::enter(std::string const&, mt::FlightEntry const&) ()\n"
+      "\n"
+      "Thread 4 (Thread 0x7ff40e7fc000 (LWP 22189) \"exe\"):\n"
+      "#5  0x000055db3062fd30 in mt::(anonymous namespace)::GlooGroup::run_worker() ()\n"
+      "\n"
+      "Thread 1 (Thread 0x7ff425a3d000 (LWP 22177) \"exe\"):\n"
+      "#6  0x000055db30625f5e in mt::(anonymous namespace)::OpWork::wait() ()\n"
+      "#7  mt::DataParallel::wait (this=0x1, w=...) at src/megatrain/parallel/data_parallel.cpp:210\n"
+      "#8  0x000055db305f9460 in mt::DataParallel::finish_gradients() ()\n"
+      "#9  0x000055db3053988b in mt::run_training(mt::RunConfig const&) ()\n"
+      "#12 0x000055db3042bc64 in main ()\n"
+      "[Inferior 1 (process 22177) detached]\n";
+  EXPECT_EQ(innermost_project_frames(gdb),
+            (std::vector<std::string>{
+                "main: mt::(anonymous namespace)::OpWork::wait < mt::DataParallel::wait < "
+                "mt::DataParallel::finish_gradients",
+                "mt::(anonymous namespace)::GlooGroup::run_worker",
+                "mt::FaultInjector::FaultInjector"}));  // a lambda is named by the function it is defined in
+  EXPECT_TRUE(innermost_project_frames("ptrace: Operation not permitted.\n").empty());
+}
+
+// gdb on a process it may not attach to (pid 1 is not this test's child; as root it may be, so a pid that does not
+// exist): no stacks, and an error that says why rather than an empty success.
+TEST(StackDump, AProcessThatCannotBeAttachedGivesAnError) {
+  const StackDump d = dump_stacks(999999999, 30);
+  EXPECT_FALSE(d.error.empty());
+  EXPECT_TRUE(d.frames.empty());
 }
 
 }  // namespace

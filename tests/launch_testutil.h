@@ -102,6 +102,27 @@ inline pid_t start_logged(const std::string& binary, const std::vector<std::stri
   return pid;
 }
 
+// Why gdb cannot read a process's stacks on this machine ("" when it can): not installed (scripts/setup installs
+// it), or ptrace refused (a container without CAP_SYS_PTRACE, Yama's ptrace_scope 2-3). Tried once on a child
+// `sleep`, as the agent tries on a rank.
+inline std::string gdb_cannot_attach() {
+  static const std::string why = [] {
+    const std::string out = std::filesystem::temp_directory_path() / fmt::format("mt-gdb-probe-{}.txt", ::getpid());
+    const std::string cmd = fmt::format(
+        "command -v gdb >/dev/null || {{ echo 'no gdb' > {0}; exit 1; }}; sleep 30 & p=$!; "
+        "timeout 60 gdb -p $p -batch -nx -q -ex 'thread apply all bt' > {0} 2>&1; kill $p", out);
+    const int rc = std::system(cmd.c_str());
+    std::ifstream f(out);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::filesystem::remove(out);
+    const std::string text = ss.str();
+    if (rc == 0 && text.find("#0 ") != std::string::npos) return std::string();
+    return "gdb cannot attach here: " + text.substr(0, text.find('\n'));
+  }();
+  return why;
+}
+
 // Waits for pid; its exit code (128 + signal when killed), or -1 (and a test failure) past timeout_s.
 inline int finish_within(pid_t pid, double timeout_s) {
   const double t0 = now_seconds();

@@ -94,6 +94,11 @@ int cmd_launch(int argc, char** argv) {
                  "(default: the system's)")->group(sup);
   app.add_option("--job-name", o.job_name, "the job's name in notifications (default: SLURM_JOB_NAME, else the "
                  "host name)")->group(sup);
+  app.add_flag("!--no-stack-dumps", o.stack_dumps,
+               "do not dump a rank's stacks (gdb) before killing it for a hang (default: dump them, beside --events)")
+      ->group(sup);
+  app.add_option("--stack-timeout", o.stack_timeout_s, "seconds gdb may take for one rank's stacks (30)")
+      ->check(CLI::Range(1.0, 600.0))->group(sup);
   app.add_option("--backoff", o.backoff_s, "seconds before the first restart, doubling while no progress is made (1)")
       ->check(CLI::Range(0.0, 3600.0))->group(sup);
   app.add_option("--no-progress-limit", o.no_progress_limit,

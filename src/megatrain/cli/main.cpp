@@ -1,5 +1,9 @@
 // The `megatrain` command: dispatches to one subcommand.
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -39,6 +43,11 @@ void usage(FILE* f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A rank under `megatrain launch` (which gives it a heartbeat pipe) lets its parent, the agent, and the agent's
+  // children attach to it: the agent runs gdb on a rank blamed for a hang (launch/stack_dump.h), and where Yama
+  // limits ptrace to ancestors (ptrace_scope 1) gdb, a sibling, could not. Without Yama this fails and changes
+  // nothing.
+  if (std::getenv("MEGATRAIN_HEARTBEAT_FD")) ::prctl(PR_SET_PTRACER, ::getppid(), 0, 0, 0);
   // Line-buffered even into a pipe (e.g. under `megatrain launch`), so progress shows up as it happens.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {

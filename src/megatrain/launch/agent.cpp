@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstring>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -25,6 +26,7 @@
 #include "megatrain/core/error.h"
 #include "megatrain/launch/dashboard.h"
 #include "megatrain/launch/notifier.h"
+#include "megatrain/launch/stack_dump.h"
 #include "megatrain/launch/driver.h"
 #include "megatrain/launch/event_log.h"
 #include "megatrain/launch/job_protocol.h"
@@ -40,6 +42,10 @@ extern char** environ;
 
 namespace mt::launch {
 namespace {
+
+// At most this many blamed ranks of one node get their stacks dumped in one stop (a hang blames one rank, or the
+// few that never entered a collective).
+constexpr int kMaxStackDumps = 4;
 
 // Exit code the agent gives an attempt it stopped because it hung (the ranks' own codes then only say they were
 // stopped): a communication timeout, which a restart may help.
@@ -683,6 +689,7 @@ class Agent {
   void begin_stop(int sig, const std::vector<int>& kill_now = {}, bool abandon = false) {
     if (stopping_) return;
     stopping_ = true;
+    dump_blamed_stacks(kill_now);  // before anything disturbs them
     kill_at_ = now_seconds() + opt_.grace;
     if (abandon && trains()) signal_all(SIGUSR1);
     for (auto& r : ranks_)
@@ -692,6 +699,38 @@ class Agent {
       }
     signal_all(sig);
     show();
+  }
+
+  // The native stacks of this node's ranks blamed for a hang (stack_dump.h), at most kMaxStackDumps of them, each
+  // in a file beside the event log (stacks/attempt-A-rank-R.txt) and as a `stacks` event naming each thread's
+  // innermost megatrain function. It delays the stop by gdb's time (a second or two a rank): a hang already cost
+  // far more, and without the stacks a hang that comes back is a guess.
+  void dump_blamed_stacks(const std::vector<int>& blamed) {
+    if (!opt_.stack_dumps) return;
+    int dumped = 0;
+    for (auto& r : ranks_) {
+      if (!r.running || r.pid <= 0 || std::find(blamed.begin(), blamed.end(), r.global) == blamed.end()) continue;
+      if (dumped++ == kMaxStackDumps) {
+        say(fmt::format("stacks: only the first {} blamed ranks of this node are dumped", kMaxStackDumps));
+        break;
+      }
+      StackDump d = dump_stacks(r.pid, opt_.stack_timeout_s);
+      nlohmann::json f = {{"rank", r.global}, {"pid", r.pid}, {"seconds", d.seconds}, {"frames", d.frames}};
+      if (!d.error.empty()) f["error"] = d.error;
+      if (!opt_.events.empty() && !d.text.empty()) {
+        const std::filesystem::path file = std::filesystem::path(opt_.events).parent_path() / "stacks" /
+                                           fmt::format("attempt-{}-rank-{}.txt", attempt_, r.global);
+        std::error_code ec;
+        std::filesystem::create_directories(file.parent_path(), ec);
+        std::ofstream(file) << d.text;
+        f["file"] = file.string();
+      }
+      say(d.error.empty() ? fmt::format("rank {}'s stacks ({} s): {}{}", r.global, fmt::format("{:.1f}", d.seconds),
+                                        fmt::join(d.frames, "; "),
+                                        f.contains("file") ? " (all in " + f["file"].get<std::string>() + ")" : "")
+                          : fmt::format("rank {}'s stacks: {}", r.global, d.error));
+      events_.write("stacks", f);
+    }
   }
 
   // ---- the dashboard ------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 //   resumed      the first step of the new attempt finished    step, from (the step it resumed from)
 //   caught_up    the new attempt reached the best step before  step
 //   warning      a loss spike, a straggler, an alert line      rank, reason
+//   stacks       a rank blamed for a hang, before it is killed  rank, pid, frames, file, seconds (error)
 //   done / gave_up  the end                                     exit_code, reason
 // Under the job driver (driver.h; its lines carry "by": "driver" and sit in node 0's log) also:
 //   registered   an agent joined (a spare with its diagnosis)  node, host, spare, healthy

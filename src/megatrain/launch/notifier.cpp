@@ -24,7 +24,7 @@ const std::vector<std::string> kDefaultNotifyEvents = {"detected", "restarting",
                                                        "evicted",  "done",       "gave_up"};
 const std::vector<std::string> kAllEventNames = {
     "started",  "fault",     "injected",   "detected", "stopped",  "restarting", "resumed", "caught_up", "warning",
-    "done",     "gave_up",   "registered", "planned",  "diagnosed", "evicted",   "fenced",  "dashboard"};
+    "done",     "gave_up",   "registered", "planned",  "diagnosed", "evicted",   "fenced",  "dashboard", "stacks"};
 
 std::string default_job_name() {
   if (const char* j = std::getenv("SLURM_JOB_NAME"); j && *j) return j;

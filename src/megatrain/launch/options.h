@@ -40,6 +40,8 @@ struct LaunchOptions {
   double straggler_factor = 1.1;  // compute time over this x the peers' median, straggler_steps in a row: a warning
   int straggler_steps = 3;
   int straggler_evict_steps = 0;  // a straggler this many steps in a row: evict its node (driver only; 0: never)
+  bool stack_dumps = true;        // a rank blamed for a hang gets its stacks dumped (gdb) before it is killed
+  double stack_timeout_s = 30;    // ... for at most this long
 
   // Several nodes (the job driver, launch/driver.h; used when nnodes > 1 and max_restarts > 0, or spares > 0).
   int spares = 0;                 // agents beyond nnodes (--node-rank nnodes..nnodes+spares-1) that wait to replace one
