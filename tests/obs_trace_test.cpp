@@ -2,6 +2,7 @@
 // how merging moves each rank onto rank 0's clock, and what the checks conclude from hand-made traces.
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -90,12 +91,20 @@ TEST(Timeline, RecordsOnlyWhileOnAndCountsWhatItDrops) {
 TEST(Timeline, ClockIsTheSystemClockInUnixSeconds) {
   // No skew is injected in this process (MEGATRAIN_TEST_CLOCK_SKEW_S unset), so the trace clock is the wall clock.
   ASSERT_EQ(injected_clock_skew(), 0);
-  // time() truncates to whole seconds, so before <= t < after + 1 holds however long the calls take.
-  const double before = static_cast<double>(std::time(nullptr));
+  // Bracketed by clock_gettime(CLOCK_REALTIME) itself, read as integer nanoseconds: before <= t <= after up to the
+  // double's rounding of ~1.8e9 s (a spacing of 2.4e-7 s). Not by time(): glibc answers it from the coarse clock,
+  // which lags the fine one by up to a tick, so just past a second boundary time() still gives the second before
+  // and a correct t failed t < after + 1 (seen once in a clean-clone run).
+  auto realtime = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  const double before = realtime();
   const double t = trace_clock();
-  const double after = static_cast<double>(std::time(nullptr));
-  EXPECT_GE(t, before);
-  EXPECT_LT(t, after + 1);
+  const double after = realtime();
+  EXPECT_GE(t, before - 1e-6);
+  EXPECT_LE(t, after + 1e-6);
 }
 
 TEST(ChromeTrace, RankFileIsAChromeTraceWithTracksAsThreads) {
