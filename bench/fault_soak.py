@@ -5,6 +5,7 @@ Faults are done from outside, as a failing machine would: `kill -9` or `kill -ST
 random. The job (a 2-rank dp job of a tiny model, checkpointing every --every steps) runs under
 `megatrain launch --max-restarts 1000 --events ...` until its steps are done.
     effective training time = (sum of step_seconds over the final history, one train line per step) / wall time
+(and, beside it, the supervisor's own figure from its `done` event: launch/useful_time.h)
 Prints JSON and writes bench/results/fault_soak-<tag>.json.
   bench/fault_soak.py [--minutes 10] [--mtbf 120] [--every 20] [--seed 1]
 """
@@ -59,10 +60,15 @@ def main():
             useful += j["step_seconds"]
             n += 1
     ev = [json.loads(l) for l in open(events)]
+    # The supervisor's own figure (launch/useful_time.h), from its last event: the same kept steps, over its wall time
+    # (from the agent's start, so a little shorter than this script's, which includes starting the launcher).
+    last = next((e for e in reversed(ev) if e["event"] in ("done", "gave_up")), {})
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     result = {"benchmark": "fault_soak", "machine": f"{cpu}, {os.cpu_count()} cores", "exit_code": code,
               "steps": steps, "train_lines": n, "wall_s": round(wall, 1), "useful_step_s": round(useful, 1),
-              "effective_training_time": round(useful / wall, 4), "faults": faults,
+              "effective_training_time": round(useful / wall, 4),
+              "supervisor": {k: last.get(k) for k in ("useful_s", "wall_s", "effective_training")},
+              "faults": faults,
               "restarts": sum(1 for e in ev if e["event"] == "restarting"),
               "detected": [{k: e.get(k) for k in ("attempt", "reason", "rank", "ranks", "blame")}
                            for e in ev if e["event"] == "detected"],

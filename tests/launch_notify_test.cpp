@@ -378,6 +378,7 @@ TEST(LaunchNotify, OptionsWithoutAUrlOrATokenWithoutADashboardAreRefused) {
            {{"--notify", "ftp://x/y"}, "expected an http:// or https:// URL"},
            {{"--notify", "http://127.0.0.1:9/x", "--notify-events", "done,restarted"}, "'restarted'"},
            {{"--dashboard", "127.0.0.1:0", "--dashboard-token-file", token}, "the file is empty"},
+           {{"--dashboard-token-file", token}, "--dashboard-token-file without --dashboard"},
            {{"--dashboard", "127.0.0.1:0", "--dashboard-token-file", (dir / "none").string()}, "cannot open it"}}) {
     std::vector<std::string> args = {"launch", "--nproc", "1"};
     args.insert(args.end(), c.args.begin(), c.args.end());

@@ -157,14 +157,13 @@ int cmd_launch(int argc, char** argv) {
            "every rank", o.nnodes);
   if (!o.iface.empty()) local_address_of(o.iface, "--iface");  // a typo fails here, not in every rank
   // Secrets come from files or the environment, never the command line, which every user of the host can read.
+  // (The variable may be set for `megatrain status` too: without --dashboard it is simply not used.)
   if (!token_file.empty()) {
+    if (o.dashboard.empty()) fail_as(ErrorKind::Config, "--dashboard-token-file without --dashboard");
     o.dashboard_token = read_secret_file(token_file, "--dashboard-token-file");
   } else if (const char* t = std::getenv("MEGATRAIN_DASHBOARD_TOKEN"); t && *t) {
     o.dashboard_token = t;
   }
-  if (!o.dashboard_token.empty() && o.dashboard.empty())
-    fail_as(ErrorKind::Config, "a dashboard token was given (--dashboard-token-file or MEGATRAIN_DASHBOARD_TOKEN) "
-            "but no --dashboard");
   if (o.notify.empty())
     if (const char* u = std::getenv("MEGATRAIN_NOTIFY_URL"); u && *u) o.notify = u;
   for (size_t at = 0; !notify_events.empty() && at <= notify_events.size();) {
