@@ -1,7 +1,8 @@
 // The supervisor's dashboard (launch/dashboard.h, job_view.h): the renderings against known answers, the HTTP
 // server against an HTTP client, and a real job: `megatrain launch --dashboard` over a pp2 x tp2 training run,
 // whose served steps, layout and losses must be the ones the ranks themselves logged (metrics.jsonl, the oracle),
-// which answers nothing without its token, and whose page must show every rank in a real headless browser (Debian's chromium, which scripts/setup installs).
+// which answers nothing without its token, and whose page must show every rank in a real headless browser
+// (Debian's chromium, which scripts/setup installs).
 #include <httplib.h>
 #include <signal.h>
 

@@ -356,8 +356,8 @@ TEST(LaunchNotify, TheNotifyCommandPostsOneEventWithTypedFields) {
   EXPECT_EQ(code, 1);
   EXPECT_NE(slurp(log).find("was not delivered to http://127.0.0.1:"), std::string::npos) << slurp(log);
   EXPECT_NE(slurp(log).find("HTTP 404"), std::string::npos) << slurp(log);
-  code = finish_within(start_logged(kMegatrain, {"notify", "--url", r.url(), "--event", "x", "--field", "novalue"}, log),
-                       60);
+  code = finish_within(
+      start_logged(kMegatrain, {"notify", "--url", r.url(), "--event", "x", "--field", "novalue"}, log), 60);
   EXPECT_EQ(code, 10);
   EXPECT_NE(slurp(log).find("--field 'novalue': expected KEY=VALUE"), std::string::npos) << slurp(log);
   EXPECT_EQ(r.requests(), 2);

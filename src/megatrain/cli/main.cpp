@@ -27,7 +27,7 @@ const Command kCommands[] = {
     {"prepare-data", mt::cli::cmd_prepare_data, "turn text / JSON-lines into token shards (train/val split)"},
     {"convert", mt::cli::cmd_convert, "import/export HF models (GPT-2, Llama, Mistral safetensors)"},
     {"launch", mt::cli::cmd_launch, "spawn local ranks (torchrun-style env) and supervise them"},
-    {"status", mt::cli::cmd_status, "show a running job from its dashboard, as text (state, steps, ranks not keeping up)"},
+    {"status", mt::cli::cmd_status, "show a running job from its dashboard as text (steps, ranks not keeping up)"},
     {"notify", mt::cli::cmd_notify, "post one event to a webhook, as `launch --notify` does (job scripts' own events)"},
     {"diagnose", mt::cli::cmd_diagnose, "check this node (all-reduce, matmul rate, memory bandwidth) after a fault"},
     {"simulate", mt::cli::cmd_simulate, "predict step time, MFU and memory of a 3D-parallel job on a modelled cluster"},

@@ -61,7 +61,8 @@ WebhookUrl parse_webhook_url(const std::string& url, const char* option) {
   }
   if (host.empty() || host == "[]") fail_as(ErrorKind::Config, "{} '{}': no host", option, url);
   if (!port.empty()) {
-    const bool digits = port.size() <= 5 && std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool digits =
+        port.size() <= 5 && std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535)
       fail_as(ErrorKind::Config, "{} '{}': the port must be 1..65535", option, url);
   }
@@ -109,7 +110,8 @@ std::string notify_text(const json& e, const std::string& job) {
   } else if (event == "restarting") {
     what = fmt::format("restarting in {:.1f} s after a failure (code {}): {}", e.value("delay_s", 0.0),
                        str(e, "failure_code"), str(e, "reason"));
-    if (e.contains("nodes")) what += fmt::format("; next on nodes {}", fmt::join(e["nodes"].get<std::vector<int>>(), ","));
+    if (e.contains("nodes"))
+      what += fmt::format("; next on nodes {}", fmt::join(e["nodes"].get<std::vector<int>>(), ","));
   } else if (event == "resumed") {
     what = fmt::format("resumed: step {} done, {:.1f} s after the restart (from the checkpoint of step {})",
                        str(e, "step"), e.value("seconds", 0.0), str(e, "from"));
@@ -129,7 +131,8 @@ std::string notify_text(const json& e, const std::string& job) {
   } else if (event == "requeued") {
     what = fmt::format("requeued (requeue {} of {}): {}", str(e, "requeue"), str(e, "of"), str(e, "reason"));
   } else if (event == "warning" || event == "fault") {
-    what = fmt::format("{}: rank {}: {}", event, str(e, "rank"), e.contains("line") ? str(e, "line") : str(e, "reason"));
+    what = fmt::format("{}: rank {}: {}", event, str(e, "rank"),
+                       e.contains("line") ? str(e, "line") : str(e, "reason"));
   } else {
     json rest = e;
     for (const char* k : {"t", "event", "attempt", "node", "by"}) rest.erase(k);
@@ -192,7 +195,8 @@ void Notifier::close() {
   if (thread_.joinable()) thread_.join();
   const Counts c = counts();
   if (c.sent + c.failed + c.dropped > 0)
-    say_(fmt::format("notify: {} sent, {} not delivered, {} dropped ({})", c.sent, c.failed, c.dropped, where_.scheme_host_port));
+    say_(fmt::format("notify: {} sent, {} not delivered, {} dropped ({})", c.sent, c.failed, c.dropped,
+                     where_.scheme_host_port));
 }
 
 Notifier::Counts Notifier::counts() const {
