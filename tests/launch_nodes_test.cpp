@@ -323,7 +323,7 @@ TEST_F(LaunchNodes, ANodeThatFailsDiagnoseWithoutASpareShrinksTheJob) {
 // blames rank 3, not one of the ranks on its own node that wait for it; node 1 is evicted, the spare takes over.
 TEST_F(LaunchNodes, AHangOnAnotherNodeIsBlamedOnItsRankAndThatNodeEvicted) {
   const auto want = undisturbed();
-  start_job(2, 1, "hang:rank=3:step=6", {"--hang-floor", "5"});
+  start_job(2, 1, "hang:rank=3:step=6", {"--hang-floor", "5", "--stack-timeout", "300"});  // (launch_faults_test)
   ASSERT_EQ(finish(0), 0) << logs();
   EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
   auto d = driver("detected");

@@ -2,7 +2,8 @@
 // (a Gloo recv, a cudaStreamSynchronize, a lock in the data loader). The hang's blame line says which rank and which
 // collective; the stacks say where in the code it stopped, which is what a person needs to fix a hang that comes
 // back. They are read with gdb (Debian's package, which scripts/setup installs), attached for a moment:
-//   gdb -p PID -batch -nx -ex "set pagination off" -ex "thread apply all bt"
+//   gdb -batch -nx -iex "set debuginfod enabled off" -iex "set auto-load off" -p PID -ex "thread apply all bt"
+// (about a second on an idle node; many times that on a loaded one: --stack-timeout).
 // A rank under the launcher lets its parent's descendants attach (prctl PR_SET_PTRACER in main.cpp), so this works
 // where Yama restricts ptrace to ancestors (ptrace_scope 1); scope 2 or 3, or no gdb, gives an error that says so.
 #pragma once
