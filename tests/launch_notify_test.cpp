@@ -74,6 +74,10 @@ TEST(NotifyText, SaysWhatHappenedForEachKindOfEvent) {
             "megatrain gpt-7b, attempt 1: done: every rank finished (step 10, 1 restarts)");
   EXPECT_EQ(notify_text(ev("gave_up", 3, {{"exit_code", 41}, {"reason", "all 3 restarts are spent"}}), j),
             "megatrain gpt-7b, attempt 3: gave up (exit 41): all 3 restarts are spent");
+  EXPECT_EQ(notify_text(ev("warning", 0, {{"rank", 0}, {"reason", "loss_spike"},
+                                          {"detail", {{"step", 812}, {"loss", 7.5}, {"threshold", 4.25},
+                                                      {"rule", "factor"}}}}), j),
+            "megatrain gpt-7b, attempt 0: loss spike at step 812: loss 7.5 over the threshold 4.25 (rule: factor)");
   // Any other event: its fields, less the ones every line has.
   EXPECT_EQ(notify_text(ev("planned", 0, {{"by", "driver"}, {"nodes", {0, 1}}, {"world", 4}}), j),
             "megatrain gpt-7b, attempt 0: planned: {\"nodes\":[0,1],\"world\":4}");
@@ -158,6 +162,24 @@ TEST(Notifier, DeliversTheSelectedEventsInOrderWithTheirLinesAndText) {
   }
   EXPECT_NE(said.all().find("notify: 4 sent, 0 not delivered, 0 dropped"), std::string::npos) << said.all();
   EXPECT_EQ(said.all().find("s3cret"), std::string::npos) << "the URL's secret was printed:\n" << said.all();
+
+  // EVENT:REASON: of the warnings only the loss spikes (a rank's event: "reason" is the rank's event name).
+  Receiver r3;
+  o.url = r3.url();
+  o.events = {"done", "warning:loss_spike"};
+  {
+    Notifier n3(o, said.fn());
+    n3.event(ev("warning", 0, {{"rank", 1}, {"reason", "straggler"}}));
+    n3.event(ev("warning", 0, {{"rank", 0}, {"reason", "loss_spike"}, {"detail", {{"loss", 9.5}}}}));
+    n3.event(ev("detected", 0, {{"reason", "loss_spike"}}));  // another event with that reason: not selected
+    n3.event(ev("done", 0));
+  }
+  ASSERT_EQ(r3.bodies().size(), 2u);
+  EXPECT_EQ(r3.bodies()[0]["event"]["reason"], "loss_spike");
+  EXPECT_EQ(r3.bodies()[1]["event"]["event"], "done");
+  o.events = {"warning:"};
+  EXPECT_THROW(Notifier(o, said.fn()), Error);
+  o.events = {};
 
   // "all": every kind, including the ones the default leaves out.
   Receiver r2;

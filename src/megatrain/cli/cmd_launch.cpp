@@ -89,8 +89,9 @@ int cmd_launch(int argc, char** argv) {
       ->group(sup);
   std::string notify_events;
   app.add_option("--notify-events", notify_events,
-                 "which events to send (comma-separated names from the event log, or 'all'; default "
-                 "detected,restarting,resumed,evicted,done,gave_up)")
+                 "which events to send (comma-separated names from the event log, EVENT:REASON for only those lines "
+                 "of an event, e.g. warning:loss_spike, or 'all'; default detected,restarting,resumed,evicted,done,"
+                 "gave_up)")
       ->group(sup);
   app.add_option("--notify-ca", o.notify_ca, "PEM file of the CAs that sign an https webhook's certificate "
                  "(default: the system's)")->group(sup);

@@ -130,6 +130,11 @@ std::string notify_text(const json& e, const std::string& job) {
     what = fmt::format("gave up (exit {}): {}", str(e, "exit_code"), str(e, "reason"));
   } else if (event == "requeued") {
     what = fmt::format("requeued (requeue {} of {}): {}", str(e, "requeue"), str(e, "of"), str(e, "reason"));
+  } else if (event == "warning" && str(e, "reason") == "loss_spike" && e.contains("detail") &&
+             e["detail"].is_object()) {
+    const json& d = e["detail"];
+    what = fmt::format("loss spike at step {}: loss {} over the threshold {} (rule: {})", str(d, "step"),
+                       str(d, "loss"), str(d, "threshold"), str(d, "rule"));
   } else if (event == "warning" || event == "fault") {
     what = fmt::format("{}: rank {}: {}", event, str(e, "rank"),
                        e.contains("line") ? str(e, "line") : str(e, "reason"));
@@ -145,15 +150,24 @@ std::string notify_text(const json& e, const std::string& job) {
 Notifier::Notifier(NotifyOptions o, std::function<void(const std::string&)> say)
     : opt_(std::move(o)), where_(parse_webhook_url(opt_.url)), say_(std::move(say)) {
   const std::vector<std::string>& names = opt_.events.empty() ? kDefaultNotifyEvents : opt_.events;
-  for (const std::string& n : names) {
-    if (n == "all") {
+  for (const std::string& item : names) {
+    if (item == "all") {
       selected_.insert(kAllEventNames.begin(), kAllEventNames.end());
       continue;
     }
+    // EVENT, or EVENT:REASON for only the lines of that event with that "reason" (warning:loss_spike).
+    const size_t colon = item.find(':');
+    const std::string n = item.substr(0, colon);
     if (std::find(kAllEventNames.begin(), kAllEventNames.end(), n) == kAllEventNames.end())
       fail_as(ErrorKind::Config, "--notify-events: '{}' is not an event the supervisor writes (one of: all, {})", n,
               fmt::join(kAllEventNames, ", "));
-    selected_.insert(n);
+    if (colon == std::string::npos) {
+      selected_.insert(n);
+    } else if (colon + 1 < item.size()) {
+      selected_reasons_[n].insert(item.substr(colon + 1));
+    } else {
+      fail_as(ErrorKind::Config, "--notify-events: '{}': a reason after the ':' (e.g. warning:loss_spike)", item);
+    }
   }
   if (!opt_.ca_file.empty()) {
     if (where_.scheme_host_port.rfind("https://", 0) != 0)
@@ -171,7 +185,13 @@ Notifier::Notifier(NotifyOptions o, std::function<void(const std::string&)> say)
 Notifier::~Notifier() { close(); }
 
 void Notifier::event(const json& e) {
-  if (!selected_.count(e.value("event", ""))) return;
+  const std::string name = e.value("event", "");
+  if (!selected_.count(name)) {
+    const auto it = selected_reasons_.find(name);
+    if (it == selected_reasons_.end() || !e.contains("reason") || !e["reason"].is_string() ||
+        !it->second.count(e["reason"].get<std::string>()))
+      return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_) return;
   if (queue_.size() >= kMaxQueued) {

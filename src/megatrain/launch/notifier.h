@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -33,7 +34,8 @@ extern const std::vector<std::string> kAllEventNames;
 
 struct NotifyOptions {
   std::string url;                  // http://HOST[:PORT][/PATH] or https://...
-  std::vector<std::string> events;  // names from kAllEventNames, or {"all"}; empty: kDefaultNotifyEvents
+  std::vector<std::string> events;  // names from kAllEventNames, "EVENT:REASON" (only the lines of that event with
+                                    // that "reason": warning:loss_spike), or {"all"}; empty: kDefaultNotifyEvents
   std::string ca_file;              // PEM file of the CAs an https server's certificate is checked against; "":
                                     // the system's
   std::string job;                  // the job's name in each message
@@ -85,7 +87,8 @@ class Notifier {
 
   NotifyOptions opt_;
   WebhookUrl where_;
-  std::set<std::string> selected_;
+  std::set<std::string> selected_;                              // every line of these events
+  std::map<std::string, std::set<std::string>> selected_reasons_;  // event -> the reasons whose lines go
   std::function<void(const std::string&)> say_;
 
   mutable std::mutex mu_;
