@@ -113,9 +113,12 @@ StackDump dump_stacks(pid_t pid, double timeout_s) {
     const int null = ::open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
     ::setpgid(0, 0);  // a group of its own: a timeout kills gdb and whatever it started
+    sigset_t none;    // the agent blocks the signals it reads through a signalfd; gdb gets them back
+    ::sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     // Before attaching (-iex): never ask a debuginfod server (a cluster node may wait on one it cannot reach) and
-    // load no Python pretty-printers (a third of gdb's time here, and bt does not use them). Shared libraries'
-    // symbols stay: a hang inside NCCL or the CUDA runtime is named by them.
+    // load no Python pretty-printers (bt does not use them). Shared libraries' symbols stay, though skipping them
+    // made gdb 3x faster here (0.35 s against 1 s): a hang inside NCCL or the CUDA runtime is named by them.
     const char* argv[] = {"gdb",         "-batch",     "-nx", "-q", "-iex", "set debuginfod enabled off",
                           "-iex",        "set auto-load off", "-p", pid_s.c_str(), "-ex", "set pagination off",
                           "-ex",         "thread apply all bt", nullptr};
