@@ -324,6 +324,7 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   // The dashboard is behind a token: each request carries it (a header, or the page's ?token=).
   const std::string token = "t0k3n-of-this-test", token_file = (dir_ / "token").string();
   std::ofstream(token_file) << token << "\n";
+  fs::permissions(token_file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
   // pp2 x tp2 on 4 ranks: two pipeline stages of two tensor-parallel ranks. The run is far longer than the test,
   // which ends it with SIGTERM once it has seen what it needs.
   launcher_ = start_logged(

@@ -393,15 +393,22 @@ TEST(LaunchNotify, OptionsWithoutAUrlOrATokenWithoutADashboardAreRefused) {
     std::vector<std::string> args;
     std::string says;
   };
-  const std::string token = (dir / "token").string();
+  // Token files follow the store secret's rules (comm/store.h): mode 600, 16..1024 printable bytes.
+  const std::string token = (dir / "token").string(), open_token = (dir / "open-token").string();
   std::ofstream(token) << "  \n";
+  fs::permissions(token, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
+  std::ofstream(open_token) << "0123456789abcdef0123\n";
+  fs::permissions(open_token, fs::perms::owner_read | fs::perms::others_read | fs::perms::owner_write,
+                  fs::perm_options::replace);
   for (const Case& c : std::vector<Case>{
            {{"--notify-events", "done"}, "need --notify URL"},
            {{"--notify", "ftp://x/y"}, "expected an http:// or https:// URL"},
            {{"--notify", "http://127.0.0.1:9/x", "--notify-events", "done,restarted"}, "'restarted'"},
-           {{"--dashboard", "127.0.0.1:0", "--dashboard-token-file", token}, "the file is empty"},
+           {{"--dashboard", "127.0.0.1:0", "--dashboard-token-file", token}, "has 0 bytes; it must have 16..1024"},
+           {{"--dashboard", "127.0.0.1:0", "--dashboard-token-file", open_token}, "chmod 600 it"},
            {{"--dashboard-token-file", token}, "--dashboard-token-file without --dashboard"},
-           {{"--dashboard", "127.0.0.1:0", "--dashboard-token-file", (dir / "none").string()}, "cannot open it"}}) {
+           {{"--dashboard", "127.0.0.1:0", "--dashboard-token-file", (dir / "none").string()},
+            "No such file or directory"}}) {
     std::vector<std::string> args = {"launch", "--nproc", "1"};
     args.insert(args.end(), c.args.begin(), c.args.end());
     for (const char* a : {"--exec", "--", "/bin/true"}) args.push_back(a);

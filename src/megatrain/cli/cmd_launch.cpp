@@ -3,29 +3,15 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
-#include <fstream>
 
 #include "megatrain/cli/commands.h"
 #include "megatrain/comm/local_address.h"
+#include "megatrain/comm/store.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/agent.h"
 #include "megatrain/launch/notifier.h"
 
 namespace mt::cli {
-namespace {
-
-// A secret kept in a file: its first line, without surrounding whitespace; a missing or empty file is an error.
-std::string read_secret_file(const std::string& path, const char* option) {
-  std::ifstream f(path);
-  if (!f) fail_as(ErrorKind::Config, "{} {}: cannot open it", option, path);
-  std::string line;
-  std::getline(f, line);
-  const size_t a = line.find_first_not_of(" \t\r"), b = line.find_last_not_of(" \t\r");
-  if (a == std::string::npos) fail_as(ErrorKind::Config, "{} {}: the file is empty", option, path);
-  return line.substr(a, b - a + 1);
-}
-
-}  // namespace
 
 int cmd_launch(int argc, char** argv) {
   CLI::App app{"Spawn this node's ranks with torchrun-style environment variables (RANK, WORLD_SIZE, LOCAL_RANK,\n"
@@ -163,8 +149,10 @@ int cmd_launch(int argc, char** argv) {
   // (The variable may be set for `megatrain status` too: without --dashboard it is simply not used.)
   if (!token_file.empty()) {
     if (o.dashboard.empty()) fail_as(ErrorKind::Config, "--dashboard-token-file without --dashboard");
-    o.dashboard_token = read_secret_file(token_file, "--dashboard-token-file");
+    // The store secret's rules (comm/store.h): mode 600, 16..1024 printable bytes.
+    o.dashboard_token = with_kind(ErrorKind::Config, [&] { return read_secret_file(token_file, "dashboard token"); });
   } else if (const char* t = std::getenv("MEGATRAIN_DASHBOARD_TOKEN"); t && *t) {
+    with_kind(ErrorKind::Config, [&] { check_secret(t, "dashboard token", "MEGATRAIN_DASHBOARD_TOKEN"); });
     o.dashboard_token = t;
   }
   if (o.notify.empty())

@@ -6,13 +6,13 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "megatrain/cli/commands.h"
+#include "megatrain/comm/store.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/notifier.h"
 #include "megatrain/launch/status_text.h"
@@ -44,10 +44,7 @@ int cmd_status(int argc, char** argv) {
   const launch::WebhookUrl where = launch::parse_webhook_url(url, "megatrain status");
   std::string token;
   if (!token_file.empty()) {
-    std::ifstream f(token_file);
-    if (!f) fail_as(ErrorKind::Config, "--token-file {}: cannot open it", token_file);
-    std::getline(f, token);
-    while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+    token = with_kind(ErrorKind::Config, [&] { return read_secret_file(token_file, "dashboard token"); });
   } else if (const char* t = std::getenv("MEGATRAIN_DASHBOARD_TOKEN"); t && *t) {
     token = t;
   }

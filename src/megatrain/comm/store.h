@@ -76,10 +76,13 @@ class TcpStoreServer {
 inline constexpr const char* kStoreSecretEnv = "MEGATRAIN_STORE_SECRET";
 std::string random_store_secret();  // 128 bits from the kernel's CSPRNG, as 32 hex digits
 // Throws mt::Error naming `origin` (where it came from) unless the secret has 16..1024 printable, non-space bytes.
+// `what` names the kind of secret in the message ("store secret", "dashboard token").
+void check_secret(const std::string& secret, const std::string& what, const std::string& origin);
 void check_store_secret(const std::string& secret, const std::string& origin);
 // The secret in MEGATRAIN_STORE_SECRET, checked; "" when the variable is unset or empty.
 std::string store_secret_from_env();
 // The first line of FILE, checked; the file must not be readable by others (mode 0600 or stricter).
+std::string read_secret_file(const std::string& path, const std::string& what);
 std::string read_store_secret_file(const std::string& path);
 // Compares in time that depends only on the length of `expected`, not on where the two first differ.
 bool secrets_equal(const std::string& given, const std::string& expected);

@@ -28,14 +28,18 @@ std::string random_store_secret() {
   return s;
 }
 
-void check_store_secret(const std::string& secret, const std::string& origin) {
+void check_secret(const std::string& secret, const std::string& what, const std::string& origin) {
   // 16 bytes: a secret anyone would choose by hand is too short; `openssl rand -hex 16` gives 32 characters.
   MT_CHECK(secret.size() >= 16 && secret.size() <= 1024,
-           "the store secret from {} has {} bytes; it must have 16..1024 (e.g. `openssl rand -hex 16`)", origin,
+           "the {} from {} has {} bytes; it must have 16..1024 (e.g. `openssl rand -hex 16`)", what, origin,
            secret.size());
   for (char c : secret)
-    MT_CHECK(c > ' ' && c < 127, "the store secret from {} contains a space or a non-printable byte ({:#04x})",
-             origin, static_cast<unsigned char>(c));
+    MT_CHECK(c > ' ' && c < 127, "the {} from {} contains a space or a non-printable byte ({:#04x})", what, origin,
+             static_cast<unsigned char>(c));
+}
+
+void check_store_secret(const std::string& secret, const std::string& origin) {
+  check_secret(secret, "store secret", origin);
 }
 
 std::string store_secret_from_env() {
@@ -45,21 +49,23 @@ std::string store_secret_from_env() {
   return v;
 }
 
-std::string read_store_secret_file(const std::string& path) {
+std::string read_secret_file(const std::string& path, const std::string& what) {
   struct stat st {};
-  MT_CHECK(::stat(path.c_str(), &st) == 0, "store secret file {}: {}", path, std::strerror(errno));
-  MT_CHECK(S_ISREG(st.st_mode), "store secret file {} is not a regular file", path);
+  MT_CHECK(::stat(path.c_str(), &st) == 0, "{} file {}: {}", what, path, std::strerror(errno));
+  MT_CHECK(S_ISREG(st.st_mode), "{} file {} is not a regular file", what, path);
   // A secret others can read protects nothing.
   MT_CHECK((st.st_mode & (S_IRWXG | S_IRWXO)) == 0,
-           "store secret file {} is accessible to its group or others (mode {:o}); chmod 600 it", path,
+           "{} file {} is accessible to its group or others (mode {:o}); chmod 600 it", what, path,
            st.st_mode & 0777);
   std::ifstream f(path);
   std::string line;
   std::getline(f, line);
   while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
-  check_store_secret(line, "the file " + path);
+  check_secret(line, what, "the file " + path);
   return line;
 }
+
+std::string read_store_secret_file(const std::string& path) { return read_secret_file(path, "store secret"); }
 
 bool secrets_equal(const std::string& given, const std::string& expected) {
   // Every byte of `expected` is visited whatever `given` holds, so the time tells nothing about a matching prefix.

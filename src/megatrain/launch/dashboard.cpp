@@ -9,19 +9,10 @@
 
 #include <fmt/format.h>
 
+#include "megatrain/comm/store.h"
 #include "megatrain/core/error.h"
 
 namespace mt::launch {
-
-namespace {
-// Compares in time that depends on the length only, so response times do not leak how much of a guess was right.
-bool same_secret(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-}  // namespace
 
 Dashboard::Dashboard(const std::string& address, std::string token)
     : token_(std::move(token)), server_(std::make_unique<httplib::Server>()) {
@@ -48,8 +39,9 @@ Dashboard::Dashboard(const std::string& address, std::string token)
   if (!token_.empty()) {
     server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       const std::string auth = req.get_header_value("Authorization");
-      const bool ok = (auth.rfind("Bearer ", 0) == 0 && same_secret(auth.substr(7), token_)) ||
-                      (req.has_param("token") && same_secret(req.get_param_value("token"), token_));
+      // secrets_equal (the store's): response times do not tell how much of a guess was right.
+      const bool ok = (auth.rfind("Bearer ", 0) == 0 && secrets_equal(auth.substr(7), token_)) ||
+                      (req.has_param("token") && secrets_equal(req.get_param_value("token"), token_));
       if (ok) return httplib::Server::HandlerResponse::Unhandled;
       res.status = 401;
       res.set_header("WWW-Authenticate", "Bearer");

@@ -5,20 +5,18 @@
 namespace mt::launch {
 
 void UsefulTime::step(int step, double seconds) {
-  steps_.erase(steps_.lower_bound(step), steps_.end());  // this step again, and what came after it, was lost
-  steps_[step] = seconds;
-  dirty_ = true;
-}
-
-double UsefulTime::seconds() const {
-  // Summed afresh rather than kept as a running total: adding and removing the lost steps' times would leave
-  // rounding that summing the kept ones does not.
-  if (dirty_) {
-    sum_ = 0;
-    for (const auto& [s, t] : steps_) sum_ += t;
-    dirty_ = false;
+  if (steps_.empty() || step > steps_.rbegin()->first) {
+    // The usual case, every step of a running attempt: adding it last is what summing in step order does next.
+    steps_.emplace_hint(steps_.end(), step, seconds);
+    sum_ += seconds;
+    return;
   }
-  return sum_;
+  // A restart runs this step again: it and what came after it were lost. Summed afresh, not by subtracting the
+  // lost times, which would leave rounding that summing the kept ones does not.
+  steps_.erase(steps_.lower_bound(step), steps_.end());
+  steps_[step] = seconds;
+  sum_ = 0;
+  for (const auto& [s, t] : steps_) sum_ += t;
 }
 
 nlohmann::json effective_training_json(const UsefulTime& u, double wall_s) {

@@ -20,13 +20,12 @@ class UsefulTime {
   // Rank 0 completed `step` in `seconds`.
   void step(int step, double seconds);
   // The kept steps' time: summed in step order from 0, so it equals summing metrics.jsonl's train lines in order.
-  double seconds() const;
+  double seconds() const { return sum_; }
   int steps() const { return int(steps_.size()); }
 
  private:
   std::map<int, double> steps_;
-  mutable double sum_ = 0;
-  mutable bool dirty_ = false;
+  double sum_ = 0;  // of steps_, in step order (O(1) a new step; a restart's replay sums afresh, once)
 };
 
 // {"useful_s", "wall_s", "effective_training"} for the job's last event (done, gave_up), wall_s since it started.
