@@ -4,6 +4,7 @@
 # crash input once) and a short fuzzing run (MT_FUZZ_SECONDS, 5 s by default: the CI budget) on a copy of that corpus.
 option(MEGATRAIN_FUZZ "Build the libFuzzer targets (tests/fuzz: clang, ASan, UBSan) and run them in ctest" ON)
 set(MT_FUZZ_SECONDS 5 CACHE STRING "Seconds of fuzzing per target in ctest (the environment's MT_FUZZ_SECONDS wins)")
+set(MT_FUZZ_OPT -O0 CACHE STRING "Optimisation of the fuzz targets: -O0 builds fastest (make test), -O1 fuzzes faster")
 if(NOT MEGATRAIN_FUZZ)
   return()
 endif()
@@ -39,6 +40,7 @@ ExternalProject_Add(mt_fuzz_targets
   STAMP_DIR ${CMAKE_BINARY_DIR}/fuzz/stamp  # inside it: deleting build/fuzz rebuilds it from scratch
   TMP_DIR ${CMAKE_BINARY_DIR}/fuzz/tmp
   CMAKE_ARGS -DCMAKE_CXX_COMPILER=${MT_FUZZ_CXX} -DMT_DEPS_ROOT=${MT_DEPS_ROOT} -DMEGATRAIN_UNITY=${MEGATRAIN_UNITY}
+             -DMT_FUZZ_OPT=${MT_FUZZ_OPT}
              -DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}
   BUILD_ALWAYS ON      # the sub-build decides what is out of date (sources live outside its tree)
   INSTALL_COMMAND "")
