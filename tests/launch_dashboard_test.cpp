@@ -16,6 +16,7 @@
 #include "megatrain/launch/job_view.h"
 #include "megatrain/launch/status_text.h"
 #include "test_util.h"
+#include "tls_testutil.h"
 
 using namespace mt;
 using namespace mt::launch;
@@ -273,6 +274,124 @@ TEST(Dashboard, BadAddressesAreConfigErrorsNamingThem) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot listen"), std::string::npos) << e.what();
   }
+}
+
+// ---- HTTPS -------------------------------------------------------------------------------------------------------
+
+fs::path tls_dir(const std::string& test) {
+  const fs::path d = fs::path(temp_root()) / ("mt_dashboard_tls_" + test);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// The error check_tls_files throws for `files`: a Config error, or "" when it accepts them.
+std::string tls_refusal(const TlsFiles& files) {
+  try {
+    check_tls_files(files);
+    return "";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, ErrorKind::Config) << e.what();
+    return e.what();
+  }
+}
+
+TEST(Dashboard, WithACertificateServesHttpsOnlyToClientsThatTrustIt) {
+  const fs::path dir = tls_dir("serves");
+  const TestCert tc = make_test_cert(dir, "dash");  // valid for two days
+  const std::string secret = "s3cretvalue-long-enough";  // 16 bytes or more: megatrain status reads it as a secret
+  Dashboard d("127.0.0.1:0", secret, TlsFiles{tc.cert, tc.key});
+  EXPECT_EQ(d.url(), fmt::format("https://127.0.0.1:{}/", d.port()));
+  EXPECT_EQ(d.certificate().subject, "CN=127.0.0.1");
+  EXPECT_GT(d.certificate().days_left, 1.9);
+  EXPECT_LE(d.certificate().days_left, 2.0);
+  d.publish(two_ranks());
+  const std::string origin = fmt::format("https://127.0.0.1:{}", d.port());
+  {  // trusting the certificate (its own CA here): the job, and the token still asked for
+    httplib::Client c(origin);
+    c.enable_server_certificate_verification(true);
+    c.set_ca_cert_path(tc.cert);
+    auto r = c.Get("/api/job");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 401);
+    c.set_bearer_token_auth(secret.c_str());
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m) << httplib::to_string(m.error());
+    EXPECT_EQ(m->status, 200);
+    EXPECT_EQ(m->body, d.metrics());
+  }
+  {  // not trusting it (the system's CAs only): refused by the client, nothing read
+    httplib::Client c(origin);
+    c.enable_server_certificate_verification(true);
+    auto r = c.Get("/api/job?token=" + secret);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error(), httplib::Error::SSLServerVerification);
+  }
+  {  // plain HTTP to the HTTPS port: no answer at all, so no token crosses the network in the clear and comes back
+    httplib::Client c("127.0.0.1", d.port());
+    c.set_read_timeout(5, 0);
+    auto r = c.Get("/api/job?token=" + secret);
+    EXPECT_TRUE(!r || r->status == 400) << (r ? r->body : "");
+  }
+  // `megatrain status` over HTTPS: with --ca the job; without, the refusal in words and what to do.
+  const std::string token = (dir / "token").string();
+  std::ofstream(token) << secret << "\n";
+  fs::permissions(token, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
+  const std::string st = (dir / "status.log").string();
+  EXPECT_EQ(finish_within(start_logged(kMegatrain, {"status", d.url(), "--token-file", token, "--ca", tc.cert}, st),
+                          60), 0) << slurp(st);
+  EXPECT_NE(slurp(st).find("job: "), std::string::npos) << slurp(st);
+  EXPECT_EQ(finish_within(start_logged(kMegatrain, {"status", d.url(), "--token-file", token}, st), 60), 1)
+      << slurp(st);
+  EXPECT_NE(slurp(st).find("the server's certificate was refused (self-signed certificate) (--ca FILE names the CA"),
+            std::string::npos) << slurp(st);
+}
+
+TEST(Dashboard, EachUnusableCertificateOrKeyIsRefusedNamingItsFile) {
+  const fs::path dir = tls_dir("refused");
+  const TestCert good = make_test_cert(dir, "good"), other = make_test_cert(dir, "other");
+  EXPECT_EQ(tls_refusal({good.cert, good.key}), "");
+  auto expect = [](const std::string& got, const std::string& want, const std::string& file) {
+    EXPECT_NE(got.find(want), std::string::npos) << got;
+    EXPECT_NE(got.find(file), std::string::npos) << got;
+  };
+  const std::string missing = (dir / "missing.crt").string();
+  expect(tls_refusal({missing, good.key}), "No such file or directory", missing);
+  expect(tls_refusal({good.key, good.key}), "no PEM certificate in it", good.key);     // the key given as the cert
+  const fs::path cert_copy = dir / "cert-as-key.pem";
+  fs::copy_file(good.cert, cert_copy);
+  fs::permissions(cert_copy, fs::perms::owner_read | fs::perms::owner_write);
+  expect(tls_refusal({good.cert, cert_copy.string()}), "no PEM private key in it", cert_copy.string());
+  expect(tls_refusal({good.cert, other.key}), "is not the private key of the certificate in " + good.cert, other.key);
+  const TestCert locked = make_test_cert(dir, "locked", -60, 86400, "a passphrase");
+  expect(tls_refusal({locked.cert, locked.key}), "is encrypted, and nothing would type its passphrase", locked.key);
+  const TestCert expired = make_test_cert(dir, "expired", -2 * 86400, -86400);
+  expect(tls_refusal({expired.cert, expired.key}), "expired on 20", expired.cert);
+  const TestCert early = make_test_cert(dir, "early", 86400, 2 * 86400);
+  expect(tls_refusal({early.cert, early.key}), "is not valid yet: from 20", early.cert);
+  fs::permissions(good.key, fs::perms::group_read | fs::perms::others_read, fs::perm_options::add);
+  expect(tls_refusal({good.cert, good.key}), "accessible to its group or others (mode 644); chmod 600 it", good.key);
+  // The dashboard refuses the same way, before it listens.
+  try {
+    Dashboard d("127.0.0.1:0", "", TlsFiles{expired.cert, expired.key});
+    ADD_FAILURE() << "an expired certificate was served";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("expired on"), std::string::npos) << e.what();
+  }
+  // And `megatrain launch` before any rank starts (exit 10, a config error), as for a half-given pair.
+  const std::string log = (dir / "launch.log").string();
+  EXPECT_EQ(finish_within(start_logged(kMegatrain, {"launch", "--nproc", "1", "--dashboard", "127.0.0.1:0",
+                                                    "--dashboard-tls-cert", early.cert, "--dashboard-tls-key",
+                                                    early.key, "--exec", "--", "/bin/true"}, log), 60), 10)
+      << slurp(log);
+  EXPECT_NE(slurp(log).find("is not valid yet"), std::string::npos) << slurp(log);
+  EXPECT_EQ(finish_within(start_logged(kMegatrain, {"launch", "--nproc", "1", "--dashboard", "127.0.0.1:0",
+                                                    "--dashboard-tls-cert", other.cert, "--exec", "--", "/bin/true"},
+                                       log), 60), 10)
+      << slurp(log);
+  EXPECT_NE(slurp(log).find("--dashboard-tls-cert without --dashboard-tls-key: HTTPS needs both"), std::string::npos)
+      << slurp(log);
 }
 
 // ---- a real job ------------------------------------------------------------------------------------------------

@@ -69,6 +69,13 @@ int cmd_launch(int argc, char** argv) {
                  "the dashboard answers only requests carrying the token in this file (Authorization: Bearer TOKEN, "
                  "or ?token=TOKEN); default: MEGATRAIN_DASHBOARD_TOKEN if set, else no token")
       ->group(sup);
+  app.add_option("--dashboard-tls-cert", o.dashboard_tls.cert,
+                 "serve the dashboard over HTTPS with this PEM certificate (a chain: the server's first); needs "
+                 "--dashboard-tls-key")
+      ->group(sup);
+  app.add_option("--dashboard-tls-key", o.dashboard_tls.key,
+                 "the certificate's PEM private key, unencrypted and readable by its owner only (chmod 600)")
+      ->group(sup);
   app.add_option("--notify", o.notify,
                  "POST the job's events (a fault detected, a restart, a resume, an eviction, done, gave up) to this "
                  "http(s) webhook as JSON with a 'text' line; default: MEGATRAIN_NOTIFY_URL if set. Node 0 sends")
@@ -154,6 +161,14 @@ int cmd_launch(int argc, char** argv) {
   } else if (const char* t = std::getenv("MEGATRAIN_DASHBOARD_TOKEN"); t && *t) {
     with_kind(ErrorKind::Config, [&] { check_secret(t, "dashboard token", "MEGATRAIN_DASHBOARD_TOKEN"); });
     o.dashboard_token = t;
+  }
+  if (!o.dashboard_tls.cert.empty() || !o.dashboard_tls.key.empty()) {
+    if (o.dashboard.empty())
+      fail_as(ErrorKind::Config, "--dashboard-tls-{} without --dashboard", o.dashboard_tls.cert.empty() ? "key" : "cert");
+    if (o.dashboard_tls.cert.empty() || o.dashboard_tls.key.empty())
+      fail_as(ErrorKind::Config, "--dashboard-tls-{} without --dashboard-tls-{}: HTTPS needs both",
+              o.dashboard_tls.cert.empty() ? "key" : "cert", o.dashboard_tls.cert.empty() ? "cert" : "key");
+    launch::check_tls_files(o.dashboard_tls);  // before any rank starts, not when node 0 opens the dashboard
   }
   if (o.notify.empty())
     if (const char* u = std::getenv("MEGATRAIN_NOTIFY_URL"); u && *u) o.notify = u;

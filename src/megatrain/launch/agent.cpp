@@ -738,11 +738,17 @@ class Agent {
   // and feeds the dashboard itself (driver.h).
   void open_dashboard() {
     if (opt_.dashboard.empty() || opt_.node_rank != 0) return;
-    dashboard_ = std::make_unique<Dashboard>(opt_.dashboard, opt_.dashboard_token);
+    dashboard_ = std::make_unique<Dashboard>(opt_.dashboard, opt_.dashboard_token, opt_.dashboard_tls);
     if (!opt_.driven()) events_.add_observer([this](const nlohmann::json& e) { dashboard_->event(e); });
     const std::string url = dashboard_->url();
     say(fmt::format("dashboard: {} (state as JSON: {}api/job, Prometheus: {}metrics){}", url, url, url,
                     opt_.dashboard_token.empty() ? "" : "; every request needs the token (?token=, or Bearer)"));
+    if (opt_.dashboard_tls.enabled()) {
+      const TlsCertInfo& c = dashboard_->certificate();
+      // A certificate that runs out during a long job leaves the dashboard unreadable: say so while there is time.
+      say(fmt::format("dashboard: HTTPS with {} ({}), valid until {}{}", opt_.dashboard_tls.cert, c.subject,
+                      c.not_after, c.days_left < 14 ? fmt::format(" (in {:.1f} days)", c.days_left) : ""));
+    }
     events_.write("dashboard", {{"url", url}});
     show();
   }

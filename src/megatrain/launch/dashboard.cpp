@@ -1,6 +1,7 @@
 #include "megatrain/launch/dashboard.h"
 
 #include <httplib.h>
+#include <openssl/err.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -14,8 +15,28 @@
 
 namespace mt::launch {
 
-Dashboard::Dashboard(const std::string& address, std::string token)
-    : token_(std::move(token)), server_(std::make_unique<httplib::Server>()) {
+namespace {
+
+std::unique_ptr<httplib::Server> make_server(const TlsFiles& tls) {
+  if (!tls.enabled()) return std::make_unique<httplib::Server>();
+  auto s = std::make_unique<httplib::SSLServer>(tls.cert.c_str(), tls.key.c_str());
+  // check_tls_files passed, so what is left is OpenSSL's own refusal (e.g. a key too weak for its security level).
+  if (!s->is_valid()) {
+    const unsigned long e = ERR_get_error();
+    char why[256] = "no reason given";
+    if (e) ERR_error_string_n(e, why, sizeof why);
+    ERR_clear_error();
+    fail_as(ErrorKind::Config, "--dashboard-tls-cert {}: OpenSSL cannot serve with it and its key: {}", tls.cert, why);
+  }
+  return s;
+}
+
+}  // namespace
+
+Dashboard::Dashboard(const std::string& address, std::string token, const TlsFiles& tls)
+    : token_(std::move(token)), tls_(tls.enabled()) {
+  if (tls_) cert_ = check_tls_files(tls);
+  server_ = make_server(tls);
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
     fail_as(ErrorKind::Config, "--dashboard '{}': expected HOST:PORT (e.g. 0.0.0.0:8080, or 127.0.0.1:0 for any "
@@ -80,7 +101,7 @@ Dashboard::~Dashboard() {
 
 std::string Dashboard::url() const {
   const std::string host = host_ == "0.0.0.0" || host_ == "::" ? "127.0.0.1" : host_;
-  return fmt::format("http://{}:{}/", host, port_);
+  return fmt::format("{}://{}:{}/", tls_ ? "https" : "http", host, port_);
 }
 
 void Dashboard::publish(const JobView& v) {

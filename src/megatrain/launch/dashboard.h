@@ -9,7 +9,8 @@
 //                  time) and "events" (the newest event-log lines);
 //   GET /metrics   the Prometheus text format (job_view.h).
 // Without a token anyone who reaches the port reads the job (names, losses, the command line's events); with one
-// (`--dashboard-token-file`), only those who hold it.
+// (`--dashboard-token-file`), only those who hold it. Over plain HTTP the token crosses the network as it is; with a
+// certificate and key (`--dashboard-tls-cert`, `--dashboard-tls-key`) the dashboard serves HTTPS only.
 // The server runs on threads of its own (cpp-httplib's pool), so a slow client never delays supervision, and it
 // never touches the supervisor's state: publish() copies the view under a lock.
 #pragma once
@@ -25,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "megatrain/launch/job_view.h"
+#include "megatrain/launch/tls_files.h"
 
 namespace httplib {
 class Server;
@@ -39,14 +41,16 @@ class Dashboard {
   // Listens on "HOST:PORT" (PORT 0: a free port the kernel picks; HOST 0.0.0.0: every interface). Throws
   // mt::Error (Config) naming the address when it is malformed or cannot be bound. With a token, every request
   // must carry it, as "Authorization: Bearer TOKEN" (Prometheus's bearer_token, curl -H) or "?token=TOKEN" (a
-  // browser; the page passes its own query on to its fetches); others get 401.
-  explicit Dashboard(const std::string& address, std::string token = "");
+  // browser; the page passes its own query on to its fetches); others get 401. With `tls` enabled it serves HTTPS
+  // with that certificate, checked first (check_tls_files: an unusable pair throws, naming its file and the problem).
+  explicit Dashboard(const std::string& address, std::string token = "", const TlsFiles& tls = {});
   ~Dashboard();
   Dashboard(const Dashboard&) = delete;
   Dashboard& operator=(const Dashboard&) = delete;
 
   int port() const { return port_; }
-  std::string url() const;  // http://HOST:PORT/ (127.0.0.1 for a wildcard host)
+  std::string url() const;  // http(s)://HOST:PORT/ (127.0.0.1 for a wildcard host)
+  const TlsCertInfo& certificate() const { return cert_; }  // with TLS: what check_tls_files found
 
   // Replaces the view. Each rank's step that is new joins the history (keyed by attempt and step: a restart
   // replays steps from its checkpoint, and those are the new attempt's).
@@ -77,6 +81,8 @@ class Dashboard {
 
   std::string host_, token_;
   int port_ = 0;
+  bool tls_ = false;
+  TlsCertInfo cert_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
 };

@@ -2,7 +2,6 @@
 
 #include <httplib.h>
 #include <unistd.h>
-#include <openssl/x509.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +14,7 @@
 
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/launch/http_failure.h"
 
 namespace mt::launch {
 
@@ -85,19 +85,6 @@ std::string detected_text(const json& e) {
   if (reason == "hang") return fmt::format("hang: {}: {}", str(e, "why"), str(e, "blame"));
   if (e.contains("line")) return str(e, "line");  // node_lost, straggler
   return reason;
-}
-
-// httplib's names of its errors are one word ("Connection"); the launcher's output says what it means.
-std::string describe(httplib::Error e) {
-  switch (e) {
-    case httplib::Error::Connection: return "cannot connect (refused, or the host unreachable)";
-    case httplib::Error::ConnectionTimeout: return "no connection within 5 s";
-    case httplib::Error::Read: return "no answer within 5 s";
-    case httplib::Error::Write: return "the request could not be written";
-    case httplib::Error::SSLConnection: return "the TLS handshake failed";
-    case httplib::Error::SSLServerVerification: return "the server's certificate was refused";
-    default: return httplib::to_string(e);
-  }
 }
 
 }  // namespace
@@ -271,12 +258,8 @@ bool post_event(const NotifyOptions& o, const json& e, std::string* why) {
       *why = fmt::format("HTTP {}{}", res->status, res->body.empty() ? "" : ": " + res->body.substr(0, 200));
       if (res->status < 500 && res->status != 429) break;  // the request itself is refused: trying again won't help
     } else {
-      *why = describe(res.error());
-      if (res.error() == httplib::Error::SSLServerVerification) {
-        if (const long v = client.get_openssl_verify_result(); v != X509_V_OK)
-          *why += fmt::format(" ({})", X509_verify_cert_error_string(v));
-        break;  // the same certificate next time
-      }
+      *why = http_failure(res, client, 5, 5);
+      if (certificate_refused(res)) break;  // the same certificate next time
     }
   }
   return false;

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/launch/tls_files.h"
+
 namespace mt::launch {
 
 struct WatchOptions;   // job_watch.h
@@ -27,6 +29,7 @@ struct LaunchOptions {
   std::string events;             // the event log (JSON lines); "" = none
   std::string dashboard;          // HOST:PORT the dashboard serves on (launch/dashboard.h); "" = none
   std::string dashboard_token;    // a request must carry it (Authorization: Bearer, or ?token=); "" = open
+  TlsFiles dashboard_tls;         // certificate and key: the dashboard serves HTTPS; none = plain HTTP
   std::string notify;             // the webhook URL events are POSTed to (launch/notifier.h); "" = none
   std::vector<std::string> notify_events;  // which events; empty: kDefaultNotifyEvents
   std::string notify_ca;          // CA bundle (PEM) for an https webhook; "": the system's
