@@ -347,6 +347,62 @@ TEST(Dashboard, WithACertificateServesHttpsOnlyToClientsThatTrustIt) {
             std::string::npos) << slurp(st);
 }
 
+// A job outlives short-lived certificates: a renewed pair is served without a restart, a bad one is not, and an
+// expiry under a week away is said once a day. Oracle: which CA a client must trust to read the dashboard.
+TEST(Dashboard, ARenewedCertificateIsServedAndABadOneIsNot) {
+  const fs::path dir = tls_dir("renew");
+  const TestCert first = make_test_cert(dir / "first", "dash", -60, 3 * 86400);  // 3 days: under a week
+  const TestCert second = make_test_cert(dir / "second", "dash", -60, 30 * 86400);
+  const TestCert expired = make_test_cert(dir / "expired", "dash", -2 * 86400, -86400);
+  const TlsFiles served{(dir / "dash.crt").string(), (dir / "dash.key").string()};
+  auto install = [&](const TestCert& c) {  // as a renewal tool does: new files renamed over the old ones
+    for (auto [from, to] : {std::pair{c.cert, served.cert}, std::pair{c.key, served.key}}) {
+      fs::copy_file(from, to + ".new", fs::copy_options::overwrite_existing);
+      fs::permissions(to + ".new", fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
+      fs::rename(to + ".new", to);
+    }
+  };
+  install(first);
+  Dashboard d("127.0.0.1:0", "", served);
+  std::vector<std::pair<std::string, std::string>> said;
+  d.on_notice([&](const std::string& reason, const std::string& text) { said.emplace_back(reason, text); });
+  d.publish(two_ranks());
+  const int port = d.port();
+  auto readable_trusting = [&](const TestCert& ca) {
+    httplib::Client c(fmt::format("https://127.0.0.1:{}", port));
+    c.enable_server_certificate_verification(true);
+    c.set_ca_cert_path(ca.cert);
+    auto r = c.Get("/api/job");
+    return r && r->status == 200;
+  };
+  EXPECT_TRUE(readable_trusting(first));
+  EXPECT_FALSE(readable_trusting(second));
+
+  d.check_certificate();  // unchanged files: only the expiry, 3 days away, is said; a second look the same day is quiet
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_EQ(said[0].first, "certificate_expiring");
+  EXPECT_NE(said[0].second.find("expires in 3.0 days"), std::string::npos) << said[0].second;
+  d.check_certificate();
+  EXPECT_EQ(said.size(), 1u);
+
+  install(second);
+  d.check_certificate();
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_EQ(said[1].first, "certificate_renewed") << said[1].second;
+  EXPECT_EQ(d.port(), port);
+  EXPECT_TRUE(readable_trusting(second));
+  EXPECT_FALSE(readable_trusting(first));
+  EXPECT_EQ(d.certificate().days_left > 29, true);
+
+  install(expired);  // refused: the renewed certificate stays
+  d.check_certificate();
+  ASSERT_EQ(said.size(), 3u);
+  EXPECT_EQ(said[2].first, "certificate_refused");
+  EXPECT_NE(said[2].second.find("the one before stays"), std::string::npos) << said[2].second;
+  EXPECT_NE(said[2].second.find("expired on"), std::string::npos) << said[2].second;
+  EXPECT_TRUE(readable_trusting(second));
+}
+
 TEST(Dashboard, EachUnusableCertificateOrKeyIsRefusedNamingItsFile) {
   const fs::path dir = tls_dir("refused");
   const TestCert good = make_test_cert(dir, "good"), other = make_test_cert(dir, "other");

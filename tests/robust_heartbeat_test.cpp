@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "comm_fork_util.h"
+#include "megatrain/core/clock.h"
 #include "megatrain/train/heartbeat.h"
 #include "robust_util.h"
 

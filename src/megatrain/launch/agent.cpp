@@ -740,6 +740,12 @@ class Agent {
     if (opt_.dashboard.empty() || opt_.node_rank != 0) return;
     dashboard_ = std::make_unique<Dashboard>(opt_.dashboard, opt_.dashboard_token, opt_.dashboard_tls);
     if (!opt_.driven()) events_.add_observer([this](const nlohmann::json& e) { dashboard_->event(e); });
+    // A renewed, refused or expiring certificate (Dashboard::check_certificate), said and logged as a warning
+    // (--notify-events warning:certificate_expiring sends it to people).
+    dashboard_->on_notice([this](const std::string& reason, const std::string& text) {
+      say(text);
+      events_.write("warning", {{"reason", reason}, {"line", text}});
+    });
     const std::string url = dashboard_->url();
     say(fmt::format("dashboard: {} (state as JSON: {}api/job, Prometheus: {}metrics){}", url, url, url,
                     opt_.dashboard_token.empty() ? "" : "; every request needs the token (?token=, or Bearer)"));

@@ -3,14 +3,18 @@
 #include <httplib.h>
 #include <openssl/err.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
 #include "megatrain/comm/store.h"
+#include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 
 namespace mt::launch {
@@ -31,12 +35,24 @@ std::unique_ptr<httplib::Server> make_server(const TlsFiles& tls) {
   return s;
 }
 
+// The files' identity: a renewal rewrites them in place or renames new ones over them (a new inode).
+std::string file_ids(const TlsFiles& tls) {
+  std::string ids;
+  for (const std::string& f : {tls.cert, tls.key}) {
+    struct stat st {};
+    if (::stat(f.c_str(), &st) != 0) {
+      ids += "missing;";
+      continue;
+    }
+    ids += fmt::format("{}:{}:{}.{};", st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  }
+  return ids;
+}
+
 }  // namespace
 
 Dashboard::Dashboard(const std::string& address, std::string token, const TlsFiles& tls)
-    : token_(std::move(token)), tls_(tls.enabled()) {
-  if (tls_) cert_ = check_tls_files(tls);
-  server_ = make_server(tls);
+    : token_(std::move(token)), tls_files_(tls), tls_(tls.enabled()) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
     fail_as(ErrorKind::Config, "--dashboard '{}': expected HOST:PORT (e.g. 0.0.0.0:8080, or 127.0.0.1:0 for any "
@@ -50,7 +66,18 @@ Dashboard::Dashboard(const std::string& address, std::string token, const TlsFil
   } catch (const std::exception&) {
   }
   if (port < 0 || port > 65535) fail_as(ErrorKind::Config, "--dashboard '{}': the port must be 0..65535", address);
+  if (tls_) {
+    files_seen_ = file_ids(tls);
+    cert_ = check_tls_files(tls);
+    last_cert_check_ = now_seconds();
+  }
+  port_ = start(port);
+  if (port_ <= 0)
+    fail_as(ErrorKind::Config, "--dashboard '{}': cannot listen there (address in use, or not this host's)", address);
+}
 
+int Dashboard::start(int port) {
+  server_ = make_server(tls_files_);
   // SO_REUSEADDR only (a restarted launcher may bind at once), not the library's default SO_REUSEPORT as well: with
   // it a second job given the same port would bind too, and the kernel would share the connections between them.
   server_->set_socket_options([](int sock) {
@@ -81,9 +108,8 @@ Dashboard::Dashboard(const std::string& address, std::string token, const TlsFil
   server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  port_ = port == 0 ? server_->bind_to_any_port(host_) : (server_->bind_to_port(host_, port) ? port : -1);
-  if (port_ <= 0)
-    fail_as(ErrorKind::Config, "--dashboard '{}': cannot listen there (address in use, or not this host's)", address);
+  const int bound = port == 0 ? server_->bind_to_any_port(host_) : (server_->bind_to_port(host_, port) ? port : -1);
+  if (bound <= 0) return -1;
   auto ended = std::make_shared<std::atomic<bool>>(false);
   thread_ = std::thread([this, ended] {
     server_->listen_after_bind();
@@ -92,11 +118,59 @@ Dashboard::Dashboard(const std::string& address, std::string token, const TlsFil
   // stop() only ends a server that is already listening: one stopped before its thread got there would listen on,
   // and the destructor's join would never return. So the dashboard exists only once it listens.
   while (!server_->is_running() && !*ended) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return bound;
 }
 
-Dashboard::~Dashboard() {
-  server_->stop();
+void Dashboard::stop_server() {
+  if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
+}
+
+Dashboard::~Dashboard() { stop_server(); }
+
+void Dashboard::check_certificate() {
+  if (!tls_ || !server_) return;
+  last_cert_check_ = now_seconds();
+  auto notice = [&](const char* reason, const std::string& text) {
+    if (notice_) notice_(reason, text);
+  };
+  if (const std::string ids = file_ids(tls_files_); ids != files_seen_) {
+    files_seen_ = ids;
+    TlsCertInfo renewed;
+    try {
+      renewed = check_tls_files(tls_files_);
+    } catch (const Error& e) {
+      notice("certificate_refused",
+             fmt::format("dashboard: the changed certificate or key is not served, the one before stays: {}", e.what()));
+      return;
+    }
+    // A new server on the same port (httplib's takes its certificate once): requests in those milliseconds fail,
+    // and a client asks again.
+    stop_server();
+    server_.reset();
+    if (start(port_) != port_) {
+      server_.reset();
+      notice("dashboard_lost", fmt::format("dashboard: cannot listen on port {} again after the certificate's "
+                                           "renewal (taken meanwhile); the job goes on without a dashboard", port_));
+      return;
+    }
+    cert_ = renewed;
+    expiry_said_day_ = std::numeric_limits<int>::max();
+    notice("certificate_renewed", fmt::format("dashboard: now serving the renewed certificate {} ({}), valid until {}",
+                                              tls_files_.cert, cert_.subject, cert_.not_after));
+  }
+  // Under a week before it runs out, once a day: a job outlives many short-lived certificates.
+  const double days = (cert_.expires_at - unix_seconds()) / 86400.0;
+  const int day = static_cast<int>(std::floor(days));
+  if (days < 7 && day < expiry_said_day_) {
+    expiry_said_day_ = day;
+    notice("certificate_expiring",
+           days < 0 ? fmt::format("dashboard: the certificate {} expired on {}; clients refuse it. Renew the files: "
+                                  "the dashboard serves the new ones within a minute", tls_files_.cert, cert_.not_after)
+                    : fmt::format("dashboard: the certificate {} expires in {:.1f} days ({}); renew the files: the "
+                                  "dashboard serves the new ones within a minute", tls_files_.cert, days,
+                                  cert_.not_after));
+  }
 }
 
 std::string Dashboard::url() const {
@@ -105,6 +179,8 @@ std::string Dashboard::url() const {
 }
 
 void Dashboard::publish(const JobView& v) {
+  // Outside the lock: a renewal restarts the server, whose request threads take the lock.
+  if (tls_ && now_seconds() - last_cert_check_ >= kCertificateCheckSeconds) check_certificate();
   std::lock_guard<std::mutex> lock(mu_);
   if (v.attempt != history_attempt_) {  // a new attempt numbers its steps afresh from its checkpoint
     history_attempt_ = v.attempt;

@@ -15,6 +15,8 @@
 // never touches the supervisor's state: publish() copies the view under a lock.
 #pragma once
 #include <deque>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,7 +52,17 @@ class Dashboard {
 
   int port() const { return port_; }
   std::string url() const;  // http(s)://HOST:PORT/ (127.0.0.1 for a wildcard host)
-  const TlsCertInfo& certificate() const { return cert_; }  // with TLS: what check_tls_files found
+  const TlsCertInfo& certificate() const { return cert_; }  // with TLS: the certificate being served
+
+  // With TLS, publish() looks at the certificate and key files at most once every kCertificateCheckSeconds (this
+  // does so now): a renewed pair (the files changed, and check_tls_files passes) is served from then on, the job
+  // going on; a changed pair that fails the check is not (the one before stays). Each is said through the notice
+  // callback (reason certificate_renewed, certificate_refused, or dashboard_lost when the port was taken in the
+  // moment between servers), and so is a certificate under a week from expiry, once a day (certificate_expiring).
+  void check_certificate();
+  using Notice = std::function<void(const std::string& reason, const std::string& text)>;
+  void on_notice(Notice n) { notice_ = std::move(n); }
+  static constexpr double kCertificateCheckSeconds = 60;
 
   // Replaces the view. Each rank's step that is new joins the history (keyed by attempt and step: a restart
   // replays steps from its checkpoint, and those are the new attempt's).
@@ -79,10 +91,18 @@ class Dashboard {
   int history_attempt_ = -1;
   std::deque<nlohmann::json> events_;
 
+  int start(int port);  // a server on port (0: any), listening; the port, or -1 when it cannot bind
+  void stop_server();
+
   std::string host_, token_;
   int port_ = 0;
+  TlsFiles tls_files_;
   bool tls_ = false;
   TlsCertInfo cert_;
+  std::string files_seen_;  // the certificate and key files' identity (inode, size, mtime) when last looked at
+  double last_cert_check_ = 0;
+  int expiry_said_day_ = std::numeric_limits<int>::max();  // whole days left when the expiry was last said
+  Notice notice_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
 };

@@ -5,17 +5,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 
 namespace mt::launch {
-
-namespace {
-// Wall-clock time: events are compared across nodes and with the ranks' own logs.
-double unix_seconds() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 EventLog::~EventLog() {
   if (f_) std::fclose(f_);

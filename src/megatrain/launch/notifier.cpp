@@ -123,7 +123,7 @@ std::string notify_text(const json& e, const std::string& job) {
     what = fmt::format("loss spike at step {}: loss {} over the threshold {} (rule: {})", str(d, "step"),
                        str(d, "loss"), str(d, "threshold"), str(d, "rule"));
   } else if (event == "warning" || event == "fault") {
-    what = fmt::format("{}: rank {}: {}", event, str(e, "rank"),
+    what = fmt::format("{}: {}{}", event, e.contains("rank") ? "rank " + str(e, "rank") + ": " : "",
                        e.contains("line") ? str(e, "line") : str(e, "reason"));
   } else {
     json rest = e;

@@ -100,6 +100,7 @@ TlsCertInfo check_tls_files(const TlsFiles& files) {
   info.not_after = time_text(not_after);
   int days = 0, secs = 0;
   if (ASN1_TIME_diff(&days, &secs, nullptr, not_after) == 1) info.days_left = days + secs / 86400.0;
+  if (std::tm tm{}; ASN1_TIME_to_tm(not_after, &tm) == 1) info.expires_at = static_cast<double>(::timegm(&tm));
   Owned<BIO> out(BIO_new(BIO_s_mem()));
   X509_NAME_print_ex(out.get(), X509_get_subject_name(cert.get()), 0, XN_FLAG_RFC2253);
   char* text = nullptr;

@@ -17,6 +17,7 @@ struct TlsCertInfo {
   std::string subject;    // "CN=node00.example.org"
   std::string not_after;  // "2027-11-28 06:00:00 UTC"
   double days_left = 0;   // until not_after
+  double expires_at = 0;  // not_after in seconds since the Unix epoch
 };
 
 // Throws mt::Error (Config) naming the file and the problem: a file that cannot be read; a key readable by its group

@@ -79,11 +79,6 @@ uint64_t resident_bytes() {
   return n == 2 ? resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
-double unix_seconds() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
-}
-
 Heartbeat::Heartbeat(const HeartbeatSettings& s, int rank) : settings_(s), rank_(rank) {
   thread_ = std::thread([this] { run(); });
   std::lock_guard<std::mutex> lock(g_current_mu);

@@ -105,7 +105,5 @@ void heartbeat_event(const std::string& name, nlohmann::ordered_json fields, boo
 
 // Bytes of resident memory of this process (from /proc/self/statm; 0 where unavailable).
 uint64_t resident_bytes();
-// Seconds since the Unix epoch (heartbeat and event timestamps, comparable across hosts with synced clocks).
-double unix_seconds();
 
 }  // namespace mt
