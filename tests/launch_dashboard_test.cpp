@@ -401,6 +401,16 @@ TEST(Dashboard, ARenewedCertificateIsServedAndABadOneIsNot) {
   EXPECT_NE(said[2].second.find("the one before stays"), std::string::npos) << said[2].second;
   EXPECT_NE(said[2].second.find("expired on"), std::string::npos) << said[2].second;
   EXPECT_TRUE(readable_trusting(second));
+
+  // A pair that passes our checks but that OpenSSL will not serve (a 512-bit RSA key, under Debian's security level):
+  // the running server is kept, not stopped first.
+  const TestCert weak = make_test_cert(dir / "weak", "dash", -60, 30 * 86400, "", 512);
+  install(weak);
+  d.check_certificate();
+  ASSERT_EQ(said.size(), 4u);
+  EXPECT_EQ(said[3].first, "certificate_refused");
+  EXPECT_NE(said[3].second.find("OpenSSL cannot serve with it"), std::string::npos) << said[3].second;
+  EXPECT_TRUE(readable_trusting(second));
 }
 
 TEST(Dashboard, EachUnusableCertificateOrKeyIsRefusedNamingItsFile) {

@@ -19,14 +19,14 @@ struct TestCert {
   std::string cert, key;  // PEM files
 };
 
-// dir/NAME.crt and dir/NAME.key (mode 600): a P-256 key and a certificate valid from now + from_s to now + to_s
-// seconds. With a passphrase the key is written encrypted (AES-256-CBC).
+// dir/NAME.crt and dir/NAME.key (mode 600): a P-256 key (or RSA of rsa_bits) and a certificate valid from
+// now + from_s to now + to_s seconds. With a passphrase the key is written encrypted (AES-256-CBC).
 inline TestCert make_test_cert(const std::filesystem::path& dir, const std::string& name, long from_s = -60,
-                               long to_s = 2 * 86400, const std::string& passphrase = "") {
+                               long to_s = 2 * 86400, const std::string& passphrase = "", unsigned rsa_bits = 0) {
   static long serial = 1;
   std::filesystem::create_directories(dir);
   TestCert out{(dir / (name + ".crt")).string(), (dir / (name + ".key")).string()};
-  EVP_PKEY* key = EVP_EC_gen("P-256");
+  EVP_PKEY* key = rsa_bits ? EVP_RSA_gen(rsa_bits) : EVP_EC_gen("P-256");
   X509* x = X509_new();
   if (!key || !x) throw std::runtime_error("make_test_cert: OpenSSL could not make a key");
   X509_set_version(x, 2);

@@ -71,13 +71,13 @@ Dashboard::Dashboard(const std::string& address, std::string token, const TlsFil
     cert_ = check_tls_files(tls);
     last_cert_check_ = now_seconds();
   }
-  port_ = start(port);
+  port_ = start(port, make_server(tls_files_));
   if (port_ <= 0)
     fail_as(ErrorKind::Config, "--dashboard '{}': cannot listen there (address in use, or not this host's)", address);
 }
 
-int Dashboard::start(int port) {
-  server_ = make_server(tls_files_);
+int Dashboard::start(int port, std::unique_ptr<httplib::Server> server) {
+  server_ = std::move(server);
   // SO_REUSEADDR only (a restarted launcher may bind at once), not the library's default SO_REUSEPORT as well: with
   // it a second job given the same port would bind too, and the kernel would share the connections between them.
   server_->set_socket_options([](int sock) {
@@ -137,8 +137,10 @@ void Dashboard::check_certificate() {
   if (const std::string ids = file_ids(tls_files_); ids != files_seen_) {
     files_seen_ = ids;
     TlsCertInfo renewed;
+    std::unique_ptr<httplib::Server> next;  // made before the old one stops: OpenSSL may still refuse the pair
     try {
       renewed = check_tls_files(tls_files_);
+      next = make_server(tls_files_);
     } catch (const Error& e) {
       notice("certificate_refused",
              fmt::format("dashboard: the changed certificate or key is not served, the one before stays: {}", e.what()));
@@ -148,7 +150,7 @@ void Dashboard::check_certificate() {
     // and a client asks again.
     stop_server();
     server_.reset();
-    if (start(port_) != port_) {
+    if (start(port_, std::move(next)) != port_) {
       server_.reset();
       notice("dashboard_lost", fmt::format("dashboard: cannot listen on port {} again after the certificate's "
                                            "renewal (taken meanwhile); the job goes on without a dashboard", port_));

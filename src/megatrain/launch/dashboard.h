@@ -91,7 +91,8 @@ class Dashboard {
   int history_attempt_ = -1;
   std::deque<nlohmann::json> events_;
 
-  int start(int port);  // a server on port (0: any), listening; the port, or -1 when it cannot bind
+  // Serves on port (0: any) with `server` (make_server's), listening; the port, or -1 when it cannot bind.
+  int start(int port, std::unique_ptr<httplib::Server> server);
   void stop_server();
 
   std::string host_, token_;
