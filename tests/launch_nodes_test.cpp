@@ -22,6 +22,7 @@
 #include "webhook_receiver.h"
 #include "net_hosts.h"
 #include "test_util.h"
+#include "tls_testutil.h"
 
 using namespace mt;
 using namespace mt::test;
@@ -165,10 +166,12 @@ class LaunchNodes : public ::testing::Test {
 // their ranks' statuses every half second.
 TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   const auto want = undisturbed();
-  // Every agent is given the webhook; node 0 sends the driver's events (all kinds here), the others nothing.
+  // Every agent is given the webhook; node 0 sends the driver's events (all kinds here), the others nothing. The
+  // dashboard is HTTPS, with a certificate 3 days from expiry, which the driver says as a warning once it publishes.
   Receiver webhook;
+  const TestCert cert = make_test_cert(dir_ / "tls", "dash", -60, 3 * 86400);
   start_job(2, 1, slow_from_step6(), {"--dashboard", "127.0.0.1:0", "--notify", webhook.url(), "--notify-events",
-                                      "all"});
+                                      "all", "--dashboard-tls-cert", cert.cert, "--dashboard-tls-key", cert.key});
   // Poll /api/job until the job ends, keeping, per attempt, the nodes its running ranks were shown on (while the
   // attempt runs: the driver may see only its start of a short attempt, so "starting" counts).
   std::mutex mu;
@@ -179,10 +182,12 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
     int port = 0;
     while (!done && port == 0) {
       for (const auto& e : events_of(events(0)))
-        if (e.value("event", "") == "dashboard") port = std::stoi(e.value("url", "").substr(17));  // http://127.0.0.1:
+        if (e.value("event", "") == "dashboard") port = std::stoi(e.value("url", "").substr(18));  // https://127.0.0.1:
       std::this_thread::sleep_for(20ms);
     }
-    httplib::Client c("127.0.0.1", port);
+    httplib::Client c(fmt::format("https://127.0.0.1:{}", port));
+    c.enable_server_certificate_verification(true);
+    c.set_ca_cert_path(cert.cert);
     while (!done) {
       if (auto r = c.Get("/api/job")) {
         auto j = nlohmann::json::parse(r->body, nullptr, false);
@@ -234,6 +239,10 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   ASSERT_EQ(p.size(), 2u) << slurp(events(0));
   EXPECT_EQ(p[1]["nodes"], nlohmann::json::array({0, 2})) << p[1].dump();
   EXPECT_EQ(driver("evicted").at(0)["node"], 1);
+  auto w = driver("warning");  // the certificate's expiry, said once (the job is minutes, not days)
+  ASSERT_EQ(w.size(), 1u) << slurp(events(0));
+  EXPECT_EQ(w[0]["reason"], "certificate_expiring") << w[0].dump();
+  EXPECT_NE(w[0]["line"].get<std::string>().find("expires in 3.0 days"), std::string::npos) << w[0].dump();
   // The webhook got the driver's lines, each once, in order (node 0's agent sent them before it exited).
   std::vector<nlohmann::json> driver_lines;
   for (auto& e : events_of(events(0)))

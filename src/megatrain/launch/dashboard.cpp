@@ -68,8 +68,7 @@ Dashboard::Dashboard(const std::string& address, std::string token, const TlsFil
   if (port < 0 || port > 65535) fail_as(ErrorKind::Config, "--dashboard '{}': the port must be 0..65535", address);
   if (tls_) {
     files_seen_ = file_ids(tls);
-    cert_ = check_tls_files(tls);
-    last_cert_check_ = now_seconds();
+    cert_ = check_tls_files(tls);  // last_cert_check_ stays 0: the first publish() looks (an expiry is said at once)
   }
   port_ = start(port, make_server(tls_files_));
   if (port_ <= 0)

@@ -54,8 +54,8 @@ class Dashboard {
   std::string url() const;  // http(s)://HOST:PORT/ (127.0.0.1 for a wildcard host)
   const TlsCertInfo& certificate() const { return cert_; }  // with TLS: the certificate being served
 
-  // With TLS, publish() looks at the certificate and key files at most once every kCertificateCheckSeconds (this
-  // does so now): a renewed pair (the files changed, and check_tls_files passes) is served from then on, the job
+  // With TLS, publish() looks at the certificate and key files on its first call and then at most once every
+  // kCertificateCheckSeconds (this does so now): a renewed pair (the files changed, and check_tls_files passes) is served from then on, the job
   // going on; a changed pair that fails the check is not (the one before stays). Each is said through the notice
   // callback (reason certificate_renewed, certificate_refused, or dashboard_lost when the port was taken in the
   // moment between servers), and so is a certificate under a week from expiry, once a day (certificate_expiring).

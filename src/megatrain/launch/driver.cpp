@@ -61,6 +61,13 @@ class Driver {
         is_train_(!o.exec && !o.args.empty() && o.args[0] == "train") {}
 
   int run() {
+    // The dashboard's certificate notices go to the job's event log, the driver's (which --notify watches), from
+    // this thread, the one that publishes to the dashboard; the agent set them to its own log before this started.
+    if (dashboard_)
+      dashboard_->on_notice([this](const std::string& reason, const std::string& text) {
+        say(fmt::format("driver: {}", text));
+        events_.write("warning", {{"by", "driver"}, {"reason", reason}, {"line", text}});
+      });
     try {
       return finish(drive());
     } catch (const std::exception& e) {
