@@ -168,7 +168,6 @@ int cmd_launch(int argc, char** argv) {
     if (o.dashboard_tls.cert.empty() || o.dashboard_tls.key.empty())
       fail_as(ErrorKind::Config, "--dashboard-tls-{} without --dashboard-tls-{}: HTTPS needs both",
               o.dashboard_tls.cert.empty() ? "key" : "cert", o.dashboard_tls.cert.empty() ? "cert" : "key");
-    launch::check_tls_files(o.dashboard_tls);  // before any rank starts, not when node 0 opens the dashboard
   }
   if (o.notify.empty())
     if (const char* u = std::getenv("MEGATRAIN_NOTIFY_URL"); u && *u) o.notify = u;

@@ -741,19 +741,19 @@ class Agent {
     dashboard_ = std::make_unique<Dashboard>(opt_.dashboard, opt_.dashboard_token, opt_.dashboard_tls);
     if (!opt_.driven()) events_.add_observer([this](const nlohmann::json& e) { dashboard_->event(e); });
     // A renewed, refused or expiring certificate (Dashboard::check_certificate), said and logged as a warning
-    // (--notify-events warning:certificate_expiring sends it to people).
-    dashboard_->on_notice([this](const std::string& reason, const std::string& text) {
-      say(text);
-      events_.write("warning", {{"reason", reason}, {"line", text}});
-    });
+    // (--notify-events warning:certificate_expiring sends it to people); under the job driver, by the driver.
+    if (!opt_.driven())
+      dashboard_->on_notice([this](const std::string& reason, const std::string& text) {
+        say(text);
+        events_.write("warning", {{"reason", reason}, {"line", text}});
+      });
     const std::string url = dashboard_->url();
     say(fmt::format("dashboard: {} (state as JSON: {}api/job, Prometheus: {}metrics){}", url, url, url,
                     opt_.dashboard_token.empty() ? "" : "; every request needs the token (?token=, or Bearer)"));
-    if (opt_.dashboard_tls.enabled()) {
+    if (opt_.dashboard_tls.enabled()) {  // (an expiry under a week away is said by the first publish: a notice)
       const TlsCertInfo& c = dashboard_->certificate();
-      // A certificate that runs out during a long job leaves the dashboard unreadable: say so while there is time.
-      say(fmt::format("dashboard: HTTPS with {} ({}), valid until {}{}", opt_.dashboard_tls.cert, c.subject,
-                      c.not_after, c.days_left < 14 ? fmt::format(" (in {:.1f} days)", c.days_left) : ""));
+      say(fmt::format("dashboard: HTTPS with {} ({}), valid until {}", opt_.dashboard_tls.cert, c.subject,
+                      c.not_after));
     }
     events_.write("dashboard", {{"url", url}});
     show();

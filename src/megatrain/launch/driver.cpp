@@ -62,7 +62,7 @@ class Driver {
 
   int run() {
     // The dashboard's certificate notices go to the job's event log, the driver's (which --notify watches), from
-    // this thread, the one that publishes to the dashboard; the agent set them to its own log before this started.
+    // this thread, the one that publishes to the dashboard.
     if (dashboard_)
       dashboard_->on_notice([this](const std::string& reason, const std::string& text) {
         say(fmt::format("driver: {}", text));

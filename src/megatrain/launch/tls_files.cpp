@@ -40,12 +40,15 @@ int no_passphrase(char*, int, int, void* asked) {
   return -1;
 }
 
-std::string time_text(const ASN1_TIME* t) {
-  std::tm tm{};
-  if (ASN1_TIME_to_tm(t, &tm) != 1) return "(an unreadable time)";
+std::string utc_text(const std::tm& tm) {
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
   return buf;
+}
+
+std::string time_text(const ASN1_TIME* t) {
+  std::tm tm{};
+  return ASN1_TIME_to_tm(t, &tm) == 1 ? utc_text(tm) : "(an unreadable time)";
 }
 
 }  // namespace
@@ -89,9 +92,8 @@ TlsCertInfo check_tls_files(const TlsFiles& files) {
     fail_as(ErrorKind::Config, "--dashboard-tls-cert {} is not valid yet: from {} (this host's clock says {})",
             files.cert, time_text(not_before), [] {
               const std::time_t now = std::time(nullptr);
-              char buf[64];
-              std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
-              return std::string(buf);
+              std::tm tm{};
+              return utc_text(*::gmtime_r(&now, &tm));
             }());
   if (X509_cmp_current_time(not_after) < 0)
     fail_as(ErrorKind::Config, "--dashboard-tls-cert {} expired on {}", files.cert, time_text(not_after));
