@@ -8,6 +8,9 @@
 //                        ModelConfig::recompute_act / recompute_norm, the GeLU / norm outputs rebuilt in backward)
 //                        [--attention auto|flash|cudnn]   (auto, the default: cuDNN's fused attention where built
 //                        with cuDNN, else flash; flash: our kernels; cudnn: cuDNN's). The JSON names the one that ran.
+//                        [--gemm-tuning N]   (time N of cuBLASLt's candidate algorithms per GEMM shape on its first
+//                        call and keep the fastest; the JSON's gemm_tuned lists what each shape chose and the time
+//                        it saved, gemm_tuning_saved_ms_per_step their sum over one step's calls)
 //                        [--plan-memory]   (no GPU needed: what the run would allocate through the backend, from the
 //                        same allocation code on the host, with bf16 activations; see plan_memory below)
 #include <sys/mman.h>
@@ -30,6 +33,8 @@
 
 #ifdef MT_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "megatrain/kernels/cuda/cuda_ops.h"
 #endif
 
 using namespace mt;
@@ -114,7 +119,7 @@ std::string gpu_name() {
 
 int main(int argc, char** argv) {
   std::string model_name = "gpt2-124m", block = "sequential", attention = "auto";
-  int B = 8, T = 0, steps = 20, warmup = 3, window = 0;
+  int B = 8, T = 0, steps = 20, warmup = 3, window = 0, gemm_tuning = 0;
   bool recompute = false, recompute_act = false, recompute_norm = false, plan = false;
   double peak_tflops = 989.0;
   CLI::App app{"bench_gpu_train: megatrain's training-step throughput on one GPU; prints one JSON line"};
@@ -135,6 +140,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--attention", attention, "auto: cuDNN where built with it, else flash")
       ->check(CLI::IsMember({"auto", "flash", "cudnn"}))->capture_default_str();
+  app.add_option("--gemm-tuning", gemm_tuning, "candidate GEMM algorithms to time per shape (0: the heuristic's)")
+      ->check(CLI::Range(0, 64))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   ModelConfig cfg;
   int preset_T = 0;
@@ -149,7 +156,7 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},
                         {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute},
                         {"recompute_act", recompute_act}, {"recompute_norm", recompute_norm},
-                        {"attention", resolve_cuda_attention(attention)}};
+                        {"attention", resolve_cuda_attention(attention)}, {"gemm_tuning", gemm_tuning}};
   if (plan) {
     try {
       out["benchmark"] = "memory_plan";
@@ -172,6 +179,7 @@ int main(int argc, char** argv) {
   try {
     CudaOptions copt;
     copt.attention = attention;
+    copt.gemm_tuning = gemm_tuning;
     auto ops = make_cuda_ops(-1, copt);
     ops->synchronize();
     const size_t used_before = gpu_used_bytes();
@@ -226,6 +234,27 @@ int main(int argc, char** argv) {
     out["op_ms_one_step"] = op_ms;
     out["op_ms_total"] = op_total;
     out["final_loss"] = loss;
+    if (gemm_tuning > 0) {
+      // What tuning chose per distinct GEMM, and the time it saved over the heuristic's choice in one step: each
+      // problem's saving times its calls per step (every step runs the same GEMMs).
+      const double runs = warmup + steps + 1;
+      double saved = 0;
+      nlohmann::json tuned = nlohmann::json::array();
+      for (const GemmTuned& g : static_cast<CudaOps&>(*ops).gemm_tuning_report()) {
+        const double per_step = static_cast<double>(g.calls) / runs;
+        nlohmann::json j = {{"problem", g.problem}, {"op", g.op}, {"candidates", g.candidates},
+                            {"calls_per_step", per_step}, {"tuned", g.tuned}};
+        if (g.tuned) {
+          j.update({{"chosen", g.chosen}, {"heuristic_ms", g.heuristic_ms}, {"best_ms", g.best_ms}});
+          saved += (g.heuristic_ms - g.best_ms) * per_step;
+        } else {
+          j["why_not"] = g.why_not;
+        }
+        tuned.push_back(j);
+      }
+      out["gemm_tuned"] = tuned;
+      out["gemm_tuning_saved_ms_per_step"] = saved;
+    }
   } catch (const std::exception& e) {
     out["error"] = e.what();
     std::printf("%s\n", out.dump().c_str());

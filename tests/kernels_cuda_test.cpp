@@ -434,6 +434,114 @@ TEST_F(CudaOpsTest, MatmulRejectsWrongDtypes) {
   EXPECT_NE(msg2.find("matmul_backward: dw must be F32"), std::string::npos) << msg2;
 }
 
+// GEMM tuning (CudaOptions::gemm_tuning): every linear op still matches the CPU, whichever algorithm the timing
+// chose, and an accumulation (dw += ..., the residual added in place) is not timed, so it is added exactly once.
+// The tolerances are the untuned tests' above: another cuBLASLt algorithm differs only in summation order (split-K,
+// tile shape), inside the one bf16 rounding of the output.
+TEST_F(CudaOpsTest, GemmTuningKeepsEveryLinearOpRightAndTimesOnlyWhatRerunsSafely) {
+  auto tuned_ops = make_cuda_ops(-1, CudaOptions{"flash", 8});
+  auto* tuned = dynamic_cast<CudaOps*>(tuned_ops.get());
+  ASSERT_NE(tuned, nullptr);
+  gpu_ = std::move(tuned_ops);  // dev()/zeros()/host() now work on the tuned backend
+  // 256 x 384 -> 512: large enough for the heuristic to offer several algorithms; 37 x 100 -> 60 is odd-shaped.
+  for (const auto& [N, C, OC] : {GemmShape{256, 384, 512}, GemmShape{37, 100, 60}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C) + " OC=" + std::to_string(OC));
+    VecF x = randn(N * C, 40), w = randn(OC * C, 41, 0.1f), b = randn(OC, 42), r = randn(N * OC, 43);
+    VecF dy = randn(N * OC, 44), dw0 = randn(OC * C, 45), db0 = randn(OC, 46);
+    Tensor gx = dev(x, {N, C}), gw = dev(w, {OC, C}), gb = dev(b, {OC}), gdy = dev(dy, {N, OC});
+
+    VecF want(N * OC), tmp(N * OC);
+    Tensor go = zeros({N, OC});
+    cpu_->matmul_forward(tf(want, {N, OC}), tf(x, {N, C}), tf(w, {OC, C}), tf(b, {OC}));
+    gpu_->matmul_forward(go, gx, gw, gb);
+    EXPECT_TRUE(near(host(go), want, 8e-3, 2e-3)) << "forward";
+
+    cpu_->matmul_forward_add(tf(want, {N, OC}), tf(x, {N, C}), tf(w, {OC, C}), tf(b, {OC}), tf(r, {N, OC}),
+                             tf(tmp, {N, OC}));
+    for (bool in_place : {false, true}) {
+      VecF rr = r;
+      Tensor gr = dev(rr, {N, OC}), gt = zeros({N, OC});
+      Tensor out = in_place ? gr : zeros({N, OC});
+      gpu_->matmul_forward_add(out, gx, gw, gb, gr, gt);
+      EXPECT_TRUE(near(host(out), want, 1e-2, 2e-3)) << (in_place ? "residual added in place" : "residual apart");
+    }
+
+    for (bool acc : {false, true}) {
+      VecF dx(N * C), dw = dw0, db = db0;
+      Tensor gdx = zeros({N, C}), gdw = dev_f32(dw0, {OC, C}), gdb = dev_f32(db0, {OC});
+      cpu_->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(dy, {N, OC}), tf(x, {N, C}),
+                            tf(w, {OC, C}), false, acc);
+      gpu_->matmul_backward(gdx, gdw, gdb, gdy, gx, gw, false, acc);
+      const char* what = acc ? "backward, dw accumulated" : "backward, dw overwritten";
+      EXPECT_TRUE(near(host(gdx), dx, 8e-3, 2e-3)) << what;
+      EXPECT_TRUE(near(host(gdw), dw, 1e-3, 1e-4)) << what;
+      EXPECT_TRUE(near(host(gdb), db, 1e-4, 1e-5)) << what;
+    }
+
+    VecF pre(N * OC), act(N * OC);
+    Tensor gact = zeros({N, OC}), gpre = zeros({N, OC});
+    cpu_->matmul_gelu_forward(tf(act, {N, OC}), tf(pre, {N, OC}), tf(x, {N, C}), tf(w, {OC, C}), tf(b, {OC}));
+    gpu_->matmul_gelu_forward(gact, gpre, gx, gw, gb);
+    EXPECT_TRUE(near(host(gpre), pre, 8e-3, 2e-3)) << "gelu forward, pre";
+    EXPECT_TRUE(near(host(gact), act, 1e-2, 2e-3)) << "gelu forward, out";
+  }
+  // The DGELU epilogue (C a multiple of 8), its aux read while dpre is written.
+  {
+    const int64_t N = 64, C = 256, OC = 128;
+    VecF pre = randn(N * C, 47, 2.0f), w = randn(OC * C, 48, 0.2f), dy = randn(N * OC, 49);
+    rounded(pre);
+    VecF act(N * C), dpre(N * C), dw(OC * C), db(OC);
+    cpu_->gelu_forward(tf(act, {N, C}), tf(pre, {N, C}));
+    Tensor gpre = dev(pre, {N, C}), gact = dev(act, {N, C}), gw = dev(w, {OC, C}), gdy = dev(dy, {N, OC});
+    Tensor gdpre = zeros({N, C}), gdw = zeros({OC, C}, DType::F32), gdb = zeros({OC}, DType::F32);
+    cpu_->matmul_backward_gelu(tf(dpre, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(dy, {N, OC}), tf(act, {N, C}),
+                               tf(w, {OC, C}), tf(pre, {N, C}), false);
+    gpu_->matmul_backward_gelu(gdpre, gdw, gdb, gdy, gact, gw, gpre, false);
+    EXPECT_TRUE(near(host(gdpre), dpre, 1e-2, 4e-3)) << "gelu backward";
+    EXPECT_TRUE(near(host(gdw), dw, 1e-3, 1e-4)) << "gelu backward";
+  }
+
+  // What the tuning says: every problem either timed (its choice one of the candidates, no slower than the
+  // heuristic's by the medians it compared) or not, with the reason; the accumulations among the untimed.
+  const std::vector<GemmTuned> report = tuned->gemm_tuning_report();
+  ASSERT_FALSE(report.empty());
+  int timed = 0, accumulations = 0;
+  for (const GemmTuned& g : report) {
+    SCOPED_TRACE(g.op + ": " + g.problem);
+    EXPECT_GE(g.calls, 1);
+    EXPECT_GE(g.candidates, 1);
+    if (g.tuned) {
+      ++timed;
+      EXPECT_TRUE(g.why_not.empty());
+      EXPECT_GE(g.chosen, 0);
+      EXPECT_LT(g.chosen, g.candidates);
+      EXPECT_LE(g.best_ms, g.heuristic_ms);
+      EXPECT_GT(g.best_ms, 0.0);
+    } else {
+      EXPECT_FALSE(g.why_not.empty());
+    }
+    const bool accumulates = g.problem.find("beta 1") != std::string::npos &&
+                             (g.op == "matmul_backward" || g.problem.find("D fp32") != std::string::npos);
+    if (accumulates) {
+      ++accumulations;
+      EXPECT_FALSE(g.tuned) << "an accumulation into dw was timed (each timed run adds again)";
+    }
+  }
+  EXPECT_GT(accumulations, 0) << "the accumulating dw GEMMs are missing from the report";
+  RecordProperty("gemm_problems_timed", timed);
+  // The 256 x 384 -> 512 forward GEMM reruns safely; cuBLASLt offers an H100 or A100 several algorithms for it.
+  const bool forward_timed = std::any_of(report.begin(), report.end(), [](const GemmTuned& g) {
+    return g.op == "matmul_forward" && g.problem.rfind("512 x 256 x 384,", 0) == 0 && g.tuned;
+  });
+  EXPECT_TRUE(forward_timed) << "the plain forward GEMM was not timed";
+}
+
+TEST(CudaOptions, GemmTuningOutOfRangeIsAnErrorNamingTheRange) {
+  const std::string msg = test::error_of([] { make_cuda_ops(-1, CudaOptions{"flash", 1}); });
+  EXPECT_NE(msg.find("gemm_tuning must be 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("2 to 64 (got 1)"), std::string::npos) << msg;
+}
+
 // ---- embedding ------------------------------------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, EmbeddingForwardBackward) {

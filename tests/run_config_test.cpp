@@ -104,6 +104,12 @@ TEST(RunConfig, WrongTypesAndValuesAreErrors) {
   EXPECT_NE(error_of("[train]\ndevice = \"tpu\"\n").find("train.device must be"), std::string::npos);
   const std::string attention_error = error_of("[train]\nattention = \"bogus\"\n");
   EXPECT_NE(attention_error.find("train.attention must be \"auto\""), std::string::npos) << attention_error;
+  for (const char* n : {"1", "65", "-2"}) {
+    const std::string e = error_of("", {std::string("--train.gemm_tuning=") + n});
+    EXPECT_NE(e.find(fmt::format("train.gemm_tuning = {} is out of range", n)), std::string::npos) << e;
+  }
+  EXPECT_EQ(parse_run_config("[train]\ngemm_tuning = 8\n", "t.toml").train.gemm_tuning, 8);
+  EXPECT_EQ(parse_run_config("", "t.toml").train.gemm_tuning, 0) << "tuning is off by default";
 }
 
 // The model's kinds are enums parsed once from their spelling (model/config.h): every spelling maps to its kind, in

@@ -264,6 +264,11 @@ struct CudaOptions {
   // because it is the faster one: on an H100, 8.2x our kernels' forward+backward at B 4, T 2048, 16 heads of 128
   // (bench/results/bench_flash_attention-nvidia-h100-80gb-hbm3.json). Anything else is an error.
   std::string attention = "auto";
+  // GEMM tuning (kernels/cuda/gemm.h, LtGemm::set_tuning): 0, the default, runs cuBLASLt's heuristic choice for
+  // every GEMM; N in 2..64 times the heuristic's first N candidates on the first call of each distinct GEMM and
+  // keeps the fastest. Tuned runs are not bit-reproducible from one process to the next (the choice follows
+  // timings), hence off by default.
+  int gemm_tuning = 0;
 };
 // What CudaOptions::attention resolves to in this build: "cudnn" or "flash" ("auto" becomes "cudnn" when megatrain
 // was built with cuDNN). Other values are returned unchanged (make_cuda_ops rejects them).

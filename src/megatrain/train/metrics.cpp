@@ -131,7 +131,11 @@ void ProgressPrinter::on_run_start(const RunStart& r) {
   const RunConfig& c = *r.cfg;
   // On a GPU, which attention runs ("auto" resolved): the two differ several-fold in speed.
   const std::string attention =
-      c.train.device == "cuda" ? fmt::format(", attention {}", resolve_cuda_attention(c.train.attention)) : "";
+      c.train.device == "cuda"
+          ? fmt::format(", attention {}{}", resolve_cuda_attention(c.train.attention),
+                        c.train.gemm_tuning > 0 ? fmt::format(", GEMMs tuned over {} candidates", c.train.gemm_tuning)
+                                                : "")
+          : "";
   fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}{}, {:.2f}M params | data: {}, "
              "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s))\n",
              c.model.n_layer, c.model.d_model, c.model.n_head, kind_name(c.model.block), c.model.window, attention,

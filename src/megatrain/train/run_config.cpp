@@ -317,6 +317,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   t.get("threads", c.train.threads);
   t.get("device", c.train.device);
   t.get("attention", c.train.attention);
+  t.get("gemm_tuning", c.train.gemm_tuning);
   t.get_int_list("skip_steps", c.train.skip_steps, 1);
   t.get_int_list("trace_steps", c.train.trace_steps, 1);
   t.get("spike_window", c.train.spike_window);
@@ -413,6 +414,9 @@ void RunConfig::validate() const {
   MT_CHECK(train.attention == "auto" || train.attention == "flash" || train.attention == "cudnn",
            "{}: train.attention must be \"auto\" (cuDNN where built with it, else flash), \"flash\" (our kernels) or "
            "\"cudnn\" (cuDNN's fused attention) (got \"{}\")", source, train.attention);
+  MT_CHECK(train.gemm_tuning == 0 || (train.gemm_tuning >= 2 && train.gemm_tuning <= 64),
+           "{}: train.gemm_tuning = {} is out of range: 0 (cuBLASLt's heuristic choice) or the number of candidate "
+           "algorithms to time per GEMM shape, 2 to 64", source, train.gemm_tuning);
   MT_CHECK(train.trace_steps.empty() || (train.trace_steps.size() == 2 && train.trace_steps[0] <= train.trace_steps[1]),
            "{}: train.trace_steps must be [first, last] with first <= last (e.g. [5, 7]), or [] for no timeline",
            source);

@@ -44,6 +44,8 @@ struct TrainConfig {
   std::string device = "cpu";      // cpu (fp32) | cuda (bf16; with several ranks, one GPU per local rank)
   std::string attention = "auto";  // cuda only: auto (cudnn where built with it, else flash) | flash (our kernels) |
                                    // cudnn (cuDNN's fused attention)
+  int gemm_tuning = 0;             // cuda only: 0 = cuBLASLt's heuristic; N in 2..64 = time N candidates per GEMM
+                                   // shape on its first call and keep the fastest (CudaOptions::gemm_tuning)
   // Robust training (README "Robust training"). skip_steps: steps whose batches are read and dropped unused (no
   // forward, backward or optimizer step), e.g. after a NaN that repeats on the same data.
   std::vector<int> skip_steps;

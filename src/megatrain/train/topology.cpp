@@ -26,7 +26,8 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   t.main_rank = ri.rank == 0;
   const bool gpu = cfg.train.device == "cuda";
   t.ops = seams.make_ops ? seams.make_ops()
-          : gpu          ? make_cuda_ops(ri.world_size > 1 ? ri.local_rank : -1, CudaOptions{cfg.train.attention})
+          : gpu          ? make_cuda_ops(ri.world_size > 1 ? ri.local_rank : -1,
+                                        CudaOptions{cfg.train.attention, cfg.train.gemm_tuning})
                          : make_cpu_ops();
   if (ri.world_size == 1) return t;
 

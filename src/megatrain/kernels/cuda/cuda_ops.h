@@ -47,6 +47,9 @@ class CudaOps final : public Ops {
   // shape cuBLASLt refuses the epilogue for takes the kernels whatever the switch says.
   void set_fuse_bias_grads(bool on) { fuse_bias_grads_ = on; }
   int64_t fused_bias_grads() const { return fused_bias_grads_; }
+  // GEMM tuning (CudaOptions::gemm_tuning, LtGemm::set_tuning) and what it found per distinct GEMM so far.
+  void set_gemm_tuning(int candidates) { gemm_->set_tuning(candidates); }
+  std::vector<GemmTuned> gemm_tuning_report() const { return gemm_->tuned(); }
   // Sizes the attention backward workspace for shapes up to `s` now (allocating outside the training step).
   void reserve(const AttnShape& s);
   void reserve_attention(const AttnShape& s) override { reserve(s); }

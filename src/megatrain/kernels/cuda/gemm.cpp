@@ -1,9 +1,10 @@
 // cuBLASLt calls (through lt(): the library is loaded on first use, cublaslt_api.h says why): descriptors are cheap
-// host objects, created per call; the algorithm choice (a heuristic query costing tens of microseconds) is cached per
-// distinct problem.
+// host objects, created per call; the algorithm choice (a heuristic query costing tens of microseconds, or with
+// tuning a timed pass over the heuristic's candidates) is cached per distinct problem.
 #include "megatrain/kernels/cuda/gemm.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "megatrain/core/error.h"
 #include "megatrain/kernels/cuda/cublaslt_api.h"
@@ -51,7 +52,80 @@ void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t
   lt_check(lt().MatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)), op, "cublasLtMatmulPreferenceSetAttribute");
 }
 
+// A byte range [lo, hi) of device memory; empty when hi == lo.
+struct Range {
+  uintptr_t lo = 0, hi = 0;
+};
+
+// The bytes a column-major rows x cols matrix with leading dimension ld spans.
+Range matrix(const void* p, int64_t rows, int64_t cols, int64_t ld, size_t elem) {
+  if (!p || rows <= 0 || cols <= 0) return {};
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  return {lo, lo + static_cast<uintptr_t>(((cols - 1) * ld + rows) * static_cast<int64_t>(elem))};
+}
+
+Range vector_of(const void* p, int64_t n, size_t elem) { return matrix(p, n, 1, n, elem); }
+
+bool overlap(Range a, Range b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
+
+bool writes_aux(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+
+const char* epilogue_name(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "none";
+    case CUBLASLT_EPILOGUE_BIAS: return "bias";
+    case CUBLASLT_EPILOGUE_GELU: return "gelu";
+    case CUBLASLT_EPILOGUE_GELU_BIAS: return "gelu+bias";
+    case CUBLASLT_EPILOGUE_GELU_AUX: return "gelu_aux";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "gelu_aux+bias";
+    case CUBLASLT_EPILOGUE_DGELU: return "dgelu";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "dgelu+bgrad";
+    case CUBLASLT_EPILOGUE_BGRADA: return "bgrada";
+    case CUBLASLT_EPILOGUE_BGRADB: return "bgradb";
+    default: return "other";
+  }
+}
+
+std::string problem_name(const LtCall& c) {
+  return fmt::format("{} x {} x {}, {}{}, {}, D {}, beta {}", c.m, c.n, c.k, c.trans_a == CUBLAS_OP_T ? 'T' : 'N',
+                     c.trans_b == CUBLAS_OP_T ? 'T' : 'N', epilogue_name(c.epilogue),
+                     c.d_type == CUDA_R_32F ? "fp32" : "bf16", c.beta);
+}
+
+// Two CUDA events, destroyed on every path.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    cuda::check(cudaEventCreate(&start), "GEMM tuning: cudaEventCreate");
+    cuda::check(cudaEventCreate(&stop), "GEMM tuning: cudaEventCreate");
+  }
+  ~EventPair() {
+    if (stop) cudaEventDestroy(stop);
+    if (start) cudaEventDestroy(start);
+  }
+};
+
 }  // namespace
+
+bool gemm_reruns_safely(const LtCall& c) {
+  const size_t d_elem = c.d_type == CUDA_R_32F ? 4 : 2;
+  const bool ta = c.trans_a == CUBLAS_OP_T, tb = c.trans_b == CUBLAS_OP_T;
+  if (c.beta != 0.0f && (!c.C || c.C == c.D)) return false;  // D += ...: each run adds again
+  const Range d = matrix(c.D, c.m, c.n, c.ldd, d_elem);
+  std::vector<Range> writes{d};
+  std::vector<Range> reads{matrix(c.A, ta ? c.k : c.m, ta ? c.m : c.k, c.lda, 2),
+                           matrix(c.B, tb ? c.n : c.k, tb ? c.k : c.n, c.ldb, 2), vector_of(c.bias, c.m, 2)};
+  if (c.beta != 0.0f) reads.push_back(matrix(c.C, c.m, c.n, c.ldd, d_elem));
+  if (c.aux) (writes_aux(c.epilogue) ? writes : reads).push_back(matrix(c.aux, c.m, c.n, c.aux_ld, 2));
+  if (c.bias_out)
+    writes.push_back(vector_of(c.bias_out, c.epilogue == CUBLASLT_EPILOGUE_BGRADA ? c.m : c.n, d_elem));
+  for (const Range& w : writes)
+    for (const Range& r : reads)
+      if (overlap(w, r)) return false;
+  return true;
+}
 
 LtGemm::LtGemm() {
   lt_check(lt().Create(&handle_), "CudaOps", "cublasLtCreate");
@@ -101,14 +175,19 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b, op);
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c, op);
     set_pref(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d, op);
-    cublasLtMatmulHeuristicResult_t result{};
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(1, tuning_)));
     int count = 0;
-    const cublasStatus_t st =
-        lt().MatmulAlgoGetHeuristic(handle_, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &count);
+    const cublasStatus_t st = lt().MatmulAlgoGetHeuristic(handle_, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref,
+                                                          static_cast<int>(results.size()), results.data(), &count);
     Found f;
+    f.report.problem = problem_name(c);
+    f.report.op = op;
     if (st == CUBLAS_STATUS_SUCCESS && count > 0) {
       f.ok = true;
-      f.algo = result.algo;
+      f.algo = results[0].algo;
+      f.report.candidates = count;
+      results.resize(static_cast<size_t>(count));
+      if (tuning_ > 0) tune(stream, c, ds.op, ds.a, ds.b, ds.d, results, f);
     } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !c.aux && !c.bias_out) {
       // A plain or bias GEMM must run: anything but "no algorithm" is an error. A GeLU or bias-gradient epilogue
       // that cuBLASLt rejects for any reason (types, alignment, leading dimension) is not: the caller runs the
@@ -118,12 +197,101 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
     it = algos_.emplace(key, f).first;
   }
   if (!it->second.ok) return false;
+  ++it->second.report.calls;
 
   const float alpha = 1.0f, beta = c.beta;
   lt_check(lt().Matmul(handle_, ds.op, &alpha, c.A, ds.a, c.B, ds.b, &beta, C, ds.d, c.D, ds.d,
                        &it->second.algo, workspace_, kWorkspaceBytes, stream),
            op, "cublasLtMatmul");
   return true;
+}
+
+}  // namespace mt
+
+namespace mt {
+
+void LtGemm::tune(cudaStream_t stream, const LtCall& c, cublasLtMatmulDesc_t op_desc, cublasLtMatrixLayout_t a,
+                  cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d,
+                  const std::vector<cublasLtMatmulHeuristicResult_t>& results, Found& f) {
+  GemmTuned& r = f.report;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cuda::check(cudaStreamIsCapturing(stream, &capture), "GEMM tuning: cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) {
+    r.why_not = "the stream is being captured";
+    return;
+  }
+  if (!gemm_reruns_safely(c)) {
+    r.why_not = "it accumulates into what it reads (timing would add it again)";
+    return;
+  }
+  if (results.size() < 2) {
+    r.why_not = "the heuristic offered one algorithm";
+    return;
+  }
+  // Each candidate: one untimed run (its first launch may load the kernel), then kRuns runs timed one by one; the
+  // candidates take turns, kRounds times over, so a clock that drifts (a GPU warming to its power limit) biases
+  // none of them. A candidate's time is the median of its runs.
+  constexpr int kRounds = 2, kRuns = 3;
+  const void* C = c.C ? c.C : c.D;
+  const float alpha = 1.0f, beta = c.beta;
+  const size_t n = results.size();
+  std::vector<std::vector<float>> ms(n);
+  std::vector<bool> failed(n, false);
+  EventPair ev;
+  auto launch = [&](size_t i) {
+    return lt().Matmul(handle_, op_desc, &alpha, c.A, a, c.B, b, &beta, C, d, c.D, d, &results[i].algo, workspace_,
+                       kWorkspaceBytes, stream);
+  };
+  for (int round = 0; round < kRounds; ++round) {
+    for (size_t i = 0; i < n; ++i) {
+      if (failed[i]) continue;
+      if (results[i].state != CUBLAS_STATUS_SUCCESS || launch(i) != CUBLAS_STATUS_SUCCESS) {
+        failed[i] = true;  // an algorithm the library will not run here is not a candidate
+        continue;
+      }
+      for (int k = 0; k < kRuns; ++k) {
+        cuda::check(cudaEventRecord(ev.start, stream), "GEMM tuning: cudaEventRecord");
+        const cublasStatus_t st = launch(i);
+        cuda::check(cudaEventRecord(ev.stop, stream), "GEMM tuning: cudaEventRecord");
+        cuda::check(cudaEventSynchronize(ev.stop), "GEMM tuning: cudaEventSynchronize");
+        if (st != CUBLAS_STATUS_SUCCESS) {
+          failed[i] = true;
+          break;
+        }
+        float t = 0;
+        cuda::check(cudaEventElapsedTime(&t, ev.start, ev.stop), "GEMM tuning: cudaEventElapsedTime");
+        ms[i].push_back(t);
+      }
+    }
+  }
+  auto median = [](std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return static_cast<double>(v[v.size() / 2]);
+  };
+  if (failed[0]) {  // the heuristic's own choice failed to run: leave it to the normal path to report
+    r.why_not = "the heuristic's first algorithm failed when timed";
+    return;
+  }
+  size_t best = 0;
+  std::vector<double> med(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    if (failed[i]) continue;
+    med[i] = median(ms[i]);
+    if (med[i] < med[best]) best = i;
+  }
+  r.tuned = true;
+  r.chosen = static_cast<int>(best);
+  r.heuristic_ms = med[0];
+  r.best_ms = med[best];
+  f.algo = results[best].algo;
+}
+
+std::vector<GemmTuned> LtGemm::tuned() const {
+  std::vector<GemmTuned> out;
+  out.reserve(algos_.size());
+  for (const auto& [key, f] : algos_)
+    if (f.ok) out.push_back(f.report);
+  return out;
 }
 
 }  // namespace mt

@@ -8,6 +8,8 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <string>
+#include <vector>
 
 namespace mt {
 
@@ -30,6 +32,25 @@ struct LtCall {
   int64_t aux_ld = 0;
 };
 
+// Whether running `c` several times leaves what running it once leaves: nothing it writes (D, the GELU_AUX
+// epilogues' aux, the BGRAD epilogues' bias_out) overlaps anything it reads (A, B, the bias, the DGELU epilogues'
+// aux, and C, which is D itself when C is unset and beta != 0). Only such calls are timed by GEMM tuning: timing an
+// accumulation (dw += ..., out = ... + out) would add it as many times as it was timed.
+bool gemm_reruns_safely(const LtCall& c);
+
+// What GEMM tuning found for one distinct problem (LtGemm::tuning()).
+struct GemmTuned {
+  std::string problem;      // "m x n x k, op(A) op(B), epilogue, D type, beta"
+  std::string op;           // the op that first ran it
+  int candidates = 0;       // algorithms the heuristic offered (and were timed, when tuned)
+  int chosen = 0;           // index of the fastest in the heuristic's order (0: the heuristic was right)
+  bool tuned = false;       // false: not timed (why_not says why), the heuristic's first runs
+  std::string why_not;
+  double heuristic_ms = 0;  // the heuristic's first choice, median of the timed runs
+  double best_ms = 0;       // the chosen one
+  int64_t calls = 0;        // runs of this problem since the handle was made
+};
+
 class LtGemm {
  public:
   static constexpr size_t kWorkspaceBytes = 32u << 20;
@@ -44,15 +65,32 @@ class LtGemm {
   // unfused kernels. Any other failure throws naming `op` and the cuBLASLt call.
   bool run(cudaStream_t stream, const LtCall& c, const char* op);
 
+  // GEMM tuning: with candidates > 0, the first run of each distinct problem asks cuBLASLt's heuristic for up to
+  // `candidates` algorithms, times each on the call's own operands (a median of a few runs, the stream waited on),
+  // and keeps the fastest for the rest of the process. Why: the heuristic's first choice is a prediction, right
+  // most of the time but not for every shape and epilogue; one timed pass per problem (about a second for a
+  // model's dozen problems) settles it. Calls that do not rerun safely (gemm_reruns_safely) and calls made while
+  // the stream is being captured keep the heuristic's choice. The choice depends on timings, so two tuned
+  // processes may choose differently and round differently: off (0) by default, where runs repeat bit for bit.
+  void set_tuning(int candidates) { tuning_ = candidates; }
+  int tuning() const { return tuning_; }
+  std::vector<GemmTuned> tuned() const;
+
  private:
   using Key = std::array<int64_t, 19>;
   struct Found {
     bool ok = false;
     cublasLtMatmulAlgo_t algo{};
+    GemmTuned report;
   };
+  // Times the heuristic's candidates on c's operands and puts the fastest in f (or says in f.report why not).
+  void tune(cudaStream_t stream, const LtCall& c, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+            cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d,
+            const std::vector<cublasLtMatmulHeuristicResult_t>& results, Found& f);
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, Found> algos_;  // heuristic results by everything they depend on (shapes, types, alignments)
+  int tuning_ = 0;
 };
 
 }  // namespace mt

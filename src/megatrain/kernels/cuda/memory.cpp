@@ -44,6 +44,9 @@ std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& options) {
   MT_CHECK(options.attention == "auto" || options.attention == "flash" || options.attention == "cudnn",
            "make_cuda_ops: attention must be \"auto\" (cuDNN where built with it, else flash), \"flash\" (our "
            "kernels) or \"cudnn\" (cuDNN's fused attention); got \"{}\"", options.attention);
+  MT_CHECK(options.gemm_tuning == 0 || (options.gemm_tuning >= 2 && options.gemm_tuning <= 64),
+           "make_cuda_ops: gemm_tuning must be 0 (cuBLASLt's heuristic choice) or the number of candidate algorithms "
+           "to time, 2 to 64 (got {})", options.gemm_tuning);
   CudaOptions opt = options;
   opt.attention = resolve_cuda_attention(options.attention);
   MT_CHECK(opt.attention != "cudnn" || CudnnAttention::available(),
@@ -60,6 +63,7 @@ std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& options) {
   }
   auto ops = std::make_unique<CudaOps>();
   if (opt.attention == "cudnn") ops->use_cudnn_attention();  // a failure here destroys ops cleanly
+  ops->set_gemm_tuning(opt.gemm_tuning);
   return ops;
 }
 
