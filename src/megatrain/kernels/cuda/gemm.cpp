@@ -206,10 +206,6 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
   return true;
 }
 
-}  // namespace mt
-
-namespace mt {
-
 void LtGemm::tune(cudaStream_t stream, const LtCall& c, cublasLtMatmulDesc_t op_desc, cublasLtMatrixLayout_t a,
                   cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d,
                   const std::vector<cublasLtMatmulHeuristicResult_t>& results, Found& f) {
@@ -221,7 +217,7 @@ void LtGemm::tune(cudaStream_t stream, const LtCall& c, cublasLtMatmulDesc_t op_
     return;
   }
   if (!gemm_reruns_safely(c)) {
-    r.why_not = "it accumulates into what it reads (timing would add it again)";
+    r.why_not = "it writes what it reads (dw += ..., or an output over an input): each timed run would apply it again";
     return;
   }
   if (results.size() < 2) {
