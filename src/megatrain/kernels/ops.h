@@ -266,8 +266,8 @@ struct CudaOptions {
   std::string attention = "auto";
   // GEMM tuning (kernels/cuda/gemm.h, LtGemm::set_tuning): 0, the default, runs cuBLASLt's heuristic choice for
   // every GEMM; N in 2..64 times the heuristic's first N candidates on the first call of each distinct GEMM and
-  // keeps the fastest. Tuned runs are not bit-reproducible from one process to the next (the choice follows
-  // timings), hence off by default.
+  // keeps the fastest. Tuned processes may choose different algorithms from one another (the choice follows
+  // timings), and so round differently; hence off by default.
   int gemm_tuning = 0;
 };
 // What CudaOptions::attention resolves to in this build: "cudnn" or "flash" ("auto" becomes "cudnn" when megatrain

@@ -68,10 +68,11 @@ class LtGemm {
   // GEMM tuning: with candidates > 0, the first run of each distinct problem asks cuBLASLt's heuristic for up to
   // `candidates` algorithms, times each on the call's own operands (a median of a few runs, the stream waited on),
   // and keeps the fastest for the rest of the process. Why: the heuristic's first choice is a prediction, right
-  // most of the time but not for every shape and epilogue; one timed pass per problem (about a second for a
-  // model's dozen problems) settles it. Calls that do not rerun safely (gemm_reruns_safely) and calls made while
+  // most of the time but not for every shape and epilogue; one timed pass per problem (N x 8 runs of it, once
+  // per process) settles it. Calls that do not rerun safely (gemm_reruns_safely) and calls made while
   // the stream is being captured keep the heuristic's choice. The choice depends on timings, so two tuned
-  // processes may choose differently and round differently: off (0) by default, where runs repeat bit for bit.
+  // processes may choose differently and round differently: off (0) by default, where every process runs the same
+  // algorithms.
   void set_tuning(int candidates) { tuning_ = candidates; }
   int tuning() const { return tuning_; }
   std::vector<GemmTuned> tuned() const;
