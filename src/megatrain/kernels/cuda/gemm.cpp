@@ -4,6 +4,7 @@
 #include "megatrain/kernels/cuda/gemm.h"
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "megatrain/core/error.h"
@@ -167,6 +168,11 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
                 c.d_type,  c.beta != 0.0f ? 1 : 0, c.epilogue, c.bias || c.bias_out, c.aux_ld, al_a, al_b, al_d,
                 c.bias ? alignment(c.bias) : c.bias_out ? alignment(c.bias_out) : 0, c.aux ? alignment(c.aux) : 0,
                 al_c};
+  const float alpha = 1.0f, beta = c.beta;
+  auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
+    return lt().Matmul(handle_, ds.op, &alpha, c.A, ds.a, c.B, ds.b, &beta, C, ds.d, c.D, ds.d, &algo, workspace_,
+                       kWorkspaceBytes, stream);
+  };
   auto it = algos_.find(key);
   if (it == algos_.end()) {
     lt_check(lt().MatmulPreferenceCreate(&ds.pref), op, "cublasLtMatmulPreferenceCreate");
@@ -187,7 +193,7 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
       f.algo = results[0].algo;
       f.report.candidates = count;
       results.resize(static_cast<size_t>(count));
-      if (tuning_ > 0) tune(stream, c, ds.op, ds.a, ds.b, ds.d, results, f);
+      if (tuning_ > 0) tune(stream, c, matmul, results, f);
     } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !c.aux && !c.bias_out) {
       // A plain or bias GEMM must run: anything but "no algorithm" is an error. A GeLU or bias-gradient epilogue
       // that cuBLASLt rejects for any reason (types, alignment, leading dimension) is not: the caller runs the
@@ -199,15 +205,12 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
   if (!it->second.ok) return false;
   ++it->second.report.calls;
 
-  const float alpha = 1.0f, beta = c.beta;
-  lt_check(lt().Matmul(handle_, ds.op, &alpha, c.A, ds.a, c.B, ds.b, &beta, C, ds.d, c.D, ds.d,
-                       &it->second.algo, workspace_, kWorkspaceBytes, stream),
-           op, "cublasLtMatmul");
+  lt_check(matmul(it->second.algo), op, "cublasLtMatmul");
   return true;
 }
 
-void LtGemm::tune(cudaStream_t stream, const LtCall& c, cublasLtMatmulDesc_t op_desc, cublasLtMatrixLayout_t a,
-                  cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d,
+void LtGemm::tune(cudaStream_t stream, const LtCall& c,
+                  const std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>& matmul,
                   const std::vector<cublasLtMatmulHeuristicResult_t>& results, Found& f) {
   GemmTuned& r = f.report;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -228,16 +231,11 @@ void LtGemm::tune(cudaStream_t stream, const LtCall& c, cublasLtMatmulDesc_t op_
   // candidates take turns, kRounds times over, so a clock that drifts (a GPU warming to its power limit) biases
   // none of them. A candidate's time is the median of its runs.
   constexpr int kRounds = 2, kRuns = 3;
-  const void* C = c.C ? c.C : c.D;
-  const float alpha = 1.0f, beta = c.beta;
   const size_t n = results.size();
   std::vector<std::vector<float>> ms(n);
   std::vector<bool> failed(n, false);
   EventPair ev;
-  auto launch = [&](size_t i) {
-    return lt().Matmul(handle_, op_desc, &alpha, c.A, a, c.B, b, &beta, C, d, c.D, d, &results[i].algo, workspace_,
-                       kWorkspaceBytes, stream);
-  };
+  auto launch = [&](size_t i) { return matmul(results[i].algo); };
   for (int round = 0; round < kRounds; ++round) {
     for (size_t i = 0; i < n; ++i) {
       if (failed[i]) continue;

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -84,9 +85,10 @@ class LtGemm {
     cublasLtMatmulAlgo_t algo{};
     GemmTuned report;
   };
-  // Times the heuristic's candidates on c's operands and puts the fastest in f (or says in f.report why not).
-  void tune(cudaStream_t stream, const LtCall& c, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
-            cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d,
+  // Times the heuristic's candidates, each run through `matmul` (c on its own operands, the one cuBLASLt call run()
+  // also makes), and puts the fastest in f (or says in f.report why not).
+  void tune(cudaStream_t stream, const LtCall& c,
+            const std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>& matmul,
             const std::vector<cublasLtMatmulHeuristicResult_t>& results, Found& f);
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
