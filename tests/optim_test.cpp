@@ -54,7 +54,7 @@ TEST(Optim, LambTrustRatioIsWeightNormOverUpdateNorm) {
   GPT m(c, *ops);
   m.init_weights(1);
   OptimConfig oc;
-  oc.name = "lamb";
+  oc.name = OptimizerKind::Lamb;
   oc.weight_decay = 0.01f;
   Optimizer opt(oc, m.params(), *ops);
   Rng r(2);
@@ -87,7 +87,7 @@ TEST(Optim, LambNormReduceRunsBetweenThePasses) {
   a.init_weights(1);
   b.init_weights(1);
   OptimConfig oc;
-  oc.name = "lamb";
+  oc.name = OptimizerKind::Lamb;
   oc.weight_decay = 0.01f;
   Optimizer oa(oc, a.params(), *ops), ob(oc, b.params(), *ops);
   const size_t nt = a.params().size();
@@ -132,7 +132,7 @@ TEST(Optim, ScheduleWarmupAndDecay) {
   EXPECT_FLOAT_EQ(lr_at(c, 10, 100), 1.0f);
   EXPECT_NEAR(lr_at(c, 55, 100), 0.55f, 1e-6);  // cosine midpoint
   EXPECT_NEAR(lr_at(c, 100, 100), 0.1f, 1e-6);
-  c.schedule = "linear";
+  c.schedule = LrSchedule::Linear;
   EXPECT_NEAR(lr_at(c, 55, 100), 0.55f, 1e-6);
   EXPECT_NEAR(lr_at(c, 28, 100), 0.82f, 1e-6);
 }

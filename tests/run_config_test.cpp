@@ -33,7 +33,7 @@ TEST(RunConfig, ParsesSectionsAndOverrides) {
   EXPECT_EQ(c.model.window, 16);
   EXPECT_EQ(c.model.recompute, (std::vector<bool>{false, true}));
   EXPECT_EQ(c.model.d_model, 192);
-  EXPECT_EQ(c.optim.name, "lamb");
+  EXPECT_EQ(c.optim.name, OptimizerKind::Lamb);
   EXPECT_FLOAT_EQ(c.optim.lr, 2e-3f);
   EXPECT_FLOAT_EQ(c.optim.weight_decay, 0.0f);
   EXPECT_EQ(c.train.steps, 7);
@@ -103,7 +103,7 @@ TEST(RunConfig, WrongTypesAndValuesAreErrors) {
   EXPECT_NE(error_of("", {"--train.steps"}).find("section.key=value"), std::string::npos);
   EXPECT_NE(error_of("[train]\ndevice = \"tpu\"\n").find("train.device must be"), std::string::npos);
   const std::string attention_error = error_of("[train]\nattention = \"bogus\"\n");
-  EXPECT_NE(attention_error.find("train.attention must be \"auto\""), std::string::npos) << attention_error;
+  EXPECT_NE(attention_error.find("train.attention must be 'auto'"), std::string::npos) << attention_error;
   for (const char* n : {"1", "65", "-2"}) {
     const std::string e = error_of("", {std::string("--train.gemm_tuning=") + n});
     EXPECT_NE(e.find(fmt::format("train.gemm_tuning = {} is out of range", n)), std::string::npos) << e;

@@ -124,7 +124,7 @@ class CheckedGroup final : public ProcessGroup {
 };
 
 GroupFactory checked(bool data_plane) {
-  return [data_plane](Store& store, const std::string&, const std::string& name, const std::vector<int>& ranks,
+  return [data_plane](Store& store, GroupRole, const std::string& name, const std::vector<int>& ranks,
                       int me, const GroupOptions& opt) -> std::unique_ptr<ProcessGroup> {
     std::unique_ptr<ProcessGroup> g =
         ranks.size() == 1 ? make_local_group(me, name) : make_gloo_group(store, name, ranks, me, opt);

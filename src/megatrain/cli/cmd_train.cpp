@@ -1,4 +1,4 @@
-// megatrain train --config FILE.toml [--section.key=value ...]
+// megatrain train --config FILE.toml [--section.key=value ...]; megatrain train --help-config[=markdown]
 #include <fmt/format.h>
 
 #include <csignal>
@@ -20,16 +20,22 @@ int cmd_train(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       fmt::print(
-          "usage: megatrain train [--config FILE.toml] [--section.key=value ...]\n\n"
+          "usage: megatrain train [--config FILE.toml] [--section.key=value ...]\n"
+          "       megatrain train --help-config[=markdown]   every config key: default, range, what it sets\n\n"
           "Trains a GPT as the TOML config says (default: configs/tiny.toml). Any config key can be overridden,\n"
           "e.g. --train.steps=100 --model.block=parallel --optim.name=lamb. Sections: model, data, optim, train,\n"
-          "ckpt, sample, parallel (see configs/*.toml and README.md). Progress goes to stdout and, as JSON lines, to\n"
+          "ckpt, sample, parallel (--help-config lists every key; docs/configuration.md). Progress goes to stdout and, as JSON lines, to\n"
           "<train.out_dir>/metrics.jsonl; checkpoints to <ckpt.dir> (default <train.out_dir>/ckpt).\n"
           "SIGTERM/SIGINT stop the run after the current step (with a checkpoint when checkpoints are configured).\n"
           "Exit codes: 0 done, 10 config, 11 data, 12 checkpoint (restarting cannot help); 20 non-finite, 21 timeout,\n"
           "22 peer lost, 23 device, 24 I/O (a restart may help); 30 stopped on request; 1 other errors.\n");
       return 0;
     }
+    if (a == "--help-config" || a == "--help-config=text" || a == "--help-config=markdown") {
+      fmt::print("{}", run_config_help(a == "--help-config=markdown"));
+      return 0;
+    }
+    if (a.rfind("--help-config", 0) == 0) fail("{}: the format is text or markdown (e.g. --help-config=markdown)", a);
     if (a == "--config" || a == "-c") {
       MT_CHECK(i + 1 < argc, "--config needs a file");
       config = argv[++i];

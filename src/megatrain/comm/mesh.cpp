@@ -32,10 +32,10 @@ std::string group_name(const char* dim, const std::vector<int>& ranks) {
   return s + "]";
 }
 
-std::unique_ptr<ProcessGroup> make_dim_group(Store& store, const char* dim, const std::vector<int>& ranks, int me,
+std::unique_ptr<ProcessGroup> make_dim_group(Store& store, GroupRole dim, const std::vector<int>& ranks, int me,
                                              const GroupOptions& opt, const GroupFactory& make_group,
                                              const std::string& prefix) {
-  std::string name = prefix + group_name(dim, ranks);
+  std::string name = prefix + group_name(kind_name(dim), ranks);
   if (make_group) return make_group(store, dim, name, ranks, me, opt);
   if (ranks.size() == 1) return make_local_group(me, name);
   return make_gloo_group(store, name, ranks, me, opt);
@@ -78,9 +78,9 @@ DeviceMesh::DeviceMesh(Store& store, const MeshShape& shape, int rank, const Gro
   for (int i = 0; i < shape.pp; ++i) pp.push_back(mesh_rank(shape, {coord_.dp, i, coord_.tp}));
   // Every rank builds its groups in the same order (tp, dp, pp), so each group's rendezvous only waits for its own
   // members to finish the previous ones: no rank waits on the whole world.
-  tp_ = make_dim_group(store, "tp", tp, rank, opt, make_group, prefix);
-  dp_ = make_dim_group(store, "dp", dp, rank, opt, make_group, prefix);
-  pp_ = make_dim_group(store, "pp", pp, rank, opt, make_group, prefix);
+  tp_ = make_dim_group(store, GroupRole::TP, tp, rank, opt, make_group, prefix);
+  dp_ = make_dim_group(store, GroupRole::DP, dp, rank, opt, make_group, prefix);
+  pp_ = make_dim_group(store, GroupRole::PP, pp, rank, opt, make_group, prefix);
   init_seconds_ = now_seconds() - t0;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "megatrain/comm/process_group.h"
+#include "megatrain/core/kind.h"
 
 namespace mt {
 
@@ -24,10 +25,17 @@ int mesh_rank(const MeshShape& s, const MeshCoord& c);
 // Throws mt::Error saying which number is wrong when dp*pp*tp != world or a dimension is < 1.
 void check_mesh(const MeshShape& s, int world);
 
-// Makes the group of one mesh dimension (dim: "tp", "dp" or "pp"; name: e.g. "tp[0-1]"). The default (an empty
-// factory) builds Gloo groups, and a local group for a dimension of size 1. A set factory is called for every
-// dimension, also those of size 1: a GPU run's groups must copy on the device, which a host local group cannot.
-using GroupFactory = std::function<std::unique_ptr<ProcessGroup>(Store& store, const std::string& dim,
+// What a process group is for: one of the mesh's dimensions, or a group outside the mesh (the tied embedding's
+// first and last pipeline stages; a rank and the buddy that holds its checkpoint snapshot). Spelt as in group names.
+enum class GroupRole { DP, PP, TP, Embedding, Snapshot };  // "dp" | "pp" | "tp" | "emb" | "snap"
+inline constexpr std::array<const char*, 5> kGroupRoleNames = {"dp", "pp", "tp", "emb", "snap"};
+inline const std::array<const char*, 5>& kind_names(GroupRole) { return kGroupRoleNames; }
+
+// Makes the group of one role (role: a mesh dimension, or a group outside the mesh; name: e.g. "tp[0-1]"). The
+// mesh's default (an empty factory) builds Gloo groups, and a local group for a dimension of size 1. A set factory is
+// called for every dimension, also those of size 1: a GPU run's groups must copy on the device, which a host local
+// group cannot.
+using GroupFactory = std::function<std::unique_ptr<ProcessGroup>(Store& store, GroupRole role,
                                                                  const std::string& name, const std::vector<int>& ranks,
                                                                  int my_global_rank, const GroupOptions& opt)>;
 

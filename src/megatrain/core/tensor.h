@@ -8,11 +8,14 @@
 #include <string>
 
 #include "megatrain/core/error.h"
+#include "megatrain/core/kind.h"
 
 namespace mt {
 
 enum class DType : uint8_t { F32, BF16, F16, I32, I64, U16, U8 };
-enum class Device : uint8_t { CPU, CUDA };
+enum class Device : uint8_t { CPU, CUDA };  // "cpu" | "cuda" (train.device)
+inline constexpr std::array<const char*, 2> kDeviceNames = {"cpu", "cuda"};
+inline const std::array<const char*, 2>& kind_names(Device) { return kDeviceNames; }
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "F32", "BF16", ... (the safetensors spelling)

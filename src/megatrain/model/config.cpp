@@ -11,20 +11,6 @@ namespace mt {
 
 namespace {
 
-// Upper bounds on the model's sizes. They lie far beyond any model one host can train (the largest real
-// vocabularies have ~256k tokens, the deepest models ~128 layers, the widest d_model ~32k), and they keep every size
-// derived from them representable: the padded vocabulary in int, parameter counts and byte sizes in int64. A value
-// past them is a typo or an attack, refused at load in microseconds instead of failing (or overflowing) in an
-// allocation much later.
-constexpr int kMaxVocab = 1 << 24;
-constexpr int kMaxVocabPad = 1 << 16;
-constexpr int kMaxLayers = 1 << 16;
-constexpr int kMaxWidth = 1 << 20;   // d_model
-constexpr int kMaxFf = 1 << 22;      // d_ff
-constexpr int kMaxSeqLen = 1 << 24;  // max_seq_len (and so window)
-// 2^40 parameters: 4.4 TB of fp32 weights alone, more memory than any single machine has.
-constexpr int64_t kMaxParams = int64_t{1} << 40;
-
 // a * b + c in int64, or nullopt on overflow.
 std::optional<int64_t> mul_add(int64_t a, int64_t b, int64_t c = 0) {
   int64_t p = 0, s = 0;
@@ -32,51 +18,7 @@ std::optional<int64_t> mul_add(int64_t a, int64_t b, int64_t c = 0) {
   return s;
 }
 
-// Each kind's spellings, in the enum's order.
-constexpr std::array<const char*, 2> kNormNames = {"layernorm", "rmsnorm"};
-constexpr std::array<const char*, 2> kMlpNames = {"gelu", "swiglu"};
-constexpr std::array<const char*, 2> kPosNames = {"learned", "rope"};
-constexpr std::array<const char*, 2> kBlockNames = {"sequential", "parallel"};
-
-template <typename Kind, size_t N>
-const char* name_of(const std::array<const char*, N>& names, Kind k) {
-  const auto i = static_cast<size_t>(k);
-  MT_CHECK(i < N, "invalid kind value {}", i);  // only a cast from a bad integer gets here
-  return names[i];
-}
-
-template <typename Kind, size_t N>
-void parse_of(const std::array<const char*, N>& names, const std::string& key, const std::string& value, Kind& out) {
-  std::string allowed;
-  for (size_t i = 0; i < N; ++i) {
-    if (value == names[i]) {
-      out = static_cast<Kind>(i);
-      return;
-    }
-    allowed += fmt::format("{}'{}'", i == 0 ? "" : i + 1 == N ? " or " : ", ", names[i]);
-  }
-  fail("{} must be {} (got '{}')", key, allowed, value);
-}
-
 }  // namespace
-
-const char* kind_name(NormKind k) { return name_of(kNormNames, k); }
-const char* kind_name(MlpKind k) { return name_of(kMlpNames, k); }
-const char* kind_name(PosKind k) { return name_of(kPosNames, k); }
-const char* kind_name(BlockKind k) { return name_of(kBlockNames, k); }
-
-void parse_kind(const std::string& key, const std::string& value, NormKind& out) {
-  parse_of(kNormNames, key, value, out);
-}
-void parse_kind(const std::string& key, const std::string& value, MlpKind& out) {
-  parse_of(kMlpNames, key, value, out);
-}
-void parse_kind(const std::string& key, const std::string& value, PosKind& out) {
-  parse_of(kPosNames, key, value, out);
-}
-void parse_kind(const std::string& key, const std::string& value, BlockKind& out) {
-  parse_of(kBlockNames, key, value, out);
-}
 
 int ModelConfig::ff_dim() const {
   if (d_ff > 0) return d_ff;

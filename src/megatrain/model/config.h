@@ -1,32 +1,47 @@
 // GPT model configuration: GPT-2 layout by default, with Llama-style options and MegaScale's two changes
 // (parallel transformer block, sliding-window attention).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "megatrain/core/kind.h"
 #include "megatrain/kernels/rope_freqs.h"
 
 namespace mt {
 
-// The model's kinds. Users (TOML, CLI overrides) and checkpoint manifests spell them as strings (kind_name);
-// parse_kind is the one place that turns a spelling into a kind, so the layers branch on enums and a misspelt
-// kind is refused where the config is read, naming the key and the allowed spellings.
+// The model's kinds. Users (TOML, CLI overrides) and checkpoint manifests spell them as strings; kind_name and
+// parse_kind (core/kind.h) are the one place that turns a spelling into a kind, so the layers branch on enums and a
+// misspelt kind is refused where the config is read, naming the key and the allowed spellings.
 enum class NormKind { LayerNorm, RmsNorm };  // "layernorm" | "rmsnorm"
 enum class MlpKind { Gelu, SwiGlu };         // "gelu" | "swiglu"
 enum class PosKind { Learned, Rope };        // "learned" | "rope"
 enum class BlockKind { Sequential, Parallel };  // "sequential" | "parallel"
 
-const char* kind_name(NormKind k);
-const char* kind_name(MlpKind k);
-const char* kind_name(PosKind k);
-const char* kind_name(BlockKind k);
-// out = the kind spelt `value`; throws mt::Error "<key> must be 'a' or 'b' (got '<value>')" for any other spelling.
-// key names the setting for the message (e.g. "model.norm", or "configs/x.toml: model.norm").
-void parse_kind(const std::string& key, const std::string& value, NormKind& out);
-void parse_kind(const std::string& key, const std::string& value, MlpKind& out);
-void parse_kind(const std::string& key, const std::string& value, PosKind& out);
-void parse_kind(const std::string& key, const std::string& value, BlockKind& out);
+// Each kind's spellings, in the enum's order.
+inline constexpr std::array<const char*, 2> kNormNames = {"layernorm", "rmsnorm"};
+inline constexpr std::array<const char*, 2> kMlpNames = {"gelu", "swiglu"};
+inline constexpr std::array<const char*, 2> kPosNames = {"learned", "rope"};
+inline constexpr std::array<const char*, 2> kBlockNames = {"sequential", "parallel"};
+inline const std::array<const char*, 2>& kind_names(NormKind) { return kNormNames; }
+inline const std::array<const char*, 2>& kind_names(MlpKind) { return kMlpNames; }
+inline const std::array<const char*, 2>& kind_names(PosKind) { return kPosNames; }
+inline const std::array<const char*, 2>& kind_names(BlockKind) { return kBlockNames; }
+
+// Upper bounds on the model's sizes (ModelConfig::validate). They lie far beyond any model one host can train (the
+// largest real vocabularies have ~256k tokens, the deepest models ~128 layers, the widest d_model ~32k), and they
+// keep every size derived from them representable: the padded vocabulary in int, parameter counts and byte sizes in
+// int64. A value past them is a typo or an attack, refused at load in microseconds instead of failing (or
+// overflowing) in an allocation much later.
+inline constexpr int kMaxVocab = 1 << 24;
+inline constexpr int kMaxVocabPad = 1 << 16;
+inline constexpr int kMaxLayers = 1 << 16;
+inline constexpr int kMaxWidth = 1 << 20;   // d_model
+inline constexpr int kMaxFf = 1 << 22;      // d_ff
+inline constexpr int kMaxSeqLen = 1 << 24;  // max_seq_len (and so window)
+// 2^40 parameters: 4.4 TB of fp32 weights alone, more memory than any single machine has.
+inline constexpr int64_t kMaxParams = int64_t{1} << 40;
 
 struct ModelConfig {
   int vocab_size = 50257;     // real vocabulary

@@ -7,9 +7,7 @@
 namespace mt {
 
 void OptimConfig::validate() const {
-  MT_CHECK(name == "adamw" || name == "lamb", "optim.name must be 'adamw' or 'lamb' (got '{}')", name);
-  MT_CHECK(schedule == "cosine" || schedule == "linear" || schedule == "constant",
-           "optim.schedule must be 'cosine', 'linear' or 'constant' (got '{}')", schedule);
+  // name and schedule are enums, checked where their spelling was parsed (parse_kind).
   // Every real-valued hyperparameter must be finite: an inf weight decay or learning rate turns the weights into
   // inf/NaN in the first step (and NaN fails every comparison below, so it is named explicitly).
   auto check = [](const char* key, float v, bool ok, const char* range) {
@@ -27,10 +25,10 @@ void OptimConfig::validate() const {
 
 float lr_at(const OptimConfig& c, int step, int total_steps) {
   if (c.warmup_steps > 0 && step <= c.warmup_steps) return c.lr * static_cast<float>(step) / c.warmup_steps;
-  if (c.schedule == "constant" || total_steps <= c.warmup_steps) return c.lr;
+  if (c.schedule == LrSchedule::Constant || total_steps <= c.warmup_steps) return c.lr;
   double progress = static_cast<double>(step - c.warmup_steps) / static_cast<double>(total_steps - c.warmup_steps);
   progress = std::min(1.0, std::max(0.0, progress));
-  double frac = c.schedule == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;
+  double frac = c.schedule == LrSchedule::Cosine ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;
   return static_cast<float>(c.min_lr + (c.lr - c.min_lr) * frac);
 }
 
@@ -70,7 +68,7 @@ Optimizer::Optimizer(const OptimConfig& cfg, const ParamStore& params, Ops& ops)
   for (const ParamInfo& p : params.infos())
     segments_.push_back({static_cast<int64_t>(p.offset), static_cast<int64_t>(p.numel),
                          p.decay ? cfg_.weight_decay : 0.0f});
-  if (cfg_.name == "lamb") {
+  if (cfg_.name == OptimizerKind::Lamb) {
     norms_ = ops.alloc(2 * segments_.size() * sizeof(float));
     norms_host_.assign(2 * segments_.size(), 0.0f);
   }
@@ -139,7 +137,7 @@ Tensor Optimizer::v(int i) const { return state_view(v_, params_.info(i)); }
 
 void Optimizer::step(ParamStore& params, float lr, float grad_scale, int step) {
   MT_CHECK(step >= 1, "optimizer step must be >= 1 (got {})", step);
-  if (cfg_.name == "lamb") return lamb_step(params, lr, grad_scale, step);
+  if (cfg_.name == OptimizerKind::Lamb) return lamb_step(params, lr, grad_scale, step);
   // AdamW: every tensor in one multi-tensor call over the flat buffers (each segment with its own weight decay),
   // which also rewrites the compute copy (bf16 on CUDA) from the updated weights: the segments are every tensor,
   // and the padding between them never changes, so the copy ends up as refresh_weights() would leave it.

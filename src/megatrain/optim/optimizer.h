@@ -1,21 +1,31 @@
 // Optimizers over a ParamStore: AdamW and LAMB with fp32 state (m, v) laid out like the parameters, global
 // gradient-norm clipping, and the learning-rate schedule.
 #pragma once
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "megatrain/core/buffer.h"
+#include "megatrain/core/kind.h"
 #include "megatrain/kernels/ops.h"
 #include "megatrain/model/params.h"
 
 namespace mt {
 
+// The optimizer and the learning-rate schedule after warm-up (spelt as in optim.name and optim.schedule).
+enum class OptimizerKind { AdamW, Lamb };             // "adamw" | "lamb"
+enum class LrSchedule { Cosine, Linear, Constant };  // "cosine" | "linear" | "constant"
+inline constexpr std::array<const char*, 2> kOptimizerNames = {"adamw", "lamb"};
+inline constexpr std::array<const char*, 3> kLrScheduleNames = {"cosine", "linear", "constant"};
+inline const std::array<const char*, 2>& kind_names(OptimizerKind) { return kOptimizerNames; }
+inline const std::array<const char*, 3>& kind_names(LrSchedule) { return kLrScheduleNames; }
+
 struct OptimConfig {
-  std::string name = "adamw";       // adamw | lamb
+  OptimizerKind name = OptimizerKind::AdamW;
   float lr = 6e-4f;                 // peak learning rate
   float min_lr = 0.0f;              // floor of the decay
-  std::string schedule = "cosine";  // cosine | linear | constant (after warmup)
+  LrSchedule schedule = LrSchedule::Cosine;  // after warmup
   int warmup_steps = 0;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.1f;        // decoupled; applied only to tensors marked decay (matrices, embeddings)

@@ -197,7 +197,7 @@ void DataParallel::plan_pieces() {
     piece_tensor_[k].push_back(i);
     ++pieces;
   });
-  if (ocfg_.name == "lamb") {
+  if (ocfg_.name == OptimizerKind::Lamb) {
     piece_norms_ = ops_.alloc(std::max<size_t>(1, 2 * pieces) * sizeof(float));
     piece_norms_host_.assign(2 * pieces, 0.0f);
   }
@@ -215,7 +215,7 @@ void DataParallel::step(float lr, float grad_scale, int step) {
                                  span(f32(shard_m_) + so, n), span(f32(shard_v_) + so, n)};
   };
   const AdamHParams h = adam_hparams(ocfg_, false, lr, grad_scale, step);  // weight decay: per segment
-  if (ocfg_.name == "adamw") {
+  if (ocfg_.name == OptimizerKind::AdamW) {
     for (size_t k = 0; k < buckets_.size(); ++k) {
       const auto [pv, gv, mv, vv] = views(k);
       ops_.adamw_update_multi(pv, gv, mv, vv, piece_segs_[k], h);

@@ -57,7 +57,7 @@ struct SavedTensor {
 // What a checkpoint records besides the tensors: the model and optimizer, the position of the run, the layout.
 nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderState& data, int micro, uint64_t windows) {
   nlohmann::json extra = {{"model", model_config_to_json(cfg.model)},
-                          {"optim_name", cfg.optim.name},
+                          {"optim_name", kind_name(cfg.optim.name)},
                           {"step", step},
                           {"data", {{"epoch", data.epoch}, {"cursor", data.cursor}, {"dir", cfg.data.sources()[0].dir},
                                     {"batch_size", cfg.data.batch_size}, {"seq_len", cfg.data.seq_len},
@@ -294,8 +294,8 @@ void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
   MT_CHECK(want == have, "checkpoint {} was trained with a different model config:\n  checkpoint: {}\n  this run:   {}",
            ck.dir(), have.dump(), want.dump());
   const std::string optim = extra_field(ck, "optim_name", false, is_string, "a string").get<std::string>();
-  MT_CHECK(optim == cfg.optim.name, "checkpoint {} used optimizer '{}' but this run uses '{}'", ck.dir(), optim,
-           cfg.optim.name);
+  MT_CHECK(optim == kind_name(cfg.optim.name), "checkpoint {} used optimizer '{}' but this run uses '{}'", ck.dir(),
+           optim, kind_name(cfg.optim.name));
   const auto& d = x["data"];
   const int64_t saved_b = d.contains("global_batch_size")
                               ? extra_field(ck, "global_batch_size", true, is_count, "a non-negative integer").get<int64_t>()

@@ -131,8 +131,8 @@ void ProgressPrinter::on_run_start(const RunStart& r) {
   const RunConfig& c = *r.cfg;
   // On a GPU, which attention runs ("auto" resolved): the two differ several-fold in speed.
   const std::string attention =
-      c.train.device == "cuda"
-          ? fmt::format(", attention {}{}", resolve_cuda_attention(c.train.attention),
+      c.train.device == Device::CUDA
+          ? fmt::format(", attention {}{}", resolve_cuda_attention(kind_name(c.train.attention)),
                         c.train.gemm_tuning > 0 ? fmt::format(", GEMMs tuned over {} candidates", c.train.gemm_tuning)
                                                 : "")
           : "";

@@ -30,7 +30,7 @@ std::unique_ptr<PeerLinks> make_peer_links(const RunConfig& cfg, Topology& topo)
   for (auto [s, d] : edges) {
     std::vector<int> ranks = {std::min(s, d), std::max(s, d)};
     const std::string name = fmt::format("snap[{}>{}]", s, d);
-    auto g = topo.host_groups ? topo.host_groups(*topo.store, "snap", name, ranks, r, topo.group_options)
+    auto g = topo.host_groups ? topo.host_groups(*topo.store, GroupRole::Snapshot, name, ranks, r, topo.group_options)
                               : make_gloo_group(*topo.store, name, ranks, r, topo.group_options);
     (s == r ? links->out : links->in) = std::move(g);
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -18,7 +19,9 @@ namespace mt {
 
 namespace {
 
-constexpr int kMaxThreads = 1024;  // train.threads
+// train.threads: more threads than cores only slows the kernels down, and libgomp crashes creating ~10^5 threads;
+// 1024 is more hardware threads than the hosts megatrain targets have (0 takes them all, whatever their number).
+constexpr int kMaxThreads = 1024;
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -89,7 +92,7 @@ class Section {
       auto v = n->value<double>();
       MT_CHECK(v.has_value() && (n->is_floating_point() || n->is_integer()), "{}: {} must be a number", src_, full);
       out = static_cast<T>(*v);
-    } else if constexpr (std::is_enum_v<T>) {  // a model kind (norm, mlp, pos, block), spelt as a string
+    } else if constexpr (std::is_enum_v<T>) {  // a kind (core/kind.h), spelt as a word
       auto v = n->value<std::string>();
       MT_CHECK(v.has_value(), "{}: {} must be a string", src_, full);
       parse_kind(src_ + ": " + full, *v, out);
@@ -193,6 +196,17 @@ class Section {
       out[*v] = true;
     }
   }
+  // ckpt.resume: "auto", "none", or a checkpoint's path (any other non-empty string).
+  void get_resume(const char* key, ResumeFrom& out) {
+    std::string spelt = out.spelling();
+    read(key, spelt);
+    MT_CHECK(!spelt.empty(), "{}: {}.{} must be \"auto\", \"none\" or a checkpoint's path (got \"\")", src_, name_, key);
+    out = spelt == "auto" ? ResumeFrom{ResumeMode::Auto, ""}
+          : spelt == "none" ? ResumeFrom{ResumeMode::None, ""}
+                            : ResumeFrom{ResumeMode::Path, spelt};
+    effective_.emplace_back(name_ + "." + key, spelt);
+  }
+  const std::string& name() const { return name_; }
   void check_unknown() const {
     if (!t_) return;
     for (auto& [k, v] : *t_) {
@@ -230,6 +244,312 @@ void apply_override(toml::table& root, const std::string& ov, const std::string&
   sec->insert_or_assign(key, *parsed.get("v"));
 }
 
+
+// ---- The settings table -------------------------------------------------------------------------------------
+// Every key of the run config is one row below: the section and key, the member it sets, its range or spellings, and
+// one line of doc. Parsing (in the rows' order, which is also the order of RunConfig::effective), the per-key checks
+// of validate(), `megatrain train --help-config` and docs/configuration.md all come from it. The default is the
+// member's initial value in the structs of run_config.h, model/config.h and optim/optimizer.h (written once, where
+// C++ needs it); the table prints it from a default-constructed RunConfig.
+//
+// The model's and the optimizer's keys are checked by ModelConfig::validate and OptimConfig::validate, because
+// checkpoint manifests and Hugging Face imports fill those structs without a run config; their rows state the same
+// bounds (the model's from its kMax* constants) as words. Rules across keys (data.seq_len against
+// model.max_seq_len, the pipeline's and tensor parallelism's divisibility, train.trace_steps as a pair) stay in
+// validate() as code, after the rows.
+
+// The range of one key. Numeric kinds are checked here; Words is a range checked elsewhere, printed as it is.
+struct Rule {
+  enum Kind { Any, Positive, AtLeast, InRange, FiniteAtLeast, FinitePositive, ZeroOrRange, ZeroOrAbove, Words };
+  Kind kind = Any;
+  double lo = 0, hi = 0;
+  std::string note;  // appended to the message and the printed range, e.g. " (0: all cores)"; Words: the range
+
+  std::string text() const {
+    switch (kind) {
+      case Any: return "";
+      case Positive: return "> 0" + note;
+      case AtLeast: return fmt::format(">= {}{}", lo, note);
+      case InRange: return fmt::format("[{}, {}]{}", lo, hi, note);
+      case FiniteAtLeast: return fmt::format("finite, >= {}{}", lo, note);
+      case FinitePositive: return "finite, > 0" + note;
+      case ZeroOrRange: return fmt::format("0{} or [{}, {}]", note, lo, hi);
+      case ZeroOrAbove: return fmt::format("0{} or > {}", note, lo);
+      case Words: return note;
+    }
+    return "";
+  }
+  // Throws kind Config (through validate's caller) naming the key and the value when v is outside the range.
+  template <typename T>
+  void check(const std::string& src, const std::string& key, T v) const {
+    const double x = static_cast<double>(v);
+    switch (kind) {
+      case Any: case Words: return;
+      case Positive: MT_CHECK(x > 0, "{}: {} must be positive (got {})", src, key, v); return;
+      case AtLeast: MT_CHECK(x >= lo, "{}: {} = {} must be >= {}{}", src, key, v, lo, note); return;
+      case InRange:
+        MT_CHECK(x >= lo && x <= hi, "{}: {} = {} is out of range: it must be in [{}, {}]{}", src, key, v, lo, hi,
+                 note);
+        return;
+      case FiniteAtLeast:
+        MT_CHECK(std::isfinite(x) && x >= lo, "{}: {} = {} is out of range: it must be finite and >= {}{}", src, key,
+                 v, lo, note);
+        return;
+      case FinitePositive: MT_CHECK(std::isfinite(x) && x > 0, "{}: {} = {} must be finite and > 0{}", src, key, v,
+                                    note); return;
+      case ZeroOrRange:
+        MT_CHECK(x == 0 || (x >= lo && x <= hi), "{}: {} = {} is out of range: it must be 0{} or in [{}, {}]", src,
+                 key, v, note, lo, hi);
+        return;
+      case ZeroOrAbove: MT_CHECK(x == 0 || x > lo, "{}: {} = {} must be > {} (or 0{})", src, key, v, lo, note); return;
+    }
+  }
+};
+
+Rule any() { return {Rule::Any, 0, 0, ""}; }
+Rule positive(std::string note = "") { return {Rule::Positive, 0, 0, std::move(note)}; }
+Rule at_least(double lo, std::string note = "") { return {Rule::AtLeast, lo, 0, std::move(note)}; }
+Rule in_range(double lo, double hi, std::string note = "") { return {Rule::InRange, lo, hi, std::move(note)}; }
+Rule finite_at_least(double lo, std::string note = "") { return {Rule::FiniteAtLeast, lo, 0, std::move(note)}; }
+Rule finite_positive() { return {Rule::FinitePositive, 0, 0, ""}; }
+Rule zero_or_range(double lo, double hi, std::string zero) { return {Rule::ZeroOrRange, lo, hi, std::move(zero)}; }
+Rule zero_or_above(double lo, std::string zero) { return {Rule::ZeroOrAbove, lo, 0, std::move(zero)}; }
+Rule words(std::string range) { return {Rule::Words, 0, 0, std::move(range)}; }
+
+struct Row {
+  const char* section;
+  const char* key;
+  std::string type;                                       // integer, number, bool, string, one word, list, ...
+  std::string range;                                      // the rule's text, or an enum's spellings
+  const char* doc;
+  std::function<void(Section&, RunConfig&)> read;        // parses the key into its member (and RunConfig::effective)
+  std::function<std::string(const RunConfig&)> show;     // the member's value as a TOML value
+  std::function<void(const RunConfig&)> check;           // the rule; empty when there is none here
+};
+
+template <typename T>
+std::string toml_value(const T& v) {
+  if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+  else if constexpr (std::is_enum_v<T>) return fmt::format("\"{}\"", kind_name(v));
+  else if constexpr (std::is_same_v<T, std::string>) return fmt::format("\"{}\"", v);
+  else return fmt::format("{}", v);
+}
+
+// A row for a scalar member; get(c) returns the member of c (const or not).
+template <typename Get>
+Row row(const char* section, const char* key, Get get, Rule rule, const char* doc) {
+  using T = std::remove_cvref_t<decltype(get(std::declval<RunConfig&>()))>;
+  Row r{section, key, "", rule.text(), doc, {}, {}, {}};
+  if constexpr (std::is_same_v<T, bool>) r.type = "bool";
+  else if constexpr (std::is_integral_v<T>) r.type = "integer";
+  else if constexpr (std::is_floating_point_v<T>) r.type = "number";
+  else if constexpr (std::is_enum_v<T>) r.type = "word", r.range = kind_spellings(T{});
+  else r.type = "string";
+  r.read = [get, key](Section& s, RunConfig& c) { s.get(key, get(c)); };
+  r.show = [get](const RunConfig& c) { return toml_value(get(c)); };
+  if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    if (rule.kind != Rule::Any && rule.kind != Rule::Words) {
+      const std::string full = fmt::format("{}.{}", section, key);
+      r.check = [get, rule, full](const RunConfig& c) { rule.check(c.source, full, get(c)); };
+    }
+  }
+  return r;
+}
+
+// A list of integers, each >= lo (train.skip_steps, train.trace_steps, parallel.stage_layers).
+template <typename Get>
+Row int_list_row(const char* section, const char* key, Get get, int lo, const char* doc) {
+  Row r{section, key, "list of integers", fmt::format("each >= {}", lo), doc, {}, {}, {}};
+  r.read = [get, key, lo](Section& s, RunConfig& c) { s.get_int_list(key, get(c), lo); };
+  r.show = [get](const RunConfig& c) { return fmt::format("[{}]", fmt::join(get(c), ", ")); };
+  return r;
+}
+
+#define MT_MEMBER(m) [](auto& c) -> auto& { return c.m; }
+
+const std::vector<Row>& settings() {
+  static const std::vector<Row> rows = [] {
+    std::vector<Row> t;
+    // [model]
+    t.push_back(row("model", "vocab_size", MT_MEMBER(model.vocab_size), words(fmt::format("[1, {}]", kMaxVocab)),
+                    "tokens in the vocabulary"));
+    t.push_back(row("model", "vocab_pad_to", MT_MEMBER(model.vocab_pad_to),
+                    words(fmt::format("[0, {}] (0 or 1: no padding)", kMaxVocabPad)),
+                    "the embedding and LM head get a multiple of this many rows (GEMM speed)"));
+    t.push_back(row("model", "n_layer", MT_MEMBER(model.n_layer), words(fmt::format("[1, {}]", kMaxLayers)),
+                    "transformer layers"));
+    t.push_back(row("model", "n_head", MT_MEMBER(model.n_head), words("[1, model.d_model], dividing model.d_model"),
+                    "attention heads"));
+    t.push_back(row("model", "n_kv_head", MT_MEMBER(model.n_kv_head), words("[0, model.n_head] (0: model.n_head)"),
+                    "key/value heads; fewer than n_head is grouped-query attention"));
+    t.push_back(row("model", "d_model", MT_MEMBER(model.d_model), words(fmt::format("[1, {}]", kMaxWidth)),
+                    "the residual stream's width"));
+    t.push_back(row("model", "d_ff", MT_MEMBER(model.d_ff), words(fmt::format("[0, {}] (0: derived)", kMaxFf)),
+                    "the MLP's width; 0 = 4 x d_model (gelu) or 8/3 x d_model rounded to 64 (swiglu)"));
+    t.push_back(row("model", "max_seq_len", MT_MEMBER(model.max_seq_len), words(fmt::format("[1, {}]", kMaxSeqLen)),
+                    "the longest sequence (learned position embeddings have this many rows)"));
+    t.push_back(row("model", "norm", MT_MEMBER(model.norm), any(), "LayerNorm (GPT-2) or RMSNorm (Llama)"));
+    t.push_back(row("model", "mlp", MT_MEMBER(model.mlp), any(), "GeLU MLP (GPT-2) or SwiGLU (Llama)"));
+    t.push_back(row("model", "pos", MT_MEMBER(model.pos), any(), "learned position embeddings (GPT-2) or RoPE (Llama)"));
+    t.push_back(row("model", "rope_theta", MT_MEMBER(model.rope_theta), words("finite, > 0"), "RoPE's base frequency"));
+    t.push_back(row("model", "rope_scaling", MT_MEMBER(model.rope_scaling), words("0 (none) or finite, > 0"),
+                    "RoPE's long-context factor as in Llama 3.1 (8) and 3.2 (32); needs pos = \"rope\""));
+    t.push_back(row("model", "rope_low_freq_factor", MT_MEMBER(model.rope_low_freq_factor), words("finite, > 0"),
+                    "with rope_scaling: the wavelength band's upper edge is rope_original_max_len / this"));
+    t.push_back(row("model", "rope_high_freq_factor", MT_MEMBER(model.rope_high_freq_factor),
+                    words("finite, > rope_low_freq_factor"),
+                    "with rope_scaling: the band's lower edge is rope_original_max_len / this"));
+    t.push_back(row("model", "rope_original_max_len", MT_MEMBER(model.rope_original_max_len),
+                    words(fmt::format("[1, {}]", kMaxSeqLen)),
+                    "with rope_scaling: the context length the model was first trained at"));
+    t.push_back(row("model", "block", MT_MEMBER(model.block), any(),
+                    "sequential: x += Attn(LN1 x); x += MLP(LN2 x); parallel (MegaScale): x += Attn(LN x) + MLP(LN x)"));
+    t.push_back(row("model", "window", MT_MEMBER(model.window), words("[0, model.max_seq_len]"),
+                    "sliding-window attention: token t attends to t-W+1 .. t; 0 = full causal"));
+    t.push_back(row("model", "tied_embeddings", MT_MEMBER(model.tied_embeddings), any(),
+                    "the LM head shares the token embedding"));
+    t.push_back(row("model", "bias", MT_MEMBER(model.bias), any(), "biases in the linear layers and LayerNorm"));
+    t.push_back(row("model", "norm_eps", MT_MEMBER(model.norm_eps), words("finite, > 0"),
+                    "the epsilon added to the variance in LayerNorm/RMSNorm"));
+    t.push_back(row("model", "init_std", MT_MEMBER(model.init_std), words("finite, > 0"),
+                    "the standard deviation of the initial weights"));
+    {
+      Row r{"model", "recompute", "\"none\", \"all\" or list", "layer indices in [0, n_layer)",
+            "layers that keep only their input and rerun their forward pass in backward", {}, {}, {}};
+      r.read = [](Section& s, RunConfig& c) { s.get_recompute("recompute", c.model.recompute, c.model.n_layer); };
+      r.show = [](const RunConfig& c) { return c.model.recompute.empty() ? std::string("\"none\"") : "[...]"; };
+      t.push_back(r);
+    }
+    t.push_back(row("model", "recompute_act", MT_MEMBER(model.recompute_act), any(),
+                    "a GeLU MLP keeps its pre-activation only and recomputes the GeLU output in backward"));
+    t.push_back(row("model", "recompute_norm", MT_MEMBER(model.recompute_norm), any(),
+                    "each norm keeps its input and statistics and rebuilds its output in backward"));
+    t.push_back(row("model", "init_from", MT_MEMBER(init_from), any(),
+                    "weights to start from: an HF GPT-2 or Llama model, or a megatrain checkpoint; \"\" = random"));
+    // [data]
+    t.push_back(row("data", "dir", MT_MEMBER(data.dir), any(),
+                    "a directory of train_*.bin / val_*.bin shards (megatrain prepare-data)"));
+    {
+      Row r{"data", "blend", "list of {dir, weight}", "weights finite, > 0",
+            "several data directories with weights, e.g. [{dir = \"data/web\", weight = 0.7}]; replaces dir", {}, {},
+            {}};
+      r.read = [](Section& s, RunConfig& c) { s.get_blend("blend", c.data.blend); };
+      r.show = [](const RunConfig& c) { return c.data.blend.empty() ? std::string("[]") : "[...]"; };
+      t.push_back(r);
+    }
+    t.push_back(row("data", "batch_size", MT_MEMBER(data.batch_size), positive(),
+                    "sequences per micro-batch per data-parallel rank"));
+    t.push_back(row("data", "seq_len", MT_MEMBER(data.seq_len), positive(" (at most model.max_seq_len)"),
+                    "tokens per sequence"));
+    t.push_back(row("data", "shuffle", MT_MEMBER(data.shuffle), any(), "read the windows in a shuffled order"));
+    t.push_back(row("data", "seed", MT_MEMBER(data.seed), any(), "the shuffle's seed"));
+    t.push_back(row("data", "prefetch", MT_MEMBER(data.prefetch), at_least(0, " (0: synchronous)"),
+                    "batches a background thread reads ahead"));
+    // [optim]
+    t.push_back(row("optim", "name", MT_MEMBER(optim.name), any(), "the optimizer"));
+    t.push_back(row("optim", "lr", MT_MEMBER(optim.lr), words("finite, > 0"), "the peak learning rate"));
+    t.push_back(row("optim", "min_lr", MT_MEMBER(optim.min_lr), words("finite, in [0, optim.lr]"),
+                    "the floor the schedule decays to"));
+    t.push_back(row("optim", "schedule", MT_MEMBER(optim.schedule), any(), "the decay after warm-up"));
+    t.push_back(row("optim", "warmup_steps", MT_MEMBER(optim.warmup_steps), words(">= 0"),
+                    "steps of linear warm-up"));
+    t.push_back(row("optim", "beta1", MT_MEMBER(optim.beta1), words("[0, 1)"), "Adam's first-moment decay"));
+    t.push_back(row("optim", "beta2", MT_MEMBER(optim.beta2), words("[0, 1)"), "Adam's second-moment decay"));
+    t.push_back(row("optim", "eps", MT_MEMBER(optim.eps), words("finite, > 0"), "Adam's epsilon"));
+    t.push_back(row("optim", "weight_decay", MT_MEMBER(optim.weight_decay), words("finite, >= 0"),
+                    "decoupled weight decay, on matrices and embeddings only"));
+    t.push_back(row("optim", "grad_clip", MT_MEMBER(optim.grad_clip), words("finite, >= 0 (0: no clipping)"),
+                    "the largest global L2 norm of the gradients"));
+    // [train]
+    t.push_back(row("train", "steps", MT_MEMBER(train.steps), positive(), "optimizer steps"));
+    t.push_back(row("train", "grad_accum", MT_MEMBER(train.grad_accum), positive(),
+                    "micro-batches accumulated per step"));
+    t.push_back(row("train", "log_every", MT_MEMBER(train.log_every), positive(), "steps between progress lines"));
+    t.push_back(row("train", "eval_every", MT_MEMBER(train.eval_every), at_least(0, " (0: no periodic validation)"),
+                    "steps between validation losses"));
+    t.push_back(row("train", "eval_batches", MT_MEMBER(train.eval_batches), at_least(0),
+                    "global batches per validation"));
+    t.push_back(row("train", "seed", MT_MEMBER(train.seed), any(), "the weights' initialisation seed"));
+    t.push_back(row("train", "out_dir", MT_MEMBER(train.out_dir), any(),
+                    "where metrics.jsonl, checkpoints (by default) and traces go"));
+    t.push_back(row("train", "peak_tflops", MT_MEMBER(train.peak_tflops), finite_at_least(0, " (0: measure)"),
+                    "the MFU denominator; 0 = measure the backend's matmul peak at start-up"));
+    t.push_back(row("train", "threads", MT_MEMBER(train.threads),
+                    in_range(0, kMaxThreads, " (0: all cores)"), "OpenMP threads per rank"));
+    t.push_back(row("train", "device", MT_MEMBER(train.device), any(),
+                    "cpu (fp32) or cuda (bf16; with several ranks, one GPU per local rank)"));
+    t.push_back(row("train", "attention", MT_MEMBER(train.attention), any(),
+                    "cuda only: auto (cuDNN where built with it, else flash), flash (our kernels) or cudnn"));
+    t.push_back(row("train", "gemm_tuning", MT_MEMBER(train.gemm_tuning),
+                    zero_or_range(2, 64, " (cuBLASLt's heuristic choice)"),
+                    "cuda only: time this many cuBLASLt candidates per GEMM shape on its first call, keep the fastest"));
+    t.push_back(int_list_row("train", "skip_steps", MT_MEMBER(train.skip_steps), 1,
+                             "steps whose batches are read and dropped unused (e.g. after a NaN that repeats)"));
+    t.push_back(int_list_row("train", "trace_steps", MT_MEMBER(train.trace_steps), 1,
+                             "[first, last]: steps recorded in the timeline; [] = off"));
+    t.push_back(row("train", "spike_window", MT_MEMBER(train.spike_window),
+                    at_least(0, " (0: no loss-spike warning)"), "steps whose losses a loss-spike warning compares with"));
+    t.push_back(row("train", "spike_sigmas", MT_MEMBER(train.spike_sigmas), finite_positive(),
+                    "a loss above mean + this many standard deviations of the window is a spike"));
+    t.push_back(row("train", "spike_factor", MT_MEMBER(train.spike_factor), zero_or_above(1, ": no ratio rule"),
+                    "a loss above this many times the window's median is a spike"));
+    // [ckpt]
+    t.push_back(row("ckpt", "every", MT_MEMBER(ckpt.every), at_least(0, " (0: only at the end)"),
+                    "steps between checkpoints"));
+    t.push_back(row("ckpt", "keep_last", MT_MEMBER(ckpt.keep_last), at_least(1), "checkpoints kept"));
+    t.push_back(row("ckpt", "dir", MT_MEMBER(ckpt.dir), any(), "where checkpoints go; \"\" = <train.out_dir>/ckpt"));
+    {
+      Row r{"ckpt", "resume", "string", "\"auto\", \"none\" or a checkpoint's path",
+            "auto: the newest checkpoint under ckpt.dir, if any; none: start afresh", {}, {}, {}};
+      r.read = [](Section& s, RunConfig& c) { s.get_resume("resume", c.ckpt.resume); };
+      r.show = [](const RunConfig& c) { return toml_value(c.ckpt.resume.spelling()); };
+      t.push_back(r);
+    }
+    t.push_back(row("ckpt", "save_final", MT_MEMBER(ckpt.save_final), any(), "write a checkpoint after the last step"));
+    t.push_back(row("ckpt", "sharded", MT_MEMBER(ckpt.sharded), any(),
+                    "a parallel run writes per-rank shards (false: gather to rank 0)"));
+    t.push_back(row("ckpt", "async", MT_MEMBER(ckpt.async), any(),
+                    "two-stage save: snapshot to memory, write in the background (false: wait)"));
+    t.push_back(row("ckpt", "snapshot_every", MT_MEMBER(ckpt.snapshot_every), at_least(0, " (0: no peer copies)"),
+                    "steps between in-memory snapshots copied to a buddy rank"));
+    t.push_back(row("ckpt", "one_reader", MT_MEMBER(ckpt.one_reader), any(),
+                    "on restore one rank per dp group reads and broadcasts (false: every rank reads)"));
+    // [sample]
+    t.push_back(row("sample", "tokenizer", MT_MEMBER(sample.tokenizer), any(),
+                    "a tokenizer directory for the sample; \"\" = the one data.dir was prepared with, else GPT-2's"));
+    t.push_back(row("sample", "prompt", MT_MEMBER(sample.prompt), any(), "the sample's prompt"));
+    t.push_back(row("sample", "tokens", MT_MEMBER(sample.tokens), at_least(0, " (0: no sample)"),
+                    "tokens sampled after training"));
+    t.push_back(row("sample", "temperature", MT_MEMBER(sample.temperature), finite_at_least(0),
+                    "the sampling temperature"));
+    t.push_back(row("sample", "top_k", MT_MEMBER(sample.top_k), at_least(0, " (0: all)"),
+                    "sample among the k likeliest tokens"));
+    t.push_back(row("sample", "seed", MT_MEMBER(sample.seed), any(), "the sampling seed"));
+    // [parallel]
+    t.push_back(row("parallel", "dp", MT_MEMBER(parallel.dp), at_least(1), "data-parallel ranks (ZeRO-2)"));
+    t.push_back(row("parallel", "pp", MT_MEMBER(parallel.pp), at_least(1), "pipeline stages"));
+    t.push_back(row("parallel", "tp", MT_MEMBER(parallel.tp), at_least(1),
+                    "tensor-parallel ranks (with sequence parallelism); dp x pp x tp = WORLD_SIZE"));
+    t.push_back(row("parallel", "bucket_mb", MT_MEMBER(parallel.bucket_mb), at_least(1),
+                    "data-parallel gradient bucket size, MiB of fp32"));
+    t.push_back(row("parallel", "overlap", MT_MEMBER(parallel.overlap), any(), "overlap communication with compute"));
+    t.push_back(row("parallel", "virtual_stages", MT_MEMBER(parallel.virtual_stages), at_least(1),
+                    "model chunks per pipeline rank (interleaved 1F1B when > 1)"));
+    t.push_back(int_list_row("parallel", "stage_layers", MT_MEMBER(parallel.stage_layers), 1,
+                             "layers of each virtual stage, pp x virtual_stages counts; [] = an even split"));
+    t.push_back(row("parallel", "microbatches", MT_MEMBER(parallel.microbatches), at_least(0, " (0: parallel.pp)"),
+                    "pipeline micro-batches of data.batch_size rows per step"));
+    t.push_back(row("parallel", "tp_chunks", MT_MEMBER(parallel.tp_chunks), at_least(1),
+                    "row chunks of each overlapped all-gather + GEMM and GEMM + reduce-scatter"));
+    t.push_back(row("parallel", "timeout_s", MT_MEMBER(parallel.timeout_s), at_least(1),
+                    "seconds a rendezvous or collective may take"));
+    return t;
+  }();
+  return rows;
+}
+
+#undef MT_MEMBER
+
 }  // namespace
 
 RunConfig parse_run_config(const std::string& text, const std::string& src, const std::vector<std::string>& overrides) {
@@ -242,126 +562,61 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   }
   for (auto& ov : overrides) apply_override(root, ov, src);
 
-  static const std::set<std::string> kSections = {"model", "data", "optim", "train", "ckpt", "sample", "parallel"};
+  std::set<std::string> sections;
+  for (const Row& r : settings()) sections.insert(r.section);
   for (auto& [k, v] : root) {
     std::string key(k.str());
-    MT_CHECK(kSections.count(key), "{}: unknown config section '{}'{}", src, key, suggestion(key, kSections));
+    MT_CHECK(sections.count(key), "{}: unknown config section '{}'{}", src, key, suggestion(key, sections));
     MT_CHECK(v.is_table(), "{}: '{}' must be a section ([{}])", src, key, key);
   }
   RunConfig c;
   c.source = src;
-  auto sec = [&](const char* n) { return Section(root[n].as_table(), n, src, c.effective); };
-
-  Section m = sec("model");
-  ModelConfig& mc = c.model;
-  m.get("vocab_size", mc.vocab_size);
-  m.get("vocab_pad_to", mc.vocab_pad_to);
-  m.get("n_layer", mc.n_layer);
-  m.get("n_head", mc.n_head);
-  m.get("n_kv_head", mc.n_kv_head);
-  m.get("d_model", mc.d_model);
-  m.get("d_ff", mc.d_ff);
-  m.get("max_seq_len", mc.max_seq_len);
-  m.get("norm", mc.norm);
-  m.get("mlp", mc.mlp);
-  m.get("pos", mc.pos);
-  m.get("rope_theta", mc.rope_theta);
-  m.get("rope_scaling", mc.rope_scaling);
-  m.get("rope_low_freq_factor", mc.rope_low_freq_factor);
-  m.get("rope_high_freq_factor", mc.rope_high_freq_factor);
-  m.get("rope_original_max_len", mc.rope_original_max_len);
-  m.get("block", mc.block);
-  m.get("window", mc.window);
-  m.get("tied_embeddings", mc.tied_embeddings);
-  m.get("bias", mc.bias);
-  m.get("norm_eps", mc.norm_eps);
-  m.get("init_std", mc.init_std);
-  m.get_recompute("recompute", mc.recompute, mc.n_layer);
-  m.get("recompute_act", mc.recompute_act);
-  m.get("recompute_norm", mc.recompute_norm);
-  m.get("init_from", c.init_from);
-  m.check_unknown();
-
-  Section d = sec("data");
-  d.get("dir", c.data.dir);
-  d.get_blend("blend", c.data.blend);  // when set, it is what the loaders read (data.dir is not: the start line says so)
-  d.get("batch_size", c.data.batch_size);
-  d.get("seq_len", c.data.seq_len);
-  d.get("shuffle", c.data.shuffle);
-  d.get("seed", c.data.seed);
-  d.get("prefetch", c.data.prefetch);
-  d.check_unknown();
-
-  Section o = sec("optim");
-  o.get("name", c.optim.name);
-  o.get("lr", c.optim.lr);
-  o.get("min_lr", c.optim.min_lr);
-  o.get("schedule", c.optim.schedule);
-  o.get("warmup_steps", c.optim.warmup_steps);
-  o.get("beta1", c.optim.beta1);
-  o.get("beta2", c.optim.beta2);
-  o.get("eps", c.optim.eps);
-  o.get("weight_decay", c.optim.weight_decay);
-  o.get("grad_clip", c.optim.grad_clip);
-  o.check_unknown();
-
-  Section t = sec("train");
-  t.get("steps", c.train.steps);
-  t.get("grad_accum", c.train.grad_accum);
-  t.get("log_every", c.train.log_every);
-  t.get("eval_every", c.train.eval_every);
-  t.get("eval_batches", c.train.eval_batches);
-  t.get("seed", c.train.seed);
-  t.get("out_dir", c.train.out_dir);
-  t.get("peak_tflops", c.train.peak_tflops);
-  t.get("threads", c.train.threads);
-  t.get("device", c.train.device);
-  t.get("attention", c.train.attention);
-  t.get("gemm_tuning", c.train.gemm_tuning);
-  t.get_int_list("skip_steps", c.train.skip_steps, 1);
-  t.get_int_list("trace_steps", c.train.trace_steps, 1);
-  t.get("spike_window", c.train.spike_window);
-  t.get("spike_sigmas", c.train.spike_sigmas);
-  t.get("spike_factor", c.train.spike_factor);
-  t.check_unknown();
-
-  Section k = sec("ckpt");
-  k.get("every", c.ckpt.every);
-  k.get("keep_last", c.ckpt.keep_last);
-  k.get("dir", c.ckpt.dir);
-  k.get("resume", c.ckpt.resume);
-  k.get("save_final", c.ckpt.save_final);
-  k.get("sharded", c.ckpt.sharded);
-  k.get("async", c.ckpt.async);
-  k.get("snapshot_every", c.ckpt.snapshot_every);
-  k.get("one_reader", c.ckpt.one_reader);
-  k.check_unknown();
-
-  Section s = sec("sample");
-  s.get("tokenizer", c.sample.tokenizer);
-  s.get("prompt", c.sample.prompt);
-  s.get("tokens", c.sample.tokens);
-  s.get("temperature", c.sample.temperature);
-  s.get("top_k", c.sample.top_k);
-  s.get("seed", c.sample.seed);
-  s.check_unknown();
-
-  Section par = sec("parallel");
-  par.get("dp", c.parallel.dp);
-  par.get("pp", c.parallel.pp);
-  par.get("tp", c.parallel.tp);
-  par.get("bucket_mb", c.parallel.bucket_mb);
-  par.get("overlap", c.parallel.overlap);
-  par.get("virtual_stages", c.parallel.virtual_stages);
-  par.get_int_list("stage_layers", c.parallel.stage_layers, 1);
-  par.get("microbatches", c.parallel.microbatches);
-  par.get("tp_chunks", c.parallel.tp_chunks);
-  par.get("timeout_s", c.parallel.timeout_s);
-  par.check_unknown();
+  // The rows of a section are adjacent: each section is read in one go, then checked for keys no row knows.
+  std::optional<Section> sec;
+  for (const Row& r : settings()) {
+    if (!sec || sec->name() != r.section) {
+      if (sec) sec->check_unknown();
+      sec.emplace(root[r.section].as_table(), r.section, src, c.effective);
+    }
+    r.read(*sec, c);
+  }
+  if (sec) sec->check_unknown();
 
   if (c.ckpt.dir.empty()) c.ckpt.dir = c.train.out_dir + "/ckpt";
   c.validate();
   return c;
+}
+
+std::vector<ConfigKeyDoc> run_config_keys() {
+  const RunConfig defaults;
+  std::vector<ConfigKeyDoc> keys;
+  for (const Row& r : settings())
+    keys.push_back({r.section, r.key, r.type, r.show(defaults), r.range, r.doc});
+  return keys;
+}
+
+std::string run_config_help(bool markdown) {
+  std::string out, section;
+  for (const ConfigKeyDoc& k : run_config_keys()) {
+    if (k.section != section) {
+      section = k.section;
+      out += markdown ? fmt::format("{}### [{}]\n\n| key | default | type | allowed | what it sets |\n|---|---|---|---|---|\n",
+                                    out.empty() ? "" : "\n", section)
+                      : fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
+    }
+    if (markdown) {
+      auto cell = [](std::string s) {  // a table cell: | would end it
+        for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.replace(i, 1, "\\|");
+        return s;
+      };
+      out += fmt::format("| `{}.{}` | `{}` | {} | {} | {} |\n", k.section, k.key, k.default_value, k.type,
+                         cell(k.range), cell(k.doc));
+    } else {
+      out += fmt::format("  {} = {}\n      {}{}{}: {}\n", k.key, k.default_value, k.type, k.range.empty() ? "" : ", ",
+                         k.range, k.doc);
+    }
+  }
+  return out;
 }
 
 std::string blend_description(const DataConfig& d) {
@@ -392,49 +647,14 @@ void RunConfig::validate() const {
   } catch (const Error& e) {
     fail("{}: {}", source, e.what());
   }
-  MT_CHECK(data.batch_size > 0, "{}: data.batch_size must be positive (got {})", source, data.batch_size);
-  MT_CHECK(data.seq_len > 0, "{}: data.seq_len must be positive (got {})", source, data.seq_len);
+  for (const Row& r : settings())
+    if (r.check) r.check(*this);
+  // Rules across keys.
   MT_CHECK(data.seq_len <= model.max_seq_len, "{}: data.seq_len ({}) exceeds model.max_seq_len ({})", source,
            data.seq_len, model.max_seq_len);
-  MT_CHECK(data.prefetch >= 0, "{}: data.prefetch must be >= 0", source);
-  MT_CHECK(train.steps > 0, "{}: train.steps must be positive (got {})", source, train.steps);
-  MT_CHECK(train.grad_accum > 0, "{}: train.grad_accum must be positive (got {})", source, train.grad_accum);
-  MT_CHECK(train.log_every > 0, "{}: train.log_every must be positive", source);
-  MT_CHECK(train.eval_every >= 0 && train.eval_batches >= 0, "{}: train.eval_every/eval_batches must be >= 0", source);
-  MT_CHECK(std::isfinite(train.peak_tflops) && train.peak_tflops >= 0,
-           "{}: train.peak_tflops = {} is out of range: it must be finite and >= 0 (0: measure)", source,
-           train.peak_tflops);
-  // More threads than cores only slows the kernels down, and libgomp crashes creating ~10^5 threads; 1024 is more
-  // hardware threads than the hosts megatrain targets have (0 takes them all, whatever their number).
-  MT_CHECK(train.threads >= 0 && train.threads <= kMaxThreads,
-           "{}: train.threads = {} is out of range: it must be in [0, {}] (0: all cores)", source, train.threads,
-           kMaxThreads);
-  MT_CHECK(train.device == "cpu" || train.device == "cuda", "{}: train.device must be \"cpu\" or \"cuda\" (got \"{}\")",
-           source, train.device);
-  MT_CHECK(train.attention == "auto" || train.attention == "flash" || train.attention == "cudnn",
-           "{}: train.attention must be \"auto\" (cuDNN where built with it, else flash), \"flash\" (our kernels) or "
-           "\"cudnn\" (cuDNN's fused attention) (got \"{}\")", source, train.attention);
-  MT_CHECK(train.gemm_tuning == 0 || (train.gemm_tuning >= 2 && train.gemm_tuning <= 64),
-           "{}: train.gemm_tuning = {} is out of range: 0 (cuBLASLt's heuristic choice) or the number of candidate "
-           "algorithms to time per GEMM shape, 2 to 64", source, train.gemm_tuning);
   MT_CHECK(train.trace_steps.empty() || (train.trace_steps.size() == 2 && train.trace_steps[0] <= train.trace_steps[1]),
            "{}: train.trace_steps must be [first, last] with first <= last (e.g. [5, 7]), or [] for no timeline",
            source);
-  MT_CHECK(train.spike_window >= 0, "{}: train.spike_window = {} must be >= 0 (0: no loss-spike warning)", source,
-           train.spike_window);
-  MT_CHECK(std::isfinite(train.spike_sigmas) && train.spike_sigmas > 0,
-           "{}: train.spike_sigmas = {} must be finite and > 0", source, train.spike_sigmas);
-  MT_CHECK(std::isfinite(train.spike_factor) && (train.spike_factor == 0 || train.spike_factor > 1),
-           "{}: train.spike_factor = {} must be > 1 (or 0: no ratio rule)", source, train.spike_factor);
-  MT_CHECK(ckpt.every >= 0 && ckpt.keep_last >= 1, "{}: ckpt.every must be >= 0 and ckpt.keep_last >= 1", source);
-  MT_CHECK(ckpt.snapshot_every >= 0, "{}: ckpt.snapshot_every = {} is out of range: it must be >= 0 (0: no peer copies)",
-           source, ckpt.snapshot_every);
-  MT_CHECK(parallel.dp >= 1 && parallel.pp >= 1 && parallel.tp >= 1,
-           "{}: parallel.dp, parallel.pp and parallel.tp must be >= 1 (got {}, {}, {})", source, parallel.dp,
-           parallel.pp, parallel.tp);
-  MT_CHECK(parallel.virtual_stages >= 1 && parallel.microbatches >= 0,
-           "{}: parallel.virtual_stages must be >= 1 and parallel.microbatches >= 0 (got {}, {})", source,
-           parallel.virtual_stages, parallel.microbatches);
   if (parallel.pp == 1) {
     MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1 && parallel.stage_layers.empty(),
              "{}: parallel.virtual_stages ({}), parallel.microbatches ({}) and parallel.stage_layers need "
@@ -451,7 +671,6 @@ void RunConfig::validate() const {
              "in groups of parallel.pp: parallel.microbatches = {} must be a multiple of parallel.pp = {}", source, v,
              m, parallel.pp);
   }
-  MT_CHECK(parallel.tp_chunks >= 1, "{}: parallel.tp_chunks must be >= 1 (got {})", source, parallel.tp_chunks);
   if (parallel.tp > 1) {
     model.validate_tp(parallel.tp);
     const int64_t rows = static_cast<int64_t>(data.batch_size) * data.seq_len;
@@ -459,17 +678,11 @@ void RunConfig::validate() const {
              "{}: sequence parallelism splits the data.batch_size * data.seq_len = {} rows over parallel.tp = {} ranks: "
              "they must divide evenly", source, rows, parallel.tp);
   }
-  MT_CHECK(parallel.bucket_mb >= 1 && parallel.timeout_s >= 1, "{}: parallel.bucket_mb and parallel.timeout_s must be >= 1",
-           source);
   if (!sample.tokenizer.empty()) {
     const std::string missing = Tokenizer::missing_files(sample.tokenizer);
     MT_CHECK(missing.empty(), "{}: sample.tokenizer = \"{}\": {} (or set \"\" for the tokenizer data.dir was "
              "prepared with)", source, sample.tokenizer, missing);
   }
-  MT_CHECK(sample.tokens >= 0 && sample.top_k >= 0 && sample.temperature >= 0,
-           "{}: sample.tokens/top_k/temperature must be >= 0", source);
-  MT_CHECK(std::isfinite(sample.temperature), "{}: sample.temperature = {} is out of range: it must be finite and >= 0",
-           source, sample.temperature);
 }
 
 }  // namespace mt

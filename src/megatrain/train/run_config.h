@@ -2,10 +2,13 @@
 // `--section.key=value` overrides from the command line. Every key is known: a mistyped or unknown key is an error
 // that names it (and the closest known key).
 #pragma once
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "megatrain/core/kind.h"
+#include "megatrain/core/tensor.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/model/config.h"
 #include "megatrain/optim/optimizer.h"
@@ -31,6 +34,12 @@ std::string data_dirs(const DataConfig& d);
 // "a blend of data/web 70%, data/code 30%; data.dir is not read" (the start line of a blended run).
 std::string blend_description(const DataConfig& d);
 
+// train.attention on a GPU: auto (cuDNN where this build has it, else flash), flash (our kernels) or cudnn (cuDNN's
+// fused attention); the CUDA backend takes the spelling (CudaOptions::attention).
+enum class AttentionChoice { Auto, Flash, Cudnn };
+inline constexpr std::array<const char*, 3> kAttentionChoiceNames = {"auto", "flash", "cudnn"};
+inline const std::array<const char*, 3>& kind_names(AttentionChoice) { return kAttentionChoiceNames; }
+
 struct TrainConfig {
   int steps = 200;
   int grad_accum = 1;              // micro-batches per optimizer step
@@ -41,9 +50,8 @@ struct TrainConfig {
   std::string out_dir = "runs/default";
   double peak_tflops = 0;          // MFU denominator; 0 = measure the backend's matmul peak at start-up
   int threads = 0;                 // OpenMP threads; 0 = all cores
-  std::string device = "cpu";      // cpu (fp32) | cuda (bf16; with several ranks, one GPU per local rank)
-  std::string attention = "auto";  // cuda only: auto (cudnn where built with it, else flash) | flash (our kernels) |
-                                   // cudnn (cuDNN's fused attention)
+  Device device = Device::CPU;     // cpu (fp32) | cuda (bf16; with several ranks, one GPU per local rank)
+  AttentionChoice attention = AttentionChoice::Auto;  // cuda only (CudaOptions::attention)
   int gemm_tuning = 0;             // cuda only: 0 = cuBLASLt's heuristic; N in 2..64 = time N candidates per GEMM
                                    // shape on its first call and keep the fastest (CudaOptions::gemm_tuning)
   // Robust training (README "Robust training"). skip_steps: steps whose batches are read and dropped unused (no
@@ -59,11 +67,20 @@ struct TrainConfig {
   double spike_factor = 2;
 };
 
+// ckpt.resume: "auto", "none", or any other string, which is a checkpoint's path.
+enum class ResumeMode { Auto, None, Path };
+struct ResumeFrom {
+  ResumeMode mode = ResumeMode::Auto;
+  std::string path;  // mode Path only
+  // How the config spells it: "auto", "none" or the path.
+  std::string spelling() const { return mode == ResumeMode::Auto ? "auto" : mode == ResumeMode::None ? "none" : path; }
+};
+
 struct CkptConfig {
   int every = 0;                   // steps between checkpoints; 0 = only at the end
   int keep_last = 3;
   std::string dir;                 // default <train.out_dir>/ckpt
-  std::string resume = "auto";     // auto (latest under dir if any) | none | path to a checkpoint
+  ResumeFrom resume;               // auto (latest under dir if any) | none | path to a checkpoint
   bool save_final = true;
   bool sharded = true;             // a parallel run: each rank writes its own shard file (false: gather to rank 0)
   bool async = true;               // two-stage save: snapshot to memory, write in the background (false: wait)
@@ -114,6 +131,19 @@ struct RunConfig {
     return parallel.pp > 1 ? (parallel.microbatches > 0 ? parallel.microbatches : parallel.pp) : 1;
   }
 };
+
+// One key of the settings table (run_config.cpp), for `megatrain train --help-config` and docs/configuration.md.
+struct ConfigKeyDoc {
+  std::string section, key;
+  std::string type;           // integer, number, bool, string, word (one of a closed set), list of integers, ...
+  std::string default_value;  // as TOML spells it
+  std::string range;          // the allowed range or spellings ("" = any)
+  std::string doc;            // one line
+};
+// Every key, in the table's order.
+std::vector<ConfigKeyDoc> run_config_keys();
+// The table as text (`--help-config`) or as Markdown tables, one per section (docs/configuration.md).
+std::string run_config_help(bool markdown);
 
 // Parses TOML text (source names it in errors) and applies overrides of the form "section.key=value"
 // (value in TOML syntax; bare words are taken as strings).

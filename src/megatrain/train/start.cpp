@@ -15,10 +15,10 @@ StartPoint resume_or_init(const RunConfig& cfg, GPT& model, TrainCheckpointer& c
   LoaderState pos;
   int restored = -1;
   const double t0 = now_seconds();
-  if (cfg.ckpt.resume == "auto") {
+  if (cfg.ckpt.resume.mode == ResumeMode::Auto) {
     restored = with_kind(ErrorKind::Checkpoint, [&] { return ckpt.restore_auto(pos, at.resumed_from); });
-  } else if (cfg.ckpt.resume != "none") {
-    at.resumed_from = cfg.ckpt.resume;
+  } else if (cfg.ckpt.resume.mode == ResumeMode::Path) {
+    at.resumed_from = cfg.ckpt.resume.path;
     restored = with_kind(ErrorKind::Checkpoint, [&] { return ckpt.restore(at.resumed_from, pos); });
   }
   if (restored >= 0) {

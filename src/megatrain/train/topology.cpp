@@ -10,9 +10,9 @@
 
 namespace mt {
 
-std::unique_ptr<ProcessGroup> Topology::make_device_group(const std::string& dim, const std::string& name,
+std::unique_ptr<ProcessGroup> Topology::make_device_group(GroupRole role, const std::string& name,
                                                           const std::vector<int>& ranks) {
-  return device_groups ? device_groups(*store, dim, "device/" + name, ranks, rank_info.rank, group_options)
+  return device_groups ? device_groups(*store, role, "device/" + name, ranks, rank_info.rank, group_options)
                        : make_gloo_group(*store, name, ranks, rank_info.rank, group_options);
 }
 
@@ -24,10 +24,10 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   t.shape = MeshShape{cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp};
   with_kind(ErrorKind::Config, [&] { check_mesh(t.shape, ri.world_size); });
   t.main_rank = ri.rank == 0;
-  const bool gpu = cfg.train.device == "cuda";
+  const bool gpu = cfg.train.device == Device::CUDA;
   t.ops = seams.make_ops ? seams.make_ops()
           : gpu          ? make_cuda_ops(ri.world_size > 1 ? ri.local_rank : -1,
-                                        CudaOptions{cfg.train.attention, cfg.train.gemm_tuning})
+                                        CudaOptions{kind_name(cfg.train.attention), cfg.train.gemm_tuning})
                          : make_cpu_ops();
   if (ri.world_size == 1) return t;
 

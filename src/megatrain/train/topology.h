@@ -40,8 +40,8 @@ struct Topology {
   std::unique_ptr<DeviceMesh> host_mesh;  // null in a single process
   DeviceMesh* device_mesh = nullptr;      // host_mesh on the CPU; null in a single process
 
-  // A device-plane group outside the mesh (e.g. the tied-embedding group): `dim` names its kind, `name` it.
-  std::unique_ptr<ProcessGroup> make_device_group(const std::string& dim, const std::string& name,
+  // A device-plane group outside the mesh (e.g. the tied-embedding group): `role` is its kind, `name` names it.
+  std::unique_ptr<ProcessGroup> make_device_group(GroupRole role, const std::string& name,
                                                   const std::vector<int>& ranks);
 
   GroupFactory host_groups;       // how host-plane groups outside the mesh are made (empty: Gloo); e.g. peer links

@@ -641,10 +641,10 @@ std::unique_ptr<ProcessGroup> make_nccl_group(Store& store, const std::string& n
 }
 
 GroupFactory nccl_mesh_groups(cudaStream_t compute_stream) {
-  return [compute_stream](Store& store, const std::string& dim, const std::string& name, const std::vector<int>& ranks,
+  return [compute_stream](Store& store, GroupRole role, const std::string& name, const std::vector<int>& ranks,
                           int my_global_rank, const GroupOptions& opt) {
     NcclOptions nopt;
-    nopt.p2p = dim == "pp" && ranks.size() > 1;
+    nopt.p2p = role == GroupRole::PP && ranks.size() > 1;
     return make_nccl_group(store, name, ranks, my_global_rank, compute_stream, opt, nopt);
   };
 }

@@ -15,7 +15,7 @@ std::unique_ptr<ProcessGroup> make_nccl_group(Store&, const std::string& name, c
 }
 
 GroupFactory nccl_mesh_groups(cudaStream_t compute_stream) {
-  return [compute_stream](Store& store, const std::string&, const std::string& name, const std::vector<int>& ranks,
+  return [compute_stream](Store& store, GroupRole, const std::string& name, const std::vector<int>& ranks,
                           int my_global_rank, const GroupOptions& opt) {
     return make_nccl_group(store, name, ranks, my_global_rank, compute_stream, opt, {});
   };
