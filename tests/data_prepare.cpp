@@ -12,7 +12,7 @@
 #include "megatrain/data/loader.h"
 #include "megatrain/data/prepare.h"
 #include "megatrain/data/shard.h"
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/tokenizer.h"
 
 namespace mt {
 namespace {

@@ -24,9 +24,9 @@
 #include "megatrain/core/fs.h"
 #include "megatrain/data/assets.h"
 #include "megatrain/core/rng.h"
-#include "megatrain/data/bpe_train.h"
-#include "megatrain/data/tokenizer.h"
-#include "megatrain/data/unicode_tables.h"
+#include "megatrain/tokenizer/bpe_train.h"
+#include "megatrain/tokenizer/tokenizer.h"
+#include "megatrain/tokenizer/unicode_tables.h"
 
 namespace {
 

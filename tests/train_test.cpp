@@ -20,7 +20,7 @@
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/shard.h"
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/tokenizer.h"
 #include "megatrain/train/trainer.h"
 #include "test_util.h"
 

@@ -13,7 +13,7 @@
 
 #include "fuzz_util.h"
 #include "megatrain/core/error.h"
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/tokenizer.h"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include "megatrain/ckpt/safetensors.h"
 #include "megatrain/comm/tcp_store_wire.h"
 #include "megatrain/core/fs.h"
-#include "megatrain/data/bpe_train.h"
+#include "megatrain/tokenizer/bpe_train.h"
 #include "megatrain/data/shard.h"
 #include "fuzz_util.h"
 #include "tiny_checkpoint.h"

@@ -11,7 +11,7 @@
 #include "megatrain/cli/commands.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
-#include "megatrain/data/hf_tokenizer_files.h"
+#include "megatrain/tokenizer/hf_tokenizer_files.h"
 #include "megatrain/data/prepare.h"
 
 namespace mt::cli {

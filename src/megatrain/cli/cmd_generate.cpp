@@ -7,7 +7,7 @@
 #include "megatrain/ckpt/model_weights.h"
 #include "megatrain/cli/commands.h"
 #include "megatrain/data/assets.h"
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/tokenizer.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/train/sampler.h"
 

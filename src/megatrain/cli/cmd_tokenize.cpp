@@ -11,8 +11,8 @@
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/assets.h"
-#include "megatrain/data/bpe_train.h"
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/bpe_train.h"
+#include "megatrain/tokenizer/tokenizer.h"
 
 namespace mt::cli {
 

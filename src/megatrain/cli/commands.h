@@ -16,5 +16,6 @@ int cmd_notify(int argc, char** argv);       // notify                         (
 int cmd_status(int argc, char** argv);       // status                         (cmd_status.cpp)
 int cmd_simulate(int argc, char** argv);     // simulate                       (cmd_simulate.cpp)
 int cmd_trace(int argc, char** argv);        // trace merge                    (cmd_trace.cpp)
+int cmd_version(int argc, char** argv);      // version, --version             (cmd_version.cpp)
 
 }  // namespace mt::cli

@@ -32,6 +32,7 @@ const Command kCommands[] = {
     {"diagnose", mt::cli::cmd_diagnose, "check this node (all-reduce, matmul rate, memory bandwidth) after a fault"},
     {"simulate", mt::cli::cmd_simulate, "predict step time, MFU and memory of a 3D-parallel job on a modelled cluster"},
     {"trace", mt::cli::cmd_trace, "merge the ranks' timelines into one Perfetto trace and check it"},
+    {"version", mt::cli::cmd_version, "the version, git commit, build and libraries (also --version)"},
 };
 
 void usage(FILE* f) {
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  if (!std::strcmp(argv[1], "--version")) argv[1] = const_cast<char*>("version");
   for (auto& c : kCommands) {
     if (std::string(argv[1]) != c.name) continue;
     try {

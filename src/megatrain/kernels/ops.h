@@ -256,6 +256,9 @@ class Ops {
 
 // The fp32 CPU backend (OpenMP + OpenBLAS).
 std::unique_ptr<Ops> make_cpu_ops();
+// The BLAS the CPU backend runs, for `megatrain --version`: OpenBLAS's own build line and the kernel it picked for
+// this CPU (OPENBLAS_CORETYPE overrides it), e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64 (core Zen)".
+std::string blas_version();
 // Options of the CUDA backend.
 struct CudaOptions {
   // The attention implementation: "flash" (our kernels, kernels/cuda/flash_attention.*), "cudnn" (cuDNN's fused
@@ -279,5 +282,8 @@ std::string resolve_cuda_attention(const std::string& attention);
 std::unique_ptr<Ops> make_cuda_ops(int device = -1, const CudaOptions& opt = {});
 // Whether make_cuda_ops() can succeed here: built with CUDA and at least one device visible.
 bool cuda_available();
+// The CUDA libraries this build runs on, for `megatrain --version`: "CUDA runtime 12.4 (driver 12.6), cuBLASLt
+// 120403, cuDNN 9.1.0", or "not built with CUDA". Needs no GPU.
+std::string cuda_versions();
 
 }  // namespace mt

@@ -6,7 +6,7 @@
 
 #include "megatrain/data/assets.h"
 #include "megatrain/data/prepare.h"
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/tokenizer.h"
 #include "megatrain/train/sampler.h"
 
 namespace mt {

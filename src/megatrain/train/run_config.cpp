@@ -12,7 +12,7 @@
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/tokenizer.h"
 #include "megatrain/model/layout.h"
 
 namespace mt {

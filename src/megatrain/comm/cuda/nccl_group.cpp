@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "megatrain/comm/flight_recorder.h"
+#include "megatrain/comm/nccl_version.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
@@ -638,6 +639,14 @@ std::unique_ptr<ProcessGroup> make_nccl_group(Store& store, const std::string& n
                                               const NcclOptions& nccl) {
   check_group_args("make_nccl_group", name, ranks, my_global_rank, opt);
   return std::make_unique<NcclGroup>(store, name, ranks, my_global_rank, compute_stream, opt, nccl);
+}
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "NCCL (version unknown)";
+  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9 (X * 1000 + Y * 100 + Z before).
+  return v >= 10000 ? fmt::format("NCCL {}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
+                    : fmt::format("NCCL {}.{}.{}", v / 1000, (v % 1000) / 100, v % 100);
 }
 
 GroupFactory nccl_mesh_groups(cudaStream_t compute_stream) {

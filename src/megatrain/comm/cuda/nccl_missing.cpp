@@ -2,6 +2,7 @@
 // and runs on one GPU without process groups, and asking for a GPU group says why there is none instead of failing
 // to link or to configure.
 #include "megatrain/comm/cuda/nccl_group.h"
+#include "megatrain/comm/nccl_version.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
@@ -13,6 +14,8 @@ std::unique_ptr<ProcessGroup> make_nccl_group(Store&, const std::string& name, c
           "install NCCL or configure with -DMT_NCCL_ROOT=<folder> and rebuild",
           name);
 }
+
+std::string nccl_version() { return "NCCL: not found at build time"; }
 
 GroupFactory nccl_mesh_groups(cudaStream_t compute_stream) {
   return [compute_stream](Store& store, GroupRole, const std::string& name, const std::vector<int>& ranks,

@@ -5,7 +5,7 @@
 // process and every test binary paid that, GPU or not. A CPU job of 8 ranks paid it 8 times, and the test suite
 // about a thousand times. Loaded with dlopen on first use, only a process that makes a CudaOps pays it.
 //
-// The table holds the 13 entry points gemm.cpp uses, with the types of <cublasLt.h>, so calls read as before:
+// The table holds the 13 entry points gemm.cpp uses (and GetVersion, for `megatrain --version`), with the types of <cublasLt.h>, so calls read as before:
 // `lt().Matmul(...)`. The library is looked for at the path CMake found at configure time, then by its soname (the
 // dynamic loader's search: LD_LIBRARY_PATH, ld.so.cache).
 #pragma once
@@ -19,7 +19,7 @@ namespace mt {
 #define MT_CUBLASLT_ENTRY_POINTS(X)                                                                               \
   X(Create) X(Destroy) X(GetStatusName) X(Matmul) X(MatmulAlgoGetHeuristic) X(MatmulDescCreate)                 \
   X(MatmulDescDestroy) X(MatmulDescSetAttribute) X(MatmulPreferenceCreate) X(MatmulPreferenceDestroy)           \
-  X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate) X(MatrixLayoutDestroy)
+  X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate) X(MatrixLayoutDestroy) X(GetVersion)
 
 struct LtApi {
 #define MT_CUBLASLT_FIELD(name) decltype(&cublasLt##name) name = nullptr;

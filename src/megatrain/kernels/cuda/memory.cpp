@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "megatrain/kernels/cuda/cublaslt_api.h"
 #include "megatrain/kernels/cuda/cuda_args.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/cuda/launch.h"
@@ -37,6 +38,21 @@ bool cuda_available() {
 std::string resolve_cuda_attention(const std::string& attention) {
   if (attention == "auto") return CudnnAttention::available() ? "cudnn" : "flash";
   return attention;
+}
+
+std::string cuda_versions() {
+  int runtime = 0, driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;  // 0: no driver on this machine
+  auto cuda = [](int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); };
+  std::string lt_version;
+  try {
+    lt_version = fmt::format("cuBLASLt {} ({})", lt().GetVersion(), lt().path);
+  } catch (const Error& e) {
+    lt_version = fmt::format("cuBLASLt not loadable: {}", e.what());
+  }
+  return fmt::format("CUDA runtime {} (driver {}), {}, {}", cuda(runtime), driver > 0 ? cuda(driver) : "none",
+                     lt_version, CudnnAttention::version());
 }
 
 std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& options) {

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "megatrain/data/tokenizer.h"
-#include "megatrain/data/utf8.h"
+#include "megatrain/tokenizer/tokenizer.h"
+#include "megatrain/tokenizer/utf8.h"
 
 namespace mt {
 

@@ -1,4 +1,4 @@
-#include "megatrain/data/bpe_train.h"
+#include "megatrain/tokenizer/bpe_train.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -8,7 +8,7 @@
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/tokenizer.h"
 
 namespace mt {
 

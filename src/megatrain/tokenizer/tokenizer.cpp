@@ -1,4 +1,4 @@
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,8 +12,8 @@
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
-#include "megatrain/data/unicode_tables.h"
-#include "megatrain/data/utf8.h"
+#include "megatrain/tokenizer/unicode_tables.h"
+#include "megatrain/tokenizer/utf8.h"
 
 namespace mt {
 

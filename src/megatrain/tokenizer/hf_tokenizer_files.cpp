@@ -1,10 +1,10 @@
-#include "megatrain/data/hf_tokenizer_files.h"
+#include "megatrain/tokenizer/hf_tokenizer_files.h"
 
 #include <filesystem>
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
-#include "megatrain/data/tokenizer.h"
+#include "megatrain/tokenizer/tokenizer.h"
 
 namespace mt {
 
