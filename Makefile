@@ -25,7 +25,7 @@ test: configure
 	cmake --build $(BUILD) -j $(JOBS) --target mt_tests
 	cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS) --timeout 900
 
-# Every benchmark (bench/); README "Benchmarks" says how to run each.
+# Every benchmark (bench/); docs/performance.md says how to run each.
 bench: build
 
 clean:

@@ -1,6 +1,6 @@
 // The fixed cost of one collective of our Gloo process groups, against this machine's own inter-process round trip.
 // Small collectives are latency-bound: a step of a tp-sharded model issues dozens of them, and on a small host they
-// set the step time (see the README's CPU figures). The baseline, measured in the same run, is a one-byte
+// set the step time (see docs/performance.md's CPU figures). The baseline, measured in the same run, is a one-byte
 // ping-pong between two processes over a socketpair: the cheapest round trip the kernel offers. The ratio says how
 // many such round trips one collective costs (its messages, Gloo's handshakes and our thread hand-offs).
 //   megatrain launch --nproc 2 --exec -- build/bench/bench_pg_latency [--reps N]

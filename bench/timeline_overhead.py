@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What recording the timeline costs a step (train.trace_steps, README "Timeline").
+"""What recording the timeline costs a step (train.trace_steps, docs/observability.md).
 
 Runs the same 4-rank dp2 x pp2 job of a small model under `megatrain launch` with the timeline off and with every
 step traced, alternating the two, `--repeats` times each, and compares their per-step times (metrics.jsonl

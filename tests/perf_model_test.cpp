@@ -493,7 +493,7 @@ TEST(Presets, Table2GivesSixteenRowsWithTheJsonFields) {
 
 TEST(Presets, EveryTable3StepShortensTheTimePerToken) {
   // The qualitative claim of the ablation: each technique makes training faster. (The MFU of the SWA step can
-  // fall in the model: the window also removes model FLOPs from the MFU numerator. README, Performance model.)
+  // fall in the model: the window also removes model FLOPs from the MFU numerator. docs/perf-model.md.)
   const RunConfig cfg = load_run_config(std::string(MT_SOURCE_DIR) + "/configs/megascale-175b.toml");
   const Cluster c = a100();
   const auto rows = megascale_table3(cfg.model);

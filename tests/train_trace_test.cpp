@@ -1,4 +1,4 @@
-// The timeline end to end (train.trace_steps, README "Timeline"): real ranks under `megatrain launch`, each with its
+// The timeline end to end (train.trace_steps, docs/observability.md): real ranks under `megatrain launch`, each with its
 // clock shifted by a known amount (MEGATRAIN_TEST_CLOCK_SKEW_S), trace a window of steps; the trainer measures
 // each clock against rank 0's and merges the files. Oracles:
 //   - the injected skews: each rank's measured offset must recover its skew within the bound it states;

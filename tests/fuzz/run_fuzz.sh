@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs one libFuzzer target the way ctest does (tests/fuzz.cmake), or for longer by hand (README, Tests):
+# Runs one libFuzzer target the way ctest does (tests/fuzz.cmake), or for longer by hand (tests/README.md, "Fuzzing"):
 #   run_fuzz.sh regress BINARY CORPUS_DIR WORK_DIR            each committed input once (regression inputs included)
 #   run_fuzz.sh fuzz    BINARY CORPUS_DIR WORK_DIR [SECONDS]  fuzz for $MT_FUZZ_SECONDS if set, else SECONDS, else 30
 # Fuzzing works on a copy of the corpus in WORK_DIR/corpus (the committed corpus never grows); a finding is saved as

@@ -3,7 +3,7 @@
 # here: for GPT-2 124M at B 16 x T 1024, model.recompute_act must save exactly one [B*T, 4C] bf16 buffer per layer,
 # and model.recompute_norm exactly two [B*T, C] bf16 buffers per (sequential) layer less the one shared scratch; the
 # weights and the optimizer's state must not move. (On an H100 the plan without the switches equalled the measured
-# allocated_gb to the byte for all three gpu_compare sizes; README, "Performance".)
+# allocated_gb to the byte for all three gpu_compare sizes; docs/performance.md.)
 set -euo pipefail
 bin=$1
 plan() { "$bin" --model gpt2-124m --batch 16 --plan-memory "$@"; }

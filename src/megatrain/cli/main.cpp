@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     try {
       return c.fn(argc - 1, argv + 1);
     } catch (const mt::Error& e) {
-      // The exit code says what kind of failure it was (core/error.h; README "Exit codes"), so a supervisor can
+      // The exit code says what kind of failure it was (core/error.h; docs/running.md, "Exit codes"), so a supervisor can
       // tell a restart that may help from one that cannot.
       std::fprintf(stderr, "megatrain %s: error: %s\n", c.name, e.what());
       if (e.kind != mt::ErrorKind::Internal)

@@ -1,7 +1,7 @@
 // Errors: every failure the user can cause (bad config, bad file, bad layout) becomes an mt::Error whose
 // message names the problem; the CLI prints it and exits non-zero. Programming errors use the same path.
 //
-// Each error has a kind, and each kind its own exit code (exit_code below; the README's table), so that whatever
+// Each error has a kind, and each kind its own exit code (exit_code below; the table in docs/running.md), so that whatever
 // supervises a rank can tell "restarting cannot help" (a bad config, bad data: codes 10-19) from "restarting may
 // help" (a timeout, a lost peer, a device or I/O fault, a non-finite step: codes 20-29). MT_CHECK throws kind
 // Internal; the layers that know what a failure means give it its kind, either where they throw (fail_as) or by

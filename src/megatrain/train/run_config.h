@@ -54,10 +54,10 @@ struct TrainConfig {
   AttentionChoice attention = AttentionChoice::Auto;  // cuda only (CudaOptions::attention)
   int gemm_tuning = 0;             // cuda only: 0 = cuBLASLt's heuristic; N in 2..64 = time N candidates per GEMM
                                    // shape on its first call and keep the fastest (CudaOptions::gemm_tuning)
-  // Robust training (README "Robust training"). skip_steps: steps whose batches are read and dropped unused (no
+  // Robust training (docs/robust-training.md). skip_steps: steps whose batches are read and dropped unused (no
   // forward, backward or optimizer step), e.g. after a NaN that repeats on the same data.
   std::vector<int> skip_steps;
-  // The timeline (README "Timeline"): steps [first, last] are recorded and each rank writes
+  // The timeline (docs/observability.md): steps [first, last] are recorded and each rank writes
   // <out_dir>/trace/rank<R>.json; the job's merged trace is <out_dir>/trace.json. [] = off.
   std::vector<int> trace_steps;
   // Loss-spike warning: a step's loss above mean + spike_sigmas x std, or above spike_factor x median, of the
