@@ -61,6 +61,13 @@ constexpr const char* kind_name(ErrorKind k) {
   return "internal";
 }
 
+// The launcher's own exit codes (`megatrain launch`: the agent and the job driver), beside the ranks' codes above
+// (which it passes on) and 128 + a signal that stopped it. docs/running.md has the whole table.
+constexpr int kNoProgressExit = 40;     // gave up: no progress across restarts; do not requeue
+constexpr int kRestartsSpentExit = 41;  // gave up: --max-restarts used up (the last failure's code is in the log)
+constexpr int kNoNodesExit = 42;        // gave up: too few healthy nodes for any layout of the job (requeue: yes)
+constexpr int kEvictedExit = 43;        // an agent's own exit: the driver evicted this node (replace it)
+
 // Whether starting the same job again can succeed (a supervisor restarts only these).
 constexpr bool restart_may_help(ErrorKind k) { return exit_code(k) >= 20 && exit_code(k) < 30; }
 

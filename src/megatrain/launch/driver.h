@@ -23,10 +23,6 @@
 
 namespace mt::launch {
 
-// Exit codes of the driver's own (also in docs/running.md).
-constexpr int kNoNodesExit = 42;  // gave up: too few healthy nodes for any layout of the job (requeue: yes)
-constexpr int kEvictedExit = 43;  // an agent's own exit: the driver evicted this node (replace it)
-
 class Dashboard;  // dashboard.h
 class Notifier;   // notifier.h
 

@@ -12,10 +12,9 @@
 #include <set>
 #include <string>
 
-namespace mt::launch {
+#include "megatrain/core/error.h"  // kNoProgressExit, kRestartsSpentExit
 
-constexpr int kNoProgressExit = 40;   // gave up: no progress across restarts; do not requeue
-constexpr int kRestartsSpentExit = 41; // gave up: --max-restarts used up (the last failure's code is in the log)
+namespace mt::launch {
 
 struct RestartPolicy {
   int max_restarts = 0;
