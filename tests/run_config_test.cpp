@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
@@ -263,6 +264,61 @@ TEST(RunConfig, ADirectoryOrUnreadableConfigIsAnError) {
     }
     std::filesystem::permissions(f, std::filesystem::perms::owner_all);
   }
+}
+
+// The settings table (run_config.cpp) is what parsing reads: every key it lists is read once, in its order, and the
+// default it prints (docs/configuration.md, --help-config) is the value a config without that key gets. Oracle: the
+// effective config of an empty file, which parsing records key by key, against the same file with each key set to
+// the printed default.
+TEST(RunConfig, TheSettingsTableListsEveryKeyOnceWithTheDefaultItPrints) {
+  const std::vector<ConfigKeyDoc> keys = run_config_keys();
+  const RunConfig plain = parse_run_config("", "t.toml");
+  ASSERT_EQ(plain.effective.size(), keys.size());
+  std::set<std::string> seen;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string key = keys[i].section + "." + keys[i].key;
+    EXPECT_EQ(plain.effective[i].first, key);
+    EXPECT_TRUE(seen.insert(key).second) << key << " is listed twice";
+    EXPECT_FALSE(keys[i].doc.empty()) << key;
+    EXPECT_FALSE(keys[i].type.empty()) << key;
+    if (keys[i].default_value == "[...]") continue;  // (no list default is long)
+    const RunConfig set = parse_run_config("", "t.toml", {"--" + key + "=" + keys[i].default_value});
+    EXPECT_EQ(set.effective, plain.effective) << key << " = " << keys[i].default_value;
+  }
+  // The generated text names every key.
+  const std::string text = run_config_help(false), markdown = run_config_help(true);
+  for (const ConfigKeyDoc& k : keys) {
+    EXPECT_NE(text.find("  " + k.key + " = " + k.default_value + "\n"), std::string::npos) << k.key;
+    EXPECT_NE(markdown.find("| `" + k.section + "." + k.key + "` |"), std::string::npos) << k.key;
+  }
+}
+
+// ckpt.resume is a mode and a path: "auto", "none", or any other string as a checkpoint's path; "" is refused.
+TEST(RunConfig, ResumeIsAutoNoneOrAPath) {
+  EXPECT_EQ(parse_run_config("", "t.toml").ckpt.resume.mode, ResumeMode::Auto);
+  EXPECT_EQ(parse_run_config("", "t.toml", {"--ckpt.resume=none"}).ckpt.resume.mode, ResumeMode::None);
+  const RunConfig p = parse_run_config("", "t.toml", {"--ckpt.resume=runs/x/ckpt/step_00000010"});
+  EXPECT_EQ(p.ckpt.resume.mode, ResumeMode::Path);
+  EXPECT_EQ(p.ckpt.resume.path, "runs/x/ckpt/step_00000010");
+  EXPECT_EQ(p.ckpt.resume.spelling(), "runs/x/ckpt/step_00000010");
+  EXPECT_NE(error_of("[ckpt]\nresume = \"\"\n").find("ckpt.resume must be \"auto\", \"none\" or a checkpoint's path"),
+            std::string::npos);
+  EXPECT_NE(error_of("[ckpt]\nresume = 3\n").find("ckpt.resume must be a string"), std::string::npos);
+}
+
+// The closed sets are enums: a misspelling names the key and every allowed spelling, never turns into another value.
+TEST(RunConfig, ClosedSetsRefuseMisspellingsNamingTheSpellings) {
+  EXPECT_EQ(error_of("", {"--optim.name=Adam"}), "test.toml: optim.name must be 'adamw' or 'lamb' (got 'Adam')");
+  EXPECT_EQ(error_of("", {"--optim.schedule=cos"}),
+            "test.toml: optim.schedule must be 'cosine', 'linear' or 'constant' (got 'cos')");
+  EXPECT_EQ(error_of("", {"--train.device=gpu"}), "test.toml: train.device must be 'cpu' or 'cuda' (got 'gpu')");
+  EXPECT_EQ(error_of("", {"--train.attention=Flash"}),
+            "test.toml: train.attention must be 'auto', 'flash' or 'cudnn' (got 'Flash')");
+  const RunConfig c = parse_run_config("", "t.toml", {"--optim.schedule=linear", "--train.device=cuda",
+                                                      "--train.attention=cudnn"});
+  EXPECT_EQ(c.optim.schedule, LrSchedule::Linear);
+  EXPECT_EQ(c.train.device, Device::CUDA);
+  EXPECT_EQ(c.train.attention, AttentionChoice::Cudnn);
 }
 
 }  // namespace
