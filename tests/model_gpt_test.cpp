@@ -3,7 +3,7 @@
 //    GPT-2 style and Llama style with RMSNorm/SwiGLU/RoPE/GQA);
 //  * every parameter gradient matches central finite differences of the naive double model;
 //  * activation recomputation gives bit-identical gradients.
-// (The optimizers' tests are in optim_test.cpp.)
+// (The optimizers' tests are in optim_optimizer_test.cpp.)
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
