@@ -9,7 +9,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
-#include "ckpt_testutil.h"
+#include "support/ckpt_testutil.h"
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/checksum.h"
 #include "megatrain/ckpt/reader.h"

@@ -26,7 +26,7 @@
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/reader.h"
 #include "megatrain/train/ckpt_async.h"
-#include "parallel_testutil.h"
+#include "support/parallel_testutil.h"
 
 using namespace mt;
 using namespace ptest;

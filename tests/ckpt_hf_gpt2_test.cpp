@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "ckpt_testutil.h"
+#include "support/ckpt_testutil.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/ckpt/hf_gpt2.h"
 #include "megatrain/ckpt/model_weights.h"

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "ckpt_testutil.h"
+#include "support/ckpt_testutil.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/ckpt/hf_llama.h"
 #include "megatrain/ckpt/hf_model.h"

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "ckpt_testutil.h"
+#include "support/ckpt_testutil.h"
 #include "megatrain/ckpt/safetensors.h"
 
 using namespace mt;

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "megatrain/ckpt/reader.h"
-#include "parallel_testutil.h"
+#include "support/parallel_testutil.h"
 
 using namespace mt;
 using namespace ptest;

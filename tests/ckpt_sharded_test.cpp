@@ -11,7 +11,7 @@
 #include <set>
 #include <vector>
 
-#include "ckpt_testutil.h"
+#include "support/ckpt_testutil.h"
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/reader.h"
 #include "megatrain/ckpt/sharded.h"

@@ -11,7 +11,7 @@
 #include <chrono>
 #include <thread>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/comm/flight_recorder.h"
 #include "megatrain/comm/process_group.h"
 #include "megatrain/comm/store.h"

@@ -1,8 +1,8 @@
 // The 3D mesh: rank <-> (dp, pp, tp) in Megatron's order, layout checks, and the groups each rank gets.
 #include <gtest/gtest.h>
 
-#include "comm_fork_util.h"
-#include "test_util.h"
+#include "support/comm_fork_util.h"
+#include "support/test_util.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/comm/mesh.h"
 

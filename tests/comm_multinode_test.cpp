@@ -14,8 +14,8 @@
 
 #include <gtest/gtest.h>
 
-#include "net_hosts.h"
-#include "parallel_testutil.h"
+#include "support/net_hosts.h"
+#include "support/parallel_testutil.h"
 
 using namespace ptest;
 

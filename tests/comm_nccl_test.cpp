@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "comm_fork_util.h"
-#include "test_util.h"
+#include "support/comm_fork_util.h"
+#include "support/test_util.h"
 #include "megatrain/core/bf16.h"
 #include "megatrain/comm/cuda/nccl_group.h"
 #include "megatrain/comm/store.h"

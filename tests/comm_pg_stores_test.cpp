@@ -11,8 +11,8 @@
 
 #include <fmt/format.h>
 
-#include "comm_fork_util.h"
-#include "comm_servers.h"
+#include "support/comm_fork_util.h"
+#include "support/comm_servers.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/comm/process_group.h"
 #include "megatrain/comm/store.h"

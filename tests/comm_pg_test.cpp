@@ -17,8 +17,8 @@
 #include <iterator>
 #include <thread>
 
-#include "comm_fork_util.h"
-#include "test_util.h"
+#include "support/comm_fork_util.h"
+#include "support/test_util.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/stop_request.h"
 #include "megatrain/comm/mesh.h"

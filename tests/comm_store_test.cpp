@@ -26,9 +26,9 @@
 #include "megatrain/comm/env.h"
 #include "megatrain/comm/local_address.h"
 #include "megatrain/comm/store.h"
-#include "comm_fork_util.h"
-#include "comm_servers.h"
-#include "test_util.h"
+#include "support/comm_fork_util.h"
+#include "support/comm_servers.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace std::chrono_literals;

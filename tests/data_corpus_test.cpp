@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "data_util.h"
+#include "support/data_util.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/assets.h"

@@ -8,7 +8,7 @@
 #include <memory>
 #include <set>
 
-#include "data_util.h"
+#include "support/data_util.h"
 #include "megatrain/core/error.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/data/shard.h"

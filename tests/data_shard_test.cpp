@@ -5,7 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "data_util.h"
+#include "support/data_util.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/shard.h"

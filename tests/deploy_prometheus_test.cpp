@@ -9,11 +9,11 @@
 
 #include <map>
 
-#include "comm_servers.h"
-#include "launch_testutil.h"
+#include "support/comm_servers.h"
+#include "support/launch_testutil.h"
 #include "megatrain/launch/dashboard.h"
-#include "test_util.h"
-#include "tls_testutil.h"
+#include "support/test_util.h"
+#include "support/tls_testutil.h"
 
 using namespace mt;
 using namespace mt::launch;

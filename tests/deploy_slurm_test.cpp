@@ -20,10 +20,10 @@
 #include <regex>
 #include <thread>
 
-#include "launch_testutil.h"
-#include "webhook_receiver.h"
-#include "net_hosts.h"
-#include "test_util.h"
+#include "support/launch_testutil.h"
+#include "support/webhook_receiver.h"
+#include "support/net_hosts.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace mt::test;

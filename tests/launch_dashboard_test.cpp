@@ -10,13 +10,13 @@
 #include <regex>
 #include <set>
 
-#include "launch_testutil.h"
+#include "support/launch_testutil.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/dashboard.h"
 #include "megatrain/launch/job_view.h"
 #include "megatrain/launch/status_text.h"
-#include "test_util.h"
-#include "tls_testutil.h"
+#include "support/test_util.h"
+#include "support/tls_testutil.h"
 
 using namespace mt;
 using namespace mt::launch;

@@ -4,8 +4,8 @@
 // speed: the timeouts only guard against a test that would otherwise hang.
 #include <functional>
 
-#include "launch_testutil.h"
-#include "test_util.h"
+#include "support/launch_testutil.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace mt::test;

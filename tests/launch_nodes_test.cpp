@@ -17,12 +17,12 @@
 #include <mutex>
 #include <set>
 
-#include "comm_servers.h"
-#include "launch_testutil.h"
-#include "webhook_receiver.h"
-#include "net_hosts.h"
-#include "test_util.h"
-#include "tls_testutil.h"
+#include "support/comm_servers.h"
+#include "support/launch_testutil.h"
+#include "support/webhook_receiver.h"
+#include "support/net_hosts.h"
+#include "support/test_util.h"
+#include "support/tls_testutil.h"
 
 using namespace mt;
 using namespace mt::test;

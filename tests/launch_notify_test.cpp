@@ -11,11 +11,11 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "launch_testutil.h"
-#include "webhook_receiver.h"
+#include "support/launch_testutil.h"
+#include "support/webhook_receiver.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/notifier.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace mt::launch;

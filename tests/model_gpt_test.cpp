@@ -14,8 +14,8 @@
 
 #include "megatrain/core/rng.h"
 #include "megatrain/model/gpt.h"
-#include "model_testutil.h"
-#include "test_util.h"
+#include "support/model_testutil.h"
+#include "support/test_util.h"
 
 using namespace mt;
 

@@ -12,7 +12,7 @@
 #include "megatrain/obs/chrome_trace.h"
 #include "megatrain/obs/timeline.h"
 #include "megatrain/obs/trace_check.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace mt::obs;

@@ -11,7 +11,7 @@
 #include "megatrain/core/bf16.h"
 #include "megatrain/kernels/cpu/cpu_ops.h"
 #include "megatrain/parallel/data_parallel.h"
-#include "parallel_testutil.h"
+#include "support/parallel_testutil.h"
 
 using namespace ptest;
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel_testutil.h"
+#include "support/parallel_testutil.h"
 
 using namespace ptest;
 

@@ -11,7 +11,7 @@
 #include <tuple>
 #include <vector>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/rng.h"
 #include "megatrain/comm/process_group.h"

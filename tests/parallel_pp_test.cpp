@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/core/rng.h"
 #include "megatrain/comm/mesh.h"
@@ -29,7 +29,7 @@
 #include "megatrain/model/layout.h"
 #include "megatrain/parallel/data_parallel.h"
 #include "megatrain/parallel/gpt_pipeline.h"
-#include "parallel_testutil.h"
+#include "support/parallel_testutil.h"
 
 using namespace mt;
 using namespace ptest;

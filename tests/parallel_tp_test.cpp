@@ -12,7 +12,7 @@
 
 #include "megatrain/model/layout.h"
 #include "megatrain/model/shard.h"
-#include "parallel_testutil.h"
+#include "support/parallel_testutil.h"
 
 using namespace mt;
 using namespace ptest;

@@ -26,7 +26,7 @@
 #include "megatrain/train/config_agreement.h"
 #include "megatrain/train/peak.h"
 #include "megatrain/train/trainer.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/comm/mesh.h"
@@ -29,7 +29,7 @@
 #include "megatrain/train/checkpointing.h"
 #include "megatrain/train/finite.h"
 #include "megatrain/train/trainer.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;

@@ -19,7 +19,7 @@
 #include "megatrain/kernels/ops.h"
 #include "megatrain/train/run_config.h"
 #include "megatrain/train/trainer.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;

@@ -14,10 +14,10 @@
 #include <thread>
 #include <sstream>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/train/heartbeat.h"
-#include "robust_util.h"
+#include "support/robust_util.h"
 
 using namespace robust_test;
 namespace fs = std::filesystem;

@@ -23,14 +23,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/core/error.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/kernels/cpu/cpu_ops.h"
 #include "megatrain/train/run_config.h"
 #include "megatrain/train/trainer.h"
-#include "noise_floor.h"
-#include "test_util.h"
+#include "support/noise_floor.h"
+#include "support/test_util.h"
 
 using namespace mt;
 

@@ -11,11 +11,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/core/stop_request.h"
 #include "megatrain/train/trainer.h"
-#include "robust_util.h"
+#include "support/robust_util.h"
 
 using namespace mt;
 using namespace robust_test;

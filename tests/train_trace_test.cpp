@@ -6,7 +6,7 @@
 //     before its send; with the offsets not applied, the same files break it (so the alignment is what fixes it);
 //   - the pipeline schedule: each rank's forward/backward spans are its schedule's compute actions, in order, once
 //     per traced step (parallel/schedule.h, the object the executor runs).
-#include "parallel_testutil.h"
+#include "support/parallel_testutil.h"
 
 #include "megatrain/core/fs.h"
 #include "megatrain/obs/chrome_trace.h"

@@ -22,7 +22,7 @@
 #include "megatrain/data/shard.h"
 #include "megatrain/data/tokenizer.h"
 #include "megatrain/train/trainer.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
