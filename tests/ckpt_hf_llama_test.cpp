@@ -12,6 +12,7 @@
 #include <random>
 
 #include "support/ckpt_testutil.h"
+#include "support/files.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/ckpt/hf_llama.h"
 #include "megatrain/ckpt/hf_model.h"

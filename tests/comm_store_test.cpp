@@ -28,6 +28,7 @@
 #include "megatrain/comm/store.h"
 #include "support/comm_fork_util.h"
 #include "support/comm_servers.h"
+#include "support/files.h"
 #include "support/test_util.h"
 
 using namespace mt;
@@ -554,7 +555,7 @@ TEST(StoreSecret, RandomSecretsDifferAndCompareCorrectly) {
 }
 
 TEST(StoreSecret, FileMustBePrivate) {
-  comm_test::TempDir dir;
+  mt::test::ScratchDir dir;
   const std::string path = dir.path + "/secret";
   { std::ofstream(path) << "abcdefghijklmnopqrstuvwxyz\n"; }
   ::chmod(path.c_str(), 0644);

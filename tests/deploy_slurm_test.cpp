@@ -20,7 +20,10 @@
 #include <regex>
 #include <thread>
 
+#include "support/files.h"
 #include "support/launch_testutil.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
 #include "support/webhook_receiver.h"
 #include "support/net_hosts.h"
 #include "support/test_util.h"

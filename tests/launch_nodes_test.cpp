@@ -18,7 +18,10 @@
 #include <set>
 
 #include "support/comm_servers.h"
+#include "support/files.h"
 #include "support/launch_testutil.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
 #include "support/webhook_receiver.h"
 #include "support/net_hosts.h"
 #include "support/test_util.h"
@@ -107,11 +110,8 @@ class LaunchNodes : public ::testing::Test {
   // The checkpoint the last attempt resumed from, and its step: the last `run` line of the job's metrics says.
   std::pair<fs::path, int> resumed_from() const {
     std::string dir;
-    std::ifstream f(out() + "/metrics.jsonl");
-    for (std::string l; std::getline(f, l);) {
-      auto j = nlohmann::json::parse(l, nullptr, false);
-      if (!j.is_discarded() && j.value("kind", "") == "run") dir = j.value("resumed_from", "");
-    }
+    for (const auto& j : events_of(out() + "/metrics.jsonl"))
+      if (j.value("kind", "") == "run") dir = j.value("resumed_from", "");
     int step = -1;
     if (auto at = dir.rfind("step_"); at != std::string::npos) step = std::atoi(dir.c_str() + at + 5);
     return {dir, step};

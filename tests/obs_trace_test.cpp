@@ -12,6 +12,7 @@
 #include "megatrain/obs/chrome_trace.h"
 #include "megatrain/obs/timeline.h"
 #include "megatrain/obs/trace_check.h"
+#include "support/files.h"
 #include "support/test_util.h"
 
 using namespace mt;

@@ -18,6 +18,8 @@
 #include "megatrain/train/faults.h"
 #include "megatrain/train/loss_spike.h"
 #include "megatrain/train/run_config.h"
+#include "support/files.h"
+#include "support/metrics.h"
 #include "support/robust_util.h"
 
 using namespace mt;
@@ -172,7 +174,7 @@ TEST(RobustConfig, SkipStepsAndSpikeKeys) {
 
 struct Job {
   std::string out;
-  comm_test::TempDir store;
+  mt::test::ScratchDir store;
   Rank r0, r1;
 };
 
