@@ -71,7 +71,7 @@ struct Result {
   int status = 0;
   std::string out, err;
   double seconds = 0;
-  int code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+  int code() const { return mt::test::shell_exit_code(status); }
 };
 
 class LaunchTest : public ::testing::Test {

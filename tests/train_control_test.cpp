@@ -58,10 +58,10 @@ std::string joined(const std::vector<std::string>& v) { return mt::test::SmallJo
 // "step:loss_exact" of every train line.
 std::vector<std::string> losses(const std::string& metrics) { return mt::test::step_losses(metrics); }
 
-int exit_status(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
+using mt::test::shell_exit_code;
 
 // Runs a shell command, returns its exit code.
-int run(const std::string& cmd) { return exit_status(std::system(cmd.c_str())); }
+int run(const std::string& cmd) { return shell_exit_code(std::system(cmd.c_str())); }
 
 struct Recorder final : TrainObserver {
   std::vector<std::string> events;
@@ -176,7 +176,7 @@ bool wait_for_step(const std::string& metrics, int n) {
 int wait_pid(pid_t pid) {
   int st = 0;
   ::waitpid(pid, &st, 0);
-  return exit_status(st);
+  return shell_exit_code(st);
 }
 
 // Whether process pid ignores signal sig (the SigIgn mask of /proc/<pid>/status: bit sig-1).

@@ -113,7 +113,7 @@ inline int finish_within(pid_t pid, double timeout_s) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return shell_exit_code(st);
 }
 
 // Losses of an undisturbed run, computed once per build of the binary and per job: ctest runs each case as its own
