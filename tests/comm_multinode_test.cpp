@@ -34,7 +34,7 @@ TEST(MultiNode, TwoNamespacesTrainLikeOneProcess) {
   const Trio t = fresh_trio("mt_netns", "dp2_tp2");
   const std::string eps = " --optim.eps=1e-6";  // as the tp tests: keeps Adam's ~0-gradient noise still
   run(kMegatrain + " train" + common_args(t.single, 4, 2, eps));
-  run(kMegatrain + " train" + common_args(t.alt, 4, 2, eps) + reordered(4, common_args(t.alt, 4, 2, eps)));
+  run_twin(4, common_args(t.alt, 4, 2, eps));
 
   // Both launchers start at once, each in its namespace, with the same secret; `timeout` bounds a hang.
   const std::string secret = "netns-test-secret-" + std::to_string(::getpid()) + "-0123456789";

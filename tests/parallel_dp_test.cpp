@@ -33,7 +33,7 @@ TEST_P(DataParallelVsSingle, LossesAndParametersMatch) {
   const Case& c = GetParam();
   const Trio t = fresh_trio("mt_dp", c.name);
   run(kMegatrain + " train" + common(t.single, 4) + c.extra);
-  run(kMegatrain + " train" + common(t.alt, 4) + c.extra + reordered(4, common(t.alt, 4) + c.extra));
+  run_twin(4, common(t.alt, 4) + c.extra);
   run(kMegatrain + " launch --nproc 2 -- train" + common(t.multi, 2) + " --parallel.dp=2" + c.extra);
   expect_equivalent(t, "dp2 " + c.name);
 }
@@ -71,7 +71,7 @@ TEST(DataParallel, ResumeAcrossLayoutsKeepsTheRun) {
   prepare();
   std::string a = fresh_dir("mt_dp_resume_a"), alt = fresh_dir("mt_dp_resume_alt"), b = fresh_dir("mt_dp_resume_b");
   run(kMegatrain + " train" + common(a, 4));
-  run(kMegatrain + " train" + common(alt, 4) + reordered(4, common(alt, 4)));
+  run_twin(4, common(alt, 4));
   run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.dp=2 --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(b + "/metrics.jsonl");
   run(kMegatrain + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));

@@ -363,7 +363,7 @@ TEST_P(PipelineVsSingle, LossesAndParametersMatch) {
   const Trio t = fresh_trio("mt_pp", c.name);
   const int rows = 4;
   run(kMegatrain + " train" + common(t.single, rows) + c.extra);
-  run(kMegatrain + " train" + common(t.alt, rows) + c.extra + reordered(rows, common(t.alt, rows) + c.extra));
+  run_twin(rows, common(t.alt, rows) + c.extra);
   run(kMegatrain + " launch --nproc " + std::to_string(2 * c.dp * c.tp) + " -- train" + common(t.multi, rows / (c.dp * c.micro)) +
       " --parallel.pp=2 --parallel.microbatches=" + std::to_string(c.micro) + " --parallel.dp=" +
       std::to_string(c.dp) + " --parallel.tp=" + std::to_string(c.tp) + c.extra + c.pp_extra);
@@ -400,7 +400,7 @@ TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
   std::string a = fresh_dir("mt_pp_resume_a"), b = fresh_dir("mt_pp_resume_b"), c = fresh_dir("mt_pp_resume_c");
   std::string alt = fresh_dir("mt_pp_resume_alt");
   run(kMegatrain + " train" + common(a, 4));
-  run(kMegatrain + " train" + common(alt, 4) + reordered(4, common(alt, 4)));
+  run_twin(4, common(alt, 4));
   run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.pp=2 --ckpt.every=3 --ckpt.save_final=false");
   Checkpoint ck = Checkpoint::load(step3(b));
   EXPECT_EQ(ck.extra()["pp_layout"]["h.3.mlp.c_fc.weight"], nlohmann::json::array({1}));
@@ -431,7 +431,7 @@ TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
   const std::string from_hf = llama + " --model.init_from=" + hf;
   const std::string pp2_tp2 = " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4";
   run(kMegatrain + " train" + common(t.single, 4) + from_hf);
-  run(kMegatrain + " train" + common(t.alt, 4) + from_hf + reordered(4, common(t.alt, 4) + from_hf));
+  run_twin(4, common(t.alt, 4) + from_hf);
   run(kMegatrain + " launch --nproc 4 -- train" + common(t.multi, 1) + from_hf + pp2_tp2);
   expect_equivalent(t, "pp2 x tp2 init_from an HF model");
   const Trio from_ck{t.single, t.alt, fresh_dir("mt_pp_init_multi_ck")};

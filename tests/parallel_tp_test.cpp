@@ -135,7 +135,7 @@ TEST_P(TensorParallelVsSingle, LossesAndParametersMatch) {
   const Case& c = GetParam();
   const Trio t = fresh_trio("mt_tp", c.name);
   run(kMegatrain + " train" + common(t.single, 4) + c.extra);
-  run(kMegatrain + " train" + common(t.alt, 4) + c.extra + reordered(4, common(t.alt, 4) + c.extra));
+  run_twin(4, common(t.alt, 4) + c.extra);
   run(kMegatrain + " launch --nproc " + std::to_string(2 * c.dp) + " -- train" + common(t.multi, 4 / c.dp) +
       " --parallel.tp=2 --parallel.dp=" + std::to_string(c.dp) + c.extra);
   expect_equivalent(t, "tp2 " + c.name);
@@ -166,7 +166,7 @@ TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
   std::string a = fresh_dir("mt_tp_resume_a"), b = fresh_dir("mt_tp_resume_b"), c = fresh_dir("mt_tp_resume_c");
   std::string alt = fresh_dir("mt_tp_resume_alt");
   run(kMegatrain + " train" + common(a, 4) + x);
-  run(kMegatrain + " train" + common(alt, 4) + x + reordered(4, common(alt, 4) + x));
+  run_twin(4, common(alt, 4) + x);
   run(kMegatrain + " launch --nproc 2 -- train" + common(b, 4) + x +
       " --parallel.tp=2 --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(b + "/metrics.jsonl");
@@ -188,7 +188,7 @@ TEST(TensorParallel, InitFromAnHfGpt2MatchesOneProcess) {
   const Trio t = fresh_trio("mt_tp_init", "gpt2");
   const std::string from_hf = " --model.init_from=" + hf + "/model.safetensors";
   run(kMegatrain + " train" + common(t.single, 4) + from_hf);
-  run(kMegatrain + " train" + common(t.alt, 4) + from_hf + reordered(4, common(t.alt, 4) + from_hf));
+  run_twin(4, common(t.alt, 4) + from_hf);
   run(kMegatrain + " launch --nproc 4 -- train" + common(t.multi, 2) + from_hf + " --parallel.tp=2 --parallel.dp=2");
   expect_equivalent(t, "dp2 x tp2 init_from an HF GPT-2");
   EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05) << "the run did not start from the source's weights";

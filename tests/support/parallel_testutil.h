@@ -59,6 +59,12 @@ inline std::string step3(const std::string& out) { return out + "/ckpt/step_0000
 // Runs a command (output discarded); it must succeed.
 inline void run(const std::string& cmd) { ASSERT_EQ(std::system((cmd + " > /dev/null 2>&1").c_str()), 0) << cmd; }
 
+// Runs the reordered twin (noise_floor.h, reordered) of the one-process run with these flags: the noise floor of
+// that run's numbers. It must succeed.
+inline void run_twin(int batch, const std::string& flags) {
+  run(kMegatrain + " train" + flags + reordered(batch, flags));
+}
+
 // Runs a command that must fail and returns what it printed (stdout and stderr, kept in `log`).
 inline std::string failing_output(const std::string& cmd, const std::string& log, const std::string& what) {
   int rc = std::system((cmd + " > " + log + " 2>&1").c_str());
