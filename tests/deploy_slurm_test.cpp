@@ -165,10 +165,7 @@ class SlurmJob : public ::testing::Test {
  protected:
   void SetUp() override {
     prepare_launch_data();
-    dir_ = fs::path(temp_root()) /
-           ("mt-slurm-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = case_dir("mt-slurm-");
   }
   void TearDown() override {
     cluster_.reset();  // the daemons first, then the hosts they ran on

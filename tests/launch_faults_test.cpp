@@ -21,10 +21,7 @@ class LaunchFaults : public ::testing::Test {
  protected:
   void SetUp() override {
     mt::test::prepare_launch_data();
-    dir_ = fs::path(mt::test::temp_root()) /
-           ("mt-faults-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = mt::test::case_dir("mt-faults-");
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);

@@ -40,10 +40,7 @@ class LaunchNodes : public ::testing::Test {
  protected:
   void SetUp() override {
     prepare_launch_data();
-    dir_ = fs::path(temp_root()) /
-           ("mt-nodes-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = case_dir("mt-nodes-");
     ::setenv("MEGATRAIN_STORE_SECRET", "0123456789abcdef0123456789abcdef", 1);
   }
   void TearDown() override {

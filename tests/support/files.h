@@ -40,6 +40,16 @@ inline std::string fresh_dir(const std::string& name) {
   return d;
 }
 
+// `temp_root()/<prefix><the running case's name>`, emptied and created: a fixture's folder for one case, kept for
+// a look when the case fails (the fixture decides).
+inline std::filesystem::path case_dir(const std::string& prefix) {
+  const std::filesystem::path d = std::filesystem::path(temp_root()) /
+                                  (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
 // A fresh, empty folder of its own, removed with its contents when it goes out of scope: under the build tree,
 // `test-scratch/<Suite.Case>-XXXXXX` (mkdtemp: unique among the test processes ctest runs at once, the same case
 // under two BLAS kernels included). Ranks forked by a test leave with _exit and never remove it.
