@@ -44,7 +44,7 @@ using mt::test::fresh_dir;
 using mt::test::kMegatrain;
 const std::string& kData = mt::test::kGpt2Brown;
 
-bool has(const std::string& msg, const std::string& part) { return msg.find(part) != std::string::npos; }
+using mt::test::has;
 
 TEST(FiniteScan, FindsTheFirstNonFiniteValueAnywhere) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();

@@ -27,10 +27,9 @@ extern char** environ;
 
 namespace robust_test {
 
+using mt::test::has;
 using mt::test::kMegatrain;
 using mt::test::slurp;
-
-inline bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 inline void prepare() { mt::test::prepare_small_brown(); }
 

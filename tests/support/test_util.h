@@ -28,6 +28,9 @@ std::string error_of(F&& f) {
   return "<no error>";
 }
 
+// Whether `part` occurs in `text` (a message, a log).
+inline bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 // The vocabulary of the small BPE that the multi-process tests train with (prepare_brown_once with vocab): GPT-2's
 // 50,257 tokens make the tiny test model's embedding, LM head and logits 98% of its weights and most of its work
 // (at d_model 64 and 32 tokens per sequence). With 1,024 tokens a 4-rank run took half the CPU time (2.2 s against
