@@ -29,7 +29,7 @@
 #include "megatrain/comm/mesh.h"
 #include "megatrain/comm/store.h"
 // The server processes the multi-process tests use (free port, killed with this process).
-#include "../tests/comm_servers.h"
+#include "../tests/support/comm_servers.h"
 
 using namespace mt;
 using nlohmann::json;

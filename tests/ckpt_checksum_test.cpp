@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt_testutil.h"
+#include "support/ckpt_testutil.h"
 #include "megatrain/ckpt/checksum.h"
 #include "megatrain/core/rng.h"
 

@@ -26,7 +26,11 @@
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/reader.h"
 #include "megatrain/train/ckpt_async.h"
-#include "parallel_testutil.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/parallel_testutil.h"
+#include "support/small_job.h"
 
 using namespace mt;
 using namespace ptest;
@@ -35,11 +39,16 @@ namespace {
 
 // A small GPT for `steps` steps; every run of a comparison shares these flags.
 std::string args(const std::string& out, int steps, const std::string& extra) {
-  return " --data.dir=" + kData + " --train.out_dir=" + out + " " + mt::test::kSmallVocabFlag +
-         " --model.n_layer=2 --model.d_model=64 --model.n_head=4 --model.max_seq_len=32 --data.seq_len=32"
-         " --optim.lr=3e-3 --optim.warmup_steps=2 --train.eval_every=0 --sample.tokens=0 --train.log_every=100"
-         " --train.threads=1 --parallel.bucket_mb=1 --train.peak_tflops=1 --ckpt.keep_last=10 --train.steps=" +
-         std::to_string(steps) + extra;
+  return mt::test::SmallJob(out)
+      .model(2, 64, 4, 32)
+      .unset("data.batch_size")
+      .log_every(100)
+      .set("parallel.bucket_mb", 1)
+      .set("train.peak_tflops", 1)
+      .set("ckpt.keep_last", 10)
+      .steps(steps)
+      .with(extra)
+      .line();
 }
 
 // "step:loss_exact" of every train line of a run.
@@ -54,14 +63,7 @@ std::vector<std::string> tail_after(const std::vector<std::string>& v, int after
 }
 
 std::vector<nlohmann::json> events(const std::string& out) {
-  std::vector<nlohmann::json> ev;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "checkpoint_event") ev.push_back(j);
-  }
-  return ev;
+  return mt::test::metrics_of(out + "/metrics.jsonl", "checkpoint_event");
 }
 
 bool has_event(const std::string& out, int step, const std::string& stage) {
@@ -70,10 +72,7 @@ bool has_event(const std::string& out, int step, const std::string& stage) {
   return false;
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
+using mt::test::slurp;
 
 // Every tensor of two checkpoints equal byte for byte.
 void expect_same_tensors(const std::string& a, const std::string& b) {
@@ -94,7 +93,7 @@ struct Layout {
 };
 
 std::string launcher(int nproc) {
-  return nproc == 1 ? kBin + " train" : kBin + " launch --nproc " + std::to_string(nproc) + " -- train";
+  return nproc == 1 ? kMegatrain + " train" : kMegatrain + " launch --nproc " + std::to_string(nproc) + " -- train";
 }
 
 // ---- async == sync, across layouts
@@ -172,7 +171,7 @@ TEST(FastCheckpoint, KillDuringStage2LeavesThePreviousCheckpointCurrent) {
   ::kill(pid, SIGKILL);
   int st = 0;
   ::waitpid(pid, &st, 0);
-  ASSERT_TRUE(reached) << read_all(out + ".log");
+  ASSERT_TRUE(reached) << slurp(out + ".log");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the ranks die with the launcher
   const std::string root = out + "/ckpt";
   EXPECT_FALSE(has_event(out, 4, "committed"));
@@ -211,7 +210,7 @@ TEST(FastCheckpoint, FullDiskInStage2IsAnEventAndTrainingGoesOn) {
   const std::string flags = " --data.batch_size=2 --parallel.dp=2 --ckpt.every=2 --ckpt.save_final=false"
                             " --ckpt.keep_last=5 --ckpt.resume=none --model.vocab_size=50257 --ckpt.dir=" + root;
   const int rc = std::system((launcher(2) + args(out, 6, flags) + " > " + log + " 2>&1").c_str());
-  const std::string text = read_all(log);
+  const std::string text = slurp(log);
   EXPECT_EQ(rc, 0) << text;
   // Every step ran; step 2 was committed; step 4 failed (the disk is full) as an event and a log line.
   EXPECT_EQ(step_losses_of(out).size(), 6u) << text;
@@ -227,7 +226,7 @@ TEST(FastCheckpoint, FullDiskInStage2IsAnEventAndTrainingGoesOn) {
                       "now)"), std::string::npos) << text;
   // No "checkpoint" (committed) line for it in the metrics, and latest names the last complete checkpoint.
   for (const std::string& l : {std::string("\"kind\":\"checkpoint\",\"step\":4")})
-    EXPECT_EQ(read_all(out + "/metrics.jsonl").find(l), std::string::npos);
+    EXPECT_EQ(slurp(out + "/metrics.jsonl").find(l), std::string::npos);
   EXPECT_EQ(*find_latest(root), root + "/step_00000002");
   Checkpoint::load(root);
 }
@@ -245,7 +244,7 @@ TEST(FastCheckpoint, PeerSnapshotRestoreAfterKillingOneRankIsBitIdentical) {
   const int rc = std::system((launcher(2) + args(out, 10, flags + " --ckpt.every=4 --ckpt.resume=none") + " > " +
                               out + ".log 2>&1").c_str());
   ::unsetenv("MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT");
-  const std::string text = read_all(out + ".log");
+  const std::string text = slurp(out + ".log");
   ASSERT_NE(rc, 0) << text;
   EXPECT_EQ(*find_latest(out + "/ckpt"), out + "/ckpt/step_00000004") << text;
   EXPECT_NE(text.find("peer snapshot: wrote its predecessor's snapshot"), std::string::npos) << text;
@@ -255,10 +254,10 @@ TEST(FastCheckpoint, PeerSnapshotRestoreAfterKillingOneRankIsBitIdentical) {
   fs::remove(out + "/metrics.jsonl");
   const std::string log2 = out + ".restart.log";
   ASSERT_EQ(std::system((launcher(2) + args(out, 10, flags + " --ckpt.every=4 --ckpt.resume=auto") + " > " + log2 +
-                         " 2>&1").c_str()), 0) << read_all(log2);
-  const std::string t2 = read_all(log2);
+                         " 2>&1").c_str()), 0) << slurp(log2);
+  const std::string t2 = slurp(log2);
   EXPECT_NE(t2.find("from the peer snapshots"), std::string::npos) << t2;
-  auto m = nlohmann::json::parse(read_all(out + "/metrics.jsonl").substr(0, read_all(out + "/metrics.jsonl").find('\n')));
+  auto m = nlohmann::json::parse(slurp(out + "/metrics.jsonl").substr(0, slurp(out + "/metrics.jsonl").find('\n')));
   const int start = m["start_step"].get<int>();
   EXPECT_TRUE(start == 6 || start == 7) << t2;
   // Bit-identical: the recovered checkpoint holds what the disk save of that step wrote, and the losses after it
@@ -309,8 +308,8 @@ TEST(FastCheckpoint, CorruptNewestCheckpointFallsBackWithAWarning) {
   fs::remove(out + "/metrics.jsonl");
   const std::string log = out + ".resume.log";
   ASSERT_EQ(std::system((launcher(2) + args(out, 8, flags + " --ckpt.resume=auto") + " > " + log + " 2>&1").c_str()),
-            0) << read_all(log);
-  const std::string text = read_all(log);
+            0) << slurp(log);
+  const std::string text = slurp(log);
   EXPECT_NE(text.find("skipping checkpoint " + out + "/ckpt/step_00000006"), std::string::npos) << text;
   EXPECT_NE(text.find("shard-pp0-tp0-dp1.safetensors' fails its checksum"), std::string::npos) << text;
   EXPECT_NE(text.find("falling back to " + out + "/ckpt/step_00000004"), std::string::npos) << text;

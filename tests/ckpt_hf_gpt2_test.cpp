@@ -7,7 +7,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "ckpt_testutil.h"
+#include "support/ckpt_testutil.h"
+#include "support/files.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/ckpt/hf_gpt2.h"
 #include "megatrain/ckpt/model_weights.h"
@@ -407,7 +408,7 @@ TEST(ConfigJson, RoundTripAndStrictKeys) {
 TEST(ModelWeights, LoadsFromHfFilesAndCheckpoints) {
   ScratchDir dir;
   HfModel m = tiny_hf();
-  std::filesystem::create_directories(dir.path / "hf");
+  std::filesystem::create_directories(dir / "hf");
   write_text(dir / "hf/config.json", R"({"model_type": "gpt2", "n_head": 2})");
   ModelConfig c = tiny_cfg();
   write_hf(dir / "hf/model.safetensors", m);

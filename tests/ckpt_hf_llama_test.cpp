@@ -11,7 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "ckpt_testutil.h"
+#include "support/ckpt_testutil.h"
+#include "support/files.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/ckpt/hf_llama.h"
 #include "megatrain/ckpt/hf_model.h"

@@ -7,7 +7,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "ckpt_testutil.h"
+#include "support/ckpt_testutil.h"
+#include "support/files.h"
 #include "megatrain/ckpt/safetensors.h"
 
 using namespace mt;
@@ -264,7 +265,7 @@ TEST(Safetensors, RefusesTruncatedAndMalformedLengths) {
   write_bytes(p, big);
   EXPECT_ERROR_HAS(SafetensorsFile::open(p), p.c_str(), "implausible");
   EXPECT_ERROR_HAS(SafetensorsFile::open(dir / "missing.safetensors"), "cannot open", "missing.safetensors");
-  EXPECT_ERROR_HAS(SafetensorsFile::open(dir.path.string()), "not a regular file");
+  EXPECT_ERROR_HAS(SafetensorsFile::open(dir.path), "not a regular file");
 }
 
 TEST(Safetensors, ToF32ConvertsHalfFormats) {

@@ -8,7 +8,9 @@
 #include <set>
 
 #include "megatrain/ckpt/reader.h"
-#include "parallel_testutil.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/parallel_testutil.h"
 
 using namespace mt;
 using namespace ptest;
@@ -23,10 +25,10 @@ TEST(ShardedCheckpoint, ParallelRunSavesPerRankFilesAndResumesUnderAnyLayout) {
   std::string c = fresh_dir("mt_shard_c"), d = fresh_dir("mt_shard_d"), e = fresh_dir("mt_shard_e");
   std::string alt = fresh_dir("mt_shard_alt");
   const std::string dp2tp2 = " --parallel.dp=2 --parallel.tp=2 --ckpt.every=3 --ckpt.save_final=false";
-  run(kBin + " train" + common(a, 4));
-  run(kBin + " train" + common(alt, 4) + reordered(4, common(alt, 4)));  // the noise floor of a's losses
-  run(kBin + " launch --nproc 4 -- train" + common(b, 2) + dp2tp2);
-  run(kBin + " launch --nproc 4 -- train" + common(g, 2) + dp2tp2 + " --ckpt.sharded=false");
+  run(kMegatrain + " train" + common(a, 4));
+  run_twin(4, common(alt, 4));  // the noise floor of a's losses
+  run(kMegatrain + " launch --nproc 4 -- train" + common(b, 2) + dp2tp2);
+  run(kMegatrain + " launch --nproc 4 -- train" + common(g, 2) + dp2tp2 + " --ckpt.sharded=false");
 
   // One file per rank and the manifest, nothing else.
   const std::string dir = step3(b);
@@ -62,9 +64,9 @@ TEST(ShardedCheckpoint, ParallelRunSavesPerRankFilesAndResumesUnderAnyLayout) {
   }
 
   // Resumed at step 3: on the same layout, in one process, and under pp=2 x tp=2.
-  run(kBin + " launch --nproc 4 -- train" + common(c, 2) + " --parallel.dp=2 --parallel.tp=2 --ckpt.resume=" + dir);
-  run(kBin + " train" + common(d, 4) + " --ckpt.resume=" + dir);
-  run(kBin + " launch --nproc 4 -- train" + common(e, 1) +
+  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 2) + " --parallel.dp=2 --parallel.tp=2 --ckpt.resume=" + dir);
+  run(kMegatrain + " train" + common(d, 4) + " --ckpt.resume=" + dir);
+  run(kMegatrain + " launch --nproc 4 -- train" + common(e, 1) +
       " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4 --ckpt.resume=" + dir);
   expect_resumed_tail(a, alt, {c, d, e}, "sharded dp2xtp2 resume");
   // The final checkpoints of parallel runs are sharded too; a single-process tool reads them whole.

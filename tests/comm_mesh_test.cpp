@@ -1,8 +1,9 @@
 // The 3D mesh: rank <-> (dp, pp, tp) in Megatron's order, layout checks, and the groups each rank gets.
 #include <gtest/gtest.h>
 
-#include "comm_fork_util.h"
-#include "test_util.h"
+#include "support/comm_fork_util.h"
+#include "support/files.h"
+#include "support/test_util.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/comm/mesh.h"
 
@@ -13,7 +14,7 @@ void PrintTo(const MeshShape& s, std::ostream* os) { *os << "dp" << s.dp << " pp
 
 using namespace mt;
 using comm_test::run_procs;
-using comm_test::TempDir;
+using mt::test::ScratchDir;
 
 namespace {
 
@@ -55,14 +56,14 @@ TEST(Mesh, BadLayoutsAreRefused) {
   EXPECT_EQ(error_of([] { check_mesh({-1, 1, 1}, 1); }), "parallel.dp must be >= 1, got -1");
   EXPECT_NE(error_of([] { mesh_coord({2, 2, 2}, 8); }).find("rank 8 out of range"), std::string::npos);
   EXPECT_NE(error_of([] { mesh_rank({2, 2, 2}, {0, 2, 0}); }).find("outside the mesh"), std::string::npos);
-  TempDir dir;
+  ScratchDir dir;
   auto store = make_file_store(dir.path);
   EXPECT_NE(error_of([&] { DeviceMesh m(*store, {1, 1, 2}, 2); }).find("rank 2 out of range"), std::string::npos);
   EXPECT_NE(error_of([&] { DeviceMesh m(*store, {1, 1, 0}, 0); }).find("parallel.tp must be >= 1"), std::string::npos);
 }
 
 TEST(Mesh, SingleProcessMeshHasOnlyLocalGroups) {
-  TempDir dir;
+  ScratchDir dir;
   auto store = make_file_store(dir.path);
   DeviceMesh m(*store, {1, 1, 1}, 0);
   EXPECT_EQ(m.tp().size() + m.dp().size() + m.pp().size(), 3);
@@ -122,7 +123,7 @@ void mesh_child(const std::string& dir, MeshShape s, int rank) {
 class MeshGroups : public ::testing::TestWithParam<MeshShape> {};
 
 TEST_P(MeshGroups, ContainTheRightGlobalRanks) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   MeshShape s = GetParam();
   EXPECT_EQ(run_procs(s.world(), [&](int r) { mesh_child(path, s, r); }), "");
@@ -134,7 +135,7 @@ INSTANTIATE_TEST_SUITE_P(World8, MeshGroups, ::testing::ValuesIn(shapes_of(8)),
                          });
 
 TEST(Mesh, GroupNamesSayWhoIsInThem) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   auto report = run_procs(8, [&](int r) {
     auto store = make_file_store(path);

@@ -14,17 +14,16 @@
 
 #include <gtest/gtest.h>
 
-#include "net_hosts.h"
-#include "parallel_testutil.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/net_hosts.h"
+#include "support/parallel_testutil.h"
 
 using namespace ptest;
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
+using mt::test::slurp;
 
 TEST(MultiNode, TwoNamespacesTrainLikeOneProcess) {
   mt::test::NetHosts nodes(2);
@@ -34,8 +33,8 @@ TEST(MultiNode, TwoNamespacesTrainLikeOneProcess) {
   prepare();
   const Trio t = fresh_trio("mt_netns", "dp2_tp2");
   const std::string eps = " --optim.eps=1e-6";  // as the tp tests: keeps Adam's ~0-gradient noise still
-  run(kBin + " train" + common_args(t.single, 4, 2, eps));
-  run(kBin + " train" + common_args(t.alt, 4, 2, eps) + reordered(4, common_args(t.alt, 4, 2, eps)));
+  run(kMegatrain + " train" + common_args(t.single, 4, 2, eps));
+  run_twin(4, common_args(t.alt, 4, 2, eps));
 
   // Both launchers start at once, each in its namespace, with the same secret; `timeout` bounds a hang.
   const std::string secret = "netns-test-secret-" + std::to_string(::getpid()) + "-0123456789";
@@ -43,7 +42,7 @@ TEST(MultiNode, TwoNamespacesTrainLikeOneProcess) {
   // A short store and group timeout: a job that cannot connect fails in 30 s rather than 120.
   auto node_cmd = [&](int node) {
     const std::string log = logs + std::to_string(node);
-    return "timeout 300 ip netns exec " + nodes.netns(node) + " env MEGATRAIN_STORE_SECRET=" + secret + " " + kBin +
+    return "timeout 300 ip netns exec " + nodes.netns(node) + " env MEGATRAIN_STORE_SECRET=" + secret + " " + kMegatrain +
            " launch --nproc 2 --nnodes 2 --node-rank " + std::to_string(node) + " --master " + nodes.address(0) +
            ":29500 -- train" +
            common_args(t.multi, 2, 2, eps) + " --parallel.dp=2 --parallel.tp=2 --parallel.timeout_s=30 > " + log +

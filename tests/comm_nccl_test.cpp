@@ -10,15 +10,16 @@
 #include <algorithm>
 #include <vector>
 
-#include "comm_fork_util.h"
-#include "test_util.h"
+#include "support/comm_fork_util.h"
+#include "support/files.h"
+#include "support/test_util.h"
 #include "megatrain/core/bf16.h"
 #include "megatrain/comm/cuda/nccl_group.h"
 #include "megatrain/comm/store.h"
 
 using namespace mt;
 using comm_test::run_procs;
-using comm_test::TempDir;
+using mt::test::ScratchDir;
 
 namespace {
 
@@ -106,7 +107,7 @@ GroupOptions quick(int ms = 30000) {
 
 TEST(NcclGroup, SingleRankCollectivesOnDevice) {
   REQUIRE_GPUS(1);
-  TempDir dir;
+  ScratchDir dir;
   std::string err = run_procs({0}, [&](int) {
     Dev dev(0);
     auto store = make_file_store(dir.path);
@@ -152,7 +153,7 @@ TEST(NcclGroup, SingleRankCollectivesOnDevice) {
 
 TEST(NcclGroup, RejectsWhatItCannotDo) {
   REQUIRE_GPUS(1);
-  TempDir dir;
+  ScratchDir dir;
   std::string err = run_procs({0}, [&](int) {
     Dev dev(0);
     auto store = make_file_store(dir.path);
@@ -178,7 +179,7 @@ TEST(NcclGroup, RejectsWhatItCannotDo) {
 
 TEST(NcclGroup, MissingRanksAreNamedAfterTheTimeout) {
   REQUIRE_GPUS(1);
-  TempDir dir;
+  ScratchDir dir;
   std::string err = run_procs({0}, [&](int) {
     Dev dev(0);
     auto store = make_file_store(dir.path);
@@ -197,7 +198,7 @@ TEST(NcclGroup, MissingRanksAreNamedAfterTheTimeout) {
 // Group ranks 0, 1 are global ranks 1, 3 (a mix-up of group and global ranks shows); group rank i uses GPU i.
 TEST(NcclGroup, TwoRanksCollectives) {
   REQUIRE_GPUS(2);
-  TempDir dir;
+  ScratchDir dir;
   std::string err = run_procs({0, 1}, [&](int r) {
     Dev dev(r);
     auto store = make_file_store(dir.path);
@@ -246,7 +247,7 @@ TEST(NcclGroup, TwoRanksCollectives) {
 // early receives would block the sends for ever; the per-direction channels must not. Messages arrive in order.
 TEST(NcclGroup, TwoRanksSendRecvBothWays) {
   REQUIRE_GPUS(2);
-  TempDir dir;
+  ScratchDir dir;
   std::string err = run_procs({0, 1}, [&](int r) {
     Dev dev(r);
     auto store = make_file_store(dir.path);

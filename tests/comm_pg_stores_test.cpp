@@ -11,8 +11,9 @@
 
 #include <fmt/format.h>
 
-#include "comm_fork_util.h"
-#include "comm_servers.h"
+#include "support/comm_fork_util.h"
+#include "support/comm_servers.h"
+#include "support/files.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/comm/process_group.h"
 #include "megatrain/comm/store.h"
@@ -82,10 +83,10 @@ TEST_P(GroupsOverStore, MeshAndWorldGroupCollectivesAreCorrect) {
   // The servers live in processes of their own; only this process's children (the ranks) use them.
   std::unique_ptr<comm_test::TcpServerProcess> tcp;
   std::unique_ptr<comm_test::RedisServer> redis;
-  std::unique_ptr<comm_test::TempDir> dir;
+  std::unique_ptr<mt::test::ScratchDir> dir;
   std::string url;
   if (kind == "file") {
-    dir = std::make_unique<comm_test::TempDir>();
+    dir = std::make_unique<mt::test::ScratchDir>();
     url = "file://" + dir->path;
   } else if (kind == "tcp") {
     tcp = std::make_unique<comm_test::TcpServerProcess>();

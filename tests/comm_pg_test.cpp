@@ -17,8 +17,9 @@
 #include <iterator>
 #include <thread>
 
-#include "comm_fork_util.h"
-#include "test_util.h"
+#include "support/comm_fork_util.h"
+#include "support/files.h"
+#include "support/test_util.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/stop_request.h"
 #include "megatrain/comm/mesh.h"
@@ -27,7 +28,7 @@
 
 using namespace mt;
 using comm_test::run_procs;
-using comm_test::TempDir;
+using mt::test::ScratchDir;
 
 namespace {
 
@@ -86,7 +87,7 @@ std::unique_ptr<ProcessGroup> join_group(const std::string& dir, int n, int i, c
 // ---------------------------------------------------------------------------------------------------- file store
 
 TEST(FileStore, SetGetCheckRemoveAdd) {
-  TempDir dir;
+  ScratchDir dir;
   auto s = make_file_store(dir.path + "/sub/dir");  // created on demand
   EXPECT_FALSE(s->check("a/b[0-1]"));
   std::string binary("x\0y\n\xff", 5);
@@ -116,7 +117,7 @@ TEST(FileStore, SetGetCheckRemoveAdd) {
 }
 
 TEST(FileStore, PrefixedStoreNamespacesKeys) {
-  TempDir dir;
+  ScratchDir dir;
   auto s = make_file_store(dir.path);
   auto p = prefixed_store(*s, "run7");
   p->set("k", "v");
@@ -130,7 +131,7 @@ TEST(FileStore, PrefixedStoreNamespacesKeys) {
 }
 
 TEST(FileStore, GetWaitsForALaterSet) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   auto report = run_procs(2, [&](int rank) {
     auto s = make_file_store(path);
@@ -145,7 +146,7 @@ TEST(FileStore, GetWaitsForALaterSet) {
 }
 
 TEST(FileStore, ConcurrentAddsFromProcessesAndThreadsLoseNothing) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   const int procs = 4, threads = 2, adds = 100;
   auto report = run_procs(procs, [&](int) {
@@ -261,7 +262,7 @@ void collectives_child(const std::string& dir, int n, int i) {
 class Collectives : public ::testing::TestWithParam<int> {};
 
 TEST_P(Collectives, MatchNaiveReduction) {
-  TempDir dir;
+  ScratchDir dir;
   const int n = GetParam();
   std::string path = dir.path;
   EXPECT_EQ(run_procs(n, [&](int i) { collectives_child(path, n, i); }), "");
@@ -270,7 +271,7 @@ TEST_P(Collectives, MatchNaiveReduction) {
 INSTANTIATE_TEST_SUITE_P(Sizes, Collectives, ::testing::Values(2, 3, 4));
 
 TEST(GlooGroup, ManyQueuedCollectivesCompleteInIssueOrder) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   const int n = 3, ops = 60;
   auto report = run_procs(n, [&](int i) {
@@ -299,7 +300,7 @@ TEST(GlooGroup, ManyQueuedCollectivesCompleteInIssueOrder) {
 }
 
 TEST(GlooGroup, CollectiveProgressesWhileCallerComputes) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   auto report = run_procs(2, [&](int i) {
     auto g = join_group(path, 2, i);
@@ -327,7 +328,7 @@ TEST(GlooGroup, CollectiveProgressesWhileCallerComputes) {
 // ---------------------------------------------------------------------------------------------------- point to point
 
 TEST(GlooGroup, SendRecvBothDirectionsWithEarlyReceives) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   const int n = 4, micro = 4, len = 20000;
   // A pipeline: stage s receives activations from s-1 and gradients from s+1, and sends the other way. Every receive
@@ -370,7 +371,7 @@ TEST(GlooGroup, SendRecvBothDirectionsWithEarlyReceives) {
 }
 
 TEST(GlooGroup, PointToPointIsNotQueuedBehindCollectives) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   // Rank 0 queues an allreduce and then needs a message that rank 1 sends *before* joining that allreduce. Were
   // send/recv serialised behind collectives, rank 0's receive would wait for the allreduce, which waits for rank 1,
@@ -396,7 +397,7 @@ TEST(GlooGroup, PointToPointIsNotQueuedBehindCollectives) {
 // ---------------------------------------------------------------------------------------------------- failures
 
 TEST(GlooGroup, MissingPeerTimesOutNamingIt) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   // Global ranks 4, 5, 6, 7; rank 6 never comes.
   auto report = run_procs({4, 5, 7}, [&](int me) {
@@ -413,7 +414,7 @@ TEST(GlooGroup, MissingPeerTimesOutNamingIt) {
 
 // A supervisor restarts on a lost peer or a timeout (exit codes 22 and 21), so a failed op must say which it was.
 TEST(GlooGroup, FailuresSayWhetherAPeerWentAwayOrTimedOut) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   auto report = run_procs(2, [&](int i) {
     auto store = make_file_store(path);
@@ -435,7 +436,7 @@ TEST(GlooGroup, FailuresSayWhetherAPeerWentAwayOrTimedOut) {
     MT_CHECK(kind == ErrorKind::PeerLost, "a dead peer gave kind '{}': {}", kind_name(kind), msg);
   });
   EXPECT_EQ(report, "");
-  TempDir dir2;
+  ScratchDir dir2;
   std::string path2 = dir2.path;
   report = run_procs({4, 5}, [&](int me) {
     auto store = make_file_store(path2);
@@ -454,7 +455,7 @@ TEST(GlooGroup, FailuresSayWhetherAPeerWentAwayOrTimedOut) {
 // naming the op, where they would otherwise wait out the group's 60 s timeout. Nothing in the test waits for that
 // timeout: the waiter leaves with _exit while the group's thread is still blocked, as the trainer does.
 TEST(GlooGroup, AnAbandonedWaitFailsAtOnceAsALostPeer) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   auto report = run_procs(2, [&](int i) {
     auto g = join_group(path, 2, i, quick(60000));
@@ -496,7 +497,7 @@ TEST(GlooGroup, AnAbandonedWaitFailsAtOnceAsALostPeer) {
 }
 
 TEST(GlooGroup, UnmatchedReceiveFailsNamingThePeer) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   auto report = run_procs(2, [&](int i) {
     // The recv's timeout; the rendezvous must also fit in it, hence not shorter.
@@ -522,7 +523,7 @@ TEST(GlooGroup, UnmatchedReceiveFailsNamingThePeer) {
 // SIGABRT. Now each rank either fails its op with an mt::Error or exits 1 with a line naming the group and the op in
 // flight; neither is killed by a signal.
 TEST(GlooGroup, MismatchedCollectiveSizesAreAnErrorNotAnAbort) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   auto report = run_procs(2, [&](int i) {
     // This rank's stderr goes to a file the parent reads: the handler's line is written there before it exits.
@@ -535,10 +536,7 @@ TEST(GlooGroup, MismatchedCollectiveSizesAreAnErrorNotAnAbort) {
     g->barrier()->wait();
   });
   std::string errs;
-  for (int i = 0; i < 2; ++i) {
-    std::ifstream f(fmt::format("{}/stderr{}", path, i));
-    errs += std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  }
+  for (int i = 0; i < 2; ++i) errs += mt::test::slurp(fmt::format("{}/stderr{}", path, i));
   EXPECT_EQ(report.find("killed by signal"), std::string::npos) << report << errs;
   EXPECT_NE(report, "") << "mismatched sizes went through unnoticed";
   // Both ranks fail (the peer of a failed rank loses its connection); at least one names the collective and group.
@@ -548,7 +546,7 @@ TEST(GlooGroup, MismatchedCollectiveSizesAreAnErrorNotAnAbort) {
 // Item 6: Gloo publishes its addresses as raw copies of a sockaddr_storage whose bytes past the address are whatever
 // the stack held (the issue saw pointers). In the store, every byte past the sockaddr must be zero.
 TEST(GlooGroup, PublishedAddressesCarryNothingButTheAddress) {
-  TempDir dir;
+  ScratchDir dir;
   std::string path = dir.path;
   auto report = run_procs(3, [&](int i) {
     auto g = join_group(path, 3, i);
@@ -578,7 +576,7 @@ TEST(GlooGroup, PublishedAddressesCarryNothingButTheAddress) {
 }
 
 TEST(GlooGroup, BadArgumentsAreRefused) {
-  TempDir dir;
+  ScratchDir dir;
   auto store = make_file_store(dir.path);
   EXPECT_NE(error_of([&] { make_gloo_group(*store, "x", {0, 1}, 2); }).find("rank 2 is not a member"),
             std::string::npos);

@@ -26,9 +26,10 @@
 #include "megatrain/comm/env.h"
 #include "megatrain/comm/local_address.h"
 #include "megatrain/comm/store.h"
-#include "comm_fork_util.h"
-#include "comm_servers.h"
-#include "test_util.h"
+#include "support/comm_fork_util.h"
+#include "support/comm_servers.h"
+#include "support/files.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace std::chrono_literals;
@@ -554,7 +555,7 @@ TEST(StoreSecret, RandomSecretsDifferAndCompareCorrectly) {
 }
 
 TEST(StoreSecret, FileMustBePrivate) {
-  comm_test::TempDir dir;
+  mt::test::ScratchDir dir;
   const std::string path = dir.path + "/secret";
   { std::ofstream(path) << "abcdefghijklmnopqrstuvwxyz\n"; }
   ::chmod(path.c_str(), 0644);

@@ -9,11 +9,12 @@
 
 #include <map>
 
-#include "comm_servers.h"
-#include "launch_testutil.h"
+#include "support/comm_servers.h"
+#include "support/files.h"
+#include "support/launch_testutil.h"
 #include "megatrain/launch/dashboard.h"
-#include "test_util.h"
-#include "tls_testutil.h"
+#include "support/test_util.h"
+#include "support/tls_testutil.h"
 
 using namespace mt;
 using namespace mt::launch;
@@ -26,7 +27,7 @@ const fs::path kRules = fs::path(MT_SOURCE_DIR) / "deploy/prometheus/megatrain.r
 const fs::path kScrape = fs::path(MT_SOURCE_DIR) / "deploy/prometheus/scrape.yml";
 const fs::path kRulesTest = fs::path(MT_SOURCE_DIR) / "tests/prometheus/megatrain_rules_test.yml";
 
-fs::path fresh_dir(const std::string& name) {
+fs::path scrape_dir(const std::string& name) {
   const fs::path d = fs::path(temp_root()) / ("mt_prometheus_" + name);
   fs::remove_all(d);
   fs::create_directories(d);
@@ -121,7 +122,7 @@ TEST(Prometheus, TheShippedRulesPassTheirUnitTests) {
 
 TEST(Prometheus, ARealPrometheusScrapesTheDashboardOverHttpsWithItsToken) {
   require_prometheus();
-  const fs::path dir = fresh_dir("scrape");
+  const fs::path dir = scrape_dir("scrape");
   const TestCert tc = make_test_cert(dir, "dash");
   const std::string secret = "prometheus-reads-this-token";
   const std::string token = (dir / "token").string();

@@ -20,10 +20,13 @@
 #include <regex>
 #include <thread>
 
-#include "launch_testutil.h"
-#include "webhook_receiver.h"
-#include "net_hosts.h"
-#include "test_util.h"
+#include "support/files.h"
+#include "support/launch_testutil.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/webhook_receiver.h"
+#include "support/net_hosts.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace mt::test;
@@ -162,10 +165,7 @@ class SlurmJob : public ::testing::Test {
  protected:
   void SetUp() override {
     prepare_launch_data();
-    dir_ = fs::path(temp_root()) /
-           ("mt-slurm-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = case_dir("mt-slurm-");
   }
   void TearDown() override {
     cluster_.reset();  // the daemons first, then the hosts they ran on

@@ -2,7 +2,7 @@
 // against central finite differences of the reference forward.
 #include <limits>
 
-#include "kernels_testutil.h"
+#include "support/kernels_testutil.h"
 #include "megatrain/kernels/cpu/tile_gemm.h"
 #include "megatrain/kernels/ops.h"
 

@@ -4,7 +4,7 @@
 
 #include <limits>
 
-#include "kernels_testutil.h"
+#include "support/kernels_testutil.h"
 #include "megatrain/kernels/cpu/cpu_util.h"
 #include "megatrain/kernels/ops.h"
 

@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels_testutil.h"
+#include "support/kernels_testutil.h"
 #include "megatrain/core/bf16.h"
 #include "megatrain/core/buffer.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/ops.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 namespace mt {
 constexpr double kOneRounding = 5e-3;  // see the top of the file

@@ -27,8 +27,8 @@
 #include "megatrain/core/bf16.h"
 #include "megatrain/kernels/cuda/cudnn_attention.h"
 #include "megatrain/kernels/ops.h"
-#include "attention_testutil.h"
-#include "test_util.h"
+#include "support/attention_testutil.h"
+#include "support/test_util.h"
 
 namespace mt {
 namespace {

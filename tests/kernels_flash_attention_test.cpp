@@ -30,8 +30,8 @@
 #include "megatrain/kernels/cuda/flash_attention.h"
 #include "megatrain/kernels/cuda/flash_attention_kernels.h"
 #include "megatrain/kernels/ops.h"
-#include "attention_testutil.h"
-#include "test_util.h"
+#include "support/attention_testutil.h"
+#include "support/test_util.h"
 
 namespace mt {
 

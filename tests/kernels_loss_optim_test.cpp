@@ -6,7 +6,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels_testutil.h"
+#include "support/kernels_testutil.h"
 #include "megatrain/core/bf16.h"
 #include "megatrain/kernels/ops.h"
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels_testutil.h"
+#include "support/kernels_testutil.h"
 #include "megatrain/kernels/ops.h"
 
 using namespace mt;

@@ -27,6 +27,9 @@
 #include "megatrain/comm/store.h"
 #include "megatrain/launch/process_util.h"
 #include "megatrain/launch/rank_process.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
 
 extern char** environ;
 
@@ -61,21 +64,15 @@ const int kRankMode = [] {
   ::_exit(0);
 }();
 
-const std::string kMegatrain = std::string(MT_BINARY_DIR) + "/megatrain";
+using mt::test::kMegatrain;
+using mt::test::slurp;
 
 struct Result {
   int status = 0;
   std::string out, err;
   double seconds = 0;
-  int code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+  int code() const { return mt::test::shell_exit_code(status); }
 };
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 class LaunchTest : public ::testing::Test {
  protected:
@@ -392,12 +389,6 @@ TEST_F(LaunchTest, UsageErrors) {
 
 // ---- supervision: restarts, decided by exit codes (the policy's own decisions are in launch_supervisor_test) ----
 
-std::vector<nlohmann::json> events_of(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(p);
-  for (std::string l; std::getline(f, l);) out.push_back(nlohmann::json::parse(l));
-  return out;
-}
 std::vector<std::string> event_names(const std::vector<nlohmann::json>& ev) {
   std::vector<std::string> out;
   for (auto& e : ev) out.push_back(e["event"]);
@@ -414,7 +405,7 @@ TEST_F(LaunchTest, AFailedAttemptIsRestartedInAFreshStoreNamespaceAndTheJobFinis
   EXPECT_NE(r.out.find("[rank 1] ok 1 attempt-1"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("rank 1 (pid"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("exited with code 22"), std::string::npos) << r.err;
-  auto ev = events_of(events);
+  auto ev = mt::test::jsonl_lines(events);
   EXPECT_EQ(event_names(ev), (std::vector<std::string>{"started", "detected", "stopped", "restarting", "started",
                                                        "done"}));
   EXPECT_EQ(ev[1]["rank"], 1);
@@ -429,7 +420,8 @@ TEST_F(LaunchTest, ConfigDataAndCheckpointErrorsAreNotRestarted) {
                      "--", "/bin/sh", "-c", "[ \"$RANK\" = 0 ] && exit 10; sleep 30"});
   EXPECT_EQ(r.code(), 10) << r.err;
   EXPECT_NE(r.err.find("restarting cannot help"), std::string::npos) << r.err;
-  EXPECT_EQ(event_names(events_of(events)), (std::vector<std::string>{"started", "detected", "stopped", "gave_up"}));
+  EXPECT_EQ(event_names(mt::test::jsonl_lines(events)),
+            (std::vector<std::string>{"started", "detected", "stopped", "gave_up"}));
 }
 
 TEST_F(LaunchTest, AttemptsWithoutProgressEndTheJobWithTheDoNotRequeueCode) {
@@ -438,7 +430,7 @@ TEST_F(LaunchTest, AttemptsWithoutProgressEndTheJobWithTheDoNotRequeueCode) {
   Result r = launch({"launch", "--nproc", "1", "--max-restarts", "10", "--backoff", "0", "--no-progress-limit", "3",
                      "--events", events, "--exec", "--", "/bin/sh", "-c", "exit 22"});
   EXPECT_EQ(r.code(), 40) << r.err;
-  auto names = event_names(events_of(events));
+  auto names = event_names(mt::test::jsonl_lines(events));
   EXPECT_EQ(std::count(names.begin(), names.end(), "started"), 3);
   EXPECT_EQ(names.back(), "gave_up");
 }

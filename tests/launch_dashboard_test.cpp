@@ -10,13 +10,17 @@
 #include <regex>
 #include <set>
 
-#include "launch_testutil.h"
+#include "support/files.h"
+#include "support/launch_testutil.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/small_job.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/dashboard.h"
 #include "megatrain/launch/job_view.h"
 #include "megatrain/launch/status_text.h"
-#include "test_util.h"
-#include "tls_testutil.h"
+#include "support/test_util.h"
+#include "support/tls_testutil.h"
 
 using namespace mt;
 using namespace mt::launch;
@@ -512,16 +516,21 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   fs::permissions(token_file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
   // pp2 x tp2 on 4 ranks: two pipeline stages of two tensor-parallel ranks. The run is far longer than the test,
   // which ends it with SIGTERM once it has seen what it needs.
-  launcher_ = start_logged(
-      kMegatrain,
-      {"launch", "--nproc", "4", "--max-restarts", "1", "--events", events, "--dashboard", "127.0.0.1:0",
-       "--dashboard-token-file", token_file, "--",
-       "train", "--parallel.pp=2", "--parallel.tp=2", "--parallel.microbatches=2", "--parallel.tp_chunks=1",
-       "--model.n_layer=2", "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=32", "--data.seq_len=32",
-       "--data.batch_size=4", "--train.steps=100000", "--train.eval_every=0", "--sample.tokens=0",
-       "--train.log_every=1", "--train.threads=1", "--ckpt.every=0", "--ckpt.save_final=false",
-       kSmallVocabFlag, "--data.dir=" + kBrownData, "--train.out_dir=" + out},
-      (dir_ / "launch.log").string());
+  std::vector<std::string> args = {"launch", "--nproc", "4", "--max-restarts", "1", "--events", events,
+                                   "--dashboard", "127.0.0.1:0", "--dashboard-token-file", token_file, "--", "train"};
+  for (const std::string& f : SmallJob(out)
+                                  .model(2, 64, 2, 32)
+                                  .steps(100000)
+                                  .log_every(1)
+                                  .unset("optim.lr")
+                                  .unset("optim.warmup_steps")
+                                  .set("ckpt.every", 0)
+                                  .set("ckpt.save_final", "false")
+                                  .with({"--parallel.pp=2", "--parallel.tp=2", "--parallel.microbatches=2",
+                                         "--parallel.tp_chunks=1"})
+                                  .args())
+    args.push_back(f);
+  launcher_ = start_logged(kMegatrain, args, (dir_ / "launch.log").string());
 
   // The URL, from the launcher's event log.
   std::string url;

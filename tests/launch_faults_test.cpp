@@ -4,8 +4,11 @@
 // speed: the timeouts only guard against a test that would otherwise hang.
 #include <functional>
 
-#include "launch_testutil.h"
-#include "test_util.h"
+#include "support/files.h"
+#include "support/launch_testutil.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace mt::test;
@@ -14,17 +17,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kMegatrain = mt::test::kMegatrain;
-const std::string kData = mt::test::kBrownData;
-
 class LaunchFaults : public ::testing::Test {
  protected:
   void SetUp() override {
     mt::test::prepare_launch_data();
-    dir_ = fs::path(mt::test::temp_root()) /
-           ("mt-faults-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = mt::test::case_dir("mt-faults-");
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
@@ -38,16 +35,9 @@ class LaunchFaults : public ::testing::Test {
   std::vector<std::string> job(const std::string& out, std::vector<std::string> launch_opts) {
     std::vector<std::string> a = {"launch", "--nproc", "4"};
     a.insert(a.end(), launch_opts.begin(), launch_opts.end());
-    for (std::string s : {"--", "train", "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2",
-                          "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64", "--data.seq_len=32",
-                          "--data.batch_size=2",
-                          "--optim.lr=3e-3", "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",
-                          "--train.log_every=1", "--train.threads=1", "--train.steps=10", "--ckpt.every=2",
-                          "--ckpt.save_final=false", "--parallel.timeout_s=60", "--parallel.tp_chunks=1"})
-      a.push_back(s);
-    a.push_back(mt::test::kSmallVocabFlag);
-    a.push_back("--data.dir=" + kData);
-    a.push_back("--train.out_dir=" + out);
+    a.push_back("--");
+    a.push_back("train");
+    for (const std::string& f : dp2_tp2_job(out).args()) a.push_back(f);
     return a;
   }
 

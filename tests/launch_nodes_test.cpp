@@ -17,12 +17,15 @@
 #include <mutex>
 #include <set>
 
-#include "comm_servers.h"
-#include "launch_testutil.h"
-#include "webhook_receiver.h"
-#include "net_hosts.h"
-#include "test_util.h"
-#include "tls_testutil.h"
+#include "support/comm_servers.h"
+#include "support/files.h"
+#include "support/launch_testutil.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/webhook_receiver.h"
+#include "support/net_hosts.h"
+#include "support/test_util.h"
+#include "support/tls_testutil.h"
 
 using namespace mt;
 using namespace mt::test;
@@ -37,10 +40,7 @@ class LaunchNodes : public ::testing::Test {
  protected:
   void SetUp() override {
     prepare_launch_data();
-    dir_ = fs::path(temp_root()) /
-           ("mt-nodes-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = case_dir("mt-nodes-");
     ::setenv("MEGATRAIN_STORE_SECRET", "0123456789abcdef0123456789abcdef", 1);
   }
   void TearDown() override {
@@ -107,11 +107,8 @@ class LaunchNodes : public ::testing::Test {
   // The checkpoint the last attempt resumed from, and its step: the last `run` line of the job's metrics says.
   std::pair<fs::path, int> resumed_from() const {
     std::string dir;
-    std::ifstream f(out() + "/metrics.jsonl");
-    for (std::string l; std::getline(f, l);) {
-      auto j = nlohmann::json::parse(l, nullptr, false);
-      if (!j.is_discarded() && j.value("kind", "") == "run") dir = j.value("resumed_from", "");
-    }
+    for (const auto& j : events_of(out() + "/metrics.jsonl"))
+      if (j.value("kind", "") == "run") dir = j.value("resumed_from", "");
     int step = -1;
     if (auto at = dir.rfind("step_"); at != std::string::npos) step = std::atoi(dir.c_str() + at + 5);
     return {dir, step};

@@ -11,11 +11,15 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "launch_testutil.h"
-#include "webhook_receiver.h"
+#include "support/files.h"
+#include "support/launch_testutil.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/small_job.h"
+#include "support/webhook_receiver.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/notifier.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace mt::launch;
@@ -306,15 +310,21 @@ TEST(LaunchNotify, AJobThatRecoversTellsTheWebhookWhatItsEventLogSays) {
   const std::string events = (dir / "events.jsonl").string(), out = (dir / "run").string();
   // Rank 1 crashes at step 4 of the first attempt; the job restarts from the step-2 checkpoint and finishes.
   ::setenv("MEGATRAIN_FAULTS", "crash:rank=1:step=4", 1);
-  const pid_t launcher = start_logged(
-      kMegatrain,
-      {"launch", "--nproc", "2", "--max-restarts", "2", "--backoff", "0", "--events", events, "--notify", r.url(),
-       "--job-name", "notify-test", "--", "train", "--parallel.dp=2", "--model.n_layer=1", "--model.d_model=32",
-       "--model.n_head=2", "--model.max_seq_len=32", "--data.seq_len=32", "--data.batch_size=2",
-       "--train.eval_every=0", "--sample.tokens=0", "--train.log_every=1", "--train.threads=1", "--train.steps=6",
-       "--ckpt.every=2", "--ckpt.save_final=false", kSmallVocabFlag, "--data.dir=" + kBrownData,
-       "--train.out_dir=" + out},
-      (dir / "launch.log").string());
+  std::vector<std::string> args = {"launch", "--nproc", "2", "--max-restarts", "2", "--backoff", "0", "--events", events,
+                                   "--notify", r.url(), "--job-name", "notify-test", "--", "train"};
+  for (const std::string& f : SmallJob(out)
+                                  .model(1, 32, 2, 32)
+                                  .batch(2)
+                                  .steps(6)
+                                  .log_every(1)
+                                  .unset("optim.lr")
+                                  .unset("optim.warmup_steps")
+                                  .set("ckpt.every", 2)
+                                  .set("ckpt.save_final", "false")
+                                  .with("--parallel.dp=2")
+                                  .args())
+    args.push_back(f);
+  const pid_t launcher = start_logged(kMegatrain, args, (dir / "launch.log").string());
   ::unsetenv("MEGATRAIN_FAULTS");
   ASSERT_EQ(finish_within(launcher, 400), 0) << slurp(dir / "launch.log");
 

@@ -12,7 +12,8 @@
 #include "megatrain/obs/chrome_trace.h"
 #include "megatrain/obs/timeline.h"
 #include "megatrain/obs/trace_check.h"
-#include "test_util.h"
+#include "support/files.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace mt::obs;
@@ -26,14 +27,7 @@ std::string fresh(const std::string& name) {
   return d;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mt::test::error_of;
 
 Span comm(const std::string& op, const std::string& group, int64_t seq, double t0, double t1, int peer = -1) {
   Span s{op, "comm", group, t0, t1, {{"group", group}, {"seq", seq}}};

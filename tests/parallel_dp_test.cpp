@@ -11,7 +11,9 @@
 #include "megatrain/core/bf16.h"
 #include "megatrain/kernels/cpu/cpu_ops.h"
 #include "megatrain/parallel/data_parallel.h"
-#include "parallel_testutil.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/parallel_testutil.h"
 
 using namespace ptest;
 
@@ -30,9 +32,9 @@ TEST_P(DataParallelVsSingle, LossesAndParametersMatch) {
   prepare();
   const Case& c = GetParam();
   const Trio t = fresh_trio("mt_dp", c.name);
-  run(kBin + " train" + common(t.single, 4) + c.extra);
-  run(kBin + " train" + common(t.alt, 4) + c.extra + reordered(4, common(t.alt, 4) + c.extra));
-  run(kBin + " launch --nproc 2 -- train" + common(t.multi, 2) + " --parallel.dp=2" + c.extra);
+  run(kMegatrain + " train" + common(t.single, 4) + c.extra);
+  run_twin(4, common(t.alt, 4) + c.extra);
+  run(kMegatrain + " launch --nproc 2 -- train" + common(t.multi, 2) + " --parallel.dp=2" + c.extra);
   expect_equivalent(t, "dp2 " + c.name);
 }
 
@@ -48,18 +50,18 @@ TEST(DataParallel, ABlendMatchesOneProcess) {
   prepare();
   const std::string second = fresh_dir("mt_dp_blend_source");
   fs::create_directories(second);
-  fs::copy(kData + "/val_000000.bin", second + "/train_000000.bin");
-  const std::string blend = " '--data.blend=[{dir=\"" + kData + "\",weight=2},{dir=\"" + second + "\",weight=1}]'";
+  fs::copy(kSmallBrown + "/val_000000.bin", second + "/train_000000.bin");
+  const std::string blend = " '--data.blend=[{dir=\"" + kSmallBrown + "\",weight=2},{dir=\"" + second + "\",weight=1}]'";
   auto with_blend = [&](std::string args) {
-    const std::string dir = " --data.dir=" + kData;
+    const std::string dir = " --data.dir=" + kSmallBrown;
     const size_t at = args.find(dir);
     EXPECT_NE(at, std::string::npos);
     return args.replace(at, dir.size(), blend);
   };
   const Trio t = fresh_trio("mt_dp", "blend");
-  run(kBin + " train" + with_blend(common(t.single, 4)));
-  run(kBin + " train" + with_blend(common(t.alt, 4)) + reordered(4, common(t.alt, 4)));
-  run(kBin + " launch --nproc 2 -- train" + with_blend(common(t.multi, 2)) + " --parallel.dp=2");
+  run(kMegatrain + " train" + with_blend(common(t.single, 4)));
+  run(kMegatrain + " train" + with_blend(common(t.alt, 4)) + reordered(4, common(t.alt, 4)));
+  run(kMegatrain + " launch --nproc 2 -- train" + with_blend(common(t.multi, 2)) + " --parallel.dp=2");
   expect_equivalent(t, "dp2 blend");
 }
 
@@ -68,11 +70,11 @@ TEST(DataParallel, ResumeAcrossLayoutsKeepsTheRun) {
   // noise floor of a reordered single run (alt).
   prepare();
   std::string a = fresh_dir("mt_dp_resume_a"), alt = fresh_dir("mt_dp_resume_alt"), b = fresh_dir("mt_dp_resume_b");
-  run(kBin + " train" + common(a, 4));
-  run(kBin + " train" + common(alt, 4) + reordered(4, common(alt, 4)));
-  run(kBin + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.dp=2 --ckpt.every=3 --ckpt.save_final=false");
+  run(kMegatrain + " train" + common(a, 4));
+  run_twin(4, common(alt, 4));
+  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.dp=2 --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(b + "/metrics.jsonl");
-  run(kBin + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
+  run(kMegatrain + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
   expect_resumed_tail(a, alt, {b}, "dp2 -> 1 resume");
 }
 
@@ -88,13 +90,13 @@ TEST(DataParallel, MissingPeerIsATimeoutNamingTheRank) {
   std::string store = dir + "/store";
   std::filesystem::create_directories(store);
   std::string cmd = "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MEGATRAIN_STORE=file://" + store + " " +
-                    ptest::kBin + " train" + ptest::common_args(dir + "/out", 2, 2) +
+                    ptest::kMegatrain + " train" + ptest::common_args(dir + "/out", 2, 2) +
                     " --parallel.dp=2 --parallel.timeout_s=2";
   std::string out = ptest::failing_output(cmd, dir + "/log", "a lone rank of a world of 2 must fail");
   EXPECT_NE(out.find("never arrived"), std::string::npos) << out;
   EXPECT_NE(out.find("1"), std::string::npos) << out;
   // Layout errors are refused up front, naming the numbers.
-  out = ptest::failing_output(ptest::kBin + " train" + ptest::common_args(dir + "/out2", 2, 2) + " --parallel.dp=3",
+  out = ptest::failing_output(ptest::kMegatrain + " train" + ptest::common_args(dir + "/out2", 2, 2) + " --parallel.dp=3",
                               dir + "/log2", "dp=3 in a single process must fail");
   EXPECT_NE(out.find("WORLD_SIZE"), std::string::npos) << out;
 }

@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "parallel_testutil.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/parallel_testutil.h"
 
 using namespace ptest;
 
@@ -27,15 +30,10 @@ struct RunOut {
 
 RunOut read_run(const std::string& out) {
   RunOut r;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "val") r.val.push_back(j["val_loss"].get<double>());
-    if (j["kind"] == "sample") {
-      r.sample = j["text"].get<std::string>();
-      r.tokens = j["tokens"].get<std::vector<int>>();
-    }
+  r.val = mt::test::metric_series(out + "/metrics.jsonl", "val_loss", "val");
+  for (nlohmann::json& j : mt::test::metrics_of(out + "/metrics.jsonl", "sample")) {
+    r.sample = j["text"].get<std::string>();
+    r.tokens = j["tokens"].get<std::vector<int>>();
   }
   return r;
 }
@@ -53,7 +51,7 @@ constexpr int kGlobalRows = 4;
 // the folder is per process so concurrent cases never share it); `reorder` gives its reordered twin, the noise floor.
 RunOut single_run(bool reorder) {
   const std::string out = fresh_dir("mt_eval_single_" + std::string(reorder ? "alt_" : "") + std::to_string(::getpid()));
-  run(kBin + " train" + args(out, kGlobalRows) + (reorder ? reordered(kGlobalRows, args(out, kGlobalRows)) : ""));
+  run(kMegatrain + " train" + args(out, kGlobalRows) + (reorder ? reordered(kGlobalRows, args(out, kGlobalRows)) : ""));
   return read_run(out);
 }
 const RunOut& single() {
@@ -90,7 +88,7 @@ TEST_P(EvalVsSingle, ValLossAndSampleMatch) {
   if (c.pp > 1)
     layout += " --parallel.microbatches=" + std::to_string(c.micro) +
               " --parallel.virtual_stages=" + std::to_string(c.virtual_stages);
-  run(kBin + " launch --nproc " + std::to_string(world) + " -- train" +
+  run(kMegatrain + " launch --nproc " + std::to_string(world) + " -- train" +
       args(out, kGlobalRows / (c.dp * c.micro)) + layout);
   const RunOut got = read_run(out);
   ASSERT_EQ(got.val.size(), ref.val.size());

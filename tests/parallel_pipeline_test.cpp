@@ -11,7 +11,8 @@
 #include <tuple>
 #include <vector>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
+#include "support/files.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/rng.h"
 #include "megatrain/comm/process_group.h"
@@ -104,7 +105,7 @@ class ChainChunk : public PipelineChunk {
 };
 
 void run_case(int pp, int v, int m) {
-  comm_test::TempDir dir;
+  mt::test::ScratchDir dir;
   Schedule s = make_interleaved_1f1b(pp, v, m);
   std::vector<int> ranks;
   for (int r = 0; r < pp; ++r) ranks.push_back(r);

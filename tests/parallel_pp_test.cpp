@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/core/rng.h"
 #include "megatrain/comm/mesh.h"
@@ -29,7 +29,9 @@
 #include "megatrain/model/layout.h"
 #include "megatrain/parallel/data_parallel.h"
 #include "megatrain/parallel/gpt_pipeline.h"
-#include "parallel_testutil.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/parallel_testutil.h"
 
 using namespace mt;
 using namespace ptest;
@@ -264,7 +266,7 @@ void pipeline_with_dp(int v, int m) {
   const int dp = 2, pp = 2, B = 2, T = 8;
   ModelConfig c = tiny(false);
   c.recompute = {false, false, true, false};
-  comm_test::TempDir dir;
+  mt::test::ScratchDir dir;
   const std::vector<int> ranks = {0, 1, 2, 3};
   std::string err = comm_test::run_procs(ranks, [&](int rank) {
     omp_set_num_threads(1);  // four processes share the cores: no OpenMP spinning against each other
@@ -360,9 +362,9 @@ TEST_P(PipelineVsSingle, LossesAndParametersMatch) {
   const Case& c = GetParam();
   const Trio t = fresh_trio("mt_pp", c.name);
   const int rows = 4;
-  run(kBin + " train" + common(t.single, rows) + c.extra);
-  run(kBin + " train" + common(t.alt, rows) + c.extra + reordered(rows, common(t.alt, rows) + c.extra));
-  run(kBin + " launch --nproc " + std::to_string(2 * c.dp * c.tp) + " -- train" + common(t.multi, rows / (c.dp * c.micro)) +
+  run(kMegatrain + " train" + common(t.single, rows) + c.extra);
+  run_twin(rows, common(t.alt, rows) + c.extra);
+  run(kMegatrain + " launch --nproc " + std::to_string(2 * c.dp * c.tp) + " -- train" + common(t.multi, rows / (c.dp * c.micro)) +
       " --parallel.pp=2 --parallel.microbatches=" + std::to_string(c.micro) + " --parallel.dp=" +
       std::to_string(c.dp) + " --parallel.tp=" + std::to_string(c.tp) + c.extra + c.pp_extra);
   expect_equivalent(t, "pp2 " + c.name);
@@ -397,17 +399,17 @@ TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
   prepare();
   std::string a = fresh_dir("mt_pp_resume_a"), b = fresh_dir("mt_pp_resume_b"), c = fresh_dir("mt_pp_resume_c");
   std::string alt = fresh_dir("mt_pp_resume_alt");
-  run(kBin + " train" + common(a, 4));
-  run(kBin + " train" + common(alt, 4) + reordered(4, common(alt, 4)));
-  run(kBin + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.pp=2 --ckpt.every=3 --ckpt.save_final=false");
+  run(kMegatrain + " train" + common(a, 4));
+  run_twin(4, common(alt, 4));
+  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.pp=2 --ckpt.every=3 --ckpt.save_final=false");
   Checkpoint ck = Checkpoint::load(step3(b));
   EXPECT_EQ(ck.extra()["pp_layout"]["h.3.mlp.c_fc.weight"], nlohmann::json::array({1}));
   EXPECT_EQ(ck.extra()["pp_layout"]["wte.weight"], nlohmann::json::array({0, 1}));
   fs::remove(b + "/metrics.jsonl");
-  run(kBin + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
-  run(kBin + " train" + common(c, 4) + " --ckpt.every=3 --ckpt.save_final=false");
+  run(kMegatrain + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
+  run(kMegatrain + " train" + common(c, 4) + " --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(c + "/metrics.jsonl");
-  run(kBin + " launch --nproc 4 -- train" + common(c, 1) + " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4"
+  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 1) + " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4"
       " --ckpt.resume=" + step3(c));
   expect_resumed_tail(a, alt, {b, c}, "pp2 <-> 1 resume");
 }
@@ -422,19 +424,19 @@ TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
   const std::string llama = " --model.norm=rmsnorm --model.mlp=swiglu --model.pos=rope --model.n_kv_head=2"
                             " --model.bias=false --model.tied_embeddings=false";
   const std::string src = fresh_dir("mt_pp_init_src"), hf = fresh_dir("mt_pp_init_hf"), ck = fresh_dir("mt_pp_init_ck");
-  run(kBin + " train" + common(src, 4) + llama + " --train.steps=2");
-  run(kBin + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors --dtype bf16");
-  run(kBin + " convert --from-hf " + hf + " --out " + ck);
+  run(kMegatrain + " train" + common(src, 4) + llama + " --train.steps=2");
+  run(kMegatrain + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors --dtype bf16");
+  run(kMegatrain + " convert --from-hf " + hf + " --out " + ck);
   const Trio t = fresh_trio("mt_pp_init", "llama");
   const std::string from_hf = llama + " --model.init_from=" + hf;
   const std::string pp2_tp2 = " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4";
-  run(kBin + " train" + common(t.single, 4) + from_hf);
-  run(kBin + " train" + common(t.alt, 4) + from_hf + reordered(4, common(t.alt, 4) + from_hf));
-  run(kBin + " launch --nproc 4 -- train" + common(t.multi, 1) + from_hf + pp2_tp2);
+  run(kMegatrain + " train" + common(t.single, 4) + from_hf);
+  run_twin(4, common(t.alt, 4) + from_hf);
+  run(kMegatrain + " launch --nproc 4 -- train" + common(t.multi, 1) + from_hf + pp2_tp2);
   expect_equivalent(t, "pp2 x tp2 init_from an HF model");
   const Trio from_ck{t.single, t.alt, fresh_dir("mt_pp_init_multi_ck")};
   // (its model.safetensors, which stands for the checkpoint; the directory is read below)
-  run(kBin + " launch --nproc 4 -- train" + common(from_ck.multi, 1) + llama + " --model.init_from=" + ck +
+  run(kMegatrain + " launch --nproc 4 -- train" + common(from_ck.multi, 1) + llama + " --model.init_from=" + ck +
       "/step_00000000/model.safetensors" + pp2_tp2);
   expect_equivalent(from_ck, "pp2 x tp2 init_from its conversion");
   // Not a fresh initialisation that happens to agree: the first loss is the trained source's, well below.
@@ -445,7 +447,7 @@ TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
   // Another model than the source holds is named, on every rank, before anything is read.
   const std::string out = fresh_dir("mt_pp_init_bad");
   for (const std::string& from : {hf, ck}) {
-    const std::string text = failing_output(kBin + " launch --nproc 2 -- train" + common(out, 4) + llama +
+    const std::string text = failing_output(kMegatrain + " launch --nproc 2 -- train" + common(out, 4) + llama +
                                                 " --model.n_kv_head=4 --parallel.tp=2 --model.init_from=" + from,
                                             out + ".log", "init_from another model");
     EXPECT_NE(text.find("model.n_kv_head = 2 but the config says 4"), std::string::npos) << text;
@@ -454,7 +456,7 @@ TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
   // `generate` reads the HF directory and its conversion alike: the same greedy continuation.
   auto greedy = [&](const std::string& from) {
     const std::string log = out + "-generate.log";
-    const std::string cmd = kBin + " generate --ckpt " + from + " --vocab " + kData + "-tokenizer --prompt 'The jury'" +
+    const std::string cmd = kMegatrain + " generate --ckpt " + from + " --vocab " + kSmallBrown + "-tokenizer --prompt 'The jury'" +
                             " --tokens 8 --temperature 0 > " + log + " 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return mt::read_text_file(log);
@@ -466,7 +468,7 @@ TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
 
 std::string failing_run(const std::string& args) {
   std::string out = mt::test::temp_root() + "mt_pp_bad";
-  return failing_output(kBin + " train" + common(out, 1) + args, out + ".log", args);
+  return failing_output(kMegatrain + " train" + common(out, 1) + args, out + ".log", args);
 }
 
 TEST(Pipeline, BadLayoutsAreClearErrors) {

@@ -10,7 +10,7 @@
 //  * bad arguments refused with messages naming the setting.
 #include <gtest/gtest.h>
 
-#include "test_util.h"
+#include "support/test_util.h"
 
 #include <algorithm>
 #include <map>

@@ -12,7 +12,9 @@
 
 #include "megatrain/model/layout.h"
 #include "megatrain/model/shard.h"
-#include "parallel_testutil.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/parallel_testutil.h"
 
 using namespace mt;
 using namespace ptest;
@@ -132,9 +134,9 @@ TEST_P(TensorParallelVsSingle, LossesAndParametersMatch) {
   prepare();
   const Case& c = GetParam();
   const Trio t = fresh_trio("mt_tp", c.name);
-  run(kBin + " train" + common(t.single, 4) + c.extra);
-  run(kBin + " train" + common(t.alt, 4) + c.extra + reordered(4, common(t.alt, 4) + c.extra));
-  run(kBin + " launch --nproc " + std::to_string(2 * c.dp) + " -- train" + common(t.multi, 4 / c.dp) +
+  run(kMegatrain + " train" + common(t.single, 4) + c.extra);
+  run_twin(4, common(t.alt, 4) + c.extra);
+  run(kMegatrain + " launch --nproc " + std::to_string(2 * c.dp) + " -- train" + common(t.multi, 4 / c.dp) +
       " --parallel.tp=2 --parallel.dp=" + std::to_string(c.dp) + c.extra);
   expect_equivalent(t, "tp2 " + c.name);
 }
@@ -163,15 +165,15 @@ TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
   const std::string x = " --model.vocab_pad_to=1";
   std::string a = fresh_dir("mt_tp_resume_a"), b = fresh_dir("mt_tp_resume_b"), c = fresh_dir("mt_tp_resume_c");
   std::string alt = fresh_dir("mt_tp_resume_alt");
-  run(kBin + " train" + common(a, 4) + x);
-  run(kBin + " train" + common(alt, 4) + x + reordered(4, common(alt, 4) + x));
-  run(kBin + " launch --nproc 2 -- train" + common(b, 4) + x +
+  run(kMegatrain + " train" + common(a, 4) + x);
+  run_twin(4, common(alt, 4) + x);
+  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 4) + x +
       " --parallel.tp=2 --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(b + "/metrics.jsonl");
-  run(kBin + " train" + common(b, 4) + x + " --ckpt.resume=" + step3(b));
-  run(kBin + " train" + common(c, 4) + x + " --ckpt.every=3 --ckpt.save_final=false");
+  run(kMegatrain + " train" + common(b, 4) + x + " --ckpt.resume=" + step3(b));
+  run(kMegatrain + " train" + common(c, 4) + x + " --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(c + "/metrics.jsonl");
-  run(kBin + " launch --nproc 2 -- train" + common(c, 4) + x + " --parallel.tp=2 --ckpt.resume=" + step3(c));
+  run(kMegatrain + " launch --nproc 2 -- train" + common(c, 4) + x + " --parallel.tp=2 --ckpt.resume=" + step3(c));
   expect_resumed_tail(a, alt, {b, c}, "tp2 <-> 1 resume");
 }
 
@@ -181,13 +183,13 @@ TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
 TEST(TensorParallel, InitFromAnHfGpt2MatchesOneProcess) {
   prepare();
   const std::string src = fresh_dir("mt_tp_init_src"), hf = fresh_dir("mt_tp_init_hf");
-  run(kBin + " train" + common(src, 4) + " --train.steps=2");
-  run(kBin + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
+  run(kMegatrain + " train" + common(src, 4) + " --train.steps=2");
+  run(kMegatrain + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
   const Trio t = fresh_trio("mt_tp_init", "gpt2");
   const std::string from_hf = " --model.init_from=" + hf + "/model.safetensors";
-  run(kBin + " train" + common(t.single, 4) + from_hf);
-  run(kBin + " train" + common(t.alt, 4) + from_hf + reordered(4, common(t.alt, 4) + from_hf));
-  run(kBin + " launch --nproc 4 -- train" + common(t.multi, 2) + from_hf + " --parallel.tp=2 --parallel.dp=2");
+  run(kMegatrain + " train" + common(t.single, 4) + from_hf);
+  run_twin(4, common(t.alt, 4) + from_hf);
+  run(kMegatrain + " launch --nproc 4 -- train" + common(t.multi, 2) + from_hf + " --parallel.tp=2 --parallel.dp=2");
   expect_equivalent(t, "dp2 x tp2 init_from an HF GPT-2");
   EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05) << "the run did not start from the source's weights";
 }
@@ -196,7 +198,7 @@ TEST(TensorParallel, RowsNotDividingIsAClearError) {
   prepare();
   std::string out = mt::test::temp_root() + "mt_tp_bad";
   const std::string args = " --data.seq_len=31 --parallel.tp=2";
-  std::string text = failing_output(kBin + " train" + common(out, 1) + args, out + ".log", args);
+  std::string text = failing_output(kMegatrain + " train" + common(out, 1) + args, out + ".log", args);
   EXPECT_NE(text.find("must divide evenly"), std::string::npos) << text;
 }
 

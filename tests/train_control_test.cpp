@@ -26,23 +26,25 @@
 #include "megatrain/train/config_agreement.h"
 #include "megatrain/train/peak.h"
 #include "megatrain/train/trainer.h"
-#include "test_util.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/small_job.h"
+#include "support/test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown";
+using mt::test::kMegatrain;
+using mt::test::slurp;
 
-void prepare_brown() { mt::test::prepare_brown_once(kBin, kData); }
+void prepare_brown() { mt::test::prepare_gpt2_brown(); }
 
+// The small job on the GPT-2-tokenized Brown shards, with a set peak (no matmul benchmark at start-up).
 std::vector<std::string> small_flags(const std::string& out) {
-  return {"--data.dir=" + kData,    "--train.out_dir=" + out, "--model.n_layer=2",      "--model.d_model=64",
-          "--model.n_head=2",       "--model.max_seq_len=64", "--data.seq_len=32",     "--data.batch_size=4",
-          "--optim.lr=3e-3",        "--optim.warmup_steps=2", "--train.eval_every=0",  "--sample.tokens=0",
-          "--train.log_every=1000", "--train.threads=1",      "--train.peak_tflops=1"};
+  return mt::test::SmallJob::gpt2(out).set("train.peak_tflops", 1).args();
 }
 
 RunConfig small(const std::string& out, std::vector<std::string> extra = {}) {
@@ -51,24 +53,15 @@ RunConfig small(const std::string& out, std::vector<std::string> extra = {}) {
   return parse_run_config("", "test", ov);
 }
 
-std::string joined(const std::vector<std::string>& v) {
-  std::string s;
-  for (auto& x : v) s += " " + x;  // no flag here holds a space or a shell character
-  return s;
-}
+std::string joined(const std::vector<std::string>& v) { return mt::test::SmallJob::joined(v); }
 
 // "step:loss_exact" of every train line.
 std::vector<std::string> losses(const std::string& metrics) { return mt::test::step_losses(metrics); }
 
-int exit_status(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
+using mt::test::shell_exit_code;
 
 // Runs a shell command, returns its exit code.
-int run(const std::string& cmd) { return exit_status(std::system(cmd.c_str())); }
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+int run(const std::string& cmd) { return shell_exit_code(std::system(cmd.c_str())); }
 
 struct Recorder final : TrainObserver {
   std::vector<std::string> events;
@@ -183,7 +176,7 @@ bool wait_for_step(const std::string& metrics, int n) {
 int wait_pid(pid_t pid) {
   int st = 0;
   ::waitpid(pid, &st, 0);
-  return exit_status(st);
+  return shell_exit_code(st);
 }
 
 // Whether process pid ignores signal sig (the SigIgn mask of /proc/<pid>/status: bit sig-1).
@@ -199,7 +192,7 @@ TEST(TrainStop, SigtermGivesTheStoppedExitCodeAndAResumableCheckpoint) {
   const std::string out = ::testing::TempDir() + "/mt_stop_sigterm";
   fs::remove_all(out);
   // exec: the signal goes to megatrain itself, not to the shell.
-  pid_t pid = spawn_sh("exec " + kBin + " train" + joined(small_flags(out)) + " --train.steps=100000 > " + out +
+  pid_t pid = spawn_sh("exec " + kMegatrain + " train" + joined(small_flags(out)) + " --train.steps=100000 > " + out +
                        ".log 2>&1");
   ASSERT_TRUE(wait_for_step(out + "/metrics.jsonl", 2)) << slurp(out + ".log");
   // A rank ignores SIGPIPE: a write to a peer that died then fails as a lost peer (exit code 22, snapshots
@@ -214,7 +207,7 @@ TEST(TrainStop, SigtermGivesTheStoppedExitCodeAndAResumableCheckpoint) {
   ASSERT_FALSE(before.empty());
   const int last = std::stoi(before.back().substr(0, before.back().find(':')));
   EXPECT_TRUE(fs::exists(out + fmt::format("/ckpt/step_{:08d}", last))) << log;
-  EXPECT_EQ(run(kBin + " train" + joined(small_flags(out)) + fmt::format(" --train.steps={}", last + 1) + " > " + out +
+  EXPECT_EQ(run(kMegatrain + " train" + joined(small_flags(out)) + fmt::format(" --train.steps={}", last + 1) + " > " + out +
                 ".resume.log 2>&1"),
             0)
       << slurp(out + ".resume.log");
@@ -225,7 +218,7 @@ TEST(TrainStop, UnderLaunchEveryRankStopsAtTheSameStep) {
   prepare_brown();
   const std::string out = ::testing::TempDir() + "/mt_stop_launch";
   fs::remove_all(out);
-  pid_t pid = spawn_sh("exec " + kBin + " launch --nproc 2 --grace 60 -- train" + joined(small_flags(out)) +
+  pid_t pid = spawn_sh("exec " + kMegatrain + " launch --nproc 2 --grace 60 -- train" + joined(small_flags(out)) +
                        " --parallel.dp=2 --data.batch_size=2 --train.steps=100000 > " + out + ".log 2>&1");
   ASSERT_TRUE(wait_for_step(out + "/metrics.jsonl", 2)) << slurp(out + ".log");
   ::kill(pid, SIGTERM);  // the launcher forwards it to both ranks, which see it at different points of a step
@@ -245,7 +238,7 @@ TEST(ExitCodes, EachKindOfFailureHasItsOwnCode) {
   prepare_brown();
   const std::string out = ::testing::TempDir() + "/mt_exit_codes";
   fs::remove_all(out);
-  const std::string train = kBin + " train" + joined(small_flags(out));
+  const std::string train = kMegatrain + " train" + joined(small_flags(out));
   EXPECT_EQ(run(train + " --model.n_layre=2 > /dev/null 2>&1"), exit_code(ErrorKind::Config));
   EXPECT_EQ(run(train + " --data.dir=/nonexistent/shards > /dev/null 2>&1"), exit_code(ErrorKind::Data));
   EXPECT_EQ(run(train + " --ckpt.resume=/nonexistent/ckpt/step_00000001 > /dev/null 2>&1"),
@@ -284,7 +277,7 @@ TEST(ConfigAgreement, RanksWithDifferentConfigsFailAtStartNamingKeysAndRanks) {
   const std::string out = ::testing::TempDir() + "/mt_config_disagree";
   fs::remove_all(out);
   // Rank 1 gets another n_layer and another lr: before this check, n_layer aborted inside Gloo and lr trained on.
-  const std::string cmd = kBin + " launch --nproc 2 --exec -- sh -c '" + kBin + " train" +
+  const std::string cmd = kMegatrain + " launch --nproc 2 --exec -- sh -c '" + kMegatrain + " train" +
                           joined(small_flags(out)) +
                           " --parallel.dp=2 --data.batch_size=2 --train.steps=2 --model.n_layer=$((RANK+2))"
                           " --optim.lr=$((RANK+1))e-3' > " + out + ".log 2>&1";

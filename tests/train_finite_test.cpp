@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/comm/mesh.h"
@@ -29,7 +29,10 @@
 #include "megatrain/train/checkpointing.h"
 #include "megatrain/train/finite.h"
 #include "megatrain/train/trainer.h"
-#include "test_util.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/small_job.h"
+#include "support/test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
@@ -37,16 +40,11 @@ using mt::test::error_of;
 
 namespace {
 
-const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown";
+using mt::test::fresh_dir;
+using mt::test::kMegatrain;
+const std::string& kData = mt::test::kGpt2Brown;
 
-std::string fresh_dir(const std::string& name) {
-  const std::string d = mt::test::temp_root() + name;
-  fs::remove_all(d);
-  return d;
-}
-
-bool has(const std::string& msg, const std::string& part) { return msg.find(part) != std::string::npos; }
+using mt::test::has;
 
 TEST(FiniteScan, FindsTheFirstNonFiniteValueAnywhere) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
@@ -119,7 +117,7 @@ TEST(CheckpointFinite, ANonFiniteParameterOrMomentIsNeverSaved) {
 void one_rank_diverged(bool sharded) {
   SCOPED_TRACE(sharded ? "sharded" : "gathered");
   const std::string root = fresh_dir(sharded ? "mt_finite_dp_sharded" : "mt_finite_dp_gathered");
-  comm_test::TempDir store_dir;
+  mt::test::ScratchDir store_dir;
   const std::string report = comm_test::run_procs(2, [&](int rank) {
     omp_set_num_threads(1);
     const RunConfig cfg = tiny_config(root, {"--parallel.dp=2", sharded ? "--ckpt.sharded=true" : "--ckpt.sharded=false"});
@@ -159,13 +157,18 @@ void expect_all_finite(const std::string& dir) {
   }
 }
 
+// The small job on the GPT-2-tokenized Brown shards, two threads, a set peak; lr, warm-up and evaluation as the
+// config's defaults.
 RunConfig brown_run(const std::string& out, std::vector<std::string> extra) {
-  std::vector<std::string> ov = {"--data.dir=" + kData, "--train.out_dir=" + out, "--model.n_layer=2",
-                                 "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64",
-                                 "--data.seq_len=32", "--data.batch_size=4", "--sample.tokens=0",
-                                 "--train.log_every=1000", "--train.threads=2", "--train.peak_tflops=1"};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  return parse_run_config("", "test", ov);
+  return parse_run_config("", "test",
+                          mt::test::SmallJob::gpt2(out)
+                              .threads(2)
+                              .set("train.peak_tflops", 1)
+                              .unset("optim.lr")
+                              .unset("optim.warmup_steps")
+                              .unset("train.eval_every")
+                              .with(extra)
+                              .args());
 }
 
 // A step whose loss and gradient norm are finite but whose update overflows the weights: a huge (finite, so
@@ -173,7 +176,7 @@ RunConfig brown_run(const std::string& out, std::vector<std::string> extra) {
 // (and with validation on, printed "val loss -nan" and saved it anyway). Now the run stops at step 1 naming the
 // problem, and no checkpoint exists. Checked with and without validation at the step.
 TEST(CheckpointFinite, AnUpdateThatOverflowsStopsTheRunBeforeItsCheckpoint) {
-  mt::test::prepare_brown_once(kBin, kData);
+  mt::test::prepare_gpt2_brown();
   for (const bool eval : {false, true}) {
     SCOPED_TRACE(eval ? "with validation" : "without validation");
     const std::string out = fresh_dir("mt_finite_overflow");
@@ -197,7 +200,7 @@ TEST(CheckpointFinite, AnUpdateThatOverflowsStopsTheRunBeforeItsCheckpoint) {
 // non-finite one step after the weights explode, which the trainer already caught, so this guards the behaviour
 // rather than reproducing a failure; the test above reproduces one.)
 TEST(CheckpointFinite, ADivergingRunStopsAndLeavesNoNonFiniteCheckpoint) {
-  mt::test::prepare_brown_once(kBin, kData);
+  mt::test::prepare_gpt2_brown();
   const std::string out = fresh_dir("mt_finite_lr1e6");
   const std::string msg = error_of([&] {
     run_training(brown_run(out, {"--optim.lr=1e6", "--train.steps=30", "--ckpt.every=1", "--train.eval_batches=1",
@@ -212,11 +215,10 @@ TEST(CheckpointFinite, ADivergingRunStopsAndLeavesNoNonFiniteCheckpoint) {
 TEST(CheckpointFinite, AnInfiniteWeightDecayIsRefusedAtConfigLoad) {
   const std::string out = fresh_dir("mt_finite_wd_inf");
   const std::string log = out + ".log";
-  const std::string cmd = kBin + " train --data.dir=" + kData + " --train.out_dir=" + out +
+  const std::string cmd = kMegatrain + " train --data.dir=" + kData + " --train.out_dir=" + out +
                           " --optim.weight_decay=inf --train.steps=1 > " + log + " 2>&1";
   EXPECT_NE(std::system(cmd.c_str()), 0);
-  std::ifstream f(log);
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string text = mt::test::slurp(log);
   EXPECT_TRUE(has(text, "optim.weight_decay = inf is out of range: it must be finite and >= 0")) << text;
   EXPECT_FALSE(fs::exists(out));
 }

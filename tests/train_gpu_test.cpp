@@ -19,40 +19,37 @@
 #include "megatrain/kernels/ops.h"
 #include "megatrain/train/run_config.h"
 #include "megatrain/train/trainer.h"
-#include "test_util.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/small_job.h"
+#include "support/test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown";
+// The small job on the GPT-2-tokenized Brown shards, wider for the GPU: head_dim 64 (the flash-attention kernel
+// supports 64 and 128), 8 rows of 128 tokens, a 16-token sample; the config's thread count.
+mt::test::SmallJob gpu_job(const std::string& out, const std::string& device) {
+  return std::move(mt::test::SmallJob::gpt2(out)
+                       .model(2, 128, 2, 128)
+                       .set("data.seq_len", 128)
+                       .batch(8)
+                       .set("sample.tokens", 16)
+                       .unset("train.threads")
+                       .set("train.device", device));
+}
 
 RunConfig small(const std::string& out, const std::string& device, std::vector<std::string> extra = {}) {
-  // head_dim 64 (the flash-attention kernel supports 64 and 128).
-  std::vector<std::string> ov = {"--data.dir=" + kData, "--train.out_dir=" + out, "--model.n_layer=2",
-                                 "--model.d_model=128", "--model.n_head=2", "--model.max_seq_len=128",
-                                 "--data.seq_len=128", "--data.batch_size=8", "--optim.lr=3e-3",
-                                 "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=16",
-                                 "--train.log_every=1000", "--train.device=" + device};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  return parse_run_config("", "test", ov);
+  return parse_run_config("", "test", gpu_job(out, device).with(extra).args());
 }
 
-std::vector<double> losses(const std::string& metrics) {
-  std::vector<double> out;
-  std::ifstream f(metrics);
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
+std::vector<double> losses(const std::string& metrics) { return mt::test::metric_series(metrics, "loss"); }
 
 TEST(TrainGpu, TwentyStepsTrackTheCpuRun) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  mt::test::prepare_brown_once(std::string(MT_BINARY_DIR) + "/megatrain", kData);
+  mt::test::prepare_gpt2_brown();
   const std::string c = ::testing::TempDir() + "/mt_gpu_train_cpu", g = ::testing::TempDir() + "/mt_gpu_train_gpu";
   fs::remove_all(c);
   fs::remove_all(g);
@@ -75,7 +72,7 @@ TEST(TrainGpu, TwentyStepsTrackTheCpuRun) {
 
 TEST(TrainGpu, ResumeContinuesTheRun) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  mt::test::prepare_brown_once(std::string(MT_BINARY_DIR) + "/megatrain", kData);
+  mt::test::prepare_gpt2_brown();
   const std::string a = ::testing::TempDir() + "/mt_gpu_resume_a", b = ::testing::TempDir() + "/mt_gpu_resume_b";
   fs::remove_all(a);
   fs::remove_all(b);
@@ -96,7 +93,7 @@ TEST(TrainGpu, ResumeContinuesTheRun) {
 // the window's first step did on the host.
 TEST(TrainGpu, TheTimelineCarriesEveryOpsDeviceTime) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  mt::test::prepare_brown_once(std::string(MT_BINARY_DIR) + "/megatrain", kData);
+  mt::test::prepare_gpt2_brown();
   const std::string out = ::testing::TempDir() + "/mt_gpu_trace";
   fs::remove_all(out);
   run_training(small(out, "cuda", {"--train.steps=3", "--ckpt.save_final=false", "--train.trace_steps=[2,3]",
@@ -142,13 +139,18 @@ int gpu_count() {
 
 TEST(TrainGpu, MultiGpuLayoutsTrackOneGpu) {
   if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << gpu_count() << " visible)";
-  const std::string bin = std::string(MT_BINARY_DIR) + "/megatrain";
-  mt::test::prepare_brown_once(bin, kData);
+  const std::string& bin = mt::test::kMegatrain;
+  mt::test::prepare_gpt2_brown();
   auto args = [&](const std::string& out, int batch) {
-    return " --data.dir=" + kData + " --train.out_dir=" + out + " --model.n_layer=2 --model.d_model=128"
-           " --model.n_head=2 --model.max_seq_len=128 --data.seq_len=128 --data.batch_size=" + std::to_string(batch) +
-           " --optim.lr=3e-3 --optim.warmup_steps=2 --train.eval_every=5 --train.eval_batches=2 --sample.tokens=8"
-           " --train.log_every=1000 --train.device=cuda --train.steps=10 --ckpt.every=5 --ckpt.resume=none";
+    return gpu_job(out, "cuda")
+        .batch(batch)
+        .set("train.eval_every", 5)
+        .set("train.eval_batches", 2)
+        .set("sample.tokens", 8)
+        .steps(10)
+        .set("ckpt.every", 5)
+        .set("ckpt.resume", "none")
+        .line();
   };
   auto run = [](const std::string& cmd) {
     ASSERT_EQ(std::system((cmd + " > " + ::testing::TempDir() + "/mt_gpu_multi.log 2>&1").c_str()), 0)

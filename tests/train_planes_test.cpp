@@ -23,14 +23,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/core/error.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/kernels/cpu/cpu_ops.h"
 #include "megatrain/train/run_config.h"
 #include "megatrain/train/trainer.h"
-#include "noise_floor.h"
-#include "test_util.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/noise_floor.h"
+#include "support/small_job.h"
+#include "support/test_util.h"
 
 using namespace mt;
 
@@ -132,28 +135,28 @@ GroupFactory checked(bool data_plane) {
   };
 }
 
-const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-const std::string kData = mt::test::kSmallBrown;  // with kSmallVocabFlag in every run
+using mt::test::kMegatrain;
 const std::string kConfig = std::string(MT_SOURCE_DIR) + "/configs/tiny.toml";  // what `megatrain train` starts from
 
+// 4 layers, d_model 64, 4 heads, 32 positions, `batch` rows a rank, 4 steps with an evaluation at the last and a
+// sample, a sharded checkpoint every 2 steps; then `layout` (the parallel flags).
 std::vector<std::string> flags(const std::string& out, int batch, const std::string& layout) {
-  std::vector<std::string> f = {"--data.dir=" + kData, "--train.out_dir=" + out, mt::test::kSmallVocabFlag,
-                                "--model.n_layer=4",
-                                "--model.d_model=64", "--model.n_head=4", "--model.max_seq_len=32",
-                                "--data.seq_len=32", "--data.batch_size=" + std::to_string(batch),
-                                "--optim.lr=3e-3", "--optim.warmup_steps=2", "--train.steps=4",
-                                "--train.eval_every=4", "--train.eval_batches=2", "--sample.tokens=4",
-                                "--train.log_every=100", "--train.threads=1", "--ckpt.every=2",
-                                "--ckpt.resume=none", "--parallel.bucket_mb=1",
-                                "--parallel.timeout_s=30",
-                                // peer copies of the checkpoint snapshots, every step: host plane, host memory only
-                                "--ckpt.snapshot_every=1"};
-  for (size_t b = 0, e; b < layout.size(); b = e + 1) {
-    e = layout.find(' ', b);
-    if (e == std::string::npos) e = layout.size();
-    if (e > b) f.push_back(layout.substr(b, e - b));
-  }
-  return f;
+  return mt::test::SmallJob(out)
+      .model(4, 64, 4, 32)
+      .batch(batch)
+      .steps(4)
+      .set("train.eval_every", 4)
+      .set("train.eval_batches", 2)
+      .set("sample.tokens", 4)
+      .log_every(100)
+      .set("ckpt.every", 2)
+      .set("ckpt.resume", "none")
+      .set("parallel.bucket_mb", 1)
+      .set("parallel.timeout_s", 30)
+      // peer copies of the checkpoint snapshots, every step: host plane, host memory only
+      .set("ckpt.snapshot_every", 1)
+      .with(layout)
+      .args();
 }
 
 struct Case {
@@ -164,28 +167,25 @@ struct Case {
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-std::string joined(const std::vector<std::string>& f) {
-  std::string s;
-  for (const std::string& x : f) s += " " + x;
-  return s;
-}
+using mt::test::SmallJob;
 
 class Planes : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Planes, DevicePlaneSeesOnlyBackendMemoryAndHostPlaneNever) {
   const Case& c = GetParam();
-  mt::test::prepare_brown_once(kBin, kData, mt::test::kSmallVocab);
+  mt::test::prepare_small_brown();
   const std::string root = ::testing::TempDir() + "/mt_planes_" + c.name;
   std::filesystem::remove_all(root);
   // The oracle: one process with the same global batch (a separate process: this one forks the ranks below), and
   // its reordered twin for the noise floor (ptest::reordered, ptest::expect_within_floor).
-  ASSERT_EQ(std::system((kBin + " train" + joined(flags(root + "/single", c.single_batch, c.extra)) + " > " + root +
-                         ".log 2>&1").c_str()), 0) << "see " << root << ".log";
-  const std::string alt = joined(flags(root + "/alt", c.single_batch, c.extra));
-  ASSERT_EQ(std::system((kBin + " train" + alt + ptest::reordered(c.single_batch, alt) + " > " + root +
+  const std::string single = SmallJob::joined(flags(root + "/single", c.single_batch, c.extra));
+  ASSERT_EQ(std::system((kMegatrain + " train" + single + " > " + root + ".log 2>&1").c_str()), 0)
+      << "see " << root << ".log";
+  const std::string alt = SmallJob::joined(flags(root + "/alt", c.single_batch, c.extra));
+  ASSERT_EQ(std::system((kMegatrain + " train" + alt + ptest::reordered(c.single_batch, alt) + " > " + root +
                          ".alt.log 2>&1").c_str()), 0) << "see " << root << ".alt.log";
 
-  comm_test::TempDir store, store2;  // one store per job: group names (store keys) repeat in the resumed job
+  mt::test::ScratchDir store, store2;  // one store per job: group names (store keys) repeat in the resumed job
   const std::string err = comm_test::run_procs(
       c.world,
       [&](int rank) {

@@ -6,7 +6,10 @@
 //     before its send; with the offsets not applied, the same files break it (so the alignment is what fixes it);
 //   - the pipeline schedule: each rank's forward/backward spans are its schedule's compute actions, in order, once
 //     per traced step (parallel/schedule.h, the object the executor runs).
-#include "parallel_testutil.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/parallel_testutil.h"
 
 #include "megatrain/core/fs.h"
 #include "megatrain/obs/chrome_trace.h"
@@ -25,7 +28,7 @@ TEST(TimelineJob, FourRanksOnSkewedClocksMergeIntoOneConsistentTrace) {
   const std::string out = fresh_dir("trace_dp2_pp2");
   const std::string log = out + ".log";
   const std::string cmd =
-      "MEGATRAIN_TEST_CLOCK_SKEW_S=0,40,-25,15 " + kBin + " launch --nproc 4 -- train" +
+      "MEGATRAIN_TEST_CLOCK_SKEW_S=0,40,-25,15 " + kMegatrain + " launch --nproc 4 -- train" +
       common_args(out, 2, 2,
                   " --parallel.dp=2 --parallel.pp=2 --parallel.microbatches=4 --train.steps=4"
                   " --train.trace_steps=[2,3]") +
@@ -101,12 +104,12 @@ TEST(TimelineJob, FourRanksOnSkewedClocksMergeIntoOneConsistentTrace) {
 TEST(TimelineJob, OffByDefaultAndAWindowCutShortByTheRunStillCloses) {
   prepare();
   const std::string plain = fresh_dir("trace_off");
-  run(kBin + " train" + common_args(plain, 2, 1, " --train.steps=2"));
+  run(kMegatrain + " train" + common_args(plain, 2, 1, " --train.steps=2"));
   EXPECT_FALSE(fs::exists(plain + "/trace"));
   EXPECT_FALSE(fs::exists(plain + "/trace.json"));
 
   const std::string out = fresh_dir("trace_cut");
-  run(kBin + " train" + common_args(out, 2, 1, " --train.steps=3 --train.trace_steps=[2,9]"));
+  run(kMegatrain + " train" + common_args(out, 2, 1, " --train.steps=3 --train.trace_steps=[2,9]"));
   const obs::MergedTrace m = obs::merge_rank_traces({out + "/trace/rank0.json"});
   ASSERT_EQ(m.ranks.size(), 1u);
   EXPECT_EQ(m.ranks[0].first_step, 2);
@@ -129,7 +132,7 @@ TEST(TimelineJob, ATraceThatCannotBeWrittenIsReportedAndTrainingGoesOn) {
   const std::string out = fresh_dir("trace_unwritable");
   fs::create_directories(out + "/trace/rank0.json");
   const std::string log = out + ".log";
-  const std::string cmd = kBin + " train" + common_args(out, 2, 1, " --train.steps=3 --train.trace_steps=[1,2]") +
+  const std::string cmd = kMegatrain + " train" + common_args(out, 2, 1, " --train.steps=3 --train.trace_steps=[1,2]") +
                           " > " + log + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(log);
   const std::string text = mt::read_text_file(log);

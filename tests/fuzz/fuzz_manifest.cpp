@@ -3,10 +3,16 @@
 // the ways megatrain loads a checkpoint: Checkpoint::load (generate, convert, init_from), CheckpointReader reading
 // every tensor whole and with a padded first dimension (resume in any layout), and the model config in
 // extra.model (generate and resume build the model from it). An accepted manifest must be served consistently.
+// Each input is loaded as given and again sealed with seal_manifest (a valid manifest_checksum), so that mutations
+// also reach the fields' validation behind a verified checksum, not only the path of unsealed manifests.
 #include <fmt/format.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fuzz_util.h"
@@ -35,9 +41,16 @@ const std::string& step_dir() {
   return dir;
 }
 
-// TODO(issue 10, hidden-corruption guard): once a manifest carries a checksum of its own, recompute it here so that
-// mutated manifests reach the parser behind the check instead of all failing it.
-std::string sealed(std::string_view manifest) { return std::string(manifest); }
+// The input sealed as a writer seals a manifest (seal_manifest: manifest_checksum set to the CRC-32C of the rest),
+// when it is a JSON object; nullopt otherwise. As given, a mutated manifest either lacks the checksum (read as one
+// written before manifests had it, with a warning) or carries one that no longer matches (refused at once); sealed,
+// it passes the check and reaches the validation of its fields on the checksum-verified path, the one every
+// manifest that megatrain writes takes.
+std::optional<std::string> sealed(std::string_view manifest) {
+  nlohmann::json m = nlohmann::json::parse(manifest, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object()) return std::nullopt;
+  return mt::seal_manifest(std::move(m)).dump(1);
+}
 
 constexpr int64_t kMaxBytes = 1 << 20;  // larger tensors are skipped: the tiny files hold a few hundred bytes
 
@@ -52,12 +65,8 @@ void read_whole(mt::CheckpointReader& r, const std::string& name, int64_t pad_ro
   FUZZ_CHECK(buf.back() == 0xAB, fmt::format("reading '{}' wrote past its destination", name));
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string& dir = step_dir();
-  mt::fuzz::write_scratch("ckpt/step_00000001/manifest.json",
-                          sealed(std::string_view(reinterpret_cast<const char*>(data), size)));
+// Loads the manifest at step_dir() every way megatrain does.
+void load_all_ways(const std::string& dir) {
   FUZZ_ACCEPT_MT_ERRORS({
     const mt::Checkpoint ck = mt::Checkpoint::load(dir);
     for (const std::string& name : ck.tensor_names()) {
@@ -82,5 +91,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)cfg.num_params();
     }
   });
+}
+
+}  // namespace
+
+// Each input twice: as given (the checksum's own handling: absent, malformed or wrong), and sealed (everything
+// behind the checksum). The committed seeds are unsealed manifests, so the sealed pass is what takes each seed and
+// its mutations through the field validation.
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string& dir = step_dir();
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+  mt::fuzz::write_scratch("ckpt/step_00000001/manifest.json", input);
+  load_all_ways(dir);
+  if (const std::optional<std::string> s = sealed(input)) {
+    mt::fuzz::write_scratch("ckpt/step_00000001/manifest.json", *s);
+    load_all_ways(dir);
+  }
   return 0;
 }

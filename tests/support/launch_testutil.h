@@ -1,6 +1,6 @@
 // Helpers of the tests that run supervised jobs with the built `megatrain` (launch_faults_test: one node;
 // launch_nodes_test: several agents on this host as nodes): starting a launcher with its output in a file, waiting
-// for it, reading its event log and metrics, and finding a rank's process.
+// for it, and finding a rank's process. (Its event log and metrics: metrics.h.)
 #pragma once
 #include <fcntl.h>
 #include <signal.h>
@@ -23,47 +23,22 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "files.h"
+#include "megatrain.h"
 #include "megatrain/core/clock.h"
+#include "metrics.h"
+#include "small_job.h"
 #include "test_util.h"
 
 namespace mt::test {
 
-inline const std::string kMegatrain = std::string(MT_BINARY_DIR) + "/megatrain";
-// The Brown shards in the small test vocabulary (prepare_launch_data; every job's flags carry kSmallVocabFlag).
-inline const std::string kBrownData = kSmallBrown;
-inline void prepare_launch_data() { prepare_brown_once(kMegatrain, kBrownData, kSmallVocab); }
-
-inline std::string slurp(const std::filesystem::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-inline std::vector<nlohmann::json> events_of(const std::filesystem::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(p);
-  for (std::string l; std::getline(f, l);) {
-    auto j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded()) out.push_back(j);  // a line being written while the job runs is read next time
-  }
-  return out;
-}
-
-// The newest step in a metrics file (0 when none yet).
-inline int last_step(const std::filesystem::path& metrics) {
-  int s = 0;
-  std::ifstream f(metrics);
-  for (std::string l; std::getline(f, l);) {
-    auto j = nlohmann::json::parse(l, nullptr, false);
-    if (!j.is_discarded() && j.value("kind", "") == "train") s = std::max(s, j.value("step", 0));
-  }
-  return s;
-}
+// The Brown shards in the small test vocabulary (kSmallBrown) that every job here trains on.
+inline void prepare_launch_data() { prepare_small_brown(); }
 
 // The pid of the process whose environment has RANK=<rank>, among the launcher's children.
 inline pid_t rank_pid(pid_t launcher, int rank) {
@@ -112,11 +87,8 @@ inline std::string gdb_cannot_attach() {
         "command -v gdb >/dev/null || {{ echo 'no gdb' > {0}; exit 1; }}; sleep 30 & p=$!; "
         "timeout 60 gdb -p $p -batch -nx -q -ex 'thread apply all bt' > {0} 2>&1; kill $p", out);
     const int rc = std::system(cmd.c_str());
-    std::ifstream f(out);
-    std::stringstream ss;
-    ss << f.rdbuf();
+    const std::string text = slurp(out);
     std::filesystem::remove(out);
-    const std::string text = ss.str();
     if (rc == 0 && text.find("#0 ") != std::string::npos) return std::string();
     return "gdb cannot attach here: " + text.substr(0, text.find('\n'));
   }();
@@ -141,7 +113,7 @@ inline int finish_within(pid_t pid, double timeout_s) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return shell_exit_code(st);
 }
 
 // Losses of an undisturbed run, computed once per build of the binary and per job: ctest runs each case as its own
@@ -180,19 +152,26 @@ inline std::vector<std::string> cached_losses(const std::string& name, const std
   return losses;
 }
 
-// The training job of the multi-node tests (launch_nodes_test, deploy_slurm_test): dp2 x tp2 on 4 ranks (2 per
-// node, tp inside a node), 10 steps, a checkpoint every 2 steps, all kept; one tp piece per collective, as in
-// launch_faults_test.cpp (why there). The `train` subcommand and its options, after launch's `--`.
+// The job of the fault matrix and the multi-node tests: dp2 x tp2 on 4 ranks, 2 rows a rank, 10 steps, a line a
+// step, a checkpoint every 2 steps and none at the end, 60 s for a collective; one tp piece per collective
+// (launch_faults_test.cpp says why).
+inline SmallJob dp2_tp2_job(const std::string& out) {
+  return std::move(SmallJob(out)
+                       .batch(2)
+                       .steps(10)
+                       .log_every(1)
+                       .set("ckpt.every", 2)
+                       .set("ckpt.save_final", "false")
+                       .set("parallel.timeout_s", 60)
+                       .set("parallel.tp_chunks", 1)
+                       .with({"--parallel.dp=2", "--parallel.tp=2"}));
+}
+
+// The training job of the multi-node tests (launch_nodes_test, deploy_slurm_test): dp2_tp2_job (2 ranks per node,
+// tp inside a node) keeping all its checkpoints. The `train` subcommand and its options, after launch's `--`.
 inline std::vector<std::string> node_job(const std::string& out, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> a = {"train", kSmallVocabFlag, "--parallel.dp=2", "--parallel.tp=2", "--model.n_layer=2",
-                                "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64",
-                                "--data.seq_len=32", "--data.batch_size=2", "--optim.lr=3e-3",
-                                "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",
-                                "--train.log_every=1", "--train.threads=1", "--train.steps=10", "--ckpt.every=2",
-                                "--ckpt.keep_last=100", "--ckpt.save_final=false", "--parallel.timeout_s=60",
-                                "--parallel.tp_chunks=1",
-                                "--data.dir=" + kBrownData, "--train.out_dir=" + out};
-  a.insert(a.end(), extra.begin(), extra.end());
+  std::vector<std::string> a = {"train"};
+  for (const std::string& f : dp2_tp2_job(out).set("ckpt.keep_last", 100).with(extra).args()) a.push_back(f);
   return a;
 }
 

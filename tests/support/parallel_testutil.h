@@ -1,8 +1,11 @@
 // Shared by the end-to-end parallelism tests (parallel_dp_test, parallel_tp_test, parallel_pp_test): the Brown
-// shards, the common training flags, running `megatrain` and reading its metrics, and the comparison of a layout's
+// shards, the common training flags (a SmallJob), running `megatrain` and reading its metrics, and the comparison of a layout's
 // run with one process up to a noise floor measured in the same test (see "equivalence" below).
 #pragma once
+#include "files.h"
+#include "megatrain.h"
 #include "noise_floor.h"
+#include "small_job.h"
 #include "test_util.h"
 #include <gtest/gtest.h>
 
@@ -28,29 +31,26 @@ namespace ptest {
 
 namespace fs = std::filesystem;
 
-inline const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-inline const std::string kData = mt::test::kSmallBrown;
+using mt::test::fresh_dir;
+using mt::test::kMegatrain;
+using mt::test::kSmallBrown;
 
 // The Brown shards, prepared once per build tree (shared by all three tests).
-inline void prepare() { mt::test::prepare_brown_once(kBin, kData, mt::test::kSmallVocab); }
+inline void prepare() { mt::test::prepare_small_brown(); }
 
 // The flags every run of these tests shares: a small GPT (n_layer layers, d_model 64, 4 heads, the small test
 // vocabulary) for 5 steps on the Brown shards, writing to `out`; `extra` is appended (e.g. " --optim.eps=1e-6").
 inline std::string common_args(const std::string& out, int batch, int n_layer, const std::string& extra = "") {
-  return " --data.dir=" + kData + " --train.out_dir=" + out + " " + mt::test::kSmallVocabFlag +
-         " --model.n_layer=" + std::to_string(n_layer) +
-         " --model.d_model=64 --model.n_head=4 --model.max_seq_len=32 --data.seq_len=32"
-         " --data.batch_size=" + std::to_string(batch) +
-         " --optim.lr=3e-3 --optim.warmup_steps=2 --train.eval_every=0 --sample.tokens=0 --train.steps=5"
-         " --train.log_every=100 --train.threads=1 --ckpt.resume=none --parallel.bucket_mb=1"
-         " --train.peak_tflops=1" + extra;  // a set peak: no matmul benchmark at start-up (0.7 s of CPU per rank)
-}
-
-// `temp_root()/name`, removed first so a run starts from nothing.
-inline std::string fresh_dir(const std::string& name) {
-  std::string d = mt::test::temp_root() + name;
-  fs::remove_all(d);
-  return d;
+  return mt::test::SmallJob(out)
+      .model(n_layer, 64, 4, 32)
+      .batch(batch)
+      .steps(5)
+      .log_every(100)
+      .set("ckpt.resume", "none")
+      .set("parallel.bucket_mb", 1)
+      .set("train.peak_tflops", 1)  // a set peak: no matmul benchmark at start-up (0.7 s of CPU per rank)
+      .with(extra)
+      .line();
 }
 
 // The step-3 checkpoint of a run with --ckpt.every=3.
@@ -59,12 +59,17 @@ inline std::string step3(const std::string& out) { return out + "/ckpt/step_0000
 // Runs a command (output discarded); it must succeed.
 inline void run(const std::string& cmd) { ASSERT_EQ(std::system((cmd + " > /dev/null 2>&1").c_str()), 0) << cmd; }
 
+// Runs the reordered twin (noise_floor.h, reordered) of the one-process run with these flags: the noise floor of
+// that run's numbers. It must succeed.
+inline void run_twin(int batch, const std::string& flags) {
+  run(kMegatrain + " train" + flags + reordered(batch, flags));
+}
+
 // Runs a command that must fail and returns what it printed (stdout and stderr, kept in `log`).
 inline std::string failing_output(const std::string& cmd, const std::string& log, const std::string& what) {
   int rc = std::system((cmd + " > " + log + " 2>&1").c_str());
   EXPECT_NE(rc, 0) << what;
-  std::ifstream f(log);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return mt::test::slurp(log);
 }
 
 using mt::test::error_of;

@@ -11,7 +11,8 @@
 #include <chrono>
 #include <thread>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
+#include "support/files.h"
 #include "megatrain/comm/flight_recorder.h"
 #include "megatrain/comm/process_group.h"
 #include "megatrain/comm/store.h"
@@ -19,7 +20,7 @@
 
 using namespace mt;
 using comm_test::run_procs;
-using comm_test::TempDir;
+using mt::test::ScratchDir;
 
 namespace {
 
@@ -51,7 +52,7 @@ void wait_until(P pred, const std::string& what) {
 }
 
 TEST(FlightRecorder, AKnownSequenceHasTheSameNumbersOnEveryMember) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string report = run_procs(2, [&](int rank) {
     auto store = make_file_store(dir.path);
     auto g = make_gloo_group(*store, "dp[0-1]", {0, 1}, rank);
@@ -104,7 +105,7 @@ TEST(FlightRecorder, AKnownSequenceHasTheSameNumbersOnEveryMember) {
 
 // Three ranks; rank 2 enters collective #1 only after ranks 0 and 1 have seen themselves waiting in it.
 TEST(FlightRecorder, AMemberThatHasNotEnteredShowsTheCollectiveBeforeIt) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string report = run_procs(3, [&](int rank) {
     auto store = make_file_store(dir.path);
     auto g = make_gloo_group(*store, "tp[0-2]", {0, 1, 2}, rank);
@@ -143,7 +144,7 @@ TEST(FlightRecorder, AMemberThatHasNotEnteredShowsTheCollectiveBeforeIt) {
 // Rank 1 is held in the enter hook at collective #1 (the hang fault's place): it shows #1 posted, never started,
 // while rank 0 shows #1 started; released, both complete.
 TEST(FlightRecorder, AMemberHeldInTheEnterHookShowsThePostedCollective) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string report = run_procs(2, [&](int rank) {
     auto store = make_file_store(dir.path);
     auto g = make_gloo_group(*store, "pp[0-1]", {0, 1}, rank);
@@ -231,7 +232,7 @@ TEST(FlightRecorder, ADeviceOpTakesItsStateFromItsProbe) {
 }
 
 TEST(FlightRecorder, KeepsTheNewestCompletedEntriesAndEveryPendingOne) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string report = run_procs(1, [&](int) {
     auto store = make_file_store(dir.path);
     auto g = make_gloo_group(*store, "dp[0]", {0}, 0);

@@ -27,6 +27,7 @@
 #include "megatrain/tokenizer/bpe_train.h"
 #include "megatrain/tokenizer/tokenizer.h"
 #include "megatrain/tokenizer/unicode_tables.h"
+#include "support/megatrain.h"
 
 namespace {
 
@@ -746,8 +747,8 @@ std::vector<Ids> prepared_documents(const std::string& tokenizer_json, const std
                     log = tmp_dir() + "/" + name + ".log";
   fs::create_directories(corpus);
   for (size_t i = 0; i < docs.size(); ++i) mt::write_file_atomic(fmt::format("{}/doc_{}.txt", corpus, i), docs[i]);
-  const std::string cmd = fmt::format("{}/megatrain prepare-data --format text --input {} --vocab {} --out {} > {} 2>&1",
-                                      MT_BINARY_DIR, corpus, tokenizer_json, out, log);
+  const std::string cmd = fmt::format("{} prepare-data --format text --input {} --vocab {} --out {} > {} 2>&1",
+                                      mt::test::kMegatrain, corpus, tokenizer_json, out, log);
   EXPECT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(log);
   std::vector<Ids> stored;
   for (const auto& e : fs::directory_iterator(out)) {
@@ -940,8 +941,8 @@ TEST(SentencePieceTokenizer, TheCliEncodesWithTheTemplateOnRequest) {
   mt::write_file_atomic(tmp_dir() + "/cli_in.txt", text);
   auto cli = [&](const std::string& flags) {
     const std::string out = tmp_dir() + "/cli_out.txt";
-    EXPECT_EQ(std::system(fmt::format("{}/megatrain tokenize encode --vocab {} --in {}/cli_in.txt --out {} {}",
-                                      MT_BINARY_DIR, json, tmp_dir(), out, flags).c_str()), 0);
+    EXPECT_EQ(std::system(fmt::format("{} tokenize encode --vocab {} --in {}/cli_in.txt --out {} {}",
+                                      mt::test::kMegatrain, json, tmp_dir(), out, flags).c_str()), 0);
     Ids ids;
     std::istringstream in(mt::read_text_file(out));
     for (int32_t id; in >> id;) ids.push_back(id);

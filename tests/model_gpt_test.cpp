@@ -3,7 +3,7 @@
 //    GPT-2 style and Llama style with RMSNorm/SwiGLU/RoPE/GQA);
 //  * every parameter gradient matches central finite differences of the naive double model;
 //  * activation recomputation gives bit-identical gradients.
-// (The optimizers' tests are in optim_test.cpp.)
+// (The optimizers' tests are in optim_optimizer_test.cpp.)
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 
 #include "megatrain/core/rng.h"
 #include "megatrain/model/gpt.h"
-#include "model_testutil.h"
-#include "test_util.h"
+#include "support/model_testutil.h"
+#include "support/test_util.h"
 
 using namespace mt;
 

@@ -1,4 +1,4 @@
-// Helpers shared by the data pipeline tests: a scratch directory and small file writers.
+// Helpers shared by the data pipeline tests: small file writers (a scratch directory: files.h, ScratchDir).
 #pragma once
 #include <stdlib.h>
 
@@ -8,30 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "files.h"
 #include "megatrain/core/error.h"
 #include "test_util.h"
 
 namespace mt::testing {
-
-// A fresh directory under the build tree, removed with its contents at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = std::string(MT_BINARY_DIR);
-    tmpl += "/test-tmp-data-XXXXXX";  // (one + of a literal to a temporary: GCC 12 warns falsely, -Warray-bounds)
-    std::filesystem::create_directories(MT_BINARY_DIR);
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 using mt::test::error_of;
 

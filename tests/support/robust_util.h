@@ -17,32 +17,25 @@
 
 #include <nlohmann/json.hpp>
 
+#include "files.h"
+#include "megatrain.h"
 #include "megatrain/core/error.h"
+#include "small_job.h"
 #include "test_util.h"
 
 extern char** environ;
 
 namespace robust_test {
 
-inline const std::string kBin = std::string(MT_BINARY_DIR) + "/megatrain";
-inline const std::string kData = mt::test::kSmallBrown;  // prepare(): the small test vocabulary
+using mt::test::has;
+using mt::test::kMegatrain;
+using mt::test::slurp;
 
-inline std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+inline void prepare() { mt::test::prepare_small_brown(); }
 
-inline bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-inline void prepare() { mt::test::prepare_brown_once(kBin, kData, mt::test::kSmallVocab); }
-
-// A small model on the Brown shards, one thread per rank.
+// A small model on the Brown shards (the small test vocabulary), one thread per rank.
 inline std::vector<std::string> small_flags(const std::string& out) {
-  return {"--data.dir=" + kData,    "--train.out_dir=" + out, mt::test::kSmallVocabFlag,
-          "--model.n_layer=2",      "--model.d_model=64",
-          "--model.n_head=2",       "--model.max_seq_len=64", "--data.seq_len=32",     "--data.batch_size=4",
-          "--optim.lr=3e-3",        "--optim.warmup_steps=2", "--train.eval_every=0",  "--sample.tokens=0",
-          "--train.log_every=1000", "--train.threads=1",      "--train.peak_tflops=1"};
+  return mt::test::SmallJob(out).set("train.peak_tflops", 1).args();
 }
 
 // One rank: its pid, the read end of its heartbeat pipe, the lines read so far, its log.
@@ -140,7 +133,7 @@ inline Rank start_rank(int rank, int world, const std::string& store_dir, const 
                           key.rfind("MEGATRAIN_", 0) == 0 || key.rfind("SLURM_", 0) == 0;
     if (!ours && !launcher) env.push_back(s);
   }
-  std::vector<std::string> argv_s = {kBin, "train"};
+  std::vector<std::string> argv_s = {kMegatrain, "train"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv, envp;
   for (auto& a : argv_s) argv.push_back(a.data());

@@ -5,7 +5,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "data_util.h"
+#include "support/data_util.h"
+#include "support/files.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/shard.h"
@@ -13,7 +14,7 @@
 namespace mt {
 namespace {
 
-using testing::TempDir;
+using mt::test::ScratchDir;
 
 // The header read straight from the file's bytes (not through ShardReader).
 std::vector<int32_t> raw_header(const std::string& path) {
@@ -28,9 +29,9 @@ std::vector<int32_t> raw_header(const std::string& path) {
 using testing::error_of;
 
 TEST(DataShard, RoundTripSingleShardWithLlmcHeader) {
-  TempDir dir;
+  ScratchDir dir;
   std::vector<std::vector<int32_t>> docs = {{1, 2, 3}, {}, {50255, 0, 7, 7}};
-  ShardWriter w(dir.path(), "train", 50257, 50256, 1000);
+  ShardWriter w(dir.path, "train", 50257, 50256, 1000);
   for (auto& d : docs) w.add_document(d);
   auto paths = w.finish();
   ASSERT_EQ(paths.size(), 1u);
@@ -57,16 +58,16 @@ TEST(DataShard, RoundTripSingleShardWithLlmcHeader) {
   EXPECT_EQ(r.read_all(), expect);
   // No temporary file is left behind.
   int files = 0;
-  for (auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
+  for (auto& e : std::filesystem::directory_iterator(dir.path)) files += e.is_regular_file();
   EXPECT_EQ(files, 1);
 }
 
 TEST(DataShard, MultiShardSplitKeepsOneStream) {
-  TempDir dir;
+  ScratchDir dir;
   const uint64_t max_tokens = 7;
   std::vector<int32_t> stream;
   std::vector<uint64_t> doc_starts;
-  ShardWriter w(dir.path(), "val", 1000, 999, max_tokens);
+  ShardWriter w(dir.path, "val", 1000, 999, max_tokens);
   for (int d = 0; d < 9; ++d) {
     std::vector<int32_t> doc;
     for (int i = 0; i < (d * 5) % 11; ++i) doc.push_back(d * 100 + i);
@@ -78,12 +79,12 @@ TEST(DataShard, MultiShardSplitKeepsOneStream) {
   auto paths = w.finish();
   const size_t want_shards = (stream.size() + max_tokens - 1) / max_tokens;
   ASSERT_EQ(paths.size(), want_shards);
-  EXPECT_EQ(list_shards(dir.path(), "val"), paths);
-  EXPECT_TRUE(list_shards(dir.path(), "train").empty());
+  EXPECT_EQ(list_shards(dir.path, "val"), paths);
+  EXPECT_TRUE(list_shards(dir.path, "train").empty());
 
   std::vector<int32_t> joined;
   for (size_t s = 0; s < paths.size(); ++s) {
-    EXPECT_EQ(paths[s], shard_path(dir.path(), "val", static_cast<int>(s)));
+    EXPECT_EQ(paths[s], shard_path(dir.path, "val", static_cast<int>(s)));
     ShardReader r(paths[s]);
     auto h = raw_header(paths[s]);
     uint64_t begin = s * max_tokens, end = std::min<uint64_t>(begin + max_tokens, stream.size());
@@ -98,8 +99,8 @@ TEST(DataShard, MultiShardSplitKeepsOneStream) {
 }
 
 TEST(DataShard, LargeVocabUsesUint32Tokens) {
-  TempDir dir;
-  ShardWriter w(dir.path(), "train", 128256, 128001, 100);
+  ScratchDir dir;
+  ShardWriter w(dir.path, "train", 128256, 128001, 100);
   std::vector<int32_t> doc = {0, 65535, 65536, 128255};
   w.add_document(doc);
   auto paths = w.finish();
@@ -111,11 +112,11 @@ TEST(DataShard, LargeVocabUsesUint32Tokens) {
 }
 
 TEST(DataShard, ReadsHandBuiltLlmcShards) {
-  TempDir dir;
+  ScratchDir dir;
   // llm.c leaves header[3..255] zero; tokens are GPT-2 ids as uint16.
   std::vector<uint32_t> toks = {50256, 464, 2068, 7586, 21831, 50256, 15496};
   testing::write_bytes(dir / "tinyshakespeare_val.bin", testing::llmc_shard_bytes({20240520, 1, 7}, toks, 2));
-  auto found = list_shards(dir.path(), "val");
+  auto found = list_shards(dir.path, "val");
   ASSERT_EQ(found.size(), 1u);  // llm.c's <dataset>_<split>.bin naming is found too
   ShardReader r(found[0]);
   EXPECT_EQ(r.header().version, 1);
@@ -133,13 +134,13 @@ TEST(DataShard, ReadsHandBuiltLlmcShards) {
   // Version 2 (uint32, llm.c's Llama 3 shards).
   std::vector<uint32_t> big = {128000, 9906, 1917, 128001};
   testing::write_bytes(dir / "fineweb_train_000001.bin", testing::llmc_shard_bytes({20240520, 2, 4}, big, 4));
-  ShardReader r2(list_shards(dir.path(), "train").at(0));
+  ShardReader r2(list_shards(dir.path, "train").at(0));
   EXPECT_EQ(r2.header().version, 2);
   EXPECT_EQ(r2.read_all(), std::vector<int32_t>(big.begin(), big.end()));
 }
 
 TEST(DataShard, CorruptShardsFailWithTheReason) {
-  TempDir dir;
+  ScratchDir dir;
   std::vector<uint32_t> toks = {1, 2, 3, 4, 5};
   auto check = [&](const std::string& name, const std::string& bytes, const std::string& what) {
     std::string path = dir / name;
@@ -168,9 +169,9 @@ TEST(DataShard, CorruptShardsFailWithTheReason) {
 }
 
 TEST(DataShard, WriterValidatesAndCleansUp) {
-  TempDir dir;
+  ScratchDir dir;
   {
-    ShardWriter w(dir.path(), "train", 100, 99, 10);
+    ShardWriter w(dir.path, "train", 100, 99, 10);
     std::vector<int32_t> bad = {5, 100};
     EXPECT_NE(error_of([&] { w.add_document(bad); }).find("outside the vocabulary"), std::string::npos);
     std::vector<int32_t> neg = {-1};
@@ -179,21 +180,21 @@ TEST(DataShard, WriterValidatesAndCleansUp) {
     w.add_document(ok);
     // Destroyed without finish(): nothing (not even a temporary file) is left.
   }
-  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
-  EXPECT_THROW(ShardWriter(dir.path(), "train", 100, 100, 10), Error);     // EOT outside vocab
-  EXPECT_THROW(ShardWriter(dir.path(), "train", 100, 99, 0), Error);       // empty shards
-  EXPECT_THROW(ShardWriter(dir.path(), "train", 100, 99, 1ull << 31), Error);  // int32 header overflow
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path));
+  EXPECT_THROW(ShardWriter(dir.path, "train", 100, 100, 10), Error);     // EOT outside vocab
+  EXPECT_THROW(ShardWriter(dir.path, "train", 100, 99, 0), Error);       // empty shards
+  EXPECT_THROW(ShardWriter(dir.path, "train", 100, 99, 1ull << 31), Error);  // int32 header overflow
 
   // Shards of an older, longer run are removed, so they cannot join the new split's stream.
-  for (int i = 0; i < 3; ++i) testing::write_bytes(shard_path(dir.path(), "train", i), "old");
+  for (int i = 0; i < 3; ++i) testing::write_bytes(shard_path(dir.path, "train", i), "old");
   testing::write_bytes(dir / "train_notes.txt", "keep");
-  ShardWriter w(dir.path(), "train", 100, 99, 10);
+  ShardWriter w(dir.path, "train", 100, 99, 10);
   std::vector<int32_t> doc = {1};
   w.add_document(doc);
   w.finish();
-  EXPECT_EQ(list_shards(dir.path(), "train").size(), 1u);
+  EXPECT_EQ(list_shards(dir.path, "train").size(), 1u);
   EXPECT_TRUE(file_exists(dir / "train_notes.txt"));
-  EXPECT_EQ(ShardReader(shard_path(dir.path(), "train", 0)).read_all(), (std::vector<int32_t>{99, 1}));
+  EXPECT_EQ(ShardReader(shard_path(dir.path, "train", 0)).read_all(), (std::vector<int32_t>{99, 1}));
 }
 
 // A shard that shrinks under an open reader (rewritten in place by a second prepare-data, rsync --inplace, a
@@ -201,10 +202,10 @@ TEST(DataShard, WriterValidatesAndCleansUp) {
 // would crash the test binary. The reader must throw instead, kind Data, naming the shard and what changed; and a
 // shard renamed over (what ShardWriter does) goes on being read as it was when opened.
 TEST(DataShard, AShardThatChangesUnderAReaderIsAnErrorNamingIt) {
-  TempDir dir;
+  ScratchDir dir;
   std::vector<int32_t> doc(5000);
   for (int i = 0; i < 5000; ++i) doc[i] = i % 1000;
-  ShardWriter w(dir.path(), "train", 1001, 1000, 100000);
+  ShardWriter w(dir.path, "train", 1001, 1000, 100000);
   w.add_document(doc);
   const std::string path = w.finish().at(0);
   const std::vector<int32_t> before = ShardReader(path).read_all();
@@ -213,7 +214,7 @@ TEST(DataShard, AShardThatChangesUnderAReaderIsAnErrorNamingIt) {
   std::vector<int32_t> other(5000);
   for (int i = 0; i < 5000; ++i) other[i] = (3 * i) % 1000;
   {
-    ShardWriter again(dir.path(), "train", 1001, 1000, 100000);  // removes the old shard, renames a new one in
+    ShardWriter again(dir.path, "train", 1001, 1000, 100000);  // removes the old shard, renames a new one in
     again.add_document(other);
     again.finish();
   }

@@ -14,10 +14,12 @@
 #include <thread>
 #include <sstream>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/train/heartbeat.h"
-#include "robust_util.h"
+#include "support/files.h"
+#include "support/metrics.h"
+#include "support/robust_util.h"
 
 using namespace robust_test;
 namespace fs = std::filesystem;
@@ -34,7 +36,7 @@ std::string fresh_dir(const std::string& name) {
 TEST(Heartbeat, LinesCarryTheProtocolsFields) {
   prepare();
   const std::string out = fresh_dir("mt_hb_fields");
-  comm_test::TempDir store;
+  mt::test::ScratchDir store;
   std::vector<std::string> args = small_flags(out + "/run");
   args.insert(args.end(), {"--train.steps=5", "--train.skip_steps=[2]"});
   Rank r = start_rank(0, 1, store.path, args, out + "/log", {}, 0.05);
@@ -126,7 +128,7 @@ TEST(Heartbeat, LinesReachTheReaderInTheOrderOfTheirStamps) {
 TEST(Heartbeat, GoOnWhileARankWaitsForAStoppedPeer) {
   prepare();
   const std::string out = fresh_dir("mt_hb_stopped_peer");
-  comm_test::TempDir store;
+  mt::test::ScratchDir store;
   std::vector<std::string> args = small_flags(out + "/run");
   args.insert(args.end(), {"--train.steps=100000", "--parallel.dp=2", "--data.batch_size=2",
                            "--parallel.timeout_s=120"});

@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "files.h"
+
 namespace mt::test {
 
 // Runs a shell command with its output in a private temporary file; its exit code (128 when it did not exit), and
@@ -28,10 +30,7 @@ inline int run_shell(const std::string& cmd, std::string* out = nullptr) {
   const int fd = ::mkstemp(tmpl);
   if (fd >= 0) ::close(fd);
   const int st = std::system(fmt::format("{} > {} 2>&1 < /dev/null", cmd, tmpl).c_str());
-  if (out) {
-    std::ifstream f(tmpl);
-    out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
+  if (out) *out = slurp(tmpl);
   ::unlink(tmpl);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "metrics.h"
+
 namespace ptest {
 
 // A parallel layout computes the same sums as one process in another order, so the two runs agree only up to
@@ -72,14 +74,7 @@ inline double rel(double x, double ref) { return std::abs(x - ref) / std::max(st
 
 // The per-step values of `field` ("loss", "grad_norm", "val_loss") in a run's metrics.jsonl, from lines of `kind`.
 inline std::vector<double> series(const std::string& out, const std::string& field, const std::string& kind = "train") {
-  std::vector<double> v;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == kind) v.push_back(j[field].get<double>());
-  }
-  return v;
+  return mt::test::metric_series(out + "/metrics.jsonl", field, kind);
 }
 
 // The per-step training losses of a run.

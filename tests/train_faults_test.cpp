@@ -12,13 +12,15 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/core/error.h"
 #include "megatrain/train/faults.h"
 #include "megatrain/train/loss_spike.h"
 #include "megatrain/train/run_config.h"
-#include "robust_util.h"
+#include "support/files.h"
+#include "support/metrics.h"
+#include "support/robust_util.h"
 
 using namespace mt;
 using namespace robust_test;
@@ -172,7 +174,7 @@ TEST(RobustConfig, SkipStepsAndSpikeKeys) {
 
 struct Job {
   std::string out;
-  comm_test::TempDir store;
+  mt::test::ScratchDir store;
   Rank r0, r1;
 };
 

@@ -33,7 +33,7 @@
 #include "megatrain/perf/search.h"
 #include "megatrain/perf/step_model.h"
 #include "megatrain/train/run_config.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 using namespace mt;
 using namespace mt::perf;

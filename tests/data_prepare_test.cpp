@@ -5,7 +5,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "data_util.h"
+#include "support/data_util.h"
+#include "support/files.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/assets.h"
@@ -17,7 +18,7 @@
 namespace mt {
 namespace {
 
-using testing::TempDir;
+using mt::test::ScratchDir;
 using testing::write_bytes;
 
 using testing::error_of;
@@ -65,7 +66,7 @@ std::string doc_text(int i) {
 }
 
 TEST(DataPrepare, TextCorpusRoundTripsThroughShards) {
-  TempDir dir;
+  ScratchDir dir;
   const int n = 40;
   for (int i = 0; i < n; ++i) write_bytes(dir / fmt::format("corpus/doc_{:02d}.txt", i), doc_text(i));
   write_bytes(dir / "corpus/doc_40_empty.txt", "");
@@ -124,7 +125,7 @@ TEST(DataPrepare, TextCorpusRoundTripsThroughShards) {
 }
 
 TEST(DataPrepare, ValSplitAlwaysExistsForTwoOrMoreDocuments) {
-  TempDir dir;
+  ScratchDir dir;
   // A seed for which the hash rule puts neither document in val.
   uint64_t seed = 0;
   while (is_val_document(0, seed, 0.05) || is_val_document(1, seed, 0.05)) ++seed;
@@ -155,7 +156,7 @@ TEST(DataPrepare, ValSplitAlwaysExistsForTwoOrMoreDocuments) {
 }
 
 TEST(DataPrepare, JsonLinesCorpus) {
-  TempDir dir;
+  ScratchDir dir;
   std::vector<std::string> docs;
   std::string lines;
   for (int i = 0; i < 30; ++i) {
@@ -186,7 +187,7 @@ TEST(DataPrepare, JsonLinesCorpus) {
 // Progress comes after every chunk (4,096 documents here): the bytes read grow to the input files' sizes, and the
 // last report counts every document and the tokens the shards hold (one EOT per document included).
 TEST(DataPrepare, ProgressReachesTheInputsSizeAndTheStoredTokens) {
-  TempDir dir;
+  ScratchDir dir;
   std::string a, b;
   for (int i = 0; i < 6000; ++i) (i < 5000 ? a : b) += nlohmann::json{{"text", doc_text(i)}}.dump() + "\n";
   write_bytes(dir / "data/a.jsonl", a);
@@ -214,7 +215,7 @@ TEST(DataPrepare, ProgressReachesTheInputsSizeAndTheStoredTokens) {
 }
 
 TEST(DataPrepare, ClearErrors) {
-  TempDir dir;
+  ScratchDir dir;
   PrepareOptions opt;
   opt.out_dir = dir / "out";
   EXPECT_NE(error_of([&] { prepare_data(opt, byte_encoder()); }).find("no input files"), std::string::npos);
@@ -253,7 +254,7 @@ TokenEncoder gpt2_encoder(const Tokenizer& tok) {
 TEST(DataPrepare, Gpt2TokenizerEndToEnd) {
   ASSERT_TRUE(file_exists(default_gpt2_vocab_dir() + "/encoder.json")) << "run scripts/setup";
   Tokenizer tok = Tokenizer::load_gpt2(default_gpt2_vocab_dir());
-  TempDir dir;
+  ScratchDir dir;
   std::vector<std::string> docs = {
       "Hello world! This is the first document.\n",
       "Caf\xC3\xA9 \xE2\x98\x83 and numbers 12345, with a literal <|endoftext|> that must stay text.",
@@ -292,7 +293,7 @@ TEST(DataPrepare, Gpt2TokenizerEndToEnd) {
 TEST(DataPrepare, BrownFilesWithGpt2) {
   ASSERT_TRUE(file_exists(default_brown_dir() + "/ca01")) << "run scripts/setup";
   Tokenizer tok = Tokenizer::load_gpt2(default_gpt2_vocab_dir());
-  TempDir dir;
+  ScratchDir dir;
   PrepareOptions opt;
   opt.inputs = {default_brown_dir() + "/ca01", default_brown_dir() + "/ca02", default_brown_dir() + "/cr09"};
   opt.format = CorpusFormat::Brown;

@@ -22,27 +22,26 @@
 #include "megatrain/data/shard.h"
 #include "megatrain/tokenizer/tokenizer.h"
 #include "megatrain/train/trainer.h"
-#include "test_util.h"
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/small_job.h"
+#include "support/test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kData = std::string(MT_BINARY_DIR) + "/test-data/brown";
+const std::string& kData = mt::test::kGpt2Brown;
+using mt::test::kMegatrain;
+using mt::test::metrics_of;
 
-// MT_BINARY_DIR "/megatrain" joined by the preprocessor: GCC 12 at -O1 warns falsely (-Warray-bounds) on the
-// inlined std::string + of a literal to a temporary.
-void prepare_brown() { mt::test::prepare_brown_once(MT_BINARY_DIR "/megatrain", kData); }
+void prepare_brown() { mt::test::prepare_gpt2_brown(); }
 
+// The small job on the GPT-2-tokenized Brown shards, two threads.
 RunConfig small(const std::string& out, std::vector<std::string> extra = {}) {
-  std::vector<std::string> ov = {"--data.dir=" + kData, "--train.out_dir=" + out, "--model.n_layer=2",
-                                 "--model.d_model=64", "--model.n_head=2", "--model.max_seq_len=64",
-                                 "--data.seq_len=32", "--data.batch_size=4", "--optim.lr=3e-3",
-                                 "--optim.warmup_steps=2", "--train.eval_every=0", "--sample.tokens=0",
-                                 "--train.log_every=1000", "--train.threads=2"};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  return parse_run_config("", "test", ov);
+  return parse_run_config("", "test", mt::test::SmallJob::gpt2(out).threads(2).with(extra).args());
 }
 
 std::vector<std::string> losses(const std::string& metrics) { return mt::test::step_losses(metrics); }
@@ -80,12 +79,7 @@ TEST(Train, LossFallsOnTheDefaultCorpus) {
   EXPECT_LT(r.last_val_loss, 8.3);
   // Every train line reports the memory this rank allocated through its backend: planned up front, so the same
   // on every step, and at least the fp32 parameters, gradients and both AdamW moments (16 bytes a parameter).
-  std::ifstream in(out + "/metrics.jsonl");
-  std::vector<double> mem;
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") mem.push_back(j.at("memory_gb").get<double>());
-  }
+  const std::vector<double> mem = mt::test::metric_series(out + "/metrics.jsonl", "memory_gb");
   ASSERT_EQ(mem.size(), 80u);
   const ModelConfig m = small(out).model;
   EXPECT_GE(mem.front() * 1e9, 16.0 * static_cast<double>(m.num_params()));
@@ -156,9 +150,7 @@ TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
   run("a", {"--train.steps=8"});
   {  // each train line says how often each source's data has been seen: rows over its windows of T + 1 tokens
     nlohmann::json last;
-    std::ifstream in(base + "/a/metrics.jsonl");
-    for (std::string line; std::getline(in, line);)
-      if (nlohmann::json j = nlohmann::json::parse(line); j["kind"] == "train") last = j;
+    for (nlohmann::json& j : metrics_of(base + "/a/metrics.jsonl", "train")) last = j;
     auto windows = [&](const std::string& shard) { return double((ShardReader(shard).header().num_tokens - 1) / 32); };
     EXPECT_EQ(last["blend_epochs"], (nlohmann::json{24 / windows(web + "/train_000000.bin"),
                                                     8 / windows(code + "/train_000000.bin")}));  // 32 rows, 3:1
@@ -196,14 +188,9 @@ TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
 
   // Evaluation: each source's val split on its own ("val_source" lines), and the "val" line their mean by share.
   run("d", {"--train.steps=4", "--train.eval_every=4", "--train.eval_batches=2", "--ckpt.save_final=false"});
-  std::vector<nlohmann::json> by_source;
+  std::vector<nlohmann::json> by_source = metrics_of(base + "/d/metrics.jsonl", "val_source");
   double val = NAN;
-  std::ifstream in(base + "/d/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j["kind"] == "val_source") by_source.push_back(j);
-    if (j["kind"] == "val") val = j["val_loss"].get<double>();
-  }
+  for (nlohmann::json& j : metrics_of(base + "/d/metrics.jsonl", "val")) val = j["val_loss"].get<double>();
   ASSERT_EQ(by_source.size(), 2u);
   EXPECT_EQ(by_source[0]["dir"], web);
   EXPECT_EQ(by_source[1]["dir"], code);
@@ -223,7 +210,8 @@ TEST(Train, TheEvalCommandGivesTheTrainersValidationLoss) {
   const TrainResult r = run_training(small(base + "/run", {"--train.steps=3", "--train.eval_every=3",
                                                              "--train.eval_batches=4"}));
   ASSERT_GT(r.last_val_loss, 0);
-  const std::string bin = std::string(MT_BINARY_DIR) + "/megatrain", out = base + "/eval.json";
+  const std::string& bin = kMegatrain;
+  const std::string out = base + "/eval.json";
   const std::string cmd = fmt::format("{} eval --ckpt {}/run/ckpt --data {} --batches 4 --batch-size 4 --seq-len 32 "
                                       "--threads 2 --json > {} 2>&1", bin, base, kData, out);
   ASSERT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(out);
@@ -245,7 +233,8 @@ TEST(Train, TheEvalCommandGivesTheTrainersValidationLoss) {
 TEST(Train, AnHfExportCarriesTheTokenizerItsDataWasPreparedWith) {
   const std::string base = fresh_base("mt_export_tok");
   run_training(small(base + "/run", {"--train.steps=1"}));
-  const std::string bin = std::string(MT_BINARY_DIR) + "/megatrain", log = base + "/log.txt";
+  const std::string& bin = kMegatrain;
+  const std::string log = base + "/log.txt";
   auto convert = [&](const std::string& out, const std::string& extra) {
     return std::system(fmt::format("{} convert --to-hf {}/run/ckpt --out {}/model.safetensors {} > {} 2>&1", bin, base,
                                    out, extra, log).c_str());
@@ -286,11 +275,8 @@ TEST(Train, MetricsOfAResumedRunReadAsOneHistory) {
   { std::ofstream(b + "/metrics.jsonl", std::ios::app) << "{\"kind\":\"train\",\"step\":7,\"lo"; }  // torn line
   run_training(small(b, {"--train.steps=8", "--ckpt.every=4", "--ckpt.save_final=false"}));
   std::vector<int> steps;
-  std::ifstream in(b + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json j = nlohmann::json::parse(line);  // every line parses: the torn one is gone
-    if (j["kind"] == "train") steps.push_back(j["step"]);
-  }
+  // metrics_of parses every line (a line that does not parse throws): the torn one is gone
+  for (nlohmann::json& j : metrics_of(b + "/metrics.jsonl", "train")) steps.push_back(j["step"]);
   EXPECT_EQ(steps, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}));
   EXPECT_EQ(losses(b + "/metrics.jsonl"), losses(a + "/metrics.jsonl"));
 }
@@ -452,11 +438,7 @@ TEST(Train, ResumeAndGenerateRefuseABadStateInTheManifest) {
   fs::remove_all(a);
   run_training(small(a, {"--train.steps=1"}));
   const std::string dir = a + "/ckpt/step_00000001", mpath = dir + "/manifest.json";
-  std::string good;
-  {
-    std::ifstream f(mpath);
-    good.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
+  const std::string good = mt::test::slurp(mpath);
   struct Case {
     std::string pointer;
     nlohmann::json value;
@@ -485,11 +467,10 @@ TEST(Train, ResumeAndGenerateRefuseABadStateInTheManifest) {
     EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
     if (!c.model) continue;
     const std::string log = a + "/generate.log";
-    const std::string cmd = std::string(MT_BINARY_DIR) + "/megatrain generate --ckpt " + dir + " --tokens 2 > " + log + " 2>&1";
+    const std::string cmd = kMegatrain + " generate --ckpt " + dir + " --tokens 2 > " + log + " 2>&1";
     const int rc = std::system(cmd.c_str());
     EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << "generate exited with status " << rc;
-    std::ifstream f(log);
-    msg.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    msg = mt::test::slurp(log);
     EXPECT_NE(msg.find(dir + ": manifest.json, extra.model"), std::string::npos) << msg;
     EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
   }

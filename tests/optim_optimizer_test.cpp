@@ -10,7 +10,7 @@
 #include "megatrain/core/rng.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/optim/optimizer.h"
-#include "model_testutil.h"
+#include "support/model_testutil.h"
 
 using namespace mt;
 

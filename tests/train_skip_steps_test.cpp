@@ -11,11 +11,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "comm_fork_util.h"
+#include "support/comm_fork_util.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/core/stop_request.h"
 #include "megatrain/train/trainer.h"
-#include "robust_util.h"
+#include "support/files.h"
+#include "support/metrics.h"
+#include "support/robust_util.h"
 
 using namespace mt;
 using namespace robust_test;
@@ -104,7 +106,7 @@ TEST(SkipSteps, EveryDataParallelRankSkipsTogether) {
   prepare();
   const std::string a = fresh("mt_skip_dp_plain"), b = fresh("mt_skip_dp_skipped");
   for (const std::string& out : {a, b}) {
-    comm_test::TempDir store;
+    mt::test::ScratchDir store;
     const std::string report = comm_test::run_procs(2, [&](int rank) {
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", "2", 1);

@@ -22,20 +22,6 @@
 
 namespace comm_test {
 
-// A fresh temporary directory (for a file store), removed on destruction.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "mt-dist-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
 // Runs fn(rank) in one child per entry of `ranks`. Returns "" when every child exits cleanly within deadline_s;
 // otherwise one line per failing rank with its message. deadline_s only guards against a hang: generous for a slow or
 // busy machine, and above the groups' and stores' 60 s timeouts so that those report first.

@@ -8,7 +8,8 @@
 #include <memory>
 #include <set>
 
-#include "data_util.h"
+#include "support/data_util.h"
+#include "support/files.h"
 #include "megatrain/core/error.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/data/shard.h"
@@ -16,19 +17,19 @@
 namespace mt {
 namespace {
 
-using testing::TempDir;
+using mt::test::ScratchDir;
 
 using testing::error_of;
 
 // A split whose stream is EOT followed by distinct ids, spread over shards of 149 tokens (so windows cross shard
 // boundaries). Distinct ids let a window be recognised by its first token.
 struct Dataset {
-  TempDir dir;
+  ScratchDir dir;
   std::vector<int32_t> stream;  // the oracle: all shards' tokens, concatenated naively
 
   explicit Dataset(int ntokens, uint64_t shard_tokens = 149) {
     const int vocab = ntokens + 1;
-    ShardWriter w(dir.path(), "train", vocab, ntokens, shard_tokens);
+    ShardWriter w(dir.path, "train", vocab, ntokens, shard_tokens);
     std::vector<int32_t> doc(ntokens - 1);
     for (int i = 0; i < ntokens - 1; ++i) doc[i] = (i * 7919) % (ntokens - 1);  // a permutation (7919 is prime)
     w.add_document(doc);
@@ -37,7 +38,7 @@ struct Dataset {
       stream.insert(stream.end(), t.begin(), t.end());
     }
   }
-  const std::string& path() const { return dir.path(); }
+  const std::string& path() const { return dir.path; }
   // Window k of the stream, split into x and y.
   void window(uint64_t k, int T, const int32_t** x, const int32_t** y) const {
     *x = stream.data() + k * T;
@@ -214,10 +215,10 @@ TEST(DataLoad, ResumesExactlyAtAnyPoint) {
 // A source of a blend: one document of `n` distinct ids from `base` on (vocabulary 4096, EOT 4095 before it), so a
 // row's second token names its source (its first, its window: every source's window 0 starts with the EOT). Shards of 97 tokens: windows cross shard boundaries.
 struct BlendSource {
-  TempDir dir;
+  ScratchDir dir;
   std::vector<int32_t> stream;
   BlendSource(int base, int n, const std::string& split = "train") {
-    ShardWriter w(dir.path(), split, 4096, 4095, 97);
+    ShardWriter w(dir.path, split, 4096, 4095, 97);
     std::vector<int32_t> doc(n);
     for (int i = 0; i < n; ++i) doc[i] = base + i;
     w.add_document(doc);
@@ -259,7 +260,7 @@ TEST(DataBlend, RowsFollowTheLargestDeficitRuleAndStayWithinARowOfTheirShare) {
   // Dyadic weights: the loader's integer shares of 2^30 are then exact, and so are the oracle's doubles, so the two
   // meet the same ties (frequent here) and break them alike.
   const std::vector<double> weights = {0.5, 0.375, 0.125};
-  DataLoader dl({{a.dir.path(), 4}, {b.dir.path(), 3}, {c.dir.path(), 1}}, "train", B, T, true, 7, 0, 1, 2);
+  DataLoader dl({{a.dir.path, 4}, {b.dir.path, 3}, {c.dir.path, 1}}, "train", B, T, true, 7, 0, 1, 2);
   EXPECT_TRUE(dl.blended());
   NaiveBlend oracle(weights);
   std::vector<uint64_t> rows(3, 0);
@@ -293,7 +294,7 @@ TEST(DataBlend, RowsFollowTheLargestDeficitRuleAndStayWithinARowOfTheirShare) {
 // the positions, whatever the world and prefetch.
 TEST(DataBlend, RanksSliceTheGlobalBatchOfOneProcess) {
   BlendSource a(0, 700), b(1000, 500);
-  const std::vector<DataSource> src = {{a.dir.path(), 2.0}, {b.dir.path(), 1.0}};
+  const std::vector<DataSource> src = {{a.dir.path, 2.0}, {b.dir.path, 1.0}};
   const int B = 2, T = 8, world = 3;
   DataLoader one(src, "train", B * world, T, true, 5, 0, 1, 0);
   std::vector<std::unique_ptr<DataLoader>> ranks;
@@ -314,7 +315,7 @@ TEST(DataBlend, RanksSliceTheGlobalBatchOfOneProcess) {
 
 TEST(DataBlend, ResumesExactlyAndCarriesOverAnyReadSize) {
   BlendSource a(0, 500), b(1000, 300);
-  const std::vector<DataSource> src = {{a.dir.path(), 0.7}, {b.dir.path(), 0.3}};
+  const std::vector<DataSource> src = {{a.dir.path, 0.7}, {b.dir.path, 0.3}};
   const int B = 4, T = 8;
   std::vector<Batch> ref;
   {
@@ -353,12 +354,12 @@ TEST(DataBlend, ResumesExactlyAndCarriesOverAnyReadSize) {
 TEST(DataBlend, NewWeightsHoldFromWhereTheyTookEffect) {
   BlendSource a(0, 600), b(1000, 600);
   const int B = 4, T = 8;
-  DataLoader first({{a.dir.path(), 0.9}, {b.dir.path(), 0.1}}, "train", B, T, false, 0, 0, 1, 0);
+  DataLoader first({{a.dir.path, 0.9}, {b.dir.path, 0.1}}, "train", B, T, false, 0, 0, 1, 0);
   for (int i = 0; i < 25; ++i) first.next();
   LoaderState at = first.state();
   EXPECT_EQ(at.taken, (std::vector<uint64_t>{90, 10}));
   at.since = at.taken;
-  DataLoader second({{a.dir.path(), 0.5}, {b.dir.path(), 0.5}}, "train", B, T, false, 0, 0, 1, 0);
+  DataLoader second({{a.dir.path, 0.5}, {b.dir.path, 0.5}}, "train", B, T, false, 0, 0, 1, 0);
   second.restore(at);
   std::vector<int> rows(2, 0);
   for (int i = 0; i < 10; ++i) {
@@ -373,32 +374,32 @@ TEST(DataBlend, NewWeightsHoldFromWhereTheyTookEffect) {
 
 TEST(DataBlend, ClearErrors) {
   BlendSource a(0, 300), b(1000, 300);
-  TempDir other;
+  ScratchDir other;
   {
-    ShardWriter w(other.path(), "train", 8192, 8191, 97);
+    ShardWriter w(other.path, "train", 8192, 8191, 97);
     w.add_document(std::vector<int32_t>(200, 5));
     w.finish();
   }
   auto err = [](const std::vector<DataSource>& s) {
     return error_of([&] { DataLoader dl(s, "train", 2, 8, true, 1, 0, 1, 0); });
   };
-  EXPECT_NE(err({{a.dir.path(), 1}, {other.path(), 1}}).find("the blended sources come from different tokenizers"),
+  EXPECT_NE(err({{a.dir.path, 1}, {other.path, 1}}).find("the blended sources come from different tokenizers"),
             std::string::npos);
-  EXPECT_NE(err({{a.dir.path(), 1}, {a.dir.path(), 2}}).find("listed twice"), std::string::npos);
-  EXPECT_NE(err({{a.dir.path(), 1}, {b.dir.path(), 0}}).find("must be finite and > 0"), std::string::npos);
-  EXPECT_NE(err({{a.dir.path(), 1}, {b.dir.path(), NAN}}).find("must be finite and > 0"), std::string::npos);
-  EXPECT_NE(err({{a.dir.path(), 1}, {b.dir.path() + "/nope", 1}}).find("does not exist"), std::string::npos);
-  EXPECT_NE(error_of([&] { DataLoader dl({{a.dir.path(), 1}, {b.dir.path(), 1}}, "val", 2, 8, true, 1, 0, 1, 0); })
+  EXPECT_NE(err({{a.dir.path, 1}, {a.dir.path, 2}}).find("listed twice"), std::string::npos);
+  EXPECT_NE(err({{a.dir.path, 1}, {b.dir.path, 0}}).find("must be finite and > 0"), std::string::npos);
+  EXPECT_NE(err({{a.dir.path, 1}, {b.dir.path, NAN}}).find("must be finite and > 0"), std::string::npos);
+  EXPECT_NE(err({{a.dir.path, 1}, {b.dir.path + "/nope", 1}}).find("does not exist"), std::string::npos);
+  EXPECT_NE(error_of([&] { DataLoader dl({{a.dir.path, 1}, {b.dir.path, 1}}, "val", 2, 8, true, 1, 0, 1, 0); })
                 .find("no shards of split 'val'"),
             std::string::npos);
 }
 
 TEST(DataLoad, ReadsLlmcShardsByTheirNames) {
-  TempDir dir;
+  ScratchDir dir;
   std::vector<uint32_t> toks;
   for (uint32_t i = 0; i < 300; ++i) toks.push_back(i % 2 ? 50256 - i : i);
   testing::write_bytes(dir / "tiny_shakespeare_val.bin", testing::llmc_shard_bytes({20240520, 1, 300}, toks, 2));
-  DataLoader dl(dir.path(), "val", 2, 32, false, 0, 0, 1, 0);
+  DataLoader dl(dir.path, "val", 2, 32, false, 0, 0, 1, 0);
   EXPECT_EQ(dl.vocab_size(), 0);
   Batch b = dl.next();
   Batch c = dl.next();
@@ -430,12 +431,12 @@ TEST(DataLoad, ClearErrors) {
 }
 
 TEST(DataLoad, BackgroundErrorsReachNext) {
-  TempDir dir;
+  ScratchDir dir;
   // The header records a vocabulary of 100 but the shard holds id 150 at index 40: found only when read.
   std::vector<uint32_t> toks(64, 1);
   toks[40] = 150;
   testing::write_bytes(dir / "train_000000.bin", testing::llmc_shard_bytes({20240520, 1, 64, 100, 0, 1}, toks, 2));
-  DataLoader dl(dir.path(), "train", 1, 16, false, 0, 0, 1, 2);
+  DataLoader dl(dir.path, "train", 1, 16, false, 0, 0, 1, 2);
   EXPECT_NO_THROW(dl.next());  // windows 0 and 1 are fine
   EXPECT_NO_THROW(dl.next());
   std::string m = error_of([&] { dl.next(); });
@@ -449,15 +450,15 @@ TEST(DataLoad, BackgroundErrorsReachNext) {
 // it were caught only inside the model's forward, as an internal error (exit 1) naming no file. With the model's
 // vocabulary as the loader's limit, the batch that holds one fails as kind Data naming the shard and index.
 TEST(DataLoad, IdsOfShardsWithoutAVocabularyAreHeldToTheModels) {
-  TempDir dir;
+  ScratchDir dir;
   std::vector<uint32_t> toks(64, 1);
   toks[40] = 150;
   testing::write_bytes(dir / "train_000000.bin", testing::llmc_shard_bytes({20240520, 1, 64}, toks, 2));
   for (int limit : {0, 151}) {  // no limit, or one above every id: all 3 batches read
-    DataLoader dl(dir.path(), "train", 1, 16, false, 0, 0, 1, 0, limit);
+    DataLoader dl(dir.path, "train", 1, 16, false, 0, 0, 1, 0, limit);
     for (int i = 0; i < 3; ++i) EXPECT_NO_THROW(dl.next()) << "limit " << limit << " batch " << i;
   }
-  DataLoader dl(dir.path(), "train", 1, 16, false, 0, 0, 1, 0, 150);
+  DataLoader dl(dir.path, "train", 1, 16, false, 0, 0, 1, 0, 150);
   EXPECT_NO_THROW(dl.next());  // windows 0 and 1 hold only id 1
   EXPECT_NO_THROW(dl.next());
   try {
@@ -475,16 +476,16 @@ TEST(DataLoad, IdsOfShardsWithoutAVocabularyAreHeldToTheModels) {
 // Under a hard limit too low for them, it fails with an error that says which limit to raise. Both in a child
 // process (a death test), so the limits of the test binary stay as they were.
 TEST(DataLoad, ASplitOfMoreShardsThanTheOpenFileLimitReadsOrSaysWhatToRaise) {
-  TempDir dir;
+  ScratchDir dir;
   const int shards = 1500;
   {
-    ShardWriter w(dir.path(), "train", 100, 99, 2);
+    ShardWriter w(dir.path, "train", 100, 99, 2);
     std::vector<int32_t> one = {5};
     for (int i = 0; i < shards; ++i) w.add_document(one);  // EOT 5 per document: one shard each
     ASSERT_EQ(w.finish().size(), static_cast<size_t>(shards));
   }
   auto load_all = [&] {
-    DataLoader dl(dir.path(), "train", 1, 2, false, 0, 0, 1, 0);
+    DataLoader dl(dir.path, "train", 1, 2, false, 0, 0, 1, 0);
     for (uint64_t i = 0; i < dl.batches_per_epoch(); ++i) {
       Batch b = dl.next();
       if (b.x[0] != 99 || b.x[1] != 5) std::_Exit(4);  // every window is "EOT 5"

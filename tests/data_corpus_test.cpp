@@ -4,7 +4,8 @@
 
 #include <filesystem>
 
-#include "data_util.h"
+#include "support/data_util.h"
+#include "support/files.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/assets.h"
@@ -13,7 +14,7 @@
 namespace mt {
 namespace {
 
-using testing::TempDir;
+using mt::test::ScratchDir;
 using testing::write_bytes;
 
 using testing::error_of;
@@ -74,7 +75,7 @@ TEST(DataBrown, RealCorpusFiles) {
 }
 
 TEST(DataCorpus, TextFilesAndDirectoryExpansion) {
-  TempDir dir;
+  ScratchDir dir;
   write_bytes(dir / "in/b.txt", "second document\n");
   write_bytes(dir / "in/a.txt", "\xEF\xBB\xBF" "first document");  // a UTF-8 byte order mark is dropped
   write_bytes(dir / "in/sub/c.txt", "third, in a subfolder");
@@ -99,14 +100,14 @@ TEST(DataCorpus, TextFilesAndDirectoryExpansion) {
 }
 
 TEST(DataCorpus, JsonLines) {
-  TempDir dir;
+  ScratchDir dir;
   write_bytes(dir / "a.jsonl",
               "{\"text\": \"hello\\nworld\", \"id\": 1}\n"
               "\n"
               "{\"id\": 2, \"text\": \"caf\\u00e9 \\u2603\"}\r\n"
               "{\"text\": \"\"}\n");
   write_bytes(dir / "b.ndjson", "{\"body\": \"x\", \"text\": \"from b\"}");  // no final newline
-  auto files = expand_inputs({dir.path()}, CorpusFormat::Jsonl);
+  auto files = expand_inputs({dir.path}, CorpusFormat::Jsonl);
   ASSERT_EQ(files.size(), 2u);
   std::vector<std::string> expect = {"hello\nworld", "caf\xC3\xA9 \xE2\x98\x83", "", "from b"};
   EXPECT_EQ(read_documents(files, CorpusFormat::Jsonl), expect);
@@ -120,7 +121,7 @@ TEST(DataCorpus, JsonLines) {
 }
 
 TEST(DataCorpus, BadJsonLinesNameFileAndLine) {
-  TempDir dir;
+  ScratchDir dir;
   write_bytes(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"text\": broken}\n");
   std::string msg = error_of([&] { read_documents({dir / "bad.jsonl"}, CorpusFormat::Jsonl); });
   EXPECT_NE(msg.find(dir / "bad.jsonl:3"), std::string::npos) << msg;

@@ -1,4 +1,4 @@
-// Helpers every test suite may use.
+// Helpers every test suite may use: the message of an error, and the Brown shards the end-to-end tests train on.
 #pragma once
 #include <fcntl.h>
 #include <sys/file.h>
@@ -28,17 +28,8 @@ std::string error_of(F&& f) {
   return "<no error>";
 }
 
-// "step:loss_exact" of every train line of a metrics.jsonl: two runs are bit-identical when these are equal.
-inline std::vector<std::string> step_losses(const std::string& metrics) {
-  std::vector<std::string> out;
-  std::ifstream f(metrics);
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j["kind"] == "train") out.push_back(std::to_string(j["step"].get<int>()) + ":" + j["loss_exact"].get<std::string>());
-  }
-  return out;
-}
+// Whether `part` occurs in `text` (a message, a log).
+inline bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // The vocabulary of the small BPE that the multi-process tests train with (prepare_brown_once with vocab): GPT-2's
 // 50,257 tokens make the tiny test model's embedding, LM head and logits 98% of its weights and most of its work
@@ -93,17 +84,6 @@ inline void prepare_brown_once(const std::string& megatrain_bin, const std::stri
   ::close(fd);
   MT_CHECK(error.empty(), "{}", error);
   check_vocab();
-}
-
-// The folder a test keeps its files in: gtest's TempDir(), or a subfolder of it per OPENBLAS_CORETYPE, so the same
-// case run under two BLAS kernels at once (tests/CMakeLists.txt registers such variants) never shares a folder.
-inline std::string temp_root() {
-  std::string root = ::testing::TempDir();
-  if (const char* core = std::getenv("OPENBLAS_CORETYPE"); core && *core) {
-    root += std::string("coretype-") + core + "/";
-    std::filesystem::create_directories(root);
-  }
-  return root;
 }
 
 }  // namespace mt::test
