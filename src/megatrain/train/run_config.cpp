@@ -367,182 +367,210 @@ Row int_list_row(const char* section, const char* key, Get get, int lo, const ch
 
 #define MT_MEMBER(m) [](auto& c) -> auto& { return c.m; }
 
+// [model]
+void add_model_rows(std::vector<Row>& t) {
+  t.push_back(row("model", "vocab_size", MT_MEMBER(model.vocab_size), words(fmt::format("[1, {}]", kMaxVocab)),
+                  "tokens in the vocabulary"));
+  t.push_back(row("model", "vocab_pad_to", MT_MEMBER(model.vocab_pad_to),
+                  words(fmt::format("[0, {}] (0 or 1: no padding)", kMaxVocabPad)),
+                  "the embedding and LM head get a multiple of this many rows (GEMM speed)"));
+  t.push_back(row("model", "n_layer", MT_MEMBER(model.n_layer), words(fmt::format("[1, {}]", kMaxLayers)),
+                  "transformer layers"));
+  t.push_back(row("model", "n_head", MT_MEMBER(model.n_head), words("[1, model.d_model], dividing model.d_model"),
+                  "attention heads"));
+  t.push_back(row("model", "n_kv_head", MT_MEMBER(model.n_kv_head), words("[0, model.n_head] (0: model.n_head)"),
+                  "key/value heads; fewer than n_head is grouped-query attention"));
+  t.push_back(row("model", "d_model", MT_MEMBER(model.d_model), words(fmt::format("[1, {}]", kMaxWidth)),
+                  "the residual stream's width"));
+  t.push_back(row("model", "d_ff", MT_MEMBER(model.d_ff), words(fmt::format("[0, {}] (0: derived)", kMaxFf)),
+                  "the MLP's width; 0 = 4 x d_model (gelu) or 8/3 x d_model rounded to 64 (swiglu)"));
+  t.push_back(row("model", "max_seq_len", MT_MEMBER(model.max_seq_len), words(fmt::format("[1, {}]", kMaxSeqLen)),
+                  "the longest sequence (learned position embeddings have this many rows)"));
+  t.push_back(row("model", "norm", MT_MEMBER(model.norm), any(), "LayerNorm (GPT-2) or RMSNorm (Llama)"));
+  t.push_back(row("model", "mlp", MT_MEMBER(model.mlp), any(), "GeLU MLP (GPT-2) or SwiGLU (Llama)"));
+  t.push_back(row("model", "pos", MT_MEMBER(model.pos), any(), "learned position embeddings (GPT-2) or RoPE (Llama)"));
+  t.push_back(row("model", "rope_theta", MT_MEMBER(model.rope_theta), words("finite, > 0"), "RoPE's base frequency"));
+  t.push_back(row("model", "rope_scaling", MT_MEMBER(model.rope_scaling), words("0 (none) or finite, > 0"),
+                  "RoPE's long-context factor as in Llama 3.1 (8) and 3.2 (32); needs pos = \"rope\""));
+  t.push_back(row("model", "rope_low_freq_factor", MT_MEMBER(model.rope_low_freq_factor), words("finite, > 0"),
+                  "with rope_scaling: the wavelength band's upper edge is rope_original_max_len / this"));
+  t.push_back(row("model", "rope_high_freq_factor", MT_MEMBER(model.rope_high_freq_factor),
+                  words("finite, > rope_low_freq_factor"),
+                  "with rope_scaling: the band's lower edge is rope_original_max_len / this"));
+  t.push_back(row("model", "rope_original_max_len", MT_MEMBER(model.rope_original_max_len),
+                  words(fmt::format("[1, {}]", kMaxSeqLen)),
+                  "with rope_scaling: the context length the model was first trained at"));
+  t.push_back(row("model", "block", MT_MEMBER(model.block), any(),
+                  "sequential: x += Attn(LN1 x); x += MLP(LN2 x); parallel (MegaScale): x += Attn(LN x) + MLP(LN x)"));
+  t.push_back(row("model", "window", MT_MEMBER(model.window), words("[0, model.max_seq_len]"),
+                  "sliding-window attention: token t attends to t-W+1 .. t; 0 = full causal"));
+  t.push_back(row("model", "tied_embeddings", MT_MEMBER(model.tied_embeddings), any(),
+                  "the LM head shares the token embedding"));
+  t.push_back(row("model", "bias", MT_MEMBER(model.bias), any(), "biases in the linear layers and LayerNorm"));
+  t.push_back(row("model", "norm_eps", MT_MEMBER(model.norm_eps), words("finite, > 0"),
+                  "the epsilon added to the variance in LayerNorm/RMSNorm"));
+  t.push_back(row("model", "init_std", MT_MEMBER(model.init_std), words("finite, > 0"),
+                  "the standard deviation of the initial weights"));
+  {
+    Row r{"model", "recompute", "\"none\", \"all\" or list", "layer indices in [0, n_layer)",
+          "layers that keep only their input and rerun their forward pass in backward", {}, {}, {}};
+    r.read = [](Section& s, RunConfig& c) { s.get_recompute("recompute", c.model.recompute, c.model.n_layer); };
+    r.show = [](const RunConfig& c) { return c.model.recompute.empty() ? std::string("\"none\"") : "[...]"; };
+    t.push_back(r);
+  }
+  t.push_back(row("model", "recompute_act", MT_MEMBER(model.recompute_act), any(),
+                  "a GeLU MLP keeps its pre-activation only and recomputes the GeLU output in backward"));
+  t.push_back(row("model", "recompute_norm", MT_MEMBER(model.recompute_norm), any(),
+                  "each norm keeps its input and statistics and rebuilds its output in backward"));
+  t.push_back(row("model", "init_from", MT_MEMBER(init_from), any(),
+                  "weights to start from: an HF GPT-2 or Llama model, or a megatrain checkpoint; \"\" = random"));
+}
+
+// [data]
+void add_data_rows(std::vector<Row>& t) {
+  t.push_back(row("data", "dir", MT_MEMBER(data.dir), any(),
+                  "a directory of train_*.bin / val_*.bin shards (megatrain prepare-data)"));
+  {
+    Row r{"data", "blend", "list of {dir, weight}", "weights finite, > 0",
+          "several data directories with weights, e.g. [{dir = \"data/web\", weight = 0.7}]; replaces dir", {}, {},
+          {}};
+    r.read = [](Section& s, RunConfig& c) { s.get_blend("blend", c.data.blend); };
+    r.show = [](const RunConfig& c) { return c.data.blend.empty() ? std::string("[]") : "[...]"; };
+    t.push_back(r);
+  }
+  t.push_back(row("data", "batch_size", MT_MEMBER(data.batch_size), positive(),
+                  "sequences per micro-batch per data-parallel rank"));
+  t.push_back(row("data", "seq_len", MT_MEMBER(data.seq_len), positive(" (at most model.max_seq_len)"),
+                  "tokens per sequence"));
+  t.push_back(row("data", "shuffle", MT_MEMBER(data.shuffle), any(), "read the windows in a shuffled order"));
+  t.push_back(row("data", "seed", MT_MEMBER(data.seed), any(), "the shuffle's seed"));
+  t.push_back(row("data", "prefetch", MT_MEMBER(data.prefetch), at_least(0, " (0: synchronous)"),
+                  "batches a background thread reads ahead"));
+}
+
+// [optim]
+void add_optim_rows(std::vector<Row>& t) {
+  t.push_back(row("optim", "name", MT_MEMBER(optim.name), any(), "the optimizer"));
+  t.push_back(row("optim", "lr", MT_MEMBER(optim.lr), words("finite, > 0"), "the peak learning rate"));
+  t.push_back(row("optim", "min_lr", MT_MEMBER(optim.min_lr), words("finite, in [0, optim.lr]"),
+                  "the floor the schedule decays to"));
+  t.push_back(row("optim", "schedule", MT_MEMBER(optim.schedule), any(), "the decay after warm-up"));
+  t.push_back(row("optim", "warmup_steps", MT_MEMBER(optim.warmup_steps), words(">= 0"),
+                  "steps of linear warm-up"));
+  t.push_back(row("optim", "beta1", MT_MEMBER(optim.beta1), words("[0, 1)"), "Adam's first-moment decay"));
+  t.push_back(row("optim", "beta2", MT_MEMBER(optim.beta2), words("[0, 1)"), "Adam's second-moment decay"));
+  t.push_back(row("optim", "eps", MT_MEMBER(optim.eps), words("finite, > 0"), "Adam's epsilon"));
+  t.push_back(row("optim", "weight_decay", MT_MEMBER(optim.weight_decay), words("finite, >= 0"),
+                  "decoupled weight decay, on matrices and embeddings only"));
+  t.push_back(row("optim", "grad_clip", MT_MEMBER(optim.grad_clip), words("finite, >= 0 (0: no clipping)"),
+                  "the largest global L2 norm of the gradients"));
+}
+
+// [train]
+void add_train_rows(std::vector<Row>& t) {
+  t.push_back(row("train", "steps", MT_MEMBER(train.steps), positive(), "optimizer steps"));
+  t.push_back(row("train", "grad_accum", MT_MEMBER(train.grad_accum), positive(),
+                  "micro-batches accumulated per step"));
+  t.push_back(row("train", "log_every", MT_MEMBER(train.log_every), positive(), "steps between progress lines"));
+  t.push_back(row("train", "eval_every", MT_MEMBER(train.eval_every), at_least(0, " (0: no periodic validation)"),
+                  "steps between validation losses"));
+  t.push_back(row("train", "eval_batches", MT_MEMBER(train.eval_batches), at_least(0),
+                  "global batches per validation"));
+  t.push_back(row("train", "seed", MT_MEMBER(train.seed), any(), "the weights' initialisation seed"));
+  t.push_back(row("train", "out_dir", MT_MEMBER(train.out_dir), any(),
+                  "where metrics.jsonl, checkpoints (by default) and traces go"));
+  t.push_back(row("train", "peak_tflops", MT_MEMBER(train.peak_tflops), finite_at_least(0, " (0: measure)"),
+                  "the MFU denominator; 0 = measure the backend's matmul peak at start-up"));
+  t.push_back(row("train", "threads", MT_MEMBER(train.threads),
+                  in_range(0, kMaxThreads, " (0: all cores)"), "OpenMP threads per rank"));
+  t.push_back(row("train", "device", MT_MEMBER(train.device), any(),
+                  "cpu (fp32) or cuda (bf16; with several ranks, one GPU per local rank)"));
+  t.push_back(row("train", "attention", MT_MEMBER(train.attention), any(),
+                  "cuda only: auto (cuDNN where built with it, else flash), flash (our kernels) or cudnn"));
+  t.push_back(row("train", "gemm_tuning", MT_MEMBER(train.gemm_tuning),
+                  zero_or_range(2, 64, " (cuBLASLt's heuristic choice)"),
+                  "cuda only: time this many cuBLASLt candidates per GEMM shape on its first call, keep the fastest"));
+  t.push_back(int_list_row("train", "skip_steps", MT_MEMBER(train.skip_steps), 1,
+                           "steps whose batches are read and dropped unused (e.g. after a NaN that repeats)"));
+  t.push_back(int_list_row("train", "trace_steps", MT_MEMBER(train.trace_steps), 1,
+                           "[first, last]: steps recorded in the timeline; [] = off"));
+  t.push_back(row("train", "spike_window", MT_MEMBER(train.spike_window),
+                  at_least(0, " (0: no loss-spike warning)"), "steps whose losses a loss-spike warning compares with"));
+  t.push_back(row("train", "spike_sigmas", MT_MEMBER(train.spike_sigmas), finite_positive(),
+                  "a loss above mean + this many standard deviations of the window is a spike"));
+  t.push_back(row("train", "spike_factor", MT_MEMBER(train.spike_factor), zero_or_above(1, ": no ratio rule"),
+                  "a loss above this many times the window's median is a spike"));
+}
+
+// [ckpt]
+void add_ckpt_rows(std::vector<Row>& t) {
+  t.push_back(row("ckpt", "every", MT_MEMBER(ckpt.every), at_least(0, " (0: only at the end)"),
+                  "steps between checkpoints"));
+  t.push_back(row("ckpt", "keep_last", MT_MEMBER(ckpt.keep_last), at_least(1), "checkpoints kept"));
+  t.push_back(row("ckpt", "dir", MT_MEMBER(ckpt.dir), any(), "where checkpoints go; \"\" = <train.out_dir>/ckpt"));
+  {
+    Row r{"ckpt", "resume", "string", "\"auto\", \"none\" or a checkpoint's path",
+          "auto: the newest checkpoint under ckpt.dir, if any; none: start afresh", {}, {}, {}};
+    r.read = [](Section& s, RunConfig& c) { s.get_resume("resume", c.ckpt.resume); };
+    r.show = [](const RunConfig& c) { return toml_value(c.ckpt.resume.spelling()); };
+    t.push_back(r);
+  }
+  t.push_back(row("ckpt", "save_final", MT_MEMBER(ckpt.save_final), any(), "write a checkpoint after the last step"));
+  t.push_back(row("ckpt", "sharded", MT_MEMBER(ckpt.sharded), any(),
+                  "a parallel run writes per-rank shards (false: gather to rank 0)"));
+  t.push_back(row("ckpt", "async", MT_MEMBER(ckpt.async), any(),
+                  "two-stage save: snapshot to memory, write in the background (false: wait)"));
+  t.push_back(row("ckpt", "snapshot_every", MT_MEMBER(ckpt.snapshot_every), at_least(0, " (0: no peer copies)"),
+                  "steps between in-memory snapshots copied to a buddy rank"));
+  t.push_back(row("ckpt", "one_reader", MT_MEMBER(ckpt.one_reader), any(),
+                  "on restore one rank per dp group reads and broadcasts (false: every rank reads)"));
+}
+
+// [sample]
+void add_sample_rows(std::vector<Row>& t) {
+  t.push_back(row("sample", "tokenizer", MT_MEMBER(sample.tokenizer), any(),
+                  "a tokenizer directory for the sample; \"\" = the one data.dir was prepared with, else GPT-2's"));
+  t.push_back(row("sample", "prompt", MT_MEMBER(sample.prompt), any(), "the sample's prompt"));
+  t.push_back(row("sample", "tokens", MT_MEMBER(sample.tokens), at_least(0, " (0: no sample)"),
+                  "tokens sampled after training"));
+  t.push_back(row("sample", "temperature", MT_MEMBER(sample.temperature), finite_at_least(0),
+                  "the sampling temperature"));
+  t.push_back(row("sample", "top_k", MT_MEMBER(sample.top_k), at_least(0, " (0: all)"),
+                  "sample among the k likeliest tokens"));
+  t.push_back(row("sample", "seed", MT_MEMBER(sample.seed), any(), "the sampling seed"));
+}
+
+// [parallel]
+void add_parallel_rows(std::vector<Row>& t) {
+  t.push_back(row("parallel", "dp", MT_MEMBER(parallel.dp), at_least(1), "data-parallel ranks (ZeRO-2)"));
+  t.push_back(row("parallel", "pp", MT_MEMBER(parallel.pp), at_least(1), "pipeline stages"));
+  t.push_back(row("parallel", "tp", MT_MEMBER(parallel.tp), at_least(1),
+                  "tensor-parallel ranks (with sequence parallelism); dp x pp x tp = WORLD_SIZE"));
+  t.push_back(row("parallel", "bucket_mb", MT_MEMBER(parallel.bucket_mb), at_least(1),
+                  "data-parallel gradient bucket size, MiB of fp32"));
+  t.push_back(row("parallel", "overlap", MT_MEMBER(parallel.overlap), any(), "overlap communication with compute"));
+  t.push_back(row("parallel", "virtual_stages", MT_MEMBER(parallel.virtual_stages), at_least(1),
+                  "model chunks per pipeline rank (interleaved 1F1B when > 1)"));
+  t.push_back(int_list_row("parallel", "stage_layers", MT_MEMBER(parallel.stage_layers), 1,
+                           "layers of each virtual stage, pp x virtual_stages counts; [] = an even split"));
+  t.push_back(row("parallel", "microbatches", MT_MEMBER(parallel.microbatches), at_least(0, " (0: parallel.pp)"),
+                  "pipeline micro-batches of data.batch_size rows per step"));
+  t.push_back(row("parallel", "tp_chunks", MT_MEMBER(parallel.tp_chunks), at_least(1),
+                  "row chunks of each overlapped all-gather + GEMM and GEMM + reduce-scatter"));
+  t.push_back(row("parallel", "timeout_s", MT_MEMBER(parallel.timeout_s), at_least(1),
+                  "seconds a rendezvous or collective may take"));
+}
+
 const std::vector<Row>& settings() {
   static const std::vector<Row> rows = [] {
     std::vector<Row> t;
-    // [model]
-    t.push_back(row("model", "vocab_size", MT_MEMBER(model.vocab_size), words(fmt::format("[1, {}]", kMaxVocab)),
-                    "tokens in the vocabulary"));
-    t.push_back(row("model", "vocab_pad_to", MT_MEMBER(model.vocab_pad_to),
-                    words(fmt::format("[0, {}] (0 or 1: no padding)", kMaxVocabPad)),
-                    "the embedding and LM head get a multiple of this many rows (GEMM speed)"));
-    t.push_back(row("model", "n_layer", MT_MEMBER(model.n_layer), words(fmt::format("[1, {}]", kMaxLayers)),
-                    "transformer layers"));
-    t.push_back(row("model", "n_head", MT_MEMBER(model.n_head), words("[1, model.d_model], dividing model.d_model"),
-                    "attention heads"));
-    t.push_back(row("model", "n_kv_head", MT_MEMBER(model.n_kv_head), words("[0, model.n_head] (0: model.n_head)"),
-                    "key/value heads; fewer than n_head is grouped-query attention"));
-    t.push_back(row("model", "d_model", MT_MEMBER(model.d_model), words(fmt::format("[1, {}]", kMaxWidth)),
-                    "the residual stream's width"));
-    t.push_back(row("model", "d_ff", MT_MEMBER(model.d_ff), words(fmt::format("[0, {}] (0: derived)", kMaxFf)),
-                    "the MLP's width; 0 = 4 x d_model (gelu) or 8/3 x d_model rounded to 64 (swiglu)"));
-    t.push_back(row("model", "max_seq_len", MT_MEMBER(model.max_seq_len), words(fmt::format("[1, {}]", kMaxSeqLen)),
-                    "the longest sequence (learned position embeddings have this many rows)"));
-    t.push_back(row("model", "norm", MT_MEMBER(model.norm), any(), "LayerNorm (GPT-2) or RMSNorm (Llama)"));
-    t.push_back(row("model", "mlp", MT_MEMBER(model.mlp), any(), "GeLU MLP (GPT-2) or SwiGLU (Llama)"));
-    t.push_back(row("model", "pos", MT_MEMBER(model.pos), any(), "learned position embeddings (GPT-2) or RoPE (Llama)"));
-    t.push_back(row("model", "rope_theta", MT_MEMBER(model.rope_theta), words("finite, > 0"), "RoPE's base frequency"));
-    t.push_back(row("model", "rope_scaling", MT_MEMBER(model.rope_scaling), words("0 (none) or finite, > 0"),
-                    "RoPE's long-context factor as in Llama 3.1 (8) and 3.2 (32); needs pos = \"rope\""));
-    t.push_back(row("model", "rope_low_freq_factor", MT_MEMBER(model.rope_low_freq_factor), words("finite, > 0"),
-                    "with rope_scaling: the wavelength band's upper edge is rope_original_max_len / this"));
-    t.push_back(row("model", "rope_high_freq_factor", MT_MEMBER(model.rope_high_freq_factor),
-                    words("finite, > rope_low_freq_factor"),
-                    "with rope_scaling: the band's lower edge is rope_original_max_len / this"));
-    t.push_back(row("model", "rope_original_max_len", MT_MEMBER(model.rope_original_max_len),
-                    words(fmt::format("[1, {}]", kMaxSeqLen)),
-                    "with rope_scaling: the context length the model was first trained at"));
-    t.push_back(row("model", "block", MT_MEMBER(model.block), any(),
-                    "sequential: x += Attn(LN1 x); x += MLP(LN2 x); parallel (MegaScale): x += Attn(LN x) + MLP(LN x)"));
-    t.push_back(row("model", "window", MT_MEMBER(model.window), words("[0, model.max_seq_len]"),
-                    "sliding-window attention: token t attends to t-W+1 .. t; 0 = full causal"));
-    t.push_back(row("model", "tied_embeddings", MT_MEMBER(model.tied_embeddings), any(),
-                    "the LM head shares the token embedding"));
-    t.push_back(row("model", "bias", MT_MEMBER(model.bias), any(), "biases in the linear layers and LayerNorm"));
-    t.push_back(row("model", "norm_eps", MT_MEMBER(model.norm_eps), words("finite, > 0"),
-                    "the epsilon added to the variance in LayerNorm/RMSNorm"));
-    t.push_back(row("model", "init_std", MT_MEMBER(model.init_std), words("finite, > 0"),
-                    "the standard deviation of the initial weights"));
-    {
-      Row r{"model", "recompute", "\"none\", \"all\" or list", "layer indices in [0, n_layer)",
-            "layers that keep only their input and rerun their forward pass in backward", {}, {}, {}};
-      r.read = [](Section& s, RunConfig& c) { s.get_recompute("recompute", c.model.recompute, c.model.n_layer); };
-      r.show = [](const RunConfig& c) { return c.model.recompute.empty() ? std::string("\"none\"") : "[...]"; };
-      t.push_back(r);
-    }
-    t.push_back(row("model", "recompute_act", MT_MEMBER(model.recompute_act), any(),
-                    "a GeLU MLP keeps its pre-activation only and recomputes the GeLU output in backward"));
-    t.push_back(row("model", "recompute_norm", MT_MEMBER(model.recompute_norm), any(),
-                    "each norm keeps its input and statistics and rebuilds its output in backward"));
-    t.push_back(row("model", "init_from", MT_MEMBER(init_from), any(),
-                    "weights to start from: an HF GPT-2 or Llama model, or a megatrain checkpoint; \"\" = random"));
-    // [data]
-    t.push_back(row("data", "dir", MT_MEMBER(data.dir), any(),
-                    "a directory of train_*.bin / val_*.bin shards (megatrain prepare-data)"));
-    {
-      Row r{"data", "blend", "list of {dir, weight}", "weights finite, > 0",
-            "several data directories with weights, e.g. [{dir = \"data/web\", weight = 0.7}]; replaces dir", {}, {},
-            {}};
-      r.read = [](Section& s, RunConfig& c) { s.get_blend("blend", c.data.blend); };
-      r.show = [](const RunConfig& c) { return c.data.blend.empty() ? std::string("[]") : "[...]"; };
-      t.push_back(r);
-    }
-    t.push_back(row("data", "batch_size", MT_MEMBER(data.batch_size), positive(),
-                    "sequences per micro-batch per data-parallel rank"));
-    t.push_back(row("data", "seq_len", MT_MEMBER(data.seq_len), positive(" (at most model.max_seq_len)"),
-                    "tokens per sequence"));
-    t.push_back(row("data", "shuffle", MT_MEMBER(data.shuffle), any(), "read the windows in a shuffled order"));
-    t.push_back(row("data", "seed", MT_MEMBER(data.seed), any(), "the shuffle's seed"));
-    t.push_back(row("data", "prefetch", MT_MEMBER(data.prefetch), at_least(0, " (0: synchronous)"),
-                    "batches a background thread reads ahead"));
-    // [optim]
-    t.push_back(row("optim", "name", MT_MEMBER(optim.name), any(), "the optimizer"));
-    t.push_back(row("optim", "lr", MT_MEMBER(optim.lr), words("finite, > 0"), "the peak learning rate"));
-    t.push_back(row("optim", "min_lr", MT_MEMBER(optim.min_lr), words("finite, in [0, optim.lr]"),
-                    "the floor the schedule decays to"));
-    t.push_back(row("optim", "schedule", MT_MEMBER(optim.schedule), any(), "the decay after warm-up"));
-    t.push_back(row("optim", "warmup_steps", MT_MEMBER(optim.warmup_steps), words(">= 0"),
-                    "steps of linear warm-up"));
-    t.push_back(row("optim", "beta1", MT_MEMBER(optim.beta1), words("[0, 1)"), "Adam's first-moment decay"));
-    t.push_back(row("optim", "beta2", MT_MEMBER(optim.beta2), words("[0, 1)"), "Adam's second-moment decay"));
-    t.push_back(row("optim", "eps", MT_MEMBER(optim.eps), words("finite, > 0"), "Adam's epsilon"));
-    t.push_back(row("optim", "weight_decay", MT_MEMBER(optim.weight_decay), words("finite, >= 0"),
-                    "decoupled weight decay, on matrices and embeddings only"));
-    t.push_back(row("optim", "grad_clip", MT_MEMBER(optim.grad_clip), words("finite, >= 0 (0: no clipping)"),
-                    "the largest global L2 norm of the gradients"));
-    // [train]
-    t.push_back(row("train", "steps", MT_MEMBER(train.steps), positive(), "optimizer steps"));
-    t.push_back(row("train", "grad_accum", MT_MEMBER(train.grad_accum), positive(),
-                    "micro-batches accumulated per step"));
-    t.push_back(row("train", "log_every", MT_MEMBER(train.log_every), positive(), "steps between progress lines"));
-    t.push_back(row("train", "eval_every", MT_MEMBER(train.eval_every), at_least(0, " (0: no periodic validation)"),
-                    "steps between validation losses"));
-    t.push_back(row("train", "eval_batches", MT_MEMBER(train.eval_batches), at_least(0),
-                    "global batches per validation"));
-    t.push_back(row("train", "seed", MT_MEMBER(train.seed), any(), "the weights' initialisation seed"));
-    t.push_back(row("train", "out_dir", MT_MEMBER(train.out_dir), any(),
-                    "where metrics.jsonl, checkpoints (by default) and traces go"));
-    t.push_back(row("train", "peak_tflops", MT_MEMBER(train.peak_tflops), finite_at_least(0, " (0: measure)"),
-                    "the MFU denominator; 0 = measure the backend's matmul peak at start-up"));
-    t.push_back(row("train", "threads", MT_MEMBER(train.threads),
-                    in_range(0, kMaxThreads, " (0: all cores)"), "OpenMP threads per rank"));
-    t.push_back(row("train", "device", MT_MEMBER(train.device), any(),
-                    "cpu (fp32) or cuda (bf16; with several ranks, one GPU per local rank)"));
-    t.push_back(row("train", "attention", MT_MEMBER(train.attention), any(),
-                    "cuda only: auto (cuDNN where built with it, else flash), flash (our kernels) or cudnn"));
-    t.push_back(row("train", "gemm_tuning", MT_MEMBER(train.gemm_tuning),
-                    zero_or_range(2, 64, " (cuBLASLt's heuristic choice)"),
-                    "cuda only: time this many cuBLASLt candidates per GEMM shape on its first call, keep the fastest"));
-    t.push_back(int_list_row("train", "skip_steps", MT_MEMBER(train.skip_steps), 1,
-                             "steps whose batches are read and dropped unused (e.g. after a NaN that repeats)"));
-    t.push_back(int_list_row("train", "trace_steps", MT_MEMBER(train.trace_steps), 1,
-                             "[first, last]: steps recorded in the timeline; [] = off"));
-    t.push_back(row("train", "spike_window", MT_MEMBER(train.spike_window),
-                    at_least(0, " (0: no loss-spike warning)"), "steps whose losses a loss-spike warning compares with"));
-    t.push_back(row("train", "spike_sigmas", MT_MEMBER(train.spike_sigmas), finite_positive(),
-                    "a loss above mean + this many standard deviations of the window is a spike"));
-    t.push_back(row("train", "spike_factor", MT_MEMBER(train.spike_factor), zero_or_above(1, ": no ratio rule"),
-                    "a loss above this many times the window's median is a spike"));
-    // [ckpt]
-    t.push_back(row("ckpt", "every", MT_MEMBER(ckpt.every), at_least(0, " (0: only at the end)"),
-                    "steps between checkpoints"));
-    t.push_back(row("ckpt", "keep_last", MT_MEMBER(ckpt.keep_last), at_least(1), "checkpoints kept"));
-    t.push_back(row("ckpt", "dir", MT_MEMBER(ckpt.dir), any(), "where checkpoints go; \"\" = <train.out_dir>/ckpt"));
-    {
-      Row r{"ckpt", "resume", "string", "\"auto\", \"none\" or a checkpoint's path",
-            "auto: the newest checkpoint under ckpt.dir, if any; none: start afresh", {}, {}, {}};
-      r.read = [](Section& s, RunConfig& c) { s.get_resume("resume", c.ckpt.resume); };
-      r.show = [](const RunConfig& c) { return toml_value(c.ckpt.resume.spelling()); };
-      t.push_back(r);
-    }
-    t.push_back(row("ckpt", "save_final", MT_MEMBER(ckpt.save_final), any(), "write a checkpoint after the last step"));
-    t.push_back(row("ckpt", "sharded", MT_MEMBER(ckpt.sharded), any(),
-                    "a parallel run writes per-rank shards (false: gather to rank 0)"));
-    t.push_back(row("ckpt", "async", MT_MEMBER(ckpt.async), any(),
-                    "two-stage save: snapshot to memory, write in the background (false: wait)"));
-    t.push_back(row("ckpt", "snapshot_every", MT_MEMBER(ckpt.snapshot_every), at_least(0, " (0: no peer copies)"),
-                    "steps between in-memory snapshots copied to a buddy rank"));
-    t.push_back(row("ckpt", "one_reader", MT_MEMBER(ckpt.one_reader), any(),
-                    "on restore one rank per dp group reads and broadcasts (false: every rank reads)"));
-    // [sample]
-    t.push_back(row("sample", "tokenizer", MT_MEMBER(sample.tokenizer), any(),
-                    "a tokenizer directory for the sample; \"\" = the one data.dir was prepared with, else GPT-2's"));
-    t.push_back(row("sample", "prompt", MT_MEMBER(sample.prompt), any(), "the sample's prompt"));
-    t.push_back(row("sample", "tokens", MT_MEMBER(sample.tokens), at_least(0, " (0: no sample)"),
-                    "tokens sampled after training"));
-    t.push_back(row("sample", "temperature", MT_MEMBER(sample.temperature), finite_at_least(0),
-                    "the sampling temperature"));
-    t.push_back(row("sample", "top_k", MT_MEMBER(sample.top_k), at_least(0, " (0: all)"),
-                    "sample among the k likeliest tokens"));
-    t.push_back(row("sample", "seed", MT_MEMBER(sample.seed), any(), "the sampling seed"));
-    // [parallel]
-    t.push_back(row("parallel", "dp", MT_MEMBER(parallel.dp), at_least(1), "data-parallel ranks (ZeRO-2)"));
-    t.push_back(row("parallel", "pp", MT_MEMBER(parallel.pp), at_least(1), "pipeline stages"));
-    t.push_back(row("parallel", "tp", MT_MEMBER(parallel.tp), at_least(1),
-                    "tensor-parallel ranks (with sequence parallelism); dp x pp x tp = WORLD_SIZE"));
-    t.push_back(row("parallel", "bucket_mb", MT_MEMBER(parallel.bucket_mb), at_least(1),
-                    "data-parallel gradient bucket size, MiB of fp32"));
-    t.push_back(row("parallel", "overlap", MT_MEMBER(parallel.overlap), any(), "overlap communication with compute"));
-    t.push_back(row("parallel", "virtual_stages", MT_MEMBER(parallel.virtual_stages), at_least(1),
-                    "model chunks per pipeline rank (interleaved 1F1B when > 1)"));
-    t.push_back(int_list_row("parallel", "stage_layers", MT_MEMBER(parallel.stage_layers), 1,
-                             "layers of each virtual stage, pp x virtual_stages counts; [] = an even split"));
-    t.push_back(row("parallel", "microbatches", MT_MEMBER(parallel.microbatches), at_least(0, " (0: parallel.pp)"),
-                    "pipeline micro-batches of data.batch_size rows per step"));
-    t.push_back(row("parallel", "tp_chunks", MT_MEMBER(parallel.tp_chunks), at_least(1),
-                    "row chunks of each overlapped all-gather + GEMM and GEMM + reduce-scatter"));
-    t.push_back(row("parallel", "timeout_s", MT_MEMBER(parallel.timeout_s), at_least(1),
-                    "seconds a rendezvous or collective may take"));
+    add_model_rows(t);
+    add_data_rows(t);
+    add_optim_rows(t);
+    add_train_rows(t);
+    add_ckpt_rows(t);
+    add_sample_rows(t);
+    add_parallel_rows(t);
     return t;
   }();
   return rows;
