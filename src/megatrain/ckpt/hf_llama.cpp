@@ -116,64 +116,71 @@ bool is_hf_llama(const HfModelFiles& m) {
   return m.has("model.embed_tokens.weight");
 }
 
-ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
-  MT_CHECK(m.config().has_value(),
-           "{}: an HF Llama needs the config.json saved with it (its head counts are not in the tensor shapes); there "
-           "is none beside it", m.source());
-  const std::string& where = m.config_path();
-  const LlamaSettings s{m, where};
-  const json* type = m.setting("model_type");
-  MT_CHECK(!type || *type == "llama" || *type == "mistral",
-           "{} describes a {} model; this converter reads model_type \"llama\" and \"mistral\"", where, type->dump());
-  const bool mistral = type && *type == "mistral";
-  // What HF's Llama can compute and megatrain's cannot is refused by name, never converted into another network.
-  // RoPE: rope_theta, and rope_scaling (transformers 5: both in rope_parameters), whose only type megatrain computes
-  // is Llama 3.1's "llama3" (kernels/rope_freqs.h).
+namespace {
+
+// The type a rope_scaling (or rope_parameters) object gives, "default" where it names none.
+std::string llama_rope_type(const LlamaSettings& s, const json& r, const std::string& key) {
+  MT_CHECK(r.is_object(), "{}: {} must be an object (got {})", s.where, key, r.dump());
+  for (const char* k : {"rope_type", "type"})  // "type": the older spelling
+    if (r.contains(k) && !r[k].is_null()) {
+      MT_CHECK(r[k].is_string(), "{}: {}.{} must be a string (got {})", s.where, key, k, r[k].dump());
+      return r[k].get<std::string>();
+    }
+  return std::string("default");
+}
+
+// Llama 3.1's scaling of RoPE's frequencies ("llama3"), read into scaled; the default type leaves it unscaled.
+void read_llama_rope_scaling(const LlamaSettings& s, const json& r, const std::string& key, RopeFreqs& scaled) {
+  const std::string type = llama_rope_type(s, r, key);
+  if (type == "default") return;
+  MT_CHECK(type == "llama3", "{}: {} of type \"{}\" is not supported: megatrain scales RoPE's frequencies as "
+           "Llama 3.1 does (\"llama3\") or not at all", s.where, key, type);
+  auto field = [&](const char* k, std::optional<double> absent) {
+    if (!r.contains(k) || r[k].is_null()) {
+      MT_CHECK(absent.has_value(), "{}: {}.{} is missing; rope type \"llama3\" needs it", s.where, key, k);
+      return *absent;
+    }
+    return s.number(&r[k], (key + "." + k).c_str(), 0.0);
+  };
+  scaled.scaling = static_cast<float>(field("factor", std::nullopt));
+  scaled.low_freq_factor = static_cast<float>(field("low_freq_factor", 1.0));
+  scaled.high_freq_factor = static_cast<float>(field("high_freq_factor", 4.0));
+  const double orig = field("original_max_position_embeddings", std::nullopt);
+  MT_CHECK(orig >= 1 && orig <= INT_MAX && orig == static_cast<int>(orig),
+           "{}: {}.original_max_position_embeddings must be a positive integer (got {})", s.where, key, orig);
+  scaled.original_len = static_cast<int>(orig);
+}
+
+// RoPE: rope_theta (returned), and rope_scaling (transformers 5: both in rope_parameters), whose only type
+// megatrain computes is Llama 3.1's "llama3" (kernels/rope_freqs.h), read into scaled.
+double read_llama_rope(const LlamaSettings& s, RopeFreqs& scaled) {
+  const HfModelFiles& m = s.m;
   double theta = s.number(m.setting("rope_theta"), "rope_theta", 10000.0);
-  RopeFreqs scaled{0.0f};
-  auto rope_type = [&](const json& r, const std::string& key) {
-    MT_CHECK(r.is_object(), "{}: {} must be an object (got {})", where, key, r.dump());
-    for (const char* k : {"rope_type", "type"})  // "type": the older spelling
-      if (r.contains(k) && !r[k].is_null()) {
-        MT_CHECK(r[k].is_string(), "{}: {}.{} must be a string (got {})", where, key, k, r[k].dump());
-        return r[k].get<std::string>();
-      }
-    return std::string("default");
-  };
-  auto read_scaling = [&](const json& r, const std::string& key) {
-    const std::string type = rope_type(r, key);
-    if (type == "default") return;
-    MT_CHECK(type == "llama3", "{}: {} of type \"{}\" is not supported: megatrain scales RoPE's frequencies as "
-             "Llama 3.1 does (\"llama3\") or not at all", where, key, type);
-    auto field = [&](const char* k, std::optional<double> absent) {
-      if (!r.contains(k) || r[k].is_null()) {
-        MT_CHECK(absent.has_value(), "{}: {}.{} is missing; rope type \"llama3\" needs it", where, key, k);
-        return *absent;
-      }
-      return s.number(&r[k], (key + "." + k).c_str(), 0.0);
-    };
-    scaled.scaling = static_cast<float>(field("factor", std::nullopt));
-    scaled.low_freq_factor = static_cast<float>(field("low_freq_factor", 1.0));
-    scaled.high_freq_factor = static_cast<float>(field("high_freq_factor", 4.0));
-    const double orig = field("original_max_position_embeddings", std::nullopt);
-    MT_CHECK(orig >= 1 && orig <= INT_MAX && orig == static_cast<int>(orig),
-             "{}: {}.original_max_position_embeddings must be a positive integer (got {})", where, key, orig);
-    scaled.original_len = static_cast<int>(orig);
-  };
-  if (const json* r = m.setting("rope_scaling")) read_scaling(*r, "rope_scaling");
+  if (const json* r = m.setting("rope_scaling")) read_llama_rope_scaling(s, *r, "rope_scaling", scaled);
   if (const json* rp = m.setting("rope_parameters")) {  // transformers 5 moved rope_theta and rope_type here
-    read_scaling(*rp, "rope_parameters");
+    read_llama_rope_scaling(s, *rp, "rope_parameters", scaled);
     if (rp->contains("rope_theta") && !(*rp)["rope_theta"].is_null())
       theta = s.number(&(*rp)["rope_theta"], "rope_parameters.rope_theta", theta);
   }
-  if (const json* act = m.setting("hidden_act"))
+  return theta;
+}
+
+// The activation and biases, which megatrain's Llama layout fixes.
+void refuse_llama_variants(const LlamaSettings& s) {
+  const std::string& where = s.where;
+  if (const json* act = s.m.setting("hidden_act"))
     MT_CHECK(*act == "silu" || *act == "swish", "{}: hidden_act = {} is not supported: megatrain's SwiGLU gates "
              "with silu", where, act->dump());
   MT_CHECK(!s.flag("attention_bias", false), "{}: attention_bias = true is not supported: megatrain's Llama layout has "
            "no biases", where);
   MT_CHECK(!s.flag("mlp_bias", false), "{}: mlp_bias = true is not supported: megatrain's Llama layout has no biases",
            where);
+}
 
+// The ModelConfig that config.json describes, before its checks (check_llama_config).
+ModelConfig llama_model_config(const LlamaSettings& s, bool mistral, double theta, const RopeFreqs& scaled) {
+  const HfModelFiles& m = s.m;
+  const std::string& where = s.where;
   ModelConfig c;
   c.norm = NormKind::RmsNorm;
   c.mlp = MlpKind::SwiGlu;
@@ -203,6 +210,13 @@ ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
   if (const json* ir = m.setting("initializer_range"))
     c.init_std = static_cast<float>(s.number(ir, "initializer_range", 0.02));
   c.tied_embeddings = s.flag("tie_word_embeddings", false);
+  return c;
+}
+
+// c's heads, its validity, and its layer count against the tensors.
+void check_llama_config(const LlamaSettings& s, const ModelConfig& c) {
+  const HfModelFiles& m = s.m;
+  const std::string& where = s.where;
   MT_CHECK(c.d_model % c.n_head == 0, "{}: hidden_size {} is not a multiple of num_attention_heads {}", where,
            c.d_model, c.n_head);
   if (m.setting("head_dim"))
@@ -217,6 +231,26 @@ ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
   // The layer count must match the tensors: a file with more layers would otherwise lose them in silence.
   MT_CHECK(!m.has(fmt::format("model.layers.{}.input_layernorm.weight", c.n_layer)),
            "{}: num_hidden_layers = {} but {} holds a layer {}", where, c.n_layer, m.source(), c.n_layer);
+}
+
+}  // namespace
+
+ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
+  MT_CHECK(m.config().has_value(),
+           "{}: an HF Llama needs the config.json saved with it (its head counts are not in the tensor shapes); there "
+           "is none beside it", m.source());
+  const std::string& where = m.config_path();
+  const LlamaSettings s{m, where};
+  const json* type = m.setting("model_type");
+  MT_CHECK(!type || *type == "llama" || *type == "mistral",
+           "{} describes a {} model; this converter reads model_type \"llama\" and \"mistral\"", where, type->dump());
+  const bool mistral = type && *type == "mistral";
+  // What HF's Llama can compute and megatrain's cannot is refused by name, never converted into another network.
+  RopeFreqs scaled{0.0f};
+  const double theta = read_llama_rope(s, scaled);
+  refuse_llama_variants(s);
+  ModelConfig c = llama_model_config(s, mistral, theta, scaled);
+  check_llama_config(s, c);
   return c;
 }
 

@@ -241,9 +241,10 @@ void SafetensorsFile::close() {
   size_ = 0;
 }
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  SafetensorsFile f;
-  f.path_ = path;
+namespace {
+
+// Maps the whole of path read-only; size gets the file's length (at least the 8 bytes of the header's length).
+const uint8_t* map_safetensors(const std::string& path, uint64_t& size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   MT_CHECK(fd >= 0, "cannot open {}: {}", path, std::strerror(errno));
   struct stat st;
@@ -251,103 +252,134 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     ::close(fd);
     fail("{} is not a regular file", path);
   }
-  f.size_ = static_cast<uint64_t>(st.st_size);
-  if (f.size_ < 8) {
+  size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
     ::close(fd);
-    fail("{}: file too short ({} bytes) to be safetensors", path, f.size_);
+    fail("{}: file too short ({} bytes) to be safetensors", path, size);
   }
-  void* m = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   int err = errno;
   ::close(fd);
   MT_CHECK(m != MAP_FAILED, "cannot map {}: {}", path, std::strerror(err));
-  f.base_ = static_cast<const uint8_t*>(m);
+  return static_cast<const uint8_t*>(m);
+}
 
+// The header's length (the file's first 8 bytes, little-endian), checked against the file's size.
+uint64_t safetensors_header_length(const std::string& path, const uint8_t* base, uint64_t size) {
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(f.base_[i]) << (8 * i);
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(base[i]) << (8 * i);
   MT_CHECK(n <= kMaxHeader, "{}: header length {} is implausible (corrupt file, or not safetensors)", path, n);
-  MT_CHECK(n <= f.size_ - 8, "{}: header length {} exceeds the file size {} (truncated file?)", path, n, f.size_);
-  f.data_start_ = 8 + n;
-  const uint64_t data_len = f.size_ - f.data_start_;
+  MT_CHECK(n <= size - 8, "{}: header length {} exceeds the file size {} (truncated file?)", path, n, size);
+  return n;
+}
 
+json parse_safetensors_header(const std::string& path, const uint8_t* base, uint64_t n) {
   json h;
   try {
-    h = json::parse(f.base_ + 8, f.base_ + 8 + n);
+    h = json::parse(base + 8, base + 8 + n);
   } catch (const json::exception& e) {
     fail("{}: corrupt header (not JSON): {}", path, e.what());
   }
   MT_CHECK(h.is_object(), "{}: corrupt header: expected a JSON object", path);
+  return h;
+}
 
-  std::vector<TensorData*> order;
-  for (auto& [name, v] : h.items()) {
-    if (name == "__metadata__") {
-      MT_CHECK(v.is_object(), "{}: __metadata__ must be an object of strings", path);
-      for (auto& [k, s] : v.items()) {
-        MT_CHECK(s.is_string(), "{}: __metadata__ entry '{}' is not a string", path, k);
-        f.metadata_[k] = s.get<std::string>();
-      }
-      continue;
-    }
-    // name is bound by name (not [&]): clang before 16, which builds the fuzz targets, cannot capture bindings.
-    auto bad = [&path, &name = name](const std::string& why) { fail("{}: tensor '{}': {}", path, name, why); };
-    if (!v.is_object()) bad("entry is not an object");
-    if (!v.contains("dtype") || !v["dtype"].is_string()) bad("missing or non-string 'dtype'");
-    if (!v.contains("shape") || !v["shape"].is_array()) bad("missing or non-array 'shape'");
-    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
-      bad("missing 'data_offsets' (expected [begin, end])");
-    TensorData t;
-    t.name = name;
-    t.dtype_str = v["dtype"].get<std::string>();
-    int esize = st_dtype_size(t.dtype_str);
-    if (esize == 0) bad(fmt::format("unknown dtype '{}'", t.dtype_str));
-    for (auto& d : v["shape"]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (1ull << 62))
-        bad(fmt::format("shape {} has a non-integer, negative or absurd entry", v["shape"].dump()));
-      t.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
-    }
-    auto& offs = v["data_offsets"];
-    if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) bad("data_offsets must be non-negative integers");
-    uint64_t b = offs[0].get<uint64_t>(), e = offs[1].get<uint64_t>();
-    if (b > e) bad(fmt::format("data_offsets [{}, {}] are reversed", b, e));
-    if (e > data_len)
-      bad(fmt::format("data_offsets [{}, {}] run past the data region of {} bytes (truncated file?)", b, e, data_len));
-    // Bytes the dtype and shape need, saturated at 2^64 (a corrupt shape may overflow any integer type). The
-    // product of the non-zero dimensions must fit int64 even when a zero one makes the tensor empty: callers count
-    // elements (shape_numel) left to right, and [2^62, 2^62, 0] overflows before the zero is reached.
-    const unsigned __int128 kSat = static_cast<unsigned __int128>(1) << 64;
-    unsigned __int128 nonzero = 1;
-    bool zero = false;
-    for (auto d : t.shape) {
-      zero |= d == 0;
-      if (d != 0) nonzero = std::min(nonzero * static_cast<uint64_t>(d), kSat);
-    }
-    const unsigned __int128 want = zero ? 0 : std::min(nonzero * static_cast<unsigned>(esize), kSat);
-    if (want != e - b)
-      bad(fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", b, e, e - b, t.dtype_str,
-                      t.shape_str(), want == kSat ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(want))));
-    // An empty tensor's (the size check passed it) other dimensions must multiply within int64: readers compute numel() and strides.
-    if (!checked_numel(t.shape)) bad(fmt::format("shape {} has more elements than int64 can count", t.shape_str()));
-    t.nbytes = e - b;
-    t.offset = f.data_start_ + b;
-    t.data = f.base_ + t.offset;
-    static const std::set<std::string> ours = {"F32", "BF16", "F16", "I32", "I64", "U16", "U8"};
-    t.supported = ours.count(t.dtype_str) > 0;
-    if (t.supported) t.dtype = dtype_from_name(t.dtype_str);
-    order.push_back(&f.tensors_.emplace(name, std::move(t)).first->second);
+void read_safetensors_metadata(const std::string& path, const json& v, std::map<std::string, std::string>& metadata) {
+  MT_CHECK(v.is_object(), "{}: __metadata__ must be an object of strings", path);
+  for (auto& [k, s] : v.items()) {
+    MT_CHECK(s.is_string(), "{}: __metadata__ entry '{}' is not a string", path, k);
+    metadata[k] = s.get<std::string>();
   }
+}
 
-  // The tensors must tile the data region: no overlaps, no holes, no trailing bytes.
+// The header's entry for tensor `name`, checked against the data region of data_len bytes at base + data_start.
+TensorData safetensors_entry(const std::string& path, const std::string& name, const json& v, const uint8_t* base,
+                             uint64_t data_start, uint64_t data_len) {
+  auto bad = [&path, &name](const std::string& why) { fail("{}: tensor '{}': {}", path, name, why); };
+  if (!v.is_object()) bad("entry is not an object");
+  if (!v.contains("dtype") || !v["dtype"].is_string()) bad("missing or non-string 'dtype'");
+  if (!v.contains("shape") || !v["shape"].is_array()) bad("missing or non-array 'shape'");
+  if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
+    bad("missing 'data_offsets' (expected [begin, end])");
+  TensorData t;
+  t.name = name;
+  t.dtype_str = v["dtype"].get<std::string>();
+  int esize = st_dtype_size(t.dtype_str);
+  if (esize == 0) bad(fmt::format("unknown dtype '{}'", t.dtype_str));
+  for (auto& d : v["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > (1ull << 62))
+      bad(fmt::format("shape {} has a non-integer, negative or absurd entry", v["shape"].dump()));
+    t.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+  }
+  auto& offs = v["data_offsets"];
+  if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) bad("data_offsets must be non-negative integers");
+  uint64_t b = offs[0].get<uint64_t>(), e = offs[1].get<uint64_t>();
+  if (b > e) bad(fmt::format("data_offsets [{}, {}] are reversed", b, e));
+  if (e > data_len)
+    bad(fmt::format("data_offsets [{}, {}] run past the data region of {} bytes (truncated file?)", b, e, data_len));
+  // Bytes the dtype and shape need, saturated at 2^64 (a corrupt shape may overflow any integer type). The
+  // product of the non-zero dimensions must fit int64 even when a zero one makes the tensor empty: callers count
+  // elements (shape_numel) left to right, and [2^62, 2^62, 0] overflows before the zero is reached.
+  const unsigned __int128 kSat = static_cast<unsigned __int128>(1) << 64;
+  unsigned __int128 nonzero = 1;
+  bool zero = false;
+  for (auto d : t.shape) {
+    zero |= d == 0;
+    if (d != 0) nonzero = std::min(nonzero * static_cast<uint64_t>(d), kSat);
+  }
+  const unsigned __int128 want = zero ? 0 : std::min(nonzero * static_cast<unsigned>(esize), kSat);
+  if (want != e - b)
+    bad(fmt::format("data_offsets [{}, {}] hold {} bytes but {} {} needs {}", b, e, e - b, t.dtype_str, t.shape_str(),
+                    want == kSat ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(want))));
+  // An empty tensor's (the size check passed it) other dimensions must multiply within int64: readers compute
+  // numel() and strides.
+  if (!checked_numel(t.shape)) bad(fmt::format("shape {} has more elements than int64 can count", t.shape_str()));
+  t.nbytes = e - b;
+  t.offset = data_start + b;
+  t.data = base + t.offset;
+  static const std::set<std::string> ours = {"F32", "BF16", "F16", "I32", "I64", "U16", "U8"};
+  t.supported = ours.count(t.dtype_str) > 0;
+  if (t.supported) t.dtype = dtype_from_name(t.dtype_str);
+  return t;
+}
+
+// The tensors must tile the data region [data_start, size): no overlaps, no holes, no trailing bytes.
+void check_safetensors_tiling(const std::string& path, std::vector<TensorData*> order, uint64_t data_start,
+                              uint64_t size) {
   std::sort(order.begin(), order.end(), [](const TensorData* a, const TensorData* b) {
     return a->offset != b->offset ? a->offset < b->offset : a->nbytes < b->nbytes;
   });
-  uint64_t pos = f.data_start_;
+  uint64_t pos = data_start;
   for (auto* t : order) {
     MT_CHECK(t->offset >= pos, "{}: tensor '{}' overlaps the previous tensor's data", path, t->name);
     MT_CHECK(t->offset == pos, "{}: {} unused bytes before tensor '{}' (the data region must be fully indexed)",
              path, t->offset - pos, t->name);
     pos += t->nbytes;
   }
-  MT_CHECK(pos == f.size_, "{}: {} bytes after the last tensor's data (the file is longer than its header says)",
-           path, f.size_ - pos);
+  MT_CHECK(pos == size, "{}: {} bytes after the last tensor's data (the file is longer than its header says)",
+           path, size - pos);
+}
+
+}  // namespace
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+  f.base_ = map_safetensors(path, f.size_);
+  const uint64_t n = safetensors_header_length(path, f.base_, f.size_);
+  f.data_start_ = 8 + n;
+  const uint64_t data_len = f.size_ - f.data_start_;
+  const json h = parse_safetensors_header(path, f.base_, n);
+  std::vector<TensorData*> order;
+  for (auto& [name, v] : h.items()) {
+    if (name == "__metadata__") {
+      read_safetensors_metadata(path, v, f.metadata_);
+      continue;
+    }
+    TensorData t = safetensors_entry(path, name, v, f.base_, f.data_start_, data_len);
+    order.push_back(&f.tensors_.emplace(name, std::move(t)).first->second);
+  }
+  check_safetensors_tiling(path, std::move(order), f.data_start_, f.size_);
   return f;
 }
 

@@ -13,31 +13,41 @@
 
 namespace mt::cli {
 
-int cmd_launch(int argc, char** argv) {
-  CLI::App app{"Spawn this node's ranks with torchrun-style environment variables (RANK, WORLD_SIZE, LOCAL_RANK,\n"
-               "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus MEGATRAIN_STORE, and supervise them.\n"
-               "  megatrain launch --nproc 4 -- train --config configs/tiny.toml\n"
-               "  megatrain launch --nproc 8 --nnodes 2 --node-rank 1 --master node01:29500 -- train ...\n"
-               "  megatrain launch --nproc 2 --exec -- /bin/sh -c 'echo $RANK'\n"
-               "Node 0 serves a tcp:// store on the master address and port (a free port on one node) unless --store\n"
-               "is given. Every connection to it must present the job's secret, which the ranks get in\n"
-               "MEGATRAIN_STORE_SECRET: a fresh random one on one node; on several nodes set MEGATRAIN_STORE_SECRET\n"
-               "to the same value on every node (or give --secret-file). Multi-node ranks communicate on the\n"
-               "interface that routes to the master, or on --iface.\n"
-               "If a rank fails, or the launcher gets SIGINT/SIGTERM, every rank is stopped (SIGTERM, then SIGKILL\n"
-               "after --grace seconds). With --max-restarts N a failure that a restart may help (not a config, data or\n"
-               "checkpoint error) restarts every rank, which resume from the newest checkpoint; hangs are detected\n"
-               "from the ranks' heartbeats and the blocking rank is named. --events FILE logs every fault,\n"
-               "detection and restart as JSON lines; --dashboard HOST:PORT serves a web page of the job, its state\n"
-               "as JSON and Prometheus metrics (--dashboard-token-file to require a token; `megatrain status URL`\n"
-               "reads it from a terminal); --notify URL posts faults, restarts and the end to a webhook. A rank\n"
-               "blamed for a hang has its stacks dumped (gdb) beside the event log before it is killed.\n"
-               "On several nodes, --max-restarts makes node 0's agent the job driver: every node's agent\n"
-               "(--node-rank 0..nnodes-1, plus --spares more that wait) reports to it through the store; a lost node\n"
-               "(--node-timeout), a hang's blamed node and a node failing `megatrain diagnose` are evicted, and the\n"
-               "job restarts on a spare, or shrinks to fewer data-parallel replicas when none is left.",
-               "megatrain launch"};
+namespace {
+
+constexpr const char* kLaunchDescription =
+    "Spawn this node's ranks with torchrun-style environment variables (RANK, WORLD_SIZE, LOCAL_RANK,\n"
+    "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus MEGATRAIN_STORE, and supervise them.\n"
+    "  megatrain launch --nproc 4 -- train --config configs/tiny.toml\n"
+    "  megatrain launch --nproc 8 --nnodes 2 --node-rank 1 --master node01:29500 -- train ...\n"
+    "  megatrain launch --nproc 2 --exec -- /bin/sh -c 'echo $RANK'\n"
+    "Node 0 serves a tcp:// store on the master address and port (a free port on one node) unless --store\n"
+    "is given. Every connection to it must present the job's secret, which the ranks get in\n"
+    "MEGATRAIN_STORE_SECRET: a fresh random one on one node; on several nodes set MEGATRAIN_STORE_SECRET\n"
+    "to the same value on every node (or give --secret-file). Multi-node ranks communicate on the\n"
+    "interface that routes to the master, or on --iface.\n"
+    "If a rank fails, or the launcher gets SIGINT/SIGTERM, every rank is stopped (SIGTERM, then SIGKILL\n"
+    "after --grace seconds). With --max-restarts N a failure that a restart may help (not a config, data or\n"
+    "checkpoint error) restarts every rank, which resume from the newest checkpoint; hangs are detected\n"
+    "from the ranks' heartbeats and the blocking rank is named. --events FILE logs every fault,\n"
+    "detection and restart as JSON lines; --dashboard HOST:PORT serves a web page of the job, its state\n"
+    "as JSON and Prometheus metrics (--dashboard-token-file to require a token; `megatrain status URL`\n"
+    "reads it from a terminal); --notify URL posts faults, restarts and the end to a webhook. A rank\n"
+    "blamed for a hang has its stacks dumped (gdb) beside the event log before it is killed.\n"
+    "On several nodes, --max-restarts makes node 0's agent the job driver: every node's agent\n"
+    "(--node-rank 0..nnodes-1, plus --spares more that wait) reports to it through the store; a lost node\n"
+    "(--node-timeout), a hang's blamed node and a node failing `megatrain diagnose` are evicted, and the\n"
+    "job restarts on a spare, or shrinks to fewer data-parallel replicas when none is left.";
+
+// megatrain launch's options, with the two that are read into LaunchOptions only after parsing.
+struct LaunchArgs {
   launch::LaunchOptions o;
+  std::string token_file;     // --dashboard-token-file
+  std::string notify_events;  // --notify-events, comma-separated
+};
+
+// The node's ranks: how many, where, what they run and how they are stopped.
+void add_rank_options(CLI::App& app, launch::LaunchOptions& o) {
   app.add_option("--nproc,-n", o.nproc, "ranks to start on this node")->required()->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", o.nnodes, "nodes in the job (default 1)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--node-rank", o.node_rank, "this node's index, 0..nnodes-1 (default 0)")
@@ -55,6 +65,11 @@ int cmd_launch(int argc, char** argv) {
   app.add_option("--grace", o.grace, "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-prefix", o.no_prefix, "copy the ranks' output without the '[rank R] ' prefix");
+}
+
+// Supervision: restarts, hang and straggler detection, the event log, the dashboard and notifications.
+void add_supervision_options(CLI::App& app, LaunchArgs& a) {
+  launch::LaunchOptions& o = a.o;
   auto* sup = "supervision";
   app.add_option("--max-restarts", o.max_restarts, "restarts after failures a restart may help (default 0: none)")
       ->check(CLI::Range(0, 1000000))->group(sup);
@@ -64,8 +79,7 @@ int cmd_launch(int argc, char** argv) {
                  "HOST:PORT (port 0: any free one; the URL is printed and logged as a 'dashboard' event); on several "
                  "nodes node 0 serves it")
       ->group(sup);
-  std::string token_file;
-  app.add_option("--dashboard-token-file", token_file,
+  app.add_option("--dashboard-token-file", a.token_file,
                  "the dashboard answers only requests carrying the token in this file (Authorization: Bearer TOKEN, "
                  "or ?token=TOKEN); default: MEGATRAIN_DASHBOARD_TOKEN if set, else no token")
       ->group(sup);
@@ -80,8 +94,7 @@ int cmd_launch(int argc, char** argv) {
                  "POST the job's events (a fault detected, a restart, a resume, an eviction, done, gave up) to this "
                  "http(s) webhook as JSON with a 'text' line; default: MEGATRAIN_NOTIFY_URL if set. Node 0 sends")
       ->group(sup);
-  std::string notify_events;
-  app.add_option("--notify-events", notify_events,
+  app.add_option("--notify-events", a.notify_events,
                  "which events to send (comma-separated names from the event log, EVENT:REASON for only those lines "
                  "of an event, e.g. warning:loss_spike, or 'all'; default detected,restarting,resumed,evicted,done,"
                  "gave_up)")
@@ -115,6 +128,10 @@ int cmd_launch(int argc, char** argv) {
       ->check(CLI::Range(1.0, 100.0))->group(sup);
   app.add_option("--straggler-steps", o.straggler_steps, "... for this many steps in a row (3)")
       ->check(CLI::Range(1, 1000000))->group(sup);
+}
+
+// Several nodes: spares, lost nodes, diagnosis and eviction.
+void add_node_options(CLI::App& app, launch::LaunchOptions& o) {
   auto* nodes = "several nodes (the job driver runs in node 0's agent)";
   app.add_option("--spares", o.spares,
                  "agents beyond --nnodes (started with --node-rank nnodes..) that wait to replace an evicted node (0)")
@@ -133,12 +150,10 @@ int cmd_launch(int argc, char** argv) {
   app.add_option("--straggler-evict-steps", o.straggler_evict_steps,
                  "a rank that stays a straggler this many steps gets its node evicted (0: never; default 0)")
       ->check(CLI::Range(0, 1000000))->group(nodes);
-  app.add_option("args", o.args, "after --: the megatrain subcommand and its options (or, with --exec, a program)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+}
+
+// What the options say together, checked before anything starts: the command, the node's place, the store.
+void check_launch_layout(launch::LaunchOptions& o) {
   MT_CHECK(!o.args.empty(), "nothing to launch: give the command after '--', e.g. megatrain launch --nproc 2 -- train");
   MT_CHECK(o.node_rank < o.nnodes + o.spares, "--node-rank {} must be below --nnodes {} + --spares {}", o.node_rank,
            o.nnodes, o.spares);
@@ -152,6 +167,10 @@ int cmd_launch(int argc, char** argv) {
            "--dashboard on {} nodes needs the job driver (--max-restarts 1 or more): without it no process sees "
            "every rank", o.nnodes);
   if (!o.iface.empty()) local_address_of(o.iface, "--iface");  // a typo fails here, not in every rank
+}
+
+// The dashboard's token and TLS files.
+void resolve_dashboard_access(launch::LaunchOptions& o, const std::string& token_file) {
   // Secrets come from files or the environment, never the command line, which every user of the host can read.
   // (The variable may be set for `megatrain status` too: without --dashboard it is simply not used.)
   if (!token_file.empty()) {
@@ -169,6 +188,10 @@ int cmd_launch(int argc, char** argv) {
       fail_as(ErrorKind::Config, "--dashboard-tls-{} without --dashboard-tls-{}: HTTPS needs both",
               o.dashboard_tls.cert.empty() ? "key" : "cert", o.dashboard_tls.cert.empty() ? "cert" : "key");
   }
+}
+
+// The webhook (--notify, else MEGATRAIN_NOTIFY_URL) and the events sent to it.
+void resolve_notify(launch::LaunchOptions& o, const std::string& notify_events) {
   if (o.notify.empty())
     if (const char* u = std::getenv("MEGATRAIN_NOTIFY_URL"); u && *u) o.notify = u;
   for (size_t at = 0; !notify_events.empty() && at <= notify_events.size();) {
@@ -178,6 +201,26 @@ int cmd_launch(int argc, char** argv) {
   }
   if (o.notify.empty() && (!o.notify_events.empty() || !o.notify_ca.empty()))
     fail_as(ErrorKind::Config, "--notify-events and --notify-ca need --notify URL (or MEGATRAIN_NOTIFY_URL)");
+}
+
+}  // namespace
+
+int cmd_launch(int argc, char** argv) {
+  CLI::App app{kLaunchDescription, "megatrain launch"};
+  LaunchArgs a;
+  add_rank_options(app, a.o);
+  add_supervision_options(app, a);
+  add_node_options(app, a.o);
+  app.add_option("args", a.o.args, "after --: the megatrain subcommand and its options (or, with --exec, a program)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  launch::LaunchOptions& o = a.o;
+  check_launch_layout(o);
+  resolve_dashboard_access(o, a.token_file);
+  resolve_notify(o, a.notify_events);
   if (o.job_name.empty()) o.job_name = launch::default_job_name();
   return launch::run_agent(o);
 }

@@ -21,9 +21,10 @@
 
 namespace mt::cli {
 
-int cmd_simulate(int argc, char** argv) {
-  CLI::App app{"Predict step time, MFU, a breakdown and memory per GPU of a 3D-parallel job on a modelled cluster",
-               "simulate"};
+namespace {
+
+// Every option of megatrain simulate, with its default.
+struct SimulateArgs {
   std::string config = resource_path("configs/megascale-175b.toml");
   std::string cluster_path = resource_path("configs/clusters/megascale-a100.toml");
   std::string preset, recompute = "selective";
@@ -32,45 +33,45 @@ int cmd_simulate(int argc, char** argv) {
   bool ptb = false, swa = false, tp_overlap = false, pp_overlap = false, dp_overlap = false, fused = false;
   bool misc = false, megascale = false, json_out = false, search = false, scale = false, constants = false;
   bool balance = false;
-  app.add_option("--config", config, "model TOML (the training config format; default configs/megascale-175b.toml)");
-  app.add_option("--cluster", cluster_path, "cluster TOML (default configs/clusters/megascale-a100.toml)");
-  app.add_option("--batch", batch, "global batch in sequences (sets parallel.microbatches = batch / (dp * data.batch_size))")
+};
+
+void add_simulate_options(CLI::App& app, SimulateArgs& a) {
+  app.add_option("--config", a.config, "model TOML (the training config format; default configs/megascale-175b.toml)");
+  app.add_option("--cluster", a.cluster_path, "cluster TOML (default configs/clusters/megascale-a100.toml)");
+  app.add_option("--batch", a.batch,
+                 "global batch in sequences (sets parallel.microbatches = batch / (dp * data.batch_size))")
       ->check(CLI::PositiveNumber);
-  app.add_option("--gpus", gpus, "GPU count: checked against dp * pp * tp, or the count --search lays out")
+  app.add_option("--gpus", a.gpus, "GPU count: checked against dp * pp * tp, or the count --search lays out")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--ptb", ptb, "parallel transformer block (model.block = parallel)");
-  app.add_flag("--swa", swa, "sliding-window attention (model.window, or seq/2 when the config has none)");
-  app.add_flag("--tp-overlap", tp_overlap, "overlap tensor-parallel collectives with GEMMs");
-  app.add_flag("--pp-overlap", pp_overlap, "asynchronous, decoupled pipeline send/receive");
-  app.add_flag("--dp-overlap", dp_overlap, "per-chunk data-parallel all-gather / reduce-scatter behind compute");
-  app.add_flag("--fused-ops", fused, "flash attention and fused norm / GeLU kernels");
-  app.add_flag("--misc", misc, "data pipeline and straggler eviction (drops the straggler term)");
-  app.add_flag("--megascale", megascale, "all of the above");
-  app.add_option("--recompute", recompute, "activation recomputation: none | selective | full");
-  app.add_option("--preset", preset, "megascale-table2 | megascale-table3: the paper's experiments beside predictions");
-  app.add_flag("--balance", balance, "find the layer counts of the pipeline stages that give the shortest step "
+  app.add_flag("--ptb", a.ptb, "parallel transformer block (model.block = parallel)");
+  app.add_flag("--swa", a.swa, "sliding-window attention (model.window, or seq/2 when the config has none)");
+  app.add_flag("--tp-overlap", a.tp_overlap, "overlap tensor-parallel collectives with GEMMs");
+  app.add_flag("--pp-overlap", a.pp_overlap, "asynchronous, decoupled pipeline send/receive");
+  app.add_flag("--dp-overlap", a.dp_overlap, "per-chunk data-parallel all-gather / reduce-scatter behind compute");
+  app.add_flag("--fused-ops", a.fused, "flash attention and fused norm / GeLU kernels");
+  app.add_flag("--misc", a.misc, "data pipeline and straggler eviction (drops the straggler term)");
+  app.add_flag("--megascale", a.megascale, "all of the above");
+  app.add_option("--recompute", a.recompute, "activation recomputation: none | selective | full");
+  app.add_option("--preset", a.preset,
+                 "megascale-table2 | megascale-table3: the paper's experiments beside predictions");
+  app.add_flag("--balance", a.balance, "find the layer counts of the pipeline stages that give the shortest step "
                "(parallel.stage_layers: the first stage also computes the embedding, the last the head and loss); "
                "where n_layer has no even split, give any valid parallel.stage_layers for the config to load");
-  app.add_flag("--search", search, "find the fastest layout for --gpus and --batch within --mem-limit");
-  app.add_option("--mem-limit", mem_limit_gib, "GiB per GPU for --search (default: the cluster's memory)")
+  app.add_flag("--search", a.search, "find the fastest layout for --gpus and --batch within --mem-limit");
+  app.add_option("--mem-limit", a.mem_limit_gib, "GiB per GPU for --search (default: the cluster's memory)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--top", top, "layouts --search lists")->check(CLI::PositiveNumber);
-  app.add_flag("--scale", scale, "also print group-init, checkpoint and failure costs");
-  app.add_option("--mtbf-hours", mtbf_hours, "node MTBF for --scale (default: the cluster file's)")
+  app.add_option("--top", a.top, "layouts --search lists")->check(CLI::PositiveNumber);
+  app.add_flag("--scale", a.scale, "also print group-init, checkpoint and failure costs");
+  app.add_option("--mtbf-hours", a.mtbf_hours, "node MTBF for --scale (default: the cluster file's)")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--constants", constants, "print the cluster's constants with their sources");
-  app.add_flag("--json", json_out, "JSON instead of tables");
+  app.add_flag("--constants", a.constants, "print the cluster's constants with their sources");
+  app.add_flag("--json", a.json_out, "JSON instead of tables");
   app.allow_extras();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  if (balance && (search || !preset.empty()))
-    fail_as(ErrorKind::Config, "--balance chooses the split of one layout: it does not apply to --{}",
-            search ? "search" : "preset");
+}
+
+// The arguments CLI11 left over must be config overrides: --section.key=value or --section.key value.
+std::vector<std::string> simulate_overrides(const std::vector<std::string>& extras) {
   std::vector<std::string> overrides;
-  std::vector<std::string> extras = app.remaining();
   for (size_t i = 0; i < extras.size(); ++i) {
     std::string a = extras[i];
     if (a.rfind("--", 0) != 0 || a.find('.') == std::string::npos)
@@ -81,62 +82,65 @@ int cmd_simulate(int argc, char** argv) {
     }
     overrides.push_back(a.substr(2));
   }
+  return overrides;
+}
 
+// --preset: the paper's table of experiments beside the model's predictions.
+void print_preset(const SimulateArgs& a, const RunConfig& cfg, const perf::Cluster& cluster) {
   using namespace mt::perf;
-  const Cluster cluster = load_cluster(cluster_path);
-  if (constants) {
-    fmt::print("{}", format_constants(cluster));
-    return 0;
-  }
-  RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(config, overrides); });
+  std::vector<PresetRow> rows;
+  if (a.preset == "megascale-table2")
+    rows = megascale_table2(cfg.model);
+  else if (a.preset == "megascale-table3")
+    rows = megascale_table3(cfg.model);
+  else
+    fail_as(ErrorKind::Config, "--preset must be megascale-table2 or megascale-table3 (got '{}')", a.preset);
+  std::vector<Prediction> preds;
+  for (const PresetRow& r : rows) preds.push_back(predict(r.job, cluster));
+  const bool t2 = a.preset == "megascale-table2";
+  if (a.json_out)
+    fmt::print("{}\n", (t2 ? table2_json(rows, preds) : table3_json(rows, preds)).dump(2));
+  else
+    fmt::print("{}", t2 ? format_table2(rows, preds) : format_table3(rows, preds));
+}
 
-  if (!preset.empty()) {
-    std::vector<PresetRow> rows;
-    if (preset == "megascale-table2")
-      rows = megascale_table2(cfg.model);
-    else if (preset == "megascale-table3")
-      rows = megascale_table3(cfg.model);
-    else
-      fail_as(ErrorKind::Config, "--preset must be megascale-table2 or megascale-table3 (got '{}')", preset);
-    std::vector<Prediction> preds;
-    for (const PresetRow& r : rows) preds.push_back(predict(r.job, cluster));
-    const bool t2 = preset == "megascale-table2";
-    if (json_out)
-      fmt::print("{}\n", (t2 ? table2_json(rows, preds) : table3_json(rows, preds)).dump(2));
-    else
-      fmt::print("{}", t2 ? format_table2(rows, preds) : format_table3(rows, preds));
-    return 0;
-  }
-
+// The config's model with the techniques the flags switch on (the layout is not set yet).
+perf::Job simulated_job(const SimulateArgs& a, const RunConfig& cfg) {
+  using namespace mt::perf;
   Job job;
   job.model = cfg.model;
-  if (ptb || megascale) job.model.block = BlockKind::Parallel;
-  if ((swa || megascale) && job.model.window == 0) job.model.window = cfg.data.seq_len / 2;
-  job.tech.tp_overlap = tp_overlap || megascale;
-  job.tech.pp_overlap = pp_overlap || megascale;
-  job.tech.dp_overlap = dp_overlap || megascale;
-  job.tech.fused_ops = fused || megascale;
-  job.tech.misc = misc || megascale;
-  job.tech.recompute = parse_recompute(recompute);
+  if (a.ptb || a.megascale) job.model.block = BlockKind::Parallel;
+  if ((a.swa || a.megascale) && job.model.window == 0) job.model.window = cfg.data.seq_len / 2;
+  job.tech.tp_overlap = a.tp_overlap || a.megascale;
+  job.tech.pp_overlap = a.pp_overlap || a.megascale;
+  job.tech.dp_overlap = a.dp_overlap || a.megascale;
+  job.tech.fused_ops = a.fused || a.megascale;
+  job.tech.misc = a.misc || a.megascale;
+  job.tech.recompute = parse_recompute(a.recompute);
   job.tech.tp_chunks = cfg.parallel.tp_chunks;  // megatrain's pieces per tp collective (matter on a saturated CPU host)
+  return job;
+}
 
-  if (search) {
-    if (gpus <= 0 || batch <= 0) fail_as(ErrorKind::Config, "--search needs --gpus N and --batch N");
-    SearchOptions o;
-    o.gpus = gpus;
-    o.global_batch = batch;
-    o.seq = cfg.data.seq_len;
-    o.memory_limit = mem_limit_gib * double(1 << 30);
-    o.tech = job.tech;
-    const SearchResult r = search_layouts(job.model, cluster, o);
-    if (json_out)
-      fmt::print("{}\n", to_json(r, top).dump(2));
-    else
-      fmt::print("{}", format_search(r, cluster, top));
-    return 0;
-  }
+// --search: the fastest layouts of job's model on --gpus for --batch.
+void print_search(const SimulateArgs& a, const RunConfig& cfg, const perf::Job& job, const perf::Cluster& cluster) {
+  using namespace mt::perf;
+  if (a.gpus <= 0 || a.batch <= 0) fail_as(ErrorKind::Config, "--search needs --gpus N and --batch N");
+  SearchOptions o;
+  o.gpus = a.gpus;
+  o.global_batch = a.batch;
+  o.seq = cfg.data.seq_len;
+  o.memory_limit = a.mem_limit_gib * double(1 << 30);
+  o.tech = job.tech;
+  const SearchResult r = search_layouts(job.model, cluster, o);
+  if (a.json_out)
+    fmt::print("{}\n", to_json(r, a.top).dump(2));
+  else
+    fmt::print("{}", format_search(r, cluster, a.top));
+}
 
-  Layout& L = job.layout;
+// The config's layout, with the micro-batch count --batch implies.
+perf::Layout simulated_layout(const SimulateArgs& a, const RunConfig& cfg, const std::vector<std::string>& overrides) {
+  perf::Layout L;
   L.dp = cfg.parallel.dp;
   L.pp = cfg.parallel.pp;
   L.tp = cfg.parallel.tp;
@@ -145,18 +149,26 @@ int cmd_simulate(int argc, char** argv) {
   L.micro_batch = cfg.data.batch_size;
   L.seq = cfg.data.seq_len;
   L.microbatches = cfg.parallel.pp > 1 ? cfg.pipeline_microbatches() : cfg.train.grad_accum;
-  if (batch > 0) {
+  if (a.batch > 0) {
     const int per = L.dp * L.micro_batch;
-    if (batch % per != 0)
-      fail_as(ErrorKind::Config, "--batch {} is not a multiple of parallel.dp * data.batch_size = {} * {}", batch, L.dp,
-              L.micro_batch);
+    if (a.batch % per != 0)
+      fail_as(ErrorKind::Config, "--batch {} is not a multiple of parallel.dp * data.batch_size = {} * {}", a.batch,
+              L.dp, L.micro_batch);
     bool explicit_m = false;
     for (auto& o : overrides) explicit_m = explicit_m || o.rfind("parallel.microbatches=", 0) == 0;
-    if (explicit_m && L.microbatches != batch / per)
+    if (explicit_m && L.microbatches != a.batch / per)
       fail_as(ErrorKind::Config, "--batch {} needs parallel.microbatches = {} (batch / (dp * data.batch_size)), not {}",
-              batch, batch / per, L.microbatches);
-    L.microbatches = batch / per;
+              a.batch, a.batch / per, L.microbatches);
+    L.microbatches = a.batch / per;
   }
+  return L;
+}
+
+// Validates job (with --balance, first replacing its stage split by one it can be checked with), then with
+// --balance sets the fastest split and returns the line that reports it.
+std::string validate_and_balance(bool balance, int gpus, perf::Job& job, const perf::Cluster& cluster) {
+  using namespace mt::perf;
+  Layout& L = job.layout;
   const int stages = L.pp * L.virtual_stages;
   const bool even_possible = stages > 0 && job.model.n_layer % stages == 0;
   if (balance) {
@@ -166,35 +178,76 @@ int cmd_simulate(int argc, char** argv) {
     if (!even_possible) L.stage_layers = balanced_stage_layers(job, cluster);  // a valid split to check the job with
   }
   validate_job(job, cluster, gpus);
-  std::string balanced_note;
-  if (balance) {
-    const std::string even = even_possible ? fmt::format("the even split: {:.4f} s a step",
-                                                         predict(job, cluster).step_seconds)
-                                           : fmt::format("no even split of {} layers", job.model.n_layer);
-    const std::vector<int> k = best_stage_layers(job, cluster);
-    if (even_possible && k == std::vector<int>(stages, job.model.n_layer / stages)) {
-      balanced_note = "balanced: the even split is already the fastest (no parallel.stage_layers needed)\n";
-    } else {
-      L.stage_layers = k;
-      balanced_note = fmt::format("balanced: --parallel.stage_layers=[{}] ({})\n", fmt::join(k, ","), even);
-    }
-  }
+  if (!balance) return "";
+  const std::string even = even_possible ? fmt::format("the even split: {:.4f} s a step",
+                                                       predict(job, cluster).step_seconds)
+                                         : fmt::format("no even split of {} layers", job.model.n_layer);
+  const std::vector<int> k = best_stage_layers(job, cluster);
+  if (even_possible && k == std::vector<int>(stages, job.model.n_layer / stages))
+    return "balanced: the even split is already the fastest (no parallel.stage_layers needed)\n";
+  L.stage_layers = k;
+  return fmt::format("balanced: --parallel.stage_layers=[{}] ({})\n", fmt::join(k, ","), even);
+}
+
+// The prediction for job, as a table or JSON, with --scale's costs.
+void print_prediction(const SimulateArgs& a, const perf::Job& job, const perf::Cluster& cluster,
+                      const std::string& balanced_note) {
+  using namespace mt::perf;
+  const Layout& L = job.layout;
   const Prediction p = predict(job, cluster);
   nlohmann::json j = to_json(p);
   j["layout"] = to_json(job);
   j["cluster"] = cluster.name;
   std::string text = balanced_note + format_prediction(job, p, cluster);
-  if (scale) {
+  if (a.scale) {
     const GroupInitCost g = group_init_cost(cluster, L);
     const CheckpointCost k = checkpoint_cost(cluster, job.model, L);
-    const Availability a = availability(cluster, k, g, L.gpus(), mtbf_hours);
-    j["scale"] = to_json(g, k, a);
-    text += "\n" + format_scale(g, k, a, L);
+    const Availability av = availability(cluster, k, g, L.gpus(), a.mtbf_hours);
+    j["scale"] = to_json(g, k, av);
+    text += "\n" + format_scale(g, k, av, L);
   }
-  if (json_out)
+  if (a.json_out)
     fmt::print("{}\n", j.dump(2));
   else
     fmt::print("{}", text);
+}
+
+}  // namespace
+
+int cmd_simulate(int argc, char** argv) {
+  CLI::App app{"Predict step time, MFU, a breakdown and memory per GPU of a 3D-parallel job on a modelled cluster",
+               "simulate"};
+  SimulateArgs a;
+  add_simulate_options(app, a);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (a.balance && (a.search || !a.preset.empty()))
+    fail_as(ErrorKind::Config, "--balance chooses the split of one layout: it does not apply to --{}",
+            a.search ? "search" : "preset");
+  const std::vector<std::string> overrides = simulate_overrides(app.remaining());
+
+  using namespace mt::perf;
+  const Cluster cluster = load_cluster(a.cluster_path);
+  if (a.constants) {
+    fmt::print("{}", format_constants(cluster));
+    return 0;
+  }
+  RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(a.config, overrides); });
+  if (!a.preset.empty()) {
+    print_preset(a, cfg, cluster);
+    return 0;
+  }
+  Job job = simulated_job(a, cfg);
+  if (a.search) {
+    print_search(a, cfg, job, cluster);
+    return 0;
+  }
+  job.layout = simulated_layout(a, cfg, overrides);
+  const std::string balanced_note = validate_and_balance(a.balance, a.gpus, job, cluster);
+  print_prediction(a, job, cluster, balanced_note);
   return 0;
 }
 

@@ -59,15 +59,13 @@ Replicated replicated_floats(const ModelConfig& m, int tp) {
   return r;
 }
 
-Plan make_plan(const Job& job, const Cluster& c) {
+// Per virtual stage, the forward and backward times of its layers (the first stage's with the embedding, the last's
+// with the head), and per rank the compute and exposed tp time they sum to.
+void plan_stage_costs(Plan& p, const Job& job, const Cluster& c, const Techniques& t, const std::vector<int>& layers) {
   const Layout& L = job.layout;
   const ModelConfig& m = job.model;
-  const Techniques t = effective_techniques(job, c);
   const Shape shape{L.tp, L.micro_batch, L.seq};
   const int S = L.pp * L.virtual_stages;
-  const std::vector<int> layers = stage_layer_counts(m, L.pp, L.virtual_stages, L.stage_layers);
-  Plan p;
-  p.schedule = make_interleaved_1f1b(L.pp, L.virtual_stages, L.microbatches);
   const LayerCost layer = layer_cost(m, c, shape, t);
   const LayerCost emb = embedding_cost(m, c, shape, t), head = head_cost(m, c, shape, t);
   p.costs.fwd.assign(S, 0);
@@ -94,21 +92,25 @@ Plan make_plan(const Job& job, const Cluster& c) {
     p.compute_per_rank[st % L.pp] += compute;
     p.tp_per_rank[st % L.pp] += tp;
   }
-  // Activations (and their gradients) cross between stages in the sequence-parallel layout: each tp rank sends
-  // its 1/tp slice to its peer in the next stage.
-  const Link pl = group_link(c, L.pp, L.tp);
-  p.costs.p2p_seconds = L.pp > 1 ? p2p_seconds(double(L.micro_batch) * L.seq * m.d_model * c.dtype_bytes.value / L.tp, pl) : 0;
-  p.costs.p2p_overlap = t.pp_overlap;
+}
 
-  // Data parallel: the chunk's gradients reduce-scattered, its weights (compute dtype) all-gathered, on the dp group.
+// Parameters of one transformer layer: the model's, less the embedding, learned positions and an untied head.
+double params_per_layer(const ModelConfig& m) {
+  double total = double(m.num_params()) - double(m.vocab_size) * m.d_model -
+                 (m.pos == PosKind::Learned ? double(m.max_seq_len) * m.d_model : 0) -
+                 (m.tied_embeddings ? 0 : double(m.vocab_size) * m.d_model);
+  return total / m.n_layer;
+}
+
+// Data parallel: the chunk's gradients reduce-scattered, its weights (compute dtype) all-gathered, on the dp group.
+// Fills the per-chunk costs and their per-rank sums (as if not overlapped); returns the largest rank's parameter shard.
+double plan_dp_traffic(Plan& p, const Job& job, const Cluster& c, const Techniques& t, const std::vector<int>& layers) {
+  const Layout& L = job.layout;
+  const ModelConfig& m = job.model;
+  const int S = L.pp * L.virtual_stages;
   const Link dl = group_link(c, L.dp, L.tp * L.pp);
   p.dp_blocking_per_rank.assign(L.pp, 0);
-  const double layer_params = [&] {
-    double total = double(m.num_params()) - double(m.vocab_size) * m.d_model -
-                   (m.pos == PosKind::Learned ? double(m.max_seq_len) * m.d_model : 0) -
-                   (m.tied_embeddings ? 0 : double(m.vocab_size) * m.d_model);
-    return total / m.n_layer;
-  }();
+  const double layer_params = params_per_layer(m);
   double max_shard = 0;
   if (L.dp > 1) {
     p.costs.dp_all_gather.assign(L.pp, std::vector<double>(L.virtual_stages, 0));
@@ -133,6 +135,14 @@ Plan make_plan(const Job& job, const Cluster& c) {
     }
     max_shard = std::max(max_shard, rank_params / L.dp);
   }
+  return max_shard;
+}
+
+// What of the dp traffic blocks each rank after its pipeline: the tied embeddings' all-reduce, and the
+// reduce-scatters and all-gathers unless they overlap (then they run inside the simulation).
+void plan_dp_blocking(Plan& p, const Job& job, const Cluster& c, const Techniques& t) {
+  const Layout& L = job.layout;
+  const ModelConfig& m = job.model;
   // Tied embeddings across pipeline ends: the first and last stage all-reduce the embedding gradient.
   if (L.pp > 1 && m.tied_embeddings) {
     const double bytes = double(m.padded_vocab(L.tp)) * m.d_model / L.tp * t.grad_bytes;
@@ -150,9 +160,15 @@ Plan make_plan(const Job& job, const Cluster& c) {
     p.costs.dp_reduce_scatter.clear();
   }
   for (double& x : p.dp_blocking_per_rank) x = std::max(0.0, x);
+}
+
+// Once a step, per rank: the replicated tensors' gradients summed over tp.
+void plan_tp_sync(Plan& p, const Job& job, const Cluster& c, const std::vector<int>& layers) {
+  const Layout& L = job.layout;
+  const int S = L.pp * L.virtual_stages;
   p.tp_sync_per_rank.assign(L.pp, 0);
   if (L.tp > 1) {
-    const Replicated rep = replicated_floats(m, L.tp);
+    const Replicated rep = replicated_floats(job.model, L.tp);
     const Link tl = group_link(c, L.tp, 1);
     auto sum = [&](double floats) { return floats > 0 ? ring_allreduce_seconds(L.tp, floats * 4, tl) : 0.0; };
     for (int st = 0; st < S; ++st) {
@@ -162,6 +178,24 @@ Plan make_plan(const Job& job, const Cluster& c) {
       p.tp_sync_per_rank[st % L.pp] += x;
     }
   }
+}
+
+Plan make_plan(const Job& job, const Cluster& c) {
+  const Layout& L = job.layout;
+  const ModelConfig& m = job.model;
+  const Techniques t = effective_techniques(job, c);
+  const std::vector<int> layers = stage_layer_counts(m, L.pp, L.virtual_stages, L.stage_layers);
+  Plan p;
+  p.schedule = make_interleaved_1f1b(L.pp, L.virtual_stages, L.microbatches);
+  plan_stage_costs(p, job, c, t, layers);
+  // Activations (and their gradients) cross between stages in the sequence-parallel layout: each tp rank sends
+  // its 1/tp slice to its peer in the next stage.
+  const Link pl = group_link(c, L.pp, L.tp);
+  p.costs.p2p_seconds = L.pp > 1 ? p2p_seconds(double(L.micro_batch) * L.seq * m.d_model * c.dtype_bytes.value / L.tp, pl) : 0;
+  p.costs.p2p_overlap = t.pp_overlap;
+  const double max_shard = plan_dp_traffic(p, job, c, t, layers);
+  plan_dp_blocking(p, job, c, t);
+  plan_tp_sync(p, job, c, layers);
   p.optimizer = max_shard * c.optimizer_bytes_per_param.value / (c.hbm_bytes_per_s() * c.memory_bound.value) +
                 allreduce_seconds(c, L.gpus(), 1, 8);
   return p;

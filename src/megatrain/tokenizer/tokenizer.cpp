@@ -494,6 +494,174 @@ void template_of(const nlohmann::json& post, const std::string& path, std::vecto
   }
 }
 
+// A member of a tokenizer.json object: o[k] where it is a string (hf_flag: a boolean), else "" (absent).
+std::string hf_str(const nlohmann::json& o, const char* k) {
+  return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
+}
+bool hf_flag(const nlohmann::json& o, const char* k, bool absent) {
+  return o.is_object() && o.contains(k) && o[k].is_boolean() ? o[k].get<bool>() : absent;
+}
+
+// The file's JSON, an object with a "model" object.
+nlohmann::json read_hf_tokenizer_json(const std::string& path) {
+  MT_CHECK(file_exists(path), "tokenizer {} not found", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+  MT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "{}: no \"model\" object: not an HF "
+           "tokenizer.json", path);
+  return j;
+}
+
+bool hf_byte_level(const nlohmann::json& o, bool regex) {
+  return hf_str(o, "type") == "ByteLevel" && !hf_flag(o, "add_prefix_space", false) &&
+         hf_flag(o, "use_regex", true) == regex;
+}
+
+// The pre-tokenizer of a byte-level BPE: GPT-2's ByteLevel with its regex, or a Split on Llama 3's (or GPT-2's)
+// regex followed by a plain ByteLevel.
+PreTokenizer hf_pre_tokenizer(const nlohmann::json& pt, const std::string& path) {
+  if (hf_byte_level(pt, true)) return PreTokenizer::Gpt2;
+  const nlohmann::json* list = pt.is_object() && hf_str(pt, "type") == "Sequence" && pt.contains("pretokenizers") &&
+                                       pt["pretokenizers"].is_array() && pt["pretokenizers"].size() == 2
+                                   ? &pt["pretokenizers"]
+                                   : nullptr;
+  const nlohmann::json split = list ? (*list)[0] : nlohmann::json();
+  const std::string regex = split.is_object() && split.contains("pattern") ? hf_str(split["pattern"], "Regex") : "";
+  MT_CHECK(list && hf_str(split, "type") == "Split" && hf_str(split, "behavior") == "Isolated" &&
+               !hf_flag(split, "invert", false) && hf_byte_level((*list)[1], false) &&
+               (regex == kLlama3Regex || regex == kGpt2Regex),
+           "{}: pre_tokenizer {} is not one megatrain computes (GPT-2's ByteLevel, or a Split on GPT-2's or Llama "
+           "3's regex followed by a ByteLevel)", path, pt.dump().substr(0, 300));
+  return regex == kLlama3Regex ? PreTokenizer::Llama3 : PreTokenizer::Gpt2;
+}
+
+// What would change the ids and that megatrain does not compute: refused rather than ignored.
+void refuse_hf_model_options(const nlohmann::json& m, const std::string& path) {
+  MT_CHECK(!m.contains("dropout") || m["dropout"].is_null() || (m["dropout"].is_number() && m["dropout"] == 0),
+           "{}: model.dropout = {} (BPE dropout, random merges) is not supported", path, m.value("dropout", nlohmann::json()).dump());
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    MT_CHECK(hf_str(m, k).empty(), "{}: model.{} = \"{}\" is not supported", path, k, hf_str(m, k));
+}
+
+// model.vocab: the ids by the token's text, and the token's bytes by id (text in GPT-2's byte alphabet, or
+// SentencePiece pieces, whose ids piece_ids gets by their text).
+struct HfVocab {
+  std::unordered_map<std::string, int32_t> by_text;
+  std::map<int64_t, std::string> bytes_of;
+};
+
+HfVocab read_hf_vocab(const nlohmann::json& m, bool sp, const std::string& path,
+                      std::unordered_map<std::string, int32_t>& piece_ids) {
+  MT_CHECK(m.contains("vocab") && m["vocab"].is_object() && !m["vocab"].empty(), "{}: model.vocab must be a "
+           "non-empty object of token -> id", path);
+  HfVocab vocab;
+  std::string bytes;
+  for (auto& [text, v] : m["vocab"].items()) {
+    MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 31),
+             "{}: model.vocab[\"{}\"] is not a token id", path, text);
+    if (sp) {
+      bytes = sentencepiece_piece_bytes(text);
+      piece_ids.emplace(text, v.get<int32_t>());
+    } else {
+      MT_CHECK(gpt2_text_to_bytes(text, bytes), "{}: token \"{}\" has a character outside the byte-level alphabet",
+               path, text);
+    }
+    MT_CHECK(vocab.bytes_of.emplace(v.get<int64_t>(), bytes).second, "{}: id {} is used by two tokens", path,
+             v.dump());
+    vocab.by_text.emplace(text, v.get<int32_t>());
+  }
+  return vocab;
+}
+
+// added_tokens (literal text): their (content, id), each id also entered in bytes_of.
+std::vector<std::pair<std::string, int32_t>> read_hf_added_tokens(const nlohmann::json& j, const std::string& path,
+                                                                  std::map<int64_t, std::string>& bytes_of) {
+  std::vector<std::pair<std::string, int32_t>> added;
+  if (j.contains("added_tokens") && j["added_tokens"].is_array())
+    for (const nlohmann::json& a : j["added_tokens"]) {
+      MT_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && !hf_str(a, "content").empty(),
+               "{}: an added_tokens entry without an id and a content: {}", path, a.dump().substr(0, 120));
+      const int64_t id = a["id"].get<int64_t>();
+      const std::string content = hf_str(a, "content");
+      auto [it, fresh] = bytes_of.emplace(id, content);
+      MT_CHECK(fresh || it->second == content, "{}: added token \"{}\" has id {}, which the vocabulary gives to "
+               "another token", path, content, id);
+      added.emplace_back(content, static_cast<int32_t>(id));
+    }
+  return added;
+}
+
+// tokens (id -> bytes) and ids (bytes -> id) of bytes_of, whose ids must be dense from 0.
+void hf_dense_ids(const std::map<int64_t, std::string>& bytes_of, const std::string& path,
+                  std::vector<std::string>& tokens, std::unordered_map<std::string, int32_t>& ids) {
+  const int64_t size = bytes_of.rbegin()->first + 1;
+  MT_CHECK(static_cast<int64_t>(bytes_of.size()) == size, "{}: token ids are not dense: {} tokens but the largest "
+           "id is {}", path, bytes_of.size(), size - 1);
+  tokens.resize(static_cast<size_t>(size));
+  for (auto& [id, b] : bytes_of) tokens[static_cast<size_t>(id)] = b;
+  for (auto& [id, b] : bytes_of) ids.emplace(b, static_cast<int32_t>(id));  // the lower id where two share bytes
+}
+
+// Each byte's token: with byte_fallback (sp) its "<0xXX>" piece, else the token of the byte alone.
+void hf_byte_ids(bool sp, const std::unordered_map<std::string, int32_t>& piece_ids,
+                 const std::unordered_map<std::string, int32_t>& ids, const std::string& path,
+                 int32_t (&byte_id)[256]) {
+  for (int b = 0; b < 256; ++b) {
+    if (sp) {  // byte_fallback: the byte's own "<0xXX>" token (the byte alone may also be a character's token)
+      auto it = piece_ids.find(fmt::format("<0x{:02X}>", b));
+      MT_CHECK(it != piece_ids.end(), "{}: model.byte_fallback is set but model.vocab has no \"<0x{:02X}>\"", path,
+               b);
+      byte_id[b] = it->second;
+      continue;
+    }
+    auto it = ids.find(std::string(1, static_cast<char>(b)));
+    MT_CHECK(it != ids.end(), "{}: no token for byte 0x{:02X}", path, b);
+    byte_id[b] = it->second;
+  }
+}
+
+// The end of a document among the added tokens: Llama 3's <|end_of_text|>, GPT-2's <|endoftext|> or
+// SentencePiece's </s>.
+int32_t hf_end_of_text(const std::vector<std::pair<std::string, int32_t>>& added, const std::string& path) {
+  int32_t eot = -1;
+  for (std::string_view name : {std::string_view("<|end_of_text|>"), kEndOfText, std::string_view("</s>")})
+    for (auto& [content, id] : added)
+      if (eot < 0 && content == name) eot = id;
+  MT_CHECK(eot >= 0, "{}: no end-of-text token among added_tokens (<|end_of_text|>, {} or </s>)", path,
+           kEndOfText);
+  return eot;
+}
+
+// model.merges in rank order, "left right" strings or [left, right] pairs (newer files): emit(left, right, merged)
+// with the tokens' ids for each.
+template <class Emit>
+void read_hf_merges(const nlohmann::json& m, const std::string& path,
+                    const std::unordered_map<std::string, int32_t>& by_text, Emit&& emit) {
+  MT_CHECK(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be a list", path);
+  for (const nlohmann::json& e : m["merges"]) {
+    std::string left, right;
+    if (e.is_string()) {
+      const std::string s = e.get<std::string>();
+      const size_t sp = s.find(' ');
+      MT_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
+               "{}: merge {} is not \"left right\"", path, e.dump());
+      left = s.substr(0, sp), right = s.substr(sp + 1);
+    } else {
+      MT_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), "{}: merge {} is not a pair",
+               path, e.dump().substr(0, 80));
+      left = e[0].get<std::string>(), right = e[1].get<std::string>();
+    }
+    auto a = by_text.find(left), b = by_text.find(right), r = by_text.find(left + right);
+    MT_CHECK(a != by_text.end() && b != by_text.end() && r != by_text.end(),
+             "{}: merge {} uses or makes a token missing from model.vocab", path, e.dump());
+    emit(a->second, b->second, r->second);
+  }
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path) {
@@ -517,152 +685,47 @@ std::string Tokenizer::missing_files(const std::string& path) {
 }
 
 Tokenizer Tokenizer::load_hf(const std::string& path) {
-  MT_CHECK(file_exists(path), "tokenizer {} not found", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
-  MT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "{}: no \"model\" object: not an HF "
-           "tokenizer.json", path);
+  nlohmann::json j = read_hf_tokenizer_json(path);
   const nlohmann::json& m = j["model"];
-  auto str = [](const nlohmann::json& o, const char* k) {
-    return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
-  };
-  auto flag = [](const nlohmann::json& o, const char* k, bool absent) {
-    return o.is_object() && o.contains(k) && o[k].is_boolean() ? o[k].get<bool>() : absent;
-  };
-  MT_CHECK(str(m, "type") == "BPE", "{}: model.type is \"{}\"; megatrain reads BPE tokenizers (byte-level, or "
+  MT_CHECK(hf_str(m, "type") == "BPE", "{}: model.type is \"{}\"; megatrain reads BPE tokenizers (byte-level, or "
            "SentencePiece-style with byte_fallback)", path,
-           str(m, "type"));
+           hf_str(m, "type"));
   Tokenizer t;
   const nlohmann::json pt = j.value("pre_tokenizer", nlohmann::json());
   const nlohmann::json norm = j.value("normalizer", nlohmann::json());
-  if (flag(m, "byte_fallback", false)) {
+  if (hf_flag(m, "byte_fallback", false)) {
     t.sp_ = sentencepiece_prefix(norm, pt, path);
   } else {
     MT_CHECK(norm.is_null(), "{}: a normalizer ({}) is not supported with byte-level BPE", path,
              norm.dump().substr(0, 120));
   }
-  // The pre-tokenizer: GPT-2's ByteLevel with its regex, or a Split on Llama 3's regex followed by a plain ByteLevel.
-  auto byte_level = [&](const nlohmann::json& o, bool regex) {
-    return str(o, "type") == "ByteLevel" && !flag(o, "add_prefix_space", false) && flag(o, "use_regex", true) == regex;
-  };
-  if (t.sp_ != SpacePrefix::None) {
-    // no pre-tokenizer: the text is one word
-  } else if (byte_level(pt, true)) {
-    t.pre_ = PreTokenizer::Gpt2;
-  } else {
-    const nlohmann::json* list = pt.is_object() && str(pt, "type") == "Sequence" && pt.contains("pretokenizers") &&
-                                         pt["pretokenizers"].is_array() && pt["pretokenizers"].size() == 2
-                                     ? &pt["pretokenizers"]
-                                     : nullptr;
-    const nlohmann::json split = list ? (*list)[0] : nlohmann::json();
-    const std::string regex = split.is_object() && split.contains("pattern") ? str(split["pattern"], "Regex") : "";
-    MT_CHECK(list && str(split, "type") == "Split" && str(split, "behavior") == "Isolated" &&
-                 !flag(split, "invert", false) && byte_level((*list)[1], false) &&
-                 (regex == kLlama3Regex || regex == kGpt2Regex),
-             "{}: pre_tokenizer {} is not one megatrain computes (GPT-2's ByteLevel, or a Split on GPT-2's or Llama "
-             "3's regex followed by a ByteLevel)", path, pt.dump().substr(0, 300));
-    t.pre_ = regex == kLlama3Regex ? PreTokenizer::Llama3 : PreTokenizer::Gpt2;
-  }
-  t.ignore_merges_ = flag(m, "ignore_merges", false);
+  if (t.sp_ == SpacePrefix::None) t.pre_ = hf_pre_tokenizer(pt, path);  // else no pre-tokenizer: the text is one word
+  t.ignore_merges_ = hf_flag(m, "ignore_merges", false);
   MT_CHECK(!t.ignore_merges_ || t.sp_ == SpacePrefix::None, "{}: model.ignore_merges with byte_fallback is not "
            "supported (no Llama 2 or Mistral file sets it)", path);
-  // What would change the ids and that megatrain does not compute: refused rather than ignored.
-  MT_CHECK(!m.contains("dropout") || m["dropout"].is_null() || (m["dropout"].is_number() && m["dropout"] == 0),
-           "{}: model.dropout = {} (BPE dropout, random merges) is not supported", path, m.value("dropout", nlohmann::json()).dump());
-  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
-    MT_CHECK(str(m, k).empty(), "{}: model.{} = \"{}\" is not supported", path, k, str(m, k));
+  refuse_hf_model_options(m, path);
 
-  // Ids: model.vocab (text in GPT-2's byte alphabet) and added_tokens (literal text), dense from 0.
-  MT_CHECK(m.contains("vocab") && m["vocab"].is_object() && !m["vocab"].empty(), "{}: model.vocab must be a "
-           "non-empty object of token -> id", path);
-  std::unordered_map<std::string, int32_t> by_text;
-  std::map<int64_t, std::string> bytes_of;
-  std::string bytes;
+  // Ids: model.vocab and added_tokens, dense from 0.
   const bool sp = t.sp_ != SpacePrefix::None;
-  for (auto& [text, v] : m["vocab"].items()) {
-    MT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (int64_t{1} << 31),
-             "{}: model.vocab[\"{}\"] is not a token id", path, text);
-    if (sp) {
-      bytes = sentencepiece_piece_bytes(text);
-      t.piece_ids_.emplace(text, v.get<int32_t>());
-    } else {
-      MT_CHECK(gpt2_text_to_bytes(text, bytes), "{}: token \"{}\" has a character outside the byte-level alphabet",
-               path, text);
-    }
-    MT_CHECK(bytes_of.emplace(v.get<int64_t>(), bytes).second, "{}: id {} is used by two tokens", path, v.dump());
-    by_text.emplace(text, v.get<int32_t>());
-  }
-  std::vector<std::pair<std::string, int32_t>> added;
-  if (j.contains("added_tokens") && j["added_tokens"].is_array())
-    for (const nlohmann::json& a : j["added_tokens"]) {
-      MT_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && !str(a, "content").empty(),
-               "{}: an added_tokens entry without an id and a content: {}", path, a.dump().substr(0, 120));
-      const int64_t id = a["id"].get<int64_t>();
-      const std::string content = str(a, "content");
-      auto [it, fresh] = bytes_of.emplace(id, content);
-      MT_CHECK(fresh || it->second == content, "{}: added token \"{}\" has id {}, which the vocabulary gives to "
-               "another token", path, content, id);
-      added.emplace_back(content, static_cast<int32_t>(id));
-    }
-  const int64_t size = bytes_of.rbegin()->first + 1;
-  MT_CHECK(static_cast<int64_t>(bytes_of.size()) == size, "{}: token ids are not dense: {} tokens but the largest "
-           "id is {}", path, bytes_of.size(), size - 1);
-  t.tokens_.resize(static_cast<size_t>(size));
-  for (auto& [id, b] : bytes_of) t.tokens_[static_cast<size_t>(id)] = b;
-  for (auto& [id, b] : bytes_of) t.ids_.emplace(b, static_cast<int32_t>(id));  // the lower id where two share bytes
-  for (int b = 0; b < 256; ++b) {
-    if (sp) {  // byte_fallback: the byte's own "<0xXX>" token (the byte alone may also be a character's token)
-      auto it = t.piece_ids_.find(fmt::format("<0x{:02X}>", b));
-      MT_CHECK(it != t.piece_ids_.end(), "{}: model.byte_fallback is set but model.vocab has no \"<0x{:02X}>\"", path,
-               b);
-      t.byte_id_[b] = it->second;
-      continue;
-    }
-    auto it = t.ids_.find(std::string(1, static_cast<char>(b)));
-    MT_CHECK(it != t.ids_.end(), "{}: no token for byte 0x{:02X}", path, b);
-    t.byte_id_[b] = it->second;
-  }
-  // Specials: the added tokens; the end of a document is Llama 3's <|end_of_text|>, GPT-2's <|endoftext|> or
-  // SentencePiece's </s>.
+  HfVocab vocab = read_hf_vocab(m, sp, path, t.piece_ids_);
+  const std::vector<std::pair<std::string, int32_t>> added = read_hf_added_tokens(j, path, vocab.bytes_of);
+  hf_dense_ids(vocab.bytes_of, path, t.tokens_, t.ids_);
+  hf_byte_ids(sp, t.piece_ids_, t.ids_, path, t.byte_id_);
+  // Specials: the added tokens.
   t.specials_ = added;
-  for (std::string_view name : {std::string_view("<|end_of_text|>"), kEndOfText, std::string_view("</s>")})
-    for (auto& [content, id] : added)
-      if (t.eot_ < 0 && content == name) t.eot_ = id;
-  MT_CHECK(t.eot_ >= 0, "{}: no end-of-text token among added_tokens (<|end_of_text|>, {} or </s>)", path,
-           kEndOfText);
+  t.eot_ = hf_end_of_text(added, path);
   template_of(j.value("post_processor", nlohmann::json()), path, t.prefix_, t.suffix_);
   for (const std::vector<int32_t>* ids : {&t.prefix_, &t.suffix_})
     for (int32_t id : *ids)
       MT_CHECK(id < t.vocab_size(), "{}: the post_processor's special token id {} is outside the vocabulary (0..{})",
                path, id, t.vocab_size() - 1);
 
-  // Merges in rank order: "left right" strings, or [left, right] pairs (newer files).
-  MT_CHECK(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be a list", path);
   int32_t rank = 0;
-  for (const nlohmann::json& e : m["merges"]) {
-    std::string left, right;
-    if (e.is_string()) {
-      const std::string s = e.get<std::string>();
-      const size_t sp = s.find(' ');
-      MT_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
-               "{}: merge {} is not \"left right\"", path, e.dump());
-      left = s.substr(0, sp), right = s.substr(sp + 1);
-    } else {
-      MT_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), "{}: merge {} is not a pair",
-               path, e.dump().substr(0, 80));
-      left = e[0].get<std::string>(), right = e[1].get<std::string>();
-    }
-    auto a = by_text.find(left), b = by_text.find(right), r = by_text.find(left + right);
-    MT_CHECK(a != by_text.end() && b != by_text.end() && r != by_text.end(),
-             "{}: merge {} uses or makes a token missing from model.vocab", path, e.dump());
-    t.merges_.emplace_back(a->second, b->second);
-    t.pair_merge_.emplace(pair_key(a->second, b->second), Merge{rank, r->second});  // the first rank of a pair wins
+  read_hf_merges(m, path, vocab.by_text, [&](int32_t left, int32_t right, int32_t merged) {
+    t.merges_.emplace_back(left, right);
+    t.pair_merge_.emplace(pair_key(left, right), Merge{rank, merged});  // the first rank of a pair wins
     ++rank;
-  }
+  });
   return t;
 }
 
