@@ -25,6 +25,7 @@
 #include "megatrain/core/fs.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/data/window_order.h"
+#include "megatrain/comm/agreement.h"
 #include "megatrain/comm/mesh.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/model/layout.h"
@@ -320,15 +321,6 @@ void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
            ck.dir(), saved_b, saved_t, saved_accum, global_b, cfg.data.seq_len, cfg.train.grad_accum);
 }
 
-// A barrier over the whole mesh (which has no world group): rank (d,t,p) leaves its pp barrier only after every
-// (d,t,*) passed its tp barrier, each of those only after every (d,*,*) passed its dp barrier, i.e. after every
-// rank (*,*,*) arrived.
-void mesh_barrier(DeviceMesh& mesh) {
-  mesh.dp().barrier()->wait();
-  mesh.tp().barrier()->wait();
-  mesh.pp().barrier()->wait();
-}
-
 // Full (unsharded) copies of every parameter and moment of a tensor-parallel rank, for gathered checkpoints.
 struct TpFullState {
   std::vector<HostBuffer> p, m, v;
@@ -370,6 +362,7 @@ struct TrainCheckpointer::Impl {
   Optimizer* opt;
   DataParallel* ddp;
   DeviceMesh* mesh;
+  Agreement agreement;  // over the host mesh (trivial in a single process)
   const int wte_copy;
   const int tp, pp, vstages, pp_rank, micro;
   const bool main_rank;
@@ -393,7 +386,7 @@ struct TrainCheckpointer::Impl {
   std::string kill_hook; // MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT
 
   Impl(const RunConfig& c, GPT& m, Optimizer* o, DataParallel* d, DeviceMesh* me, int wc)
-      : cfg(c), model(m), opt(o), ddp(d), mesh(me), wte_copy(wc), tp(c.parallel.tp), pp(c.parallel.pp),
+      : cfg(c), model(m), opt(o), ddp(d), mesh(me), agreement(me), wte_copy(wc), tp(c.parallel.tp), pp(c.parallel.pp),
         vstages(c.parallel.virtual_stages), pp_rank(me ? me->coord().pp : 0), micro(c.pipeline_microbatches()),
         main_rank(!me || me->rank() == 0), sharded(me && c.ckpt.sharded), staged(!me || c.ckpt.sharded),
         as(std::make_shared<CkptAsyncState>()), worker(std::make_unique<CkptWorker>()) {
@@ -531,16 +524,10 @@ struct TrainCheckpointer::Impl {
         fail_as(ErrorKind::NonFinite, "step {}: {} holds a non-finite value: the weights diverged; {}", step, bad, keep);
       return;
     }
-    const int world = cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp;
-    std::vector<float> flags(static_cast<size_t>(world), 0.0f);
-    flags[static_cast<size_t>(mesh->rank())] = bad.empty() ? 0.0f : 1.0f;
-    allreduce_all(*mesh, f32_view(flags.data(), {static_cast<int64_t>(world)}));  // every rank's flag, everywhere
+    const std::vector<int> ranks = agreement.which_ranks(!bad.empty());  // every rank's flag, everywhere
     if (!bad.empty())
       fail_as(ErrorKind::NonFinite, "step {}: rank {}: {} holds a non-finite value: the weights diverged; {}", step,
               mesh->rank(), bad, keep);
-    std::vector<int> ranks;
-    for (int r = 0; r < world; ++r)
-      if (flags[static_cast<size_t>(r)] != 0.0f) ranks.push_back(r);
     if (!ranks.empty())
       fail_as(ErrorKind::NonFinite, "step {}: rank(s) {} hold non-finite values (their errors name the tensors): the "
               "weights diverged; {}", step, fmt::join(ranks, ", "), keep);
@@ -625,22 +612,6 @@ struct TrainCheckpointer::Impl {
     }
   }
 
-  // ---- agreement over the mesh
-
-  // Every rank's flag, summed over the whole mesh: the ranks that raised it (empty: none). Collective; trivial in
-  // a single process.
-  std::vector<int> agree(bool mine) {
-    if (!mesh) return mine ? std::vector<int>{0} : std::vector<int>{};
-    const int world = cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp;
-    std::vector<float> flags(static_cast<size_t>(world), 0.0f);
-    flags[static_cast<size_t>(mesh->rank())] = mine ? 1.0f : 0.0f;
-    allreduce_all(*mesh, f32_view(flags.data(), {static_cast<int64_t>(world)}));
-    std::vector<int> ranks;
-    for (int r = 0; r < world; ++r)
-      if (flags[static_cast<size_t>(r)] != 0.0f) ranks.push_back(r);
-    return ranks;
-  }
-
   // ---- two-stage saves
 
   // Stage 1 of checkpoint `step` on the training thread; stage 2 (and the peer copy) posted to the background.
@@ -661,7 +632,7 @@ struct TrainCheckpointer::Impl {
         err = as->exchange_error;
         kind = as->exchange_kind;
       }
-      const std::vector<int> bad = agree(!err.empty());
+      const std::vector<int> bad = agreement.which_ranks(!err.empty());
       if (!err.empty())
         fail_as(kind, "step {}: copying this rank's snapshot to buddy rank {} failed: {}", step, as->peers->buddy, err);
       if (!bad.empty())
@@ -698,7 +669,7 @@ struct TrainCheckpointer::Impl {
       msg = as->persist_message;
       dir = as->committed_dir;
     }
-    const std::vector<int> bad = agree(failed);
+    const std::vector<int> bad = agreement.which_ranks(failed);
     if (failed) fail_as(ErrorKind::IO, "checkpoint ({}) step {} failed: {}", why, step, msg);
     if (!bad.empty())
       fail_as(ErrorKind::IO, "checkpoint ({}) step {} was not committed: rank(s) {} failed to write (their errors say "
@@ -784,7 +755,7 @@ struct TrainCheckpointer::Impl {
   int load(CheckpointReader& ck, LoaderState& data, std::string& problem) {
     check_fits(cfg, ck);
     const std::string err = read_mine(ck);
-    const std::vector<int> bad = agree(!err.empty());
+    const std::vector<int> bad = agreement.which_ranks(!err.empty());
     if (!bad.empty()) {
       problem = !err.empty() ? err
                              : fmt::format("rank(s) {} could not read checkpoint {} (their messages name the file)",
@@ -793,7 +764,7 @@ struct TrainCheckpointer::Impl {
     }
     if (one_reader()) broadcast_replicas();
     if (ddp) ddp->commit_moment_slices();
-    if (mesh) mesh_barrier(*mesh);  // restored everywhere: rank 0's clock then times the whole group's restore
+    agreement.barrier();  // restored everywhere: rank 0's clock then times the whole group's restore
     const SavedPosition pos = saved_position(ck);
     data = position_for_this_run(cfg, ck, pos.data, data_windows, main_rank);
     if (main_rank && data.taken.empty() && !ck.extra()["data"].contains("blend"))
@@ -803,33 +774,29 @@ struct TrainCheckpointer::Impl {
   }
 
   // Sharded checkpoints: every rank writes its own files into ckpt.dir and rank 0 commits them, so every rank must
-  // see the directory rank 0 sees. Rank 0 writes a probe holding a fresh nonce (spread over the host mesh in 16-bit
-  // pieces, exact in fp32), every other rank reads it back, and all agree on who could not.
+  // see the directory rank 0 sees. Rank 0 writes a probe holding a fresh nonce (broadcast to every rank), every
+  // other rank reads it back, and all agree on who could not.
   void check_shared_dir() {
     if (!mesh || !sharded) return;
     const std::string probe = cfg.ckpt.dir + "/.megatrain-shared-probe";
-    std::vector<float> pieces(4, 0.0f);
-    std::string err;
+    std::string nonce, err;
     if (main_rank) {
-      const uint64_t nonce = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
-                             static_cast<uint64_t>(now_seconds() * 1e6);
-      for (int i = 0; i < 4; ++i) pieces[i] = static_cast<float>((nonce >> (16 * i)) & 0xffff);
+      nonce = std::to_string((uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
+                             static_cast<uint64_t>(now_seconds() * 1e6));
       try {
-        write_file_atomic(probe, std::to_string(nonce));
+        write_file_atomic(probe, nonce);
       } catch (const std::exception& e) {
         err = e.what();
       }
     }
-    allreduce_all(*mesh, f32_view(pieces.data(), {4}));  // rank 0's pieces, everywhere (the others add zeros)
-    uint64_t nonce = 0;
-    for (int i = 0; i < 4; ++i) nonce |= static_cast<uint64_t>(pieces[i]) << (16 * i);
+    nonce = agreement.broadcast(nonce, 0);  // rank 0's nonce, everywhere
     if (!main_rank) {
       std::ifstream f(probe);
       std::string seen;
-      if (!(f >> seen) || seen != std::to_string(nonce))
+      if (!(f >> seen) || seen != nonce)
         err = f ? "it holds another run's probe" : "it is not there";
     }
-    const std::vector<int> bad = agree(!err.empty());
+    const std::vector<int> bad = agreement.which_ranks(!err.empty());
     if (main_rank) {
       std::error_code ec;
       std::filesystem::remove(probe, ec);
@@ -880,12 +847,12 @@ struct TrainCheckpointer::Impl {
     } catch (const std::exception& e) {
       err = e.what();
     }
-    const std::vector<int> bad = agree(!err.empty());
+    const std::vector<int> bad = agreement.which_ranks(!err.empty());
     if (!bad.empty())
       fail_as(ErrorKind::Checkpoint, "{}", !err.empty() ? err
                                           : fmt::format("rank(s) {} could not read {} (their messages name the file)",
                                                         fmt::join(bad, ", "), source));
-    if (mesh) mesh_barrier(*mesh);
+    agreement.barrier();
   }
 
   int restore(const std::string& path, LoaderState& data) {
@@ -909,7 +876,7 @@ struct TrainCheckpointer::Impl {
                    "disk\n", root, e.what());
       }
     }
-    if (mesh) mesh_barrier(*mesh);
+    agreement.barrier();
     std::vector<std::string> candidates;
     if (auto latest = find_latest(root)) candidates.push_back(*latest);
     const std::vector<CheckpointEntry> all = list_checkpoints(root);
@@ -976,7 +943,7 @@ std::string TrainCheckpointer::save(int step, const LoaderState& data, const cha
   } else if (s.main_rank) {
     dir = write_checkpoint(s.cfg, s.stage_tensors(), step, data, s.micro, s.data_windows, why);
   }
-  if (s.mesh) mesh_barrier(*s.mesh);  // nobody runs ahead of a checkpoint that is not committed yet
+  s.agreement.barrier();  // nobody runs ahead of a checkpoint that is not committed yet
   return dir;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "megatrain/comm/agreement.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/stop_request.h"
 #include "megatrain/data/loader.h"
@@ -57,13 +58,8 @@ struct Job {
 };
 
 // A stop is acted on only when every rank saw it, at the same step: a rank that stopped alone would leave the
-// others waiting in the next step's collectives. One sum over the host mesh per step (a float per group).
-bool stop_agreed(Topology& topo) {
-  if (!topo.host_mesh) return stop_requested();
-  float flag = stop_requested() ? 1.0f : 0.0f;
-  allreduce_all(*topo.host_mesh, f32_view(&flag, {1}));
-  return flag > 0;
-}
+// others waiting in the next step's collectives. One agreement over the host mesh per step (comm/agreement.h).
+bool stop_agreed(Topology& topo) { return Agreement(topo.host_mesh.get()).any_rank(stop_requested()); }
 
 // The checkpointer's events to the observers; a committed checkpoint is also on_checkpoint.
 void checkpoint_events(Job& j) {
