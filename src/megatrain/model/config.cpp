@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "megatrain/core/error.h"
+#include "megatrain/core/kind_names.h"
 
 namespace mt {
 
@@ -38,44 +39,24 @@ constexpr std::array<const char*, 2> kMlpNames = {"gelu", "swiglu"};
 constexpr std::array<const char*, 2> kPosNames = {"learned", "rope"};
 constexpr std::array<const char*, 2> kBlockNames = {"sequential", "parallel"};
 
-template <typename Kind, size_t N>
-const char* name_of(const std::array<const char*, N>& names, Kind k) {
-  const auto i = static_cast<size_t>(k);
-  MT_CHECK(i < N, "invalid kind value {}", i);  // only a cast from a bad integer gets here
-  return names[i];
-}
-
-template <typename Kind, size_t N>
-void parse_of(const std::array<const char*, N>& names, const std::string& key, const std::string& value, Kind& out) {
-  std::string allowed;
-  for (size_t i = 0; i < N; ++i) {
-    if (value == names[i]) {
-      out = static_cast<Kind>(i);
-      return;
-    }
-    allowed += fmt::format("{}'{}'", i == 0 ? "" : i + 1 == N ? " or " : ", ", names[i]);
-  }
-  fail("{} must be {} (got '{}')", key, allowed, value);
-}
-
 }  // namespace
 
-const char* kind_name(NormKind k) { return name_of(kNormNames, k); }
-const char* kind_name(MlpKind k) { return name_of(kMlpNames, k); }
-const char* kind_name(PosKind k) { return name_of(kPosNames, k); }
-const char* kind_name(BlockKind k) { return name_of(kBlockNames, k); }
+const char* kind_name(NormKind k) { return kind_name_of(kNormNames, k); }
+const char* kind_name(MlpKind k) { return kind_name_of(kMlpNames, k); }
+const char* kind_name(PosKind k) { return kind_name_of(kPosNames, k); }
+const char* kind_name(BlockKind k) { return kind_name_of(kBlockNames, k); }
 
 void parse_kind(const std::string& key, const std::string& value, NormKind& out) {
-  parse_of(kNormNames, key, value, out);
+  parse_kind_of(kNormNames, key, value, out);
 }
 void parse_kind(const std::string& key, const std::string& value, MlpKind& out) {
-  parse_of(kMlpNames, key, value, out);
+  parse_kind_of(kMlpNames, key, value, out);
 }
 void parse_kind(const std::string& key, const std::string& value, PosKind& out) {
-  parse_of(kPosNames, key, value, out);
+  parse_kind_of(kPosNames, key, value, out);
 }
 void parse_kind(const std::string& key, const std::string& value, BlockKind& out) {
-  parse_of(kBlockNames, key, value, out);
+  parse_kind_of(kBlockNames, key, value, out);
 }
 
 int ModelConfig::ff_dim() const {

@@ -111,7 +111,7 @@ nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderStat
 
 // A full (gathered) checkpoint: parameters and optimizer moments, one file each. Returns its directory.
 std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor>& tensors, int step,
-                             const LoaderState& data, int micro, uint64_t windows, const std::string& why) {
+                             const LoaderState& data, int micro, uint64_t windows, SaveWhy why) {
   std::vector<TensorRef> model_t, optim_t;
   for (const SavedTensor& t : tensors) {
     model_t.push_back(tensor_ref(t.name, t.p));
@@ -124,7 +124,7 @@ std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor
   double t0 = now_seconds();
   std::string dir = save_checkpoint(cfg.ckpt.dir, step,
                                     {{"model.safetensors", model_t}, {"optim.safetensors", optim_t}}, extra, so);
-  fmt::print("checkpoint ({}) step {} -> {} in {:.2f} s\n", why, step, dir, now_seconds() - t0);
+  fmt::print("checkpoint ({}) step {} -> {} in {:.2f} s\n", kind_name(why), step, dir, now_seconds() - t0);
   return dir;
 }
 
@@ -621,7 +621,7 @@ struct TrainCheckpointer::Impl {
   // anyone overwrites slot k % 2 (snapshot k-2), every rank has finished its copy of snapshot k-1 (the agreement
   // below). So whenever a rank dies, either every copy of k-1 completed (set k-1 survives: every rank's own k-1,
   // and the dead rank's k-1 at its buddy) or nobody has passed this point yet, and set k-2 is untouched.
-  std::string snapshot(int step, const LoaderState& data, const std::string& why, bool wait) {
+  std::string snapshot(int step, const LoaderState& data, SaveWhy why, bool wait) {
     const double t0 = now_seconds();
     worker->wait_idle();  // the previous save, if still in flight: its memory is about to be reused
     if (as->peers) {
@@ -639,7 +639,7 @@ struct TrainCheckpointer::Impl {
         fail_as(ErrorKind::PeerLost, "step {}: rank(s) {} could not copy their snapshot to their buddy (their errors "
                 "say why)", step, fmt::join(bad, ", "));
     }
-    const bool persist = why != "snapshot";
+    const bool persist = why != SaveWhy::Snapshot;
     const int slot = as->peers ? snapshots % 2 : 0;
     as->own_ok[slot] = false;
     if (persist && mesh && main_rank) begin_sharded_checkpoint(cfg.ckpt.dir, step);
@@ -652,7 +652,7 @@ struct TrainCheckpointer::Impl {
     check_finite(step, finite && covered);  // collective: also the barrier after begin_sharded_checkpoint
     as->own_ok[slot] = true;
     ++snapshots;
-    as->event({step, "snapshot", why, "", "", now_seconds() - t0});
+    as->event({step, CheckpointStage::Snapshot, why, "", "", now_seconds() - t0});
     if (as->peers) worker->post([st = as, slot] { exchange_snapshot(*st, slot); });
     if (persist) worker->post([st = as, slot, why, t0] { persist_snapshot(*st, slot, why, t0); });
     test_kill_hook(step);
@@ -670,10 +670,10 @@ struct TrainCheckpointer::Impl {
       dir = as->committed_dir;
     }
     const std::vector<int> bad = agreement.which_ranks(failed);
-    if (failed) fail_as(ErrorKind::IO, "checkpoint ({}) step {} failed: {}", why, step, msg);
+    if (failed) fail_as(ErrorKind::IO, "checkpoint ({}) step {} failed: {}", kind_name(why), step, msg);
     if (!bad.empty())
       fail_as(ErrorKind::IO, "checkpoint ({}) step {} was not committed: rank(s) {} failed to write (their errors say "
-              "why)", why, step, fmt::join(bad, ", "));
+              "why)", kind_name(why), step, fmt::join(bad, ", "));
     return main_rank && persist ? dir : "";
   }
 
@@ -919,7 +919,7 @@ TrainCheckpointer::TrainCheckpointer(const RunConfig& cfg, GPT& model, Optimizer
 
 TrainCheckpointer::~TrainCheckpointer() = default;
 
-std::string TrainCheckpointer::save(int step, const LoaderState& data, const char* why) {
+std::string TrainCheckpointer::save(int step, const LoaderState& data, SaveWhy why) {
   Impl& s = *impl_;
   if (s.staged) return s.snapshot(step, data, why, /*wait=*/true);
   if (s.ddp) s.ddp->sync_params();
@@ -955,18 +955,17 @@ void TrainCheckpointer::check_shared_dir() { impl_->check_shared_dir(); }
 
 int TrainCheckpointer::restore_auto(LoaderState& data, std::string& from) { return impl_->restore_auto(data, from); }
 
-void TrainCheckpointer::snapshot(int step, const LoaderState& data, const char* why) {
+void TrainCheckpointer::snapshot(int step, const LoaderState& data, SaveWhy why) {
   Impl& s = *impl_;
-  const std::string w = why;
-  const bool wait = w == "final" || w == "stop" || !s.cfg.ckpt.async;
+  const bool wait = why == SaveWhy::Final || why == SaveWhy::Stop || !s.cfg.ckpt.async;
   if (!s.staged) {  // a gathered parallel checkpoint: synchronous, as it always was
-    if (w == "snapshot") return;
+    if (why == SaveWhy::Snapshot) return;
     const double t0 = now_seconds();
     const std::string dir = save(step, data, why);
-    if (s.main_rank) s.as->event({step, "committed", w, dir, "", now_seconds() - t0});
+    if (s.main_rank) s.as->event({step, CheckpointStage::Committed, why, dir, "", now_seconds() - t0});
     return;
   }
-  s.snapshot(step, data, w, wait);
+  s.snapshot(step, data, why, wait);
 }
 
 bool TrainCheckpointer::snapshot_due(int step) const {

@@ -42,15 +42,15 @@ class TrainCheckpointer {
   TrainCheckpointer& operator=(const TrainCheckpointer&) = delete;
 
   // Collective over every rank: writes checkpoint `step` (data: the loader position to resume from; why: for the
-  // log line), then waits until rank 0 has committed it. Returns the checkpoint directory on rank 0, "" on the
-  // other ranks. Throws (kind IO on every rank) when any part of it failed.
-  std::string save(int step, const LoaderState& data, const char* why);
+  // log line and the events; not Snapshot), then waits until rank 0 has committed it. Returns the checkpoint
+  // directory on rank 0, "" on the other ranks. Throws (kind IO on every rank) when any part of it failed.
+  std::string save(int step, const LoaderState& data, SaveWhy why);
 
-  // The trainer's save (collective): why = "periodic" takes stage 1 now and leaves stage 2 to the background
-  // (with ckpt.async; else it waits, as save()); "final" and "stop" wait until committed (and throw if not);
-  // "snapshot" takes a snapshot for the peer copy only (nothing is written). A gathered parallel layout
-  // (ckpt.sharded = false) always saves synchronously. Progress arrives as events (take_events).
-  void snapshot(int step, const LoaderState& data, const char* why);
+  // The trainer's save (collective): Periodic takes stage 1 now and leaves stage 2 to the background (with
+  // ckpt.async; else it waits, as save()); Final and Stop wait until committed (and throw if not); Snapshot takes a
+  // snapshot for the peer copy only (nothing is written). A gathered parallel layout (ckpt.sharded = false) always
+  // saves synchronously. Progress arrives as events (take_events).
+  void snapshot(int step, const LoaderState& data, SaveWhy why);
   // A peer copy is due after `step` (ckpt.snapshot_every, when there are peer links).
   bool snapshot_due(int step) const;
   // The checkpoint events since the last call, in order (snapshot, persisted, committed, failed).

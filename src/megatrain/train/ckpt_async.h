@@ -47,7 +47,7 @@ struct CkptAsyncState {
 
 // Stage 2 of snapshot `slot`: writes this rank's shard (fsynced); on rank 0 then waits for every rank's shard and
 // commits. Every outcome is an event; nothing throws.
-void persist_snapshot(CkptAsyncState& st, int slot, const std::string& why, double t_snapshot);
+void persist_snapshot(CkptAsyncState& st, int slot, SaveWhy why, double t_snapshot);
 
 // Copies own[slot] to the buddy and receives the predecessor's into held[slot].
 void exchange_snapshot(CkptAsyncState& st, int slot);
