@@ -22,6 +22,7 @@
 #include "megatrain/ckpt/reader.h"
 #include "megatrain/ckpt/sharded.h"
 #include "megatrain/core/clock.h"
+#include "megatrain/core/fault_spec.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/data/window_order.h"
@@ -383,7 +384,8 @@ struct TrainCheckpointer::Impl {
   std::deque<HostBuffer> piece_staging;  // pieces not contiguous in memory, copied out before stage 1 copies them
   int snapshots = 0;
   bool failing = false;  // the run is failing: do not wait for a background copy to a dead peer at destruction
-  std::string kill_hook; // MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT
+  std::vector<Fault> kill_faults;  // kill_after_snapshot faults for this rank (tests)
+  int attempt = 0;                 // MEGATRAIN_ATTEMPT, for their message
 
   Impl(const RunConfig& c, GPT& m, Optimizer* o, DataParallel* d, DeviceMesh* me, int wc)
       : cfg(c), model(m), opt(o), ddp(d), mesh(me), agreement(me), wte_copy(wc), tp(c.parallel.tp), pp(c.parallel.pp),
@@ -400,8 +402,11 @@ struct TrainCheckpointer::Impl {
     as->keep_last = c.ckpt.keep_last;
     // Rank 0 waits this long for the other ranks' shards: generous, a slow disk is not a dead rank.
     as->commit_timeout_s = std::max(600.0, 5.0 * c.parallel.timeout_s);
-    if (const char* d = std::getenv("MEGATRAIN_TEST_STAGE2_DELAY_S")) as->test_stage2_delay_s = std::atof(d);
-    if (const char* k = std::getenv("MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT")) kill_hook = k;
+    // Test faults (core/fault_spec.h): a delay before every stage 2, a kill right after a stage 1.
+    const int rank = me ? me->rank() : 0;
+    for (const Fault& f : faults_for(FaultKind::Stage2Delay, rank)) as->stage2_delay_s = f.seconds;
+    kill_faults = faults_for(FaultKind::KillAfterSnapshot, rank);
+    if (!kill_faults.empty()) attempt = attempt_from_env();
     // The snapshot memory is allocated and faulted in by the background thread now, so the first save's stall is
     // a copy, not 12 bytes per parameter of fresh pages (seconds at 124M). Only runs that save periodically.
     if (staged && c.ckpt.every > 0) {
@@ -655,7 +660,7 @@ struct TrainCheckpointer::Impl {
     as->event({step, CheckpointStage::Snapshot, why, "", "", now_seconds() - t0});
     if (as->peers) worker->post([st = as, slot] { exchange_snapshot(*st, slot); });
     if (persist) worker->post([st = as, slot, why, t0] { persist_snapshot(*st, slot, why, t0); });
-    test_kill_hook(step);
+    kill_after_snapshot(step);
     if (!wait) return "";
 
     // Waited for (a synchronous save, the final and the stop checkpoint): every rank leaves only once rank 0 has
@@ -677,14 +682,14 @@ struct TrainCheckpointer::Impl {
     return main_rank && persist ? dir : "";
   }
 
-  // Tests only (MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT=rank:step): this rank dies by SIGKILL right after stage 1 of
-  // `step`, its background work just posted: a rank lost with its snapshot only in memory.
-  void test_kill_hook(int step) {
-    if (kill_hook.empty()) return;
-    const int me = mesh ? mesh->rank() : 0;
-    if (kill_hook == fmt::format("{}:{}", me, step)) {
-      fmt::print(stderr, "MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT: rank {} kills itself after the snapshot of step {}\n",
-                 me, step);
+  // Tests only (the kill_after_snapshot fault, core/fault_spec.h): this rank dies by SIGKILL right after stage 1
+  // of `step`, its background work just posted: a rank lost with its snapshot only in memory.
+  void kill_after_snapshot(int step) {
+    for (const Fault& f : kill_faults) {
+      if (f.step != step) continue;
+      const int me = mesh ? mesh->rank() : 0;
+      fmt::print(stderr, "fault injected: {} (rank {}, step {}, attempt {}): killed after the snapshot of step {}\n",
+                 f.item, me, step, attempt, step);
       std::fflush(stderr);
       ::raise(SIGKILL);
     }

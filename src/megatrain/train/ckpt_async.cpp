@@ -37,8 +37,8 @@ void persist_snapshot(CkptAsyncState& st, int slot, SaveWhy why, double t_snapsh
     st.event({step, stage, why, std::move(dir), std::move(msg), now_seconds() - t_snapshot});
   };
   try {
-    if (st.test_stage2_delay_s > 0)
-      std::this_thread::sleep_for(std::chrono::duration<double>(st.test_stage2_delay_s));
+    if (st.stage2_delay_s > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double>(st.stage2_delay_s));
     std::string dir;
     if (st.single) {
       // One process: the format-1 checkpoint a synchronous save writes (model.safetensors + optim.safetensors),

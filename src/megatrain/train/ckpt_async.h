@@ -28,7 +28,7 @@ struct CkptAsyncState {
   int keep_last = 0;
   std::string protect;                // the checkpoint this run resumed from: never pruned
   double commit_timeout_s = 600;      // how long rank 0 waits for the other ranks' shard files
-  double test_stage2_delay_s = 0;     // MEGATRAIN_TEST_STAGE2_DELAY_S (tests: a kill that lands inside stage 2)
+  double stage2_delay_s = 0;          // the stage2_delay fault (tests: a kill that lands inside stage 2)
   std::unique_ptr<PeerLinks> peers;
 
   ShardSnapshot own[2], held[2];
