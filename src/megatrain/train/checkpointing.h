@@ -14,6 +14,10 @@
 // Every ckpt.snapshot_every steps the snapshot is also copied to a buddy rank (train/peer_links.h); when ranks are
 // lost the survivors write what they hold, and resume = auto recovers from it. Restoring reads each replicated
 // tensor once per dp group and broadcasts it (ckpt.one_reader).
+//
+// TrainCheckpointer is a facade: each job is a part under train/checkpoint/ (run_position, shard_layout,
+// finite_guard, gathered_save, staged_save, restore, shared_dir), whose header states its protocol and invariants;
+// checkpoint/checkpointer.cpp routes the calls.
 #pragma once
 #include <memory>
 #include <string>
@@ -87,7 +91,6 @@ class TrainCheckpointer {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<TrainObserver> survivor_;
 };
 
 }  // namespace mt

@@ -1,9 +1,9 @@
 // The state of two-stage checkpoint saves that the background thread shares with the training thread, and the
-// background tasks (train/checkpointing.h describes the protocol).
+// background tasks (train/checkpoint/staged_save.h describes the protocol).
 //
 // Memory: `own` holds this rank's snapshots, `held` its predecessor's (peer copies). Without peer copies one own
 // slot is used; with them two of each, alternating, so that at every moment the newest snapshot that every rank
-// has fully exchanged survives in memory somewhere (see TrainCheckpointer::Impl::snapshot).
+// has fully exchanged survives in memory somewhere (see train/checkpoint/staged_save.h).
 #pragma once
 #include <atomic>
 #include <memory>
