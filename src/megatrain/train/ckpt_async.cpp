@@ -84,7 +84,8 @@ void persist_snapshot(CkptAsyncState& st, int slot, SaveWhy why, double t_snapsh
     }
     const auto latest = find_latest(st.root);
     fmt::print(stderr, "checkpoint ({}) step {} FAILED in stage 2 ({}): {}; training goes on, the latest checkpoint "
-               "is still {}\n", kind_name(why), step, st.main_rank ? "writing or committing" : "writing this rank's shard", msg,
+               "is still {}\n", kind_name(why), step,
+               st.main_rank ? "writing or committing" : "writing this rank's shard", msg,
                latest ? *latest : std::string("(none)"));
     std::fflush(stderr);
     ev(CheckpointStage::Failed, "", msg);

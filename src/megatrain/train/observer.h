@@ -52,7 +52,7 @@ struct StepReport {
 // step goes on), persisted (stage 2: this rank's shard file is durable), committed (the manifest is written: the
 // checkpoint counts; also reported through on_checkpoint) or failed (stage 2 or the commit failed: the previous
 // checkpoint stays current and training goes on). Spelt in metrics.jsonl as kind_name gives.
-enum class CheckpointStage { Snapshot, Persisted, Committed, Failed };  // "snapshot" | "persisted" | "committed" | "failed"
+enum class CheckpointStage { Snapshot, Persisted, Committed, Failed };
 // Why a checkpoint is taken: periodic (ckpt.every; stage 2 in the background with ckpt.async), final (the end of the
 // run), stop (a requested stop) or snapshot (ckpt.snapshot_every: a peer copy only, nothing is written). Every save
 // but a snapshot is persisted.

@@ -73,7 +73,8 @@ void checkpoint_events(Job& j) {
 
 // why: periodic (written in the background), final / stop (waited for), snapshot (a peer copy only).
 void checkpoint(Job& j, int step, SaveWhy why) {
-  obs::ScopedSpan phase("phase", [why] { return obs::SpanInfo{fmt::format("checkpoint ({})", kind_name(why)), nullptr}; });
+  obs::ScopedSpan phase("phase",
+                        [why] { return obs::SpanInfo{fmt::format("checkpoint ({})", kind_name(why)), nullptr}; });
   heartbeat_phase(Phase::Checkpoint);
   if (j.mirror) j.mirror->pull();
   with_kind(ErrorKind::IO, [&] { j.ckpt.snapshot(step, j.loader.state(), why); });
@@ -131,8 +132,10 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     if (!by_source.empty()) j.obs.each([&](TrainObserver& o) { o.on_eval_sources(step, by_source); });
     j.obs.each([&](TrainObserver& o) { o.on_eval(step, j.res.last_val_loss); });
   }
-  if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps) checkpoint(j, step, SaveWhy::Periodic);
-  else if (j.ckpt.snapshot_due(step) && step != cfg.train.steps) checkpoint(j, step, SaveWhy::Snapshot);
+  if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps)
+    checkpoint(j, step, SaveWhy::Periodic);
+  else if (j.ckpt.snapshot_due(step) && step != cfg.train.steps)
+    checkpoint(j, step, SaveWhy::Snapshot);
   checkpoint_events(j);
   if (step < cfg.train.steps && stop_agreed(j.topo)) {
     j.res.stopped = true;
