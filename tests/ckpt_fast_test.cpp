@@ -9,9 +9,9 @@
 //    checkpoint a disk save of that step writes;
 //  * resume = auto skips a corrupt newest checkpoint with a warning naming the file;
 //  * retention never prunes the checkpoint a run resumed from.
-// Test hooks (environment, read by the checkpointer): MEGATRAIN_TEST_STAGE2_DELAY_S delays every stage 2 (so a kill
-// lands inside it); MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT=rank:step makes that rank SIGKILL itself after the snapshot
-// of that step.
+// Test faults (MEGATRAIN_FAULTS, read by the checkpointer): stage2_delay:seconds=T delays every stage 2 (so a kill
+// lands inside it); kill_after_snapshot:rank=R:step=S makes that rank SIGKILL itself after the snapshot of that
+// step.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -164,9 +164,9 @@ TEST(FastCheckpoint, KillDuringStage2LeavesThePreviousCheckpointCurrent) {
   const std::string flags = " --data.batch_size=2 --parallel.dp=2 --ckpt.every=2 --ckpt.save_final=false";
   // Stage 2 sleeps 2 s before writing: the step-2 save commits, then the step-4 save is still in stage 2 when the
   // launcher (and with it, by PR_SET_PDEATHSIG, every rank) is killed.
-  ::setenv("MEGATRAIN_TEST_STAGE2_DELAY_S", "2", 1);
+  ::setenv("MEGATRAIN_FAULTS", "stage2_delay:seconds=2", 1);
   const pid_t pid = spawn(launcher(2) + args(out, 8, flags + " --ckpt.resume=none"), out + ".log");
-  ::unsetenv("MEGATRAIN_TEST_STAGE2_DELAY_S");
+  ::unsetenv("MEGATRAIN_FAULTS");
   const bool reached = wait_for([&] { return has_event(out, 2, "committed") && has_event(out, 4, "snapshot"); });
   ::kill(pid, SIGKILL);
   int st = 0;
@@ -240,10 +240,10 @@ TEST(FastCheckpoint, PeerSnapshotRestoreAfterKillingOneRankIsBitIdentical) {
   // The undisturbed run, with a disk checkpoint at every step (the oracle for whatever step the recovery finds).
   run(launcher(2) + args(ref, 10, flags + " --ckpt.every=1 --ckpt.keep_last=20 --ckpt.resume=none"));
   // Disk checkpoints every 4 steps; rank 1 dies right after its snapshot of step 7.
-  ::setenv("MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT", "1:7", 1);
+  ::setenv("MEGATRAIN_FAULTS", "kill_after_snapshot:rank=1:step=7", 1);
   const int rc = std::system((launcher(2) + args(out, 10, flags + " --ckpt.every=4 --ckpt.resume=none") + " > " +
                               out + ".log 2>&1").c_str());
-  ::unsetenv("MEGATRAIN_TEST_KILL_AFTER_SNAPSHOT");
+  ::unsetenv("MEGATRAIN_FAULTS");
   const std::string text = slurp(out + ".log");
   ASSERT_NE(rc, 0) << text;
   EXPECT_EQ(*find_latest(out + "/ckpt"), out + "/ckpt/step_00000004") << text;

@@ -83,7 +83,7 @@ TEST(Timeline, RecordsOnlyWhileOnAndCountsWhatItDrops) {
 }
 
 TEST(Timeline, ClockIsTheSystemClockInUnixSeconds) {
-  // No skew is injected in this process (MEGATRAIN_TEST_CLOCK_SKEW_S unset), so the trace clock is the wall clock.
+  // No skew is injected in this process (no clock_skew fault in MEGATRAIN_FAULTS), so the trace clock is the wall clock.
   ASSERT_EQ(injected_clock_skew(), 0);
   // Bracketed by clock_gettime(CLOCK_REALTIME) itself, read as integer nanoseconds: before <= t <= after up to the
   // double's rounding of ~1.8e9 s (a spacing of 2.4e-7 s). Not by time(): glibc answers it from the coarse clock,

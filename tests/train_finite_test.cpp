@@ -87,20 +87,20 @@ TEST(CheckpointFinite, ANonFiniteParameterOrMomentIsNeverSaved) {
   Optimizer opt(cfg.optim, model.params(), *ops);
   TrainCheckpointer ck(cfg, model, &opt, nullptr, nullptr, -1);
   const LoaderState pos;
-  const std::string good = ck.save(1, pos, "test");
+  const std::string good = ck.save(1, pos, SaveWhy::Final);
   ASSERT_EQ(*find_latest(root), good);
 
   const int w = model.params().index("h.0.mlp.c_fc.weight");
   float* p = model.params().param(w).f32();
   const float saved = p[5];
   p[5] = INFINITY;
-  std::string msg = error_of([&] { ck.save(2, pos, "test"); });
+  std::string msg = error_of([&] { ck.save(2, pos, SaveWhy::Final); });
   EXPECT_TRUE(has(msg, "step 2") && has(msg, "parameter 'h.0.mlp.c_fc.weight'") && has(msg, "element 5: inf") &&
               has(msg, "not written"))
       << msg;
   p[5] = saved;
   opt.v(w).f32()[3] = NAN;  // the moments are checked as well
-  msg = error_of([&] { ck.save(3, pos, "test"); });
+  msg = error_of([&] { ck.save(3, pos, SaveWhy::Final); });
   EXPECT_TRUE(has(msg, "step 3") && has(msg, "moment v of 'h.0.mlp.c_fc.weight'") && has(msg, "element 3: nan")) << msg;
 
   // Nothing of steps 2 and 3 exists, not even a staging directory, and latest still names step 1.
@@ -130,9 +130,9 @@ void one_rank_diverged(bool sharded) {
     model.init_weights(1);
     Optimizer opt(cfg.optim, model.params(), *ops);
     TrainCheckpointer ck(cfg, model, &opt, nullptr, &mesh, -1);
-    ck.save(1, LoaderState{}, "test");  // a good one first
+    ck.save(1, LoaderState{}, SaveWhy::Final);  // a good one first
     if (rank == 1) model.params().param("wte.weight").f32()[7] = -INFINITY;
-    ck.save(2, LoaderState{}, "test");
+    ck.save(2, LoaderState{}, SaveWhy::Final);
   });
   // Both ranks failed with the refusal, not a timeout or a crash.
   EXPECT_TRUE(has(report, "rank 0: step 2: rank(s) 1 hold non-finite values")) << report;

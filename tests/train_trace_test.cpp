@@ -1,6 +1,6 @@
 // The timeline end to end (train.trace_steps, docs/observability.md): real ranks under `megatrain launch`, each with its
-// clock shifted by a known amount (MEGATRAIN_TEST_CLOCK_SKEW_S), trace a window of steps; the trainer measures
-// each clock against rank 0's and merges the files. Oracles:
+// clock shifted by a known amount (clock_skew faults in MEGATRAIN_FAULTS), trace a window of steps; the trainer
+// measures each clock against rank 0's and merges the files. Oracles:
 //   - the injected skews: each rank's measured offset must recover its skew within the bound it states;
 //   - causality: on the merged clock no collective completes before all its members entered it and no receive
 //     before its send; with the offsets not applied, the same files break it (so the alignment is what fixes it);
@@ -28,7 +28,8 @@ TEST(TimelineJob, FourRanksOnSkewedClocksMergeIntoOneConsistentTrace) {
   const std::string out = fresh_dir("trace_dp2_pp2");
   const std::string log = out + ".log";
   const std::string cmd =
-      "MEGATRAIN_TEST_CLOCK_SKEW_S=0,40,-25,15 " + kMegatrain + " launch --nproc 4 -- train" +
+      "MEGATRAIN_FAULTS='clock_skew:rank=1:seconds=40;clock_skew:rank=2:seconds=-25;clock_skew:rank=3:seconds=15' " +
+      kMegatrain + " launch --nproc 4 -- train" +
       common_args(out, 2, 2,
                   " --parallel.dp=2 --parallel.pp=2 --parallel.microbatches=4 --train.steps=4"
                   " --train.trace_steps=[2,3]") +

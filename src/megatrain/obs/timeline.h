@@ -13,8 +13,9 @@
 //
 // The clock is the system clock (unix seconds), so the spans of several processes on one host line up as they are;
 // across hosts each rank's file carries its offset to rank 0's clock, measured at the start of the run
-// (comm/clock_offset.h), and `megatrain trace merge` applies it. MEGATRAIN_TEST_CLOCK_SKEW_S ("s0,s1,..." indexed by
-// RANK) shifts a rank's trace clock, so tests can model hosts whose clocks disagree.
+// (comm/clock_offset.h), and `megatrain trace merge` applies it. The clock_skew fault (MEGATRAIN_FAULTS, e.g.
+// "clock_skew:rank=1:seconds=40"; core/fault_spec.h) shifts a rank's trace clock, so tests can model hosts whose
+// clocks disagree.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -30,7 +31,7 @@ namespace mt::obs {
 
 // Unix seconds on this process's trace clock (the system clock, plus the injected test skew).
 double trace_clock();
-// The injected skew of this process (0 unless MEGATRAIN_TEST_CLOCK_SKEW_S names one for RANK).
+// The injected skew of this process (0 unless a clock_skew fault names its RANK).
 double injected_clock_skew();
 
 struct Span {

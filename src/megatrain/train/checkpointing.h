@@ -14,6 +14,10 @@
 // Every ckpt.snapshot_every steps the snapshot is also copied to a buddy rank (train/peer_links.h); when ranks are
 // lost the survivors write what they hold, and resume = auto recovers from it. Restoring reads each replicated
 // tensor once per dp group and broadcasts it (ckpt.one_reader).
+//
+// TrainCheckpointer is a facade: each job is a part under train/checkpoint/ (run_position, shard_layout,
+// finite_guard, gathered_save, staged_save, restore, shared_dir), whose header states its protocol and invariants;
+// checkpoint/checkpointer.cpp routes the calls.
 #pragma once
 #include <memory>
 #include <string>
@@ -42,15 +46,15 @@ class TrainCheckpointer {
   TrainCheckpointer& operator=(const TrainCheckpointer&) = delete;
 
   // Collective over every rank: writes checkpoint `step` (data: the loader position to resume from; why: for the
-  // log line), then waits until rank 0 has committed it. Returns the checkpoint directory on rank 0, "" on the
-  // other ranks. Throws (kind IO on every rank) when any part of it failed.
-  std::string save(int step, const LoaderState& data, const char* why);
+  // log line and the events; not Snapshot), then waits until rank 0 has committed it. Returns the checkpoint
+  // directory on rank 0, "" on the other ranks. Throws (kind IO on every rank) when any part of it failed.
+  std::string save(int step, const LoaderState& data, SaveWhy why);
 
-  // The trainer's save (collective): why = "periodic" takes stage 1 now and leaves stage 2 to the background
-  // (with ckpt.async; else it waits, as save()); "final" and "stop" wait until committed (and throw if not);
-  // "snapshot" takes a snapshot for the peer copy only (nothing is written). A gathered parallel layout
-  // (ckpt.sharded = false) always saves synchronously. Progress arrives as events (take_events).
-  void snapshot(int step, const LoaderState& data, const char* why);
+  // The trainer's save (collective): Periodic takes stage 1 now and leaves stage 2 to the background (with
+  // ckpt.async; else it waits, as save()); Final and Stop wait until committed (and throw if not); Snapshot takes a
+  // snapshot for the peer copy only (nothing is written). A gathered parallel layout (ckpt.sharded = false) always
+  // saves synchronously. Progress arrives as events (take_events).
+  void snapshot(int step, const LoaderState& data, SaveWhy why);
   // A peer copy is due after `step` (ckpt.snapshot_every, when there are peer links).
   bool snapshot_due(int step) const;
   // The checkpoint events since the last call, in order (snapshot, persisted, committed, failed).
@@ -87,7 +91,6 @@ class TrainCheckpointer {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<TrainObserver> survivor_;
 };
 
 }  // namespace mt

@@ -30,15 +30,15 @@ static void remove_stale_staging(const std::string& root) {
   }
 }
 
-void persist_snapshot(CkptAsyncState& st, int slot, const std::string& why, double t_snapshot) {
+void persist_snapshot(CkptAsyncState& st, int slot, SaveWhy why, double t_snapshot) {
   const ShardSnapshot& s = st.own[slot];
   const int step = static_cast<int>(s.step());
-  auto ev = [&](const char* stage, std::string dir = "", std::string msg = "") {
+  auto ev = [&](CheckpointStage stage, std::string dir = "", std::string msg = "") {
     st.event({step, stage, why, std::move(dir), std::move(msg), now_seconds() - t_snapshot});
   };
   try {
-    if (st.test_stage2_delay_s > 0)
-      std::this_thread::sleep_for(std::chrono::duration<double>(st.test_stage2_delay_s));
+    if (st.stage2_delay_s > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double>(st.stage2_delay_s));
     std::string dir;
     if (st.single) {
       // One process: the format-1 checkpoint a synchronous save writes (model.safetensors + optim.safetensors),
@@ -49,10 +49,10 @@ void persist_snapshot(CkptAsyncState& st, int slot, const std::string& why, doub
       so.keep_last = st.keep_last;
       so.protect = st.protect;
       dir = save_checkpoint(st.root, step, files, s.extra(), so);
-      ev("persisted");
+      ev(CheckpointStage::Persisted);
     } else {
       s.write_into(sharded_staging_dir(st.root, step));
-      ev("persisted");
+      ev(CheckpointStage::Persisted);
       if (st.main_rank) {
         const std::string problem = wait_for_shards(st.root, step, st.files, st.commit_timeout_s);
         MT_CHECK(problem.empty(), "{}", problem);
@@ -64,10 +64,10 @@ void persist_snapshot(CkptAsyncState& st, int slot, const std::string& why, doub
       }
     }
     if (st.main_rank) {
-      fmt::print("checkpoint ({}) step {} -> {}{} committed {:.2f} s after its snapshot\n", why, step, dir,
+      fmt::print("checkpoint ({}) step {} -> {}{} committed {:.2f} s after its snapshot\n", kind_name(why), step, dir,
                  st.single ? "" : fmt::format(" ({} shard files)", st.files.size()), now_seconds() - t_snapshot);
       std::fflush(stdout);
-      ev("committed", dir);
+      ev(CheckpointStage::Committed, dir);
     }
     std::lock_guard<std::mutex> lk(st.mu);
     st.persist_failed = false;
@@ -84,10 +84,11 @@ void persist_snapshot(CkptAsyncState& st, int slot, const std::string& why, doub
     }
     const auto latest = find_latest(st.root);
     fmt::print(stderr, "checkpoint ({}) step {} FAILED in stage 2 ({}): {}; training goes on, the latest checkpoint "
-               "is still {}\n", why, step, st.main_rank ? "writing or committing" : "writing this rank's shard", msg,
+               "is still {}\n", kind_name(why), step,
+               st.main_rank ? "writing or committing" : "writing this rank's shard", msg,
                latest ? *latest : std::string("(none)"));
     std::fflush(stderr);
-    ev("failed", "", msg);
+    ev(CheckpointStage::Failed, "", msg);
     std::lock_guard<std::mutex> lk(st.mu);
     st.persist_failed = true;
     st.persist_message = msg;

@@ -1,9 +1,9 @@
 // The state of two-stage checkpoint saves that the background thread shares with the training thread, and the
-// background tasks (train/checkpointing.h describes the protocol).
+// background tasks (train/checkpoint/staged_save.h describes the protocol).
 //
 // Memory: `own` holds this rank's snapshots, `held` its predecessor's (peer copies). Without peer copies one own
 // slot is used; with them two of each, alternating, so that at every moment the newest snapshot that every rank
-// has fully exchanged survives in memory somewhere (see TrainCheckpointer::Impl::snapshot).
+// has fully exchanged survives in memory somewhere (see train/checkpoint/staged_save.h).
 #pragma once
 #include <atomic>
 #include <memory>
@@ -28,7 +28,7 @@ struct CkptAsyncState {
   int keep_last = 0;
   std::string protect;                // the checkpoint this run resumed from: never pruned
   double commit_timeout_s = 600;      // how long rank 0 waits for the other ranks' shard files
-  double test_stage2_delay_s = 0;     // MEGATRAIN_TEST_STAGE2_DELAY_S (tests: a kill that lands inside stage 2)
+  double stage2_delay_s = 0;          // the stage2_delay fault (tests: a kill that lands inside stage 2)
   std::unique_ptr<PeerLinks> peers;
 
   ShardSnapshot own[2], held[2];
@@ -47,7 +47,7 @@ struct CkptAsyncState {
 
 // Stage 2 of snapshot `slot`: writes this rank's shard (fsynced); on rank 0 then waits for every rank's shard and
 // commits. Every outcome is an event; nothing throws.
-void persist_snapshot(CkptAsyncState& st, int slot, const std::string& why, double t_snapshot);
+void persist_snapshot(CkptAsyncState& st, int slot, SaveWhy why, double t_snapshot);
 
 // Copies own[slot] to the buddy and receives the predecessor's into held[slot].
 void exchange_snapshot(CkptAsyncState& st, int slot);

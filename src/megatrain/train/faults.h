@@ -1,50 +1,21 @@
-// Fault injection, for the supervisor's tests and benchmarks: MEGATRAIN_FAULTS is a ';'-separated list of
-// `kind:key=value:...` items.
-//   crash:rank=R:step=S       rank R kills itself with SIGKILL at the start of step S (as a real crash: no
-//                              cleanup, no exit code, no checkpoint)
-//   hang:rank=R:step=S        rank R blocks forever inside the first collective or transfer it enters at or after
-//                              the start of step S: held before the op reaches the backend (its flight-recorder
-//                              entry stays "posted"), while its heartbeat thread goes on, as with a stuck NCCL kernel
-//   nan:rank=R:step=S         at the start of step S one weight of rank R's model becomes NaN, so its loss and
-//                              gradients, and through the collectives every rank's gradient norm, turn NaN as in a
-//                              real divergence: the run fails before the optimizer step (exit code 20)
-//   slow:rank=R:factor=F[:step=S]   from step S (default 1) on, rank R sleeps (F-1) x its previous step's compute
-//                              time at the start of each step: its compute time is stretched F times
-//   badnode:node=N            read only by `megatrain diagnose` (fault_badnode): node N's checks fail
-// Every kind also takes attempt=A. A fault fires only in attempt 0 (MEGATRAIN_ATTEMPT, set by the agent on each
-// restart; default 0), or with attempt=A only in attempt A. A rank's node is MEGATRAIN_NODE_RANK (default 0).
-// A fault that fires prints "fault injected: <item> (rank R, step S, attempt A)" to stderr, after a heartbeat
+// Fault injection, for the supervisor's tests and benchmarks: the injector that fires the faults MEGATRAIN_FAULTS
+// asks for (the kinds and their syntax: core/fault_spec.h). crash, hang, nan and slow fire here, at the points the
+// trainer calls; stage2_delay and kill_after_snapshot in the checkpointer (train/checkpoint/staged_save.h);
+// clock_skew in the trace clock (obs/timeline.h); badnode in `megatrain diagnose`.
+// A fault that fires here prints "fault injected: <item> (rank R, step S, attempt A)" to stderr, after a heartbeat
 // event {"type":"event","event":"fault_injected","fault":<item>,"kind":..,"step":S,"attempt":A} when heartbeats are
-// on. A malformed list is a Config error naming the item and what is allowed.
+// on.
 #pragma once
 #include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "megatrain/core/fault_spec.h"
+
 namespace mt {
 
 class GPT;
-
-enum class FaultKind { Crash, Hang, Nan, Slow, BadNode };
-const char* fault_kind_name(FaultKind k);
-
-struct Fault {
-  FaultKind kind = FaultKind::Crash;
-  std::string item;     // as written, for messages
-  int rank = -1;        // crash, hang, nan, slow
-  int node = -1;        // badnode
-  int step = 0;         // crash, hang, nan: required (>= 1); slow: from this step on (default 1)
-  double factor = 1;    // slow
-  int attempt = -1;     // -1: fires in attempt 0 only
-  bool fires_in(int a) const { return attempt < 0 ? a == 0 : a == attempt; }
-};
-
-// Parses a MEGATRAIN_FAULTS value (`source` names it in messages). Empty items (";;", a trailing ';') are skipped.
-std::vector<Fault> parse_faults(const std::string& text, const std::string& source = "MEGATRAIN_FAULTS");
-std::vector<Fault> faults_from_env();  // MEGATRAIN_FAULTS, or none
-int attempt_from_env();                // MEGATRAIN_ATTEMPT, default 0 (Config error when malformed)
-int node_from_env();                   // MEGATRAIN_NODE_RANK, default 0
 
 // Whether a badnode fault names `node` in this attempt (MEGATRAIN_FAULTS, MEGATRAIN_ATTEMPT).
 bool fault_badnode(int node);

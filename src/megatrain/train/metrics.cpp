@@ -94,8 +94,8 @@ void MetricsLog::on_checkpoint(int step, const std::string& dir, const std::stri
 // {"kind": "checkpoint_event", "stage": ...}: every stage of every save; the "checkpoint" line above is written only
 // for a committed one.
 void MetricsLog::on_checkpoint_event(const CheckpointEvent& e) {
-  nlohmann::json j = {{"kind", "checkpoint_event"}, {"step", e.step}, {"stage", e.stage}, {"why", e.why},
-                      {"seconds", e.seconds}};
+  nlohmann::json j = {{"kind", "checkpoint_event"}, {"step", e.step}, {"stage", kind_name(e.stage)},
+                      {"why", kind_name(e.why)}, {"seconds", e.seconds}};
   if (!e.dir.empty()) j["dir"] = e.dir;
   if (!e.message.empty())
     j["message"] =

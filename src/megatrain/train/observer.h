@@ -3,6 +3,7 @@
 // the rank that owns them, synchronously, on the training thread: they must be cheap (a line written, a counter
 // set) and must not call collectives.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "megatrain/comm/mesh.h"
 #include "megatrain/comm/process_group.h"
 #include "megatrain/core/error.h"
+#include "megatrain/core/kind.h"
 
 namespace mt {
 
@@ -46,14 +48,26 @@ struct StepReport {
   std::vector<double> blend_epochs;
 };
 
-// A stage of a checkpoint (train/checkpointing.h): "snapshot" (stage 1: this rank's state copied to memory; the
-// step goes on), "persisted" (stage 2: this rank's shard file is durable), "committed" (the manifest is written:
-// the checkpoint counts; also reported through on_checkpoint) or "failed" (stage 2 or the commit failed: the
-// previous checkpoint stays current and training goes on). Delivered on the training thread.
+// A stage of a checkpoint (train/checkpointing.h): snapshot (stage 1: this rank's state copied to memory; the
+// step goes on), persisted (stage 2: this rank's shard file is durable), committed (the manifest is written: the
+// checkpoint counts; also reported through on_checkpoint) or failed (stage 2 or the commit failed: the previous
+// checkpoint stays current and training goes on). Spelt in metrics.jsonl as kind_name gives.
+enum class CheckpointStage { Snapshot, Persisted, Committed, Failed };
+// Why a checkpoint is taken: periodic (ckpt.every; stage 2 in the background with ckpt.async), final (the end of the
+// run), stop (a requested stop) or snapshot (ckpt.snapshot_every: a peer copy only, nothing is written). Every save
+// but a snapshot is persisted.
+enum class SaveWhy { Periodic, Final, Stop, Snapshot };  // "periodic" | "final" | "stop" | "snapshot"
+
+inline constexpr std::array<const char*, 4> kCheckpointStageNames = {"snapshot", "persisted", "committed", "failed"};
+inline constexpr std::array<const char*, 4> kSaveWhyNames = {"periodic", "final", "stop", "snapshot"};
+inline const std::array<const char*, 4>& kind_names(CheckpointStage) { return kCheckpointStageNames; }
+inline const std::array<const char*, 4>& kind_names(SaveWhy) { return kSaveWhyNames; }
+
+// One checkpoint event, delivered on the training thread.
 struct CheckpointEvent {
   int step = 0;
-  std::string stage;    // snapshot | persisted | committed | failed
-  std::string why;      // periodic | final | stop | snapshot (a peer copy only)
+  CheckpointStage stage = CheckpointStage::Snapshot;
+  SaveWhy why = SaveWhy::Periodic;
   std::string dir;      // committed: the checkpoint directory
   std::string message;  // failed: what went wrong
   double seconds = 0;   // snapshot: the training thread's stall; persisted/committed: since the snapshot

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "megatrain/comm/agreement.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/obs/chrome_trace.h"
@@ -83,10 +84,7 @@ void TraceWindow::finish() {
                e.what());
   }
   // Every rank closes the window at the same step, so they all meet here before the main rank reads their files.
-  if (topo_.host_mesh) {
-    float one = 1;
-    allreduce_all(*topo_.host_mesh, f32_view(&one, {1}));
-  }
+  Agreement(topo_.host_mesh.get()).barrier();
   if (!topo_.main_rank) return;
   try {
     merge();

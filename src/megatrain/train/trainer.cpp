@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "megatrain/comm/agreement.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/stop_request.h"
 #include "megatrain/data/loader.h"
@@ -57,26 +58,23 @@ struct Job {
 };
 
 // A stop is acted on only when every rank saw it, at the same step: a rank that stopped alone would leave the
-// others waiting in the next step's collectives. One sum over the host mesh per step (a float per group).
-bool stop_agreed(Topology& topo) {
-  if (!topo.host_mesh) return stop_requested();
-  float flag = stop_requested() ? 1.0f : 0.0f;
-  allreduce_all(*topo.host_mesh, f32_view(&flag, {1}));
-  return flag > 0;
-}
+// others waiting in the next step's collectives. One agreement over the host mesh per step (comm/agreement.h).
+bool stop_agreed(Topology& topo) { return Agreement(topo.host_mesh.get()).any_rank(stop_requested()); }
 
 // The checkpointer's events to the observers; a committed checkpoint is also on_checkpoint.
 void checkpoint_events(Job& j) {
   for (const CheckpointEvent& e : j.ckpt.take_events()) {
-    if (e.stage == "committed" && j.topo.main_rank) j.res.last_checkpoint = e.dir;
+    if (e.stage == CheckpointStage::Committed && j.topo.main_rank) j.res.last_checkpoint = e.dir;
     j.obs.each([&](TrainObserver& o) { o.on_checkpoint_event(e); });
-    if (e.stage == "committed") j.obs.each([&](TrainObserver& o) { o.on_checkpoint(e.step, e.dir, e.why); });
+    if (e.stage == CheckpointStage::Committed)
+      j.obs.each([&](TrainObserver& o) { o.on_checkpoint(e.step, e.dir, kind_name(e.why)); });
   }
 }
 
 // why: periodic (written in the background), final / stop (waited for), snapshot (a peer copy only).
-void checkpoint(Job& j, int step, const char* why) {
-  obs::ScopedSpan phase("phase", [why] { return obs::SpanInfo{fmt::format("checkpoint ({})", why), nullptr}; });
+void checkpoint(Job& j, int step, SaveWhy why) {
+  obs::ScopedSpan phase("phase",
+                        [why] { return obs::SpanInfo{fmt::format("checkpoint ({})", kind_name(why)), nullptr}; });
   heartbeat_phase(Phase::Checkpoint);
   if (j.mirror) j.mirror->pull();
   with_kind(ErrorKind::IO, [&] { j.ckpt.snapshot(step, j.loader.state(), why); });
@@ -134,8 +132,10 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     if (!by_source.empty()) j.obs.each([&](TrainObserver& o) { o.on_eval_sources(step, by_source); });
     j.obs.each([&](TrainObserver& o) { o.on_eval(step, j.res.last_val_loss); });
   }
-  if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps) checkpoint(j, step, "periodic");
-  else if (j.ckpt.snapshot_due(step) && step != cfg.train.steps) checkpoint(j, step, "snapshot");
+  if (cfg.ckpt.every > 0 && step % cfg.ckpt.every == 0 && step != cfg.train.steps)
+    checkpoint(j, step, SaveWhy::Periodic);
+  else if (j.ckpt.snapshot_due(step) && step != cfg.train.steps)
+    checkpoint(j, step, SaveWhy::Snapshot);
   checkpoint_events(j);
   if (step < cfg.train.steps && stop_agreed(j.topo)) {
     j.res.stopped = true;
@@ -225,7 +225,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
     trace.finish();  // a window still open (the run stopped inside it) closes here
     // A stopped run saves when the config saves at all, so a restart resumes where it stopped.
     const bool save = res.stopped ? cfg.ckpt.save_final || cfg.ckpt.every > 0 : cfg.ckpt.save_final;
-    if (save && step >= res.first_step) checkpoint(job, step, res.stopped ? "stop" : "final");
+    if (save && step >= res.first_step) checkpoint(job, step, res.stopped ? SaveWhy::Stop : SaveWhy::Final);
     ckpt.wait();  // a periodic save still in flight completes (or fails) before the run ends
     checkpoint_events(job);
     update->sync_params();
