@@ -117,10 +117,10 @@ TEST(RestartPolicy, RestartsAreBoundedBackedOffAndGiveUpWithoutProgress) {
   EXPECT_DOUBLE_EQ(decide_restart(p, 22, 1, 2).delay_s, 4);  // doubling while no progress is made
   RestartDecision spent = decide_restart(p, 22, 3, 0);
   EXPECT_FALSE(spent.restart);
-  EXPECT_EQ(spent.exit_code, kRestartsSpentExit);
+  EXPECT_EQ(spent.exit_code, mt::kRestartsSpentExit);
   RestartDecision stuck = decide_restart(p, 20, 2, 3);
   EXPECT_FALSE(stuck.restart);
-  EXPECT_EQ(stuck.exit_code, kNoProgressExit);
+  EXPECT_EQ(stuck.exit_code, mt::kNoProgressExit);
   p.max_restarts = 0;  // restarts off: the failure's own code, as a plain launch always returned
   EXPECT_EQ(decide_restart(p, 22, 0, 0).exit_code, 22);
   p.max_restarts = 3;
@@ -195,7 +195,7 @@ TEST(RestartTracker, AStepNonFiniteInTwoAttemptsInARowIsSkippedAndProgressResets
   EXPECT_TRUE(t.after_attempt(22, 8, -1).restart);        // 1 without progress
   RestartDecision d = t.after_attempt(22, 8, -1);         // 2 without progress: give up
   EXPECT_FALSE(d.restart);
-  EXPECT_EQ(d.exit_code, kNoProgressExit);
+  EXPECT_EQ(d.exit_code, mt::kNoProgressExit);
   EXPECT_EQ(t.best_step(), 8);
   EXPECT_EQ(t.restarts(), 4);
 }
