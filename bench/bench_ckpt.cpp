@@ -93,8 +93,8 @@ std::string common(const std::string& out, int nproc, int nsteps) {
 }
 
 struct RunMetrics {
-  std::vector<double> step_s;                       // steps 2.. (step 1 warms up)
-  std::map<std::string, std::vector<double>> ev;    // stage -> seconds, of the "periodic"/"snapshot" saves
+  std::vector<double> step_s;                     // steps 2.. (step 1 warms up)
+  std::map<std::string, std::vector<double>> ev;  // stage -> seconds, of the "periodic"/"snapshot" saves
 };
 
 RunMetrics metrics_of(const std::string& out) {
@@ -122,8 +122,9 @@ json stall_case(int nproc) {
     }
     fs::remove_all(out);
     std::string flags = common(out, nproc, steps) + " --ckpt.snapshot_every=0 --ckpt.save_final=false";
-    flags += std::string(mode) == "none" ? " --ckpt.every=0"
-                                         : fmt::format(" --ckpt.every={} --ckpt.async={}", every, mode == std::string("async"));
+    flags += std::string(mode) == "none"
+                 ? " --ckpt.every=0"
+                 : fmt::format(" --ckpt.every={} --ckpt.async={}", every, mode == std::string("async"));
     sh(train_cmd(nproc) + flags, out + ".log");
     m[mode] = metrics_of(out);
     fs::remove_all(out + "/ckpt");
@@ -143,8 +144,9 @@ json stall_case(int nproc) {
   // Throughput: the steps' time plus the stalls, per step, against the run without checkpoints.
   auto per_step = [&](const char* mode) {
     const RunMetrics& x = m[mode];
-    const std::vector<double> stalls = std::string(mode) == "async" ? x.ev.at("snapshot")
-                                       : std::string(mode) == "sync" ? x.ev.at("committed") : std::vector<double>{};
+    const std::vector<double> stalls = std::string(mode) == "async"  ? x.ev.at("snapshot")
+                                       : std::string(mode) == "sync" ? x.ev.at("committed")
+                                                                     : std::vector<double>{};
     return (sum(x.step_s) + sum(stalls)) / static_cast<double>(x.step_s.size());
   };
   const double base = per_step("none"), with_async = per_step("async"), with_sync = per_step("sync");
@@ -184,8 +186,10 @@ json load_case(const std::vector<int>& ranks) {
   // with 8 / N per rank (a resume must keep the global batch).
   const std::string src = work + "/load_src";
   fs::remove_all(src);
-  sh(train_cmd(1) + common(src, 1, 1) + " --data.batch_size=8 --ckpt.every=0 --ckpt.save_final=true"
-     " --ckpt.snapshot_every=0", src + ".log");
+  sh(train_cmd(1) + common(src, 1, 1) +
+         " --data.batch_size=8 --ckpt.every=0 --ckpt.save_final=true"
+         " --ckpt.snapshot_every=0",
+     src + ".log");
   const std::string ckpt = src + "/ckpt/step_00000001";
   json r = json::array();
   const bool cold = drop_caches();
@@ -199,7 +203,8 @@ json load_case(const std::vector<int>& ranks) {
         if (cold) drop_caches();
         sh(train_cmd(n) + common(out, n, 1) +
                fmt::format(" --data.batch_size={} --ckpt.every=0 --ckpt.save_final=false --ckpt.snapshot_every=0"
-                           " --ckpt.one_reader={} --ckpt.resume={} --train.steps=2", 8 / n, one, ckpt),
+                           " --ckpt.one_reader={} --ckpt.resume={} --train.steps=2",
+                           8 / n, one, ckpt),
            out + ".log");
         std::smatch mt;
         const std::string text = read_file(out + ".log");
@@ -226,21 +231,29 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--bin") bin = next();
-    else if (a == "--data") data = next();
-    else if (a == "--work") work = next();
-    else if (a == "--steps") steps = std::stoi(next());
-    else if (a == "--every") every = std::stoi(next());
-    else if (a == "--skip-load") skip_load = true;
-    else if (a == "--skip-stall") skip_stall = true;
-    else if (a == "--reuse") reuse = true;
+    if (a == "--bin")
+      bin = next();
+    else if (a == "--data")
+      data = next();
+    else if (a == "--work")
+      work = next();
+    else if (a == "--steps")
+      steps = std::stoi(next());
+    else if (a == "--every")
+      every = std::stoi(next());
+    else if (a == "--skip-load")
+      skip_load = true;
+    else if (a == "--skip-stall")
+      skip_stall = true;
+    else if (a == "--reuse")
+      reuse = true;
     else if (a == "--ranks") {
       ranks.clear();
       std::stringstream ss(next());
       for (std::string x; std::getline(ss, x, ',');) ranks.push_back(std::stoi(x));
     } else {
       fmt::print(stderr, "usage: bench_ckpt [--bin PATH] [--data DIR] [--work DIR] [--steps N] [--every N] "
-                 "[--ranks 2,4,8] [--skip-load] [--skip-stall] [--reuse]\n");
+                         "[--ranks 2,4,8] [--skip-load] [--skip-stall] [--reuse]\n");
       return 2;
     }
   }

@@ -119,14 +119,15 @@ int main(int argc, char** argv) {
     DevTensors mem{ops, {}};
     const int64_t copy_elems = int64_t{256} << 20;  // 256 Mi bf16 = 512 MiB
     Tensor csrc = mem.bf16({copy_elems}, 0, 0), cdst = mem.bf16({copy_elems}, 0, 0);
-    const double copy_ms = median_ms(s, [&] { ops.copy(cdst, csrc); }, reps);
+    const double copy_ms = median_ms(
+        s, [&] { ops.copy(cdst, csrc); }, reps);
     const double memcpy_gbps = 2.0 * copy_elems * 2 / (copy_ms * 1e-3) / 1e9;
     out["memcpy_gbps"] = memcpy_gbps;
     mem.bufs.clear();
 
     // ---- GEMMs ----
     std::vector<GemmCase> cases = {
-        {"gpt2-124m qkv", 8192, 768, 2304, false},      {"gpt2-124m attn proj", 8192, 768, 768, false},
+        {"gpt2-124m qkv", 8192, 768, 2304, false},       {"gpt2-124m attn proj", 8192, 768, 768, false},
         {"gpt2-124m fc (gelu)", 8192, 768, 3072, true},  {"gpt2-124m fc proj", 8192, 3072, 768, false},
         {"gpt2-124m lm head", 8192, 768, 50304, false},  {"gpt2-1.3b qkv", 8192, 2048, 6144, false},
         {"gpt2-1.3b fc (gelu)", 8192, 2048, 8192, true}, {"gpt2-1.3b fc proj", 8192, 8192, 2048, false},
@@ -143,18 +144,26 @@ int main(int argc, char** argv) {
       const auto* bb = static_cast<const cuda::bf16*>(b.ptr);
       double fused_ms, unfused_ms;
       if (g.gelu) {
-        fused_ms = median_ms(s, [&] { ops.matmul_gelu_forward(o, pre, x, w, b); }, reps);
-        unfused_ms = median_ms(s, [&] {
-          ops.matmul_forward(pre, x, w, Tensor{});
-          cuda::add_bias_rows(s, pb, bb, g.N, g.OC);
-          cuda::gelu_forward(s, ob, pb, g.N * g.OC);
-        }, reps);
+        fused_ms = median_ms(
+            s, [&] { ops.matmul_gelu_forward(o, pre, x, w, b); }, reps);
+        unfused_ms = median_ms(
+            s,
+            [&] {
+              ops.matmul_forward(pre, x, w, Tensor{});
+              cuda::add_bias_rows(s, pb, bb, g.N, g.OC);
+              cuda::gelu_forward(s, ob, pb, g.N * g.OC);
+            },
+            reps);
       } else {
-        fused_ms = median_ms(s, [&] { ops.matmul_forward(o, x, w, b); }, reps);
-        unfused_ms = median_ms(s, [&] {
-          ops.matmul_forward(o, x, w, Tensor{});
-          cuda::add_bias_rows(s, ob, bb, g.N, g.OC);
-        }, reps);
+        fused_ms = median_ms(
+            s, [&] { ops.matmul_forward(o, x, w, b); }, reps);
+        unfused_ms = median_ms(
+            s,
+            [&] {
+              ops.matmul_forward(o, x, w, Tensor{});
+              cuda::add_bias_rows(s, ob, bb, g.N, g.OC);
+            },
+            reps);
       }
       const double flops = 2.0 * g.N * g.C * g.OC;
       gemms.push_back({{"name", g.name},
@@ -177,16 +186,23 @@ int main(int argc, char** argv) {
       Tensor dw = d.f32({g.OC, g.C}), db = d.f32({g.OC});
       const int64_t before = ops.fused_bias_grads();
       ops.set_fuse_bias_grads(true);
-      const double fused_ms = median_ms(s, [&] { ops.matmul_backward(Tensor{}, dw, db, dy, x, w, false, false); }, reps);
+      const double fused_ms = median_ms(
+          s, [&] { ops.matmul_backward(Tensor{}, dw, db, dy, x, w, false, false); }, reps);
       const bool ran_fused = ops.fused_bias_grads() > before;
       ops.set_fuse_bias_grads(false);
-      const double kernels_ms =
-          median_ms(s, [&] { ops.matmul_backward(Tensor{}, dw, db, dy, x, w, false, false); }, reps);
+      const double kernels_ms = median_ms(
+          s, [&] { ops.matmul_backward(Tensor{}, dw, db, dy, x, w, false, false); }, reps);
       ops.set_fuse_bias_grads(true);
-      const double dw_ms = median_ms(s, [&] { ops.matmul_backward(Tensor{}, dw, Tensor{}, dy, x, w, false, false); }, reps);
-      wgrads.push_back({{"name", g.name}, {"N", g.N}, {"C", g.C}, {"OC", g.OC},
+      const double dw_ms = median_ms(
+          s, [&] { ops.matmul_backward(Tensor{}, dw, Tensor{}, dy, x, w, false, false); }, reps);
+      wgrads.push_back({{"name", g.name},
+                        {"N", g.N},
+                        {"C", g.C},
+                        {"OC", g.OC},
                         {"bgradb_accepted", ran_fused},
-                        {"fused_ms", fused_ms}, {"column_sum_kernels_ms", kernels_ms}, {"dw_only_ms", dw_ms},
+                        {"fused_ms", fused_ms},
+                        {"column_sum_kernels_ms", kernels_ms},
+                        {"dw_only_ms", dw_ms},
                         {"fused_speedup", kernels_ms / fused_ms}});
     }
     out["weight_grads"] = wgrads;
@@ -199,11 +215,12 @@ int main(int argc, char** argv) {
       Tensor x = d.bf16({N, C}, 1.0f, 4), r = d.bf16({N, C}, 1.0f, 5), w = d.bf16({C}, 1.0f, 6),
              b = d.bf16({C}, 0.1f, 7), o = d.bf16({N, C}, 0, 0);
       Tensor mean = d.f32({N}), rstd = d.f32({N});
-      const double ln_ms = median_ms(s, [&] { ops.layernorm_forward(o, mean, rstd, x, w, b, 1e-5f); }, reps);
+      const double ln_ms = median_ms(
+          s, [&] { ops.layernorm_forward(o, mean, rstd, x, w, b, 1e-5f); }, reps);
       const double ln_bytes = 2.0 * N * C * 2 + 8.0 * N;  // read x, write out, write mean + rstd
       // res = x + r (res aliases x: the benchmark keeps adding, values stay finite for 30 reps of unit noise)
-      const double add_ms =
-          median_ms(s, [&] { ops.add_layernorm_forward(x, o, mean, rstd, x, r, w, b, 1e-5f, false); }, reps);
+      const double add_ms = median_ms(
+          s, [&] { ops.add_layernorm_forward(x, o, mean, rstd, x, r, w, b, 1e-5f, false); }, reps);
       const double add_bytes = 4.0 * N * C * 2 + 8.0 * N;  // read a, b; write res, out
       // The backward: dinp += (read and written), dout and x read, dw/db through the partial rows (G * 2C floats,
       // not counted).
@@ -211,12 +228,21 @@ int main(int argc, char** argv) {
       const double lnb_ms = median_ms(
           s, [&] { ops.layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, false); }, reps);
       const double lnb_bytes = 4.0 * N * C * 2 + 8.0 * N;
-      mb.push_back({{"op", "layernorm_backward"}, {"N", N}, {"C", C}, {"gbps", lnb_bytes / (lnb_ms * 1e-3) / 1e9},
+      mb.push_back({{"op", "layernorm_backward"},
+                    {"N", N},
+                    {"C", C},
+                    {"gbps", lnb_bytes / (lnb_ms * 1e-3) / 1e9},
                     {"fraction_of_memcpy", lnb_bytes / (lnb_ms * 1e-3) / 1e9 / memcpy_gbps}});
-      mb.push_back({{"op", "layernorm_forward"}, {"N", N}, {"C", C},
-                    {"gbps", ln_bytes / (ln_ms * 1e-3) / 1e9}, {"fraction_of_memcpy", ln_bytes / (ln_ms * 1e-3) / 1e9 / memcpy_gbps}});
-      mb.push_back({{"op", "add_layernorm_forward"}, {"N", N}, {"C", C},
-                    {"gbps", add_bytes / (add_ms * 1e-3) / 1e9}, {"fraction_of_memcpy", add_bytes / (add_ms * 1e-3) / 1e9 / memcpy_gbps}});
+      mb.push_back({{"op", "layernorm_forward"},
+                    {"N", N},
+                    {"C", C},
+                    {"gbps", ln_bytes / (ln_ms * 1e-3) / 1e9},
+                    {"fraction_of_memcpy", ln_bytes / (ln_ms * 1e-3) / 1e9 / memcpy_gbps}});
+      mb.push_back({{"op", "add_layernorm_forward"},
+                    {"N", N},
+                    {"C", C},
+                    {"gbps", add_bytes / (add_ms * 1e-3) / 1e9},
+                    {"fraction_of_memcpy", add_bytes / (add_ms * 1e-3) / 1e9 / memcpy_gbps}});
     }
     {
       const int64_t Vp = 50304, Nce = quick ? 1024 : 8192;
@@ -224,10 +250,14 @@ int main(int argc, char** argv) {
       DevTensors d{ops, {}};
       Tensor logits = d.bf16({Nce, Vp}, 4.0f, 8), tgt = d.i32({Nce}, V, 9), losses = d.f32({Nce});
       // After the first run the logits hold gradients; the work per run is the same.
-      const double ce_ms = median_ms(s, [&] { ops.cross_entropy(losses, logits, tgt, V, 1.0f / Nce, true); }, reps);
+      const double ce_ms = median_ms(
+          s, [&] { ops.cross_entropy(losses, logits, tgt, V, 1.0f / Nce, true); }, reps);
       const double ce_bytes = 2.0 * Nce * Vp * 2;  // logits read once, dlogits written once
-      mb.push_back({{"op", "cross_entropy (write_grad)"}, {"N", Nce}, {"Vp", Vp},
-                    {"gbps", ce_bytes / (ce_ms * 1e-3) / 1e9}, {"fraction_of_memcpy", ce_bytes / (ce_ms * 1e-3) / 1e9 / memcpy_gbps}});
+      mb.push_back({{"op", "cross_entropy (write_grad)"},
+                    {"N", Nce},
+                    {"Vp", Vp},
+                    {"gbps", ce_bytes / (ce_ms * 1e-3) / 1e9},
+                    {"fraction_of_memcpy", ce_bytes / (ce_ms * 1e-3) / 1e9 / memcpy_gbps}});
     }
     out["memory_bound"] = mb;
     std::cout << out.dump(2) << "\n";

@@ -127,13 +127,18 @@ nlohmann::json bench_shape(int B, int T, int H, int hd, int W, mt::CudnnAttentio
     mt::flash_attention_forward(nullptr, s, qkv.as<__nv_bfloat16>(), out.as<__nv_bfloat16>(), lse.as<float>());
   };
   auto bwd = [&] {
-    mt::flash_attention_backward(nullptr, s, qkv.as<__nv_bfloat16>(), out.as<__nv_bfloat16>(),
-                                 dout.as<__nv_bfloat16>(), lse.as<float>(), dqkv.as<__nv_bfloat16>(), ws.as<float>());
+    mt::flash_attention_backward(nullptr, s, qkv.as<__nv_bfloat16>(), out.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(),
+                                 lse.as<float>(), dqkv.as<__nv_bfloat16>(), ws.as<float>());
   };
   const int iters = 20;
   const double fwd_ms = median_ms(fwd, iters);
   const double bwd_ms = median_ms(bwd, iters);
-  const double both_ms = median_ms([&] { fwd(); bwd(); }, iters);
+  const double both_ms = median_ms(
+      [&] {
+        fwd();
+        bwd();
+      },
+      iters);
   const double pairs = visible_pairs(T, W) * B * H;
   const double fwd_flops = 4.0 * pairs * hd, bwd_flops = 10.0 * pairs * hd;
   nlohmann::json r = {{"B", B},
@@ -156,8 +161,8 @@ nlohmann::json bench_shape(int B, int T, int H, int hd, int W, mt::CudnnAttentio
   DeviceMem out2(n_out * 2), lse2(n_lse * 4), dqkv2(n_qkv * 2);
   auto cfwd = [&] { cudnn->forward(s, qkv.as<__nv_bfloat16>(), out2.as<__nv_bfloat16>(), lse2.as<float>()); };
   auto cbwd = [&] {
-    cudnn->backward(s, qkv.as<__nv_bfloat16>(), out2.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(),
-                    lse2.as<float>(), dqkv2.as<__nv_bfloat16>());
+    cudnn->backward(s, qkv.as<__nv_bfloat16>(), out2.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), lse2.as<float>(),
+                    dqkv2.as<__nv_bfloat16>());
   };
   try {
     cudnn->reserve(s);  // builds the plans outside the timing (a refusal throws here)
@@ -165,7 +170,12 @@ nlohmann::json bench_shape(int B, int T, int H, int hd, int W, mt::CudnnAttentio
     cuda_ok(cudaDeviceSynchronize(), "cuDNN forward");
     const double c_fwd = median_ms(cfwd, iters);
     const double c_bwd = median_ms(cbwd, iters);
-    const double c_both = median_ms([&] { cfwd(); cbwd(); }, iters);
+    const double c_both = median_ms(
+        [&] {
+          cfwd();
+          cbwd();
+        },
+        iters);
     r["cudnn"] = {{"fwd_ms", c_fwd},
                   {"bwd_ms", c_bwd},
                   {"fwd_bwd_ms", c_both},

@@ -124,24 +124,29 @@ int main(int argc, char** argv) {
   double peak_tflops = 989.0;
   CLI::App app{"bench_gpu_train: megatrain's training-step throughput on one GPU; prints one JSON line"};
   app.add_option("--model", model_name, "preset (bench/torch_gpt.py's)")
-      ->check(CLI::IsMember({"gpt2-124m", "gpt2-350m", "gpt-1.3b"}))->capture_default_str();
+      ->check(CLI::IsMember({"gpt2-124m", "gpt2-350m", "gpt-1.3b"}))
+      ->capture_default_str();
   app.add_option("--batch", B, "sequences per step")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--seq", T, "tokens per sequence (0: the preset's)")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--block", block, "transformer block")->check(CLI::IsMember({"sequential", "parallel"}))
+  app.add_option("--block", block, "transformer block")
+      ->check(CLI::IsMember({"sequential", "parallel"}))
       ->capture_default_str();
   app.add_option("--window", window, "sliding-window width (0: full causal)")->check(CLI::NonNegativeNumber);
   app.add_flag("--recompute", recompute, "recompute every layer in backward");
   app.add_flag("--recompute-act", recompute_act, "rebuild the GeLU output in backward");
   app.add_flag("--recompute-norm", recompute_norm, "rebuild the norms' outputs in backward");
   app.add_flag("--plan-memory", plan, "print what a run would allocate, without a GPU");
-  app.add_option("--peak-tflops", peak_tflops, "the GPU's dense bf16 peak, for MFU")->check(CLI::PositiveNumber)
+  app.add_option("--peak-tflops", peak_tflops, "the GPU's dense bf16 peak, for MFU")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--attention", attention, "auto: cuDNN where built with it, else flash")
-      ->check(CLI::IsMember({"auto", "flash", "cudnn"}))->capture_default_str();
+      ->check(CLI::IsMember({"auto", "flash", "cudnn"}))
+      ->capture_default_str();
   app.add_option("--gemm-tuning", gemm_tuning, "candidate GEMM algorithms to time per shape (0: the heuristic's)")
-      ->check(CLI::Range(0, 64))->capture_default_str();
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   ModelConfig cfg;
   int preset_T = 0;
@@ -153,10 +158,18 @@ int main(int argc, char** argv) {
   if (recompute) cfg.recompute.assign(cfg.n_layer, true);
   cfg.recompute_act = recompute_act;
   cfg.recompute_norm = recompute_norm;
-  nlohmann::json out = {{"benchmark", "train_step_gpu"}, {"framework", "megatrain"}, {"model", model_name},
-                        {"B", B}, {"T", T}, {"block", block}, {"window", window}, {"recompute", recompute},
-                        {"recompute_act", recompute_act}, {"recompute_norm", recompute_norm},
-                        {"attention", resolve_cuda_attention(attention)}, {"gemm_tuning", gemm_tuning}};
+  nlohmann::json out = {{"benchmark", "train_step_gpu"},
+                        {"framework", "megatrain"},
+                        {"model", model_name},
+                        {"B", B},
+                        {"T", T},
+                        {"block", block},
+                        {"window", window},
+                        {"recompute", recompute},
+                        {"recompute_act", recompute_act},
+                        {"recompute_norm", recompute_norm},
+                        {"attention", resolve_cuda_attention(attention)},
+                        {"gemm_tuning", gemm_tuning}};
   if (plan) {
     try {
       out["benchmark"] = "memory_plan";
@@ -230,7 +243,7 @@ int main(int argc, char** argv) {
     out["peak_tflops"] = peak_tflops;
     out["mfu"] = flops / (peak_tflops * 1e12);
     out["gpu_memory_gb"] = double(gpu_used_bytes() - used_before) / 1e9;  // device memory the run took
-    out["allocated_gb"] = double(ops->allocated_bytes()) / 1e9;              // comparable to torch's peak allocated
+    out["allocated_gb"] = double(ops->allocated_bytes()) / 1e9;           // comparable to torch's peak allocated
     out["op_ms_one_step"] = op_ms;
     out["op_ms_total"] = op_total;
     out["final_loss"] = loss;
@@ -242,8 +255,11 @@ int main(int argc, char** argv) {
       nlohmann::json tuned = nlohmann::json::array();
       for (const GemmTuned& g : static_cast<CudaOps&>(*ops).gemm_tuning_report()) {
         const double per_step = static_cast<double>(g.calls) / runs;
-        nlohmann::json j = {{"problem", g.problem}, {"op", g.op}, {"candidates", g.candidates},
-                            {"calls_per_step", per_step}, {"tuned", g.tuned}};
+        nlohmann::json j = {{"problem", g.problem},
+                            {"op", g.op},
+                            {"candidates", g.candidates},
+                            {"calls_per_step", per_step},
+                            {"tuned", g.tuned}};
         if (g.tuned) {
           j.update({{"chosen", g.chosen}, {"heuristic_ms", g.heuristic_ms}, {"best_ms", g.best_ms}});
           saved += (g.heuristic_ms - g.best_ms) * per_step;

@@ -98,7 +98,8 @@ uint64_t write_model(const std::string& dir, const ModelConfig& cfg) {
   for (const ParamInfo& p : whole.infos()) {
     const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
     for (const HfRowBlock& b : hf_llama_row_blocks(cfg, p.name))
-      tensors.push_back({b.name, p.shape.size() == 2 ? std::vector<int64_t>{b.rows, cols} : std::vector<int64_t>{b.rows}});
+      tensors.push_back({b.name,
+                         p.shape.size() == 2 ? std::vector<int64_t>{b.rows, cols} : std::vector<int64_t>{b.rows}});
   }
   fs::create_directories(dir);
   json index = {{"weight_map", json::object()}};
@@ -120,7 +121,8 @@ uint64_t write_model(const std::string& dir, const ModelConfig& cfg) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
     std::vector<uint16_t>& v = data.emplace_back(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = float_to_bf16(static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f);
+    for (int64_t i = 0; i < n; ++i)
+      v[static_cast<size_t>(i)] = float_to_bf16(static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f);
     batch.push_back({t.name, DType::BF16, t.shape, v.data()});
     batch_bytes += static_cast<uint64_t>(n) * 2;
     if (batch_bytes >= (uint64_t{512} << 20)) flush();
@@ -183,9 +185,14 @@ int main(int argc, char** argv) {
              file_bytes / 1e9, write_s);
 
   json out = {{"bench", "hf_slices"},
-              {"model", {{"n_layer", cfg.n_layer}, {"d_model", cfg.d_model}, {"n_head", cfg.n_head},
-                         {"n_kv_head", cfg.kv_heads()}, {"d_ff", cfg.ff_dim()}, {"vocab", cfg.vocab_size},
-                         {"params", cfg.num_params()}}},
+              {"model",
+               {{"n_layer", cfg.n_layer},
+                {"d_model", cfg.d_model},
+                {"n_head", cfg.n_head},
+                {"n_kv_head", cfg.kv_heads()},
+                {"d_ff", cfg.ff_dim()},
+                {"vocab", cfg.vocab_size},
+                {"params", cfg.num_params()}}},
               {"file_bytes", file_bytes}};
 
   // The peer: the whole model, as one process (or convert) imports it. Its seconds are mostly the kernel clearing
@@ -232,7 +239,9 @@ int main(int argc, char** argv) {
         secs.push_back(r["seconds"].get<double>());
       }
     const double sum = std::accumulate(shares.begin(), shares.end(), 0.0);
-    layouts.push_back({{"tp", tp}, {"pp", pp}, {"ranks", tp * pp},
+    layouts.push_back({{"tp", tp},
+                       {"pp", pp},
+                       {"ranks", tp * pp},
                        {"touched_share_max", *std::max_element(shares.begin(), shares.end())},
                        {"touched_share_sum", sum},
                        {"ideal_share", 1.0 / (tp * pp)},

@@ -80,7 +80,8 @@ void write_header(int fd, uint64_t n, const std::string& path) {
   h[3] = kVocab;
   h[4] = kVocab - 1;
   h[5] = 1;
-  if (::write(fd, h, sizeof h) != static_cast<ssize_t>(sizeof h)) die("cannot write " + path + ": " + std::strerror(errno));
+  if (::write(fd, h, sizeof h) != static_cast<ssize_t>(sizeof h))
+    die("cannot write " + path + ": " + std::strerror(errno));
 }
 
 // A split of n tokens in shards of kPerShard: sparse (all ids 0, no disk blocks) or dense (random ids, written).
@@ -204,7 +205,9 @@ int main(int argc, char** argv) {
     const double startup = mt::now_seconds() - t0;
     const long anon1 = status_kb("RssAnon:");
     const uint64_t W = loader.windows_per_epoch();
-    json scale = {{"tokens", tokens}, {"shards", shards}, {"windows", W},
+    json scale = {{"tokens", tokens},
+                  {"shards", shards},
+                  {"windows", W},
                   {"loader", {{"startup_s", startup}, {"private_memory_growth_bytes", (anon1 - anon0) * 1024}}}};
     const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
     if (8.0 * static_cast<double>(W) > ram / 2) {
@@ -228,8 +231,8 @@ int main(int argc, char** argv) {
       s = mt::now_seconds();
       for (uint64_t i = 0; i < probes; ++i) sink += wo((i * 2654435761ull) % W);
       const double computed = (mt::now_seconds() - s) / probes;
-      scale["materialised"] = {{"startup_s", build}, {"private_memory_growth_bytes", (m1 - m0) * 1024},
-                               {"row_s", lookup}};
+      scale["materialised"] = {
+          {"startup_s", build}, {"private_memory_growth_bytes", (m1 - m0) * 1024}, {"row_s", lookup}};
       scale["loader"]["row_s"] = computed;
       scale["startup_ratio_materialised_over_loader"] = build / startup;
       if (sink == 42) fmt::print(stderr, " ");

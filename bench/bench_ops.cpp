@@ -27,13 +27,10 @@ using nlohmann::json;
 namespace {
 
 
-
 double sgemm_gflops(int M, int N, int K, int reps) {
   Buf a(int64_t{M} * K), b(int64_t{N} * K), c(int64_t{M} * N);
   const double t = time_median(
-      [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.p(), K, b.p(), K, 0.0f, c.p(), N);
-      },
+      [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.p(), K, b.p(), K, 0.0f, c.p(), N); },
       reps);
   return 2.0 * M * N * K / t * 1e-9;
 }
@@ -58,12 +55,14 @@ json bench_shape(Ops& ops, const ModelConfig& cfg, int B, int T, int reps) {
                             {"lm_head", C, Vp, false, 1}};
   json lin = json::object();
   for (const Linear& l : linears) {
-    Buf x(N * l.in), w(l.out * l.in), b(l.out), y(N * l.out), dy(N * l.out), dx(N * l.in), dw(l.out * l.in),
-        db(l.out);
+    Buf x(N * l.in), w(l.out * l.in), b(l.out), y(N * l.out), dy(N * l.out), dx(N * l.in), dw(l.out * l.in), db(l.out);
     const Tensor bias = l.bias ? b.t({l.out}) : Tensor{}, dbias = l.bias ? db.t({l.out}) : Tensor{};
     const int rr = l.out > 10000 ? std::max(1, reps / 2) : reps;
-    const double tf =
-        time_median([&] { ops.matmul_forward(y.t({N, l.out}), x.t({N, l.in}), w.t({l.out, l.in}), bias); }, rr);
+    const double tf = time_median(
+        [&] {
+          ops.matmul_forward(y.t({N, l.out}), x.t({N, l.in}), w.t({l.out, l.in}), bias);
+        },
+        rr);
     const double tb = time_median(
         [&] {
           ops.matmul_backward(dx.t({N, l.in}), dw.t({l.out, l.in}), dbias, dy.t({N, l.out}), x.t({N, l.in}),
@@ -71,7 +70,9 @@ json bench_shape(Ops& ops, const ModelConfig& cfg, int B, int T, int reps) {
         },
         rr);
     const double flops = 2.0 * N * l.in * l.out;
-    lin[l.name] = {{"fwd_ms", tf * 1e3}, {"bwd_ms", tb * 1e3}, {"fwd_gflops", flops / tf * 1e-9},
+    lin[l.name] = {{"fwd_ms", tf * 1e3},
+                   {"bwd_ms", tb * 1e3},
+                   {"fwd_gflops", flops / tf * 1e-9},
                    {"bwd_gflops", 2 * flops / tb * 1e-9}};
     step += l.per_model * (tf + tb);
   }
@@ -80,22 +81,29 @@ json bench_shape(Ops& ops, const ModelConfig& cfg, int B, int T, int reps) {
   {  // attention
     AttnShape s{B, T, H, H, hd, cfg.window};
     Buf qkv(N * s.qkv_width(), 1.0f), out(N * C), lse(int64_t{B} * H * T), dout(N * C), dqkv(N * s.qkv_width());
-    const double tf =
-        time_median([&] { ops.attention_forward(out.t({N, C}), lse.t({lse.n}), qkv.t({qkv.n}), s); }, reps);
+    const double tf = time_median(
+        [&] {
+          ops.attention_forward(out.t({N, C}), lse.t({lse.n}), qkv.t({qkv.n}), s);
+        },
+        reps);
     const double tb = time_median(
         [&] {
           ops.attention_backward(dqkv.t({dqkv.n}), dout.t({N, C}), qkv.t({qkv.n}), out.t({N, C}), lse.t({lse.n}), s);
         },
         reps);
     const double flops = 4.0 * B * H * double(T) * T * hd / 2;  // causal: half of QK^T and PV
-    r["attention"] = {{"fwd_ms", tf * 1e3}, {"bwd_ms", tb * 1e3}, {"fwd_gflops_causal", flops / tf * 1e-9},
+    r["attention"] = {{"fwd_ms", tf * 1e3},
+                      {"bwd_ms", tb * 1e3},
+                      {"fwd_gflops_causal", flops / tf * 1e-9},
                       {"bwd_gflops_causal", 2 * flops / tb * 1e-9}};
     step += cfg.n_layer * (tf + tb);
   }
   {  // layernorm (2 per layer + final)
     Buf x(N * C, 1.0f), w(C), b(C), y(N * C), mean(N), rstd(N), dy(N * C), dx(N * C), dw(C), db(C);
     const double tf = time_median(
-        [&] { ops.layernorm_forward(y.t({N, C}), mean.t({N}), rstd.t({N}), x.t({N, C}), w.t({C}), b.t({C}), 1e-5f); },
+        [&] {
+          ops.layernorm_forward(y.t({N, C}), mean.t({N}), rstd.t({N}), x.t({N, C}), w.t({C}), b.t({C}), 1e-5f);
+        },
         reps);
     const double tb = time_median(
         [&] {
@@ -127,8 +135,8 @@ json bench_shape(Ops& ops, const ModelConfig& cfg, int B, int T, int reps) {
     for (int i = 0; i <= reps; ++i) {
       std::memcpy(logits.p(), fresh.p(), N * Vp * 4);
       const double t0 = now_seconds();
-      ops.cross_entropy(losses.t({N}), logits.t({N, Vp}), Tensor(tgt.data(), {N}, DType::I32), cfg.vocab_size,
-                        1.0f / N, true);
+      ops.cross_entropy(losses.t({N}), logits.t({N, Vp}), Tensor(tgt.data(), {N}, DType::I32), cfg.vocab_size, 1.0f / N,
+                        true);
       if (i) ts.push_back(now_seconds() - t0);
     }
     std::sort(ts.begin(), ts.end());

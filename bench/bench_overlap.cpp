@@ -85,15 +85,24 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     int v = std::atoi(argv[i + 1]);
-    if (a == "--dp") dp = v;
-    else if (a == "--tp") tp = v;
-    else if (a == "--pp") pp = v;
-    else if (a == "--micro") micro = v;
-    else if (a == "--steps") steps = v;
-    else if (a == "--layers") layers = v;
-    else if (a == "--width") width = v;
-    else if (a == "--batch") B = v;
-    else if (a == "--seq") T = v;
+    if (a == "--dp")
+      dp = v;
+    else if (a == "--tp")
+      tp = v;
+    else if (a == "--pp")
+      pp = v;
+    else if (a == "--micro")
+      micro = v;
+    else if (a == "--steps")
+      steps = v;
+    else if (a == "--layers")
+      layers = v;
+    else if (a == "--width")
+      width = v;
+    else if (a == "--batch")
+      B = v;
+    else if (a == "--seq")
+      T = v;
     else {
       std::fprintf(stderr, "usage: bench_overlap [--dp N] [--tp N] [--pp N] [--micro M] [--steps N] [--layers L] "
                            "[--width C] [--batch B] [--seq T]\n");
@@ -122,7 +131,10 @@ int main(int argc, char** argv) {
     for (auto& v : x) v = static_cast<int32_t>(rng.below(cfg.vocab_size));
     for (auto& v : y) v = static_cast<int32_t>(rng.below(cfg.vocab_size));
 
-    nlohmann::json out = {{"benchmark", "overlap"}, {"dp", dp}, {"tp", tp}, {"pp", pp},
+    nlohmann::json out = {{"benchmark", "overlap"},
+                          {"dp", dp},
+                          {"tp", tp},
+                          {"pp", pp},
                           {"threads_per_rank", omp_get_max_threads()},
                           {"model", {{"n_layer", layers}, {"d_model", width}, {"B", B}, {"T", T}}}};
     // Pipeline pieces shared by both modes (they run one after the other): the schedule, and with tied embeddings

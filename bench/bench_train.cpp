@@ -64,8 +64,10 @@ int main(int argc, char** argv) {
   std::vector<std::pair<int, int>> shapes = {{4, 64}, {8, 256}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (a == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
+    if (a == "--steps" && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (a == "--layers" && i + 1 < argc)
+      layers = std::atoi(argv[++i]);
     else if (a == "--shapes" && i + 1 < argc) {
       shapes.clear();
       std::string s = argv[++i];
@@ -98,8 +100,12 @@ int main(int argc, char** argv) {
   utsname un{};
   uname(&un);
   nlohmann::json out = {{"benchmark", "train_step_cpu"},
-                        {"model", {{"n_layer", cfg.n_layer}, {"d_model", cfg.d_model}, {"n_head", cfg.n_head},
-                                   {"vocab", cfg.padded_vocab()}, {"params", cfg.num_params()}}},
+                        {"model",
+                         {{"n_layer", cfg.n_layer},
+                          {"d_model", cfg.d_model},
+                          {"n_head", cfg.n_head},
+                          {"vocab", cfg.padded_vocab()},
+                          {"params", cfg.num_params()}}},
                         {"optimizer", "adamw"},
                         {"machine", {{"cpu", cpu_name()}, {"threads", omp_get_max_threads()}, {"kernel", un.release}}},
                         {"sgemm_gflops", sgemm / 1e9},
@@ -133,10 +139,16 @@ int main(int argc, char** argv) {
     double flops = cfg.flops_per_token(T) * B * T / t;
     // Re-measure sgemm after each shape so a drifting machine shows up in the JSON.
     double sgemm_after = sgemm_flops(2048, 3);
-    out["runs"].push_back({{"B", B}, {"T", T}, {"step_seconds_median", t}, {"forward_seconds", median(fwd)},
-                           {"backward_seconds", median(bwd)}, {"optimizer_seconds", median(upd)},
-                           {"tokens_per_second", B * T / t}, {"model_gflops", flops / 1e9},
-                           {"fraction_of_sgemm", flops / sgemm}, {"sgemm_gflops_after", sgemm_after / 1e9},
+    out["runs"].push_back({{"B", B},
+                           {"T", T},
+                           {"step_seconds_median", t},
+                           {"forward_seconds", median(fwd)},
+                           {"backward_seconds", median(bwd)},
+                           {"optimizer_seconds", median(upd)},
+                           {"tokens_per_second", B * T / t},
+                           {"model_gflops", flops / 1e9},
+                           {"fraction_of_sgemm", flops / sgemm},
+                           {"sgemm_gflops_after", sgemm_after / 1e9},
                            {"peak_rss_mb", peak_rss_mb()}});
   }
   std::printf("%s\n", out.dump(2).c_str());

@@ -40,7 +40,6 @@ using nlohmann::json;
 namespace {
 
 
-
 // Mean seconds per call over at least `window` seconds of calls, after one warm-up. A mean over a window, not the
 // median of single calls: on a machine whose cores are shared, a short call often runs inside one time slice at full
 // speed while a long one pays for the sharing; over a window both see the same share.
@@ -96,8 +95,8 @@ int main(int argc, char** argv) {
       std::map<double, std::vector<double>> rate_by_flops;
       double peak = 0;
       for (int tp : {1, 2})
-        for (auto [o, in] : std::vector<std::pair<int, int>>{{3 * C / tp, C}, {C, C / tp}, {F / tp, C}, {C, F / tp},
-                                                             {V / tp, C}})
+        for (auto [o, in] :
+             std::vector<std::pair<int, int>>{{3 * C / tp, C}, {C, C / tp}, {F / tp, C}, {C, F / tp}, {V / tp, C}})
           for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{{N, o, in}, {N, in, o}, {o, in, N}}) {
             const double fl = 2.0 * m * n * k;
             const double r = fl / sgemm_seconds(m, n, k, 0.5);
@@ -130,7 +129,11 @@ int main(int argc, char** argv) {
       AttnShape s{8, 128, 4, 4, 64, 0};
       Buf qkv(int64_t{N} * s.qkv_width(), 1.0f), o(int64_t{N} * C), lse(8 * 4 * 128), dout(int64_t{N} * C),
           dqkv(int64_t{N} * s.qkv_width());
-      const double tf = time_window([&] { ops->attention_forward(o.t({N, C}), lse.t({lse.n}), qkv.t({qkv.n}), s); }, 0.5);
+      const double tf = time_window(
+          [&] {
+            ops->attention_forward(o.t({N, C}), lse.t({lse.n}), qkv.t({qkv.n}), s);
+          },
+          0.5);
       const double tb = time_window(
           [&] {
             ops->attention_backward(dqkv.t({dqkv.n}), dout.t({N, C}), qkv.t({qkv.n}), o.t({N, C}), lse.t({lse.n}), s);
@@ -165,7 +168,8 @@ int main(int argc, char** argv) {
       const double link_bps = 2.0 * (n - 1) / n * big * 4 / std::max(1e-9, t_big - 2.0 * (n - 1) * alpha);
 
       {
-        const std::string note = fmt::format(" (one thread per rank, {} ranks on {} cores, measured together)", n, cores);
+        const std::string note = fmt::format(" (one thread per rank, {} ranks on {} cores, measured together)", n,
+                                             cores);
         cl.name = fmt::format("local-cpu-{}ranks", n);
         cl.topology = "single-host";
         const std::string own = "our benchmark (bench/calibrate_cpu) on this machine: ";
@@ -178,7 +182,8 @@ int main(int argc, char** argv) {
         cl.sm_count = src(1, "one thread per rank: no tile waves");
         cl.host_cores = src(cores, "std::thread::hardware_concurrency() on this machine: the cores every rank shares");
         cl.nvlink_gbps = src(link_bps * 1e-9, own + fmt::format("Gloo all-reduce over loopback, {} ranks, 16 MiB: "
-                                                                "2(n-1)/n S / (t - 2(n-1) alpha)", n));
+                                                                "2(n-1)/n S / (t - 2(n-1) alpha)",
+                                                                n));
         cl.nvlink_latency_us = src(alpha * 1e6, own + "Gloo all-reduce of 64 bytes / 2(n-1) steps");
         cl.nic_gbps = cl.nvlink_gbps;
         cl.nics_per_node = src(n, "loopback: each rank has the link to itself");
@@ -187,12 +192,15 @@ int main(int argc, char** argv) {
         cl.gemm.source += note;
         cl.gemm_tile_m = src(1, "no wave quantization on a CPU");
         cl.gemm_tile_n = src(1, "no wave quantization on a CPU");
-        cl.attention = src(std::min(1.0, attn_eff), own + "CPU backend attention fwd+bwd at B 8, T 128, 4 heads of 64, "
-                                                          "as a fraction of the sgemm peak" + note);
+        cl.attention = src(std::min(1.0, attn_eff), own +
+                                                        "CPU backend attention fwd+bwd at B 8, T 128, 4 heads of 64, "
+                                                        "as a fraction of the sgemm peak" +
+                                                        note);
         cl.attention_fused = cl.attention;
         cl.memory_bound = src(1, "the hbm figure is already the achieved triad bandwidth");
         cl.kernel_launch_us = src(launch * 1e6, own + "GeLU over 64 floats (all fixed cost)" + note);
-        cl.optimizer_bytes_per_param = src(28, "AdamW in fp32 without master copy: read p, g, m, v, write p, m, v (bench_ops counts the same 28)");
+        cl.optimizer_bytes_per_param =
+            src(28, "AdamW in fp32 without master copy: read p, g, m, v, write p, m, v (bench_ops counts the same 28)");
         cl.straggler_node_fraction = src(0, "one host");
         cl.straggler_slowdown = src(0, "one host");
         cl.gpu_speed_range = src(0, "one host: the ranks share one CPU");
@@ -200,10 +208,14 @@ int main(int argc, char** argv) {
                         &cl.failure_detect_s, &cl.node_mtbf_hours})
           *f = src(1, "not measured here (scale costs are not modelled for a single CPU host)");
       }
-      summary = {{"sgemm_peak_gflops_1thread", peak * 1e-9}, {"triad_GBps_1thread", mem_bps * 1e-9},
-                 {"attention_efficiency", attn_eff},     {"gelu64_us", launch * 1e6},
-                 {"gloo_allreduce_alpha_us", alpha * 1e6}, {"gloo_link_GBps", link_bps * 1e-9},
-                 {"ranks", n}, {"cores", cores}};
+      summary = {{"sgemm_peak_gflops_1thread", peak * 1e-9},
+                 {"triad_GBps_1thread", mem_bps * 1e-9},
+                 {"attention_efficiency", attn_eff},
+                 {"gelu64_us", launch * 1e6},
+                 {"gloo_allreduce_alpha_us", alpha * 1e6},
+                 {"gloo_link_GBps", link_bps * 1e-9},
+                 {"ranks", n},
+                 {"cores", cores}};
     }
     if (ri.rank == 0) {
       const std::string path = fmt::format("{}-{}.toml", out, n);

@@ -36,9 +36,11 @@ struct State {
   }
   CheckpointFiles files() const {
     return {{"model.safetensors",
-             {{"h.0.attn.c_attn.weight", DType::F32, {96, 32}, w.data()}, {"h.0.attn.c_attn.bias", DType::F32, {96}, b.data()}}},
+             {{"h.0.attn.c_attn.weight", DType::F32, {96, 32}, w.data()},
+              {"h.0.attn.c_attn.bias", DType::F32, {96}, b.data()}}},
             {"optim.safetensors",
-             {{"h.0.attn.c_attn.weight.exp_avg", DType::F32, {96, 32}, m.data()}, {"data.position", DType::I64, {3}, pos.data()}}}};
+             {{"h.0.attn.c_attn.weight.exp_avg", DType::F32, {96, 32}, m.data()},
+              {"data.position", DType::I64, {3}, pos.data()}}}};
   }
 };
 
@@ -110,8 +112,8 @@ TEST(Checkpoint, FlippedTensorByteFailsItsChecksum) {
   uint64_t off = f.get("h.0.attn.c_attn.bias").offset + 17;
   f = SafetensorsFile();  // unmap before editing
   flip_byte(dir + "/model.safetensors", off);
-  EXPECT_ERROR_HAS(Checkpoint::load(root.path), "h.0.attn.c_attn.bias", "model.safetensors",
-                   "fails its checksum", "corrupt");
+  EXPECT_ERROR_HAS(Checkpoint::load(root.path), "h.0.attn.c_attn.bias", "model.safetensors", "fails its checksum",
+                   "corrupt");
   // Without checksum verification the (corrupt) data loads: the check above is what caught it.
   EXPECT_NO_THROW(Checkpoint::load(dir, false));
 }
@@ -149,7 +151,8 @@ TEST(Checkpoint, MissingTruncatedOrExtraFilesAreRefused) {
   EXPECT_ERROR_HAS(Checkpoint::load(dir), "'data.position'", "does not list");
   // A shape in the manifest that the file contradicts.
   m = json::parse(read_text_file(dir + "/manifest.json"));
-  m["tensors"]["data.position"] = {{"file", "optim.safetensors"}, {"dtype", "I64"}, {"shape", {4}}, {"checksum", "crc32c:00000000"}};
+  m["tensors"]["data.position"] = {
+      {"file", "optim.safetensors"}, {"dtype", "I64"}, {"shape", {4}}, {"checksum", "crc32c:00000000"}};
   write_sealed_manifest(dir, m);
   EXPECT_ERROR_HAS(Checkpoint::load(dir), "'data.position'", "shape [3]", "[4] in the manifest");
 }

@@ -52,7 +52,9 @@ std::string args(const std::string& out, int steps, const std::string& extra) {
 }
 
 // "step:loss_exact" of every train line of a run.
-std::vector<std::string> step_losses_of(const std::string& out) { return mt::test::step_losses(out + "/metrics.jsonl"); }
+std::vector<std::string> step_losses_of(const std::string& out) {
+  return mt::test::step_losses(out + "/metrics.jsonl");
+}
 
 // The lines of steps > after.
 std::vector<std::string> tail_after(const std::vector<std::string>& v, int after) {
@@ -186,7 +188,8 @@ TEST(FastCheckpoint, KillDuringStage2LeavesThePreviousCheckpointCurrent) {
   run(launcher(2) + args(resumed, 8, flags + " --ckpt.resume=auto"));
   EXPECT_EQ(step_losses_of(resumed), tail_after(step_losses_of(ref), 2));
   // The staging directory the kill left behind was cleared by the next commit.
-  for (auto& e : fs::directory_iterator(root)) EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
+  for (auto& e : fs::directory_iterator(root))
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
 }
 
 // ---- full disk in stage 2
@@ -208,7 +211,8 @@ TEST(FastCheckpoint, FullDiskInStage2IsAnEventAndTrainingGoesOn) {
   const std::string log = out + ".log";
   fs::create_directories(out);
   const std::string flags = " --data.batch_size=2 --parallel.dp=2 --ckpt.every=2 --ckpt.save_final=false"
-                            " --ckpt.keep_last=5 --ckpt.resume=none --model.vocab_size=50257 --ckpt.dir=" + root;
+                            " --ckpt.keep_last=5 --ckpt.resume=none --model.vocab_size=50257 --ckpt.dir=" +
+                            root;
   const int rc = std::system((launcher(2) + args(out, 6, flags) + " > " + log + " 2>&1").c_str());
   const std::string text = slurp(log);
   EXPECT_EQ(rc, 0) << text;
@@ -221,9 +225,12 @@ TEST(FastCheckpoint, FullDiskInStage2IsAnEventAndTrainingGoesOn) {
   EXPECT_NE(text.find("No space left on device"), std::string::npos) << text;
   EXPECT_NE(text.find("the latest checkpoint is still " + root + "/step_00000002"), std::string::npos) << text;
   // And it was said at start: 64 MiB free against about 40 MB a checkpoint, up to 6 at once with keep_last 5.
-  EXPECT_NE(text.find("warning: ckpt.dir " + root + " has 0.07 GB free, but a checkpoint of this model takes about "
+  EXPECT_NE(text.find("warning: ckpt.dir " + root +
+                      " has 0.07 GB free, but a checkpoint of this model takes about "
                       "0.04 GB and up to 6 are on disk at once (ckpt.keep_last 5 and the one being written; 0 there "
-                      "now)"), std::string::npos) << text;
+                      "now)"),
+            std::string::npos)
+      << text;
   // No "checkpoint" (committed) line for it in the metrics, and latest names the last complete checkpoint.
   for (const std::string& l : {std::string("\"kind\":\"checkpoint\",\"step\":4")})
     EXPECT_EQ(slurp(out + "/metrics.jsonl").find(l), std::string::npos);
@@ -241,8 +248,8 @@ TEST(FastCheckpoint, PeerSnapshotRestoreAfterKillingOneRankIsBitIdentical) {
   run(launcher(2) + args(ref, 10, flags + " --ckpt.every=1 --ckpt.keep_last=20 --ckpt.resume=none"));
   // Disk checkpoints every 4 steps; rank 1 dies right after its snapshot of step 7.
   ::setenv("MEGATRAIN_FAULTS", "kill_after_snapshot:rank=1:step=7", 1);
-  const int rc = std::system((launcher(2) + args(out, 10, flags + " --ckpt.every=4 --ckpt.resume=none") + " > " +
-                              out + ".log 2>&1").c_str());
+  const int rc = std::system(
+      (launcher(2) + args(out, 10, flags + " --ckpt.every=4 --ckpt.resume=none") + " > " + out + ".log 2>&1").c_str());
   ::unsetenv("MEGATRAIN_FAULTS");
   const std::string text = slurp(out + ".log");
   ASSERT_NE(rc, 0) << text;
@@ -254,7 +261,10 @@ TEST(FastCheckpoint, PeerSnapshotRestoreAfterKillingOneRankIsBitIdentical) {
   fs::remove(out + "/metrics.jsonl");
   const std::string log2 = out + ".restart.log";
   ASSERT_EQ(std::system((launcher(2) + args(out, 10, flags + " --ckpt.every=4 --ckpt.resume=auto") + " > " + log2 +
-                         " 2>&1").c_str()), 0) << slurp(log2);
+                         " 2>&1")
+                            .c_str()),
+            0)
+      << slurp(log2);
   const std::string t2 = slurp(log2);
   EXPECT_NE(t2.find("from the peer snapshots"), std::string::npos) << t2;
   auto m = nlohmann::json::parse(slurp(out + "/metrics.jsonl").substr(0, slurp(out + "/metrics.jsonl").find('\n')));
@@ -307,8 +317,8 @@ TEST(FastCheckpoint, CorruptNewestCheckpointFallsBackWithAWarning) {
   }
   fs::remove(out + "/metrics.jsonl");
   const std::string log = out + ".resume.log";
-  ASSERT_EQ(std::system((launcher(2) + args(out, 8, flags + " --ckpt.resume=auto") + " > " + log + " 2>&1").c_str()),
-            0) << slurp(log);
+  ASSERT_EQ(std::system((launcher(2) + args(out, 8, flags + " --ckpt.resume=auto") + " > " + log + " 2>&1").c_str()), 0)
+      << slurp(log);
   const std::string text = slurp(log);
   EXPECT_NE(text.find("skipping checkpoint " + out + "/ckpt/step_00000006"), std::string::npos) << text;
   EXPECT_NE(text.find("shard-pp0-tp0-dp1.safetensors' fails its checksum"), std::string::npos) << text;
@@ -338,14 +348,15 @@ TEST(FastCheckpoint, OneReaderPerDpGroupReadsTheReplicatedStateOnce) {
   for (bool one : {true, false}) {
     SCOPED_TRACE(one ? "one reader" : "every rank reads");
     const std::string log = out + (one ? ".one.log" : ".all.log");
-    const std::string text = failing_output(
-        launcher(2) + args(out + "_" + std::to_string(one), 4,
-                           flags + " --ckpt.resume=" + dir + " --ckpt.one_reader=" + (one ? "true" : "false")),
-        log, "a restore from a corrupt checkpoint");
+    const std::string text = failing_output(launcher(2) + args(out + "_" + std::to_string(one), 4,
+                                                               flags + " --ckpt.resume=" + dir +
+                                                                   " --ckpt.one_reader=" + (one ? "true" : "false")),
+                                            log, "a restore from a corrupt checkpoint");
     EXPECT_NE(text.find("[rank 0] megatrain train: error: " + std::string("checkpoint ") + dir + ": file '" + checksum),
-              std::string::npos) << text;
-    const bool rank1_read_it = text.find("[rank 1] megatrain train: error: checkpoint " + dir + ": file '" + checksum) !=
-                               std::string::npos;
+              std::string::npos)
+        << text;
+    const bool rank1_read_it = text.find("[rank 1] megatrain train: error: checkpoint " + dir + ": file '" +
+                                         checksum) != std::string::npos;
     EXPECT_EQ(rank1_read_it, !one) << text;
     if (one) {
       EXPECT_NE(text.find("[rank 1] megatrain train: error: rank(s) 0 could not read checkpoint"), std::string::npos)

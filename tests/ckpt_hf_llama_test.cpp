@@ -74,11 +74,22 @@ HfModel random_llama(bool tied, bool bf16_values = false, uint32_t seed = 7) {
 }
 
 json llama_config(bool tied) {
-  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", V},
-          {"hidden_size", C}, {"intermediate_size", F}, {"num_hidden_layers", L}, {"num_attention_heads", H},
-          {"num_key_value_heads", KV}, {"max_position_embeddings", 64}, {"rms_norm_eps", kEps},
-          {"rope_theta", kTheta}, {"hidden_act", "silu"}, {"tie_word_embeddings", tied},
-          {"attention_bias", false}, {"rope_scaling", nullptr}, {"torch_dtype", "float32"}};
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", V},
+          {"hidden_size", C},
+          {"intermediate_size", F},
+          {"num_hidden_layers", L},
+          {"num_attention_heads", H},
+          {"num_key_value_heads", KV},
+          {"max_position_embeddings", 64},
+          {"rms_norm_eps", kEps},
+          {"rope_theta", kTheta},
+          {"hidden_act", "silu"},
+          {"tie_word_embeddings", tied},
+          {"attention_bias", false},
+          {"rope_scaling", nullptr},
+          {"torch_dtype", "float32"}};
 }
 
 // Writes m into dir as save_pretrained does: config.json and model.safetensors, or (shards > 1) the tensors dealt
@@ -415,8 +426,11 @@ TEST(HfLlama, Llama31RopeScalingImportsExportsAndComputesAsHfDoes) {
   ScratchDir dir;
   const HfModel m = random_llama(false);
   json config = llama_config(false);
-  config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  config["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 8.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 64}};
   write_llama(dir / "hf", m, config);
   const ModelConfig c = model_config_of(dir / "hf");
   EXPECT_EQ(c.rope_scaling, 8.0f);
@@ -531,9 +545,10 @@ TEST(HfLlama, WhatMegatrainCannotComputeIsRefusedByName) {
   };
   HfModel bad = m;
   bad["model.layers.1.self_attn.k_proj.weight"].shape = {HD, C * KV};
-  EXPECT_NE(import_error("shape", bad, llama_config(false)).find("'model.layers.1.self_attn.k_proj.weight' has shape "
-                                                                  "[8, 64] but this model (h.1.attn.c_attn.weight) "
-                                                                  "needs [16, 32]"),
+  EXPECT_NE(import_error("shape", bad, llama_config(false))
+                .find("'model.layers.1.self_attn.k_proj.weight' has shape "
+                      "[8, 64] but this model (h.1.attn.c_attn.weight) "
+                      "needs [16, 32]"),
             std::string::npos);
   bad = m;
   bad.erase("model.layers.0.mlp.up_proj.weight");

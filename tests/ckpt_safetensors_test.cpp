@@ -95,8 +95,10 @@ TEST(Safetensors, WriterOutputFollowsTheFormat) {
   std::vector<float> w = {1, 2, 3, 4, 5, 6};
   std::vector<uint16_t> h = {7, 8, 9};
   std::vector<uint8_t> u = {250};
-  write_safetensors(p, {{"u", DType::U8, {1}, u.data()}, {"w", DType::F32, {2, 3}, w.data()},
-                        {"h", DType::BF16, {3}, h.data()}},
+  write_safetensors(p,
+                    {{"u", DType::U8, {1}, u.data()},
+                     {"w", DType::F32, {2, 3}, w.data()},
+                     {"h", DType::BF16, {3}, h.data()}},
                     {{"k", "v"}});
   // Parse the bytes by hand, without SafetensorsFile.
   auto bytes = read_bytes(p);
@@ -135,10 +137,10 @@ TEST(Safetensors, RoundTripOfEveryDtypeWithMetadata) {
   std::vector<uint16_t> u16 = {65535};
   std::vector<uint8_t> u8 = {1, 2, 3, 4, 5};
   std::vector<TensorRef> t = {
-      {"w.f32", DType::F32, {2, 2}, f32.data()},  {"w.bf16", DType::BF16, {3}, bf16.data()},
-      {"w.f16", DType::F16, {2, 1}, f16.data()},  {"n.i32", DType::I32, {2}, i32.data()},
-      {"n.i64", DType::I64, {2, 3}, i64.data()},  {"n.u16", DType::U16, {}, u16.data()},
-      {"n.u8", DType::U8, {5}, u8.data()},        {"empty", DType::F32, {0, 4}, nullptr},
+      {"w.f32", DType::F32, {2, 2}, f32.data()}, {"w.bf16", DType::BF16, {3}, bf16.data()},
+      {"w.f16", DType::F16, {2, 1}, f16.data()}, {"n.i32", DType::I32, {2}, i32.data()},
+      {"n.i64", DType::I64, {2, 3}, i64.data()}, {"n.u16", DType::U16, {}, u16.data()},
+      {"n.u8", DType::U8, {5}, u8.data()},       {"empty", DType::F32, {0, 4}, nullptr},
   };
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"step", "12"}, {"unicode", "\xc3\xa9t\xc3\xa9"}};
   auto res = write_safetensors(p, t, meta);
@@ -165,10 +167,12 @@ TEST(Safetensors, OutputIsDeterministic) {
   ScratchDir dir;
   std::vector<float> a = {1, 2}, b = {3};
   std::vector<int32_t> c = {4, 5, 6};
-  write_safetensors(dir / "1.safetensors", {{"a", DType::F32, {2}, a.data()}, {"b", DType::F32, {1}, b.data()},
-                                             {"c", DType::I32, {3}, c.data()}});
-  write_safetensors(dir / "2.safetensors", {{"c", DType::I32, {3}, c.data()}, {"b", DType::F32, {1}, b.data()},
-                                             {"a", DType::F32, {2}, a.data()}});
+  write_safetensors(dir / "1.safetensors", {{"a", DType::F32, {2}, a.data()},
+                                            {"b", DType::F32, {1}, b.data()},
+                                            {"c", DType::I32, {3}, c.data()}});
+  write_safetensors(dir / "2.safetensors", {{"c", DType::I32, {3}, c.data()},
+                                            {"b", DType::F32, {1}, b.data()},
+                                            {"a", DType::F32, {2}, a.data()}});
   EXPECT_EQ(read_bytes(dir / "1.safetensors"), read_bytes(dir / "2.safetensors"));
 }
 
@@ -204,35 +208,51 @@ TEST(Safetensors, RefusesCorruptFiles) {
       {"missing dtype", R"({"a":{"shape":[2],"data_offsets":[0,8]},)" + b_ok + "}", d, {"'a'", "dtype"}},
       {"missing shape", R"({"a":{"dtype":"F32","data_offsets":[0,8]},)" + b_ok + "}", d, {"'a'", "shape"}},
       {"missing offsets", R"({"a":{"dtype":"F32","shape":[2]},)" + b_ok + "}", d, {"'a'", "data_offsets"}},
-      {"unknown dtype", R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]},)" + b_ok + "}", d,
+      {"unknown dtype",
+       R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]},)" + b_ok + "}",
+       d,
        {"'a'", "unknown dtype 'F33'"}},
       {"negative dim", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]},)" + b_ok + "}", d, {"'a'", "shape"}},
       {"reversed", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]},)" + b_ok + "}", d, {"'a'", "reversed"}},
-      {"out of range", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                       R"("b":{"dtype":"I64","shape":[1],"data_offsets":[16,24]}})",
-       d, {"'b'", "past the data region"}},
-      {"size mismatch", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]},)" + b_ok + "}", d,
+      {"out of range",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("b":{"dtype":"I64","shape":[1],"data_offsets":[16,24]}})",
+       d,
+       {"'b'", "past the data region"}},
+      {"size mismatch",
+       R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]},)" + b_ok + "}",
+       d,
        {"'a'", "needs 12"}},
-      {"overflowing shape", R"({"a":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],"data_offsets":[0,8]},)" + b_ok + "}", d,
+      {"overflowing shape",
+       R"({"a":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],"data_offsets":[0,8]},)" + b_ok + "}",
+       d,
        {"'a'", "more than 2^64"}},
       // Zero bytes, but numel() of the shape overflows int64 (found by tests/fuzz/fuzz_safetensors).
       {"empty tensor of overflowing shape",
        R"({"z":{"dtype":"F32","shape":[4611686018427387904,4,0],"data_offsets":[0,0]},)"
-       R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)" + b_ok + "}",
-       d, {"'z'", "more elements than int64"}},
+       R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)" +
+           b_ok + "}",
+       d,
+       {"'z'", "more elements than int64"}},
       // Empty (a zero dimension), but the other dimensions' product overflows int64: element counts computed left
       // to right (shape_numel) would overflow before reaching the zero. Accepted before.
       {"empty tensor with an overflowing shape",
        R"({"z":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904,0],"data_offsets":[0,0]},)"
-       R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)" + b_ok + "}",
-       d, {"'z'", "more elements than int64 can count"}},
-      {"overlap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                  R"("b":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})",
-       d, {"'b'", "overlaps"}},
+       R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)" +
+           b_ok + "}",
+       d,
+       {"'z'", "more elements than int64 can count"}},
+      {"overlap",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("b":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})",
+       d,
+       {"'b'", "overlaps"}},
       {"hole", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)" + b_ok + "}", d, {"'b'", "unused bytes"}},
       {"trailing bytes", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", d, {"8 bytes after"}},
-      {"bad metadata", R"({"__metadata__":{"k":1},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)" + b_ok + "}",
-       d, {"__metadata__", "'k'"}},
+      {"bad metadata",
+       R"({"__metadata__":{"k":1},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)" + b_ok + "}",
+       d,
+       {"__metadata__", "'k'"}},
   };
   for (auto& c : cases) {
     SCOPED_TRACE(c.what);
@@ -274,7 +294,8 @@ TEST(Safetensors, ToF32ConvertsHalfFormats) {
   std::vector<uint16_t> f16 = {0x3C00, 0xC000, 0x3800, 0x0001, 0x7BFF, 0x7C00}, bf16 = {0x3F80, 0xC040};
   std::vector<int32_t> i = {1};
   std::string p = dir / "h.safetensors";
-  write_safetensors(p, {{"h", DType::F16, {6}, f16.data()}, {"b", DType::BF16, {2}, bf16.data()},
+  write_safetensors(p, {{"h", DType::F16, {6}, f16.data()},
+                        {"b", DType::BF16, {2}, bf16.data()},
                         {"i", DType::I32, {1}, i.data()}});
   auto f = SafetensorsFile::open(p);
   float out[6];

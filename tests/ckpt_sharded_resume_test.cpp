@@ -37,8 +37,9 @@ TEST(ShardedCheckpoint, ParallelRunSavesPerRankFilesAndResumesUnderAnyLayout) {
   EXPECT_EQ(r.extra()["parallel"]["tp"], 2);
   std::set<std::string> names;
   for (auto& f : fs::directory_iterator(dir)) names.insert(f.path().filename().string());
-  EXPECT_EQ(names, (std::set<std::string>{"manifest.json", "shard-pp0-tp0-dp0.safetensors", "shard-pp0-tp0-dp1.safetensors",
-                                          "shard-pp0-tp1-dp0.safetensors", "shard-pp0-tp1-dp1.safetensors"}));
+  EXPECT_EQ(names,
+            (std::set<std::string>{"manifest.json", "shard-pp0-tp0-dp0.safetensors", "shard-pp0-tp0-dp1.safetensors",
+                                   "shard-pp0-tp1-dp0.safetensors", "shard-pp0-tp1-dp1.safetensors"}));
   // Sizes: the full state is P parameters and 2P moments; dp rank 0 writes its tp half of the parameters and a
   // quarter of the moments (P/2 + P/2 = 1/3 of it), dp rank 1 a quarter of the moments (1/6); nothing twice.
   double full = 0, sum = 0;
@@ -64,7 +65,8 @@ TEST(ShardedCheckpoint, ParallelRunSavesPerRankFilesAndResumesUnderAnyLayout) {
   }
 
   // Resumed at step 3: on the same layout, in one process, and under pp=2 x tp=2.
-  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 2) + " --parallel.dp=2 --parallel.tp=2 --ckpt.resume=" + dir);
+  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 2) +
+      " --parallel.dp=2 --parallel.tp=2 --ckpt.resume=" + dir);
   run(kMegatrain + " train" + common(d, 4) + " --ckpt.resume=" + dir);
   run(kMegatrain + " launch --nproc 4 -- train" + common(e, 1) +
       " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4 --ckpt.resume=" + dir);

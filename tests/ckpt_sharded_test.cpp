@@ -64,7 +64,9 @@ TEST(Slice, FlatRangesBecomeBoxesCoveringExactlyTheRange) {
         for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i], (i >= b && i < e) ? 1 : 0) << "range " << b << ".." << e;
       }
   }
-  EXPECT_NE(ckpt_test::error_of([] { flat_range_slices({3, 5}, 4, 16); }).find("outside a tensor of 15 elements"),
+  EXPECT_NE(ckpt_test::error_of([] {
+              flat_range_slices({3, 5}, 4, 16);
+            }).find("outside a tensor of 15 elements"),
             std::string::npos);
 }
 
@@ -83,7 +85,8 @@ TEST(Slice, CopyBoxMatchesAnElementwiseCopy) {
     std::vector<float> got(shape_numel(ds), -1.0f), want = got;
     copy_box(src.data(), ss, a, got.data(), ds, b, ext, sizeof(float));
     for_each_index(Slice{std::vector<int64_t>(3, 0), ext}, [&](const std::vector<int64_t>& i) {
-      want[flat_index({b[0] + i[0], b[1] + i[1], b[2] + i[2]}, ds)] = src[flat_index({a[0] + i[0], a[1] + i[1], a[2] + i[2]}, ss)];
+      want[flat_index({b[0] + i[0], b[1] + i[1], b[2] + i[2]}, ds)] =
+          src[flat_index({a[0] + i[0], a[1] + i[1], a[2] + i[2]}, ss)];
     });
     ASSERT_EQ(got, want) << "trial " << trial;
   }
@@ -92,8 +95,7 @@ TEST(Slice, CopyBoxMatchesAnElementwiseCopy) {
 TEST(Slice, ShardPlacementsAgreeWithShardSlice) {
   // c_attn-like rows in three parts, a column split, and a replicated tensor.
   std::vector<ShardSpec> specs = {split_spec(ShardSpec::Kind::Rows, {16, 3}, {8, 4, 4}, 2, 1, "rows"),
-                                  split_spec(ShardSpec::Kind::Cols, {4, 6}, {6}, 3, 2, "cols"),
-                                  replicated_spec({5})};
+                                  split_spec(ShardSpec::Kind::Cols, {4, 6}, {6}, 3, 2, "cols"), replicated_spec({5})};
   for (const ShardSpec& spec : specs) {
     std::vector<float> full(spec.full_numel()), local(spec.local_numel());
     std::iota(full.begin(), full.end(), 0.0f);
@@ -124,7 +126,8 @@ TEST(Slice, TilingProblemsAreNamed) {
   const std::vector<int64_t> shape = {4, 4};
   EXPECT_EQ(tiling_problem(shape, {Slice{{0, 0}, {2, 4}}, Slice{{2, 0}, {2, 2}}, Slice{{2, 2}, {2, 2}}}), "");
   EXPECT_NE(tiling_problem(shape, {Slice{{0, 0}, {3, 4}}, Slice{{2, 0}, {2, 4}}}).find("overlap"), std::string::npos);
-  EXPECT_NE(tiling_problem(shape, {Slice{{0, 0}, {2, 4}}, Slice{{2, 0}, {2, 2}}}).find("4 of 16 elements are in no piece"),
+  EXPECT_NE(tiling_problem(shape, {Slice{{0, 0}, {2, 4}}, Slice{{2, 0}, {2, 2}}})
+                .find("4 of 16 elements are in no piece"),
             std::string::npos);
   EXPECT_NE(tiling_problem(shape, {Slice{{0, 0}, {5, 4}}}).find("outside"), std::string::npos);
 }
@@ -148,8 +151,12 @@ struct Fixture {
   std::vector<ShardPiece> pieces(int rank) const {
     std::vector<ShardPiece> p;
     const std::vector<int64_t> ws = {6, 8};
-    auto add_w = [&](const Slice& s) { p.push_back({"w", "model.safetensors", ws, s, DType::F32, w.data() + flat_index(s.start, ws)}); };
-    auto add_m = [&](int64_t b, int64_t e) { p.push_back({"m.w", "optim.safetensors", {10}, Slice{{b}, {e - b}}, DType::F32, mw.data() + b}); };
+    auto add_w = [&](const Slice& s) {
+      p.push_back({"w", "model.safetensors", ws, s, DType::F32, w.data() + flat_index(s.start, ws)});
+    };
+    auto add_m = [&](int64_t b, int64_t e) {
+      p.push_back({"m.w", "optim.safetensors", {10}, Slice{{b}, {e - b}}, DType::F32, mw.data() + b});
+    };
     if (rank == 0) {
       add_w(Slice{{0, 0}, {3, 8}});
       add_m(0, 3);
@@ -319,17 +326,29 @@ TEST(ShardedCheckpoint, ACorruptManifestIsRefusedWithTheProblemNamed) {
     std::vector<const char*> expect;  // substrings of the error
   };
   const std::vector<Mutation> mutations = {
-      {"extent with fewer dimensions than the shape", [](json& m) { m["tensors"]["w"]["pieces"][0]["extent"].erase(0); },
+      {"extent with fewer dimensions than the shape",
+       [](json& m) { m["tensors"]["w"]["pieces"][0]["extent"].erase(0); },
        {"tensor 'w'", "rank"}},
-      {"extent shorter than start", [](json& m) { m["tensors"]["w"]["pieces"][0]["start"] = {0, 0, 0}; },
+      {"extent shorter than start",
+       [](json& m) {
+         m["tensors"]["w"]["pieces"][0]["start"] = {0, 0, 0};
+       },
        {"tensor 'w'", "rank"}},
-      {"start + extent overflows", [](json& m) { m["tensors"]["m.w"]["pieces"][1]["start"] = {INT64_MAX}; },
+      {"start + extent overflows",
+       [](json& m) { m["tensors"]["m.w"]["pieces"][1]["start"] = {INT64_MAX}; },
        {"tensor 'm.w'", "9223372036854775807", "outside"}},
-      {"negative start", [](json& m) { m["tensors"]["w"]["pieces"][0]["start"] = {-1, 0}; },
+      {"negative start",
+       [](json& m) {
+         m["tensors"]["w"]["pieces"][0]["start"] = {-1, 0};
+       },
        {"tensor 'w'", "'start'", "negative"}},
-      {"extent past the dimension", [](json& m) { m["tensors"]["m.w"]["pieces"][1]["extent"] = {8}; },
+      {"extent past the dimension",
+       [](json& m) { m["tensors"]["m.w"]["pieces"][1]["extent"] = {8}; },
        {"tensor 'm.w'", "outside"}},
-      {"shape whose size overflows", [](json& m) { m["tensors"]["w"]["shape"] = {int64_t{1} << 62, 8}; },
+      {"shape whose size overflows",
+       [](json& m) {
+         m["tensors"]["w"]["shape"] = {int64_t{1} << 62, 8};
+       },
        {"tensor 'w'", "overflow"}},
       {"a shape larger than its files can hold",
        [](json& m) {
@@ -337,11 +356,16 @@ TEST(ShardedCheckpoint, ACorruptManifestIsRefusedWithTheProblemNamed) {
          m["tensors"]["m.w"]["pieces"][1]["extent"] = {(int64_t{1} << 40) - 3};
        },
        {"tensor 'm.w'", "bytes"}},
-      {"a number for a piece's file name", [](json& m) { m["tensors"]["w"]["pieces"][0]["file"] = 7; },
+      {"a number for a piece's file name",
+       [](json& m) { m["tensors"]["w"]["pieces"][0]["file"] = 7; },
        {"tensor 'w'", "'file'", "not a string"}},
-      {"a number for a dtype", [](json& m) { m["tensors"]["m.w"]["dtype"] = 4; },
+      {"a number for a dtype",
+       [](json& m) { m["tensors"]["m.w"]["dtype"] = 4; },
        {"tensor 'm.w'", "'dtype'", "not a string"}},
-      {"a fractional shape", [](json& m) { m["tensors"]["w"]["shape"] = {6, 8.5}; },
+      {"a fractional shape",
+       [](json& m) {
+         m["tensors"]["w"]["shape"] = {6, 8.5};
+       },
        {"tensor 'w'", "'shape'", "not an integer"}},
   };
   for (const Mutation& mu : mutations) {
@@ -352,7 +376,8 @@ TEST(ShardedCheckpoint, ACorruptManifestIsRefusedWithTheProblemNamed) {
     for (const std::string& msg : {ckpt_test::error_of([&] { CheckpointReader::open(dir); }),
                                    ckpt_test::error_of([&] { Checkpoint::load(dir); })}) {
       EXPECT_NE(msg.find(dir), std::string::npos) << msg;
-      for (const char* s : mu.expect) EXPECT_NE(msg.find(s), std::string::npos) << "message: " << msg << "\nlacks: " << s;
+      for (const char* s : mu.expect)
+        EXPECT_NE(msg.find(s), std::string::npos) << "message: " << msg << "\nlacks: " << s;
     }
   }
   ckpt_test::write_text(dir + "/manifest.json", good.dump());
@@ -400,7 +425,9 @@ TEST(ShardedCheckpoint, TheManifestChecksumRefusesAnEditedManifest) {
   for (auto edit : std::vector<std::function<void(json&)>>{
            [](json& m) { m["tensors"]["m.w"]["pieces"][1]["start"] = {INT64_MAX}; },
            [](json& m) { std::swap(m["tensors"]["w"]["pieces"][0]["name"], m["tensors"]["w"]["pieces"][1]["name"]); },
-           [](json& m) { m["extra"] = {{"note", "edited"}}; }}) {
+           [](json& m) {
+             m["extra"] = {{"note", "edited"}};
+           }}) {
     json m = good;
     edit(m);
     ckpt_test::write_text(dir + "/manifest.json", m.dump(1));

@@ -65,11 +65,15 @@ TEST(FlightRecorder, AKnownSequenceHasTheSameNumbersOnEveryMember) {
     g->barrier()->wait();
     // Three transfers 0 -> 1 and one 1 -> 0: counted per direction and peer, apart from the collectives.
     for (int i = 0; i < 3; ++i) {
-      if (rank == 0) g->send(f32_view(a.data(), {4}), 1, i)->wait();
-      else g->recv(f32_view(a.data(), {4}), 0, i)->wait();
+      if (rank == 0)
+        g->send(f32_view(a.data(), {4}), 1, i)->wait();
+      else
+        g->recv(f32_view(a.data(), {4}), 0, i)->wait();
     }
-    if (rank == 1) g->send(f32_view(a.data(), {4}), 0, 7)->wait();
-    else g->recv(f32_view(a.data(), {4}), 1, 7)->wait();
+    if (rank == 1)
+      g->send(f32_view(a.data(), {4}), 0, 7)->wait();
+    else
+      g->recv(f32_view(a.data(), {4}), 1, 7)->wait();
     g->allreduce(f32_view(a.data(), {4}))->wait();
 
     const GroupFlight f = flight_of("dp[0-1]");
@@ -80,10 +84,16 @@ TEST(FlightRecorder, AKnownSequenceHasTheSameNumbersOnEveryMember) {
     expect_entry(f.oldest_pending, "none", "oldest pending");
     const std::string peer = std::to_string(1 - rank);
     const std::string out = rank == 0 ? "send" : "recv", in = rank == 0 ? "recv" : "send";
-    const std::vector<std::string> want = {
-        "allreduce #0 done", "all_gather #1 done", "reduce_scatter #2 done", "broadcast #3 done", "barrier #4 done",
-        out + " #0 done peer " + peer, out + " #1 done peer " + peer, out + " #2 done peer " + peer,
-        in + " #0 done peer " + peer, "allreduce #5 done"};
+    const std::vector<std::string> want = {"allreduce #0 done",
+                                           "all_gather #1 done",
+                                           "reduce_scatter #2 done",
+                                           "broadcast #3 done",
+                                           "barrier #4 done",
+                                           out + " #0 done peer " + peer,
+                                           out + " #1 done peer " + peer,
+                                           out + " #2 done peer " + peer,
+                                           in + " #0 done peer " + peer,
+                                           "allreduce #5 done"};
     std::vector<std::string> got;
     for (const FlightEntry& e : flight_recorder().entries("dp[0-1]")) {
       got.push_back(describe(e));
@@ -222,10 +232,11 @@ TEST(FlightRecorder, ADeviceOpTakesItsStateFromItsProbe) {
   // probes' CUDA events stay bounded.
   GroupRecord h("tp[0,1]", {0, 1}, 0);
   int retired = 0;
-  for (int i = 0; i < 1000; ++i) h.track(h.post_collective("allreduce"), [&] {
-    ++retired;
-    return OpState::Done;
-  });
+  for (int i = 0; i < 1000; ++i)
+    h.track(h.post_collective("allreduce"), [&] {
+      ++retired;
+      return OpState::Done;
+    });
   EXPECT_EQ(retired, 999) << "the posts did not ask the earlier ops' probes";
   EXPECT_LE(h.entries().size(), GroupRecord::kDoneKept);
   EXPECT_EQ(retired, 1000);

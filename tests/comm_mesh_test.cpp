@@ -40,8 +40,8 @@ TEST(Mesh, CoordinatesFollowMegatronOrderForEveryLayoutOfEight) {
         for (int t = 0; t < s.tp; ++t, ++rank) {
           MeshCoord c = mesh_coord(s, rank);
           EXPECT_TRUE(c.dp == d && c.pp == p && c.tp == t)
-              << "dp" << s.dp << " pp" << s.pp << " tp" << s.tp << " rank " << rank << " -> (" << c.dp << ", "
-              << c.pp << ", " << c.tp << ")";
+              << "dp" << s.dp << " pp" << s.pp << " tp" << s.tp << " rank " << rank << " -> (" << c.dp << ", " << c.pp
+              << ", " << c.tp << ")";
           EXPECT_EQ(mesh_rank(s, {d, p, t}), rank);
         }
     EXPECT_EQ(rank, 8);
@@ -50,7 +50,9 @@ TEST(Mesh, CoordinatesFollowMegatronOrderForEveryLayoutOfEight) {
 }
 
 TEST(Mesh, BadLayoutsAreRefused) {
-  EXPECT_EQ(error_of([] { check_mesh({2, 2, 3}, 8); }),
+  EXPECT_EQ(error_of([] {
+              check_mesh({2, 2, 3}, 8);
+            }),
             "parallel.dp (2) x parallel.pp (2) x parallel.tp (3) = 12 does not match WORLD_SIZE 8");
   EXPECT_EQ(error_of([] { check_mesh({2, 0, 4}, 8); }), "parallel.pp must be >= 1, got 0");
   EXPECT_EQ(error_of([] { check_mesh({-1, 1, 1}, 1); }), "parallel.dp must be >= 1, got -1");
@@ -91,9 +93,18 @@ void mesh_child(const std::string& dir, MeshShape s, int rank) {
     int size, me;
     std::function<MeshCoord(int)> member;
   } dims[] = {
-      {"tp", m.tp(), s.tp, c.tp, [&](int i) { return MeshCoord{c.dp, c.pp, i}; }},
-      {"dp", m.dp(), s.dp, c.dp, [&](int i) { return MeshCoord{i, c.pp, c.tp}; }},
-      {"pp", m.pp(), s.pp, c.pp, [&](int i) { return MeshCoord{c.dp, i, c.tp}; }},
+      {"tp", m.tp(), s.tp, c.tp,
+       [&](int i) {
+         return MeshCoord{c.dp, c.pp, i};
+       }},
+      {"dp", m.dp(), s.dp, c.dp,
+       [&](int i) {
+         return MeshCoord{i, c.pp, c.tp};
+       }},
+      {"pp", m.pp(), s.pp, c.pp,
+       [&](int i) {
+         return MeshCoord{c.dp, i, c.tp};
+       }},
   };
   for (auto& d : dims) {
     MT_CHECK(d.g.size() == d.size && d.g.rank() == d.me, "{} group: size {} rank {}, expected {} {}", d.name,
@@ -129,10 +140,9 @@ TEST_P(MeshGroups, ContainTheRightGlobalRanks) {
   EXPECT_EQ(run_procs(s.world(), [&](int r) { mesh_child(path, s, r); }), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(World8, MeshGroups, ::testing::ValuesIn(shapes_of(8)),
-                         [](const auto& info) {
-                           return fmt::format("dp{}_pp{}_tp{}", info.param.dp, info.param.pp, info.param.tp);
-                         });
+INSTANTIATE_TEST_SUITE_P(World8, MeshGroups, ::testing::ValuesIn(shapes_of(8)), [](const auto& info) {
+  return fmt::format("dp{}_pp{}_tp{}", info.param.dp, info.param.pp, info.param.tp);
+});
 
 TEST(Mesh, GroupNamesSayWhoIsInThem) {
   ScratchDir dir;

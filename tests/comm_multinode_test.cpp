@@ -42,11 +42,10 @@ TEST(MultiNode, TwoNamespacesTrainLikeOneProcess) {
   // A short store and group timeout: a job that cannot connect fails in 30 s rather than 120.
   auto node_cmd = [&](int node) {
     const std::string log = logs + std::to_string(node);
-    return "timeout 300 ip netns exec " + nodes.netns(node) + " env MEGATRAIN_STORE_SECRET=" + secret + " " + kMegatrain +
-           " launch --nproc 2 --nnodes 2 --node-rank " + std::to_string(node) + " --master " + nodes.address(0) +
-           ":29500 -- train" +
-           common_args(t.multi, 2, 2, eps) + " --parallel.dp=2 --parallel.tp=2 --parallel.timeout_s=30 > " + log +
-           ".log 2>&1; echo $? > " + log + ".rc";
+    return "timeout 300 ip netns exec " + nodes.netns(node) + " env MEGATRAIN_STORE_SECRET=" + secret + " " +
+           kMegatrain + " launch --nproc 2 --nnodes 2 --node-rank " + std::to_string(node) + " --master " +
+           nodes.address(0) + ":29500 -- train" + common_args(t.multi, 2, 2, eps) +
+           " --parallel.dp=2 --parallel.tp=2 --parallel.timeout_s=30 > " + log + ".log 2>&1; echo $? > " + log + ".rc";
   };
   ASSERT_EQ(std::system(("(" + node_cmd(0) + ") & (" + node_cmd(1) + "); wait").c_str()), 0);
   const std::string log0 = slurp(logs + "0.log"), log1 = slurp(logs + "1.log");

@@ -42,9 +42,7 @@ int gpu_count() {
     if (gpu_count() < (k)) GTEST_SKIP() << "needs " << (k) << " CUDA device(s)"; \
   } while (0)
 
-void cu(cudaError_t e, const char* what) {
-  MT_CHECK(e == cudaSuccess, "{} failed: {}", what, cudaGetErrorString(e));
-}
+void cu(cudaError_t e, const char* what) { MT_CHECK(e == cudaSuccess, "{} failed: {}", what, cudaGetErrorString(e)); }
 
 // Device memory plus the compute stream the test issues on; copies go through the stream, so a read-back after
 // Work::wait() also checks that wait() ordered the stream after the op.
@@ -108,88 +106,97 @@ GroupOptions quick(int ms = 30000) {
 TEST(NcclGroup, SingleRankCollectivesOnDevice) {
   REQUIRE_GPUS(1);
   ScratchDir dir;
-  std::string err = run_procs({0}, [&](int) {
-    Dev dev(0);
-    auto store = make_file_store(dir.path);
-    auto g = make_nccl_group(*store, "one", {5}, 5, dev.stream, quick());
-    MT_CHECK(g->rank() == 0 && g->size() == 1 && g->global_rank(0) == 5, "rank/size/global_rank wrong");
-    // Large enough (64 MB) that a comm stream not waiting for the upload would read stale memory.
-    const size_t n = size_t(1) << 24;
-    auto x = input(1, n);
-    Tensor t = dev.upload(x, DType::F32);
-    g->allreduce(t, ReduceOp::Sum)->wait();
-    expect_eq(dev.download<float>(t), x, "allreduce sum");
-    g->allreduce(t, ReduceOp::Max)->wait();
-    expect_eq(dev.download<float>(t), x, "allreduce max");
+  std::string err = run_procs(
+      {0},
+      [&](int) {
+        Dev dev(0);
+        auto store = make_file_store(dir.path);
+        auto g = make_nccl_group(*store, "one", {5}, 5, dev.stream, quick());
+        MT_CHECK(g->rank() == 0 && g->size() == 1 && g->global_rank(0) == 5, "rank/size/global_rank wrong");
+        // Large enough (64 MB) that a comm stream not waiting for the upload would read stale memory.
+        const size_t n = size_t(1) << 24;
+        auto x = input(1, n);
+        Tensor t = dev.upload(x, DType::F32);
+        g->allreduce(t, ReduceOp::Sum)->wait();
+        expect_eq(dev.download<float>(t), x, "allreduce sum");
+        g->allreduce(t, ReduceOp::Max)->wait();
+        expect_eq(dev.download<float>(t), x, "allreduce max");
 
-    Tensor out = dev.upload(std::vector<float>(n, 0.f), DType::F32);
-    Tensor in = dev.upload(x, DType::F32);
-    auto w = g->reduce_scatter(out, in, ReduceOp::Sum);
-    w->wait();
-    expect_eq(dev.download<float>(out), x, "reduce_scatter (out of place, one rank = copy)");
-    MT_CHECK(w->done(), "reduce_scatter: done() false after wait() and a stream synchronize");
-    MT_CHECK(w->exec_seconds() >= 0, "reduce_scatter: negative exec_seconds");
+        Tensor out = dev.upload(std::vector<float>(n, 0.f), DType::F32);
+        Tensor in = dev.upload(x, DType::F32);
+        auto w = g->reduce_scatter(out, in, ReduceOp::Sum);
+        w->wait();
+        expect_eq(dev.download<float>(out), x, "reduce_scatter (out of place, one rank = copy)");
+        MT_CHECK(w->done(), "reduce_scatter: done() false after wait() and a stream synchronize");
+        MT_CHECK(w->exec_seconds() >= 0, "reduce_scatter: negative exec_seconds");
 
-    Tensor gathered = dev.upload(std::vector<float>(n, 0.f), DType::F32);
-    g->all_gather(gathered, in)->wait();
-    expect_eq(dev.download<float>(gathered), x, "all_gather (one rank = copy)");
+        Tensor gathered = dev.upload(std::vector<float>(n, 0.f), DType::F32);
+        g->all_gather(gathered, in)->wait();
+        expect_eq(dev.download<float>(gathered), x, "all_gather (one rank = copy)");
 
-    auto xb = to_bf16(input(2, 1000));
-    Tensor tb = dev.upload(xb, DType::BF16);
-    g->allreduce(tb, ReduceOp::Sum)->wait();
-    MT_CHECK(dev.download<uint16_t>(tb) == xb, "bf16 allreduce on one rank changed the data");
+        auto xb = to_bf16(input(2, 1000));
+        Tensor tb = dev.upload(xb, DType::BF16);
+        g->allreduce(tb, ReduceOp::Sum)->wait();
+        MT_CHECK(dev.download<uint16_t>(tb) == xb, "bf16 allreduce on one rank changed the data");
 
-    std::vector<int32_t> ints = {1, -2, 3, 1 << 30};
-    Tensor ti = dev.upload(ints, DType::I32);
-    g->broadcast(ti, 0)->wait();
-    MT_CHECK(dev.download<int32_t>(ti) == ints, "i32 broadcast on one rank changed the data");
+        std::vector<int32_t> ints = {1, -2, 3, 1 << 30};
+        Tensor ti = dev.upload(ints, DType::I32);
+        g->broadcast(ti, 0)->wait();
+        MT_CHECK(dev.download<int32_t>(ti) == ints, "i32 broadcast on one rank changed the data");
 
-    g->barrier()->wait();
-    g->allreduce(Tensor(nullptr, {0}, DType::F32, Device::CUDA))->wait();  // empty: nothing to do
-    cu(cudaStreamSynchronize(dev.stream), "cudaStreamSynchronize");
-  }, 120);
+        g->barrier()->wait();
+        g->allreduce(Tensor(nullptr, {0}, DType::F32, Device::CUDA))->wait();  // empty: nothing to do
+        cu(cudaStreamSynchronize(dev.stream), "cudaStreamSynchronize");
+      },
+      120);
   EXPECT_EQ(err, "");
 }
 
 TEST(NcclGroup, RejectsWhatItCannotDo) {
   REQUIRE_GPUS(1);
   ScratchDir dir;
-  std::string err = run_procs({0}, [&](int) {
-    Dev dev(0);
-    auto store = make_file_store(dir.path);
-    auto g = make_nccl_group(*store, "one", {0}, 0, dev.stream, quick());
-    float host[4] = {};
-    auto e = test::error_of([&] { g->allreduce(f32_view(host, {4})); });
-    MT_CHECK(e.find("device tensor") != std::string::npos, "host tensor: unexpected message '{}'", e);
-    Tensor t = dev.upload(std::vector<float>(4, 1.f), DType::F32);
-    e = test::error_of([&] { g->send(t, 0, 0); });
-    MT_CHECK(e.find("itself") != std::string::npos, "send to self: unexpected message '{}'", e);
-    Tensor h(t.ptr, {8}, DType::F16, Device::CUDA);
-    e = test::error_of([&] { g->allreduce(h); });
-    MT_CHECK(e.find("F16") != std::string::npos, "F16: unexpected message '{}'", e);
-    Tensor out = dev.upload(std::vector<float>(3, 0.f), DType::F32);
-    e = test::error_of([&] { g->all_gather(out, t); });
-    MT_CHECK(e.find("expected size 1") != std::string::npos, "all_gather size: unexpected message '{}'", e);
-    // The group still works after rejected calls (they failed before reaching NCCL).
-    g->allreduce(t)->wait();
-    cu(cudaStreamSynchronize(dev.stream), "cudaStreamSynchronize");
-  }, 120);
+  std::string err = run_procs(
+      {0},
+      [&](int) {
+        Dev dev(0);
+        auto store = make_file_store(dir.path);
+        auto g = make_nccl_group(*store, "one", {0}, 0, dev.stream, quick());
+        float host[4] = {};
+        auto e = test::error_of([&] { g->allreduce(f32_view(host, {4})); });
+        MT_CHECK(e.find("device tensor") != std::string::npos, "host tensor: unexpected message '{}'", e);
+        Tensor t = dev.upload(std::vector<float>(4, 1.f), DType::F32);
+        e = test::error_of([&] { g->send(t, 0, 0); });
+        MT_CHECK(e.find("itself") != std::string::npos, "send to self: unexpected message '{}'", e);
+        Tensor h(t.ptr, {8}, DType::F16, Device::CUDA);
+        e = test::error_of([&] { g->allreduce(h); });
+        MT_CHECK(e.find("F16") != std::string::npos, "F16: unexpected message '{}'", e);
+        Tensor out = dev.upload(std::vector<float>(3, 0.f), DType::F32);
+        e = test::error_of([&] { g->all_gather(out, t); });
+        MT_CHECK(e.find("expected size 1") != std::string::npos, "all_gather size: unexpected message '{}'", e);
+        // The group still works after rejected calls (they failed before reaching NCCL).
+        g->allreduce(t)->wait();
+        cu(cudaStreamSynchronize(dev.stream), "cudaStreamSynchronize");
+      },
+      120);
   EXPECT_EQ(err, "");
 }
 
 TEST(NcclGroup, MissingRanksAreNamedAfterTheTimeout) {
   REQUIRE_GPUS(1);
   ScratchDir dir;
-  std::string err = run_procs({0}, [&](int) {
-    Dev dev(0);
-    auto store = make_file_store(dir.path);
-    // Rank 3 waits for rank 1's id, which never comes.
-    auto e = test::error_of([&] { make_nccl_group(*store, "a", {1, 3}, 3, dev.stream, quick(1500)); });
-    MT_CHECK(e.find("rank 1 never published") != std::string::npos, "non-root: unexpected message '{}'", e);
-    // Rank 1 (the root) publishes its id, then its initialisation never completes: rank 3 is named.
-    e = test::error_of([&] { make_nccl_group(*store, "b", {1, 3}, 1, dev.stream, quick(3000)); });
-    MT_CHECK(e.find("ranks 3 never arrived") != std::string::npos, "root: unexpected message '{}'", e);
-  }, 120);
+  std::string err = run_procs(
+      {0},
+      [&](int) {
+        Dev dev(0);
+        auto store = make_file_store(dir.path);
+        // Rank 3 waits for rank 1's id, which never comes.
+        auto e = test::error_of([&] { make_nccl_group(*store, "a", {1, 3}, 3, dev.stream, quick(1500)); });
+        MT_CHECK(e.find("rank 1 never published") != std::string::npos, "non-root: unexpected message '{}'", e);
+        // Rank 1 (the root) publishes its id, then its initialisation never completes: rank 3 is named.
+        e = test::error_of([&] { make_nccl_group(*store, "b", {1, 3}, 1, dev.stream, quick(3000)); });
+        MT_CHECK(e.find("ranks 3 never arrived") != std::string::npos, "root: unexpected message '{}'", e);
+      },
+      120);
   EXPECT_EQ(err, "");
 }
 
@@ -199,47 +206,50 @@ TEST(NcclGroup, MissingRanksAreNamedAfterTheTimeout) {
 TEST(NcclGroup, TwoRanksCollectives) {
   REQUIRE_GPUS(2);
   ScratchDir dir;
-  std::string err = run_procs({0, 1}, [&](int r) {
-    Dev dev(r);
-    auto store = make_file_store(dir.path);
-    auto g = make_nccl_group(*store, "pair", {1, 3}, 2 * r + 1, dev.stream, quick());
-    MT_CHECK(g->rank() == r && g->size() == 2, "rank {} / size {}", g->rank(), g->size());
-    const size_t n = 3 * 1000 * 1000 + 7;
-    std::vector<float> sum(n);
-    for (size_t j = 0; j < n; ++j) sum[j] = val(0, j) + val(1, j);
+  std::string err = run_procs(
+      {0, 1},
+      [&](int r) {
+        Dev dev(r);
+        auto store = make_file_store(dir.path);
+        auto g = make_nccl_group(*store, "pair", {1, 3}, 2 * r + 1, dev.stream, quick());
+        MT_CHECK(g->rank() == r && g->size() == 2, "rank {} / size {}", g->rank(), g->size());
+        const size_t n = 3 * 1000 * 1000 + 7;
+        std::vector<float> sum(n);
+        for (size_t j = 0; j < n; ++j) sum[j] = val(0, j) + val(1, j);
 
-    Tensor t = dev.upload(input(r, n), DType::F32);
-    g->allreduce(t, ReduceOp::Sum)->wait();
-    expect_eq(dev.download<float>(t), sum, "f32 allreduce sum");
+        Tensor t = dev.upload(input(r, n), DType::F32);
+        g->allreduce(t, ReduceOp::Sum)->wait();
+        expect_eq(dev.download<float>(t), sum, "f32 allreduce sum");
 
-    Tensor tb = dev.upload(to_bf16(input(r, n)), DType::BF16);
-    g->allreduce(tb, ReduceOp::Sum)->wait();
-    auto gb = dev.download<uint16_t>(tb);
-    std::vector<float> gbf(n);
-    for (size_t j = 0; j < n; ++j) gbf[j] = bf16_to_float(gb[j]);
-    expect_eq(gbf, sum, "bf16 allreduce sum");
+        Tensor tb = dev.upload(to_bf16(input(r, n)), DType::BF16);
+        g->allreduce(tb, ReduceOp::Sum)->wait();
+        auto gb = dev.download<uint16_t>(tb);
+        std::vector<float> gbf(n);
+        for (size_t j = 0; j < n; ++j) gbf[j] = bf16_to_float(gb[j]);
+        expect_eq(gbf, sum, "bf16 allreduce sum");
 
-    const size_t c = 1000;  // per-rank chunk
-    Tensor in = dev.upload(input(r, 2 * c), DType::F32);
-    Tensor out = dev.upload(std::vector<float>(c, 0.f), DType::F32);
-    g->reduce_scatter(out, in, ReduceOp::Sum)->wait();
-    expect_eq(dev.download<float>(out), std::vector<float>(sum.begin() + r * c, sum.begin() + (r + 1) * c),
-              "reduce_scatter");
+        const size_t c = 1000;  // per-rank chunk
+        Tensor in = dev.upload(input(r, 2 * c), DType::F32);
+        Tensor out = dev.upload(std::vector<float>(c, 0.f), DType::F32);
+        g->reduce_scatter(out, in, ReduceOp::Sum)->wait();
+        expect_eq(dev.download<float>(out), std::vector<float>(sum.begin() + r * c, sum.begin() + (r + 1) * c),
+                  "reduce_scatter");
 
-    Tensor mine = dev.upload(input(r, c), DType::F32);
-    Tensor all = dev.upload(std::vector<float>(2 * c, 0.f), DType::F32);
-    g->all_gather(all, mine)->wait();
-    auto want = input(0, c);
-    auto second = input(1, c);
-    want.insert(want.end(), second.begin(), second.end());
-    expect_eq(dev.download<float>(all), want, "all_gather");
+        Tensor mine = dev.upload(input(r, c), DType::F32);
+        Tensor all = dev.upload(std::vector<float>(2 * c, 0.f), DType::F32);
+        g->all_gather(all, mine)->wait();
+        auto want = input(0, c);
+        auto second = input(1, c);
+        want.insert(want.end(), second.begin(), second.end());
+        expect_eq(dev.download<float>(all), want, "all_gather");
 
-    Tensor b = dev.upload(input(r, c), DType::F32);
-    g->broadcast(b, 1)->wait();
-    expect_eq(dev.download<float>(b), input(1, c), "broadcast from group rank 1");
-    g->barrier()->wait();
-    cu(cudaStreamSynchronize(dev.stream), "cudaStreamSynchronize");
-  }, 180);
+        Tensor b = dev.upload(input(r, c), DType::F32);
+        g->broadcast(b, 1)->wait();
+        expect_eq(dev.download<float>(b), input(1, c), "broadcast from group rank 1");
+        g->barrier()->wait();
+        cu(cudaStreamSynchronize(dev.stream), "cudaStreamSynchronize");
+      },
+      180);
   EXPECT_EQ(err, "");
 }
 
@@ -248,29 +258,33 @@ TEST(NcclGroup, TwoRanksCollectives) {
 TEST(NcclGroup, TwoRanksSendRecvBothWays) {
   REQUIRE_GPUS(2);
   ScratchDir dir;
-  std::string err = run_procs({0, 1}, [&](int r) {
-    Dev dev(r);
-    auto store = make_file_store(dir.path);
-    NcclOptions nopt;
-    nopt.p2p = true;
-    auto g = make_nccl_group(*store, "pp", {1, 3}, 2 * r + 1, dev.stream, quick(), nopt);
-    const int peer = 1 - r;
-    const size_t n = 1 << 20;
-    std::vector<Tensor> rx, tx;
-    std::vector<WorkPtr> works;
-    for (int m = 0; m < 3; ++m) {
-      rx.push_back(dev.upload(std::vector<float>(n, 0.f), DType::F32));
-      works.push_back(g->recv(rx.back(), peer, m));
-    }
-    for (int m = 0; m < 3; ++m) {
-      tx.push_back(dev.upload(input(10 * r + m, n), DType::F32));
-      works.push_back(g->send(tx.back(), peer, m));
-    }
-    for (auto& w : works) w->wait();
-    for (int m = 0; m < 3; ++m)
-      expect_eq(dev.download<float>(rx[m]), input(10 * peer + m, n), fmt::format("message {} from rank {}", m, peer));
-    for (auto& w : works) MT_CHECK(w->done(), "a p2p op is not done after wait() and a stream synchronize");
-  }, 180);
+  std::string err = run_procs(
+      {0, 1},
+      [&](int r) {
+        Dev dev(r);
+        auto store = make_file_store(dir.path);
+        NcclOptions nopt;
+        nopt.p2p = true;
+        auto g = make_nccl_group(*store, "pp", {1, 3}, 2 * r + 1, dev.stream, quick(), nopt);
+        const int peer = 1 - r;
+        const size_t n = 1 << 20;
+        std::vector<Tensor> rx, tx;
+        std::vector<WorkPtr> works;
+        for (int m = 0; m < 3; ++m) {
+          rx.push_back(dev.upload(std::vector<float>(n, 0.f), DType::F32));
+          works.push_back(g->recv(rx.back(), peer, m));
+        }
+        for (int m = 0; m < 3; ++m) {
+          tx.push_back(dev.upload(input(10 * r + m, n), DType::F32));
+          works.push_back(g->send(tx.back(), peer, m));
+        }
+        for (auto& w : works) w->wait();
+        for (int m = 0; m < 3; ++m)
+          expect_eq(dev.download<float>(rx[m]), input(10 * peer + m, n),
+                    fmt::format("message {} from rank {}", m, peer));
+        for (auto& w : works) MT_CHECK(w->done(), "a p2p op is not done after wait() and a stream synchronize");
+      },
+      180);
   EXPECT_EQ(err, "");
 }
 

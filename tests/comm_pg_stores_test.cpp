@@ -59,7 +59,8 @@ void check_group(ProcessGroup& g, const std::string& what) {
     g.recv(f32_view(got.data(), {len}), prev, 7)->wait();
     s->wait();
     for (int j = 0; j < len; ++j)
-      check(got[j] == val(g.global_rank(prev), j), fmt::format("{} {}: recv element {} is {}", what, g.name(), j, got[j]));
+      check(got[j] == val(g.global_rank(prev), j),
+            fmt::format("{} {}: recv element {} is {}", what, g.name(), j, got[j]));
   }
 }
 

@@ -181,7 +181,8 @@ void check_reduce_scatter(ProcessGroup& g, int n, size_t c, ReduceOp op, bool in
   g.reduce_scatter(tout, tin, op)->wait();
   std::vector<float> got(tout.f32(), tout.f32() + c), want(c);
   for (size_t j = 0; j < c; ++j) want[j] = reduced(op, n, g.rank() * c + j);
-  expect_equal(got, want, fmt::format("reduce_scatter {} of {} per rank{}", op_str(op), c, in_place ? " in place" : ""));
+  expect_equal(got, want,
+               fmt::format("reduce_scatter {} of {} per rank{}", op_str(op), c, in_place ? " in place" : ""));
 }
 
 template <typename T>
@@ -578,7 +579,9 @@ TEST(GlooGroup, PublishedAddressesCarryNothingButTheAddress) {
 TEST(GlooGroup, BadArgumentsAreRefused) {
   ScratchDir dir;
   auto store = make_file_store(dir.path);
-  EXPECT_NE(error_of([&] { make_gloo_group(*store, "x", {0, 1}, 2); }).find("rank 2 is not a member"),
+  EXPECT_NE(error_of([&] {
+              make_gloo_group(*store, "x", {0, 1}, 2);
+            }).find("rank 2 is not a member"),
             std::string::npos);
   EXPECT_NE(error_of([&] { make_gloo_group(*store, "x", {1, 0}, 0); }).find("sorted"), std::string::npos);
   EXPECT_NE(error_of([&] { make_gloo_group(*store, "x", {}, 0); }).find("no ranks"), std::string::npos);

@@ -482,7 +482,7 @@ TEST(TcpStore, TooManyConnectionsAreRefused) {
   for (int i = 0; i < 3; ++i) clients.push_back(make_tcp_store("127.0.0.1", server.port(), 2s, kSecret));
   // The fourth is refused: the server says why (or resets the connection before the client read the reason).
   std::string err = error_of([&] { make_tcp_store("127.0.0.1", server.port(), 2s, kSecret); });
-  clients.pop_back();  // frees a slot
+  clients.pop_back();                  // frees a slot
   std::this_thread::sleep_for(200ms);  // the server notices the close on its next poll
   auto again = make_tcp_store("127.0.0.1", server.port(), 2s, kSecret);
   again->set("k", "v");
@@ -651,9 +651,9 @@ TEST(StoreUrl, OpensEachKind) {
 }
 
 TEST(StoreUrl, MalformedUrlsNameTheUrl) {
-  for (std::string url : {"", "nourl", "ftp://h:1", "tcp://host", "tcp://host:abc", "tcp://:80", "tcp://h:0",
-                          "tcp://h:70000", "tcp://h:", "tcp://[::1", "redis://", "redis://h:1/", "redis://h:x/p",
-                          "file://"}) {
+  for (std::string url :
+       {"", "nourl", "ftp://h:1", "tcp://host", "tcp://host:abc", "tcp://:80", "tcp://h:0", "tcp://h:70000",
+        "tcp://h:", "tcp://[::1", "redis://", "redis://h:1/", "redis://h:x/p", "file://"}) {
     std::string err = error_of([&] { open_store(url, 100ms); });
     EXPECT_NE(err.find("malformed store URL '" + url + "'"), std::string::npos) << url << " -> " << err;
   }
@@ -661,11 +661,25 @@ TEST(StoreUrl, MalformedUrlsNameTheUrl) {
 
 // ------------------------------------------------------------------------------------------ environment
 
-const char* const kVars[] = {"RANK",          "WORLD_SIZE",    "LOCAL_RANK",   "LOCAL_WORLD_SIZE",
-                             "MASTER_ADDR",   "MASTER_PORT",   "MEGATRAIN_STORE", "SLURM_PROCID",
-                             "SLURM_NTASKS",  "SLURM_NPROCS",  "SLURM_LOCALID",   "SLURM_NODEID",
-                             "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES", "SLURM_JOB_NODELIST",
-                             "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_LAUNCH_NODE_IPADDR"};
+const char* const kVars[] = {"RANK",
+                             "WORLD_SIZE",
+                             "LOCAL_RANK",
+                             "LOCAL_WORLD_SIZE",
+                             "MASTER_ADDR",
+                             "MASTER_PORT",
+                             "MEGATRAIN_STORE",
+                             "SLURM_PROCID",
+                             "SLURM_NTASKS",
+                             "SLURM_NPROCS",
+                             "SLURM_LOCALID",
+                             "SLURM_NODEID",
+                             "SLURM_TASKS_PER_NODE",
+                             "SLURM_NTASKS_PER_NODE",
+                             "SLURM_NNODES",
+                             "SLURM_JOB_NODELIST",
+                             "SLURM_STEP_NODELIST",
+                             "SLURM_NODELIST",
+                             "SLURM_LAUNCH_NODE_IPADDR"};
 
 // Clears every variable rank discovery reads, sets the given ones, restores the originals afterwards.
 class EnvTest : public ::testing::Test {
@@ -700,8 +714,12 @@ TEST_F(EnvTest, NothingSetIsASingleProcess) {
 }
 
 TEST_F(EnvTest, Torchrun) {
-  RankInfo r = with({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                     {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "1234"}});
+  RankInfo r = with({{"RANK", "3"},
+                     {"WORLD_SIZE", "8"},
+                     {"LOCAL_RANK", "1"},
+                     {"LOCAL_WORLD_SIZE", "2"},
+                     {"MASTER_ADDR", "10.1.2.3"},
+                     {"MASTER_PORT", "1234"}});
   EXPECT_EQ(r.source, "torchrun");
   EXPECT_EQ(r.rank, 3);
   EXPECT_EQ(r.world_size, 8);
@@ -718,7 +736,10 @@ TEST_F(EnvTest, Torchrun) {
 }
 
 TEST_F(EnvTest, MegatrainLaunchAddsTheStore) {
-  RankInfo r = with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"},
+  RankInfo r = with({{"RANK", "0"},
+                     {"WORLD_SIZE", "2"},
+                     {"LOCAL_RANK", "0"},
+                     {"LOCAL_WORLD_SIZE", "2"},
                      {"MEGATRAIN_STORE", "redis://h:6379/job"}});
   EXPECT_EQ(r.source, "megatrain");
   EXPECT_EQ(r.store_url, "redis://h:6379/job");
@@ -743,8 +764,12 @@ TEST_F(EnvTest, TorchrunMistakesNameTheVariable) {
 }
 
 TEST_F(EnvTest, Slurm) {
-  RankInfo r = with({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
-                     {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"SLURM_JOB_NODELIST", "node[01-03],gpu7"}});
+  RankInfo r = with({{"SLURM_PROCID", "5"},
+                     {"SLURM_NTASKS", "8"},
+                     {"SLURM_LOCALID", "1"},
+                     {"SLURM_NODEID", "1"},
+                     {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                     {"SLURM_JOB_NODELIST", "node[01-03],gpu7"}});
   EXPECT_EQ(r.source, "slurm");
   EXPECT_EQ(r.rank, 5);
   EXPECT_EQ(r.world_size, 8);
@@ -755,19 +780,31 @@ TEST_F(EnvTest, Slurm) {
   EXPECT_EQ(r.store_url, "tcp://node01:29500");
 
   // Uneven nodes: this node (id 1) runs 5 tasks.
-  r = with({{"SLURM_PROCID", "7"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "4"}, {"SLURM_NODEID", "1"},
-            {"SLURM_TASKS_PER_NODE", "3,5"}, {"SLURM_JOB_NODELIST", "gpu7,node[1-2]"}, {"MASTER_PORT", "4000"}});
+  r = with({{"SLURM_PROCID", "7"},
+            {"SLURM_NTASKS", "8"},
+            {"SLURM_LOCALID", "4"},
+            {"SLURM_NODEID", "1"},
+            {"SLURM_TASKS_PER_NODE", "3,5"},
+            {"SLURM_JOB_NODELIST", "gpu7,node[1-2]"},
+            {"MASTER_PORT", "4000"}});
   EXPECT_EQ(r.local_world_size, 5);
   EXPECT_EQ(r.master_addr, "gpu7");
   EXPECT_EQ(r.store_url, "tcp://gpu7:4000");
 
   // The uniform count, the launch node's address, an explicit MASTER_ADDR, MEGATRAIN_STORE.
-  r = with({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "2"},
+  r = with({{"SLURM_PROCID", "1"},
+            {"SLURM_NTASKS", "4"},
+            {"SLURM_LOCALID", "1"},
+            {"SLURM_NTASKS_PER_NODE", "2"},
             {"SLURM_LAUNCH_NODE_IPADDR", "10.0.0.9"}});
   EXPECT_EQ(r.local_world_size, 2);
   EXPECT_EQ(r.master_addr, "10.0.0.9");
-  r = with({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
-            {"MASTER_ADDR", "head"}, {"MEGATRAIN_STORE", "file:///shared/rdv"}});
+  r = with({{"SLURM_PROCID", "1"},
+            {"SLURM_NTASKS", "2"},
+            {"SLURM_LOCALID", "1"},
+            {"SLURM_JOB_NODELIST", "n[1-2]"},
+            {"MASTER_ADDR", "head"},
+            {"MEGATRAIN_STORE", "file:///shared/rdv"}});
   EXPECT_EQ(r.master_addr, "head");
   EXPECT_EQ(r.local_world_size, 2);  // one node assumed when Slurm gives no per-node count
   EXPECT_EQ(r.store_url, "file:///shared/rdv");
@@ -778,8 +815,11 @@ TEST_F(EnvTest, SlurmMistakesNameTheVariable) {
     std::string err = error_with(vars);
     for (auto& w : words) EXPECT_NE(err.find(w), std::string::npos) << "'" << w << "' not in: " << err;
   };
-  std::map<std::string, std::string> ok = {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                                           {"SLURM_NODEID", "1"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}};
+  std::map<std::string, std::string> ok = {{"SLURM_PROCID", "5"},
+                                           {"SLURM_NTASKS", "8"},
+                                           {"SLURM_LOCALID", "1"},
+                                           {"SLURM_NODEID", "1"},
+                                           {"SLURM_TASKS_PER_NODE", "4(x2)"}};
   auto with_var = [&](const std::string& k, const std::string& v) {
     auto m = ok;
     m[k] = v;

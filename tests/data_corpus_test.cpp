@@ -77,7 +77,8 @@ TEST(DataBrown, RealCorpusFiles) {
 TEST(DataCorpus, TextFilesAndDirectoryExpansion) {
   ScratchDir dir;
   write_bytes(dir / "in/b.txt", "second document\n");
-  write_bytes(dir / "in/a.txt", "\xEF\xBB\xBF" "first document");  // a UTF-8 byte order mark is dropped
+  write_bytes(dir / "in/a.txt", "\xEF\xBB\xBF"
+                                "first document");  // a UTF-8 byte order mark is dropped
   write_bytes(dir / "in/sub/c.txt", "third, in a subfolder");
   write_bytes(dir / "in/notes.md", "not a .txt file");
   write_bytes(dir / "in/.hidden.txt", "hidden");
@@ -101,11 +102,10 @@ TEST(DataCorpus, TextFilesAndDirectoryExpansion) {
 
 TEST(DataCorpus, JsonLines) {
   ScratchDir dir;
-  write_bytes(dir / "a.jsonl",
-              "{\"text\": \"hello\\nworld\", \"id\": 1}\n"
-              "\n"
-              "{\"id\": 2, \"text\": \"caf\\u00e9 \\u2603\"}\r\n"
-              "{\"text\": \"\"}\n");
+  write_bytes(dir / "a.jsonl", "{\"text\": \"hello\\nworld\", \"id\": 1}\n"
+                               "\n"
+                               "{\"id\": 2, \"text\": \"caf\\u00e9 \\u2603\"}\r\n"
+                               "{\"text\": \"\"}\n");
   write_bytes(dir / "b.ndjson", "{\"body\": \"x\", \"text\": \"from b\"}");  // no final newline
   auto files = expand_inputs({dir.path}, CorpusFormat::Jsonl);
   ASSERT_EQ(files.size(), 2u);

@@ -68,7 +68,9 @@ std::vector<uint64_t> check_rows(const Dataset& d, const Batch& b) {
   return ws;
 }
 
-bool same(const Batch& a, const Batch& b) { return a.x == b.x && a.y == b.y && a.epoch == b.epoch && a.cursor == b.cursor; }
+bool same(const Batch& a, const Batch& b) {
+  return a.x == b.x && a.y == b.y && a.epoch == b.epoch && a.cursor == b.cursor;
+}
 
 TEST(DataLoad, SequentialWindowsMatchNaiveSlicing) {
   Dataset d(1000);
@@ -389,8 +391,9 @@ TEST(DataBlend, ClearErrors) {
   EXPECT_NE(err({{a.dir.path, 1}, {b.dir.path, 0}}).find("must be finite and > 0"), std::string::npos);
   EXPECT_NE(err({{a.dir.path, 1}, {b.dir.path, NAN}}).find("must be finite and > 0"), std::string::npos);
   EXPECT_NE(err({{a.dir.path, 1}, {b.dir.path + "/nope", 1}}).find("does not exist"), std::string::npos);
-  EXPECT_NE(error_of([&] { DataLoader dl({{a.dir.path, 1}, {b.dir.path, 1}}, "val", 2, 8, true, 1, 0, 1, 0); })
-                .find("no shards of split 'val'"),
+  EXPECT_NE(error_of([&] {
+              DataLoader dl({{a.dir.path, 1}, {b.dir.path, 1}}, "val", 2, 8, true, 1, 0, 1, 0);
+            }).find("no shards of split 'val'"),
             std::string::npos);
 }
 
@@ -467,7 +470,9 @@ TEST(DataLoad, IdsOfShardsWithoutAVocabularyAreHeldToTheModels) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind, ErrorKind::Data);
     EXPECT_NE(std::string(e.what()).find("train_000000.bin: token 150 at index 40 is outside the model's vocabulary "
-                                         "[0, 150)"), std::string::npos) << e.what();
+                                         "[0, 150)"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -102,7 +102,7 @@ TEST(DataPrepare, TextCorpusRoundTripsThroughShards) {
   EXPECT_EQ(meta["eot"], 256);
   EXPECT_EQ(meta["tokenizer"], "bytes");
   EXPECT_EQ(prepared_tokenizer(opt.out_dir), "bytes");  // what the sampler reads back
-  EXPECT_EQ(prepared_tokenizer(dir / "corpus"), "");     // no meta.json: none recorded
+  EXPECT_EQ(prepared_tokenizer(dir / "corpus"), "");    // no meta.json: none recorded
   EXPECT_EQ(meta["token_dtype"], "uint16");
   EXPECT_EQ(meta["input_format"], "text");
   EXPECT_EQ(meta["sources"].size(), 42u);

@@ -22,7 +22,8 @@ std::vector<int32_t> raw_header(const std::string& path) {
   EXPECT_GE(b.size(), 1024u);
   std::vector<int32_t> h(256);
   for (int i = 0; i < 256; ++i)
-    h[i] = static_cast<int32_t>(b[4 * i] | b[4 * i + 1] << 8 | b[4 * i + 2] << 16 | static_cast<uint32_t>(b[4 * i + 3]) << 24);
+    h[i] = static_cast<int32_t>(b[4 * i] | b[4 * i + 1] << 8 | b[4 * i + 2] << 16 |
+                                static_cast<uint32_t>(b[4 * i + 3]) << 24);
   return h;
 }
 
@@ -165,7 +166,11 @@ TEST(DataShard, CorruptShardsFailWithTheReason) {
   ShardReader r(path);
   std::string msg = error_of([&] { r.read_all(); });
   EXPECT_NE(msg.find("outside the vocabulary"), std::string::npos) << msg;
-  EXPECT_NE(error_of([&] { int32_t x[4]; r.read(3, 4, x); }).find("outside its 5 tokens"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              int32_t x[4];
+              r.read(3, 4, x);
+            }).find("outside its 5 tokens"),
+            std::string::npos);
 }
 
 TEST(DataShard, WriterValidatesAndCleansUp) {
@@ -181,8 +186,8 @@ TEST(DataShard, WriterValidatesAndCleansUp) {
     // Destroyed without finish(): nothing (not even a temporary file) is left.
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path));
-  EXPECT_THROW(ShardWriter(dir.path, "train", 100, 100, 10), Error);     // EOT outside vocab
-  EXPECT_THROW(ShardWriter(dir.path, "train", 100, 99, 0), Error);       // empty shards
+  EXPECT_THROW(ShardWriter(dir.path, "train", 100, 100, 10), Error);         // EOT outside vocab
+  EXPECT_THROW(ShardWriter(dir.path, "train", 100, 99, 0), Error);           // empty shards
   EXPECT_THROW(ShardWriter(dir.path, "train", 100, 99, 1ull << 31), Error);  // int32 header overflow
 
   // Shards of an older, longer run are removed, so they cannot join the new split's stream.
@@ -221,7 +226,7 @@ TEST(DataShard, AShardThatChangesUnderAReaderIsAnErrorNamingIt) {
   EXPECT_EQ(renamed_over.read_all(), before);  // the open file is the old one
 
   ShardReader shrunk(path);
-  ASSERT_EQ(shrunk.size(), 5001u);  // 11,026 bytes with the header: three pages
+  ASSERT_EQ(shrunk.size(), 5001u);                                  // 11,026 bytes with the header: three pages
   std::filesystem::resize_file(path, kShardHeaderBytes + 2 * 100);  // the first 100 tokens remain
   std::vector<int32_t> x(100);
   shrunk.read(0, 100, x.data());  // what is still there reads
@@ -235,7 +240,8 @@ TEST(DataShard, AShardThatChangesUnderAReaderIsAnErrorNamingIt) {
     EXPECT_EQ(e.kind, ErrorKind::Data);
     EXPECT_NE(msg.find(path), std::string::npos) << msg;
     EXPECT_NE(msg.find("changed while it was read: it now ends at byte 1224, but it had 11026 bytes"),
-              std::string::npos) << msg;
+              std::string::npos)
+        << msg;
   }
 }
 

@@ -16,8 +16,8 @@ namespace {
 
 TEST(WindowOrder, IsABijectionOfZeroToNForEverySize) {
   // Sizes at and around powers of two and four (the Feistel domain's edges), primes, and the smallest ones.
-  for (uint64_t n : {1ull, 2ull, 3ull, 4ull, 5ull, 7ull, 8ull, 15ull, 16ull, 17ull, 63ull, 64ull, 65ull, 100ull,
-                     1000ull, 4095ull, 4096ull, 4097ull, 65537ull, 262143ull}) {
+  for (uint64_t n : {1ull,  2ull,  3ull,  4ull,   5ull,    7ull,    8ull,    15ull,   16ull,    17ull,
+                     63ull, 64ull, 65ull, 100ull, 1000ull, 4095ull, 4096ull, 4097ull, 65537ull, 262143ull}) {
     for (uint64_t seed : {0ull, 1ull, 42ull}) {
       for (uint64_t epoch : {0ull, 7ull}) {
         WindowOrder order(n, seed, epoch);

@@ -116,7 +116,10 @@ TEST(Prometheus, TheShippedRulesPassTheirUnitTests) {
   out.clear();
   // promtool reads rule_files relative to the test file's folder.
   EXPECT_EQ(shell("cd " + kRulesTest.parent_path().string() + " && promtool test rules " +
-                kRulesTest.filename().string(), &out), 0) << out;
+                      kRulesTest.filename().string(),
+                  &out),
+            0)
+      << out;
   EXPECT_NE(out.find("SUCCESS"), std::string::npos) << out;
 }
 
@@ -151,8 +154,8 @@ TEST(Prometheus, ARealPrometheusScrapesTheDashboardOverHttpsWithItsToken) {
   }
   if (job_step.empty()) {  // why: the target's last scrape error (a refused token or certificate), and the log
     auto t = c.Get("/api/v1/targets");
-    FAIL() << "no megatrain:job_step after 120 s; targets: " << (t ? t->body : "(no answer)")
-           << "\nprometheus said:\n" << slurp(log);
+    FAIL() << "no megatrain:job_step after 120 s; targets: " << (t ? t->body : "(no answer)") << "\nprometheus said:\n"
+           << slurp(log);
   }
   ASSERT_EQ(job_step.size(), 1u);
   EXPECT_EQ(job_step.begin()->second, 43);

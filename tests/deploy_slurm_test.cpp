@@ -123,8 +123,9 @@ class SlurmCluster {
 
   // A Slurm client command on the controller host (the login node), with `env` before it.
   int slurm(const std::string& cmd, std::string* out = nullptr, const std::string& env = "") const {
-    return run_shell(
-        fmt::format("nsenter --net=/run/netns/{} env SLURM_CONF={} {} {}", net_.netns(0), conf_path(), env, cmd), out);
+    return run_shell(fmt::format("nsenter --net=/run/netns/{} env SLURM_CONF={} {} {}", net_.netns(0), conf_path(), env,
+                                 cmd),
+                     out);
   }
 
   // The job's state and exit code once it has ended (polls `scontrol show job`).
@@ -277,25 +278,30 @@ TEST_F(SlurmJob, AKilledAgentIsReplacedByTheSpareAndALostDriverRequeuesTheJob) {
   ASSERT_GT(webhook.port(), 0);
   const std::string job = submit(3, 1, faults, webhook.url("http", net_->address(0)));
   // 1. Node 1 of the job is n2 (host 2): kill its agent once training is under way; the spare (n3) takes over.
-  wait_until(job, [&] { return last_step(out() + "/metrics.jsonl") >= 5; }, "step 5");
+  wait_until(
+      job, [&] { return last_step(out() + "/metrics.jsonl") >= 5; }, "step 5");
   if (HasFatalFailure()) return;
   ASSERT_GT(agent_on(2), 0) << "no agent on n2";
   ::kill(agent_on(2), SIGKILL);
   // 2. As soon as the next attempt has started (its `run` line), kill node 0's agent (n1: the driver). The other
   //    agents leave within their lease, and the script requeues the job.
-  wait_until(job, [&] { return run_lines() >= 2; }, "the second attempt");
+  wait_until(
+      job, [&] { return run_lines() >= 2; }, "the second attempt");
   if (HasFatalFailure()) return;
   ASSERT_GT(agent_on(1), 0) << "no agent on n1";
   ::kill(agent_on(1), SIGKILL);
   // Slurm holds a requeued job for 2 minutes (its begin time), time for the nodes to clean up after the run that
   // ended; the test waits for that cleanup (every node idle again) and moves the begin time to now.
   std::string st, nodes;
-  wait_until(job, [&] {
-    cluster_->slurm("scontrol show job -o " + job, &st);
-    cluster_->slurm("sinfo -h -o %t", &nodes);
-    return st.find("Restarts=1") != std::string::npos && st.find("JobState=PENDING") != std::string::npos &&
-           nodes.find_first_not_of("idle\n") == std::string::npos;
-  }, "the requeue", /*requeue_expected=*/true);
+  wait_until(
+      job,
+      [&] {
+        cluster_->slurm("scontrol show job -o " + job, &st);
+        cluster_->slurm("sinfo -h -o %t", &nodes);
+        return st.find("Restarts=1") != std::string::npos && st.find("JobState=PENDING") != std::string::npos &&
+               nodes.find_first_not_of("idle\n") == std::string::npos;
+      },
+      "the requeue", /*requeue_expected=*/true);
   if (HasFatalFailure()) return;
   // A requeue revokes the job's credential, and a slurmd refuses a new one issued within the same second ("Job
   // credential revoked": the job fails). Slurm's own 2 minutes cover that; the test waits 2 s.

@@ -87,22 +87,23 @@ TEST_P(Attention, ForwardAndBackwardMatchReference) {
 
 AttnShape shape(int B, int T, int H, int Hkv, int hd, int window) { return AttnShape{B, T, H, Hkv, hd, window}; }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, Attention,
-    ::testing::Values(shape(2, 7, 4, 2, 4, 0),      // full causal, GQA 2:1
-                      shape(2, 7, 4, 4, 4, 3),      // sliding window W < T, plain multi-head
-                      shape(2, 7, 4, 2, 4, 1),      // W = 1: every token sees only itself
-                      shape(1, 7, 2, 2, 4, 7),      // W = T: same as full causal
-                      shape(1, 7, 2, 1, 4, 12),     // W > T, multi-query
-                      shape(1, 9, 3, 1, 6, 0),      // 3 query heads per kv head
-                      shape(2, 150, 2, 1, 8, 0),    // several query blocks, T not a multiple of the block
-                      shape(1, 150, 4, 2, 8, 40),   // window inside one block width
-                      shape(1, 150, 2, 2, 8, 100)),  // window spanning blocks
-    [](const auto& info) {
-      const AttnShape& s = info.param;
-      return "B" + std::to_string(s.B) + "T" + std::to_string(s.T) + "H" + std::to_string(s.n_head) + "KV" +
-             std::to_string(s.n_kv_head) + "D" + std::to_string(s.head_dim) + "W" + std::to_string(s.window);
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
+                         ::testing::Values(shape(2, 7, 4, 2, 4, 0),   // full causal, GQA 2:1
+                                           shape(2, 7, 4, 4, 4, 3),   // sliding window W < T, plain multi-head
+                                           shape(2, 7, 4, 2, 4, 1),   // W = 1: every token sees only itself
+                                           shape(1, 7, 2, 2, 4, 7),   // W = T: same as full causal
+                                           shape(1, 7, 2, 1, 4, 12),  // W > T, multi-query
+                                           shape(1, 9, 3, 1, 6, 0),   // 3 query heads per kv head
+                                           shape(2, 150, 2, 1, 8,
+                                                 0),  // several query blocks, T not a multiple of the block
+                                           shape(1, 150, 4, 2, 8, 40),    // window inside one block width
+                                           shape(1, 150, 2, 2, 8, 100)),  // window spanning blocks
+                         [](const auto& info) {
+                           const AttnShape& s = info.param;
+                           return "B" + std::to_string(s.B) + "T" + std::to_string(s.T) + "H" +
+                                  std::to_string(s.n_head) + "KV" + std::to_string(s.n_kv_head) + "D" +
+                                  std::to_string(s.head_dim) + "W" + std::to_string(s.window);
+                         });
 
 TEST(AttentionErrors, BadShapesAreRejected) {
   auto ops = make_cpu_ops();
@@ -164,8 +165,8 @@ TEST(TileGemm, MatchesNaiveProductForEdgeSizesStridesAndBeta) {
               }
             cpu::tile_gemm(M, N, K, 0.5f, a.data(), rs, cs, b.data(), ldb, beta, c.data(), ldc);
             // (want keeps the row padding as it was: close() also checks it is untouched)
-            ASSERT_TRUE(close(c, want, 1e-5, 1e-5)) << M << "x" << N << "x" << K << " trans " << trans_a << " beta "
-                                                    << beta;
+            ASSERT_TRUE(close(c, want, 1e-5, 1e-5))
+                << M << "x" << N << "x" << K << " trans " << trans_a << " beta " << beta;
             ++cases;
           }
   EXPECT_EQ(cases, 4 * 7 * 3 * 2 * 2);

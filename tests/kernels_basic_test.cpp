@@ -191,7 +191,7 @@ TEST_F(Kernels, WeightGradientsOverwriteAsZeroingFirstWould) {
   };
   for (int N : {0, 7, 150}) {
     SCOPED_TRACE("N=" + std::to_string(N));
-    const int C = 336, OC = 20;  // N * C above the CPU kernels' threshold for threads (per-thread partials)
+    const int C = 336, OC = 20;       // N * C above the CPU kernels' threshold for threads (per-thread partials)
     const size_t R = std::max(N, 1);  // buffers of at least one row: an empty batch still has defined tensors
     VecF x = randn(R * C, 61), w = randn(size_t(OC) * C, 62), dy = randn(R * OC, 63);
     VecF pre = randn(R * C, 64), dx(R * C);
@@ -201,8 +201,8 @@ TEST_F(Kernels, WeightGradientsOverwriteAsZeroingFirstWould) {
     const std::vector<std::pair<std::string, std::function<void(bool, float*, float*)>>> cases = {
         {"matmul_backward",
          [&](bool acc, float* g, float* b) {
-           ops->matmul_backward(tf(dx, {N, C}), f32_view(g, {OC, C}), f32_view(b, {OC}), tf(dy, {N, OC}),
-                                tf(x, {N, C}), tf(w, {OC, C}), false, acc);
+           ops->matmul_backward(tf(dx, {N, C}), f32_view(g, {OC, C}), f32_view(b, {OC}), tf(dy, {N, OC}), tf(x, {N, C}),
+                                tf(w, {OC, C}), false, acc);
          }},
         {"matmul_backward_gelu",
          [&](bool acc, float* g, float* b) {
@@ -211,8 +211,8 @@ TEST_F(Kernels, WeightGradientsOverwriteAsZeroingFirstWould) {
          }},
         {"layernorm_backward",
          [&](bool acc, float* g, float* b) {
-           ops->layernorm_backward(tf(dx, {N, C}), f32_view(g, {C}), f32_view(b, {C}), tf(ndy, {N, C}),
-                                   tf(x, {N, C}), tf(nw, {C}), tf(mean, {N}), tf(rstd, {N}), acc);
+           ops->layernorm_backward(tf(dx, {N, C}), f32_view(g, {C}), f32_view(b, {C}), tf(ndy, {N, C}), tf(x, {N, C}),
+                                   tf(nw, {C}), tf(mean, {N}), tf(rstd, {N}), acc);
          }},
         {"rmsnorm_backward",
          [&](bool acc, float* g, float*) {
@@ -223,8 +223,10 @@ TEST_F(Kernels, WeightGradientsOverwriteAsZeroingFirstWould) {
     for (const auto& [name, op] : cases) {
       const bool norm = name.find("norm") != std::string::npos;
       const size_t n_w = norm ? C : size_t(OC) * C, n_b = norm ? C : OC;
-      const VecF want = run(false, [&](float* g, float* b) { op(true, g, b); }, n_w, n_b);
-      const VecF got = run(true, [&](float* g, float* b) { op(false, g, b); }, n_w, n_b);
+      const VecF want = run(
+          false, [&](float* g, float* b) { op(true, g, b); }, n_w, n_b);
+      const VecF got = run(
+          true, [&](float* g, float* b) { op(false, g, b); }, n_w, n_b);
       EXPECT_EQ(got.size(), want.size());
       for (size_t i = 0; i < want.size(); ++i) {
         if (name != "rmsnorm_backward" || i < n_w) {
@@ -245,8 +247,8 @@ TEST_F(Kernels, MatmulBackwardMatchesFiniteDifferences) {
 
   // Overwrite dinp (NaN-filled: it must not be read), accumulate dw and dbias onto existing values.
   VecF dx(N * C, kNaN), dw0 = randn(OC * C, 24), db0 = randn(OC, 25), dw = dw0, db = db0;
-  ops->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(G, {N, OC}), tf(x, {N, C}),
-                       tf(w, {OC, C}), false);
+  ops->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(G, {N, OC}), tf(x, {N, C}), tf(w, {OC, C}),
+                       false);
   EXPECT_TRUE(close(dx, gx, 1e-4, 1e-5));
   EXPECT_TRUE(close(minus(dw, dw0), gw, 1e-4, 1e-5));
   EXPECT_TRUE(close(minus(db, db0), gb, 1e-4, 1e-5));
@@ -254,8 +256,7 @@ TEST_F(Kernels, MatmulBackwardMatchesFiniteDifferences) {
   // Accumulate dinp; skip dinp and dbias entirely.
   VecF dx0 = randn(N * C, 26);
   dx = dx0;
-  ops->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), Tensor{}, tf(G, {N, OC}), tf(x, {N, C}), tf(w, {OC, C}),
-                       true);
+  ops->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), Tensor{}, tf(G, {N, OC}), tf(x, {N, C}), tf(w, {OC, C}), true);
   EXPECT_TRUE(close(minus(dx, dx0), gx, 1e-4, 1e-5));
   VecD gw2(gw.size());
   for (size_t i = 0; i < gw.size(); ++i) gw2[i] = 2 * gw[i];
@@ -267,8 +268,8 @@ TEST_F(Kernels, MatmulBackwardLargeAgainstNaiveReference) {
   const int N = 131, C = 130, OC = 300;  // parallel dbias: strips of 256 columns plus a remainder
   VecF x = randn(N * C, 30), w = randn(OC * C, 31), G = randn(N * OC, 32);
   VecF dx(N * C, kNaN), dw(OC * C, 0.0f), db(OC, 0.0f);
-  ops->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(G, {N, OC}), tf(x, {N, C}),
-                       tf(w, {OC, C}), false);
+  ops->matmul_backward(tf(dx, {N, C}), tf(dw, {OC, C}), tf(db, {OC}), tf(G, {N, OC}), tf(x, {N, C}), tf(w, {OC, C}),
+                       false);
   VecD wdx(N * C, 0.0), wdw(OC * C, 0.0), wdb(OC, 0.0);
   for (int n = 0; n < N; ++n)
     for (int o = 0; o < OC; ++o) {
@@ -332,8 +333,7 @@ TEST_F(Kernels, EmbeddingRejectsBadTokensAndLongSequences) {
   VecF wte(V * C), wpe(2 * C), out(3 * C);
   EXPECT_THROW(ops->embedding_forward(tf(out, {1, 3, C}), ti(tok, {1, 3}), tf(wte, {V, C}), Tensor{}), Error);
   tok[2] = 2;
-  EXPECT_THROW(ops->embedding_forward(tf(out, {1, 3, C}), ti(tok, {1, 3}), tf(wte, {V, C}), tf(wpe, {2, C})),
-               Error);
+  EXPECT_THROW(ops->embedding_forward(tf(out, {1, 3, C}), ti(tok, {1, 3}), tf(wte, {V, C}), tf(wpe, {2, C})), Error);
   ops->embedding_forward(tf(out, {1, 3, C}), ti(tok, {1, 3}), tf(wte, {V, C}), Tensor{});
 }
 

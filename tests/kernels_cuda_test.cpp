@@ -554,7 +554,8 @@ TEST_F(CudaOpsTest, EmbeddingForwardBackward) {
       Tensor gtok = dev_i32(tok, {B, T}), gwte = dev(wte, {V, C}), gwpe = dev(wpe, {maxT, C}), gdy = dev(dy, {B, T, C});
       Tensor go = zeros({B, T, C});
       VecF out(B * T * C);
-      cpu_->embedding_forward(tf(out, {B, T, C}), ti(tok, {B, T}), tf(wte, {V, C}), with_wpe ? tf(wpe, {maxT, C}) : Tensor{});
+      cpu_->embedding_forward(tf(out, {B, T, C}), ti(tok, {B, T}), tf(wte, {V, C}),
+                              with_wpe ? tf(wpe, {maxT, C}) : Tensor{});
       gpu_->embedding_forward(go, gtok, gwte, with_wpe ? gwpe : Tensor{});
       EXPECT_TRUE(near(host(go), out, kOneRounding, 1e-6));
 
@@ -879,8 +880,8 @@ TEST_F(CudaOpsTest, AdamWMultiTensorMatchesCpu) {
 // params and grads (trust 1). Repeating a step from the same state gives the same bits (no scheduling-dependent
 // sums); norms in host memory are refused.
 TEST_F(CudaOpsTest, LambMultiTensorMatchesCpu) {
-  const std::vector<AdamSegment> segs = {{0, 13, 0.1f},      {16, 1, 0.0f},         {32, 0, 0.1f},
-                                         {32, 100003, 0.1f}, {100048, 7, 0.0f},     {100064, 37, 0.1f},
+  const std::vector<AdamSegment> segs = {{0, 13, 0.1f},          {16, 1, 0.0f},     {32, 0, 0.1f},
+                                         {32, 100003, 0.1f},     {100048, 7, 0.0f}, {100064, 37, 0.1f},
                                          {100112, 2500001, 0.0f}};
   const int64_t n = 2600120, ns = 2 * static_cast<int64_t>(segs.size());
   VecF p = randn(n, 91), m(n), v(n), norms(ns, 0.0f), zero_n(ns, std::nanf(""));
@@ -908,8 +909,8 @@ TEST_F(CudaOpsTest, LambMultiTensorMatchesCpu) {
     }
     const VecF got = host(gn);
     for (int64_t k = 0; k < ns; ++k)
-      EXPECT_NEAR(got[k], norms[k], 1e-5 * norms[k]) << (k % 2 ? "||u||^2" : "||w||^2") << " of segment " << k / 2
-                                                     << " at step " << step;
+      EXPECT_NEAR(got[k], norms[k], 1e-5 * norms[k])
+          << (k % 2 ? "||u||^2" : "||w||^2") << " of segment " << k / 2 << " at step " << step;
     cpu_->lamb_apply_multi(tf(p, {n}), tf(m, {n}), tf(v, {n}), segs, h, cn);
     gpu_->lamb_apply_multi(gp, gm, gv, segs, h, gn);
   }

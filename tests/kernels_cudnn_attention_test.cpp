@@ -122,10 +122,10 @@ TEST(CudnnAttentionOptions, CudnnOptionWithoutCudnnInTheBuildIsAClearError) {
 
 // ---- GPU tests -----------------------------------------------------------------------------------------------------
 
-#define MT_NEED_GPU_AND_CUDNN()                                                              \
-  do {                                                                                       \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";                                       \
-    if (!CudnnAttention::available()) GTEST_SKIP() << "this build has no cuDNN";             \
+#define MT_NEED_GPU_AND_CUDNN()                                                  \
+  do {                                                                           \
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";                           \
+    if (!CudnnAttention::available()) GTEST_SKIP() << "this build has no cuDNN"; \
   } while (0)
 
 class CudnnAttentionShapes : public ::testing::TestWithParam<Case> {};
@@ -167,20 +167,20 @@ TEST_P(CudnnAttentionShapes, MatchesOurFlashKernelsAndSharesItsLse) {
   expect_dqkv_close("flash bwd on cudnn fwd", s, run_ops(*flash, s, in, &a).dqkv, a.dqkv);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudnnAttentionShapes,
-    ::testing::Values(Case{shape(2, 128, 4, 4, 64, 0)},          // causal, hd 64
-                      Case{shape(1, 256, 4, 4, 128, 0)},         // causal, hd 128
-                      Case{shape(2, 128, 4, 2, 64, 0)},          // GQA 2:1
-                      Case{shape(1, 192, 4, 1, 128, 0)},         // MQA, hd 128
-                      Case{shape(2, 130, 4, 4, 64, 0), true},    // T not a multiple of 64
-                      Case{shape(1, 63, 4, 2, 128, 0), true},    // T < 64, GQA, hd 128
-                      Case{shape(2, 1, 4, 2, 64, 0), true},      // a single token
-                      Case{shape(2, 128, 4, 2, 64, 17), true},   // window inside a tile
-                      Case{shape(1, 256, 4, 1, 128, 64), true},  // window = 64, MQA, hd 128
-                      Case{shape(2, 130, 4, 2, 64, 1), true},    // window 1: each token sees only itself
-                      Case{shape(1, 130, 4, 2, 64, 200), true}), // window >= T: plain causal
-    [](const ::testing::TestParamInfo<Case>& i) { return shape_name(i.param.s); });
+INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttentionShapes,
+                         ::testing::Values(Case{shape(2, 128, 4, 4, 64, 0)},          // causal, hd 64
+                                           Case{shape(1, 256, 4, 4, 128, 0)},         // causal, hd 128
+                                           Case{shape(2, 128, 4, 2, 64, 0)},          // GQA 2:1
+                                           Case{shape(1, 192, 4, 1, 128, 0)},         // MQA, hd 128
+                                           Case{shape(2, 130, 4, 4, 64, 0), true},    // T not a multiple of 64
+                                           Case{shape(1, 63, 4, 2, 128, 0), true},    // T < 64, GQA, hd 128
+                                           Case{shape(2, 1, 4, 2, 64, 0), true},      // a single token
+                                           Case{shape(2, 128, 4, 2, 64, 17), true},   // window inside a tile
+                                           Case{shape(1, 256, 4, 1, 128, 64), true},  // window = 64, MQA, hd 128
+                                           Case{shape(2, 130, 4, 2, 64, 1),
+                                                true},  // window 1: each token sees only itself
+                                           Case{shape(1, 130, 4, 2, 64, 200), true}),  // window >= T: plain causal
+                         [](const ::testing::TestParamInfo<Case>& i) { return shape_name(i.param.s); });
 
 // Repeated backward calls give the same gradients: catches scratch (the fp32 dQ accumulator, the softmax sums) that
 // is accumulated into instead of overwritten. Atomics may reorder fp32 sums, hence a tolerance, far below the 2x a

@@ -181,10 +181,10 @@ TEST(FlashAttentionTiles, VisitExactlyTheTilesHoldingVisiblePairs) {
         flash::key_tiles_of_query_tile(T, W, a, kf, kl);
         flash::query_tiles_of_key_tile(T, W, a, qf, ql);
         for (int c = 0; c < nt; ++c) {
-          EXPECT_EQ(has[a][c], c >= kf && c <= kl) << "forward: query tile " << a << " key tile " << c << " T " << T
-                                                   << " W " << W;
-          EXPECT_EQ(has[c][a], c >= qf && c <= ql) << "backward: key tile " << a << " query tile " << c << " T " << T
-                                                   << " W " << W;
+          EXPECT_EQ(has[a][c], c >= kf && c <= kl)
+              << "forward: query tile " << a << " key tile " << c << " T " << T << " W " << W;
+          EXPECT_EQ(has[c][a], c >= qf && c <= ql)
+              << "backward: key tile " << a << " query tile " << c << " T " << T << " W " << W;
         }
       }
     }
@@ -205,8 +205,9 @@ TEST(FlashAttentionOracle, NaiveDoubleMatchesCpuBackend) {
 }
 
 TEST(FlashAttention, RejectsUnsupportedShapesWithAMessage) {
-  EXPECT_NE(test::error_of([] { flash_attention_forward(nullptr, shape(1, 8, 2, 2, 32, 0), nullptr, nullptr, nullptr); })
-                .find("head_dim 32"),
+  EXPECT_NE(test::error_of([] {
+              flash_attention_forward(nullptr, shape(1, 8, 2, 2, 32, 0), nullptr, nullptr, nullptr);
+            }).find("head_dim 32"),
             std::string::npos);
   EXPECT_NE(test::error_of([] {
               flash_attention_backward(nullptr, shape(1, 8, 3, 2, 64, 0), nullptr, nullptr, nullptr, nullptr, nullptr,
@@ -214,8 +215,9 @@ TEST(FlashAttention, RejectsUnsupportedShapesWithAMessage) {
             }).find("multiple of n_kv_head"),
             std::string::npos);
   // Shapes are checked before pointers, and a good shape with a null pointer names the pointer.
-  EXPECT_NE(test::error_of([] { flash_attention_forward(nullptr, shape(1, 8, 2, 2, 64, 0), nullptr, nullptr, nullptr); })
-                .find("qkv is null"),
+  EXPECT_NE(test::error_of([] {
+              flash_attention_forward(nullptr, shape(1, 8, 2, 2, 64, 0), nullptr, nullptr, nullptr);
+            }).find("qkv is null"),
             std::string::npos);
 }
 
@@ -234,20 +236,19 @@ TEST_P(FlashAttentionVsCpu, ForwardAndBackwardMatch) {
   expect_dqkv_close("vs cpu", s, gpu.dqkv, cpu_backward(s, in, gpu.out, gpu.lse));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, FlashAttentionVsCpu,
-    ::testing::Values(shape(2, 130, 4, 4, 64, 0),    // causal, T not a multiple of the tile
-                      shape(1, 63, 4, 2, 128, 0),    // hd 128, GQA 2:1, one partial tile
-                      shape(2, 1, 4, 2, 64, 0),      // a single token
-                      shape(1, 1, 2, 1, 128, 0),     // a single token, hd 128, MQA
-                      shape(2, 130, 4, 2, 64, 1),    // window 1: each token sees only itself
-                      shape(2, 130, 4, 2, 64, 17),   // window inside a tile
-                      shape(1, 130, 4, 1, 128, 17),  // window, MQA, hd 128
-                      shape(1, 130, 4, 2, 64, 200),  // window >= T: plain causal
-                      shape(1, 257, 4, 1, 64, 64),   // window = the tile, tile boundaries
-                      shape(1, 200, 2, 2, 128, 65),  // window one past the tile
-                      shape(1, 300, 2, 1, 64, 0)),   // several causal tiles, MQA
-    [](const ::testing::TestParamInfo<AttnShape>& i) { return shape_name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionVsCpu,
+                         ::testing::Values(shape(2, 130, 4, 4, 64, 0),    // causal, T not a multiple of the tile
+                                           shape(1, 63, 4, 2, 128, 0),    // hd 128, GQA 2:1, one partial tile
+                                           shape(2, 1, 4, 2, 64, 0),      // a single token
+                                           shape(1, 1, 2, 1, 128, 0),     // a single token, hd 128, MQA
+                                           shape(2, 130, 4, 2, 64, 1),    // window 1: each token sees only itself
+                                           shape(2, 130, 4, 2, 64, 17),   // window inside a tile
+                                           shape(1, 130, 4, 1, 128, 17),  // window, MQA, hd 128
+                                           shape(1, 130, 4, 2, 64, 200),  // window >= T: plain causal
+                                           shape(1, 257, 4, 1, 64, 64),   // window = the tile, tile boundaries
+                                           shape(1, 200, 2, 2, 128, 65),  // window one past the tile
+                                           shape(1, 300, 2, 1, 64, 0)),   // several causal tiles, MQA
+                         [](const ::testing::TestParamInfo<AttnShape>& i) { return shape_name(i.param); });
 
 class FlashAttentionVsNaive : public ::testing::TestWithParam<AttnShape> {};
 

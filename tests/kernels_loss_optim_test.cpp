@@ -87,8 +87,8 @@ TEST(CrossEntropy, BadArgumentsAreRejected) {
   auto ops = make_cpu_ops();
   VecF z(2 * 8), loss(2);
   std::vector<int32_t> tgt = {1, 6};
-  EXPECT_THROW(ops->cross_entropy(tf(loss, {2}), tf(z, {2, 8}), ti(tgt, {2}), 6, 1.0f, true), Error);  // 6 >= V
-  EXPECT_THROW(ops->cross_entropy(tf(loss, {2}), tf(z, {2, 8}), ti(tgt, {2}), 9, 1.0f, true), Error);  // V > Vp
+  EXPECT_THROW(ops->cross_entropy(tf(loss, {2}), tf(z, {2, 8}), ti(tgt, {2}), 6, 1.0f, true), Error);   // 6 >= V
+  EXPECT_THROW(ops->cross_entropy(tf(loss, {2}), tf(z, {2, 8}), ti(tgt, {2}), 9, 1.0f, true), Error);   // V > Vp
   EXPECT_THROW(ops->cross_entropy(tf(loss, {2}), tf(z, {2, 8}), tf(loss, {2}), 8, 1.0f, true), Error);  // F32 targets
 }
 
@@ -154,8 +154,8 @@ void expect_segments_equal(const std::vector<AdamSegment>& segs, const VecF& p, 
 
 // The oracle's state for multi-tensor optimizer tests: each segment's parameters (from p0) and zero moments in
 // vectors of their own, so the per-tensor ops run on separate memory.
-std::tuple<std::vector<VecF>, std::vector<VecF>, std::vector<VecF>> per_segment_state(
-    const VecF& p0, const std::vector<AdamSegment>& segs) {
+std::tuple<std::vector<VecF>, std::vector<VecF>, std::vector<VecF>>
+per_segment_state(const VecF& p0, const std::vector<AdamSegment>& segs) {
   std::vector<VecF> ps, ms, vs;
   for (const AdamSegment& s : segs) {
     ps.emplace_back(p0.begin() + s.offset, p0.begin() + s.offset + s.numel);
@@ -167,7 +167,8 @@ std::tuple<std::vector<VecF>, std::vector<VecF>, std::vector<VecF>> per_segment_
 
 TEST(Optimizer, AdamWMultiTensorIsPerSegmentAdamW) {
   auto ops = make_cpu_ops();
-  const std::vector<AdamSegment> segs = {{0, 13, 0.1f}, {16, 1, 0.0f}, {32, 0, 0.1f}, {32, 5000, 0.1f}, {5040, 7, 0.0f}};
+  const std::vector<AdamSegment> segs = {
+      {0, 13, 0.1f}, {16, 1, 0.0f}, {32, 0, 0.1f}, {32, 5000, 0.1f}, {5040, 7, 0.0f}};
   const int64_t n = 5056;
   const VecF p0 = randn(n, 700);
   VecF p = p0, m(n, 0.0f), v(n, 0.0f);
@@ -236,7 +237,7 @@ TEST(Optimizer, AdamWMultiTensorWritesTheComputeCopyOfEachSegment) {
 // empty one, and one whose params and grads are zero (trust 1); the gaps stay untouched; bad norms and segments are refused.
 TEST(Optimizer, LambMultiTensorIsPerSegmentLamb) {
   auto ops = make_cpu_ops();
-  const std::vector<AdamSegment> segs = {{0, 13, 0.1f}, {16, 1, 0.0f},    {32, 0, 0.1f},
+  const std::vector<AdamSegment> segs = {{0, 13, 0.1f},    {16, 1, 0.0f},   {32, 0, 0.1f},
                                          {32, 5000, 0.1f}, {5040, 7, 0.0f}, {5047, 37, 0.1f}};
   const int64_t n = 5090;
   VecF p0 = randn(n, 800);

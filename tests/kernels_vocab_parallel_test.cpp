@@ -26,8 +26,7 @@ VecF run_sharded(Ops& ops, VecF& logits, std::vector<int32_t>& targets, int64_t 
   const int64_t Vl = Vtot / ranks;
   std::vector<VecF> shard(ranks, VecF(N * Vl)), stats(ranks, VecF(3 * N));
   for (int r = 0; r < ranks; ++r)
-    for (int64_t n = 0; n < N; ++n)
-      std::copy_n(logits.begin() + n * Vtot + r * Vl, Vl, shard[r].begin() + n * Vl);
+    for (int64_t n = 0; n < N; ++n) std::copy_n(logits.begin() + n * Vtot + r * Vl, Vl, shard[r].begin() + n * Vl);
   auto n_real = [&](int r) { return static_cast<int>(std::clamp<int64_t>(V - r * Vl, 0, Vl)); };
   for (int r = 0; r < ranks; ++r) ops.vp_ce_max(tf(stats[r], {3, N}), tf(shard[r], {N, Vl}), n_real(r));
   for (int64_t n = 0; n < N; ++n) {  // allreduce Max

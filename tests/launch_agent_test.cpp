@@ -77,9 +77,8 @@ struct Result {
 class LaunchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("mt-launch-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("mt-launch-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -195,9 +194,10 @@ TEST_F(LaunchTest, RanksRendezvousThroughTheLaunchersStore) {
 }
 
 TEST_F(LaunchTest, EnvironmentOfANonZeroNode) {
-  Result r = launch({"launch", "--nproc", "2", "--nnodes", "3", "--node-rank", "1", "--master", "10.9.8.7:1234",
-                     "--store", "file:///shared/rdv", "--exec", "--", "/bin/sh", "-c",
-                     "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $MEGATRAIN_STORE\""});
+  Result r =
+      launch({"launch", "--nproc", "2", "--nnodes", "3", "--node-rank", "1", "--master", "10.9.8.7:1234", "--store",
+              "file:///shared/rdv", "--exec", "--", "/bin/sh", "-c",
+              "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $MEGATRAIN_STORE\""});
   ASSERT_EQ(r.code(), 0) << r.err;
   std::vector<std::string> l = lines_of(r.out);
   std::sort(l.begin(), l.end());
@@ -283,7 +283,8 @@ TEST_F(LaunchTest, KilledLauncherTakesItsRanksAlong) {
   // The ranks are orphaned when the launcher dies; as subreaper this test inherits them and can see them die
   // (a zombie would still answer kill(pid, 0)).
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  pid_t launcher = start({"launch", "--nproc", "2", "--exec", "--", "/bin/sh", "-c", sh("echo $$ > pid.$RANK; exec sleep 60")});
+  pid_t launcher = start({"launch", "--nproc", "2", "--exec", "--", "/bin/sh", "-c",
+                          sh("echo $$ > pid.$RANK; exec sleep 60")});
   wait_for_files("pid", 2);
   ::kill(launcher, SIGKILL);
   finish(launcher);
@@ -309,16 +310,15 @@ TEST_F(LaunchTest, KilledLauncherTakesItsRanksAlong) {
 TEST_F(LaunchTest, ProgramThatCannotStartIsReported) {
   Result r = launch({"launch", "--nproc", "2", "--exec", "--", "/nonexistent/program"});
   EXPECT_EQ(r.code(), 127);
-  EXPECT_NE(r.err.find("cannot execute '/nonexistent/program': No such file or directory"), std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("cannot execute '/nonexistent/program': No such file or directory"), std::string::npos) << r.err;
 }
 
 // Item 6: the launcher gives its ranks a fresh random store secret per job (32 hex digits), which they need to reach
 // its store (the rank-mode tests above connect with it); the user's MEGATRAIN_STORE_SECRET, when set, is used as is.
 TEST_F(LaunchTest, RanksGetAFreshStoreSecretPerJob) {
   ::unsetenv("MEGATRAIN_STORE_SECRET");
-  const std::vector<std::string> args = {"launch", "--nproc", "2", "--exec", "--", "/bin/sh", "-c",
-                                         "echo \"$MEGATRAIN_STORE_SECRET\""};
+  const std::vector<std::string> args = {"launch", "--nproc", "2",  "--exec",
+                                         "--",     "/bin/sh", "-c", "echo \"$MEGATRAIN_STORE_SECRET\""};
   Result a = launch(args), b = launch(args);
   ASSERT_EQ(a.code(), 0) << a.err;
   ASSERT_EQ(b.code(), 0) << b.err;
@@ -406,8 +406,8 @@ TEST_F(LaunchTest, AFailedAttemptIsRestartedInAFreshStoreNamespaceAndTheJobFinis
   EXPECT_NE(r.err.find("rank 1 (pid"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("exited with code 22"), std::string::npos) << r.err;
   auto ev = mt::test::jsonl_lines(events);
-  EXPECT_EQ(event_names(ev), (std::vector<std::string>{"started", "detected", "stopped", "restarting", "started",
-                                                       "done"}));
+  EXPECT_EQ(event_names(ev),
+            (std::vector<std::string>{"started", "detected", "stopped", "restarting", "started", "done"}));
   EXPECT_EQ(ev[1]["rank"], 1);
   EXPECT_EQ(ev[1]["code"], 22);
   EXPECT_EQ(ev[4]["attempt"], 1);

@@ -90,7 +90,8 @@ TEST(JobView, JsonCarriesEveryRankAndNullForWhatWasNotReported) {
 // Prometheus's text format, line by line: comments are HELP or TYPE; a sample is name{labels} value, and its
 // metric's TYPE came before it. Returns the samples by their name{labels}.
 std::map<std::string, std::string> parse_prometheus(const std::string& text) {
-  static const std::regex help(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+)"), type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) gauge)"),
+  static const std::regex help(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+)"),
+      type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) gauge)"),
       sample(R"re(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\])*",?)*\})? (\S+))re");
   std::set<std::string> typed;
   std::map<std::string, std::string> out;
@@ -158,7 +159,8 @@ TEST(StatusText, SaysTheJobAndOnlyTheRanksWorthALook) {
   ok.ranks = {rank_view(0, 7, true), rank_view(1, 7, true)};
   for (auto& r : ok.ranks) r.status.colls.clear();
   EXPECT_NE(status_text(job_json(ok)).find("all 2 ranks at step 7, heard within 6 s, none waiting in a collective"),
-            std::string::npos) << status_text(job_json(ok));
+            std::string::npos)
+      << status_text(job_json(ok));
   EXPECT_NE(status_text(j, 1).find("  ... and 1 more\n"), std::string::npos) << status_text(j, 1);
 }
 
@@ -180,10 +182,10 @@ TEST(Dashboard, HistoryTakesEachRanksNewStepOnceAndANewAttemptAfresh) {
   d.publish(v);
   const nlohmann::json h = nlohmann::json::parse(d.api_job())["history"];
   ASSERT_EQ(h.size(), 3u) << h.dump();
-  EXPECT_EQ(h[0], (nlohmann::json{{"attempt", 0}, {"step", 1}, {"loss", 2.5}, {"fastest", 0.25}, {"slowest", 0.5},
-                                  {"ranks", 2}}));
-  EXPECT_EQ(h[1], (nlohmann::json{{"attempt", 0}, {"step", 2}, {"loss", 2.5}, {"fastest", 1.0}, {"slowest", 3.0},
-                                  {"ranks", 2}}));
+  EXPECT_EQ(h[0], (nlohmann::json{
+                      {"attempt", 0}, {"step", 1}, {"loss", 2.5}, {"fastest", 0.25}, {"slowest", 0.5}, {"ranks", 2}}));
+  EXPECT_EQ(h[1], (nlohmann::json{
+                      {"attempt", 0}, {"step", 2}, {"loss", 2.5}, {"fastest", 1.0}, {"slowest", 3.0}, {"ranks", 2}}));
   EXPECT_EQ(h[2]["attempt"], 1);
   EXPECT_EQ(h[2]["step"], 2);
   EXPECT_EQ(h[2]["ranks"], 2);
@@ -302,7 +304,7 @@ std::string tls_refusal(const TlsFiles& files) {
 
 TEST(Dashboard, WithACertificateServesHttpsOnlyToClientsThatTrustIt) {
   const fs::path dir = tls_dir("serves");
-  const TestCert tc = make_test_cert(dir, "dash");  // valid for two days
+  const TestCert tc = make_test_cert(dir, "dash");       // valid for two days
   const std::string secret = "s3cretvalue-long-enough";  // 16 bytes or more: megatrain status reads it as a secret
   Dashboard d("127.0.0.1:0", secret, TlsFiles{tc.cert, tc.key});
   EXPECT_EQ(d.url(), fmt::format("https://127.0.0.1:{}/", d.port()));
@@ -343,12 +345,15 @@ TEST(Dashboard, WithACertificateServesHttpsOnlyToClientsThatTrustIt) {
   fs::permissions(token, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
   const std::string st = (dir / "status.log").string();
   EXPECT_EQ(finish_within(start_logged(kMegatrain, {"status", d.url(), "--token-file", token, "--ca", tc.cert}, st),
-                          60), 0) << slurp(st);
+                          60),
+            0)
+      << slurp(st);
   EXPECT_NE(slurp(st).find("job: "), std::string::npos) << slurp(st);
   EXPECT_EQ(finish_within(start_logged(kMegatrain, {"status", d.url(), "--token-file", token}, st), 60), 1)
       << slurp(st);
   EXPECT_NE(slurp(st).find("the server's certificate was refused (self-signed certificate) (--ca FILE names the CA"),
-            std::string::npos) << slurp(st);
+            std::string::npos)
+      << slurp(st);
 }
 
 // A job outlives short-lived certificates: a renewed pair is served without a restart, a bad one is not, and an
@@ -427,7 +432,7 @@ TEST(Dashboard, EachUnusableCertificateOrKeyIsRefusedNamingItsFile) {
   };
   const std::string missing = (dir / "missing.crt").string();
   expect(tls_refusal({missing, good.key}), "No such file or directory", missing);
-  expect(tls_refusal({good.key, good.key}), "no PEM certificate in it", good.key);     // the key given as the cert
+  expect(tls_refusal({good.key, good.key}), "no PEM certificate in it", good.key);  // the key given as the cert
   const fs::path cert_copy = dir / "cert-as-key.pem";
   fs::copy_file(good.cert, cert_copy);
   fs::permissions(cert_copy, fs::perms::owner_read | fs::perms::owner_write);
@@ -451,14 +456,20 @@ TEST(Dashboard, EachUnusableCertificateOrKeyIsRefusedNamingItsFile) {
   }
   // And `megatrain launch` before any rank starts (exit 10, a config error), as for a half-given pair.
   const std::string log = (dir / "launch.log").string();
-  EXPECT_EQ(finish_within(start_logged(kMegatrain, {"launch", "--nproc", "1", "--dashboard", "127.0.0.1:0",
-                                                    "--dashboard-tls-cert", early.cert, "--dashboard-tls-key",
-                                                    early.key, "--exec", "--", "/bin/true"}, log), 60), 10)
+  EXPECT_EQ(finish_within(start_logged(kMegatrain,
+                                       {"launch", "--nproc", "1", "--dashboard", "127.0.0.1:0", "--dashboard-tls-cert",
+                                        early.cert, "--dashboard-tls-key", early.key, "--exec", "--", "/bin/true"},
+                                       log),
+                          60),
+            10)
       << slurp(log);
   EXPECT_NE(slurp(log).find("is not valid yet"), std::string::npos) << slurp(log);
-  EXPECT_EQ(finish_within(start_logged(kMegatrain, {"launch", "--nproc", "1", "--dashboard", "127.0.0.1:0",
-                                                    "--dashboard-tls-cert", other.cert, "--exec", "--", "/bin/true"},
-                                       log), 60), 10)
+  EXPECT_EQ(finish_within(start_logged(kMegatrain,
+                                       {"launch", "--nproc", "1", "--dashboard", "127.0.0.1:0", "--dashboard-tls-cert",
+                                        other.cert, "--exec", "--", "/bin/true"},
+                                       log),
+                          60),
+            10)
       << slurp(log);
   EXPECT_NE(slurp(log).find("--dashboard-tls-cert without --dashboard-tls-key: HTTPS needs both"), std::string::npos)
       << slurp(log);
@@ -480,10 +491,10 @@ std::string rendered_dom(const std::string& url, const fs::path& dir) {
   const fs::path out = dir / "dom.html", log = dir / "chromium.log";
   // --no-sandbox: the suite may run as root, where chromium's sandbox refuses to start. A profile of its own, so
   // parallel tests never share one.
-  const std::string cmd = fmt::format(
-      "timeout 120 {} --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir={} "
-      "--virtual-time-budget=5000 --dump-dom '{}' > {} 2> {}",
-      browser, (dir / "profile").string(), url, out.string(), log.string());
+  const std::string cmd =
+      fmt::format("timeout 120 {} --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir={} "
+                  "--virtual-time-budget=5000 --dump-dom '{}' > {} 2> {}",
+                  browser, (dir / "profile").string(), url, out.string(), log.string());
   const int rc = std::system(cmd.c_str());
   EXPECT_EQ(rc, 0) << cmd << "\n" << slurp(log);
   return slurp(out);
@@ -516,19 +527,20 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   fs::permissions(token_file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
   // pp2 x tp2 on 4 ranks: two pipeline stages of two tensor-parallel ranks. The run is far longer than the test,
   // which ends it with SIGTERM once it has seen what it needs.
-  std::vector<std::string> args = {"launch", "--nproc", "4", "--max-restarts", "1", "--events", events,
-                                   "--dashboard", "127.0.0.1:0", "--dashboard-token-file", token_file, "--", "train"};
-  for (const std::string& f : SmallJob(out)
-                                  .model(2, 64, 2, 32)
-                                  .steps(100000)
-                                  .log_every(1)
-                                  .unset("optim.lr")
-                                  .unset("optim.warmup_steps")
-                                  .set("ckpt.every", 0)
-                                  .set("ckpt.save_final", "false")
-                                  .with({"--parallel.pp=2", "--parallel.tp=2", "--parallel.microbatches=2",
-                                         "--parallel.tp_chunks=1"})
-                                  .args())
+  std::vector<std::string> args = {"launch",   "--nproc", "4",           "--max-restarts", "1",
+                                   "--events", events,    "--dashboard", "127.0.0.1:0",    "--dashboard-token-file",
+                                   token_file, "--",      "train"};
+  for (const std::string& f :
+       SmallJob(out)
+           .model(2, 64, 2, 32)
+           .steps(100000)
+           .log_every(1)
+           .unset("optim.lr")
+           .unset("optim.warmup_steps")
+           .set("ckpt.every", 0)
+           .set("ckpt.save_final", "false")
+           .with({"--parallel.pp=2", "--parallel.tp=2", "--parallel.microbatches=2", "--parallel.tp_chunks=1"})
+           .args())
     args.push_back(f);
   launcher_ = start_logged(kMegatrain, args, (dir_ / "launch.log").string());
 
@@ -611,7 +623,8 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
     EXPECT_EQ(finish_within(start_logged(kMegatrain, {"status", url, "--token-file", token_file}, st), 60), 0)
         << slurp(st);
     EXPECT_NE(slurp(st).find("job: running, attempt 0 (0 restarts), dp1 x pp2 x tp2, 4 ranks on 1 node"),
-              std::string::npos) << slurp(st);
+              std::string::npos)
+        << slurp(st);
     EXPECT_EQ(finish_within(start_logged(kMegatrain, {"status", url}, st), 60), 1) << slurp(st);
     EXPECT_NE(slurp(st).find("answered HTTP 401 (the dashboard wants its token"), std::string::npos) << slurp(st);
   }

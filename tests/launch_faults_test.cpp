@@ -106,11 +106,12 @@ class LaunchFaults : public ::testing::Test {
 
 TEST_F(LaunchFaults, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturbedRun) {
   const auto want = undisturbed();
-  ASSERT_EQ(supervised({}, mt::test::slow_from_step6(), 5, [](pid_t launcher) {
-              pid_t victim = rank_pid(launcher, 2);
-              ASSERT_GT(victim, 0);
-              ::kill(victim, SIGKILL);
-            }),
+  ASSERT_EQ(supervised({}, mt::test::slow_from_step6(), 5,
+                       [](pid_t launcher) {
+                         pid_t victim = rank_pid(launcher, 2);
+                         ASSERT_GT(victim, 0);
+                         ::kill(victim, SIGKILL);
+                       }),
             0)
       << log();
   EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);
@@ -134,11 +135,12 @@ TEST_F(LaunchFaults, AnInjectedCrashIsRecovered) {
 TEST_F(LaunchFaults, AStoppedRankIsNamedAndTheJobRecovers) {
   const auto want = undisturbed();
   pid_t stopped = -1;
-  ASSERT_EQ(supervised({"--heartbeat-timeout", "4"}, mt::test::slow_from_step6(), 5, [&](pid_t launcher) {
-              stopped = rank_pid(launcher, 2);
-              ASSERT_GT(stopped, 0);
-              ::kill(stopped, SIGSTOP);
-            }),
+  ASSERT_EQ(supervised({"--heartbeat-timeout", "4"}, mt::test::slow_from_step6(), 5,
+                       [&](pid_t launcher) {
+                         stopped = rank_pid(launcher, 2);
+                         ASSERT_GT(stopped, 0);
+                         ::kill(stopped, SIGSTOP);
+                       }),
             0)
       << log();
   EXPECT_EQ(mt::test::step_losses(out() + "/metrics.jsonl"), want);

@@ -65,12 +65,25 @@ class LaunchNodes : public ::testing::Test {
     const int port = free_port();
     if (!faults.empty()) ::setenv("MEGATRAIN_FAULTS", faults.c_str(), 1);
     for (int a = 0; a < nodes + spares; ++a) {
-      std::vector<std::string> args = {"launch",          "--nproc",        "2",
-                                       "--nnodes",        std::to_string(nodes), "--node-rank", std::to_string(a),
-                                       "--spares",        std::to_string(spares), "--master",
-                                       fmt::format("127.0.0.1:{}", port), "--iface", "lo",
-                                       "--max-restarts",  "3",              "--backoff",      "0",
-                                       "--events",        events(a)};
+      std::vector<std::string> args = {"launch",
+                                       "--nproc",
+                                       "2",
+                                       "--nnodes",
+                                       std::to_string(nodes),
+                                       "--node-rank",
+                                       std::to_string(a),
+                                       "--spares",
+                                       std::to_string(spares),
+                                       "--master",
+                                       fmt::format("127.0.0.1:{}", port),
+                                       "--iface",
+                                       "lo",
+                                       "--max-restarts",
+                                       "3",
+                                       "--backoff",
+                                       "0",
+                                       "--events",
+                                       events(a)};
       args.insert(args.end(), opts.begin(), opts.end());
       for (auto& s : train(out())) args.push_back(s);
       if (auto w = wrap_.find(a); w != wrap_.end()) {  // the agent runs under a wrapper: wrapper..., megatrain, args...
@@ -167,8 +180,9 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   // dashboard is HTTPS, with a certificate 3 days from expiry, which the driver says as a warning once it publishes.
   Receiver webhook;
   const TestCert cert = make_test_cert(dir_ / "tls", "dash", -60, 3 * 86400);
-  start_job(2, 1, slow_from_step6(), {"--dashboard", "127.0.0.1:0", "--notify", webhook.url(), "--notify-events",
-                                      "all", "--dashboard-tls-cert", cert.cert, "--dashboard-tls-key", cert.key});
+  start_job(2, 1, slow_from_step6(),
+            {"--dashboard", "127.0.0.1:0", "--notify", webhook.url(), "--notify-events", "all", "--dashboard-tls-cert",
+             cert.cert, "--dashboard-tls-key", cert.key});
   // Poll /api/job until the job ends, keeping, per attempt, the nodes its running ranks were shown on (while the
   // attempt runs: the driver may see only its start of a short attempt, so "starting" counts).
   std::mutex mu;
@@ -192,7 +206,8 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
         if (j.is_object() && in_attempt.count(j["job"]["state"].get<std::string>())) {
           std::lock_guard<std::mutex> lock(mu);
           for (const auto& rank : j["ranks"])
-            if (rank["running"].get<bool>()) nodes_of_attempt[j["job"]["attempt"].get<int>()].insert(rank["node"].get<int>());
+            if (rank["running"].get<bool>())
+              nodes_of_attempt[j["job"]["attempt"].get<int>()].insert(rank["node"].get<int>());
         }
         if (j.is_object()) {
           std::lock_guard<std::mutex> lock(mu);
@@ -284,12 +299,18 @@ TEST_F(LaunchNodes, ANodeThatDoesNotShareTheCheckpointDirectoryStopsTheJobAtStar
     GTEST_SKIP() << "cannot make a mount namespace with a tmpfs (needs root and unshare): no way to give a node a "
                     "private view of the directory";
   fs::create_directories(out() + "/ckpt");
-  wrap_[1] = {"/usr/bin/unshare", "-m", "--propagation", "private", "sh", "-c",
+  wrap_[1] = {"/usr/bin/unshare",
+              "-m",
+              "--propagation",
+              "private",
+              "sh",
+              "-c",
               "mount -t tmpfs none '" + out() + "/ckpt' && exec \"$0\" \"$@\""};
   start_job(2, 0);
   EXPECT_EQ(finish(0), 10) << logs();
   EXPECT_EQ(finish(1), 10) << logs();
-  const std::string want = "ckpt.dir " + out() + "/ckpt is not one directory for every rank: rank(s) 2, 3 do not "
+  const std::string want = "ckpt.dir " + out() +
+                           "/ckpt is not one directory for every rank: rank(s) 2, 3 do not "
                            "see the file rank 0 wrote there";
   EXPECT_NE(log(0).find(want), std::string::npos) << log(0);
   EXPECT_NE(log(1).find("the probe file rank 0 wrote there: it is not there"), std::string::npos) << log(1);
@@ -351,8 +372,7 @@ TEST_F(LaunchNodes, AHangOnAnotherNodeIsBlamedOnItsRankAndThatNodeEvicted) {
   EXPECT_EQ(stacks[0]["rank"], 3);
   if (const std::string why = gdb_cannot_attach(); !why.empty())
     GTEST_SKIP() << "the stacks themselves are not checked: " << why;
-  EXPECT_NE(stacks[0]["frames"].dump().find("mt::FaultInjector::FaultInjector"), std::string::npos)
-      << stacks[0].dump();
+  EXPECT_NE(stacks[0]["frames"].dump().find("mt::FaultInjector::FaultInjector"), std::string::npos) << stacks[0].dump();
 }
 
 // kill -STOP of an agent: the node's ranks live on, but the agent answers nothing; the driver declares the node
@@ -391,10 +411,15 @@ class LaunchHosts : public LaunchNodes {
     const std::string master = net.address(0) + ":29500";  // each host has its own ports: any port is free
     if (!faults.empty()) ::setenv("MEGATRAIN_FAULTS", faults.c_str(), 1);
     for (int a = 0; a < nodes + spares; ++a) {
-      std::vector<std::string> args = {kMegatrain, "launch", "--nproc", "2", "--nnodes", std::to_string(nodes),
-                                       "--node-rank", std::to_string(a), "--spares", std::to_string(spares),
-                                       "--master", master, "--max-restarts", "3", "--backoff", "0",
-                                       "--events", events(a)};
+      std::vector<std::string> args = {kMegatrain,       "launch",
+                                       "--nproc",        "2",
+                                       "--nnodes",       std::to_string(nodes),
+                                       "--node-rank",    std::to_string(a),
+                                       "--spares",       std::to_string(spares),
+                                       "--master",       master,
+                                       "--max-restarts", "3",
+                                       "--backoff",      "0",
+                                       "--events",       events(a)};
       for (auto& s : train(out())) args.push_back(s);
       const std::vector<std::string> cmd = net.on_host(a, args);
       agents_.push_back(start_logged(cmd[0], {cmd.begin() + 1, cmd.end()}, log_path(a)));
@@ -448,7 +473,7 @@ TEST_F(LaunchHosts, AHostCutOffTheNetworkFencesItselfBeforeTheSpareTakesItsPlace
   ASSERT_EQ(fenced.size(), 1u) << slurp(events(1));
   EXPECT_EQ(fenced[0]["ranks_killed"], 2) << fenced[0].dump();
   EXPECT_LT(fenced[0]["t"].get<double>(), d[0]["t"].get<double>()) << "host 1 fenced itself only after the driver "
-                                                                       "declared it lost";
+                                                                      "declared it lost";
   EXPECT_EQ(log(1).find("peer snapshot: wrote"), std::string::npos) << "a fenced rank wrote snapshots\n" << log(1);
   // Host 0's ranks were blocked in collectives with host 1's, which never answer: the driver's stop abandons the
   // attempt (SIGUSR1), so they give up at once as a lost peer (writing whatever snapshots they hold) instead of

@@ -57,15 +57,20 @@ TEST(NotifyText, SaysWhatHappenedForEachKindOfEvent) {
   const std::string j = "gpt-7b";
   EXPECT_EQ(notify_text(ev("detected", 0, {{"reason", "exit"}, {"rank", 2}, {"status", "was killed by signal 9"}}), j),
             "megatrain gpt-7b, attempt 0: fault detected: rank 2 was killed by signal 9");
-  EXPECT_EQ(notify_text(ev("detected", 1, {{"reason", "hang"}, {"why", "no progress for 30 s"},
-                                           {"blame", "rank 3 never entered all_reduce dp[1] #7"}}), j),
+  EXPECT_EQ(notify_text(ev("detected", 1,
+                           {{"reason", "hang"},
+                            {"why", "no progress for 30 s"},
+                            {"blame", "rank 3 never entered all_reduce dp[1] #7"}}),
+                        j),
             "megatrain gpt-7b, attempt 1: fault detected: hang: no progress for 30 s: rank 3 never entered "
             "all_reduce dp[1] #7");
-  EXPECT_EQ(notify_text(ev("detected", 0, {{"by", "driver"}, {"reason", "node_lost"}, {"node", 1},
-                                           {"line", "node 1 is lost"}}), j),
+  EXPECT_EQ(notify_text(ev("detected", 0,
+                           {{"by", "driver"}, {"reason", "node_lost"}, {"node", 1}, {"line", "node 1 is lost"}}),
+                        j),
             "megatrain gpt-7b, attempt 0: fault detected: node 1 is lost");
-  EXPECT_EQ(notify_text(ev("restarting", 0, {{"delay_s", 2.0}, {"failure_code", 22}, {"reason", "restart 1 of 3"},
-                                             {"nodes", {0, 2}}}), j),
+  EXPECT_EQ(notify_text(ev("restarting", 0,
+                           {{"delay_s", 2.0}, {"failure_code", 22}, {"reason", "restart 1 of 3"}, {"nodes", {0, 2}}}),
+                        j),
             "megatrain gpt-7b, attempt 0: restarting in 2.0 s after a failure (code 22): restart 1 of 3; next on "
             "nodes 0,2");
   EXPECT_EQ(notify_text(ev("resumed", 1, {{"rank", 0}, {"step", 5}, {"from", 4}, {"seconds", 3.25}}), j),
@@ -73,14 +78,17 @@ TEST(NotifyText, SaysWhatHappenedForEachKindOfEvent) {
             "4)");
   EXPECT_EQ(notify_text(ev("evicted", 1, {{"node", 3}, {"reason", "it failed diagnose"}}), j),
             "megatrain gpt-7b, attempt 1: node 3 evicted: it failed diagnose");
-  EXPECT_EQ(notify_text(ev("done", 1, {{"exit_code", 0}, {"best_step", 10}, {"restarts", 1},
-                                       {"reason", "every rank finished"}}), j),
+  EXPECT_EQ(notify_text(ev("done", 1,
+                           {{"exit_code", 0}, {"best_step", 10}, {"restarts", 1}, {"reason", "every rank finished"}}),
+                        j),
             "megatrain gpt-7b, attempt 1: done: every rank finished (step 10, 1 restarts)");
   EXPECT_EQ(notify_text(ev("gave_up", 3, {{"exit_code", 41}, {"reason", "all 3 restarts are spent"}}), j),
             "megatrain gpt-7b, attempt 3: gave up (exit 41): all 3 restarts are spent");
-  EXPECT_EQ(notify_text(ev("warning", 0, {{"rank", 0}, {"reason", "loss_spike"},
-                                          {"detail", {{"step", 812}, {"loss", 7.5}, {"threshold", 4.25},
-                                                      {"rule", "factor"}}}}), j),
+  EXPECT_EQ(notify_text(ev("warning", 0,
+                           {{"rank", 0},
+                            {"reason", "loss_spike"},
+                            {"detail", {{"step", 812}, {"loss", 7.5}, {"threshold", 4.25}, {"rule", "factor"}}}}),
+                        j),
             "megatrain gpt-7b, attempt 0: loss spike at step 812: loss 7.5 over the threshold 4.25 (rule: factor)");
   // Any other event: its fields, less the ones every line has.
   EXPECT_EQ(notify_text(ev("planned", 0, {{"by", "driver"}, {"nodes", {0, 1}}, {"world", 4}}), j),
@@ -143,11 +151,13 @@ TEST(Notifier, DeliversTheSelectedEventsInOrderWithTheirLinesAndText) {
   NotifyOptions o;
   o.url = r.url() + "?key=s3cret";
   o.job = "job-a";
-  std::vector<json> fed = {ev("started", 0), ev("detected", 0, {{"reason", "exit"}, {"rank", 1}, {"status", "x"}}),
+  std::vector<json> fed = {ev("started", 0),
+                           ev("detected", 0, {{"reason", "exit"}, {"rank", 1}, {"status", "x"}}),
                            ev("warning", 0, {{"rank", 1}, {"reason", "straggler"}}),
                            ev("restarting", 0, {{"delay_s", 0.0}, {"failure_code", 1}, {"reason", "r"}}),
                            ev("resumed", 1, {{"step", 3}, {"from", 2}, {"seconds", 1.0}}),
-                           ev("caught_up", 1), ev("done", 1, {{"best_step", 9}})};
+                           ev("caught_up", 1),
+                           ev("done", 1, {{"best_step", 9}})};
   {
     Notifier n(o, said.fn());
     for (const json& e : fed) n.event(e);
@@ -212,7 +222,8 @@ TEST(Notifier, RetriesServerErrorsButNotARefusal) {
   ASSERT_EQ(r.bodies().size(), 1u);
   EXPECT_EQ(r.bodies()[0]["event"]["event"], "detected");
   EXPECT_NE(said.all().find("the 'gave_up' event of attempt 0 was not delivered to http://127.0.0.1:"),
-            std::string::npos) << said.all();
+            std::string::npos)
+      << said.all();
   EXPECT_NE(said.all().find("HTTP 400"), std::string::npos) << said.all();
 }
 
@@ -274,7 +285,8 @@ TEST(Notifier, HttpsChecksTheWebhooksCertificate) {
   const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
   const std::string cmd = fmt::format(
       "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 "
-      "-keyout {} -out {} > {} 2>&1", key, cert, (dir / "openssl.log").string());
+      "-keyout {} -out {} > {} 2>&1",
+      key, cert, (dir / "openssl.log").string());
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl (scripts/setup installs it): " << slurp(dir / "openssl.log");
   Receiver r(std::make_unique<httplib::SSLServer>(cert.c_str(), key.c_str()));
   Said said;
@@ -310,8 +322,9 @@ TEST(LaunchNotify, AJobThatRecoversTellsTheWebhookWhatItsEventLogSays) {
   const std::string events = (dir / "events.jsonl").string(), out = (dir / "run").string();
   // Rank 1 crashes at step 4 of the first attempt; the job restarts from the step-2 checkpoint and finishes.
   ::setenv("MEGATRAIN_FAULTS", "crash:rank=1:step=4", 1);
-  std::vector<std::string> args = {"launch", "--nproc", "2", "--max-restarts", "2", "--backoff", "0", "--events", events,
-                                   "--notify", r.url(), "--job-name", "notify-test", "--", "train"};
+  std::vector<std::string> args = {"launch",      "--nproc",  "2",    "--max-restarts", "2",     "--backoff",
+                                   "0",           "--events", events, "--notify",       r.url(), "--job-name",
+                                   "notify-test", "--",       "train"};
   for (const std::string& f : SmallJob(out)
                                   .model(1, 32, 2, 32)
                                   .batch(2)
@@ -369,9 +382,10 @@ TEST(LaunchNotify, TheNotifyCommandPostsOneEventWithTypedFields) {
   fs::create_directories(dir);
   const std::string log = (dir / "out.log").string();
   Receiver r;
-  int code = finish_within(start_logged(kMegatrain, {"notify", "--url", r.url(), "--event", "requeued", "--job-name",
-                                                     "j", "--field", "requeue=1", "--field", "of=3", "--field",
-                                                     "reason=the driver's node was lost", "--field", "ok=true"},
+  int code = finish_within(start_logged(kMegatrain,
+                                        {"notify", "--url", r.url(), "--event", "requeued", "--job-name", "j",
+                                         "--field", "requeue=1", "--field", "of=3", "--field",
+                                         "reason=the driver's node was lost", "--field", "ok=true"},
                                         log),
                            60);
   EXPECT_EQ(code, 0) << slurp(log);
@@ -388,8 +402,9 @@ TEST(LaunchNotify, TheNotifyCommandPostsOneEventWithTypedFields) {
   EXPECT_EQ(code, 1);
   EXPECT_NE(slurp(log).find("was not delivered to http://127.0.0.1:"), std::string::npos) << slurp(log);
   EXPECT_NE(slurp(log).find("HTTP 404"), std::string::npos) << slurp(log);
-  code = finish_within(
-      start_logged(kMegatrain, {"notify", "--url", r.url(), "--event", "x", "--field", "novalue"}, log), 60);
+  code = finish_within(start_logged(kMegatrain, {"notify", "--url", r.url(), "--event", "x", "--field", "novalue"},
+                                    log),
+                       60);
   EXPECT_EQ(code, 10);
   EXPECT_NE(slurp(log).find("--field 'novalue': expected KEY=VALUE"), std::string::npos) << slurp(log);
   EXPECT_EQ(r.requests(), 2);

@@ -73,8 +73,7 @@ TEST(HangBlame, ASilentRankIsBlamedBeforeAnyCollectiveEvidence) {
                                 rank(1, "dp1,pp0,tp0", {{"dp[0-1]", "allreduce", 3, "started"}}, 80)};
   Blame b = blame_hang(rs, 100, 10);
   EXPECT_EQ(b.ranks, std::vector<int>{1});
-  EXPECT_NE(b.line.find("rank 1 (dp1,pp0,tp0) stopped responding: no heartbeat for 20 s"), std::string::npos)
-      << b.line;
+  EXPECT_NE(b.line.find("rank 1 (dp1,pp0,tp0) stopped responding: no heartbeat for 20 s"), std::string::npos) << b.line;
   EXPECT_NE(b.line.find("in allreduce #3 of group dp[0-1]"), std::string::npos) << b.line;
 }
 
@@ -134,10 +133,11 @@ TEST(RankStatus, HeartbeatsUpdateTheStatusAndGarbageChangesNothing) {
   EXPECT_FALSE(s.apply(nlohmann::json::parse(R"({"type":"event","event":"nonfinite","step":3})"), 1));
   EXPECT_FALSE(s.heard);
   EXPECT_FALSE(s.apply(nlohmann::json::parse("[1,2]"), 1));
-  EXPECT_TRUE(s.apply(nlohmann::json::parse(
-                          R"({"type":"hb","rank":2,"coord":[1,0,1],"step":7,"phase":"optimizer","step_time":0.5,)"
-                          R"("compute_time":0.4,"colls":[{"group":"dp[0,2]","op":"allreduce","seq":12,"state":"done"}]})"),
-                      42));
+  EXPECT_TRUE(
+      s.apply(nlohmann::json::parse(
+                  R"({"type":"hb","rank":2,"coord":[1,0,1],"step":7,"phase":"optimizer","step_time":0.5,)"
+                  R"("compute_time":0.4,"colls":[{"group":"dp[0,2]","op":"allreduce","seq":12,"state":"done"}]})"),
+              42));
   EXPECT_TRUE(s.heard);
   EXPECT_EQ(s.last_heard, 42);
   EXPECT_EQ(s.step, 7);
@@ -191,9 +191,9 @@ TEST(RestartTracker, AStepNonFiniteInTwoAttemptsInARowIsSkippedAndProgressResets
   EXPECT_TRUE(t.after_attempt(20, 5, 5, &note).restart);  // again at 5, no progress (1 of 2)
   EXPECT_EQ(t.skip_steps(), std::set<int>({5}));
   EXPECT_NE(note.find("step 5 was non-finite twice"), std::string::npos);
-  EXPECT_TRUE(t.after_attempt(22, 8, -1).restart);        // progress past 5: the run of no-progress resets
-  EXPECT_TRUE(t.after_attempt(22, 8, -1).restart);        // 1 without progress
-  RestartDecision d = t.after_attempt(22, 8, -1);         // 2 without progress: give up
+  EXPECT_TRUE(t.after_attempt(22, 8, -1).restart);  // progress past 5: the run of no-progress resets
+  EXPECT_TRUE(t.after_attempt(22, 8, -1).restart);  // 1 without progress
+  RestartDecision d = t.after_attempt(22, 8, -1);   // 2 without progress: give up
   EXPECT_FALSE(d.restart);
   EXPECT_EQ(d.exit_code, mt::kNoProgressExit);
   EXPECT_EQ(t.best_step(), 8);
@@ -454,7 +454,7 @@ namespace {
 TEST(UsefulTime, ARecomputedStepCountsOnceAndTheLostStepsAfterItNotAtAll) {
   UsefulTime u;
   for (int s = 1; s <= 5; ++s) u.step(s, 0.1 * s);  // attempt 0: steps 1-5, then a crash
-  u.step(4, 0.75);                                    // attempt 1 resumed from step 3's checkpoint
+  u.step(4, 0.75);                                  // attempt 1 resumed from step 3's checkpoint
   EXPECT_EQ(u.steps(), 4) << "step 5 of attempt 0 was lost with it";
   EXPECT_EQ(u.seconds(), ((0.1 + 0.2) + 0.30000000000000004) + 0.75);  // summed from step 1, as the file's lines
   u.step(5, 0.5);

@@ -122,7 +122,8 @@ struct Naive {
       std::vector<Vec> x(T, Vec(C));
       for (int t = 0; t < T; ++t)
         for (int i = 0; i < C; ++i)
-          x[t][i] = P("wte.weight")[tok[b * T + t] * C + i] + (c.pos == PosKind::Learned ? P("wpe.weight")[t * C + i] : 0);
+          x[t][i] = P("wte.weight")[tok[b * T + t] * C + i] +
+                    (c.pos == PosKind::Learned ? P("wpe.weight")[t * C + i] : 0);
       for (int l = 0; l < c.n_layer; ++l) {
         std::string pre = "h." + std::to_string(l) + ".";
         auto n1 = norm(x, pre + "ln_1");
@@ -403,7 +404,7 @@ TEST(ParamStore, LazyZeroingTellsTheFirstWriterAndSettlesTheRest) {
   const int a = ps.add("a", {3}, false), b = ps.add("b", {5}, false), c = ps.add("c", {2}, false);
   ps.allocate();
   std::fill(ps.grads_data(), ps.grads_data() + ps.total_floats(), 7.0f);  // a previous step's gradients
-  EXPECT_FALSE(ps.take_fresh_grad(a));  // nothing begun: accumulate
+  EXPECT_FALSE(ps.take_fresh_grad(a));                                    // nothing begun: accumulate
   ps.begin_grads();
   EXPECT_EQ(ps.grad(a).f32()[0], 7.0f);  // nothing written yet
   EXPECT_TRUE(ps.take_fresh_grad(a));
@@ -412,7 +413,7 @@ TEST(ParamStore, LazyZeroingTellsTheFirstWriterAndSettlesTheRest) {
   ps.settle_grads(0, 2);       // b was not written: zeroed; a was: kept
   EXPECT_EQ(ps.grad(a).f32()[0], 1.0f);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(ps.grad(b).f32()[i], 0.0f);
-  EXPECT_FALSE(ps.take_fresh_grad(b));  // settled: later writers accumulate onto the zeros
+  EXPECT_FALSE(ps.take_fresh_grad(b));   // settled: later writers accumulate onto the zeros
   EXPECT_EQ(ps.grad(c).f32()[1], 7.0f);  // outside the range: still pending
   EXPECT_TRUE(ps.take_fresh_grad(c));
   ps.begin_grads();

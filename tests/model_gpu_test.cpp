@@ -78,14 +78,12 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
 // The parameter: the model variant and the attention that runs on the GPU (our flash kernels or cuDNN's).
 class GptGpu : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
-  std::unique_ptr<Ops> gpu_ops() const {
-    return make_cuda_ops(-1, CudaOptions{std::get<1>(GetParam())});
-  }
+  std::unique_ptr<Ops> gpu_ops() const { return make_cuda_ops(-1, CudaOptions{std::get<1>(GetParam())}); }
 };
 
-#define SKIP_WITHOUT_GPU_OR_CUDNN()                                                                                   \
-  SKIP_WITHOUT_GPU();                                                                                                 \
-  if (std::get<1>(GetParam()) == "cudnn" && resolve_cuda_attention("auto") != "cudnn")                                \
+#define SKIP_WITHOUT_GPU_OR_CUDNN()                                                    \
+  SKIP_WITHOUT_GPU();                                                                  \
+  if (std::get<1>(GetParam()) == "cudnn" && resolve_cuda_attention("auto") != "cudnn") \
   GTEST_SKIP() << "built without cuDNN"
 
 // One forward/backward from identical fp32 weights: the loss within bf16 tolerance, and every parameter gradient
@@ -146,7 +144,8 @@ TEST_P(GptGpu, TwentyStepsTrackCpuLossCurve) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GptGpu,
-                         ::testing::Combine(::testing::Values("gpt2", "parallel_window", "llama", "recompute", "rebuild"),
+                         ::testing::Combine(::testing::Values("gpt2", "parallel_window", "llama", "recompute",
+                                                              "rebuild"),
                                             ::testing::Values("flash", "cudnn")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 

@@ -155,10 +155,14 @@ TEST(ChromeTrace, BadFilesAreErrorsNamingThem) {
             std::string::npos);
   write_rank_trace(d + "/a.json", info(0, 2), {});
   write_rank_trace(d + "/b.json", info(0, 2), {});
-  EXPECT_NE(error_of([&] { merge_rank_traces({d + "/a.json", d + "/b.json"}); }).find("are both traces of rank 0"),
+  EXPECT_NE(error_of([&] {
+              merge_rank_traces({d + "/a.json", d + "/b.json"});
+            }).find("are both traces of rank 0"),
             std::string::npos);
   write_rank_trace(d + "/c.json", info(1, 4), {});
-  EXPECT_NE(error_of([&] { merge_rank_traces({d + "/a.json", d + "/c.json"}); }).find("traces of different jobs"),
+  EXPECT_NE(error_of([&] {
+              merge_rank_traces({d + "/a.json", d + "/c.json"});
+            }).find("traces of different jobs"),
             std::string::npos);
   std::filesystem::create_directories(d + "/empty");
   EXPECT_NE(error_of([&] { merge_rank_traces({d + "/empty"}); }).find("no rank*.json"), std::string::npos);
@@ -229,8 +233,8 @@ TEST(TraceCheck, StepBreakdownSumsEachKindOfSpanAndLeavesTheRestAsOther) {
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].steps, 2);
   EXPECT_NEAR(b[0].step_s, 15.0, 1e-6);
-  const std::map<std::string, double> want = {{"compute", 4.5}, {"comm wait", 1.5}, {"data", 1.5},
-                                              {"gradients", 1.5}, {"optimizer", 3.0},     {"eval", 0},
+  const std::map<std::string, double> want = {{"compute", 4.5},   {"comm wait", 1.5}, {"data", 1.5},
+                                              {"gradients", 1.5}, {"optimizer", 3.0}, {"eval", 0},
                                               {"checkpoint", 0},  {"other", 3.0}};
   for (const auto& [part, s] : want) EXPECT_NEAR(b[0].parts_s.at(part), s, 1e-6) << part;
 }

@@ -41,7 +41,8 @@ TEST_P(DataParallelVsSingle, LossesAndParametersMatch) {
 INSTANTIATE_TEST_SUITE_P(Dp2, DataParallelVsSingle,
                          ::testing::Values(Case{"adamw", ""}, Case{"adamw_no_overlap", " --parallel.overlap=false"},
                                            Case{"lamb", " --optim.name=lamb"},
-                                           Case{"accum_parallel_block", " --train.grad_accum=2 --model.block=parallel"}),
+                                           Case{"accum_parallel_block",
+                                                " --train.grad_accum=2 --model.block=parallel"}),
                          CaseName());
 
 // A blend of two sources (Brown's train split, and its val split as the second source's) under dp2: the ranks cut
@@ -51,7 +52,8 @@ TEST(DataParallel, ABlendMatchesOneProcess) {
   const std::string second = fresh_dir("mt_dp_blend_source");
   fs::create_directories(second);
   fs::copy(kSmallBrown + "/val_000000.bin", second + "/train_000000.bin");
-  const std::string blend = " '--data.blend=[{dir=\"" + kSmallBrown + "\",weight=2},{dir=\"" + second + "\",weight=1}]'";
+  const std::string blend = " '--data.blend=[{dir=\"" + kSmallBrown + "\",weight=2},{dir=\"" + second +
+                            "\",weight=1}]'";
   auto with_blend = [&](std::string args) {
     const std::string dir = " --data.dir=" + kSmallBrown;
     const size_t at = args.find(dir);
@@ -72,7 +74,8 @@ TEST(DataParallel, ResumeAcrossLayoutsKeepsTheRun) {
   std::string a = fresh_dir("mt_dp_resume_a"), alt = fresh_dir("mt_dp_resume_alt"), b = fresh_dir("mt_dp_resume_b");
   run(kMegatrain + " train" + common(a, 4));
   run_twin(4, common(alt, 4));
-  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.dp=2 --ckpt.every=3 --ckpt.save_final=false");
+  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) +
+      " --parallel.dp=2 --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(b + "/metrics.jsonl");
   run(kMegatrain + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
   expect_resumed_tail(a, alt, {b}, "dp2 -> 1 resume");
@@ -96,7 +99,8 @@ TEST(DataParallel, MissingPeerIsATimeoutNamingTheRank) {
   EXPECT_NE(out.find("never arrived"), std::string::npos) << out;
   EXPECT_NE(out.find("1"), std::string::npos) << out;
   // Layout errors are refused up front, naming the numbers.
-  out = ptest::failing_output(ptest::kMegatrain + " train" + ptest::common_args(dir + "/out2", 2, 2) + " --parallel.dp=3",
+  out = ptest::failing_output(ptest::kMegatrain + " train" + ptest::common_args(dir + "/out2", 2, 2) +
+                                  " --parallel.dp=3",
                               dir + "/log2", "dp=3 in a single process must fail");
   EXPECT_NE(out.find("WORLD_SIZE"), std::string::npos) << out;
 }

@@ -50,7 +50,8 @@ constexpr int kGlobalRows = 4;
 // The single-process reference, run once per test process (ctest runs each case as its own process, in parallel:
 // the folder is per process so concurrent cases never share it); `reorder` gives its reordered twin, the noise floor.
 RunOut single_run(bool reorder) {
-  const std::string out = fresh_dir("mt_eval_single_" + std::string(reorder ? "alt_" : "") + std::to_string(::getpid()));
+  const std::string out = fresh_dir("mt_eval_single_" + std::string(reorder ? "alt_" : "") +
+                                    std::to_string(::getpid()));
   run(kMegatrain + " train" + args(out, kGlobalRows) + (reorder ? reordered(kGlobalRows, args(out, kGlobalRows)) : ""));
   return read_run(out);
 }

@@ -82,9 +82,8 @@ std::vector<std::vector<double>> reference(int stages, int m) {
 class ChainChunk : public PipelineChunk {
  public:
   ChainChunk(int stage, int stages, int m)
-      : stage_(stage), last_(stage == stages - 1), w_(weights(stage)), dw(D * D, 0.0),
-        x_(m, std::vector<float>(R * D)), y_(m, std::vector<float>(R * D)), dy_(m, std::vector<float>(R * D)),
-        dx_(m, std::vector<float>(R * D)) {}
+      : stage_(stage), last_(stage == stages - 1), w_(weights(stage)), dw(D * D, 0.0), x_(m, std::vector<float>(R * D)),
+        y_(m, std::vector<float>(R * D)), dy_(m, std::vector<float>(R * D)), dx_(m, std::vector<float>(R * D)) {}
   Tensor input(int mb) override { return f32_view(x_[mb].data(), {R, D}); }
   Tensor output(int mb) override { return f32_view(y_[mb].data(), {R, D}); }
   Tensor grad_output(int mb) override { return f32_view(dy_[mb].data(), {R, D}); }
@@ -208,8 +207,8 @@ class IdleChunk final : public PipelineChunk {
 };
 
 TEST(Pipeline, EachDirectedPairIssuesSendsAndReceivesInTheSameOrder) {
-  for (auto [pp, v, m] : {std::tuple{2, 1, 4}, {3, 1, 5}, {4, 1, 8}, {4, 1, 2}, {2, 2, 4}, {3, 2, 6}, {2, 3, 8},
-                          {4, 2, 8}, {4, 4, 16}}) {
+  for (auto [pp, v, m] :
+       {std::tuple{2, 1, 4}, {3, 1, 5}, {4, 1, 8}, {4, 1, 2}, {2, 2, 4}, {3, 2, 6}, {2, 3, 8}, {4, 2, 8}, {4, 4, 16}}) {
     const Schedule s = make_interleaved_1f1b(pp, v, m);
     for (bool overlap : {true, false}) {
       std::vector<std::unique_ptr<RecordingGroup>> groups;

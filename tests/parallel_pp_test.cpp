@@ -90,13 +90,19 @@ TEST(PipelinePart, AnUnevenSplitGivesEachVirtualStageItsCount) {
     std::vector<int> counts;
     std::string expect;
   };
-  for (const Bad& b : std::vector<Bad>{
-           {2, 2, {1, 3, 3}, "parallel.stage_layers has 3 entries but there are parallel.pp * "
-                             "parallel.virtual_stages = 2 * 2 = 4 virtual stages"},
-           {2, 1, {3, 3}, "parallel.stage_layers sums to 6 layers but model.n_layer is 7"},
-           {2, 1, {7, 0}, "parallel.stage_layers[1] = 0: every virtual stage needs at least one layer"},
-           {2, 1, {}, "model.n_layer = 7 must be divisible by parallel.pp * parallel.virtual_stages = 2 * 1 for an "
-                      "even split (or give parallel.stage_layers"}}) {
+  for (const Bad& b :
+       std::vector<Bad>{{2,
+                         2,
+                         {1, 3, 3},
+                         "parallel.stage_layers has 3 entries but there are parallel.pp * "
+                         "parallel.virtual_stages = 2 * 2 = 4 virtual stages"},
+                        {2, 1, {3, 3}, "parallel.stage_layers sums to 6 layers but model.n_layer is 7"},
+                        {2, 1, {7, 0}, "parallel.stage_layers[1] = 0: every virtual stage needs at least one layer"},
+                        {2,
+                         1,
+                         {},
+                         "model.n_layer = 7 must be divisible by parallel.pp * parallel.virtual_stages = 2 * 1 for an "
+                         "even split (or give parallel.stage_layers"}}) {
     const std::string e = error_of([&] { pipeline_part(c, b.pp, b.v, 0, b.counts); });
     EXPECT_NE(e.find(b.expect), std::string::npos) << e;
   }
@@ -137,8 +143,8 @@ void check_stages_match_whole(bool tied, int v) {
   std::vector<float> act, grad;
   float loss = -1;
   for (int s = 0; s < pp * v; ++s) {
-    Tensor y = st[s % pp]->forward_chunk(s / pp, f32_view(act.data(), {B * T, c.d_model}), tok.data(), tg.data(), B,
-                                         T, 0.5f, &loss);
+    Tensor y = st[s % pp]->forward_chunk(s / pp, f32_view(act.data(), {B * T, c.d_model}), tok.data(), tg.data(), B, T,
+                                         0.5f, &loss);
     if (s + 1 < pp * v) act.assign(y.f32(), y.f32() + y.numel());
   }
   EXPECT_EQ(loss, lw);
@@ -233,7 +239,9 @@ TEST(GptStage, ActivationSlotsKeepMicroBatchesApart) {
       EXPECT_EQ(loss, want_loss[mb]) << "micro-batch " << mb;
     }
     // A fourth micro-batch has no slot; a micro-batch never forwarded has nothing to backward.
-    std::string e = error_of([&] { st[0]->forward_chunk(0, m, Tensor{}, tok[0].data(), tg[0].data(), B, T, 1, nullptr); });
+    std::string e = error_of([&] {
+      st[0]->forward_chunk(0, m, Tensor{}, tok[0].data(), tg[0].data(), B, T, 1, nullptr);
+    });
     EXPECT_NE(e.find("no free activation slot for micro-batch 3"), std::string::npos) << e;
     e = error_of([&] { st[1]->backward_chunk(1, 7, Tensor{}); });
     EXPECT_NE(e.find("needs a preceding forward_chunk of that micro-batch"), std::string::npos) << e;
@@ -268,64 +276,70 @@ void pipeline_with_dp(int v, int m) {
   c.recompute = {false, false, true, false};
   mt::test::ScratchDir dir;
   const std::vector<int> ranks = {0, 1, 2, 3};
-  std::string err = comm_test::run_procs(ranks, [&](int rank) {
-    omp_set_num_threads(1);  // four processes share the cores: no OpenMP spinning against each other
-    auto store = make_file_store(dir.path);
-    GroupOptions go;
-    go.timeout = Millis(15000);
-    DeviceMesh mesh(*store, {dp, pp, 1}, rank, go);
-    const int d = mesh.coord().dp, p = mesh.coord().pp;
-    auto ops = make_cpu_ops();
-    // Micro-batch j of dp rank d is global micro-batch d * m + j.
-    std::vector<int32_t> tok(dp * m * B * T), tg(tok.size());
-    Rng rng(21);
-    for (size_t i = 0; i < tok.size(); ++i) {
-      tok[i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
-      tg[i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
-    }
-    GPT model(c, *ops, dp_pad_multiple(dp), nullptr, pipeline_part(c, pp, v, p));
-    model.init_weights(5);
-    model.params().zero_grads();
-    Schedule s = v > 1 ? make_interleaved_1f1b(pp, v, m) : make_1f1b(pp, m);
-    GptPipeline pipe(model, s, p, B, T);
-    OptimConfig oc;
-    DataParallelOptions o;
-    o.bucket_floats = 1024;  // many buckets
-    DataParallel ddp(model, mesh.dp(), *ops, oc, o);
-    pipe.set_before_last_backward([&](int ch) { ddp.begin_last_backward(ch); });
-    const std::vector<int> peak = peak_in_flight_per_chunk(s, p);
-    for (int ch = 0; ch < v; ++ch)
-      MT_CHECK(model.activation_slots(ch) == peak[ch], "chunk {}: {} activation slots, the schedule's peak "
-               "in flight is {}", ch, model.activation_slots(ch), peak[ch]);
-    if (v == 1)
-      MT_CHECK(model.activation_slots(0) == (p == 0 ? 2 : 1), "1F1B stage {} holds {} slots", p,
-               model.activation_slots(0));
-    const size_t off = static_cast<size_t>(d) * m * B * T;
-    const int64_t f0 = model.chunk_forwards();
-    pipe.run(mesh.pp(), tok.data() + off, tg.data() + off, 1.0f / m, true);
-    MT_CHECK(model.chunk_forwards() - f0 == v * m, "{} chunk forwards for {} chunks x {} micro-batches",
-             model.chunk_forwards() - f0, v, m);
-    const double norm = ddp.finish_gradients();
-    MT_CHECK(ddp.num_buckets() > 1 && ddp.overlapped_buckets() == ddp.num_buckets(),
-             "{} of {} buckets reduce-scattered during backward", ddp.overlapped_buckets(),
-             ddp.num_buckets());
+  std::string err = comm_test::run_procs(
+      ranks,
+      [&](int rank) {
+        omp_set_num_threads(1);  // four processes share the cores: no OpenMP spinning against each other
+        auto store = make_file_store(dir.path);
+        GroupOptions go;
+        go.timeout = Millis(15000);
+        DeviceMesh mesh(*store, {dp, pp, 1}, rank, go);
+        const int d = mesh.coord().dp, p = mesh.coord().pp;
+        auto ops = make_cpu_ops();
+        // Micro-batch j of dp rank d is global micro-batch d * m + j.
+        std::vector<int32_t> tok(dp * m * B * T), tg(tok.size());
+        Rng rng(21);
+        for (size_t i = 0; i < tok.size(); ++i) {
+          tok[i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
+          tg[i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
+        }
+        GPT model(c, *ops, dp_pad_multiple(dp), nullptr, pipeline_part(c, pp, v, p));
+        model.init_weights(5);
+        model.params().zero_grads();
+        Schedule s = v > 1 ? make_interleaved_1f1b(pp, v, m) : make_1f1b(pp, m);
+        GptPipeline pipe(model, s, p, B, T);
+        OptimConfig oc;
+        DataParallelOptions o;
+        o.bucket_floats = 1024;  // many buckets
+        DataParallel ddp(model, mesh.dp(), *ops, oc, o);
+        pipe.set_before_last_backward([&](int ch) { ddp.begin_last_backward(ch); });
+        const std::vector<int> peak = peak_in_flight_per_chunk(s, p);
+        for (int ch = 0; ch < v; ++ch)
+          MT_CHECK(model.activation_slots(ch) == peak[ch],
+                   "chunk {}: {} activation slots, the schedule's peak "
+                   "in flight is {}",
+                   ch, model.activation_slots(ch), peak[ch]);
+        if (v == 1)
+          MT_CHECK(model.activation_slots(0) == (p == 0 ? 2 : 1), "1F1B stage {} holds {} slots", p,
+                   model.activation_slots(0));
+        const size_t off = static_cast<size_t>(d) * m * B * T;
+        const int64_t f0 = model.chunk_forwards();
+        pipe.run(mesh.pp(), tok.data() + off, tg.data() + off, 1.0f / m, true);
+        MT_CHECK(model.chunk_forwards() - f0 == v * m, "{} chunk forwards for {} chunks x {} micro-batches",
+                 model.chunk_forwards() - f0, v, m);
+        const double norm = ddp.finish_gradients();
+        MT_CHECK(ddp.num_buckets() > 1 && ddp.overlapped_buckets() == ddp.num_buckets(),
+                 "{} of {} buckets reduce-scattered during backward", ddp.overlapped_buckets(), ddp.num_buckets());
 
-    GPT whole(c, *ops);  // the oracle: the global batch in one process
-    whole.init_weights(5);
-    whole.params().zero_grads();
-    for (int j = 0; j < dp * m; ++j) {
-      whole.forward(tok.data() + static_cast<size_t>(j) * B * T, tg.data() + static_cast<size_t>(j) * B * T, B, T,
-                    true, 1.0f / (dp * m));
-      whole.backward();
-    }
-    double ss = 0;
-    for (const ParamInfo& info : model.params().infos()) {
-      const Tensor g = whole.params().grad(info.name);
-      for (int64_t i = 0; i < g.numel(); ++i) ss += double(g.f32()[i]) * g.f32()[i];
-    }
-    MT_CHECK(std::abs(norm - std::sqrt(ss)) <= 1e-5 * std::sqrt(ss), "gradient norm {} but one process "
-             "gives {}", norm, std::sqrt(ss));
-  }, 60);
+        GPT whole(c, *ops);  // the oracle: the global batch in one process
+        whole.init_weights(5);
+        whole.params().zero_grads();
+        for (int j = 0; j < dp * m; ++j) {
+          whole.forward(tok.data() + static_cast<size_t>(j) * B * T, tg.data() + static_cast<size_t>(j) * B * T, B, T,
+                        true, 1.0f / (dp * m));
+          whole.backward();
+        }
+        double ss = 0;
+        for (const ParamInfo& info : model.params().infos()) {
+          const Tensor g = whole.params().grad(info.name);
+          for (int64_t i = 0; i < g.numel(); ++i) ss += double(g.f32()[i]) * g.f32()[i];
+        }
+        MT_CHECK(std::abs(norm - std::sqrt(ss)) <= 1e-5 * std::sqrt(ss),
+                 "gradient norm {} but one process "
+                 "gives {}",
+                 norm, std::sqrt(ss));
+      },
+      60);
   EXPECT_EQ(err, "");
 }
 
@@ -364,9 +378,9 @@ TEST_P(PipelineVsSingle, LossesAndParametersMatch) {
   const int rows = 4;
   run(kMegatrain + " train" + common(t.single, rows) + c.extra);
   run_twin(rows, common(t.alt, rows) + c.extra);
-  run(kMegatrain + " launch --nproc " + std::to_string(2 * c.dp * c.tp) + " -- train" + common(t.multi, rows / (c.dp * c.micro)) +
-      " --parallel.pp=2 --parallel.microbatches=" + std::to_string(c.micro) + " --parallel.dp=" +
-      std::to_string(c.dp) + " --parallel.tp=" + std::to_string(c.tp) + c.extra + c.pp_extra);
+  run(kMegatrain + " launch --nproc " + std::to_string(2 * c.dp * c.tp) + " -- train" +
+      common(t.multi, rows / (c.dp * c.micro)) + " --parallel.pp=2 --parallel.microbatches=" + std::to_string(c.micro) +
+      " --parallel.dp=" + std::to_string(c.dp) + " --parallel.tp=" + std::to_string(c.tp) + c.extra + c.pp_extra);
   expect_equivalent(t, "pp2 " + c.name);
   if (c.pp_extra.find("stage_layers=[3,1]") != std::string::npos) {
     // The split was the one asked for, not the even one (which would match one process as well): the checkpoint
@@ -389,8 +403,7 @@ INSTANTIATE_TEST_SUITE_P(
                       pcase("overlap_off_dp2", " --parallel.overlap=false", 2, 1, 2),
                       pcase("dp2_pp2_lamb", " --optim.name=lamb --model.bias=false", 2, 1, 2),
                       pcase("untied_accum_recompute",
-                           " --model.tied_embeddings=false --train.grad_accum=2 --model.recompute=[0,2]",
-                           1, 1, 4)),
+                            " --model.tied_embeddings=false --train.grad_accum=2 --model.recompute=[0,2]", 1, 1, 4)),
     CaseName());
 
 TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
@@ -401,7 +414,8 @@ TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
   std::string alt = fresh_dir("mt_pp_resume_alt");
   run(kMegatrain + " train" + common(a, 4));
   run_twin(4, common(alt, 4));
-  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) + " --parallel.pp=2 --ckpt.every=3 --ckpt.save_final=false");
+  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) +
+      " --parallel.pp=2 --ckpt.every=3 --ckpt.save_final=false");
   Checkpoint ck = Checkpoint::load(step3(b));
   EXPECT_EQ(ck.extra()["pp_layout"]["h.3.mlp.c_fc.weight"], nlohmann::json::array({1}));
   EXPECT_EQ(ck.extra()["pp_layout"]["wte.weight"], nlohmann::json::array({0, 1}));
@@ -409,8 +423,10 @@ TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
   run(kMegatrain + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
   run(kMegatrain + " train" + common(c, 4) + " --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(c + "/metrics.jsonl");
-  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 1) + " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4"
-      " --ckpt.resume=" + step3(c));
+  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 1) +
+      " --parallel.pp=2 --parallel.tp=2 --parallel.microbatches=4"
+      " --ckpt.resume=" +
+      step3(c));
   expect_resumed_tail(a, alt, {b, c}, "pp2 <-> 1 resume");
 }
 
@@ -456,8 +472,8 @@ TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
   // `generate` reads the HF directory and its conversion alike: the same greedy continuation.
   auto greedy = [&](const std::string& from) {
     const std::string log = out + "-generate.log";
-    const std::string cmd = kMegatrain + " generate --ckpt " + from + " --vocab " + kSmallBrown + "-tokenizer --prompt 'The jury'" +
-                            " --tokens 8 --temperature 0 > " + log + " 2>&1";
+    const std::string cmd = kMegatrain + " generate --ckpt " + from + " --vocab " + kSmallBrown +
+                            "-tokenizer --prompt 'The jury'" + " --tokens 8 --temperature 0 > " + log + " 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return mt::read_text_file(log);
   };
@@ -475,7 +491,8 @@ TEST(Pipeline, BadLayoutsAreClearErrors) {
   prepare();
   std::string t = failing_run(" --parallel.pp=3");
   EXPECT_NE(t.find("model.n_layer = 4 must be divisible by parallel.pp * parallel.virtual_stages = 3 * 1"),
-            std::string::npos) << t;
+            std::string::npos)
+      << t;
   t = failing_run(" --parallel.pp=2 --parallel.virtual_stages=2 --parallel.microbatches=3");
   EXPECT_NE(t.find("parallel.microbatches = 3 must be a multiple of parallel.pp = 2"), std::string::npos) << t;
   t = failing_run(" --parallel.virtual_stages=2");

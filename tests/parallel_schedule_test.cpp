@@ -94,8 +94,8 @@ void check_structure(const Schedule& s) {
         }
         EXPECT_EQ(p2p_tag(s, r, a), (fwd ? 0 : 1) * m * S + a.microbatch * S + (recv ? stage : other));
       } else {
-        K post =
-            fwd ? (recv ? K::PostRecvForward : K::PostSendForward) : (recv ? K::PostRecvBackward : K::PostSendBackward);
+        K post = fwd ? (recv ? K::PostRecvForward : K::PostSendForward)
+                     : (recv ? K::PostRecvBackward : K::PostSendBackward);
         EXPECT_EQ(posted.erase({post, a.microbatch, a.chunk}), 1u) << "wait without post: " << to_string(a, v);
       }
     }
@@ -265,10 +265,11 @@ TEST(PipelineSchedule, SimulatorReportsDeadlock) {
   // A send whose receive is never posted: the sender blocks forever while the peer finishes.
   Schedule t = make_1f1b(2, 1);
   auto& r1 = t.per_rank[1];
-  r1.erase(
-      std::remove_if(r1.begin(), r1.end(),
-                     [](const Action& a) { return a.kind == K::PostSendBackward || a.kind == K::WaitSendBackward; }),
-      r1.end());
+  r1.erase(std::remove_if(r1.begin(), r1.end(),
+                          [](const Action& a) {
+                            return a.kind == K::PostSendBackward || a.kind == K::WaitSendBackward;
+                          }),
+           r1.end());
   e = error_of([&] { simulate(t, 1, 1, 0); });
   EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
   EXPECT_NE(e.find("wrB0"), std::string::npos) << e;
@@ -285,8 +286,9 @@ TEST(PipelineSchedule, SimulatorRejectsBrokenDependencies) {
     return std::find_if(acts.begin(), acts.end(), [&](const Action& a) { return a.kind == k && a.microbatch == mb; });
   };
   // Last stage runs B0 before F0.
-  std::string e = broken(
-      [&](Schedule& s) { std::iter_swap(find(s.per_rank[1], K::Forward, 0), find(s.per_rank[1], K::Backward, 0)); });
+  std::string e = broken([&](Schedule& s) {
+    std::iter_swap(find(s.per_rank[1], K::Forward, 0), find(s.per_rank[1], K::Backward, 0));
+  });
   EXPECT_NE(e.find("backward before its own forward"), std::string::npos) << e;
   EXPECT_NE(e.find("rank 1"), std::string::npos) << e;
   // Rank 1 computes F0 before waiting for the activation.

@@ -105,7 +105,9 @@ TEST(ShardSpec, IndivisibleDimensionsAreNamed) {
   c.d_model = 96;
   c.n_head = 6;
   ParamStore s;
-  EXPECT_NE(error_of([&] { declare_gpt_params(c, s, 4, 0); }).find("model.n_head (6) must be divisible by parallel.tp (4)"),
+  EXPECT_NE(error_of([&] {
+              declare_gpt_params(c, s, 4, 0);
+            }).find("model.n_head (6) must be divisible by parallel.tp (4)"),
             std::string::npos);
   c.n_head = 4;
   c.n_kv_head = 2;

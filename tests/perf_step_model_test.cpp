@@ -158,9 +158,9 @@ TEST(Collectives, RingAndTreeFollowTheirAlphaBetaFormulas) {
 
 TEST(Collectives, GroupsUseNvlinkInsideANodeAndTheNetworkAcrossNodes) {
   const Cluster c = a100();
-  EXPECT_EQ(group_link(c, 8, 1).name, "nvlink");    // tp 8 inside a node
-  EXPECT_EQ(group_link(c, 8, 8).name, "network");   // pp across nodes
-  EXPECT_EQ(group_link(c, 2, 4).name, "nvlink");    // 2 members 4 apart: still one node
+  EXPECT_EQ(group_link(c, 8, 1).name, "nvlink");                              // tp 8 inside a node
+  EXPECT_EQ(group_link(c, 8, 8).name, "network");                             // pp across nodes
+  EXPECT_EQ(group_link(c, 2, 4).name, "nvlink");                              // 2 members 4 apart: still one node
   EXPECT_DOUBLE_EQ(group_link(c, 8, 8).bytes_per_s, c.nic_gbps.value * 1e9);  // one NIC per GPU
   EXPECT_EQ(members_per_node(c, 64, 2), 4);
   // Hierarchical all-reduce beats a flat ring over the network when several members share a node.
@@ -195,7 +195,7 @@ TEST(ComputeCost, LayerFlopsMatchSixNTPlusAttentionCountedByHand) {
 }
 
 TEST(ComputeCost, WaveQuantizationAtKnownShapes) {
-  Cluster c = a100();  // 108 SMs, 256 x 128 tiles
+  Cluster c = a100();                                         // 108 SMs, 256 x 128 tiles
   EXPECT_DOUBLE_EQ(wave_efficiency(c, 256 * 108, 128), 1.0);  // exactly one full wave
   // 109 tiles of 256 x 128 spill one tile into a second wave (109/216); laid the other way, 218 tiles of 128 x 256
   // fill 3 waves better (218/324), and the library takes the better layout.
@@ -233,8 +233,8 @@ TEST(Memory, ZeroShardsAndPerStageParametersAddUp) {
   Techniques t;
   const MemoryBreakdown a = memory_per_gpu(m, s, t, 1, 2, 1, 2), b = memory_per_gpu(m, s, t, 4, 2, 1, 2);
   EXPECT_DOUBLE_EQ(a.optimizer, 12 * params_per_gpu(m, 2, 2, 0));  // fp32 master + 2 moments, one dp rank
-  EXPECT_DOUBLE_EQ(b.optimizer, a.optimizer / 4);                   // sharded over dp 4
-  EXPECT_DOUBLE_EQ(b.params, a.params);                             // weights are not sharded by ZeRO-2
+  EXPECT_DOUBLE_EQ(b.optimizer, a.optimizer / 4);                  // sharded over dp 4
+  EXPECT_DOUBLE_EQ(b.params, a.params);                            // weights are not sharded by ZeRO-2
   // Every stage's share x tp adds up to the model, plus the LM head's second copy of the tied embedding.
   double sum = 0;
   for (int r = 0; r < 4; ++r) sum += params_per_gpu(m, 1, 4, r);
@@ -251,7 +251,11 @@ TEST(Memory, ZeroShardsAndPerStageParametersAddUp) {
 
 TEST(StepModel, NoOverlapSwitchAndNoExtraBandwidthEverMakesAStepSlower) {
   const Cluster c = a100();
-  for (Job j : {small_job(c), [&] { Job x = small_job(c); x.layout = Layout{4, 4, 1, 2, 8, 1, 32, {}}; return x; }()}) {
+  for (Job j : {small_job(c), [&] {
+                  Job x = small_job(c);
+                  x.layout = Layout{4, 4, 1, 2, 8, 1, 32, {}};
+                  return x;
+                }()}) {
     double prev = predict(j, c).step_seconds;
     for (int k = 0; k < 4; ++k) {
       (k == 0 ? j.tech.tp_overlap : k == 1 ? j.tech.pp_overlap : k == 2 ? j.tech.dp_overlap : j.tech.misc) = true;
@@ -377,11 +381,15 @@ TEST(StepModel, TheStepWaitsForTheSlowestGpuNotForTheSumOfSlowdowns) {
 TEST(StepModel, ImpossibleLayoutsAreRefusedNamingTheProblem) {
   const Cluster c = a100();
   Job j = small_job(c);
-  EXPECT_NE(error_of([&] { validate_job(j, c, 16); }).find("dp * parallel.pp * parallel.tp = 2 * 2 * 2 = 8 but --gpus is 16"),
+  EXPECT_NE(error_of([&] {
+              validate_job(j, c, 16);
+            }).find("dp * parallel.pp * parallel.tp = 2 * 2 * 2 = 8 but --gpus is 16"),
             std::string::npos);
   j.layout.pp = 3;
-  EXPECT_NE(error_of([&] { predict(j, c); }).find("model.n_layer = 8 is not divisible by parallel.pp * "
-                                                   "parallel.virtual_stages = 3 * 2"), std::string::npos);
+  EXPECT_NE(error_of([&] { predict(j, c); })
+                .find("model.n_layer = 8 is not divisible by parallel.pp * "
+                      "parallel.virtual_stages = 3 * 2"),
+            std::string::npos);
   j = small_job(c);
   j.layout.microbatches = 3;
   EXPECT_NE(error_of([&] { predict(j, c); }).find("parallel.microbatches (3) must be a multiple of parallel.pp (2)"),
@@ -478,8 +486,8 @@ TEST(Presets, Table2GivesSixteenRowsWithTheJsonFields) {
   ASSERT_EQ(js.size(), 16u);
   std::set<std::string> systems;
   for (const auto& r : js) {
-    for (const char* k : {"gpus", "batch", "system", "mfu_predicted", "mfu_paper", "step_seconds_predicted",
-                          "step_seconds_paper"})
+    for (const char* k :
+         {"gpus", "batch", "system", "mfu_predicted", "mfu_paper", "step_seconds_predicted", "step_seconds_paper"})
       EXPECT_TRUE(r.contains(k)) << k;
     EXPECT_GT(r["mfu_predicted"].get<double>(), 0);
     EXPECT_LT(r["mfu_predicted"].get<double>(), 1);
@@ -630,26 +638,36 @@ TEST(ClusterFile, BadFilesAreRefusedNamingTheKey) {
     EXPECT_NE(at, std::string::npos) << from;
     return t.replace(at, from.size(), to);
   };
-  EXPECT_NE(error_of([&] { parse_cluster(with("[gpu]\n", "[gpu]\npeak_tflop = { value = 1, source = \"x\" }\n"), "f.toml"); })
-                .find("f.toml: unknown key 'gpu.peak_tflop'"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              parse_cluster(with("[gpu]\n", "[gpu]\npeak_tflop = { value = 1, source = \"x\" }\n"), "f.toml");
+            }).find("f.toml: unknown key 'gpu.peak_tflop'"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { parse_cluster(with("[gpu]\n", "[gpus]\n"), "f.toml"); }).find("unknown key 'gpus'"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { parse_cluster(with("hbm_gbps = { value = 2039, source", "hbm_gbps = { value = 2039, sourc"), "f.toml"); })
-                .find("f.toml: gpu.hbm_gbps: unknown field 'sourc'"), std::string::npos);
-  EXPECT_NE(error_of([&] { parse_cluster(with("memory_bound = { value = 0.88", "memory_bound = { value = 1.88"), "f.toml"); })
-                .find("efficiency.memory_bound = 1.88 is out of range"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              parse_cluster(with("hbm_gbps = { value = 2039, source", "hbm_gbps = { value = 2039, sourc"), "f.toml");
+            }).find("f.toml: gpu.hbm_gbps: unknown field 'sourc'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              parse_cluster(with("memory_bound = { value = 0.88", "memory_bound = { value = 1.88"), "f.toml");
+            }).find("efficiency.memory_bound = 1.88 is out of range"),
+            std::string::npos);
   const size_t at = good.find("nic_latency_us");
   std::string missing = good;
   missing.erase(at, missing.find('\n', at) - at + 1);
   EXPECT_NE(error_of([&] { parse_cluster(missing, "f.toml"); }).find("f.toml: network.nic_latency_us is missing"),
             std::string::npos);
   // A single-host cluster must say how many cores its ranks share; the GPU clusters need not.
-  EXPECT_NE(error_of([&] { parse_cluster(with("topology = \"rail-clos\"", "topology = \"single-host\""), "f.toml"); })
-                .find("f.toml: gpu.host_cores is missing (a single-host cluster must say how many cores"),
+  EXPECT_NE(error_of([&] {
+              parse_cluster(with("topology = \"rail-clos\"", "topology = \"single-host\""), "f.toml");
+            }).find("f.toml: gpu.host_cores is missing (a single-host cluster must say how many cores"),
             std::string::npos);
   EXPECT_EQ(parse_cluster(with("[gpu]\n", "[gpu]\nhost_cores = { value = 4, source = \"x\" }\n"), "f.toml")
-                .host_cores.value, 4.0);
-  EXPECT_NE(error_of([] { load_cluster("/nonexistent/cluster.toml"); }).find("cluster file /nonexistent/cluster.toml does not exist"),
+                .host_cores.value,
+            4.0);
+  EXPECT_NE(error_of([] {
+              load_cluster("/nonexistent/cluster.toml");
+            }).find("cluster file /nonexistent/cluster.toml does not exist"),
             std::string::npos);
   try {
     load_cluster("/nonexistent/cluster.toml");

@@ -68,7 +68,8 @@ void run_node(const std::vector<std::string>& args) {
 std::vector<Ids> reference_encode(const std::vector<std::string>& texts, const std::string& vocab_dir) {
   std::string in = tmp_dir() + "/ref_in.json", out = tmp_dir() + "/ref_out.json";
   mt::write_file_atomic(in, nlohmann::json(texts).dump());
-  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/gpt2_encode.js", mt::default_gpt2_vocab_dir(), vocab_dir, in, out});
+  run_node({std::string(MT_SOURCE_DIR) + "/tests/tools/gpt2_encode.js", mt::default_gpt2_vocab_dir(), vocab_dir, in,
+            out});
   if (::testing::Test::HasFatalFailure()) return {};
   auto j = nlohmann::json::parse(mt::read_text_file(out));
   return j.get<std::vector<Ids>>();
@@ -77,11 +78,16 @@ std::vector<Ids> reference_encode(const std::vector<std::string>& texts, const s
 std::string escaped(std::string_view s) {
   std::string out;
   for (unsigned char c : s) {
-    if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (c < 0x20 || c == 0x7F) out += fmt::format("\\x{:02x}", c);
-    else out += static_cast<char>(c);
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c < 0x20 || c == 0x7F)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += static_cast<char>(c);
   }
   return out;
 }
@@ -148,6 +154,8 @@ void append_utf8(std::string& s, uint32_t cp) {
 // punctuation runs, all kinds of whitespace, many scripts with combining marks, emoji sequences and random
 // code points from every plane. Items are joined by random separators or by nothing (mixed-script words).
 std::string generated_text(size_t bytes, uint64_t seed) {
+  // (laid out by hand)
+  // clang-format off
   static const std::vector<std::string> words = {
       "the", "The", "HELLO", "don't", "DON'T", "I'm", "I'M", "we're", "WE'RE", "they've", "THEY'VE", "you'll",
       "YOU'LL", "he'd", "HE'D", "it's", "IT'S", "can't", "CAN'T", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d",
@@ -168,6 +176,7 @@ std::string generated_text(size_t bytes, uint64_t seed) {
       " ", " ", " ", " ", "  ", "   ", "\t", "\t\t", "\n", "\n\n", "\r\n", "\r\n\r\n", " \n", "  \n  ", " \t ",
       "\u00a0", "\u2000", "\u2003", "\u200a", "\u3000", "\u2028", "\u2029", "\u202f", "\u205f", "\u1680", "\ufeff",
       "\u0085", "\u180e", "\u200b", "\v", "\f", "\x1c", "\x1f", " \u00a0 ", "\u3000\u3000"};
+  // clang-format on
   mt::Rng rng(seed);
   auto pick = [&](const std::vector<std::string>& v) -> const std::string& { return v[rng.below(v.size())]; };
   std::string s;
@@ -175,9 +184,12 @@ std::string generated_text(size_t bytes, uint64_t seed) {
     size_t items = 1 + rng.below(16);
     for (size_t i = 0; i < items; ++i) {
       uint64_t kind = rng.below(100);
-      if (kind < 45) s += pick(words);
-      else if (kind < 60) s += pick(numbers);
-      else if (kind < 72) s += pick(punct);
+      if (kind < 45)
+        s += pick(words);
+      else if (kind < 60)
+        s += pick(numbers);
+      else if (kind < 72)
+        s += pick(punct);
       else if (kind < 80) {
         for (uint64_t n = 1 + rng.below(6); n-- > 0;) {
           uint32_t cp;  // half from the BMP, which is mostly assigned
@@ -218,10 +230,12 @@ struct NaiveGpt2 {
 
   NaiveGpt2() {
     std::string dir = mt::default_gpt2_vocab_dir();
-    encoder = nlohmann::json::parse(mt::read_text_file(dir + "/encoder.json")).get<std::unordered_map<std::string, int32_t>>();
+    encoder = nlohmann::json::parse(mt::read_text_file(dir + "/encoder.json"))
+                  .get<std::unordered_map<std::string, int32_t>>();
     std::string bpe = mt::read_text_file(dir + "/vocab.bpe");
     std::vector<std::string> lines;
-    for (size_t p = 0, nl; (nl = bpe.find('\n', p)) != std::string::npos; p = nl + 1) lines.push_back(bpe.substr(p, nl - p));
+    for (size_t p = 0, nl; (nl = bpe.find('\n', p)) != std::string::npos; p = nl + 1)
+      lines.push_back(bpe.substr(p, nl - p));
     for (size_t i = 1; i < lines.size(); ++i) {
       size_t sp = lines[i].find(' ');
       ranks[lines[i].substr(0, sp) + "," + lines[i].substr(sp + 1)] = static_cast<int32_t>(i - 1);
@@ -247,8 +261,10 @@ struct NaiveGpt2 {
       std::string first = word[at], second = word[at + 1];
       std::vector<std::string> merged;
       for (size_t i = 0; i < word.size();) {
-        if (i + 1 < word.size() && word[i] == first && word[i + 1] == second) merged.push_back(first + second), i += 2;
-        else merged.push_back(word[i++]);
+        if (i + 1 < word.size() && word[i] == first && word[i + 1] == second)
+          merged.push_back(first + second), i += 2;
+        else
+          merged.push_back(word[i++]);
       }
       word.swap(merged);
     }
@@ -285,10 +301,14 @@ TEST(Tokenizer, PretokenizeKnownSplits) {
       {" 123abc½", {" 123", "abc", "½"}},
       {"\u00a0a", {"\u00a0", "a"}},
       {" \u00a0a", {" ", "\u00a0", "a"}},
-      {"a\xff" "b", {"a", "\xff", "b"}},          // invalid byte: one [^\s\p{L}\p{N}] character
-      {" \xe2\x82", {" \xe2\x82"}},               // truncated sequence: two such characters
-      {"\xed\xa0\x80", {"\xed\xa0\x80"}},         // an encoded surrogate is invalid too
-      {" \xe0\x81\x81" "a", {" \xe0\x81\x81", "a"}},  // an overlong 'A' is no letter
+      {"a\xff"
+       "b",
+       {"a", "\xff", "b"}},                // invalid byte: one [^\s\p{L}\p{N}] character
+      {" \xe2\x82", {" \xe2\x82"}},        // truncated sequence: two such characters
+      {"\xed\xa0\x80", {"\xed\xa0\x80"}},  // an encoded surrogate is invalid too
+      {" \xe0\x81\x81"
+       "a",
+       {" \xe0\x81\x81", "a"}},  // an overlong 'A' is no letter
       {" \xf0\x9f\x98\x80!", {" \xf0\x9f\x98\x80!"}},
       {"", {}},
   };
@@ -415,7 +435,7 @@ TEST(Tokenizer, CommaJoinedMergeKeysActAsTheReferenceDoes) {
     v.merges.emplace_back(id(l), id(r));
     v.tokens.push_back(l + r);
   };
-  add(",", "?");    // so "!,?" -> "!" ",?", which the reference then joins as if it were ("!,", "?")
+  add(",", "?");  // so "!,?" -> "!" ",?", which the reference then joins as if it were ("!,", "?")
   add("!", ",");
   add("!,", "?");
   add("!,", "!");
@@ -450,7 +470,8 @@ TEST(Tokenizer, LongPreTokensCostLinearWork) {
   const Tokenizer& t = gpt2();
   mt::Rng rng(5);
   const std::vector<std::pair<const char*, std::function<std::string(size_t)>>> kinds = {
-      {"letters", [&](size_t n) {
+      {"letters",
+       [&](size_t n) {
          std::string s(n, 'a');
          for (auto& c : s) c = static_cast<char>('a' + rng.below(26));
          return s;
@@ -484,7 +505,10 @@ TEST(Tokenizer, AnyBytesRoundTrip) {
     std::string s(rng.below(48), '\0');
     for (auto& c : s) {
       uint64_t k = rng.below(4);
-      c = static_cast<char>(k == 0 ? rng.below(128) : k == 1 ? ' ' : k == 2 ? 0x80 + rng.below(64) : 0xC0 + rng.below(64));
+      c = static_cast<char>(k == 0   ? rng.below(128)
+                            : k == 1 ? ' '
+                            : k == 2 ? 0x80 + rng.below(64)
+                                     : 0xC0 + rng.below(64));
     }
     size_t covered = 0;
     for (auto p : mt::pretokenize(s)) {
@@ -528,7 +552,8 @@ TEST(BpeTrain, KnownFirstMerges) {
 
   // Too rare to merge: the vocabulary stops short. "<|endoftext|>" separates documents.
   EXPECT_EQ(mt::train_bpe({"ab cd"}, 300).tokens.size(), 257u);
-  EXPECT_EQ(mt::train_bpe({"x<|endoftext|>y<|endoftext|>x<|endoftext|>y"}, 300, {.min_pair_count = 1}).tokens.size(), 257u);
+  EXPECT_EQ(mt::train_bpe({"x<|endoftext|>y<|endoftext|>x<|endoftext|>y"}, 300, {.min_pair_count = 1}).tokens.size(),
+            257u);
   EXPECT_THROW(mt::train_bpe({"abc"}, 256), mt::Error);
 }
 
@@ -554,14 +579,17 @@ TEST(BpeTrain, EachMergeIsTheMostFrequentPair) {
     auto best = count.begin();
     for (auto it = count.begin(); it != count.end(); ++it)
       if (it->second > best->second) best = it;  // std::map order: the first maximum has the smallest ids
-    ASSERT_EQ(v.merges[m], best->first) << "merge " << m << " (count " << count[v.merges[m]] << " vs " << best->second << ")";
+    ASSERT_EQ(v.merges[m], best->first) << "merge " << m << " (count " << count[v.merges[m]] << " vs " << best->second
+                                        << ")";
     auto [l, r] = v.merges[m];
     int32_t merged = id_of.at(v.tokens[l] + v.tokens[r]);
     for (auto& [ids, f] : words) {
       Ids out;
       for (size_t i = 0; i < ids.size();) {
-        if (i + 1 < ids.size() && ids[i] == l && ids[i + 1] == r) out.push_back(merged), i += 2;
-        else out.push_back(ids[i++]);
+        if (i + 1 < ids.size() && ids[i] == l && ids[i + 1] == r)
+          out.push_back(merged), i += 2;
+        else
+          out.push_back(ids[i++]);
       }
       ids.swap(out);
     }
@@ -679,13 +707,13 @@ TEST(HfTokenizer, Llama3PreTokensAndSpecialTokens) {
   using mt::PreTokenizer;
   // Splits derived by hand from the regex (tokenizer.h), each alternative where it differs from GPT-2's.
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
-      {"I'M here", {"I", "'M", " here"}},                       // contractions in any case
-      {"(hello) world", {"(hello", ")", " world"}},             // one non-letter may lead a word
-      {" (hello", {" (", "hello"}},                             // ... but a space and a symbol go together
-      {"1234567", {"123", "456", "7"}},                         // digits in threes
-      {"x!?\n\ny", {"x", "!?\n\n", "y"}},                       // symbols take the line breaks after them
-      {"a \n\n  b", {"a", " \n\n", " ", " b"}},                  // whitespace up to its last line break
-      {"a   b", {"a", "  ", " b"}},                              // the last space goes with the word
+      {"I'M here", {"I", "'M", " here"}},            // contractions in any case
+      {"(hello) world", {"(hello", ")", " world"}},  // one non-letter may lead a word
+      {" (hello", {" (", "hello"}},                  // ... but a space and a symbol go together
+      {"1234567", {"123", "456", "7"}},              // digits in threes
+      {"x!?\n\ny", {"x", "!?\n\n", "y"}},            // symbols take the line breaks after them
+      {"a \n\n  b", {"a", " \n\n", " ", " b"}},      // whitespace up to its last line break
+      {"a   b", {"a", "  ", " b"}},                  // the last space goes with the word
   };
   for (const auto& [text, want] : cases) {
     std::vector<std::string> got;
@@ -734,7 +762,8 @@ TEST(HfTokenizer, Gpt2AsTokenizerJsonEqualsItsFiles) {
   EXPECT_EQ(hf.vocab_size(), 50257);
   EXPECT_EQ(hf.eot(), 50256);
   const std::string text = brown_text(200'000, 120) + generated_text(100'000, 29);
-  for (const std::string& c : line_chunks(text, 4096)) ASSERT_EQ(hf.encode(c, false), gpt2().encode(c, false)) << escaped(c);
+  for (const std::string& c : line_chunks(text, 4096))
+    ASSERT_EQ(hf.encode(c, false), gpt2().encode(c, false)) << escaped(c);
   EXPECT_EQ(hf.encode("a<|endoftext|>b", true), gpt2().encode("a<|endoftext|>b", true));
 }
 
@@ -764,8 +793,10 @@ std::vector<Ids> prepared_documents(const std::string& tokenizer_json, const std
     for (int32_t k = 0; k < h[2] && bytes.size() >= 1024u + static_cast<size_t>(token_bytes) * (k + 1); ++k) {
       uint32_t id = 0;
       std::memcpy(&id, bytes.data() + 1024 + static_cast<size_t>(token_bytes) * k, static_cast<size_t>(token_bytes));
-      if (id == static_cast<uint32_t>(eot)) stored.emplace_back();
-      else if (!stored.empty()) stored.back().push_back(static_cast<int32_t>(id));
+      if (id == static_cast<uint32_t>(eot))
+        stored.emplace_back();
+      else if (!stored.empty())
+        stored.back().push_back(static_cast<int32_t>(id));
     }
   }
   std::sort(stored.begin(), stored.end());
@@ -791,13 +822,15 @@ TEST(HfTokenizer, PrepareDataWritesShardsInLlama3Ids) {
 // vocabulary and merges dumped as the tokenizer.json transformers saves, by tests/tools/sentencepiece_tokenizer.js)
 
 struct SpModel {
-  const char* package;  // under .deps/npm/node_modules
+  const char* package;   // under .deps/npm/node_modules
   int32_t hello, world;  // "Hello world": the ids of "▁Hello" and "▁world"
 };
 const SpModel kLlama2{"llama-tokenizer-js", 15043, 3186};
 const SpModel kMistral{"mistral-tokenizer-js", 22557, 1526};
 
-std::string sp_package(const SpModel& m) { return mt::resource_path(std::string(".deps/npm/node_modules/") + m.package); }
+std::string sp_package(const SpModel& m) {
+  return mt::resource_path(std::string(".deps/npm/node_modules/") + m.package);
+}
 
 std::string sp_tokenizer_json(const SpModel& m) {
   return dumped_tokenizer_json("sentencepiece_tokenizer.js", sp_package(m), std::string(m.package) + ".json");
@@ -858,8 +891,11 @@ std::string tiny_sp_tokenizer(const std::vector<std::string>& pieces, const std:
   nlohmann::json added = nlohmann::json::array();
   for (int i = 0; i < 3; ++i)
     added.push_back({{"id", i}, {"content", std::vector<std::string>{"<unk>", "<s>", "</s>"}[i]}, {"special", true}});
-  const nlohmann::json tj = {{"added_tokens", added}, {"normalizer", normalizer}, {"pre_tokenizer", pre_tokenizer},
-                             {"model", {{"type", "BPE"}, {"byte_fallback", true}, {"vocab", vocab}, {"merges", merges}}}};
+  const nlohmann::json tj = {
+      {"added_tokens", added},
+      {"normalizer", normalizer},
+      {"pre_tokenizer", pre_tokenizer},
+      {"model", {{"type", "BPE"}, {"byte_fallback", true}, {"vocab", vocab}, {"merges", merges}}}};
   static int n = 0;
   const std::string path = fmt::format("{}/tiny-sp-{}.json", tmp_dir(), n++);
   mt::write_file_atomic(path, tj.dump());
@@ -868,8 +904,9 @@ std::string tiny_sp_tokenizer(const std::vector<std::string>& pieces, const std:
 
 const nlohmann::json kLlama2Normalizer = {
     {"type", "Sequence"},
-    {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
-                     {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
+    {"normalizers",
+     {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+      {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
 
 nlohmann::json metaspace(const std::string& scheme, bool split = false) {
   return {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", split}};
@@ -881,12 +918,12 @@ TEST(SentencePieceTokenizer, MergesOneAtATimeLowestRankThenLeftmost) {
   // second "a", so the second "ab" is never made: "aba" "b". GPT-2's rounds would make both "ab"s first: "ab" "ab".
   // tiny_sp_tokenizer's ids: 0-2 <unk> <s> </s>, 3-258 the bytes, then the pieces in order from 259.
   const Tokenizer t = Tokenizer::load_hf(tiny_sp_tokenizer({"\u2581", "a", "b", "ab", "aba"}, {"ab a", "a b"},
-                                                            nlohmann::json(), metaspace("never")));
+                                                           nlohmann::json(), metaspace("never")));
   const int32_t a = 260, b = 261, aba = 263;
   EXPECT_EQ(t.encode("abab"), (Ids{aba, b}));
   // Equal ranks go left to right: "aaa" with only "a" + "a" is "aa" "a".
   const Tokenizer u = Tokenizer::load_hf(tiny_sp_tokenizer({"\u2581", "a", "aa"}, {"a a"}, nlohmann::json(),
-                                                            metaspace("never")));
+                                                           metaspace("never")));
   EXPECT_EQ(u.encode("aaa"), (Ids{261, a}));
   // A character the vocabulary lacks is its UTF-8 bytes' tokens; so is a byte that starts no character.
   EXPECT_EQ(u.encode("\xC3\xA9"), (Ids{3 + 0xC3, 3 + 0xA9}));
@@ -898,7 +935,8 @@ TEST(SentencePieceTokenizer, WhereTheSpaceGoesBeforeText) {
   const std::vector<std::string> pieces = {"\u2581", "a", "b"};
   auto ids_of = [](const Tokenizer& t, const std::string& text) {
     std::string shown;
-    for (int32_t id : t.encode(text, /*allow_special=*/true)) shown += id == 2 ? "</s>" : std::string(t.token_bytes(id));
+    for (int32_t id : t.encode(text, /*allow_special=*/true))
+      shown += id == 2 ? "</s>" : std::string(t.token_bytes(id));
     return shown;
   };
   // Llama 2's normalizer: a "▁" before every stretch of text, also one that starts with a space, also after </s>.
@@ -942,7 +980,9 @@ TEST(SentencePieceTokenizer, TheCliEncodesWithTheTemplateOnRequest) {
   auto cli = [&](const std::string& flags) {
     const std::string out = tmp_dir() + "/cli_out.txt";
     EXPECT_EQ(std::system(fmt::format("{} tokenize encode --vocab {} --in {}/cli_in.txt --out {} {}",
-                                      mt::test::kMegatrain, json, tmp_dir(), out, flags).c_str()), 0);
+                                      mt::test::kMegatrain, json, tmp_dir(), out, flags)
+                              .c_str()),
+              0);
     Ids ids;
     std::istringstream in(mt::read_text_file(out));
     for (int32_t id; in >> id;) ids.push_back(id);
@@ -956,34 +996,42 @@ TEST(SentencePieceTokenizer, TheCliEncodesWithTheTemplateOnRequest) {
 TEST(SentencePieceTokenizer, TheTemplateAroundAText) {
   const std::vector<std::string> pieces = {"\u2581", "a"};
   auto with_post = [&](const nlohmann::json& post) {
-    nlohmann::json j = nlohmann::json::parse(mt::read_text_file(tiny_sp_tokenizer(pieces, {}, kLlama2Normalizer, nullptr)));
+    nlohmann::json j =
+        nlohmann::json::parse(mt::read_text_file(tiny_sp_tokenizer(pieces, {}, kLlama2Normalizer, nullptr)));
     j["post_processor"] = post;
     static int n = 0;
     const std::string path = fmt::format("{}/post-{}.json", tmp_dir(), n++);
     mt::write_file_atomic(path, j.dump());
     return path;
   };
-  auto special = [](const std::string& name) { return nlohmann::json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}}; };
+  auto special = [](const std::string& name) {
+    return nlohmann::json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}};
+  };
   const nlohmann::json text = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
   const nlohmann::json ids = {{"<s>", {{"id", "<s>"}, {"ids", {1}}}}, {"</s>", {{"id", "</s>"}, {"ids", {2}}}}};
-  const nlohmann::json both = {{"type", "TemplateProcessing"}, {"single", {special("<s>"), text, special("</s>")}},
-                               {"special_tokens", ids}};
+  const nlohmann::json both = {
+      {"type", "TemplateProcessing"}, {"single", {special("<s>"), text, special("</s>")}}, {"special_tokens", ids}};
   const Tokenizer t = Tokenizer::load_hf(with_post(both));
   EXPECT_EQ(t.template_prefix(), Ids{1});
   EXPECT_EQ(t.template_suffix(), Ids{2});
   EXPECT_EQ(t.encode("a"), (Ids{259, 260}));  // encode() itself adds neither
   const Tokenizer none = Tokenizer::load_hf(with_post({{"type", "ByteLevel"}, {"trim_offsets", true}}));
   EXPECT_TRUE(none.template_prefix().empty() && none.template_suffix().empty());
-  const Tokenizer seq = Tokenizer::load_hf(with_post({{"type", "Sequence"}, {"processors", {{{"type", "ByteLevel"}}, both}}}));
+  const Tokenizer seq =
+      Tokenizer::load_hf(with_post({{"type", "Sequence"}, {"processors", {{{"type", "ByteLevel"}}, both}}}));
   EXPECT_EQ(seq.template_prefix(), Ids{1});
   expect_refused(with_post({{"type", "BertProcessing"}}), "post_processor {\"type\":\"BertProcessing\"} is not one");
   expect_refused(with_post({{"type", "TemplateProcessing"}, {"single", {special("<s>")}}, {"special_tokens", ids}}),
                  "has no place for the text");
-  expect_refused(with_post({{"type", "TemplateProcessing"}, {"single", {special("<cls>"), text}}, {"special_tokens", ids}}),
+  expect_refused(with_post({{"type", "TemplateProcessing"},
+                            {"single", {special("<cls>"), text}},
+                            {"special_tokens", ids}}),
                  "neither the text nor a special token with ids");
   nlohmann::json far = ids;
   far["<s>"]["ids"] = {70000};
-  expect_refused(with_post({{"type", "TemplateProcessing"}, {"single", {special("<s>"), text}}, {"special_tokens", far}}),
+  expect_refused(with_post({{"type", "TemplateProcessing"},
+                            {"single", {special("<s>"), text}},
+                            {"special_tokens", far}}),
                  "id 70000 is outside the vocabulary");
 }
 
@@ -1022,7 +1070,8 @@ TEST(SentencePieceTokenizer, WhatItCannotComputeIsRefusedByName) {
   refused(tiny_sp_tokenizer(pieces, {}, {{"type", "NFKC"}}, nullptr), "normalizer {\"type\":\"NFKC\"}");
   refused(tiny_sp_tokenizer(pieces, {}, kLlama2Normalizer, metaspace("first")), "a pre_tokenizer");
   // byte_fallback needs every byte's token.
-  nlohmann::json j = nlohmann::json::parse(mt::read_text_file(tiny_sp_tokenizer(pieces, {}, kLlama2Normalizer, nullptr)));
+  nlohmann::json j =
+      nlohmann::json::parse(mt::read_text_file(tiny_sp_tokenizer(pieces, {}, kLlama2Normalizer, nullptr)));
   j["model"]["vocab"]["zz"] = j["model"]["vocab"]["<0x41>"];  // the id stays taken, by another piece
   j["model"]["vocab"].erase("<0x41>");
   const std::string path = tmp_dir() + "/no-byte.json";
@@ -1038,10 +1087,9 @@ TEST(HfTokenizer, WhatItCannotComputeIsRefusedByName) {
   };
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[mt::bytes_to_gpt2_text(std::string(1, static_cast<char>(b)))] = b;
-  const nlohmann::json good = {
-      {"added_tokens", {{{"id", 256}, {"content", "<|endoftext|>"}}}},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  const nlohmann::json good = {{"added_tokens", {{{"id", 256}, {"content", "<|endoftext|>"}}}},
+                               {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}},
+                               {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
   {
     const std::string path = tmp_dir() + "/good-tokenizer.json";
     mt::write_file_atomic(path, good.dump());
@@ -1063,9 +1111,10 @@ TEST(HfTokenizer, WhatItCannotComputeIsRefusedByName) {
   j["model"]["byte_fallback"] = true;  // SentencePiece-style, which needs its own normalizer or pre-tokenizer
   refused(j, "not one megatrain computes for SentencePiece-style BPE");
   j = good;
-  j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}},
-                                                                  {"behavior", "Isolated"}},
-                                                                 {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}}, {"behavior", "Isolated"}},
+                          {{"type", "ByteLevel"}, {"use_regex", false}}}}};
   refused(j, "is not one megatrain computes");
   j = good;
   j["added_tokens"] = nlohmann::json::array();

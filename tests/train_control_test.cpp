@@ -96,9 +96,9 @@ TEST(TrainObservers, SeeEveryEventInOrderWithTheRunsValues) {
   TrainResult r = run_training(small(out, {"--train.steps=4", "--train.eval_every=2", "--train.eval_batches=2",
                                            "--ckpt.every=3", "--ckpt.async=false"}),
                                {}, {&rec});
-  const std::vector<std::string> want = {"start 0", "step 1", "step 2", "eval 2", "step 3",
-                                         "checkpoint 3 periodic step_00000003", "step 4", "eval 4",
-                                         "checkpoint 4 final step_00000004"};
+  const std::vector<std::string> want = {"start 0", "step 1", "step 2",
+                                         "eval 2",  "step 3", "checkpoint 3 periodic step_00000003",
+                                         "step 4",  "eval 4", "checkpoint 4 final step_00000004"};
   EXPECT_EQ(rec.events, want);
   ASSERT_EQ(rec.evals.size(), 2u);
   EXPECT_TRUE(std::isfinite(rec.evals[0]));
@@ -207,8 +207,8 @@ TEST(TrainStop, SigtermGivesTheStoppedExitCodeAndAResumableCheckpoint) {
   ASSERT_FALSE(before.empty());
   const int last = std::stoi(before.back().substr(0, before.back().find(':')));
   EXPECT_TRUE(fs::exists(out + fmt::format("/ckpt/step_{:08d}", last))) << log;
-  EXPECT_EQ(run(kMegatrain + " train" + joined(small_flags(out)) + fmt::format(" --train.steps={}", last + 1) + " > " + out +
-                ".resume.log 2>&1"),
+  EXPECT_EQ(run(kMegatrain + " train" + joined(small_flags(out)) + fmt::format(" --train.steps={}", last + 1) + " > " +
+                out + ".resume.log 2>&1"),
             0)
       << slurp(out + ".resume.log");
   EXPECT_NE(slurp(out + ".resume.log").find(fmt::format("at step {}", last)), std::string::npos);
@@ -280,7 +280,8 @@ TEST(ConfigAgreement, RanksWithDifferentConfigsFailAtStartNamingKeysAndRanks) {
   const std::string cmd = kMegatrain + " launch --nproc 2 --exec -- sh -c '" + kMegatrain + " train" +
                           joined(small_flags(out)) +
                           " --parallel.dp=2 --data.batch_size=2 --train.steps=2 --model.n_layer=$((RANK+2))"
-                          " --optim.lr=$((RANK+1))e-3' > " + out + ".log 2>&1";
+                          " --optim.lr=$((RANK+1))e-3' > " +
+                          out + ".log 2>&1";
   EXPECT_EQ(run(cmd), exit_code(ErrorKind::Config)) << slurp(out + ".log");
   const std::string log = slurp(out + ".log");
   EXPECT_NE(log.find("different configs"), std::string::npos) << log;

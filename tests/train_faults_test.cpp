@@ -76,8 +76,8 @@ TEST(FaultSpec, FiresInTheFirstAttemptOrTheNamedOne) {
 
 TEST(FaultSpec, MalformedItemsAreConfigErrorsNamingTheItemAndWhatIsAllowed) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
-      {"crsh:rank=1:step=7", {"item 'crsh:rank=1:step=7'", "unknown fault kind 'crsh'",
-                              "crash, hang, nan, slow, badnode"}},
+      {"crsh:rank=1:step=7",
+       {"item 'crsh:rank=1:step=7'", "unknown fault kind 'crsh'", "crash, hang, nan, slow, badnode"}},
       {"crash:rank=1:stp=7", {"item 'crash:rank=1:stp=7'", "unknown key 'stp'", "rank=R:step=S[:attempt=A]"}},
       {"crash:rank=1", {"missing key 'step'", "crash takes rank=R:step=S[:attempt=A]"}},
       {"hang:step=3", {"missing key 'rank'"}},
@@ -269,7 +269,9 @@ TEST(FaultInjection, HangBlocksTheRankInACollectiveWhileTheOtherTimesOutInIt) {
   // Rank 1 is still there, blocked, and still heartbeating after rank 0 is gone.
   ASSERT_TRUE(j->r1.alive()) << logs(*j);
   const size_t before = j->r1.hb().size();
-  ASSERT_TRUE(poll_until({&j->r1}, [&] { return j->r1.hb().size() >= before + 5; }, 30)) << logs(*j);
+  ASSERT_TRUE(poll_until(
+      {&j->r1}, [&] { return j->r1.hb().size() >= before + 5; }, 30))
+      << logs(*j);
   EXPECT_TRUE(j->r1.alive());
   const std::string log1 = slurp(j->out + "/log1");
   EXPECT_TRUE(has(log1, "fault injected: hang:rank=1:step=3 (rank 1, step 3, attempt 0): blocking in ")) << log1;

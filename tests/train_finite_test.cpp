@@ -71,9 +71,9 @@ TEST(FiniteScan, FindsTheFirstNonFiniteValueAnywhere) {
 
 // A tiny model's run config, checkpoints under root.
 RunConfig tiny_config(const std::string& root, std::vector<std::string> extra = {}) {
-  std::vector<std::string> ov = {"--model.n_layer=1", "--model.d_model=16", "--model.n_head=2",
+  std::vector<std::string> ov = {"--model.n_layer=1",     "--model.d_model=16",     "--model.n_head=2",
                                  "--model.vocab_size=64", "--model.max_seq_len=16", "--data.seq_len=8",
-                                 "--data.batch_size=2", "--ckpt.dir=" + root, "--ckpt.keep_last=10"};
+                                 "--data.batch_size=2",   "--ckpt.dir=" + root,     "--ckpt.keep_last=10"};
   ov.insert(ov.end(), extra.begin(), extra.end());
   return parse_run_config("", "test", ov);
 }
@@ -120,7 +120,8 @@ void one_rank_diverged(bool sharded) {
   mt::test::ScratchDir store_dir;
   const std::string report = comm_test::run_procs(2, [&](int rank) {
     omp_set_num_threads(1);
-    const RunConfig cfg = tiny_config(root, {"--parallel.dp=2", sharded ? "--ckpt.sharded=true" : "--ckpt.sharded=false"});
+    const RunConfig cfg = tiny_config(root,
+                                      {"--parallel.dp=2", sharded ? "--ckpt.sharded=true" : "--ckpt.sharded=false"});
     auto store = make_file_store(store_dir.path);
     GroupOptions go;
     go.timeout = Millis(20000);
@@ -182,8 +183,7 @@ TEST(CheckpointFinite, AnUpdateThatOverflowsStopsTheRunBeforeItsCheckpoint) {
     const std::string out = fresh_dir("mt_finite_overflow");
     const std::string msg = error_of([&] {
       run_training(brown_run(out, {"--optim.lr=1", "--optim.schedule=constant", "--optim.weight_decay=3e38",
-                                   "--model.init_std=10",
-                                   "--train.steps=1", "--train.eval_batches=1",
+                                   "--model.init_std=10", "--train.steps=1", "--train.eval_batches=1",
                                    eval ? "--train.eval_every=1" : "--train.eval_every=0"}));
     });
     if (eval)

@@ -96,8 +96,8 @@ TEST(TrainGpu, TheTimelineCarriesEveryOpsDeviceTime) {
   mt::test::prepare_gpt2_brown();
   const std::string out = ::testing::TempDir() + "/mt_gpu_trace";
   fs::remove_all(out);
-  run_training(small(out, "cuda", {"--train.steps=3", "--ckpt.save_final=false", "--train.trace_steps=[2,3]",
-                                   "--sample.tokens=0"}));
+  run_training(small(out, "cuda",
+                     {"--train.steps=3", "--ckpt.save_final=false", "--train.trace_steps=[2,3]", "--sample.tokens=0"}));
   std::ifstream f(out + "/trace.json");
   ASSERT_TRUE(f.good());
   const nlohmann::json j = nlohmann::json::parse(f);
@@ -118,7 +118,8 @@ TEST(TrainGpu, TheTimelineCarriesEveryOpsDeviceTime) {
   }
   ASSERT_FALSE(ops.empty());
   ASSERT_EQ(ops.size() % 2, 0u);
-  const std::vector<std::string> step2(ops.begin(), ops.begin() + ops.size() / 2), step3(ops.begin() + ops.size() / 2, ops.end());
+  const std::vector<std::string> step2(ops.begin(), ops.begin() + ops.size() / 2),
+      step3(ops.begin() + ops.size() / 2, ops.end());
   EXPECT_EQ(step2, step3);
   EXPECT_EQ(std::count(ops.begin(), ops.end(), std::string("cross_entropy")), 2);
   EXPECT_GE(first_op, first_step);

@@ -130,11 +130,12 @@ TEST(Heartbeat, GoOnWhileARankWaitsForAStoppedPeer) {
   const std::string out = fresh_dir("mt_hb_stopped_peer");
   mt::test::ScratchDir store;
   std::vector<std::string> args = small_flags(out + "/run");
-  args.insert(args.end(), {"--train.steps=100000", "--parallel.dp=2", "--data.batch_size=2",
-                           "--parallel.timeout_s=120"});
+  args.insert(args.end(),
+              {"--train.steps=100000", "--parallel.dp=2", "--data.batch_size=2", "--parallel.timeout_s=120"});
   Rank r0 = start_rank(0, 2, store.path, args, out + "/log0");
   Rank r1 = start_rank(1, 2, store.path, args, out + "/log1");
-  ASSERT_TRUE(poll_until({&r0, &r1}, [&] { return last_step(r0) >= 2 && last_step(r1) >= 2; }, 120))
+  ASSERT_TRUE(poll_until(
+      {&r0, &r1}, [&] { return last_step(r0) >= 2 && last_step(r1) >= 2; }, 120))
       << slurp(out + "/log0") << slurp(out + "/log1");
 
   ::kill(r1.pid, SIGSTOP);
@@ -144,13 +145,17 @@ TEST(Heartbeat, GoOnWhileARankWaitsForAStoppedPeer) {
   const size_t r1_lines = r1.lines.size();
   const size_t r0_lines = r0.lines.size();
   // Rank 0 finishes what it can and blocks in a collective that rank 1 never enters: its heartbeats go on.
-  ASSERT_TRUE(poll_until({&r0}, [&] {
-    const auto hb = r0.hb();
-    if (hb.size() < r0_lines + 10) return false;
-    for (const auto& c : hb.back()["colls"])
-      if (c.contains("wait_s") && c["wait_s"].get<double>() > 1.0) return true;
-    return false;
-  }, 60)) << r0.hb().back().dump();
+  ASSERT_TRUE(poll_until(
+      {&r0},
+      [&] {
+        const auto hb = r0.hb();
+        if (hb.size() < r0_lines + 10) return false;
+        for (const auto& c : hb.back()["colls"])
+          if (c.contains("wait_s") && c["wait_s"].get<double>() > 1.0) return true;
+        return false;
+      },
+      60))
+      << r0.hb().back().dump();
   const auto hb0 = r0.hb();
   const nlohmann::json& last = hb0.back();
   EXPECT_EQ(last["at"], "tick");
@@ -172,7 +177,8 @@ TEST(Heartbeat, GoOnWhileARankWaitsForAStoppedPeer) {
 
   // Resumed, both train on past the frozen step.
   ::kill(r1.pid, SIGCONT);
-  EXPECT_TRUE(poll_until({&r0, &r1}, [&] { return last_step(r0) > frozen + 1 && last_step(r1) > frozen + 1; }, 120))
+  EXPECT_TRUE(poll_until(
+      {&r0, &r1}, [&] { return last_step(r0) > frozen + 1 && last_step(r1) > frozen + 1; }, 120))
       << slurp(out + "/log0") << slurp(out + "/log1");
   r0.kill_now();
   r1.kill_now();

@@ -116,21 +116,25 @@ class CheckedGroup final : public ProcessGroup {
   void check(const Tensor& t, const char* op) {
     if (t.numel() == 0) return;
     if (data_)
-      MT_CHECK(registry().owns(t.ptr, t.nbytes()), "device-plane group {}: {} of {} {} is not the backend's memory (a "
-               "GPU run would hand NCCL a host pointer)", name(), op, dtype_name(t.dtype), t.shape_str());
+      MT_CHECK(registry().owns(t.ptr, t.nbytes()),
+               "device-plane group {}: {} of {} {} is not the backend's memory (a "
+               "GPU run would hand NCCL a host pointer)",
+               name(), op, dtype_name(t.dtype), t.shape_str());
     else
-      MT_CHECK(!registry().touches(t.ptr, t.nbytes()), "host-plane group {}: {} of {} {} is the backend's memory (a "
-               "GPU run would hand Gloo a device pointer)", name(), op, dtype_name(t.dtype), t.shape_str());
+      MT_CHECK(!registry().touches(t.ptr, t.nbytes()),
+               "host-plane group {}: {} of {} {} is the backend's memory (a "
+               "GPU run would hand Gloo a device pointer)",
+               name(), op, dtype_name(t.dtype), t.shape_str());
   }
   std::unique_ptr<ProcessGroup> g_;
   bool data_;
 };
 
 GroupFactory checked(bool data_plane) {
-  return [data_plane](Store& store, GroupRole, const std::string& name, const std::vector<int>& ranks,
-                      int me, const GroupOptions& opt) -> std::unique_ptr<ProcessGroup> {
-    std::unique_ptr<ProcessGroup> g =
-        ranks.size() == 1 ? make_local_group(me, name) : make_gloo_group(store, name, ranks, me, opt);
+  return [data_plane](Store& store, GroupRole, const std::string& name, const std::vector<int>& ranks, int me,
+                      const GroupOptions& opt) -> std::unique_ptr<ProcessGroup> {
+    std::unique_ptr<ProcessGroup> g = ranks.size() == 1 ? make_local_group(me, name)
+                                                        : make_gloo_group(store, name, ranks, me, opt);
     return std::make_unique<CheckedGroup>(std::move(g), data_plane);
   };
 }
@@ -183,7 +187,10 @@ TEST_P(Planes, DevicePlaneSeesOnlyBackendMemoryAndHostPlaneNever) {
       << "see " << root << ".log";
   const std::string alt = SmallJob::joined(flags(root + "/alt", c.single_batch, c.extra));
   ASSERT_EQ(std::system((kMegatrain + " train" + alt + ptest::reordered(c.single_batch, alt) + " > " + root +
-                         ".alt.log 2>&1").c_str()), 0) << "see " << root << ".alt.log";
+                         ".alt.log 2>&1")
+                            .c_str()),
+            0)
+      << "see " << root << ".alt.log";
 
   mt::test::ScratchDir store, store2;  // one store per job: group names (store keys) repeat in the resumed job
   const std::string err = comm_test::run_procs(

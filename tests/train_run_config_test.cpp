@@ -45,14 +45,16 @@ TEST(RunConfig, ParsesSectionsAndOverrides) {
 // data.blend: inline tables or [[data.blend]] entries, or an override; every mistake named.
 TEST(RunConfig, DataBlendParsesBothSpellingsAndRefusesMistakes) {
   const RunConfig a = parse_run_config("[[data.blend]]\ndir = \"web\"\nweight = 0.7\n[[data.blend]]\ndir = \"code\"\n"
-                                       "weight = 3\n", "t.toml");
+                                       "weight = 3\n",
+                                       "t.toml");
   EXPECT_EQ(a.data.blend, (std::vector<DataSource>{{"web", 0.7}, {"code", 3.0}}));
   EXPECT_EQ(a.data.sources(), a.data.blend);
   const RunConfig b = parse_run_config("", "t.toml", {"--data.blend=[{dir=\"web\",weight=0.7},{dir=\"code\"}]"});
   EXPECT_EQ(b.data.blend, (std::vector<DataSource>{{"web", 0.7}, {"code", 1.0}}));  // weight: 1 when not given
   EXPECT_EQ(parse_run_config("", "t.toml").data.sources(), (std::vector<DataSource>{{"data/brown", 1.0}}));
   // A blend replaces data.dir (a config file's, say), which then is not read: sources() is the blend.
-  const RunConfig both = parse_run_config("[data]\ndir = \"x\"\n", "t.toml", {"--data.blend=[{dir=\"a\"},{dir=\"b\"}]"});
+  const RunConfig both = parse_run_config("[data]\ndir = \"x\"\n", "t.toml",
+                                          {"--data.blend=[{dir=\"a\"},{dir=\"b\"}]"});
   EXPECT_EQ(both.data.sources(), (std::vector<DataSource>{{"a", 1.0}, {"b", 1.0}}));
   EXPECT_EQ(blend_description(both.data), "a blend of a 50%, b 50%; data.dir is not read");
   EXPECT_NE(error_of("", {"--data.blend=\"web\""}).find("data.blend must be a list of {dir"), std::string::npos);
@@ -177,7 +179,8 @@ TEST(RunConfig, HyperparametersOutOfRangeNameKeyValueAndRange) {
       {"--model.norm_eps=-1", "model.norm_eps = -1 is out of range: it must be finite and > 0"},
       {"--model.norm_eps=nan", "model.norm_eps = nan is out of range"},
       {"--model.rope_theta=inf", "model.rope_theta = inf is out of range"},
-      {"--model.rope_scaling=-1", "model.rope_scaling = -1 is out of range: it must be 0 (none) or a finite factor > 0"},
+      {"--model.rope_scaling=-1",
+       "model.rope_scaling = -1 is out of range: it must be 0 (none) or a finite factor > 0"},
       {"--model.rope_scaling=8", "model.rope_scaling = 8 scales RoPE's frequencies, but model.pos = 'learned'"},
       {"--train.peak_tflops=inf", "train.peak_tflops = inf is out of range"},
       {"--sample.temperature=inf", "sample.temperature = inf is out of range"},
@@ -233,7 +236,8 @@ TEST(RunConfig, SizesOutOfRangeAreRefusedAtLoad) {
   EXPECT_NE(e.find("parameters"), std::string::npos) << e;
   EXPECT_NE(e.find("exceed the limit of 1099511627776"), std::string::npos) << e;
   // The limits leave real models alone: GPT-2 XL's shape, and a window equal to the context.
-  EXPECT_EQ(error_of("", {"--model.n_layer=48", "--model.d_model=1600", "--model.n_head=25", "--model.window=1024"}), "");
+  EXPECT_EQ(error_of("", {"--model.n_layer=48", "--model.d_model=1600", "--model.n_head=25", "--model.window=1024"}),
+            "");
 }
 
 TEST(RunConfig, ADirectoryOrUnreadableConfigIsAnError) {
@@ -314,8 +318,8 @@ TEST(RunConfig, ClosedSetsRefuseMisspellingsNamingTheSpellings) {
   EXPECT_EQ(error_of("", {"--train.device=gpu"}), "test.toml: train.device must be 'cpu' or 'cuda' (got 'gpu')");
   EXPECT_EQ(error_of("", {"--train.attention=Flash"}),
             "test.toml: train.attention must be 'auto', 'flash' or 'cudnn' (got 'Flash')");
-  const RunConfig c = parse_run_config("", "t.toml", {"--optim.schedule=linear", "--train.device=cuda",
-                                                      "--train.attention=cudnn"});
+  const RunConfig c = parse_run_config("", "t.toml",
+                                       {"--optim.schedule=linear", "--train.device=cuda", "--train.attention=cudnn"});
   EXPECT_EQ(c.optim.schedule, LrSchedule::Linear);
   EXPECT_EQ(c.train.device, Device::CUDA);
   EXPECT_EQ(c.train.attention, AttentionChoice::Cudnn);
@@ -351,8 +355,7 @@ TEST(RunConfig, StageLayersMustFitThePipeline) {
             std::string::npos);
   EXPECT_NE(error_of(base, {"--parallel.stage_layers=[2,1,1]"}).find("parallel.stage_layers has 3 entries"),
             std::string::npos);
-  EXPECT_NE(error_of(base, {"--parallel.stage_layers=[4,0]"}).find("parallel.stage_layers holds 0"),
-            std::string::npos);
+  EXPECT_NE(error_of(base, {"--parallel.stage_layers=[4,0]"}).find("parallel.stage_layers holds 0"), std::string::npos);
   EXPECT_NE(error_of("[model]\nn_layer = 4\n", {"--parallel.stage_layers=[4]"}).find("need parallel.pp > 1"),
             std::string::npos);
 }

@@ -72,7 +72,7 @@ TEST(SkipSteps, TheBatchIsDroppedAndTheDataPositionMovesAsIfTrained) {
     EXPECT_EQ(lb[0], la[0]);
     EXPECT_EQ(lb[1], la[1]);
     EXPECT_EQ(lb[2].substr(0, 2), "4:");  // no line of step 3
-    EXPECT_NE(lb[2], la[3]);             // step 4 trains a model that missed step 3's update
+    EXPECT_NE(lb[2], la[3]);              // step 4 trains a model that missed step 3's update
     // Exactly one step's batches were consumed at step 3: from step 4 on the position is the undisturbed run's.
     EXPECT_FALSE(fs::exists(b + "/ckpt/step_00000003"));
     for (int s : {2, 4, 5}) EXPECT_EQ(loader_at(b, s), loader_at(a, s)) << "step " << s;
@@ -107,16 +107,19 @@ TEST(SkipSteps, EveryDataParallelRankSkipsTogether) {
   const std::string a = fresh("mt_skip_dp_plain"), b = fresh("mt_skip_dp_skipped");
   for (const std::string& out : {a, b}) {
     mt::test::ScratchDir store;
-    const std::string report = comm_test::run_procs(2, [&](int rank) {
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", "2", 1);
-      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", "2", 1);
-      ::setenv("MEGATRAIN_STORE", ("file://" + store.path).c_str(), 1);
-      std::vector<std::string> extra = {"--parallel.dp=2", "--data.batch_size=2", "--parallel.timeout_s=60"};
-      if (out == b) extra.push_back("--train.skip_steps=[2,4]");
-      run_training(config(out, extra));
-    }, 300);
+    const std::string report = comm_test::run_procs(
+        2,
+        [&](int rank) {
+          ::setenv("RANK", std::to_string(rank).c_str(), 1);
+          ::setenv("WORLD_SIZE", "2", 1);
+          ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+          ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+          ::setenv("MEGATRAIN_STORE", ("file://" + store.path).c_str(), 1);
+          std::vector<std::string> extra = {"--parallel.dp=2", "--data.batch_size=2", "--parallel.timeout_s=60"};
+          if (out == b) extra.push_back("--train.skip_steps=[2,4]");
+          run_training(config(out, extra));
+        },
+        300);
     ASSERT_EQ(report, "") << out;
   }
   const auto la = losses(a), lb = losses(b);

@@ -61,7 +61,8 @@ std::string copy_of_brown(const std::string& base, const std::vector<std::string
   fs::create_directories(data);
   for (auto& e : fs::directory_iterator(kData)) {
     const std::string name = e.path().filename().string();
-    if (files.empty() || std::find(files.begin(), files.end(), name) != files.end()) fs::copy(e.path(), data + "/" + name);
+    if (files.empty() || std::find(files.begin(), files.end(), name) != files.end())
+      fs::copy(e.path(), data + "/" + name);
   }
   return data;
 }
@@ -95,8 +96,8 @@ TEST(Train, SampleTokenizerComesFromTheDataOrTheConfig) {
   ASSERT_TRUE(fs::exists(recorded + "/encoder.json")) << recorded;
 
   auto run = [&](const std::string& out, std::vector<std::string> extra) {
-    extra.insert(extra.end(), {"--data.dir=" + data, "--train.steps=1", "--ckpt.save_final=false",
-                               "--sample.tokens=4", "--sample.prompt=The"});
+    extra.insert(extra.end(), {"--data.dir=" + data, "--train.steps=1", "--ckpt.save_final=false", "--sample.tokens=4",
+                               "--sample.prompt=The"});
     return run_training(small(base + "/" + out, extra));
   };
   EXPECT_EQ(run("a", {}).sample.rfind("The", 0), 0u);  // the recorded (GPT-2) tokenizer: a sample
@@ -184,7 +185,8 @@ TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
   run("e", {"--train.steps=5", "--ckpt.resume=" + ck, "--ckpt.save_final=false", "--data.seed=9"});
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("in another window order (shuffled, seed 1234) than this run's (shuffled, seed 9)"),
-            std::string::npos) << err;
+            std::string::npos)
+      << err;
 
   // Evaluation: each source's val split on its own ("val_source" lines), and the "val" line their mean by share.
   run("d", {"--train.steps=4", "--train.eval_every=4", "--train.eval_batches=2", "--ckpt.save_final=false"});
@@ -207,13 +209,14 @@ TEST(Train, ABlendResumesBitIdenticallyAndSaysWhenItsWeightsChange) {
 // times over), not bit for bit.
 TEST(Train, TheEvalCommandGivesTheTrainersValidationLoss) {
   const std::string base = fresh_base("mt_eval_cmd");
-  const TrainResult r = run_training(small(base + "/run", {"--train.steps=3", "--train.eval_every=3",
-                                                             "--train.eval_batches=4"}));
+  const TrainResult r = run_training(small(base + "/run",
+                                           {"--train.steps=3", "--train.eval_every=3", "--train.eval_batches=4"}));
   ASSERT_GT(r.last_val_loss, 0);
   const std::string& bin = kMegatrain;
   const std::string out = base + "/eval.json";
   const std::string cmd = fmt::format("{} eval --ckpt {}/run/ckpt --data {} --batches 4 --batch-size 4 --seq-len 32 "
-                                      "--threads 2 --json > {} 2>&1", bin, base, kData, out);
+                                      "--threads 2 --json > {} 2>&1",
+                                      bin, base, kData, out);
   ASSERT_EQ(std::system(cmd.c_str()), 0) << mt::read_text_file(out);
   const nlohmann::json j = nlohmann::json::parse(mt::read_text_file(out));
   EXPECT_EQ(j["tokens"], 4 * 4 * 32);
@@ -221,7 +224,9 @@ TEST(Train, TheEvalCommandGivesTheTrainersValidationLoss) {
   // A context longer than the model's, and data of another vocabulary, are refused by name.
   const std::string err = base + "/err.txt";
   EXPECT_NE(std::system(fmt::format("{} eval --ckpt {}/run/ckpt --data {} --seq-len 65 > {} 2>&1", bin, base, kData,
-                                    err).c_str()), 0);
+                                    err)
+                            .c_str()),
+            0);
   EXPECT_NE(mt::read_text_file(err).find("--seq-len 65 exceeds the model's context of 64 tokens"), std::string::npos)
       << mt::read_text_file(err);
   fs::remove_all(base);
@@ -237,7 +242,8 @@ TEST(Train, AnHfExportCarriesTheTokenizerItsDataWasPreparedWith) {
   const std::string log = base + "/log.txt";
   auto convert = [&](const std::string& out, const std::string& extra) {
     return std::system(fmt::format("{} convert --to-hf {}/run/ckpt --out {}/model.safetensors {} > {} 2>&1", bin, base,
-                                   out, extra, log).c_str());
+                                   out, extra, log)
+                           .c_str());
   };
   ASSERT_EQ(convert(base + "/hf", ""), 0) << mt::read_text_file(log);
   const std::string recorded = nlohmann::json::parse(std::ifstream(kData + "/meta.json"))["tokenizer"];
@@ -303,8 +309,12 @@ TEST(Train, ResumeUnderAnotherWindowOrderSaysSo) {
   EXPECT_EQ(resume_stderr({}).find("window order"), std::string::npos);
   const std::string W = std::to_string(manifest["extra"]["data"]["windows"].get<uint64_t>());
   std::string err = resume_stderr({"--data.seed=9"});
-  EXPECT_NE(err.find("another window order (shuffled, seed 1234, feistel6, " + W + " windows) than this run's "
-                     "(shuffled, seed 9, feistel6, " + W + " windows)"), std::string::npos) << err;
+  EXPECT_NE(err.find("another window order (shuffled, seed 1234, feistel6, " + W +
+                     " windows) than this run's "
+                     "(shuffled, seed 9, feistel6, " +
+                     W + " windows)"),
+            std::string::npos)
+      << err;
   EXPECT_NE(err.find("the rest of epoch 0 may repeat some windows"), std::string::npos) << err;
 
   // The dataset grew (a second shard): the same seed permutes more windows, so the saved cursor means other rows.
@@ -314,8 +324,11 @@ TEST(Train, ResumeUnderAnotherWindowOrderSaysSo) {
   fs::copy(kData + "/val_000000.bin", grown + "/train_000001.bin");
   fs::copy(kData + "/val_000000.bin", grown + "/val_000000.bin");
   err = resume_stderr({"--data.dir=" + grown});
-  EXPECT_NE(err.find("(shuffled, seed 1234, feistel6, " + W + " windows) than this run's (shuffled, seed 1234, "
-                     "feistel6, "), std::string::npos) << err;
+  EXPECT_NE(err.find("(shuffled, seed 1234, feistel6, " + W +
+                     " windows) than this run's (shuffled, seed 1234, "
+                     "feistel6, "),
+            std::string::npos)
+      << err;
 
   nlohmann::json old = manifest;
   old["extra"]["data"].erase("order");
@@ -348,8 +361,8 @@ TEST(Train, AValSplitThatCannotBeReadFailsAtStartNotAtTheFirstEvaluation) {
     } catch (const Error& e) {
       const std::string msg = e.what();
       EXPECT_EQ(e.kind, ErrorKind::Data) << msg;
-      EXPECT_NE(msg.find("train.eval_every = 20 evaluates on the val split, but it cannot be read"),
-                std::string::npos) << msg;
+      EXPECT_NE(msg.find("train.eval_every = 20 evaluates on the val split, but it cannot be read"), std::string::npos)
+          << msg;
       EXPECT_NE(msg.find(why), std::string::npos) << msg;
       EXPECT_NE(msg.find("--train.eval_every=0"), std::string::npos) << msg;
     }

@@ -41,8 +41,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const mt::Error& e) {
       FUZZ_CHECK(false, fmt::format("a checkpoint of this run could not be read back: {}", e.what()));
     }
-    FUZZ_CHECK(saved == reread, fmt::format("model config changed through a manifest: {} -> {}", saved.dump(),
-                                            reread.dump()));
+    FUZZ_CHECK(saved == reread,
+               fmt::format("model config changed through a manifest: {} -> {}", saved.dump(), reread.dump()));
   });
   return 0;
 }

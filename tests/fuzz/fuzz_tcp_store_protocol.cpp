@@ -42,8 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (len > limit) {  // decided from the length alone: the server buffers nothing of an oversized frame
         const wire::Decoded head = wire::decode_request(in.substr(0, 4), authed, kMaxFrame);
         FUZZ_CHECK(head.kind == wire::Decoded::kReject && head.why == d.why,
-                   fmt::format("a {}-byte frame over the {}-byte cap: '{}' on its length alone, '{}' whole", len,
-                               limit, head.why, d.why));
+                   fmt::format("a {}-byte frame over the {}-byte cap: '{}' on its length alone, '{}' whole", len, limit,
+                               head.why, d.why));
       }
       mt::fuzz::rejected(d.why.c_str());
       break;

@@ -24,7 +24,8 @@ void fuzz_tokenizer_json(std::string_view input) {
   const std::string path = mt::fuzz::write_scratch("tokenizer.json", parts[0]);
   FUZZ_ACCEPT_MT_ERRORS({
     const mt::Tokenizer tok = mt::Tokenizer::load_hf(path);
-    FUZZ_CHECK(tok.eot() >= 0 && tok.eot() < tok.vocab_size(), fmt::format("eot {} of {}", tok.eot(), tok.vocab_size()));
+    FUZZ_CHECK(tok.eot() >= 0 && tok.eot() < tok.vocab_size(),
+               fmt::format("eot {} of {}", tok.eot(), tok.vocab_size()));
     for (const std::vector<int32_t>* t : {&tok.template_prefix(), &tok.template_suffix()})
       for (int32_t id : *t) FUZZ_CHECK(id >= 0 && id < tok.vocab_size(), fmt::format("template id {}", id));
     const std::string text(parts[1]);

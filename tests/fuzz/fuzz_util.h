@@ -36,17 +36,17 @@ void rejected(const char* what);
 
 }  // namespace mt::fuzz
 
-#define FUZZ_CHECK(cond, detail)                                                    \
-  do {                                                                              \
+#define FUZZ_CHECK(cond, detail)                                                  \
+  do {                                                                            \
     if (!(cond)) ::mt::fuzz::invariant_failed(#cond, __FILE__, __LINE__, detail); \
   } while (0)
 
 // The body of LLVMFuzzerTestOneInput: runs the statements and treats mt::Error (a clear rejection) as success.
-#define FUZZ_ACCEPT_MT_ERRORS(...)     \
-  do {                                 \
-    try {                              \
-      __VA_ARGS__                      \
-    } catch (const ::mt::Error& e) {   \
-      ::mt::fuzz::rejected(e.what());  \
-    }                                  \
+#define FUZZ_ACCEPT_MT_ERRORS(...)    \
+  do {                                \
+    try {                             \
+      __VA_ARGS__                     \
+    } catch (const ::mt::Error& e) {  \
+      ::mt::fuzz::rejected(e.what()); \
+    }                                 \
   } while (0)

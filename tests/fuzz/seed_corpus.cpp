@@ -73,9 +73,10 @@ void safetensors(const fs::path& out, const mt::fuzz::TinyCheckpoints& tiny, con
   const std::vector<uint16_t> h{0x3C00, 0xC000, 0x7BFF, 0x0001};
   const std::vector<int32_t> ids{1, -2, 3};
   const std::string p = (scratch / "hf.safetensors").string();
-  mt::write_safetensors(p, {{"h.0.mlp.c_fc.weight", mt::DType::F16, {2, 2}, h.data()},
-                            {"position_ids", mt::DType::I32, {3}, ids.data()},
-                            {"empty", mt::DType::F32, {0, 3}, nullptr}},
+  mt::write_safetensors(p,
+                        {{"h.0.mlp.c_fc.weight", mt::DType::F16, {2, 2}, h.data()},
+                         {"position_ids", mt::DType::I32, {3}, ids.data()},
+                         {"empty", mt::DType::F32, {0, 3}, nullptr}},
                         {{"format", "pt"}});
   put(out / "seed-hf-metadata.safetensors", slurp(p));
   // Found by this target: an empty tensor whose other dimensions multiply past int64 (numel() overflowed).
@@ -110,14 +111,16 @@ void run_configs(const fs::path& out, const fs::path& root) {
   put(out / "seed-tiny.toml", tiny);
   put(out / "seed-gpt2-124m.toml", mt::read_text_file((root / "configs/gpt2-124m.toml").string()));
   put(out / "seed-tiny-overrides.toml",
-      tiny + sep + "--train.steps=50\n--model.block=parallel\n--optim.name=lamb\n--model.recompute=[0, 2]\n"
-                   "--parallel.tp=2\n--model.pos=\"rope\"\n--data.shuffle=false\n");
+      tiny + sep +
+          "--train.steps=50\n--model.block=parallel\n--optim.name=lamb\n--model.recompute=[0, 2]\n"
+          "--parallel.tp=2\n--model.pos=\"rope\"\n--data.shuffle=false\n");
   // Keys the config files leave at their defaults, so that mutations reach their values too.
   put(out / "seed-tiny-more-keys.toml",
-      tiny + sep + "--model.vocab_pad_to=64\n--model.n_kv_head=2\n--model.d_ff=1024\n--model.rope_theta=10000.0\n"
-                   "--model.tied_embeddings=false\n--model.bias=false\n--model.norm_eps=1e-5\n--model.init_std=0.02\n"
-                   "--model.norm=rmsnorm\n--model.mlp=swiglu\n--train.threads=2\n--parallel.pp=2\n"
-                   "--parallel.virtual_stages=2\n--parallel.microbatches=4\n");
+      tiny + sep +
+          "--model.vocab_pad_to=64\n--model.n_kv_head=2\n--model.d_ff=1024\n--model.rope_theta=10000.0\n"
+          "--model.tied_embeddings=false\n--model.bias=false\n--model.norm_eps=1e-5\n--model.init_std=0.02\n"
+          "--model.norm=rmsnorm\n--model.mlp=swiglu\n--train.threads=2\n--parallel.pp=2\n"
+          "--parallel.virtual_stages=2\n--parallel.microbatches=4\n");
 }
 
 void tokenizer(const fs::path& out) {
@@ -146,23 +149,32 @@ void tokenizer(const fs::path& out) {
   nlohmann::json sp_vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
   for (int b = 0; b < 256; ++b) sp_vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
   int id = 259;
-  for (const char* piece : {"\u2581", "t", "h", "e", "a", "c", "\u2581t", "he", "\u2581the", "at", "\u2581c", "\u2581cat"})
+  for (const char* piece :
+       {"\u2581", "t", "h", "e", "a", "c", "\u2581t", "he", "\u2581the", "at", "\u2581c", "\u2581cat"})
     sp_vocab[piece] = id++;
   const nlohmann::json sp = {
-      {"added_tokens", {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
-                        {{"id", 1}, {"content", "<s>"}, {"special", true}},
-                        {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
-      {"normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
-                                                             {{"type", "Replace"}, {"pattern", {{"String", " "}}},
-                                                              {"content", "\u2581"}}}}}},
+      {"added_tokens",
+       {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+        {{"id", 1}, {"content", "<s>"}, {"special", true}},
+        {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+          {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}}},
       {"pre_tokenizer", nullptr},
-      {"post_processor", {{"type", "TemplateProcessing"},
-                          {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                                      {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-                          {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
-      {"model", {{"type", "BPE"}, {"byte_fallback", true}, {"fuse_unk", true}, {"unk_token", "<unk>"},
-                 {"vocab", sp_vocab},
-                 {"merges", {"\u2581 t", "h e", "\u2581t he", "a t", "\u2581 c", "\u2581c at"}}}}};
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single",
+         {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+      {"model",
+       {{"type", "BPE"},
+        {"byte_fallback", true},
+        {"fuse_unk", true},
+        {"unk_token", "<unk>"},
+        {"vocab", sp_vocab},
+        {"merges", {"\u2581 t", "h e", "\u2581t he", "a t", "\u2581 c", "\u2581c at"}}}}};
   put(out / "seed-hf-sentencepiece.txt", "#tokenizer.json\n" + sp.dump(1) + text);
 }
 
@@ -171,15 +183,14 @@ void tokenizer(const fs::path& out) {
 void tcp_store_sessions(const fs::path& out) {
   namespace wire = mt::tcp_store_wire;
   const std::string auth = wire::encode_request({wire::kAuth, mt::fuzz::kStoreSecret});
-  put(out / "seed-session.bin",
-      auth + wire::encode_request({wire::kSet, "group/addr/0", "10.0.0.1:29500"}) +
-          wire::encode_request({wire::kGet, "group/addr/0", "", 30000}) +
-          wire::encode_request({wire::kAdd, "group/arrived", "", 1}) +
-          wire::encode_request({wire::kCheck, "group/addr/1"}) +
-          // wait(): one parked GET per key
-          wire::encode_request({wire::kGet, "group/addr/1", "", 5000}) +
-          wire::encode_request({wire::kGet, "group/addr/2", "", 4000}) +
-          wire::encode_request({wire::kRemove, "group/addr/0"}));
+  put(out / "seed-session.bin", auth + wire::encode_request({wire::kSet, "group/addr/0", "10.0.0.1:29500"}) +
+                                    wire::encode_request({wire::kGet, "group/addr/0", "", 30000}) +
+                                    wire::encode_request({wire::kAdd, "group/arrived", "", 1}) +
+                                    wire::encode_request({wire::kCheck, "group/addr/1"}) +
+                                    // wait(): one parked GET per key
+                                    wire::encode_request({wire::kGet, "group/addr/1", "", 5000}) +
+                                    wire::encode_request({wire::kGet, "group/addr/2", "", 4000}) +
+                                    wire::encode_request({wire::kRemove, "group/addr/0"}));
   std::string huge_len = "\xf0\xff\xff\xff";  // ~4 GiB announced
   put(out / "seed-huge-length-after-auth.bin", auth + huge_len + std::string(1, char(wire::kSet)));
   put(out / "seed-huge-length-before-auth.bin", "\xff\xff\xff\x7f" + std::string(1, char(wire::kAuth)));

@@ -53,12 +53,11 @@ TinyCheckpoints write_tiny_checkpoints(const std::string& root) {
 
   TinyCheckpoints out;
   const std::vector<int64_t> wte_shape{V, C}, ln_shape{C}, qkv_shape{C, 3 * C};
-  CheckpointFiles files = {
-      {"model.safetensors",
-       {{"wte", DType::F32, wte_shape, wte.data()},
-        {"h.0.ln_1.weight", DType::F32, ln_shape, ln.data()},
-        {"h.0.attn.c_attn.weight", DType::BF16, qkv_shape, qkv.data()}}},
-      {"optim.safetensors", {{"m.wte", DType::F32, wte_shape, wte_m.data()}}}};
+  CheckpointFiles files = {{"model.safetensors",
+                            {{"wte", DType::F32, wte_shape, wte.data()},
+                             {"h.0.ln_1.weight", DType::F32, ln_shape, ln.data()},
+                             {"h.0.attn.c_attn.weight", DType::BF16, qkv_shape, qkv.data()}}},
+                           {"optim.safetensors", {{"m.wte", DType::F32, wte_shape, wte_m.data()}}}};
   out.format1_dir = save_checkpoint(root + "/format1", 1, files, extra_of(m, 1));
 
   // Format 2 as a tp = 2 run writes it: wte split by rows, the qkv weight by columns (two boxes per rank's piece
@@ -76,8 +75,8 @@ TinyCheckpoints write_tiny_checkpoints(const std::string& root) {
         {"m.wte", "optim.safetensors", wte_shape, Slice{{r0, 0}, {V / 2, C}}, DType::F32, wte_m.data() + r0 * C},
         {"h.0.attn.c_attn.weight", "model.safetensors", qkv_shape, Slice{{0, c0}, {C, 3 * C / 2}}, DType::BF16,
          qkv_half.data()}};
-    if (tp == 0) pieces.push_back({"h.0.ln_1.weight", "model.safetensors", ln_shape, Slice{{0}, {C}}, DType::F32,
-                                   ln.data()});
+    if (tp == 0)
+      pieces.push_back({"h.0.ln_1.weight", "model.safetensors", ln_shape, Slice{{0}, {C}}, DType::F32, ln.data()});
     names.push_back(shard_file_name(0, tp, 0));
     write_checkpoint_shard(root2, 1, names.back(), pieces);
   }

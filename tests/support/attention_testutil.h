@@ -93,9 +93,8 @@ inline Results cpu_forward(const AttnShape& s, const Inputs& in) {
   std::vector<float> qkv = in.qkv;
   r.out.resize(n_out(s));
   r.lse.resize(n_lse(s));
-  cpu->attention_forward(f32_view(r.out.data(), {s.B, s.T, out_width(s)}),
-                         f32_view(r.lse.data(), {s.B, s.n_head, s.T}), f32_view(qkv.data(), {s.B, s.T, s.qkv_width()}),
-                         s);
+  cpu->attention_forward(f32_view(r.out.data(), {s.B, s.T, out_width(s)}), f32_view(r.lse.data(), {s.B, s.n_head, s.T}),
+                         f32_view(qkv.data(), {s.B, s.T, s.qkv_width()}), s);
   return r;
 }
 
@@ -107,8 +106,8 @@ inline std::vector<float> cpu_backward(const AttnShape& s, const Inputs& in, std
   cpu->attention_backward(f32_view(dqkv.data(), {s.B, s.T, s.qkv_width()}),
                           f32_view(dout.data(), {s.B, s.T, out_width(s)}),
                           f32_view(qkv.data(), {s.B, s.T, s.qkv_width()}),
-                          f32_view(out.data(), {s.B, s.T, out_width(s)}),
-                          f32_view(lse.data(), {s.B, s.n_head, s.T}), s);
+                          f32_view(out.data(), {s.B, s.T, out_width(s)}), f32_view(lse.data(), {s.B, s.n_head, s.T}),
+                          s);
   return dqkv;
 }
 
@@ -161,8 +160,7 @@ inline void expect_lse_close(const std::string& what, const std::vector<float>& 
 
 inline void expect_dqkv_close(const std::string& what, const AttnShape& s, const std::vector<float>& got,
                               const std::vector<float>& want) {
-  for (char part : {'q', 'k', 'v'})
-    expect_close(what + " d" + part, qkv_part(s, got, part), qkv_part(s, want, part));
+  for (char part : {'q', 'k', 'v'}) expect_close(what + " d" + part, qkv_part(s, got, part), qkv_part(s, want, part));
 }
 
 }  // namespace mt::attn_test

@@ -34,7 +34,9 @@ inline void write_bytes(const std::string& p, const std::vector<uint8_t>& b) {
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
-inline void write_text(const std::string& p, const std::string& s) { write_bytes(p, std::vector<uint8_t>(s.begin(), s.end())); }
+inline void write_text(const std::string& p, const std::string& s) {
+  write_bytes(p, std::vector<uint8_t>(s.begin(), s.end()));
+}
 
 // Writes an edited manifest into checkpoint dir re-sealed (a valid manifest_checksum): what such a test exercises
 // is the validation of the manifest's fields, which runs after the checksum is verified.
@@ -94,8 +96,9 @@ std::string error_of(Fn&& fn) {
 }  // namespace ckpt_test
 
 // EXPECT_ERROR_HAS(statement, "substring", ...): the statement throws mt::Error whose message holds every substring.
-#define EXPECT_ERROR_HAS(stmt, ...)                                                        \
-  do {                                                                                     \
-    std::string msg_ = ::ckpt_test::error_of([&] { stmt; });                               \
-    for (const char* s_ : {__VA_ARGS__}) EXPECT_NE(msg_.find(s_), std::string::npos) << "message: " << msg_ << "\nlacks: " << s_; \
+#define EXPECT_ERROR_HAS(stmt, ...)                                                            \
+  do {                                                                                         \
+    std::string msg_ = ::ckpt_test::error_of([&] { stmt; });                                   \
+    for (const char* s_ : {__VA_ARGS__})                                                       \
+      EXPECT_NE(msg_.find(s_), std::string::npos) << "message: " << msg_ << "\nlacks: " << s_; \
   } while (0)

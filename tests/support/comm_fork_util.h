@@ -99,8 +99,8 @@ inline std::string run_procs(const std::vector<int>& ranks, const std::function<
     } else if (WIFSIGNALED(status)) {
       report += fmt::format("rank {}: killed by signal {} {}\n", k.rank, WTERMSIG(status), k.msg);
     } else if (WEXITSTATUS(status) != 0) {
-      report += fmt::format("rank {}: {}\n", k.rank, k.msg.empty() ? "exit code " + std::to_string(WEXITSTATUS(status))
-                                                                      : k.msg);
+      report += fmt::format("rank {}: {}\n", k.rank,
+                            k.msg.empty() ? "exit code " + std::to_string(WEXITSTATUS(status)) : k.msg);
     }
   }
   return report;

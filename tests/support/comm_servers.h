@@ -78,9 +78,9 @@ class RedisServer {
            ("mt-redis-" + std::to_string(::getpid()) + "-" + std::to_string(count_++));
     std::filesystem::create_directories(dir_);
     port_ = free_port();
-    std::vector<std::string> args = {"redis-server", "--port",   std::to_string(port_), "--bind", "127.0.0.1",
-                                     "--save",       "",         "--appendonly", "no", "--dir", dir_.string(),
-                                     "--daemonize",  "no"};
+    std::vector<std::string> args = {
+        "redis-server", "--port", std::to_string(port_), "--bind",      "127.0.0.1", "--save", "", "--appendonly",
+        "no",           "--dir",  dir_.string(),         "--daemonize", "no"};
     if (!password.empty()) args.insert(args.end(), {"--requirepass", password});
     pid_ = spawn(args);
     // Wait until it accepts connections (a client with a connect timeout retries for us).

@@ -43,12 +43,11 @@ inline ::testing::AssertionResult close(const float* got, const VecD& want, doub
     }
   }
   if (worst < 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "element " << wi << " of " << want.size() << ": got " << got[wi]
-                                       << ", want " << want[wi] << " (rtol " << rtol << ", atol " << atol << ")";
+  return ::testing::AssertionFailure() << "element " << wi << " of " << want.size() << ": got " << got[wi] << ", want "
+                                       << want[wi] << " (rtol " << rtol << ", atol " << atol << ")";
 }
 inline ::testing::AssertionResult close(const VecF& got, const VecD& want, double rtol, double atol) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
   return close(got.data(), want, rtol, atol);
 }
 

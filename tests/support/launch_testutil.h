@@ -83,9 +83,10 @@ inline pid_t start_logged(const std::string& binary, const std::vector<std::stri
 inline std::string gdb_cannot_attach() {
   static const std::string why = [] {
     const std::string out = std::filesystem::temp_directory_path() / fmt::format("mt-gdb-probe-{}.txt", ::getpid());
-    const std::string cmd = fmt::format(
-        "command -v gdb >/dev/null || {{ echo 'no gdb' > {0}; exit 1; }}; sleep 30 & p=$!; "
-        "timeout 60 gdb -p $p -batch -nx -q -ex 'thread apply all bt' > {0} 2>&1; kill $p", out);
+    const std::string cmd =
+        fmt::format("command -v gdb >/dev/null || {{ echo 'no gdb' > {0}; exit 1; }}; sleep 30 & p=$!; "
+                    "timeout 60 gdb -p $p -batch -nx -q -ex 'thread apply all bt' > {0} 2>&1; kill $p",
+                    out);
     const int rc = std::system(cmd.c_str());
     const std::string text = slurp(out);
     std::filesystem::remove(out);

@@ -25,7 +25,9 @@ inline std::vector<nlohmann::json> jsonl_lines(const std::filesystem::path& p, b
 }
 
 // The lines of a JSON-lines file that a job may still be writing (the launcher's event log, a live metrics file).
-inline std::vector<nlohmann::json> events_of(const std::filesystem::path& p) { return jsonl_lines(p, /*tolerant=*/true); }
+inline std::vector<nlohmann::json> events_of(const std::filesystem::path& p) {
+  return jsonl_lines(p, /*tolerant=*/true);
+}
 
 // The lines of one kind of a metrics.jsonl, in order.
 inline std::vector<nlohmann::json> metrics_of(const std::filesystem::path& metrics, const std::string& kind,

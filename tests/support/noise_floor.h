@@ -115,7 +115,8 @@ inline void add_series(std::vector<Deviation>& devs, const std::string& cls, con
   for (size_t i = 0; i < ref.size(); ++i) {
     const bool has = i + 1 >= first_step;
     // A step the run under test did not log contributes its floor only (got = 0 passes trivially).
-    devs.push_back({cls, "step " + std::to_string(i + 1), rel(alt[i], ref[i]), has ? rel(got[i + 1 - first_step], ref[i]) : 0.0});
+    devs.push_back({cls, "step " + std::to_string(i + 1), rel(alt[i], ref[i]),
+                    has ? rel(got[i + 1 - first_step], ref[i]) : 0.0});
   }
 }
 

@@ -82,7 +82,8 @@ struct Trio {
   std::string single, alt, multi;
 };
 inline Trio fresh_trio(const std::string& prefix, const std::string& name) {
-  return {fresh_dir(prefix + "_single_" + name), fresh_dir(prefix + "_alt_" + name), fresh_dir(prefix + "_multi_" + name)};
+  return {fresh_dir(prefix + "_single_" + name), fresh_dir(prefix + "_alt_" + name),
+          fresh_dir(prefix + "_multi_" + name)};
 }
 
 // Norm-relative deviation of tensor y from the reference x.
@@ -125,14 +126,12 @@ inline std::vector<Deviation> run_deviations(const Trio& t) {
 }
 
 // A 5-step run under a parallel layout equals the single process up to rounding (see above).
-inline void expect_equivalent(const Trio& t, const std::string& what) {
-  expect_within_floor(run_deviations(t), what);
-}
+inline void expect_equivalent(const Trio& t, const std::string& what) { expect_within_floor(run_deviations(t), what); }
 
 // Runs resumed at step 3 of 5 log steps 4 and 5: each must match steps 4 and 5 of the uninterrupted run `full`, up
 // to the noise floor that `alt` (the reordered twin of `full`) measures.
-inline void expect_resumed_tail(const std::string& full, const std::string& alt, std::initializer_list<std::string> resumed,
-                                const std::string& what) {
+inline void expect_resumed_tail(const std::string& full, const std::string& alt,
+                                std::initializer_list<std::string> resumed, const std::string& what) {
   const std::vector<double> lf = losses(full), la = losses(alt);
   ASSERT_EQ(lf.size(), 5u);
   std::vector<Deviation> devs;

@@ -113,12 +113,11 @@ struct Rank {
 // Starts rank `rank` of `world` with a file store in store_dir, heartbeats on fd 3 every `interval` seconds, and
 // the given extra environment (e.g. MEGATRAIN_FAULTS=...). Output goes to log.
 inline Rank start_rank(int rank, int world, const std::string& store_dir, const std::vector<std::string>& args,
-                       const std::string& log, const std::vector<std::string>& extra_env = {},
-                       double interval = 0.2) {
+                       const std::string& log, const std::vector<std::string>& extra_env = {}, double interval = 0.2) {
   int p[2];
   MT_CHECK(::pipe(p) == 0, "pipe failed");
-  std::vector<std::string> env = {"MEGATRAIN_HEARTBEAT_FD=3", "MEGATRAIN_HEARTBEAT_INTERVAL=" + std::to_string(interval),
-                                  "OMP_NUM_THREADS=1"};
+  std::vector<std::string> env = {"MEGATRAIN_HEARTBEAT_FD=3",
+                                  "MEGATRAIN_HEARTBEAT_INTERVAL=" + std::to_string(interval), "OMP_NUM_THREADS=1"};
   if (world > 1)  // else a single process, as `megatrain train` run by hand
     env.insert(env.end(), {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
                            "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),

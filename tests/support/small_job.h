@@ -61,8 +61,10 @@ class SmallJob {
   SmallJob& log_every(int n) { return set("train.log_every", n); }
   // The model's shape: layers, width, heads and positions.
   SmallJob& model(int n_layer, int d_model, int n_head, int max_seq_len) {
-    return set("model.n_layer", n_layer).set("model.d_model", d_model).set("model.n_head", n_head).set(
-        "model.max_seq_len", max_seq_len);
+    return set("model.n_layer", n_layer)
+        .set("model.d_model", d_model)
+        .set("model.n_head", n_head)
+        .set("model.max_seq_len", max_seq_len);
   }
 
   // Flags after the keyed ones, in order: one flag a string, or for with(string) several separated by spaces

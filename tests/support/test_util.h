@@ -39,8 +39,8 @@ inline bool has(const std::string& text, const std::string& part) { return text.
 inline constexpr int kSmallVocab = 1024;
 inline const std::string kSmallVocabFlag = "--model.vocab_size=" + std::to_string(kSmallVocab);
 // The Brown shards in that vocabulary (prepare_brown_once(bin, kSmallBrown, kSmallVocab)).
-inline const std::string kSmallBrown =
-    std::string(MT_BINARY_DIR) + "/test-data/brown-bpe" + std::to_string(kSmallVocab);
+inline const std::string kSmallBrown = std::string(MT_BINARY_DIR) + "/test-data/brown-bpe" +
+                                       std::to_string(kSmallVocab);
 
 // Prepares the Brown corpus shards into `dir` with `megatrain prepare-data` once per build tree, with GPT-2's
 // tokenizer, or (vocab > 0) with a BPE of that many tokens that `megatrain tokenize train` learns from the Brown

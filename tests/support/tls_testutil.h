@@ -35,14 +35,14 @@ inline TestCert make_test_cert(const std::filesystem::path& dir, const std::stri
   X509_gmtime_adj(X509_getm_notAfter(x), to_s);
   X509_set_pubkey(x, key);
   X509_NAME* subject = X509_get_subject_name(x);
-  X509_NAME_add_entry_by_txt(subject, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("127.0.0.1"), -1,
-                             -1, 0);
+  X509_NAME_add_entry_by_txt(subject, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("127.0.0.1"), -1, -1,
+                             0);
   X509_set_issuer_name(x, subject);
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);
   X509V3_set_ctx(&ctx, x, x, nullptr, nullptr, 0);
-  for (auto [nid, value] : {std::pair{NID_subject_alt_name, "IP:127.0.0.1"},
-                            std::pair{NID_basic_constraints, "critical,CA:TRUE"}}) {
+  for (auto [nid, value] :
+       {std::pair{NID_subject_alt_name, "IP:127.0.0.1"}, std::pair{NID_basic_constraints, "critical,CA:TRUE"}}) {
     X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
     X509_add_ext(x, ext, -1);
     X509_EXTENSION_free(ext);

@@ -62,8 +62,7 @@ class Receiver {
       port = p > 0 ? p : -1;
       if (p > 0) server_->listen_after_bind();
     });
-    while (port == 0 || (port > 0 && !server_->is_running()))
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (port == 0 || (port > 0 && !server_->is_running())) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     port_ = port;
     EXPECT_GT(port_, 0) << "the webhook receiver could not listen" << (netns.empty() ? "" : " in " + netns);
   }

@@ -229,8 +229,10 @@ json read_manifest(const std::string& dir) {
     fail("checkpoint {}: manifest.json: {}: {}", dir, kManifestChecksumKey, e.what());
   }
   const uint32_t have = manifest_crc(m);
-  MT_CHECK(have == want, "checkpoint {}: manifest.json fails its checksum ({} recorded, {} found): the manifest is "
-           "corrupt or was edited", dir, format_checksum(want), format_checksum(have));
+  MT_CHECK(have == want,
+           "checkpoint {}: manifest.json fails its checksum ({} recorded, {} found): the manifest is "
+           "corrupt or was edited",
+           dir, format_checksum(want), format_checksum(have));
   return m;
 }
 
@@ -246,11 +248,14 @@ Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
     return c;
   }
   const json& m = c.manifest_;
-  auto need = [&](const char* key, bool ok) { MT_CHECK(ok, "checkpoint {}: manifest.json lacks a valid '{}'", dir, key); };
+  auto need = [&](const char* key, bool ok) {
+    MT_CHECK(ok, "checkpoint {}: manifest.json lacks a valid '{}'", dir, key);
+  };
   need("format_version", m.is_object() && m.contains("format_version") && m["format_version"].is_number_integer());
   int version = m["format_version"].get<int>();
-  MT_CHECK(version == kCheckpointFormatVersion, "checkpoint {}: format_version {} is not supported (this build reads {} and {})",
-           dir, version, kCheckpointFormatVersion, kShardedCheckpointFormatVersion);
+  MT_CHECK(version == kCheckpointFormatVersion,
+           "checkpoint {}: format_version {} is not supported (this build reads {} and {})", dir, version,
+           kCheckpointFormatVersion, kShardedCheckpointFormatVersion);
   need("step", m.contains("step") && m["step"].is_number_integer());
   need("files", m.contains("files") && m["files"].is_object());
   need("tensors", m.contains("tensors") && m["tensors"].is_object());
@@ -267,7 +272,8 @@ Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
 
   // Recorded checksum and dtype/shape of each tensor, checked against what each file holds.
   for (auto& [name, t] : m["tensors"].items()) {
-    MT_CHECK(t.is_object() && t.contains("file") && t["file"].is_string() && m["files"].contains(t["file"].get<std::string>()),
+    MT_CHECK(t.is_object() && t.contains("file") && t["file"].is_string() &&
+                 m["files"].contains(t["file"].get<std::string>()),
              "checkpoint {}: manifest entry of tensor '{}' names no listed file", dir, name);
     c.tensor_file_[name] = t["file"].get<std::string>();
   }
@@ -287,10 +293,12 @@ Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
     for (const TensorData* t : f.in_file_order()) {
       auto it = c.tensor_file_.find(t->name);
       MT_CHECK(it != c.tensor_file_.end() && it->second == fname,
-               "checkpoint {}: file '{}' holds tensor '{}' which the manifest does not list there", dir, fname, t->name);
+               "checkpoint {}: file '{}' holds tensor '{}' which the manifest does not list there", dir, fname,
+               t->name);
       const json& tj = m["tensors"][t->name];
-      MT_CHECK(tj.contains("dtype") && tj["dtype"] == t->dtype_str, "checkpoint {}: tensor '{}' has dtype {} in '{}' but {} in the manifest",
-               dir, t->name, t->dtype_str, fname, tj.contains("dtype") ? tj["dtype"].dump() : "none");
+      MT_CHECK(tj.contains("dtype") && tj["dtype"] == t->dtype_str,
+               "checkpoint {}: tensor '{}' has dtype {} in '{}' but {} in the manifest", dir, t->name, t->dtype_str,
+               fname, tj.contains("dtype") ? tj["dtype"].dump() : "none");
       MT_CHECK(tj.contains("shape") && tj["shape"] == json(t->shape),
                "checkpoint {}: tensor '{}' has shape {} in '{}' but {} in the manifest", dir, t->name, t->shape_str(),
                fname, tj.contains("shape") ? tj["shape"].dump() : "none");
@@ -299,14 +307,16 @@ Checkpoint Checkpoint::load(const std::string& path, bool verify_checksums) {
                t->name);
       uint32_t crc = crc32c(t->data, t->nbytes);
       uint32_t want = recorded(tj["checksum"], "tensor '" + t->name + "'");
-      MT_CHECK(crc == want, "checkpoint {}: tensor '{}' in '{}' fails its checksum ({} recorded, {} found): the file is corrupt",
+      MT_CHECK(crc == want,
+               "checkpoint {}: tensor '{}' in '{}' fails its checksum ({} recorded, {} found): the file is corrupt",
                dir, t->name, fname, format_checksum(want), format_checksum(crc));
       file_crc = crc32c_combine(file_crc, crc, t->nbytes);
     }
     if (verify_checksums) {
       uint32_t want = recorded(fj["checksum"], "file '" + fname + "'");
-      MT_CHECK(file_crc == want, "checkpoint {}: file '{}' fails its checksum ({} recorded, {} found): the file is corrupt",
-               dir, fname, format_checksum(want), format_checksum(file_crc));
+      MT_CHECK(file_crc == want,
+               "checkpoint {}: file '{}' fails its checksum ({} recorded, {} found): the file is corrupt", dir, fname,
+               format_checksum(want), format_checksum(file_crc));
     }
     c.files_.emplace(fname, std::move(f));
   }

@@ -33,8 +33,8 @@ namespace mt {
 using CheckpointFiles = std::map<std::string, std::vector<TensorRef>>;
 
 struct SaveOptions {
-  int keep_last = 0;  // after a successful save, delete all but the newest N checkpoints (0 = keep all);
-                      // the one just written is never deleted
+  int keep_last = 0;    // after a successful save, delete all but the newest N checkpoints (0 = keep all);
+                        // the one just written is never deleted
   std::string protect;  // a checkpoint directory never deleted by the pruning (the one this run resumed from)
   // Fault injection for tests: called at each stage of a save ("file:<name>" after each file, "rename" before
   // the directory is committed, "latest" before root/latest is rewritten). Throwing aborts the save there.

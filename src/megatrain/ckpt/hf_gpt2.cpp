@@ -111,8 +111,8 @@ ModelConfig infer_hf_gpt2_config(const SafetensorsFile& f, int n_head) {
   while (find(fmt::format("h.{}.ln_1.weight", c.n_layer))) ++c.n_layer;
   MT_CHECK(c.n_layer > 0, "{}: no transformer blocks (h.0.ln_1.weight is missing)", path);
   const TensorData* fc = find("h.0.mlp.c_fc.weight");
-  MT_CHECK(fc && fc->shape.size() == 2 && fc->shape[0] == c.d_model, "{}: h.0.mlp.c_fc.weight is missing or not [{}, F]",
-           path, c.d_model);
+  MT_CHECK(fc && fc->shape.size() == 2 && fc->shape[0] == c.d_model,
+           "{}: h.0.mlp.c_fc.weight is missing or not [{}, F]", path, c.d_model);
   const int F = static_cast<int>(fc->shape[1]);
   c.d_ff = F == 4 * c.d_model ? 0 : F;
   MT_CHECK(find("h.0.attn.c_attn.bias"), "{}: h.0.attn.c_attn.bias is missing; only GPT-2 with biases converts", path);
@@ -146,7 +146,8 @@ ModelConfig infer_hf_gpt2_config(const SafetensorsFile& f, int n_head) {
     agree("n_positions", c.max_seq_len);
     agree("n_inner", F);
     if (cj->contains("activation_function")) {
-      std::string act = (*cj)["activation_function"].is_string() ? (*cj)["activation_function"].get<std::string>() : "?";
+      std::string act = (*cj)["activation_function"].is_string() ? (*cj)["activation_function"].get<std::string>()
+                                                                 : "?";
       MT_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast",
                "{}: activation_function '{}' is not the tanh GELU megatrain computes", where, act);
     }
@@ -229,7 +230,8 @@ void import_hf_gpt2(const SafetensorsFile& f, const ModelConfig& cfg, ParamStore
       std::vector<float> head = read_f32(f, lm);
       const float* wte = store.param("wte.weight").f32();
       MT_CHECK(lm.shape == std::vector<int64_t>({V, C}) && std::equal(head.begin(), head.end(), wte),
-               "{}: lm_head.weight differs from wte.weight but the config ties them; set tied_embeddings = false", path);
+               "{}: lm_head.weight differs from wte.weight but the config ties them; set tied_embeddings = false",
+               path);
       continue;
     }
     unused.push_back(name);

@@ -30,8 +30,7 @@ void import_hf_gpt2(const SafetensorsFile& f, const ModelConfig& cfg, ParamStore
 
 // Writes store as an HF GPT-2 safetensors file in dtype (F32, or BF16 rounded to nearest even; names without
 // prefix, Conv1D layout, vocab_size rows) and config.json beside it.
-void export_hf_gpt2(const ModelConfig& cfg, const ParamStore& store, const std::string& path,
-                    DType dtype = DType::F32);
+void export_hf_gpt2(const ModelConfig& cfg, const ParamStore& store, const std::string& path, DType dtype = DType::F32);
 
 // Where our parameter `ours` lives in an HF GPT-2 file: its name there ("" when absent) and whether HF stores it
 // transposed (Conv1D [in, out] against our [out, in]). Vocabulary rows past vocab_size are not in the file.

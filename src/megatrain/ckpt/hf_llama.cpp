@@ -133,8 +133,10 @@ std::string llama_rope_type(const LlamaSettings& s, const json& r, const std::st
 void read_llama_rope_scaling(const LlamaSettings& s, const json& r, const std::string& key, RopeFreqs& scaled) {
   const std::string type = llama_rope_type(s, r, key);
   if (type == "default") return;
-  MT_CHECK(type == "llama3", "{}: {} of type \"{}\" is not supported: megatrain scales RoPE's frequencies as "
-           "Llama 3.1 does (\"llama3\") or not at all", s.where, key, type);
+  MT_CHECK(type == "llama3",
+           "{}: {} of type \"{}\" is not supported: megatrain scales RoPE's frequencies as "
+           "Llama 3.1 does (\"llama3\") or not at all",
+           s.where, key, type);
   auto field = [&](const char* k, std::optional<double> absent) {
     if (!r.contains(k) || r[k].is_null()) {
       MT_CHECK(absent.has_value(), "{}: {}.{} is missing; rope type \"llama3\" needs it", s.where, key, k);
@@ -169,10 +171,14 @@ double read_llama_rope(const LlamaSettings& s, RopeFreqs& scaled) {
 void refuse_llama_variants(const LlamaSettings& s) {
   const std::string& where = s.where;
   if (const json* act = s.m.setting("hidden_act"))
-    MT_CHECK(*act == "silu" || *act == "swish", "{}: hidden_act = {} is not supported: megatrain's SwiGLU gates "
-             "with silu", where, act->dump());
-  MT_CHECK(!s.flag("attention_bias", false), "{}: attention_bias = true is not supported: megatrain's Llama layout has "
-           "no biases", where);
+    MT_CHECK(*act == "silu" || *act == "swish",
+             "{}: hidden_act = {} is not supported: megatrain's SwiGLU gates "
+             "with silu",
+             where, act->dump());
+  MT_CHECK(!s.flag("attention_bias", false),
+           "{}: attention_bias = true is not supported: megatrain's Llama layout has "
+           "no biases",
+           where);
   MT_CHECK(!s.flag("mlp_bias", false), "{}: mlp_bias = true is not supported: megatrain's Llama layout has no biases",
            where);
 }
@@ -190,8 +196,10 @@ ModelConfig llama_model_config(const LlamaSettings& s, bool mistral, double thet
   // Mistral is Llama with sliding-window attention: a query at t sees keys t - W < s <= t, as megatrain's
   // model.window (kernels/ops.h AttnShape) and transformers' sliding-window mask both define it. null: full causal.
   c.window = mistral ? s.count("sliding_window", 0) : 0;
-  MT_CHECK(mistral || !m.setting("sliding_window"), "{}: sliding_window is a Mistral setting; model_type \"llama\" "
-           "attends to every earlier token", where);
+  MT_CHECK(mistral || !m.setting("sliding_window"),
+           "{}: sliding_window is a Mistral setting; model_type \"llama\" "
+           "attends to every earlier token",
+           where);
   c.d_model = s.count("hidden_size", std::nullopt);
   c.n_layer = s.count("num_hidden_layers", std::nullopt);
   c.n_head = s.count("num_attention_heads", std::nullopt);
@@ -238,7 +246,8 @@ void check_llama_config(const LlamaSettings& s, const ModelConfig& c) {
 ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
   MT_CHECK(m.config().has_value(),
            "{}: an HF Llama needs the config.json saved with it (its head counts are not in the tensor shapes); there "
-           "is none beside it", m.source());
+           "is none beside it",
+           m.source());
   const std::string& where = m.config_path();
   const LlamaSettings s{m, where};
   const json* type = m.setting("model_type");
@@ -277,7 +286,7 @@ void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& 
       MT_CHECK(m.has(hn), "{}: no tensor '{}', which parameter '{}' needs", m.source(), hn, p.name);
       const TensorData& t = m.float_tensor(hn);
       const std::vector<int64_t> want = p.shape.size() == 2 ? std::vector<int64_t>{b.rows, cols}
-                                                           : std::vector<int64_t>{b.rows};
+                                                            : std::vector<int64_t>{b.rows};
       MT_CHECK(t.shape == want, "{}: tensor '{}' has shape {} but this model ({}) needs {}", m.file_of(hn), hn,
                t.shape_str(), p.name, shape_str(want));
       // Straight into the parameter: a temporary copy per tensor costs fresh pages for twice the model's size, and
@@ -294,7 +303,8 @@ void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& 
     if (name == "lm_head.weight" && cfg.tied_embeddings) {  // a tied head saved anyway: it must be the embedding
       MT_CHECK(m.same_values(name, "model.embed_tokens.weight"),
                "{}: lm_head.weight differs from model.embed_tokens.weight but the config ties them "
-               "(tie_word_embeddings = true)", m.source());
+               "(tie_word_embeddings = true)",
+               m.source());
       continue;
     }
     unused.push_back(name);
@@ -323,11 +333,11 @@ json hf_llama_config_json(const ModelConfig& c, DType dtype) {
             {"rms_norm_eps", shortest_decimal(c.norm_eps)},
             {"rope_theta", shortest_decimal(c.rope_theta)},
             {"rope_scaling", c.rope_scaling > 0 ? json{{"rope_type", "llama3"},
-                                                         {"factor", shortest_decimal(c.rope_scaling)},
-                                                         {"low_freq_factor", shortest_decimal(c.rope_low_freq_factor)},
-                                                         {"high_freq_factor", shortest_decimal(c.rope_high_freq_factor)},
-                                                         {"original_max_position_embeddings", c.rope_original_max_len}}
-                                                  : json(nullptr)},
+                                                       {"factor", shortest_decimal(c.rope_scaling)},
+                                                       {"low_freq_factor", shortest_decimal(c.rope_low_freq_factor)},
+                                                       {"high_freq_factor", shortest_decimal(c.rope_high_freq_factor)},
+                                                       {"original_max_position_embeddings", c.rope_original_max_len}}
+                                                : json(nullptr)},
             {"hidden_act", "silu"},
             {"attention_bias", false},
             {"mlp_bias", false},
@@ -361,7 +371,7 @@ void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std:
     const float* at = store.param(p.name).f32();
     for (const HfRowBlock& b : hf_llama_row_blocks(cfg, p.name)) {
       std::vector<int64_t> shape = p.shape.size() == 2 ? std::vector<int64_t>{b.rows, cols}
-                                                      : std::vector<int64_t>{b.rows};
+                                                       : std::vector<int64_t>{b.rows};
       refs.push_back({b.name, DType::F32, shape, at});
       at += b.rows * cols;
     }

@@ -96,7 +96,7 @@ HfSliceReader::HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg) : m_
       int64_t at = 0;
       for (const HfRowBlock& b : hf_llama_row_blocks(cfg, p.name)) {
         const std::vector<int64_t> shape = p.shape.size() == 2 ? std::vector<int64_t>{b.rows, C}
-                                                              : std::vector<int64_t>{b.rows};
+                                                               : std::vector<int64_t>{b.rows};
         runs.push_back({need(b.name, shape), at, b.rows, 0, false});
         at += b.rows;
       }
@@ -114,7 +114,8 @@ HfSliceReader::HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg) : m_
   for (const std::string& n : m.names()) {
     if (used.count(n) || (family_ == HfFamily::Llama ? is_hf_llama_buffer(n) : is_hf_gpt2_buffer(n))) continue;
     if (n == "lm_head.weight" && cfg.tied_embeddings) {
-      const std::string embed = family_ == HfFamily::Llama ? "model.embed_tokens.weight" : rows_.at("wte.weight")[0].t->name;
+      const std::string embed = family_ == HfFamily::Llama ? "model.embed_tokens.weight"
+                                                           : rows_.at("wte.weight")[0].t->name;
       MT_CHECK(m.same_values(n, embed), "{}: lm_head.weight differs from {} but the config ties them", m.source(),
                embed);
       continue;

@@ -162,7 +162,7 @@ const char* torch_dtype_name(DType d) {
 }
 
 void write_hf_weights(const std::string& path, std::vector<TensorRef> refs, DType dtype) {
-  torch_dtype_name(dtype);  // checks it
+  torch_dtype_name(dtype);                   // checks it
   std::deque<std::vector<uint16_t>> halves;  // alive until the write returns
   if (dtype == DType::BF16)
     for (TensorRef& r : refs) {

@@ -30,9 +30,9 @@ class HfModelFiles {
   const std::string& config_path() const { return config_path_; }
 
   bool has(const std::string& name) const;
-  const TensorData& tensor(const std::string& name) const;  // throws naming the name and the source
+  const TensorData& tensor(const std::string& name) const;    // throws naming the name and the source
   const std::string& file_of(const std::string& name) const;  // the shard file holding it
-  std::vector<std::string> names() const;                    // every tensor, sorted
+  std::vector<std::string> names() const;                     // every tensor, sorted
   // The tensor, checked to be F32, F16 or BF16 (what megatrain reads as float); another dtype is an error naming it.
   const TensorData& float_tensor(const std::string& name) const;
   // Its elements as float.

@@ -17,7 +17,8 @@ std::vector<TensorRef> param_tensor_refs(const ParamStore& store) {
   MT_CHECK(store.params_data() != nullptr || store.size() == 0, "param_tensor_refs: the store is not allocated");
   std::vector<TensorRef> refs;
   refs.reserve(store.size());
-  for (int i = 0; i < static_cast<int>(store.size()); ++i) refs.push_back(tensor_ref(store.info(i).name, store.param(i)));
+  for (int i = 0; i < static_cast<int>(store.size()); ++i)
+    refs.push_back(tensor_ref(store.info(i).name, store.param(i)));
   return refs;
 }
 
@@ -55,8 +56,9 @@ void check_same_architecture(const ModelConfig& s, const ModelConfig& w, const s
     }
   }
   if (w.pos == PosKind::Learned)
-    MT_CHECK(s.max_seq_len >= w.max_seq_len, "{} has {} learned positions but the config asks for model.max_seq_len = {}",
-             source, s.max_seq_len, w.max_seq_len);
+    MT_CHECK(s.max_seq_len >= w.max_seq_len,
+             "{} has {} learned positions but the config asks for model.max_seq_len = {}", source, s.max_seq_len,
+             w.max_seq_len);
 }
 
 static void prepare_store(const ModelConfig& cfg, ParamStore& store) {

@@ -84,7 +84,9 @@ CheckpointReader CheckpointReader::open(const std::string& path, bool verify_che
   r.manifest_ = read_manifest(r.dir_);
   const json& m = r.manifest_;
   const std::string& dir = r.dir_;
-  auto need = [&](const char* key, bool ok) { MT_CHECK(ok, "checkpoint {}: manifest.json lacks a valid '{}'", dir, key); };
+  auto need = [&](const char* key, bool ok) {
+    MT_CHECK(ok, "checkpoint {}: manifest.json lacks a valid '{}'", dir, key);
+  };
   need("format_version", m.is_object() && m.contains("format_version") && m["format_version"].is_number_integer());
   const int64_t version = m["format_version"].get<int64_t>();
   MT_CHECK(version == kCheckpointFormatVersion || version == kShardedCheckpointFormatVersion,

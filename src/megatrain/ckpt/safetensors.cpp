@@ -27,9 +27,9 @@ static constexpr uint64_t kMaxHeader = 100ull << 20;
 
 // Element sizes of every safetensors dtype, so files holding dtypes we never compute in still open.
 static int st_dtype_size(const std::string& d) {
-  static const std::map<std::string, int> sizes = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
-      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},      {"F64", 8},     {"I64", 8}, {"U64", 8}};
+  static const std::map<std::string, int> sizes = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+                                                   {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+                                                   {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
   auto it = sizes.find(d);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -352,12 +352,12 @@ void check_safetensors_tiling(const std::string& path, std::vector<TensorData*> 
   uint64_t pos = data_start;
   for (auto* t : order) {
     MT_CHECK(t->offset >= pos, "{}: tensor '{}' overlaps the previous tensor's data", path, t->name);
-    MT_CHECK(t->offset == pos, "{}: {} unused bytes before tensor '{}' (the data region must be fully indexed)",
-             path, t->offset - pos, t->name);
+    MT_CHECK(t->offset == pos, "{}: {} unused bytes before tensor '{}' (the data region must be fully indexed)", path,
+             t->offset - pos, t->name);
     pos += t->nbytes;
   }
-  MT_CHECK(pos == size, "{}: {} bytes after the last tensor's data (the file is longer than its header says)",
-           path, size - pos);
+  MT_CHECK(pos == size, "{}: {} bytes after the last tensor's data (the file is longer than its header says)", path,
+           size - pos);
 }
 
 }  // namespace

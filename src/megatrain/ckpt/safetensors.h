@@ -23,8 +23,8 @@ TensorRef tensor_ref(std::string name, const Tensor& t);  // a host tensor as a 
 
 struct SafetensorsWriteResult {
   uint64_t file_bytes = 0;
-  uint32_t file_crc = 0;                        // CRC-32C of the whole file
-  std::map<std::string, uint32_t> tensor_crc;   // CRC-32C of each tensor's bytes
+  uint32_t file_crc = 0;                       // CRC-32C of the whole file
+  std::map<std::string, uint32_t> tensor_crc;  // CRC-32C of each tensor's bytes
 };
 
 // Writes `path` atomically (path.tmp-<pid>, fsync, rename, fsync the directory). Data is streamed from the
@@ -37,7 +37,7 @@ SafetensorsWriteResult write_safetensors(const std::string& path, std::vector<Te
 // unaligned in files written by others: copy it with memcpy.
 struct TensorData {
   std::string name;
-  std::string dtype_str;  // as in the file ("F32", "BF16", "F64", "BOOL", ...)
+  std::string dtype_str;     // as in the file ("F32", "BF16", "F64", "BOOL", ...)
   DType dtype = DType::F32;  // meaningful only when supported
   bool supported = false;    // dtype_str is one of megatrain's DTypes
   std::vector<int64_t> shape;
@@ -77,7 +77,7 @@ class SafetensorsFile {
 
   uint64_t file_size() const { return size_; }
   uint64_t header_size() const { return data_start_; }  // 8 + N: where the data region begins
-  const uint8_t* bytes() const { return base_; }       // the whole mapped file
+  const uint8_t* bytes() const { return base_; }        // the whole mapped file
   // The tensors in data-region order (they tile it exactly).
   std::vector<const TensorData*> in_file_order() const;
 

@@ -72,8 +72,13 @@ void write_shard_into(const std::string& dir, int64_t step, const std::string& f
     MT_CHECK(names.insert(name).second, "checkpoint shard {}: tensor '{}' has two pieces at {}", file, p.tensor,
              p.slice.str());
     refs.push_back(TensorRef{name, p.dtype, p.slice.extent, p.data});
-    recs.push_back({{"tensor", p.tensor}, {"group", p.group}, {"dtype", dtype_name(p.dtype)}, {"shape", p.full_shape},
-                    {"name", name}, {"start", p.slice.start}, {"extent", p.slice.extent}});
+    recs.push_back({{"tensor", p.tensor},
+                    {"group", p.group},
+                    {"dtype", dtype_name(p.dtype)},
+                    {"shape", p.full_shape},
+                    {"name", name},
+                    {"start", p.slice.start},
+                    {"extent", p.slice.extent}});
   }
   auto res = write_safetensors((fs::path(dir) / file).string(), refs,
                                {{"megatrain", "checkpoint-shard"}, {"step", std::to_string(step)}});

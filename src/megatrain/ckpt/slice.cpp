@@ -157,8 +157,8 @@ std::string tiling_problem(const std::vector<int64_t>& shape, const std::vector<
 
 std::vector<Slice> flat_range_slices(const std::vector<int64_t>& shape, int64_t begin, int64_t end) {
   const int64_t n = shape_numel(shape);
-  MT_CHECK(0 <= begin && begin <= end && end <= n, "flat range [{}, {}) is outside a tensor of {} elements", begin,
-           end, n);
+  MT_CHECK(0 <= begin && begin <= end && end <= n, "flat range [{}, {}) is outside a tensor of {} elements", begin, end,
+           n);
   std::vector<Slice> out;
   if (begin == end) return out;
   if (shape.empty()) return {Slice{}};

@@ -78,8 +78,12 @@ void ShardSnapshot::write_into(const std::string& dir) const {
 json ShardSnapshot::header() const {
   json pieces = json::array();
   for (const ShardPiece& p : pieces_)
-    pieces.push_back({{"tensor", p.tensor}, {"group", p.group}, {"shape", p.full_shape}, {"start", p.slice.start},
-                      {"extent", p.slice.extent}, {"dtype", dtype_name(p.dtype)}});
+    pieces.push_back({{"tensor", p.tensor},
+                      {"group", p.group},
+                      {"shape", p.full_shape},
+                      {"start", p.slice.start},
+                      {"extent", p.slice.extent},
+                      {"dtype", dtype_name(p.dtype)}});
   return {{"step", step_}, {"file", file_}, {"extra", extra_}, {"bytes", bytes_}, {"pieces", pieces}};
 }
 

@@ -53,10 +53,12 @@ int cmd_convert(int argc, char** argv) {
                  "--from-hf, GPT-2: attention heads (shapes cannot tell; default: config.json beside the file, else "
                  "width/64); a Llama's config.json always gives them");
   std::string dtype = "f32";
-  app.add_option("--dtype", dtype, "--to-hf: f32 (exact, the default) or bf16 (half the bytes, rounded to nearest even)")
+  app.add_option("--dtype", dtype,
+                 "--to-hf: f32 (exact, the default) or bf16 (half the bytes, rounded to nearest even)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   std::string tokenizer;
-  app.add_option("--tokenizer", tokenizer, "--to-hf: the tokenizer to write beside the model, in HF's file names "
+  app.add_option("--tokenizer", tokenizer,
+                 "--to-hf: the tokenizer to write beside the model, in HF's file names "
                  "(default: the one the checkpoint's training data was prepared with, from its meta.json; none: no "
                  "tokenizer files)");
   try {
@@ -80,8 +82,7 @@ int cmd_convert(int argc, char** argv) {
     std::string tok_from = tokenizer, tok_note;
     if (tok_from.empty()) {
       tok_from = tokenizer_of_training_data(to_hf);
-      if (tok_from.empty())
-        tok_note = "; no tokenizer written (the checkpoint's data records none: pass --tokenizer)";
+      if (tok_from.empty()) tok_note = "; no tokenizer written (the checkpoint's data records none: pass --tokenizer)";
     }
     if (tok_from == "none") tok_from.clear();
     if (!tok_from.empty() && tokenizer.empty()) {  // the recorded one: skipped with a note if it does not fit
@@ -97,7 +98,8 @@ int cmd_convert(int argc, char** argv) {
     ModelConfig cfg = convert_checkpoint_to_hf(to_hf, out, dtype == "bf16" ? DType::BF16 : DType::F32);
     if (!tok_from.empty()) {
       const std::string dir = std::filesystem::path(out).parent_path().string();
-      const std::vector<std::string> files = write_hf_tokenizer_files(tok_from, dir.empty() ? "." : dir, cfg.vocab_size);
+      const std::vector<std::string> files = write_hf_tokenizer_files(tok_from, dir.empty() ? "." : dir,
+                                                                      cfg.vocab_size);
       tok_note = fmt::format("; tokenizer {} as {}", tok_from, fmt::join(files, ", "));
     }
     fmt::print("convert: {} -> {} + config.json ({}, n_layer {}, n_head {}, d_model {}, vocab {}, {}){}, {:.1f} s\n",

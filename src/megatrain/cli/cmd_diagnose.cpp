@@ -44,7 +44,8 @@ int cmd_diagnose(int argc, char** argv) {
   app.add_option("--pair-timeout", o.pair_timeout_s, "seconds to wait for the neighbour (default 30)")
       ->check(CLI::Range(1.0, 3600.0));
   std::string secret_file;
-  app.add_option("--secret-file", secret_file, "the tcp store's secret for --pair-store (default MEGATRAIN_STORE_SECRET)")
+  app.add_option("--secret-file", secret_file,
+                 "the tcp store's secret for --pair-store (default MEGATRAIN_STORE_SECRET)")
       ->needs("--pair-store");
   app.add_flag("--json", json, "print the report as JSON");
   try {
@@ -68,7 +69,10 @@ int cmd_diagnose(int argc, char** argv) {
     fmt::print("{}\n", r.to_json().dump());
   } else {
     for (const auto& c : r.checks)
-      fmt::print("{:<20} {:<4} {}\n", c.name, !c.ran ? "-" : c.pass ? "ok" : "FAIL",
+      fmt::print("{:<20} {:<4} {}\n", c.name,
+                 !c.ran   ? "-"
+                 : c.pass ? "ok"
+                          : "FAIL",
                  c.ran ? fmt::format("{:.3g} {} ({})", c.value, c.unit, c.detail) : c.detail);
     fmt::print("node {}: {}\n", r.node, r.pass() ? "healthy" : "FAILED");
   }

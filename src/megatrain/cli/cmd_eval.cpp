@@ -30,13 +30,17 @@ int cmd_eval(int argc, char** argv) {
   std::vector<std::string> dirs;
   int batches = 8, B = 8, T = 0, threads = 0;
   bool json = false;
-  app.add_option("--ckpt", ckpt, "checkpoint directory (root with `latest`, or one step_N directory), or an HF model "
-                 "(directory or file)")->required();
+  app.add_option("--ckpt", ckpt,
+                 "checkpoint directory (root with `latest`, or one step_N directory), or an HF model "
+                 "(directory or file)")
+      ->required();
   app.add_option("--data", dirs, "prepared data directories (prepare-data output); each is evaluated on its own")
-      ->required()->expected(1, -1);
+      ->required()
+      ->expected(1, -1);
   app.add_option("--split", split, "which split's shards to read")->capture_default_str();
   app.add_option("--batches", batches, "batches per directory (fewer when the split has fewer)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--batch-size", B, "sequences per batch")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--seq-len", T, "tokens per sequence (0: the model's context, at most 1024)")
       ->check(CLI::NonNegativeNumber);
@@ -58,8 +62,10 @@ int cmd_eval(int argc, char** argv) {
   for (const std::string& dir : dirs) {
     const double t0 = now_seconds();
     DataLoader dl(dir, split, B, T, /*shuffle=*/false, 0, 0, 1, /*prefetch=*/0, cfg.vocab_size);
-    MT_CHECK(dl.vocab_size() <= cfg.vocab_size, "{}: its shards use a vocabulary of {} tokens but the model has {}: "
-             "they were prepared with another tokenizer", dir, dl.vocab_size(), cfg.vocab_size);
+    MT_CHECK(dl.vocab_size() <= cfg.vocab_size,
+             "{}: its shards use a vocabulary of {} tokens but the model has {}: "
+             "they were prepared with another tokenizer",
+             dir, dl.vocab_size(), cfg.vocab_size);
     const int n = static_cast<int>(std::min<uint64_t>(batches, dl.batches_per_epoch()));
     double sum = 0;
     for (int i = 0; i < n; ++i) {
@@ -70,8 +76,14 @@ int cmd_eval(int argc, char** argv) {
     MT_CHECK(std::isfinite(loss), "{}: the loss is not finite ({})", dir, loss);
     const int64_t tokens = int64_t{n} * B * T;
     if (json) {
-      fmt::print("{}\n", nlohmann::json{{"dir", dir}, {"split", split}, {"loss", loss}, {"perplexity", std::exp(loss)},
-                                        {"batches", n}, {"batch_size", B}, {"seq_len", T}, {"tokens", tokens},
+      fmt::print("{}\n", nlohmann::json{{"dir", dir},
+                                        {"split", split},
+                                        {"loss", loss},
+                                        {"perplexity", std::exp(loss)},
+                                        {"batches", n},
+                                        {"batch_size", B},
+                                        {"seq_len", T},
+                                        {"tokens", tokens},
                                         {"seconds", now_seconds() - t0}}
                              .dump());
     } else {

@@ -14,19 +14,24 @@
 namespace mt::cli {
 
 int cmd_generate(int argc, char** argv) {
-  CLI::App app{"Sample text from a checkpoint (a training run's ckpt dir, a step dir, `convert --from-hf` output) or an "
-               "HF GPT-2 or Llama model",
-               "generate"};
+  CLI::App app{
+      "Sample text from a checkpoint (a training run's ckpt dir, a step dir, `convert --from-hf` output) or an "
+      "HF GPT-2 or Llama model",
+      "generate"};
   std::string ckpt, prompt = "\n", vocab = default_gpt2_vocab_dir();
   SampleOptions o;
   o.tokens = 100;
-  app.add_option("--ckpt", ckpt, "checkpoint directory (root with `latest`, or one step_N directory), or an HF model (directory or file)")->required();
+  app.add_option(
+         "--ckpt", ckpt,
+         "checkpoint directory (root with `latest`, or one step_N directory), or an HF model (directory or file)")
+      ->required();
   app.add_option("--prompt", prompt, "text to continue");
   app.add_option("--tokens", o.tokens, "number of tokens to sample")->check(CLI::NonNegativeNumber);
   app.add_option("--temperature", o.temperature, "softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
   app.add_option("--top-k", o.top_k, "sample among the k most likely tokens; 0 = all")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o.seed, "sampling seed");
-  app.add_option("--vocab", vocab, "the tokenizer: GPT-2's encoder.json and vocab.bpe directory, or an HF tokenizer.json");
+  app.add_option("--vocab", vocab,
+                 "the tokenizer: GPT-2's encoder.json and vocab.bpe directory, or an HF tokenizer.json");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

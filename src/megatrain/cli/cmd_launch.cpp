@@ -52,8 +52,9 @@ void add_rank_options(CLI::App& app, launch::LaunchOptions& o) {
   app.add_option("--nnodes", o.nnodes, "nodes in the job (default 1)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--node-rank", o.node_rank, "this node's index, 0..nnodes-1 (default 0)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--master", o.master,
-                 "ADDR[:PORT] of node 0 (its store; default 127.0.0.1 and a free port on one node, port 29500 on several)");
+  app.add_option(
+      "--master", o.master,
+      "ADDR[:PORT] of node 0 (its store; default 127.0.0.1 and a free port on one node, port 29500 on several)");
   app.add_option("--store", o.store, "use this store URL (file://, tcp://, redis://) instead of serving one");
   app.add_option("--iface", o.iface,
                  "interface (e.g. eth1) or local address the ranks communicate on (sets MEGATRAIN_IFACE; default: "
@@ -72,7 +73,8 @@ void add_supervision_options(CLI::App& app, LaunchArgs& a) {
   launch::LaunchOptions& o = a.o;
   auto* sup = "supervision";
   app.add_option("--max-restarts", o.max_restarts, "restarts after failures a restart may help (default 0: none)")
-      ->check(CLI::Range(0, 1000000))->group(sup);
+      ->check(CLI::Range(0, 1000000))
+      ->group(sup);
   app.add_option("--events", o.events, "append the supervisor's events to this file (JSON lines)")->group(sup);
   app.add_option("--dashboard", o.dashboard,
                  "serve the job's dashboard (/), its state as JSON (/api/job) and Prometheus metrics (/metrics) on "
@@ -99,35 +101,48 @@ void add_supervision_options(CLI::App& app, LaunchArgs& a) {
                  "of an event, e.g. warning:loss_spike, or 'all'; default detected,restarting,resumed,evicted,done,"
                  "gave_up)")
       ->group(sup);
-  app.add_option("--notify-ca", o.notify_ca, "PEM file of the CAs that sign an https webhook's certificate "
-                 "(default: the system's)")->group(sup);
-  app.add_option("--job-name", o.job_name, "the job's name in notifications (default: SLURM_JOB_NAME, else the "
-                 "host name)")->group(sup);
+  app.add_option("--notify-ca", o.notify_ca,
+                 "PEM file of the CAs that sign an https webhook's certificate "
+                 "(default: the system's)")
+      ->group(sup);
+  app.add_option("--job-name", o.job_name,
+                 "the job's name in notifications (default: SLURM_JOB_NAME, else the "
+                 "host name)")
+      ->group(sup);
   app.add_flag("!--no-stack-dumps", o.stack_dumps,
                "do not dump a rank's stacks (gdb) before killing it for a hang (default: dump them, beside --events)")
       ->group(sup);
   app.add_option("--stack-timeout", o.stack_timeout_s, "seconds gdb may take for one rank's stacks (30)")
-      ->check(CLI::Range(1.0, 600.0))->group(sup);
+      ->check(CLI::Range(1.0, 600.0))
+      ->group(sup);
   app.add_option("--backoff", o.backoff_s, "seconds before the first restart, doubling while no progress is made (1)")
-      ->check(CLI::Range(0.0, 3600.0))->group(sup);
+      ->check(CLI::Range(0.0, 3600.0))
+      ->group(sup);
   app.add_option("--no-progress-limit", o.no_progress_limit,
                  "attempts in a row without passing the best step before giving up with exit 40 (3)")
-      ->check(CLI::Range(1, 1000))->group(sup);
+      ->check(CLI::Range(1, 1000))
+      ->group(sup);
   app.add_option("--hang-floor", o.hang_floor_s,
                  "a hang is no step for max(--hang-factor x the median step time, this many seconds) (30)")
-      ->check(CLI::Range(0.5, 1e6))->group(sup);
+      ->check(CLI::Range(0.5, 1e6))
+      ->group(sup);
   app.add_option("--hang-factor", o.hang_factor, "see --hang-floor (5)")->check(CLI::Range(1.0, 1000.0))->group(sup);
   app.add_option("--startup-timeout", o.startup_timeout_s,
                  "seconds the first step of an attempt may take, start-up and checkpoint loading included (600)")
-      ->check(CLI::Range(0.5, 1e6))->group(sup);
+      ->check(CLI::Range(0.5, 1e6))
+      ->group(sup);
   app.add_option("--heartbeat-timeout", o.heartbeat_timeout_s,
                  "a live rank that sends no heartbeat for this long is stopped or wedged: a hang (10)")
-      ->check(CLI::Range(0.5, 1e6))->group(sup);
-  app.add_option("--straggler-factor", o.straggler_factor,
-                 "warn when a rank's compute time exceeds this x its peers' median ... (1.1: a 20% straggler is flagged)")
-      ->check(CLI::Range(1.0, 100.0))->group(sup);
+      ->check(CLI::Range(0.5, 1e6))
+      ->group(sup);
+  app.add_option(
+         "--straggler-factor", o.straggler_factor,
+         "warn when a rank's compute time exceeds this x its peers' median ... (1.1: a 20% straggler is flagged)")
+      ->check(CLI::Range(1.0, 100.0))
+      ->group(sup);
   app.add_option("--straggler-steps", o.straggler_steps, "... for this many steps in a row (3)")
-      ->check(CLI::Range(1, 1000000))->group(sup);
+      ->check(CLI::Range(1, 1000000))
+      ->group(sup);
 }
 
 // Several nodes: spares, lost nodes, diagnosis and eviction.
@@ -135,9 +150,11 @@ void add_node_options(CLI::App& app, launch::LaunchOptions& o) {
   auto* nodes = "several nodes (the job driver runs in node 0's agent)";
   app.add_option("--spares", o.spares,
                  "agents beyond --nnodes (started with --node-rank nnodes..) that wait to replace an evicted node (0)")
-      ->check(CLI::Range(0, 1 << 20))->group(nodes);
-  app.add_option("--node-timeout", o.node_timeout_s,
-                 "a node whose agent is silent this long is lost (8)")->check(CLI::Range(1.0, 3600.0))->group(nodes);
+      ->check(CLI::Range(0, 1 << 20))
+      ->group(nodes);
+  app.add_option("--node-timeout", o.node_timeout_s, "a node whose agent is silent this long is lost (8)")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->group(nodes);
   app.add_flag("!--no-diagnose", o.diagnose,
                "do not run `megatrain diagnose` on the nodes of a failed attempt (and on spares) before going on")
       ->group(nodes);
@@ -149,7 +166,8 @@ void add_node_options(CLI::App& app, launch::LaunchOptions& o) {
       ->group(nodes);
   app.add_option("--straggler-evict-steps", o.straggler_evict_steps,
                  "a rank that stays a straggler this many steps gets its node evicted (0: never; default 0)")
-      ->check(CLI::Range(0, 1000000))->group(nodes);
+      ->check(CLI::Range(0, 1000000))
+      ->group(nodes);
 }
 
 // What the options say together, checked before anything starts: the command, the node's place, the store.
@@ -165,7 +183,8 @@ void check_launch_layout(launch::LaunchOptions& o) {
            "--spares {} without --max-restarts: a spare only ever replaces a node in a restart", o.spares);
   MT_CHECK(o.dashboard.empty() || o.nnodes == 1 || o.driven(),
            "--dashboard on {} nodes needs the job driver (--max-restarts 1 or more): without it no process sees "
-           "every rank", o.nnodes);
+           "every rank",
+           o.nnodes);
   if (!o.iface.empty()) local_address_of(o.iface, "--iface");  // a typo fails here, not in every rank
 }
 
@@ -183,7 +202,8 @@ void resolve_dashboard_access(launch::LaunchOptions& o, const std::string& token
   }
   if (!o.dashboard_tls.cert.empty() || !o.dashboard_tls.key.empty()) {
     if (o.dashboard.empty())
-      fail_as(ErrorKind::Config, "--dashboard-tls-{} without --dashboard", o.dashboard_tls.cert.empty() ? "key" : "cert");
+      fail_as(ErrorKind::Config, "--dashboard-tls-{} without --dashboard",
+              o.dashboard_tls.cert.empty() ? "key" : "cert");
     if (o.dashboard_tls.cert.empty() || o.dashboard_tls.key.empty())
       fail_as(ErrorKind::Config, "--dashboard-tls-{} without --dashboard-tls-{}: HTTPS needs both",
               o.dashboard_tls.cert.empty() ? "key" : "cert", o.dashboard_tls.cert.empty() ? "cert" : "key");

@@ -27,8 +27,10 @@ int cmd_notify(int argc, char** argv) {
   std::vector<std::string> fields;
   app.add_option("--url", o.url, "the webhook (http:// or https://); default: MEGATRAIN_NOTIFY_URL");
   app.add_option("--event", event, "the event's name, e.g. requeued")->required();
-  app.add_option("--field", fields, "KEY=VALUE added to the event (VALUE as JSON when it parses: 3, true, [1,2]; "
-                 "else a string); repeatable")->take_all();
+  app.add_option("--field", fields,
+                 "KEY=VALUE added to the event (VALUE as JSON when it parses: 3, true, [1,2]; "
+                 "else a string); repeatable")
+      ->take_all();
   app.add_option("--job-name", o.job, "the job's name in the message (default: SLURM_JOB_NAME, else the host name)");
   app.add_option("--notify-ca", o.ca_file, "PEM file of the CAs that sign an https webhook's certificate");
   try {
@@ -44,8 +46,7 @@ int cmd_notify(int argc, char** argv) {
   nlohmann::json e = {{"t", duration<double>(system_clock::now().time_since_epoch()).count()}, {"event", event}};
   for (const std::string& f : fields) {
     const size_t eq = f.find('=');
-    if (eq == std::string::npos || eq == 0)
-      fail_as(ErrorKind::Config, "--field '{}': expected KEY=VALUE", f);
+    if (eq == std::string::npos || eq == 0) fail_as(ErrorKind::Config, "--field '{}': expected KEY=VALUE", f);
     const std::string key = f.substr(0, eq), value = f.substr(eq + 1);
     if (key == "t" || key == "event") fail_as(ErrorKind::Config, "--field '{}': '{}' is set by the command", f, key);
     nlohmann::json v = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);

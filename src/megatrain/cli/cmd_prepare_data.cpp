@@ -22,8 +22,10 @@ int cmd_prepare_data(int argc, char** argv) {
   app.add_option("--preset", preset, "a known corpus: brown (the Brown corpus installed by scripts/setup)")
       ->check(CLI::IsMember({"brown"}));
   app.add_option("--out,-o", opt.out_dir, "output directory")->required();
-  app.add_option("--vocab", vocab, "the tokenizer: a directory with GPT-2's encoder.json and vocab.bpe, or an HF "
-                 "tokenizer.json (byte-level BPE, e.g. Llama 3's) or its directory")->capture_default_str();
+  app.add_option("--vocab", vocab,
+                 "the tokenizer: a directory with GPT-2's encoder.json and vocab.bpe, or an HF "
+                 "tokenizer.json (byte-level BPE, e.g. Llama 3's) or its directory")
+      ->capture_default_str();
   app.add_option("--val-fraction", opt.val_fraction, "fraction of documents for the val split, in [0, 1)")
       ->capture_default_str();
   app.add_option("--shard-tokens", opt.shard_tokens, "maximum tokens per shard")->capture_default_str();

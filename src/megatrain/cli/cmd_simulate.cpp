@@ -54,7 +54,8 @@ void add_simulate_options(CLI::App& app, SimulateArgs& a) {
   app.add_option("--recompute", a.recompute, "activation recomputation: none | selective | full");
   app.add_option("--preset", a.preset,
                  "megascale-table2 | megascale-table3: the paper's experiments beside predictions");
-  app.add_flag("--balance", a.balance, "find the layer counts of the pipeline stages that give the shortest step "
+  app.add_flag("--balance", a.balance,
+               "find the layer counts of the pipeline stages that give the shortest step "
                "(parallel.stage_layers: the first stage also computes the embedding, the last the head and loss); "
                "where n_layer has no even split, give any valid parallel.stage_layers for the config to load");
   app.add_flag("--search", a.search, "find the fastest layout for --gpus and --batch within --mem-limit");
@@ -179,9 +180,9 @@ std::string validate_and_balance(bool balance, int gpus, perf::Job& job, const p
   }
   validate_job(job, cluster, gpus);
   if (!balance) return "";
-  const std::string even = even_possible ? fmt::format("the even split: {:.4f} s a step",
-                                                       predict(job, cluster).step_seconds)
-                                         : fmt::format("no even split of {} layers", job.model.n_layer);
+  const std::string even = even_possible
+                               ? fmt::format("the even split: {:.4f} s a step", predict(job, cluster).step_seconds)
+                               : fmt::format("no even split of {} layers", job.model.n_layer);
   const std::vector<int> k = best_stage_layers(job, cluster);
   if (even_possible && k == std::vector<int>(stages, job.model.n_layer / stages))
     return "balanced: the even split is already the fastest (no parallel.stage_layers needed)\n";

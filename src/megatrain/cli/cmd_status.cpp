@@ -35,8 +35,10 @@ int cmd_status(int argc, char** argv) {
   app.add_option("url", url, "the dashboard: http(s)://HOST:PORT/ (or HOST:PORT)")->required();
   app.add_option("--token-file", token_file, "a file whose first line is the dashboard's token");
   app.add_flag("--json", as_json, "print /api/job as it is");
-  app.add_option("--ca", ca_file, "for https: the CA bundle (PEM) the dashboard's certificate is checked against "
-                 "(default: the system's CAs)")->check(CLI::ExistingFile);
+  app.add_option("--ca", ca_file,
+                 "for https: the CA bundle (PEM) the dashboard's certificate is checked against "
+                 "(default: the system's CAs)")
+      ->check(CLI::ExistingFile);
   app.add_option("--watch", watch, "show it again every this many seconds, until interrupted (0: once)")
       ->check(CLI::Range(0.0, 3600.0));
   try {
@@ -75,8 +77,8 @@ int cmd_status(int argc, char** argv) {
       return 1;
     }
     if (res->status != 200) {
-      fmt::print(stderr, "megatrain status: {}api/job answered HTTP {}{}\n", where.scheme_host_port + base,
-                 res->status, res->status == 401 ? " (the dashboard wants its token: --token-file FILE)" : "");
+      fmt::print(stderr, "megatrain status: {}api/job answered HTTP {}{}\n", where.scheme_host_port + base, res->status,
+                 res->status == 401 ? " (the dashboard wants its token: --token-file FILE)" : "");
       return 1;
     }
     const auto j = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);

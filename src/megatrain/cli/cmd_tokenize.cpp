@@ -91,13 +91,16 @@ std::vector<int32_t> bytes_to_ids(const std::string& in, const std::string& form
 
 int cmd_tokenize(int argc, char** argv) {
   CLI::App app{"Encode/decode text with GPT-2's byte-level BPE or an HF tokenizer.json (byte-level or "
-               "SentencePiece-style: Llama 2 and 3, Mistral), or train a BPE vocabulary.", "megatrain tokenize"};
+               "SentencePiece-style: Llama 2 and 3, Mistral), or train a BPE vocabulary.",
+               "megatrain tokenize"};
   app.require_subcommand(1);
 
   std::string vocab = default_gpt2_vocab_dir(), in = "-", out = "-", format = "text";
   bool no_special = false, with_template = false;
   auto add_io = [&](CLI::App* c) {
-    c->add_option("--vocab", vocab, "GPT-2's encoder.json and vocab.bpe directory, or an HF tokenizer.json (or its directory)")->capture_default_str();
+    c->add_option("--vocab", vocab,
+                  "GPT-2's encoder.json and vocab.bpe directory, or an HF tokenizer.json (or its directory)")
+        ->capture_default_str();
     c->add_option("--in", in, "input file, - for stdin")->capture_default_str();
     c->add_option("--out", out, "output file, - for stdout")->capture_default_str();
     c->add_option("--format", format, "ids as text (one line, space separated) or little-endian u16/u32")
@@ -107,7 +110,8 @@ int cmd_tokenize(int argc, char** argv) {
   CLI::App* enc = app.add_subcommand("encode", "text -> token ids");
   add_io(enc);
   enc->add_flag("--no-special", no_special, "treat \"<|endoftext|>\" as plain text, not the end-of-text token");
-  enc->add_flag("--with-template", with_template, "add the special tokens the tokenizer.json's post-processor puts "
+  enc->add_flag("--with-template", with_template,
+                "add the special tokens the tokenizer.json's post-processor puts "
                 "around a text (Llama's <s> first), as HF's tokenizer(text) does");
   CLI::App* dec = app.add_subcommand("decode", "token ids -> text");
   add_io(dec);
@@ -117,13 +121,17 @@ int cmd_tokenize(int argc, char** argv) {
   std::string train_out;
   int64_t min_count = BpeTrainOptions{}.min_pair_count;
   CLI::App* train = app.add_subcommand("train", "learn a BPE vocabulary (GPT-2 format) from text files");
-  train->add_option("--in", train_in, "text files (each one a document)")->required()->expected(1, -1)
+  train->add_option("--in", train_in, "text files (each one a document)")
+      ->required()
+      ->expected(1, -1)
       ->check(CLI::ExistingFile);
   train->add_option("--vocab-size", vocab_size, "tokens in the vocabulary, <|endoftext|> included")
-      ->required()->check(CLI::Range(257, 1 << 24));
+      ->required()
+      ->check(CLI::Range(257, 1 << 24));
   train->add_option("--out", train_out, "directory to write encoder.json and vocab.bpe to")->required();
   train->add_option("--min-count", min_count, "stop when the most frequent pair occurs fewer times")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 
   try {
     app.parse(argc, argv);

@@ -81,8 +81,8 @@ void from_slurm(RankInfo& r) {
   if (const char* tpn = env("SLURM_TASKS_PER_NODE")) {
     std::vector<int> per_node = parse_slurm_tasks_per_node(tpn);
     long total = std::accumulate(per_node.begin(), per_node.end(), 0L);
-    MT_CHECK(total == r.world_size, "SLURM_TASKS_PER_NODE='{}' adds up to {} tasks but {}={}", tpn, total,
-             ntasks_var, r.world_size);
+    MT_CHECK(total == r.world_size, "SLURM_TASKS_PER_NODE='{}' adds up to {} tasks but {}={}", tpn, total, ntasks_var,
+             r.world_size);
     int node = 0;
     if (env("SLURM_NODEID")) {
       node = env_int("SLURM_NODEID");
@@ -99,7 +99,8 @@ void from_slurm(RankInfo& r) {
   } else {
     MT_CHECK(!env("SLURM_NNODES") || env_int("SLURM_NNODES") == 1,
              "SLURM_NNODES={} but neither SLURM_TASKS_PER_NODE nor SLURM_NTASKS_PER_NODE says how many tasks run "
-             "on each node", env("SLURM_NNODES"));
+             "on each node",
+             env("SLURM_NNODES"));
     r.local_world_size = r.world_size;
     local_var = "tasks on this node";
   }
@@ -107,7 +108,7 @@ void from_slurm(RankInfo& r) {
   // Rank 0 runs on the first node of the step, so that is where its store listens. SLURM_LAUNCH_NODE_IPADDR is
   // the host srun ran on (possibly a login node), hence only the last resort. MASTER_* override both.
   r.master_addr = "127.0.0.1";
-  const char* list_var = env("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST"
+  const char* list_var = env("SLURM_STEP_NODELIST")  ? "SLURM_STEP_NODELIST"
                          : env("SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST"
                                                      : "SLURM_NODELIST";
   if (const char* list = env(list_var))
@@ -204,8 +205,8 @@ RankInfo rank_info_from_env() {
   if (store)
     r.store_url = store;
   else if (r.world_size > 1)
-    r.store_url = fmt::format("tcp://{}:{}", r.master_addr.find(':') != std::string::npos ? "[" + r.master_addr + "]"
-                                                                                            : r.master_addr,
+    r.store_url = fmt::format("tcp://{}:{}",
+                              r.master_addr.find(':') != std::string::npos ? "[" + r.master_addr + "]" : r.master_addr,
                               r.master_port);
   return r;
 }

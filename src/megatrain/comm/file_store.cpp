@@ -77,8 +77,7 @@ class FileStore : public Store {
     for (;;) {
       if (read_value(path, key, value)) return value;
       auto now = Clock::now();
-      MT_CHECK(now < deadline, "file store {}: key '{}' not set within {:g} s", dir_, key,
-               timeout.count() / 1000.0);
+      MT_CHECK(now < deadline, "file store {}: key '{}' not set within {:g} s", dir_, key, timeout.count() / 1000.0);
       std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
       backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
     }

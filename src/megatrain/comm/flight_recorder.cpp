@@ -23,8 +23,10 @@ void record_span(const std::string& group, const std::vector<int>& ranks, const 
   s.t0 = e.t_started > 0 ? e.t_started : e.t_posted;
   s.t1 = e.t_ended;
   s.args = {{"group", group}, {"seq", e.seq}, {"queued_ms", (s.t0 - e.t_posted) * 1e3}};
-  if (e.p2p()) s.args["peer"] = e.peer;
-  else s.args["members"] = ranks.size();
+  if (e.p2p())
+    s.args["peer"] = e.peer;
+  else
+    s.args["members"] = ranks.size();
   if (!e.error.empty()) s.args["error"] = e.error;
   obs::timeline().add(std::move(s));
 }

@@ -32,22 +32,22 @@ enum class OpState { Posted, Started, Done, Failed };
 const char* op_state_name(OpState s);  // "posted", "started", "done", "failed"
 
 struct FlightEntry {
-  std::string op;     // allreduce, reduce_scatter, all_gather, broadcast, barrier, send, recv
-  int64_t seq = 0;    // collectives: per group; send/recv: per (direction, peer)
-  int peer = -1;      // send/recv: the peer's global rank; -1 for a collective
+  std::string op;   // allreduce, reduce_scatter, all_gather, broadcast, barrier, send, recv
+  int64_t seq = 0;  // collectives: per group; send/recv: per (direction, peer)
+  int peer = -1;    // send/recv: the peer's global rank; -1 for a collective
   OpState state = OpState::Posted;
   double t_posted = 0, t_started = 0, t_ended = 0;  // unix seconds; 0 = not (yet)
-  std::string error;  // failed: the backend's message
+  std::string error;                                // failed: the backend's message
   bool p2p() const { return peer >= 0; }
   bool completed() const { return state == OpState::Done || state == OpState::Failed; }
 };
 
 // One group's state, as a hang report needs it.
 struct GroupFlight {
-  std::string group;        // e.g. "dp[1,3]"
-  int rank = 0;             // this process's rank in the group
-  std::vector<int> ranks;   // the members' global ranks
-  int64_t collectives = 0;  // collectives posted so far (the next one gets this seq)
+  std::string group;                          // e.g. "dp[1,3]"
+  int rank = 0;                               // this process's rank in the group
+  std::vector<int> ranks;                     // the members' global ranks
+  int64_t collectives = 0;                    // collectives posted so far (the next one gets this seq)
   std::optional<FlightEntry> last;            // the newest entry
   std::optional<FlightEntry> oldest_pending;  // the oldest entry not completed
 };
@@ -85,7 +85,7 @@ class GroupRecord {
   const std::vector<int> ranks_;
   const int rank_;
   mutable std::mutex mu_;
-  mutable std::map<uint64_t, FlightEntry> entries_;  // (poll() updates tracked ops from const readers)
+  mutable std::map<uint64_t, FlightEntry> entries_;              // (poll() updates tracked ops from const readers)
   mutable std::map<uint64_t, std::function<OpState()>> probes_;  // tracked ops not yet completed
   uint64_t next_id_ = 0;
   int64_t next_seq_ = 0;

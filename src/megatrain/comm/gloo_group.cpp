@@ -356,17 +356,19 @@ class GlooGroup : public ProcessGroup {
     check_tensor(t, "allreduce", false);
     auto* p = t.f32();
     size_t n = static_cast<size_t>(t.numel());
-    return enqueue("allreduce", fmt::format("allreduce({}, {} floats)", op_name(op), n), [this, p, n, op](uint32_t tag) {
-      if (n == 0 || size() == 1) return;
-      gloo::AllreduceOptions o(ctx_);
-      o.setOutput(p, n);
-      o.setReduceFunction([op](void* out, const void* a, const void* b, size_t k) {
-        reduce_into(op, static_cast<float*>(out), static_cast<const float*>(a), static_cast<const float*>(b), k);
-      });
-      o.setTag(tag);
-      o.setTimeout(timeout_);
-      gloo::allreduce(o);
-    });
+    return enqueue("allreduce", fmt::format("allreduce({}, {} floats)", op_name(op), n),
+                   [this, p, n, op](uint32_t tag) {
+                     if (n == 0 || size() == 1) return;
+                     gloo::AllreduceOptions o(ctx_);
+                     o.setOutput(p, n);
+                     o.setReduceFunction([op](void* out, const void* a, const void* b, size_t k) {
+                       reduce_into(op, static_cast<float*>(out), static_cast<const float*>(a),
+                                   static_cast<const float*>(b), k);
+                     });
+                     o.setTag(tag);
+                     o.setTimeout(timeout_);
+                     gloo::allreduce(o);
+                   });
   }
 
   WorkPtr reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
@@ -393,22 +395,23 @@ class GlooGroup : public ProcessGroup {
     char* po = static_cast<char*>(out.ptr);
     char* pi = static_cast<char*>(in.ptr);
     size_t bytes = in.nbytes();
-    return enqueue("all_gather", fmt::format("all_gather({} bytes per rank)", bytes), [this, po, pi, bytes](uint32_t tag) {
-      char* mine = po + static_cast<size_t>(rank_) * bytes;
-      if (bytes == 0) return;
-      if (size() == 1) {
-        if (mine != pi) std::memcpy(mine, pi, bytes);
-        return;
-      }
-      // Bytes, not typed elements: all_gather only moves data. An input that already is my chunk of the output
-      // (the in-place form) is not given to Gloo, which would memcpy it onto itself.
-      gloo::AllgatherOptions o(ctx_);
-      if (mine != pi) o.setInput(pi, bytes);
-      o.setOutput(po, bytes * static_cast<size_t>(size()));
-      o.setTag(tag);
-      o.setTimeout(timeout_);
-      gloo::allgather(o);
-    });
+    return enqueue("all_gather", fmt::format("all_gather({} bytes per rank)", bytes),
+                   [this, po, pi, bytes](uint32_t tag) {
+                     char* mine = po + static_cast<size_t>(rank_) * bytes;
+                     if (bytes == 0) return;
+                     if (size() == 1) {
+                       if (mine != pi) std::memcpy(mine, pi, bytes);
+                       return;
+                     }
+                     // Bytes, not typed elements: all_gather only moves data. An input that already is my chunk of the output
+                     // (the in-place form) is not given to Gloo, which would memcpy it onto itself.
+                     gloo::AllgatherOptions o(ctx_);
+                     if (mine != pi) o.setInput(pi, bytes);
+                     o.setOutput(po, bytes * static_cast<size_t>(size()));
+                     o.setTag(tag);
+                     o.setTimeout(timeout_);
+                     gloo::allgather(o);
+                   });
   }
 
   WorkPtr broadcast(Tensor t, int root) override {
@@ -416,15 +419,16 @@ class GlooGroup : public ProcessGroup {
     MT_CHECK(root >= 0 && root < size(), "group {}: broadcast root {} out of range [0, {})", name_, root, size());
     char* p = static_cast<char*>(t.ptr);
     size_t bytes = t.nbytes();
-    return enqueue("broadcast", fmt::format("broadcast(root {}, {} bytes)", root, bytes), [this, p, bytes, root](uint32_t tag) {
-      if (bytes == 0 || size() == 1) return;
-      gloo::BroadcastOptions o(ctx_);
-      o.setOutput(p, bytes);
-      o.setRoot(root);
-      o.setTag(tag);
-      o.setTimeout(timeout_);
-      gloo::broadcast(o);
-    });
+    return enqueue("broadcast", fmt::format("broadcast(root {}, {} bytes)", root, bytes),
+                   [this, p, bytes, root](uint32_t tag) {
+                     if (bytes == 0 || size() == 1) return;
+                     gloo::BroadcastOptions o(ctx_);
+                     o.setOutput(p, bytes);
+                     o.setRoot(root);
+                     o.setTag(tag);
+                     o.setTimeout(timeout_);
+                     gloo::broadcast(o);
+                   });
   }
 
   WorkPtr barrier() override {
@@ -652,7 +656,7 @@ class GlooGroup : public ProcessGroup {
   std::vector<int> ranks_;
   int rank_ = 0;
   Millis timeout_;
-  std::shared_ptr<gloo::Context> ctx_;  // declared before the threads: destroyed after they are joined
+  std::shared_ptr<gloo::Context> ctx_;   // declared before the threads: destroyed after they are joined
   std::shared_ptr<GroupRecord> record_;  // this group's flight-recorder record
 
   std::mutex qmu_;

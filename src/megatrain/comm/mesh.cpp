@@ -64,8 +64,9 @@ int mesh_rank(const MeshShape& s, const MeshCoord& c) {
 
 void check_mesh(const MeshShape& s, int world) {
   check_dims(s);
-  MT_CHECK(s.world() == world, "parallel.dp ({}) x parallel.pp ({}) x parallel.tp ({}) = {} does not match WORLD_SIZE {}",
-           s.dp, s.pp, s.tp, s.world(), world);
+  MT_CHECK(s.world() == world,
+           "parallel.dp ({}) x parallel.pp ({}) x parallel.tp ({}) = {} does not match WORLD_SIZE {}", s.dp, s.pp, s.tp,
+           s.world(), world);
 }
 
 DeviceMesh::DeviceMesh(Store& store, const MeshShape& shape, int rank, const GroupOptions& opt,

@@ -35,9 +35,9 @@ inline const std::array<const char*, 5>& kind_names(GroupRole) { return kGroupRo
 // mesh's default (an empty factory) builds Gloo groups, and a local group for a dimension of size 1. A set factory is
 // called for every dimension, also those of size 1: a GPU run's groups must copy on the device, which a host local
 // group cannot.
-using GroupFactory = std::function<std::unique_ptr<ProcessGroup>(Store& store, GroupRole role,
-                                                                 const std::string& name, const std::vector<int>& ranks,
-                                                                 int my_global_rank, const GroupOptions& opt)>;
+using GroupFactory = std::function<std::unique_ptr<ProcessGroup>(Store& store, GroupRole role, const std::string& name,
+                                                                 const std::vector<int>& ranks, int my_global_rank,
+                                                                 const GroupOptions& opt)>;
 
 // My groups along each dimension (a group of size 1 is a trivial local group, no communication). There is no
 // world group on purpose: a full-mesh world context costs O(n^2) connections and store reads; a reduction over

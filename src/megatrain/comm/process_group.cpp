@@ -16,8 +16,8 @@ void check_group_args(const char* maker, const std::string& name, const std::vec
     MT_CHECK(i == 0 || ranks[i - 1] < ranks[i], "group {}: ranks must be sorted and distinct ({} after {})", name,
              ranks[i], ranks[i - 1]);
   }
-  MT_CHECK(std::find(ranks.begin(), ranks.end(), my_global_rank) != ranks.end(),
-           "group {}: rank {} is not a member", name, my_global_rank);
+  MT_CHECK(std::find(ranks.begin(), ranks.end(), my_global_rank) != ranks.end(), "group {}: rank {} is not a member",
+           name, my_global_rank);
   MT_CHECK(opt.timeout.count() > 0, "group {}: timeout must be positive", name);
 }
 

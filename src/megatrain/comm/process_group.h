@@ -66,8 +66,8 @@ class ProcessGroup {
 };
 
 struct GroupOptions {
-  Millis timeout = Millis(60000);  // rendezvous and per-op timeout
-  std::string iface = "127.0.0.1"; // address (host/IP) this process listens on
+  Millis timeout = Millis(60000);   // rendezvous and per-op timeout
+  std::string iface = "127.0.0.1";  // address (host/IP) this process listens on
 };
 
 // Throws mt::Error naming what is wrong with a group's arguments (empty name or rank list, unsorted or negative

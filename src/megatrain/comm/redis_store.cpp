@@ -119,10 +119,10 @@ class RedisStore final : public Store {
 
   void authenticate(redisContext* c) {
     if (password_.empty()) return;
-    auto* raw = static_cast<redisReply*>(
-        user_.empty() ? redisCommand(c, "AUTH %b", password_.data(), password_.size())
-                      : redisCommand(c, "AUTH %b %b", user_.data(), user_.size(), password_.data(), password_.size()));
-    std::string why = !raw ? (c->errstr[0] ? c->errstr : "connection lost")
+    auto* raw = static_cast<redisReply*>(user_.empty() ? redisCommand(c, "AUTH %b", password_.data(), password_.size())
+                                                       : redisCommand(c, "AUTH %b %b", user_.data(), user_.size(),
+                                                                      password_.data(), password_.size()));
+    std::string why = !raw                             ? (c->errstr[0] ? c->errstr : "connection lost")
                       : raw->type == REDIS_REPLY_ERROR ? std::string(raw->str, raw->len)
                                                        : "";
     if (raw) freeReplyObject(raw);
@@ -165,7 +165,8 @@ class RedisStore final : public Store {
 
   void expect(const Reply& r, int type, const char* op, const std::string& key) {
     if (r->type == type) return;
-    std::string what = r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : fmt::format("reply type {}", r->type);
+    std::string what = r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len)
+                                                    : fmt::format("reply type {}", r->type);
     // A server with a password answers NOAUTH to a client that gave none.
     std::string hint = what.rfind("NOAUTH", 0) == 0
                            ? " (the server requires a password: give it in the URL, redis://:PASSWORD@HOST:PORT/)"

@@ -34,8 +34,7 @@ void Store::wait(const std::vector<std::string>& keys, Millis timeout) {
         list += miss[i];
       }
       if (shown < miss.size()) list += fmt::format(", ... ({} more)", miss.size() - shown);
-      fail("store: {} of {} keys not set within {:g} s: {}", miss.size(), keys.size(), timeout.count() / 1000.0,
-           list);
+      fail("store: {} of {} keys not set within {:g} s: {}", miss.size(), keys.size(), timeout.count() / 1000.0, list);
     }
   }
 }

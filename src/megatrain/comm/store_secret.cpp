@@ -55,8 +55,7 @@ std::string read_secret_file(const std::string& path, const std::string& what) {
   MT_CHECK(S_ISREG(st.st_mode), "{} file {} is not a regular file", what, path);
   // A secret others can read protects nothing.
   MT_CHECK((st.st_mode & (S_IRWXG | S_IRWXO)) == 0,
-           "{} file {} is accessible to its group or others (mode {:o}); chmod 600 it", what, path,
-           st.st_mode & 0777);
+           "{} file {} is accessible to its group or others (mode {:o}); chmod 600 it", what, path, st.st_mode & 0777);
   std::ifstream f(path);
   std::string line;
   std::getline(f, line);

@@ -217,9 +217,7 @@ struct TcpStoreServer::Impl {
         wake_waiters(key);
         return;
       }
-      case kRemove:
-        kv.erase(key);
-        return reply_status(fd, c, kOk);
+      case kRemove: kv.erase(key); return reply_status(fd, c, kOk);
     }
   }
 
@@ -294,8 +292,10 @@ struct TcpStoreServer::Impl {
         if (it == clients.end()) continue;
         Client& c = it->second;
         if (c.dead) continue;
-        if (fds[i].revents & (POLLHUP | POLLERR)) c.dead = true;
-        else if (fds[i].revents & POLLIN) read_from(fd, c);
+        if (fds[i].revents & (POLLHUP | POLLERR))
+          c.dead = true;
+        else if (fds[i].revents & POLLIN)
+          read_from(fd, c);
         if (!c.dead && (fds[i].revents & POLLOUT) && !flush(fd, c)) c.dead = true;
         // Output drained: requests that waited behind it can go on.
         if (!c.dead && !c.waiting && c.out.empty() && !c.in.empty()) process(fd, c);
@@ -459,7 +459,8 @@ class TcpStore final : public Store {
     int64_t ms = std::clamp<int64_t>(timeout.count(), 0, kMaxTimeoutMs);
     std::string v;
     if (!try_get(key, ms, v))
-      fail_as(ErrorKind::CommTimeout, "tcp store {}:{}: timed out after {} ms waiting for key '{}'", host_, port_, ms, key);
+      fail_as(ErrorKind::CommTimeout, "tcp store {}:{}: timed out after {} ms waiting for key '{}'", host_, port_, ms,
+              key);
     return v;
   }
 
@@ -561,7 +562,8 @@ class TcpStore final : public Store {
     fail("tcp store {}:{} refused the connection: {}{}", host_, port_, msg,
          msg == "wrong store secret"
              ? fmt::format(" (every rank must have the launcher's {}; on several nodes, every node's launcher the same "
-                           "one)", kStoreSecretEnv)
+                           "one)",
+                           kStoreSecretEnv)
              : "");
   }
 
@@ -610,8 +612,7 @@ class TcpStore final : public Store {
         int ms = int(std::clamp(left * 1000.0, 0.0, 2e9));
         int pr = ::poll(&pfd, 1, ms);
         if (pr < 0 && errno == EINTR) continue;
-        if (pr == 0)
-          lost(fmt::format("no answer from the server within {:.0f} s", timeout_s), ErrorKind::CommTimeout);
+        if (pr == 0) lost(fmt::format("no answer from the server within {:.0f} s", timeout_s), ErrorKind::CommTimeout);
         ssize_t k = ::recv(fd, dst, n, 0);
         if (k < 0 && errno == EINTR) continue;
         if (k == 0) lost("the server closed the connection (is it still running?)");
@@ -650,8 +651,10 @@ class TcpStore final : public Store {
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, Millis connect_timeout,
                                       const std::string& secret) {
   MT_CHECK(port > 0 && port <= 65535, "tcp store: port {} out of range (1..65535)", port);
-  MT_CHECK(!secret.empty(), "tcp store {}:{}: no store secret: set {} to the launcher's (megatrain launch sets it for "
-           "its ranks)", host, port, kStoreSecretEnv);
+  MT_CHECK(!secret.empty(),
+           "tcp store {}:{}: no store secret: set {} to the launcher's (megatrain launch sets it for "
+           "its ranks)",
+           host, port, kStoreSecretEnv);
   return std::make_unique<TcpStore>(host, port, connect_timeout, secret);
 }
 

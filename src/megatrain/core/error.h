@@ -16,16 +16,16 @@
 namespace mt {
 
 enum class ErrorKind {
-  Internal,       // a broken invariant, or a failure nobody classified yet
-  Config,         // the run config or the command line is wrong (an impossible layout, a value out of range)
-  Data,           // the data (shards, tokenizer files) is missing, corrupt or does not fit the config
-  Checkpoint,     // a checkpoint is missing, corrupt or does not fit the run
-  NonFinite,      // a loss, gradient norm or value to be saved is inf/nan
-  CommTimeout,    // a collective or the store did not answer within parallel.timeout_s
-  PeerLost,       // another rank or the store went away (connection closed or refused)
-  Device,         // the accelerator failed (CUDA error, out of device memory)
-  IO,             // a read or write of the file system failed (disk full, permission)
-  Stopped,        // a stop was requested (SIGTERM/SIGINT) and the run stopped cleanly at a step boundary
+  Internal,     // a broken invariant, or a failure nobody classified yet
+  Config,       // the run config or the command line is wrong (an impossible layout, a value out of range)
+  Data,         // the data (shards, tokenizer files) is missing, corrupt or does not fit the config
+  Checkpoint,   // a checkpoint is missing, corrupt or does not fit the run
+  NonFinite,    // a loss, gradient norm or value to be saved is inf/nan
+  CommTimeout,  // a collective or the store did not answer within parallel.timeout_s
+  PeerLost,     // another rank or the store went away (connection closed or refused)
+  Device,       // the accelerator failed (CUDA error, out of device memory)
+  IO,           // a read or write of the file system failed (disk full, permission)
+  Stopped,      // a stop was requested (SIGTERM/SIGINT) and the run stopped cleanly at a step boundary
 };
 
 // The process exit code of each kind. 1 is any other failure, 2 a command-line usage error.
@@ -102,7 +102,7 @@ decltype(auto) with_kind(ErrorKind kind, F&& f) {
 }  // namespace mt
 
 // MT_CHECK(cond, "format {}", args...): throws mt::Error (kind Internal) with the message when cond is false.
-#define MT_CHECK(cond, ...)                 \
-  do {                                      \
-    if (!(cond)) ::mt::fail(__VA_ARGS__);   \
+#define MT_CHECK(cond, ...)               \
+  do {                                    \
+    if (!(cond)) ::mt::fail(__VA_ARGS__); \
   } while (0)

@@ -113,31 +113,32 @@ std::vector<Fault> parse_faults(const std::string& text, const std::string& sour
       if (!ks.required.count(key) && !ks.optional.count(key))
         fail_as(ErrorKind::Config, "{}: unknown key '{}' ({} takes {})", where, key, kind, ks.keys);
       if (!seen.insert(key).second) fail_as(ErrorKind::Config, "{}: key '{}' given twice", where, key);
-      if (key == "rank") f.rank = parse_int(value, 0, where, key);
-      else if (key == "node") f.node = parse_int(value, 0, where, key);
-      else if (key == "step") f.step = parse_int(value, 1, where, key);
-      else if (key == "attempt") f.attempt = parse_int(value, 0, where, key);
+      if (key == "rank")
+        f.rank = parse_int(value, 0, where, key);
+      else if (key == "node")
+        f.node = parse_int(value, 0, where, key);
+      else if (key == "step")
+        f.step = parse_int(value, 1, where, key);
+      else if (key == "attempt")
+        f.attempt = parse_int(value, 0, where, key);
       else if (key == "factor") {
         char* end = nullptr;
         errno = 0;
         f.factor = value.empty() ? 0 : std::strtod(value.c_str(), &end);
-        if (value.empty() || errno != 0 || *end != '\0' || !std::isfinite(f.factor) || f.factor < 1 ||
-            f.factor > 1000)
+        if (value.empty() || errno != 0 || *end != '\0' || !std::isfinite(f.factor) || f.factor < 1 || f.factor > 1000)
           fail_as(ErrorKind::Config, "{}: factor='{}' must be a number in [1, 1000]", where, value);
       } else if (key == "seconds") {
         char* end = nullptr;
         errno = 0;
         f.seconds = value.empty() ? 0 : std::strtod(value.c_str(), &end);
         const bool any_sign = f.kind == FaultKind::ClockSkew;
-        if (value.empty() || errno != 0 || *end != '\0' || !std::isfinite(f.seconds) ||
-            (!any_sign && f.seconds < 0))
+        if (value.empty() || errno != 0 || *end != '\0' || !std::isfinite(f.seconds) || (!any_sign && f.seconds < 0))
           fail_as(ErrorKind::Config, "{}: seconds='{}' must be a {}number", where, value,
                   any_sign ? "" : "non-negative ");
       }
     }
     for (const std::string& k : ks.required)
-      if (!seen.count(k))
-        fail_as(ErrorKind::Config, "{}: missing key '{}' ({} takes {})", where, k, kind, ks.keys);
+      if (!seen.count(k)) fail_as(ErrorKind::Config, "{}: missing key '{}' ({} takes {})", where, k, kind, ks.keys);
     out.push_back(f);
   }
   return out;

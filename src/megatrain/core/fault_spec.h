@@ -33,13 +33,13 @@ const char* fault_kind_name(FaultKind k);
 
 struct Fault {
   FaultKind kind = FaultKind::Crash;
-  std::string item;     // as written, for messages
-  int rank = -1;        // crash, hang, nan, slow, kill_after_snapshot, clock_skew; stage2_delay: -1 = every rank
-  int node = -1;        // badnode
-  int step = 0;         // crash, hang, nan, kill_after_snapshot: required (>= 1); slow: from this step on (default 1)
-  double factor = 1;    // slow
-  double seconds = 0;   // stage2_delay (>= 0), clock_skew (any sign)
-  int attempt = -1;     // -1: fires in attempt 0 only
+  std::string item;    // as written, for messages
+  int rank = -1;       // crash, hang, nan, slow, kill_after_snapshot, clock_skew; stage2_delay: -1 = every rank
+  int node = -1;       // badnode
+  int step = 0;        // crash, hang, nan, kill_after_snapshot: required (>= 1); slow: from this step on (default 1)
+  double factor = 1;   // slow
+  double seconds = 0;  // stage2_delay (>= 0), clock_skew (any sign)
+  int attempt = -1;    // -1: fires in attempt 0 only
   bool fires_in(int a) const { return attempt < 0 ? a == 0 : a == attempt; }
 };
 

@@ -25,8 +25,7 @@ const char* kind_name_of(const std::array<const char*, N>& names, Kind k) {
 template <size_t N>
 std::string kind_spellings(const std::array<const char*, N>& names) {
   std::string allowed;
-  for (size_t i = 0; i < N; ++i)
-    allowed += fmt::format("{}'{}'", i == 0 ? "" : i + 1 == N ? " or " : ", ", names[i]);
+  for (size_t i = 0; i < N; ++i) allowed += fmt::format("{}'{}'", i == 0 ? "" : i + 1 == N ? " or " : ", ", names[i]);
   return allowed;
 }
 
@@ -46,17 +45,13 @@ void parse_kind_of(const std::array<const char*, N>& names, const std::string& k
 // An enum joins by declaring, beside it, `const std::array<const char*, N>& kind_names(Kind)` (its spellings, found
 // by argument-dependent lookup); these three then work for it.
 template <typename Kind>
-  requires requires(Kind k) { kind_names(k); }
-const char* kind_name(Kind k) {
-  return kind_name_of(kind_names(k), k);
-}
+requires requires(Kind k) { kind_names(k); }
+const char* kind_name(Kind k) { return kind_name_of(kind_names(k), k); }
 template <typename Kind>
-  requires requires(Kind k) { kind_names(k); }
-std::string kind_spellings(Kind k) {
-  return kind_spellings(kind_names(k));
-}
+requires requires(Kind k) { kind_names(k); }
+std::string kind_spellings(Kind k) { return kind_spellings(kind_names(k)); }
 template <typename Kind>
-  requires requires(Kind k) { kind_names(k); }
+requires requires(Kind k) { kind_names(k); }
 void parse_kind(const std::string& key, const std::string& value, Kind& out) {
   parse_kind_of(kind_names(out), key, value, out);
 }

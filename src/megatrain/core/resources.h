@@ -5,7 +5,7 @@
 
 namespace mt {
 
-std::string project_root();                        // $MEGATRAIN_HOME or the build's source dir
+std::string project_root();                         // $MEGATRAIN_HOME or the build's source dir
 std::string resource_path(const std::string& rel);  // project_root() + "/" + rel
 
 }  // namespace mt

@@ -12,9 +12,9 @@ class Rng {
   void reseed(uint64_t seed);
   uint64_t next_u64();
   uint32_t next_u32() { return static_cast<uint32_t>(next_u64() >> 32); }
-  float uniform();                  // [0, 1)
-  float normal();                   // standard normal (Box-Muller, no cached second value: state is just s_)
-  uint64_t below(uint64_t n);       // uniform integer in [0, n)
+  float uniform();             // [0, 1)
+  float normal();              // standard normal (Box-Muller, no cached second value: state is just s_)
+  uint64_t below(uint64_t n);  // uniform integer in [0, n)
   std::array<uint64_t, 4> state() const { return s_; }
   void set_state(const std::array<uint64_t, 4>& s) { s_ = s; }
 

@@ -9,7 +9,7 @@ namespace mt {
 // Installs the handlers (idempotent). Only the CLI installs them: a library user keeps its own signal policy.
 void install_stop_handlers();
 bool stop_requested();
-void request_stop();        // the same as a signal, for tests and embedders
+void request_stop();  // the same as a signal, for tests and embedders
 void clear_stop_request();
 
 // An abandon request: SIGUSR1 from a supervisor that has ended the attempt because a peer is gone (a crashed rank, a

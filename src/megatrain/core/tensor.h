@@ -18,7 +18,7 @@ inline constexpr std::array<const char*, 2> kDeviceNames = {"cpu", "cuda"};
 inline const std::array<const char*, 2>& kind_names(Device) { return kDeviceNames; }
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "F32", "BF16", ... (the safetensors spelling)
+const char* dtype_name(DType t);                 // "F32", "BF16", ... (the safetensors spelling)
 DType dtype_from_name(const std::string& name);  // throws on an unknown name
 
 struct Tensor {

@@ -103,8 +103,8 @@ class Detokenizer {
 }  // namespace
 
 bool is_brown_file_name(std::string_view name) {
-  return name.size() == 4 && name[0] == 'c' && name[1] >= 'a' && name[1] <= 'r' && name[2] >= '0' &&
-         name[2] <= '9' && name[3] >= '0' && name[3] <= '9';
+  return name.size() == 4 && name[0] == 'c' && name[1] >= 'a' && name[1] <= 'r' && name[2] >= '0' && name[2] <= '9' &&
+         name[3] >= '0' && name[3] <= '9';
 }
 
 std::string brown_to_text(std::string_view tagged) {

@@ -44,8 +44,10 @@ DataLoader::DataLoader(const std::vector<DataSource>& sources, const std::string
   double weights = 0;
   for (size_t k = 0; k < sources.size(); ++k) {
     const DataSource& src = sources[k];
-    MT_CHECK(std::isfinite(src.weight) && src.weight > 0, "data blend: the weight of {} is {}; weights must be finite "
-             "and > 0 (leave a source out to give it none)", src.dir, src.weight);
+    MT_CHECK(std::isfinite(src.weight) && src.weight > 0,
+             "data blend: the weight of {} is {}; weights must be finite "
+             "and > 0 (leave a source out to give it none)",
+             src.dir, src.weight);
     for (size_t j = 0; j < k; ++j)
       MT_CHECK(sources[j].dir != src.dir, "data blend: {} is listed twice; give it one entry with the summed weight",
                src.dir);
@@ -64,9 +66,10 @@ DataLoader::DataLoader(const std::vector<DataSource>& sources, const std::string
   for (const Stream& st : streams_) quota_sum_ += st.quota;
   if (!blended()) {
     const Stream& st = streams_[0];
-    MT_CHECK(st.windows >= global_rows(), "split '{}' in {} has {} tokens, too few for one batch: world {} x B {} "
-             "windows of T+1 = {} tokens need at least {} tokens", split, st.dir, st.tokens, world, B, T + 1,
-             global_rows() * static_cast<uint64_t>(T) + 1);
+    MT_CHECK(st.windows >= global_rows(),
+             "split '{}' in {} has {} tokens, too few for one batch: world {} x B {} "
+             "windows of T+1 = {} tokens need at least {} tokens",
+             split, st.dir, st.tokens, world, B, T + 1, global_rows() * static_cast<uint64_t>(T) + 1);
   }
   if (blended()) consumer_pos_.taken = consumer_pos_.since = std::vector<uint64_t>(streams_.size(), 0);
   if (prefetch_ > 0) start_prefetch(consumer_pos_);
@@ -77,8 +80,10 @@ void DataLoader::open_stream(Stream& st, const std::string& split) {
   MT_CHECK(std::filesystem::is_directory(st.dir, ec), "data directory {} does not exist (or is not a directory)",
            st.dir);
   st.paths = list_shards(st.dir, split);
-  MT_CHECK(!st.paths.empty(), "no shards of split '{}' in {} (expected files named {}_*.bin; run `megatrain "
-           "prepare-data`)", split, st.dir, split);
+  MT_CHECK(!st.paths.empty(),
+           "no shards of split '{}' in {} (expected files named {}_*.bin; run `megatrain "
+           "prepare-data`)",
+           split, st.dir, split);
   size_t open = st.paths.size();
   for (const Stream& other : streams_) open += other.shards.size();
   make_room_for_open_files(open);
@@ -92,8 +97,10 @@ void DataLoader::open_stream(Stream& st, const std::string& split) {
         eot_ = h.eot;
         first_vocab_shard_ = p;
       }
-      MT_CHECK(h.vocab_size == vocab_size_ && h.eot == eot_, "shard {} has vocab size {} / EOT {}, but {} has {} / {}: "
-               "{} come from different tokenizers", p, h.vocab_size, h.eot, first_vocab_shard_, vocab_size_, eot_,
+      MT_CHECK(h.vocab_size == vocab_size_ && h.eot == eot_,
+               "shard {} has vocab size {} / EOT {}, but {} has {} / {}: "
+               "{} come from different tokenizers",
+               p, h.vocab_size, h.eot, first_vocab_shard_, vocab_size_, eot_,
                blended() ? "the blended sources" : fmt::format("the shards of split '{}'", split));
     }
     st.start.push_back(st.tokens);
@@ -220,15 +227,21 @@ LoaderState DataLoader::state() const { return normalized(consumer_pos_); }
 
 void DataLoader::restore(const LoaderState& s) {
   if (blended()) {
-    MT_CHECK(s.taken.size() == streams_.size() && s.since.size() == streams_.size(), "data loader: cannot restore a "
-             "position of {} source(s) into a blend of {}", s.taken.size(), streams_.size());
+    MT_CHECK(s.taken.size() == streams_.size() && s.since.size() == streams_.size(),
+             "data loader: cannot restore a "
+             "position of {} source(s) into a blend of {}",
+             s.taken.size(), streams_.size());
     for (size_t k = 0; k < streams_.size(); ++k)
-      MT_CHECK(s.since[k] <= s.taken[k], "data loader: source {} ({}): the rows since the weights took effect ({} "
-               "given, {} at the change) cannot be negative", k, streams_[k].dir, s.taken[k], s.since[k]);
+      MT_CHECK(s.since[k] <= s.taken[k],
+               "data loader: source {} ({}): the rows since the weights took effect ({} "
+               "given, {} at the change) cannot be negative",
+               k, streams_[k].dir, s.taken[k], s.since[k]);
   } else {
     MT_CHECK(s.taken.empty(), "data loader: cannot restore a blend's position into a loader of one source");
-    MT_CHECK(s.cursor <= streams_[0].windows, "data loader: cannot restore cursor {}: an epoch has only {} windows "
-             "(was the state saved with another dataset or sequence length?)", s.cursor, streams_[0].windows);
+    MT_CHECK(s.cursor <= streams_[0].windows,
+             "data loader: cannot restore cursor {}: an epoch has only {} windows "
+             "(was the state saved with another dataset or sequence length?)",
+             s.cursor, streams_[0].windows);
   }
   stop_prefetch();
   consumer_pos_ = s;

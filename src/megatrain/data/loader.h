@@ -66,8 +66,8 @@ class DataLoader {
   // batch, or out-of-range B, T, rank, world, prefetch. id_limit > 0 (the model's vocabulary): a token read from a
   // shard that records no vocabulary (llm.c's) must be below it, else next() throws kind Data naming the shard;
   // shards that record one are held to it (ShardReader), and a caller compares it with its own.
-  DataLoader(const std::string& dir, const std::string& split, int B, int T, bool shuffle, uint64_t seed,
-             int rank = 0, int world = 1, int prefetch = 2, int id_limit = 0);
+  DataLoader(const std::string& dir, const std::string& split, int B, int T, bool shuffle, uint64_t seed, int rank = 0,
+             int world = 1, int prefetch = 2, int id_limit = 0);
   // A blend of sources (one source: the same loader as above). Every source must hold the split, and the sources'
   // shards must record the same vocabulary and end-of-text token (a blend of two tokenizers' ids is nonsense); a
   // weight must be finite and > 0 and a directory appear once.
@@ -77,8 +77,8 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  Batch next();                       // rethrows an error raised while the batch was prepared in the background
-  LoaderState state() const;          // the position of the batch next() returns next
+  Batch next();               // rethrows an error raised while the batch was prepared in the background
+  LoaderState state() const;  // the position of the batch next() returns next
   // Discards prefetched batches; continues from s. A blend's state must have one count per source, since <= taken.
   void restore(const LoaderState& s);
 
@@ -103,8 +103,8 @@ class DataLoader {
     std::vector<std::string> paths;
     std::vector<uint64_t> start;  // stream offset of each shard's first token
     uint64_t tokens = 0, windows = 0;
-    uint64_t quota = 1;           // the weight in integer parts of quota_sum_
-    uint64_t seed = 0;            // its window orders' key
+    uint64_t quota = 1;  // the weight in integer parts of quota_sum_
+    uint64_t seed = 0;   // its window orders' key
   };
   uint64_t global_rows() const { return static_cast<uint64_t>(world_) * B_; }
   void open_stream(Stream& st, const std::string& split);

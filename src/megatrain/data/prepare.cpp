@@ -83,7 +83,8 @@ PrepareResult prepare_data(const PrepareOptions& opt, const TokenEncoder& enc) {
   const double t0 = now_seconds();
   MT_CHECK(enc.encode != nullptr, "prepare-data: no tokenizer");
   MT_CHECK(enc.vocab_size > 0 && enc.eot >= 0 && enc.eot < enc.vocab_size,
-           "prepare-data: tokenizer has vocab size {} and EOT id {}; need 0 <= EOT < vocab size", enc.vocab_size, enc.eot);
+           "prepare-data: tokenizer has vocab size {} and EOT id {}; need 0 <= EOT < vocab size", enc.vocab_size,
+           enc.eot);
   MT_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "prepare-data: --val-fraction must be in [0, 1), got {}",
            opt.val_fraction);
   MT_CHECK(opt.shard_tokens >= 1 && opt.shard_tokens <= static_cast<uint64_t>(std::numeric_limits<int32_t>::max()),

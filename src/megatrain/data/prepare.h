@@ -35,7 +35,7 @@ struct PrepareProgress {
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files or directories (expanded by expand_inputs)
   CorpusFormat format = CorpusFormat::Text;
-  std::string field = "text";       // jsonl: the field holding the document
+  std::string field = "text";  // jsonl: the field holding the document
   std::string out_dir;
   double val_fraction = 0.05;
   uint64_t shard_tokens = 100'000'000;  // maximum tokens per shard

@@ -70,7 +70,8 @@ ShardWriter::ShardWriter(std::string dir, std::string split, int vocab_size, int
   for (const auto& e : fs::directory_iterator(dir_)) {
     std::string name = e.path().filename().string();
     bool ours = name.size() == split_.size() + 11 && name.rfind(split_ + "_", 0) == 0 && ends_with(name, ".bin") &&
-                std::all_of(name.begin() + split_.size() + 1, name.end() - 4, [](char c) { return c >= '0' && c <= '9'; });
+                std::all_of(name.begin() + split_.size() + 1, name.end() - 4,
+                            [](char c) { return c >= '0' && c <= '9'; });
     if (ours) fs::remove(e.path());
   }
   buf_.reserve(kWriteBufferBytes + 8);
@@ -147,8 +148,10 @@ void ShardWriter::append(int32_t token) {
 void ShardWriter::add_document(std::span<const int32_t> tokens) {
   MT_CHECK(!finished_, "shard writer for {}/{}: add_document after finish", dir_, split_);
   for (size_t i = 0; i < tokens.size(); ++i)
-    MT_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size_, "document {} of split '{}': token {} at position {} is outside "
-             "the vocabulary [0, {})", total_docs_, split_, tokens[i], i, vocab_size_);
+    MT_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size_,
+             "document {} of split '{}': token {} at position {} is outside "
+             "the vocabulary [0, {})",
+             total_docs_, split_, tokens[i], i, vocab_size_);
   if (fd_ < 0) open_shard();
   ++shard_docs_;
   ++total_docs_;
@@ -173,14 +176,15 @@ void pread_exactly(int fd, void* buf, size_t n, uint64_t off, const std::string&
   while (n > 0) {
     const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(off));
     if (got < 0 && errno == EINTR) continue;
-    if (got < 0)
-      fail_as(ErrorKind::IO, "cannot read shard {} at byte {}: {}", path, off, std::strerror(errno));
+    if (got < 0) fail_as(ErrorKind::IO, "cannot read shard {} at byte {}: {}", path, off, std::strerror(errno));
     if (got == 0) {
       struct stat st {};
       const long long now = ::fstat(fd, &st) == 0 ? static_cast<long long>(st.st_size) : -1;
-      fail_as(ErrorKind::Data, "shard {} changed while it was read: it now ends at byte {}, but it had {} bytes when "
+      fail_as(ErrorKind::Data,
+              "shard {} changed while it was read: it now ends at byte {}, but it had {} bytes when "
               "it was opened and checked (was it rewritten in place, e.g. by prepare-data or rsync --inplace, "
-              "during the run?)", path, now, expected_bytes);
+              "during the run?)",
+              path, now, expected_bytes);
     }
     p += got;
     n -= static_cast<size_t>(got);
@@ -193,15 +197,17 @@ void pread_exactly(int fd, void* buf, size_t n, uint64_t off, const std::string&
 ShardReader::ShardReader(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0 && errno == EMFILE)
-    fail_as(ErrorKind::IO, "cannot open shard {}: {} (a loader keeps every shard of a split open: raise the limit, "
-            "`ulimit -n`, or prepare the data in fewer, larger shards with --shard-tokens)", path, std::strerror(errno));
+    fail_as(ErrorKind::IO,
+            "cannot open shard {}: {} (a loader keeps every shard of a split open: raise the limit, "
+            "`ulimit -n`, or prepare the data in fewer, larger shards with --shard-tokens)",
+            path, std::strerror(errno));
   MT_CHECK(fd_ >= 0, "cannot open shard {}: {}", path, std::strerror(errno));
   try {
     struct stat st;
     MT_CHECK(::fstat(fd_, &st) == 0, "cannot stat shard {}: {}", path, std::strerror(errno));
     file_bytes_ = static_cast<uint64_t>(st.st_size);
-    MT_CHECK(file_bytes_ >= kShardHeaderBytes, "shard {} is truncated: {} bytes, shorter than the {}-byte header",
-             path, file_bytes_, kShardHeaderBytes);
+    MT_CHECK(file_bytes_ >= kShardHeaderBytes, "shard {} is truncated: {} bytes, shorter than the {}-byte header", path,
+             file_bytes_, kShardHeaderBytes);
     int32_t hdr[kShardHeaderInts];
     pread_exactly(fd_, hdr, sizeof(hdr), 0, path, file_bytes_);
     MT_CHECK(hdr[0] == kShardMagic, "shard {} has bad magic {} (expected {}): not a token shard", path, hdr[0],
@@ -222,8 +228,10 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
       h_.num_documents = hdr[5];
     }
     const uint64_t expected = kShardHeaderBytes + h_.num_tokens * h_.token_bytes();
-    MT_CHECK(file_bytes_ >= expected, "shard {} is truncated: the header says {} tokens ({} bytes with the header) "
-             "but the file has {} bytes", path, h_.num_tokens, expected, file_bytes_);
+    MT_CHECK(file_bytes_ >= expected,
+             "shard {} is truncated: the header says {} tokens ({} bytes with the header) "
+             "but the file has {} bytes",
+             path, h_.num_tokens, expected, file_bytes_);
     MT_CHECK(file_bytes_ == expected, "shard {} has {} unexpected bytes after its {} tokens", path,
              file_bytes_ - expected, h_.num_tokens);
   } catch (...) {
@@ -264,8 +272,10 @@ int64_t ShardReader::token(uint64_t i) const {
 }
 
 void ShardReader::read(uint64_t begin, uint64_t n, int32_t* out, int id_limit) const {
-  MT_CHECK(begin <= h_.num_tokens && n <= h_.num_tokens - begin, "shard {}: read of tokens [{}, {}) is outside its {} "
-           "tokens", path_, begin, begin + n, h_.num_tokens);
+  MT_CHECK(begin <= h_.num_tokens && n <= h_.num_tokens - begin,
+           "shard {}: read of tokens [{}, {}) is outside its {} "
+           "tokens",
+           path_, begin, begin + n, h_.num_tokens);
   // The shard's own vocabulary when it records one, else the caller's (the model's), else what int32 holds.
   const bool callers = h_.vocab_size == 0 && id_limit > 0;
   const int64_t limit = h_.vocab_size > 0 ? h_.vocab_size

@@ -26,10 +26,10 @@ inline constexpr int kShardHeaderInts = 256;
 inline constexpr size_t kShardHeaderBytes = kShardHeaderInts * sizeof(int32_t);
 
 struct ShardHeader {
-  int version = 1;          // 1 = uint16 tokens, 2 = uint32 tokens
+  int version = 1;  // 1 = uint16 tokens, 2 = uint32 tokens
   uint64_t num_tokens = 0;
-  int vocab_size = 0;       // 0 = not recorded
-  int eot = -1;             // -1 = not recorded
+  int vocab_size = 0;          // 0 = not recorded
+  int eot = -1;                // -1 = not recorded
   int64_t num_documents = -1;  // -1 = not recorded
 
   size_t token_bytes() const { return version == 1 ? 2 : 4; }
@@ -70,9 +70,9 @@ class ShardWriter {
   std::string dir_, split_;
   int vocab_size_, eot_, version_;
   uint64_t max_tokens_;
-  int fd_ = -1;                  // the open temporary file, or -1
+  int fd_ = -1;  // the open temporary file, or -1
   std::string tmp_path_;
-  std::vector<uint8_t> buf_;     // tokens not yet written to fd_
+  std::vector<uint8_t> buf_;  // tokens not yet written to fd_
   uint64_t shard_tokens_ = 0, shard_docs_ = 0;
   uint64_t total_tokens_ = 0, total_docs_ = 0;
   std::vector<std::string> done_;

@@ -13,9 +13,7 @@ bool cuda_available() { return false; }
 
 std::string cuda_versions() { return "not built with CUDA (nvcc was not found at configure time)"; }
 
-std::string resolve_cuda_attention(const std::string& attention) {
-  return attention == "auto" ? "flash" : attention;
-}
+std::string resolve_cuda_attention(const std::string& attention) { return attention == "auto" ? "flash" : attention; }
 
 }  // namespace mt
 #endif

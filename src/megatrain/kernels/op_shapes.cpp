@@ -110,8 +110,7 @@ NormDims rmsnorm_backward_dims(const char* op, const Tensor& dinp, const Tensor&
 void check_attn_shape(const char* op, const AttnShape& s) {
   MT_CHECK(s.B > 0 && s.T > 0, "{}: B ({}) and T ({}) must be positive", op, s.B, s.T);
   MT_CHECK(s.n_head > 0 && s.n_kv_head > 0 && s.head_dim > 0,
-           "{}: n_head ({}), n_kv_head ({}) and head_dim ({}) must be positive", op, s.n_head, s.n_kv_head,
-           s.head_dim);
+           "{}: n_head ({}), n_kv_head ({}) and head_dim ({}) must be positive", op, s.n_head, s.n_kv_head, s.head_dim);
   MT_CHECK(s.n_head % s.n_kv_head == 0, "{}: n_head ({}) must be a multiple of n_kv_head ({})", op, s.n_head,
            s.n_kv_head);
   MT_CHECK(s.window >= 0, "{}: window must be >= 0 (got {})", op, s.window);
@@ -128,8 +127,8 @@ void check_rope(const char* op, const Tensor& qkv, const AttnShape& s, const Rop
   MT_CHECK(s.B > 0 && s.T > 0 && s.n_head > 0 && s.n_kv_head > 0, "{}: bad attention shape", op);
   MT_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, "{}: head_dim must be even and positive (got {})", op, s.head_dim);
   MT_CHECK(f.theta > 0, "{}: theta must be positive (got {})", op, f.theta);
-  MT_CHECK(f.scaling == 0 || (f.scaling > 0 && f.low_freq_factor > 0 && f.high_freq_factor > f.low_freq_factor &&
-                              f.original_len > 0),
+  MT_CHECK(f.scaling == 0 ||
+               (f.scaling > 0 && f.low_freq_factor > 0 && f.high_freq_factor > f.low_freq_factor && f.original_len > 0),
            "{}: RoPE scaling {} needs 0 < low_freq_factor ({}) < high_freq_factor ({}) and original_len ({}) > 0", op,
            f.scaling, f.low_freq_factor, f.high_freq_factor, f.original_len);
   check_numel(qkv, int64_t{s.B} * s.T * s.qkv_width(), op, "qkv");
@@ -203,8 +202,15 @@ AdamConsts adam_consts(const char* op, const AdamHParams& h) {
            "{}: beta1 ({}) and beta2 ({}) must be in [0, 1)", op, h.beta1, h.beta2);
   const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
   const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), h.step);
-  return {h.beta1, h.beta2, 1.0f - h.beta1, 1.0f - h.beta2, static_cast<float>(1.0 / bc1),
-          static_cast<float>(1.0 / bc2), h.eps, h.weight_decay, h.grad_scale};
+  return {h.beta1,
+          h.beta2,
+          1.0f - h.beta1,
+          1.0f - h.beta2,
+          static_cast<float>(1.0 / bc1),
+          static_cast<float>(1.0 / bc2),
+          h.eps,
+          h.weight_decay,
+          h.grad_scale};
 }
 
 int64_t optimizer_numel(const char* op, const Tensor& param, const Tensor& m, const Tensor& v) {
@@ -248,8 +254,8 @@ void Ops::lamb_moments_multi(Tensor param, Tensor grad, Tensor m, Tensor v, cons
   to_device(norms, host.data());
 }
 
-void Ops::lamb_apply_multi(Tensor param, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
-                           const AdamHParams& h, Tensor norms) {
+void Ops::lamb_apply_multi(Tensor param, Tensor m, Tensor v, const std::vector<AdamSegment>& segs, const AdamHParams& h,
+                           Tensor norms) {
   const char* op = "lamb_apply_multi";
   optimizer_numel(op, param, m, v);
   lamb_multi_check(op, norms, segs, param.numel(), device());

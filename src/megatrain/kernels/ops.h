@@ -59,7 +59,7 @@ inline float lamb_trust(float w2, float u2) { return (w2 > 0 && u2 > 0) ? std::s
 
 struct AdamHParams {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
-  int step = 1;            // 1-based, for bias correction
+  int step = 1;             // 1-based, for bias correction
   float grad_scale = 1.0f;  // grad is multiplied by this before use (clipping, loss-scale undo)
 };
 
@@ -90,11 +90,11 @@ class Ops {
 
   // ---- memory / elementwise --------------------------------------------------------------------
   virtual void zero(Tensor t) = 0;
-  virtual void copy(Tensor dst, Tensor src) = 0;            // same numel and dtype
-  virtual void add(Tensor out, Tensor a, Tensor b) = 0;     // out = a + b (out may alias a or b)
+  virtual void copy(Tensor dst, Tensor src) = 0;               // same numel and dtype
+  virtual void add(Tensor out, Tensor a, Tensor b) = 0;        // out = a + b (out may alias a or b)
   virtual void axpy(Tensor dst, Tensor src, float alpha) = 0;  // dst += alpha * src
-  virtual void scale(Tensor t, float s) = 0;                // t *= s
-  virtual double sum_squares(Tensor t) = 0;                 // sum of t^2, accumulated in double
+  virtual void scale(Tensor t, float s) = 0;                   // t *= s
+  virtual double sum_squares(Tensor t) = 0;                    // sum of t^2, accumulated in double
 
   // ---- timing ----------------------------------------------------------------------------------
   // When on, the backend records the device time of every op (CUDA: an event pair per op on the op stream, never
@@ -133,8 +133,8 @@ class Ops {
   // MLP down-projection's backward fused with the GeLU before it: dpre = (dout @ w) * gelu'(pre) (overwritten);
   // dw += dout^T @ act, dbias += column sums of dout, where act = gelu(pre) was the projection's input
   // (overwritten instead with accumulate_dw false, as in matmul_backward).
-  virtual void matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w,
-                                    Tensor pre, bool accumulate_dw = true) {
+  virtual void matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w, Tensor pre,
+                                    bool accumulate_dw = true) {
     matmul_backward(dpre, dw, dbias, dout, act, w, false, accumulate_dw);
     gelu_backward(dpre, pre, dpre);
   }
@@ -184,7 +184,8 @@ class Ops {
   // Pairs are (i, i + head_dim/2) (GPT-NeoX / Llama "rotate_half" convention), freq_i = rope_inv_freq(f, i, head_dim)
   // (kernels/rope_freqs.h: theta^(-2i/head_dim), optionally Llama 3.1's long-context scaling).
   virtual void rope_forward(Tensor qkv, const AttnShape& s, const RopeFreqs& f) = 0;
-  virtual void rope_backward(Tensor dqkv, const AttnShape& s, const RopeFreqs& f) = 0;  // in place: the inverse rotation
+  virtual void rope_backward(Tensor dqkv, const AttnShape& s,
+                             const RopeFreqs& f) = 0;  // in place: the inverse rotation
   // Sizes any workspace attention needs for shapes up to s now, so that no step allocates (a no-op on CPU).
   virtual void reserve_attention(const AttnShape& s) {}
 

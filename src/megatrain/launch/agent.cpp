@@ -52,16 +52,16 @@ constexpr int kMaxStackDumps = 4;
 constexpr int kHangCode = 21;
 
 // Lines on a rank's stderr worth an event of their own (the rank may die before it can say more).
-constexpr const char* kAlerts[] = {"NCCL WARN", "CUDA error", "out of memory", "Segmentation fault",
-                                   "terminate called", "Bus error"};
+constexpr const char* kAlerts[] = {"NCCL WARN",          "CUDA error",       "out of memory",
+                                   "Segmentation fault", "terminate called", "Bus error"};
 
 // How one attempt ended.
 struct AttemptEnd {
-  int code = 0;               // 0: every rank exited 0
-  bool user_stop = false;     // the agent was signalled: no restart
-  int best_step = 0;          // the highest step any rank reported
-  int nonfinite_step = -1;    // the step a rank reported a non-finite loss at, if it did
-  std::string detected;       // what this agent saw fail, if anything
+  int code = 0;             // 0: every rank exited 0
+  bool user_stop = false;   // the agent was signalled: no restart
+  int best_step = 0;        // the highest step any rank reported
+  int nonfinite_step = -1;  // the step a rank reported a non-finite loss at, if it did
+  std::string detected;     // what this agent saw fail, if anything
 };
 
 // Where this attempt's ranks sit in the job: the first global rank, the world, and what the command gets appended.
@@ -110,7 +110,9 @@ class Agent {
         show(end.code == 0 ? "done" : "failed", end.code == 0 ? "every rank finished" : "the launcher was signalled");
         tracker_.after_attempt(0, end.best_step, -1);
         end_job(end.code == 0 ? "done" : "gave_up",
-                {{"exit_code", end.code}, {"best_step", tracker_.best_step()}, {"restarts", restarts},
+                {{"exit_code", end.code},
+                 {"best_step", tracker_.best_step()},
+                 {"restarts", restarts},
                  {"reason", end.code == 0 ? "every rank finished" : "the launcher was signalled"}});
         return end.code;
       }
@@ -119,18 +121,23 @@ class Agent {
       if (!d.restart) {
         show("failed", d.reason);
         if (opt_.max_restarts > 0) say(fmt::format("giving up: {}", d.reason));
-        end_job("gave_up", {{"exit_code", d.exit_code}, {"failure_code", end.code}, {"reason", d.reason},
-                            {"best_step", tracker_.best_step()}, {"restarts", restarts}});
+        end_job("gave_up", {{"exit_code", d.exit_code},
+                            {"failure_code", end.code},
+                            {"reason", d.reason},
+                            {"best_step", tracker_.best_step()},
+                            {"restarts", restarts}});
         return d.exit_code;
       }
       if (!note.empty()) say(note);
       say(fmt::format("attempt {} failed (code {}); {}, in {:.1f} s", attempt, end.code, d.reason, d.delay_s));
       show("restarting", fmt::format("attempt {} failed (code {}{}); {}", attempt, end.code,
                                      end.detected.empty() ? "" : ": " + end.detected, d.reason));
-      events_.write("restarting", {{"delay_s", d.delay_s}, {"failure_code", end.code}, {"reason", d.reason},
-                                   {"attempt_best_step", end.best_step},
-                                   {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(),
-                                                                   tracker_.skip_steps().end())}});
+      events_.write("restarting",
+                    {{"delay_s", d.delay_s},
+                     {"failure_code", end.code},
+                     {"reason", d.reason},
+                     {"attempt_best_step", end.best_step},
+                     {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(), tracker_.skip_steps().end())}});
       if (!wait_watching_signals(d.delay_s)) {
         end_job("gave_up", {{"exit_code", exit_code_}, {"reason", "the launcher was signalled"}});
         return exit_code_;
@@ -210,8 +217,11 @@ class Agent {
     attempt_started_ = now_seconds();
     fixed_state_.clear();
     show();
-    events_.write("started", {{"ranks", opt_.nproc}, {"first_rank", first}, {"world", world},
-                              {"store_prefix", fresh_prefix ? prefix : ""}, {"extra_args", where.extra_args}});
+    events_.write("started", {{"ranks", opt_.nproc},
+                              {"first_rank", first},
+                              {"world", world},
+                              {"store_prefix", fresh_prefix ? prefix : ""},
+                              {"extra_args", where.extra_args}});
     in_attempt_ = true;
     supervise();
     in_attempt_ = false;
@@ -249,14 +259,15 @@ class Agent {
     show();
     const RankStatus& s = watch_.status()[i];
     if (u.first_step && attempt_ > 0)  // the first step of the attempt: "resumed" after a restart
-      events_.write("resumed", {{"rank", s.rank}, {"step", s.step}, {"from", watch_.start_step()},
+      events_.write("resumed", {{"rank", s.rank},
+                                {"step", s.step},
+                                {"from", watch_.start_step()},
                                 {"seconds", now - attempt_started_}});
-    if (u.caught_up)
-      events_.write("caught_up", {{"step", watch_.min_step()}, {"seconds", now - attempt_started_}});
+    if (u.caught_up) events_.write("caught_up", {{"step", watch_.min_step()}, {"seconds", now - attempt_started_}});
     if (!u.straggler.empty()) {  // every collective waits for it; warned once per rank per attempt
       say(u.straggler);
-      events_.write("warning", {{"rank", s.rank}, {"reason", "straggler"}, {"ratio", u.straggler_ratio},
-                                {"line", u.straggler}});
+      events_.write("warning",
+                    {{"rank", s.rank}, {"reason", "straggler"}, {"ratio", u.straggler_ratio}, {"line", u.straggler}});
     }
   }
 
@@ -298,8 +309,11 @@ class Agent {
     say(fmt::format("hang detected: {}: {}", h->why, h->blame.line));
     view_detail_ = fmt::format("hang: {}: {}", h->why, h->blame.line);
     detected_at_ = now;
-    events_.write("detected", {{"reason", "hang"}, {"why", h->why}, {"blame", h->blame.line},
-                               {"ranks", h->blame.ranks}, {"seconds_since_progress", h->since_progress_s}});
+    events_.write("detected", {{"reason", "hang"},
+                               {"why", h->why},
+                               {"blame", h->blame.line},
+                               {"ranks", h->blame.ranks},
+                               {"seconds_since_progress", h->since_progress_s}});
     exit_code_ = kHangCode;
     begin_stop(SIGTERM, h->blame.ranks, /*abandon=*/true);
   }
@@ -341,7 +355,7 @@ class Agent {
     alive.join();
     if (fence.joinable()) fence.join();
     if (driver.joinable()) {
-      if (code >= 128) {  // signalled: the process ends here, and the driver (mid-wait) with it
+      if (code >= 128) {                    // signalled: the process ends here, and the driver (mid-wait) with it
         if (notifier_) notifier_->close();  // what the driver said so far still goes out
         std::fflush(nullptr);
         std::_Exit(code);
@@ -512,11 +526,12 @@ class Agent {
       say(fmt::format("this node's last acknowledged liveness bump was sent {:.1f} s ago (the driver declares a node "
                       "lost after {:.0f} s without one): its lease lapsed; {}leaving the job",
                       age, opt_.node_timeout_s,
-                      groups.empty() ? "" : fmt::format("killed its {} so that none of them acts after the job goes "
-                                                        "on without this node; ",
-                                                        plural(int(groups.size()), "rank"))));
-      events_.write("fenced", {{"lease_age_s", age}, {"node_timeout_s", opt_.node_timeout_s},
-                               {"ranks_killed", groups.size()}});
+                      groups.empty() ? ""
+                                     : fmt::format("killed its {} so that none of them acts after the job goes "
+                                                   "on without this node; ",
+                                                   plural(int(groups.size()), "rank"))));
+      events_.write("fenced",
+                    {{"lease_age_s", age}, {"node_timeout_s", opt_.node_timeout_s}, {"ranks_killed", groups.size()}});
       std::fflush(nullptr);
       std::_Exit(22);  // the ranks' PR_SET_PDEATHSIG covers any started since the copy was taken
     }
@@ -537,8 +552,7 @@ class Agent {
       if (!stopping_ && ctl_->check(proto::stop_key(attempt_))) {
         auto j = nlohmann::json::parse(ctl_->get(proto::stop_key(attempt_), Millis(5000)), nullptr, false);
         const std::string why = j.is_object() ? j.value("reason", "") : "";
-        say(fmt::format("the attempt was stopped ({}); stopping this node's {}", why,
-                        plural(running_count(), "rank")));
+        say(fmt::format("the attempt was stopped ({}); stopping this node's {}", why, plural(running_count(), "rank")));
         exit_code_ = j.is_object() ? j.value("code", 1) : 1;
         std::vector<int> blamed;  // the driver names the ranks blamed for a hang (see begin_stop)
         if (j.is_object() && j.contains("kill_now") && j["kill_now"].is_array())
@@ -569,7 +583,8 @@ class Agent {
         ctl_->set(proto::stop_key(attempt_), nlohmann::json{{"by", fmt::format("node {}", opt_.node_rank)},
                                                             {"code", std::max(1, exit_code_)},
                                                             {"reason", why},
-                                                            {"abandon", abandon}}.dump());
+                                                            {"abandon", abandon}}
+                                                 .dump());
     } catch (const std::exception&) {
       store_lost_ = true;
     }
@@ -645,10 +660,19 @@ class Agent {
   }
 
   std::vector<std::string> inherited_env() {
-    std::set<std::string> ours = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",      "LOCAL_WORLD_SIZE",
-                                  "MASTER_ADDR", "MASTER_PORT", "MEGATRAIN_STORE", kStoreSecretEnv,
-                                  "MEGATRAIN_ATTEMPT", "MEGATRAIN_NODE_RANK", "MEGATRAIN_STORE_PREFIX",
-                                  "MEGATRAIN_HEARTBEAT_FD", "MEGATRAIN_FENCE_KEYS"};
+    std::set<std::string> ours = {"RANK",
+                                  "WORLD_SIZE",
+                                  "LOCAL_RANK",
+                                  "LOCAL_WORLD_SIZE",
+                                  "MASTER_ADDR",
+                                  "MASTER_PORT",
+                                  "MEGATRAIN_STORE",
+                                  kStoreSecretEnv,
+                                  "MEGATRAIN_ATTEMPT",
+                                  "MEGATRAIN_NODE_RANK",
+                                  "MEGATRAIN_STORE_PREFIX",
+                                  "MEGATRAIN_HEARTBEAT_FD",
+                                  "MEGATRAIN_FENCE_KEYS"};
     if (!opt_.iface.empty()) ours.insert(kIfaceEnv);
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) {
@@ -789,7 +813,8 @@ class Agent {
     v.started = job_started_;
     v.useful_s = watch_.useful().seconds();
     v.detail = view_detail_;
-    set_ranks(v, watch_.status(), running_flags(), [this](size_t) { return opt_.node_rank; }, stopping_);
+    set_ranks(
+        v, watch_.status(), running_flags(), [this](size_t) { return opt_.node_rank; }, stopping_);
     if (!fixed_state_.empty()) v.state = fixed_state_;
     dashboard_->publish(v);
   }
@@ -801,7 +826,9 @@ class Agent {
     say(fmt::format("rank {} (pid {}) {}; stopping the other {}", r.global, r.pid, describe_status(st),
                     plural(running_count(), "rank")));
     detected_at_ = now_seconds();
-    events_.write("detected", {{"reason", "exit"}, {"rank", r.global}, {"status", describe_status(st)},
+    events_.write("detected", {{"reason", "exit"},
+                               {"rank", r.global},
+                               {"status", describe_status(st)},
                                {"code", exit_code_of(st)}});
     exit_code_ = std::max(1, exit_code_of(st));
     detected_ = fmt::format("rank {} {}", r.global, describe_status(st));
@@ -942,11 +969,11 @@ class Agent {
   std::string detected_;
 
   // Under the job driver (driven mode).
-  std::unique_ptr<Store> ctl_;             // this agent's client of the job store
-  std::atomic<bool> store_lost_{false};    // the liveness thread could not reach the store
-  std::unique_ptr<NodeLease> lease_;       // renewed by keep_alive, watched by fence_watch
+  std::unique_ptr<Store> ctl_;           // this agent's client of the job store
+  std::atomic<bool> store_lost_{false};  // the liveness thread could not reach the store
+  std::unique_ptr<NodeLease> lease_;     // renewed by keep_alive, watched by fence_watch
   std::mutex groups_mu_;
-  std::vector<pid_t> live_groups_;         // the process groups of this attempt's ranks, for fence_watch
+  std::vector<pid_t> live_groups_;  // the process groups of this attempt's ranks, for fence_watch
   bool evicted_said_ = false;
   bool in_attempt_ = false;
 

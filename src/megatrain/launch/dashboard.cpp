@@ -55,8 +55,10 @@ Dashboard::Dashboard(const std::string& address, std::string token, const TlsFil
     : token_(std::move(token)), tls_files_(tls), tls_(tls.enabled()) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
-    fail_as(ErrorKind::Config, "--dashboard '{}': expected HOST:PORT (e.g. 0.0.0.0:8080, or 127.0.0.1:0 for any "
-            "free port)", address);
+    fail_as(ErrorKind::Config,
+            "--dashboard '{}': expected HOST:PORT (e.g. 0.0.0.0:8080, or 127.0.0.1:0 for any "
+            "free port)",
+            address);
   host_ = address.substr(0, colon);
   int port = -1;
   try {
@@ -93,7 +95,8 @@ int Dashboard::start(int port, std::unique_ptr<httplib::Server> server) {
       res.status = 401;
       res.set_header("WWW-Authenticate", "Bearer");
       res.set_content("megatrain dashboard: this request needs the dashboard's token (Authorization: Bearer TOKEN, "
-                      "or ?token=TOKEN)\n", "text/plain; charset=utf-8");
+                      "or ?token=TOKEN)\n",
+                      "text/plain; charset=utf-8");
       return httplib::Server::HandlerResponse::Handled;
     });
   }
@@ -142,7 +145,8 @@ void Dashboard::check_certificate() {
       next = make_server(tls_files_);
     } catch (const Error& e) {
       notice("certificate_refused",
-             fmt::format("dashboard: the changed certificate or key is not served, the one before stays: {}", e.what()));
+             fmt::format("dashboard: the changed certificate or key is not served, the one before stays: {}",
+                         e.what()));
       return;
     }
     // A new server on the same port (httplib's takes its certificate once): requests in those milliseconds fail,
@@ -152,7 +156,8 @@ void Dashboard::check_certificate() {
     if (start(port_, std::move(next)) != port_) {
       server_.reset();
       notice("dashboard_lost", fmt::format("dashboard: cannot listen on port {} again after the certificate's "
-                                           "renewal (taken meanwhile); the job goes on without a dashboard", port_));
+                                           "renewal (taken meanwhile); the job goes on without a dashboard",
+                                           port_));
       return;
     }
     cert_ = renewed;
@@ -167,10 +172,11 @@ void Dashboard::check_certificate() {
     expiry_said_day_ = day;
     notice("certificate_expiring",
            days < 0 ? fmt::format("dashboard: the certificate {} expired on {}; clients refuse it. Renew the files: "
-                                  "the dashboard serves the new ones within a minute", tls_files_.cert, cert_.not_after)
+                                  "the dashboard serves the new ones within a minute",
+                                  tls_files_.cert, cert_.not_after)
                     : fmt::format("dashboard: the certificate {} expires in {:.1f} days ({}); renew the files: the "
-                                  "dashboard serves the new ones within a minute", tls_files_.cert, days,
-                                  cert_.not_after));
+                                  "dashboard serves the new ones within a minute",
+                                  tls_files_.cert, days, cert_.not_after));
   }
 }
 
@@ -219,9 +225,12 @@ std::string Dashboard::api_job() const {
   nlohmann::json j = job_json(view_);
   nlohmann::json h = nlohmann::json::array();
   for (const auto& [key, p] : history_)
-    h.push_back({{"attempt", key.first}, {"step", key.second},
-                 {"loss", p.loss ? nlohmann::json(*p.loss) : nlohmann::json()}, {"fastest", p.fastest},
-                 {"slowest", p.slowest}, {"ranks", p.ranks}});
+    h.push_back({{"attempt", key.first},
+                 {"step", key.second},
+                 {"loss", p.loss ? nlohmann::json(*p.loss) : nlohmann::json()},
+                 {"fastest", p.fastest},
+                 {"slowest", p.slowest},
+                 {"ranks", p.ranks}});
   j["history"] = std::move(h);
   nlohmann::json ev = nlohmann::json::array();
   for (const nlohmann::json& e : events_) ev.push_back(e);

@@ -51,7 +51,7 @@ class Dashboard {
   Dashboard& operator=(const Dashboard&) = delete;
 
   int port() const { return port_; }
-  std::string url() const;  // http(s)://HOST:PORT/ (127.0.0.1 for a wildcard host)
+  std::string url() const;                                  // http(s)://HOST:PORT/ (127.0.0.1 for a wildcard host)
   const TlsCertInfo& certificate() const { return cert_; }  // with TLS: the certificate being served
 
   // With TLS, publish() looks at the certificate and key files on its first call and then at most once every

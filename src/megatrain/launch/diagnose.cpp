@@ -157,8 +157,7 @@ CheckResult check_gemm() {
   constexpr int64_t n = 1024;
   std::vector<float> a(size_t(n * n), 0.5f), w(size_t(n * n), 0.25f), out(size_t(n * n));
   const double secs = best_seconds(4, [&] {
-    ops->matmul_forward(f32_view(out.data(), {n, n}), f32_view(a.data(), {n, n}), f32_view(w.data(), {n, n}),
-                        Tensor());
+    ops->matmul_forward(f32_view(out.data(), {n, n}), f32_view(a.data(), {n, n}), f32_view(w.data(), {n, n}), Tensor());
   });
   // Every element is n x 0.5 x 0.25 exactly: a wrong answer is a failure whatever the speed.
   const float want = float(n) * 0.125f;

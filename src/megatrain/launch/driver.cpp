@@ -46,10 +46,9 @@ struct AgentState {
   int64_t alive = -1;        // the last value of its liveness counter
   double alive_changed = 0;  // when it last changed (driver clock)
   bool lost = false;
-  std::string evicted;       // non-empty: the reason it is out
+  std::string evicted;  // non-empty: the reason it is out
   bool usable() const {
-    return hello && !lost && evicted.empty() &&
-           (!hello->diagnosis.is_object() || hello->diagnosis.value("pass", true));
+    return hello && !lost && evicted.empty() && (!hello->diagnosis.is_object() || hello->diagnosis.value("pass", true));
   }
 };
 
@@ -57,8 +56,7 @@ class Driver {
  public:
   Driver(const LaunchOptions& o, Store& s, EventLog& e, Dashboard* d)
       : opt_(o), store_(s), events_(e), dashboard_(d), tracker_(restart_policy(o)), watch_(watch_options(o)),
-        agents_(size_t(o.nnodes + o.spares)),
-        is_train_(!o.exec && !o.args.empty() && o.args[0] == "train") {}
+        agents_(size_t(o.nnodes + o.spares)), is_train_(!o.exec && !o.args.empty() && o.args[0] == "train") {}
 
   int run() {
     // The dashboard's certificate notices go to the job's event log, the driver's (which --notify watches), from
@@ -99,7 +97,8 @@ class Driver {
       if (!s.hello || s.lost || !s.evicted.empty()) continue;  // gone, or told to leave: nothing will read it
       while (!store_.check(proto::done_ack_key(a))) {
         if (now_seconds() > until) {
-          say(fmt::format("driver: agent {} has not read the job's end within {} s; ending anyway", a, kDoneAckSeconds));
+          say(fmt::format("driver: agent {} has not read the job's end within {} s; ending anyway", a,
+                          kDoneAckSeconds));
           return;
         }
         std::this_thread::sleep_for(std::chrono::duration<double>(0.05));
@@ -123,8 +122,11 @@ class Driver {
       store_.set(proto::plan_key(attempt), plan.to_json().dump());
       say(fmt::format("driver: attempt {} on {} (agents {}), {} ranks: {}", attempt, plural(int(nodes.size()), "node"),
                       fmt::join(nodes, ","), plan.world(), why));
-      events_.write("planned", {{"by", "driver"}, {"nodes", nodes}, {"world", plan.world()},
-                                {"extra_args", plan.extra_args}, {"why", why}});
+      events_.write("planned", {{"by", "driver"},
+                                {"nodes", nodes},
+                                {"world", plan.world()},
+                                {"extra_args", plan.extra_args},
+                                {"why", why}});
 
       Outcome out = watch_attempt(plan);
       if (out.user_stop) {
@@ -134,8 +136,11 @@ class Driver {
       }
       if (out.code == 0) {
         show("done", "every rank finished");
-        end_job("done", {{"by", "driver"}, {"exit_code", 0}, {"best_step", tracker_.best_step()},
-                         {"restarts", tracker_.restarts()}, {"reason", "every rank finished"}});
+        end_job("done", {{"by", "driver"},
+                         {"exit_code", 0},
+                         {"best_step", tracker_.best_step()},
+                         {"restarts", tracker_.restarts()},
+                         {"reason", "every rank finished"}});
         return 0;
       }
       std::string note;
@@ -144,16 +149,20 @@ class Driver {
       if (!d.restart) {
         show("failed", d.reason);
         say(fmt::format("driver: giving up: {}", d.reason));
-        end_job("gave_up", {{"by", "driver"}, {"exit_code", d.exit_code}, {"failure_code", out.code},
-                            {"reason", d.reason}, {"best_step", tracker_.best_step()}, {"restarts", before}});
+        end_job("gave_up", {{"by", "driver"},
+                            {"exit_code", d.exit_code},
+                            {"failure_code", out.code},
+                            {"reason", d.reason},
+                            {"best_step", tracker_.best_step()},
+                            {"restarts", before}});
         return d.exit_code;
       }
       if (!note.empty()) say("driver: " + note);
       evict_marked();
       auto next = plan_nodes(nodes, &why);
       if (!next) {
-        end_job("gave_up", {{"by", "driver"}, {"exit_code", kNoNodesExit}, {"failure_code", out.code},
-                            {"reason", why}});
+        end_job("gave_up",
+                {{"by", "driver"}, {"exit_code", kNoNodesExit}, {"failure_code", out.code}, {"reason", why}});
         say("driver: giving up: " + why);
         show("failed", why);
         return kNoNodesExit;
@@ -162,11 +171,15 @@ class Driver {
       say(fmt::format("driver: attempt {} failed (code {}); {}, in {:.1f} s", attempt, out.code, d.reason, d.delay_s));
       show("restarting", fmt::format("attempt {} failed (code {}); {}; next on nodes {}", attempt, out.code, d.reason,
                                      fmt::join(nodes, ",")));
-      events_.write("restarting", {{"by", "driver"}, {"delay_s", d.delay_s}, {"failure_code", out.code},
-                                   {"reason", d.reason}, {"attempt_best_step", out.best_step},
-                                   {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(),
-                                                                   tracker_.skip_steps().end())},
-                                   {"nodes", nodes}, {"why", why}});
+      events_.write("restarting",
+                    {{"by", "driver"},
+                     {"delay_s", d.delay_s},
+                     {"failure_code", out.code},
+                     {"reason", d.reason},
+                     {"attempt_best_step", out.best_step},
+                     {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(), tracker_.skip_steps().end())},
+                     {"nodes", nodes},
+                     {"why", why}});
       std::this_thread::sleep_for(std::chrono::duration<double>(d.delay_s));
     }
   }
@@ -207,8 +220,12 @@ class Driver {
         }
         s.alive_changed = now;
         const bool ok = s.usable();
-        events_.write("registered", {{"by", "driver"}, {"node", a}, {"host", s.hello->host},
-                                     {"spare", a >= opt_.nnodes}, {"healthy", ok}, {"diagnosis", s.hello->diagnosis}});
+        events_.write("registered", {{"by", "driver"},
+                                     {"node", a},
+                                     {"host", s.hello->host},
+                                     {"spare", a >= opt_.nnodes},
+                                     {"healthy", ok},
+                                     {"diagnosis", s.hello->diagnosis}});
         if (!ok) evict(a, "it failed diagnose when it registered");
         continue;
       }
@@ -293,8 +310,9 @@ class Driver {
                     bool abandon = true) {
     if (stop_code_ != 0) return;
     stop_code_ = code;
-    store_.set(proto::stop_key(attempt), json{{"by", "driver"}, {"code", code}, {"reason", reason},
-                                              {"kill_now", kill_now}, {"abandon", abandon}}.dump());
+    store_.set(proto::stop_key(attempt),
+               json{{"by", "driver"}, {"code", code}, {"reason", reason}, {"kill_now", kill_now}, {"abandon", abandon}}
+                   .dump());
   }
 
   Outcome watch_attempt(const proto::AttemptPlan& plan) {
@@ -320,9 +338,8 @@ class Driver {
       const double now = now_seconds();
       for (int a : poll_agents(now)) {
         const bool in_plan = plan.slot_of(a) >= 0 && !ends.count(a);
-        const std::string line =
-            fmt::format("node {} is lost: its agent's liveness counter stood still for {:.0f} s", a,
-                        now - agents_[size_t(a)].alive_changed);
+        const std::string line = fmt::format("node {} is lost: its agent's liveness counter stood still for {:.0f} s",
+                                             a, now - agents_[size_t(a)].alive_changed);
         say("driver: " + line);
         if (in_plan) detail_ = line;
         events_.write(in_plan ? "detected" : "warning",
@@ -455,21 +472,28 @@ class Driver {
       layout_.learn(s);
       WatchUpdate u = watch_.apply_status(size_t(s.rank), s, now);
       if (u.first_step && attempt > 0)
-        events_.write("resumed", {{"by", "driver"}, {"rank", s.rank}, {"step", s.step},
-                                  {"from", watch_.start_step()}, {"seconds", now - started}});
+        events_.write("resumed", {{"by", "driver"},
+                                  {"rank", s.rank},
+                                  {"step", s.step},
+                                  {"from", watch_.start_step()},
+                                  {"seconds", now - started}});
       if (u.caught_up)
         events_.write("caught_up", {{"by", "driver"}, {"step", watch_.min_step()}, {"seconds", now - started}});
       if (!u.straggler.empty()) {
         say("driver: " + u.straggler);
-        events_.write("warning", {{"by", "driver"}, {"rank", s.rank}, {"node", a}, {"reason", "straggler"},
-                                  {"ratio", u.straggler_ratio}, {"line", u.straggler}});
+        events_.write("warning", {{"by", "driver"},
+                                  {"rank", s.rank},
+                                  {"node", a},
+                                  {"reason", "straggler"},
+                                  {"ratio", u.straggler_ratio},
+                                  {"line", u.straggler}});
       }
       if (u.evict_straggler && stop_code_ == 0) {
         const std::string line = fmt::format("rank {} ({}) on node {} stayed a straggler ({:.2f}x) for {} steps",
                                              s.rank, s.coord, a, u.straggler_ratio, opt_.straggler_evict_steps);
         say("driver: " + line + "; stopping the attempt to evict its node");
-        events_.write("detected", {{"by", "driver"}, {"reason", "straggler"}, {"rank", s.rank}, {"node", a},
-                                   {"line", line}});
+        events_.write("detected",
+                      {{"by", "driver"}, {"reason", "straggler"}, {"rank", s.rank}, {"node", a}, {"line", line}});
         to_evict_[a] = line;
         request_stop(attempt, kHangCode, line, {}, /*abandon=*/false);
       }
@@ -488,8 +512,12 @@ class Driver {
       to_evict_[a] = fmt::format("it held rank {}, blamed for a hang: {}", r, h->blame.line);
     }
     *detected_at = now;
-    events_.write("detected", {{"by", "driver"}, {"reason", "hang"}, {"why", h->why}, {"blame", h->blame.line},
-                               {"ranks", h->blame.ranks}, {"nodes", nodes},
+    events_.write("detected", {{"by", "driver"},
+                               {"reason", "hang"},
+                               {"why", h->why},
+                               {"blame", h->blame.line},
+                               {"ranks", h->blame.ranks},
+                               {"nodes", nodes},
                                {"seconds_since_progress", h->since_progress_s}});
     request_stop(plan.attempt, kHangCode, "hang: " + h->blame.line, h->blame.ranks);
   }
@@ -519,10 +547,13 @@ class Driver {
     v.started = started_;
     v.useful_s = watch_.useful().seconds();
     v.detail = detail_;
-    set_ranks(v, watch_.status(), running_, [this](size_t r) {
-      const size_t slot = r / size_t(std::max(1, plan_.nproc));
-      return slot < plan_.nodes.size() ? plan_.nodes[slot] : -1;
-    }, stop_code_ != 0);
+    set_ranks(
+        v, watch_.status(), running_,
+        [this](size_t r) {
+          const size_t slot = r / size_t(std::max(1, plan_.nproc));
+          return slot < plan_.nodes.size() ? plan_.nodes[slot] : -1;
+        },
+        stop_code_ != 0);
     if (!state.empty()) v.state = state;
     dashboard_->publish(v);
   }
@@ -533,14 +564,14 @@ class Driver {
   Dashboard* dashboard_ = nullptr;
   RestartTracker tracker_;
   JobWatch watch_;
-  proto::AttemptPlan plan_;     // the attempt being watched (for the dashboard)
-  std::vector<bool> running_;   // ... and which of its ranks live
+  proto::AttemptPlan plan_;    // the attempt being watched (for the dashboard)
+  std::vector<bool> running_;  // ... and which of its ranks live
   std::string detail_;
   const double started_ = now_seconds();
   std::vector<AgentState> agents_;
   std::map<int, std::string> to_evict_;
-  Layout layout_;     // as the ranks of the last attempt reported it
-  Layout override_;   // what the driver set after a shrink (dp, grad_accum), passed on to every later attempt
+  Layout layout_;        // as the ranks of the last attempt reported it
+  Layout override_;      // what the driver set after a shrink (dp, grad_accum), passed on to every later attempt
   const bool is_train_;  // the command is `train`, whose layout and batches the driver may change
   int stop_code_ = 0;
 };

@@ -29,7 +29,7 @@ std::string doing(const RankStatus& r) {
 }
 
 struct Finding {
-  CollectiveState coll;  // the collective the lagging ranks never entered
+  CollectiveState coll;               // the collective the lagging ranks never entered
   std::vector<int> lagging, waiting;  // indices into ranks
 };
 
@@ -70,8 +70,10 @@ Blame blame_hang(const std::vector<RankStatus>& ranks, double now, double stale_
     if (!at_k) continue;
     Finding f{*at_k, {}, {}};
     for (const auto& [i, c] : members) {
-      if (c.seq < k) f.lagging.push_back(i);
-      else if (c.seq == k && c.in_flight()) f.waiting.push_back(i);
+      if (c.seq < k)
+        f.lagging.push_back(i);
+      else if (c.seq == k && c.in_flight())
+        f.waiting.push_back(i);
     }
     if (!f.lagging.empty()) findings.push_back(std::move(f));
   }
@@ -85,9 +87,9 @@ Blame blame_hang(const std::vector<RankStatus>& ranks, double now, double stale_
     for (int w : f.waiting) victims.insert(w);
   for (const auto& [name, members] : groups)
     for (const auto& [i, c] : members)
-      if (c.state == "started" &&
-          std::any_of(members.begin(), members.end(),
-                      [&](const auto& m) { return m.second.seq == c.seq && m.second.state == "posted"; }))
+      if (c.state == "started" && std::any_of(members.begin(), members.end(), [&](const auto& m) {
+            return m.second.seq == c.seq && m.second.state == "posted";
+          }))
         victims.insert(i);
   std::vector<const Finding*> roots;
   for (const auto& f : findings)

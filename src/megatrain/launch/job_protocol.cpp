@@ -70,8 +70,8 @@ AgentEnd AgentEnd::from_json(const nlohmann::json& j) {
 nlohmann::json status_to_json(const RankStatus& s, bool running, double now) {
   nlohmann::json colls = nlohmann::json::array();
   for (const auto& c : s.colls) colls.push_back({{"group", c.group}, {"op", c.op}, {"seq", c.seq}, {"state", c.state}});
-  nlohmann::json j = {{"rank", s.rank},   {"coord", s.coord}, {"heard", s.heard}, {"age", now - s.last_heard},
-                      {"step", s.step},   {"phase", s.phase}, {"colls", colls},   {"running", running}};
+  nlohmann::json j = {{"rank", s.rank}, {"coord", s.coord}, {"heard", s.heard}, {"age", now - s.last_heard},
+                      {"step", s.step}, {"phase", s.phase}, {"colls", colls},   {"running", running}};
   if (s.start_step >= 0) j["start_step"] = s.start_step;
   if (s.dp > 0) j["layout"] = {{"dp", s.dp}, {"pp", s.pp}, {"tp", s.tp}, {"grad_accum", s.grad_accum}};
   if (s.step_time) j["step_time"] = *s.step_time;
@@ -107,8 +107,8 @@ RankStatus status_from_json(const nlohmann::json& j, double now, bool* running) 
   }
   if (j.contains("step_time")) s.step_time = j["step_time"].get<double>();
   if (j.contains("compute_time")) s.compute_time = j["compute_time"].get<double>();
-  for (auto [key, field] : {std::pair{"loss", &s.loss}, {"tokens_per_s", &s.tokens_per_s}, {"mfu", &s.mfu},
-                            {"rss", &s.rss}})
+  for (auto [key, field] :
+       {std::pair{"loss", &s.loss}, {"tokens_per_s", &s.tokens_per_s}, {"mfu", &s.mfu}, {"rss", &s.rss}})
     if (j.contains(key)) *field = j[key].get<double>();
   if (j.contains("xyz")) {
     const auto& c = j["xyz"];

@@ -57,17 +57,17 @@ struct AttemptPlan {
   std::vector<std::string> extra_args;  // appended to the command (train overrides: the layout, skipped batches)
   std::string why;                      // one line: what changed from the previous attempt
   int world() const { return int(nodes.size()) * nproc; }
-  int slot_of(int agent) const;         // -1 when the agent is not in this attempt
+  int slot_of(int agent) const;  // -1 when the agent is not in this attempt
   nlohmann::json to_json() const;
   static AttemptPlan from_json(const nlohmann::json& j);
 };
 
 struct AgentEnd {
-  int code = 0;              // 0: every rank of this agent exited 0
-  bool user_stop = false;    // the agent was signalled: the job ends, no restart
+  int code = 0;            // 0: every rank of this agent exited 0
+  bool user_stop = false;  // the agent was signalled: the job ends, no restart
   int best_step = 0;
   int nonfinite_step = -1;
-  std::string detected;      // what this agent saw first, if it saw the failure ("rank 3 exited with code 22")
+  std::string detected;  // what this agent saw first, if it saw the failure ("rank 3 exited with code 22")
   nlohmann::json to_json() const;
   static AgentEnd from_json(const nlohmann::json& j);
 };

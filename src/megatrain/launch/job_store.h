@@ -10,10 +10,10 @@
 namespace mt::launch {
 
 struct JobStore {
-  std::string url;          // MEGATRAIN_STORE for the ranks
-  std::string master_addr;  // MASTER_ADDR (without brackets)
-  int master_port = 0;      // MASTER_PORT
-  std::string secret;       // MEGATRAIN_STORE_SECRET
+  std::string url;                         // MEGATRAIN_STORE for the ranks
+  std::string master_addr;                 // MASTER_ADDR (without brackets)
+  int master_port = 0;                     // MASTER_PORT
+  std::string secret;                      // MEGATRAIN_STORE_SECRET
   std::unique_ptr<TcpStoreServer> server;  // node 0's own server; null when the store lives elsewhere
 };
 

@@ -59,12 +59,17 @@ void set_ranks(JobView& v, const std::vector<RankStatus>& status, const std::vec
 }
 
 nlohmann::json job_json(const JobView& v) {
-  nlohmann::json job = {{"state", v.state},   {"attempt", v.attempt}, {"restarts", v.restarts},
-                        {"max_restarts", v.max_restarts}, {"nodes", v.nodes}, {"world", v.world},
-                        {"uptime_s", std::max(0.0, v.now - v.started)}, {"useful_s", v.useful_s},
-                        {"effective_training", v.now > v.started ? nlohmann::json(v.useful_s / (v.now - v.started))
-                                                                 : nlohmann::json()},
-                        {"detail", v.detail}};
+  nlohmann::json job = {
+      {"state", v.state},
+      {"attempt", v.attempt},
+      {"restarts", v.restarts},
+      {"max_restarts", v.max_restarts},
+      {"nodes", v.nodes},
+      {"world", v.world},
+      {"uptime_s", std::max(0.0, v.now - v.started)},
+      {"useful_s", v.useful_s},
+      {"effective_training", v.now > v.started ? nlohmann::json(v.useful_s / (v.now - v.started)) : nlohmann::json()},
+      {"detail", v.detail}};
   if (const RankStatus* l = layout_source(v))
     job["layout"] = {{"dp", l->dp}, {"pp", l->pp}, {"tp", l->tp}, {"grad_accum", l->grad_accum}};
   else

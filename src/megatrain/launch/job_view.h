@@ -16,7 +16,7 @@ namespace mt::launch {
 struct RankView {
   RankStatus status;  // what the rank's heartbeats said (last_heard on the supervisor's clock)
   bool running = false;
-  int node = 0;       // the node slot the rank runs on
+  int node = 0;  // the node slot the rank runs on
 };
 
 struct JobView {
@@ -25,10 +25,10 @@ struct JobView {
   std::string state = "starting";
   int attempt = 0, restarts = 0, max_restarts = 0;
   int nodes = 1, world = 0;
-  double now = 0;            // the supervisor's clock (now_seconds) when the view was taken
-  double started = 0;        // ... when the job started
-  std::string detail;        // the latest line worth showing: a hang's blame, why it restarts, why it ended
-  double useful_s = 0;       // the kept steps' time so far (useful_time.h): effective training = useful_s / uptime
+  double now = 0;       // the supervisor's clock (now_seconds) when the view was taken
+  double started = 0;   // ... when the job started
+  std::string detail;   // the latest line worth showing: a hang's blame, why it restarts, why it ended
+  double useful_s = 0;  // the kept steps' time so far (useful_time.h): effective training = useful_s / uptime
   std::vector<RankView> ranks;
 };
 

@@ -35,12 +35,12 @@ struct WatchOptions {
 
 // What one status change meant.
 struct WatchUpdate {
-  bool stepped = false;           // the rank completed a step
-  bool first_step = false;        // ... the attempt's first (any rank's)
-  bool caught_up = false;         // every rank is now past the best step of the earlier attempts
-  std::string straggler;          // non-empty: the rank was just flagged as a straggler (the line says why)
+  bool stepped = false;     // the rank completed a step
+  bool first_step = false;  // ... the attempt's first (any rank's)
+  bool caught_up = false;   // every rank is now past the best step of the earlier attempts
+  std::string straggler;    // non-empty: the rank was just flagged as a straggler (the line says why)
   double straggler_ratio = 0;
-  bool evict_straggler = false;   // it stayed a straggler for straggler_evict_steps steps
+  bool evict_straggler = false;  // it stayed a straggler for straggler_evict_steps steps
 };
 
 struct HangFinding {
@@ -79,9 +79,9 @@ class JobWatch {
 
   WatchOptions opt_;
   std::vector<RankStatus> status_;
-  std::vector<std::string> mark_;     // per rank: step, phase and collective states at its last change
-  std::vector<int> straggle_;         // consecutive slow steps per rank
-  std::vector<bool> flagged_;         // warned in this attempt
+  std::vector<std::string> mark_;  // per rank: step, phase and collective states at its last change
+  std::vector<int> straggle_;      // consecutive slow steps per rank
+  std::vector<bool> flagged_;      // warned in this attempt
   std::vector<double> recent_step_times_;
   double last_progress_ = 0;
   int best_ = 0, best_before_ = 0;

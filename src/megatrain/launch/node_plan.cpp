@@ -63,8 +63,8 @@ NodePlan plan_next_nodes(const NodePlanInput& in) {
   p.why = fmt::format("{}; {}shrinking to {}: dp {} -> {} (tp {}, pp {}), world {} -> {}, grad_accum {} -> {} (the "
                       "global batch stays)",
                       lost, changes.empty() ? std::string() : fmt::format("{}; ", fmt::join(changes, ", ")),
-                      plural(int(p.nodes.size()), "node"), in.dp, p.dp, in.tp, in.pp,
-                      int(in.prev.size()) * in.nproc, int(p.nodes.size()) * in.nproc, in.grad_accum, p.grad_accum);
+                      plural(int(p.nodes.size()), "node"), in.dp, p.dp, in.tp, in.pp, int(in.prev.size()) * in.nproc,
+                      int(p.nodes.size()) * in.nproc, in.grad_accum, p.grad_accum);
   return p;
 }
 

@@ -15,12 +15,12 @@
 namespace mt::launch {
 
 struct NodePlanInput {
-  std::vector<int> prev;       // the last attempt's agents, in slot order
-  std::vector<bool> usable;    // per agent id (nnodes + spares of them)
-  int nproc = 1;               // ranks per node
-  int tp = 0, pp = 0;          // 0: unknown (no rank reported its coordinates)
-  int dp = 0;                  // the last attempt's data-parallel size
-  int grad_accum = 0;          // ... and its train.grad_accum
+  std::vector<int> prev;     // the last attempt's agents, in slot order
+  std::vector<bool> usable;  // per agent id (nnodes + spares of them)
+  int nproc = 1;             // ranks per node
+  int tp = 0, pp = 0;        // 0: unknown (no rank reported its coordinates)
+  int dp = 0;                // the last attempt's data-parallel size
+  int grad_accum = 0;        // ... and its train.grad_accum
   bool shrink = true;
 };
 

@@ -23,8 +23,8 @@ using nlohmann::json;
 const std::vector<std::string> kDefaultNotifyEvents = {"detected", "restarting", "resumed",
                                                        "evicted",  "done",       "gave_up"};
 const std::vector<std::string> kAllEventNames = {
-    "started",  "fault",     "injected",   "detected", "stopped",  "restarting", "resumed", "caught_up", "warning",
-    "done",     "gave_up",   "registered", "planned",  "diagnosed", "evicted",   "fenced",  "dashboard", "stacks"};
+    "started", "fault",   "injected",   "detected", "stopped",   "restarting", "resumed", "caught_up", "warning",
+    "done",    "gave_up", "registered", "planned",  "diagnosed", "evicted",    "fenced",  "dashboard", "stacks"};
 
 std::string default_job_name() {
   if (const char* j = std::getenv("SLURM_JOB_NAME"); j && *j) return j;
@@ -39,11 +39,13 @@ WebhookUrl parse_webhook_url(const std::string& url, const char* option) {
   if (scheme != "http" && scheme != "https")
     fail_as(ErrorKind::Config, "{} '{}': expected an http:// or https:// URL", option, url);
   const size_t path_at = url.find('/', sep + 3);
-  const std::string authority = url.substr(sep + 3, path_at == std::string::npos ? std::string::npos
-                                                                                  : path_at - sep - 3);
+  const std::string authority = url.substr(sep + 3,
+                                           path_at == std::string::npos ? std::string::npos : path_at - sep - 3);
   if (authority.find('@') != std::string::npos)
-    fail_as(ErrorKind::Config, "{} '{}': user:password@ in the URL is not supported; put the secret in the path "
-            "or query, as webhook services do", option, url);
+    fail_as(ErrorKind::Config,
+            "{} '{}': user:password@ in the URL is not supported; put the secret in the path "
+            "or query, as webhook services do",
+            option, url);
   // HOST, HOST:PORT, [IPv6] or [IPv6]:PORT.
   std::string host = authority, port;
   if (!authority.empty() && authority[0] == '[') {
@@ -61,8 +63,8 @@ WebhookUrl parse_webhook_url(const std::string& url, const char* option) {
   }
   if (host.empty() || host == "[]") fail_as(ErrorKind::Config, "{} '{}': no host", option, url);
   if (!port.empty()) {
-    const bool digits =
-        port.size() <= 5 && std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool digits = port.size() <= 5 &&
+                        std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535)
       fail_as(ErrorKind::Config, "{} '{}': the port must be 1..65535", option, url);
   }
@@ -108,8 +110,8 @@ std::string notify_text(const json& e, const std::string& job) {
   } else if (event == "evicted") {
     what = fmt::format("node {} evicted: {}", str(e, "node"), str(e, "reason"));
   } else if (event == "done") {
-    what = fmt::format("done: {} (step {}, {} restarts", e.value("reason", "every rank finished"),
-                       str(e, "best_step"), e.value("restarts", 0));
+    what = fmt::format("done: {} (step {}, {} restarts", e.value("reason", "every rank finished"), str(e, "best_step"),
+                       e.value("restarts", 0));
     if (e.contains("effective_training") && e["effective_training"].is_number())
       what += fmt::format("; effective training time {:.1f}%", 100.0 * e["effective_training"].get<double>());
     what += ")";
@@ -184,7 +186,8 @@ void Notifier::event(const json& e) {
   if (queue_.size() >= kMaxQueued) {
     if (counts_.dropped++ == 0)
       say_(fmt::format("notify: {} events are waiting for the webhook already; dropping new ones (first: '{}' of "
-                       "attempt {})", kMaxQueued, e.value("event", ""), str(e, "attempt")));
+                       "attempt {})",
+                       kMaxQueued, e.value("event", ""), str(e, "attempt")));
     return;
   }
   queue_.push_back(e);

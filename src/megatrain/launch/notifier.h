@@ -87,7 +87,7 @@ class Notifier {
 
   NotifyOptions opt_;
   WebhookUrl where_;
-  std::set<std::string> selected_;                              // every line of these events
+  std::set<std::string> selected_;                                 // every line of these events
   std::map<std::string, std::set<std::string>> selected_reasons_;  // event -> the reasons whose lines go
   std::function<void(const std::string&)> say_;
 

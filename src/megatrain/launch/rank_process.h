@@ -49,17 +49,17 @@ constexpr int kHeartbeatFd = 3;
 struct SpawnSpec {
   std::vector<std::string> argv;  // argv[0]: a path (search_path = false) or a program name looked up in PATH
   bool search_path = false;
-  std::string exec_path;          // when set, the file executed (argv[0] is then only the name the rank sees)
-  bool heartbeat = false;         // give the rank a heartbeat pipe (MEGATRAIN_HEARTBEAT_FD)
-  sigset_t child_mask{};          // the signal mask the child gets back before exec
+  std::string exec_path;   // when set, the file executed (argv[0] is then only the name the rank sees)
+  bool heartbeat = false;  // give the rank a heartbeat pipe (MEGATRAIN_HEARTBEAT_FD)
+  sigset_t child_mask{};   // the signal mask the child gets back before exec
 };
 
 struct RankProcess {
-  int global = 0;       // global rank
-  pid_t pid = -1;       // also its process group id
+  int global = 0;  // global rank
+  pid_t pid = -1;  // also its process group id
   bool running = false;
   OutputStream out, err;
-  OutputStream hb;      // the heartbeat pipe's lines (not forwarded); fd -1 without one
+  OutputStream hb;  // the heartbeat pipe's lines (not forwarded); fd -1 without one
 
   // Forks and execs the rank in a process group of its own that dies with the launcher (PR_SET_PDEATHSIG), with
   // stdin from /dev/null. Returns "" on success, else why it could not start (nothing is left running).

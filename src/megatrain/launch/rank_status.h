@@ -31,19 +31,19 @@ struct StepRecord {
 
 struct RankStatus {
   int rank = -1;
-  std::string coord;             // "dp1,pp0,tp1" ("" until known)
-  bool heard = false;            // a heartbeat has arrived
-  double last_heard = 0;         // agent clock (now_seconds) of the newest heartbeat
-  int step = 0;                  // newest completed step reported
-  std::string phase;             // what it was doing then
+  std::string coord;      // "dp1,pp0,tp1" ("" until known)
+  bool heard = false;     // a heartbeat has arrived
+  double last_heard = 0;  // agent clock (now_seconds) of the newest heartbeat
+  int step = 0;           // newest completed step reported
+  std::string phase;      // what it was doing then
   std::optional<double> step_time, compute_time;
-  std::optional<double> loss, tokens_per_s, mfu;  // of the newest step (the heartbeat's)
-  std::optional<double> rss;                      // resident bytes at the newest heartbeat
+  std::optional<double> loss, tokens_per_s, mfu;    // of the newest step (the heartbeat's)
+  std::optional<double> rss;                        // resident bytes at the newest heartbeat
   int coord_dp = -1, coord_pp = -1, coord_tp = -1;  // coord as numbers (-1 until known)
   std::vector<CollectiveState> colls;
   // The job's layout as the rank reported it (0 until known): a supervisor that shrinks dp keeps the global batch.
   int dp = 0, pp = 0, tp = 0, grad_accum = 0;
-  int start_step = -1;           // the step the rank's run started from (-1 until it says)
+  int start_step = -1;  // the step the rank's run started from (-1 until it says)
   // The step lines of the last kRecentSeconds, at most kMaxRecent, oldest first. The fields above hold only the
   // newest step, and a supervisor that sees them less often than the rank completes steps (the job driver reads
   // each node's statuses every half second; tiny models step in milliseconds) would miss the rest. The window

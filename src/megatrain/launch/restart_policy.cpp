@@ -50,4 +50,3 @@ RestartDecision RestartTracker::after_attempt(int code, int attempt_best, int no
 }
 
 }  // namespace mt::launch
-

@@ -25,8 +25,8 @@ struct RestartPolicy {
 
 struct RestartDecision {
   bool restart = false;
-  int exit_code = 0;    // when not restarting
-  double delay_s = 0;   // when restarting
+  int exit_code = 0;   // when not restarting
+  double delay_s = 0;  // when restarting
   std::string reason;
 };
 

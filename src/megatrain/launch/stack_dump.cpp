@@ -119,9 +119,14 @@ StackDump dump_stacks(pid_t pid, double timeout_s) {
     // Before attaching (-iex): never ask a debuginfod server (a cluster node may wait on one it cannot reach) and
     // load no Python pretty-printers (bt does not use them). Shared libraries' symbols stay, though skipping them
     // made gdb 3x faster here (0.35 s against 1 s): a hang inside NCCL or the CUDA runtime is named by them.
-    const char* argv[] = {"gdb",         "-batch",     "-nx", "-q", "-iex", "set debuginfod enabled off",
-                          "-iex",        "set auto-load off", "-p", pid_s.c_str(), "-ex", "set pagination off",
-                          "-ex",         "thread apply all bt", nullptr};
+    const char* argv[] = {"gdb",  "-batch",
+                          "-nx",  "-q",
+                          "-iex", "set debuginfod enabled off",
+                          "-iex", "set auto-load off",
+                          "-p",   pid_s.c_str(),
+                          "-ex",  "set pagination off",
+                          "-ex",  "thread apply all bt",
+                          nullptr};
     ::execvp("gdb", const_cast<char* const*>(argv));
     std::fprintf(stderr, "cannot run gdb: %s\n", std::strerror(errno));
     ::_exit(127);

@@ -15,10 +15,10 @@
 namespace mt::launch {
 
 struct StackDump {
-  std::string text;                  // gdb's output: every thread's backtrace
-  std::vector<std::string> frames;   // per thread that has one, its innermost megatrain function (mt::...), once each
-  std::string error;                 // "" on success; else why there are no stacks
-  double seconds = 0;                // how long it took
+  std::string text;                 // gdb's output: every thread's backtrace
+  std::vector<std::string> frames;  // per thread that has one, its innermost megatrain function (mt::...), once each
+  std::string error;                // "" on success; else why there are no stacks
+  double seconds = 0;               // how long it took
 };
 
 // Attaches gdb to `pid` for at most timeout_s (then gdb is killed and the error says so).

@@ -67,17 +67,23 @@ TlsCertInfo check_tls_files(const TlsFiles& files) {
   ERR_clear_error();
   Owned<X509> cert(PEM_read_X509(open_pem(files.cert, "cert").get(), nullptr, nullptr, nullptr));
   if (!cert)
-    fail_as(ErrorKind::Config, "--dashboard-tls-cert {}: no PEM certificate in it (a block that begins "
-            "'-----BEGIN CERTIFICATE-----')", files.cert);
+    fail_as(ErrorKind::Config,
+            "--dashboard-tls-cert {}: no PEM certificate in it (a block that begins "
+            "'-----BEGIN CERTIFICATE-----')",
+            files.cert);
   bool asked = false;
   Owned<EVP_PKEY> key(PEM_read_PrivateKey(open_pem(files.key, "key").get(), nullptr, no_passphrase, &asked));
   ERR_clear_error();
   if (!key && asked)
-    fail_as(ErrorKind::Config, "--dashboard-tls-key {} is encrypted, and nothing would type its passphrase; write "
-            "it decrypted, readable by you only: `openssl pkey -in {} -out KEY && chmod 600 KEY`", files.key, files.key);
+    fail_as(ErrorKind::Config,
+            "--dashboard-tls-key {} is encrypted, and nothing would type its passphrase; write "
+            "it decrypted, readable by you only: `openssl pkey -in {} -out KEY && chmod 600 KEY`",
+            files.key, files.key);
   if (!key)
-    fail_as(ErrorKind::Config, "--dashboard-tls-key {}: no PEM private key in it (a block that begins "
-            "'-----BEGIN PRIVATE KEY-----')", files.key);
+    fail_as(ErrorKind::Config,
+            "--dashboard-tls-key {}: no PEM private key in it (a block that begins "
+            "'-----BEGIN PRIVATE KEY-----')",
+            files.key);
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
     ERR_clear_error();
     fail_as(ErrorKind::Config, "--dashboard-tls-key {} is not the private key of the certificate in {}", files.key,

@@ -152,8 +152,8 @@ void Block::rebuild_norm(Ops& ops, const Norm& n, Tensor full, Tensor out, Tenso
 void Block::add_norm_forward(Ops& ops, const Norm& n, Tensor res, Tensor out, Tensor mean, Tensor rstd, Tensor a,
                              Tensor b) const {
   const bool rms = cfg_.norm != NormKind::LayerNorm;
-  ops.add_layernorm_forward(res, out, rms ? Tensor{} : mean, rstd, a, b, P(n.w), rms ? Tensor{} : P(n.b),
-                            cfg_.norm_eps, rms);
+  ops.add_layernorm_forward(res, out, rms ? Tensor{} : mean, rstd, a, b, P(n.w), rms ? Tensor{} : P(n.b), cfg_.norm_eps,
+                            rms);
 }
 
 void Block::mlp_up_forward(Ops& ops, Tensor fc, Tensor act, Tensor in) const {

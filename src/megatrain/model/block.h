@@ -130,8 +130,8 @@ class Block {
   ParamStore& params_;
   TpComm* tp_ = nullptr;  // set only when tp > 1
   int tp_size_ = 1;
-  bool first_ = true;  // tp rank 0 (or no tp)
-  bool recompute_act_ = false;  // ModelConfig::recompute_act with a GeLU MLP
+  bool first_ = true;            // tp rank 0 (or no tp)
+  bool recompute_act_ = false;   // ModelConfig::recompute_act with a GeLU MLP
   bool recompute_norm_ = false;  // ModelConfig::recompute_norm
   Norm ln1_, ln2_;
   Lin c_attn_, attn_proj_, c_fc_, mlp_proj_;

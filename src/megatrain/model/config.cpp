@@ -32,8 +32,10 @@ int ModelConfig::padded_vocab(int tp) const {
   // In int64: validate() bounds vocab_size and vocab_pad_to, but tp multiplies the padding unit.
   const int64_t m = int64_t{vocab_pad_to > 0 ? vocab_pad_to : 1} * (tp > 0 ? tp : 1);
   const int64_t padded = (int64_t{vocab_size} + m - 1) / m * m;
-  MT_CHECK(padded <= INT32_MAX, "model.vocab_size {} padded to a multiple of model.vocab_pad_to * parallel.tp = {} "
-           "exceeds {} rows", vocab_size, m, INT32_MAX);
+  MT_CHECK(padded <= INT32_MAX,
+           "model.vocab_size {} padded to a multiple of model.vocab_pad_to * parallel.tp = {} "
+           "exceeds {} rows",
+           vocab_size, m, INT32_MAX);
   return static_cast<int>(padded);
 }
 
@@ -83,7 +85,8 @@ void ModelConfig::validate() const {
   if (rope_scaling > 0) {
     MT_CHECK(pos == PosKind::Rope, "model.rope_scaling = {} scales RoPE's frequencies, but model.pos = '{}'",
              rope_scaling, kind_name(pos));
-    positive("rope_low_freq_factor", rope_low_freq_factor, "the wavelength band's upper edge is "
+    positive("rope_low_freq_factor", rope_low_freq_factor,
+             "the wavelength band's upper edge is "
              "rope_original_max_len / rope_low_freq_factor");
     MT_CHECK(std::isfinite(rope_high_freq_factor) && rope_high_freq_factor > rope_low_freq_factor,
              "model.rope_high_freq_factor = {} must be finite and above model.rope_low_freq_factor = {}",
@@ -91,15 +94,19 @@ void ModelConfig::validate() const {
     in_range("rope_original_max_len", rope_original_max_len, 1, kMaxSeqLen);
   }
   const int64_t n = num_params();
-  MT_CHECK(n <= kMaxParams, "model: {} parameters (model.n_layer {}, model.d_model {}, model.vocab_size {}) exceed the "
-           "limit of {} ({} TB of fp32 weights)", n, n_layer, d_model, vocab_size, kMaxParams, (kMaxParams * 4) >> 40);
+  MT_CHECK(n <= kMaxParams,
+           "model: {} parameters (model.n_layer {}, model.d_model {}, model.vocab_size {}) exceed the "
+           "limit of {} ({} TB of fp32 weights)",
+           n, n_layer, d_model, vocab_size, kMaxParams, (kMaxParams * 4) >> 40);
 }
 
 int64_t ModelConfig::num_params() const {
   // Checked: validate() calls this on sizes it has bounded, but any caller gets an error, never a wrapped count.
   auto ok = [this](std::optional<int64_t> v) {
-    MT_CHECK(v.has_value(), "model: the parameter count overflows int64 (model.n_layer {}, model.d_model {}, "
-             "model.d_ff {}, model.vocab_size {})", n_layer, d_model, d_ff, vocab_size);
+    MT_CHECK(v.has_value(),
+             "model: the parameter count overflows int64 (model.n_layer {}, model.d_model {}, "
+             "model.d_ff {}, model.vocab_size {})",
+             n_layer, d_model, d_ff, vocab_size);
     return *v;
   };
   const int64_t C = d_model, hd = head_dim(), F = ff_dim(), L = n_layer;

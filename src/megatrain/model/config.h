@@ -14,9 +14,9 @@ namespace mt {
 // The model's kinds. Users (TOML, CLI overrides) and checkpoint manifests spell them as strings; kind_name and
 // parse_kind (core/kind.h) are the one place that turns a spelling into a kind, so the layers branch on enums and a
 // misspelt kind is refused where the config is read, naming the key and the allowed spellings.
-enum class NormKind { LayerNorm, RmsNorm };  // "layernorm" | "rmsnorm"
-enum class MlpKind { Gelu, SwiGlu };         // "gelu" | "swiglu"
-enum class PosKind { Learned, Rope };        // "learned" | "rope"
+enum class NormKind { LayerNorm, RmsNorm };     // "layernorm" | "rmsnorm"
+enum class MlpKind { Gelu, SwiGlu };            // "gelu" | "swiglu"
+enum class PosKind { Learned, Rope };           // "learned" | "rope"
 enum class BlockKind { Sequential, Parallel };  // "sequential" | "parallel"
 
 // Each kind's spellings, in the enum's order.
@@ -44,13 +44,13 @@ inline constexpr int kMaxSeqLen = 1 << 24;  // max_seq_len (and so window)
 inline constexpr int64_t kMaxParams = int64_t{1} << 40;
 
 struct ModelConfig {
-  int vocab_size = 50257;     // real vocabulary
-  int vocab_pad_to = 64;      // the embedding/LM head have padded_vocab() rows (multiple of this) for GEMM speed
+  int vocab_size = 50257;  // real vocabulary
+  int vocab_pad_to = 64;   // the embedding/LM head have padded_vocab() rows (multiple of this) for GEMM speed
   int n_layer = 12;
   int n_head = 12;
-  int n_kv_head = 0;          // 0 = n_head (plain multi-head); fewer = grouped-query attention
+  int n_kv_head = 0;  // 0 = n_head (plain multi-head); fewer = grouped-query attention
   int d_model = 768;
-  int d_ff = 0;               // 0 = 4*d_model (gelu) or the Llama rule 8/3*d_model rounded to 64 (swiglu)
+  int d_ff = 0;  // 0 = 4*d_model (gelu) or the Llama rule 8/3*d_model rounded to 64 (swiglu)
   int max_seq_len = 1024;
   NormKind norm = NormKind::LayerNorm;
   MlpKind mlp = MlpKind::Gelu;
@@ -65,12 +65,12 @@ struct ModelConfig {
   int rope_original_max_len = 8192;
   BlockKind block = BlockKind::Sequential;  // sequential: x += Attn(LN1 x); x += MLP(LN2 x)
                                             // parallel:   x += Attn(LN x) + MLP(LN x)   (MegaScale PTB)
-  int window = 0;                   // sliding-window attention width; 0 = full causal
-  bool tied_embeddings = true;      // LM head shares wte
-  bool bias = true;                 // biases in linears (and LayerNorm)
+  int window = 0;                           // sliding-window attention width; 0 = full causal
+  bool tied_embeddings = true;              // LM head shares wte
+  bool bias = true;                         // biases in linears (and LayerNorm)
   float norm_eps = 1e-5f;
   float init_std = 0.02f;
-  std::vector<bool> recompute;      // per layer: recompute activations in backward (empty = none)
+  std::vector<bool> recompute;  // per layer: recompute activations in backward (empty = none)
   // GeLU MLP: keep only the pre-activation of each layer and recompute gelu(pre) in backward (one elementwise pass
   // per layer) into a scratch buffer the GeLU backward does not otherwise use: saves rows x ff_dim activations per
   // layer (3.2 GB for the 1.3B model at B 4, T 2048), as torch.compile does. The SwiGLU MLP keeps its activation.
@@ -94,7 +94,7 @@ struct ModelConfig {
   void validate_tp(int tp) const;
   // Throws mt::Error naming the inconsistent field (heads not dividing d_model, an odd head dim with rope, ...).
   void validate() const;
-  int64_t num_params() const;             // parameters counted without vocab padding
+  int64_t num_params() const;  // parameters counted without vocab padding
   // Model FLOPs per token for one training step (forward + backward): 6N (non-embedding matmuls + LM head)
   // + attention (12 * n_layer * d_model * effective context), where context = T (or the window).
   double flops_per_token(int T) const;

@@ -13,8 +13,8 @@
 namespace mt {
 
 Tensor GPT::f32s(const Buffer& b, int64_t n, int64_t at) {
-  MT_CHECK(static_cast<size_t>(at + n) * sizeof(float) <= b.size(), "{} floats at {} exceed a buffer of {} bytes", n, at,
-           b.size());
+  MT_CHECK(static_cast<size_t>(at + n) * sizeof(float) <= b.size(), "{} floats at {} exceed a buffer of {} bytes", n,
+           at, b.size());
   return Tensor(static_cast<float*>(b.data()) + at, {n}, DType::F32, b.device());
 }
 
@@ -98,14 +98,18 @@ void GPT::ensure_capacity(int B, int T, int mb) {
   MT_CHECK(T <= cfg_.max_seq_len, "sequence length {} exceeds model.max_seq_len {}", T, cfg_.max_seq_len);
   const int64_t rows = static_cast<int64_t>(B) * T;
   const int tp = tp_size();
-  MT_CHECK(rows % tp == 0, "sequence parallelism splits the B*T = {}*{} = {} rows of a batch over parallel.tp = {} "
-           "ranks: B*T must be divisible by tp", B, T, rows, tp);
+  MT_CHECK(rows % tp == 0,
+           "sequence parallelism splits the B*T = {}*{} = {} rows of a batch over parallel.tp = {} "
+           "ranks: B*T must be divisible by tp",
+           B, T, rows, tp);
   if (rows <= cap_rows_) return;
   for (size_t c = 0; c < slots_.size(); ++c)
     for (const Slot& s : slots_[c])
-      MT_CHECK(s.mb < 0 || s.mb == mb, "model chunk {}: a batch of {} x {} rows needs more activation memory than the "
+      MT_CHECK(s.mb < 0 || s.mb == mb,
+               "model chunk {}: a batch of {} x {} rows needs more activation memory than the "
                "{} rows planned, but micro-batch {} still awaits its backward there (reserve_activation_slots for the "
-               "largest batch first)", c, B, T, cap_rows_, s.mb);
+               "largest batch first)",
+               c, B, T, cap_rows_, s.mb);
   const int64_t C = cfg_.d_model, srows = rows / tp;
   const size_t f = sizeof(float), a = dtype_size(act_);
   for (int c = 0; c < num_chunks(); ++c)
@@ -125,7 +129,8 @@ void GPT::ensure_capacity(int B, int T, int mb) {
     int64_t replicated = 0;
     for (int i = 0; i < static_cast<int>(params_.size()); ++i)
       if (!params_.info(i).shard.sharded()) replicated += params_.grad(i).numel();
-    if (replicated > 0 && !replicated_grads_.data()) replicated_grads_ = ops_.alloc(static_cast<size_t>(replicated) * f);
+    if (replicated > 0 && !replicated_grads_.data())
+      replicated_grads_ = ops_.alloc(static_cast<size_t>(replicated) * f);
   }
   AttnShape as;  // every layer's attention has this shape: its workspace is planned here, not in a step
   as.B = B, as.T = T, as.n_head = cfg_.n_head / tp, as.n_kv_head = cfg_.kv_heads() / tp;
@@ -213,8 +218,8 @@ void GPT::set_tokens(Slot& s, const int32_t* tokens, int B, int T) {
   s.B = B;
   s.T = T;
   for (int64_t i = 0; i < N; ++i)
-    MT_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, "token id {} at position {} is outside the vocabulary [0, {})",
-             tokens[i], i, cfg_.vocab_size);
+    MT_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size,
+             "token id {} at position {} is outside the vocabulary [0, {})", tokens[i], i, cfg_.vocab_size);
   ops_.to_device(ids(s.tokens, B, T), tokens);
   if (!tp_) return;
   // Vocab-parallel embedding: my shard's row of each token, -1 where another rank owns it.
@@ -246,9 +251,8 @@ void GPT::embed_forward(Slot& s) {
   Tensor emb = act(scratch_.d_h, N, C);
   used(0, emb_end_);
   ops_.embedding_forward(emb, ids(s.local_tokens, B, T), W(wte_), tp_->rank() == 0 ? W(wpe_) : Tensor{});
-  tp_->reduce_scatter_rows(act(s.residual[0], Ns, C), N, [&](Tensor out, int64_t r0, int64_t n) {
-    ops_.copy(out, emb.slice0(r0, r0 + n));
-  });
+  tp_->reduce_scatter_rows(act(s.residual[0], Ns, C), N,
+                           [&](Tensor out, int64_t r0, int64_t n) { ops_.copy(out, emb.slice0(r0, r0 + n)); });
 }
 
 void GPT::layers_forward(Slot& s, int first, int end) {
@@ -330,8 +334,8 @@ void GPT::head_backward(Slot& s) {
   Tensor dlnf = act(dlnf_, R, C), dres = act(dres_, R, C);
   if (!tp_) {
     const int64_t Vp = cfg_.padded_vocab();
-    ops_.matmul_backward(dlnf, params_.grad(head_), Tensor{}, act(s.logits, N, Vp), act(s.lnf, N, C), W(head_),
-                         false, !params_.take_fresh_grad(head_));
+    ops_.matmul_backward(dlnf, params_.grad(head_), Tensor{}, act(s.logits, N, Vp), act(s.lnf, N, C), W(head_), false,
+                         !params_.take_fresh_grad(head_));
   } else {
     Tensor lnf = act(s.lnf, N, C), dlogits = act(s.logits, N, local_vocab());
     tp_->reduce_scatter_rows(
@@ -435,8 +439,10 @@ Tensor GPT::logits_chunk(int c, Tensor x, const int32_t* tokens, int B, int T) {
   Slot* s = nullptr;
   for (Slot& k : slots_[c])
     if (!s && k.mb < 0) s = &k;
-  MT_CHECK(s, "model chunk {}: no free activation slot for an inference forward ({} micro-batch(es) await their "
-           "backward)", c, slots_[c].size());
+  MT_CHECK(s,
+           "model chunk {}: no free activation slot for an inference forward ({} micro-batch(es) await their "
+           "backward)",
+           c, slots_[c].size());
   chunk_trunk(c, *s, x, tokens, B, T);
   s->have_grad = false;
   if (last_chunk(c)) return act(s->logits, static_cast<int64_t>(B) * T, local_vocab());
@@ -458,8 +464,8 @@ Tensor GPT::backward_chunk(int c, int mb, Tensor dy) {
   Slot& s = held_slot(c, mb);
   const int64_t R = stream_rows(s), C = cfg_.d_model;
   if (last_chunk(c)) {
-    MT_CHECK(s.have_grad, "GPT::backward_chunk({}, micro-batch {}) needs a preceding forward_chunk of the last chunk", c,
-             mb);
+    MT_CHECK(s.have_grad, "GPT::backward_chunk({}, micro-batch {}) needs a preceding forward_chunk of the last chunk",
+             c, mb);
     s.have_grad = false;
     head_backward(s);
   } else {

@@ -67,7 +67,7 @@ class GPT {
   // ---- pipeline parallelism: one model chunk (part().chunks[c]) at a time --------------------------------------
   const GptPart& part() const { return part_; }
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
-  bool first_chunk(int c) const { return part_.embedding && c == 0; }  // embeds the tokens
+  bool first_chunk(int c) const { return part_.embedding && c == 0; }           // embeds the tokens
   bool last_chunk(int c) const { return part_.head && c == num_chunks() - 1; }  // ends in the loss
   // The parameter indices [first, end) whose gradients chunk c's backward produces (its layers, plus the embedding
   // on the first chunk and the final norm + head on the last).
@@ -152,7 +152,7 @@ class GPT {
   ParamStore params_;
   std::vector<std::optional<Block>> blocks_;  // per layer; empty for layers another pipeline stage holds
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1, head_ = -1;
-  int emb_end_ = 0;  // the embedding tensors are indices [0, emb_end_)
+  int emb_end_ = 0;                           // the embedding tensors are indices [0, emb_end_)
   std::vector<int> layer_first_, layer_end_;  // parameter index range of each held layer
   GptHooks hooks_;
   void used(int first, int end) const {
@@ -171,7 +171,7 @@ class GPT {
   BlockActs recompute_acts_;  // recomputed layers' activations, rebuilt in their backward
   BlockScratch scratch_;
   Buffer dres_, dlnf_;
-  Buffer ce_stats_;  // tp: [3, N] cross-entropy statistics
+  Buffer ce_stats_;          // tp: [3, N] cross-entropy statistics
   Buffer replicated_grads_;  // tp: staging to sum a range of replicated tensors' gradients in one all-reduce
   DType act_ = DType::F32;
   std::vector<int32_t> host_ids_;  // staging for token/target ids on their way to the device

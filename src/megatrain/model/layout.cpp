@@ -10,13 +10,17 @@ std::vector<int> stage_layer_counts(const ModelConfig& cfg, int pp, int v, const
   MT_CHECK(pp >= 1 && v >= 1, "parallel.pp = {} and parallel.virtual_stages = {} must be >= 1", pp, v);
   const int stages = pp * v;
   if (given.empty()) {
-    MT_CHECK(cfg.n_layer % stages == 0, "model.n_layer = {} must be divisible by parallel.pp * "
+    MT_CHECK(cfg.n_layer % stages == 0,
+             "model.n_layer = {} must be divisible by parallel.pp * "
              "parallel.virtual_stages = {} * {} for an even split (or give parallel.stage_layers: the layers of each "
-             "virtual stage)", cfg.n_layer, pp, v);
+             "virtual stage)",
+             cfg.n_layer, pp, v);
     return std::vector<int>(stages, cfg.n_layer / stages);
   }
-  MT_CHECK(static_cast<int>(given.size()) == stages, "parallel.stage_layers has {} entries but there are parallel.pp "
-           "* parallel.virtual_stages = {} * {} = {} virtual stages (one count per stage)", given.size(), pp, v, stages);
+  MT_CHECK(static_cast<int>(given.size()) == stages,
+           "parallel.stage_layers has {} entries but there are parallel.pp "
+           "* parallel.virtual_stages = {} * {} = {} virtual stages (one count per stage)",
+           given.size(), pp, v, stages);
   int64_t sum = 0;
   for (size_t s = 0; s < given.size(); ++s) {
     MT_CHECK(given[s] >= 1, "parallel.stage_layers[{}] = {}: every virtual stage needs at least one layer", s,
@@ -28,8 +32,10 @@ std::vector<int> stage_layer_counts(const ModelConfig& cfg, int pp, int v, const
 }
 
 GptPart pipeline_part(const ModelConfig& cfg, int pp, int v, int r, const std::vector<int>& stage_layers) {
-  MT_CHECK(pp >= 1 && v >= 1 && r >= 0 && r < pp, "pipeline rank {} of parallel.pp = {} with parallel.virtual_stages "
-           "= {} is invalid", r, pp, v);
+  MT_CHECK(pp >= 1 && v >= 1 && r >= 0 && r < pp,
+           "pipeline rank {} of parallel.pp = {} with parallel.virtual_stages "
+           "= {} is invalid",
+           r, pp, v);
   const std::vector<int> counts = stage_layer_counts(cfg, pp, v, stage_layers);
   std::vector<int> first(counts.size() + 1, 0);  // first[s]: the first layer of virtual stage s
   for (size_t s = 0; s < counts.size(); ++s) first[s + 1] = first[s] + counts[s];

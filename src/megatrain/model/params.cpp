@@ -108,8 +108,10 @@ bool ParamStore::take_fresh_grad(int i, int with) {
   const bool fresh = !fresh_.empty() && fresh_[i];
   if (fresh) fresh_[i] = 0;
   if (with >= 0)
-    MT_CHECK(take_fresh_grad(with) == fresh, "the gradients of parameters {} and {} (written by one op) were not "
-             "first written together", infos_[i].name, infos_.at(with).name);
+    MT_CHECK(take_fresh_grad(with) == fresh,
+             "the gradients of parameters {} and {} (written by one op) were not "
+             "first written together",
+             infos_[i].name, infos_.at(with).name);
   return fresh;
 }
 

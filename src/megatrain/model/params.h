@@ -70,7 +70,7 @@ class ParamStore {
   size_t total_floats() const { return total_; }  // including alignment padding between and after tensors
   // Index of the first tensor whose storage ends after flat offset `off` (the lowest tensor touching [off, ...)).
   int tensor_at_or_after(size_t off) const;
-  int64_t num_params() const;                    // sum of numel
+  int64_t num_params() const;  // sum of numel
 
   // Every gradient to zero now: one pass over the flat buffer.
   void zero_grads();
@@ -90,7 +90,7 @@ class ParamStore {
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> by_name_;
   Buffer params_, grads_, compute_;  // compute_ is empty when the compute dtype is fp32
-  std::vector<uint8_t> fresh_;        // per tensor: its gradient is logically zero (begin_grads), not yet written
+  std::vector<uint8_t> fresh_;       // per tensor: its gradient is logically zero (begin_grads), not yet written
   DType compute_dtype_ = DType::F32;
   Ops* ops_ = nullptr;  // the backend owning the memory (nullptr: host)
   size_t total_ = 0;

@@ -35,8 +35,12 @@ void append_process(nlohmann::json& events, const RankTrace& r, const std::vecto
         {{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", r.rank}, {"tid", id}, {"args", {{"sort_index", id}}}});
   }
   for (const S* s : spans) {
-    nlohmann::json e = {{"ph", "X"},         {"name", s->name},         {"cat", s->cat},
-                        {"pid", r.rank},     {"tid", ids.at(s->track)}, {"ts", s->t0 * kUs},
+    nlohmann::json e = {{"ph", "X"},
+                        {"name", s->name},
+                        {"cat", s->cat},
+                        {"pid", r.rank},
+                        {"tid", ids.at(s->track)},
+                        {"ts", s->t0 * kUs},
                         {"dur", std::max(0.0, s->t1 - s->t0) * kUs}};
     if (!s->args.is_null()) e["args"] = s->args;
     events.push_back(std::move(e));
@@ -44,10 +48,14 @@ void append_process(nlohmann::json& events, const RankTrace& r, const std::vecto
 }
 
 nlohmann::json info_json(const RankTrace& r) {
-  return {{"rank", r.rank},           {"world", r.world},
-          {"label", r.label},         {"clock_offset_s", r.clock_offset_s},
-          {"clock_error_s", r.clock_error_s}, {"dropped", r.dropped},
-          {"first_step", r.first_step}, {"last_step", r.last_step}};
+  return {{"rank", r.rank},
+          {"world", r.world},
+          {"label", r.label},
+          {"clock_offset_s", r.clock_offset_s},
+          {"clock_error_s", r.clock_error_s},
+          {"dropped", r.dropped},
+          {"first_step", r.first_step},
+          {"last_step", r.last_step}};
 }
 
 RankTrace info_from(const nlohmann::json& m, const std::string& path) {
@@ -143,8 +151,10 @@ MergedTrace merge_rank_traces(const std::vector<std::string>& paths, bool align)
   }
   std::sort(m.ranks.begin(), m.ranks.end(), [](const RankTrace& a, const RankTrace& b) { return a.rank < b.rank; });
   for (int r = 0, i = 0; r < m.ranks.front().world; ++r) {
-    if (i < static_cast<int>(m.ranks.size()) && m.ranks[i].rank == r) ++i;
-    else m.missing_ranks.push_back(r);
+    if (i < static_cast<int>(m.ranks.size()) && m.ranks[i].rank == r)
+      ++i;
+    else
+      m.missing_ranks.push_back(r);
   }
   double base = std::numeric_limits<double>::infinity();
   for (const TraceEvent& e : m.events) base = std::min(base, e.t0);
@@ -169,10 +179,11 @@ nlohmann::json to_chrome(const MergedTrace& m) {
   }
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankTrace& r : m.ranks) ranks.push_back(info_json(r));
-  return {{"traceEvents", std::move(events)},
-          {"displayTimeUnit", "ms"},
-          {"megatrain", {{"base_unix_s", m.base_unix_s}, {"aligned", m.aligned}, {"ranks", ranks},
-                         {"missing_ranks", m.missing_ranks}}}};
+  return {
+      {"traceEvents", std::move(events)},
+      {"displayTimeUnit", "ms"},
+      {"megatrain",
+       {{"base_unix_s", m.base_unix_s}, {"aligned", m.aligned}, {"ranks", ranks}, {"missing_ranks", m.missing_ranks}}}};
 }
 
 }  // namespace mt::obs

@@ -17,10 +17,10 @@ namespace mt::obs {
 
 struct RankTrace {
   int rank = 0, world = 1;
-  std::string label;           // e.g. "rank 1 (dp 0, pp 1, tp 0)"
-  double clock_offset_s = 0;   // add to this rank's times to read them on rank 0's clock
-  double clock_error_s = 0;    // bound on |offset error|
-  size_t dropped = 0;          // spans beyond the timeline's limit
+  std::string label;                  // e.g. "rank 1 (dp 0, pp 1, tp 0)"
+  double clock_offset_s = 0;          // add to this rank's times to read them on rank 0's clock
+  double clock_error_s = 0;           // bound on |offset error|
+  size_t dropped = 0;                 // spans beyond the timeline's limit
   int first_step = 0, last_step = 0;  // the trace window
 };
 

@@ -35,9 +35,9 @@ double trace_clock();
 double injected_clock_skew();
 
 struct Span {
-  std::string name;   // e.g. "step 5", "F mb2 c1", "allreduce"
-  std::string cat;    // step | phase | compute | wait | comm
-  std::string track;  // "main", or a group's track
+  std::string name;       // e.g. "step 5", "F mb2 c1", "allreduce"
+  std::string cat;        // step | phase | compute | wait | comm
+  std::string track;      // "main", or a group's track
   double t0 = 0, t1 = 0;  // trace_clock() seconds
   nlohmann::json args;    // shown with the span (micro-batch, chunk, seq, peer, ...)
 };
@@ -48,7 +48,7 @@ class Timeline {
   bool on() const { return on_.load(std::memory_order_relaxed); }
   void set_on(bool on) { on_.store(on, std::memory_order_relaxed); }
   void set_limit(size_t max_spans);
-  void add(Span s);  // kept while on() and under the limit; counted as dropped beyond it
+  void add(Span s);          // kept while on() and under the limit; counted as dropped beyond it
   std::vector<Span> take();  // the spans so far, oldest first; clears them (and the dropped count)
   size_t dropped() const;
 

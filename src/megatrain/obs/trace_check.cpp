@@ -30,8 +30,10 @@ TraceReport check_trace(const MergedTrace& m) {
     const int64_t seq = e.args["seq"].get<int64_t>();
     if (e.args.contains("peer")) {
       const int peer = e.args["peer"].get<int>();
-      if (e.name == "send") sends[{e.rank, peer, group, seq}] = &e;
-      else recvs[{peer, e.rank, group, seq}] = &e;
+      if (e.name == "send")
+        sends[{e.rank, peer, group, seq}] = &e;
+      else
+        recvs[{peer, e.rank, group, seq}] = &e;
     } else {
       coll[{group, seq}].push_back(&e);
     }
@@ -104,8 +106,7 @@ std::string part_of(const TraceEvent& e) {
   return "";
 }
 
-const char* const kParts[] = {"compute", "comm wait", "data", "gradients", "optimizer", "eval", "checkpoint",
-                              "other"};
+const char* const kParts[] = {"compute", "comm wait", "data", "gradients", "optimizer", "eval", "checkpoint", "other"};
 
 }  // namespace
 
@@ -118,8 +119,10 @@ std::vector<StepBreakdown> step_breakdown(const MergedTrace& m) {
     std::vector<const TraceEvent*> steps, leaves;
     for (const TraceEvent& e : m.events) {
       if (e.rank != rt.rank || e.track != "main") continue;
-      if (e.cat == "step") steps.push_back(&e);
-      else if (!part_of(e).empty()) leaves.push_back(&e);
+      if (e.cat == "step")
+        steps.push_back(&e);
+      else if (!part_of(e).empty())
+        leaves.push_back(&e);
     }
     // Steps do not overlap and come in start order (events are sorted by start), so a span belongs to the last step
     // starting at or before it, if it also ends inside that step: one binary search per span.
@@ -153,8 +156,8 @@ std::string format_report(const MergedTrace& m, const TraceReport& r) {
   std::string out;
   const std::vector<StepBreakdown> steps = step_breakdown(m);
   if (!steps.empty() && steps.front().steps > 0) {
-    out += fmt::format("where the steps went (ms, mean of {} traced steps):\n{:<27} {:>9}", steps.front().steps,
-                       "rank", "step");
+    out += fmt::format("where the steps went (ms, mean of {} traced steps):\n{:<27} {:>9}", steps.front().steps, "rank",
+                       "step");
     for (const char* p : kParts) out += fmt::format(" {:>13}", p);
     out += "\n";
     for (const StepBreakdown& b : steps) {

@@ -20,15 +20,15 @@ namespace mt::obs {
 struct Meeting {
   std::string group, op;
   int64_t seq = 0;
-  std::vector<int> ranks;            // members that recorded it
-  std::vector<double> start, end;    // per member, merged-trace seconds
-  int last_in = -1;                  // the member that entered last
-  double wait_s = 0;                 // mean over the others of how long they had been in when it entered
+  std::vector<int> ranks;          // members that recorded it
+  std::vector<double> start, end;  // per member, merged-trace seconds
+  int last_in = -1;                // the member that entered last
+  double wait_s = 0;               // mean over the others of how long they had been in when it entered
 };
 
 struct Violation {
-  std::string what;       // names the op, the ranks and the times
-  double excess_s = 0;    // how far past the clocks' error bound
+  std::string what;     // names the op, the ranks and the times
+  double excess_s = 0;  // how far past the clocks' error bound
 };
 
 struct TraceReport {
@@ -36,7 +36,7 @@ struct TraceReport {
   size_t transfers = 0;           // send/recv pairs matched
   size_t unmatched = 0;           // collectives seen by only one rank, sends/recvs without their partner in the trace
   std::vector<Violation> violations;
-  double max_error_bound_s = 0;   // the largest pair bound used
+  double max_error_bound_s = 0;  // the largest pair bound used
   // Per group kind (the group name up to '[' and without a "device/" style prefix): rank -> collectives it entered
   // last, and the summed wait it caused (seconds, over the others).
   std::map<std::string, std::map<int, int>> last_in;

@@ -14,7 +14,7 @@
 namespace mt {
 
 // The optimizer and the learning-rate schedule after warm-up (spelt as in optim.name and optim.schedule).
-enum class OptimizerKind { AdamW, Lamb };             // "adamw" | "lamb"
+enum class OptimizerKind { AdamW, Lamb };            // "adamw" | "lamb"
 enum class LrSchedule { Cosine, Linear, Constant };  // "cosine" | "linear" | "constant"
 inline constexpr std::array<const char*, 2> kOptimizerNames = {"adamw", "lamb"};
 inline constexpr std::array<const char*, 3> kLrScheduleNames = {"cosine", "linear", "constant"};
@@ -23,13 +23,13 @@ inline const std::array<const char*, 3>& kind_names(LrSchedule) { return kLrSche
 
 struct OptimConfig {
   OptimizerKind name = OptimizerKind::AdamW;
-  float lr = 6e-4f;                 // peak learning rate
-  float min_lr = 0.0f;              // floor of the decay
+  float lr = 6e-4f;                          // peak learning rate
+  float min_lr = 0.0f;                       // floor of the decay
   LrSchedule schedule = LrSchedule::Cosine;  // after warmup
   int warmup_steps = 0;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float weight_decay = 0.1f;        // decoupled; applied only to tensors marked decay (matrices, embeddings)
-  float grad_clip = 1.0f;           // max global L2 norm; 0 disables
+  float weight_decay = 0.1f;  // decoupled; applied only to tensors marked decay (matrices, embeddings)
+  float grad_clip = 1.0f;     // max global L2 norm; 0 disables
   void validate() const;
 };
 
@@ -73,7 +73,7 @@ class Optimizer {
   OptimConfig cfg_;
   const ParamStore& params_;
   Ops& ops_;
-  Buffer m_, v_;  // on the backend's device, laid out like the parameters
+  Buffer m_, v_;                       // on the backend's device, laid out like the parameters
   std::vector<AdamSegment> segments_;  // every tensor's flat range and weight decay, one multi-tensor call per step
   // LAMB: norms_ holds [||w_i||^2, ||u_i||^2] per tensor (F32 [2 * tensors] on the device) from lamb_moments_multi to
   // lamb_apply_multi; norms_host_ is where the reduced path (set_norm_reduce) sums them over the processes.

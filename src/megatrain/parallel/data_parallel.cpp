@@ -26,8 +26,10 @@ DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const Opti
   ocfg_.validate();
   const ParamStore& ps = model_.params();
   const size_t unit = dp_pad_multiple(dp_), total = ps.total_floats();
-  MT_CHECK(total % unit == 0, "DataParallel: the model's flat buffers ({} floats) are not padded to dp*16 = {}; build "
-           "the GPT with pad_multiple = dp_pad_multiple(dp)", total, unit);
+  MT_CHECK(total % unit == 0,
+           "DataParallel: the model's flat buffers ({} floats) are not padded to dp*16 = {}; build "
+           "the GPT with pad_multiple = dp_pad_multiple(dp)",
+           total, unit);
   const size_t bs = std::max(unit, (opt_.bucket_floats + unit - 1) / unit * unit);
   size_t shard = 0;
   for (size_t b = 0; b < total; b += bs) {
@@ -43,8 +45,8 @@ DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const Opti
   }
   MT_CHECK(opt_.host == nullptr || (opt_.host->size() == dp_ && opt_.host->rank() == rank_),
            "DataParallel: the host-plane dp group {} ({} ranks, rank {}) is not the dp group {} ({} ranks, rank {})",
-           opt_.host ? opt_.host->name() : "", opt_.host ? opt_.host->size() : 0,
-           opt_.host ? opt_.host->rank() : 0, group_.name(), dp_, rank_);
+           opt_.host ? opt_.host->name() : "", opt_.host ? opt_.host->size() : 0, opt_.host ? opt_.host->rank() : 0,
+           group_.name(), dp_, rank_);
   shard_floats_ = shard;
   for (Buffer* b : {&shard_grad_, &shard_m_, &shard_v_, &shard_stage_}) *b = ops_.alloc(shard * sizeof(float));
   plan_pieces();
@@ -120,7 +122,8 @@ void DataParallel::launch_reduce_scatter(size_t k) {
   Bucket& b = buckets_[k];
   b.launched = true;
   float* g = model_.params().grads_data();
-  b.rs = group_.reduce_scatter(span(f32(shard_grad_) + shard_offset_[k], slice_len(b)), span(g + b.begin, b.end - b.begin));
+  b.rs = group_.reduce_scatter(span(f32(shard_grad_) + shard_offset_[k], slice_len(b)),
+                               span(g + b.begin, b.end - b.begin));
 }
 
 void DataParallel::on_grads_ready(int first_done) {
@@ -191,7 +194,8 @@ void DataParallel::plan_pieces() {
     // The bucket whose slice holds the piece; the piece sits at the same offset in my slice of the parameters
     // (b - slice_start) as in my shard buffers (so - shard_offset_), so one segment serves all four views.
     const size_t k = static_cast<size_t>(std::upper_bound(shard_offset_.begin(), shard_offset_.end(), so) -
-                                         shard_offset_.begin()) - 1;
+                                         shard_offset_.begin()) -
+                     1;
     piece_segs_[k].push_back({static_cast<int64_t>(so - shard_offset_[k]), static_cast<int64_t>(e - b),
                               ps.info(i).decay ? ocfg_.weight_decay : 0.0f});
     piece_tensor_[k].push_back(i);
@@ -295,9 +299,11 @@ void DataParallel::gather_moments(HostBuffer& m, HostBuffer& v) {
   const auto [hm, hv] = host_moments(true);
   for (size_t k = 0; k < buckets_.size(); ++k) {
     const Bucket& b = buckets_[k];
-    host().all_gather(host_span(m.f32() + b.begin, b.end - b.begin), host_span(hm + shard_offset_[k], slice_len(b)))
+    host()
+        .all_gather(host_span(m.f32() + b.begin, b.end - b.begin), host_span(hm + shard_offset_[k], slice_len(b)))
         ->wait();
-    host().all_gather(host_span(v.f32() + b.begin, b.end - b.begin), host_span(hv + shard_offset_[k], slice_len(b)))
+    host()
+        .all_gather(host_span(v.f32() + b.begin, b.end - b.begin), host_span(hv + shard_offset_[k], slice_len(b)))
         ->wait();
   }
 }

@@ -100,7 +100,7 @@ class DataParallel {
 
  private:
   struct Bucket {
-    size_t begin = 0, end = 0;  // flat range
+    size_t begin = 0, end = 0;              // flat range
     int lowest_tensor = 0, end_tensor = 0;  // the tensors touching the range: ready when all their grads are final
     WorkPtr rs, ag;
     bool launched = false;
@@ -135,7 +135,7 @@ class DataParallel {
   std::vector<Bucket> buckets_;
   Buffer shard_grad_, shard_m_, shard_v_, shard_stage_;  // my slices, concatenated in bucket order (backend memory)
   size_t shard_floats_ = 0;
-  HostBuffer host_m_, host_v_;  // host copies of shard_m_ / shard_v_ (only when the backend is not the CPU)
+  HostBuffer host_m_, host_v_;        // host copies of shard_m_ / shard_v_ (only when the backend is not the CPU)
   std::vector<size_t> shard_offset_;  // per bucket: offset of its slice in the shard buffers
   // Per bucket: the tensor pieces in my slice as multi-tensor optimizer segments (offsets within the slice, weight
   // decay per tensor), and each piece's tensor. LAMB: [||w||^2, ||u||^2] per piece, on the device and on the host.

@@ -62,7 +62,7 @@ class GptPipeline::Chunk final : public PipelineChunk {
   GptPipeline& p_;
   int c_, B_, T_;
   int64_t rows_ = 0;
-  DType dtype_ = DType::F32;  // the backend's compute dtype (activations and their gradients)
+  DType dtype_ = DType::F32;                   // the backend's compute dtype (activations and their gradients)
   std::vector<Buffer> in_, out_, gout_, gin_;  // per micro-batch boundary buffers, in the backend's memory
   const int32_t *tokens_ = nullptr, *targets_ = nullptr;
   float scale_ = 1, loss_ = 0;
@@ -72,8 +72,10 @@ class GptPipeline::Chunk final : public PipelineChunk {
 
 GptPipeline::GptPipeline(GPT& model, const Schedule& s, int pp_rank, int B, int T)
     : model_(model), sched_(s), rank_(pp_rank) {
-  MT_CHECK(model.num_chunks() == s.virtual_stages, "pipeline: the model stage holds {} chunks but the schedule has {} "
-           "virtual stages", model.num_chunks(), s.virtual_stages);
+  MT_CHECK(model.num_chunks() == s.virtual_stages,
+           "pipeline: the model stage holds {} chunks but the schedule has {} "
+           "virtual stages",
+           model.num_chunks(), s.virtual_stages);
   const std::vector<int> peak = peak_in_flight_per_chunk(s, pp_rank);
   for (int c = 0; c < model.num_chunks(); ++c) {
     model.reserve_activation_slots(c, std::max(1, peak[c]), B, T);

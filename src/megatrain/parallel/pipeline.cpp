@@ -119,8 +119,8 @@ class PipelineRun {
 
   // Serialised mode: the receive a Wait* action waits for, posted on the spot unless it already is.
   void post_recv_for(const Action& wait_action) {
-    const ActionKind k =
-        wait_action.kind == ActionKind::WaitRecvForward ? ActionKind::PostRecvForward : ActionKind::PostRecvBackward;
+    const ActionKind k = wait_action.kind == ActionKind::WaitRecvForward ? ActionKind::PostRecvForward
+                                                                         : ActionKind::PostRecvBackward;
     post_recv(Action{k, wait_action.microbatch, wait_action.chunk, wait_action.peer});
   }
 
@@ -130,8 +130,10 @@ class PipelineRun {
       return obs::SpanInfo{to_string(a, s_.virtual_stages),
                            {{"mb", a.microbatch}, {"chunk", a.chunk}, {"stage", s_.stage_of(rank_, a.chunk)}}};
     });
-    if (a.kind == ActionKind::Forward) c.forward(a.microbatch);
-    else c.backward(a.microbatch);
+    if (a.kind == ActionKind::Forward)
+      c.forward(a.microbatch);
+    else
+      c.backward(a.microbatch);
   }
 
   // Serialised mode: the send at actions_[i] is posted; pair it with the receive(s) this rank needs next (see
@@ -168,9 +170,7 @@ class PipelineRun {
         wait(ActionKind::PostRecvBackward, a);
         break;
       case ActionKind::Forward:
-      case ActionKind::Backward:
-        compute(a, c);
-        break;
+      case ActionKind::Backward: compute(a, c); break;
       case ActionKind::PostSendForward:
       case ActionKind::PostSendBackward:
         post(a);
@@ -202,8 +202,10 @@ class PipelineRun {
 
 PipelineStats run_pipeline(const Schedule& s, int rank, const std::vector<PipelineChunk*>& chunks,
                            ProcessGroup& pp_group, bool overlap_p2p) {
-  MT_CHECK(static_cast<int>(chunks.size()) == s.virtual_stages, "pipeline: {} model chunks on rank {} but the "
-           "schedule has {} virtual stages", chunks.size(), rank, s.virtual_stages);
+  MT_CHECK(static_cast<int>(chunks.size()) == s.virtual_stages,
+           "pipeline: {} model chunks on rank {} but the "
+           "schedule has {} virtual stages",
+           chunks.size(), rank, s.virtual_stages);
   MT_CHECK(pp_group.size() == s.pp, "pipeline: the pp group has {} ranks but the schedule {}", pp_group.size(), s.pp);
   return PipelineRun(s, rank, chunks, pp_group, overlap_p2p).run();
 }

@@ -55,8 +55,8 @@ void forward_stages(GPT& m, ProcessGroup& pp, int micro, int B, int T, const int
 
 }  // namespace
 
-double pipeline_eval_loss(GPT& model, ProcessGroup& pp, const int32_t* tokens, const int32_t* targets, int micro,
-                          int B, int T) {
+double pipeline_eval_loss(GPT& model, ProcessGroup& pp, const int32_t* tokens, const int32_t* targets, int micro, int B,
+                          int T) {
   double sum = 0;
   forward_stages(model, pp, micro, B, T, tokens, [&](int c, Tensor x, int mb) {
     const size_t off = static_cast<size_t>(mb) * B * T;

@@ -14,8 +14,8 @@ namespace mt {
 // Loss of `micro` micro-batches (tokens / targets hold micro * B rows of T; tokens are read on the first stage,
 // targets on the last). Returns on the rank holding the last stage the summed per-position loss over every
 // valid target (mean loss x valid targets, per micro-batch), 0 elsewhere. Every pp rank must call it.
-double pipeline_eval_loss(GPT& model, ProcessGroup& pp, const int32_t* tokens, const int32_t* targets, int micro,
-                          int B, int T);
+double pipeline_eval_loss(GPT& model, ProcessGroup& pp, const int32_t* tokens, const int32_t* targets, int micro, int B,
+                          int T);
 
 // Logits of one batch [B, T] through every stage: on the rank holding the last stage a [B*T, local_vocab()] view
 // valid until the next call on the model, an empty tensor elsewhere. Every pp rank must call it.

@@ -145,26 +145,16 @@ int p2p_tag(const Schedule& s, int rank, const Action& a) {
 
 std::string to_string(ActionKind k) {
   switch (k) {
-    case K::PostRecvForward:
-      return "PostRecvForward";
-    case K::WaitRecvForward:
-      return "WaitRecvForward";
-    case K::Forward:
-      return "Forward";
-    case K::PostSendForward:
-      return "PostSendForward";
-    case K::WaitSendForward:
-      return "WaitSendForward";
-    case K::PostRecvBackward:
-      return "PostRecvBackward";
-    case K::WaitRecvBackward:
-      return "WaitRecvBackward";
-    case K::Backward:
-      return "Backward";
-    case K::PostSendBackward:
-      return "PostSendBackward";
-    case K::WaitSendBackward:
-      return "WaitSendBackward";
+    case K::PostRecvForward: return "PostRecvForward";
+    case K::WaitRecvForward: return "WaitRecvForward";
+    case K::Forward: return "Forward";
+    case K::PostSendForward: return "PostSendForward";
+    case K::WaitSendForward: return "WaitSendForward";
+    case K::PostRecvBackward: return "PostRecvBackward";
+    case K::WaitRecvBackward: return "WaitRecvBackward";
+    case K::Backward: return "Backward";
+    case K::PostSendBackward: return "PostSendBackward";
+    case K::WaitSendBackward: return "WaitSendBackward";
   }
   return "?";
 }
@@ -173,23 +163,14 @@ std::string to_string(const Action& a, int virtual_stages) {
   const char* prefix = "";
   switch (a.kind) {
     case K::PostRecvForward:
-    case K::PostRecvBackward:
-      prefix = "r";
-      break;
+    case K::PostRecvBackward: prefix = "r"; break;
     case K::WaitRecvForward:
-    case K::WaitRecvBackward:
-      prefix = "wr";
-      break;
+    case K::WaitRecvBackward: prefix = "wr"; break;
     case K::PostSendForward:
-    case K::PostSendBackward:
-      prefix = "s";
-      break;
+    case K::PostSendBackward: prefix = "s"; break;
     case K::WaitSendForward:
-    case K::WaitSendBackward:
-      prefix = "ws";
-      break;
-    default:
-      break;
+    case K::WaitSendBackward: prefix = "ws"; break;
+    default: break;
   }
   std::string out = fmt::format("{}{}{}", prefix, is_forward_dir(a.kind) ? 'F' : 'B', a.microbatch);
   if (virtual_stages > 1) out += fmt::format(".{}", a.chunk);

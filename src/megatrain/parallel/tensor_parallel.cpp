@@ -111,7 +111,8 @@ void ProcessGroupTpComm::reduce_scatter_rows(Tensor shard, int64_t N, const Prod
     const int64_t b = bound(k), len = bound(k + 1) - b;
     for (int r = 0; r < tp; ++r)
       produce(elems(shard, st, (tp * b + r * len) * C, len * C).view({len, C}), r * Ns + b, len);
-    works[k] = group_.reduce_scatter(elems(shard, shard.ptr, b * C, len * C), elems(shard, st, tp * b * C, tp * len * C));
+    works[k] = group_.reduce_scatter(elems(shard, shard.ptr, b * C, len * C),
+                                     elems(shard, st, tp * b * C, tp * len * C));
   }
   if (while_in_flight) while_in_flight();
   for (auto& w : works) wait(w);

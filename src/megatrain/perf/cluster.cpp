@@ -77,8 +77,8 @@ Sourced read_sourced(const toml::node& n, const std::string& where, double lo, d
   auto v = (*t)["value"].value<double>();
   MT_CHECK(v.has_value(), "{}: 'value' is missing or not a number", where);
   auto src = (*t)["source"].value<std::string>();
-  MT_CHECK(src.has_value() && !src->empty(), "{}: 'source' is missing or empty (every constant says where it comes from)",
-           where);
+  MT_CHECK(src.has_value() && !src->empty(),
+           "{}: 'source' is missing or empty (every constant says where it comes from)", where);
   MT_CHECK(std::isfinite(*v) && *v >= lo && *v <= hi, "{} = {} is out of range [{}, {}]", where, *v, lo, hi);
   MT_CHECK(!integer || *v == std::floor(*v), "{} = {} must be a whole number", where, *v);
   s.value = *v;
@@ -106,8 +106,8 @@ Curve read_curve(const toml::node& n, const std::string& where) {
     MT_CHECK(x && y, "{}: point {} is not a pair of numbers", where, i);
     MT_CHECK(*x > 0 && std::isfinite(*x), "{}: x[{}] = {} must be positive", where, i, *x);
     MT_CHECK(*y > 0 && *y <= 1, "{}: efficiency[{}] = {} must be in (0, 1]", where, i, *y);
-    MT_CHECK(c.points.empty() || *x > c.points.back().first, "{}: x must be strictly ascending (x[{}] = {})", where,
-             i, *x);
+    MT_CHECK(c.points.empty() || *x > c.points.back().first, "{}: x must be strictly ascending (x[{}] = {})", where, i,
+             *x);
     c.points.emplace_back(*x, *y);
   }
   return c;
@@ -169,15 +169,18 @@ Cluster parse_cluster(const std::string& text, const std::string& src) {
       MT_CHECK(t && (key == "gpu" || key == "intra_node" || key == "network" || key == "efficiency" ||
                      key == "stragglers" || key == "scale"),
                "{}: unknown key '{}' (allowed: name, topology, [gpu], [intra_node], [network], [efficiency], "
-               "[stragglers], [scale])", src, key);
+               "[stragglers], [scale])",
+               src, key);
       sections[key] = t;
     }
     auto name = root["name"].value<std::string>();
     MT_CHECK(name && !name->empty(), "{}: 'name' is missing", src);
     c.name = *name;
     auto topo = root["topology"].value<std::string>();
-    MT_CHECK(topo && kTopologies.count(*topo), "{}: 'topology' must be \"rail-clos\", \"single-node\" or "
-             "\"single-host\" (got {})", src, topo ? "\"" + *topo + "\"" : std::string("nothing"));
+    MT_CHECK(topo && kTopologies.count(*topo),
+             "{}: 'topology' must be \"rail-clos\", \"single-node\" or "
+             "\"single-host\" (got {})",
+             src, topo ? "\"" + *topo + "\"" : std::string("nothing"));
     c.topology = *topo;
     for (auto& [sec, t] : sections)
       for (auto&& [k, _] : *t) {
@@ -191,7 +194,8 @@ Cluster parse_cluster(const std::string& text, const std::string& src) {
       auto it = sections.find(f.section);
       const toml::node* n = it == sections.end() ? nullptr : it->second->get(f.key);
       if (!n && f.single_host && c.topology != "single-host") continue;  // stays 0: ranks do not share cores
-      MT_CHECK(n, "{} is missing{}", where, f.single_host ? " (a single-host cluster must say how many cores its ranks share)" : "");
+      MT_CHECK(n, "{} is missing{}", where,
+               f.single_host ? " (a single-host cluster must say how many cores its ranks share)" : "");
       c.*f.member = read_sourced(*n, where, f.lo, f.hi, f.integer);
     }
     auto eff = sections.find("efficiency");

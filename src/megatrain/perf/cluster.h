@@ -31,42 +31,42 @@ struct Cluster {
   std::string topology;
 
   // [gpu] (a "GPU" is one rank's device: on a CPU host, the cores one rank uses)
-  Sourced peak_tflops;      // dense peak of the training dtype (bf16 on GPUs, fp32 on CPU), per device
-  Sourced hbm_gbps;         // device memory bandwidth, GB/s
-  Sourced memory_gib;       // device memory, GiB
+  Sourced peak_tflops;  // dense peak of the training dtype (bf16 on GPUs, fp32 on CPU), per device
+  Sourced hbm_gbps;     // device memory bandwidth, GB/s
+  Sourced memory_gib;   // device memory, GiB
   Sourced gpus_per_node;
-  Sourced dtype_bytes;      // bytes of one activation / weight element in compute (2: bf16 on GPUs; 4: fp32 on CPU)
-  Sourced sm_count;         // streaming multiprocessors (cores on a CPU host): a GEMM runs in waves of this many tiles
+  Sourced dtype_bytes;  // bytes of one activation / weight element in compute (2: bf16 on GPUs; 4: fp32 on CPU)
+  Sourced sm_count;     // streaming multiprocessors (cores on a CPU host): a GEMM runs in waves of this many tiles
   // single-host only: the cores all ranks share. A rank computes at the calibrated rate while no more ranks than
   // this compute at once; with more ranks than cores a step takes at least all ranks' compute / host_cores.
   // 0 (absent) elsewhere: every GPU is its own.
   Sourced host_cores;
   // [intra_node]
-  Sourced nvlink_gbps;      // per-GPU unidirectional bandwidth a collective achieves inside a node, GB/s
+  Sourced nvlink_gbps;  // per-GPU unidirectional bandwidth a collective achieves inside a node, GB/s
   Sourced nvlink_latency_us;
   // [network]
-  Sourced nic_gbps;         // per NIC, GB/s (200 Gb/s = 25 GB/s)
+  Sourced nic_gbps;  // per NIC, GB/s (200 Gb/s = 25 GB/s)
   Sourced nics_per_node;
-  Sourced nic_latency_us;   // one message, end to end across the fabric
+  Sourced nic_latency_us;  // one message, end to end across the fabric
   // [efficiency]
-  Curve gemm;               // x = FLOPs of one GEMM (2*M*N*K): fraction of peak reached, before wave quantization
-  Sourced gemm_tile_m, gemm_tile_n;  // output tile one SM computes (wave quantization; 1 x 1 turns it off)
-  Sourced attention;        // fraction of peak the attention kernel reaches (FlashAttention 1 in Megatron-LM)
-  Sourced attention_fused;  // ... with the efficient operators (FlashAttention-2, MegaScale §3.3)
-  Sourced memory_bound;     // fraction of hbm_gbps that elementwise kernels reach
-  Sourced kernel_launch_us; // fixed cost per kernel launch (unfused elementwise chains pay it per op)
+  Curve gemm;  // x = FLOPs of one GEMM (2*M*N*K): fraction of peak reached, before wave quantization
+  Sourced gemm_tile_m, gemm_tile_n;   // output tile one SM computes (wave quantization; 1 x 1 turns it off)
+  Sourced attention;                  // fraction of peak the attention kernel reaches (FlashAttention 1 in Megatron-LM)
+  Sourced attention_fused;            // ... with the efficient operators (FlashAttention-2, MegaScale §3.3)
+  Sourced memory_bound;               // fraction of hbm_gbps that elementwise kernels reach
+  Sourced kernel_launch_us;           // fixed cost per kernel launch (unfused elementwise chains pay it per op)
   Sourced optimizer_bytes_per_param;  // bytes the optimizer step reads and writes per parameter of its shard
   // [stragglers]
   Sourced straggler_node_fraction;  // fraction of nodes that run slower than the rest
   Sourced straggler_slowdown;       // how much slower (0.1 = 10%)
   Sourced gpu_speed_range;          // spread (max - min) of the speed of healthy GPUs of one node, as a fraction
   // [scale]
-  Sourced store_op_us;              // one request served by a blocking single-threaded store (torch TCPStore)
-  Sourced store_async_op_us;        // one request served by a non-blocking store (Redis)
-  Sourced host_copy_gbps;           // device -> pinned host memory per GPU (checkpoint stage 1)
-  Sourced storage_gbps_per_node;    // distributed file system read/write bandwidth per node (stage 2, recovery)
-  Sourced failure_detect_s;         // detection + diagnostics before a restart
-  Sourced node_mtbf_hours;          // mean time between failures of one node
+  Sourced store_op_us;            // one request served by a blocking single-threaded store (torch TCPStore)
+  Sourced store_async_op_us;      // one request served by a non-blocking store (Redis)
+  Sourced host_copy_gbps;         // device -> pinned host memory per GPU (checkpoint stage 1)
+  Sourced storage_gbps_per_node;  // distributed file system read/write bandwidth per node (stage 2, recovery)
+  Sourced failure_detect_s;       // detection + diagnostics before a restart
+  Sourced node_mtbf_hours;        // mean time between failures of one node
 
   // Per-GPU share of the node's network bandwidth, bytes/s.
   double network_bytes_per_s() const;

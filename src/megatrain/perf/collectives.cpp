@@ -24,8 +24,7 @@ int members_per_node(const Cluster& c, int size, int stride) {
 
 Link group_link(const Cluster& c, int size, int stride) {
   const bool in_node = c.topology != "rail-clos" || static_cast<int64_t>(size) * stride <= c.node_gpus();
-  if (c.topology == "single-host")
-    return {"loopback", c.network_bytes_per_s(), c.nic_latency_us.value * 1e-6};
+  if (c.topology == "single-host") return {"loopback", c.network_bytes_per_s(), c.nic_latency_us.value * 1e-6};
   if (in_node) return {"nvlink", c.nvlink_bytes_per_s(), c.nvlink_latency_us.value * 1e-6};
   return {"network", c.network_bytes_per_s(), c.nic_latency_us.value * 1e-6};
 }
@@ -70,7 +69,8 @@ double allreduce_seconds(const Cluster& c, int size, int stride, double bytes) {
   const Link l = group_link(c, size, stride);
   double best = std::min(ring_allreduce_seconds(size, bytes, l), tree_allreduce_seconds(size, bytes, l));
   const int k = members_per_node(c, size, stride);
-  if (l.name == "network" && k > 1 && size % k == 0) best = std::min(best, hierarchical_allreduce_seconds(c, size, k, bytes));
+  if (l.name == "network" && k > 1 && size % k == 0)
+    best = std::min(best, hierarchical_allreduce_seconds(c, size, k, bytes));
   return best;
 }
 

@@ -23,7 +23,7 @@ struct Techniques {
   bool fused_ops = false;   // flash attention and fused LayerNorm / GeLU kernels (§3.3)
   bool misc = false;        // data pipeline (§3.4) and removing stragglers (§6.3): the straggler term is dropped
   Recompute recompute = Recompute::Selective;
-  int grad_bytes = 4;       // bytes per gradient element reduced across data parallel (fp32 main grads)
+  int grad_bytes = 4;  // bytes per gradient element reduced across data parallel (fp32 main grads)
   // Not a technique but a property of the host: false when the ranks of a CPU run use every core, so a collective's
   // copies, reductions and socket work run on the cores the compute needs and nothing hides behind a GEMM. Then
   // every collective is exposed whole, and a tp collective cut into tp_chunks pieces (megatrain's

@@ -7,7 +7,8 @@
 namespace mt::perf {
 
 double params_per_gpu(const ModelConfig& m, int tp, int pp, int rank, int v, const std::vector<int>& stage_layers) {
-  const double embed = double(m.padded_vocab(tp)) * m.d_model + (m.pos == PosKind::Learned ? double(m.max_seq_len) * m.d_model : 0);
+  const double embed = double(m.padded_vocab(tp)) * m.d_model +
+                       (m.pos == PosKind::Learned ? double(m.max_seq_len) * m.d_model : 0);
   const double layers = double(m.num_params()) - double(m.vocab_size) * m.d_model -
                         (m.pos == PosKind::Learned ? double(m.max_seq_len) * m.d_model : 0) -
                         (m.tied_embeddings ? 0 : double(m.vocab_size) * m.d_model);
@@ -28,10 +29,8 @@ double params_per_gpu(const ModelConfig& m, int tp, int pp, int rank, int v, con
 double layer_activation_bytes(const ModelConfig& m, const Shape& s, const Techniques& t) {
   const double sbh = double(s.seq) * s.micro_batch * m.d_model, tp = s.tp;
   switch (t.recompute) {
-    case Recompute::Full:
-      return 2 * sbh / tp;
-    case Recompute::Selective:
-      return 34 * sbh / tp;
+    case Recompute::Full: return 2 * sbh / tp;
+    case Recompute::Selective: return 34 * sbh / tp;
     case Recompute::None:  // flash attention keeps no a*s*s score matrices, so this equals selective
       return 34 * sbh / tp;
   }

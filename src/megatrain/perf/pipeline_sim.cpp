@@ -133,7 +133,8 @@ class Sim {
         const int dest = stage + (fwd ? 1 : -1);
         auto it = msgs_.find(tag(fwd, a.microbatch, dest));
         MT_CHECK(it != msgs_.end() && it->second.send_post >= 0,
-                 "pipeline simulation: rank {} waits on a send it never posted ({})", r, to_string(a, s_.virtual_stages));
+                 "pipeline simulation: rank {} waits on a send it never posted ({})", r,
+                 to_string(a, s_.virtual_stages));
         if (it->second.recv_post < 0) return false;  // the receiver has not posted yet
         now = std::max(now, std::max(it->second.send_post, it->second.recv_post) + tc);
         return true;
@@ -162,7 +163,8 @@ PipelineResult simulate_pipeline(const Schedule& s, const PipelineCosts& c) {
   MT_CHECK((int)s.per_rank.size() == s.pp, "pipeline simulation: schedule has {} action lists for pp = {}",
            s.per_rank.size(), s.pp);
   MT_CHECK((int)c.fwd.size() == S && (int)c.bwd.size() == S,
-           "pipeline simulation: {} forward and {} backward costs for {} virtual stages", c.fwd.size(), c.bwd.size(), S);
+           "pipeline simulation: {} forward and {} backward costs for {} virtual stages", c.fwd.size(), c.bwd.size(),
+           S);
   for (int i = 0; i < S; ++i)
     MT_CHECK(c.fwd[i] >= 0 && c.bwd[i] >= 0 && std::isfinite(c.fwd[i]) && std::isfinite(c.bwd[i]),
              "pipeline simulation: stage {} has cost forward {} backward {} (must be finite and >= 0)", i, c.fwd[i],

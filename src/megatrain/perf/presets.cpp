@@ -40,6 +40,8 @@ Job system_job(const ModelConfig& base, const std::string& system, int gpus, int
 }
 
 std::vector<PresetRow> megascale_table2(const ModelConfig& base) {
+  // (laid out by hand)
+  // clang-format off
   struct R { int gpus, batch; double meg_s, meg_mfu, ms_s, ms_mfu; };
   const R rows[] = {
       {256, 768, 40.0, 53.0, 32.0, 65.3},       {512, 768, 21.2, 49.9, 16.5, 63.5},
@@ -47,6 +49,7 @@ std::vector<PresetRow> megascale_table2(const ModelConfig& base) {
       {3072, 6144, 29.02, 48.7, 23.66, 59.1},   {6144, 6144, 14.78, 47.8, 12.21, 57.3},
       {8192, 6144, 12.24, 43.3, 9.56, 54.9},    {12288, 6144, 8.57, 41.2, 6.34, 55.2},
   };
+  // clang-format on
   std::vector<PresetRow> out;
   for (const char* system : {"megatron", "megascale"})
     for (const R& r : rows) {
@@ -59,8 +62,15 @@ std::vector<PresetRow> megascale_table2(const ModelConfig& base) {
 
 std::vector<PresetRow> megascale_table3(const ModelConfig& base) {
   const double paper[] = {47.7, 52.3, 53.3, 55.5, 58.0, 59.5, 61.2, 62.3, 65.3};
-  const char* labels[] = {"baseline", "+ PTB", "+ SWA", "+ TP overlap", "+ PP overlap", "+ DP overlap",
-                          "+ efficient operators", "+ misc", "+ LAMB (batch 768)"};
+  const char* labels[] = {"baseline",
+                          "+ PTB",
+                          "+ SWA",
+                          "+ TP overlap",
+                          "+ PP overlap",
+                          "+ DP overlap",
+                          "+ efficient operators",
+                          "+ misc",
+                          "+ LAMB (batch 768)"};
   std::vector<PresetRow> out;
   Job j = system_job(base, "megatron", 256, 256);
   for (int step = 0; step < 9; ++step) {

@@ -14,7 +14,7 @@ namespace mt::perf {
 constexpr int kMegaScaleWindow = 1024;
 
 struct PresetRow {
-  std::string label;   // "megatron" / "megascale" (Table 2), or the ablation step (Table 3)
+  std::string label;  // "megatron" / "megascale" (Table 2), or the ablation step (Table 3)
   int gpus = 0, batch = 0;
   double paper_seconds = 0;  // 0 where the paper gives none (Table 3)
   double paper_mfu = 0;      // fraction

@@ -12,9 +12,14 @@ namespace {
 constexpr double kGiB = double(1 << 30);
 
 json breakdown_json(const Breakdown& b) {
-  return {{"compute", b.compute}, {"tp", b.tp},         {"pp", b.pp},
-          {"dp", b.dp},           {"bubble", b.bubble}, {"optimizer", b.optimizer},
-          {"straggler", b.straggler}, {"shared_cores", b.shared_cores}};
+  return {{"compute", b.compute},
+          {"tp", b.tp},
+          {"pp", b.pp},
+          {"dp", b.dp},
+          {"bubble", b.bubble},
+          {"optimizer", b.optimizer},
+          {"straggler", b.straggler},
+          {"shared_cores", b.shared_cores}};
 }
 
 std::string layout_str(const Layout& L) {
@@ -97,7 +102,9 @@ std::string format_prediction(const Job& j, const Prediction& p, const Cluster& 
          row("stragglers (expected)", b.straggler);
   if (b.shared_cores > 0) out += row("waiting for a core", b.shared_cores);
   out += fmt::format("\nmemory per GPU (pipeline rank 0, {} chunks in flight)\n", p.peak_in_flight);
-  auto mrow = [&](const char* name, double bytes) { return fmt::format("  {:<22} {:>8.2f} GiB\n", name, bytes / kGiB); };
+  auto mrow = [&](const char* name, double bytes) {
+    return fmt::format("  {:<22} {:>8.2f} GiB\n", name, bytes / kGiB);
+  };
   out += mrow("parameters (bf16)", m.params) + mrow("gradients (fp32)", m.grads) +
          mrow("optimizer (ZeRO/dp)", m.optimizer) + mrow("activations", m.activations) + mrow("total", m.total());
   if (m.total() > c.memory_gib.value * kGiB)
@@ -196,16 +203,16 @@ static std::string stage_layers_text(const std::vector<int>& k) {
 }
 
 std::string format_search(const SearchResult& r, const Cluster& c, int top) {
-  std::string out = fmt::format("{:>3} {:>5} {:>3} {:>3} {:>2} {:>5} {:>3} {:<10} | {:>8} {:>6} {:>8} | {}\n", "#", "dp",
-                                "pp", "tp", "v", "micro", "mbs", "recompute", "step s", "MFU", "mem GiB", "layers");
+  std::string out = fmt::format("{:>3} {:>5} {:>3} {:>3} {:>2} {:>5} {:>3} {:<10} | {:>8} {:>6} {:>8} | {}\n", "#",
+                                "dp", "pp", "tp", "v", "micro", "mbs", "recompute", "step s", "MFU", "mem GiB",
+                                "layers");
   for (size_t i = 0; i < r.ranked.size() && int(i) < top; ++i) {
     const Candidate& cand = r.ranked[i];
     const Layout& L = cand.job.layout;
     out += fmt::format("{:>3} {:>5} {:>3} {:>3} {:>2} {:>5} {:>3} {:<10} | {:>8.3f} {:>5.1f}% {:>8.1f} | {}\n", i + 1,
                        L.dp, L.pp, L.tp, L.virtual_stages, L.microbatches, L.micro_batch,
                        recompute_name(cand.job.tech.recompute), cand.step_seconds, 100 * cand.mfu,
-                       cand.memory_bytes / kGiB,
-                       stage_layers_text(L.stage_layers));
+                       cand.memory_bytes / kGiB, stage_layers_text(L.stage_layers));
   }
   return out + explain(r, c);
 }
@@ -233,10 +240,11 @@ json to_json(const GroupInitCost& g, const CheckpointCost& k, const Availability
 
 std::string format_scale(const GroupInitCost& g, const CheckpointCost& k, const Availability& a, const Layout& L) {
   std::string out = fmt::format("scale costs at {} GPUs\n", L.gpus());
-  out += fmt::format("  group init: {:.0f} groups; O(n^2) store traffic {:.3g} requests: {:.0f} s on TCPStore, {:.0f} s "
-                     "on Redis; O(n) {:.3g} requests: {:.1f} s\n",
-                     g.groups, g.requests_quadratic, g.seconds_quadratic, g.seconds_async, g.requests_linear,
-                     g.seconds_linear);
+  out +=
+      fmt::format("  group init: {:.0f} groups; O(n^2) store traffic {:.3g} requests: {:.0f} s on TCPStore, {:.0f} s "
+                  "on Redis; O(n) {:.3g} requests: {:.1f} s\n",
+                  g.groups, g.requests_quadratic, g.seconds_quadratic, g.seconds_async, g.requests_linear,
+                  g.seconds_linear);
   out += fmt::format("  checkpoint: {:.2f} GiB per GPU; stall {:.1f} s (device -> host), persist {:.0f} s in the "
                      "background; recovery {:.0f} s (one reader per dp group) against {:.0f} s (every GPU reads)\n",
                      k.bytes_per_gpu / kGiB, k.stall_seconds, k.persist_seconds, k.recovery_seconds,
@@ -250,8 +258,9 @@ std::string format_scale(const GroupInitCost& g, const CheckpointCost& k, const 
 std::string format_constants(const Cluster& c) {
   std::string out = fmt::format("constants of {} ({}):\n", c.name, c.path);
   for (auto& [k, s] : c.constants())
-    out += s.value != 0 || k.rfind("efficiency.gemm", 0) != 0 ? fmt::format("  {} = {:g}\n      source: {}\n", k, s.value, s.source)
-                                                              : fmt::format("  {}\n      source: {}\n", k, s.source);
+    out += s.value != 0 || k.rfind("efficiency.gemm", 0) != 0
+               ? fmt::format("  {} = {:g}\n      source: {}\n", k, s.value, s.source)
+               : fmt::format("  {}\n      source: {}\n", k, s.source);
   return out;
 }
 

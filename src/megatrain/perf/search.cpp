@@ -82,12 +82,12 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
     }
   }
   if (all.empty())
-    fail_as(ErrorKind::Config, "--search: no layout of {} GPUs fits {:.1f} GiB per GPU for this model at batch {} ({} "
-           "layouts considered, {} over the memory limit); raise --mem-limit or the GPU count", o.gpus,
-           limit / double(1 << 30), o.global_batch, r.considered, r.over_memory);
-  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
-    return a.step_seconds < b.step_seconds;
-  });
+    fail_as(ErrorKind::Config,
+            "--search: no layout of {} GPUs fits {:.1f} GiB per GPU for this model at batch {} ({} "
+            "layouts considered, {} over the memory limit); raise --mem-limit or the GPU count",
+            o.gpus, limit / double(1 << 30), o.global_batch, r.considered, r.over_memory);
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.step_seconds < b.step_seconds; });
   r.ranked = std::move(all);
   return r;
 }
@@ -106,10 +106,11 @@ std::string explain(const SearchResult& r, const Cluster& c) {
       r.considered, r.over_memory, r.simulated, 100 * b.compute / p.step_seconds, 100 * b.bubble / p.step_seconds,
       100 * b.tp / p.step_seconds, 100 * b.pp / p.step_seconds, 100 * b.dp / p.step_seconds,
       100 * b.optimizer / p.step_seconds, 100 * b.straggler / p.step_seconds, p.memory.total() / double(1 << 30));
-  out += fmt::format("     tp {} keeps the tensor-parallel collectives {}; pp {} x v {} with {} micro-batches of {} gives "
-                     "a bubble of {:.1f}%.\n",
-                     L.tp, L.tp <= c.node_gpus() ? "on NVLink inside a node" : "across nodes", L.pp, L.virtual_stages,
-                     L.microbatches, L.micro_batch, 100 * b.bubble / p.step_seconds);
+  out +=
+      fmt::format("     tp {} keeps the tensor-parallel collectives {}; pp {} x v {} with {} micro-batches of {} gives "
+                  "a bubble of {:.1f}%.\n",
+                  L.tp, L.tp <= c.node_gpus() ? "on NVLink inside a node" : "across nodes", L.pp, L.virtual_stages,
+                  L.microbatches, L.micro_batch, 100 * b.bubble / p.step_seconds);
   // The best layout of each other (tp, pp): what the alternatives would cost.
   std::map<std::pair<int, int>, const Candidate*> per_shape;
   for (const Candidate& cand : r.ranked) {
@@ -123,9 +124,8 @@ std::string explain(const SearchResult& r, const Cluster& c) {
   for (size_t i = 0; i < std::min<size_t>(alts.size(), 4); ++i) {
     const Candidate& a = *alts[i];
     out += fmt::format("     best with tp {} pp {}: {:.2f} s ({:+.1f}%), v {}, micro-batch {}, recompute {}\n",
-                       a.job.layout.tp, a.job.layout.pp, a.step_seconds,
-                       100 * (a.step_seconds / best.step_seconds - 1), a.job.layout.virtual_stages,
-                       a.job.layout.micro_batch, recompute_name(a.job.tech.recompute));
+                       a.job.layout.tp, a.job.layout.pp, a.step_seconds, 100 * (a.step_seconds / best.step_seconds - 1),
+                       a.job.layout.virtual_stages, a.job.layout.micro_batch, recompute_name(a.job.tech.recompute));
   }
   return out;
 }

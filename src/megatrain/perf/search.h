@@ -11,14 +11,14 @@ namespace mt::perf {
 
 struct SearchOptions {
   int gpus = 0;
-  int global_batch = 0;        // sequences per step
+  int global_batch = 0;  // sequences per step
   int seq = 0;
-  double memory_limit = 0;     // bytes per GPU; 0 = the cluster's memory
-  double memory_reserve = 0.1; // fraction of the limit kept free (allocator fragmentation, workspaces)
-  Techniques tech;             // the switches to use (recompute is searched)
+  double memory_limit = 0;      // bytes per GPU; 0 = the cluster's memory
+  double memory_reserve = 0.1;  // fraction of the limit kept free (allocator fragmentation, workspaces)
+  Techniques tech;              // the switches to use (recompute is searched)
   std::vector<int> micro_batches = {1, 2, 4};
   int max_virtual_stages = 8;
-  int keep = 8;                // how many ranked candidates to return
+  int keep = 8;  // how many ranked candidates to return
 };
 
 struct Candidate {

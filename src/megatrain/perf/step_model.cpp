@@ -18,8 +18,8 @@ struct Plan {
   Schedule schedule;
   PipelineCosts costs;
   std::vector<double> compute_per_rank, tp_per_rank;  // per micro-batch sums, per rank
-  std::vector<double> dp_blocking_per_rank;  // reduce-scatter + all-gather when not overlapped
-  std::vector<double> tp_sync_per_rank;      // once a step: the replicated tensors' gradients summed over tp
+  std::vector<double> dp_blocking_per_rank;           // reduce-scatter + all-gather when not overlapped
+  std::vector<double> tp_sync_per_rank;               // once a step: the replicated tensors' gradients summed over tp
   double optimizer = 0;
 };
 
@@ -51,10 +51,14 @@ Replicated replicated_floats(const ModelConfig& m, int tp) {
   for (int i = 0; i < static_cast<int>(store.size()); ++i) {
     const ParamInfo& p = store.info(i);
     if (p.shard.sharded()) continue;
-    if (p.name.rfind("h.0.", 0) == 0) r.per_layer += double(p.numel);
-    else if (p.name.rfind("h.", 0) == 0) continue;
-    else if (p.name.rfind("ln_f", 0) == 0) r.head += double(p.numel);
-    else r.embedding += double(p.numel);
+    if (p.name.rfind("h.0.", 0) == 0)
+      r.per_layer += double(p.numel);
+    else if (p.name.rfind("h.", 0) == 0)
+      continue;
+    else if (p.name.rfind("ln_f", 0) == 0)
+      r.head += double(p.numel);
+    else
+      r.embedding += double(p.numel);
   }
   return r;
 }
@@ -122,8 +126,8 @@ double plan_dp_traffic(Plan& p, const Job& job, const Cluster& c, const Techniqu
       const int st = k * L.pp + r;
       double params = layers[st] * layer_params / L.tp;
       const double vocab_rows = double(m.padded_vocab(L.tp)) * m.d_model / L.tp;
-      if (st == 0) params += vocab_rows;                                          // the embedding
-      if (st == S - 1 && (S > 1 || !m.tied_embeddings)) params += vocab_rows;    // the LM head (or its copy)
+      if (st == 0) params += vocab_rows;                                       // the embedding
+      if (st == S - 1 && (S > 1 || !m.tied_embeddings)) params += vocab_rows;  // the LM head (or its copy)
       rank_params += params;
       if (L.dp > 1) {
         const double rs = ring_reduce_scatter_seconds(L.dp, params * t.grad_bytes, dl);
@@ -191,7 +195,9 @@ Plan make_plan(const Job& job, const Cluster& c) {
   // Activations (and their gradients) cross between stages in the sequence-parallel layout: each tp rank sends
   // its 1/tp slice to its peer in the next stage.
   const Link pl = group_link(c, L.pp, L.tp);
-  p.costs.p2p_seconds = L.pp > 1 ? p2p_seconds(double(L.micro_batch) * L.seq * m.d_model * c.dtype_bytes.value / L.tp, pl) : 0;
+  p.costs.p2p_seconds = L.pp > 1
+                            ? p2p_seconds(double(L.micro_batch) * L.seq * m.d_model * c.dtype_bytes.value / L.tp, pl)
+                            : 0;
   p.costs.p2p_overlap = t.pp_overlap;
   const double max_shard = plan_dp_traffic(p, job, c, t, layers);
   plan_dp_blocking(p, job, c, t);
@@ -313,8 +319,8 @@ void validate_job(const Job& job, const Cluster& c, int gpus) {
   if (L.virtual_stages > 1 && L.pp < 2)
     bad(fmt::format("parallel.virtual_stages = {} needs parallel.pp >= 2", L.virtual_stages));
   if (L.stage_layers.empty() && m.n_layer % (L.pp * L.virtual_stages) != 0)
-    bad(fmt::format("model.n_layer = {} is not divisible by parallel.pp * parallel.virtual_stages = {} * {}",
-                    m.n_layer, L.pp, L.virtual_stages));
+    bad(fmt::format("model.n_layer = {} is not divisible by parallel.pp * parallel.virtual_stages = {} * {}", m.n_layer,
+                    L.pp, L.virtual_stages));
   try {
     stage_layer_counts(m, L.pp, L.virtual_stages, L.stage_layers);
   } catch (const Error& e) {
@@ -387,8 +393,8 @@ Prediction predict(const Job& job, const Cluster& c) {
   out.tokens_per_second = tokens / out.step_seconds;
   out.mfu = out.model_flops_per_step / (out.step_seconds * L.gpus() * c.peak_flops());
   out.peak_in_flight = full.peak_in_flight.empty() ? 1 : full.peak_in_flight[0];
-  out.memory = memory_per_gpu(job.model, Shape{L.tp, L.micro_batch, L.seq}, job.tech, L.dp, L.pp,
-                              L.virtual_stages, out.peak_in_flight, L.stage_layers);
+  out.memory = memory_per_gpu(job.model, Shape{L.tp, L.micro_batch, L.seq}, job.tech, L.dp, L.pp, L.virtual_stages,
+                              out.peak_in_flight, L.stage_layers);
   return out;
 }
 

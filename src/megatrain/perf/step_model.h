@@ -32,13 +32,13 @@ struct Job {
 };
 
 struct Breakdown {
-  double compute = 0;    // kernels on the busiest pipeline rank
-  double tp = 0;         // tensor-parallel collectives left on the critical path
-  double pp = 0;         // point-to-point time the schedule could not hide
-  double dp = 0;         // data-parallel reduce-scatter / all-gather (and tied-embedding all-reduce) exposed
-  double bubble = 0;     // pipeline idle time with free communication
-  double optimizer = 0;  // the optimizer step on the dp shard, and the global gradient-norm all-reduce
-  double straggler = 0;  // expected wait for the slowest GPU, and for faulty slow nodes unless evicted
+  double compute = 0;       // kernels on the busiest pipeline rank
+  double tp = 0;            // tensor-parallel collectives left on the critical path
+  double pp = 0;            // point-to-point time the schedule could not hide
+  double dp = 0;            // data-parallel reduce-scatter / all-gather (and tied-embedding all-reduce) exposed
+  double bubble = 0;        // pipeline idle time with free communication
+  double optimizer = 0;     // the optimizer step on the dp shard, and the global gradient-norm all-reduce
+  double straggler = 0;     // expected wait for the slowest GPU, and for faulty slow nodes unless evicted
   double shared_cores = 0;  // CPU host with more ranks than cores: waiting for a core (0 on GPU clusters)
 };
 

@@ -14,7 +14,9 @@ namespace mt {
 
 namespace {
 
-uint64_t pair_key(int32_t a, int32_t b) { return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b); }
+uint64_t pair_key(int32_t a, int32_t b) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
+}
 int32_t key_left(uint64_t k) { return static_cast<int32_t>(k >> 32); }
 int32_t key_right(uint64_t k) { return static_cast<int32_t>(k & 0xFFFFFFFFu); }
 
@@ -170,9 +172,12 @@ std::string gpt2_encoder_json(const BpeVocab& v) {
     out += '"';
     for (unsigned char b : v.tokens[id]) {
       uint32_t c = gpt2_byte_char(b);
-      if (c == '"' || c == '\\') out += '\\', out += static_cast<char>(c);
-      else if (c >= 0x20 && c < 0x7F) out += static_cast<char>(c);
-      else out += fmt::format("\\u{:04x}", c);  // Python's ensure_ascii escaping
+      if (c == '"' || c == '\\')
+        out += '\\', out += static_cast<char>(c);
+      else if (c >= 0x20 && c < 0x7F)
+        out += static_cast<char>(c);
+      else
+        out += fmt::format("\\u{:04x}", c);  // Python's ensure_ascii escaping
     }
     out += fmt::format("\": {}", id);
   }

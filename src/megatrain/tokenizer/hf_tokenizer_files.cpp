@@ -14,9 +14,10 @@ void check_tokenizer_of_model(const std::string& path, int vocab_size) {
   const Tokenizer tok = Tokenizer::load(path);  // the files must load, as the exported model will read them
   // Fewer is fine (a vocabulary padded to a multiple of 64, say: the extra rows are never read); more would give
   // ids the model has no rows for.
-  MT_CHECK(tok.vocab_size() <= vocab_size, "tokenizer {} has {} tokens but the model has {}: it is not this model's "
-           "tokenizer (pass the one its data was prepared with, or --tokenizer none)", path, tok.vocab_size(),
-           vocab_size);
+  MT_CHECK(tok.vocab_size() <= vocab_size,
+           "tokenizer {} has {} tokens but the model has {}: it is not this model's "
+           "tokenizer (pass the one its data was prepared with, or --tokenizer none)",
+           path, tok.vocab_size(), vocab_size);
 }
 
 std::vector<std::string> write_hf_tokenizer_files(const std::string& path, const std::string& out_dir, int vocab_size) {
@@ -29,7 +30,8 @@ std::vector<std::string> write_hf_tokenizer_files(const std::string& path, const
   if (fs::is_regular_file(json, ec) && !fs::exists(fs::path(path) / "encoder.json", ec)) {
     copies.emplace_back(json, "tokenizer.json");
     for (const char* beside : {"tokenizer_config.json", "special_tokens_map.json"})
-      if (fs::is_regular_file(json.parent_path() / beside, ec)) copies.emplace_back(json.parent_path() / beside, beside);
+      if (fs::is_regular_file(json.parent_path() / beside, ec))
+        copies.emplace_back(json.parent_path() / beside, beside);
   } else {
     copies.emplace_back(fs::path(path) / "encoder.json", "vocab.json");
     copies.emplace_back(fs::path(path) / "vocab.bpe", "merges.txt");

@@ -189,7 +189,9 @@ struct ByteAlphabet {
   std::vector<uint8_t> order;
   ByteAlphabet() {
     std::fill(std::begin(from_char), std::end(from_char), int16_t{-1});
-    auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+    auto printable = [](int b) {
+      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    };
     for (int b = 0; b < 256; ++b)
       if (printable(b)) order.push_back(static_cast<uint8_t>(b)), to_char[b] = b;
     uint32_t next = 256;
@@ -236,7 +238,9 @@ bool gpt2_text_to_bytes(std::string_view text, std::string& out) {
   return true;
 }
 
-uint64_t pair_key(int32_t a, int32_t b) { return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b); }
+uint64_t pair_key(int32_t a, int32_t b) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
+}
 
 struct StrHash {
   using is_transparent = void;
@@ -252,7 +256,8 @@ void pretokenize(std::string_view text, const std::function<void(std::string_vie
 
 std::vector<std::string_view> pretokenize(std::string_view text, PreTokenizer kind) {
   std::vector<std::string_view> out;
-  pretokenize(text, [&](std::string_view piece) { out.push_back(piece); }, kind);
+  pretokenize(
+      text, [&](std::string_view piece) { out.push_back(piece); }, kind);
   return out;
 }
 
@@ -286,8 +291,10 @@ void Tokenizer::add_bpe_work(uint64_t work) const { cache_->bpe_work.fetch_add(w
 
 Tokenizer Tokenizer::load_gpt2(const std::string& dir) {
   std::string enc_path = dir + "/encoder.json", bpe_path = dir + "/vocab.bpe";
-  MT_CHECK(file_exists(enc_path), "GPT-2 vocabulary: {} not found (run scripts/setup, or pass the directory "
-           "holding encoder.json and vocab.bpe)", enc_path);
+  MT_CHECK(file_exists(enc_path),
+           "GPT-2 vocabulary: {} not found (run scripts/setup, or pass the directory "
+           "holding encoder.json and vocab.bpe)",
+           enc_path);
   MT_CHECK(file_exists(bpe_path), "GPT-2 vocabulary: {} not found", bpe_path);
   return from_gpt2_strings(read_text_file(enc_path), read_text_file(bpe_path), dir);
 }
@@ -400,33 +407,36 @@ constexpr std::string_view kLlama3Regex =
 // with model.byte_fallback. Two layouts compute what megatrain does: Llama 2's and Mistral's files (the normalizer
 // Sequence[Prepend("▁"), Replace(" " -> "▁")], no pre-tokenizer), and newer ones (no normalizer, a Metaspace
 // pre-tokenizer with replacement "▁" and split = false).
-Tokenizer::SpacePrefix sentencepiece_prefix(const nlohmann::json& norm, const nlohmann::json& pt, const std::string& path) {
+Tokenizer::SpacePrefix sentencepiece_prefix(const nlohmann::json& norm, const nlohmann::json& pt,
+                                            const std::string& path) {
   using SP = Tokenizer::SpacePrefix;
   constexpr std::string_view kMeta = "\u2581";
   auto str = [](const nlohmann::json& o, const char* k) {
     return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
   };
   if (!norm.is_null()) {
-    const nlohmann::json list = norm.is_object() && str(norm, "type") == "Sequence" ? norm.value("normalizers",
-                                                                                                 nlohmann::json())
-                                                                                   : nlohmann::json();
+    const nlohmann::json list = norm.is_object() && str(norm, "type") == "Sequence"
+                                    ? norm.value("normalizers", nlohmann::json())
+                                    : nlohmann::json();
     const bool llama2 = list.is_array() && list.size() == 2 && str(list[0], "type") == "Prepend" &&
                         str(list[0], "prepend") == kMeta && str(list[1], "type") == "Replace" &&
                         list[1].contains("pattern") && str(list[1]["pattern"], "String") == " " &&
                         str(list[1], "content") == kMeta;
-    MT_CHECK(llama2, "{}: normalizer {} is not one megatrain computes for SentencePiece-style BPE (Llama 2's "
-             "Sequence[Prepend(\"\u2581\"), Replace(\" \", \"\u2581\")])", path, norm.dump().substr(0, 200));
+    MT_CHECK(llama2,
+             "{}: normalizer {} is not one megatrain computes for SentencePiece-style BPE (Llama 2's "
+             "Sequence[Prepend(\"\u2581\"), Replace(\" \", \"\u2581\")])",
+             path, norm.dump().substr(0, 200));
     MT_CHECK(pt.is_null(), "{}: a pre_tokenizer ({}) after Llama 2's normalizer is not supported", path,
              pt.dump().substr(0, 200));
     return SP::Prepend;
   }
-  const bool metaspace = str(pt, "type") == "Metaspace" && str(pt, "replacement") == kMeta &&
-                         pt.contains("split") && pt["split"].is_boolean() && !pt["split"].get<bool>();
+  const bool metaspace = str(pt, "type") == "Metaspace" && str(pt, "replacement") == kMeta && pt.contains("split") &&
+                         pt["split"].is_boolean() && !pt["split"].get<bool>();
   const std::string scheme = str(pt, "prepend_scheme");
   MT_CHECK(metaspace && (scheme == "always" || scheme == "first" || scheme == "never"),
            "{}: pre_tokenizer {} is not one megatrain computes for SentencePiece-style BPE (none after Llama 2's "
-           "normalizer, or a Metaspace with replacement \"\u2581\", split = false and a prepend_scheme)", path,
-           pt.dump().substr(0, 200));
+           "normalizer, or a Metaspace with replacement \"\u2581\", split = false and a prepend_scheme)",
+           path, pt.dump().substr(0, 200));
   return scheme == "always" ? SP::MetaspaceAlways : scheme == "first" ? SP::MetaspaceFirst : SP::MetaspaceNever;
 }
 
@@ -464,8 +474,10 @@ void template_of(const nlohmann::json& post, const std::string& path, std::vecto
   bool seen = false;
   for (const nlohmann::json* p : parts) {
     if (type(*p) == "ByteLevel") continue;
-    MT_CHECK(type(*p) == "TemplateProcessing", "{}: post_processor {} is not one megatrain computes (none, ByteLevel, "
-             "or a TemplateProcessing of special tokens around the text)", path, p->dump().substr(0, 200));
+    MT_CHECK(type(*p) == "TemplateProcessing",
+             "{}: post_processor {} is not one megatrain computes (none, ByteLevel, "
+             "or a TemplateProcessing of special tokens around the text)",
+             path, p->dump().substr(0, 200));
     MT_CHECK(!seen, "{}: the post_processor has two TemplateProcessing steps", path);
     seen = true;
     const nlohmann::json& single = p->contains("single") ? (*p)["single"] : nlohmann::json();
@@ -478,8 +490,10 @@ void template_of(const nlohmann::json& post, const std::string& path, std::vecto
         text = true;
         continue;
       }
-      const nlohmann::json& st = item.is_object() && item.contains("SpecialToken") ? item["SpecialToken"] : nlohmann::json();
-      const std::string name = st.is_object() && st.contains("id") && st["id"].is_string() ? st["id"].get<std::string>() : "";
+      const nlohmann::json& st = item.is_object() && item.contains("SpecialToken") ? item["SpecialToken"]
+                                                                                   : nlohmann::json();
+      const std::string name = st.is_object() && st.contains("id") && st["id"].is_string() ? st["id"].get<std::string>()
+                                                                                           : "";
       MT_CHECK(!name.empty() && specials.is_object() && specials.contains(name) && specials[name].contains("ids") &&
                    specials[name]["ids"].is_array(),
                "{}: post_processor template item {} is neither the text nor a special token with ids", path,
@@ -511,8 +525,10 @@ nlohmann::json read_hf_tokenizer_json(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     fail("{}: not valid JSON: {}", path, e.what());
   }
-  MT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "{}: no \"model\" object: not an HF "
-           "tokenizer.json", path);
+  MT_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
+           "{}: no \"model\" object: not an HF "
+           "tokenizer.json",
+           path);
   return j;
 }
 
@@ -535,14 +551,16 @@ PreTokenizer hf_pre_tokenizer(const nlohmann::json& pt, const std::string& path)
                !hf_flag(split, "invert", false) && hf_byte_level((*list)[1], false) &&
                (regex == kLlama3Regex || regex == kGpt2Regex),
            "{}: pre_tokenizer {} is not one megatrain computes (GPT-2's ByteLevel, or a Split on GPT-2's or Llama "
-           "3's regex followed by a ByteLevel)", path, pt.dump().substr(0, 300));
+           "3's regex followed by a ByteLevel)",
+           path, pt.dump().substr(0, 300));
   return regex == kLlama3Regex ? PreTokenizer::Llama3 : PreTokenizer::Gpt2;
 }
 
 // What would change the ids and that megatrain does not compute: refused rather than ignored.
 void refuse_hf_model_options(const nlohmann::json& m, const std::string& path) {
   MT_CHECK(!m.contains("dropout") || m["dropout"].is_null() || (m["dropout"].is_number() && m["dropout"] == 0),
-           "{}: model.dropout = {} (BPE dropout, random merges) is not supported", path, m.value("dropout", nlohmann::json()).dump());
+           "{}: model.dropout = {} (BPE dropout, random merges) is not supported", path,
+           m.value("dropout", nlohmann::json()).dump());
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     MT_CHECK(hf_str(m, k).empty(), "{}: model.{} = \"{}\" is not supported", path, k, hf_str(m, k));
 }
@@ -556,8 +574,10 @@ struct HfVocab {
 
 HfVocab read_hf_vocab(const nlohmann::json& m, bool sp, const std::string& path,
                       std::unordered_map<std::string, int32_t>& piece_ids) {
-  MT_CHECK(m.contains("vocab") && m["vocab"].is_object() && !m["vocab"].empty(), "{}: model.vocab must be a "
-           "non-empty object of token -> id", path);
+  MT_CHECK(m.contains("vocab") && m["vocab"].is_object() && !m["vocab"].empty(),
+           "{}: model.vocab must be a "
+           "non-empty object of token -> id",
+           path);
   HfVocab vocab;
   std::string bytes;
   for (auto& [text, v] : m["vocab"].items()) {
@@ -570,8 +590,7 @@ HfVocab read_hf_vocab(const nlohmann::json& m, bool sp, const std::string& path,
       MT_CHECK(gpt2_text_to_bytes(text, bytes), "{}: token \"{}\" has a character outside the byte-level alphabet",
                path, text);
     }
-    MT_CHECK(vocab.bytes_of.emplace(v.get<int64_t>(), bytes).second, "{}: id {} is used by two tokens", path,
-             v.dump());
+    MT_CHECK(vocab.bytes_of.emplace(v.get<int64_t>(), bytes).second, "{}: id {} is used by two tokens", path, v.dump());
     vocab.by_text.emplace(text, v.get<int32_t>());
   }
   return vocab;
@@ -588,8 +607,10 @@ std::vector<std::pair<std::string, int32_t>> read_hf_added_tokens(const nlohmann
       const int64_t id = a["id"].get<int64_t>();
       const std::string content = hf_str(a, "content");
       auto [it, fresh] = bytes_of.emplace(id, content);
-      MT_CHECK(fresh || it->second == content, "{}: added token \"{}\" has id {}, which the vocabulary gives to "
-               "another token", path, content, id);
+      MT_CHECK(fresh || it->second == content,
+               "{}: added token \"{}\" has id {}, which the vocabulary gives to "
+               "another token",
+               path, content, id);
       added.emplace_back(content, static_cast<int32_t>(id));
     }
   return added;
@@ -599,8 +620,10 @@ std::vector<std::pair<std::string, int32_t>> read_hf_added_tokens(const nlohmann
 void hf_dense_ids(const std::map<int64_t, std::string>& bytes_of, const std::string& path,
                   std::vector<std::string>& tokens, std::unordered_map<std::string, int32_t>& ids) {
   const int64_t size = bytes_of.rbegin()->first + 1;
-  MT_CHECK(static_cast<int64_t>(bytes_of.size()) == size, "{}: token ids are not dense: {} tokens but the largest "
-           "id is {}", path, bytes_of.size(), size - 1);
+  MT_CHECK(static_cast<int64_t>(bytes_of.size()) == size,
+           "{}: token ids are not dense: {} tokens but the largest "
+           "id is {}",
+           path, bytes_of.size(), size - 1);
   tokens.resize(static_cast<size_t>(size));
   for (auto& [id, b] : bytes_of) tokens[static_cast<size_t>(id)] = b;
   for (auto& [id, b] : bytes_of) ids.emplace(b, static_cast<int32_t>(id));  // the lower id where two share bytes
@@ -613,8 +636,7 @@ void hf_byte_ids(bool sp, const std::unordered_map<std::string, int32_t>& piece_
   for (int b = 0; b < 256; ++b) {
     if (sp) {  // byte_fallback: the byte's own "<0xXX>" token (the byte alone may also be a character's token)
       auto it = piece_ids.find(fmt::format("<0x{:02X}>", b));
-      MT_CHECK(it != piece_ids.end(), "{}: model.byte_fallback is set but model.vocab has no \"<0x{:02X}>\"", path,
-               b);
+      MT_CHECK(it != piece_ids.end(), "{}: model.byte_fallback is set but model.vocab has no \"<0x{:02X}>\"", path, b);
       byte_id[b] = it->second;
       continue;
     }
@@ -631,8 +653,7 @@ int32_t hf_end_of_text(const std::vector<std::pair<std::string, int32_t>>& added
   for (std::string_view name : {std::string_view("<|end_of_text|>"), kEndOfText, std::string_view("</s>")})
     for (auto& [content, id] : added)
       if (eot < 0 && content == name) eot = id;
-  MT_CHECK(eot >= 0, "{}: no end-of-text token among added_tokens (<|end_of_text|>, {} or </s>)", path,
-           kEndOfText);
+  MT_CHECK(eot >= 0, "{}: no end-of-text token among added_tokens (<|end_of_text|>, {} or </s>)", path, kEndOfText);
   return eot;
 }
 
@@ -680,16 +701,18 @@ std::string Tokenizer::missing_files(const std::string& path) {
   for (const char* f : {"encoder.json", "vocab.bpe"})
     if (!fs::is_regular_file(fs::path(path) / f, ec))
       return fmt::format("{} has no {} (GPT-2's files: encoder.json and vocab.bpe) and no tokenizer.json (an HF "
-                         "tokenizer)", path, f);
+                         "tokenizer)",
+                         path, f);
   return "";
 }
 
 Tokenizer Tokenizer::load_hf(const std::string& path) {
   nlohmann::json j = read_hf_tokenizer_json(path);
   const nlohmann::json& m = j["model"];
-  MT_CHECK(hf_str(m, "type") == "BPE", "{}: model.type is \"{}\"; megatrain reads BPE tokenizers (byte-level, or "
-           "SentencePiece-style with byte_fallback)", path,
-           hf_str(m, "type"));
+  MT_CHECK(hf_str(m, "type") == "BPE",
+           "{}: model.type is \"{}\"; megatrain reads BPE tokenizers (byte-level, or "
+           "SentencePiece-style with byte_fallback)",
+           path, hf_str(m, "type"));
   Tokenizer t;
   const nlohmann::json pt = j.value("pre_tokenizer", nlohmann::json());
   const nlohmann::json norm = j.value("normalizer", nlohmann::json());
@@ -701,8 +724,10 @@ Tokenizer Tokenizer::load_hf(const std::string& path) {
   }
   if (t.sp_ == SpacePrefix::None) t.pre_ = hf_pre_tokenizer(pt, path);  // else no pre-tokenizer: the text is one word
   t.ignore_merges_ = hf_flag(m, "ignore_merges", false);
-  MT_CHECK(!t.ignore_merges_ || t.sp_ == SpacePrefix::None, "{}: model.ignore_merges with byte_fallback is not "
-           "supported (no Llama 2 or Mistral file sets it)", path);
+  MT_CHECK(!t.ignore_merges_ || t.sp_ == SpacePrefix::None,
+           "{}: model.ignore_merges with byte_fallback is not "
+           "supported (no Llama 2 or Mistral file sets it)",
+           path);
   refuse_hf_model_options(m, path);
 
   // Ids: model.vocab and added_tokens, dense from 0.
@@ -757,7 +782,8 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
   };
   const int32_t n = static_cast<int32_t>(piece.size());
   std::vector<Sym> sym(n);
-  for (int32_t i = 0; i < n; ++i) sym[i] = {byte_id_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
+  for (int32_t i = 0; i < n; ++i)
+    sym[i] = {byte_id_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
   std::vector<Cand> heap, batch, deferred;
   uint64_t work = 0;
   auto push = [&](int32_t p) {
@@ -854,7 +880,8 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, 
       int32_t id = -1;
       for (const auto& [bytes, sid] : specials_) {
         const size_t f = text.find(bytes);
-        if (f != std::string_view::npos && (f < at || (f == at && bytes.size() > len))) at = f, len = bytes.size(), id = sid;
+        if (f != std::string_view::npos && (f < at || (f == at && bytes.size() > len)))
+          at = f, len = bytes.size(), id = sid;
       }
       if (at == std::string_view::npos) break;
       encode_plain(text.substr(0, at), out, start);
@@ -888,8 +915,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
   out.reserve(ids.size() * 4);
   for (size_t i = 0; i < ids.size(); ++i) {
     int32_t id = ids[i];
-    MT_CHECK(id >= 0 && id < vocab_size(), "decode: token id {} at position {} is outside the vocabulary (0..{})",
-             id, i, vocab_size() - 1);
+    MT_CHECK(id >= 0 && id < vocab_size(), "decode: token id {} at position {} is outside the vocabulary (0..{})", id,
+             i, vocab_size() - 1);
     out += tokens_[id];
   }
   return out;

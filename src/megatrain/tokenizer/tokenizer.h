@@ -127,8 +127,8 @@ class Tokenizer {
   void add_bpe_work(uint64_t work) const;
   const Merge* find_merge(int32_t left, int32_t right) const;
 
-  std::vector<std::string> tokens_;                 // id -> bytes
-  std::unordered_map<std::string, int32_t> ids_;    // bytes -> id
+  std::vector<std::string> tokens_;               // id -> bytes
+  std::unordered_map<std::string, int32_t> ids_;  // bytes -> id
   std::vector<std::pair<int32_t, int32_t>> merges_;
   // (left << 32 | right) -> merge; includes the pairs the reference merges by accident (see tokenizer.cpp).
   std::unordered_map<uint64_t, Merge> pair_merge_;

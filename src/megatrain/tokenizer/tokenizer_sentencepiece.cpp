@@ -39,7 +39,8 @@ void Tokenizer::encode_sentencepiece(std::string_view text, bool text_start, std
   const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
   for (size_t i = 0; i < text.size();) {
     const utf8::Char c = utf8::at(bytes, text.size(), i);
-    if (c.cp == utf8::kNone)  // a stray byte: its byte token (HF takes only valid UTF-8; this keeps any input encodable)
+    if (c.cp ==
+        utf8::kNone)  // a stray byte: its byte token (HF takes only valid UTF-8; this keeps any input encodable)
       symbols.push_back(byte_id_[bytes[i]]);
     else
       push_char(text.substr(i, c.len));

@@ -29,8 +29,10 @@ inline CharClass char_class(uint32_t cp) {
   size_t lo = 0, hi = r.size();
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
-    if (r[mid].hi < cp) lo = mid + 1;
-    else hi = mid;
+    if (r[mid].hi < cp)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo < r.size() && r[lo].lo <= cp ? r[lo].cls : CharClass::Other;
 }

@@ -37,14 +37,14 @@ void persist_snapshot(CkptAsyncState& st, int slot, SaveWhy why, double t_snapsh
     st.event({step, stage, why, std::move(dir), std::move(msg), now_seconds() - t_snapshot});
   };
   try {
-    if (st.stage2_delay_s > 0)
-      std::this_thread::sleep_for(std::chrono::duration<double>(st.stage2_delay_s));
+    if (st.stage2_delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(st.stage2_delay_s));
     std::string dir;
     if (st.single) {
       // One process: the format-1 checkpoint a synchronous save writes (model.safetensors + optim.safetensors),
       // from the snapshot's memory. save_checkpoint commits it (rename, latest) itself.
       CheckpointFiles files;
-      for (const ShardPiece& p : s.pieces()) files[p.group].push_back(TensorRef{p.tensor, p.dtype, p.slice.extent, p.data});
+      for (const ShardPiece& p : s.pieces())
+        files[p.group].push_back(TensorRef{p.tensor, p.dtype, p.slice.extent, p.data});
       SaveOptions so;
       so.keep_last = st.keep_last;
       so.protect = st.protect;
@@ -83,9 +83,10 @@ void persist_snapshot(CkptAsyncState& st, int slot, SaveWhy why, double t_snapsh
       }
     }
     const auto latest = find_latest(st.root);
-    fmt::print(stderr, "checkpoint ({}) step {} FAILED in stage 2 ({}): {}; training goes on, the latest checkpoint "
-               "is still {}\n", kind_name(why), step,
-               st.main_rank ? "writing or committing" : "writing this rank's shard", msg,
+    fmt::print(stderr,
+               "checkpoint ({}) step {} FAILED in stage 2 ({}): {}; training goes on, the latest checkpoint "
+               "is still {}\n",
+               kind_name(why), step, st.main_rank ? "writing or committing" : "writing this rank's shard", msg,
                latest ? *latest : std::string("(none)"));
     std::fflush(stderr);
     ev(CheckpointStage::Failed, "", msg);
@@ -203,7 +204,8 @@ std::string promote_peer_snapshots(const std::string& root, int keep_last) {
     so.keep_last = keep_last;
     promoted = commit_sharded_checkpoint(root, step, files, extra, so);
     fmt::print("recovered step {} from the peer snapshots that surviving ranks persisted -> {} (the latest checkpoint "
-               "on disk was step {})\n", step, promoted, disk_step < 0 ? std::string("none") : std::to_string(disk_step));
+               "on disk was step {})\n",
+               step, promoted, disk_step < 0 ? std::string("none") : std::to_string(disk_step));
     break;
   }
   // Sets at or below what is now the latest checkpoint can never be used again, nor can an incomplete or unreadable

@@ -20,15 +20,15 @@ namespace mt {
 
 struct CkptAsyncState {
   // Fixed for the run.
-  std::string root;                   // ckpt.dir
-  bool main_rank = true;              // commits (sharded) / writes (single process)
-  bool single = true;                 // a single process: one format-1 checkpoint, no commit protocol
+  std::string root;       // ckpt.dir
+  bool main_rank = true;  // commits (sharded) / writes (single process)
+  bool single = true;     // a single process: one format-1 checkpoint, no commit protocol
   int world = 1;
-  std::vector<std::string> files;     // every rank's shard file name (the commit waits for all of them)
+  std::vector<std::string> files;  // every rank's shard file name (the commit waits for all of them)
   int keep_last = 0;
-  std::string protect;                // the checkpoint this run resumed from: never pruned
-  double commit_timeout_s = 600;      // how long rank 0 waits for the other ranks' shard files
-  double stage2_delay_s = 0;          // the stage2_delay fault (tests: a kill that lands inside stage 2)
+  std::string protect;            // the checkpoint this run resumed from: never pruned
+  double commit_timeout_s = 600;  // how long rank 0 waits for the other ranks' shard files
+  double stage2_delay_s = 0;      // the stage2_delay fault (tests: a kill that lands inside stage 2)
   std::unique_ptr<PeerLinks> peers;
 
   ShardSnapshot own[2], held[2];
@@ -37,9 +37,9 @@ struct CkptAsyncState {
   // Written by the tasks, read by the training thread (under mu).
   std::mutex mu;
   std::vector<CheckpointEvent> events;
-  std::string exchange_error;         // the last peer copy's failure
+  std::string exchange_error;  // the last peer copy's failure
   ErrorKind exchange_kind = ErrorKind::PeerLost;
-  bool persist_failed = false;        // the last persist failed (on this rank; on rank 0: or its commit)
+  bool persist_failed = false;  // the last persist failed (on this rank; on rank 0: or its commit)
   std::string persist_message, committed_dir;
 
   void event(CheckpointEvent e);

@@ -38,8 +38,7 @@ ConfigEntries decode(const std::string& s) {
 
 // Waits for `keys` (one per rank, in `ranks` order); a rank that never publishes its key is named, as the group
 // rendezvous names a member that never arrives.
-void wait_for_ranks(Store& store, const std::vector<std::string>& keys, const std::vector<int>& ranks,
-                    Millis timeout) {
+void wait_for_ranks(Store& store, const std::vector<std::string>& keys, const std::vector<int>& ranks, Millis timeout) {
   try {
     store.wait(keys, timeout);
   } catch (const Error&) {
@@ -49,8 +48,10 @@ void wait_for_ranks(Store& store, const std::vector<std::string>& keys, const st
     for (size_t i = 0; i < keys.size(); ++i)
       if (std::find(miss.begin(), miss.end(), keys[i]) != miss.end())
         list += (list.empty() ? "" : ", ") + std::to_string(ranks[i]);
-    fail_as(ErrorKind::CommTimeout, "ranks {} never arrived within {:g} s (at the start-up check that every rank runs "
-            "the same config)", list, std::chrono::duration<double>(timeout).count());
+    fail_as(ErrorKind::CommTimeout,
+            "ranks {} never arrived within {:g} s (at the start-up check that every rank runs "
+            "the same config)",
+            list, std::chrono::duration<double>(timeout).count());
   }
 }
 
@@ -65,8 +66,10 @@ std::string config_differences(const ConfigEntries& reference, const ConfigEntri
   };
   for (auto& [k, v] : ref) {
     auto it = own.find(k);
-    if (it == own.end()) add(k, v, "<absent>");
-    else if (it->second != v) add(k, v, it->second);
+    if (it == own.end())
+      add(k, v, "<absent>");
+    else if (it->second != v)
+      add(k, v, it->second);
   }
   for (auto& [k, v] : own)
     if (!ref.count(k)) add(k, "<absent>", v);
@@ -101,7 +104,8 @@ void agree_on_config(Store& store, int rank, int world, const ConfigEntries& min
   const std::string diff = config_differences(decode(store.get("config/rank0", timeout)), mine, rank);
   store.set(fmt::format("config/verdict/{}", rank), diff);
   const std::string verdict = store.get("config/verdict", timeout);
-  if (verdict != "ok") fail_as(ErrorKind::Config, "the ranks of this job were started with different configs:{}", verdict);
+  if (verdict != "ok")
+    fail_as(ErrorKind::Config, "the ranks of this job were started with different configs:{}", verdict);
 }
 
 }  // namespace mt

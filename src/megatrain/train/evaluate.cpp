@@ -24,7 +24,8 @@ void check_val_split(const RunConfig& cfg, const Topology& topo, int micro) {
   try {
     for (const DataSource& src : cfg.data.sources()) open_val(cfg, src.dir, topo, micro);
   } catch (const Error& e) {
-    fail_as(ErrorKind::Data, "train.eval_every = {} evaluates on the val split, but it cannot be read: {}. Prepare the "
+    fail_as(ErrorKind::Data,
+            "train.eval_every = {} evaluates on the val split, but it cannot be read: {}. Prepare the "
             "data with a val split (`megatrain prepare-data --val-fraction`), or set --train.eval_every=0",
             cfg.train.eval_every, e.what());
   }
@@ -70,7 +71,8 @@ double evaluate_source(GPT& model, const RunConfig& cfg, const std::string& dir,
       loss_sum = pipeline_eval_loss(model, topo.device_mesh->pp(), b.x.data(), b.y.data(), micro, B, T);
       if (topo.coord.pp != topo.shape.pp - 1) valid = 0;  // counted once, on the stage that has the loss
     } else {
-      loss_sum = static_cast<double>(model.forward(b.x.data(), b.y.data(), b.B, b.T, false)) * static_cast<double>(valid);
+      loss_sum = static_cast<double>(model.forward(b.x.data(), b.y.data(), b.B, b.T, false)) *
+                 static_cast<double>(valid);
     }
     sums[2 * i] = static_cast<float>(loss_sum);
     sums[2 * i + 1] = static_cast<float>(valid);
@@ -86,8 +88,10 @@ double evaluate_source(GPT& model, const RunConfig& cfg, const std::string& dir,
   // Every rank holds the same mean (the sums were reduced), so every rank throws together: no rank is left
   // waiting in a collective.
   if (!std::isfinite(mean))
-    fail_as(ErrorKind::NonFinite, "step {}: the validation loss is not finite ({}, on the val split of {}): the model "
-            "has diverged", step, mean, dir);
+    fail_as(ErrorKind::NonFinite,
+            "step {}: the validation loss is not finite ({}, on the val split of {}): the model "
+            "has diverged",
+            step, mean, dir);
   return mean;
 }
 

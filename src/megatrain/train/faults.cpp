@@ -54,12 +54,17 @@ FaultInjector::FaultInjector(const std::vector<Fault>& faults, int rank, int att
       // (a stuck device blocks them all).
       if (!sh->hung.exchange(true)) {
         heartbeat_event("fault_injected",
-                        {{"fault", sh->hang_item}, {"kind", "hang"}, {"step", step}, {"attempt", sh->attempt},
-                         {"group", group}, {"op", e.op}, {"seq", e.seq}},
+                        {{"fault", sh->hang_item},
+                         {"kind", "hang"},
+                         {"step", step},
+                         {"attempt", sh->attempt},
+                         {"group", group},
+                         {"op", e.op},
+                         {"seq", e.seq}},
                         true);
         std::fprintf(stderr, "fault injected: %s (rank %d, step %d, attempt %d): blocking in %s #%lld of group %s\n",
-                     sh->hang_item.c_str(), sh->rank, step, sh->attempt, e.op.c_str(),
-                     static_cast<long long>(e.seq), group.c_str());
+                     sh->hang_item.c_str(), sh->rank, step, sh->attempt, e.op.c_str(), static_cast<long long>(e.seq),
+                     group.c_str());
         std::fflush(stderr);
       }
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -75,8 +80,8 @@ void FaultInjector::check_world(int world_size) const {
   // Only the faults of this attempt: a job that shrank after attempt 0 may no longer have the rank one named.
   for (const Fault& f : all_)
     if (f.kind != FaultKind::BadNode && f.fires_in(attempt_) && f.rank >= world_size)
-      fail_as(ErrorKind::Config, "MEGATRAIN_FAULTS item '{}': rank {} is outside the world of {} ranks", f.item,
-              f.rank, world_size);
+      fail_as(ErrorKind::Config, "MEGATRAIN_FAULTS item '{}': rank {} is outside the world of {} ranks", f.item, f.rank,
+              world_size);
 }
 
 void FaultInjector::fired(const Fault& f, int step) {
@@ -128,8 +133,7 @@ void FaultInjector::begin_step(int step, GPT& model) {
       case FaultKind::BadNode:
       case FaultKind::Stage2Delay:  // fire elsewhere (faults.h)
       case FaultKind::KillAfterSnapshot:
-      case FaultKind::ClockSkew:
-        break;
+      case FaultKind::ClockSkew: break;
     }
   }
 }

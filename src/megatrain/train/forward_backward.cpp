@@ -48,8 +48,7 @@ class PlainForwardBackward final : public ForwardBackward {
 class PipelinedForwardBackward final : public ForwardBackward {
  public:
   PipelinedForwardBackward(const RunConfig& cfg, Topology& topo, ModelStack& stack)
-      : stack_(stack), device_pp_(topo.device_mesh->pp()), host_pp_(topo.host_mesh->pp()),
-        accum_(cfg.train.grad_accum),
+      : stack_(stack), device_pp_(topo.device_mesh->pp()), host_pp_(topo.host_mesh->pp()), accum_(cfg.train.grad_accum),
         pipe_(*stack.model, stack.schedule, topo.coord.pp, cfg.data.batch_size, cfg.data.seq_len) {}
   float run(DataLoader& loader, Update& update) override {
     // A chunk's gradients are final in the backward of its last micro-batch: ZeRO's buckets start there.

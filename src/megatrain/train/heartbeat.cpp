@@ -179,21 +179,23 @@ std::string Heartbeat::hb_line(const char* at) const {
 }
 
 void Heartbeat::event(const std::string& name, nlohmann::ordered_json fields, bool sync) {
-  enqueue([&] {
-    nlohmann::ordered_json j = {{"type", "event"}, {"event", name}, {"rank", rank_}, {"t", unix_seconds()}};
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      j["step"] = step_;
-    }
-    for (auto& [k, v] : fields.items()) j[k] = v;  // fields may name the step itself
-    std::string line = j.dump();
-    if (line.size() + 1 > PIPE_BUF && j.contains("message")) {  // a long error message: cut it, keep the line whole
-      const std::string m = j["message"].get<std::string>();
-      j["message"] = m.substr(0, m.size() - std::min(m.size(), line.size() + 1 - PIPE_BUF + 16)) + "...";
-      line = j.dump();
-    }
-    return line + "\n";
-  }, sync);
+  enqueue(
+      [&] {
+        nlohmann::ordered_json j = {{"type", "event"}, {"event", name}, {"rank", rank_}, {"t", unix_seconds()}};
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          j["step"] = step_;
+        }
+        for (auto& [k, v] : fields.items()) j[k] = v;  // fields may name the step itself
+        std::string line = j.dump();
+        if (line.size() + 1 > PIPE_BUF && j.contains("message")) {  // a long error message: cut it, keep the line whole
+          const std::string m = j["message"].get<std::string>();
+          j["message"] = m.substr(0, m.size() - std::min(m.size(), line.size() + 1 - PIPE_BUF + 16)) + "...";
+          line = j.dump();
+        }
+        return line + "\n";
+      },
+      sync);
 }
 
 void Heartbeat::enqueue(const std::function<std::string()>& make, bool sync) {

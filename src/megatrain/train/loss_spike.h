@@ -10,15 +10,15 @@
 namespace mt {
 
 struct SpikeRule {
-  int window = 50;     // 0: never a spike
+  int window = 50;  // 0: never a spike
   double sigmas = 6;
-  double factor = 2;   // 0: no ratio rule
+  double factor = 2;  // 0: no ratio rule
 };
 
 struct Spike {
   std::string rule;  // "sigma" or "factor"
   double mean = 0, std = 0, median = 0, threshold = 0;
-  int samples = 0;   // losses in the window
+  int samples = 0;  // losses in the window
 };
 
 class LossSpikeDetector {

@@ -24,8 +24,8 @@ void MetricsLog::open(const std::string& path, int resumed_step) {
       if (line.empty()) continue;
       nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       // A torn last line (a crash mid-write) is dropped like a step past the resume point.
-      const bool past =
-          j.is_discarded() || (j.contains("step") && j["step"].is_number() && j["step"].get<int>() > resumed_step);
+      const bool past = j.is_discarded() ||
+                        (j.contains("step") && j["step"].is_number() && j["step"].get<int>() > resumed_step);
       if (past) {
         ++dropped;
         continue;
@@ -52,34 +52,44 @@ void MetricsLog::write(const nlohmann::json& j) {
 nlohmann::json MetricsLog::to_json(const StepReport& r) {
   const StepStats& s = r.stats;
   // The loss is also written with 9 significant digits (float round-trip) so runs can be compared exactly.
-  nlohmann::json j = {{"kind", "train"},
-                    {"step", s.step},
-                    {"loss", s.loss},
-                    {"loss_exact", fmt::format("{:.9g}", s.loss)},
-                    {"lr", s.lr},
-                    {"grad_norm", s.grad_norm},
-                    {"step_seconds", s.step_seconds},
-                    {"tokens_per_second", s.tokens_per_second},
-                    {"model_tflops", s.model_flops_per_second / 1e12},
-                    {"mfu", s.mfu},
-                    // This rank's communication per plane: busy = the ops' execution time, exposed = the time the
-                    // step waited for them (not hidden behind compute).
-                    {"comm_busy_s",
-                     {{"dp", r.dp.busy_seconds}, {"tp", r.tp.busy_seconds}, {"pp", r.pp.busy_seconds}}},
-                    {"comm_exposed_s",
-                     {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}},
-                    {"memory_gb", static_cast<double>(r.memory_bytes) / 1e9}};
+  nlohmann::json j = {
+      {"kind", "train"},
+      {"step", s.step},
+      {"loss", s.loss},
+      {"loss_exact", fmt::format("{:.9g}", s.loss)},
+      {"lr", s.lr},
+      {"grad_norm", s.grad_norm},
+      {"step_seconds", s.step_seconds},
+      {"tokens_per_second", s.tokens_per_second},
+      {"model_tflops", s.model_flops_per_second / 1e12},
+      {"mfu", s.mfu},
+      // This rank's communication per plane: busy = the ops' execution time, exposed = the time the
+      // step waited for them (not hidden behind compute).
+      {"comm_busy_s", {{"dp", r.dp.busy_seconds}, {"tp", r.tp.busy_seconds}, {"pp", r.pp.busy_seconds}}},
+      {"comm_exposed_s", {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}},
+      {"memory_gb", static_cast<double>(r.memory_bytes) / 1e9}};
   if (!r.blend_epochs.empty()) j["blend_epochs"] = r.blend_epochs;  // how often each source's data has been seen
   return j;
 }
 
 void MetricsLog::on_run_start(const RunStart& r) {
-  write({{"kind", "run"}, {"config", r.cfg ? r.cfg->source : ""}, {"params", r.params}, {"peak_flops", r.peak_flops},
-         {"peak_source", r.peak_source}, {"start_step", r.start_step}, {"threads", r.threads},
-         {"world_size", r.world_size}, {"dp", r.dp}, {"pp", r.pp}, {"tp", r.tp}, {"resumed_from", r.resumed_from}});
+  write({{"kind", "run"},
+         {"config", r.cfg ? r.cfg->source : ""},
+         {"params", r.params},
+         {"peak_flops", r.peak_flops},
+         {"peak_source", r.peak_source},
+         {"start_step", r.start_step},
+         {"threads", r.threads},
+         {"world_size", r.world_size},
+         {"dp", r.dp},
+         {"pp", r.pp},
+         {"tp", r.tp},
+         {"resumed_from", r.resumed_from}});
 }
 
-void MetricsLog::on_eval(int step, double val_loss) { write({{"kind", "val"}, {"step", step}, {"val_loss", val_loss}}); }
+void MetricsLog::on_eval(int step, double val_loss) {
+  write({{"kind", "val"}, {"step", step}, {"val_loss", val_loss}});
+}
 
 // A blend: one line per source before the "val" line ({"kind": "val_source", "dir", "share", "val_loss"}).
 void MetricsLog::on_eval_sources(int step, const std::vector<SourceLoss>& losses) {
@@ -94,26 +104,32 @@ void MetricsLog::on_checkpoint(int step, const std::string& dir, const std::stri
 // {"kind": "checkpoint_event", "stage": ...}: every stage of every save; the "checkpoint" line above is written only
 // for a committed one.
 void MetricsLog::on_checkpoint_event(const CheckpointEvent& e) {
-  nlohmann::json j = {{"kind", "checkpoint_event"}, {"step", e.step}, {"stage", kind_name(e.stage)},
-                      {"why", kind_name(e.why)}, {"seconds", e.seconds}};
+  nlohmann::json j = {{"kind", "checkpoint_event"},
+                      {"step", e.step},
+                      {"stage", kind_name(e.stage)},
+                      {"why", kind_name(e.why)},
+                      {"seconds", e.seconds}};
   if (!e.dir.empty()) j["dir"] = e.dir;
   if (!e.message.empty())
-    j["message"] =
-        nlohmann::json::parse(nlohmann::json(e.message).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    j["message"] = nlohmann::json::parse(nlohmann::json(e.message).dump(-1, ' ', false,
+                                                                        nlohmann::json::error_handler_t::replace));
   write(j);
 }
 
 void MetricsLog::on_sample(int step, const std::string& text, const std::vector<int32_t>& tokens) {
   // A sample may end inside a multi-byte character: the log's copy has invalid UTF-8 replaced (U+FFFD).
-  const auto clean =
-      nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  const auto clean = nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false,
+                                                                     nlohmann::json::error_handler_t::replace));
   write({{"kind", "sample"}, {"step", step}, {"text", clean}, {"tokens", tokens}});
 }
 
 void MetricsLog::on_error(int step, ErrorKind kind, const std::string& what) {
-  const auto msg =
-      nlohmann::json::parse(nlohmann::json(what).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  write({{"kind", "error"}, {"step", step}, {"error_kind", kind_name(kind)}, {"exit_code", exit_code(kind)},
+  const auto msg = nlohmann::json::parse(nlohmann::json(what).dump(-1, ' ', false,
+                                                                   nlohmann::json::error_handler_t::replace));
+  write({{"kind", "error"},
+         {"step", step},
+         {"error_kind", kind_name(kind)},
+         {"exit_code", exit_code(kind)},
          {"message", msg}});
 }
 
@@ -140,9 +156,8 @@ void ProgressPrinter::on_run_start(const RunStart& r) {
              "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s))\n",
              c.model.n_layer, c.model.d_model, c.model.n_head, kind_name(c.model.block), c.model.window, attention,
              r.params / 1e6,
-             c.data.blend.empty()
-                 ? fmt::format("{} train tokens", r.train_tokens)
-                 : fmt::format("{} train tokens ({})", r.train_tokens, blend_description(c.data)),
+             c.data.blend.empty() ? fmt::format("{} train tokens", r.train_tokens)
+                                  : fmt::format("{} train tokens ({})", r.train_tokens, blend_description(c.data)),
              r.dp, c.data.batch_size, c.data.seq_len, c.train.grad_accum,
              r.pp > 1 ? fmt::format(" | pipeline pp={} v={} microbatches={}{}", r.pp, c.parallel.virtual_stages,
                                     c.pipeline_microbatches(),
@@ -162,7 +177,9 @@ void ProgressPrinter::on_step(const StepReport& r) {
   if (s.step % log_every_ == 0 || s.step == first_ || s.step == s.total_steps) fmt::print("{}\n", progress_line(r));
 }
 
-void ProgressPrinter::on_eval(int step, double val_loss) { fmt::print("step {:>6} | val loss {:.4f}\n", step, val_loss); }
+void ProgressPrinter::on_eval(int step, double val_loss) {
+  fmt::print("step {:>6} | val loss {:.4f}\n", step, val_loss);
+}
 
 void ProgressPrinter::on_eval_sources(int step, const std::vector<SourceLoss>& losses) {
   std::vector<std::string> parts;

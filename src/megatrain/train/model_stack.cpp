@@ -28,7 +28,8 @@ ModelStack build_model_stack(const RunConfig& cfg, Topology& topo) {
     s.schedule = vstages > 1 ? make_interleaved_1f1b(pp, vstages, s.microbatches) : make_1f1b(pp, s.microbatches);
     if (cfg.model.tied_embeddings && (at.pp == 0 || at.pp == pp - 1)) {
       const std::vector<int> ranks = {mesh_rank(shape, {at.dp, 0, at.tp}), mesh_rank(shape, {at.dp, pp - 1, at.tp})};
-      s.embedding_group = topo.make_device_group(GroupRole::Embedding, fmt::format("emb[{},{}]", ranks[0], ranks[1]), ranks);
+      s.embedding_group = topo.make_device_group(GroupRole::Embedding, fmt::format("emb[{},{}]", ranks[0], ranks[1]),
+                                                 ranks);
       if (at.pp == pp - 1) s.wte_copy = s.model->params().index("wte.weight");
     }
   }

@@ -19,15 +19,15 @@ struct RunConfig;
 
 struct RunStart {
   const RunConfig* cfg = nullptr;
-  int start_step = 0;        // the last completed step (0, or the step resumed from)
+  int start_step = 0;  // the last completed step (0, or the step resumed from)
   int world_size = 1, dp = 1, pp = 1, tp = 1;
-  int threads = 1;           // OpenMP threads per rank
-  int64_t params = 0;        // model parameters (whole model)
-  uint64_t train_tokens = 0; // tokens in the train split
-  double peak_flops = 0;     // the MFU denominator over all ranks
-  std::string peak_source;   // where peak_flops came from
-  std::string resumed_from;  // checkpoint directory, or ""
-  int rank = 0;              // this process's global rank and place in the mesh
+  int threads = 1;            // OpenMP threads per rank
+  int64_t params = 0;         // model parameters (whole model)
+  uint64_t train_tokens = 0;  // tokens in the train split
+  double peak_flops = 0;      // the MFU denominator over all ranks
+  std::string peak_source;    // where peak_flops came from
+  std::string resumed_from;   // checkpoint directory, or ""
+  int rank = 0;               // this process's global rank and place in the mesh
   MeshCoord coord;
 };
 

@@ -25,7 +25,8 @@ void warn_if_checkpoints_will_not_fit(const RunConfig& cfg) {
   const int there = static_cast<int>(std::min<size_t>(list_checkpoints(cfg.ckpt.dir).size(), cfg.ckpt.keep_last));
   const int more = cfg.ckpt.keep_last + 1 - there;
   if (static_cast<double>(sp.available) >= each * more) return;
-  fmt::print(stderr, "warning: ckpt.dir {} has {:.2f} GB free, but a checkpoint of this model takes about {:.2f} GB "
+  fmt::print(stderr,
+             "warning: ckpt.dir {} has {:.2f} GB free, but a checkpoint of this model takes about {:.2f} GB "
              "and up to {} are on disk at once (ckpt.keep_last {} and the one being written; {} there now): about "
              "{:.2f} GB more. A save that does not fit fails, and the run goes on without it\n",
              cfg.ckpt.dir, static_cast<double>(sp.available) / 1e9, each / 1e9, cfg.ckpt.keep_last + 1,

@@ -36,8 +36,8 @@ double datasheet_peak_flops(const std::string& name) {
     double tflops;
   };
   static const std::vector<Row> table = {
-      {{"H200"}, 989.4},  {{"GH200"}, 989.4},  {{"H100", "PCIe"}, 756.0}, {{"H100", "NVL"}, 835.5},
-      {{"H100"}, 989.4},  {{"A100"}, 312.0},   {{"A800"}, 312.0},         {{"H800"}, 989.4},
+      {{"H200"}, 989.4}, {{"GH200"}, 989.4}, {{"H100", "PCIe"}, 756.0}, {{"H100", "NVL"}, 835.5},
+      {{"H100"}, 989.4}, {{"A100"}, 312.0},  {{"A800"}, 312.0},         {{"H800"}, 989.4},
   };
   for (const Row& r : table)
     if (std::all_of(r.all.begin(), r.all.end(), has)) return r.tflops * 1e12;
@@ -50,8 +50,10 @@ PeakFlops peak_flops(double configured_tflops, Ops& ops) {
   const std::string name = ops.device_name();
   const double p = datasheet_peak_flops(name);
   if (p <= 0)
-    fail_as(ErrorKind::Config, "no datasheet peak is known for the GPU \"{}\": set train.peak_tflops (its dense bf16 "
-            "TFLOP/s) so MFU can be computed", name);
+    fail_as(ErrorKind::Config,
+            "no datasheet peak is known for the GPU \"{}\": set train.peak_tflops (its dense bf16 "
+            "TFLOP/s) so MFU can be computed",
+            name);
   return {p, name + " datasheet, dense bf16"};
 }
 

@@ -40,9 +40,7 @@ std::unique_ptr<PeerLinks> make_peer_links(const RunConfig& cfg, Topology& topo)
 namespace {
 
 // Bytes as I32 elements for the groups (which move F32 and I32 tensors): the buffer is padded to a multiple of 4.
-Tensor i32_bytes(void* p, size_t bytes) {
-  return Tensor(p, {static_cast<int64_t>((bytes + 3) / 4)}, DType::I32);
-}
+Tensor i32_bytes(void* p, size_t bytes) { return Tensor(p, {static_cast<int64_t>((bytes + 3) / 4)}, DType::I32); }
 
 }  // namespace
 

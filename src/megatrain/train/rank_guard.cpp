@@ -86,7 +86,9 @@ void RankGuard::fail_non_finite(int step, float loss, double norm) {
   nlohmann::ordered_json what = nlohmann::ordered_json::array();
   if (!std::isfinite(loss)) what.push_back("loss");
   if (!std::isfinite(norm)) what.push_back("grad_norm");
-  heartbeat_event("non_finite", {{"step", step}, {"loss", finite_or_null(loss)}, {"grad_norm", finite_or_null(norm)},
+  heartbeat_event("non_finite", {{"step", step},
+                                 {"loss", finite_or_null(loss)},
+                                 {"grad_norm", finite_or_null(norm)},
                                  {"non_finite", what}});
   fail_as(ErrorKind::NonFinite, "step {}: non-finite loss ({}) or gradient norm ({})", step, loss, norm);
 }
@@ -95,19 +97,26 @@ void RankGuard::on_step(const StepReport& r) {
   const double blocked = r.dp.exposed_seconds + r.tp.exposed_seconds + r.pp.exposed_seconds;
   const double compute = std::max(0.0, r.stats.step_seconds - blocked);
   faults_->step_compute(compute);
-  if (heartbeat_) heartbeat_->step_done(r.stats.step, r.stats.loss, r.stats.step_seconds, compute,
-                                        r.stats.tokens_per_second, r.stats.mfu);
+  if (heartbeat_)
+    heartbeat_->step_done(r.stats.step, r.stats.loss, r.stats.step_seconds, compute, r.stats.tokens_per_second,
+                          r.stats.mfu);
   if (auto s = spikes_.observe(r.stats.loss)) {
-    heartbeat_event("loss_spike", {{"step", r.stats.step}, {"loss", r.stats.loss}, {"rule", s->rule},
-                                   {"threshold", s->threshold}, {"mean", s->mean}, {"std", s->std},
-                                   {"median", s->median}, {"window", s->samples}});
+    heartbeat_event("loss_spike", {{"step", r.stats.step},
+                                   {"loss", r.stats.loss},
+                                   {"rule", s->rule},
+                                   {"threshold", s->threshold},
+                                   {"mean", s->mean},
+                                   {"std", s->std},
+                                   {"median", s->median},
+                                   {"window", s->samples}});
     if (main_rank_) {
       std::fflush(stdout);
       std::fprintf(stderr,
                    "warning: loss spike at step %d: %.6g > %s %.6g (mean %.6g, std %.6g, median %.6g of the last %d "
                    "steps; train.spike_*)\n",
-                   r.stats.step, r.stats.loss, s->rule == "sigma" ? "mean + spike_sigmas x std =" :
-                   "spike_factor x median =", s->threshold, s->mean, s->std, s->median, s->samples);
+                   r.stats.step, r.stats.loss,
+                   s->rule == "sigma" ? "mean + spike_sigmas x std =" : "spike_factor x median =", s->threshold,
+                   s->mean, s->std, s->median, s->samples);
       std::fflush(stderr);
     }
   }

@@ -132,10 +132,11 @@ class Section {
             }
           }
           MT_CHECK(!ds.dir.empty(), "{}: {}: an entry has no dir", src_, full);
-          MT_CHECK(std::isfinite(ds.weight) && ds.weight > 0, "{}: {}: the weight of {} is {}: weights must be finite "
-                   "and > 0", src_, full, ds.dir, ds.weight);
-          for (const DataSource& o : out)
-            MT_CHECK(o.dir != ds.dir, "{}: {} lists {} twice", src_, full, ds.dir);
+          MT_CHECK(std::isfinite(ds.weight) && ds.weight > 0,
+                   "{}: {}: the weight of {} is {}: weights must be finite "
+                   "and > 0",
+                   src_, full, ds.dir, ds.weight);
+          for (const DataSource& o : out) MT_CHECK(o.dir != ds.dir, "{}: {} lists {} twice", src_, full, ds.dir);
           out.push_back(ds);
         }
       }
@@ -200,8 +201,9 @@ class Section {
   void get_resume(const char* key, ResumeFrom& out) {
     std::string spelt = out.spelling();
     read(key, spelt);
-    MT_CHECK(!spelt.empty(), "{}: {}.{} must be \"auto\", \"none\" or a checkpoint's path (got \"\")", src_, name_, key);
-    out = spelt == "auto" ? ResumeFrom{ResumeMode::Auto, ""}
+    MT_CHECK(!spelt.empty(), "{}: {}.{} must be \"auto\", \"none\" or a checkpoint's path (got \"\")", src_, name_,
+             key);
+    out = spelt == "auto"   ? ResumeFrom{ResumeMode::Auto, ""}
           : spelt == "none" ? ResumeFrom{ResumeMode::None, ""}
                             : ResumeFrom{ResumeMode::Path, spelt};
     effective_.emplace_back(name_ + "." + key, spelt);
@@ -284,7 +286,8 @@ struct Rule {
   void check(const std::string& src, const std::string& key, T v) const {
     const double x = static_cast<double>(v);
     switch (kind) {
-      case Any: case Words: return;
+      case Any:
+      case Words: return;
       case Positive: MT_CHECK(x > 0, "{}: {} must be positive (got {})", src, key, v); return;
       case AtLeast: MT_CHECK(x >= lo, "{}: {} = {} must be >= {}{}", src, key, v, lo, note); return;
       case InRange:
@@ -292,14 +295,15 @@ struct Rule {
                  note);
         return;
       case FiniteAtLeast:
-        MT_CHECK(std::isfinite(x) && x >= lo, "{}: {} = {} is out of range: it must be finite and >= {}{}", src, key,
-                 v, lo, note);
+        MT_CHECK(std::isfinite(x) && x >= lo, "{}: {} = {} is out of range: it must be finite and >= {}{}", src, key, v,
+                 lo, note);
         return;
-      case FinitePositive: MT_CHECK(std::isfinite(x) && x > 0, "{}: {} = {} must be finite and > 0{}", src, key, v,
-                                    note); return;
+      case FinitePositive:
+        MT_CHECK(std::isfinite(x) && x > 0, "{}: {} = {} must be finite and > 0{}", src, key, v, note);
+        return;
       case ZeroOrRange:
-        MT_CHECK(x == 0 || (x >= lo && x <= hi), "{}: {} = {} is out of range: it must be 0{} or in [{}, {}]", src,
-                 key, v, note, lo, hi);
+        MT_CHECK(x == 0 || (x >= lo && x <= hi), "{}: {} = {} is out of range: it must be 0{} or in [{}, {}]", src, key,
+                 v, note, lo, hi);
         return;
       case ZeroOrAbove: MT_CHECK(x == 0 || x > lo, "{}: {} = {} must be > {} (or 0{})", src, key, v, lo, note); return;
     }
@@ -319,20 +323,24 @@ Rule words(std::string range) { return {Rule::Words, 0, 0, std::move(range)}; }
 struct Row {
   const char* section;
   const char* key;
-  std::string type;                                       // integer, number, bool, string, one word, list, ...
-  std::string range;                                      // the rule's text, or an enum's spellings
+  std::string type;   // integer, number, bool, string, one word, list, ...
+  std::string range;  // the rule's text, or an enum's spellings
   const char* doc;
-  std::function<void(Section&, RunConfig&)> read;        // parses the key into its member (and RunConfig::effective)
-  std::function<std::string(const RunConfig&)> show;     // the member's value as a TOML value
-  std::function<void(const RunConfig&)> check;           // the rule; empty when there is none here
+  std::function<void(Section&, RunConfig&)> read;     // parses the key into its member (and RunConfig::effective)
+  std::function<std::string(const RunConfig&)> show;  // the member's value as a TOML value
+  std::function<void(const RunConfig&)> check;        // the rule; empty when there is none here
 };
 
 template <typename T>
 std::string toml_value(const T& v) {
-  if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
-  else if constexpr (std::is_enum_v<T>) return fmt::format("\"{}\"", kind_name(v));
-  else if constexpr (std::is_same_v<T, std::string>) return fmt::format("\"{}\"", v);
-  else return fmt::format("{}", v);
+  if constexpr (std::is_same_v<T, bool>)
+    return v ? "true" : "false";
+  else if constexpr (std::is_enum_v<T>)
+    return fmt::format("\"{}\"", kind_name(v));
+  else if constexpr (std::is_same_v<T, std::string>)
+    return fmt::format("\"{}\"", v);
+  else
+    return fmt::format("{}", v);
 }
 
 // A row for a scalar member; get(c) returns the member of c (const or not).
@@ -340,11 +348,16 @@ template <typename Get>
 Row row(const char* section, const char* key, Get get, Rule rule, const char* doc) {
   using T = std::remove_cvref_t<decltype(get(std::declval<RunConfig&>()))>;
   Row r{section, key, "", rule.text(), doc, {}, {}, {}};
-  if constexpr (std::is_same_v<T, bool>) r.type = "bool";
-  else if constexpr (std::is_integral_v<T>) r.type = "integer";
-  else if constexpr (std::is_floating_point_v<T>) r.type = "number";
-  else if constexpr (std::is_enum_v<T>) r.type = "word", r.range = kind_spellings(T{});
-  else r.type = "string";
+  if constexpr (std::is_same_v<T, bool>)
+    r.type = "bool";
+  else if constexpr (std::is_integral_v<T>)
+    r.type = "integer";
+  else if constexpr (std::is_floating_point_v<T>)
+    r.type = "number";
+  else if constexpr (std::is_enum_v<T>)
+    r.type = "word", r.range = kind_spellings(T{});
+  else
+    r.type = "string";
   r.read = [get, key](Section& s, RunConfig& c) { s.get(key, get(c)); };
   r.show = [get](const RunConfig& c) { return toml_value(get(c)); };
   if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
@@ -365,7 +378,8 @@ Row int_list_row(const char* section, const char* key, Get get, int lo, const ch
   return r;
 }
 
-#define MT_MEMBER(m) [](auto& c) -> auto& { return c.m; }
+#define MT_MEMBER(m) \
+  [](auto& c) -> auto& { return c.m; }
 
 // [model]
 void add_model_rows(std::vector<Row>& t) {
@@ -412,8 +426,14 @@ void add_model_rows(std::vector<Row>& t) {
   t.push_back(row("model", "init_std", MT_MEMBER(model.init_std), words("finite, > 0"),
                   "the standard deviation of the initial weights"));
   {
-    Row r{"model", "recompute", "\"none\", \"all\" or list", "layer indices in [0, n_layer)",
-          "layers that keep only their input and rerun their forward pass in backward", {}, {}, {}};
+    Row r{"model",
+          "recompute",
+          "\"none\", \"all\" or list",
+          "layer indices in [0, n_layer)",
+          "layers that keep only their input and rerun their forward pass in backward",
+          {},
+          {},
+          {}};
     r.read = [](Section& s, RunConfig& c) { s.get_recompute("recompute", c.model.recompute, c.model.n_layer); };
     r.show = [](const RunConfig& c) { return c.model.recompute.empty() ? std::string("\"none\"") : "[...]"; };
     t.push_back(r);
@@ -431,8 +451,13 @@ void add_data_rows(std::vector<Row>& t) {
   t.push_back(row("data", "dir", MT_MEMBER(data.dir), any(),
                   "a directory of train_*.bin / val_*.bin shards (megatrain prepare-data)"));
   {
-    Row r{"data", "blend", "list of {dir, weight}", "weights finite, > 0",
-          "several data directories with weights, e.g. [{dir = \"data/web\", weight = 0.7}]; replaces dir", {}, {},
+    Row r{"data",
+          "blend",
+          "list of {dir, weight}",
+          "weights finite, > 0",
+          "several data directories with weights, e.g. [{dir = \"data/web\", weight = 0.7}]; replaces dir",
+          {},
+          {},
           {}};
     r.read = [](Section& s, RunConfig& c) { s.get_blend("blend", c.data.blend); };
     r.show = [](const RunConfig& c) { return c.data.blend.empty() ? std::string("[]") : "[...]"; };
@@ -455,8 +480,7 @@ void add_optim_rows(std::vector<Row>& t) {
   t.push_back(row("optim", "min_lr", MT_MEMBER(optim.min_lr), words("finite, in [0, optim.lr]"),
                   "the floor the schedule decays to"));
   t.push_back(row("optim", "schedule", MT_MEMBER(optim.schedule), any(), "the decay after warm-up"));
-  t.push_back(row("optim", "warmup_steps", MT_MEMBER(optim.warmup_steps), words(">= 0"),
-                  "steps of linear warm-up"));
+  t.push_back(row("optim", "warmup_steps", MT_MEMBER(optim.warmup_steps), words(">= 0"), "steps of linear warm-up"));
   t.push_back(row("optim", "beta1", MT_MEMBER(optim.beta1), words("[0, 1)"), "Adam's first-moment decay"));
   t.push_back(row("optim", "beta2", MT_MEMBER(optim.beta2), words("[0, 1)"), "Adam's second-moment decay"));
   t.push_back(row("optim", "eps", MT_MEMBER(optim.eps), words("finite, > 0"), "Adam's epsilon"));
@@ -481,8 +505,8 @@ void add_train_rows(std::vector<Row>& t) {
                   "where metrics.jsonl, checkpoints (by default) and traces go"));
   t.push_back(row("train", "peak_tflops", MT_MEMBER(train.peak_tflops), finite_at_least(0, " (0: measure)"),
                   "the MFU denominator; 0 = measure the backend's matmul peak at start-up"));
-  t.push_back(row("train", "threads", MT_MEMBER(train.threads),
-                  in_range(0, kMaxThreads, " (0: all cores)"), "OpenMP threads per rank"));
+  t.push_back(row("train", "threads", MT_MEMBER(train.threads), in_range(0, kMaxThreads, " (0: all cores)"),
+                  "OpenMP threads per rank"));
   t.push_back(row("train", "device", MT_MEMBER(train.device), any(),
                   "cpu (fp32) or cuda (bf16; with several ranks, one GPU per local rank)"));
   t.push_back(row("train", "attention", MT_MEMBER(train.attention), any(),
@@ -494,8 +518,8 @@ void add_train_rows(std::vector<Row>& t) {
                            "steps whose batches are read and dropped unused (e.g. after a NaN that repeats)"));
   t.push_back(int_list_row("train", "trace_steps", MT_MEMBER(train.trace_steps), 1,
                            "[first, last]: steps recorded in the timeline; [] = off"));
-  t.push_back(row("train", "spike_window", MT_MEMBER(train.spike_window),
-                  at_least(0, " (0: no loss-spike warning)"), "steps whose losses a loss-spike warning compares with"));
+  t.push_back(row("train", "spike_window", MT_MEMBER(train.spike_window), at_least(0, " (0: no loss-spike warning)"),
+                  "steps whose losses a loss-spike warning compares with"));
   t.push_back(row("train", "spike_sigmas", MT_MEMBER(train.spike_sigmas), finite_positive(),
                   "a loss above mean + this many standard deviations of the window is a spike"));
   t.push_back(row("train", "spike_factor", MT_MEMBER(train.spike_factor), zero_or_above(1, ": no ratio rule"),
@@ -509,8 +533,14 @@ void add_ckpt_rows(std::vector<Row>& t) {
   t.push_back(row("ckpt", "keep_last", MT_MEMBER(ckpt.keep_last), at_least(1), "checkpoints kept"));
   t.push_back(row("ckpt", "dir", MT_MEMBER(ckpt.dir), any(), "where checkpoints go; \"\" = <train.out_dir>/ckpt"));
   {
-    Row r{"ckpt", "resume", "string", "\"auto\", \"none\" or a checkpoint's path",
-          "auto: the newest checkpoint under ckpt.dir, if any; none: start afresh", {}, {}, {}};
+    Row r{"ckpt",
+          "resume",
+          "string",
+          "\"auto\", \"none\" or a checkpoint's path",
+          "auto: the newest checkpoint under ckpt.dir, if any; none: start afresh",
+          {},
+          {},
+          {}};
     r.read = [](Section& s, RunConfig& c) { s.get_resume("resume", c.ckpt.resume); };
     r.show = [](const RunConfig& c) { return toml_value(c.ckpt.resume.spelling()); };
     t.push_back(r);
@@ -618,8 +648,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
 std::vector<ConfigKeyDoc> run_config_keys() {
   const RunConfig defaults;
   std::vector<ConfigKeyDoc> keys;
-  for (const Row& r : settings())
-    keys.push_back({r.section, r.key, r.type, r.show(defaults), r.range, r.doc});
+  for (const Row& r : settings()) keys.push_back({r.section, r.key, r.type, r.show(defaults), r.range, r.doc});
   return keys;
 }
 
@@ -628,9 +657,11 @@ std::string run_config_help(bool markdown) {
   for (const ConfigKeyDoc& k : run_config_keys()) {
     if (k.section != section) {
       section = k.section;
-      out += markdown ? fmt::format("{}### [{}]\n\n| key | default | type | allowed | what it sets |\n|---|---|---|---|---|\n",
-                                    out.empty() ? "" : "\n", section)
-                      : fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
+      out +=
+          markdown
+              ? fmt::format("{}### [{}]\n\n| key | default | type | allowed | what it sets |\n|---|---|---|---|---|\n",
+                            out.empty() ? "" : "\n", section)
+              : fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
     }
     if (markdown) {
       auto cell = [](std::string s) {  // a table cell: | would end it
@@ -686,8 +717,8 @@ void RunConfig::validate() const {
   if (parallel.pp == 1) {
     MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1 && parallel.stage_layers.empty(),
              "{}: parallel.virtual_stages ({}), parallel.microbatches ({}) and parallel.stage_layers need "
-             "parallel.pp > 1 (use train.grad_accum to accumulate micro-batches)", source, parallel.virtual_stages,
-             parallel.microbatches);
+             "parallel.pp > 1 (use train.grad_accum to accumulate micro-batches)",
+             source, parallel.virtual_stages, parallel.microbatches);
   } else {
     const int v = parallel.virtual_stages, m = parallel.microbatches > 0 ? parallel.microbatches : parallel.pp;
     try {
@@ -695,21 +726,26 @@ void RunConfig::validate() const {
     } catch (const Error& e) {
       fail("{}: {}", source, e.what());
     }
-    MT_CHECK(v == 1 || m % parallel.pp == 0, "{}: interleaved 1F1B (parallel.virtual_stages = {}) runs micro-batches "
-             "in groups of parallel.pp: parallel.microbatches = {} must be a multiple of parallel.pp = {}", source, v,
-             m, parallel.pp);
+    MT_CHECK(v == 1 || m % parallel.pp == 0,
+             "{}: interleaved 1F1B (parallel.virtual_stages = {}) runs micro-batches "
+             "in groups of parallel.pp: parallel.microbatches = {} must be a multiple of parallel.pp = {}",
+             source, v, m, parallel.pp);
   }
   if (parallel.tp > 1) {
     model.validate_tp(parallel.tp);
     const int64_t rows = static_cast<int64_t>(data.batch_size) * data.seq_len;
-    MT_CHECK(rows % parallel.tp == 0,
-             "{}: sequence parallelism splits the data.batch_size * data.seq_len = {} rows over parallel.tp = {} ranks: "
-             "they must divide evenly", source, rows, parallel.tp);
+    MT_CHECK(
+        rows % parallel.tp == 0,
+        "{}: sequence parallelism splits the data.batch_size * data.seq_len = {} rows over parallel.tp = {} ranks: "
+        "they must divide evenly",
+        source, rows, parallel.tp);
   }
   if (!sample.tokenizer.empty()) {
     const std::string missing = Tokenizer::missing_files(sample.tokenizer);
-    MT_CHECK(missing.empty(), "{}: sample.tokenizer = \"{}\": {} (or set \"\" for the tokenizer data.dir was "
-             "prepared with)", source, sample.tokenizer, missing);
+    MT_CHECK(missing.empty(),
+             "{}: sample.tokenizer = \"{}\": {} (or set \"\" for the tokenizer data.dir was "
+             "prepared with)",
+             source, sample.tokenizer, missing);
   }
 }
 

@@ -20,11 +20,11 @@ struct DataConfig {
   // Several such directories, each with a weight (DataLoader's blend: rows by the largest-deficit rule). Empty: dir
   // alone. Set, it replaces dir (which a config file may still carry: the start line names what is read).
   std::vector<DataSource> blend;
-  int batch_size = 8;              // micro-batch B per data-parallel rank
-  int seq_len = 128;               // T
+  int batch_size = 8;  // micro-batch B per data-parallel rank
+  int seq_len = 128;   // T
   bool shuffle = true;
   uint64_t seed = 1234;
-  int prefetch = 2;                // batches prefetched by a background thread; 0 = synchronous
+  int prefetch = 2;  // batches prefetched by a background thread; 0 = synchronous
   // What the loaders read: the blend, or dir with weight 1.
   std::vector<DataSource> sources() const { return blend.empty() ? std::vector<DataSource>{{dir, 1.0}} : blend; }
 };
@@ -42,18 +42,18 @@ inline const std::array<const char*, 3>& kind_names(AttentionChoice) { return kA
 
 struct TrainConfig {
   int steps = 200;
-  int grad_accum = 1;              // micro-batches per optimizer step
+  int grad_accum = 1;  // micro-batches per optimizer step
   int log_every = 10;
-  int eval_every = 50;             // 0 disables periodic validation
+  int eval_every = 50;  // 0 disables periodic validation
   int eval_batches = 8;
-  uint64_t seed = 42;              // weight init
+  uint64_t seed = 42;  // weight init
   std::string out_dir = "runs/default";
-  double peak_tflops = 0;          // MFU denominator; 0 = measure the backend's matmul peak at start-up
-  int threads = 0;                 // OpenMP threads; 0 = all cores
-  Device device = Device::CPU;     // cpu (fp32) | cuda (bf16; with several ranks, one GPU per local rank)
+  double peak_tflops = 0;       // MFU denominator; 0 = measure the backend's matmul peak at start-up
+  int threads = 0;              // OpenMP threads; 0 = all cores
+  Device device = Device::CPU;  // cpu (fp32) | cuda (bf16; with several ranks, one GPU per local rank)
   AttentionChoice attention = AttentionChoice::Auto;  // cuda only (CudaOptions::attention)
-  int gemm_tuning = 0;             // cuda only: 0 = cuBLASLt's heuristic; N in 2..64 = time N candidates per GEMM
-                                   // shape on its first call and keep the fastest (CudaOptions::gemm_tuning)
+  int gemm_tuning = 0;  // cuda only: 0 = cuBLASLt's heuristic; N in 2..64 = time N candidates per GEMM
+                        // shape on its first call and keep the fastest (CudaOptions::gemm_tuning)
   // Robust training (docs/robust-training.md). skip_steps: steps whose batches are read and dropped unused (no
   // forward, backward or optimizer step), e.g. after a NaN that repeats on the same data.
   std::vector<int> skip_steps;
@@ -77,15 +77,15 @@ struct ResumeFrom {
 };
 
 struct CkptConfig {
-  int every = 0;                   // steps between checkpoints; 0 = only at the end
+  int every = 0;  // steps between checkpoints; 0 = only at the end
   int keep_last = 3;
-  std::string dir;                 // default <train.out_dir>/ckpt
-  ResumeFrom resume;               // auto (latest under dir if any) | none | path to a checkpoint
+  std::string dir;    // default <train.out_dir>/ckpt
+  ResumeFrom resume;  // auto (latest under dir if any) | none | path to a checkpoint
   bool save_final = true;
-  bool sharded = true;             // a parallel run: each rank writes its own shard file (false: gather to rank 0)
-  bool async = true;               // two-stage save: snapshot to memory, write in the background (false: wait)
-  int snapshot_every = 10;         // steps between in-memory snapshots copied to a buddy rank; 0 = none
-  bool one_reader = true;          // restore: one rank per dp group reads, broadcasts to the rest (false: all read)
+  bool sharded = true;      // a parallel run: each rank writes its own shard file (false: gather to rank 0)
+  bool async = true;        // two-stage save: snapshot to memory, write in the background (false: wait)
+  int snapshot_every = 10;  // steps between in-memory snapshots copied to a buddy rank; 0 = none
+  bool one_reader = true;   // restore: one rank per dp group reads, broadcasts to the rest (false: all read)
 };
 
 struct SampleConfig {
@@ -100,27 +100,28 @@ struct SampleConfig {
 };
 
 struct ParallelConfig {
-  int dp = 1, pp = 1, tp = 1;      // dp x pp x tp must equal WORLD_SIZE
-  int bucket_mb = 16;              // data-parallel gradient bucket size (MiB of fp32)
-  bool overlap = true;             // overlap communication with compute
-  int virtual_stages = 1;          // pipeline: model chunks per pp rank (interleaved 1F1B when > 1)
-  std::vector<int> stage_layers;   // pipeline: layers of each virtual stage, pp * virtual_stages counts in stage
-                                   // order (model/layout.h); [] = an even split
-  int microbatches = 0;            // pipeline: micro-batches of data.batch_size rows per step; 0 = parallel.pp
-  int tp_chunks = 4;               // tensor parallel: row chunks of each fused all-gather+GEMM / GEMM+reduce-scatter
-  int timeout_s = 120;             // rendezvous / collective timeout
+  int dp = 1, pp = 1, tp = 1;     // dp x pp x tp must equal WORLD_SIZE
+  int bucket_mb = 16;             // data-parallel gradient bucket size (MiB of fp32)
+  bool overlap = true;            // overlap communication with compute
+  int virtual_stages = 1;         // pipeline: model chunks per pp rank (interleaved 1F1B when > 1)
+  std::vector<int> stage_layers;  // pipeline: layers of each virtual stage, pp * virtual_stages counts in stage
+                                  // order (model/layout.h); [] = an even split
+  int microbatches = 0;           // pipeline: micro-batches of data.batch_size rows per step; 0 = parallel.pp
+  int tp_chunks = 4;              // tensor parallel: row chunks of each fused all-gather+GEMM / GEMM+reduce-scatter
+  int timeout_s = 120;            // rendezvous / collective timeout
 };
 
 struct RunConfig {
   ModelConfig model;
-  std::string init_from;           // model.init_from: an HF GPT-2 or Llama model, or a megatrain checkpoint (tp/pp > 1: a checkpoint)
+  std::string
+      init_from;  // model.init_from: an HF GPT-2 or Llama model, or a megatrain checkpoint (tp/pp > 1: a checkpoint)
   DataConfig data;
   OptimConfig optim;
   TrainConfig train;
   CkptConfig ckpt;
   SampleConfig sample;
   ParallelConfig parallel;
-  std::string source;              // the config file path, for messages
+  std::string source;  // the config file path, for messages
   // Every key as "section.key" with its value after defaults and overrides, in parse order: the effective config
   // the ranks of a job must agree on (train/config_agreement.h).
   std::vector<std::pair<std::string, std::string>> effective;

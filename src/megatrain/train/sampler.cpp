@@ -75,7 +75,8 @@ std::vector<int32_t> sample_tokens(GPT& model, ProcessGroup* tp, ProcessGroup* p
     const int Tpad = (T + tps - 1) / tps * tps;
     window.assign(seq.end() - T, seq.end());
     window.resize(Tpad, 0);
-    Tensor logits = pps > 1 ? pipeline_logits(model, pp_data ? *pp_data : *pp, window.data(), 1, Tpad) : model.logits(window.data(), 1, Tpad);
+    Tensor logits = pps > 1 ? pipeline_logits(model, pp_data ? *pp_data : *pp, window.data(), 1, Tpad)
+                            : model.logits(window.data(), 1, Tpad);
     int32_t next = 0;
     if (last_stage) {
       logits_row_to_host(model.ops(), logits.view({logits.numel() / Vl, Vl}), T - 1, mine.f32());

@@ -17,7 +17,7 @@ struct SampleOptions {
   float temperature = 0.8f;  // 0 = greedy
   int top_k = 40;            // 0 = the whole vocabulary
   uint64_t seed = 7;
-  int stop_token = -1;       // stop when sampled (e.g. EOT); -1 = never
+  int stop_token = -1;  // stop when sampled (e.g. EOT); -1 = never
 };
 
 // Picks tokens from rows of logits: greedy, or temperature + top-k drawing from its own generator (seeded with

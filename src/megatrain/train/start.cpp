@@ -27,7 +27,8 @@ StartPoint resume_or_init(const RunConfig& cfg, GPT& model, TrainCheckpointer& c
     loader.restore(pos);
     if (main_rank)
       fmt::print("resumed from {} at step {} (restored in {:.3f} s, {})\n", at.resumed_from, at.step,
-                 now_seconds() - t0, cfg.ckpt.one_reader && cfg.parallel.dp > 1 ? "one reader per dp group" : "every rank reads");
+                 now_seconds() - t0,
+                 cfg.ckpt.one_reader && cfg.parallel.dp > 1 ? "one reader per dp group" : "every rank reads");
   } else if (!cfg.init_from.empty() && (cfg.parallel.tp > 1 || cfg.parallel.pp > 1)) {
     // Each rank holds a slice of the model and reads only that slice, never the whole model.
     with_kind(ErrorKind::Checkpoint, [&] { ckpt.init_params(cfg.init_from); });

@@ -27,8 +27,8 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   const bool gpu = cfg.train.device == Device::CUDA;
   t.ops = seams.make_ops ? seams.make_ops()
           : gpu          ? make_cuda_ops(ri.world_size > 1 ? ri.local_rank : -1,
-                                        CudaOptions{kind_name(cfg.train.attention), cfg.train.gemm_tuning})
-                         : make_cpu_ops();
+                                CudaOptions{kind_name(cfg.train.attention), cfg.train.gemm_tuning})
+                : make_cpu_ops();
   if (ri.world_size == 1) return t;
 
   t.group_options.timeout = Millis(1000LL * cfg.parallel.timeout_s);
@@ -45,14 +45,15 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   t.coord = t.host_mesh->coord();
   t.device_groups = seams.device_groups ? seams.device_groups : gpu ? gpu_mesh_groups(*t.ops) : GroupFactory{};
   if (t.device_groups)
-    t.own_device_mesh =
-        std::make_unique<DeviceMesh>(*t.store, t.shape, ri.rank, t.group_options, t.device_groups, "device/");
+    t.own_device_mesh = std::make_unique<DeviceMesh>(*t.store, t.shape, ri.rank, t.group_options, t.device_groups,
+                                                     "device/");
   t.device_mesh = t.own_device_mesh ? t.own_device_mesh.get() : t.host_mesh.get();
   if (t.main_rank)
     fmt::print("mesh dp={} pp={} tp={} over {} ranks ready in {:.2f} s{}\n", t.shape.dp, t.shape.pp, t.shape.tp,
                ri.world_size, t.host_mesh->init_seconds(),
-               t.own_device_mesh ? fmt::format(" (host mesh), {:.2f} s (device mesh)", t.own_device_mesh->init_seconds())
-                                 : "");
+               t.own_device_mesh
+                   ? fmt::format(" (host mesh), {:.2f} s (device mesh)", t.own_device_mesh->init_seconds())
+                   : "");
   return t;
 }
 

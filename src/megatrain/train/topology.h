@@ -30,13 +30,13 @@ struct TrainSeams {
 };
 
 struct Topology {
-  RankInfo rank_info;             // from the launcher's environment (megatrain launch, torchrun, Slurm) or single
+  RankInfo rank_info;  // from the launcher's environment (megatrain launch, torchrun, Slurm) or single
   MeshShape shape;
-  MeshCoord coord;                // this rank's (dp, pp, tp); all 0 in a single process
-  bool main_rank = true;          // global rank 0: prints progress and writes the metrics
-  std::unique_ptr<Ops> ops;       // the backend: fp32 CPU, or bf16 CUDA (one GPU per local rank)
+  MeshCoord coord;           // this rank's (dp, pp, tp); all 0 in a single process
+  bool main_rank = true;     // global rank 0: prints progress and writes the metrics
+  std::unique_ptr<Ops> ops;  // the backend: fp32 CPU, or bf16 CUDA (one GPU per local rank)
   GroupOptions group_options;
-  std::unique_ptr<Store> store;   // null in a single process
+  std::unique_ptr<Store> store;           // null in a single process
   std::unique_ptr<DeviceMesh> host_mesh;  // null in a single process
   DeviceMesh* device_mesh = nullptr;      // host_mesh on the CPU; null in a single process
 
@@ -44,8 +44,8 @@ struct Topology {
   std::unique_ptr<ProcessGroup> make_device_group(GroupRole role, const std::string& name,
                                                   const std::vector<int>& ranks);
 
-  GroupFactory host_groups;       // how host-plane groups outside the mesh are made (empty: Gloo); e.g. peer links
-  GroupFactory device_groups;     // empty: Gloo (the device plane is the host plane)
+  GroupFactory host_groups;    // how host-plane groups outside the mesh are made (empty: Gloo); e.g. peer links
+  GroupFactory device_groups;  // empty: Gloo (the device plane is the host plane)
   std::unique_ptr<DeviceMesh> own_device_mesh;  // set when the device plane has groups of its own
 };
 

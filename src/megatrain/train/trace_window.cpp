@@ -122,14 +122,16 @@ void TraceWindow::merge() {
     const uintmax_t n = std::filesystem::file_size(f, ec);
     if (ec) {
       fmt::print("timeline: rank {}'s trace is not in {} (another host?); gather the rank files and run "
-                 "`megatrain trace merge DIR...`\n", r, dir_);
+                 "`megatrain trace merge DIR...`\n",
+                 r, dir_);
       return;
     }
     bytes += n;
   }
   if (bytes > kAutoMergeBytes) {
     fmt::print("timeline: the {} rank files in {} hold {:.0f} MiB, more than is merged during training ({} MiB); "
-               "run `megatrain trace merge {}`\n", world, dir_, bytes / 1048576.0, kAutoMergeBytes >> 20, dir_);
+               "run `megatrain trace merge {}`\n",
+               world, dir_, bytes / 1048576.0, kAutoMergeBytes >> 20, dir_);
     return;
   }
   const obs::MergedTrace m = obs::merge_rank_traces({dir_});

@@ -73,8 +73,9 @@ void checkpoint_events(Job& j) {
 
 // why: periodic (written in the background), final / stop (waited for), snapshot (a peer copy only).
 void checkpoint(Job& j, int step, SaveWhy why) {
-  obs::ScopedSpan phase("phase",
-                        [why] { return obs::SpanInfo{fmt::format("checkpoint ({})", kind_name(why)), nullptr}; });
+  obs::ScopedSpan phase("phase", [why] {
+    return obs::SpanInfo{fmt::format("checkpoint ({})", kind_name(why)), nullptr};
+  });
   heartbeat_phase(Phase::Checkpoint);
   if (j.mirror) j.mirror->pull();
   with_kind(ErrorKind::IO, [&] { j.ckpt.snapshot(step, j.loader.state(), why); });
@@ -101,7 +102,8 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   }
   if (!std::isfinite(loss) || !std::isfinite(norm)) j.guard.fail_non_finite(step, loss, norm);
   const float scale = cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip
-                          ? static_cast<float>(cfg.optim.grad_clip / norm) : 1.0f;
+                          ? static_cast<float>(cfg.optim.grad_clip / norm)
+                          : 1.0f;
   const float lr = lr_at(cfg.optim, step, cfg.train.steps);
   heartbeat_phase(Phase::Optimizer);
   {
@@ -173,9 +175,9 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   // With pp a step's rows per dp rank are micro x data.batch_size: every pp rank reads them (the first stage uses
   // the tokens, the last the targets), in the order a single process with micro x dp times the batch reads them.
   DataLoader loader = with_kind(ErrorKind::Data, [&] {
-    return DataLoader(cfg.data.sources(), "train", cfg.data.batch_size * cfg.pipeline_microbatches(),
-                      cfg.data.seq_len, cfg.data.shuffle, cfg.data.seed, topo.coord.dp, topo.shape.dp,
-                      cfg.data.prefetch, cfg.model.vocab_size);
+    return DataLoader(cfg.data.sources(), "train", cfg.data.batch_size * cfg.pipeline_microbatches(), cfg.data.seq_len,
+                      cfg.data.shuffle, cfg.data.seed, topo.coord.dp, topo.shape.dp, cfg.data.prefetch,
+                      cfg.model.vocab_size);
   });
   if (loader.vocab_size() > cfg.model.vocab_size)
     fail_as(ErrorKind::Data, "the shards in {} use a vocabulary of {} tokens but model.vocab_size is {}",
@@ -200,10 +202,20 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
 
   const PeakFlops peak = peak_flops(cfg.train.peak_tflops, *topo.ops);
   // Every rank brings its own peak (ranks on one CPU host share its cores: their measured peaks overlap).
-  const RunStart rs{&cfg, start.step, topo.rank_info.world_size, topo.shape.dp, topo.shape.pp, topo.shape.tp,
-                    omp_get_max_threads(), cfg.model.num_params(), loader.num_tokens(),
-                    peak.flops * topo.rank_info.world_size, peak.source, start.resumed_from,
-                    topo.rank_info.rank, topo.coord};
+  const RunStart rs{&cfg,
+                    start.step,
+                    topo.rank_info.world_size,
+                    topo.shape.dp,
+                    topo.shape.pp,
+                    topo.shape.tp,
+                    omp_get_max_threads(),
+                    cfg.model.num_params(),
+                    loader.num_tokens(),
+                    peak.flops * topo.rank_info.world_size,
+                    peak.source,
+                    start.resumed_from,
+                    topo.rank_info.rank,
+                    topo.coord};
   MetricsLog metrics;
   ProgressPrinter progress(cfg.train.log_every);
   Observers obs;

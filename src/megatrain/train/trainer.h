@@ -13,14 +13,14 @@
 namespace mt {
 
 struct TrainResult {
-  int first_step = 0;       // the first step this run executed (1, or the resumed step + 1)
+  int first_step = 0;  // the first step this run executed (1, or the resumed step + 1)
   int last_step = 0;
-  double first_loss = 0;    // training loss of the first and last executed steps
+  double first_loss = 0;  // training loss of the first and last executed steps
   double last_loss = 0;
   double last_val_loss = -1;
-  std::string sample;       // decoded text sample (empty if disabled)
+  std::string sample;  // decoded text sample (empty if disabled)
   std::string last_checkpoint;
-  bool stopped = false;     // a stop was requested (core/stop_request.h): the run ended early, after a step
+  bool stopped = false;  // a stop was requested (core/stop_request.h): the run ended early, after a step
 };
 
 // Runs the whole job described by cfg, printing progress to stdout on the main rank. `observers` get every event

@@ -8,8 +8,7 @@ namespace {
 class PlainUpdate final : public Update {
  public:
   PlainUpdate(const RunConfig& cfg, Ops& ops, ModelStack& stack)
-      : ops_(ops), params_(stack.model->params()), plan_(stack.norms),
-        opt_(cfg.optim, stack.model->params(), ops) {
+      : ops_(ops), params_(stack.model->params()), plan_(stack.norms), opt_(cfg.optim, stack.model->params(), ops) {
     if (plan_.tensor_reduce) opt_.set_norm_reduce(plan_.tensor_weights, plan_.tensor_reduce);
   }
   void begin_last_backward(int) override {}
@@ -39,8 +38,10 @@ class ShardedUpdate final : public Update {
     ddp_ = std::make_unique<DataParallel>(*stack.model, topo.device_mesh->dp(), *topo.ops, cfg.optim, o);
   }
   void begin_last_backward(int chunk) override {
-    if (chunk < 0) ddp_->begin_last_backward();
-    else ddp_->begin_last_backward(chunk);
+    if (chunk < 0)
+      ddp_->begin_last_backward();
+    else
+      ddp_->begin_last_backward(chunk);
   }
   double finish_gradients(float& loss) override {
     const double norm = ddp_->finish_gradients();

@@ -66,7 +66,8 @@ ncclUniqueId from_hex(const std::string& s, const std::string& key) {
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     fail("store key '{}' holds a malformed NCCL unique id", key);
   };
-  for (size_t i = 0; i < sizeof id.internal; ++i) id.internal[i] = static_cast<char>(nib(s[2 * i]) << 4 | nib(s[2 * i + 1]));
+  for (size_t i = 0; i < sizeof id.internal; ++i)
+    id.internal[i] = static_cast<char>(nib(s[2 * i]) << 4 | nib(s[2 * i + 1]));
   return id;
 }
 
@@ -242,8 +243,7 @@ class NcclGroup : public ProcessGroup {
     const size_t n = static_cast<size_t>(t.numel());
     Channel& ch = coll_;
     return launch(ch, "allreduce", -1, fmt::format("allreduce({}, {} x {})", op_name(op), n, dtype_name(t.dtype)),
-                  "ncclAllReduce",
-                  [=, &ch] { return ncclAllReduce(p, p, n, dt, nccl_op(op), ch.comm, ch.stream); });
+                  "ncclAllReduce", [=, &ch] { return ncclAllReduce(p, p, n, dt, nccl_op(op), ch.comm, ch.stream); });
   }
 
   WorkPtr reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
@@ -260,7 +260,8 @@ class NcclGroup : public ProcessGroup {
     const size_t c = static_cast<size_t>(out.numel());
     Channel& ch = coll_;
     // NCCL's count is the per-rank (output) count; in place when out is my chunk of in.
-    return launch(ch, "reduce_scatter", -1, fmt::format("reduce_scatter({}, {} x {} per rank)", op_name(op), c, dtype_name(out.dtype)),
+    return launch(ch, "reduce_scatter", -1,
+                  fmt::format("reduce_scatter({}, {} x {} per rank)", op_name(op), c, dtype_name(out.dtype)),
                   "ncclReduceScatter",
                   [=, &ch] { return ncclReduceScatter(pi, po, c, dt, nccl_op(op), ch.comm, ch.stream); });
   }
@@ -309,8 +310,9 @@ class NcclGroup : public ProcessGroup {
     const void* p = t.ptr;
     const size_t n = static_cast<size_t>(t.numel());
     // In a channel's 2-rank communicator the sender is rank 0 and the receiver rank 1.
-    return launch(ch, "send", ranks_[dst], fmt::format("send of {} x {} to rank {} (group rank {}), tag {}", n, dtype_name(t.dtype),
-                                  ranks_[dst], dst, tag),
+    return launch(ch, "send", ranks_[dst],
+                  fmt::format("send of {} x {} to rank {} (group rank {}), tag {}", n, dtype_name(t.dtype), ranks_[dst],
+                              dst, tag),
                   "ncclSend", [=, &ch] { return ncclSend(p, n, dt, 1, ch.comm, ch.stream); });
   }
 
@@ -320,8 +322,9 @@ class NcclGroup : public ProcessGroup {
     if (t.numel() == 0) return std::make_shared<DoneWork>();
     void* p = t.ptr;
     const size_t n = static_cast<size_t>(t.numel());
-    return launch(ch, "recv", ranks_[src], fmt::format("recv of {} x {} from rank {} (group rank {}), tag {}", n, dtype_name(t.dtype),
-                                  ranks_[src], src, tag),
+    return launch(ch, "recv", ranks_[src],
+                  fmt::format("recv of {} x {} from rank {} (group rank {}), tag {}", n, dtype_name(t.dtype),
+                              ranks_[src], src, tag),
                   "ncclRecv", [=, &ch] { return ncclRecv(p, n, dt, 0, ch.comm, ch.stream); });
   }
 
@@ -521,10 +524,11 @@ class NcclGroup : public ProcessGroup {
     auto it = chans.find(peer);
     if (it == chans.end()) {
       if (chans.empty())
-        fail("group {}: {} with group rank {}: the group has no p2p channels (create it with NcclOptions::p2p)",
-             name_, what, peer);
+        fail("group {}: {} with group rank {}: the group has no p2p channels (create it with NcclOptions::p2p)", name_,
+             what, peer);
       fail("group {}: {} with group rank {}: NCCL p2p reaches only the ring neighbours of rank {} (group ranks {} "
-           "and {})", name_, what, peer, rank_, (rank_ - 1 + size()) % size(), (rank_ + 1) % size());
+           "and {})",
+           name_, what, peer, rank_, (rank_ - 1 + size()) % size(), (rank_ + 1) % size());
     }
     return it->second;
   }
@@ -569,7 +573,8 @@ class NcclGroup : public ProcessGroup {
   void release() noexcept {
     bool failed = !state_->get_failure().empty();
     int prev = -1;
-    const bool dev_ok = cudaGetDevice(&prev) == cudaSuccess && (prev == device_ || cudaSetDevice(device_) == cudaSuccess);
+    const bool dev_ok = cudaGetDevice(&prev) == cudaSuccess &&
+                        (prev == device_ || cudaSetDevice(device_) == cudaSuccess);
     if (!failed) {
       try {
         for (Channel* ch : channels())
@@ -626,9 +631,9 @@ class NcclGroup : public ProcessGroup {
 
   std::mutex issue_mu_;
   Channel coll_;
-  std::map<int, Channel> send_, recv_;  // by peer group rank
-  cudaEvent_t ready_ = nullptr;         // recorded on the compute stream per op (reusable: waits capture it)
-  float* scratch_ = nullptr;            // kScratchFloats device floats: barrier and p2p warm-up
+  std::map<int, Channel> send_, recv_;   // by peer group rank
+  cudaEvent_t ready_ = nullptr;          // recorded on the compute stream per op (reusable: waits capture it)
+  float* scratch_ = nullptr;             // kScratchFloats device floats: barrier and p2p warm-up
   std::shared_ptr<GroupRecord> record_;  // this group's flight-recorder record (launch posts and tracks each op)
 };
 

@@ -28,8 +28,8 @@ class CpuOps : public Ops {
   double sum_squares(Tensor t) override;
 
   void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) override;
-  void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                       bool accumulate_dinp, bool accumulate_dw = true) override;
+  void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, bool accumulate_dinp,
+                       bool accumulate_dw = true) override;
 
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override;
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override;

@@ -72,12 +72,12 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
   }
 
   if (dx)  // dinp[N,C] = dout[N,OC] @ w[OC,C]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dy, OC, wt, C,
-                accumulate_dinp ? 1.0f : 0.0f, dx, C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dy, OC, wt, C, accumulate_dinp ? 1.0f : 0.0f,
+                dx, C);
   // dw[OC,C] += dout^T @ inp (beta 0 overwrites: the same bits as accumulating onto zeros)
   if (dwt)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dy, OC, x, C, accumulate_dw ? 1.0f : 0.0f,
-                dwt, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dy, OC, x, C, accumulate_dw ? 1.0f : 0.0f, dwt,
+                C);
 
   if (db) {
     // Column sums: each thread owns a strip of columns and walks all rows, so the sums need no reduction and

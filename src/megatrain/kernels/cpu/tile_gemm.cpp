@@ -57,8 +57,8 @@ void rows_dispatch(int rows, int K, float alpha, const float* a, int64_t a_rs, i
 }
 
 // Columns left over after the vector-wide blocks: plain loops.
-void edge_columns(int M, int N0, int N, int K, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
-                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void edge_columns(int M, int N0, int N, int K, float alpha, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                  int64_t ldb, float beta, float* c, int64_t ldc) {
   for (int i = 0; i < M; ++i)
     for (int j = N0; j < N; ++j) {
       float s = 0;

@@ -16,10 +16,13 @@
 namespace mt {
 
 // The entry points, each named without its `cublasLt` prefix: one list for the table and for the loader.
+// (laid out by hand)
+// clang-format off
 #define MT_CUBLASLT_ENTRY_POINTS(X)                                                                               \
   X(Create) X(Destroy) X(GetStatusName) X(Matmul) X(MatmulAlgoGetHeuristic) X(MatmulDescCreate)                 \
   X(MatmulDescDestroy) X(MatmulDescSetAttribute) X(MatmulPreferenceCreate) X(MatmulPreferenceDestroy)           \
   X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate) X(MatrixLayoutDestroy) X(GetVersion)
+// clang-format on
 
 struct LtApi {
 #define MT_CUBLASLT_FIELD(name) decltype(&cublasLt##name) name = nullptr;

@@ -83,11 +83,11 @@ class CudaOps final : public Ops {
 
   void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) override;
   void matmul_forward_add(Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual, Tensor tmp) override;
-  void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                       bool accumulate_dinp, bool accumulate_dw = true) override;
+  void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, bool accumulate_dinp,
+                       bool accumulate_dw = true) override;
   void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor w, Tensor bias) override;
-  void matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w,
-                            Tensor pre, bool accumulate_dw = true) override;
+  void matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w, Tensor pre,
+                            bool accumulate_dw = true) override;
 
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override;
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override;
@@ -150,8 +150,8 @@ class CudaOps final : public Ops {
   bool fused_forward_add(const char* op, Tensor out, Tensor inp, Tensor w, Tensor bias, Tensor residual);
   // dw[OC,C] += dout^T @ inp and dbias += column sums of dout (the parts of matmul_backward that do not touch dinp);
   // both overwritten without accumulate.
-  void weight_grads(const char* op, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, int64_t N, int64_t C,
-                    int64_t OC, bool accumulate);
+  void weight_grads(const char* op, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, int64_t N, int64_t C, int64_t OC,
+                    bool accumulate);
   // The weight-gradient GEMM `dw` with the BGRADB epilogue writing the column sums of dout into db (through the
   // scratch when accumulating); false, having launched nothing, when cuBLASLt has no algorithm for it.
   bool dw_with_bias_grads(const char* op, LtCall dw, float* db, int64_t OC, bool accumulate);

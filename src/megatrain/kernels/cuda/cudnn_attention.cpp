@@ -116,9 +116,9 @@ struct Scalars {
 struct Plan {
   std::vector<cudnnBackendDescriptor_t> owned;
   cudnnBackendDescriptor_t exec = nullptr;
-  int64_t cudnn_ws = 0;             // bytes
-  size_t scratch = 0;               // bytes of our stored fp32 scratch (backward: softmax sum, dQ accumulator)
-  std::vector<int64_t> uids;        // the stored tensors and scalars, in the variant pack's order
+  int64_t cudnn_ws = 0;              // bytes
+  size_t scratch = 0;                // bytes of our stored fp32 scratch (backward: softmax sum, dQ accumulator)
+  std::vector<int64_t> uids;         // the stored tensors and scalars, in the variant pack's order
   std::unique_ptr<Scalars> scalars;  // stable addresses
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -149,8 +149,8 @@ class Builder {
     return d;
   }
 
-  void set(cudnnBackendDescriptor_t d, const std::string& what, cudnnBackendAttributeName_t attr,
-           const char* attr_name, cudnnBackendAttributeType_t type, int64_t count, const void* value) {
+  void set(cudnnBackendDescriptor_t d, const std::string& what, cudnnBackendAttributeName_t attr, const char* attr_name,
+           cudnnBackendAttributeType_t type, int64_t count, const void* value) {
     const cudnnStatus_t st = cudnnBackendSetAttribute(d, attr, type, count, value);
     if (st != CUDNN_STATUS_SUCCESS)
       fail("{}: cudnnBackendSetAttribute({}) on {} failed: {}; {}", ctx_, attr_name, what, status_text(st), kHint);
@@ -199,8 +199,8 @@ class Builder {
   void pointwise(const char* node, cudnnPointwiseMode_t mode, cudnnDataType_t prec, const Tns& x, const Tns* b,
                  const Tns* t, const Tns& y, std::optional<int64_t> axis = std::nullopt) {
     const std::string what = fmt::format("pointwise node '{}'", node);
-    cudnnBackendDescriptor_t pw =
-        create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "CUDNN_BACKEND_POINTWISE_DESCRIPTOR", what);
+    cudnnBackendDescriptor_t pw = create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "CUDNN_BACKEND_POINTWISE_DESCRIPTOR",
+                                         what);
     MT_SET(*this, pw, what, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     MT_SET(*this, pw, what, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
     if (axis) MT_SET(*this, pw, what, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &*axis);
@@ -223,8 +223,8 @@ class Builder {
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     MT_SET(*this, mm, what, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
     finalize(mm, what + " (its matmul descriptor)");
-    cudnnBackendDescriptor_t op =
-        create(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR", what);
+    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+                                         "CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR", what);
     MT_SET(*this, op, what, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a.d);
     MT_SET(*this, op, what, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b.d);
     MT_SET(*this, op, what, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c.d);
@@ -236,14 +236,14 @@ class Builder {
   // y = reduce(x) over the dims where y has extent 1, fp32 compute.
   void reduction(const char* node, cudnnReduceTensorOp_t red, const Tns& x, const Tns& y) {
     const std::string what = fmt::format("reduction node '{}'", node);
-    cudnnBackendDescriptor_t rd =
-        create(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "CUDNN_BACKEND_REDUCTION_DESCRIPTOR", what);
+    cudnnBackendDescriptor_t rd = create(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "CUDNN_BACKEND_REDUCTION_DESCRIPTOR",
+                                         what);
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     MT_SET(*this, rd, what, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red);
     MT_SET(*this, rd, what, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
     finalize(rd, what + " (its reduction descriptor)");
-    cudnnBackendDescriptor_t op =
-        create(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR", what);
+    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+                                         "CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR", what);
     MT_SET(*this, op, what, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.d);
     MT_SET(*this, op, what, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.d);
     MT_SET(*this, op, what, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd);
@@ -254,8 +254,8 @@ class Builder {
   // y: x's elements under another view (used for transposes of the last two dims).
   void reshape(const char* node, const Tns& x, const Tns& y) {
     const std::string what = fmt::format("reshape node '{}'", node);
-    cudnnBackendDescriptor_t op =
-        create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR", what);
+    cudnnBackendDescriptor_t op = create(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                                         "CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR", what);
     MT_SET(*this, op, what, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.d);
     MT_SET(*this, op, what, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.d);
     finalize(op, what);
@@ -266,8 +266,8 @@ class Builder {
   // execution plan, and its workspace size. Throws (nothing launched) when cuDNN takes no config.
   void build_plan() {
     const char* what = "the operation graph";
-    cudnnBackendDescriptor_t graph =
-        create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR", what);
+    cudnnBackendDescriptor_t graph = create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR,
+                                            "CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR", what);
     MT_SET(*this, graph, what, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
     MT_SET(*this, graph, what, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
            static_cast<int64_t>(ops_.size()), ops_.data());
@@ -280,23 +280,21 @@ class Builder {
     }
 
     const char* hwhat = "the engine heuristics (mode A)";
-    cudnnBackendDescriptor_t heur =
-        create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR", hwhat);
+    cudnnBackendDescriptor_t heur = create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR",
+                                           hwhat);
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     MT_SET(*this, heur, hwhat, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
     MT_SET(*this, heur, hwhat, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
     finalize(heur, hwhat);
     int64_t count = 0;
     {
-      const cudnnStatus_t st =
-          cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-                                   nullptr);
+      const cudnnStatus_t st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
       if (st != CUDNN_STATUS_SUCCESS)
         fail("{}: cudnnBackendGetAttribute(CUDNN_ATTR_ENGINEHEUR_RESULTS) (the count) failed: {}; {}", ctx_,
              status_text(st), kHint);
     }
-    if (count <= 0)
-      fail("{}: cuDNN's heuristics (mode A) found no engine for the attention graph; {}", ctx_, kHint);
+    if (count <= 0) fail("{}: cuDNN's heuristics (mode A) found no engine for the attention graph; {}", ctx_, kHint);
     std::vector<cudnnBackendDescriptor_t> cfgs;
     for (int64_t i = 0; i < count; ++i)
       cfgs.push_back(create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "CUDNN_BACKEND_ENGINECFG_DESCRIPTOR", hwhat));
@@ -312,8 +310,8 @@ class Builder {
     std::string refusals;
     for (int64_t i = 0; i < got; ++i) {
       const std::string pwhat = fmt::format("the execution plan of engine config {}", i);
-      cudnnBackendDescriptor_t exec =
-          create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR", pwhat);
+      cudnnBackendDescriptor_t exec = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
+                                             "CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR", pwhat);
       MT_SET(*this, exec, pwhat, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
       MT_SET(*this, exec, pwhat, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
              &cfgs[static_cast<size_t>(i)]);
@@ -323,8 +321,8 @@ class Builder {
         continue;
       }
       int64_t ws = 0, n = 0;
-      const cudnnStatus_t wst =
-          cudnnBackendGetAttribute(exec, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws);
+      const cudnnStatus_t wst = cudnnBackendGetAttribute(exec, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                         CUDNN_TYPE_INT64, 1, &n, &ws);
       if (wst != CUDNN_STATUS_SUCCESS)
         fail("{}: cudnnBackendGetAttribute(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE) failed: {}", ctx_,
              status_text(wst));
@@ -348,19 +346,20 @@ class Builder {
 struct Layout {
   int64_t B, T, H, Hkv, D, W, OW;
   explicit Layout(const AttnShape& s)
-      : B(s.B), T(s.T), H(s.n_head), Hkv(s.n_kv_head), D(s.head_dim), W(s.qkv_width()), OW(int64_t{s.n_head} * s.head_dim) {}
+      : B(s.B), T(s.T), H(s.n_head), Hkv(s.n_kv_head), D(s.head_dim), W(s.qkv_width()),
+        OW(int64_t{s.n_head} * s.head_dim) {}
   Dims q_dim() const { return {B, H, T, D}; }
   Dims kv_dim() const { return {B, Hkv, T, D}; }
   Dims kvT_dim() const { return {B, Hkv, D, T}; }
-  Dims packed_stride() const { return {T * W, D, W, 1}; }        // a head of a qkv / dqkv row
-  Dims packedT_stride() const { return {T * W, D, 1, W}; }       // the same with the last two dims swapped
-  Dims o_stride() const { return {T * OW, D, OW, 1}; }           // out / dout
-  Dims st_dim() const { return {B, H, T, 1}; }                   // row statistics = lse [B, H, T]
+  Dims packed_stride() const { return {T * W, D, W, 1}; }   // a head of a qkv / dqkv row
+  Dims packedT_stride() const { return {T * W, D, 1, W}; }  // the same with the last two dims swapped
+  Dims o_stride() const { return {T * OW, D, OW, 1}; }      // out / dout
+  Dims st_dim() const { return {B, H, T, 1}; }              // row statistics = lse [B, H, T]
   Dims st_stride() const { return {H * T, T, 1, 1}; }
-  Dims s_dim() const { return {B, H, T, T}; }                    // scores
+  Dims s_dim() const { return {B, H, T, T}; }  // scores
   Dims s_stride() const { return {H * T * T, T * T, T, 1}; }
-  Dims sT_stride() const { return {H * T * T, T * T, 1, T}; }   // scores transposed (a view)
-  Dims full_dim() const { return {B, H, T, D}; }                 // per query head, packed
+  Dims sT_stride() const { return {H * T * T, T * T, 1, T}; }  // scores transposed (a view)
+  Dims full_dim() const { return {B, H, T, D}; }               // per query head, packed
   Dims full_stride() const { return {H * T * D, T * D, D, 1}; }
 };
 
@@ -528,8 +527,7 @@ struct CudnnAttention::Impl {
                  s.n_head % s.n_kv_head == 0,
              "{}: not a valid attention shape", context(s, bwd));
     MT_CHECK(s.head_dim % 8 == 0 && s.head_dim <= 256,
-             "{}: cuDNN's fused attention needs head_dim a multiple of 8 and at most 256; {}", context(s, bwd),
-             kHint);
+             "{}: cuDNN's fused attention needs head_dim a multiple of 8 and at most 256; {}", context(s, bwd), kHint);
   }
 
   Plan& plan(const AttnShape& s, bool bwd) {
@@ -577,8 +575,7 @@ struct CudnnAttention::Impl {
     cudnnBackendDescriptor_t vp = nullptr;
     cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
     if (st != CUDNN_STATUS_SUCCESS)
-      fail("{}: cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR) failed: {}", ctx,
-           status_text(st));
+      fail("{}: cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR) failed: {}", ctx, status_text(st));
     struct Guard {
       cudnnBackendDescriptor_t d;
       ~Guard() { cudnnBackendDestroyDescriptor(d); }

@@ -19,9 +19,13 @@ __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 template <class T>
 __device__ __forceinline__ T from_f(float x);
 template <>
-__device__ __forceinline__ float from_f<float>(float x) { return x; }
+__device__ __forceinline__ float from_f<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ bf16 from_f<bf16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 // The host's float_to_bf16 (core/bf16.h) on the device, so a round trip through either side is bit-identical,
 // NaN payloads included (__float2bfloat16_rn agrees on every non-NaN input).

@@ -33,8 +33,7 @@ void CudaOps::copy(Tensor dst, Tensor src) {
   if (src.numel() == 0) return;
   MT_CHECK(dst.defined() && src.defined(), "copy: undefined tensor");
   if (dst.ptr != src.ptr)
-    check(cudaMemcpyAsync(dst.ptr, src.ptr, src.nbytes(), cudaMemcpyDeviceToDevice, stream_),
-          "copy: cudaMemcpyAsync");
+    check(cudaMemcpyAsync(dst.ptr, src.ptr, src.nbytes(), cudaMemcpyDeviceToDevice, stream_), "copy: cudaMemcpyAsync");
 }
 
 void CudaOps::add(Tensor out, Tensor a, Tensor b) {

@@ -66,8 +66,7 @@ void map2(cudaStream_t s, T* out, const T* a, const T* b, int64_t n, F f, const 
 }
 
 template <class F>
-void map2_any(cudaStream_t s, bool is_bf16, void* out, const void* a, const void* b, int64_t n, F f,
-              const char* name) {
+void map2_any(cudaStream_t s, bool is_bf16, void* out, const void* a, const void* b, int64_t n, F f, const char* name) {
   if (is_bf16)
     map2(s, static_cast<bf16*>(out), static_cast<const bf16*>(a), static_cast<const bf16*>(b), n, f, name);
   else
@@ -213,7 +212,7 @@ void add_partial_rows(cudaStream_t s, float* out0, float* out1, int64_t split, c
   if (W <= 0 || G <= 0) return;
   const dim3 block(32, kRowLanes);
   partial_rows_reduce_kernel<<<static_cast<unsigned>((W + 31) / 32), block, 0, s>>>(out0, out1, split, partial, W, G,
-                                                                                     accumulate);
+                                                                                    accumulate);
   check_launch("partial_rows_reduce_kernel");
 }
 

@@ -67,20 +67,20 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const bf16* dout, int
 
 }  // namespace
 
-void embedding_forward(cudaStream_t s, bf16* out, const int32_t* tokens, const bf16* wte, int64_t rows,
-                       const bf16* wpe, int64_t N, int64_t T, int64_t C, int* err) {
+void embedding_forward(cudaStream_t s, bf16* out, const int32_t* tokens, const bf16* wte, int64_t rows, const bf16* wpe,
+                       int64_t N, int64_t T, int64_t C, int* err) {
   if (N * C <= 0) return;
   if (C % 8 == 0 && aligned16(out) && aligned16(wte) && (wpe == nullptr || aligned16(wpe)))
-    embedding_forward_kernel<8><<<grid_for(N * C / 8, kThreads), kThreads, 0, s>>>(out, tokens, wte, rows, wpe, N,
-                                                                                     T, C, err);
+    embedding_forward_kernel<8>
+        <<<grid_for(N * C / 8, kThreads), kThreads, 0, s>>>(out, tokens, wte, rows, wpe, N, T, C, err);
   else
-    embedding_forward_kernel<1><<<grid_for(N * C, kThreads), kThreads, 0, s>>>(out, tokens, wte, rows, wpe, N, T, C,
-                                                                                 err);
+    embedding_forward_kernel<1>
+        <<<grid_for(N * C, kThreads), kThreads, 0, s>>>(out, tokens, wte, rows, wpe, N, T, C, err);
   check_launch("embedding_forward_kernel");
 }
 
-void embedding_backward(cudaStream_t s, float* dwte, int64_t rows, float* dwpe, const bf16* dout,
-                        const int32_t* tokens, int64_t N, int64_t T, int64_t C, int* err) {
+void embedding_backward(cudaStream_t s, float* dwte, int64_t rows, float* dwpe, const bf16* dout, const int32_t* tokens,
+                        int64_t N, int64_t T, int64_t C, int* err) {
   if (N * C <= 0) return;
   embedding_backward_wte_kernel<<<grid_for(N * C, kThreads), kThreads, 0, s>>>(dwte, rows, dout, tokens, N, C, err);
   check_launch("embedding_backward_wte_kernel");

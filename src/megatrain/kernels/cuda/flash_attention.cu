@@ -53,9 +53,7 @@ struct Params {
 };
 
 // Token t sees key s: causal (s <= t), inside the window (s > t - W), and t a real row (t < T; then s < T too).
-__device__ __forceinline__ bool visible(int t, int s, int T, int W) {
-  return t < T && s <= t && (W == 0 || s > t - W);
-}
+__device__ __forceinline__ bool visible(int t, int s, int T, int W) { return t < T && s <= t && (W == 0 || s > t - W); }
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -103,8 +101,8 @@ struct FwdSmem {
 
 // grid (ceil(T/64), H, B): one block per (query tile, head, batch).
 template <int D>
-__global__ void __launch_bounds__(kThreads) flash_forward_kernel(Params prm, const bf16* __restrict__ qkv,
-                                                                 bf16* __restrict__ out, float* __restrict__ lse) {
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(Params prm, const bf16* __restrict__ qkv, bf16* __restrict__ out, float* __restrict__ lse) {
   using L = FwdSmem<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem + L::q);
@@ -247,8 +245,8 @@ struct BwdSmem {
   static constexpr size_t lse2 = x + sizeof(float) * kWarps * 256;
   static constexpr size_t dq = lse2 + sizeof(float) * kTile;
   static constexpr size_t bytes = dq + sizeof(float) * kTile;
-  static_assert(v % 128 == 0 && q % 128 == 0 && dout % 128 == 0 && st % 128 == 0 && dpt % 128 == 0 &&
-                    pt % 128 == 0 && dst % 128 == 0 && x % 128 == 0 && lse2 % 128 == 0,
+  static_assert(v % 128 == 0 && q % 128 == 0 && dout % 128 == 0 && st % 128 == 0 && dpt % 128 == 0 && pt % 128 == 0 &&
+                    dst % 128 == 0 && x % 128 == 0 && lse2 % 128 == 0,
                 "aligned regions");
 };
 

@@ -120,8 +120,7 @@ bool gemm_reruns_safely(const LtCall& c) {
                            matrix(c.B, tb ? c.n : c.k, tb ? c.k : c.n, c.ldb, 2), vector_of(c.bias, c.m, 2)};
   if (c.beta != 0.0f) reads.push_back(matrix(c.C, c.m, c.n, c.ldd, d_elem));
   if (c.aux) (writes_aux(c.epilogue) ? writes : reads).push_back(matrix(c.aux, c.m, c.n, c.aux_ld, 2));
-  if (c.bias_out)
-    writes.push_back(vector_of(c.bias_out, c.epilogue == CUBLASLT_EPILOGUE_BGRADA ? c.m : c.n, d_elem));
+  if (c.bias_out) writes.push_back(vector_of(c.bias_out, c.epilogue == CUBLASLT_EPILOGUE_BGRADA ? c.m : c.n, d_elem));
   for (const Range& w : writes)
     for (const Range& r : reads)
       if (overlap(w, r)) return false;
@@ -164,9 +163,26 @@ bool LtGemm::run(cudaStream_t stream, const LtCall& c, const char* op) {
   const void* C = c.C ? c.C : c.D;
   const uint32_t al_a = alignment(c.A), al_b = alignment(c.B), al_d = alignment(c.D);
   const uint32_t al_c = std::min(alignment(C), al_d);  // C and D share one layout and one alignment preference
-  const Key key{c.trans_a, c.trans_b, c.m,    c.n,    c.k,    c.lda,  c.ldb,       c.ldd,
-                c.d_type,  c.beta != 0.0f ? 1 : 0, c.epilogue, c.bias || c.bias_out, c.aux_ld, al_a, al_b, al_d,
-                c.bias ? alignment(c.bias) : c.bias_out ? alignment(c.bias_out) : 0, c.aux ? alignment(c.aux) : 0,
+  const Key key{c.trans_a,
+                c.trans_b,
+                c.m,
+                c.n,
+                c.k,
+                c.lda,
+                c.ldb,
+                c.ldd,
+                c.d_type,
+                c.beta != 0.0f ? 1 : 0,
+                c.epilogue,
+                c.bias || c.bias_out,
+                c.aux_ld,
+                al_a,
+                al_b,
+                al_d,
+                c.bias       ? alignment(c.bias)
+                : c.bias_out ? alignment(c.bias_out)
+                             : 0,
+                c.aux ? alignment(c.aux) : 0,
                 al_c};
   const float alpha = 1.0f, beta = c.beta;
   auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {

@@ -19,17 +19,17 @@ struct LtCall {
   int64_t m = 0, n = 0, k = 0;  // D[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * D
   const void* A = nullptr;      // bf16, stored [m, k] (N) or [k, m] (T), leading dimension lda
   int64_t lda = 0;
-  const void* B = nullptr;      // bf16, stored [k, n] (N) or [n, k] (T)
+  const void* B = nullptr;  // bf16, stored [k, n] (N) or [n, k] (T)
   int64_t ldb = 0;
-  void* D = nullptr;            // C and D are the same matrix unless C is set
+  void* D = nullptr;  // C and D are the same matrix unless C is set
   int64_t ldd = 0;
-  const void* C = nullptr;      // with beta != 0: the matrix added, when it is not D (same type and layout as D)
+  const void* C = nullptr;  // with beta != 0: the matrix added, when it is not D (same type and layout as D)
   cudaDataType_t d_type = CUDA_R_16BF;  // CUDA_R_16BF or CUDA_R_32F
   float beta = 0;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias = nullptr;   // bf16 [m] (BIAS epilogues)
-  void* bias_out = nullptr;     // [n], D's type: the BGRADB epilogue writes the sums of op(B) over k here
-  void* aux = nullptr;          // bf16 [m, n] with leading dimension aux_ld (GELU_AUX / DGELU epilogues)
+  const void* bias = nullptr;  // bf16 [m] (BIAS epilogues)
+  void* bias_out = nullptr;    // [n], D's type: the BGRADB epilogue writes the sums of op(B) over k here
+  void* aux = nullptr;         // bf16 [m, n] with leading dimension aux_ld (GELU_AUX / DGELU epilogues)
   int64_t aux_ld = 0;
 };
 
@@ -41,11 +41,11 @@ bool gemm_reruns_safely(const LtCall& c);
 
 // What GEMM tuning found for one distinct problem (LtGemm::tuning()).
 struct GemmTuned {
-  std::string problem;      // "m x n x k, op(A) op(B), epilogue, D type, beta"
-  std::string op;           // the op that first ran it
-  int candidates = 0;       // algorithms the heuristic offered (and were timed, when tuned)
-  int chosen = 0;           // index of the fastest in the heuristic's order (0: the heuristic was right)
-  bool tuned = false;       // false: not timed (why_not says why), the heuristic's first runs
+  std::string problem;  // "m x n x k, op(A) op(B), epilogue, D type, beta"
+  std::string op;       // the op that first ran it
+  int candidates = 0;   // algorithms the heuristic offered (and were timed, when tuned)
+  int chosen = 0;       // index of the fastest in the heuristic's order (0: the heuristic was right)
+  bool tuned = false;   // false: not timed (why_not says why), the heuristic's first runs
   std::string why_not;
   double heuristic_ms = 0;  // the heuristic's first choice, median of the timed runs
   double best_ms = 0;       // the chosen one

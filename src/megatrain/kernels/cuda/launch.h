@@ -27,9 +27,9 @@ inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel)
 // Errors found by kernels (data-dependent, so the host cannot see them without a sync): a kernel ORs its code into
 // a word of device memory and the host reports it at the next synchronisation (CudaOps::sync_and_check).
 enum DeviceError : int {
-  kErrCeTarget = 1,     // cross_entropy: a target >= V
-  kErrToken = 2,        // embedding: a token >= the table's rows
-  kErrVpTarget = 4,     // vp_ce_sums: a target >= V
+  kErrCeTarget = 1,  // cross_entropy: a target >= V
+  kErrToken = 2,     // embedding: a token >= the table's rows
+  kErrVpTarget = 4,  // vp_ce_sums: a target >= V
 };
 
 // Partial sums of the reductions that end on the host (sum_squares, lamb_moments): at most this many blocks, one
@@ -70,22 +70,22 @@ void swiglu_backward(cudaStream_t s, bf16* dinp, const bf16* inp, const bf16* do
 
 // ---- embedding (embedding_kernels.cu) --------------------------------------------------------------------------
 // tokens [N] (N = B*T, position of token i is i % T); wpe may be null.
-void embedding_forward(cudaStream_t s, bf16* out, const int32_t* tokens, const bf16* wte, int64_t rows,
-                       const bf16* wpe, int64_t N, int64_t T, int64_t C, int* err);
+void embedding_forward(cudaStream_t s, bf16* out, const int32_t* tokens, const bf16* wte, int64_t rows, const bf16* wpe,
+                       int64_t N, int64_t T, int64_t C, int* err);
 // dwte += (atomics), dwpe += (deterministic: one thread per (t, c) sums the batch in order); dwpe may be null.
-void embedding_backward(cudaStream_t s, float* dwte, int64_t rows, float* dwpe, const bf16* dout,
-                        const int32_t* tokens, int64_t N, int64_t T, int64_t C, int* err);
+void embedding_backward(cudaStream_t s, float* dwte, int64_t rows, float* dwpe, const bf16* dout, const int32_t* tokens,
+                        int64_t N, int64_t T, int64_t C, int* err);
 
 // ---- normalisation (norm_kernels.cu) ---------------------------------------------------------------------------
 struct NormForwardArgs {
   bf16* out = nullptr;
-  float* mean = nullptr;       // may be null (inference; always null for RMS)
-  float* rstd = nullptr;       // may be null
-  const bf16* inp = nullptr;   // the rows to normalise; with add_b, the residual's first operand
-  const bf16* add_b = nullptr; // optional fused residual add: res = inp + add_b (rounded to bf16), normalised
-  bf16* res = nullptr;         // where res is written (may alias inp); required with add_b
+  float* mean = nullptr;        // may be null (inference; always null for RMS)
+  float* rstd = nullptr;        // may be null
+  const bf16* inp = nullptr;    // the rows to normalise; with add_b, the residual's first operand
+  const bf16* add_b = nullptr;  // optional fused residual add: res = inp + add_b (rounded to bf16), normalised
+  bf16* res = nullptr;          // where res is written (may alias inp); required with add_b
   const bf16* w = nullptr;
-  const bf16* b = nullptr;     // may be null (and is ignored for RMS)
+  const bf16* b = nullptr;  // may be null (and is ignored for RMS)
   int64_t N = 0, C = 0;
   float eps = 0;
   bool rms = false;
@@ -93,18 +93,18 @@ struct NormForwardArgs {
 void norm_forward(cudaStream_t s, const NormForwardArgs& a);
 
 struct NormBackwardArgs {
-  bf16* dinp = nullptr;        // accumulated (+=)
-  float* dw = nullptr;         // accumulated (+=), or overwritten without accumulate_dw
-  float* db = nullptr;         // as dw; may be null; unused for RMS
+  bf16* dinp = nullptr;  // accumulated (+=)
+  float* dw = nullptr;   // accumulated (+=), or overwritten without accumulate_dw
+  float* db = nullptr;   // as dw; may be null; unused for RMS
   bool accumulate_dw = true;
   const bf16* dout = nullptr;
   const bf16* inp = nullptr;
   const bf16* w = nullptr;
-  const float* mean = nullptr; // unused for RMS
+  const float* mean = nullptr;  // unused for RMS
   const float* rstd = nullptr;
   int64_t N = 0, C = 0;
   bool rms = false;
-  float* scratch = nullptr;    // per-block partial dw/db rows
+  float* scratch = nullptr;  // per-block partial dw/db rows
   size_t scratch_floats = 0;
 };
 void norm_backward(cudaStream_t s, const NormBackwardArgs& a);

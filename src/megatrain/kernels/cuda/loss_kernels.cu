@@ -93,8 +93,8 @@ __device__ void write_grad_row(bf16* row, const bf16* src, int64_t W, int64_t n_
 // negative one is an ignored position, loss 0 and gradient 0. False when that finished the row. t is uniform over
 // the block, so the callers' early returns keep their barriers uniform.
 template <int K>
-__device__ bool ce_row_has_loss(float* losses, bf16* row, int32_t t, int64_t n, int64_t Vp, int64_t V,
-                                bool write_grad, int* err) {
+__device__ bool ce_row_has_loss(float* losses, bf16* row, int32_t t, int64_t n, int64_t Vp, int64_t V, bool write_grad,
+                                int* err) {
   if (t >= V) {
     if (threadIdx.x == 0) {
       atomicOr(err, kErrCeTarget);
@@ -130,9 +130,9 @@ __device__ void ce_finish_row(MaxSum ms, float zt, float* losses, int64_t n, bf1
 // bit-identical. Loads are unrolled by 4 so each thread has several in flight (two 100 KB rows fit an SM's shared
 // memory: 1024 threads). Rows wider than the shared memory a block may have (Llama 3's 128,256 columns) stream.
 template <int K, bool kSmemRow>
-__global__ void __launch_bounds__(kThreads) cross_entropy_kernel(float* losses, bf16* logits, const int32_t* targets,
-                                                                 int64_t Vp, int64_t V, float dloss, bool write_grad,
-                                                                 int* err) {
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_kernel(float* losses, bf16* logits, const int32_t* targets, int64_t Vp, int64_t V, float dloss,
+                         bool write_grad, int* err) {
   extern __shared__ __align__(16) unsigned char ce_smem[];
   bf16* srow = reinterpret_cast<bf16*>(ce_smem);
   const int64_t n = blockIdx.x;
@@ -247,8 +247,9 @@ void cross_entropy(cudaStream_t s, float* losses, bf16* logits, const int32_t* t
   if (N <= 0) return;
   const unsigned grid = static_cast<unsigned>(N);
   if (packable(logits, Vp) && ce_row_fits_smem(Vp))
-    cross_entropy_kernel<8, true><<<grid, kThreads, static_cast<size_t>(Vp) * sizeof(bf16), s>>>(
-        losses, logits, targets, Vp, V, dloss, write_grad, err);
+    cross_entropy_kernel<8, true><<<grid, kThreads, static_cast<size_t>(Vp) * sizeof(bf16), s>>>(losses, logits,
+                                                                                                 targets, Vp, V, dloss,
+                                                                                                 write_grad, err);
   else if (packable(logits, Vp))
     cross_entropy_kernel<8, false><<<grid, kThreads, 0, s>>>(losses, logits, targets, Vp, V, dloss, write_grad, err);
   else
@@ -282,11 +283,11 @@ void vp_ce_finish(cudaStream_t s, float* losses, bf16* logits, const float* stat
   if (N <= 0) return;
   const unsigned grid = static_cast<unsigned>(N);
   if (packable(logits, Vl))
-    vp_ce_finish_kernel<8><<<grid, kThreads, 0, s>>>(losses, logits, stats, targets, N, Vl, v0, n_real, dloss,
-                                                     write_grad);
+    vp_ce_finish_kernel<8>
+        <<<grid, kThreads, 0, s>>>(losses, logits, stats, targets, N, Vl, v0, n_real, dloss, write_grad);
   else
-    vp_ce_finish_kernel<1><<<grid, kThreads, 0, s>>>(losses, logits, stats, targets, N, Vl, v0, n_real, dloss,
-                                                     write_grad);
+    vp_ce_finish_kernel<1>
+        <<<grid, kThreads, 0, s>>>(losses, logits, stats, targets, N, Vl, v0, n_real, dloss, write_grad);
   check_launch("vp_ce_finish_kernel");
 }
 

@@ -236,8 +236,8 @@ void CudaOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout,
   weight_grads(op, dw, dbias, dout, inp, d.N, d.C, d.OC, accumulate_dw);
 }
 
-void CudaOps::matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w,
-                                   Tensor pre, bool accumulate_dw) {
+void CudaOps::matmul_backward_gelu(Tensor dpre, Tensor dw, Tensor dbias, Tensor dout, Tensor act, Tensor w, Tensor pre,
+                                   bool accumulate_dw) {
   const char* op = "matmul_backward_gelu";
   auto scope = timed(op);
   bf16* dp = bf16_arg(dpre, op, "dpre");

@@ -59,10 +59,12 @@ std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& options) {
   // The options first: their errors do not depend on the machine.
   MT_CHECK(options.attention == "auto" || options.attention == "flash" || options.attention == "cudnn",
            "make_cuda_ops: attention must be \"auto\" (cuDNN where built with it, else flash), \"flash\" (our "
-           "kernels) or \"cudnn\" (cuDNN's fused attention); got \"{}\"", options.attention);
+           "kernels) or \"cudnn\" (cuDNN's fused attention); got \"{}\"",
+           options.attention);
   MT_CHECK(options.gemm_tuning == 0 || (options.gemm_tuning >= 2 && options.gemm_tuning <= 64),
            "make_cuda_ops: gemm_tuning must be 0 (cuBLASLt's heuristic choice) or the number of candidate algorithms "
-           "to time, 2 to 64 (got {})", options.gemm_tuning);
+           "to time, 2 to 64 (got {})",
+           options.gemm_tuning);
   CudaOptions opt = options;
   opt.attention = resolve_cuda_attention(options.attention);
   MT_CHECK(opt.attention != "cudnn" || CudnnAttention::available(),
@@ -72,9 +74,10 @@ std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& options) {
   if (device >= 0) {
     int n = 0;
     check(cudaGetDeviceCount(&n), "make_cuda_ops: cudaGetDeviceCount");
-    MT_CHECK(device < n, "make_cuda_ops: GPU {} asked for but only {} visible (CUDA_VISIBLE_DEVICES={}); one process "
-             "per GPU: at most {} local ranks on this host", device, n,
-             std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "unset", n);
+    MT_CHECK(device < n,
+             "make_cuda_ops: GPU {} asked for but only {} visible (CUDA_VISIBLE_DEVICES={}); one process "
+             "per GPU: at most {} local ranks on this host",
+             device, n, std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "unset", n);
     check(cudaSetDevice(device), "make_cuda_ops: cudaSetDevice");
   }
   auto ops = std::make_unique<CudaOps>();
@@ -157,8 +160,7 @@ void CudaOps::to_device(Tensor dst, const void* host) {
   MT_CHECK(dst.device == Device::CUDA, "to_device: dst must be a CUDA tensor");
   if (dst.numel() == 0) return;
   MT_CHECK(dst.defined() && host, "to_device: undefined tensor or null host pointer");
-  check(cudaMemcpyAsync(dst.ptr, host, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
-        "to_device: cudaMemcpyAsync");
+  check(cudaMemcpyAsync(dst.ptr, host, dst.nbytes(), cudaMemcpyHostToDevice, stream_), "to_device: cudaMemcpyAsync");
 }
 
 void CudaOps::to_host(void* host, Tensor src) {

@@ -53,7 +53,7 @@ class OpTimer {
   size_t pending_ = 0;      // slots recorded and not yet taken
   int depth_ = 0;           // nesting of Scopes
   bool on_ = false;
-  bool recording_ = false;  // the current outermost op holds slot (head_ + pending_) % kCapacity
+  bool recording_ = false;      // the current outermost op holds slot (head_ + pending_) % kCapacity
   cudaEvent_t base_ = nullptr;  // recorded before the first timed op: start_ms is measured from it
   bool have_base_ = false;
   double base_host_s_ = 0;

@@ -41,9 +41,10 @@ CudaOps::SegTable CudaOps::segment_table(const char* op, const std::vector<AdamS
   const size_t table_bytes = (segs.size() * sizeof(cuda::AdamSeg) + 255) / 256 * 256;
   const size_t bytes = table_bytes + partials * sizeof(double);
   const bool same = segs.size() == segs_host_.size() &&
-                    std::equal(segs.begin(), segs.end(), segs_host_.begin(), [](const AdamSegment& a, const AdamSegment& b) {
-                      return a.offset == b.offset && a.numel == b.numel && a.weight_decay == b.weight_decay;
-                    });
+                    std::equal(segs.begin(), segs.end(), segs_host_.begin(),
+                               [](const AdamSegment& a, const AdamSegment& b) {
+                                 return a.offset == b.offset && a.numel == b.numel && a.weight_decay == b.weight_decay;
+                               });
   if (!same || bytes > segs_cap_) {
     // The stream drains first: an earlier launch may still read the old table (or partials).
     cuda::check(cudaStreamSynchronize(stream_), (std::string(op) + ": cudaStreamSynchronize").c_str());

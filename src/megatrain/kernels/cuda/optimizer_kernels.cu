@@ -169,7 +169,8 @@ __global__ void lamb_apply_multi_kernel(float* p, const float* m, const float* v
   const float w2 = norms[2 * blockIdx.y], u2 = norms[2 * blockIdx.y + 1];
   const float trust = (w2 > 0 && u2 > 0) ? sqrtf(w2 / u2) : 1.0f;
   const float step = k.lr * trust;
-  for (int64_t i = global_thread(); i < s.numel; i += grid_threads()) lamb_apply_element(p, m, v, s.offset + i, k, step);
+  for (int64_t i = global_thread(); i < s.numel; i += grid_threads())
+    lamb_apply_element(p, m, v, s.offset + i, k, step);
 }
 
 // Blocks per segment of lamb_moments_multi: ~8 elements per thread of the largest segment, at most kMaxPartials.
@@ -224,7 +225,7 @@ void lamb_moments_multi(cudaStream_t s, const float* p, const float* g, float* m
   const int gx = lamb_multi_gx(max_numel);
   if (max_numel > 0) {
     lamb_moments_multi_kernel<<<dim3(gx, static_cast<unsigned>(n_segs)), kThreads, 0, s>>>(p, g, m, v, segs, k,
-                                                                                         partials);
+                                                                                           partials);
     check_launch("lamb_moments_multi_kernel");
   }
   // Run even when every segment is empty: it writes their zero norms.

@@ -44,8 +44,7 @@ void rope(cudaStream_t s, bf16* qkv, int64_t B, int64_t T, int n_head, int n_kv_
   const int64_t rows = B * T, width = static_cast<int64_t>(n_head + 2 * n_kv_head) * head_dim;
   const int64_t work = rows * (head_dim / 2);
   if (work <= 0) return;
-  rope_kernel<<<grid_for(work, kThreads), kThreads, 0, s>>>(qkv, rows, T, n_head + n_kv_head, width, head_dim, f,
-                                                          sign);
+  rope_kernel<<<grid_for(work, kThreads), kThreads, 0, s>>>(qkv, rows, T, n_head + n_kv_head, width, head_dim, f, sign);
   check_launch("rope_kernel");
 }
 

@@ -50,8 +50,10 @@ void refuse_non_finite(const RankHoldings& h, Agreement& agreement, int step, bo
     fail_as(ErrorKind::NonFinite, "step {}: rank {}: {} holds a non-finite value: the weights diverged; {}", step,
             h.mesh->rank(), bad, keep);
   if (!ranks.empty())
-    fail_as(ErrorKind::NonFinite, "step {}: rank(s) {} hold non-finite values (their errors name the tensors): the "
-            "weights diverged; {}", step, fmt::join(ranks, ", "), keep);
+    fail_as(ErrorKind::NonFinite,
+            "step {}: rank(s) {} hold non-finite values (their errors name the tensors): the "
+            "weights diverged; {}",
+            step, fmt::join(ranks, ", "), keep);
 }
 
 }  // namespace mt

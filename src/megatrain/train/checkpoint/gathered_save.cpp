@@ -170,14 +170,13 @@ GatheredSave::GatheredSave(const RankHoldings& h) : s_(std::make_unique<State>(h
 
 GatheredSave::~GatheredSave() = default;
 
-std::string GatheredSave::save(int step, const LoaderState& data, uint64_t windows, SaveWhy why,
-                               Agreement& agreement) {
+std::string GatheredSave::save(int step, const LoaderState& data, uint64_t windows, SaveWhy why, Agreement& agreement) {
   State& s = *s_;
   const RankHoldings& h = s.h;
   const int pp = h.cfg.parallel.pp;
   const bool main_rank = h.main_rank();
   if (h.ddp) h.ddp->sync_params();
-  refuse_non_finite(h, agreement, step);  // collective: every rank refuses, or none
+  refuse_non_finite(h, agreement, step);                 // collective: every rank refuses, or none
   if (h.ddp) h.ddp->gather_moments(s.full_m, s.full_v);  // collective: every dp rank takes part
   if (h.cfg.parallel.tp > 1) {
     if (s.tp_full.specs.empty()) s.tp_full.allocate(h.model.params(), h.cfg.model);

@@ -111,7 +111,8 @@ void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
   const nlohmann::json& x = ck.extra();
   MT_CHECK(x.is_object() && x.contains("model") && x.contains("data") && x.contains("step"),
            "checkpoint {} lacks the training state (model/data/step); was it written by `megatrain convert`? Use "
-           "model.init_from for weights only", ck.dir());
+           "model.init_from for weights only",
+           ck.dir());
   extra_field(ck, "data", false, is_json_object, "an object");
   const SavedPosition pos = saved_position(ck);  // checked before any tensor is read
   ModelConfig saved = model_config_from_manifest(x, ck.dir());
@@ -127,9 +128,10 @@ void check_fits(const RunConfig& cfg, const CheckpointReader& ck) {
   MT_CHECK(optim == kind_name(cfg.optim.name), "checkpoint {} used optimizer '{}' but this run uses '{}'", ck.dir(),
            optim, kind_name(cfg.optim.name));
   const auto& d = x["data"];
-  const int64_t saved_b = d.contains("global_batch_size")
-      ? extra_field(ck, "global_batch_size", true, is_json_count, "a non-negative integer").get<int64_t>()
-      : extra_field(ck, "batch_size", true, is_json_count, "a non-negative integer").get<int64_t>();
+  const int64_t saved_b =
+      d.contains("global_batch_size")
+          ? extra_field(ck, "global_batch_size", true, is_json_count, "a non-negative integer").get<int64_t>()
+          : extra_field(ck, "batch_size", true, is_json_count, "a non-negative integer").get<int64_t>();
   const int64_t saved_t = extra_field(ck, "seq_len", true, is_json_count, "a non-negative integer").get<int64_t>();
   const int micro = cfg.pipeline_microbatches();
   const int64_t global_b = int64_t{cfg.data.batch_size} * micro * cfg.parallel.dp;
@@ -192,9 +194,10 @@ void init_params(const RankHoldings& h, Agreement& agreement, const std::string&
   }
   const std::vector<int> bad = agreement.which_ranks(!err.empty());
   if (!bad.empty())
-    fail_as(ErrorKind::Checkpoint, "{}", !err.empty() ? err
-                                        : fmt::format("rank(s) {} could not read {} (their messages name the file)",
-                                                      fmt::join(bad, ", "), source));
+    fail_as(ErrorKind::Checkpoint, "{}",
+            !err.empty() ? err
+                         : fmt::format("rank(s) {} could not read {} (their messages name the file)",
+                                       fmt::join(bad, ", "), source));
   agreement.barrier();
 }
 
@@ -215,8 +218,10 @@ Restored restore_newest(const RankHoldings& h, Agreement& agreement, uint64_t wi
     try {
       promote_peer_snapshots(root, h.cfg.ckpt.keep_last);
     } catch (const std::exception& e) {
-      fmt::print(stderr, "warning: the peer snapshots under {}/snapshots could not be committed: {}; resuming from "
-                 "disk\n", root, e.what());
+      fmt::print(stderr,
+                 "warning: the peer snapshots under {}/snapshots could not be committed: {}; resuming from "
+                 "disk\n",
+                 root, e.what());
     }
   }
   agreement.barrier();
@@ -247,8 +252,10 @@ Restored restore_newest(const RankHoldings& h, Agreement& agreement, uint64_t wi
                  problem, i + 1 < candidates.size() ? "falling back to " + candidates[i + 1] : "no older checkpoint");
   }
   if (!candidates.empty())
-    fail_as(ErrorKind::Checkpoint, "resume = auto: none of the {} checkpoint(s) under {} is readable (the warnings "
-            "above say why); move them away (or set ckpt.resume = none) to start afresh", candidates.size(), root);
+    fail_as(ErrorKind::Checkpoint,
+            "resume = auto: none of the {} checkpoint(s) under {} is readable (the warnings "
+            "above say why); move them away (or set ckpt.resume = none) to start afresh",
+            candidates.size(), root);
   return {};
 }
 

@@ -35,14 +35,23 @@ nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderStat
   nlohmann::json extra = {{"model", model_config_to_json(cfg.model)},
                           {"optim_name", kind_name(cfg.optim.name)},
                           {"step", step},
-                          {"data", {{"epoch", data.epoch}, {"cursor", data.cursor}, {"dir", cfg.data.sources()[0].dir},
-                                    {"batch_size", cfg.data.batch_size}, {"seq_len", cfg.data.seq_len},
-                                    {"global_batch_size", cfg.data.batch_size * micro * cfg.parallel.dp},
-                                    {"shuffle", cfg.data.shuffle}, {"seed", cfg.data.seed},
-                                    {"order", cfg.data.shuffle ? WindowOrder::kName : "sequential"}}},
+                          {"data",
+                           {{"epoch", data.epoch},
+                            {"cursor", data.cursor},
+                            {"dir", cfg.data.sources()[0].dir},
+                            {"batch_size", cfg.data.batch_size},
+                            {"seq_len", cfg.data.seq_len},
+                            {"global_batch_size", cfg.data.batch_size * micro * cfg.parallel.dp},
+                            {"shuffle", cfg.data.shuffle},
+                            {"seed", cfg.data.seed},
+                            {"order", cfg.data.shuffle ? WindowOrder::kName : "sequential"}}},
                           {"train", {{"steps", cfg.train.steps}, {"grad_accum", cfg.train.grad_accum}}},
-                          {"parallel", {{"dp", cfg.parallel.dp}, {"pp", cfg.parallel.pp}, {"tp", cfg.parallel.tp},
-                                        {"virtual_stages", cfg.parallel.virtual_stages}, {"microbatches", micro}}}};
+                          {"parallel",
+                           {{"dp", cfg.parallel.dp},
+                            {"pp", cfg.parallel.pp},
+                            {"tp", cfg.parallel.tp},
+                            {"virtual_stages", cfg.parallel.virtual_stages},
+                            {"microbatches", micro}}}};
   if (windows > 0) extra["data"]["windows"] = windows;  // what the order permutes: a grown dataset is another order
   if (!data.taken.empty()) {  // a blend: its sources, and the rows each has given (the position)
     nlohmann::json blend = nlohmann::json::array();
@@ -131,7 +140,8 @@ LoaderState position_for_this_run(const RunConfig& cfg, const CheckpointReader& 
       MT_CHECK(b[k].is_object() && b[k].contains("dir") && b[k]["dir"].is_string() && b[k].contains("weight") &&
                    b[k]["weight"].is_number() && is_json_count(t[k]) && is_json_count(sn[k]) && sn[k] <= t[k],
                "checkpoint {}: manifest.json: extra.data.blend entry {} is not a {{dir, weight}} with counts taken >= "
-               "since", ck.dir(), k);
+               "since",
+               ck.dir(), k);
       was.push_back({b[k]["dir"].get<std::string>(), b[k]["weight"].get<double>()});
       taken.push_back(t[k].get<uint64_t>());
       since.push_back(sn[k].get<uint64_t>());
@@ -144,8 +154,10 @@ LoaderState position_for_this_run(const RunConfig& cfg, const CheckpointReader& 
     taken.push_back(saved.epoch * w + saved.cursor);
     since.push_back(taken.back());
     if (say && w == 0 && saved.epoch > 0)
-      fmt::print(stderr, "warning: checkpoint {} records no window count for {}: its position in it is taken as "
-                 "cursor {} of its first epoch\n", ck.dir(), dir, saved.cursor);
+      fmt::print(stderr,
+                 "warning: checkpoint {} records no window count for {}: its position in it is taken as "
+                 "cursor {} of its first epoch\n",
+                 ck.dir(), dir, saved.cursor);
   }
   auto find = [&](const std::string& dir) -> int {
     for (size_t k = 0; k < was.size(); ++k)
@@ -157,7 +169,8 @@ LoaderState position_for_this_run(const RunConfig& cfg, const CheckpointReader& 
     const uint64_t t = k >= 0 ? taken[k] : 0;
     if (say)
       fmt::print("data: checkpoint {} was a blend; this run reads {} alone, {}\n", ck.dir(), now[0].dir,
-                 k >= 0 ? fmt::format("from its row {} on", t) : std::string("from its start (the blend did not hold it)"));
+                 k >= 0 ? fmt::format("from its row {} on", t)
+                        : std::string("from its start (the blend did not hold it)"));
     return windows > 0 ? LoaderState(t / windows, t % windows) : LoaderState();
   }
   LoaderState out;
@@ -178,7 +191,8 @@ LoaderState position_for_this_run(const RunConfig& cfg, const CheckpointReader& 
       for (const DataSource& w : was) a.push_back(fmt::format("{} {:.4g}", w.dir, w.weight / sum_was));
       for (const DataSource& n : now) b.push_back(fmt::format("{} {:.4g}", n.dir, n.weight / sum_now));
       fmt::print("data: the blend changed since checkpoint {} (was {}; now {}): each source continues where it was, "
-                 "and the new shares hold from here\n", ck.dir(), fmt::join(a, ", "), fmt::join(b, ", "));
+                 "and the new shares hold from here\n",
+                 ck.dir(), fmt::join(a, ", "), fmt::join(b, ", "));
     }
   }
   // Each source's position is a count into its epochs' window orders: under another seed or shuffle setting, the
@@ -186,9 +200,10 @@ LoaderState position_for_this_run(const RunConfig& cfg, const CheckpointReader& 
   // source).
   const bool saved_shuffle = !d.contains("shuffle") || !d["shuffle"].is_boolean() || d["shuffle"].get<bool>();
   const std::string saved_seed = d.contains("seed") ? d["seed"].dump() : "?";
-  if (say && saved_blend && (saved_shuffle != cfg.data.shuffle ||
-                             (cfg.data.shuffle && saved_seed != std::to_string(cfg.data.seed))))
-    fmt::print(stderr, "warning: checkpoint {} saved its blend's position in another window order ({}) than this "
+  if (say && saved_blend &&
+      (saved_shuffle != cfg.data.shuffle || (cfg.data.shuffle && saved_seed != std::to_string(cfg.data.seed))))
+    fmt::print(stderr,
+               "warning: checkpoint {} saved its blend's position in another window order ({}) than this "
                "run's ({}): the rest of each source's current epoch may repeat some windows and skip others\n",
                ck.dir(), saved_shuffle ? "shuffled, seed " + saved_seed : "sequential",
                cfg.data.shuffle ? "shuffled, seed " + std::to_string(cfg.data.seed) : "sequential");
@@ -206,16 +221,20 @@ void warn_if_order_changed(const RunConfig& cfg, uint64_t windows, const Checkpo
   const nlohmann::json shuffle = key("shuffle"), order = key("order"), w = key("windows");
   const uint64_t saved_windows = w.is_number_unsigned() ? w.get<uint64_t>() : 0;
   const uint64_t both = saved_windows > 0 && windows > 0 ? 1 : 0;
-  const std::string saved =
-      window_order_of(!shuffle.is_boolean() || shuffle.get<bool>(), key("seed").dump(),
-                      order.is_null() ? "fisher-yates" : order.is_string() ? order.get<std::string>() : order.dump(),
-                      both * saved_windows);
+  const std::string saved = window_order_of(!shuffle.is_boolean() || shuffle.get<bool>(), key("seed").dump(),
+                                            order.is_null()     ? "fisher-yates"
+                                            : order.is_string() ? order.get<std::string>()
+                                                                : order.dump(),
+                                            both * saved_windows);
   const std::string now = window_order_of(cfg.data.shuffle, std::to_string(cfg.data.seed), WindowOrder::kName,
                                           both * windows);
   if (saved == now || data.cursor == 0) return;
-  fmt::print(stderr, "warning: checkpoint {} saved its data position (epoch {}, cursor {}) in another window order "
-             "({}) than this run's ({}): the rest of epoch {} may repeat some windows and skip others; the epochs from {} "
-             "on are whole\n", ck.dir(), data.epoch, data.cursor, saved, now, data.epoch, data.epoch + 1);
+  fmt::print(
+      stderr,
+      "warning: checkpoint {} saved its data position (epoch {}, cursor {}) in another window order "
+      "({}) than this run's ({}): the rest of epoch {} may repeat some windows and skip others; the epochs from {} "
+      "on are whole\n",
+      ck.dir(), data.epoch, data.cursor, saved, now, data.epoch, data.epoch + 1);
 }
 
 }  // namespace mt

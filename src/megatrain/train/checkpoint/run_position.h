@@ -53,7 +53,6 @@ LoaderState position_for_this_run(const RunConfig& cfg, const CheckpointReader& 
                                   uint64_t windows, bool say);
 
 // Warns (stderr) when checkpoint ck saved its one-source position in another window order than this run's.
-void warn_if_order_changed(const RunConfig& cfg, uint64_t windows, const CheckpointReader& ck,
-                           const LoaderState& data);
+void warn_if_order_changed(const RunConfig& cfg, uint64_t windows, const CheckpointReader& ck, const LoaderState& data);
 
 }  // namespace mt

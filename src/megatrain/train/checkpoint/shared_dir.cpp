@@ -34,8 +34,7 @@ void check_shared_dir(const RunConfig& cfg, DeviceMesh* mesh, Agreement& agreeme
   if (!main_rank) {
     std::ifstream f(probe);
     std::string seen;
-    if (!(f >> seen) || seen != nonce)
-      err = f ? "it holds another run's probe" : "it is not there";
+    if (!(f >> seen) || seen != nonce) err = f ? "it holds another run's probe" : "it is not there";
   }
   const std::vector<int> bad = agreement.which_ranks(!err.empty());
   if (main_rank) {
@@ -44,9 +43,11 @@ void check_shared_dir(const RunConfig& cfg, DeviceMesh* mesh, Agreement& agreeme
   }
   if (bad.empty()) return;
   if (!err.empty()) fmt::print(stderr, "ckpt.dir {}: the probe file rank 0 wrote there: {}\n", cfg.ckpt.dir, err);
-  fail_as(ErrorKind::Config, "ckpt.dir {} is not one directory for every rank: rank(s) {} do not see the file "
+  fail_as(ErrorKind::Config,
+          "ckpt.dir {} is not one directory for every rank: rank(s) {} do not see the file "
           "rank 0 wrote there. Sharded checkpoints need a file system every rank shares (or ckpt.sharded=false: "
-          "rank 0 writes them alone)", cfg.ckpt.dir, fmt::join(bad, ", "));
+          "rank 0 writes them alone)",
+          cfg.ckpt.dir, fmt::join(bad, ", "));
 }
 
 }  // namespace mt

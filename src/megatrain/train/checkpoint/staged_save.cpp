@@ -92,8 +92,10 @@ struct StagedSave::State {
       if (!err.empty())
         fail_as(kind, "step {}: copying this rank's snapshot to buddy rank {} failed: {}", step, as->peers->buddy, err);
       if (!bad.empty())
-        fail_as(ErrorKind::PeerLost, "step {}: rank(s) {} could not copy their snapshot to their buddy (their errors "
-                "say why)", step, fmt::join(bad, ", "));
+        fail_as(ErrorKind::PeerLost,
+                "step {}: rank(s) {} could not copy their snapshot to their buddy (their errors "
+                "say why)",
+                step, fmt::join(bad, ", "));
     }
     const bool persist = why != SaveWhy::Snapshot;
     const int slot = as->peers ? snapshots % 2 : 0;
@@ -128,8 +130,10 @@ struct StagedSave::State {
     const std::vector<int> bad = agreement.which_ranks(failed);
     if (failed) fail_as(ErrorKind::IO, "checkpoint ({}) step {} failed: {}", kind_name(why), step, msg);
     if (!bad.empty())
-      fail_as(ErrorKind::IO, "checkpoint ({}) step {} was not committed: rank(s) {} failed to write (their errors say "
-              "why)", kind_name(why), step, fmt::join(bad, ", "));
+      fail_as(ErrorKind::IO,
+              "checkpoint ({}) step {} was not committed: rank(s) {} failed to write (their errors say "
+              "why)",
+              kind_name(why), step, fmt::join(bad, ", "));
     return h.main_rank() && persist ? dir : "";
   }
 
