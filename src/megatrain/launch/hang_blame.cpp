@@ -33,11 +33,9 @@ struct Finding {
   std::vector<int> lagging, waiting;  // indices into ranks
 };
 
-}  // namespace
-
-Blame blame_hang(const std::vector<RankStatus>& ranks, double now, double stale_after) {
+// Rule 1: the ranks silent for longer than stale_after, each with where it was last seen (an empty blame if none).
+Blame blame_silent(const std::vector<RankStatus>& ranks, double now, double stale_after) {
   Blame b;
-  // 1. Silence.
   std::vector<std::string> parts;
   for (const auto& r : ranks) {
     if (!r.heard || now - r.last_heard <= stale_after) continue;
@@ -48,10 +46,18 @@ Blame blame_hang(const std::vector<RankStatus>& ranks, double now, double stale_
     parts.push_back(fmt::format("{} stopped responding: no heartbeat for {:.0f} s (last seen at step {}, {}{})", who(r),
                                 now - r.last_heard, r.step, r.phase.empty() ? "?" : r.phase, last));
   }
-  if (!b.ranks.empty()) {
-    b.line = fmt::format("{}", fmt::join(parts, "; "));
-    return b;
-  }
+  b.line = fmt::format("{}", fmt::join(parts, "; "));
+  return b;
+}
+
+}  // namespace
+
+Blame blame_hang(const std::vector<RankStatus>& ranks, double now, double stale_after) {
+  // 1. Silence.
+  Blame b = blame_silent(ranks, now, stale_after);
+  if (!b.ranks.empty()) return b;
+  b.line.clear();
+  std::vector<std::string> parts;
 
   // 2. Lagging members, per group.
   std::map<std::string, std::vector<std::pair<int, CollectiveState>>> groups;
