@@ -6,8 +6,8 @@
 // T = 2048, times the ranks on a node, all holding the same array. Instead, position i maps to window order(i)
 // through a keyed pseudo-random permutation computed on demand: O(1) memory, a few ns per row, and every rank, on
 // any node, computes the same order with nothing shared. This is the part of MegaScale's "redundant data loader
-// elimination" that matters once the data is pre-tokenized: the token bytes themselves are read through mmap, so a
-// node's ranks already share one copy of them in the page cache.
+// elimination" that matters once the data is pre-tokenized: the token bytes themselves are read with pread through
+// the page cache (data/shard.h), so a node's ranks already share one copy of them there.
 //
 // The permutation: a balanced Feistel network on 2k-bit integers (2^2k the smallest power of four >= W, so at most
 // 4W), six rounds whose round function is a 64-bit mixer of (half, round key), restricted to [0, W) by cycle
