@@ -67,6 +67,11 @@ constexpr int kNoProgressExit = 40;     // gave up: no progress across restarts;
 constexpr int kRestartsSpentExit = 41;  // gave up: --max-restarts used up (the last failure's code is in the log)
 constexpr int kNoNodesExit = 42;        // gave up: too few healthy nodes for any layout of the job (requeue: yes)
 constexpr int kEvictedExit = 43;        // an agent's own exit: the driver evicted this node (replace it)
+// The codes of an attempt the supervisor stopped itself (the ranks' own codes then only say they were stopped), each
+// one that a restart may help: a hang (or a straggler to evict) is a timeout's, a node that stopped answering a lost
+// peer's.
+constexpr int kHangExit = exit_code(ErrorKind::CommTimeout);
+constexpr int kNodeLostExit = exit_code(ErrorKind::PeerLost);
 
 // Whether starting the same job again can succeed (a supervisor restarts only these).
 constexpr bool restart_may_help(ErrorKind k) { return exit_code(k) >= 20 && exit_code(k) < 30; }

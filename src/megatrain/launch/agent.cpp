@@ -47,10 +47,6 @@ namespace {
 // few that never entered a collective).
 constexpr int kMaxStackDumps = 4;
 
-// Exit code the agent gives an attempt it stopped because it hung (the ranks' own codes then only say they were
-// stopped): a communication timeout, which a restart may help.
-constexpr int kHangCode = 21;
-
 // Lines on a rank's stderr worth an event of their own (the rank may die before it can say more).
 constexpr const char* kAlerts[] = {"NCCL WARN",          "CUDA error",       "out of memory",
                                    "Segmentation fault", "terminate called", "Bus error"};
@@ -158,7 +154,7 @@ class Agent {
   }
 
   // ---- one attempt --------------------------------------------------------------------------------------------
-  bool trains() const { return !opt_.exec && !opt_.args.empty() && opt_.args[0] == "train"; }
+  bool trains() const { return opt_.trains(); }
 
   AttemptEnd run_attempt(int attempt, const Placement& where) {
     attempt_ = attempt;
@@ -314,7 +310,7 @@ class Agent {
                                {"blame", h->blame.line},
                                {"ranks", h->blame.ranks},
                                {"seconds_since_progress", h->since_progress_s}});
-    exit_code_ = kHangCode;
+    exit_code_ = kHangExit;  // the ranks' own codes only say they were stopped
     begin_stop(SIGTERM, h->blame.ranks, /*abandon=*/true);
   }
 

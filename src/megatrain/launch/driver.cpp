@@ -23,11 +23,6 @@ namespace {
 
 using nlohmann::json;
 
-// Failure codes the driver gives an attempt it stopped itself (the ranks' own codes then only say they were
-// stopped); both are codes a restart may help.
-constexpr int kHangCode = 21;      // a hang, or a straggler to evict
-constexpr int kNodeLostCode = 22;  // a node stopped answering
-
 constexpr double kPollSeconds = 0.5;
 // How long the driver keeps the store up after the job's end for the agents to read it (they poll every 0.2 s).
 constexpr double kDoneAckSeconds = 5.0;
@@ -56,7 +51,7 @@ class Driver {
  public:
   Driver(const LaunchOptions& o, Store& s, EventLog& e, Dashboard* d)
       : opt_(o), store_(s), events_(e), dashboard_(d), tracker_(restart_policy(o)), watch_(watch_options(o)),
-        agents_(size_t(o.nnodes + o.spares)), is_train_(!o.exec && !o.args.empty() && o.args[0] == "train") {}
+        agents_(size_t(o.nnodes + o.spares)), is_train_(o.trains()) {}
 
   int run() {
     // The dashboard's certificate notices go to the job's event log, the driver's (which --notify watches), from
@@ -348,7 +343,7 @@ class Driver {
           for (int r = plan.slot_of(a) * plan.nproc; r < (plan.slot_of(a) + 1) * plan.nproc; ++r)
             running[size_t(r)] = false;  // its ranks went with it (no status of theirs will say so)
           if (detected_at < 0) detected_at = now;
-          request_stop(attempt, kNodeLostCode, line);
+          request_stop(attempt, kNodeLostExit, line);
         }
         to_evict_[a] = "its agent stopped answering (node lost)";
       }
@@ -399,7 +394,7 @@ class Driver {
       }
     }
     if (out.user_stop) return out;
-    out.code = all_ok ? 0 : stop_code_ != 0 ? stop_code_ : first_code != 0 ? first_code : kNodeLostCode;
+    out.code = all_ok ? 0 : stop_code_ != 0 ? stop_code_ : first_code != 0 ? first_code : kNodeLostExit;
     if (out.code != 0 && opt_.diagnose) diagnose(plan, ends);
     return out;
   }
@@ -495,7 +490,7 @@ class Driver {
         events_.write("detected",
                       {{"by", "driver"}, {"reason", "straggler"}, {"rank", s.rank}, {"node", a}, {"line", line}});
         to_evict_[a] = line;
-        request_stop(attempt, kHangCode, line, {}, /*abandon=*/false);
+        request_stop(attempt, kHangExit, line, {}, /*abandon=*/false);
       }
     }
   }
@@ -519,12 +514,12 @@ class Driver {
                                {"ranks", h->blame.ranks},
                                {"nodes", nodes},
                                {"seconds_since_progress", h->since_progress_s}});
-    request_stop(plan.attempt, kHangCode, "hang: " + h->blame.line, h->blame.ranks);
+    request_stop(plan.attempt, kHangExit, "hang: " + h->blame.line, h->blame.ranks);
   }
 
   // The job's last event; a training job's carries its effective training time (useful_time.h), also said.
   void end_job(const std::string& event, json fields) {
-    if (!opt_.exec && !opt_.args.empty() && opt_.args[0] == "train") {
+    if (is_train_) {
       const double wall = now_seconds() - started_;
       fields.update(effective_training_json(watch_.useful(), wall));
       say("driver: " + effective_training_line(watch_.useful(), wall));

@@ -53,6 +53,8 @@ struct LaunchOptions {
   std::string diagnose_expect;  // a healthy node's values (diagnose --save) to judge against; "": correctness only
   bool shrink = true;           // with no spare left, go on with fewer data-parallel replicas
   bool driven() const { return nnodes + spares > 1 && (max_restarts > 0 || spares > 0); }
+  // The ranks run `megatrain train` (not --exec, not another subcommand): they have steps, losses and checkpoints.
+  bool trains() const { return !exec && !args.empty() && args[0] == "train"; }
 };
 
 // The pieces of the options the supervisors hand to their parts (options.cpp).
