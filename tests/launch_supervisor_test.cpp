@@ -285,7 +285,7 @@ TEST(JobProtocol, RankStatusesSurviveTheStoreAndKeepTheirAge) {
   s.dp = 2, s.pp = 1, s.tp = 2, s.grad_accum = 3;
   // Step records: one too old to be published (heard 98.5 at 104 is beyond kRecentSeconds), two that are, one
   // without a loss (a pipeline stage before the last).
-  s.recent = {{5, 1.5, 0.2, 98.5}, {6, std::nullopt, 0.3, 100}, {7, 1.25, 0.4, 103}};
+  s.recent = {{5, 1.5, 0.2, 98.5, {}}, {6, std::nullopt, 0.3, 100, {}}, {7, 1.25, 0.4, 103, {}}};
   bool running = false;
   RankStatus t = proto::status_from_json(proto::status_to_json(s, true, 104), 1000, &running);
   EXPECT_TRUE(running);
@@ -338,6 +338,60 @@ TEST(JobWatch, OnlyTheSlowestRankIsFlaggedAsAStraggler) {
     }
   ASSERT_EQ(flagged.size(), 1u);
   EXPECT_NE(flagged[0].find("rank 2 (dp1,pp0,tp0) is a straggler"), std::string::npos) << flagged[0];
+}
+
+// The driver hears each rank every half second, in any order, and a status carries every step since the last in
+// its records: each step is judged once all ranks have reported it, against the peers' compute at that very step.
+// The oracle: the same steps fed one heartbeat at a time flag the same rank at the same step.
+TEST(JobWatch, StepsBetweenTwoStatusesAreJudgedOneByOneAgainstThePeersSameStep) {
+  WatchOptions o;
+  o.straggler_steps = 3;
+  // Rank 1 is slow at steps 2-4 and 6-9 only; rank 0 catches up with it at step 5, which breaks the run.
+  auto compute = [](int r, int step) { return r == 1 && step != 5 ? 2.0 : 1.0; };
+  auto status = [&](int r, int upto) {
+    RankStatus s = rank(r, r == 0 ? "dp0,pp0,tp0" : "dp1,pp0,tp0", {}, upto);
+    s.step = upto, s.start_step = 1, s.step_time = 2.0, s.compute_time = compute(r, upto);
+    for (int k = 2; k <= upto; ++k) s.recent.push_back({k, std::nullopt, 2.0, double(upto), compute(r, k)});
+    return s;
+  };
+  auto flag_step = [&](const std::vector<std::pair<int, int>>& feed) {  // (rank, step up to) in the order heard
+    JobWatch w(o);
+    w.reset({0, 1}, 0, 0);
+    w.apply_status(0, status(0, 1), 1);
+    w.apply_status(1, status(1, 1), 1);
+    for (auto [r, upto] : feed) {
+      WatchUpdate u = w.apply_status(size_t(r), status(r, upto), upto);
+      if (!u.straggler.empty()) {
+        EXPECT_EQ(u.straggler_rank, 1) << u.straggler;
+        return upto;
+      }
+    }
+    return -1;
+  };
+  std::vector<std::pair<int, int>> each_step;
+  for (int k = 2; k <= 9; ++k) each_step.push_back({k % 2, k}), each_step.push_back({1 - k % 2, k});
+  EXPECT_EQ(flag_step(each_step), 4);
+  // Rank 1 heard at steps 4 and 9, rank 0 at 3, 5, 8, 9: step 4 is judged when rank 0's status of step 5 comes.
+  EXPECT_EQ(flag_step({{1, 4}, {0, 3}, {0, 5}, {1, 9}, {0, 8}, {0, 9}}), 5);
+  // Every step in one status each: judged at the second.
+  EXPECT_EQ(flag_step({{1, 9}, {0, 9}}), 9);
+}
+
+// Over the factor but by less than 5% of the step (milliseconds of compute in a long step, where one preemption is
+// as large) is no straggler; the same ratio in a step that is mostly compute is.
+TEST(JobWatch, ARankOverTheFactorByLessThanAShareOfTheStepIsNoStraggler) {
+  for (double step_time : {1.0, 0.1}) {
+    JobWatch w(WatchOptions{});
+    w.reset({0, 1}, 0, 0);
+    bool flagged = false;
+    for (int step = 1; step <= 6; ++step)
+      for (int r = 0; r < 2; ++r) {
+        RankStatus s = rank(r, r == 0 ? "dp0,pp0,tp0" : "dp1,pp0,tp0", {}, step);
+        s.step = step, s.step_time = step_time, s.compute_time = r == 1 ? 0.04 : 0.02;  // 2x, 20 ms more
+        flagged |= !w.apply_status(size_t(r), s, step).straggler.empty();
+      }
+    EXPECT_EQ(flagged, step_time < 0.4) << "step time " << step_time;  // 20 ms is 5% of a 0.4 s step
+  }
 }
 
 // The driver polls statuses, so the first status it hears of a rank may be steps past the rank's start (a short
@@ -492,7 +546,7 @@ TEST(JobWatch, UsefulTimeTakesRankZerosStepsAcrossAttempts) {
   s.heard = true;
   s.step = 5;
   s.start_step = 2;
-  s.recent = {{3, 2.0, 2.0, 11.0}, {4, std::nullopt, 0.5, 11.5}, {5, std::nullopt, 0.25, 11.6}};
+  s.recent = {{3, 2.0, 2.0, 11.0, {}}, {4, std::nullopt, 0.5, 11.5, {}}, {5, std::nullopt, 0.25, 11.6, {}}};
   w.apply_status(0, s, 12.0);
   EXPECT_EQ(w.useful().steps(), 5);
   EXPECT_EQ(w.useful().seconds(), 4.75);

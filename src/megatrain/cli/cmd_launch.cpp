@@ -10,6 +10,7 @@
 #include "megatrain/core/error.h"
 #include "megatrain/launch/agent.h"
 #include "megatrain/launch/notifier.h"
+#include "megatrain/launch/process_util.h"
 
 namespace mt::cli {
 
@@ -181,7 +182,7 @@ void check_launch_layout(launch::LaunchOptions& o) {
   }
   MT_CHECK(o.spares == 0 || o.max_restarts > 0,
            "--spares {} without --max-restarts: a spare only ever replaces a node in a restart", o.spares);
-  MT_CHECK(o.dashboard.empty() || o.nnodes == 1 || o.driven(),
+  MT_CHECK(o.dashboard.empty() || o.driven(),
            "--dashboard on {} nodes needs the job driver (--max-restarts 1 or more): without it no process sees "
            "every rank",
            o.nnodes);
@@ -212,8 +213,21 @@ void resolve_dashboard_access(launch::LaunchOptions& o, const std::string& token
 
 // The webhook (--notify, else MEGATRAIN_NOTIFY_URL) and the events sent to it.
 void resolve_notify(launch::LaunchOptions& o, const std::string& notify_events) {
+  // Notifications are the job driver's (launch/driver.h): without it no process sees the whole job.
+  if (!o.notify.empty() && !o.driven())
+    fail_as(ErrorKind::Config,
+            "--notify on {} nodes needs the job driver (--max-restarts 1 or more): without it no process sees the "
+            "whole job",
+            o.nnodes);
   if (o.notify.empty())
-    if (const char* u = std::getenv("MEGATRAIN_NOTIFY_URL"); u && *u) o.notify = u;
+    if (const char* u = std::getenv("MEGATRAIN_NOTIFY_URL"); u && *u) {
+      if (o.driven())
+        o.notify = u;
+      else
+        launch::say(fmt::format("MEGATRAIN_NOTIFY_URL is not used: on {} nodes without --max-restarts there is no job "
+                                "driver, which sends the notifications",
+                                o.nnodes));
+    }
   for (size_t at = 0; !notify_events.empty() && at <= notify_events.size();) {
     const size_t comma = std::min(notify_events.find(',', at), notify_events.size());
     if (comma > at) o.notify_events.push_back(notify_events.substr(at, comma - at));

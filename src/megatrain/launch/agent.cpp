@@ -27,6 +27,7 @@
 #include "megatrain/launch/dashboard.h"
 #include "megatrain/launch/notifier.h"
 #include "megatrain/launch/stack_dump.h"
+#include "megatrain/launch/useful_time.h"
 #include "megatrain/launch/driver.h"
 #include "megatrain/launch/event_log.h"
 #include "megatrain/launch/job_protocol.h"
@@ -36,12 +37,14 @@
 #include "megatrain/launch/process_util.h"
 #include "megatrain/launch/rank_process.h"
 #include "megatrain/launch/rank_status.h"
-#include "megatrain/launch/restart_policy.h"
 
 extern char** environ;
 
 namespace mt::launch {
 namespace {
+
+// How long a signalled node 0 waits for the driver to end the job (its gave_up event) before it exits anyway.
+constexpr double kDriverEndWaitSeconds = 3.0;
 
 // At most this many blamed ranks of one node get their stacks dumped in one stop (a hang blames one rank, or the
 // few that never entered a collective).
@@ -68,7 +71,7 @@ struct Placement {
 
 class Agent {
  public:
-  explicit Agent(const LaunchOptions& o) : opt_(o), tracker_(restart_policy(o)), watch_(watch_options(o)) {}
+  explicit Agent(const LaunchOptions& o) : opt_(o), watch_(watch_options(o)) {}
 
   int run() {
     setup_signals();
@@ -92,70 +95,29 @@ class Agent {
       spec_.exec_path = "/proc/self/exe";
     }
 
-    if (opt_.driven()) return run_driven();
-    for (int attempt = 0;; ++attempt) {
-      events_.set_attempt(attempt);
-      Placement where;
-      where.first = opt_.node_rank * opt_.nproc;
-      where.world = opt_.nnodes * opt_.nproc;
-      if (trains() && !tracker_.skip_steps().empty())
-        where.extra_args.push_back(fmt::format("--train.skip_steps=[{}]", fmt::join(tracker_.skip_steps(), ",")));
-      const int restarts = tracker_.restarts();
-      AttemptEnd end = run_attempt(attempt, where);
-      if (end.code == 0 || end.user_stop) {
-        show(end.code == 0 ? "done" : "failed", end.code == 0 ? "every rank finished" : "the launcher was signalled");
-        tracker_.after_attempt(0, end.best_step, -1);
-        end_job(end.code == 0 ? "done" : "gave_up",
-                {{"exit_code", end.code},
-                 {"best_step", tracker_.best_step()},
-                 {"restarts", restarts},
-                 {"reason", end.code == 0 ? "every rank finished" : "the launcher was signalled"}});
-        return end.code;
-      }
-      std::string note;
-      RestartDecision d = tracker_.after_attempt(end.code, end.best_step, end.nonfinite_step, &note);
-      if (!d.restart) {
-        show("failed", d.reason);
-        if (opt_.max_restarts > 0) say(fmt::format("giving up: {}", d.reason));
-        end_job("gave_up", {{"exit_code", d.exit_code},
-                            {"failure_code", end.code},
-                            {"reason", d.reason},
-                            {"best_step", tracker_.best_step()},
-                            {"restarts", restarts}});
-        return d.exit_code;
-      }
-      if (!note.empty()) say(note);
-      say(fmt::format("attempt {} failed (code {}); {}, in {:.1f} s", attempt, end.code, d.reason, d.delay_s));
-      show("restarting", fmt::format("attempt {} failed (code {}{}); {}", attempt, end.code,
-                                     end.detected.empty() ? "" : ": " + end.detected, d.reason));
-      events_.write("restarting",
-                    {{"delay_s", d.delay_s},
-                     {"failure_code", end.code},
-                     {"reason", d.reason},
-                     {"attempt_best_step", end.best_step},
-                     {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(), tracker_.skip_steps().end())}});
-      if (!wait_watching_signals(d.delay_s)) {
-        end_job("gave_up", {{"exit_code", exit_code_}, {"reason", "the launcher was signalled"}});
-        return exit_code_;
-      }
-    }
+    return opt_.driven() ? run_driven() : run_unsupervised();
   }
 
  private:
-  // The job's last event (one node, not under the driver: the driver writes its own). A training job's carries its
-  // effective training time (useful_time.h), which the launcher also says.
-  void end_job(const std::string& event, nlohmann::json fields) {
-    if (trains()) {
-      const double wall = now_seconds() - job_started_;
-      fields.update(effective_training_json(watch_.useful(), wall));
-      say(effective_training_line(watch_.useful(), wall));
-    }
-    events_.write(event, std::move(fields));
+  bool trains() const { return opt_.trains(); }
+
+  // A multi-node job without the driver (no --max-restarts, no --spares): this node's ranks run once, judged by this
+  // agent alone (a crash, a hang of its own ranks), and the first failure ends this node's part of the job.
+  int run_unsupervised() {
+    Placement where;
+    where.first = opt_.node_rank * opt_.nproc;
+    where.world = opt_.nnodes * opt_.nproc;
+    AttemptEnd end = run_attempt(0, where);
+    const std::string reason = end.code == 0   ? "every rank finished"
+                               : end.user_stop ? "the launcher was signalled"
+                                               : end.detected;
+    write_job_end(events_, end.code == 0 ? "done" : "gave_up",
+                  {{"exit_code", end.code}, {"best_step", end.best_step}, {"reason", reason}},
+                  trains() ? &watch_.useful() : nullptr, now_seconds() - job_started_, "");
+    return end.code;
   }
 
   // ---- one attempt --------------------------------------------------------------------------------------------
-  bool trains() const { return opt_.trains(); }
-
   AttemptEnd run_attempt(int attempt, const Placement& where) {
     attempt_ = attempt;
     stopping_ = killed_ = user_stop_ = false;
@@ -167,7 +129,7 @@ class Agent {
 
     const int first = where.first, world = where.world;
     const std::string prefix = fmt::format("attempt-{}", attempt);
-    const bool fresh_prefix = opt_.max_restarts > 0 || opt_.driven();
+    const bool fresh_prefix = opt_.max_restarts > 0;
     SpawnSpec spec = spec_;
     for (const auto& a : where.extra_args) spec.argv.push_back(a);
     say(fmt::format("{}starting {} (global {}..{} of {}), store {}",
@@ -176,7 +138,7 @@ class Agent {
     ranks_.resize(size_t(opt_.nproc));
     std::vector<int> globals;
     for (int i = 0; i < opt_.nproc; ++i) globals.push_back(first + i);
-    watch_.reset(globals, now_seconds(), tracker_.best_step());
+    watch_.reset(globals, now_seconds(), 0);  // (progress across attempts is the driver's to judge)
     for (int i = 0; i < opt_.nproc && !stopping_; ++i) {
       std::vector<std::string> env = base_env_;
       for (auto [k, v] : {std::pair<const char*, std::string>{"RANK", std::to_string(first + i)},
@@ -193,7 +155,7 @@ class Agent {
       if (fresh_prefix) env.push_back("MEGATRAIN_STORE_PREFIX=" + prefix);
       // Under the driver: the keys whose existence tells a rank the job went on without its attempt
       // (train/attempt_fence.h): the next attempt's plan, this node's eviction, the job's end.
-      if (opt_.driven())
+      if (opt_.driven() && opt_.several_agents())
         env.push_back(fmt::format("MEGATRAIN_FENCE_KEYS={},{},{}", proto::plan_key(attempt + 1),
                                   proto::evicted_key(opt_.node_rank), proto::kDoneKey));
       if (!opt_.iface.empty()) env.push_back(fmt::format("{}={}", kIfaceEnv, opt_.iface));
@@ -210,9 +172,6 @@ class Agent {
       r.hb.set_hook([this, i](const std::string& line) { on_heartbeat(size_t(i), line); });
       r.err.set_hook([this, i](const std::string& line) { on_stderr(size_t(i), line); });
     }
-    attempt_started_ = now_seconds();
-    fixed_state_.clear();
-    show();
     events_.write("started", {{"ranks", opt_.nproc},
                               {"first_rank", first},
                               {"world", world},
@@ -225,7 +184,8 @@ class Agent {
       std::lock_guard<std::mutex> lock(groups_mu_);
       live_groups_.clear();  // every rank was reaped: their group ids may be reused from now on
     }
-    if (detected_at_ > 0) events_.write("stopped", {{"seconds", now_seconds() - detected_at_}});
+    // Under the driver, it says when the attempt's ranks on every node are gone.
+    if (!opt_.driven() && detected_at_ > 0) events_.write("stopped", {{"seconds", now_seconds() - detected_at_}});
     AttemptEnd end;
     end.code = exit_code_;
     end.user_stop = user_stop_;
@@ -250,20 +210,14 @@ class Agent {
     const double now = now_seconds();
     if (j.value("type", "") == "event") return on_rank_event(i, j);
     WatchUpdate u = watch_.apply_heartbeat(i, j, now);
-    // Under the job driver these are the driver's to say, from every node's ranks.
+    // Under the job driver these are the driver's to judge, from every node's ranks (the statuses published here).
     if (opt_.driven()) return;
-    show();
-    const RankStatus& s = watch_.status()[i];
-    if (u.first_step && attempt_ > 0)  // the first step of the attempt: "resumed" after a restart
-      events_.write("resumed", {{"rank", s.rank},
-                                {"step", s.step},
-                                {"from", watch_.start_step()},
-                                {"seconds", now - attempt_started_}});
-    if (u.caught_up) events_.write("caught_up", {{"step", watch_.min_step()}, {"seconds", now - attempt_started_}});
     if (!u.straggler.empty()) {  // every collective waits for it; warned once per rank per attempt
       say(u.straggler);
-      events_.write("warning",
-                    {{"rank", s.rank}, {"reason", "straggler"}, {"ratio", u.straggler_ratio}, {"line", u.straggler}});
+      events_.write("warning", {{"rank", u.straggler_rank},
+                                {"reason", "straggler"},
+                                {"ratio", u.straggler_ratio},
+                                {"line", u.straggler}});
     }
   }
 
@@ -297,13 +251,12 @@ class Agent {
     return v;
   }
 
-  // Hangs of this node's ranks (on one node; under the driver it judges every node's ranks together).
+  // Hangs of this node's ranks, without the driver (which otherwise judges every node's ranks together).
   void check_hang(double now) {
     if (stopping_) return;
     auto h = watch_.check_hang(now, running_flags());
     if (!h) return;
     say(fmt::format("hang detected: {}: {}", h->why, h->blame.line));
-    view_detail_ = fmt::format("hang: {}: {}", h->why, h->blame.line);
     detected_at_ = now;
     events_.write("detected", {{"reason", "hang"},
                                {"why", h->why},
@@ -315,13 +268,15 @@ class Agent {
   }
 
   // ---- under the job driver ------------------------------------------------------------------------------------
-  // The loop of an agent of a multi-node supervised job: register, then run whatever attempt the driver plans for
-  // this node (or wait as a spare), until the driver says the job is done or this node is evicted.
+  // The loop of an agent of a supervised job (every one-node job, and a multi-node one with restarts or spares):
+  // register, then run whatever attempt the driver plans for this node (or wait as a spare), until the driver says
+  // the job is done or this node is evicted.
   int run_driven() {
     ctl_ = connect_job_store(store_);
     std::unique_ptr<Store> driver_store;
     std::thread driver;
     std::atomic<int> driver_code{-1};
+    std::atomic<bool> driver_done{false};
     if (opt_.node_rank == 0) {  // the driver lives in node 0's agent, beside the store it serves
       driver_store = connect_job_store(store_);
       driver = std::thread([&] {
@@ -332,6 +287,7 @@ class Agent {
           say(fmt::format("driver: no event log: {}", e.what()));
         }
         driver_code = run_driver(opt_, *driver_store, log, dashboard_.get(), notifier_.get());
+        driver_done = true;
       });
     }
     std::atomic<bool> quit{false};
@@ -351,10 +307,17 @@ class Agent {
     alive.join();
     if (fence.joinable()) fence.join();
     if (driver.joinable()) {
-      if (code >= 128) {                    // signalled: the process ends here, and the driver (mid-wait) with it
-        if (notifier_) notifier_->close();  // what the driver said so far still goes out
-        std::fflush(nullptr);
-        std::_Exit(code);
+      if (code >= 128) {
+        // Signalled: the driver reads proto::kUserStopKey (or this node's end record) and ends the job within a poll
+        // or two. A driver stuck longer (a store call, a diagnosis) is not waited for: the process ends here, and
+        // the driver with it.
+        for (const double until = now_seconds() + kDriverEndWaitSeconds; !driver_done && now_seconds() < until;)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (!driver_done) {
+          if (notifier_) notifier_->close();  // what the driver said so far still goes out
+          std::fflush(nullptr);
+          std::_Exit(code);
+        }
       }
       driver.join();
       code = driver_code;
@@ -374,8 +337,9 @@ class Agent {
       hello.diagnosis = diagnose_node();
     }
     ctl_->set(proto::agent_key(opt_.node_rank), hello.to_json().dump());
-    say(fmt::format("node {} registered{}; waiting for the driver's plan", opt_.node_rank,
-                    opt_.node_rank >= opt_.nnodes ? " as a spare" : ""));
+    if (opt_.several_agents())
+      say(fmt::format("node {} registered{}; waiting for the driver's plan", opt_.node_rank,
+                      opt_.node_rank >= opt_.nnodes ? " as a spare" : ""));
     for (int attempt = 0;; ++attempt) {
       std::optional<proto::AttemptPlan> plan;
       if (int c = wait_for_plan(attempt, &plan); c >= 0) return c;
@@ -586,6 +550,17 @@ class Agent {
     }
   }
 
+  // Tells the driver the job ends with this agent's signal, also between attempts (when no attempt's stop key or end
+  // record could say so).
+  void announce_user_stop() {
+    if (!opt_.driven() || !ctl_ || store_lost_) return;
+    try {
+      if (!ctl_->check(proto::kUserStopKey)) ctl_->set(proto::kUserStopKey, std::to_string(exit_code_));
+    } catch (const std::exception&) {
+      store_lost_ = true;
+    }
+  }
+
   // `megatrain diagnose --json` on this node, as a child process (this process has threads; the checks fork
   // ranks of their own). The report, or {"pass": false, "error": ...} when it could not run.
   // With a pair group, the pairwise check with the neighbour the driver named runs too (over the job store).
@@ -718,7 +693,6 @@ class Agent {
         ::killpg(r.pid, SIGKILL);
       }
     signal_all(sig);
-    show();
   }
 
   // The native stacks of this node's ranks blamed for a hang (stack_dump.h), at most kMaxStackDumps of them, each
@@ -753,20 +727,16 @@ class Agent {
     }
   }
 
-  // ---- the dashboard ------------------------------------------------------------------------------------------
-  // On node 0 only: on one node this agent sees every rank; under the job driver (several nodes) the driver does,
-  // and feeds the dashboard itself (driver.h).
+  // ---- the dashboard and the webhook ------------------------------------------------------------------------
+  // Both live in node 0's process and belong to the job driver (driver.h), which publishes its view of every rank
+  // and feeds them its events; only a job with the driver has them (cli/cmd_launch.cpp refuses them otherwise). Node
+  // 0's agent creates them before the driver's thread starts. With one agent, its own events (a rank's exit, a
+  // fault, the stacks) are the job's too, so they go to both as well; with several, each node's agent events stay in
+  // its log, and a message per node would repeat what the driver says once.
   void open_dashboard() {
     if (opt_.dashboard.empty() || opt_.node_rank != 0) return;
     dashboard_ = std::make_unique<Dashboard>(opt_.dashboard, opt_.dashboard_token, opt_.dashboard_tls);
-    if (!opt_.driven()) events_.add_observer([this](const nlohmann::json& e) { dashboard_->event(e); });
-    // A renewed, refused or expiring certificate (Dashboard::check_certificate), said and logged as a warning
-    // (--notify-events warning:certificate_expiring sends it to people); under the job driver, by the driver.
-    if (!opt_.driven())
-      dashboard_->on_notice([this](const std::string& reason, const std::string& text) {
-        say(text);
-        events_.write("warning", {{"reason", reason}, {"line", text}});
-      });
+    if (!opt_.several_agents()) events_.add_observer([this](const nlohmann::json& e) { dashboard_->event(e); });
     const std::string url = dashboard_->url();
     say(fmt::format("dashboard: {} (state as JSON: {}api/job, Prometheus: {}metrics){}", url, url, url,
                     opt_.dashboard_token.empty() ? "" : "; every request needs the token (?token=, or Bearer)"));
@@ -776,12 +746,8 @@ class Agent {
                       c.not_after));
     }
     events_.write("dashboard", {{"url", url}});
-    show();
   }
 
-  // ---- the webhook -----------------------------------------------------------------------------------------------
-  // Node 0 only, like the dashboard: one node's agent sees every rank, and under the job driver the driver's events
-  // (node 0's) say everything the job did, once; a message per node would repeat them N times.
   void open_notifier() {
     if (opt_.notify.empty() || opt_.node_rank != 0) return;
     NotifyOptions n;
@@ -790,29 +756,7 @@ class Agent {
     n.ca_file = opt_.notify_ca;
     n.job = opt_.job_name;
     notifier_ = std::make_unique<Notifier>(n, [](const std::string& line) { say(line); });
-    if (!opt_.driven()) events_.add_observer([this](const nlohmann::json& e) { notifier_->event(e); });
-  }
-
-  // Publishes this agent's view of the job (one node, not under the driver). state: "" while an attempt runs
-  // (then starting, running or stopping follows from the ranks), else restarting, done or failed.
-  void show(const std::string& state = "", const std::string& detail = "") {
-    if (!dashboard_ || opt_.driven()) return;
-    if (!state.empty()) fixed_state_ = state;
-    if (!detail.empty()) view_detail_ = detail;
-    JobView v;
-    v.attempt = attempt_;
-    v.restarts = tracker_.restarts();
-    v.max_restarts = opt_.max_restarts;
-    v.nodes = opt_.nnodes;
-    v.world = int(ranks_.size());
-    v.now = now_seconds();
-    v.started = job_started_;
-    v.useful_s = watch_.useful().seconds();
-    v.detail = view_detail_;
-    set_ranks(
-        v, watch_.status(), running_flags(), [this](size_t) { return opt_.node_rank; }, stopping_);
-    if (!fixed_state_.empty()) v.state = fixed_state_;
-    dashboard_->publish(v);
+    if (!opt_.several_agents()) events_.add_observer([this](const nlohmann::json& e) { notifier_->event(e); });
   }
 
   void on_rank_exit(RankProcess& r, int st) {
@@ -828,7 +772,6 @@ class Agent {
                                {"code", exit_code_of(st)}});
     exit_code_ = std::max(1, exit_code_of(st));
     detected_ = fmt::format("rank {} {}", r.global, describe_status(st));
-    view_detail_ = detected_;
     announce_stop(detected_, /*abandon=*/true);
     begin_stop(SIGTERM, {}, /*abandon=*/true);
   }
@@ -857,6 +800,7 @@ class Agent {
         exit_code_ = 128 + sig;
         user_stop_ = true;
         announce_stop(fmt::format("the agent of node {} was signalled", opt_.node_rank), /*abandon=*/false);
+        announce_user_stop();
         if (stopping_) signal_all(sig);
         begin_stop(sig);  // forwarded as is: ranks may treat SIGINT and SIGTERM differently
       } else if (!killed_) {
@@ -950,7 +894,6 @@ class Agent {
   }
 
   const LaunchOptions& opt_;
-  RestartTracker tracker_;
   JobWatch watch_;
   JobStore store_;
   EventLog events_;
@@ -960,7 +903,7 @@ class Agent {
 
   // The current attempt.
   std::vector<RankProcess> ranks_;
-  double attempt_started_ = 0, detected_at_ = -1;
+  double detected_at_ = -1;
   int attempt_ = 0, nonfinite_step_ = -1;
   std::string detected_;
 
@@ -974,7 +917,6 @@ class Agent {
   bool in_attempt_ = false;
 
   std::unique_ptr<Dashboard> dashboard_;
-  std::string fixed_state_ = "starting", view_detail_;
   const double job_started_ = now_seconds();
 
   int sigfd_ = -1;

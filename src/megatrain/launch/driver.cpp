@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <set>
@@ -17,6 +18,7 @@
 #include "megatrain/launch/node_plan.h"
 #include "megatrain/launch/process_util.h"
 #include "megatrain/launch/restart_policy.h"
+#include "megatrain/launch/useful_time.h"
 
 namespace mt::launch {
 namespace {
@@ -51,7 +53,7 @@ class Driver {
  public:
   Driver(const LaunchOptions& o, Store& s, EventLog& e, Dashboard* d)
       : opt_(o), store_(s), events_(e), dashboard_(d), tracker_(restart_policy(o)), watch_(watch_options(o)),
-        agents_(size_t(o.nnodes + o.spares)), is_train_(o.trains()) {}
+        agents_(size_t(o.nnodes + o.spares)), is_train_(o.trains()), several_(o.several_agents()) {}
 
   int run() {
     // The dashboard's certificate notices go to the job's event log, the driver's (which --notify watches), from
@@ -115,13 +117,15 @@ class Driver {
       plan.why = why;
       plan.extra_args = extra_args(int(nodes.size()));
       store_.set(proto::plan_key(attempt), plan.to_json().dump());
-      say(fmt::format("driver: attempt {} on {} (agents {}), {} ranks: {}", attempt, plural(int(nodes.size()), "node"),
-                      fmt::join(nodes, ","), plan.world(), why));
-      events_.write("planned", {{"by", "driver"},
-                                {"nodes", nodes},
-                                {"world", plan.world()},
-                                {"extra_args", plan.extra_args},
-                                {"why", why}});
+      if (several_) {  // (one agent has one plan; its "started" says the rest)
+        say(fmt::format("driver: attempt {} on {} (agents {}), {} ranks: {}", attempt,
+                        plural(int(nodes.size()), "node"), fmt::join(nodes, ","), plan.world(), why));
+        events_.write("planned", {{"by", "driver"},
+                                  {"nodes", nodes},
+                                  {"world", plan.world()},
+                                  {"extra_args", plan.extra_args},
+                                  {"why", why}});
+      }
 
       Outcome out = watch_attempt(plan);
       if (out.user_stop) {
@@ -130,6 +134,7 @@ class Driver {
         return out.code;
       }
       if (out.code == 0) {
+        tracker_.after_attempt(0, out.best_step, -1);  // (the best step, for the end's event)
         show("done", "every rank finished");
         end_job("done", {{"by", "driver"},
                          {"exit_code", 0},
@@ -175,7 +180,21 @@ class Driver {
                      {"skip_steps", std::vector<int>(tracker_.skip_steps().begin(), tracker_.skip_steps().end())},
                      {"nodes", nodes},
                      {"why", why}});
-      std::this_thread::sleep_for(std::chrono::duration<double>(d.delay_s));
+      if (std::optional<int> code = user_stop_during(d.delay_s)) {
+        show("failed", "an agent was signalled");
+        end_job("gave_up", {{"by", "driver"}, {"exit_code", *code}, {"reason", "an agent was signalled"}});
+        return *code;
+      }
+    }
+  }
+
+  // Waits `seconds` (a restart's backoff); the code an agent was signalled with, when one was meanwhile
+  // (proto::kUserStopKey), or nullopt.
+  std::optional<int> user_stop_during(double seconds) {
+    for (const double until = now_seconds() + seconds;;) {
+      if (store_.check(proto::kUserStopKey)) return std::atoi(store_.get(proto::kUserStopKey, Millis(5000)).c_str());
+      if (now_seconds() >= until) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.1, until - now_seconds())));
     }
   }
 
@@ -215,15 +234,19 @@ class Driver {
         }
         s.alive_changed = now;
         const bool ok = s.usable();
-        events_.write("registered", {{"by", "driver"},
-                                     {"node", a},
-                                     {"host", s.hello->host},
-                                     {"spare", a >= opt_.nnodes},
-                                     {"healthy", ok},
-                                     {"diagnosis", s.hello->diagnosis}});
+        if (several_)
+          events_.write("registered", {{"by", "driver"},
+                                       {"node", a},
+                                       {"host", s.hello->host},
+                                       {"spare", a >= opt_.nnodes},
+                                       {"healthy", ok},
+                                       {"diagnosis", s.hello->diagnosis}});
         if (!ok) evict(a, "it failed diagnose when it registered");
         continue;
       }
+      // Node 0's agent runs in this very process: while the driver runs, it does. (Its liveness thread might only
+      // be starved of the CPU, and a job of one agent must not lose its only node to that.)
+      if (a == 0) continue;
       const int64_t v = store_.add(proto::alive_key(a), 0);
       if (v != s.alive) {
         s.alive = v;
@@ -395,7 +418,8 @@ class Driver {
     }
     if (out.user_stop) return out;
     out.code = all_ok ? 0 : stop_code_ != 0 ? stop_code_ : first_code != 0 ? first_code : kNodeLostExit;
-    if (out.code != 0 && opt_.diagnose) diagnose(plan, ends);
+    // (One agent: no other node to run on if it failed, and no pair for the network check.)
+    if (out.code != 0 && opt_.diagnose && several_) diagnose(plan, ends);
     return out;
   }
 
@@ -474,22 +498,28 @@ class Driver {
                                   {"seconds", now - started}});
       if (u.caught_up)
         events_.write("caught_up", {{"by", "driver"}, {"step", watch_.min_step()}, {"seconds", now - started}});
+      // (The straggler is whichever rank the step judged now names: not necessarily s.)
+      const int slow_node = u.straggler_rank >= 0 ? plan.nodes[size_t(u.straggler_rank / plan.nproc)] : -1;
       if (!u.straggler.empty()) {
         say("driver: " + u.straggler);
         events_.write("warning", {{"by", "driver"},
-                                  {"rank", s.rank},
-                                  {"node", a},
+                                  {"rank", u.straggler_rank},
+                                  {"node", slow_node},
                                   {"reason", "straggler"},
                                   {"ratio", u.straggler_ratio},
                                   {"line", u.straggler}});
       }
-      if (u.evict_straggler && stop_code_ == 0) {
+      if (u.evict_straggler && stop_code_ == 0 && several_) {  // (one agent: nowhere else to go; a warning only)
         const std::string line = fmt::format("rank {} ({}) on node {} stayed a straggler ({:.2f}x) for {} steps",
-                                             s.rank, s.coord, a, u.straggler_ratio, opt_.straggler_evict_steps);
+                                             u.straggler_rank, watch_.status()[size_t(u.straggler_rank)].coord,
+                                             slow_node, u.straggler_ratio, opt_.straggler_evict_steps);
         say("driver: " + line + "; stopping the attempt to evict its node");
-        events_.write("detected",
-                      {{"by", "driver"}, {"reason", "straggler"}, {"rank", s.rank}, {"node", a}, {"line", line}});
-        to_evict_[a] = line;
+        events_.write("detected", {{"by", "driver"},
+                                   {"reason", "straggler"},
+                                   {"rank", u.straggler_rank},
+                                   {"node", slow_node},
+                                   {"line", line}});
+        to_evict_[slow_node] = line;
         request_stop(attempt, kHangExit, line, {}, /*abandon=*/false);
       }
     }
@@ -504,7 +534,8 @@ class Driver {
     for (int r : h->blame.ranks) {
       const int a = plan.nodes[size_t(r / plan.nproc)];
       if (std::find(nodes.begin(), nodes.end(), a) == nodes.end()) nodes.push_back(a);
-      to_evict_[a] = fmt::format("it held rank {}, blamed for a hang: {}", r, h->blame.line);
+      // (One agent: restarted where it is, as nothing could replace its node.)
+      if (several_) to_evict_[a] = fmt::format("it held rank {}, blamed for a hang: {}", r, h->blame.line);
     }
     *detected_at = now;
     events_.write("detected", {{"by", "driver"},
@@ -519,12 +550,8 @@ class Driver {
 
   // The job's last event; a training job's carries its effective training time (useful_time.h), also said.
   void end_job(const std::string& event, json fields) {
-    if (is_train_) {
-      const double wall = now_seconds() - started_;
-      fields.update(effective_training_json(watch_.useful(), wall));
-      say("driver: " + effective_training_line(watch_.useful(), wall));
-    }
-    events_.write(event, std::move(fields));
+    write_job_end(events_, event, std::move(fields), is_train_ ? &watch_.useful() : nullptr, now_seconds() - started_,
+                  "driver: ");
   }
 
   // Publishes the driver's view of every rank of the attempt (plan_, running_). state: "" while an attempt runs
@@ -568,6 +595,7 @@ class Driver {
   Layout layout_;        // as the ranks of the last attempt reported it
   Layout override_;      // what the driver set after a shrink (dp, grad_accum), passed on to every later attempt
   const bool is_train_;  // the command is `train`, whose layout and batches the driver may change
+  const bool several_;   // more than one agent: plans, evictions and diagnoses (LaunchOptions::several_agents)
   int stop_code_ = 0;
 };
 

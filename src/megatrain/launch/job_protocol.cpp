@@ -81,10 +81,11 @@ nlohmann::json status_to_json(const RankStatus& s, bool running, double now) {
   if (s.mfu) j["mfu"] = *s.mfu;
   if (s.rss) j["rss"] = *s.rss;
   if (s.coord_dp >= 0) j["xyz"] = {s.coord_dp, s.coord_pp, s.coord_tp};
-  nlohmann::json recent = nlohmann::json::array();  // [step, loss|null, step_time, age], oldest first
+  nlohmann::json recent = nlohmann::json::array();  // [step, loss|null, step_time, age, compute|null], oldest first
+  auto or_null = [](const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(); };
   for (const StepRecord& r : s.recent)
     if (r.heard >= now - RankStatus::kRecentSeconds)
-      recent.push_back({r.step, r.loss ? nlohmann::json(*r.loss) : nlohmann::json(), r.step_time, now - r.heard});
+      recent.push_back({r.step, or_null(r.loss), r.step_time, now - r.heard, or_null(r.compute_time)});
   if (!recent.empty()) j["recent"] = std::move(recent);
   return j;
 }
@@ -118,9 +119,12 @@ RankStatus status_from_json(const nlohmann::json& j, double now, bool* running) 
   }
   for (const auto& c : j.value("colls", nlohmann::json::array()))
     s.colls.push_back({c.value("group", ""), c.value("op", ""), c.value("seq", -1L), c.value("state", "")});
+  auto number_or_null = [](const nlohmann::json& v) {
+    return v.is_null() ? std::nullopt : std::optional(v.get<double>());
+  };
   for (const auto& r : j.value("recent", nlohmann::json::array()))
-    s.recent.push_back({r.at(0).get<int>(), r.at(1).is_null() ? std::nullopt : std::optional(r.at(1).get<double>()),
-                        r.at(2).get<double>(), now - r.at(3).get<double>()});
+    s.recent.push_back({r.at(0).get<int>(), number_or_null(r.at(1)), r.at(2).get<double>(), now - r.at(3).get<double>(),
+                        r.size() > 4 ? number_or_null(r.at(4)) : std::nullopt});
   s.trim_recent(now);
   if (running) *running = j.value("running", true);
   return s;

@@ -39,6 +39,8 @@ std::string end_key(int attempt, int agent);
 std::string diagnose_key(int attempt);
 std::string diag_key(int attempt, int agent);
 inline const std::string kDoneKey = "job/done";
+// An agent was signalled (SIGINT, SIGTERM, SIGHUP): the job ends with this code, also between attempts.
+inline const std::string kUserStopKey = "job/user_stop";
 std::string done_ack_key(int agent);  // an agent has read kDoneKey (the driver keeps the store up until then)
 
 struct AgentHello {

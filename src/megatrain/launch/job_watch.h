@@ -9,8 +9,11 @@
 //    comes from hang_blame.h.
 //  - Straggler: a rank whose compute time stays over straggler_factor x its peers' median, and is the job's slowest,
 //    for straggler_steps steps in a row is flagged once per attempt; one that stays so for straggler_evict_steps
-//    (0: never) is to be evicted.
+//    (0: never) is to be evicted. Each step is judged once every rank has reported it, against the peers' compute
+//    times at that same step: a heartbeat brings one step, a status (the driver's feed, every half second) each
+//    step since the last in its records, and ranks report in any order.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,8 +41,11 @@ struct WatchUpdate {
   bool stepped = false;     // the rank completed a step
   bool first_step = false;  // ... the attempt's first (any rank's)
   bool caught_up = false;   // every rank is now past the best step of the earlier attempts
-  std::string straggler;    // non-empty: the rank was just flagged as a straggler (the line says why)
-  double straggler_ratio = 0;
+  // A straggler found by this change: a step every rank has now reported was judged (the rank is not necessarily
+  // the one whose change it was).
+  int straggler_rank = -1;       // its global rank
+  std::string straggler;         // non-empty: it was just flagged (the line says why)
+  double straggler_ratio = 0;    // its compute time over its peers' median, at the step judged last
   bool evict_straggler = false;  // it stayed a straggler for straggler_evict_steps steps
 };
 
@@ -75,13 +81,19 @@ class JobWatch {
 
  private:
   WatchUpdate after_change(size_t i, int step_before, bool first, double now);
-  void check_straggler(size_t i, WatchUpdate& u);
+  void note_compute(size_t i, int step, double compute_time);
+  void judge_reported_steps(WatchUpdate& u);
+  void judge_step(const std::vector<std::optional<double>>& compute, WatchUpdate& u);
 
   WatchOptions opt_;
   std::vector<RankStatus> status_;
   std::vector<std::string> mark_;  // per rank: step, phase and collective states at its last change
   std::vector<int> straggle_;      // consecutive slow steps per rank
   std::vector<bool> flagged_;      // warned in this attempt
+  // Per step not judged yet: each rank's compute time (nullopt: not reported yet). A step some rank never reports
+  // (its first status came later) is dropped once a later step is judged.
+  std::map<int, std::vector<std::optional<double>>> step_compute_;
+  int judged_through_ = 0;
   std::vector<double> recent_step_times_;
   double last_progress_ = 0;
   int best_ = 0, best_before_ = 0;

@@ -46,13 +46,17 @@ struct LaunchOptions {
   bool stack_dumps = true;        // a rank blamed for a hang gets its stacks dumped (gdb) before it is killed
   double stack_timeout_s = 30;    // ... for at most this long
 
-  // Several nodes (the job driver, launch/driver.h; used when nnodes > 1 and max_restarts > 0, or spares > 0).
+  // Several nodes (the job driver, launch/driver.h, supervises every job but an unsupervised multi-node one).
   int spares = 0;               // agents beyond nnodes (--node-rank nnodes..nnodes+spares-1) that wait to replace one
   double node_timeout_s = 8;    // an agent whose liveness counter stands still this long is a lost node
   bool diagnose = true;         // agents of a failed attempt run `megatrain diagnose`; failing nodes are evicted
   std::string diagnose_expect;  // a healthy node's values (diagnose --save) to judge against; "": correctness only
   bool shrink = true;           // with no spare left, go on with fewer data-parallel replicas
-  bool driven() const { return nnodes + spares > 1 && (max_restarts > 0 || spares > 0); }
+  // The job driver supervises the job: always on one node, and on several with --max-restarts or --spares. Without
+  // them a multi-node job's agents each run their node's ranks once, on their own (as torchrun without restarts).
+  bool driven() const { return nnodes == 1 || max_restarts > 0 || spares > 0; }
+  // More than one agent: nodes can be lost, evicted, replaced and diagnosed in pairs; plans are worth an event.
+  bool several_agents() const { return nnodes + spares > 1; }
   // The ranks run `megatrain train` (not --exec, not another subcommand): they have steps, losses and checkpoints.
   bool trains() const { return !exec && !args.empty() && args[0] == "train"; }
 };

@@ -37,7 +37,7 @@ bool RankStatus::apply(const nlohmann::json& hb, double now) {
     if (auto v = num("rss")) rss = v;
     const auto this_step_time = num("step_time");
     if (hb.value("at", "") == "step" && this_step_time && hb.contains("step") && hb["step"].is_number_integer()) {
-      recent.push_back({hb["step"].get<int>(), num("loss"), *this_step_time, now});
+      recent.push_back({hb["step"].get<int>(), num("loss"), *this_step_time, now, num("compute_time")});
       trim_recent(now);
     }
     if (auto cs = hb.find("colls"); cs != hb.end() && cs->is_array()) {

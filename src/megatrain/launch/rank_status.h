@@ -26,7 +26,8 @@ struct StepRecord {
   int step = 0;
   std::optional<double> loss;
   double step_time = 0;
-  double heard = 0;  // agent clock (now_seconds) when the line arrived
+  double heard = 0;                    // agent clock (now_seconds) when the line arrived
+  std::optional<double> compute_time;  // the step less its measured waits (the straggler rule's measure)
 };
 
 struct RankStatus {

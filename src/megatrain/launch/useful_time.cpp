@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "megatrain/launch/event_log.h"
+#include "megatrain/launch/process_util.h"
+
 namespace mt::launch {
 
 void UsefulTime::step(int step, double seconds) {
@@ -29,6 +32,15 @@ std::string effective_training_line(const UsefulTime& u, double wall_s) {
   if (wall_s <= 0 || u.steps() == 0) return "effective training time: no step was kept";
   return fmt::format("effective training time {:.1f}%: the {} steps kept took {:.1f} s of the job's {:.1f} s",
                      100.0 * u.seconds() / wall_s, u.steps(), u.seconds(), wall_s);
+}
+
+void write_job_end(EventLog& log, const std::string& event, nlohmann::json fields, const UsefulTime* useful,
+                   double wall_s, const std::string& prefix) {
+  if (useful) {
+    fields.update(effective_training_json(*useful, wall_s));
+    say(prefix + effective_training_line(*useful, wall_s));
+  }
+  log.write(event, std::move(fields));
 }
 
 }  // namespace mt::launch

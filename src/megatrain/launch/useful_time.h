@@ -15,6 +15,8 @@
 
 namespace mt::launch {
 
+class EventLog;  // event_log.h
+
 class UsefulTime {
  public:
   // Rank 0 completed `step` in `seconds`.
@@ -32,5 +34,10 @@ class UsefulTime {
 nlohmann::json effective_training_json(const UsefulTime& u, double wall_s);
 // "effective training time 87.3%: the 120 steps kept took 52.4 s of the job's 60.0 s" (for the launcher's output).
 std::string effective_training_line(const UsefulTime& u, double wall_s);
+
+// Writes the job's last event (done, gave_up) with `fields`. A training job's (useful non-null) also carries its
+// effective training time over wall_s, which is said too, after `prefix` (the driver's "driver: ").
+void write_job_end(EventLog& log, const std::string& event, nlohmann::json fields, const UsefulTime* useful,
+                   double wall_s, const std::string& prefix);
 
 }  // namespace mt::launch
