@@ -205,6 +205,19 @@ TEST_F(LaunchTest, EnvironmentOfANonZeroNode) {
                                          "[rank 3] 3 6 1 2 10.9.8.7 1234 file:///shared/rdv"}));
 }
 
+// Without --max-restarts a multi-node job has no job driver, which alone sends notifications: a webhook from the
+// environment is said to be unused rather than silently dropped (and --notify is refused: LaunchNotify).
+TEST_F(LaunchTest, AnUnsupervisedNodeSaysTheWebhookOfItsEnvironmentIsUnused) {
+  ::setenv("MEGATRAIN_NOTIFY_URL", "http://127.0.0.1:9/hook", 1);
+  Result r = launch({"launch", "--nproc", "1", "--nnodes", "3", "--node-rank", "1", "--master", "10.9.8.7:1234",
+                     "--store", "file:///shared/rdv", "--exec", "--", "true"});
+  ::unsetenv("MEGATRAIN_NOTIFY_URL");
+  ASSERT_EQ(r.code(), 0) << r.err;
+  EXPECT_NE(r.err.find("MEGATRAIN_NOTIFY_URL is not used: on 3 nodes without --max-restarts there is no job driver"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(LaunchTest, OutputWithoutPrefixAndPartialLines) {
   Result r = launch({"launch", "--nproc", "1", "--no-prefix", "--exec", "--", "/bin/sh", "-c", "printf 'a\\nb'"});
   ASSERT_EQ(r.code(), 0) << r.err;
@@ -433,6 +446,26 @@ TEST_F(LaunchTest, AttemptsWithoutProgressEndTheJobWithTheDoNotRequeueCode) {
   auto names = event_names(mt::test::jsonl_lines(events));
   EXPECT_EQ(std::count(names.begin(), names.end(), "started"), 3);
   EXPECT_EQ(names.back(), "gave_up");
+}
+
+// A signal while the job waits out a restart's backoff ends the job there: the driver hears it through the store
+// (the agent has no attempt to stop), writes the end, and no other attempt starts.
+TEST_F(LaunchTest, ASignalDuringTheBackoffEndsTheJobWithoutAnotherAttempt) {
+  const std::string events = (dir_ / "events.jsonl").string();
+  pid_t launcher = start({"launch", "--nproc", "1", "--max-restarts", "3", "--backoff", "60", "--events", events,
+                          "--exec", "--", "/bin/sh", "-c", "exit 22"});
+  for (const double t0 = now_seconds(); slurp(events).find("\"restarting\"") == std::string::npos;) {
+    ASSERT_LT(now_seconds() - t0, 60) << slurp(dir_ / "stderr");
+    std::this_thread::sleep_for(20ms);
+  }
+  ::kill(launcher, SIGTERM);
+  Result r = finish(launcher);
+  EXPECT_EQ(r.code(), 128 + SIGTERM) << r.err;
+  EXPECT_LT(r.seconds, 30.0) << "the 60 s backoff was waited out";  // (not a speed: the backoff is 60 s)
+  auto ev = mt::test::jsonl_lines(events);
+  EXPECT_EQ(event_names(ev), (std::vector<std::string>{"started", "detected", "stopped", "restarting", "gave_up"}));
+  EXPECT_EQ(ev.back()["reason"], "an agent was signalled") << ev.back().dump();
+  EXPECT_EQ(ev.back()["exit_code"], 128 + SIGTERM) << ev.back().dump();
 }
 
 TEST_F(LaunchTest, MaxRestartsSpentEndsWithItsOwnCode) {

@@ -433,7 +433,10 @@ TEST(LaunchNotify, OptionsWithoutAUrlOrATokenWithoutADashboardAreRefused) {
            {{"--dashboard", "127.0.0.1:0", "--dashboard-token-file", open_token}, "chmod 600 it"},
            {{"--dashboard-token-file", token}, "--dashboard-token-file without --dashboard"},
            {{"--dashboard", "127.0.0.1:0", "--dashboard-token-file", (dir / "none").string()},
-            "No such file or directory"}}) {
+            "No such file or directory"},
+           // Several nodes without --max-restarts have no job driver, which alone sees the whole job.
+           {{"--nnodes", "2", "--master", "10.9.8.7:1234", "--notify", "http://127.0.0.1:9/x"},
+            "--notify on 2 nodes needs the job driver"}}) {
     std::vector<std::string> args = {"launch", "--nproc", "1"};
     args.insert(args.end(), c.args.begin(), c.args.end());
     for (const char* a : {"--exec", "--", "/bin/true"}) args.push_back(a);
