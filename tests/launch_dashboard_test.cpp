@@ -201,7 +201,7 @@ TEST(Dashboard, HistoryTakesEveryRecordedStepNotOnlyTheNewest) {
   v.ranks[0].status.recent = {{1, 3.0, 0.1, 100, {}}, {2, 2.0, 0.2, 100, {}}, {3, 1.0, 0.3, 100, {}}};
   d.publish(v);
   v.ranks[0].status.step = 5;  // the next status: its window still holds step 3
-  v.ranks[0].status.recent = {{3, 1.0, 0.3, 100}, {4, 0.5, 0.4, 101}, {5, 0.25, 0.5, 101}};
+  v.ranks[0].status.recent = {{3, 1.0, 0.3, 100, {}}, {4, 0.5, 0.4, 101, {}}, {5, 0.25, 0.5, 101, {}}};
   d.publish(v);
   const nlohmann::json h = nlohmann::json::parse(d.api_job())["history"];
   ASSERT_EQ(h.size(), 5u) << h.dump();

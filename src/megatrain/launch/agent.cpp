@@ -108,9 +108,10 @@ class Agent {
     where.first = opt_.node_rank * opt_.nproc;
     where.world = opt_.nnodes * opt_.nproc;
     AttemptEnd end = run_attempt(0, where);
-    const std::string reason = end.code == 0   ? "every rank finished"
-                               : end.user_stop ? "the launcher was signalled"
-                                               : end.detected;
+    const std::string reason = end.code == 0          ? "every rank finished"
+                               : end.user_stop        ? "the launcher was signalled"
+                               : end.detected.empty() ? fmt::format("the attempt failed (code {})", end.code)
+                                                      : end.detected;
     write_job_end(events_, end.code == 0 ? "done" : "gave_up",
                   {{"exit_code", end.code}, {"best_step", end.best_step}, {"reason", reason}},
                   trains() ? &watch_.useful() : nullptr, now_seconds() - job_started_, "");
@@ -257,6 +258,7 @@ class Agent {
     auto h = watch_.check_hang(now, running_flags());
     if (!h) return;
     say(fmt::format("hang detected: {}: {}", h->why, h->blame.line));
+    detected_ = fmt::format("hang: {}: {}", h->why, h->blame.line);
     detected_at_ = now;
     events_.write("detected", {{"reason", "hang"},
                                {"why", h->why},
