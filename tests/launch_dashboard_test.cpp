@@ -540,6 +540,43 @@ std::string rendered_dom(const std::string& url, const fs::path& dir) {
   return slurp(out);
 }
 
+// At 1,024 ranks a row per rank would not be read: the page draws a row per node (8 ranks each here), the node's
+// value its hottest rank's, and names the slowest rank beside it. The oracle is the one rank given 3 x the others'
+// compute time: its node's row must name it as its hottest rank, and it must head the list.
+TEST(Dashboard, AtAThousandRanksThePageDrawsARowPerNodeNamingItsHottestRank) {
+  constexpr int kRanks = 1024, kSlow = 517;
+  JobView v;
+  v.state = "running";
+  v.nodes = kRanks / 8;
+  v.world = kRanks;
+  for (int r = 0; r < kRanks; ++r) {
+    RankView rv = rank_view(r, 3, true);
+    rv.node = r / 8;
+    rv.status.coord_tp = r % 8, rv.status.coord_dp = (r / 8) % 32, rv.status.coord_pp = r / 256;
+    rv.status.dp = 32, rv.status.pp = 4, rv.status.tp = 8;
+    rv.status.colls.clear();
+    for (int step = 1; step <= 3; ++step) rv.status.recent.push_back({step, 2.0, 1.0, 100, r == kSlow ? 3.0 : 1.0});
+    v.ranks.push_back(rv);
+  }
+  Dashboard d("127.0.0.1:0");
+  d.publish(v);
+  const fs::path dir = fs::path(temp_root()) / "mt-dashboard-1024";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string dom = rendered_dom(d.url(), dir);
+  std::map<int, std::string> hottest_of_node;
+  const std::regex node(R"re(<g class="heat-node" data-node="(\d+)" data-mean="[0-9.]+" data-hottest-rank="(\d+)")re");
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), node); it != std::sregex_iterator(); ++it)
+    hottest_of_node[std::stoi((*it)[1])] = (*it)[2];
+  EXPECT_EQ(hottest_of_node.size(), 128u) << "a row per node";
+  EXPECT_EQ(hottest_of_node[kSlow / 8], std::to_string(kSlow));
+  EXPECT_EQ(dom.find("class=\"heat-row\""), std::string::npos) << "no node opened, so no rank rows";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(dom, m, std::regex(R"re(<ol id="slowest"><li data-rank="(\d+)")re")));
+  EXPECT_EQ(m[1], std::to_string(kSlow));
+  if (!HasFailure()) fs::remove_all(dir);
+}
+
 class LaunchDashboard : public ::testing::Test {
  protected:
   void SetUp() override {

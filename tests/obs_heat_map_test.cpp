@@ -12,9 +12,7 @@ using namespace mt::obs;
 namespace {
 
 // Ranks 0 and 1 on node 0, 2 and 3 on node 1; placed so that (dp, pp, tp) order is 0, 3, 1, 2.
-std::vector<HeatPlace> four_places() {
-  return {{0, 0, 0, 0, 0}, {1, 0, 0, 1, 0}, {2, 1, 1, 0, 0}, {3, 1, 0, 0, 1}};
-}
+std::vector<HeatPlace> four_places() { return {{0, 0, 0, 0, 0}, {1, 0, 0, 1, 0}, {2, 1, 1, 0, 0}, {3, 1, 0, 0, 1}}; }
 
 // step 4: all 1 s (older than the 3 newest steps: left out)
 // step 5: 1, 2, 1, 1  -> median 1   -> 1, 2, 1, 1
@@ -134,7 +132,8 @@ TEST(HeatMap, TheSvgMarksTheSlowestRanksRowAsTheHottestAndNamesIt) {
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("test &lt;map&gt;"), std::string::npos);
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(svg, m, std::regex(R"re(<g class="heat-row" data-rank="(\d+)"[^>]*data-hottest="true")re")));
+  ASSERT_TRUE(std::regex_search(svg, m,
+                                std::regex(R"re(<g class="heat-row" data-rank="(\d+)"[^>]*data-hottest="true")re")));
   EXPECT_EQ(m[1], "1");
   ASSERT_TRUE(std::regex_search(svg, m, std::regex(R"re(<text class="slowest" data-rank="(\d+)")re")));
   EXPECT_EQ(m[1], "1") << "the first named is the slowest";

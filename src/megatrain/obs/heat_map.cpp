@@ -62,11 +62,16 @@ std::string row_label(const HeatPlace& p) {
 std::string xml_text(const std::string& t) {
   std::string out;
   for (char c : t) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
   }
   return out;
 }
@@ -140,8 +145,10 @@ nlohmann::json heat_map_json(const HeatMap& h) {
                      {"hottest_rank", n.hottest_rank >= 0 ? nlohmann::json(n.hottest_rank) : nlohmann::json()}});
   for (size_t i : h.slowest) {
     const HeatRow& r = h.rows[i];
-    slowest.push_back(
-        {{"rank", r.place.rank}, {"node", r.place.node}, {"coord", coord_json(r.place)}, {"mean", rounded(r.mean)}});
+    slowest.push_back({{"rank", r.place.rank},
+                       {"node", r.place.node},
+                       {"coord", coord_json(r.place)},
+                       {"mean", rounded(r.mean)}});
   }
   return {{"steps", h.steps}, {"median_s", h.median_s}, {"rows", rows}, {"nodes", nodes}, {"slowest", slowest}};
 }
@@ -165,7 +172,8 @@ std::string heat_map_svg(const HeatMap& h, const std::string& title) {
   const bool labels = row_h >= 9;
   const double left = 190, top = 44;
   const double map_w = col_w * static_cast<double>(cols), map_h = row_h * static_cast<double>(rows);
-  const double width = left + map_w + 340, height = std::max(top + map_h + 40, top + 30.0 * (h.slowest.size() + 3));
+  const double width = std::max(left + map_w + 340, 780.0),
+               height = std::max(top + map_h + 40, top + 30.0 * (h.slowest.size() + 3));
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
       "font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n"
@@ -193,8 +201,8 @@ std::string heat_map_svg(const HeatMap& h, const std::string& title) {
     }
     s += "</g>\n";
   }
-  s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#999\"/>\n",
-                   left, top, map_w, map_h);
+  s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#999\"/>\n", left,
+                   top, map_w, map_h);
   const double sx = left + map_w + 16;
   s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-weight=\"bold\">slowest ranks (mean x median)</text>\n", sx,
                    top + 10);

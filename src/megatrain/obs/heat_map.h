@@ -50,11 +50,11 @@ struct HeatNode {
 };
 
 struct HeatMap {
-  std::vector<int> steps;         // the columns: the newest steps sampled, oldest first
-  std::vector<double> median_s;   // per column: the median compute time over the ranks that reported that step
-  std::vector<HeatRow> rows;      // by (dp, pp, tp); ranks whose place is not known after them, by rank
-  std::vector<HeatNode> nodes;    // by node
-  std::vector<size_t> slowest;    // indexes into rows: the hottest by mean first, at most kSlowest, only sampled rows
+  std::vector<int> steps;        // the columns: the newest steps sampled, oldest first
+  std::vector<double> median_s;  // per column: the median compute time over the ranks that reported that step
+  std::vector<HeatRow> rows;     // by (dp, pp, tp); ranks whose place is not known after them, by rank
+  std::vector<HeatNode> nodes;   // by node
+  std::vector<size_t> slowest;   // indexes into rows: the hottest by mean first, at most kSlowest, only sampled rows
   static constexpr size_t kSlowest = 5;
 };
 
