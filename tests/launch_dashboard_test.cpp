@@ -574,6 +574,17 @@ TEST(Dashboard, AtAThousandRanksThePageDrawsARowPerNodeNamingItsHottestRank) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(dom, m, std::regex(R"re(<ol id="slowest"><li data-rank="(\d+)")re")));
   EXPECT_EQ(m[1], std::to_string(kSlow));
+
+  // A node opened (the page's address keeps what a click opened): its 8 ranks' rows beneath it, the slow one hottest.
+  const std::string opened = rendered_dom(d.url() + "#open=" + std::to_string(kSlow / 8), dir);
+  std::vector<int> rows;
+  const std::regex row(R"re(<g class="heat-row" data-rank="(\d+)")re");
+  for (auto it = std::sregex_iterator(opened.begin(), opened.end(), row); it != std::sregex_iterator(); ++it)
+    rows.push_back(std::stoi((*it)[1]));
+  EXPECT_EQ(rows, (std::vector<int>{512, 513, 514, 515, 516, 517, 518, 519})) << "node 64's ranks, by (dp, pp, tp)";
+  ASSERT_TRUE(std::regex_search(opened, m,
+                                std::regex(R"re(<g class="heat-row" data-rank="(\d+)"[^>]*data-hottest="true")re")));
+  EXPECT_EQ(m[1], std::to_string(kSlow));
   if (!HasFailure()) fs::remove_all(dir);
 }
 

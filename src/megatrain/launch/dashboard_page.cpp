@@ -10,7 +10,8 @@
 //  - the heat map of slow ranks (obs/heat_map.h): a row per rank in (dp, pp, tp) order, a column per recent step,
 //    each cell the rank's compute time relative to the median over the ranks at that step, in the colours of
 //    heat_colour; beside it the slowest ranks, named. Past 64 ranks on several nodes a row per node (its
-//    hottest rank's value at each step) keeps it readable, and a click on a node opens its ranks beneath it. Rows
+//    hottest rank's value at each step) keeps it readable, and a click on a node opens its ranks beneath it (the
+//    address keeps the opened nodes: /#open=3,64). Rows
 //    carry data-rank (or data-node), data-mean and, on the hottest rank's, data-hottest="true";
 //  - the loss, and the fastest and slowest rank's step time, over the steps (SVG);
 //  - the newest events of the event log.
@@ -137,7 +138,10 @@ function drawGrid(job, ranks) {
 }
 
 const HEAT_RANK_ROWS = 64;  // beyond this many ranks (on several nodes), a row per node
-const heatOpen = new Set();  // the nodes whose ranks are shown (a click on the node's row)
+// The nodes whose ranks are shown: a click on a node's row opens or closes it, and the page's address keeps them
+// (#open=3,64), so a link to the page shows the same rows.
+const heatOpen = new Set((location.hash.match(/^#open=([\d,]+)$/) || ["", ""])[1].split(",")
+                                 .filter(x => x).map(Number));
 let lastHeat = null;
 
 function heatColour(rel) {  // obs/heat_map.cpp heat_colour: white at 1, blue at 0.5 and below, red at 2 and above
@@ -192,6 +196,7 @@ function drawHeat(h) {
     });
     if (n) g.addEventListener("click", () => {
       heatOpen.has(n.node) ? heatOpen.delete(n.node) : heatOpen.add(n.node);
+      history.replaceState(null, "", heatOpen.size ? "#open=" + [...heatOpen].join(",") : location.pathname + location.search);
       drawHeat(lastHeat);
     });
   });
