@@ -213,6 +213,46 @@ TEST(Dashboard, HistoryTakesEveryRecordedStepNotOnlyTheNewest) {
   }
 }
 
+// The heat map /api/job serves: each rank's compute time at each step its records gave, once, over the median of
+// the ranks at that step (worked out by hand below); a new attempt starts afresh.
+TEST(Dashboard, TheHeatMapIsEachRanksComputeTimeOverTheStepsMedian) {
+  Dashboard d("127.0.0.1:0");
+  JobView v = two_ranks();
+  v.attempt = 0;
+  v.ranks = {rank_view(0, 1, true), rank_view(1, 1, true), rank_view(2, 1, true)};
+  for (int r = 0; r < 3; ++r) v.ranks[r].status.coord_pp = r;
+  // step 1: 1, 3, 1 -> median 1 -> 1, 3, 1;  step 2: 2, 4, 1 -> median 2 -> 1, 2, 0.5
+  const double step1[] = {1, 3, 1}, step2[] = {2, 4, 1};
+  for (int r = 0; r < 3; ++r) v.ranks[r].status.recent = {{1, 2.0, 5.0, 100, step1[r]}};
+  d.publish(v);
+  for (int r = 0; r < 3; ++r) {
+    v.ranks[r].status.step = 2;
+    // The next statuses still hold step 1 (with another time, which must not count again) and now step 2.
+    v.ranks[r].status.recent = {{1, 2.0, 5.0, 100, 9.0}, {2, 2.0, 5.0, 101, step2[r]}};
+  }
+  d.publish(v);
+  nlohmann::json h = nlohmann::json::parse(d.api_job())["heatmap"];
+  EXPECT_EQ(h["steps"], nlohmann::json({1, 2})) << h.dump();
+  EXPECT_EQ(h["median_s"], nlohmann::json({1.0, 2.0})) << h.dump();
+  ASSERT_EQ(h["rows"].size(), 3u) << h.dump();
+  EXPECT_EQ(h["rows"][0]["rel"], nlohmann::json({1.0, 1.0})) << h.dump();
+  EXPECT_EQ(h["rows"][1]["rel"], nlohmann::json({3.0, 2.0})) << h.dump();
+  EXPECT_EQ(h["rows"][2]["rel"], nlohmann::json({1.0, 0.5})) << h.dump();
+  EXPECT_EQ(h["rows"][1]["coord"], nlohmann::json({0, 1, 0}));
+  std::vector<int> slowest;
+  for (const auto& s : h["slowest"]) slowest.push_back(s["rank"].get<int>());
+  EXPECT_EQ(slowest, (std::vector<int>{1, 0, 2}));
+  EXPECT_EQ(h["slowest"][0]["mean"], 2.5);
+  EXPECT_EQ(h["nodes"][0]["hottest_rank"], 1) << "ranks 0 and 1 are on node 0";
+
+  v.attempt = 1;  // a restart: the map starts again with the new attempt's steps
+  for (int r = 0; r < 3; ++r) v.ranks[r].status.recent = {{2, 2.0, 5.0, 102, 1.0}};
+  d.publish(v);
+  h = nlohmann::json::parse(d.api_job())["heatmap"];
+  EXPECT_EQ(h["steps"], nlohmann::json({2})) << h.dump();
+  EXPECT_EQ(h["rows"][1]["rel"], nlohmann::json({1.0})) << h.dump();
+}
+
 TEST(Dashboard, ServesThePageTheJobAndTheMetricsOverHttp) {
   Dashboard d("127.0.0.1:0");
   ASSERT_GT(d.port(), 0);
@@ -500,6 +540,54 @@ std::string rendered_dom(const std::string& url, const fs::path& dir) {
   return slurp(out);
 }
 
+// At 1,024 ranks a row per rank would not be read: the page draws a row per node (8 ranks each here), the node's
+// value its hottest rank's, and names the slowest rank beside it. The oracle is the one rank given 3 x the others'
+// compute time: its node's row must name it as its hottest rank, and it must head the list.
+TEST(Dashboard, AtAThousandRanksThePageDrawsARowPerNodeNamingItsHottestRank) {
+  constexpr int kRanks = 1024, kSlow = 517;
+  JobView v;
+  v.state = "running";
+  v.nodes = kRanks / 8;
+  v.world = kRanks;
+  for (int r = 0; r < kRanks; ++r) {
+    RankView rv = rank_view(r, 3, true);
+    rv.node = r / 8;
+    rv.status.coord_tp = r % 8, rv.status.coord_dp = (r / 8) % 32, rv.status.coord_pp = r / 256;
+    rv.status.dp = 32, rv.status.pp = 4, rv.status.tp = 8;
+    rv.status.colls.clear();
+    for (int step = 1; step <= 3; ++step) rv.status.recent.push_back({step, 2.0, 1.0, 100, r == kSlow ? 3.0 : 1.0});
+    v.ranks.push_back(rv);
+  }
+  Dashboard d("127.0.0.1:0");
+  d.publish(v);
+  const fs::path dir = fs::path(temp_root()) / "mt-dashboard-1024";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string dom = rendered_dom(d.url(), dir);
+  std::map<int, std::string> hottest_of_node;
+  const std::regex node(R"re(<g class="heat-node" data-node="(\d+)" data-mean="[0-9.]+" data-hottest-rank="(\d+)")re");
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), node); it != std::sregex_iterator(); ++it)
+    hottest_of_node[std::stoi((*it)[1])] = (*it)[2];
+  EXPECT_EQ(hottest_of_node.size(), 128u) << "a row per node";
+  EXPECT_EQ(hottest_of_node[kSlow / 8], std::to_string(kSlow));
+  EXPECT_EQ(dom.find("class=\"heat-row\""), std::string::npos) << "no node opened, so no rank rows";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(dom, m, std::regex(R"re(<ol id="slowest"><li data-rank="(\d+)")re")));
+  EXPECT_EQ(m[1], std::to_string(kSlow));
+
+  // A node opened (the page's address keeps what a click opened): its 8 ranks' rows beneath it, the slow one hottest.
+  const std::string opened = rendered_dom(d.url() + "#open=" + std::to_string(kSlow / 8), dir);
+  std::vector<int> rows;
+  const std::regex row(R"re(<g class="heat-row" data-rank="(\d+)")re");
+  for (auto it = std::sregex_iterator(opened.begin(), opened.end(), row); it != std::sregex_iterator(); ++it)
+    rows.push_back(std::stoi((*it)[1]));
+  EXPECT_EQ(rows, (std::vector<int>{512, 513, 514, 515, 516, 517, 518, 519})) << "node 64's ranks, by (dp, pp, tp)";
+  ASSERT_TRUE(std::regex_search(opened, m,
+                                std::regex(R"re(<g class="heat-row" data-rank="(\d+)"[^>]*data-hottest="true")re")));
+  EXPECT_EQ(m[1], std::to_string(kSlow));
+  if (!HasFailure()) fs::remove_all(dir);
+}
+
 class LaunchDashboard : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -645,6 +733,81 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   EXPECT_NE(dom.find("<polyline"), std::string::npos) << "no loss curve";
 
   // SIGTERM ends the job cleanly: the ranks stop at a step boundary, the launcher exits as signalled.
+  ::kill(launcher_, SIGTERM);
+  EXPECT_EQ(finish_within(launcher_, 120), 128 + SIGTERM) << slurp(dir_ / "launch.log");
+  launcher_ = -1;
+}
+
+// The heat map of slow ranks over a real job with one slow rank. The oracle is the injected fault: in a dp2 x tp2
+// job rank 2 sleeps 3 x its step's compute each step (slow:factor=4) and its peers wait for it in collectives,
+// which compute time leaves out; so rank 2 must be the hottest row, about 4 x the median, in the JSON the page draws
+// from and in the page as a real browser renders it.
+TEST_F(LaunchDashboard, TheSlowRankIsTheHottestRowOfTheHeatMap) {
+  const std::string out = (dir_ / "run").string(), events = (dir_ / "events.jsonl").string();
+  std::vector<std::string> args = {"launch",      "--nproc",     "4",  "--events", events,
+                                   "--dashboard", "127.0.0.1:0", "--", "train"};
+  for (const std::string& f : SmallJob(out)
+                                  .model(1, 64, 2, 32)
+                                  .steps(100000)
+                                  .log_every(1)
+                                  .set("ckpt.every", 0)
+                                  .set("ckpt.save_final", "false")
+                                  .with({"--parallel.dp=2", "--parallel.tp=2", "--parallel.tp_chunks=1"})
+                                  .args())
+    args.push_back(f);
+  ::setenv("MEGATRAIN_FAULTS", "slow:rank=2:factor=4", 1);
+  launcher_ = start_logged(kMegatrain, args, (dir_ / "launch.log").string());
+  ::unsetenv("MEGATRAIN_FAULTS");
+
+  std::string url;
+  for (const double t0 = now_seconds(); url.empty(); std::this_thread::sleep_for(std::chrono::milliseconds(50))) {
+    for (const auto& e : events_of(events))
+      if (e.value("event", "") == "dashboard") url = e.value("url", "");
+    ASSERT_EQ(::waitpid(launcher_, nullptr, WNOHANG), 0) << "launch ended:\n" << slurp(dir_ / "launch.log");
+    ASSERT_LT(now_seconds() - t0, 60) << "no dashboard event";
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(url, m, std::regex(R"(http://127\.0\.0\.1:(\d+)/)"))) << url;
+  httplib::Client c("127.0.0.1", std::stoi(m[1]));
+
+  // Until every rank has a value at 4 steps of the map.
+  nlohmann::json h;
+  for (const double t0 = now_seconds();; std::this_thread::sleep_for(std::chrono::milliseconds(200))) {
+    ASSERT_EQ(::waitpid(launcher_, nullptr, WNOHANG), 0) << "launch ended:\n" << slurp(dir_ / "launch.log");
+    ASSERT_LT(now_seconds() - t0, 300) << "the heat map never filled: " << h.dump();
+    auto r = c.Get("/api/job");
+    if (!r) continue;
+    h = nlohmann::json::parse(r->body)["heatmap"];
+    if (h["rows"].size() == 4 && std::all_of(h["rows"].begin(), h["rows"].end(),
+                                             [](const nlohmann::json& row) { return row["samples"].get<int>() >= 4; }))
+      break;
+  }
+  // The JSON: rows by (dp, pp, tp), which here is rank order; rank 2 hottest and named first.
+  std::map<int, double> mean;
+  std::vector<int> order;
+  for (const auto& row : h["rows"]) {
+    order.push_back(row["rank"].get<int>());
+    mean[order.back()] = row["mean"].get<double>();
+  }
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3})) << h.dump();
+  EXPECT_EQ(h["slowest"][0]["rank"], 2) << h.dump();
+  EXPECT_GT(mean[2], 2.0) << h.dump();
+  for (int r : {0, 1, 3}) EXPECT_LT(mean[r], mean[2] / 1.5) << "rank " << r << ": " << h.dump();
+
+  // The page in a real browser: the hottest row is rank 2's, and it heads the list of the slowest.
+  const std::string dom = rendered_dom(url, dir_);
+  ASSERT_TRUE(std::regex_search(dom, m,
+                                std::regex(R"re(<g class="heat-row" data-rank="(\d+)"[^>]*data-hottest="true")re")))
+      << dom;
+  EXPECT_EQ(m[1], "2") << dom;
+  ASSERT_TRUE(std::regex_search(dom, m, std::regex(R"re(<ol id="slowest"><li data-rank="(\d+)")re"))) << dom;
+  EXPECT_EQ(m[1], "2") << dom;
+  std::set<int> rows;
+  const std::regex row(R"re(<g class="heat-row" data-rank="(\d+)")re");
+  for (auto it = std::sregex_iterator(dom.begin(), dom.end(), row); it != std::sregex_iterator(); ++it)
+    rows.insert(std::stoi((*it)[1]));
+  EXPECT_EQ(rows, (std::set<int>{0, 1, 2, 3})) << "a row per rank (one node of 4 ranks: no node rows)";
+
   ::kill(launcher_, SIGTERM);
   EXPECT_EQ(finish_within(launcher_, 120), 128 + SIGTERM) << slurp(dir_ / "launch.log");
   launcher_ = -1;

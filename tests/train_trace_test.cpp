@@ -5,7 +5,11 @@
 //   - causality: on the merged clock no collective completes before all its members entered it and no receive
 //     before its send; with the offsets not applied, the same files break it (so the alignment is what fixes it);
 //   - the pipeline schedule: each rank's forward/backward spans are its schedule's compute actions, in order, once
-//     per traced step (parallel/schedule.h, the object the executor runs).
+//     per traced step (parallel/schedule.h, the object the executor runs);
+//   - an injected slow rank: the heat map `trace merge --heatmap` draws must show it as the hottest row.
+#include <map>
+#include <regex>
+
 #include "support/files.h"
 #include "support/megatrain.h"
 #include "support/metrics.h"
@@ -140,6 +144,71 @@ TEST(TimelineJob, ATraceThatCannotBeWrittenIsReportedAndTrainingGoesOn) {
   EXPECT_NE(text.find("timeline: rank 0 could not write its trace"), std::string::npos) << text;
   EXPECT_NE(text.find("training goes on"), std::string::npos) << text;
   EXPECT_EQ(mt::test::step_losses(out + "/metrics.jsonl").size(), 3u);
+}
+
+}  // namespace
+
+namespace {
+
+// The heat map of slow ranks from a finished job's trace (`megatrain trace merge --heatmap`). The oracle is the
+// injected fault: in a dp2 x tp2 job rank 2 sleeps 3 x its step's compute each step (slow:factor=4), its peers
+// wait for it in their collectives, which the compute time leaves out; so rank 2's row must be the hottest, about
+// 4 x the median, and be named first among the slowest.
+TEST(TimelineJob, TheSlowRankIsTheHottestRowOfTheTracesHeatMap) {
+  prepare();
+  const std::string out = fresh_dir("trace_slow_rank");
+  const std::string log = out + ".log";
+  std::string cmd = "MEGATRAIN_FAULTS='slow:rank=2:factor=4' " + kMegatrain + " launch --nproc 4 -- train" +
+                    common_args(out, 2, 1,
+                                " --parallel.dp=2 --parallel.tp=2 --train.steps=5 --train.trace_steps=[2,5]") +
+                    " > " + log + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << mt::read_text_file(log);
+
+  const std::string svg_path = out + "/heat.svg", merge_log = out + "/merge.log";
+  cmd = kMegatrain + " trace merge " + out + "/trace -o " + out + "/merged.json --heatmap " + svg_path + " > " +
+        merge_log + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << mt::read_text_file(merge_log);
+  EXPECT_NE(mt::read_text_file(merge_log).find("slowest: rank 2 at"), std::string::npos)
+      << mt::read_text_file(merge_log);
+  const std::string svg = mt::read_text_file(svg_path);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(svg, m,
+                                std::regex(R"re(<g class="heat-row" data-rank="(\d+)"[^>]*data-hottest="true")re")))
+      << svg;
+  EXPECT_EQ(m[1], "2") << svg;
+  ASSERT_TRUE(std::regex_search(svg, m, std::regex(R"re(<text class="slowest" data-rank="(\d+)")re"))) << svg;
+  EXPECT_EQ(m[1], "2") << "the first named is the slowest";
+  // Every rank has its row, in (dp, pp, tp) order (here rank order: rank = dp * 2 + tp), over the 4 traced steps.
+  std::map<int, double> mean;
+  std::vector<int> order;
+  const std::regex row(R"re(<g class="heat-row" data-rank="(\d+)" data-node="\d+" data-mean="([0-9.]+)")re");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), row); it != std::sregex_iterator(); ++it) {
+    order.push_back(std::stoi((*it)[1]));
+    mean[order.back()] = std::stod((*it)[2]);
+  }
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_NE(svg.find("steps 2 to 5"), std::string::npos);
+  EXPECT_GT(mean[2], 2.0) << "4 x its own compute against peers at about 1 x the median";
+  for (int r : {0, 1, 3}) EXPECT_LT(mean[r], mean[2] / 1.5) << "rank " << r;
+}
+
+// --heatmap to a place it cannot write is refused before the merge, naming the path and why.
+TEST(TimelineJob, AHeatMapThatCannotBeWrittenIsRefusedNamingThePath) {
+  prepare();
+  const std::string out = fresh_dir("trace_heatmap_bad_path");
+  run(kMegatrain + " train" + common_args(out, 2, 1, " --train.steps=2 --train.trace_steps=[1,2]"));
+  const std::string log = out + "/merge.log";
+  const std::string bad = out + "/no-such-dir/heat.svg";
+  const std::string cmd = kMegatrain + " trace merge " + out + "/trace --heatmap " + bad + " > " + log + " 2>&1";
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  EXPECT_NE(mt::read_text_file(log).find("--heatmap " + bad + ": cannot write there: the directory " + out +
+                                         "/no-such-dir does not exist"),
+            std::string::npos)
+      << mt::read_text_file(log);
+  const std::string dir_cmd = kMegatrain + " trace merge " + out + "/trace --heatmap " + out + " > " + log + " 2>&1";
+  EXPECT_NE(std::system(dir_cmd.c_str()), 0);
+  EXPECT_NE(mt::read_text_file(log).find("that is a directory, not a file"), std::string::npos)
+      << mt::read_text_file(log);
 }
 
 }  // namespace

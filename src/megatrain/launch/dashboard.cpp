@@ -16,6 +16,7 @@
 #include "megatrain/comm/store.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/obs/heat_map.h"
 
 namespace mt::launch {
 
@@ -192,25 +193,28 @@ void Dashboard::publish(const JobView& v) {
   if (v.attempt != history_attempt_) {  // a new attempt numbers its steps afresh from its checkpoint
     history_attempt_ = v.attempt;
     last_step_.clear();
+    compute_.clear();
   }
   for (const RankView& r : v.ranks) {
     const RankStatus& s = r.status;
     // A step joins the history once per rank: each of the rank's step records newer than the newest step it already
     // gave. A view made of statuses without records (none in the window) gives the newest step's numbers alone.
     auto [it, fresh] = last_step_.try_emplace(s.rank, s.start_step >= 0 ? s.start_step : 0);
-    auto add = [&](int step, const std::optional<double>& loss, double step_time) {
+    auto add = [&](int step, const std::optional<double>& loss, double step_time, std::optional<double> compute) {
       if (step <= it->second) return;
       it->second = step;
+      if (compute) compute_[step][s.rank] = *compute;
       StepPoint& p = history_[{v.attempt, step}];
       if (!p.loss && loss) p.loss = loss;
       p.fastest = p.ranks == 0 ? step_time : std::min(p.fastest, step_time);
       p.slowest = p.ranks == 0 ? step_time : std::max(p.slowest, step_time);
       ++p.ranks;
     };
-    for (const StepRecord& rec : s.recent) add(rec.step, rec.loss, rec.step_time);
-    if (s.recent.empty() && s.step_time) add(s.step, s.loss, *s.step_time);
+    for (const StepRecord& rec : s.recent) add(rec.step, rec.loss, rec.step_time, rec.compute_time);
+    if (s.recent.empty() && s.step_time) add(s.step, s.loss, *s.step_time, s.compute_time);
   }
   while (history_.size() > kMaxHistory) history_.erase(history_.begin());
+  while (compute_.size() > kHeatSteps) compute_.erase(compute_.begin());
   view_ = v;
 }
 
@@ -232,12 +236,24 @@ std::string Dashboard::api_job() const {
                  {"slowest", p.slowest},
                  {"ranks", p.ranks}});
   j["history"] = std::move(h);
+  j["heatmap"] = obs::heat_map_json(heat_map());
   nlohmann::json ev = nlohmann::json::array();
   for (const nlohmann::json& e : events_) ev.push_back(e);
   j["events"] = std::move(ev);
   // Event lines quote the ranks' output, which need not be UTF-8: replace what JSON cannot carry. (A NaN loss is
   // written as null by the library.)
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+obs::HeatMap Dashboard::heat_map() const {
+  std::vector<obs::HeatPlace> places;
+  for (const RankView& r : view_.ranks)
+    if (r.status.rank >= 0)  // known once its agent started it
+      places.push_back({r.status.rank, r.node, r.status.coord_dp, r.status.coord_pp, r.status.coord_tp});
+  std::vector<obs::HeatSample> samples;
+  for (const auto& [step, by_rank] : compute_)
+    for (const auto& [rank, compute] : by_rank) samples.push_back({rank, step, compute});
+  return obs::heat_map(places, samples, kHeatSteps);
 }
 
 std::string Dashboard::metrics() const {

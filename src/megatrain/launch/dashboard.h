@@ -3,10 +3,12 @@
 // on node 0) publishes a JobView whenever something changed; the server answers from the latest one:
 //   GET /          a page (launch/dashboard_page.cpp) that polls /api/job each second: the job's state, a
 //                  (dp, pp, tp) grid of the ranks with each one's step, phase and heartbeat age (a rank that
-//                  stopped answering or waits on a collective stands out), the loss and the spread of step times
-//                  over steps, and the newest events;
+//                  stopped answering or waits on a collective stands out), the heat map of slow ranks, the loss and
+//                  the spread of step times over steps, and the newest events;
 //   GET /api/job   job_json(view) plus "history" (per step: the loss, and the fastest and slowest rank's step
-//                  time) and "events" (the newest event-log lines);
+//                  time), "heatmap" (obs/heat_map.h's heat_map_json: each rank's compute time over the newest
+//                  kHeatSteps steps of the attempt, relative to the median over the ranks at the same step, rows by
+//                  (dp, pp, tp), node rows, the slowest ranks) and "events" (the newest event-log lines);
 //   GET /metrics   the Prometheus text format (job_view.h).
 // Without a token anyone who reaches the port reads the job (names, losses, the command line's events); with one
 // (`--dashboard-token-file`), only those who hold it. Over plain HTTP the token crosses the network as it is; with a
@@ -28,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "megatrain/launch/job_view.h"
+#include "megatrain/obs/heat_map.h"
 #include "megatrain/launch/tls_files.h"
 
 namespace httplib {
@@ -76,6 +79,7 @@ class Dashboard {
 
   static constexpr size_t kMaxEvents = 100;
   static constexpr size_t kMaxHistory = 2000;  // steps
+  static constexpr size_t kHeatSteps = 30;     // the heat map's columns: 1,024 ranks x 30 steps each second
 
  private:
   struct StepPoint {
@@ -89,8 +93,10 @@ class Dashboard {
   std::map<std::pair<int, int>, StepPoint> history_;  // (attempt, step)
   std::map<int, int> last_step_;                      // per rank: the newest step already in history_ (this attempt)
   int history_attempt_ = -1;
+  std::map<int, std::map<int, double>> compute_;  // the heat map's samples: step -> rank -> compute time (this attempt)
   std::deque<nlohmann::json> events_;
 
+  obs::HeatMap heat_map() const;  // of view_'s ranks and compute_ (mu_ held)
   // Serves on port (0: any) with `server` (make_server's), listening; the port, or -1 when it cannot bind.
   int start(int port, std::unique_ptr<httplib::Server> server);
   void stop_server();

@@ -7,6 +7,12 @@
 //    parallel rank (tp), each with its rank, step and phase. A rank that is not running, or whose heartbeat is
 //    older than 3 intervals, is red; one behind the job's newest step is amber; one with a collective in flight for
 //    long shows the collective. Each cell carries data-rank, data-step and data-state for scripts and tests;
+//  - the heat map of slow ranks (obs/heat_map.h): a row per rank in (dp, pp, tp) order, a column per recent step,
+//    each cell the rank's compute time relative to the median over the ranks at that step, in the colours of
+//    heat_colour; beside it the slowest ranks, named. Past 64 ranks on several nodes a row per node (its
+//    hottest rank's value at each step) keeps it readable, and a click on a node opens its ranks beneath it (the
+//    address keeps the opened nodes: /#open=3,64). Rows
+//    carry data-rank (or data-node), data-mean and, on the hottest rank's, data-hottest="true";
 //  - the loss, and the fastest and slowest rank's step time, over the steps (SVG);
 //  - the newest events of the event log.
 #include "megatrain/launch/dashboard.h"
@@ -35,6 +41,9 @@ const char* const kDashboardPage = R"HTML(<!doctype html>
   .charts { display: flex; gap: 16px; flex-wrap: wrap; }
   svg { background: #fff; border: 1px solid #ccc; }
   table { border-collapse: collapse; font-size: 12px; margin-top: 12px; }
+  .heat { display: flex; gap: 16px; align-items: flex-start; margin-bottom: 16px; }
+  .heat-node { cursor: pointer; }
+  #slowest { margin: 0; font-size: 12px; }
   td, th { border-bottom: 1px solid #ddd; padding: 2px 8px; text-align: left; vertical-align: top; }
 </style>
 </head>
@@ -42,6 +51,10 @@ const char* const kDashboardPage = R"HTML(<!doctype html>
 <h1>megatrain</h1>
 <div id="job">loading…</div>
 <div id="grid" class="stages"></div>
+<div>compute time relative to the median over the ranks at the same step (white: the median, red: twice it or more,
+  blue: half); rows by (dp, pp, tp)<span id="heat-hint"></span></div>
+<div class="heat"><svg id="heat" width="420" height="40"></svg>
+  <div><b>slowest ranks</b> (mean × median)<ol id="slowest"></ol></div></div>
 <div class="charts">
   <div><div>loss</div><svg id="loss" width="420" height="160"></svg></div>
   <div><div>step time, fastest and slowest rank (s)</div><svg id="steptime" width="420" height="160"></svg></div>
@@ -124,6 +137,81 @@ function drawGrid(job, ranks) {
   }
 }
 
+const HEAT_RANK_ROWS = 64;  // beyond this many ranks (on several nodes), a row per node
+// The nodes whose ranks are shown: a click on a node's row opens or closes it, and the page's address keeps them
+// (#open=3,64), so a link to the page shows the same rows.
+const heatOpen = new Set((location.hash.match(/^#open=([\d,]+)$/) || ["", ""])[1].split(",")
+                                 .filter(x => x).map(Number));
+let lastHeat = null;
+
+function heatColour(rel) {  // obs/heat_map.cpp heat_colour: white at 1, blue at 0.5 and below, red at 2 and above
+  const hot = rel >= 1, t = Math.min(1, Math.max(0, hot ? rel - 1 : (1 - rel) * 2));
+  const to = hot ? [178, 24, 43] : [33, 102, 172];
+  return "#" + to.map(c => Math.round(247 + (c - 247) * t).toString(16).padStart(2, "0")).join("");
+}
+
+function coordText(c) { return c ? " (dp " + c[0] + ", pp " + c[1] + ", tp " + c[2] + ")" : ""; }
+
+function heatLines(h) {  // what to draw, top to bottom: rank rows, or node rows with the opened nodes' ranks
+  const byNode = h.rows.length > HEAT_RANK_ROWS && h.nodes.length > 1;
+  document.getElementById("heat-hint").textContent = byNode ? "; a row per node (its hottest rank), click to open" : "";
+  if (!byNode) return h.rows.map(r => ({rank: r}));
+  const lines = [];
+  for (const n of h.nodes) {
+    lines.push({node: n});
+    if (heatOpen.has(n.node)) h.rows.filter(r => r.node === n.node).forEach(r => lines.push({rank: r, inner: true}));
+  }
+  return lines;
+}
+
+function drawHeat(h) {
+  lastHeat = h;
+  const svg = document.getElementById("heat"), ns = "http://www.w3.org/2000/svg";
+  svg.replaceChildren();
+  const lines = heatLines(h), hottest = h.slowest.length ? h.slowest[0].rank : null;
+  const rowH = 14, left = 190, colW = Math.max(4, Math.min(18, 600 / Math.max(1, h.steps.length)));
+  svg.setAttribute("width", left + colW * h.steps.length + 8);
+  svg.setAttribute("height", rowH * lines.length + 20);
+  const add = (parent, tag, attrs, body) => {
+    const e = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (body !== undefined) e.textContent = body;
+    parent.appendChild(e);
+    return e;
+  };
+  lines.forEach((l, i) => {
+    const y = rowH * i, r = l.rank, n = l.node;
+    const g = r ? add(svg, "g", {class: "heat-row", "data-rank": r.rank, "data-node": r.node, "data-mean": r.mean})
+                : add(svg, "g", {class: "heat-node", "data-node": n.node, "data-mean": n.mean,
+                                 "data-hottest-rank": n.hottest_rank === null ? "" : n.hottest_rank});
+    if (r && r.rank === hottest) g.setAttribute("data-hottest", "true");
+    const label = r ? (l.inner ? "   " : "") + "rank " + r.rank + coordText(r.coord)
+                    : (heatOpen.has(n.node) ? "▾" : "▸") + " node " + n.node + " (" + n.ranks.length + " ranks)";
+    add(g, "text", {x: 2, y: y + rowH - 3, "font-size": 11}, label);
+    const name = r ? "rank " + r.rank : "node " + n.node + " (hottest rank " + n.hottest_rank + ")";
+    (r ? r.rel : n.rel).forEach((x, c) => {
+      if (x === null) return;
+      const cell = add(g, "rect", {x: left + colW * c, y: y, width: colW, height: rowH - 1, fill: heatColour(x)});
+      add(cell, "title", {}, name + ", step " + h.steps[c] + ": " + x.toFixed(2) + " × median");
+    });
+    if (n) g.addEventListener("click", () => {
+      heatOpen.has(n.node) ? heatOpen.delete(n.node) : heatOpen.add(n.node);
+      history.replaceState(null, "", heatOpen.size ? "#open=" + [...heatOpen].join(",") : location.pathname + location.search);
+      drawHeat(lastHeat);
+    });
+  });
+  if (h.steps.length) {
+    add(svg, "text", {x: left, y: rowH * lines.length + 14, "font-size": 10}, "step " + h.steps[0]);
+    add(svg, "text", {x: left + colW * h.steps.length, y: rowH * lines.length + 14, "font-size": 10,
+                      "text-anchor": "end"}, "step " + h.steps[h.steps.length - 1]);
+  }
+  const list = document.getElementById("slowest");
+  list.replaceChildren();
+  for (const s of h.slowest)
+    list.appendChild(el("li", {"data-rank": s.rank, "data-mean": s.mean},
+                        ["rank " + s.rank + coordText(s.coord) + ", node " + s.node + ": " + s.mean.toFixed(2) + "×"]));
+}
+
 function drawSeries(id, series) {  // series: [{points: [[x, y]], color}]
   const svg = document.getElementById(id);
   svg.replaceChildren();
@@ -179,6 +267,7 @@ async function refresh() {
     const d = await r.json();
     drawJob(d.job, d.ranks);
     drawGrid(d.job, d.ranks);
+    drawHeat(d.heatmap);
     drawCharts(d.history);
     drawEvents(d.events);
   } catch (err) {

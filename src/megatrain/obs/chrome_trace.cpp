@@ -51,6 +51,7 @@ nlohmann::json info_json(const RankTrace& r) {
   return {{"rank", r.rank},
           {"world", r.world},
           {"label", r.label},
+          {"coord", {r.dp, r.pp, r.tp}},
           {"clock_offset_s", r.clock_offset_s},
           {"clock_error_s", r.clock_error_s},
           {"dropped", r.dropped},
@@ -64,6 +65,12 @@ RankTrace info_from(const nlohmann::json& m, const std::string& path) {
     r.rank = m.at("rank").get<int>();
     r.world = m.at("world").get<int>();
     r.label = m.value("label", "");
+    if (m.contains("coord")) {
+      const auto c = m.at("coord").get<std::vector<int>>();
+      if (c.size() != 3)
+        fail_as(ErrorKind::Data, "{}: \"coord\" must be [dp, pp, tp], not {}", path, m["coord"].dump());
+      r.dp = c[0], r.pp = c[1], r.tp = c[2];
+    }
     r.clock_offset_s = m.value("clock_offset_s", 0.0);
     r.clock_error_s = m.value("clock_error_s", 0.0);
     r.dropped = m.value("dropped", size_t{0});

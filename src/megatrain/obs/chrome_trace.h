@@ -18,6 +18,7 @@ namespace mt::obs {
 struct RankTrace {
   int rank = 0, world = 1;
   std::string label;                  // e.g. "rank 1 (dp 0, pp 1, tp 0)"
+  int dp = -1, pp = -1, tp = -1;      // the rank's place in the mesh (-1: a file written before it was recorded)
   double clock_offset_s = 0;          // add to this rank's times to read them on rank 0's clock
   double clock_error_s = 0;           // bound on |offset error|
   size_t dropped = 0;                 // spans beyond the timeline's limit

@@ -3,6 +3,7 @@
 // the rank that owns them, synchronously, on the training thread: they must be cheap (a line written, a counter
 // set) and must not call collectives.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -46,6 +47,12 @@ struct StepReport {
   size_t memory_bytes = 0;
   // A blend: the epochs each source has given so far (rows / its windows; 2.5 = its data seen two and a half times).
   std::vector<double> blend_epochs;
+  // The step less the time this rank was blocked on communication on any plane: what sets a straggler apart (its
+  // peers' steps are as long as its own: they wait for it). The straggler rule, the heartbeat and the trace's step
+  // spans all use this one measure.
+  double compute_seconds() const {
+    return std::max(0.0, stats.step_seconds - (dp.exposed_seconds + tp.exposed_seconds + pp.exposed_seconds));
+  }
 };
 
 // A stage of a checkpoint (train/checkpointing.h): snapshot (stage 1: this rank's state copied to memory; the

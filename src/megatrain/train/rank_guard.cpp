@@ -94,8 +94,7 @@ void RankGuard::fail_non_finite(int step, float loss, double norm) {
 }
 
 void RankGuard::on_step(const StepReport& r) {
-  const double blocked = r.dp.exposed_seconds + r.tp.exposed_seconds + r.pp.exposed_seconds;
-  const double compute = std::max(0.0, r.stats.step_seconds - blocked);
+  const double compute = r.compute_seconds();
   faults_->step_compute(compute);
   if (heartbeat_)
     heartbeat_->step_done(r.stats.step, r.stats.loss, r.stats.step_seconds, compute, r.stats.tokens_per_second,

@@ -98,6 +98,7 @@ void TraceWindow::write() {
   info.rank = topo_.rank_info.rank;
   info.world = topo_.rank_info.world_size;
   info.label = fmt::format("rank {} (dp {}, pp {}, tp {})", info.rank, topo_.coord.dp, topo_.coord.pp, topo_.coord.tp);
+  info.dp = topo_.coord.dp, info.pp = topo_.coord.pp, info.tp = topo_.coord.tp;
   info.clock_offset_s = clock_.offset_s;
   info.clock_error_s = clock_.error_s;
   info.dropped = obs::timeline().dropped();

@@ -41,6 +41,28 @@ struct Observers {
   }
 };
 
+// A step's span on the timeline, whose arguments carry the step's compute time (StepReport::compute_seconds) once
+// it is known: the trace's heat map of slow ranks reads it (obs/heat_map.h). ScopedSpan takes its arguments when it
+// starts; this one adds to them before it ends. A skipped batch's step has none.
+class StepSpan {
+ public:
+  explicit StepSpan(int step) : on_(obs::timeline().on()), step_(step), t0_(on_ ? obs::trace_clock() : 0) {}
+  ~StepSpan() {
+    if (!on_) return;
+    nlohmann::json args = {{"step", step_}};
+    if (compute_s_ >= 0) args["compute_s"] = compute_s_;
+    obs::timeline().add(obs::Span{fmt::format("step {}", step_), "step", "main", t0_, obs::trace_clock(), args});
+  }
+  StepSpan(const StepSpan&) = delete;
+  StepSpan& operator=(const StepSpan&) = delete;
+  void set_compute(double seconds) { compute_s_ = seconds; }
+
+ private:
+  bool on_;
+  int step_;
+  double t0_, compute_s_ = -1;
+};
+
 // What the loop needs besides the config: everything the builders made.
 struct Job {
   const RunConfig& cfg;
@@ -86,7 +108,7 @@ void checkpoint(Job& j, int step, SaveWhy why) {
 // the job agreed to stop after it.
 bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step, double peak) {
   const RunConfig& cfg = j.cfg;
-  obs::ScopedSpan span("step", [step] { return obs::SpanInfo{fmt::format("step {}", step), {{"step", step}}}; });
+  StepSpan span(step);
   const double t0 = now_seconds();
   if (j.guard.begin_step(step, j.loader, *j.stack.model)) return true;  // a skipped batch (train.skip_steps)
   j.stack.model->params().begin_grads();  // zeroed lazily: the first write overwrites (ParamStore)
@@ -121,6 +143,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   r.memory_bytes = j.topo.ops->allocated_bytes();
   r.blend_epochs = j.loader.source_epochs(j.loader.state());
   j.obs.each([&](TrainObserver& o) { o.on_step(r); });
+  span.set_compute(r.compute_seconds());
   if (step == j.res.first_step) j.res.first_loss = loss;
   j.res.last_loss = loss;
   j.res.last_step = step;
