@@ -138,8 +138,9 @@ int gpu_count() {
 #endif
 }
 
-TEST(TrainGpu, MultiGpuLayoutsTrackOneGpu) {
-  if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << gpu_count() << " visible)";
+// The layouts under `megatrain launch` against one GPU with the same global batch; `plane` is added to every launched
+// run (the device plane: NCCL with a GPU per rank, or staged through host memory with the ranks sharing GPUs).
+void layouts_track_one_gpu(const std::string& plane, bool with_dp2_tp2) {
   const std::string& bin = mt::test::kMegatrain;
   mt::test::prepare_gpt2_brown();
   auto args = [&](const std::string& out, int batch) {
@@ -167,11 +168,14 @@ TEST(TrainGpu, MultiGpuLayoutsTrackOneGpu) {
     int batch;
     const char* flags;
   };
-  for (const Layout& l : {Layout{"dp2", 4, " --parallel.dp=2"}, Layout{"tp2", 8, " --parallel.tp=2"},
-                          Layout{"pp2", 4, " --parallel.pp=2 --parallel.microbatches=2"}}) {
+  std::vector<Layout> layouts = {Layout{"dp2", 4, " --parallel.dp=2"}, Layout{"tp2", 8, " --parallel.tp=2"},
+                                 Layout{"pp2", 4, " --parallel.pp=2 --parallel.microbatches=2"}};
+  if (with_dp2_tp2) layouts.push_back(Layout{"dp2tp2", 4, " --parallel.dp=2 --parallel.tp=2"});
+  for (const Layout& l : layouts) {
     const std::string out = ::testing::TempDir() + "/mt_gpu_multi_" + l.name;
     fs::remove_all(out);
-    run(bin + " launch --nproc 2 -- train" + args(out, l.batch) + l.flags);
+    const int nproc = std::string(l.name) == "dp2tp2" ? 4 : 2;
+    run(bin + " launch --nproc " + std::to_string(nproc) + " -- train" + args(out, l.batch) + l.flags + plane);
     const std::vector<double> lm = losses(out + "/metrics.jsonl");
     ASSERT_EQ(lm.size(), 10u) << l.name;
     for (size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(lm[i], l1[i], 0.03 * l1[i]) << l.name << " step " << i + 1;
@@ -183,6 +187,18 @@ TEST(TrainGpu, MultiGpuLayoutsTrackOneGpu) {
     ASSERT_EQ(lr.size(), 5u) << l.name;
     for (int i = 0; i < 5; ++i) EXPECT_NEAR(lr[i], lm[5 + i], 0.03 * lm[5 + i]) << l.name << " resumed step " << 6 + i;
   }
+}
+
+TEST(TrainGpu, MultiGpuLayoutsTrackOneGpu) {
+  if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << gpu_count() << " visible)";
+  layouts_track_one_gpu(" --parallel.device_plane=nccl", false);
+}
+
+// Several ranks on one GPU (comm/staged_group.h): the device plane staged through host memory over Gloo, which NCCL
+// cannot do; the same layouts and bound, and dp2 x tp2 on four ranks.
+TEST(TrainGpu, LayoutsSharingOneGpuTrackOneGpu) {
+  if (gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  layouts_track_one_gpu(" --parallel.device_plane=staged", true);
 }
 
 }  // namespace

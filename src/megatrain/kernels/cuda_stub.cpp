@@ -11,6 +11,8 @@ std::unique_ptr<Ops> make_cuda_ops(int, const CudaOptions&) {
 
 bool cuda_available() { return false; }
 
+int cuda_device_count() { return 0; }
+
 std::string cuda_versions() { return "not built with CUDA (nvcc was not found at configure time)"; }
 
 std::string resolve_cuda_attention(const std::string& attention) { return attention == "auto" ? "flash" : attention; }

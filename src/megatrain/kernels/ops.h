@@ -283,6 +283,8 @@ std::string resolve_cuda_attention(const std::string& attention);
 std::unique_ptr<Ops> make_cuda_ops(int device = -1, const CudaOptions& opt = {});
 // Whether make_cuda_ops() can succeed here: built with CUDA and at least one device visible.
 bool cuda_available();
+// The CUDA devices this process sees (CUDA_VISIBLE_DEVICES applied); 0 without CUDA or a device.
+int cuda_device_count();
 // The CUDA libraries this build runs on, for `megatrain --version`: "CUDA runtime 12.4 (driver 12.6), cuBLASLt
 // 120403, cuDNN 9.1.0", or "not built with CUDA". Needs no GPU.
 std::string cuda_versions();

@@ -12,4 +12,8 @@ namespace mt {
 // throws naming the problem otherwise or when this build has no CUDA.
 GroupFactory gpu_mesh_groups(Ops& ops);
 
+// The same with staged groups (comm/cuda/staged_cuda.h): Gloo groups over pinned host memory, ordered on ops's
+// stream, for ranks that share a GPU (train/device_plane.h).
+GroupFactory gpu_staged_mesh_groups(Ops& ops);
+
 }  // namespace mt

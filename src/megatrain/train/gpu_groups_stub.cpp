@@ -13,5 +13,7 @@ namespace {
 
 GroupFactory gpu_mesh_groups(Ops&) { no_cuda(); }
 
+GroupFactory gpu_staged_mesh_groups(Ops&) { no_cuda(); }
+
 }  // namespace mt
 #endif

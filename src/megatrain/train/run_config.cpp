@@ -507,8 +507,9 @@ void add_train_rows(std::vector<Row>& t) {
                   "the MFU denominator; 0 = measure the backend's matmul peak at start-up"));
   t.push_back(row("train", "threads", MT_MEMBER(train.threads), in_range(0, kMaxThreads, " (0: all cores)"),
                   "OpenMP threads per rank"));
-  t.push_back(row("train", "device", MT_MEMBER(train.device), any(),
-                  "cpu (fp32) or cuda (bf16; with several ranks, one GPU per local rank)"));
+  t.push_back(
+      row("train", "device", MT_MEMBER(train.device), any(),
+          "cpu (fp32) or cuda (bf16; with several ranks, a GPU per local rank, or shared: parallel.device_plane)"));
   t.push_back(row("train", "attention", MT_MEMBER(train.attention), any(),
                   "cuda only: auto (cuDNN where built with it, else flash), flash (our kernels) or cudnn"));
   t.push_back(row("train", "gemm_tuning", MT_MEMBER(train.gemm_tuning),
@@ -589,6 +590,9 @@ void add_parallel_rows(std::vector<Row>& t) {
                   "row chunks of each overlapped all-gather + GEMM and GEMM + reduce-scatter"));
   t.push_back(row("parallel", "timeout_s", MT_MEMBER(parallel.timeout_s), at_least(1),
                   "seconds a rendezvous or collective may take"));
+  t.push_back(row("parallel", "device_plane", MT_MEMBER(parallel.device_plane), any(),
+                  "cuda only: nccl (a GPU per local rank), staged (device memory through host memory over Gloo, "
+                  "so local ranks may share a GPU) or auto (staged when there are more local ranks than GPUs)"));
 }
 
 const std::vector<Row>& settings() {

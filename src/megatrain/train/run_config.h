@@ -99,6 +99,12 @@ struct SampleConfig {
   uint64_t seed = 7;
 };
 
+// How a GPU run's device plane moves device memory (train/device_plane.h): NCCL (one GPU per rank), staged through
+// host memory over Gloo (ranks that share a GPU), or whichever fits the node.
+enum class DevicePlane { Auto, Nccl, Staged };
+inline constexpr std::array<const char*, 3> kDevicePlaneNames = {"auto", "nccl", "staged"};
+inline const std::array<const char*, 3>& kind_names(DevicePlane) { return kDevicePlaneNames; }
+
 struct ParallelConfig {
   int dp = 1, pp = 1, tp = 1;     // dp x pp x tp must equal WORLD_SIZE
   int bucket_mb = 16;             // data-parallel gradient bucket size (MiB of fp32)
@@ -109,6 +115,7 @@ struct ParallelConfig {
   int microbatches = 0;           // pipeline: micro-batches of data.batch_size rows per step; 0 = parallel.pp
   int tp_chunks = 4;              // tensor parallel: row chunks of each fused all-gather+GEMM / GEMM+reduce-scatter
   int timeout_s = 120;            // rendezvous / collective timeout
+  DevicePlane device_plane = DevicePlane::Auto;  // cuda only: nccl, staged, or auto (staged where ranks share a GPU)
 };
 
 struct RunConfig {

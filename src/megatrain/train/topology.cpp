@@ -6,6 +6,7 @@
 #include "megatrain/comm/local_address.h"
 #include "megatrain/core/error.h"
 #include "megatrain/train/config_agreement.h"
+#include "megatrain/train/device_plane.h"
 #include "megatrain/train/gpu_groups.h"
 
 namespace mt {
@@ -25,8 +26,11 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   with_kind(ErrorKind::Config, [&] { check_mesh(t.shape, ri.world_size); });
   t.main_rank = ri.rank == 0;
   const bool gpu = cfg.train.device == Device::CUDA;
+  DevicePlaneDecision plane;  // (one rank: no device plane, the current GPU)
+  if (gpu && !seams.make_ops && ri.world_size > 1)
+    plane = decide_device_plane(cfg.parallel.device_plane, ri.local_rank, ri.local_world_size, cuda_device_count());
   t.ops = seams.make_ops ? seams.make_ops()
-          : gpu          ? make_cuda_ops(ri.world_size > 1 ? ri.local_rank : -1,
+          : gpu          ? make_cuda_ops(ri.world_size > 1 ? plane.gpu : -1,
                                 CudaOptions{kind_name(cfg.train.attention), cfg.train.gemm_tuning})
                 : make_cpu_ops();
   if (ri.world_size == 1) return t;
@@ -43,7 +47,19 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   t.host_mesh = std::make_unique<DeviceMesh>(*t.store, t.shape, ri.rank, t.group_options, seams.host_groups);
   t.host_groups = seams.host_groups;
   t.coord = t.host_mesh->coord();
-  t.device_groups = seams.device_groups ? seams.device_groups : gpu ? gpu_mesh_groups(*t.ops) : GroupFactory{};
+  if (gpu && !seams.device_groups) {
+    // A group's members must take one backend: any rank's staged is the job's (its GPU stays what it decided).
+    float staged = plane.staged ? 1.0f : 0.0f;
+    allreduce_all(*t.host_mesh, Tensor(&staged, {1}));
+    if (staged > 0 && !plane.staged)
+      plane.why = "staged through host memory over Gloo: another node's ranks share a GPU";
+    plane.staged = staged > 0;
+    if (t.main_rank) fmt::print("device plane: {}\n", plane.why);
+  }
+  t.device_groups = seams.device_groups ? seams.device_groups
+                    : !gpu              ? GroupFactory{}
+                    : plane.staged      ? gpu_staged_mesh_groups(*t.ops)
+                                        : gpu_mesh_groups(*t.ops);
   if (t.device_groups)
     t.own_device_mesh = std::make_unique<DeviceMesh>(*t.store, t.shape, ri.rank, t.group_options, t.device_groups,
                                                      "device/");

@@ -26,14 +26,16 @@ namespace {
 constexpr size_t kScratchBytes = 32u << 20;
 }  // namespace
 
-bool cuda_available() {
+int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no device" error so later calls start clean
-    return false;
+    return 0;
   }
-  return n > 0;
+  return n;
 }
+
+bool cuda_available() { return cuda_device_count() > 0; }
 
 std::string resolve_cuda_attention(const std::string& attention) {
   if (attention == "auto") return CudnnAttention::available() ? "cudnn" : "flash";

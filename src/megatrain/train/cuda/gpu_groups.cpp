@@ -1,6 +1,7 @@
 #include "megatrain/train/gpu_groups.h"
 
 #include "megatrain/comm/cuda/nccl_group.h"
+#include "megatrain/comm/cuda/staged_cuda.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 
 namespace mt {
@@ -15,5 +16,7 @@ cudaStream_t stream_of(Ops& ops) {
 }  // namespace
 
 GroupFactory gpu_mesh_groups(Ops& ops) { return nccl_mesh_groups(stream_of(ops)); }
+
+GroupFactory gpu_staged_mesh_groups(Ops& ops) { return staged_mesh_groups(stream_of(ops)); }
 
 }  // namespace mt
