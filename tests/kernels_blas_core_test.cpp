@@ -143,3 +143,35 @@ TEST(BlasSelfTest, TheKernelsLoadedAgreeWithTheNaiveGemm) {
   std::string why;
   EXPECT_TRUE(blas_self_test(&why)) << blas_core_name() << ": " << why;
 }
+
+namespace {
+
+// A naive row-major sgemm in float, written here: the independent kernel the check must accept.
+void naive_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                 float beta, float* c, int ldc) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      float s = 0;
+      for (int l = 0; l < k; ++l) s += (ta ? a[l * lda + i] : a[i * lda + l]) * (tb ? b[j * ldb + l] : b[l * ldb + j]);
+      c[i * ldc + j] = alpha * s + beta * c[i * ldc + j];
+    }
+}
+
+}  // namespace
+
+TEST(BlasSelfTest, TheCheckAcceptsANaiveGemmAndRejectsOneWrongElementOrAnIgnoredBeta) {
+  std::string why;
+  EXPECT_TRUE(sgemm_self_test(naive_sgemm, &why)) << why;
+  // Right everywhere but C[2][3] of the large cases, off by 1e-3 of the result's scale.
+  const SgemmFn one_wrong = [](bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                               const float* b, int ldb, float beta, float* c, int ldc) {
+    naive_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (m > 2 && n > 3 && k > 100) c[2 * ldc + 3] += 1e-3f * float(k);
+  };
+  EXPECT_FALSE(sgemm_self_test(one_wrong, &why));
+  EXPECT_NE(why.find("C[2][3]"), std::string::npos) << why;
+  const SgemmFn ignores_beta = [](bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                                  const float* b, int ldb, float, float* c,
+                                  int ldc) { naive_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc); };
+  EXPECT_FALSE(sgemm_self_test(ignores_beta, &why));
+}

@@ -17,7 +17,7 @@ struct Case {
 };
 
 // One sgemm of the case against the naive GEMM in double; "" when every element is within the bound.
-std::string check(const Case& c, unsigned seed) {
+std::string check(const SgemmFn& sgemm, const Case& c, unsigned seed) {
   const int lda = (c.ta ? c.m : c.k) + 3, ldb = (c.tb ? c.k : c.n) + 5, ldc = c.n + 7;
   const int arows = c.ta ? c.k : c.m, brows = c.tb ? c.n : c.k;
   std::vector<float> a(size_t(arows) * lda), b(size_t(brows) * ldb), cm(size_t(c.m) * ldc);
@@ -31,8 +31,7 @@ std::string check(const Case& c, unsigned seed) {
   for (float& x : cm) x = next();
   const std::vector<float> c0 = cm;
   const float alpha = 0.75f, beta = -0.5f;
-  cblas_sgemm(CblasRowMajor, c.ta ? CblasTrans : CblasNoTrans, c.tb ? CblasTrans : CblasNoTrans, c.m, c.n, c.k, alpha,
-              a.data(), lda, b.data(), ldb, beta, cm.data(), ldc);
+  sgemm(c.ta, c.tb, c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta, cm.data(), ldc);
   for (int i = 0; i < c.m; ++i)
     for (int j = 0; j < c.n; ++j) {
       double sum = 0, mag = 0;
@@ -55,7 +54,7 @@ std::string check(const Case& c, unsigned seed) {
 
 }  // namespace
 
-bool blas_self_test(std::string* why) {
+bool sgemm_self_test(const SgemmFn& sgemm, std::string* why) {
   // Odd sizes exercise the edge kernels; 160 x 144 x 300 is above every x86 core's register block and its k block
   // reaches past OpenBLAS's smallest GEMM_Q, so the packed main kernels run too.
   const Case cases[] = {{1, 1, 1, false, false},      {7, 5, 3, false, false},     {33, 17, 65, false, true},
@@ -63,11 +62,21 @@ bool blas_self_test(std::string* why) {
                         {160, 144, 300, false, true}, {97, 131, 257, true, false}, {1, 200, 300, false, true}};
   unsigned seed = 1;
   for (const Case& c : cases)
-    if (std::string e = check(c, seed++); !e.empty()) {
+    if (std::string e = check(sgemm, c, seed++); !e.empty()) {
       if (why) *why = e;
       return false;
     }
   return true;
+}
+
+bool blas_self_test(std::string* why) {
+  return sgemm_self_test(
+      [](bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+         float beta, float* c, int ldc) {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                    lda, b, ldb, beta, c, ldc);
+      },
+      why);
 }
 
 }  // namespace mt
