@@ -20,6 +20,11 @@ namespace mt {
 // FLOPs over its time, summed over the ranks, cannot exceed it, so logged MFU stays at or below 100% (up to the
 // rate's noise and a GEMM of the step faster than the measured shape). Hyper-threads count as CPUs: a rate measured
 // on a core whose sibling idles overstates a hyper-thread, which errs towards a lower MFU, never above 100%.
+// Not chosen: measuring wall-clock rates with all local ranks running together (their start-ups are seconds apart,
+// so how much of the measurement overlapped is unknown), or dividing each rank's wall-clock rate by the ranks per
+// CPU (a rate measured while the peers measured too is already a share: dividing again halves it twice). Nodes
+// simulated on one host (several agents) see only their own LOCAL_WORLD_SIZE: their peak is overstated, so their
+// MFU is understated, never above 100%.
 
 // Measured sgemm throughput of the CPU backend per CPU-second (FLOP/s of one CPU): the best of a few GEMMs of
 // transformer-like shape. 256 rows (1.2 GFLOP a GEMM) already runs the BLAS's large-matrix kernels, and costs every
