@@ -5,8 +5,14 @@
 //    undisturbed one (the oracle); through the binary, SIGTERM gives the Stopped exit code, also under `launch`
 //    where every rank must stop at the same step;
 //  * each kind of failure exits with its own code;
-//  * ranks started with different configs fail at start-up, naming the keys and ranks.
+//  * ranks started with different configs fail at start-up, naming the keys and ranks;
+//  * a CPU rank's MFU denominator is its share of its node's CPUs, so with more ranks than CPUs no logged MFU
+//    exceeds 100%, and the first line says how the peak was found;
+//  * an OpenBLAS fallback core is replaced by the best candidate that passes its self-test (`megatrain train` run
+//    directly re-executes itself, `launch` sets it for its ranks) and the first line says so; the user's
+//    OPENBLAS_CORETYPE is kept.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +29,7 @@
 
 #include "megatrain/core/error.h"
 #include "megatrain/core/stop_request.h"
+#include "megatrain/kernels/cpu/blas_probe.h"
 #include "megatrain/train/config_agreement.h"
 #include "megatrain/train/peak.h"
 #include "megatrain/train/trainer.h"
@@ -300,3 +307,114 @@ TEST(Peak, DatasheetPeaksByDeviceName) {
 }
 
 }  // namespace
+
+TEST(Peak, ARankGetsItsShareOfTheNodesCpusAndNeverMoreThanItsThreads) {
+  EXPECT_DOUBLE_EQ(cpu_peak_per_rank(100e9, {1, 4, 2}), 50e9);    // `make train` on 2 cores: half a CPU a rank
+  EXPECT_DOUBLE_EQ(cpu_peak_per_rank(100e9, {2, 4, 16}), 200e9);  // CPUs to spare: the rank's 2 threads
+  EXPECT_DOUBLE_EQ(cpu_peak_per_rank(100e9, {4, 2, 6}), 300e9);   // 3 CPUs a rank, fewer than its 4 threads
+  EXPECT_DOUBLE_EQ(cpu_peak_per_rank(90e9, {1, 3, 1}), 30e9);
+  // The node's ranks together never exceed its CPUs at the measured rate, nor a rank its threads.
+  for (int t = 1; t <= 4; ++t)
+    for (int l = 1; l <= 8; ++l)
+      for (int c = 1; c <= 8; ++c) {
+        const double p = cpu_peak_per_rank(1.0, {t, l, c});
+        EXPECT_LE(l * p, c * (1 + 1e-12)) << t << " " << l << " " << c;
+        EXPECT_LE(p, t);
+        EXPECT_GT(p, 0);
+      }
+  EXPECT_THROW(cpu_peak_per_rank(1e9, {0, 1, 1}), Error);
+  EXPECT_THROW(cpu_peak_per_rank(1e9, {1, 1, 0}), Error);
+}
+
+// A real job with more ranks than CPUs: `launch --nproc 2` pinned to one CPU (taskset), the peak measured.
+TEST(Peak, WithMoreRanksThanCpusNoLoggedMfuExceeds100Percent) {
+  if (run("command -v taskset > /dev/null") != 0) GTEST_SKIP() << "no taskset";
+  cpu_set_t set;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &set)) ++cpu;
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_peak_shared";
+  fs::remove_all(out);
+  const std::string job = mt::test::SmallJob::gpt2(out).steps(6).log_every(1).batch(2).line();
+  ASSERT_EQ(run(fmt::format("taskset -c {} {} launch --nproc 2 -- train{} --parallel.dp=2 > {}.log 2>&1", cpu,
+                            kMegatrain, job, out)),
+            0)
+      << slurp(out + ".log");
+  const std::vector<nlohmann::json> train = mt::test::metrics_of(out + "/metrics.jsonl", "train");
+  ASSERT_EQ(train.size(), 6u) << slurp(out + ".log");
+  for (const nlohmann::json& j : train) EXPECT_LE(j["mfu"].get<double>(), 1.0) << j.dump();
+  const std::string log = slurp(out + ".log");
+  EXPECT_NE(log.find("this node's 1 CPU shared by 2 ranks of 1 thread"), std::string::npos) << log;
+  const nlohmann::json start = mt::test::metrics_of(out + "/metrics.jsonl", "run").at(0);
+  EXPECT_NE(start["peak_source"].get<std::string>().find("1 CPU shared by 2 ranks"), std::string::npos) << start;
+}
+
+namespace {
+
+// The first line a run printed on stdout.
+std::string first_line(const std::string& file) {
+  std::ifstream f(file);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+// The first candidate core for this CPU whose self-test passes, each run as the binary's own hidden subcommand.
+std::string first_passing_candidate() {
+  for (const std::string& c : blas_core_candidates(cpu_features()))
+    if (run("OPENBLAS_CORETYPE=" + c + " " + kMegatrain + " __blas-selftest > /dev/null 2>&1") == 0) return c;
+  return "";
+}
+
+}  // namespace
+
+TEST(BlasCore, TrainReexecutesItselfWithTheBestPassingCoreWhenOpenBlasFellBack) {
+  const std::string want = first_passing_candidate();
+  if (want.empty()) GTEST_SKIP() << "no core better than a fallback runs on this CPU";
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_blas_reexec";
+  fs::remove_all(out);
+  // The test hook makes OpenBLAS's report read "Prescott", as on a processor it does not know.
+  ASSERT_EQ(run("env -u OPENBLAS_CORETYPE -u MEGATRAIN_BLAS_CORE MEGATRAIN_TEST_BLAS_CORENAME=Prescott " + kMegatrain +
+                " train" + joined(small_flags(out)) + " --train.steps=1 > " + out + ".log 2> " + out + ".err"),
+            0)
+      << slurp(out + ".log") << slurp(out + ".err");
+  // The core named is openblas_get_corename() of the process that trained: the re-executed one ran it.
+  const std::string line = first_line(out + ".log");
+  EXPECT_EQ(line.rfind("model: ", 0), 0u) << line;
+  EXPECT_NE(line.find("| BLAS core " + want + " (OpenBLAS fell back to Prescott on a CPU with "), std::string::npos)
+      << line;
+  EXPECT_NE(line.find(want + " passed the self-test"), std::string::npos) << line;
+  const nlohmann::json start = mt::test::metrics_of(out + "/metrics.jsonl", "run").at(0);
+  EXPECT_EQ(start["blas_core"].get<std::string>().rfind("BLAS core " + want + " (", 0), 0u) << start;
+}
+
+TEST(BlasCore, TheUsersCoretypeIsKeptEvenAFallbackOne) {
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_blas_user";
+  fs::remove_all(out);
+  ASSERT_EQ(run("env -u MEGATRAIN_BLAS_CORE OPENBLAS_CORETYPE=Prescott MEGATRAIN_TEST_BLAS_CORENAME=Prescott " +
+                kMegatrain + " train" + joined(small_flags(out)) + " --train.steps=1 > " + out + ".log 2>&1"),
+            0)
+      << slurp(out + ".log");
+  const std::string line = first_line(out + ".log");
+  EXPECT_NE(line.find("| BLAS core Prescott (OPENBLAS_CORETYPE=Prescott set by the user)"), std::string::npos) << line;
+}
+
+TEST(BlasCore, LaunchGivesItsRanksTheBestPassingCoreWhenOpenBlasFellBack) {
+  const std::string want = first_passing_candidate();
+  if (want.empty()) GTEST_SKIP() << "no core better than a fallback runs on this CPU";
+  prepare_brown();
+  const std::string out = ::testing::TempDir() + "/mt_blas_launch";
+  fs::remove_all(out);
+  ASSERT_EQ(run("env -u OPENBLAS_CORETYPE -u MEGATRAIN_BLAS_CORE MEGATRAIN_TEST_BLAS_CORENAME=Prescott " + kMegatrain +
+                " launch --nproc 2 -- train" + joined(small_flags(out)) +
+                " --parallel.dp=2 --data.batch_size=2 --train.steps=1 > " + out + ".log 2>&1"),
+            0)
+      << slurp(out + ".log");
+  const std::string log = slurp(out + ".log");
+  EXPECT_NE(log.find("launch: ranks run OpenBLAS core " + want + ": OpenBLAS fell back to Prescott"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("| BLAS core " + want + " (OpenBLAS fell back to Prescott"), std::string::npos) << log;
+}

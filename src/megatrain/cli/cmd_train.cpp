@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/cli/blas_reexec.h"
 #include "megatrain/cli/commands.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/resources.h"
@@ -51,6 +52,8 @@ int cmd_train(int argc, char** argv) {
       fail("unexpected argument '{}' (see megatrain train --help)", a);
     }
   }
+  // Before OpenBLAS does any work: a fallback core is replaced by re-executing this process (cli/blas_reexec.h).
+  apply_blas_core(argc, argv);
   RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(config, overrides); });
   install_stop_handlers();  // SIGTERM/SIGINT: finish the step, checkpoint, exit with the Stopped code
   // A write to a peer that died (its socket closed) must fail as a lost peer, which the trainer reports with exit

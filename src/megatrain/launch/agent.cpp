@@ -24,6 +24,7 @@
 #include "megatrain/comm/store.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/launch/blas_core.h"
 #include "megatrain/launch/dashboard.h"
 #include "megatrain/launch/notifier.h"
 #include "megatrain/launch/stack_dump.h"
@@ -74,12 +75,15 @@ class Agent {
   explicit Agent(const LaunchOptions& o) : opt_(o), watch_(watch_options(o)) {}
 
   int run() {
+    // Before the signal mask and the threads: the self-tests are children of their own (launch/blas_core.h).
+    const BlasCoreDecision blas = opt_.exec || blas_core_decided() ? BlasCoreDecision{} : choose_blas_core();
     setup_signals();
     store_ = open_job_store(opt_);
     events_.open(opt_.events, opt_.node_rank);
     open_notifier();
     open_dashboard();
     base_env_ = inherited_env();
+    if (!opt_.exec) give_ranks_blas_core(blas);
     spec_.argv = opt_.args;
     spec_.search_path = opt_.exec;
     spec_.child_mask = old_mask_;
@@ -653,6 +657,18 @@ class Agent {
       if (!ours.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
     }
     return env;
+  }
+
+  // The OpenBLAS core the ranks (this binary's subcommands) run, chosen once for the node before any starts
+  // (launch/blas_core.h): each rank would otherwise pay the self-tests, or a re-exec, itself.
+  void give_ranks_blas_core(const BlasCoreDecision& d) {
+    if (blas_core_decided()) return;  // an outer launcher chose; base_env_ carries it
+    for (const std::string& kv : blas_core_env(d)) {
+      const std::string key = kv.substr(0, kv.find('=') + 1);
+      std::erase_if(base_env_, [&](const std::string& e) { return e.rfind(key, 0) == 0; });
+      base_env_.push_back(kv);
+    }
+    if (d.action == BlasCoreAction::Use) say(fmt::format("ranks run OpenBLAS core {}: {}", d.core, d.reason));
   }
 
   void abort_start(const std::string& why) {

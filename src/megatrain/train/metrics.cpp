@@ -78,6 +78,7 @@ void MetricsLog::on_run_start(const RunStart& r) {
          {"params", r.params},
          {"peak_flops", r.peak_flops},
          {"peak_source", r.peak_source},
+         {"blas_core", r.blas_core},
          {"start_step", r.start_step},
          {"threads", r.threads},
          {"world_size", r.world_size},
@@ -153,7 +154,7 @@ void ProgressPrinter::on_run_start(const RunStart& r) {
                                                 : "")
           : "";
   fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}{}, {:.2f}M params | data: {}, "
-             "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s))\n",
+             "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s)){}\n",
              c.model.n_layer, c.model.d_model, c.model.n_head, kind_name(c.model.block), c.model.window, attention,
              r.params / 1e6,
              c.data.blend.empty() ? fmt::format("{} train tokens", r.train_tokens)
@@ -165,7 +166,8 @@ void ProgressPrinter::on_run_start(const RunStart& r) {
                                         ? std::string()
                                         : fmt::format(" stage layers {}", fmt::join(c.parallel.stage_layers, "+")))
                       : "",
-             r.threads, r.peak_flops / 1e9, r.peak_source, r.world_size);
+             r.threads, r.peak_flops / 1e9, r.peak_source, r.world_size,
+             r.blas_core.empty() ? "" : " | " + r.blas_core);
 }
 
 void ProgressPrinter::on_sample(int, const std::string& text, const std::vector<int32_t>&) {

@@ -27,6 +27,7 @@ struct RunStart {
   uint64_t train_tokens = 0;  // tokens in the train split
   double peak_flops = 0;      // the MFU denominator over all ranks
   std::string peak_source;    // where peak_flops came from
+  std::string blas_core;      // a CPU run's OpenBLAS kernels and why (kernels/cpu/blas_probe.h), "" on a GPU
   std::string resumed_from;   // checkpoint directory, or ""
   int rank = 0;               // this process's global rank and place in the mesh
   MeshCoord coord;

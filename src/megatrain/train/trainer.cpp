@@ -12,6 +12,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/stop_request.h"
 #include "megatrain/data/loader.h"
+#include "megatrain/kernels/cpu/blas_probe.h"
 #include "megatrain/obs/timeline.h"
 #include "megatrain/train/checkpointing.h"
 #include "megatrain/train/evaluate.h"
@@ -223,8 +224,9 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   if (cfg.ckpt.every > 0 || cfg.ckpt.save_final) ckpt.check_shared_dir();
   const StartPoint start = resume_or_init(cfg, *stack.model, ckpt, mirror.get(), loader, topo.main_rank);
 
-  const PeakFlops peak = peak_flops(cfg.train.peak_tflops, *topo.ops);
-  // Every rank brings its own peak (ranks on one CPU host share its cores: their measured peaks overlap).
+  // Each rank's peak is its share of its node (train/peak.h): ranks on one CPU host share its cores.
+  const PeakFlops peak = peak_flops(cfg.train.peak_tflops, *topo.ops,
+                                    {omp_get_max_threads(), topo.rank_info.local_world_size, affinity_cpus()});
   const RunStart rs{&cfg,
                     start.step,
                     topo.rank_info.world_size,
@@ -236,6 +238,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
                     loader.num_tokens(),
                     peak.flops * topo.rank_info.world_size,
                     peak.source,
+                    topo.ops->device() == Device::CPU ? blas_core_summary() : "",
                     start.resumed_from,
                     topo.rank_info.rank,
                     topo.coord};
