@@ -125,34 +125,41 @@ TEST(StagedGroup, EachCollectiveSeesTheComputeIssuedBeforeItAndMatchesANaiveRedu
   ScratchDir dir;
   const std::string path = dir.path;
   const int n = 3;
-  EXPECT_EQ(run_procs(n, [&](int i) {
-              Rank r(path, n, i);
-              const size_t len = 1000;
-              std::vector<float> sum(len), gathered(n * len), mine(len), scattered(len), bcast(len), in(n * len);
-              r.stream->issue([&] {
-                std::this_thread::sleep_for(std::chrono::milliseconds(200));
-                for (size_t j = 0; j < len; ++j) sum[j] = val(i, j, 1), mine[j] = val(i, j, 2), bcast[j] = val(i, j, 3);
-                for (size_t j = 0; j < n * len; ++j) in[j] = val(i, j, 4);
-              });
-              auto a = r.group->allreduce(device_f32(sum));
-              auto g = r.group->all_gather(device_f32(gathered), device_f32(mine));
-              auto s = r.group->reduce_scatter(device_f32(scattered), device_f32(in));
-              auto b = r.group->broadcast(device_f32(bcast), 1);
-              b->wait();  // collectives finish in issue order: the earlier ones are done too
-              MT_CHECK(a->done() && g->done() && s->done(), "an earlier collective is not done after a later one");
-              for (auto& w : {a, g, s}) w->wait();
-              expect_values(sum, [&](size_t j) { return val(0, j, 1) + val(1, j, 1) + val(2, j, 1); }, "allreduce");
-              expect_values(gathered, [&](size_t j) { return val(int(j / len), j % len, 2); }, "all_gather");
-              expect_values(
-                  scattered,
-                  [&](size_t j) {
-                    const size_t k = size_t(i) * len + j;
-                    return val(0, k, 4) + val(1, k, 4) + val(2, k, 4);
-                  },
-                  "reduce_scatter");
-              expect_values(bcast, [&](size_t j) { return val(1, j, 3); }, "broadcast");
-              MT_CHECK(r.stream->copies() > 0, "nothing went through the device's copies");
-            }),
+  EXPECT_EQ(run_procs(n,
+                      [&](int i) {
+                        Rank r(path, n, i);
+                        const size_t len = 1000;
+                        std::vector<float> sum(len), gathered(n * len), mine(len), scattered(len), bcast(len),
+                            in(n * len);
+                        r.stream->issue([&] {
+                          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                          for (size_t j = 0; j < len; ++j)
+                            sum[j] = val(i, j, 1), mine[j] = val(i, j, 2), bcast[j] = val(i, j, 3);
+                          for (size_t j = 0; j < n * len; ++j) in[j] = val(i, j, 4);
+                        });
+                        auto a = r.group->allreduce(device_f32(sum));
+                        auto g = r.group->all_gather(device_f32(gathered), device_f32(mine));
+                        auto s = r.group->reduce_scatter(device_f32(scattered), device_f32(in));
+                        auto b = r.group->broadcast(device_f32(bcast), 1);
+                        b->wait();  // collectives finish in issue order: the earlier ones are done too
+                        MT_CHECK(a->done() && g->done() && s->done(),
+                                 "an earlier collective is not done after a later one");
+                        for (auto& w : {a, g, s}) w->wait();
+                        expect_values(
+                            sum, [&](size_t j) { return val(0, j, 1) + val(1, j, 1) + val(2, j, 1); }, "allreduce");
+                        expect_values(
+                            gathered, [&](size_t j) { return val(int(j / len), j % len, 2); }, "all_gather");
+                        expect_values(
+                            scattered,
+                            [&](size_t j) {
+                              const size_t k = size_t(i) * len + j;
+                              return val(0, k, 4) + val(1, k, 4) + val(2, k, 4);
+                            },
+                            "reduce_scatter");
+                        expect_values(
+                            bcast, [&](size_t j) { return val(1, j, 3); }, "broadcast");
+                        MT_CHECK(r.stream->copies() > 0, "nothing went through the device's copies");
+                      }),
             "");
 }
 
@@ -163,20 +170,22 @@ TEST(StagedGroup, ReceivesPostedEarlyHoldUpNeitherSendsNorAreQueuedBehindCollect
   ScratchDir dir;
   const std::string path = dir.path;
   const int n = 2;
-  EXPECT_EQ(run_procs(n, [&](int i) {
-              Rank r(path, n, i);
-              const int peer = 1 - i;
-              const size_t len = 5000;
-              std::vector<float> got(len, -1.0f), out(len), one(1, 1.0f);
-              for (size_t j = 0; j < len; ++j) out[j] = val(i, j, 7);
-              auto rv = r.group->recv(device_f32(got), peer, 0);
-              if (i == 1) rv->wait();
-              auto a = r.group->allreduce(device_f32(one));
-              auto sd = r.group->send(device_f32(out), peer, 0);
-              for (auto& w : {rv, sd, a}) w->wait();
-              expect_values(got, [&](size_t j) { return val(peer, j, 7); }, "received");
-              MT_CHECK(one[0] == 2.0f, "allreduce gave {}", one[0]);
-            }),
+  EXPECT_EQ(run_procs(n,
+                      [&](int i) {
+                        Rank r(path, n, i);
+                        const int peer = 1 - i;
+                        const size_t len = 5000;
+                        std::vector<float> got(len, -1.0f), out(len), one(1, 1.0f);
+                        for (size_t j = 0; j < len; ++j) out[j] = val(i, j, 7);
+                        auto rv = r.group->recv(device_f32(got), peer, 0);
+                        if (i == 1) rv->wait();
+                        auto a = r.group->allreduce(device_f32(one));
+                        auto sd = r.group->send(device_f32(out), peer, 0);
+                        for (auto& w : {rv, sd, a}) w->wait();
+                        expect_values(
+                            got, [&](size_t j) { return val(peer, j, 7); }, "received");
+                        MT_CHECK(one[0] == 2.0f, "allreduce gave {}", one[0]);
+                      }),
             "");
 }
 
@@ -185,24 +194,26 @@ TEST(StagedGroup, ReceivesPostedEarlyHoldUpNeitherSendsNorAreQueuedBehindCollect
 TEST(StagedGroup, AReceiveLandsOnlyAfterTheComputeIssuedBeforeIt) {
   ScratchDir dir;
   const std::string path = dir.path;
-  EXPECT_EQ(run_procs(2, [&](int i) {
-              Rank r(path, 2, i);
-              const size_t len = 5000;
-              std::vector<float> buf(len, -1.0f), seen;
-              if (i == 1) {
-                for (size_t j = 0; j < len; ++j) buf[j] = val(1, j, 8);
-                r.group->send(device_f32(buf), 0, 0)->wait();
-                return;
-              }
-              r.stream->issue([&] {
-                std::this_thread::sleep_for(std::chrono::milliseconds(300));
-                seen = buf;
-              });
-              r.group->recv(device_f32(buf), 1, 0)->wait();
-              MT_CHECK(seen.size() == len && seen[0] == -1.0f && seen[len - 1] == -1.0f,
-                       "the receive landed before the compute issued before it ran");
-              expect_values(buf, [&](size_t j) { return val(1, j, 8); }, "received");
-            }),
+  EXPECT_EQ(run_procs(2,
+                      [&](int i) {
+                        Rank r(path, 2, i);
+                        const size_t len = 5000;
+                        std::vector<float> buf(len, -1.0f), seen;
+                        if (i == 1) {
+                          for (size_t j = 0; j < len; ++j) buf[j] = val(1, j, 8);
+                          r.group->send(device_f32(buf), 0, 0)->wait();
+                          return;
+                        }
+                        r.stream->issue([&] {
+                          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                          seen = buf;
+                        });
+                        r.group->recv(device_f32(buf), 1, 0)->wait();
+                        MT_CHECK(seen.size() == len && seen[0] == -1.0f && seen[len - 1] == -1.0f,
+                                 "the receive landed before the compute issued before it ran");
+                        expect_values(
+                            buf, [&](size_t j) { return val(1, j, 8); }, "received");
+                      }),
             "");
 }
 
@@ -210,24 +221,25 @@ TEST(StagedGroup, AReceiveLandsOnlyAfterTheComputeIssuedBeforeIt) {
 TEST(StagedGroup, AHostGroupsFailureIsWaitsError) {
   ScratchDir dir;
   const std::string path = dir.path;
-  EXPECT_EQ(run_procs(2, [&](int i) {
-              auto store = make_file_store(path);
-              GroupOptions o;
-              o.timeout = Millis(2000);
-              auto group =
-                  make_staged_group(make_gloo_group(*store, "staged", {0, 1}, i, o), std::make_shared<CpuStream>());
-              if (i == 1) return;  // leaves: rank 0's receive cannot complete
-              std::vector<float> v(10);
-              auto w = group->recv(device_f32(v), 1, 3);
-              try {
-                w->wait();
-              } catch (const Error& e) {
-                MT_CHECK(std::string(e.what()).find("staged") != std::string::npos, "the error does not name the group: {}",
-                         e.what());
-                return;
-              }
-              throw std::runtime_error("a receive from a peer that left succeeded");
-            }),
+  EXPECT_EQ(run_procs(2,
+                      [&](int i) {
+                        auto store = make_file_store(path);
+                        GroupOptions o;
+                        o.timeout = Millis(2000);
+                        auto group = make_staged_group(make_gloo_group(*store, "staged", {0, 1}, i, o),
+                                                       std::make_shared<CpuStream>());
+                        if (i == 1) return;  // leaves: rank 0's receive cannot complete
+                        std::vector<float> v(10);
+                        auto w = group->recv(device_f32(v), 1, 3);
+                        try {
+                          w->wait();
+                        } catch (const Error& e) {
+                          MT_CHECK(std::string(e.what()).find("staged") != std::string::npos,
+                                   "the error does not name the group: {}", e.what());
+                          return;
+                        }
+                        throw std::runtime_error("a receive from a peer that left succeeded");
+                      }),
             "");
 }
 

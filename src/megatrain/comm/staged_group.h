@@ -48,6 +48,7 @@ class StagingDevice {
 
 // Wraps `host` (a group over host memory: make_gloo_group) so that its ops take device tensors. `device` must
 // outlive the group. The group's threads are joined when it is destroyed, after its queued ops ran.
-std::unique_ptr<ProcessGroup> make_staged_group(std::unique_ptr<ProcessGroup> host, std::shared_ptr<StagingDevice> device);
+std::unique_ptr<ProcessGroup> make_staged_group(std::unique_ptr<ProcessGroup> host,
+                                                std::shared_ptr<StagingDevice> device);
 
 }  // namespace mt

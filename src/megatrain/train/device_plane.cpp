@@ -27,8 +27,8 @@ DevicePlaneDecision decide_device_plane(DevicePlane asked, int local_rank, int l
                                         local_world_size == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s");
   d.why = d.staged ? fmt::format("staged through host memory over Gloo ({}{})", share,
                                  asked == DevicePlane::Staged ? ", as parallel.device_plane asks" : ": they share")
-                   : fmt::format("NCCL ({}{})", share, asked == DevicePlane::Nccl ? ", as parallel.device_plane asks"
-                                                                                   : ": a GPU each");
+                   : fmt::format("NCCL ({}{})", share,
+                                 asked == DevicePlane::Nccl ? ", as parallel.device_plane asks" : ": a GPU each");
   return d;
 }
 

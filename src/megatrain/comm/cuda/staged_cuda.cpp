@@ -110,7 +110,8 @@ class CudaStagingDevice : public StagingDevice {
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, s);
     if (e == cudaSuccess) e = cudaStreamSynchronize(s);
     give_stream(s);
-    check_cuda(e, kind == cudaMemcpyDeviceToHost ? "cudaMemcpyAsync (device to host)" : "cudaMemcpyAsync (host to device)");
+    check_cuda(e, kind == cudaMemcpyDeviceToHost ? "cudaMemcpyAsync (device to host)"
+                                                 : "cudaMemcpyAsync (host to device)");
   }
   cudaStream_t take_stream() {
     {
