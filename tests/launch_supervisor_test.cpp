@@ -1,9 +1,11 @@
 // The supervisor's decisions, in process, against known answers: whom a hang blames (from synthetic flight
 // recorder states whose answer is known by construction), when a failure is restarted, and how heartbeats are read.
 #include <fmt/format.h>
+#include <map>
 #include <gtest/gtest.h>
 
 #include "megatrain/launch/diagnose.h"
+#include "megatrain/launch/gpu_checks.h"
 #include "megatrain/launch/hang_blame.h"
 #include "megatrain/launch/job_protocol.h"
 #include "megatrain/launch/job_watch.h"
@@ -179,6 +181,97 @@ TEST(Diagnose, AValueUnderTheToleratedFractionOfTheExpectedOneFails) {
 }
 
 // ---- the job driver's decisions -----------------------------------------------------------------------------------
+
+// Made-up measurements of a node's GPUs, judged by hand against the thresholds of gpu_checks.h.
+GpuHealth healthy_h200(int i) {
+  GpuHealth g;
+  g.index = i;
+  g.name = "NVIDIA H200";
+  g.gemm_tflops = 720, g.datasheet_tflops = 989.4;
+  g.hbm_gbps = 4100, g.datasheet_hbm_gbps = datasheet_hbm_gbps(g.name);
+  g.h2d_gbps = 50, g.d2h_gbps = 52;
+  g.self_test_ran = g.self_test_exact = true;
+  g.temperature_c = 40, g.slowdown_temperature_c = 90;
+  return g;
+}
+
+std::map<std::string, CheckResult> by_name(const std::vector<CheckResult>& cs) {
+  std::map<std::string, CheckResult> m;
+  for (const auto& c : cs) m[c.name] = c;
+  return m;
+}
+
+TEST(GpuChecks, EightHealthyGpusPassAndEachCheckIsNamedByItsGpu) {
+  std::vector<GpuHealth> gpus;
+  for (int i = 0; i < 8; ++i) gpus.push_back(healthy_h200(i));
+  const auto checks = judge_gpus(gpus);
+  ASSERT_EQ(checks.size(), 8u * 6u);
+  for (const auto& c : checks) EXPECT_TRUE(c.pass) << c.name << ": " << c.detail;
+  const auto m = by_name(checks);
+  for (const char* n : {"gpu7_gemm", "gpu7_hbm_bandwidth", "gpu7_host_bandwidth", "gpu7_self_test",
+                        "gpu7_memory_errors", "gpu7_clocks"})
+    EXPECT_EQ(m.count(n), 1u) << n;
+  EXPECT_EQ(datasheet_hbm_gbps("NVIDIA H100 80GB HBM3"), 3350);
+  EXPECT_EQ(datasheet_hbm_gbps("Tesla V100"), 0);
+}
+
+// A GPU slower than 85% of the node's median fails even above its datasheet floor (a straggler the job waits for);
+// one under 60% of its datasheet fails even alone.
+TEST(GpuChecks, ASlowGpuFailsAgainstItsPeersAndAloneAgainstItsDatasheet) {
+  std::vector<GpuHealth> gpus;
+  for (int i = 0; i < 4; ++i) gpus.push_back(healthy_h200(i));
+  gpus[2].gemm_tflops = 600;  // 83% of the others' 720, 61% of the datasheet
+  auto m = by_name(judge_gpus(gpus));
+  EXPECT_FALSE(m["gpu2_gemm"].pass);
+  EXPECT_NE(m["gpu2_gemm"].detail.find("83% of the node's median GPU (720 TFLOP/s"), std::string::npos)
+      << m["gpu2_gemm"].detail;
+  EXPECT_TRUE(m["gpu1_gemm"].pass);
+  GpuHealth alone = healthy_h200(0);
+  alone.gemm_tflops = 580;  // 59% of 989.4
+  m = by_name(judge_gpus({alone}));
+  EXPECT_FALSE(m["gpu0_gemm"].pass);
+  EXPECT_NE(m["gpu0_gemm"].detail.find("under 594 TFLOP/s (60% of its datasheet's 989)"), std::string::npos)
+      << m["gpu0_gemm"].detail;
+  alone.gemm_tflops = 600;
+  EXPECT_TRUE(by_name(judge_gpus({alone}))["gpu0_gemm"].pass);
+  alone.h2d_gbps = 7;  // a link trained down
+  EXPECT_FALSE(by_name(judge_gpus({alone}))["gpu0_host_bandwidth"].pass);
+}
+
+TEST(GpuChecks, MemoryErrorsAWrongSelfTestAndAHardwareSlowdownFailTheirGpu) {
+  std::vector<GpuHealth> gpus = {healthy_h200(0), healthy_h200(1), healthy_h200(2)};
+  gpus[0].row_remap_pending = true;
+  gpus[1].self_test_exact = false;
+  gpus[2].clock_events = {"sw_power_cap", "hw_thermal_slowdown"};
+  auto m = by_name(judge_gpus(gpus));
+  EXPECT_FALSE(m["gpu0_memory_errors"].pass);
+  EXPECT_NE(m["gpu0_memory_errors"].detail.find("a row remap pending"), std::string::npos);
+  EXPECT_TRUE(m["gpu1_memory_errors"].pass);
+  EXPECT_FALSE(m["gpu1_self_test"].pass);
+  EXPECT_NE(m["gpu1_self_test"].detail.find("WRONG RESULT"), std::string::npos);
+  EXPECT_FALSE(m["gpu2_clocks"].pass);
+  EXPECT_NE(m["gpu2_clocks"].detail.find("slowed down: hw_thermal_slowdown"), std::string::npos)
+      << m["gpu2_clocks"].detail;
+  EXPECT_NE(m["gpu2_clocks"].detail.find("(also: sw_power_cap)"), std::string::npos);
+  gpus[2].clock_events = {"sw_power_cap"};  // a software cap alone is said, not failed
+  gpus[2].temperature_c = 91;               // but past the slowdown threshold is a failure
+  m = by_name(judge_gpus(gpus));
+  EXPECT_FALSE(m["gpu2_clocks"].pass);
+  EXPECT_NE(m["gpu2_clocks"].detail.find("91 C, at or above its slowdown threshold 90 C"), std::string::npos);
+}
+
+// What was not measured is no evidence either way: it passes and says so.
+TEST(GpuChecks, WhatWasNotMeasuredPassesAndSaysSo) {
+  GpuHealth g;
+  g.index = 3;
+  g.name = "NVIDIA H200";
+  auto m = by_name(judge_gpus({g}));
+  EXPECT_TRUE(m["gpu3_gemm"].pass);
+  EXPECT_FALSE(m["gpu3_gemm"].ran);
+  EXPECT_NE(m["gpu3_gemm"].detail.find("not measured"), std::string::npos);
+  EXPECT_TRUE(m["gpu3_self_test"].pass);
+  EXPECT_FALSE(m["gpu3_self_test"].ran);
+}
 
 TEST(RestartTracker, AStepNonFiniteInTwoAttemptsInARowIsSkippedAndProgressResetsTheRun) {
   RestartPolicy p;

@@ -74,6 +74,7 @@ int cmd_diagnose(int argc, char** argv) {
                  : c.pass ? "ok"
                           : "FAIL",
                  c.ran ? fmt::format("{:.3g} {} ({})", c.value, c.unit, c.detail) : c.detail);
+    for (const std::string& n : r.notes) fmt::print("{}\n", n);
     fmt::print("node {}: {}\n", r.node, r.pass() ? "healthy" : "FAILED");
   }
   return r.pass() ? 0 : 1;

@@ -15,6 +15,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/kernels/ops.h"
+#include "megatrain/launch/gpu_probe.h"
 #include "megatrain/train/faults.h"
 
 namespace mt::launch {
@@ -209,7 +210,7 @@ nlohmann::json DiagnoseReport::to_json() const {
     j["expected"] = c.expected > 0 ? nlohmann::json(c.expected) : nlohmann::json();
     cs.push_back(j);
   }
-  return {{"node", node}, {"pass", pass()}, {"checks", cs}};
+  return {{"node", node}, {"pass", pass()}, {"checks", cs}, {"notes", notes}};
 }
 
 nlohmann::json DiagnoseReport::values() const {
@@ -237,6 +238,10 @@ DiagnoseReport run_diagnose(const DiagnoseOptions& opt) {
       c.expected = opt.expect[c.name].get<double>();
     judge(c, opt.tolerance);
   }
+  std::string no_gpus;
+  const std::vector<GpuHealth> gpus = probe_gpus(&no_gpus);
+  for (CheckResult& c : judge_gpus(gpus)) r.checks.push_back(std::move(c));
+  if (gpus.empty()) r.notes.push_back("GPU checks not run: " + no_gpus);
   return r;
 }
 

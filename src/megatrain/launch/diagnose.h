@@ -9,6 +9,8 @@
 // exact). Without an expectation a measured value passes (nothing to compare with) and says so.
 //   pairwise_bandwidth  with a neighbouring node (the job driver pairs the nodes of a failed attempt): the two
 //                     all-reduce a known tensor over the network through the job store; exact, and its bandwidth
+// On a node with GPUs each GPU is checked too (gpu_checks.h: rates against the datasheet and the node's other GPUs,
+// a bit-exact self-test, memory errors, clock slowdowns); without one a note says why they were not.
 // MEGATRAIN_FAULTS' badnode:node=N fails node N's matmul check (train/faults.h).
 #pragma once
 #include <string>
@@ -44,6 +46,7 @@ struct CheckResult {
 struct DiagnoseReport {
   int node = 0;
   std::vector<CheckResult> checks;
+  std::vector<std::string> notes;  // what was not checked and why (e.g. no GPU), said beside the checks
   bool pass() const;
   nlohmann::json to_json() const;
   // {"gemm": value, ...}: what --save writes and --expect reads.
