@@ -33,8 +33,7 @@ CheckResult rate_check(const GpuHealth& g, const char* what, const char* unit, d
     return c;
   }
   std::vector<std::string> why;
-  if (floor > 0 && value < floor)
-    why.push_back(fmt::format("under {:.0f} {} ({})", floor, unit, floor_source));
+  if (floor > 0 && value < floor) why.push_back(fmt::format("under {:.0f} {} ({})", floor, unit, floor_source));
   if (gpus > 1 && peers_median > 0 && value < kOfPeers * peers_median)
     why.push_back(fmt::format("{:.0f}% of the node's median GPU ({:.0f} {}; the floor is {:.0f}%)",
                               100 * value / peers_median, peers_median, unit, 100 * kOfPeers));
@@ -56,7 +55,8 @@ CheckResult memory_errors(const GpuHealth& g) {
   if (g.row_remap_pending) bad.push_back("a row remap pending (the GPU needs a reset)");
   if (g.row_remap_failure) bad.push_back("a failed row remap (the GPU needs service)");
   c.pass = bad.empty();
-  c.detail = fmt::format("GPU {} ({}): {}", g.index, g.name, c.pass ? "no memory errors" : fmt::format("{}", fmt::join(bad, "; ")));
+  c.detail = fmt::format("GPU {} ({}): {}", g.index, g.name,
+                         c.pass ? "no memory errors" : fmt::format("{}", fmt::join(bad, "; ")));
   return c;
 }
 
@@ -69,7 +69,8 @@ CheckResult clocks(const GpuHealth& g) {
   for (const std::string& e : g.clock_events)
     (e == "hw_slowdown" || e == "hw_thermal_slowdown" || e == "hw_power_brake" ? bad : said).push_back(e);
   if (g.slowdown_temperature_c > 0 && g.temperature_c >= g.slowdown_temperature_c)
-    bad.push_back(fmt::format("{} C, at or above its slowdown threshold {} C", g.temperature_c, g.slowdown_temperature_c));
+    bad.push_back(fmt::format("{} C, at or above its slowdown threshold {} C", g.temperature_c,
+                              g.slowdown_temperature_c));
   c.pass = bad.empty();
   c.detail = fmt::format("GPU {} ({}): {}{}", g.index, g.name,
                          c.pass ? fmt::format("{} C, no hardware slowdown", g.temperature_c)
@@ -85,7 +86,7 @@ CheckResult self_test(const GpuHealth& g) {
   c.pass = !g.self_test_ran || g.self_test_exact;
   c.value = c.pass ? 1 : 0;
   c.detail = fmt::format("GPU {} ({}): {}", g.index, g.name,
-                         !g.self_test_ran ? "not run"
+                         !g.self_test_ran    ? "not run"
                          : g.self_test_exact ? "a GEMM with a known result gave it bit for bit"
                                              : "a GEMM with a known result gave a WRONG RESULT");
   return c;

@@ -28,11 +28,11 @@ namespace mt::launch {
 
 struct GpuHealth {
   int index = 0;
-  std::string name;                 // e.g. "NVIDIA H200"
-  double gemm_tflops = 0;           // cuBLASLt bf16 8192^3, best of a few
-  double datasheet_tflops = 0;      // dense bf16 (train/peak.cpp's table); 0: not known
-  double hbm_gbps = 0;              // device-to-device copy, bytes read + written
-  double datasheet_hbm_gbps = 0;    // 0: not known
+  std::string name;                   // e.g. "NVIDIA H200"
+  double gemm_tflops = 0;             // cuBLASLt bf16 8192^3, best of a few
+  double datasheet_tflops = 0;        // dense bf16 (train/peak.cpp's table); 0: not known
+  double hbm_gbps = 0;                // device-to-device copy, bytes read + written
+  double datasheet_hbm_gbps = 0;      // 0: not known
   double h2d_gbps = 0, d2h_gbps = 0;  // pinned
   bool self_test_ran = false, self_test_exact = false;
   long long ecc_uncorrected_volatile = 0;
