@@ -192,6 +192,7 @@ GpuHealth healthy_h200(int i) {
   g.h2d_gbps = 50, g.d2h_gbps = 52;
   g.self_test_ran = g.self_test_exact = true;
   g.temperature_c = 40, g.slowdown_temperature_c = 90;
+  g.nvml_read = true;
   return g;
 }
 
@@ -271,6 +272,10 @@ TEST(GpuChecks, WhatWasNotMeasuredPassesAndSaysSo) {
   EXPECT_NE(m["gpu3_gemm"].detail.find("not measured"), std::string::npos);
   EXPECT_TRUE(m["gpu3_self_test"].pass);
   EXPECT_FALSE(m["gpu3_self_test"].ran);
+  for (const char* n : {"gpu3_memory_errors", "gpu3_clocks"}) {  // NVML not read: no claim of health either
+    EXPECT_FALSE(m[n].ran) << n;
+    EXPECT_NE(m[n].detail.find("not measured (NVML was not read)"), std::string::npos) << m[n].detail;
+  }
 }
 
 TEST(RestartTracker, AStepNonFiniteInTwoAttemptsInARowIsSkippedAndProgressResetsTheRun) {

@@ -3,6 +3,8 @@
 // GPU; skipped without one (ctest label `gpu`).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +21,7 @@
 #include "megatrain/kernels/ops.h"
 #include "megatrain/train/run_config.h"
 #include "megatrain/train/trainer.h"
+#include "support/files.h"
 #include "support/megatrain.h"
 #include "support/metrics.h"
 #include "support/small_job.h"
@@ -199,6 +202,25 @@ TEST(TrainGpu, MultiGpuLayoutsTrackOneGpu) {
 TEST(TrainGpu, LayoutsSharingOneGpuTrackOneGpu) {
   if (gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
   layouts_track_one_gpu(" --parallel.device_plane=staged", true);
+}
+
+// `megatrain diagnose` on a GPU machine checks every GPU (launch/gpu_checks.h): on a healthy one every check passes,
+// the GEMM rate and the copy were measured, and the GEMM with a known result gave it bit for bit.
+TEST(TrainGpu, DiagnoseChecksEachGpuAndAHealthyOnePasses) {
+  if (gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  const std::string out = ::testing::TempDir() + "/mt_gpu_diagnose.json";
+  ASSERT_EQ(std::system((mt::test::kMegatrain + " diagnose --json --local-ranks 2 > " + out).c_str()), 0)
+      << mt::test::slurp(out);
+  const nlohmann::json report = nlohmann::json::parse(mt::test::slurp(out));
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& c : report["checks"]) by_name[c["name"]] = c;
+  for (int g = 0; g < gpu_count(); ++g)
+    for (const std::string what : {"gemm", "hbm_bandwidth", "self_test"}) {
+      const nlohmann::json& c = by_name[fmt::format("gpu{}_{}", g, what)];
+      EXPECT_TRUE(c.value("ran", false)) << c.dump();
+      EXPECT_TRUE(c.value("pass", false)) << c.dump();
+    }
+  EXPECT_TRUE(report["pass"].get<bool>()) << report.dump();
 }
 
 }  // namespace

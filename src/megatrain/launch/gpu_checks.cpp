@@ -43,7 +43,18 @@ CheckResult rate_check(const GpuHealth& g, const char* what, const char* unit, d
   return c;
 }
 
+// NVML's findings, or a check that says they were not read.
+CheckResult not_read(const GpuHealth& g, const char* what) {
+  CheckResult c;
+  c.name = fmt::format("gpu{}_{}", g.index, what);
+  c.ran = false;
+  c.pass = true;
+  c.detail = fmt::format("GPU {} ({}): not measured (NVML was not read)", g.index, g.name);
+  return c;
+}
+
 CheckResult memory_errors(const GpuHealth& g) {
+  if (!g.nvml_read) return not_read(g, "memory_errors");
   CheckResult c;
   c.name = fmt::format("gpu{}_memory_errors", g.index);
   c.unit = "errors";
@@ -61,6 +72,7 @@ CheckResult memory_errors(const GpuHealth& g) {
 }
 
 CheckResult clocks(const GpuHealth& g) {
+  if (!g.nvml_read) return not_read(g, "clocks");
   CheckResult c;
   c.name = fmt::format("gpu{}_clocks", g.index);
   c.unit = "C";

@@ -41,6 +41,7 @@ struct GpuHealth {
   std::vector<std::string> clock_events;  // NVML's active clock-event reasons: "hw_slowdown", "hw_thermal_slowdown",
                                           // "hw_power_brake", "sw_power_cap", "sw_thermal_slowdown", "idle", ...
   int temperature_c = 0, slowdown_temperature_c = 0;  // 0: not known
+  bool nvml_read = false;  // the memory errors, clock events and temperatures above were read (else not measured)
 };
 
 // The HBM bandwidth of a GPU by name (NVIDIA's datasheets, GB/s), 0 when not known.

@@ -1,7 +1,8 @@
-// Measures each GPU of this node for `megatrain diagnose` (the judgement is gpu_checks.h). Empty, with the reason in
-// `why_none`, when there is nothing to measure: a build without CUDA, no GPU visible, or (for now) a CUDA build,
-// whose measurements (cuBLASLt's bf16 GEMM, device and pinned copies, a bit-exact self-test, NVML's memory errors,
-// clock events and temperature) are not written yet: they need a GPU to be tested on.
+// Measures each GPU of this node for `megatrain diagnose` (the judgement is gpu_checks.h), through the CUDA backend
+// (kernels/ops.h): the bf16 GEMM rate at 8192^3 (cuBLASLt), a 1 GiB device copy, and a GEMM whose exact result is
+// known. Not measured yet (left 0, so their checks say "not measured"): pinned host copies and NVML's memory errors,
+// clock events and temperature (NVML's header is not in this project's toolkit image). Empty, with the reason in
+// `why_none`, in a build without CUDA or with no GPU visible. Not yet run on a GPU.
 #pragma once
 #include <string>
 #include <vector>
