@@ -54,9 +54,10 @@ class LaunchSdc : public ::testing::Test {
   // The job under supervision with MEGATRAIN_FAULTS = faults; returns the launcher's exit code.
   int supervised(int nproc, const std::vector<std::string>& layout, const std::string& faults) {
     ::setenv("MEGATRAIN_FAULTS", faults.c_str(), 1);
-    const pid_t launcher = start_logged(
-        kMegatrain, job(out(), nproc, layout, {"--max-restarts", "3", "--backoff", "0", "--events", events()}),
-        (dir_ / "run.log").string());
+    const pid_t launcher = start_logged(kMegatrain,
+                                        job(out(), nproc, layout,
+                                            {"--max-restarts", "3", "--backoff", "0", "--events", events()}),
+                                        (dir_ / "run.log").string());
     ::unsetenv("MEGATRAIN_FAULTS");
     return finish_within(launcher, 400);
   }
@@ -104,6 +105,20 @@ TEST_F(LaunchSdc, ABitflipOnOneOfThreeReplicasIsNamedByMajorityAndTheJobRecovers
     EXPECT_EQ(sdc["step"], s) << manifest;
     EXPECT_EQ(sdc["hash"].get<std::string>().size(), 16u) << manifest;
     EXPECT_EQ(sdc["dp"], 3) << manifest;
+  }
+}
+
+// The check only reads the parameters: checking after every step, or never, trains bit for bit the same.
+TEST_F(LaunchSdc, CheckingEveryStepOrNeverChangesNoLoss) {
+  const std::vector<std::string> layout = {};  // dp2 x tp2
+  const auto want = undisturbed(4, layout);
+  for (const char* every : {"0", "1"}) {
+    const std::string run = (dir_ / (std::string("every") + every)).string();
+    std::vector<std::string> extra = {std::string("--train.sdc_check_every=") + every};
+    const std::string log = run + ".log";
+    std::vector<std::string> args = job(run, 4, extra, {});
+    ASSERT_EQ(finish_within(start_logged(kMegatrain, args, log), 400), 0) << slurp(log);
+    EXPECT_EQ(step_losses(run + "/metrics.jsonl"), want) << "train.sdc_check_every=" << every;
   }
 }
 

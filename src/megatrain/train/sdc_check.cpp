@@ -85,7 +85,8 @@ void SdcCheck::run(int step) {
                     {{"step", step},
                      {"tensor", tensor},
                      {"hash", sdc_hex(whole[me])},
-                     {"majority", v.no_majority ? nlohmann::ordered_json() : nlohmann::ordered_json(sdc_hex(v.majority))},
+                     {"majority",
+                      v.no_majority ? nlohmann::ordered_json() : nlohmann::ordered_json(sdc_hex(v.majority))},
                      {"suspects", suspects},
                      {"no_majority", v.no_majority}},
                     /*sync=*/true);
