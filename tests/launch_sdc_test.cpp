@@ -122,9 +122,10 @@ TEST_F(LaunchSdc, CheckingEveryStepOrNeverChangesNoLoss) {
   }
 }
 
-// dp = 2 (x tp = 2): no majority, so both replicas of the corrupt rank's dp group are named; the other dp group
-// (the other tp coordinate) agrees and names nobody.
-TEST_F(LaunchSdc, ABitflipUnderDp2NamesThePairAndTheJobRecoversTheUndisturbedLosses) {
+// dp = 2 (x tp = 2): no majority, so both replicas of the corrupt rank's dp group are named (the other dp group,
+// the other tp coordinate, agrees and names nobody); the restarted attempt's rerun of the step names the one that
+// did not reproduce its result.
+TEST_F(LaunchSdc, ABitflipUnderDp2NamesThePairThenTheRerunNamesTheCulpritAndTheJobRecoversTheUndisturbedLosses) {
   const std::vector<std::string> layout = {};  // dp2_tp2_job's own dp2 x tp2
   const auto want = undisturbed(4, layout);
   ASSERT_EQ(supervised(4, layout, "bitflip:rank=2:step=6"), 0) << log();
@@ -139,6 +140,16 @@ TEST_F(LaunchSdc, ABitflipUnderDp2NamesThePairAndTheJobRecoversTheUndisturbedLos
     EXPECT_EQ(e["detail"]["no_majority"], true);
   }
   EXPECT_EQ(named, (std::set<int>{0, 2}));  // rank 2's dp group: (dp0, tp0) and (dp1, tp0)
+  // The restarted attempt reruns step 6: rank 0 reproduces its hash, rank 2 (flipped in attempt 0 only) does not.
+  std::vector<nlohmann::json> culprits;
+  for (auto& e : events_of(events()))
+    if (e["event"] == "fault" && e.value("reason", "") == "sdc_culprit") culprits.push_back(e);
+  ASSERT_EQ(culprits.size(), 1u) << slurp(events());
+  EXPECT_EQ(culprits[0]["rank"], 2);
+  EXPECT_EQ(culprits[0]["attempt"], 1);
+  EXPECT_EQ(culprits[0]["detail"]["step"], 6);
+  EXPECT_EQ(culprits[0]["detail"]["reproduced_by"], nlohmann::json::array({0}));
+  EXPECT_FALSE(fs::exists(fs::path(out()) / "ckpt" / "sdc" / "step_6-pp0-tp0.json"));  // settled: removed
   EXPECT_EQ(first("resumed")["from"], 4);
   EXPECT_EQ(first("done")["attempt"], 1);
 }

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include <fmt/format.h>
 
 #include "megatrain/comm/agreement.h"
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
 #include "megatrain/model/gpt.h"
 #include "megatrain/train/heartbeat.h"
 #include "megatrain/train/sdc_verdict.h"
@@ -29,9 +31,70 @@ int first_differing_tensor(const std::vector<uint64_t>& all, size_t per, int a, 
 }  // namespace
 
 SdcCheck::SdcCheck(const RunConfig& cfg, Topology& topo, GPT& model, Update& update)
-    : cfg_(cfg), topo_(topo), model_(model), update_(update), active_(topo.host_mesh && topo.shape.dp > 1) {}
+    : cfg_(cfg), topo_(topo), model_(model), update_(update), active_(topo.host_mesh && topo.shape.dp > 1) {
+  if (active_) load_records();
+}
 
-bool SdcCheck::due(int step) const { return cfg_.train.sdc_check_every > 0 && step % cfg_.train.sdc_check_every == 0; }
+bool SdcCheck::due(int step) const {
+  return (cfg_.train.sdc_check_every > 0 && step % cfg_.train.sdc_check_every == 0) || record_steps_.count(step) > 0;
+}
+
+std::string SdcCheck::record_path(int step) const {
+  return fmt::format("{}/sdc/step_{}-pp{}-tp{}.json", cfg_.ckpt.dir, step, topo_.coord.pp, topo_.coord.tp);
+}
+
+void SdcCheck::load_records() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::path(cfg_.ckpt.dir) / "sdc";
+  if (!fs::is_directory(dir, ec)) return;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    // A record that cannot be read is no reason to stop training: it only names a culprit.
+    const nlohmann::json j = nlohmann::json::parse(read_text_file(e.path().string()), nullptr, false);
+    if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer() || !j.contains("hashes")) continue;
+    const int step = j["step"].get<int>();
+    record_steps_.insert(step);
+    if (e.path().string() != record_path(step)) continue;
+    std::vector<uint64_t> hashes;
+    for (const auto& h : j["hashes"]) hashes.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
+    records_[step] = hashes;
+  }
+}
+
+void SdcCheck::record_disagreement(int step, const std::vector<uint64_t>& whole) {
+  nlohmann::json hashes = nlohmann::json::array();
+  for (uint64_t h : whole) hashes.push_back(sdc_hex(h));
+  std::filesystem::create_directories(std::filesystem::path(cfg_.ckpt.dir) / "sdc");
+  write_file_atomic(record_path(step), nlohmann::json{{"step", step}, {"hashes", hashes}}.dump() + "\n");
+}
+
+void SdcCheck::settle_rerun(int step, const std::vector<uint64_t>& whole) {
+  auto it = records_.find(step);
+  if (it == records_.end()) return;
+  const std::vector<uint64_t> recorded = it->second;
+  records_.erase(it);
+  ProcessGroup& dp = topo_.host_mesh->dp();
+  const int me = dp.rank();
+  if (recorded.size() != whole.size()) return;  // another layout recorded it: nothing to compare with
+  nlohmann::ordered_json reproduced = nlohmann::ordered_json::array();
+  for (size_t r = 0; r < recorded.size(); ++r)
+    if (recorded[r] == whole[me]) reproduced.push_back(dp.global_rank(static_cast<int>(r)));
+  if (recorded[me] != whole[me]) {
+    heartbeat_event("sdc_culprit",
+                    {{"step", step},
+                     {"recorded", sdc_hex(recorded[me])},
+                     {"rerun", sdc_hex(whole[me])},
+                     {"reproduced_by", reproduced}},
+                    /*sync=*/true);
+    std::fprintf(stderr,
+                 "silent data corruption settled by the rerun of step %d: rank %d did not reproduce its own result "
+                 "(recorded %s, rerun %s); replicas that did: %s\n",
+                 step, topo_.rank_info.rank, sdc_hex(recorded[me]).c_str(), sdc_hex(whole[me]).c_str(),
+                 reproduced.dump().c_str());
+    std::fflush(stderr);
+  }
+  if (me == 0) std::filesystem::remove(record_path(step));
+}
 
 std::vector<uint64_t> SdcCheck::tensor_hashes() {
   ParamStore& p = model_.params();
@@ -99,6 +162,7 @@ void SdcCheck::run(int step) {
                                  topo_.rank_info.rank, sdc_hex(whole[me]), sdc_hex(v.majority), tensor);
     std::fprintf(stderr, "silent data corruption detected after step %d: %s\n", step, mine_why.c_str());
     std::fflush(stderr);
+    if (v.no_majority && me == v.odd.front()) record_disagreement(step, whole);  // for the rerun to settle
   }
   const std::vector<int> bad = Agreement(topo_.host_mesh.get()).which_ranks(odd);
   seconds_ += now_seconds() - t0;
@@ -110,6 +174,7 @@ void SdcCheck::run(int step) {
                               fmt::join(bad, ", ")));
   agreed_step_ = step;
   agreed_hash_ = whole[me];
+  settle_rerun(step, whole);
 }
 
 }  // namespace mt

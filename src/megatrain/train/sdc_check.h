@@ -17,8 +17,18 @@
 //     ErrorKind::Sdc error (restartable: a supervisor restarts the job from the newest checkpoint, and a checkpoint
 //     is only ever written after a check that agreed: the trainer checks at every checkpoint step too).
 // With dp = 1 or a single process there is nothing to compare: no hashing, no communication.
+//
+// The rerun (dp = 2, or any disagreement without a majority): the lowest suspect records every replica's hash as
+//   <ckpt.dir>/sdc/step_<S>-pp<P>-tp<T>.json  {"step":S,"hashes":["<hex>", ...]}  (by dp rank in the group)
+// and the restarted attempt, which reruns step S from an earlier checkpoint (bit-identical: the same data, the same
+// arithmetic), checks step S again on every rank (every rank reads the records, so all take part). When the rerun's
+// replicas agree, a replica whose recorded hash differs from the rerun's did not reproduce its own result: it sends
+//   sdc_culprit {"step":S,"recorded":"<hex>","rerun":"<hex>","reproduced_by":[global ranks]}
+// (the event log: a fault with reason sdc_culprit and that rank). The record is removed once settled.
 #pragma once
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +57,10 @@ class SdcCheck {
 
  private:
   std::vector<uint64_t> tensor_hashes();  // this rank's, then the whole replica's last
+  std::string record_path(int step) const;
+  void load_records();
+  void record_disagreement(int step, const std::vector<uint64_t>& whole);
+  void settle_rerun(int step, const std::vector<uint64_t>& whole);
 
   const RunConfig& cfg_;
   Topology& topo_;
@@ -57,7 +71,9 @@ class SdcCheck {
   int agreed_step_ = -1;
   uint64_t agreed_hash_ = 0;
   double seconds_ = 0;
-  std::vector<float> host_;  // a device tensor's host copy
+  std::vector<float> host_;                       // a device tensor's host copy
+  std::map<int, std::vector<uint64_t>> records_;  // step -> the recorded hashes of my (pp, tp) group, by dp rank
+  std::set<int> record_steps_;                    // the steps any group recorded (every rank checks them)
 };
 
 }  // namespace mt
