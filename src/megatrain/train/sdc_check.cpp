@@ -32,7 +32,13 @@ int first_differing_tensor(const std::vector<uint64_t>& all, size_t per, int a, 
 
 SdcCheck::SdcCheck(const RunConfig& cfg, Topology& topo, GPT& model, Update& update)
     : cfg_(cfg), topo_(topo), model_(model), update_(update), active_(topo.host_mesh && topo.shape.dp > 1) {
-  if (active_) load_records();
+  if (!active_) return;
+  load_records();
+  // Which steps are rechecked must be the same on every rank (the check is collective), whatever each rank's view
+  // of ckpt.dir (not shared by every node when nothing is checkpointed): rank 0's list, to everyone.
+  nlohmann::json steps(record_steps_);
+  const nlohmann::json agreed = nlohmann::json::parse(Agreement(topo.host_mesh.get()).broadcast(steps.dump(), 0));
+  record_steps_ = agreed.get<std::set<int>>();
 }
 
 bool SdcCheck::due(int step) const {

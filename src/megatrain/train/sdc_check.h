@@ -21,8 +21,9 @@
 // The rerun (dp = 2, or any disagreement without a majority): the lowest suspect records every replica's hash as
 //   <ckpt.dir>/sdc/step_<S>-pp<P>-tp<T>.json  {"step":S,"hashes":["<hex>", ...]}  (by dp rank in the group)
 // and the restarted attempt, which reruns step S from an earlier checkpoint (bit-identical: the same data, the same
-// arithmetic), checks step S again on every rank (every rank reads the records, so all take part). When the rerun's
-// replicas agree, a replica whose recorded hash differs from the rerun's did not reproduce its own result: it sends
+// arithmetic), checks step S again on every rank (rank 0's list of recorded steps, broadcast at start, so all take
+// part). When the rerun's replicas agree, a replica whose recorded hash differs from the rerun's did not reproduce
+// its own result: it sends
 //   sdc_culprit {"step":S,"recorded":"<hex>","rerun":"<hex>","reproduced_by":[global ranks]}
 // (the event log: a fault with reason sdc_culprit and that rank). The record is removed once settled.
 #pragma once
@@ -42,9 +43,11 @@ class Update;
 
 class SdcCheck {
  public:
+  // Collective over every rank when dp > 1: reads the rerun records (above) and takes rank 0's list of their steps.
   SdcCheck(const RunConfig& cfg, Topology& topo, GPT& model, Update& update);
 
-  // Whether the check runs after step `step` by the interval alone (train.sdc_check_every; 0: never).
+  // Whether the check runs after step `step` by itself: the interval (train.sdc_check_every; 0: never), or a step
+  // a rerun record names.
   bool due(int step) const;
   // Runs the check after `step` (once per step: a second call for the same step returns at once). Throws kind Sdc
   // on every rank when any replicas disagree.
