@@ -55,15 +55,17 @@ void SdcCheck::load_records() {
   const fs::path dir = fs::path(cfg_.ckpt.dir) / "sdc";
   if (!fs::is_directory(dir, ec)) return;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    // A record that cannot be read is no reason to stop training: it only names a culprit.
-    const nlohmann::json j = nlohmann::json::parse(read_text_file(e.path().string()), nullptr, false);
-    if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer() || !j.contains("hashes")) continue;
-    const int step = j["step"].get<int>();
-    record_steps_.insert(step);
-    if (e.path().string() != record_path(step)) continue;
-    std::vector<uint64_t> hashes;
-    for (const auto& h : j["hashes"]) hashes.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
-    records_[step] = hashes;
+    // A record that cannot be read is no reason to stop training (it only names a culprit): it is skipped.
+    try {
+      const nlohmann::json j = nlohmann::json::parse(read_text_file(e.path().string()));
+      const int step = j.at("step").get<int>();
+      std::vector<uint64_t> hashes;
+      for (const auto& h : j.at("hashes")) hashes.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
+      record_steps_.insert(step);
+      if (e.path().string() == record_path(step)) records_[step] = hashes;
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "warning: skipping the unreadable sdc record %s: %s\n", e.path().c_str(), ex.what());
+    }
   }
 }
 
@@ -85,7 +87,9 @@ void SdcCheck::settle_rerun(int step, const std::vector<uint64_t>& whole) {
   nlohmann::ordered_json reproduced = nlohmann::ordered_json::array();
   for (size_t r = 0; r < recorded.size(); ++r)
     if (recorded[r] == whole[me]) reproduced.push_back(dp.global_rank(static_cast<int>(r)));
-  if (recorded[me] != whole[me]) {
+  // Named only against a replica that did reproduce its result: a rerun that matches no recorded hash (a stale
+  // record, another run's) names nobody.
+  if (recorded[me] != whole[me] && !reproduced.empty()) {
     heartbeat_event("sdc_culprit",
                     {{"step", step},
                      {"recorded", sdc_hex(recorded[me])},

@@ -22,8 +22,8 @@
 //   <ckpt.dir>/sdc/step_<S>-pp<P>-tp<T>.json  {"step":S,"hashes":["<hex>", ...]}  (by dp rank in the group)
 // and the restarted attempt, which reruns step S from an earlier checkpoint (bit-identical: the same data, the same
 // arithmetic), checks step S again on every rank (rank 0's list of recorded steps, broadcast at start, so all take
-// part). When the rerun's replicas agree, a replica whose recorded hash differs from the rerun's did not reproduce
-// its own result: it sends
+// part). When the rerun's replicas agree, a replica whose recorded hash differs from the rerun's, while another
+// replica's recorded hash equals it, did not reproduce its own result: it sends
 //   sdc_culprit {"step":S,"recorded":"<hex>","rerun":"<hex>","reproduced_by":[global ranks]}
 // (the event log: a fault with reason sdc_culprit and that rank). The record is removed once settled.
 #pragma once
