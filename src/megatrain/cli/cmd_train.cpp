@@ -29,7 +29,7 @@ int cmd_train(int argc, char** argv) {
           "<train.out_dir>/metrics.jsonl; checkpoints to <ckpt.dir> (default <train.out_dir>/ckpt).\n"
           "SIGTERM/SIGINT stop the run after the current step (with a checkpoint when checkpoints are configured).\n"
           "Exit codes: 0 done, 10 config, 11 data, 12 checkpoint (restarting cannot help); 20 non-finite, 21 timeout,\n"
-          "22 peer lost, 23 device, 24 I/O (a restart may help); 30 stopped on request; 1 other errors.\n");
+          "22 peer lost, 23 device, 24 I/O, 25 silent data corruption (a restart may help); 30 stopped on request; 1 other errors.\n");
       return 0;
     }
     if (a == "--help-config" || a == "--help-config=text" || a == "--help-config=markdown") {

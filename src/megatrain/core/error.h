@@ -3,7 +3,8 @@
 //
 // Each error has a kind, and each kind its own exit code (exit_code below; the table in docs/running.md), so that whatever
 // supervises a rank can tell "restarting cannot help" (a bad config, bad data: codes 10-19) from "restarting may
-// help" (a timeout, a lost peer, a device or I/O fault, a non-finite step: codes 20-29). MT_CHECK throws kind
+// help" (a timeout, a lost peer, a device or I/O fault, a non-finite step, replicas whose
+// parameters disagree: codes 20-29). MT_CHECK throws kind
 // Internal; the layers that know what a failure means give it its kind, either where they throw (fail_as) or by
 // re-labelling what a whole phase threw (with_kind: everything that fails while loading the config is Config).
 #pragma once
@@ -25,6 +26,7 @@ enum class ErrorKind {
   PeerLost,     // another rank or the store went away (connection closed or refused)
   Device,       // the accelerator failed (CUDA error, out of device memory)
   IO,           // a read or write of the file system failed (disk full, permission)
+  Sdc,          // silent data corruption: data-parallel replicas' parameters disagree (train/sdc_check.h)
   Stopped,      // a stop was requested (SIGTERM/SIGINT) and the run stopped cleanly at a step boundary
 };
 
@@ -40,6 +42,7 @@ constexpr int exit_code(ErrorKind k) {
     case ErrorKind::PeerLost: return 22;
     case ErrorKind::Device: return 23;
     case ErrorKind::IO: return 24;
+    case ErrorKind::Sdc: return 25;
     case ErrorKind::Stopped: return 30;
   }
   return 1;
@@ -56,6 +59,7 @@ constexpr const char* kind_name(ErrorKind k) {
     case ErrorKind::PeerLost: return "peer lost";
     case ErrorKind::Device: return "device";
     case ErrorKind::IO: return "I/O";
+    case ErrorKind::Sdc: return "silent data corruption";
     case ErrorKind::Stopped: return "stopped";
   }
   return "internal";

@@ -15,7 +15,8 @@ namespace mt {
 
 namespace {
 
-constexpr const char* kKinds = "crash, hang, nan, slow, badnode, stage2_delay, kill_after_snapshot, clock_skew";
+constexpr const char* kKinds =
+    "crash, hang, nan, slow, badnode, stage2_delay, kill_after_snapshot, clock_skew, bitflip";
 
 struct KindSyntax {
   FaultKind kind;
@@ -33,6 +34,7 @@ const std::map<std::string, KindSyntax>& syntax() {
       {"stage2_delay", {FaultKind::Stage2Delay, {"seconds"}, {"rank", "attempt"}, "seconds=T[:rank=R][:attempt=A]"}},
       {"kill_after_snapshot",
        {FaultKind::KillAfterSnapshot, {"rank", "step"}, {"attempt"}, "rank=R:step=S[:attempt=A]"}},
+      {"bitflip", {FaultKind::BitFlip, {"rank", "step"}, {"attempt"}, "rank=R:step=S[:attempt=A]"}},
       {"clock_skew", {FaultKind::ClockSkew, {"rank", "seconds"}, {"attempt"}, "rank=R:seconds=T[:attempt=A]"}},
   };
   return s;
@@ -83,6 +85,7 @@ const char* fault_kind_name(FaultKind k) {
     case FaultKind::Stage2Delay: return "stage2_delay";
     case FaultKind::KillAfterSnapshot: return "kill_after_snapshot";
     case FaultKind::ClockSkew: return "clock_skew";
+    case FaultKind::BitFlip: return "bitflip";
   }
   return "?";
 }

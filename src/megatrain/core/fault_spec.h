@@ -19,6 +19,9 @@
 //                              in memory
 //   clock_skew:rank=R:seconds=T   the trace clock (obs/timeline.h) of the process whose RANK is R (unset: 0) runs T
 //                              seconds (any sign) ahead: hosts whose clocks disagree
+//   bitflip:rank=R:step=S     right after step S's optimizer update, rank R flips one mantissa bit of one weight
+//                              (the first element of a block's first parameter), for good: a silent data
+//                              corruption its data-parallel replicas do not share (found by train.sdc_check_every)
 // Every kind also takes attempt=A. A fault fires only in attempt 0 (MEGATRAIN_ATTEMPT, set by the agent on each
 // restart; default 0), or with attempt=A only in attempt A. A rank's node is MEGATRAIN_NODE_RANK (default 0).
 // A malformed list is a Config error naming the item and what is allowed.
@@ -28,15 +31,15 @@
 
 namespace mt {
 
-enum class FaultKind { Crash, Hang, Nan, Slow, BadNode, Stage2Delay, KillAfterSnapshot, ClockSkew };
+enum class FaultKind { Crash, Hang, Nan, Slow, BadNode, Stage2Delay, KillAfterSnapshot, ClockSkew, BitFlip };
 const char* fault_kind_name(FaultKind k);
 
 struct Fault {
   FaultKind kind = FaultKind::Crash;
-  std::string item;    // as written, for messages
-  int rank = -1;       // crash, hang, nan, slow, kill_after_snapshot, clock_skew; stage2_delay: -1 = every rank
-  int node = -1;       // badnode
-  int step = 0;        // crash, hang, nan, kill_after_snapshot: required (>= 1); slow: from this step on (default 1)
+  std::string item;  // as written, for messages
+  int rank = -1;     // crash, hang, nan, slow, kill_after_snapshot, clock_skew, bitflip; stage2_delay: -1 = every rank
+  int node = -1;     // badnode
+  int step = 0;  // crash, hang, nan, kill_after_snapshot, bitflip: required (>= 1); slow: from this step on (default 1)
   double factor = 1;   // slow
   double seconds = 0;  // stage2_delay (>= 0), clock_skew (any sign)
   int attempt = -1;    // -1: fires in attempt 0 only

@@ -231,7 +231,10 @@ class Agent {
   void on_rank_event(size_t i, const nlohmann::json& j) {
     const std::string what = j.value("event", "");
     nlohmann::json f = {{"rank", rank_of(i)}, {"reason", what}, {"detail", j}};
-    if (what == "non_finite" || what == "error") {
+    // sdc: a rank whose parameters differ from its data-parallel replicas' (train/sdc_check.h) names itself, the
+    // step and the first differing tensor; the error that follows on every rank restarts the job. sdc_culprit: the
+    // rerun of such a step (dp = 2: no majority) found the rank that did not reproduce its own result.
+    if (what == "non_finite" || what == "error" || what == "sdc" || what == "sdc_culprit") {
       if (what == "non_finite" && j.contains("step") && j["step"].is_number_integer())
         nonfinite_step_ = j["step"].get<int>();
       events_.write("fault", f);

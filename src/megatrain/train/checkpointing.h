@@ -68,6 +68,9 @@ class TrainCheckpointer {
   // The number of windows in an epoch of the training data (DataLoader::windows_per_epoch): saved with the data
   // position, whose shuffled order depends on it, and compared on resume (a mismatch is a warning).
   void set_data_windows(uint64_t windows);
+  // The last step at which the data-parallel replicas agreed on their parameters (train/sdc_check.h) and this
+  // rank's hash there: a save of that step records it (extra.sdc); a save of any other step records none.
+  void set_replica_hash(int step, uint64_t hash);
   // The links to the buddy ranks of the peer copies (train/peer_links.h); without them there are none.
   void set_peer_links(std::unique_ptr<PeerLinks> links);
   // An observer for the trainer's list: when the run fails with a lost peer or a timeout, it writes the snapshots

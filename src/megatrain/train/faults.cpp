@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
@@ -24,6 +25,18 @@ bool fault_badnode(int node) {
     if (f.kind == FaultKind::BadNode && f.node == node && f.fires_in(attempt)) return true;
   return false;
 }
+
+namespace {
+
+// A block's first parameter: every pipeline stage holds a block, and each block parameter enters every row's
+// forward (an embedding row would only matter where its token occurs).
+int fault_victim_param(const ParamStore& p) {
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p.info(static_cast<int>(i)).name.rfind("h.", 0) == 0) return static_cast<int>(i);
+  return 0;
+}
+
+}  // namespace
 
 struct FaultInjector::Shared {
   std::atomic<int> step{0};
@@ -106,15 +119,8 @@ void FaultInjector::begin_step(int step, GPT& model) {
       case FaultKind::Nan:
         if (step == f.step) {
           fired(f, step);
-          // A block's first parameter: every pipeline stage holds a block, and each block parameter enters every
-          // row's forward (an embedding row would only matter where its token occurs).
           ParamStore& p = model.params();
-          int victim = 0;
-          for (size_t i = 0; i < p.size(); ++i)
-            if (p.info(static_cast<int>(i)).name.rfind("h.", 0) == 0) {
-              victim = static_cast<int>(i);
-              break;
-            }
+          const int victim = fault_victim_param(p);
           model.ops().scale(p.param(victim), NAN);
           p.refresh_weights(model.ops());
         }
@@ -129,12 +135,35 @@ void FaultInjector::begin_step(int step, GPT& model) {
           if (slept_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slept_));
         }
         break;
-      case FaultKind::Hang:  // fires in the enter hook
+      case FaultKind::BitFlip:  // fires in after_update
+      case FaultKind::Hang:     // fires in the enter hook
       case FaultKind::BadNode:
       case FaultKind::Stage2Delay:  // fire elsewhere (faults.h)
       case FaultKind::KillAfterSnapshot:
       case FaultKind::ClockSkew: break;
     }
+  }
+}
+
+void FaultInjector::after_update(int step, GPT& model, const std::function<void()>& settle) {
+  for (const Fault& f : mine_) {
+    if (f.kind != FaultKind::BitFlip || step != f.step) continue;
+    settle();  // the update's parameter traffic lands first (ZeRO-2's all-gather would overwrite the flip)
+    fired(f, step);
+    // Bit 16 of element 0: a mantissa bit (a relative change of 2^-7), so the run goes on plausibly, as a real
+    // corruption would, with nothing but the replicas' comparison to tell. Through the backend's memory, as the
+    // optimizer writes it (a device model: copied out, flipped, copied back), then the compute copy re-derived.
+    ParamStore& p = model.params();
+    Tensor w = p.param(fault_victim_param(p));
+    const Tensor first = w.view({w.numel()}).slice0(0, 1);
+    float x;
+    model.ops().to_host(&x, first);
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    bits ^= 1u << 16;
+    std::memcpy(&x, &bits, sizeof bits);
+    model.ops().to_device(first, &x);
+    p.refresh_weights(model.ops());
   }
 }
 

@@ -1,5 +1,5 @@
 // Fault injection, for the supervisor's tests and benchmarks: the injector that fires the faults MEGATRAIN_FAULTS
-// asks for (the kinds and their syntax: core/fault_spec.h). crash, hang, nan and slow fire here, at the points the
+// asks for (the kinds and their syntax: core/fault_spec.h). crash, hang, nan, slow and bitflip fire here, at the points the
 // trainer calls; stage2_delay and kill_after_snapshot in the checkpointer (train/checkpoint/staged_save.h);
 // clock_skew in the trace clock (obs/timeline.h); badnode in `megatrain diagnose`.
 // A fault that fires here prints "fault injected: <item> (rank R, step S, attempt A)" to stderr, after a heartbeat
@@ -7,6 +7,7 @@
 // on.
 #pragma once
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ class FaultInjector {
   void check_world(int world_size) const;
   // At the start of step `step`, before its forward: crash, nan, slow; arms the hang from this step on.
   void begin_step(int step, GPT& model);
+  // Right after step `step`'s optimizer update (before anything reads the new parameters): bitflip. settle waits
+  // for the update's parameter traffic (called only when a flip fires: waiting early changes no value).
+  void after_update(int step, GPT& model, const std::function<void()>& settle);
   // The compute time the last step took (step time minus blocked communication), for slow.
   void step_compute(double seconds);
 

@@ -15,7 +15,7 @@
 //     process group, its oldest op not completed (with wait_s, seconds since it was posted), else its newest
 //     (comm/flight_recorder.h). "at": a step end, a timer tick, or the last line before the run returns/throws.
 //   {"type":"event","event":NAME,"rank":R,"t":<unix s>,"step":S,...}: fault_injected, non_finite, loss_spike,
-//     batch_skipped, error (see train/rank_guard.h for their fields).
+//     batch_skipped, error (see train/rank_guard.h for their fields), sdc and sdc_culprit (train/sdc_check.h).
 // A line is written at every step end and by a background thread whenever none was written for
 // MEGATRAIN_HEARTBEAT_INTERVAL seconds (default 2): heartbeats go on while the training thread is blocked in a
 // collective, and stop when the process is stopped (SIGSTOP) or dead, which is how the agent tells them apart.

@@ -82,6 +82,10 @@ bool RankGuard::begin_step(int step, DataLoader& loader, GPT& model) {
   return true;
 }
 
+void RankGuard::after_update(int step, GPT& model, const std::function<void()>& settle) {
+  faults_->after_update(step, model, settle);
+}
+
 void RankGuard::fail_non_finite(int step, float loss, double norm) {
   nlohmann::ordered_json what = nlohmann::ordered_json::array();
   if (!std::isfinite(loss)) what.push_back("loss");

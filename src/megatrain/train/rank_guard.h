@@ -36,6 +36,8 @@ class RankGuard final : public TrainObserver {
   // At the start of step `step`: phase forward_backward, injected faults; returns true when the step's batch is
   // skipped (consumed from `loader` here; the caller then goes on to the next step).
   bool begin_step(int step, DataLoader& loader, GPT& model);
+  // Right after step `step`'s optimizer update: injected bitflips (settle: waits for the update's parameter traffic).
+  void after_update(int step, GPT& model, const std::function<void()>& settle);
   // The loss or gradient norm of `step` is not finite: sends the event and throws the NonFinite error.
   [[noreturn]] void fail_non_finite(int step, float loss, double norm);
 

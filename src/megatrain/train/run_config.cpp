@@ -525,6 +525,10 @@ void add_train_rows(std::vector<Row>& t) {
                   "a loss above mean + this many standard deviations of the window is a spike"));
   t.push_back(row("train", "spike_factor", MT_MEMBER(train.spike_factor), zero_or_above(1, ": no ratio rule"),
                   "a loss above this many times the window's median is a spike"));
+  t.push_back(row("train", "sdc_check_every", MT_MEMBER(train.sdc_check_every),
+                  at_least(0, " (0: no silent-data-corruption check)"),
+                  "steps between checks that the data-parallel replicas hold the same parameters (and at every "
+                  "checkpoint step)"));
 }
 
 // [ckpt]

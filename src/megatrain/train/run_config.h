@@ -65,6 +65,9 @@ struct TrainConfig {
   int spike_window = 50;
   double spike_sigmas = 6;
   double spike_factor = 2;
+  // Silent data corruption (train/sdc_check.h): every sdc_check_every steps, and at every checkpoint step, the
+  // data-parallel replicas compare a hash of their parameters after the update (0: never; no effect with dp = 1).
+  int sdc_check_every = 20;
 };
 
 // ckpt.resume: "auto", "none", or any other string, which is a checkpoint's path.

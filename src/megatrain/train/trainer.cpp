@@ -23,8 +23,9 @@
 #include "megatrain/train/model_stack.h"
 #include "megatrain/train/output_dirs.h"
 #include "megatrain/train/peak.h"
-#include "megatrain/train/rank_guard.h"
 #include "megatrain/train/peer_links.h"
+#include "megatrain/train/rank_guard.h"
+#include "megatrain/train/sdc_check.h"
 #include "megatrain/train/start.h"
 #include "megatrain/train/trace_window.h"
 #include "megatrain/train/update.h"
@@ -77,6 +78,7 @@ struct Job {
   Observers& obs;
   RankGuard& guard;
   TraceWindow& trace;
+  SdcCheck& sdc;
   TrainResult& res;
 };
 
@@ -94,8 +96,23 @@ void checkpoint_events(Job& j) {
   }
 }
 
+void sdc_check(Job& j, int step) {
+  obs::ScopedSpan phase("phase", "sdc check");
+  j.sdc.run(step);
+  j.ckpt.set_replica_hash(j.sdc.agreed_step(), j.sdc.agreed_hash());
+}
+
+// Whether train_step saves a checkpoint (or a peer snapshot) after `step`.
+bool saves_after(const Job& j, int step) {
+  if (step == j.cfg.train.steps) return false;
+  return (j.cfg.ckpt.every > 0 && step % j.cfg.ckpt.every == 0) || j.ckpt.snapshot_due(step);
+}
+
 // why: periodic (written in the background), final / stop (waited for), snapshot (a peer copy only).
+// Every save first checks the replicas (a no-op when the step was checked already): a checkpoint is written only
+// from parameters the data-parallel replicas agree on (train/sdc_check.h).
 void checkpoint(Job& j, int step, SaveWhy why) {
+  sdc_check(j, step);
   obs::ScopedSpan phase("phase", [why] {
     return obs::SpanInfo{fmt::format("checkpoint ({})", kind_name(why)), nullptr};
   });
@@ -133,6 +150,10 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     obs::ScopedSpan phase("phase", "optimizer");
     j.update.step(lr, scale, step);
   }
+  j.guard.after_update(step, *j.stack.model, [&] { j.update.sync_params(); });
+  // The replicas compare their parameters before the step reports: a corrupt step never reaches the metrics.
+  // The last step is checked when the final save asks (checkpoint()), or by the interval.
+  if (j.sdc.due(step) || saves_after(j, step)) sdc_check(j, step);
   const double dt = now_seconds() - t0;
 
   StepReport r;
@@ -255,7 +276,8 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   obs.each([&](TrainObserver& o) { o.on_run_start(rs); });
 
   TraceWindow trace(cfg, topo);
-  Job job{cfg, topo, stack, *fb, *update, loader, ckpt, mirror.get(), obs, guard, trace, res};
+  SdcCheck sdc(cfg, topo, *stack.model, *update);
+  Job job{cfg, topo, stack, *fb, *update, loader, ckpt, mirror.get(), obs, guard, trace, sdc, res};
   int step = start.step;
   try {
     step = train_loop(job, step, rs.peak_flops);

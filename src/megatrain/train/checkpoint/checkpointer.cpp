@@ -28,7 +28,7 @@ struct TrainCheckpointer::Impl {
   Agreement agreement;  // over the host mesh (trivial in a single process)
   const bool sharded;   // each rank writes its own pieces (shard_layout.h); else rank 0 writes gathered full tensors
   const bool staged;    // two-stage saves: every layout but a gathered parallel one
-  uint64_t data_windows = 0;  // windows in an epoch of the training data (set_data_windows; 0 = not told)
+  SaveFacts facts;      // the data's windows per epoch (set_data_windows), the replicas' agreement (set_replica_hash)
   GatheredSave gathered;
   StagedSave staged_save;
 
@@ -45,8 +45,8 @@ TrainCheckpointer::~TrainCheckpointer() = default;
 
 std::string TrainCheckpointer::save(int step, const LoaderState& data, SaveWhy why) {
   Impl& s = *impl_;
-  if (s.staged) return s.staged_save.save(step, data, s.data_windows, why, /*wait=*/true);
-  return s.gathered.save(step, data, s.data_windows, why, s.agreement);
+  if (s.staged) return s.staged_save.save(step, data, s.facts, why, /*wait=*/true);
+  return s.gathered.save(step, data, s.facts, why, s.agreement);
 }
 
 void TrainCheckpointer::snapshot(int step, const LoaderState& data, SaveWhy why) {
@@ -59,7 +59,7 @@ void TrainCheckpointer::snapshot(int step, const LoaderState& data, SaveWhy why)
     if (s.h.main_rank()) s.staged_save.event({step, CheckpointStage::Committed, why, dir, "", now_seconds() - t0});
     return;
   }
-  s.staged_save.save(step, data, s.data_windows, why, wait);
+  s.staged_save.save(step, data, s.facts, why, wait);
 }
 
 bool TrainCheckpointer::snapshot_due(int step) const { return impl_->staged_save.snapshot_due(step); }
@@ -72,7 +72,12 @@ void TrainCheckpointer::check_shared_dir() {
   if (impl_->sharded) mt::check_shared_dir(impl_->h.cfg, impl_->h.mesh, impl_->agreement);
 }
 
-void TrainCheckpointer::set_data_windows(uint64_t windows) { impl_->data_windows = windows; }
+void TrainCheckpointer::set_data_windows(uint64_t windows) { impl_->facts.windows = windows; }
+
+void TrainCheckpointer::set_replica_hash(int step, uint64_t hash) {
+  impl_->facts.agreed_step = step;
+  impl_->facts.agreed_hash = hash;
+}
 
 void TrainCheckpointer::set_peer_links(std::unique_ptr<PeerLinks> links) {
   impl_->staged_save.set_peer_links(std::move(links));
@@ -82,7 +87,7 @@ TrainObserver* TrainCheckpointer::survivor() { return impl_->staged_save.survivo
 
 int TrainCheckpointer::restore(const std::string& path, LoaderState& data) {
   Impl& s = *impl_;
-  const Restored r = restore_checkpoint(s.h, s.agreement, s.data_windows, path, data);
+  const Restored r = restore_checkpoint(s.h, s.agreement, s.facts.windows, path, data);
   s.staged_save.protect(r.dir);
   return r.step;
 }
@@ -91,7 +96,7 @@ void TrainCheckpointer::init_params(const std::string& path) { mt::init_params(i
 
 int TrainCheckpointer::restore_auto(LoaderState& data, std::string& from) {
   Impl& s = *impl_;
-  const Restored r = restore_newest(s.h, s.agreement, s.data_windows, s.staged, data);
+  const Restored r = restore_newest(s.h, s.agreement, s.facts.windows, s.staged, data);
   if (r.step >= 0) {
     from = r.from;
     s.staged_save.protect(r.dir);

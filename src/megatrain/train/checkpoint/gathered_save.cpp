@@ -36,14 +36,14 @@ struct SavedTensor {
 
 // A full (gathered) checkpoint: parameters and optimizer moments, one file each. Returns its directory.
 std::string write_checkpoint(const RunConfig& cfg, const std::vector<SavedTensor>& tensors, int step,
-                             const LoaderState& data, uint64_t windows, SaveWhy why) {
+                             const LoaderState& data, const SaveFacts& facts, SaveWhy why) {
   std::vector<TensorRef> model_t, optim_t;
   for (const SavedTensor& t : tensors) {
     model_t.push_back(tensor_ref(t.name, t.p));
     optim_t.push_back(tensor_ref("m." + t.name, t.m));
     optim_t.push_back(tensor_ref("v." + t.name, t.v));
   }
-  const nlohmann::json extra = checkpoint_extra(cfg, step, data, windows);
+  const nlohmann::json extra = checkpoint_extra(cfg, step, data, facts);
   SaveOptions so;
   so.keep_last = cfg.ckpt.keep_last;
   double t0 = now_seconds();
@@ -170,7 +170,8 @@ GatheredSave::GatheredSave(const RankHoldings& h) : s_(std::make_unique<State>(h
 
 GatheredSave::~GatheredSave() = default;
 
-std::string GatheredSave::save(int step, const LoaderState& data, uint64_t windows, SaveWhy why, Agreement& agreement) {
+std::string GatheredSave::save(int step, const LoaderState& data, const SaveFacts& facts, SaveWhy why,
+                               Agreement& agreement) {
   State& s = *s_;
   const RankHoldings& h = s.h;
   const int pp = h.cfg.parallel.pp;
@@ -191,9 +192,9 @@ std::string GatheredSave::save(int step, const LoaderState& data, uint64_t windo
     for (auto& w : work) w->wait();
   } else if (pp > 1 && main_rank) {
     auto gathered = s.gather_stages();
-    dir = write_checkpoint(h.cfg, gathered.first, step, data, windows, why);
+    dir = write_checkpoint(h.cfg, gathered.first, step, data, facts, why);
   } else if (main_rank) {
-    dir = write_checkpoint(h.cfg, s.stage_tensors(), step, data, windows, why);
+    dir = write_checkpoint(h.cfg, s.stage_tensors(), step, data, facts, why);
   }
   agreement.barrier();  // nobody runs ahead of a checkpoint that is not committed yet
   return dir;

@@ -15,6 +15,7 @@
 
 #include "megatrain/comm/agreement.h"
 #include "megatrain/data/loader.h"
+#include "megatrain/train/checkpoint/run_position.h"
 #include "megatrain/train/checkpoint/shard_layout.h"
 #include "megatrain/train/observer.h"
 
@@ -27,9 +28,9 @@ class GatheredSave {
   GatheredSave(const GatheredSave&) = delete;
   GatheredSave& operator=(const GatheredSave&) = delete;
 
-  // Writes checkpoint `step` (data: the loader position; windows: the data's windows per epoch; why: for the log
+  // Writes checkpoint `step` (data: the loader position; facts: for the manifest, run_position.h; why: for the log
   // line). Collective. Returns the checkpoint directory on rank 0, "" on the other ranks.
-  std::string save(int step, const LoaderState& data, uint64_t windows, SaveWhy why, Agreement& agreement);
+  std::string save(int step, const LoaderState& data, const SaveFacts& facts, SaveWhy why, Agreement& agreement);
 
  private:
   struct State;

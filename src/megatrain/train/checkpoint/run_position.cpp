@@ -30,7 +30,8 @@ std::string window_order_of(bool shuffle, const std::string& seed, const std::st
 }  // namespace
 
 // What a checkpoint records besides the tensors: the model and optimizer, the position of the run, the layout.
-nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderState& data, uint64_t windows) {
+nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderState& data, const SaveFacts& facts) {
+  const uint64_t windows = facts.windows;
   const int micro = cfg.pipeline_microbatches();
   nlohmann::json extra = {{"model", model_config_to_json(cfg.model)},
                           {"optim_name", kind_name(cfg.optim.name)},
@@ -53,6 +54,8 @@ nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderStat
                             {"virtual_stages", cfg.parallel.virtual_stages},
                             {"microbatches", micro}}}};
   if (windows > 0) extra["data"]["windows"] = windows;  // what the order permutes: a grown dataset is another order
+  if (facts.agreed_step == step)                        // only a check of this very step vouches for these parameters
+    extra["sdc"] = {{"step", step}, {"hash", fmt::format("{:016x}", facts.agreed_hash)}, {"dp", cfg.parallel.dp}};
   if (!data.taken.empty()) {  // a blend: its sources, and the rows each has given (the position)
     nlohmann::json blend = nlohmann::json::array();
     for (const DataSource& src : cfg.data.sources()) blend.push_back({{"dir", src.dir}, {"weight", src.weight}});

@@ -24,9 +24,19 @@ namespace mt {
 
 class CheckpointReader;
 
-// What a checkpoint records besides the tensors: the model and optimizer, the position of the run, the layout.
-// windows: the windows in an epoch of the training data (0: not known, not recorded).
-nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderState& data, uint64_t windows);
+// What a save knows besides the config and the data position.
+struct SaveFacts {
+  uint64_t windows = 0;  // the windows in an epoch of the training data (0: not known, not recorded)
+  // The last check that the data-parallel replicas hold the same parameters (train/sdc_check.h) that agreed: its
+  // step (-1: none) and this rank's parameter hash there. A save of that step records them as extra.sdc =
+  // {"step": S, "hash": "<16 hex digits>", "dp": N}: the hash every replica of this rank's slice agreed on.
+  int agreed_step = -1;
+  uint64_t agreed_hash = 0;
+};
+
+// What a checkpoint records besides the tensors: the model and optimizer, the position of the run, the layout, the
+// replicas' agreed parameter hash (facts).
+nlohmann::json checkpoint_extra(const RunConfig& cfg, int step, const LoaderState& data, const SaveFacts& facts);
 
 // The run's position a checkpoint records (extra.step, extra.data.epoch/cursor), each type-checked: a wrong type
 // is an error naming the manifest and the key, never a bare json type_error.

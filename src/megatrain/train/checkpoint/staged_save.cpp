@@ -77,7 +77,7 @@ struct StagedSave::State {
 
   // Stage 1 of checkpoint `step` on the training thread; stage 2 (and the peer copy) posted to the background.
   // Returns the committed directory on rank 0 when `wait`, else "". (Slots and agreements: staged_save.h.)
-  std::string save(int step, const LoaderState& data, uint64_t windows, SaveWhy why, bool wait) {
+  std::string save(int step, const LoaderState& data, const SaveFacts& facts, SaveWhy why, bool wait) {
     const double t0 = now_seconds();
     worker->wait_idle();  // the previous save, if still in flight: its memory is about to be reused
     if (as->peers) {
@@ -105,7 +105,7 @@ struct StagedSave::State {
     piece_staging.clear();
     const MeshCoord c = h.coord();
     const bool finite = as->own[slot].stage(step, shard_file_name(c.pp, c.tp, c.dp), pieces_to_write(h, piece_staging),
-                                            checkpoint_extra(h.cfg, step, data, windows));
+                                            checkpoint_extra(h.cfg, step, data, facts));
     // collective: also the barrier after begin_sharded_checkpoint
     refuse_non_finite(h, agreement, step, finite && pieces_cover_holdings(h));
     as->own_ok[slot] = true;
@@ -155,8 +155,8 @@ StagedSave::StagedSave(const RankHoldings& h, bool enabled) : s_(std::make_uniqu
 
 StagedSave::~StagedSave() = default;
 
-std::string StagedSave::save(int step, const LoaderState& data, uint64_t windows, SaveWhy why, bool wait) {
-  return s_->save(step, data, windows, why, wait);
+std::string StagedSave::save(int step, const LoaderState& data, const SaveFacts& facts, SaveWhy why, bool wait) {
+  return s_->save(step, data, facts, why, wait);
 }
 
 bool StagedSave::snapshot_due(int step) const {

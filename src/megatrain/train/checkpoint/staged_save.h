@@ -29,6 +29,7 @@
 
 #include "megatrain/comm/agreement.h"
 #include "megatrain/data/loader.h"
+#include "megatrain/train/checkpoint/run_position.h"
 #include "megatrain/train/checkpoint/shard_layout.h"
 #include "megatrain/train/observer.h"
 
@@ -48,8 +49,8 @@ class StagedSave {
 
   // Stage 1 of checkpoint `step` now; stage 2 (unless why is Snapshot) and the peer copy posted to the background.
   // wait: also waits until committed (and throws on every rank if any part failed); returns the committed
-  // directory on rank 0 then, else "". windows: the data's windows per epoch (for the manifest).
-  std::string save(int step, const LoaderState& data, uint64_t windows, SaveWhy why, bool wait);
+  // directory on rank 0 then, else "". facts: for the manifest (run_position.h).
+  std::string save(int step, const LoaderState& data, const SaveFacts& facts, SaveWhy why, bool wait);
   // A peer copy is due after `step` (ckpt.snapshot_every, when there are peer links).
   bool snapshot_due(int step) const;
   void set_peer_links(std::unique_ptr<PeerLinks> links);

@@ -1,0 +1,37 @@
+// The pure half of the silent-data-corruption check (train/sdc_check.h): an exact hash of parameters, and the
+// decision which data-parallel replica is odd, given every replica's hash. Nothing here communicates.
+//
+// Invariants:
+//  * param_hash is a function of the bits of the floats and their count only: two replicas holding the same
+//    parameters bit for bit hash alike on any machine, and a change of any one 32-bit word (one bit of one weight)
+//    always changes the hash (every step of it is a bijection of the word's lane: xor, then a multiply by an odd
+//    constant; the lanes are combined the same way), so a single flipped bit is never missed;
+//  * judge_replicas names odd replicas only against a majority: the hash that the most replicas hold, when that
+//    count is unique and at least 2 (dp = 3: 2 against 1; dp = 4: 3 against 1, or 2 against 1 + 1). Without one
+//    (dp = 2 disagreeing; 1 + 1 + 1; 2 + 2) every replica is a suspect and no_majority is set: finding which side
+//    is wrong then needs a rerun, not a vote.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace mt {
+
+// A 64-bit hash of n floats' bits (FNV-1a's prime over 32-bit words, 4 independent lanes for speed, then combined
+// with the count and a final avalanche). Not cryptographic: it guards against faults, not adversaries.
+uint64_t param_hash(const float* p, size_t n);
+// Folds a tensor's hash into a running hash of several (order matters): the hash of a whole replica's tensors.
+uint64_t combine_hash(uint64_t acc, uint64_t h);
+constexpr uint64_t kHashSeed = 0xcbf29ce484222325ull;  // FNV-1a's offset basis: the running hash's start
+
+struct ReplicaVerdict {
+  bool agree = true;         // every replica holds the same hash
+  bool no_majority = false;  // they disagree and no majority exists: every replica is a suspect
+  uint64_t majority = 0;     // the majority's hash (meaningful when agree or a majority exists)
+  std::vector<int> odd;      // the replicas (indices into the hashes) outside the majority, or all of them
+};
+
+// hashes[i]: replica i's hash (i: its rank in the dp group).
+ReplicaVerdict judge_replicas(const std::vector<uint64_t>& hashes);
+
+}  // namespace mt

@@ -1,0 +1,157 @@
+// Silent data corruption on real supervised jobs (train/sdc_check.h): a bit of one weight of one rank is flipped
+// (MEGATRAIN_FAULTS bitflip) in a running `megatrain launch --max-restarts ... -- train` job. The replicas' check
+// must find it before the step's checkpoint is written, the event log must name the corrupt rank, the step and the
+// tensor, and the job must finish by itself with the per-step losses of an undisturbed run (the oracle): the
+// restart resumes from the newest checkpoint the replicas agreed on, before the flip.
+// The flip lands after step 6's update, a checkpoint step (ckpt.every = 2), so the check of that checkpoint finds it
+// whatever train.sdc_check_every is; under ZeRO-2 the next step's all-gather of the parameters would overwrite (or
+// spread) a flip that no check saw (docs/robust-training.md says what the check cannot see).
+#include "support/files.h"
+#include "support/launch_testutil.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/test_util.h"
+
+using namespace mt;
+using namespace mt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+class LaunchSdc : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mt::test::prepare_launch_data();
+    dir_ = mt::test::case_dir("mt-sdc-");
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // `nproc` ranks of the fault matrix's small job (launch_testutil.h dp2_tp2_job) in the layout `layout`.
+  std::vector<std::string> job(const std::string& out, int nproc, const std::vector<std::string>& layout,
+                               const std::vector<std::string>& launch_opts) {
+    std::vector<std::string> a = {"launch", "--nproc", std::to_string(nproc)};
+    a.insert(a.end(), launch_opts.begin(), launch_opts.end());
+    a.push_back("--");
+    a.push_back("train");
+    for (const std::string& f : dp2_tp2_job(out).with(layout).args()) a.push_back(f);
+    return a;
+  }
+
+  // The losses of the undisturbed job, once per build and layout (launch_testutil.h cached_losses).
+  std::vector<std::string> undisturbed(int nproc, const std::vector<std::string>& layout) {
+    const std::vector<std::string> args = job((dir_ / "undisturbed").string(), nproc, layout, {});
+    std::vector<std::string> losses = cached_losses("sdc-undisturbed", args, [&] {
+      const std::string log = (dir_ / "undisturbed.log").string();
+      EXPECT_EQ(finish_within(start_logged(kMegatrain, args, log), 400), 0) << slurp(log);
+      return step_losses((dir_ / "undisturbed" / "metrics.jsonl").string());
+    });
+    EXPECT_EQ(losses.size(), 10u);
+    return losses;
+  }
+
+  // The job under supervision with MEGATRAIN_FAULTS = faults; returns the launcher's exit code.
+  int supervised(int nproc, const std::vector<std::string>& layout, const std::string& faults) {
+    ::setenv("MEGATRAIN_FAULTS", faults.c_str(), 1);
+    const pid_t launcher = start_logged(kMegatrain,
+                                        job(out(), nproc, layout,
+                                            {"--max-restarts", "3", "--backoff", "0", "--events", events()}),
+                                        (dir_ / "run.log").string());
+    ::unsetenv("MEGATRAIN_FAULTS");
+    return finish_within(launcher, 400);
+  }
+  std::string out() const { return (dir_ / "run").string(); }
+  std::string events() const { return (dir_ / "events.jsonl").string(); }
+  std::string log() const { return slurp(dir_ / "run.log"); }
+  nlohmann::json first(const std::string& name) const {
+    for (auto& e : events_of(events()))
+      if (e["event"] == name) return e;
+    return nlohmann::json();
+  }
+  // The fault events of reason sdc, in order.
+  std::vector<nlohmann::json> sdc_faults() const {
+    std::vector<nlohmann::json> v;
+    for (auto& e : events_of(events()))
+      if (e["event"] == "fault" && e.value("reason", "") == "sdc") v.push_back(e);
+    return v;
+  }
+
+  fs::path dir_;
+};
+
+// dp = 3: the majority names the one corrupt replica.
+TEST_F(LaunchSdc, ABitflipOnOneOfThreeReplicasIsNamedByMajorityAndTheJobRecoversTheUndisturbedLosses) {
+  const std::vector<std::string> layout = {"--parallel.dp=3", "--parallel.tp=1"};
+  const auto want = undisturbed(3, layout);
+  ASSERT_EQ(supervised(3, layout, "bitflip:rank=1:step=6"), 0) << log();
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want);
+  EXPECT_EQ(first("injected")["rank"], 1);
+  const std::vector<nlohmann::json> sdc = sdc_faults();
+  ASSERT_EQ(sdc.size(), 1u) << slurp(events());
+  EXPECT_EQ(sdc[0]["rank"], 1);
+  EXPECT_EQ(sdc[0]["detail"]["step"], 6);
+  EXPECT_EQ(sdc[0]["detail"]["tensor"], "h.0.ln_1.weight");
+  EXPECT_EQ(sdc[0]["detail"]["suspects"], nlohmann::json::array({1}));
+  EXPECT_EQ(sdc[0]["detail"]["no_majority"], false);
+  EXPECT_EQ(first("restarting")["attempt"], 0);
+  EXPECT_EQ(first("resumed")["from"], 4);  // the checkpoint of step 6 was never written: its check failed
+  EXPECT_EQ(first("done")["attempt"], 1);
+  // Each checkpoint records the parameter hash its replicas agreed on at its own step (the restarted attempt wrote
+  // step 6's and 8's; keep_last 3 leaves 4, 6, 8).
+  for (int s : {4, 6, 8}) {
+    const fs::path manifest = fs::path(out()) / "ckpt" / fmt::format("step_{:08d}", s) / "manifest.json";
+    const nlohmann::json sdc = nlohmann::json::parse(slurp(manifest))["extra"]["sdc"];
+    EXPECT_EQ(sdc["step"], s) << manifest;
+    EXPECT_EQ(sdc["hash"].get<std::string>().size(), 16u) << manifest;
+    EXPECT_EQ(sdc["dp"], 3) << manifest;
+  }
+}
+
+// The check only reads the parameters: checking after every step, or never, trains bit for bit the same.
+TEST_F(LaunchSdc, CheckingEveryStepOrNeverChangesNoLoss) {
+  const std::vector<std::string> layout = {};  // dp2 x tp2
+  const auto want = undisturbed(4, layout);
+  for (const char* every : {"0", "1"}) {
+    const std::string run = (dir_ / (std::string("every") + every)).string();
+    std::vector<std::string> extra = {std::string("--train.sdc_check_every=") + every};
+    const std::string log = run + ".log";
+    std::vector<std::string> args = job(run, 4, extra, {});
+    ASSERT_EQ(finish_within(start_logged(kMegatrain, args, log), 400), 0) << slurp(log);
+    EXPECT_EQ(step_losses(run + "/metrics.jsonl"), want) << "train.sdc_check_every=" << every;
+  }
+}
+
+// dp = 2 (x tp = 2): no majority, so both replicas of the corrupt rank's dp group are named (the other dp group,
+// the other tp coordinate, agrees and names nobody); the restarted attempt's rerun of the step names the one that
+// did not reproduce its result.
+TEST_F(LaunchSdc, ABitflipUnderDp2NamesThePairThenTheRerunNamesTheCulpritAndTheJobRecoversTheUndisturbedLosses) {
+  const std::vector<std::string> layout = {};  // dp2_tp2_job's own dp2 x tp2
+  const auto want = undisturbed(4, layout);
+  ASSERT_EQ(supervised(4, layout, "bitflip:rank=2:step=6"), 0) << log();
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want);
+  const std::vector<nlohmann::json> sdc = sdc_faults();
+  ASSERT_EQ(sdc.size(), 2u) << slurp(events());
+  std::set<int> named;
+  for (const auto& e : sdc) {
+    named.insert(e["rank"].get<int>());
+    EXPECT_EQ(e["detail"]["step"], 6);
+    EXPECT_EQ(e["detail"]["suspects"], nlohmann::json::array({0, 2}));
+    EXPECT_EQ(e["detail"]["no_majority"], true);
+  }
+  EXPECT_EQ(named, (std::set<int>{0, 2}));  // rank 2's dp group: (dp0, tp0) and (dp1, tp0)
+  // The restarted attempt reruns step 6: rank 0 reproduces its hash, rank 2 (flipped in attempt 0 only) does not.
+  std::vector<nlohmann::json> culprits;
+  for (auto& e : events_of(events()))
+    if (e["event"] == "fault" && e.value("reason", "") == "sdc_culprit") culprits.push_back(e);
+  ASSERT_EQ(culprits.size(), 1u) << slurp(events());
+  EXPECT_EQ(culprits[0]["rank"], 2);
+  EXPECT_EQ(culprits[0]["attempt"], 1);
+  EXPECT_EQ(culprits[0]["detail"]["step"], 6);
+  EXPECT_EQ(culprits[0]["detail"]["reproduced_by"], nlohmann::json::array({0}));
+  EXPECT_FALSE(fs::exists(fs::path(out()) / "ckpt" / "sdc" / "step_6-pp0-tp0.json"));  // settled: removed
+  EXPECT_EQ(first("resumed")["from"], 4);
+  EXPECT_EQ(first("done")["attempt"], 1);
+}
+
+}  // namespace
