@@ -592,9 +592,7 @@ class LaunchDashboard : public ::testing::Test {
  protected:
   void SetUp() override {
     prepare_launch_data();
-    dir_ = fs::path(temp_root()) / "mt-dashboard";
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = case_dir("mt-dashboard-");  // one per test: ctest runs the fixture's tests side by side
   }
   void TearDown() override {
     if (launcher_ > 0) {
