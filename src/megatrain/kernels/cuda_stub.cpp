@@ -15,6 +15,8 @@ int cuda_device_count() { return 0; }
 
 std::string cuda_versions() { return "not built with CUDA (nvcc was not found at configure time)"; }
 
+std::pair<double, double> cuda_host_link_gbps(int, size_t) { return {0, 0}; }
+
 std::string resolve_cuda_attention(const std::string& attention) { return attention == "auto" ? "flash" : attention; }
 
 }  // namespace mt

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatrain/core/buffer.h"
@@ -288,5 +289,8 @@ int cuda_device_count();
 // The CUDA libraries this build runs on, for `megatrain --version`: "CUDA runtime 12.4 (driver 12.6), cuBLASLt
 // 120403, cuDNN 9.1.0", or "not built with CUDA". Needs no GPU.
 std::string cuda_versions();
+// The host link of GPU `device` (`megatrain diagnose`): {host-to-device, device-to-host} GB/s, each the median of
+// five timed copies of `bytes` between pinned host memory and the device. {0, 0} without CUDA or that device.
+std::pair<double, double> cuda_host_link_gbps(int device, size_t bytes = size_t(256) << 20);
 
 }  // namespace mt

@@ -2,6 +2,8 @@
 // reporting, op timing, and make_cuda_ops() / cuda_available().
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <vector>
 
 #include "megatrain/kernels/cuda/cublaslt_api.h"
 #include "megatrain/kernels/cuda/cuda_args.h"
@@ -55,6 +57,41 @@ std::string cuda_versions() {
   }
   return fmt::format("CUDA runtime {} (driver {}), {}, {}", cuda(runtime), driver > 0 ? cuda(driver) : "none",
                      lt_version, CudnnAttention::version());
+}
+
+std::pair<double, double> cuda_host_link_gbps(int device, size_t bytes) {
+  if (device < 0 || device >= cuda_device_count()) return {0, 0};
+  check(cudaSetDevice(device), "cuda_host_link_gbps: cudaSetDevice");
+  void *host = nullptr, *dev = nullptr;
+  check(cudaMallocHost(&host, bytes), "cuda_host_link_gbps: cudaMallocHost");
+  std::memset(host, 0x5a, bytes);  // first touch, so the timed copies move resident pages
+  check(cudaMalloc(&dev, bytes), "cuda_host_link_gbps: cudaMalloc");
+  cudaEvent_t a = nullptr, b = nullptr;
+  check(cudaEventCreate(&a), "cuda_host_link_gbps: cudaEventCreate");
+  check(cudaEventCreate(&b), "cuda_host_link_gbps: cudaEventCreate");
+  auto gbps = [&](cudaMemcpyKind kind) {
+    void* to = kind == cudaMemcpyHostToDevice ? dev : host;
+    const void* from = kind == cudaMemcpyHostToDevice ? host : dev;
+    check(cudaMemcpy(to, from, bytes, kind), "cuda_host_link_gbps: warm-up copy");
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      check(cudaEventRecord(a), "cuda_host_link_gbps: cudaEventRecord");
+      check(cudaMemcpyAsync(to, from, bytes, kind), "cuda_host_link_gbps: cudaMemcpyAsync");
+      check(cudaEventRecord(b), "cuda_host_link_gbps: cudaEventRecord");
+      check(cudaEventSynchronize(b), "cuda_host_link_gbps: cudaEventSynchronize");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, a, b), "cuda_host_link_gbps: cudaEventElapsedTime");
+      t.push_back(double(ms) / 1e3);
+    }
+    std::sort(t.begin(), t.end());
+    return double(bytes) / t[2] / 1e9;
+  };
+  const std::pair<double, double> r = {gbps(cudaMemcpyHostToDevice), gbps(cudaMemcpyDeviceToHost)};
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaFree(dev);
+  cudaFreeHost(host);
+  return r;
 }
 
 std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& options) {
