@@ -11,6 +11,8 @@
 //                        [--gemm-tuning N]   (time N of cuBLASLt's candidate algorithms per GEMM shape on its first
 //                        call and keep the fastest; the JSON's gemm_tuned lists what each shape chose and the time
 //                        it saved, gemm_tuning_saved_ms_per_step their sum over one step's calls)
+//                        [--deterministic]   (CudaOptions::deterministic, train.deterministic: steps that repeat bit
+//                        for bit; run with and without to measure what it costs)
 //                        [--plan-memory]   (no GPU needed: what the run would allocate through the backend, from the
 //                        same allocation code on the host, with bf16 activations; see plan_memory below)
 #include <sys/mman.h>
@@ -120,7 +122,7 @@ std::string gpu_name() {
 int main(int argc, char** argv) {
   std::string model_name = "gpt2-124m", block = "sequential", attention = "auto";
   int B = 8, T = 0, steps = 20, warmup = 3, window = 0, gemm_tuning = 0;
-  bool recompute = false, recompute_act = false, recompute_norm = false, plan = false;
+  bool recompute = false, recompute_act = false, recompute_norm = false, plan = false, deterministic = false;
   double peak_tflops = 989.0;
   CLI::App app{"bench_gpu_train: megatrain's training-step throughput on one GPU; prints one JSON line"};
   app.add_option("--model", model_name, "preset (bench/torch_gpt.py's)")
@@ -147,6 +149,7 @@ int main(int argc, char** argv) {
   app.add_option("--gemm-tuning", gemm_tuning, "candidate GEMM algorithms to time per shape (0: the heuristic's)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
+  app.add_flag("--deterministic", deterministic, "bit-for-bit repeatable steps (train.deterministic)");
   CLI11_PARSE(app, argc, argv);
   ModelConfig cfg;
   int preset_T = 0;
@@ -169,7 +172,8 @@ int main(int argc, char** argv) {
                         {"recompute_act", recompute_act},
                         {"recompute_norm", recompute_norm},
                         {"attention", resolve_cuda_attention(attention)},
-                        {"gemm_tuning", gemm_tuning}};
+                        {"gemm_tuning", gemm_tuning},
+                        {"deterministic", deterministic}};
   if (plan) {
     try {
       out["benchmark"] = "memory_plan";
@@ -193,6 +197,7 @@ int main(int argc, char** argv) {
     CudaOptions copt;
     copt.attention = attention;
     copt.gemm_tuning = gemm_tuning;
+    copt.deterministic = deterministic;
     auto ops = make_cuda_ops(-1, copt);
     ops->synchronize();
     const size_t used_before = gpu_used_bytes();

@@ -571,6 +571,50 @@ TEST_F(CudaOpsTest, EmbeddingForwardBackward) {
   }
 }
 
+// Deterministic mode (train.deterministic): the sorted, atomic-free backward. Many rows share a few tokens (half of
+// them token 7, the rest from 6 tokens, some -1 = not mine), so atomics would add each token's rows in a varying
+// order. Oracle: a naive sum in double over the same bf16 dout; fp32 sums of up to ~600 terms in a fixed order
+// are within 1e-5 of the largest gradient. Two calls from the same starting dwte give bit-identical results.
+TEST_F(CudaOpsTest, DeterministicEmbeddingBackwardMatchesADoubleSumAndRepeatsBitForBit) {
+  static_cast<CudaOps&>(*gpu_).set_deterministic(true);
+  const int64_t B = 4, T = 300, C = 72, V = 50;
+  std::vector<int32_t> tok(B * T);
+  for (int64_t i = 0; i < B * T; ++i) tok[i] = i % 2 == 0 ? 7 : i % 13 == 0 ? -1 : static_cast<int32_t>(i % 6) * 8;
+  VecF dy = randn(B * T * C, 47), dwte0 = randn(V * C, 48), dwpe0 = randn(T * C, 49);
+  Tensor gtok = dev_i32(tok, {B, T}), gdy = dev(dy, {B, T, C});  // dy rounded to bf16 in place
+  std::vector<double> want_te(dwte0.begin(), dwte0.end()), want_pe(dwpe0.begin(), dwpe0.end());
+  for (int64_t i = 0; i < B * T; ++i)
+    for (int64_t c = 0; c < C; ++c) {
+      if (tok[i] >= 0) want_te[tok[i] * C + c] += dy[i * C + c];
+      want_pe[(i % T) * C + c] += dy[i * C + c];
+    }
+  VecF first;
+  for (int run = 0; run < 2; ++run) {
+    Tensor gdwte = dev_f32(dwte0, {V, C}), gdwpe = dev_f32(dwpe0, {T, C});
+    gpu_->embedding_backward(gdwte, gdwpe, gdy, gtok);
+    const VecF got = host(gdwte);
+    double max_want = 0;
+    for (double w : want_te) max_want = std::max(max_want, std::abs(w));
+    EXPECT_TRUE(close(got, want_te, 1e-5, 1e-5 * max_want));
+    EXPECT_TRUE(close(host(gdwpe), want_pe, 1e-5, 1e-5 * max_want));
+    if (run == 0)
+      first = got;
+    else
+      EXPECT_EQ(got, first) << "two deterministic embedding backward calls differ";
+  }
+  // A token beyond the table is still reported at the next synchronisation.
+  std::vector<int32_t> bad = {0, 60};
+  Tensor gbad = dev_i32(bad, {2}), gdbad = zeros({2, C}), gdw = zeros({V, C}, DType::F32);
+  gpu_->embedding_backward(gdw, Tensor{}, gdbad, gbad);
+  const std::string msg = test::error_of([&] { gpu_->synchronize(); });
+  EXPECT_NE(msg.find("embedding"), std::string::npos) << msg;
+}
+
+TEST(CudaOptions, DeterministicWithGemmTuningIsAnErrorSayingWhy) {
+  const std::string msg = test::error_of([] { make_cuda_ops(-1, CudaOptions{"flash", 8, true}); });
+  EXPECT_NE(msg.find("deterministic mode and gemm_tuning = 8 cannot be combined"), std::string::npos) << msg;
+}
+
 TEST_F(CudaOpsTest, EmbeddingTokenOutOfRangeIsReportedAtSync) {
   std::vector<int32_t> tok = {0, 5};
   VecF wte = randn(4 * 8, 34);

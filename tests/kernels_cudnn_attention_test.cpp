@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "megatrain/core/bf16.h"
+#include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/cuda/cudnn_attention.h"
 #include "megatrain/kernels/ops.h"
 #include "support/attention_testutil.h"
@@ -193,6 +195,27 @@ TEST(CudnnAttention, BackwardIsRepeatable) {
   const Results first = run_ops(*ops, s, in);
   const Results again = run_ops(*ops, s, in, &first);
   expect_dqkv_close("second backward", s, again.dqkv, first.dqkv);
+}
+
+// Deterministic mode (train.deterministic): cuDNN only through engines not marked nondeterministic, or, where it
+// has none for the shape, our flash kernel's deterministic path. Either way two backward passes from the same
+// inputs give bit-identical dqkv, which matches the CPU backend (the oracle).
+TEST(CudnnAttention, DeterministicBackwardRepeatsBitForBit) {
+  MT_NEED_GPU_AND_CUDNN();
+  const AttnShape s = shape(2, 256, 4, 2, 64, 0);
+  const Inputs in = make_inputs(s, 21);
+  CudaOptions opt;
+  opt.attention = "cudnn";
+  opt.deterministic = true;
+  auto ops = make_cuda_ops(-1, opt);
+  const bool on_cudnn = static_cast<CudaOps&>(*ops).attention_on_cudnn(s, true);
+  std::cout << "deterministic attention backward runs on " << (on_cudnn ? "cuDNN" : "our flash kernel (fallback)")
+            << "\n";
+  RecordProperty("deterministic_backward", on_cudnn ? "cudnn" : "flash");
+  const Results first = run_ops(*ops, s, in);
+  const Results again = run_ops(*ops, s, in, &first);
+  EXPECT_EQ(again.dqkv, first.dqkv) << "two deterministic backward passes differ";
+  expect_dqkv_close("deterministic vs cpu", s, first.dqkv, cpu_backward(s, in, first.out, first.lse));
 }
 
 // reserve_attention builds the plans up front; a shape then runs without growing anything.

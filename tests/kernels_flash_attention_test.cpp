@@ -1,6 +1,6 @@
 // Flash attention (kernels/cuda/flash_attention.*) against two independent oracles on the same bf16-rounded inputs:
 //   (a) the fp32 CPU backend (CpuOps::attention_forward/backward), over causal, windowed, GQA and ragged-T shapes;
-//   (b) a naive double-precision T x T formula written here, on small shapes.
+//   (b) a naive double-precision T x T formula written here, on small shapes (also for the deterministic dq pass).
 // The kernels are called directly on cudaMalloc'd memory, so this does not depend on CudaOps. GPU tests skip
 // without a device; the oracle and tile-range tests run everywhere.
 //
@@ -62,7 +62,8 @@ struct DeviceMem {
   }
 };
 
-Results run_gpu(const AttnShape& s, const Inputs& in) {
+// deterministic: the backward's dq from its atomic-free pass (train.deterministic).
+Results run_gpu(const AttnShape& s, const Inputs& in, bool deterministic = false) {
   const size_t n_qkv = in.qkv.size(), n_out = in.dout.size(), n_lse = static_cast<size_t>(s.B) * s.n_head * s.T;
   DeviceMem qkv(n_qkv * 2), out(n_out * 2), dout(n_out * 2), lse(n_lse * 4), dqkv(n_qkv * 2),
       ws(flash_attention_workspace_bytes(s));
@@ -77,7 +78,7 @@ Results run_gpu(const AttnShape& s, const Inputs& in) {
 
   flash_attention_forward(nullptr, s, qkv.as<__nv_bfloat16>(), out.as<__nv_bfloat16>(), lse.as<float>());
   flash_attention_backward(nullptr, s, qkv.as<__nv_bfloat16>(), out.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(),
-                           lse.as<float>(), dqkv.as<__nv_bfloat16>(), ws.as<float>());
+                           lse.as<float>(), dqkv.as<__nv_bfloat16>(), ws.as<float>(), deterministic);
   cuda_ok(cudaDeviceSynchronize(), "flash attention kernels");
 
   std::vector<uint16_t> ho(n_out), hdq(n_qkv);
@@ -266,6 +267,30 @@ TEST_P(FlashAttentionVsNaive, ForwardAndBackwardMatch) {
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionVsNaive,
                          ::testing::Values(shape(1, 70, 4, 2, 64, 0), shape(1, 70, 4, 2, 64, 17),
                                            shape(2, 33, 2, 1, 128, 0), shape(1, 66, 2, 2, 128, 5)),
+                         [](const ::testing::TestParamInfo<AttnShape>& i) { return shape_name(i.param); });
+
+// Deterministic mode (train.deterministic): dq from a pass of its own, without atomics. It matches the naive
+// oracle within the same bounds as the default path, two runs give bit-identical dqkv, and dk, dv (the same kernel
+// in both modes) are bit-identical to the default path's. Several key tiles per query tile (T = 300) make the order
+// of dq's adds matter.
+class FlashAttentionDeterministic : public ::testing::TestWithParam<AttnShape> {};
+
+TEST_P(FlashAttentionDeterministic, DqMatchesTheOracleAndRunsAreBitIdentical) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const AttnShape s = GetParam();
+  const Inputs in = make_inputs(s, 77);
+  const Results a = run_gpu(s, in, true), b = run_gpu(s, in, true), fast = run_gpu(s, in, false);
+  const Results want = naive(s, in);
+  expect_close("out", a.out, want.out, kMaxTol, kRmsTol);
+  expect_dqkv_close("deterministic vs naive", s, a.dqkv, want.dqkv);
+  EXPECT_EQ(a.dqkv, b.dqkv) << "two deterministic backward passes differ";
+  for (char part : {'k', 'v'}) EXPECT_EQ(qkv_part(s, a.dqkv, part), qkv_part(s, fast.dqkv, part)) << part;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttentionDeterministic,
+                         ::testing::Values(shape(1, 70, 4, 2, 64, 0), shape(1, 66, 2, 2, 128, 5),
+                                           shape(2, 300, 4, 2, 64, 0), shape(1, 300, 2, 1, 128, 0),
+                                           shape(1, 257, 4, 1, 64, 64)),
                          [](const ::testing::TestParamInfo<AttnShape>& i) { return shape_name(i.param); });
 
 // A window covering the whole sequence visits the same tiles with the same mask: bit-identical forward results.

@@ -323,4 +323,57 @@ TEST(TrainGpu, DiagnoseFailsTheGemmCheckOfAGpuAnotherProcessIsUsing) {
   EXPECT_LT(gemm.value("value", 1e9), 0.6 * 989) << gemm.dump();
 }
 
+// train.deterministic: two GPU runs of the same job give bit-identical per-step losses ("loss_exact", the loss's
+// exact bits), with the default attention (cuDNN's deterministic engines, or our flash kernel where cuDNN has none)
+// and with our flash kernels. Oracle: the run itself, repeated. Without the setting the embedding gradient's and
+// flash attention dq's float atomics make the last bits vary.
+TEST(TrainGpu, TwoDeterministicRunsGiveIdenticalLosses) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  mt::test::prepare_gpt2_brown();
+  const std::string a = ::testing::TempDir() + "/mt_gpu_det_a", b = ::testing::TempDir() + "/mt_gpu_det_b";
+  for (const std::string attention : {"auto", "flash"}) {
+    SCOPED_TRACE("train.attention = " + attention);
+    const std::vector<std::string> extra = {"--train.steps=20", "--ckpt.save_final=false", "--train.deterministic=true",
+                                            "--train.attention=" + attention};
+    for (const std::string& out : {a, b}) {
+      fs::remove_all(out);
+      run_training(small(out, "cuda", extra));
+    }
+    const std::vector<std::string> la = mt::test::step_losses(a + "/metrics.jsonl"),
+                                   lb = mt::test::step_losses(b + "/metrics.jsonl");
+    ASSERT_EQ(la.size(), 20u);
+    EXPECT_EQ(la, lb);
+  }
+}
+
+// A deterministic run under `megatrain launch` whose rank SIGKILLs itself at step 7 (MEGATRAIN_FAULTS) is restarted
+// from the step-5 checkpoint and ends with per-step losses bit for bit those of the same job undisturbed: recovery
+// from a checkpoint loses nothing when every step repeats exactly.
+TEST(TrainGpu, AKillNineRecoveryOfADeterministicRunEqualsAnUndisturbedOne) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  mt::test::prepare_gpt2_brown();
+  const fs::path dir = mt::test::case_dir("mt-gpu-det-kill-");
+  // Both runs through the launcher, the same way, so that only the crash and the recovery differ.
+  const auto launch = [&](const std::string& name, const std::string& faults) {
+    mt::test::SmallJob job = gpu_job((dir / name).string(), "cuda");
+    job.with({"--train.steps=12", "--ckpt.every=5", "--ckpt.save_final=false", "--train.deterministic=true"});
+    if (!faults.empty()) ::setenv("MEGATRAIN_FAULTS", faults.c_str(), 1);
+    const std::string cmd = mt::test::kMegatrain + " launch --nproc 1 --max-restarts 2 --backoff 0 --events " +
+                            (dir / (name + "_events.jsonl")).string() + " -- train" + job.line() + " > " +
+                            (dir / (name + ".log")).string() + " 2>&1";
+    const int rc = mt::test::shell_exit_code(std::system(cmd.c_str()));
+    ::unsetenv("MEGATRAIN_FAULTS");
+    return rc;
+  };
+  ASSERT_EQ(launch("undisturbed", ""), 0) << mt::test::slurp(dir / "undisturbed.log");
+  ASSERT_EQ(launch("run", "crash:rank=0:step=7"), 0) << mt::test::slurp(dir / "run.log");
+  int injected = 0;
+  for (const auto& e : mt::test::events_of(dir / "run_events.jsonl")) injected += e["event"] == "injected";
+  EXPECT_EQ(injected, 1) << "the crash was not injected: " << mt::test::slurp(dir / "run_events.jsonl");
+  const std::vector<std::string> want = mt::test::step_losses(dir / "undisturbed" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 12u);
+  EXPECT_EQ(mt::test::step_losses(dir / "run" / "metrics.jsonl"), want);
+  if (!HasFailure()) fs::remove_all(dir);
+}
+
 }  // namespace

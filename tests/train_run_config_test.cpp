@@ -115,6 +115,22 @@ TEST(RunConfig, WrongTypesAndValuesAreErrors) {
   EXPECT_EQ(parse_run_config("", "t.toml").train.gemm_tuning, 0) << "tuning is off by default";
 }
 
+// train.deterministic: off by default, parsed from TOML and overrides; with GEMM tuning it is refused naming both
+// keys (tuning picks algorithms by timing, which can differ between runs). On the CPU it is accepted (a no-op).
+TEST(RunConfig, DeterministicParsesAndRefusesGemmTuning) {
+  EXPECT_FALSE(parse_run_config("", "t.toml").train.deterministic) << "off by default";
+  EXPECT_TRUE(parse_run_config("[train]\ndeterministic = true\n", "t.toml").train.deterministic);
+  EXPECT_TRUE(parse_run_config("", "t.toml", {"--train.deterministic=true"}).train.deterministic);
+  EXPECT_NE(error_of("[train]\ndeterministic = \"yes\"\n").find("train.deterministic must be true or false"),
+            std::string::npos);
+  const std::string e = error_of("", {"--train.deterministic=true", "--train.gemm_tuning=8"});
+  EXPECT_NE(e.find("train.deterministic = true and train.gemm_tuning = 8 cannot be combined"), std::string::npos) << e;
+  EXPECT_NE(e.find("set train.gemm_tuning = 0"), std::string::npos) << e;
+  const RunConfig cpu = parse_run_config("[train]\ndevice = \"cpu\"\ndeterministic = true\n", "t.toml");
+  EXPECT_TRUE(cpu.train.deterministic);
+  EXPECT_EQ(cpu.train.device, Device::CPU);
+}
+
 // The model's kinds are enums parsed once from their spelling (model/config.h): every spelling maps to its kind, in
 // TOML and in command-line overrides; a misspelt kind or a non-string is refused naming the file, the key and the
 // allowed spellings.

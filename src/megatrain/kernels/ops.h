@@ -274,6 +274,12 @@ struct CudaOptions {
   // keeps the fastest. Tuned processes may choose different algorithms from one another (the choice follows
   // timings), and so round differently; hence off by default.
   int gemm_tuning = 0;
+  // Deterministic mode (train.deterministic; Megatron's --deterministic-mode): every op repeats bit for bit from
+  // run to run on one GPU model, at some cost in speed - the embedding and flash attention backward without float
+  // atomics, cuDNN attention only through engines not marked nondeterministic (else our flash kernel for that
+  // shape), the GEMMs as cuBLASLt's heuristic picks them (fixed per shape; gemm_tuning > 0 with it is an error).
+  // See docs/cuda.md.
+  bool deterministic = false;
 };
 // What CudaOptions::attention resolves to in this build: "cudnn" or "flash" ("auto" becomes "cudnn" when megatrain
 // was built with cuDNN). Other values are returned unchanged (make_cuda_ops rejects them).

@@ -149,9 +149,10 @@ void ProgressPrinter::on_run_start(const RunStart& r) {
   // On a GPU, which attention runs ("auto" resolved): the two differ several-fold in speed.
   const std::string attention =
       c.train.device == Device::CUDA
-          ? fmt::format(", attention {}{}", resolve_cuda_attention(kind_name(c.train.attention)),
+          ? fmt::format(", attention {}{}{}", resolve_cuda_attention(kind_name(c.train.attention)),
                         c.train.gemm_tuning > 0 ? fmt::format(", GEMMs tuned over {} candidates", c.train.gemm_tuning)
-                                                : "")
+                                                : "",
+                        c.train.deterministic ? ", deterministic" : "")
           : "";
   fmt::print("model: {} layers, d_model {}, {} heads, block {}, window {}{}, {:.2f}M params | data: {}, "
              "B={}x{} T={} accum={}{} | {} threads/rank | MFU vs {:.1f} GFLOP/s ({}, {} rank(s)){}\n",

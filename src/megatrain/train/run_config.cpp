@@ -515,6 +515,9 @@ void add_train_rows(std::vector<Row>& t) {
   t.push_back(row("train", "gemm_tuning", MT_MEMBER(train.gemm_tuning),
                   zero_or_range(2, 64, " (cuBLASLt's heuristic choice)"),
                   "cuda only: time this many cuBLASLt candidates per GEMM shape on its first call, keep the fastest"));
+  t.push_back(row("train", "deterministic", MT_MEMBER(train.deterministic), any(),
+                  "cuda: runs repeat bit for bit (no float atomics in the backward, deterministic cuDNN engines; "
+                  "slower; needs gemm_tuning = 0); cpu: accepted, changes nothing (already deterministic)"));
   t.push_back(int_list_row("train", "skip_steps", MT_MEMBER(train.skip_steps), 1,
                            "steps whose batches are read and dropped unused (e.g. after a NaN that repeats)"));
   t.push_back(int_list_row("train", "trace_steps", MT_MEMBER(train.trace_steps), 1,
@@ -722,6 +725,11 @@ void RunConfig::validate() const {
   MT_CHECK(train.trace_steps.empty() || (train.trace_steps.size() == 2 && train.trace_steps[0] <= train.trace_steps[1]),
            "{}: train.trace_steps must be [first, last] with first <= last (e.g. [5, 7]), or [] for no timeline",
            source);
+  // Tuning picks each GEMM's algorithm by timing it, so the choice (and its rounding) may differ between runs.
+  MT_CHECK(!train.deterministic || train.gemm_tuning == 0,
+           "{}: train.deterministic = true and train.gemm_tuning = {} cannot be combined: tuning chooses each GEMM's "
+           "algorithm by timing it, so two runs may round differently; set train.gemm_tuning = 0",
+           source, train.gemm_tuning);
   if (parallel.pp == 1) {
     MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1 && parallel.stage_layers.empty(),
              "{}: parallel.virtual_stages ({}), parallel.microbatches ({}) and parallel.stage_layers need "

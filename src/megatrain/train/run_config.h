@@ -54,6 +54,10 @@ struct TrainConfig {
   AttentionChoice attention = AttentionChoice::Auto;  // cuda only (CudaOptions::attention)
   int gemm_tuning = 0;  // cuda only: 0 = cuBLASLt's heuristic; N in 2..64 = time N candidates per GEMM
                         // shape on its first call and keep the fastest (CudaOptions::gemm_tuning)
+  // GPU runs that repeat bit for bit (CudaOptions::deterministic; docs/cuda.md): no float atomics in the backward,
+  // cuDNN only through deterministic engines. With gemm_tuning > 0 it is refused (validate). The CPU backend is
+  // deterministic anyway: there it changes nothing.
+  bool deterministic = false;
   // Robust training (docs/robust-training.md). skip_steps: steps whose batches are read and dropped unused (no
   // forward, backward or optimizer step), e.g. after a NaN that repeats on the same data.
   std::vector<int> skip_steps;

@@ -31,7 +31,8 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
     plane = decide_device_plane(cfg.parallel.device_plane, ri.local_rank, ri.local_world_size, cuda_device_count());
   t.ops = seams.make_ops ? seams.make_ops()
           : gpu          ? make_cuda_ops(ri.world_size > 1 ? plane.gpu : -1,
-                                CudaOptions{kind_name(cfg.train.attention), cfg.train.gemm_tuning})
+                                CudaOptions{kind_name(cfg.train.attention), cfg.train.gemm_tuning,
+                                            cfg.train.deterministic})
                 : make_cpu_ops();
   if (ri.world_size == 1) return t;
 

@@ -7,7 +7,7 @@
 // sum_squares and lamb_moments wait for it. Everything an op needs beyond its arguments (the cuBLASLt handle and
 // workspace, reduction scratch, the timing event pool) is allocated up front, so a training step never calls
 // cudaMalloc; the exceptions are the attention backward workspace, sized by reserve() or, failing that, by the
-// first (largest) shape seen, and the multi-tensor optimizers' segment table (with LAMB's block partials), sized at
+// first (largest) shape seen, the deterministic embedding backward's sort workspace (sized by the first call), and the multi-tensor optimizers' segment table (with LAMB's block partials), sized at
 // the first step.
 //
 // Attention runs our flash kernels (flash_attention.h) unless use_cudnn_attention() switched it to cuDNN's fused
@@ -50,6 +50,13 @@ class CudaOps final : public Ops {
   // GEMM tuning (CudaOptions::gemm_tuning, LtGemm::set_tuning) and what it found per distinct GEMM so far.
   void set_gemm_tuning(int candidates) { gemm_->set_tuning(candidates); }
   std::vector<GemmTuned> gemm_tuning_report() const { return gemm_->tuned(); }
+  // Deterministic mode (CudaOptions::deterministic): every op repeats bit for bit from run to run on one GPU model.
+  // The embedding backward sorts instead of using atomics (embedding_kernels.cu), flash attention computes dq in a
+  // pass of its own instead of atomics (flash_attention.cu), cuDNN attention takes only engines not marked
+  // nondeterministic and, for a shape it has none for, runs our flash kernel instead (saying so once on stderr).
+  // The GEMMs need nothing: cuBLASLt's heuristic choice for a shape is fixed (GEMM tuning must then be off).
+  void set_deterministic(bool on);
+  bool deterministic() const { return deterministic_; }
   // Sizes the attention backward workspace for shapes up to `s` now (allocating outside the training step).
   void reserve(const AttnShape& s);
   void reserve_attention(const AttnShape& s) override { reserve(s); }
@@ -57,6 +64,9 @@ class CudaOps final : public Ops {
   // cuDNN or cuDNN cannot start); call it before the first attention op.
   void use_cudnn_attention();
   bool uses_cudnn_attention() const { return cudnn_attn_ != nullptr; }
+  // Whether the attention forward (backward) of s runs on cuDNN: it was switched there and, in deterministic mode,
+  // cuDNN has an engine not marked nondeterministic for it (builds and caches the plan).
+  bool attention_on_cudnn(const AttnShape& s, bool backward);
 
   Device device() const override { return Device::CUDA; }
   std::string device_name() const override;
@@ -171,6 +181,12 @@ class CudaOps final : public Ops {
   int* err_host_ = nullptr;          // pinned copy, read after each synchronisation
   void* attn_ws_ = nullptr;          // flash attention backward workspace
   size_t attn_ws_bytes_ = 0;
+  bool deterministic_ = false;
+  bool said_cudnn_fallback_ = false;  // the note that cuDNN has no deterministic engine for a shape, printed once
+  void* emb_ws_ = nullptr;            // the deterministic embedding backward's sort workspace
+  size_t emb_ws_bytes_ = 0;
+  // The flash workspace for shapes up to s.
+  void reserve_flash(const AttnShape& s);
   std::unique_ptr<CudnnAttention> cudnn_attn_;  // set: attention goes through cuDNN
   OpTimer timer_;
 };

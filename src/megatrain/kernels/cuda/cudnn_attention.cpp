@@ -262,9 +262,33 @@ class Builder {
     ops_.push_back(op);
   }
 
+  // Whether the engine of heuristics config `cfg` carries CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC (its results may
+  // differ between runs: atomics, typically the backward's dQ accumulation over key tiles).
+  bool nondeterministic(cudnnBackendDescriptor_t cfg, int64_t i) {
+    const std::string what = fmt::format("the engine of engine config {}", i);
+    cudnnBackendDescriptor_t engine = create(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "CUDNN_BACKEND_ENGINE_DESCRIPTOR", what);
+    int64_t n = 0;
+    cudnnStatus_t st = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                                &engine);
+    if (st != CUDNN_STATUS_SUCCESS)
+      fail("{}: cudnnBackendGetAttribute(CUDNN_ATTR_ENGINECFG_ENGINE) of engine config {} failed: {}", ctx_, i,
+           status_text(st));
+    std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
+    n = 0;
+    st = cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                  static_cast<int64_t>(notes.size()), &n, notes.data());
+    if (st != CUDNN_STATUS_SUCCESS)
+      fail("{}: cudnnBackendGetAttribute(CUDNN_ATTR_ENGINE_NUMERICAL_NOTE) of {} failed: {}", ctx_, what,
+           status_text(st));
+    const auto end = notes.begin() + std::min<int64_t>(n, static_cast<int64_t>(notes.size()));
+    return std::find(notes.begin(), end, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) != end;
+  }
+
   // The operation graph of the ops added so far, an engine config from heuristics mode A that finalizes into an
-  // execution plan, and its workspace size. Throws (nothing launched) when cuDNN takes no config.
-  void build_plan() {
+  // execution plan, and its workspace size. With `deterministic`, configs whose engine is marked nondeterministic
+  // are skipped, and when that leaves none the result is false (no plan; nothing launched). Throws (nothing
+  // launched) when cuDNN takes no config otherwise.
+  bool build_plan(bool deterministic) {
     const char* what = "the operation graph";
     cudnnBackendDescriptor_t graph = create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR,
                                             "CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR", what);
@@ -308,7 +332,12 @@ class Builder {
     }
     // Take the first config (heuristics order: the predicted fastest) that finalizes into a plan.
     std::string refusals;
+    int64_t skipped = 0;
     for (int64_t i = 0; i < got; ++i) {
+      if (deterministic && nondeterministic(cfgs[static_cast<size_t>(i)], i)) {
+        ++skipped;
+        continue;
+      }
       const std::string pwhat = fmt::format("the execution plan of engine config {}", i);
       cudnnBackendDescriptor_t exec = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
                                              "CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR", pwhat);
@@ -328,10 +357,12 @@ class Builder {
              status_text(wst));
       plan_.exec = exec;
       plan_.cudnn_ws = ws;
-      return;
+      return true;
     }
-    fail("{}: none of the {} engine configs cuDNN's heuristics proposed finalizes into an execution plan; {}:{}", ctx_,
-         got, kHint, refusals);
+    if (deterministic && skipped == got) return false;
+    fail("{}: none of the {} engine configs cuDNN's heuristics proposed finalizes into an execution plan{}; {}:{}",
+         ctx_, got, skipped > 0 ? fmt::format(" ({} skipped as nondeterministic: train.deterministic)", skipped) : "",
+         kHint, refusals);
   }
 
  private:
@@ -499,14 +530,16 @@ void build_backward(Builder& g, const AttnShape& s) {
 
 #undef MT_SET
 
-using Key = std::array<int, 7>;  // B, T, n_head, n_kv_head, head_dim, window, backward
+using Key = std::array<int, 8>;  // B, T, n_head, n_kv_head, head_dim, window, backward, deterministic
 
 }  // namespace
 
 struct CudnnAttention::Impl {
   cudnnHandle_t handle = nullptr;
   cudaStream_t stream = nullptr;
+  // A plan whose exec is null: deterministic was asked for and every engine cuDNN proposed is nondeterministic.
   std::map<Key, std::unique_ptr<Plan>> plans;
+  bool deterministic = false;
   void* ws = nullptr;
   size_t ws_bytes = 0;
 
@@ -532,7 +565,7 @@ struct CudnnAttention::Impl {
 
   Plan& plan(const AttnShape& s, bool bwd) {
     check_shape(s, bwd);
-    const Key key{s.B, s.T, s.n_head, s.n_kv_head, s.head_dim, s.window, bwd ? 1 : 0};
+    const Key key{s.B, s.T, s.n_head, s.n_kv_head, s.head_dim, s.window, bwd ? 1 : 0, deterministic ? 1 : 0};
     if (auto it = plans.find(key); it != plans.end()) return *it->second;
     auto p = std::make_unique<Plan>();
     p->scalars = std::make_unique<Scalars>();
@@ -546,8 +579,19 @@ struct CudnnAttention::Impl {
     } else {
       build_forward(g, s);
     }
-    g.build_plan();
+    if (!g.build_plan(deterministic)) p->scratch = 0;  // no engine qualifies: kept as such, exec null
     return *plans.emplace(key, std::move(p)).first->second;
+  }
+
+  // The plan of s, which must exist: a direction with no deterministic engine is an error naming the problem
+  // (CudaOps asks has_deterministic() first and runs our flash kernel instead).
+  Plan& runnable(const AttnShape& s, bool bwd) {
+    Plan& p = plan(s, bwd);
+    MT_CHECK(p.exec != nullptr,
+             "{}: train.deterministic asks for an engine whose results repeat bit for bit, and every engine config "
+             "cuDNN's heuristics proposed is marked CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC; {}",
+             context(s, bwd), kHint);
+    return p;
   }
 
   // Grows the workspace to `need` bytes (waiting for the stream first: queued executions may still use it).
@@ -623,7 +667,14 @@ std::string CudnnAttention::version() {
 
 size_t CudnnAttention::workspace_bytes() const { return impl_->ws_bytes; }
 
+void CudnnAttention::set_deterministic(bool on) { impl_->deterministic = on; }
+
+bool CudnnAttention::has_deterministic(const AttnShape& s, bool backward) {
+  return impl_->plan(s, backward).exec != nullptr;
+}
+
 void CudnnAttention::reserve(const AttnShape& s) {
+  // A direction without a plan (deterministic, no engine qualifies) needs no workspace here.
   const size_t need = std::max(impl_->plan(s, false).workspace(), impl_->plan(s, true).workspace());
   impl_->ensure_workspace(need);
 }
@@ -631,7 +682,7 @@ void CudnnAttention::reserve(const AttnShape& s) {
 void CudnnAttention::forward(const AttnShape& s, const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse) {
   MT_CHECK(qkv && out && lse, "{}: a null pointer (qkv {}, out {}, lse {})", Impl::context(s, false),
            static_cast<const void*>(qkv), static_cast<void*>(out), static_cast<void*>(lse));
-  Plan& p = impl_->plan(s, false);
+  Plan& p = impl_->runnable(s, false);
   impl_->ensure_workspace(p.workspace());
   Scalars& c = *p.scalars;
   auto* x = const_cast<__nv_bfloat16*>(qkv);  // cuDNN's variant pack takes void*; inputs are only read
@@ -656,7 +707,7 @@ void CudnnAttention::backward(const AttnShape& s, const __nv_bfloat16* qkv, cons
                               const __nv_bfloat16* dout, const float* lse, __nv_bfloat16* dqkv) {
   MT_CHECK(qkv && out && dout && lse && dqkv, "{}: a null pointer among qkv, out, dout, lse, dqkv",
            Impl::context(s, true));
-  Plan& p = impl_->plan(s, true);
+  Plan& p = impl_->runnable(s, true);
   impl_->ensure_workspace(p.workspace());
   Scalars& c = *p.scalars;
   auto* x = const_cast<__nv_bfloat16*>(qkv);
@@ -714,6 +765,8 @@ CudnnAttention::CudnnAttention(cudaStream_t) { no_cudnn(); }
 CudnnAttention::~CudnnAttention() = default;
 std::string CudnnAttention::version() { return "cuDNN (not in this build)"; }
 size_t CudnnAttention::workspace_bytes() const { return 0; }
+void CudnnAttention::set_deterministic(bool) {}
+bool CudnnAttention::has_deterministic(const AttnShape&, bool) { no_cudnn(); }
 void CudnnAttention::reserve(const AttnShape&) { no_cudnn(); }
 void CudnnAttention::forward(const AttnShape&, const __nv_bfloat16*, __nv_bfloat16*, float*) { no_cudnn(); }
 void CudnnAttention::backward(const AttnShape&, const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,

@@ -43,6 +43,14 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
+  // Deterministic mode (train.deterministic): from now on plans are built only from engine configs whose engine is
+  // not marked CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC, so every execution repeats bit for bit. When cuDNN proposes
+  // no other for a shape and direction, has_deterministic() says so and forward/backward of it throw naming the
+  // problem. Call it before the first attention op.
+  void set_deterministic(bool on);
+  // Whether shape s has a plan for the direction (builds and caches it); always true unless deterministic.
+  bool has_deterministic(const AttnShape& s, bool backward);
+
   // Checks that cuDNN can run shape s (builds and caches both plans) and sizes the workspace for it now, outside the
   // training step. Throws naming the shape when cuDNN refuses it.
   void reserve(const AttnShape& s);

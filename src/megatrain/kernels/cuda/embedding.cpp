@@ -29,7 +29,22 @@ void CudaOps::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor t
   const int32_t* tok = i32_arg(tokens, op, "tokens");
   const auto [N, T, C, V] = embedding_backward_dims(op, dwte, dwpe, dout, tokens);
   if (N == 0) return;
-  cuda::embedding_backward(stream_, dte, dwte.size(0), dpe, dy, tok, N, T, C, err_dev_);
+  if (!deterministic_) {
+    cuda::embedding_backward(stream_, dte, dwte.size(0), dpe, dy, tok, N, T, C, err_dev_);
+    return;
+  }
+  // The sort's workspace is sized by the first call (the shape of every step of a run); a larger shape grows it
+  // (a sync and a cudaMalloc, once).
+  const size_t need = cuda::embedding_sorted_workspace_bytes(N, dwte.size(0));
+  if (need > emb_ws_bytes_) {
+    cuda::check(cudaStreamSynchronize(stream_), "embedding_backward: cudaStreamSynchronize");
+    if (emb_ws_) cuda::check(cudaFree(emb_ws_), "embedding_backward: cudaFree");
+    emb_ws_ = nullptr;
+    emb_ws_bytes_ = 0;
+    cuda::check(cudaMalloc(&emb_ws_, need), "embedding_backward: cudaMalloc(sort workspace)");
+    emb_ws_bytes_ = need;
+  }
+  cuda::embedding_backward_sorted(stream_, dte, dwte.size(0), dpe, dy, tok, N, T, C, err_dev_, emb_ws_);
 }
 
 }  // namespace mt

@@ -68,7 +68,7 @@ void flash_attention_forward(cudaStream_t stream, const AttnShape& s, const __nv
 
 void flash_attention_backward(cudaStream_t stream, const AttnShape& s, const __nv_bfloat16* qkv,
                               const __nv_bfloat16* out, const __nv_bfloat16* dout, const float* lse,
-                              __nv_bfloat16* dqkv, float* workspace) {
+                              __nv_bfloat16* dqkv, float* workspace, bool deterministic) {
   const char* op = "flash_attention_backward";
   check_args(op, s);
   check_ptr(op, "qkv", qkv);
@@ -80,7 +80,8 @@ void flash_attention_backward(cudaStream_t stream, const AttnShape& s, const __n
   MT_CHECK(static_cast<const void*>(dqkv) != static_cast<const void*>(qkv), "{}: dqkv must not alias qkv", op);
   float* dq_acc = workspace;
   float* Dvec = reinterpret_cast<float*>(reinterpret_cast<char*>(workspace) + dq_bytes(s));
-  raise_if_failed(op, flash::launch_backward(stream, problem(s), qkv, out, dout, lse, dqkv, dq_acc, Dvec));
+  raise_if_failed(op,
+                  flash::launch_backward(stream, problem(s), qkv, out, dout, lse, dqkv, dq_acc, Dvec, deterministic));
 }
 
 }  // namespace mt

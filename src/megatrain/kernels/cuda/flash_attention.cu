@@ -18,6 +18,10 @@
 // Backward runs one block per (batch, kv head, key tile); it loops over the query heads of the GQA group and the
 // query tiles that see its keys, keeping dK and dV in registers (wmma accumulators) and adding dq into an fp32
 // workspace with atomics; a last kernel converts dq to bf16 into dqkv.
+// Deterministic mode (train.deterministic) replaces the dq atomics, whose order of adds varies from run to run, by a
+// kernel of its own: one block per (batch, query head, query tile) visits the key tiles in increasing order,
+// recomputes S, P, dP and dS for them (as the forward does S) and keeps dQ in registers, writing it once. It does
+// the score work of the backward a second time for dq alone: that is its cost.
 #include <mma.h>
 
 #include <algorithm>
@@ -363,6 +367,8 @@ __global__ void __launch_bounds__(kThreads)
           wmma::mma_sync(dK[j], a, bm, dK[j]);
         }
       }
+      // Deterministic mode (dq_acc null): dq comes from flash_backward_dq_kernel_det instead.
+      if (dq_acc == nullptr) continue;
       __syncthreads();  // all of dS^T written before any warp reads other warps' keys below
 
       // dq (queries 16w..16w+15 of the tile) += s dS K. dS as the A operand: element (i, key) = dSt[key][i],
@@ -425,6 +431,146 @@ __global__ void flash_backward_dq_kernel(int64_t n, int64_t oc, int64_t qkv_stri
   }
 }
 
+// Backward, deterministic dq (replacing the atomics of step 2 and the conversion of step 3). Shared memory:
+//   Q, dO, K, V  bf16 [64][D + 8]   the block's query tile of head h and its dout; the current key/value tile
+//   S, dP        f32  [64][64 + 4]  scores and dO V^T of the current key tile (warp w owns queries 16w..16w+15)
+//   dS           bf16 [64][64 + 8]  P (dP - D), the A operand of dQ += dS K
+//   X            f32  kWarps x [16][16] per-warp staging of one accumulator fragment (the final dq)
+//   lse2, Dq     f32  [64]          lse * log2(e) and D of the tile's rows
+template <int D>
+struct DqSmem {
+  static constexpr int ldh = D + 8, lds = kTile + 4, ldp = kTile + 8;
+  static constexpr size_t q = 0;
+  static constexpr size_t dout = q + sizeof(bf16) * kTile * ldh;
+  static constexpr size_t k = dout + sizeof(bf16) * kTile * ldh;
+  static constexpr size_t v = k + sizeof(bf16) * kTile * ldh;
+  static constexpr size_t s = v + sizeof(bf16) * kTile * ldh;
+  static constexpr size_t dp = s + sizeof(float) * kTile * lds;
+  static constexpr size_t ds = dp + sizeof(float) * kTile * lds;
+  static constexpr size_t x = ds + sizeof(bf16) * kTile * ldp;
+  static constexpr size_t lse2 = x + sizeof(float) * kWarps * 256;
+  static constexpr size_t dvec = lse2 + sizeof(float) * kTile;
+  static constexpr size_t bytes = dvec + sizeof(float) * kTile;
+  static_assert(dout % 128 == 0 && k % 128 == 0 && v % 128 == 0 && s % 128 == 0 && dp % 128 == 0 && ds % 128 == 0 &&
+                    x % 128 == 0 && lse2 % 128 == 0,
+                "aligned regions");
+};
+
+// grid (ceil(T/64), H, B): one block per (query tile, query head, batch). dq_i = s sum_j dS_ij k_j over the key
+// tiles in increasing order, each tile's 64 keys added by the tensor cores in a fixed order: the same sums every
+// run. dS is rounded to bf16 before the product, as step 2 rounds it for dK.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dq_kernel_det(Params prm, const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
+                                 const float* __restrict__ lse, const float* __restrict__ Dvec,
+                                 bf16* __restrict__ dqkv) {
+  using L = DqSmem<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem + L::q);
+  bf16* dOs = reinterpret_cast<bf16*>(smem + L::dout);
+  bf16* Ks = reinterpret_cast<bf16*>(smem + L::k);
+  bf16* Vs = reinterpret_cast<bf16*>(smem + L::v);
+  float* Ss = reinterpret_cast<float*>(smem + L::s);
+  float* dPs = reinterpret_cast<float*>(smem + L::dp);
+  bf16* dSs = reinterpret_cast<bf16*>(smem + L::ds);
+  float* X = reinterpret_cast<float*>(smem + L::x) + (threadIdx.x / 32) * 256;
+  float* lse2_s = reinterpret_cast<float*>(smem + L::lse2);
+  float* D_s = reinterpret_cast<float*>(smem + L::dvec);
+
+  const int qb = gridDim.x - 1 - blockIdx.x;  // the tiles that see the most keys first, as in forward
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int T = prm.T, W = prm.window, H = prm.H;
+  const int kvh = h / (H / prm.Hkv);
+  const int q0 = qb * kTile;
+  const int64_t oc = static_cast<int64_t>(H) * D;
+  const bf16* seq = qkv + static_cast<int64_t>(b) * T * prm.qkv_stride;
+
+  load_tile<D>(Qs, L::ldh, seq + static_cast<int64_t>(q0) * prm.qkv_stride + h * D, prm.qkv_stride, T - q0);
+  load_tile<D>(dOs, L::ldh, dout + (static_cast<int64_t>(b) * T + q0) * oc + h * D, oc, T - q0);
+  if (threadIdx.x < kTile) {
+    const int t = q0 + threadIdx.x;
+    const int64_t i = (static_cast<int64_t>(b) * H + h) * T + t;
+    lse2_s[threadIdx.x] = t < T ? lse[i] * kLog2e : 0.0f;
+    D_s[threadIdx.x] = t < T ? Dvec[i] : 0.0f;
+  }
+  FragC dQ[D / 16];
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) wmma::fill_fragment(dQ[j], 0.0f);
+
+  int kt_first, kt_last;
+  key_tiles_of_query_tile(T, W, qb, kt_first, kt_last);
+  for (int kt = kt_first; kt <= kt_last; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous K (and, the first time, Q, dO, lse, D are written)
+    const bf16* krow = seq + static_cast<int64_t>(k0) * prm.qkv_stride;
+    load_tile<D>(Ks, L::ldh, krow + (H + kvh) * D, prm.qkv_stride, T - k0);
+    load_tile<D>(Vs, L::ldh, krow + (H + prm.Hkv + kvh) * D, prm.qkv_stride, T - k0);
+    __syncthreads();
+
+    // S_w = Q_w K^T and dP_w = dO_w V^T (K^T, V^T as B operands: column-major reads of Ks, Vs).
+    for (int j = 0; j < kTile / 16; ++j) {
+      FragC s_acc, dp_acc;
+      wmma::fill_fragment(s_acc, 0.0f);
+      wmma::fill_fragment(dp_acc, 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        FragA a;
+        FragBT bt;
+        wmma::load_matrix_sync(a, Qs + (warp * 16) * L::ldh + kk * 16, L::ldh);
+        wmma::load_matrix_sync(bt, Ks + (j * 16) * L::ldh + kk * 16, L::ldh);
+        wmma::mma_sync(s_acc, a, bt, s_acc);
+        wmma::load_matrix_sync(a, dOs + (warp * 16) * L::ldh + kk * 16, L::ldh);
+        wmma::load_matrix_sync(bt, Vs + (j * 16) * L::ldh + kk * 16, L::ldh);
+        wmma::mma_sync(dp_acc, a, bt, dp_acc);
+      }
+      wmma::store_matrix_sync(Ss + (warp * 16) * L::lds + j * 16, s_acc, L::lds, wmma::mem_row_major);
+      wmma::store_matrix_sync(dPs + (warp * 16) * L::lds + j * 16, dp_acc, L::lds, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // dS = P (dP - D) on visible pairs, 0 elsewhere; the warp's 16 x 64 entries.
+    for (int i = lane; i < 16 * kTile; i += 32) {
+      const int row = warp * 16 + i / kTile, c = i % kTile;
+      const int t = q0 + row, key = k0 + c;
+      float ds = 0.0f;
+      if (visible(t, key, T, W)) {
+        const float p = exp2f(Ss[row * L::lds + c] * prm.scale_log2 - lse2_s[row]);
+        ds = p * (dPs[row * L::lds + c] - D_s[row]);
+      }
+      dSs[row * L::ldp + c] = __float2bfloat16(ds);
+    }
+    __syncwarp();
+
+    // dQ_w += dS_w K (the scale s is applied once at the end).
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        FragA a;
+        FragB bm;
+        wmma::load_matrix_sync(a, dSs + (warp * 16) * L::ldp + kk * 16, L::ldp);
+        wmma::load_matrix_sync(bm, Ks + (kk * 16) * L::ldh + j * 16, L::ldh);
+        wmma::mma_sync(dQ[j], a, bm, dQ[j]);
+      }
+    }
+  }
+
+  // dq = s dQ into dqkv's q part (bf16), real query rows only.
+  bf16* drow = dqkv + static_cast<int64_t>(b) * T * prm.qkv_stride;
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    wmma::store_matrix_sync(X, dQ[j], 16, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 256; e += 32) {
+      const int t = q0 + warp * 16 + e / 16;
+      if (t < T)
+        drow[static_cast<int64_t>(t) * prm.qkv_stride + h * D + j * 16 + e % 16] = __float2bfloat16(X[e] * prm.scale);
+    }
+    __syncwarp();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Launchers.
 
@@ -456,6 +602,20 @@ Status forward_hd(cudaStream_t stream, const Problem& p, const bf16* qkv, bf16* 
 }
 
 template <int D>
+Status dq_det_hd(cudaStream_t stream, const Problem& p, const bf16* qkv, const bf16* dout, const float* lse,
+                 const float* Dvec, bf16* dqkv) {
+  constexpr size_t smem = DqSmem<D>::bytes;
+  cudaError_t e = cudaFuncSetAttribute(flash_backward_dq_kernel_det<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
+  if (e != cudaSuccess) return {e, "cudaFuncSetAttribute(flash_backward_dq_kernel_det, MaxDynamicSharedMemorySize)"};
+  const dim3 grid(tiles(p.T), p.H, p.B);
+  flash_backward_dq_kernel_det<D><<<grid, kThreads, smem, stream>>>(make_params(p), qkv, dout, lse, Dvec, dqkv);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return {e, "launching flash_backward_dq_kernel_det"};
+  return {};
+}
+
+template <int D>
 Status backward_hd(cudaStream_t stream, const Problem& p, const bf16* qkv, const bf16* dout, const float* lse,
                    const float* Dvec, float* dq_acc, bf16* dqkv) {
   constexpr size_t smem = BwdSmem<D>::bytes;
@@ -476,10 +636,15 @@ Status launch_forward(cudaStream_t stream, const Problem& p, const bf16* qkv, bf
 }
 
 Status launch_backward(cudaStream_t stream, const Problem& p, const bf16* qkv, const bf16* out, const bf16* dout,
-                       const float* lse, bf16* dqkv, float* dq_acc, float* Dvec) {
+                       const float* lse, bf16* dqkv, float* dq_acc, float* Dvec, bool deterministic) {
   const int64_t oc = int64_t{p.H} * p.hd, n = int64_t{p.B} * p.T * oc;
-  cudaError_t e = cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(n) * sizeof(float), stream);
-  if (e != cudaSuccess) return {e, "cudaMemsetAsync(flash attention dq accumulator)"};
+  cudaError_t e = cudaSuccess;
+  if (deterministic) {
+    dq_acc = nullptr;  // step 2 skips its dq atomics
+  } else {
+    e = cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(n) * sizeof(float), stream);
+    if (e != cudaSuccess) return {e, "cudaMemsetAsync(flash attention dq accumulator)"};
+  }
 
   const int rows = p.B * p.T * p.H;
   constexpr int kDotWarps = 8;
@@ -491,6 +656,9 @@ Status launch_backward(cudaStream_t stream, const Problem& p, const bf16* qkv, c
   const Status st = p.hd == 64 ? backward_hd<64>(stream, p, qkv, dout, lse, Dvec, dq_acc, dqkv)
                                : backward_hd<128>(stream, p, qkv, dout, lse, Dvec, dq_acc, dqkv);
   if (st.err != cudaSuccess) return st;
+  if (deterministic)
+    return p.hd == 64 ? dq_det_hd<64>(stream, p, qkv, dout, lse, Dvec, dqkv)
+                      : dq_det_hd<128>(stream, p, qkv, dout, lse, Dvec, dqkv);
 
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65536));
   flash_backward_dq_kernel<<<blocks, 256, 0, stream>>>(n, oc, int64_t{p.H + 2 * p.Hkv} * p.hd, make_params(p).scale,

@@ -23,9 +23,11 @@ void flash_attention_forward(cudaStream_t stream, const AttnShape& s, const __nv
                              float* lse);
 
 // `workspace` is device memory of flash_attention_workspace_bytes(s) bytes (contents on entry do not matter).
+// deterministic: dq from a pass of its own that sums over key tiles in a fixed order instead of fp32 atomics, so
+// dqkv repeats bit for bit (dk and dv always do); slower, since that pass recomputes the scores.
 void flash_attention_backward(cudaStream_t stream, const AttnShape& s, const __nv_bfloat16* qkv,
                               const __nv_bfloat16* out, const __nv_bfloat16* dout, const float* lse,
-                              __nv_bfloat16* dqkv, float* workspace);
+                              __nv_bfloat16* dqkv, float* workspace, bool deterministic = false);
 
 // fp32 dq accumulator [B, T, H*hd] followed by D = rowsum(dout * out) [B, H, T].
 size_t flash_attention_workspace_bytes(const AttnShape& s);

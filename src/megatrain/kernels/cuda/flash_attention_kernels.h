@@ -56,7 +56,8 @@ MT_FLASH_HD inline void query_tiles_of_key_tile(int T, int window, int kb, int& 
 Status launch_forward(cudaStream_t stream, const Problem& p, const bf16* qkv, bf16* out, float* lse);
 
 // dqkv (overwritten) from qkv, out, dout, lse. dq_acc: fp32 [B, T, H*hd] scratch, Dvec: fp32 [B, H, T] scratch.
+// deterministic: dq_acc is not used; dq comes from a kernel of its own, one block per query tile (no atomics).
 Status launch_backward(cudaStream_t stream, const Problem& p, const bf16* qkv, const bf16* out, const bf16* dout,
-                       const float* lse, bf16* dqkv, float* dq_acc, float* Dvec);
+                       const float* lse, bf16* dqkv, float* dq_acc, float* Dvec, bool deterministic = false);
 
 }  // namespace mt::flash

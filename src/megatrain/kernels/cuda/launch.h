@@ -75,6 +75,12 @@ void embedding_forward(cudaStream_t s, bf16* out, const int32_t* tokens, const b
 // dwte += (atomics), dwpe += (deterministic: one thread per (t, c) sums the batch in order); dwpe may be null.
 void embedding_backward(cudaStream_t s, float* dwte, int64_t rows, float* dwpe, const bf16* dout, const int32_t* tokens,
                         int64_t N, int64_t T, int64_t C, int* err);
+// The same sums without atomics, bit for bit the same every run (train.deterministic): the (token, row) pairs are
+// radix-sorted by token and each token's rows added in row order (embedding_kernels.cu says how). `workspace`:
+// embedding_sorted_workspace_bytes(N, rows) bytes of device memory (contents on entry do not matter).
+size_t embedding_sorted_workspace_bytes(int64_t N, int64_t rows);
+void embedding_backward_sorted(cudaStream_t s, float* dwte, int64_t rows, float* dwpe, const bf16* dout,
+                               const int32_t* tokens, int64_t N, int64_t T, int64_t C, int* err, void* workspace);
 
 // ---- normalisation (norm_kernels.cu) ---------------------------------------------------------------------------
 struct NormForwardArgs {

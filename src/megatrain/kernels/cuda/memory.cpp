@@ -109,6 +109,11 @@ std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& options) {
   MT_CHECK(opt.attention != "cudnn" || CudnnAttention::available(),
            "make_cuda_ops: attention = \"cudnn\" asked for, but this megatrain was built without cuDNN (CMake found "
            "no libcudnn next to the CUDA toolkit); use attention = \"flash\" or rebuild with cuDNN installed");
+  // Deterministic mode relies on cuBLASLt's heuristic choice being fixed per shape; tuning picks by timings.
+  MT_CHECK(!options.deterministic || options.gemm_tuning == 0,
+           "make_cuda_ops: deterministic mode and gemm_tuning = {} cannot be combined: tuning chooses each GEMM's "
+           "algorithm by timing it, so the choice (and its rounding) may differ between runs; set gemm_tuning = 0",
+           options.gemm_tuning);
   MT_CHECK(cuda_available(), "make_cuda_ops: no CUDA device is visible (cudaGetDeviceCount found none)");
   if (device >= 0) {
     int n = 0;
@@ -122,6 +127,7 @@ std::unique_ptr<Ops> make_cuda_ops(int device, const CudaOptions& options) {
   auto ops = std::make_unique<CudaOps>();
   if (opt.attention == "cudnn") ops->use_cudnn_attention();  // a failure here destroys ops cleanly
   ops->set_gemm_tuning(opt.gemm_tuning);
+  ops->set_deterministic(opt.deterministic);
   return ops;
 }
 
@@ -133,6 +139,7 @@ std::string CudaOps::device_name() const {
 
 void CudaOps::use_cudnn_attention() {
   if (!cudnn_attn_) cudnn_attn_ = std::make_unique<CudnnAttention>(stream_);
+  cudnn_attn_->set_deterministic(deterministic_);
 }
 
 CudaOps::CudaOps() {
@@ -156,6 +163,7 @@ CudaOps::~CudaOps() {
   if (stream_) cudaStreamSynchronize(stream_);
   cudnn_attn_.reset();  // before the stream it runs on goes
   if (attn_ws_) cudaFree(attn_ws_);
+  if (emb_ws_) cudaFree(emb_ws_);
   if (segs_dev_) cudaFree(segs_dev_);
   if (err_dev_) cudaFree(err_dev_);
   if (err_host_) cudaFreeHost(err_host_);
