@@ -208,7 +208,8 @@ void layout_tracks_one_gpu(const Layout& l, const std::string& plane) {
   mt::test::prepare_gpt2_brown();
   const std::vector<double> l1 = one_gpu_losses();
   ASSERT_EQ(l1.size(), 10u);
-  const std::string out = ::testing::TempDir() + "/mt_gpu_multi_" + l.name + (plane.find("staged") != std::string::npos ? "_staged" : "_nccl");
+  const std::string out = ::testing::TempDir() + "/mt_gpu_multi_" + l.name +
+                          (plane.find("staged") != std::string::npos ? "_staged" : "_nccl");
   fs::remove_all(out);
   run_logged(bin + " launch --nproc " + std::to_string(l.nproc) + " -- train" + layout_job(out, l.batch) + l.flags +
                  plane,
@@ -229,7 +230,8 @@ class GpuLayouts : public ::testing::TestWithParam<Layout> {};
 // Several GPUs: one rank per GPU, the tensors over NCCL. Needs as many GPUs as ranks; skipped otherwise (NCCL
 // refuses two ranks on one GPU).
 TEST_P(GpuLayouts, OneRankPerGpuTracksOneGpu) {
-  if (gpu_count() < GetParam().nproc) GTEST_SKIP() << "needs " << GetParam().nproc << " GPUs (" << gpu_count() << " visible)";
+  if (gpu_count() < GetParam().nproc)
+    GTEST_SKIP() << "needs " << GetParam().nproc << " GPUs (" << gpu_count() << " visible)";
   layout_tracks_one_gpu(GetParam(), " --parallel.device_plane=nccl");
 }
 
@@ -266,8 +268,9 @@ TEST(TrainGpu, AKilledRankSharingTheGpuIsRecoveredByTheLauncher) {
   EXPECT_NE(ev.find("\"resumed\""), std::string::npos) << ev;
 }
 
-// `megatrain diagnose` on a GPU machine checks every GPU (launch/gpu_checks.h): on a healthy one every check passes,
-// the GEMM rate and the copy were measured, and the GEMM with a known result gave it bit for bit.
+// `megatrain diagnose` on a GPU machine checks every GPU (launch/gpu_checks.h): on a healthy one every check ran and
+// passes: the GEMM rate, the device and host copies, the GEMM with a known result bit for bit, and NVML's memory
+// errors and clock events.
 TEST(TrainGpu, DiagnoseChecksEachGpuAndAHealthyOnePasses) {
   if (gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
   const std::string out = ::testing::TempDir() + "/mt_gpu_diagnose.json";
@@ -277,7 +280,7 @@ TEST(TrainGpu, DiagnoseChecksEachGpuAndAHealthyOnePasses) {
   std::map<std::string, nlohmann::json> by_name;
   for (const auto& c : report["checks"]) by_name[c["name"]] = c;
   for (int g = 0; g < gpu_count(); ++g)
-    for (const std::string what : {"gemm", "hbm_bandwidth", "host_bandwidth", "self_test"}) {
+    for (const std::string what : {"gemm", "hbm_bandwidth", "host_bandwidth", "self_test", "memory_errors", "clocks"}) {
       const nlohmann::json& c = by_name[fmt::format("gpu{}_{}", g, what)];
       EXPECT_TRUE(c.value("ran", false)) << c.dump();
       EXPECT_TRUE(c.value("pass", false)) << c.dump();

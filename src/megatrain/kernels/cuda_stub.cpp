@@ -1,5 +1,6 @@
 // Without the CUDA backend in the build, asking for it fails with a message saying why.
 #ifndef MT_HAVE_CUDA
+#include "megatrain/kernels/gpu_identity.h"
 #include "megatrain/kernels/ops.h"
 
 namespace mt {
@@ -16,6 +17,8 @@ int cuda_device_count() { return 0; }
 std::string cuda_versions() { return "not built with CUDA (nvcc was not found at configure time)"; }
 
 std::pair<double, double> cuda_host_link_gbps(int, size_t) { return {0, 0}; }
+
+std::string cuda_pci_bus_id(int) { return ""; }
 
 std::string resolve_cuda_attention(const std::string& attention) { return attention == "auto" ? "flash" : attention; }
 

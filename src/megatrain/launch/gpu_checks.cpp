@@ -49,7 +49,8 @@ CheckResult not_read(const GpuHealth& g, const char* what) {
   c.name = fmt::format("gpu{}_{}", g.index, what);
   c.ran = false;
   c.pass = true;
-  c.detail = fmt::format("GPU {} ({}): not measured (NVML was not read)", g.index, g.name);
+  c.detail = fmt::format("GPU {} ({}): not measured (NVML was not read{}{})", g.index, g.name,
+                         g.nvml_why.empty() ? "" : ": ", g.nvml_why);
   return c;
 }
 

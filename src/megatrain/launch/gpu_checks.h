@@ -42,6 +42,7 @@ struct GpuHealth {
                                           // "hw_power_brake", "sw_power_cap", "sw_thermal_slowdown", "idle", ...
   int temperature_c = 0, slowdown_temperature_c = 0;  // 0: not known
   bool nvml_read = false;  // the memory errors, clock events and temperatures above were read (else not measured)
+  std::string nvml_why;    // why not, when not
 };
 
 // The HBM bandwidth of a GPU by name (NVIDIA's datasheets, GB/s), 0 when not known.

@@ -10,7 +10,9 @@
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/core/clock.h"
+#include "megatrain/kernels/gpu_identity.h"
 #include "megatrain/kernels/ops.h"
+#include "megatrain/launch/nvml_reader.h"
 #include "megatrain/train/peak.h"
 
 namespace mt::launch {
@@ -109,6 +111,7 @@ GpuHealth measure(int index) {
   std::tie(g.h2d_gbps, g.d2h_gbps) = cuda_host_link_gbps(index);
   g.self_test_ran = true;
   g.self_test_exact = self_test(*ops);
+  if (std::string why; !read_nvml(cuda_pci_bus_id(index), g, &why)) g.nvml_why = why;
   return g;
 }
 

@@ -1,8 +1,8 @@
 // Measures each GPU of this node for `megatrain diagnose` (the judgement is gpu_checks.h), through the CUDA backend
-// (kernels/ops.h): the bf16 GEMM rate at 8192^3 (cuBLASLt), a 1 GiB device copy, and a GEMM whose exact result is
-// known. Not measured yet (left 0, so their checks say "not measured"): pinned host copies and NVML's memory errors,
-// clock events and temperature (NVML's header is not in this project's toolkit image). Empty, with the reason in
-// `why_none`, in a build without CUDA or with no GPU visible. Not yet run on a GPU.
+// (kernels/ops.h): the bf16 GEMM rate at 8192^3 (cuBLASLt; the median of five batches of 20), a 1 GiB device copy,
+// pinned host-to-device and device-to-host copies (256 MiB), and a GEMM whose exact result is known; then NVML's
+// memory errors, clock events and temperature (nvml_reader.h; when NVML cannot be read those checks say why and
+// pass). Empty, with the reason in `why_none`, in a build without CUDA or with no GPU visible.
 #pragma once
 #include <string>
 #include <vector>

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "megatrain/kernels/cuda/cublaslt_api.h"
+#include "megatrain/kernels/gpu_identity.h"
 #include "megatrain/kernels/cuda/cuda_args.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/cuda/launch.h"
@@ -57,6 +58,16 @@ std::string cuda_versions() {
   }
   return fmt::format("CUDA runtime {} (driver {}), {}, {}", cuda(runtime), driver > 0 ? cuda(driver) : "none",
                      lt_version, CudnnAttention::version());
+}
+
+std::string cuda_pci_bus_id(int device) {
+  if (device < 0 || device >= cuda_device_count()) return "";
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof id, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return id;
 }
 
 std::pair<double, double> cuda_host_link_gbps(int device, size_t bytes) {
