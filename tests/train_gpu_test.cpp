@@ -246,7 +246,7 @@ INSTANTIATE_TEST_SUITE_P(TrainGpu, GpuLayouts, ::testing::ValuesIn(kLayouts),
                          [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
 // A rank of a staged dp2 job SIGKILLs itself at step 7 (MEGATRAIN_FAULTS crash); `megatrain launch --max-restarts`
-// restarts the job from the step-5 checkpoint by itself, and the recovered curve tracks the undisturbed one within
+// restarts the job from the step-5 checkpoint by itself (ckpt.resume = auto, the newest one), and the recovered curve tracks the undisturbed one within
 // the layouts' bf16 bound (bit for bit only under train.deterministic: the atomics of the embedding gradient).
 TEST(TrainGpu, AKilledRankSharingTheGpuIsRecoveredByTheLauncher) {
   if (gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
@@ -257,7 +257,7 @@ TEST(TrainGpu, AKilledRankSharingTheGpuIsRecoveredByTheLauncher) {
   fs::remove(events);
   run_logged("MEGATRAIN_FAULTS=crash:rank=1:step=7 " + mt::test::kMegatrain +
                  " launch --nproc 2 --max-restarts 2 --backoff 0 --events " + events + " -- train" +
-                 layout_job(out, 4) + " --parallel.dp=2 --parallel.device_plane=staged",
+                 layout_job(out, 4) + " --parallel.dp=2 --parallel.device_plane=staged --ckpt.resume=auto",
              out + ".log");
   // The restart resumes from step 5 and rewrites the steps after it: one whole curve of 10 steps.
   const std::vector<double> lm = losses(out + "/metrics.jsonl");

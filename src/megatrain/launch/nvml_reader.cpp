@@ -11,8 +11,8 @@ namespace {
 using nvmlReturn = int;  // NVML_SUCCESS = 0; any other value: the call failed or is not supported
 using nvmlDevice = void*;
 constexpr nvmlReturn kSuccess = 0;
-constexpr int kTemperatureGpu = 0;            // NVML_TEMPERATURE_GPU
-constexpr int kThresholdSlowdown = 1;         // NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+constexpr int kTemperatureGpu = 0;              // NVML_TEMPERATURE_GPU
+constexpr int kThresholdSlowdown = 1;           // NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
 constexpr int kUncorrected = 1, kVolatile = 0;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
 
 // nvmlClocksEventReason* bits, named as gpu_checks.h's clock_events.
@@ -92,7 +92,8 @@ bool read_nvml(const std::string& pci_bus_id, GpuHealth& g, std::string* why) {
     } else {
       got.temperature_c = int(t);
       unsigned slow = 0;
-      if (n.threshold && n.threshold(dev, kThresholdSlowdown, &slow) == kSuccess) got.slowdown_temperature_c = int(slow);
+      if (n.threshold && n.threshold(dev, kThresholdSlowdown, &slow) == kSuccess)
+        got.slowdown_temperature_c = int(slow);
       got.clock_events.clear();
       for (const auto& e : kClockEvents)
         if (reasons & e.bit) got.clock_events.push_back(e.name);

@@ -383,6 +383,8 @@ class NcclGroup : public ProcessGroup {
     MT_CUDA(name_, cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     MT_CUDA(name_, cudaMalloc(reinterpret_cast<void**>(&scratch_), kScratchFloats * sizeof(float)));
     MT_CUDA(name_, cudaMemset(scratch_, 0, kScratchFloats * sizeof(float)));
+    // cudaMemset may return before it lands, and the group's streams are non-blocking (not ordered after it).
+    MT_CUDA(name_, cudaDeviceSynchronize());
 
     // All communicators in one NCCL group: they are created together, so no order of creation among neighbours
     // can deadlock. Non-blocking mode: the calls return at once and we poll with the timeout (settle).

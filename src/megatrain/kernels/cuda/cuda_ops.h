@@ -136,11 +136,18 @@ class CudaOps final : public Ops {
                         Tensor norms) override;
 
  private:
-  // The segment table of the multi-tensor optimizer ops on the device, followed by room for lamb_moments_multi's
-  // block partials: re-uploaded only when the segments change (they never do in a run), grown on first use.
-  std::vector<AdamSegment> segs_host_;
-  void* segs_dev_ = nullptr;
-  size_t segs_cap_ = 0;
+  // The segment tables of the multi-tensor optimizer ops on the device, each followed by room for
+  // lamb_moments_multi's block partials: one per distinct segment list (a data-parallel step updates one list per
+  // bucket, the same lists every step), uploaded once, in stream order. Why in stream order: the compute stream is
+  // non-blocking, and a plain cudaMemcpy from pageable memory returns before its DMA lands, so a kernel queued right
+  // after it could read a half-written table (seen on an H200 as an illegal address with two buckets, whose tables
+  // were swapped every call).
+  struct SegEntry {
+    std::vector<AdamSegment> segs;
+    void* dev = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<SegEntry> seg_tables_;
   struct SegTable {
     const void* segs;   // cuda::AdamSeg[segs.size()]
     double* partials;   // room for the `partials` doubles asked for

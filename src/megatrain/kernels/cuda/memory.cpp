@@ -175,7 +175,7 @@ CudaOps::~CudaOps() {
   cudnn_attn_.reset();  // before the stream it runs on goes
   if (attn_ws_) cudaFree(attn_ws_);
   if (emb_ws_) cudaFree(emb_ws_);
-  if (segs_dev_) cudaFree(segs_dev_);
+  for (auto& e : seg_tables_) cudaFree(e.dev);
   if (err_dev_) cudaFree(err_dev_);
   if (err_host_) cudaFreeHost(err_host_);
   if (partials_host_) cudaFreeHost(partials_host_);

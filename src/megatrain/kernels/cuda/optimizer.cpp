@@ -40,29 +40,43 @@ CudaOps::SegTable CudaOps::segment_table(const char* op, const std::vector<AdamS
   }
   const size_t table_bytes = (segs.size() * sizeof(cuda::AdamSeg) + 255) / 256 * 256;
   const size_t bytes = table_bytes + partials * sizeof(double);
-  const bool same = segs.size() == segs_host_.size() &&
-                    std::equal(segs.begin(), segs.end(), segs_host_.begin(),
-                               [](const AdamSegment& a, const AdamSegment& b) {
-                                 return a.offset == b.offset && a.numel == b.numel && a.weight_decay == b.weight_decay;
-                               });
-  if (!same || bytes > segs_cap_) {
-    // The stream drains first: an earlier launch may still read the old table (or partials).
-    cuda::check(cudaStreamSynchronize(stream_), (std::string(op) + ": cudaStreamSynchronize").c_str());
-    if (bytes > segs_cap_) {
-      if (segs_dev_) cuda::check(cudaFree(segs_dev_), (std::string(op) + ": cudaFree").c_str());
-      segs_dev_ = nullptr;
-      segs_cap_ = 0;
-      cuda::check(cudaMalloc(&segs_dev_, bytes), (std::string(op) + ": cudaMalloc(segment table)").c_str());
-      segs_cap_ = bytes;
+  auto same = [&](const SegEntry& e) {
+    return e.segs.size() == segs.size() &&
+           std::equal(segs.begin(), segs.end(), e.segs.begin(), [](const AdamSegment& a, const AdamSegment& b) {
+             return a.offset == b.offset && a.numel == b.numel && a.weight_decay == b.weight_decay;
+           });
+  };
+  auto it = std::find_if(seg_tables_.begin(), seg_tables_.end(), same);
+  if (it == seg_tables_.end() || it->bytes < bytes) {
+    // A new list, or more partials than its entry holds: a buffer of its own (an entry in use by queued kernels is
+    // freed only after the stream drained). Runs meet a few lists, once each; a run that kept meeting new ones
+    // would drain and start over past kMaxSegTables.
+    constexpr size_t kMaxSegTables = 64;
+    if (it != seg_tables_.end() || seg_tables_.size() >= kMaxSegTables) {
+      cuda::check(cudaStreamSynchronize(stream_), (std::string(op) + ": cudaStreamSynchronize").c_str());
+      if (it != seg_tables_.end()) {
+        cudaFree(it->dev);
+        seg_tables_.erase(it);
+      } else {
+        for (auto& e : seg_tables_) cudaFree(e.dev);
+        seg_tables_.clear();
+      }
     }
+    SegEntry e;
+    e.segs = segs;
+    e.bytes = bytes;
+    cuda::check(cudaMalloc(&e.dev, bytes), (std::string(op) + ": cudaMalloc(segment table)").c_str());
     std::vector<cuda::AdamSeg> table;
     for (const AdamSegment& s : segs) table.push_back({s.offset, s.numel, s.weight_decay});
-    // Synchronous copy (the stream is drained); the table is small and uploaded once per run.
-    cuda::check(cudaMemcpy(segs_dev_, table.data(), table.size() * sizeof(cuda::AdamSeg), cudaMemcpyHostToDevice),
-                (std::string(op) + ": cudaMemcpy(segment table)").c_str());
-    segs_host_ = segs;
+    // On the compute stream: the kernels queued after it read the table only once it landed. From pageable memory
+    // the call stages `table` before it returns, so the vector may go.
+    cuda::check(cudaMemcpyAsync(e.dev, table.data(), table.size() * sizeof(cuda::AdamSeg), cudaMemcpyHostToDevice,
+                                stream_),
+                (std::string(op) + ": cudaMemcpyAsync(segment table)").c_str());
+    seg_tables_.push_back(std::move(e));
+    it = seg_tables_.end() - 1;
   }
-  return {segs_dev_, reinterpret_cast<double*>(static_cast<char*>(segs_dev_) + table_bytes), max_numel};
+  return {it->dev, reinterpret_cast<double*>(static_cast<char*>(it->dev) + table_bytes), max_numel};
 }
 
 void CudaOps::adamw_update_multi(Tensor param, Tensor grad, Tensor m_t, Tensor v_t,
