@@ -278,6 +278,36 @@ TEST(GpuChecks, WhatWasNotMeasuredPassesAndSaysSo) {
   }
 }
 
+// The node's GPUs together: an exact all-reduce over NVLink passes; one that fell back to PCIe speed, or a wrong sum,
+// fails naming why; a part with no NVLink figure is judged on exactness; one that could not run says why and passes.
+TEST(GpuChecks, TheNodeAllReduceFailsBelowItsNvlinkFloorOrWhenInexact) {
+  auto check = [](double busbw, bool exact, const char* name = "NVIDIA H200") {
+    return judge_gpu_allreduce({8, true, busbw, exact, ""}, name);
+  };
+  CheckResult ok = check(420, true);
+  EXPECT_EQ(ok.name, "gpus_allreduce");
+  EXPECT_TRUE(ok.pass) << ok.detail;
+  EXPECT_NE(ok.detail.find("8 GPUs (NVIDIA H200): all-reduce bus bandwidth 420 GB/s, exact"), std::string::npos)
+      << ok.detail;
+  CheckResult pcie = check(48, true);  // an NVLink down: the traffic goes over PCIe
+  EXPECT_FALSE(pcie.pass);
+  EXPECT_NE(pcie.detail.find("under 180 GB/s (40% of its NVLink's 450 GB/s a direction)"), std::string::npos)
+      << pcie.detail;
+  CheckResult wrong = check(420, false);
+  EXPECT_FALSE(wrong.pass);
+  EXPECT_NE(wrong.detail.find("WRONG RESULT"), std::string::npos);
+  CheckResult a100 = check(100, true, "NVIDIA A100-SXM4-80GB");  // 300 GB/s a direction: floor 120
+  EXPECT_FALSE(a100.pass) << a100.detail;
+  CheckResult pcie_part = check(20, true, "NVIDIA H100 PCIe");  // no NVLink figure: exactness only
+  EXPECT_TRUE(pcie_part.pass) << pcie_part.detail;
+  EXPECT_NE(pcie_part.detail.find("judged on exactness only"), std::string::npos);
+  CheckResult none = judge_gpu_allreduce({2, false, 0, false, "ncclCommInitAll: unhandled system error"},
+                                         "NVIDIA H200");
+  EXPECT_TRUE(none.pass);
+  EXPECT_FALSE(none.ran);
+  EXPECT_NE(none.detail.find("not measured (ncclCommInitAll: unhandled system error)"), std::string::npos);
+}
+
 TEST(RestartTracker, AStepNonFiniteInTwoAttemptsInARowIsSkippedAndProgressResetsTheRun) {
   RestartPolicy p;
   p.max_restarts = 10;

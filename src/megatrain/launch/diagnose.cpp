@@ -15,6 +15,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/kernels/ops.h"
+#include "megatrain/comm/node_gpu_allreduce.h"
 #include "megatrain/launch/gpu_probe.h"
 #include "megatrain/train/faults.h"
 
@@ -242,6 +243,10 @@ DiagnoseReport run_diagnose(const DiagnoseOptions& opt) {
   const std::vector<GpuHealth> gpus = probe_gpus(&no_gpus);
   for (CheckResult& c : judge_gpus(gpus)) r.checks.push_back(std::move(c));
   if (gpus.empty()) r.notes.push_back("GPU checks not run: " + no_gpus);
+  if (gpus.size() >= 2) {
+    const NodeAllreduce a = node_gpu_allreduce();
+    r.checks.push_back(judge_gpu_allreduce({a.gpus, a.ran, a.busbw_gbps, a.exact, a.why}, gpus[0].name));
+  }
   return r;
 }
 

@@ -116,6 +116,40 @@ double datasheet_hbm_gbps(const std::string& name) {
   return 0;
 }
 
+double datasheet_nvlink_gbps(const std::string& name) {
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  // NVIDIA's datasheets give the total of both directions: 900 GB/s (H100/H200 SXM, NVLink 4), 600 (A100 SXM).
+  if (has("PCIe")) return 0;
+  if (has("H200") || has("H100")) return 450;
+  if (has("A100")) return 300;
+  return 0;
+}
+
+CheckResult judge_gpu_allreduce(const NodeAllreduceResult& r, const std::string& name) {
+  constexpr double kOfNvlink = 0.4;  // header: why
+  CheckResult c;
+  c.name = "gpus_allreduce";
+  c.unit = "GB/s";
+  c.value = r.busbw_gbps;
+  if (!r.ran) {
+    c.ran = false;
+    c.pass = true;
+    c.detail = fmt::format("{} GPUs ({}): not measured ({})", r.gpus, name, r.why);
+    return c;
+  }
+  const double link = datasheet_nvlink_gbps(name), floor = kOfNvlink * link;
+  std::vector<std::string> why;
+  if (!r.exact) why.push_back("a WRONG RESULT (every element must be exact)");
+  if (floor > 0 && r.busbw_gbps < floor)
+    why.push_back(fmt::format("under {:.0f} GB/s ({:.0f}% of its NVLink's {:.0f} GB/s a direction)", floor,
+                              100 * kOfNvlink, link));
+  c.pass = why.empty();
+  c.detail = fmt::format("{} GPUs ({}): all-reduce bus bandwidth {:.0f} GB/s{}{}{}", r.gpus, name, r.busbw_gbps,
+                         r.exact ? ", exact" : "", c.pass ? "" : ": ", fmt::join(why, "; "));
+  if (c.pass && floor == 0) c.detail += " (no NVLink figure for this part: judged on exactness only)";
+  return c;
+}
+
 std::vector<CheckResult> judge_gpus(const std::vector<GpuHealth>& gpus) {
   std::vector<double> gemm, hbm, host;
   for (const GpuHealth& g : gpus) {

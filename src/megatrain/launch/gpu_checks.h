@@ -16,6 +16,11 @@
 //                        failed remap fails (NVIDIA's memory error management: the GPU needs a reset or service)
 //   gpuN_clocks          NVML: an active hardware slowdown, thermal slowdown or power brake fails, as does a
 //                        temperature at or above the GPU's slowdown threshold; a software power cap is said only
+//   gpus_allreduce       with two or more GPUs, one all-reduce across them all (NCCL, comm/node_gpu_allreduce.h):
+//                        exact, and a bus bandwidth of at least 40% of the part's NVLink bandwidth in one
+//                        direction (NVIDIA's datasheets: 450 GB/s on H100/H200 SXM, 300 on A100 SXM). A healthy
+//                        NVLink node all-reduces at most of that; a GPU whose NVLink is down falls back to PCIe
+//                        (under 64 GB/s), far below the floor. Parts without NVLink are judged on exactness only.
 // A value that was not measured (0) is no evidence: its check says so and passes. The checks feed the driver's
 // eviction exactly as the host checks do (diagnose.h). Pure: unit-tested with made-up measurements.
 #pragma once
@@ -50,5 +55,19 @@ double datasheet_hbm_gbps(const std::string& name);
 
 // The checks of every GPU, in GPU order, each named gpuN_<check> (see above).
 std::vector<CheckResult> judge_gpus(const std::vector<GpuHealth>& gpus);
+
+// The NVLink bandwidth of a GPU by name, one direction (GB/s), 0 when it has none or is not known.
+double datasheet_nvlink_gbps(const std::string& name);
+
+// What an all-reduce across the node's GPUs measured (node_gpu_allreduce): ran = false with `why` when it could not.
+struct NodeAllreduceResult {
+  int gpus = 0;
+  bool ran = false;
+  double busbw_gbps = 0;
+  bool exact = false;
+  std::string why;
+};
+// The gpus_allreduce check (see above), for GPUs named `name`.
+CheckResult judge_gpu_allreduce(const NodeAllreduceResult& r, const std::string& name);
 
 }  // namespace mt::launch

@@ -3,6 +3,7 @@
 // to link or to configure.
 #include "megatrain/comm/cuda/nccl_group.h"
 #include "megatrain/comm/nccl_version.h"
+#include "megatrain/comm/node_gpu_allreduce.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
@@ -16,6 +17,12 @@ std::unique_ptr<ProcessGroup> make_nccl_group(Store&, const std::string& name, c
 }
 
 std::string nccl_version() { return "NCCL: not found at build time"; }
+
+NodeAllreduce node_gpu_allreduce(size_t) {
+  NodeAllreduce out;
+  out.why = "this megatrain was built without NCCL";
+  return out;
+}
 
 GroupFactory nccl_mesh_groups(cudaStream_t compute_stream) {
   return [compute_stream](Store& store, GroupRole, const std::string& name, const std::vector<int>& ranks,
