@@ -13,11 +13,11 @@
 namespace mt {
 
 struct NodeAllreduce {
-  int gpus = 0;          // the GPUs this process sees
-  bool ran = false;      // false: fewer than two GPUs, no NCCL, or a failure (why)
+  int gpus = 0;      // the GPUs this process sees
+  bool ran = false;  // false: fewer than two GPUs, no NCCL, or a failure (why)
   double busbw_gbps = 0;
   bool exact = false;
-  std::string why;       // when !ran
+  std::string why;  // when !ran
 };
 
 NodeAllreduce node_gpu_allreduce(size_t bytes = size_t(256) << 20);
