@@ -588,6 +588,39 @@ TEST(Dashboard, AtAThousandRanksThePageDrawsARowPerNodeNamingItsHottestRank) {
   if (!HasFailure()) fs::remove_all(dir);
 }
 
+// A silent data corruption stays listed with its rank, node, step and tensor after the event feed has moved on, in
+// the JSON and on the page chromium renders.
+TEST(Dashboard, EverySilentDataCorruptionStaysListedWithItsRankNodeStepAndTensor) {
+  Dashboard d("127.0.0.1:0");
+  d.event({{"t", 1.0},
+           {"event", "fault"},
+           {"attempt", 0},
+           {"node", 1},
+           {"rank", 5},
+           {"reason", "sdc"},
+           {"detail", {{"event", "sdc"}, {"step", 20}, {"tensor", "h.0.attn.qkv.w"}}}});
+  d.event({{"t", 2.0}, {"event", "fault"}, {"attempt", 0}, {"node", 0}, {"rank", 2}, {"reason", "non_finite"}});
+  for (size_t i = 0; i < Dashboard::kMaxEvents + 5; ++i) d.event({{"t", 3.0}, {"event", "warning"}});
+  const nlohmann::json j = nlohmann::json::parse(d.api_job());
+  for (const auto& e : j["events"]) EXPECT_NE(e["event"], "fault");  // scrolled out of the feed
+  ASSERT_EQ(j["sdc"].size(), 1u) << j["sdc"].dump();                 // the NaN is no sdc
+  const nlohmann::json& f = j["sdc"][0];
+  EXPECT_EQ(f["rank"], 5);
+  EXPECT_EQ(f["node"], 1);
+  EXPECT_EQ(f["step"], 20);
+  EXPECT_EQ(f["tensor"], "h.0.attn.qkv.w");
+  EXPECT_EQ(f["transient"], false);
+  const fs::path dir = fs::path(temp_root()) / "mt-dashboard-sdc";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string dom = rendered_dom(d.url(), dir);
+  EXPECT_NE(dom.find("<div class=\"sdc\">silent data corruption: rank 5 (node 1) at step 20, tensor h.0.attn.qkv.w, "
+                     "its parameters differ from its replicas'; attempt 0</div>"),
+            std::string::npos)
+      << dom;
+  if (!HasFailure()) fs::remove_all(dir);
+}
+
 class LaunchDashboard : public ::testing::Test {
  protected:
   void SetUp() override {

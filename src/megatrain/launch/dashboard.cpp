@@ -222,6 +222,19 @@ void Dashboard::event(const nlohmann::json& e) {
   std::lock_guard<std::mutex> lock(mu_);
   events_.push_back(e);
   while (events_.size() > kMaxEvents) events_.pop_front();
+  // A silent data corruption stays on the page (a fault the job recovers from would otherwise scroll away): the
+  // rank's own report (train/sdc_check.h) is the event's detail.
+  const std::string reason = e.value("reason", "");
+  if (e.value("event", "") == "fault" && (reason == "sdc" || reason == "sdc_culprit")) {
+    const nlohmann::json d = e.contains("detail") && e["detail"].is_object() ? e["detail"] : nlohmann::json::object();
+    sdc_.push_back({{"attempt", e.value("attempt", 0)},
+                    {"node", e.value("node", 0)},
+                    {"rank", e.value("rank", -1)},
+                    {"reason", reason},
+                    {"step", d.value("step", -1)},
+                    {"tensor", d.value("tensor", "")},
+                    {"transient", d.value("transient", false)}});
+  }
 }
 
 std::string Dashboard::api_job() const {
@@ -240,6 +253,7 @@ std::string Dashboard::api_job() const {
   nlohmann::json ev = nlohmann::json::array();
   for (const nlohmann::json& e : events_) ev.push_back(e);
   j["events"] = std::move(ev);
+  j["sdc"] = sdc_;
   // Event lines quote the ranks' output, which need not be UTF-8: replace what JSON cannot carry. (A NaN loss is
   // written as null by the library.)
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -4,11 +4,14 @@
 //   GET /          a page (launch/dashboard_page.cpp) that polls /api/job each second: the job's state, a
 //                  (dp, pp, tp) grid of the ranks with each one's step, phase and heartbeat age (a rank that
 //                  stopped answering or waits on a collective stands out), the heat map of slow ranks, the loss and
-//                  the spread of step times over steps, and the newest events;
+//                  the spread of step times over steps, the newest events, and a banner for each silent data
+//                  corruption;
 //   GET /api/job   job_json(view) plus "history" (per step: the loss, and the fastest and slowest rank's step
 //                  time), "heatmap" (obs/heat_map.h's heat_map_json: each rank's compute time over the newest
 //                  kHeatSteps steps of the attempt, relative to the median over the ranks at the same step, rows by
-//                  (dp, pp, tp), node rows, the slowest ranks) and "events" (the newest event-log lines);
+//                  (dp, pp, tp), node rows, the slowest ranks), "events" (the newest event-log lines) and "sdc"
+//                  (every silent-data-corruption fault of the job, however old: the event log's `fault` lines with
+//                  reason sdc or sdc_culprit, as {attempt, node, rank, reason, step, tensor, transient});
 //   GET /metrics   the Prometheus text format (job_view.h).
 // Without a token anyone who reaches the port reads the job (names, losses, the command line's events); with one
 // (`--dashboard-token-file`), only those who hold it. Over plain HTTP the token crosses the network as it is; with a
@@ -26,6 +29,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -70,7 +74,7 @@ class Dashboard {
   // Replaces the view. Each rank's step that is new joins the history (keyed by attempt and step: a restart
   // replays steps from its checkpoint, and those are the new attempt's).
   void publish(const JobView& v);
-  // An event-log line (EventLog's observer); the newest kMaxEvents are kept.
+  // An event-log line (EventLog's observer); the newest kMaxEvents are kept, and every sdc fault.
   void event(const nlohmann::json& e);
 
   // The bodies the server sends (also for tests).
@@ -95,6 +99,7 @@ class Dashboard {
   int history_attempt_ = -1;
   std::map<int, std::map<int, double>> compute_;  // the heat map's samples: step -> rank -> compute time (this attempt)
   std::deque<nlohmann::json> events_;
+  std::vector<nlohmann::json> sdc_;  // the silent-data-corruption faults, kept for the job's whole life
 
   obs::HeatMap heat_map() const;  // of view_'s ranks and compute_ (mu_ held)
   // Serves on port (0: any) with `server` (make_server's), listening; the port, or -1 when it cannot bind.

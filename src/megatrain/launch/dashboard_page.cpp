@@ -30,6 +30,7 @@ const char* const kDashboardPage = R"HTML(<!doctype html>
   #job { margin-bottom: 12px; }
   #job span { margin-right: 18px; }
   #detail { color: #a33; }
+  .sdc { background: #f2b1b1; padding: 6px; margin-bottom: 8px; font-weight: bold; }
   .stages { display: flex; gap: 16px; flex-wrap: wrap; margin-bottom: 16px; }
   .stage { border: 1px solid #ccc; padding: 6px; background: #fff; }
   .stage h2 { font-size: 13px; margin: 0 0 4px 0; }
@@ -59,6 +60,7 @@ const char* const kDashboardPage = R"HTML(<!doctype html>
   <div><div>loss</div><svg id="loss" width="420" height="160"></svg></div>
   <div><div>step time, fastest and slowest rank (s)</div><svg id="steptime" width="420" height="160"></svg></div>
 </div>
+<div id="sdc"></div>
 <table id="events"><thead><tr><th>time</th><th>event</th><th>what</th></tr></thead><tbody></tbody></table>
 <script>
 "use strict";
@@ -255,6 +257,20 @@ function drawEvents(events) {
   }
 }
 
+// Each silent data corruption of the job, however old: which rank, where, and whether it was transient.
+function drawSdc(sdc) {
+  const box = document.getElementById("sdc");
+  box.replaceChildren();
+  for (const f of sdc || []) {
+    const kind = f.transient ? "transient: its step did not reproduce on a rerun"
+        : f.reason === "sdc_culprit" ? "its result did not reproduce when the step was rerun"
+        : "its parameters differ from its replicas'";
+    box.appendChild(el("div", {class: "sdc"}, [text(
+        `silent data corruption: rank ${f.rank} (node ${f.node}) at step ${f.step}` +
+        (f.tensor ? `, tensor ${f.tensor}` : "") + `, ${kind}; attempt ${f.attempt}`)]));
+  }
+}
+
 async function refresh() {
   try {
     // The page's own query (?token=...) goes with each fetch: a dashboard with a token wants it on every request.
@@ -270,6 +286,7 @@ async function refresh() {
     drawHeat(d.heatmap);
     drawCharts(d.history);
     drawEvents(d.events);
+    drawSdc(d.sdc);
   } catch (err) {
     document.getElementById("job").replaceChildren(text("the supervisor does not answer (" + err + ")"));
   }
