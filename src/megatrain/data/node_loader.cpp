@@ -20,9 +20,9 @@ namespace mt {
 namespace {
 
 uint64_t steady_ns() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-          .count());
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now()
+                                                                                        .time_since_epoch())
+                                   .count());
 }
 
 // Waiting: a few yields (a batch usually lands within microseconds of the previous copy), then sleeps growing to
@@ -64,7 +64,8 @@ bool process_alive(int pid) {
 std::unique_ptr<NodeSegment> NodeSegment::create(const std::string& name, uint64_t bytes) {
   ::shm_unlink(name.c_str());  // a dead run's segment of the same name (NodeSegment::open skips it until then)
   const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) fail_as(ErrorKind::IO, "node data loader: cannot create shared memory {}: {}", name, std::strerror(errno));
+  if (fd < 0)
+    fail_as(ErrorKind::IO, "node data loader: cannot create shared memory {}: {}", name, std::strerror(errno));
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const int e = errno;
     ::close(fd);

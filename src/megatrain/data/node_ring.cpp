@@ -28,8 +28,8 @@ void node_ring_init(NodeRingHeader& h, uint32_t slots, uint32_t consumers, uint6
                     int32_t node) {
   MT_CHECK(slots >= 1 && slots <= kNodeRingMaxSlots, "node data loader: {} slots is not in [1, {}]", slots,
            kNodeRingMaxSlots);
-  MT_CHECK(consumers <= kNodeRingMaxConsumers, "node data loader: {} local ranks take rows; at most {} can",
-           consumers, kNodeRingMaxConsumers);
+  MT_CHECK(consumers <= kNodeRingMaxConsumers, "node data loader: {} local ranks take rows; at most {} can", consumers,
+           kNodeRingMaxConsumers);
   h.magic.store(0, std::memory_order_relaxed);
   h.slots = slots;
   h.consumers = consumers;
@@ -84,8 +84,6 @@ uint64_t ring_key(const NodeRingHeader& h, uint64_t s) {
   return h.slot[ring_slot(h, s)].key.load(std::memory_order_relaxed);
 }
 
-void ring_release(NodeRingHeader& h, uint32_t c, uint64_t s) {
-  h.taken[c].store(s + 1, std::memory_order_release);
-}
+void ring_release(NodeRingHeader& h, uint32_t c, uint64_t s) { h.taken[c].store(s + 1, std::memory_order_release); }
 
 }  // namespace mt
