@@ -19,7 +19,8 @@
 //    node: shard bytes read per step (the ranks' read syscalls, /proc/<pid>/io rchar, construction included),
 //    loader threads (the ranks' threads but their main ones, sampled during the run), resident memory the loaders
 //    added (the sum of the ranks' proportional set sizes, Pss: a page shared by 4 counts a quarter in each), and the
-//    time a rank waits in next() for its batch (mean and max over ranks and steps).
+//    time a rank waits in next() for its batch: the first batch apart (the node's reader starts there, a per-rank
+//    loader's prefetch at construction), then the mean and median over ranks and the worst rank's 99th percentile.
 // Prints one JSON object. Usage: bench_loader [--tokens N] [--io-tokens D] [--seq T] [--batch B] [--batches K]
 //                                             [--dir DIR] [--skip-io] [--skip-scale] [--node-tokens D]
 //                                             [--node-steps S] [--compute-ms C] [--skip-node]
@@ -202,7 +203,9 @@ long thread_count() {
 
 // What one rank of the node part measured.
 struct RankFigures {
-  double read_bytes = 0, loader_threads = 0, pss_bytes = 0, wait_mean_s = 0, wait_max_s = 0;
+  double read_bytes = 0, loader_threads = 0, pss_bytes = 0;
+  double first_wait_s = 0;                                   // the first batch (the node's reader starts there)
+  double wait_mean_s = 0, wait_median_s = 0, wait_p99_s = 0;  // the batches after it
 };
 
 // Local rank `local` of a 4-rank node (layout: "dp2_tp2" or "dp2_pp2"): its loader, per rank or fed by the node's
@@ -227,14 +230,23 @@ RankFigures node_rank(const std::string& dir, const std::string& layout, bool no
   std::unique_ptr<mt::DataLoader> loader = mt::open_train_loader(cfg, topo);
   RankFigures f;
   long threads = 0;
+  std::vector<double> waits;
   for (int s = 0; s < steps; ++s) {
     const double t0 = mt::now_seconds();
     mt::Batch b = loader->next();
     const double w = mt::now_seconds() - t0;
-    f.wait_mean_s += w / steps;
-    f.wait_max_s = std::max(f.wait_max_s, w);
+    if (s == 0)
+      f.first_wait_s = w;
+    else
+      waits.push_back(w);
     threads = std::max(threads, thread_count() - threads0);
     std::this_thread::sleep_for(std::chrono::milliseconds(compute_ms));
+  }
+  std::sort(waits.begin(), waits.end());
+  if (!waits.empty()) {
+    f.wait_mean_s = std::accumulate(waits.begin(), waits.end(), 0.0) / static_cast<double>(waits.size());
+    f.wait_median_s = waits[waits.size() / 2];
+    f.wait_p99_s = waits[std::min(waits.size() - 1, waits.size() * 99 / 100)];
   }
   f.read_bytes = static_cast<double>(proc_value("io", "rchar: ") - rchar0);
   f.pss_bytes = static_cast<double>(proc_value("smaps_rollup", "Pss:") - pss0) * 1024;
@@ -267,7 +279,6 @@ json node_run(const std::string& dir, const std::string& layout, bool node, int 
     pipes.push_back(fd[0]);
   }
   RankFigures sum;
-  double wait_max = 0;
   for (int local = 0; local < 4; ++local) {
     RankFigures f;
     if (::read(pipes[size_t(local)], &f, sizeof f) != static_cast<ssize_t>(sizeof f)) die("a rank failed");
@@ -278,13 +289,17 @@ json node_run(const std::string& dir, const std::string& layout, bool node, int 
     sum.loader_threads += f.loader_threads;
     sum.pss_bytes += f.pss_bytes;
     sum.wait_mean_s += f.wait_mean_s / 4;
-    wait_max = std::max(wait_max, f.wait_max_s);
+    sum.wait_median_s += f.wait_median_s / 4;
+    sum.wait_p99_s = std::max(sum.wait_p99_s, f.wait_p99_s);
+    sum.first_wait_s = std::max(sum.first_wait_s, f.first_wait_s);
   }
   return {{"shard_bytes_read_per_step_per_node", sum.read_bytes / steps},
           {"loader_threads_per_node", sum.loader_threads},
           {"loader_resident_bytes_per_node", sum.pss_bytes},
+          {"rank_wait_first_batch_max_s", sum.first_wait_s},
           {"rank_wait_per_batch_mean_s", sum.wait_mean_s},
-          {"rank_wait_per_batch_max_s", wait_max}};
+          {"rank_wait_per_batch_median_s", sum.wait_median_s},
+          {"rank_wait_per_batch_p99_max_s", sum.wait_p99_s}};
 }
 
 }  // namespace
@@ -419,7 +434,8 @@ int main(int argc, char** argv) {
                  {"steps", node_steps},
                  {"compute_ms", compute_ms},
                  {"rows_per_replica_micro_batch", node_batch},
-                 {"cache", "warm (written just before)"}};
+                 {"cache", "warm (written just before)"},
+                 {"load_average_1min_before", read_line("/proc/loadavg")}};
     for (const std::string layout : {"dp2_tp2", "dp2_pp2"}) {
       json per_rank = node_run(d, layout, false, node_batch, T, node_steps, compute_ms);
       json one = node_run(d, layout, true, node_batch, T, node_steps, compute_ms);
