@@ -204,7 +204,7 @@ long thread_count() {
 // What one rank of the node part measured.
 struct RankFigures {
   double read_bytes = 0, loader_threads = 0, pss_bytes = 0;
-  double first_wait_s = 0;                                   // the first batch (the node's reader starts there)
+  double first_wait_s = 0;                                    // the first batch (the node's reader starts there)
   double wait_mean_s = 0, wait_median_s = 0, wait_p99_s = 0;  // the batches after it
 };
 

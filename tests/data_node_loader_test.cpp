@@ -58,8 +58,7 @@ std::string segment_name(const std::string& what) {
 }
 
 // Four ranks' loaders fed by one node reader, against four per-rank loaders, over `batches` batches.
-void expect_fed_like_per_rank(const std::vector<DataSource>& src, bool shuffle, const LoaderState* from,
-                              int batches) {
+void expect_fed_like_per_rank(const std::vector<DataSource>& src, bool shuffle, const LoaderState* from, int batches) {
   const std::string name = segment_name("fed");
   std::vector<std::unique_ptr<DataLoader>> fed, own;
   for (int local = 0; local < 4; ++local) {
@@ -68,8 +67,8 @@ void expect_fed_like_per_rank(const std::vector<DataSource>& src, bool shuffle, 
     fed.push_back(std::make_unique<DataLoader>(src, "train", kB, kT, shuffle, 7, dp, kDp, 0));
     std::unique_ptr<NodeReader> reader;
     if (local == 0)
-      reader = std::make_unique<NodeReader>(
-          tp2_plan(0, name), std::make_unique<DataLoader>(src, "train", kB, kT, shuffle, 7, 0, kDp, 0));
+      reader = std::make_unique<NodeReader>(tp2_plan(0, name),
+                                            std::make_unique<DataLoader>(src, "train", kB, kT, shuffle, 7, 0, kDp, 0));
     fed.back()->set_row_feed(std::make_unique<NodeFeed>(tp2_plan(local, name), std::move(reader), kB, kT));
     if (from) {
       own.back()->restore(*from);
@@ -144,8 +143,7 @@ TEST(NodeLoader, AReadersErrorReachesEveryRank) {
     NodeLoaderPlan mine = p;
     mine.local_rank = mine.consumer = local;
     ranks.push_back(std::make_unique<DataLoader>(dir.path, "train", 1, 16, false, 0, 0, 1, 0, 100));
-    ranks.back()->set_row_feed(
-        std::make_unique<NodeFeed>(mine, local == 0 ? std::move(reader) : nullptr, 1, 16));
+    ranks.back()->set_row_feed(std::make_unique<NodeFeed>(mine, local == 0 ? std::move(reader) : nullptr, 1, 16));
   }
   for (int local = 0; local < 2; ++local) {
     try {

@@ -93,13 +93,13 @@ TEST(NodeRing, RandomInterleavingsDeliverEveryBatchInOrderAndNeverOverwriteAnUnc
       constexpr uint32_t kConsumers = 3;
       constexpr uint64_t kBatches = 50;
       auto h = ring(slots, kConsumers);
-      std::vector<int64_t> rows(slots, -1);                   // the batch each slot's rows hold
-      std::vector<uint64_t> next(kConsumers, 0);              // each consumer's next batch
-      std::vector<std::set<uint64_t>> copied(kConsumers);     // what each consumer has copied
+      std::vector<int64_t> rows(slots, -1);                // the batch each slot's rows hold
+      std::vector<uint64_t> next(kConsumers, 0);           // each consumer's next batch
+      std::vector<std::set<uint64_t>> copied(kConsumers);  // what each consumer has copied
       uint64_t written = 0;
       std::mt19937 rng(static_cast<unsigned>(seed));
-      for (int guard = 0; guard < 100000 && (written < kBatches || next[0] < kBatches || next[1] < kBatches ||
-                                              next[2] < kBatches);
+      for (int guard = 0;
+           guard < 100000 && (written < kBatches || next[0] < kBatches || next[1] < kBatches || next[2] < kBatches);
            ++guard) {
         const int who = static_cast<int>(rng() % (kConsumers + 1));
         if (who == static_cast<int>(kConsumers)) {

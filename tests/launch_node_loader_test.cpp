@@ -116,8 +116,10 @@ TEST_F(LaunchNodeLoader, ABlendMatchesPerRankLoaders) {
   fs::create_directories(second);
   fs::copy(kSmallBrown + "/val_000000.bin", second + "/train_000000.bin");
   auto blended = [&](const std::string& o) {
-    return std::move(dp2_tp2_job(o).unset("data.dir").with("--data.blend=[{dir=\"" + kSmallBrown +
-                                                            "\",weight=2},{dir=\"" + second + "\",weight=1}]"));
+    return std::move(dp2_tp2_job(o)
+                         .unset("data.dir")
+                         .with("--data.blend=[{dir=\"" + kSmallBrown + "\",weight=2},{dir=\"" + second +
+                               "\",weight=1}]"));
   };
   const auto want = per_rank("blend", blended(""));
   ASSERT_EQ(launch("node", blended(out("node"))), 0) << log("node");
@@ -165,15 +167,28 @@ TEST_F(LaunchNodeLoader, TwoAgentsHaveAReaderEachAndRecoverACrash) {
   ::setenv("MEGATRAIN_FAULTS", "crash:rank=2:step=5", 1);
   std::vector<pid_t> agents;
   for (int a = 0; a < 2; ++a) {
-    std::vector<std::string> args = {"launch", "--nproc", "2", "--nnodes", "2", "--node-rank", std::to_string(a),
-                                     "--master", fmt::format("127.0.0.1:{}", port), "--iface", "lo",
-                                     "--max-restarts", "2", "--backoff", "0", "--", "train"};
+    std::vector<std::string> args = {"launch",
+                                     "--nproc",
+                                     "2",
+                                     "--nnodes",
+                                     "2",
+                                     "--node-rank",
+                                     std::to_string(a),
+                                     "--master",
+                                     fmt::format("127.0.0.1:{}", port),
+                                     "--iface",
+                                     "lo",
+                                     "--max-restarts",
+                                     "2",
+                                     "--backoff",
+                                     "0",
+                                     "--",
+                                     "train"};
     for (const std::string& f : dp2_tp2_job(out("node")).args()) args.push_back(f);
     agents.push_back(start_logged(kMegatrain, args, log_path(fmt::format("agent{}", a))));
   }
   ::unsetenv("MEGATRAIN_FAULTS");
-  for (int a = 0; a < 2; ++a)
-    EXPECT_EQ(finish_within(agents[size_t(a)], 400), 0) << log(fmt::format("agent{}", a));
+  for (int a = 0; a < 2; ++a) EXPECT_EQ(finish_within(agents[size_t(a)], 400), 0) << log(fmt::format("agent{}", a));
   EXPECT_NE(log("agent0").find("feeds 2 of its 2 ranks"), std::string::npos) << log("agent0");
   EXPECT_NE(log("agent1").find("fault injected: crash:rank=2:step=5"), std::string::npos) << log("agent1");
   EXPECT_NE(log("agent0").find("resumed from"), std::string::npos) << log("agent0");
