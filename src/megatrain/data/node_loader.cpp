@@ -26,9 +26,11 @@ uint64_t steady_ns() {
 }
 
 // Waiting: a few yields (a batch usually lands within microseconds of the previous copy), then sleeps growing to
-// 500 us, so a rank waiting out a slow read costs no core.
+// max_us, so a rank waiting out a slow read costs no core. A rank waits up to 500 us between looks; the reader,
+// which waits on a full ring most of the time and is `slots` batches ahead, 2 ms.
 class Backoff {
  public:
+  explicit Backoff(int max_us = 500) : max_us_(max_us) {}
   void pause() {
     if (n_ < 64) {
       ++n_;
@@ -36,11 +38,11 @@ class Backoff {
       return;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(us_));
-    us_ = std::min(us_ * 2, 500);
+    us_ = std::min(us_ * 2, max_us_);
   }
 
  private:
-  int n_ = 0, us_ = 20;
+  int max_us_, n_ = 0, us_ = 20;
 };
 
 uint64_t slot_stride(const NodeRingHeader& h) { return h.slot_bytes; }
@@ -110,7 +112,8 @@ std::unique_ptr<NodeSegment> NodeSegment::open(const NodeLoaderPlan& plan) {
   }
   fail_as(ErrorKind::PeerLost,
           "node data loader: the reader of node {} (local rank 0) never set up shared memory {} within {} s "
-          "(parallel.timeout_s): {}",
+          "(parallel.timeout_s): {} (local rank 0 failed first, or this node's ranks are not numbered contiguously: "
+          "data.node_loader = false gives every rank its own loader)",
           plan.node, plan.name, plan.timeout_s, last);
 }
 
@@ -155,7 +158,7 @@ void NodeReader::run(LoaderState pos) {
   NodeRingHeader& h = seg_->header();
   try {
     for (uint64_t s = 0; !stop_; ++s) {
-      Backoff wait;
+      Backoff wait(2000);
       for (;;) {
         h.heartbeat_ns.store(steady_ns(), std::memory_order_relaxed);
         if (stop_) return;
