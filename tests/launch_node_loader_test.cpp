@@ -110,6 +110,22 @@ TEST_F(LaunchNodeLoader, ACrashOfTheReadersRankIsRecoveredWithThePerRankLosses) 
   EXPECT_EQ(losses("node"), want);
 }
 
+// The data cursor a checkpoint holds is the same whichever loader wrote it: a job crashed at step 5 (no restarts)
+// and resumed by a second launch with the other setting of data.node_loader has the per-rank loaders' losses.
+TEST_F(LaunchNodeLoader, ACheckpointResumesUnderTheOtherLoaderWithTheSameLosses) {
+  const auto want = per_rank("dp2tp2", dp2_tp2_job(""));
+  for (const auto& [first, second] : {std::pair{"true", "false"}, std::pair{"false", "true"}}) {
+    SCOPED_TRACE(std::string("data.node_loader ") + first + " then " + second);
+    const std::string name = std::string("resume-") + first;
+    ::setenv("MEGATRAIN_FAULTS", "crash:rank=0:step=5", 1);
+    EXPECT_NE(launch(name + "-a", dp2_tp2_job(out(name)).set("data.node_loader", first)), 0) << log(name + "-a");
+    ::unsetenv("MEGATRAIN_FAULTS");
+    ASSERT_EQ(launch(name + "-b", dp2_tp2_job(out(name)).set("data.node_loader", second)), 0) << log(name + "-b");
+    EXPECT_NE(log(name + "-b").find("resumed from"), std::string::npos) << log(name + "-b");
+    EXPECT_EQ(losses(name), want);
+  }
+}
+
 // A blend of two sources (Brown's train split, and its val split as the second source's).
 TEST_F(LaunchNodeLoader, ABlendMatchesPerRankLoaders) {
   const std::string second = out("second-source");
