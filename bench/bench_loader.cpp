@@ -12,17 +12,30 @@
 //    epoch, against the same windows read through a plain mmap of the same shards without the random-access hint
 //    (what the loader did before), cold again; then both again over the same windows, warm. With the device's
 //    read-ahead window (read_ahead_kb, reported) a plain mapping reads that much around every 4 KB window.
+//  * node: one node's 4 ranks (dp2 x tp2, and dp2 x pp2 with 2 micro-batches a step) as 4 forked processes, each
+//    taking --node-steps batches with --compute-ms of pretend compute (a sleep) after each, from per-rank loaders
+//    (data.node_loader = false: a loader and a prefetch thread per rank) and from one reader per node
+//    (data/node_loader.h), over --node-tokens random tokens in the page cache (written just before: warm). Per
+//    node: shard bytes read per step (the ranks' read syscalls, /proc/<pid>/io rchar, construction included),
+//    loader threads (the ranks' threads but their main ones, sampled during the run), resident memory the loaders
+//    added (the sum of the ranks' proportional set sizes, Pss: a page shared by 4 counts a quarter in each), and the
+//    time a rank waits in next() for its batch: the first batch apart (the node's reader starts there, a per-rank
+//    loader's prefetch at construction), then the mean and median over ranks and the worst rank's 99th percentile.
 // Prints one JSON object. Usage: bench_loader [--tokens N] [--io-tokens D] [--seq T] [--batch B] [--batches K]
-//                                             [--dir DIR] [--skip-io]
+//                                             [--dir DIR] [--skip-io] [--skip-scale] [--node-tokens D]
+//                                             [--node-steps S] [--compute-ms C] [--skip-node]
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -39,6 +52,7 @@
 #include "megatrain/data/loader.h"
 #include "megatrain/data/shard.h"
 #include "megatrain/data/window_order.h"
+#include "megatrain/train/node_data.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -173,13 +187,130 @@ std::vector<double> plain_mmap_batches(const std::string& dir, int B, int T, int
   return ts;
 }
 
+
+long proc_value(const std::string& file, const char* key) {  // a "key: value" line of /proc/self/<file>
+  std::ifstream f("/proc/self/" + file);
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::strlen(key)));
+  return -1;
+}
+
+long thread_count() {
+  long n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// What one rank of the node part measured.
+struct RankFigures {
+  double read_bytes = 0, loader_threads = 0, pss_bytes = 0;
+  double first_wait_s = 0;                                    // the first batch (the node's reader starts there)
+  double wait_mean_s = 0, wait_median_s = 0, wait_p99_s = 0;  // the batches after it
+};
+
+// Local rank `local` of a 4-rank node (layout: "dp2_tp2" or "dp2_pp2"): its loader, per rank or fed by the node's
+// reader, `steps` batches with `compute_ms` after each. Runs in a forked process.
+RankFigures node_rank(const std::string& dir, const std::string& layout, bool node, int local, int B, int T, int steps,
+                      int compute_ms) {
+  mt::RunConfig cfg;
+  cfg.data.dir = dir;
+  cfg.data.batch_size = B;
+  cfg.data.seq_len = T;
+  cfg.data.node_loader = node;
+  cfg.model.vocab_size = kVocab;
+  cfg.parallel.dp = 2;
+  (layout == "dp2_tp2" ? cfg.parallel.tp : cfg.parallel.pp) = 2;
+  mt::Topology topo;
+  topo.rank_info.rank = topo.rank_info.local_rank = local;
+  topo.rank_info.world_size = topo.rank_info.local_world_size = 4;
+  topo.rank_info.store_url = fmt::format("bench-{}", ::getppid());
+  topo.shape = {cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp};
+  topo.coord = mt::mesh_coord(topo.shape, local);
+  const long rchar0 = proc_value("io", "rchar: "), pss0 = proc_value("smaps_rollup", "Pss:"), threads0 = thread_count();
+  std::unique_ptr<mt::DataLoader> loader = mt::open_train_loader(cfg, topo);
+  RankFigures f;
+  long threads = 0;
+  std::vector<double> waits;
+  for (int s = 0; s < steps; ++s) {
+    const double t0 = mt::now_seconds();
+    mt::Batch b = loader->next();
+    const double w = mt::now_seconds() - t0;
+    if (s == 0)
+      f.first_wait_s = w;
+    else
+      waits.push_back(w);
+    threads = std::max(threads, thread_count() - threads0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(compute_ms));
+  }
+  std::sort(waits.begin(), waits.end());
+  if (!waits.empty()) {
+    f.wait_mean_s = std::accumulate(waits.begin(), waits.end(), 0.0) / static_cast<double>(waits.size());
+    f.wait_median_s = waits[waits.size() / 2];
+    f.wait_p99_s = waits[std::min(waits.size() - 1, waits.size() * 99 / 100)];
+  }
+  f.read_bytes = static_cast<double>(proc_value("io", "rchar: ") - rchar0);
+  f.pss_bytes = static_cast<double>(proc_value("smaps_rollup", "Pss:") - pss0) * 1024;
+  f.loader_threads = static_cast<double>(threads);
+  return f;
+}
+
+// The node part for one layout and one kind of loader: 4 forked ranks, their figures summed (per node) or combined.
+json node_run(const std::string& dir, const std::string& layout, bool node, int B, int T, int steps, int compute_ms) {
+  std::vector<pid_t> kids;
+  std::vector<int> pipes;
+  for (int local = 0; local < 4; ++local) {
+    int fd[2];
+    if (::pipe(fd) != 0) die("pipe failed");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fd[0]);
+      RankFigures f;
+      try {
+        f = node_rank(dir, layout, node, local, B, T, steps, compute_ms);
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "bench_loader: local rank {}: {}\n", local, e.what());
+        ::_exit(1);
+      }
+      if (::write(fd[1], &f, sizeof f) != static_cast<ssize_t>(sizeof f)) ::_exit(1);
+      ::_exit(0);
+    }
+    ::close(fd[1]);
+    kids.push_back(pid);
+    pipes.push_back(fd[0]);
+  }
+  RankFigures sum;
+  for (int local = 0; local < 4; ++local) {
+    RankFigures f;
+    if (::read(pipes[size_t(local)], &f, sizeof f) != static_cast<ssize_t>(sizeof f)) die("a rank failed");
+    ::close(pipes[size_t(local)]);
+    int status = 0;
+    ::waitpid(kids[size_t(local)], &status, 0);
+    sum.read_bytes += f.read_bytes;
+    sum.loader_threads += f.loader_threads;
+    sum.pss_bytes += f.pss_bytes;
+    sum.wait_mean_s += f.wait_mean_s / 4;
+    sum.wait_median_s += f.wait_median_s / 4;
+    sum.wait_p99_s = std::max(sum.wait_p99_s, f.wait_p99_s);
+    sum.first_wait_s = std::max(sum.first_wait_s, f.first_wait_s);
+  }
+  return {{"shard_bytes_read_per_step_per_node", sum.read_bytes / steps},
+          {"loader_threads_per_node", sum.loader_threads},
+          {"loader_resident_bytes_per_node", sum.pss_bytes},
+          {"rank_wait_first_batch_max_s", sum.first_wait_s},
+          {"rank_wait_per_batch_mean_s", sum.wait_mean_s},
+          {"rank_wait_per_batch_median_s", sum.wait_median_s},
+          {"rank_wait_per_batch_p99_max_s", sum.wait_p99_s}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   double tokens_d = 300e9, io_tokens_d = 1e9;  // read as doubles: "3e11" is how one writes these sizes
   int T = 2048, B = 8, batches = 100;
   std::string dir = "/tmp/mt_bench_loader";
-  bool skip_io = false;
+  bool skip_io = false, skip_scale = false, skip_node = false;
+  double node_tokens_d = 5e7;
+  int node_steps = 200, compute_ms = 5, node_batch = 8;
   CLI::App app{"bench_loader: the data loader's start-up, memory and read speed; prints JSON"};
   app.add_option("--tokens", tokens_d, "tokens of the sparse dataset for the start-up and memory part");
   app.add_option("--io-tokens", io_tokens_d, "tokens of the dataset actually written and read");
@@ -188,13 +319,19 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batches, "batches read in the timed part");
   app.add_option("--dir", dir, "scratch folder");
   app.add_flag("--skip-io", skip_io, "leave out the read-speed part");
+  app.add_flag("--skip-scale", skip_scale, "leave out the start-up and memory part");
+  app.add_flag("--skip-node", skip_node, "leave out the per-rank against per-node loader part");
+  app.add_option("--node-tokens", node_tokens_d, "tokens of the node part's dataset");
+  app.add_option("--node-steps", node_steps, "batches each rank takes in the node part");
+  app.add_option("--node-batch", node_batch, "rows per micro-batch per data-parallel rank in the node part");
+  app.add_option("--compute-ms", compute_ms, "pretend compute after each batch in the node part");
   CLI11_PARSE(app, argc, argv);
   const uint64_t tokens = static_cast<uint64_t>(tokens_d), io_tokens = static_cast<uint64_t>(io_tokens_d);
   const uint64_t seed = 1234;
   json out = {{"bench", "bench_loader"}, {"seq_len", T}, {"batch", B}};
 
   // Scale: start-up and memory over a huge sparse dataset, against the materialised order.
-  {
+  if (!skip_scale) {
     const std::string d = dir + "/sparse";
     const int shards = write_split(d, tokens, false);
     fmt::print(stderr, "bench_loader: {:.3g} tokens in {} sparse shards under {}\n", double(tokens), shards, d);
@@ -286,6 +423,28 @@ int main(int argc, char** argv) {
                  {"ratio_plain_over_loader", median(plain_ts) / median(loader_ts)},
                  {"warm_loader_next_median_s", median(loader_warm)},
                  {"warm_plain_mmap_batch_median_s", median(plain_warm)}};
+    fs::remove_all(d);
+  }
+  // Node: per-rank loaders against one reader per node, 4 ranks, both layouts.
+  if (!skip_node) {
+    const std::string d = dir + "/node";
+    write_split(d, static_cast<uint64_t>(node_tokens_d), true);
+    json node = {{"tokens", static_cast<uint64_t>(node_tokens_d)},
+                 {"ranks", 4},
+                 {"steps", node_steps},
+                 {"compute_ms", compute_ms},
+                 {"rows_per_replica_micro_batch", node_batch},
+                 {"cache", "warm (written just before)"},
+                 {"load_average_1min_before", read_line("/proc/loadavg")}};
+    for (const std::string layout : {"dp2_tp2", "dp2_pp2"}) {
+      json per_rank = node_run(d, layout, false, node_batch, T, node_steps, compute_ms);
+      json one = node_run(d, layout, true, node_batch, T, node_steps, compute_ms);
+      node[layout] = {{"per_rank_loaders", per_rank},
+                      {"node_loader", one},
+                      {"bytes_ratio_per_rank_over_node", per_rank["shard_bytes_read_per_step_per_node"].get<double>() /
+                                                             one["shard_bytes_read_per_step_per_node"].get<double>()}};
+    }
+    out["node"] = node;
     fs::remove_all(d);
   }
   fs::remove_all(dir);

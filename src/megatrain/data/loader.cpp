@@ -170,48 +170,84 @@ void DataLoader::read_stream(const Stream& st, uint64_t offset, uint64_t n, int3
   }
 }
 
-void DataLoader::read_row(const Stream& st, uint64_t window, size_t row, Batch& b) {
-  read_stream(st, window * T_, static_cast<uint64_t>(T_) + 1, window_.data());
-  std::copy(window_.begin(), window_.end() - 1, b.x.begin() + row * T_);
-  std::copy(window_.begin() + 1, window_.end(), b.y.begin() + row * T_);
-}
-
-Batch DataLoader::make_batch(LoaderState& pos) {
+LoaderState DataLoader::walk_batch(LoaderState& pos, const std::vector<char>& wanted, const RowFn& row) const {
   pos = normalized(pos);
-  Batch b;
-  b.B = B_;
-  b.T = T_;
-  b.x.resize(static_cast<size_t>(B_) * T_);
-  b.y.resize(static_cast<size_t>(B_) * T_);
-  window_.resize(static_cast<size_t>(T_) + 1);
+  LoaderState at = pos;
+  at.since.clear();
   if (!blended()) {
-    b.epoch = pos.epoch;
-    b.cursor = pos.cursor;
     const Stream& st = streams_[0];
-    const uint64_t first = pos.cursor + static_cast<uint64_t>(rank_) * B_;
     const WindowOrder order(st.windows, st.seed, pos.epoch);
-    for (int r = 0; r < B_; ++r) read_row(st, shuffle_ ? order(first + r) : first + r, static_cast<size_t>(r), b);
+    for (int k = 0; k < world_; ++k) {
+      if (!wanted[static_cast<size_t>(k)]) continue;
+      const uint64_t first = pos.cursor + static_cast<uint64_t>(k) * B_;
+      for (int r = 0; r < B_; ++r) row(first - pos.cursor + r, st, shuffle_ ? order(first + r) : first + r);
+    }
     pos.cursor += global_rows();
   } else {
     // Every rank walks the whole global batch (the sources of the rows before its own move the counts it reads at).
-    b.taken = pos.taken;
-    const uint64_t mine = static_cast<uint64_t>(rank_) * B_;
     for (uint64_t g = 0; g < global_rows(); ++g) {
       const size_t k = pick_source(pos.taken, pos.since);
-      if (g >= mine && g < mine + static_cast<uint64_t>(B_)) {
+      if (wanted[static_cast<size_t>(g / B_)]) {
         const Stream& st = streams_[k];
         const uint64_t epoch = pos.taken[k] / st.windows, i = pos.taken[k] % st.windows;
-        read_row(st, shuffle_ ? WindowOrder(st.windows, st.seed, epoch)(i) : i, static_cast<size_t>(g - mine), b);
+        row(g, st, shuffle_ ? WindowOrder(st.windows, st.seed, epoch)(i) : i);
       }
       ++pos.taken[k];
     }
   }
+  return at;
+}
+
+Batch DataLoader::make_batch(LoaderState& pos, bool read) {
+  Batch b;
+  b.B = B_;
+  b.T = T_;
+  std::vector<char> wanted(static_cast<size_t>(world_), 0);
+  wanted[static_cast<size_t>(rank_)] = read;
+  if (read) {
+    b.x.resize(static_cast<size_t>(B_) * T_);
+    b.y.resize(static_cast<size_t>(B_) * T_);
+    window_.resize(static_cast<size_t>(T_) + 1);
+  }
+  const uint64_t mine = static_cast<uint64_t>(rank_) * B_;
+  const LoaderState at = walk_batch(pos, wanted, [&](uint64_t g, const Stream& st, uint64_t window) {
+    const size_t r = static_cast<size_t>(g - mine);
+    read_stream(st, window * T_, static_cast<uint64_t>(T_) + 1, window_.data());
+    std::copy(window_.begin(), window_.end() - 1, b.x.begin() + r * T_);
+    std::copy(window_.begin() + 1, window_.end(), b.y.begin() + r * T_);
+  });
+  b.epoch = at.epoch;
+  b.cursor = at.cursor;
+  b.taken = at.taken;
   b.next = pos;
   return b;
 }
 
+LoaderState DataLoader::read_windows(LoaderState& pos, const std::vector<int>& ranks, int32_t* out) {
+  std::vector<char> wanted(static_cast<size_t>(world_), 0);
+  std::vector<int> index(static_cast<size_t>(world_), -1);
+  for (size_t j = 0; j < ranks.size(); ++j) {
+    MT_CHECK(ranks[j] >= 0 && ranks[j] < world_, "data loader: rank {} is not in [0, world={})", ranks[j], world_);
+    wanted[static_cast<size_t>(ranks[j])] = 1;
+    index[static_cast<size_t>(ranks[j])] = static_cast<int>(j);
+  }
+  const uint64_t row_tokens = static_cast<uint64_t>(T_) + 1;
+  return walk_batch(pos, wanted, [&](uint64_t g, const Stream& st, uint64_t window) {
+    const uint64_t k = g / B_, r = g % B_;
+    const uint64_t at = (static_cast<uint64_t>(index[k]) * B_ + r) * row_tokens;
+    read_stream(st, window * T_, row_tokens, out + at);
+  });
+}
+
 Batch DataLoader::next() {
-  if (prefetch_ == 0) return make_batch(consumer_pos_);
+  if (feed_) {
+    if (!feed_started_) feed_->start(normalized(consumer_pos_));
+    feed_started_ = true;
+    Batch b = make_batch(consumer_pos_, /*read=*/false);
+    feed_->fill(b);
+    return b;
+  }
+  if (prefetch_ == 0) return make_batch(consumer_pos_, true);
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return !queue_.empty() || error_; });
   if (queue_.empty()) std::rethrow_exception(error_);
@@ -243,9 +279,16 @@ void DataLoader::restore(const LoaderState& s) {
              "(was the state saved with another dataset or sequence length?)",
              s.cursor, streams_[0].windows);
   }
+  MT_CHECK(!feed_started_, "data loader: a rank fed by its node's reader cannot move after its first batch");
   stop_prefetch();
   consumer_pos_ = s;
-  if (prefetch_ > 0) start_prefetch(s);
+  if (prefetch_ > 0 && !feed_) start_prefetch(s);
+}
+
+void DataLoader::set_row_feed(std::unique_ptr<RowFeed> feed) {
+  MT_CHECK(!feed_started_, "data loader: a row feed is set before the first batch");
+  stop_prefetch();
+  feed_ = std::move(feed);
 }
 
 void DataLoader::start_prefetch(LoaderState from) {
@@ -274,7 +317,7 @@ void DataLoader::prefetch_loop(LoaderState pos) {
     }
     Batch b;
     try {
-      b = make_batch(pos);
+      b = make_batch(pos, true);
     } catch (...) {
       std::lock_guard lk(mu_);
       error_ = std::current_exception();

@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -60,6 +62,15 @@ struct Batch {
   LoaderState next;             // the position after this batch
 };
 
+// Where a rank's rows come from when its node shares one reader (data/node_loader.h). The rank's DataLoader still
+// computes every batch's position (so state(), restore() and the blend's epochs are its own), but reads no shard.
+class RowFeed {
+ public:
+  virtual ~RowFeed() = default;
+  virtual void start(const LoaderState& from) = 0;  // once, before the first batch: the position the node begins at
+  virtual void fill(Batch& b) = 0;  // b's rows (x and y, or none for a rank that needs no tokens), b's position set
+};
+
 class DataLoader {
  public:
   // Throws mt::Error for a missing directory, no shards of the split, a bad shard, too few tokens for one global
@@ -81,6 +92,15 @@ class DataLoader {
   LoaderState state() const;  // the position of the batch next() returns next
   // Discards prefetched batches; continues from s. A blend's state must have one count per source, since <= taken.
   void restore(const LoaderState& s);
+
+  // The rows come from `feed` from now on (no prefetch thread, no reads of its own). Before the first next().
+  void set_row_feed(std::unique_ptr<RowFeed> feed);
+  // For a node's reader: the windows (T+1 tokens each) of the global batch at pos that data-parallel ranks `ranks`
+  // take, ranks[j]'s row r at out + (j * B + r) * (T + 1); advances pos past the batch and returns the batch's own
+  // position (epoch, cursor; a blend: taken). Not with a prefetch thread running (construct with prefetch 0).
+  LoaderState read_windows(LoaderState& pos, const std::vector<int>& ranks, int32_t* out);
+  int batch_rows() const { return B_; }
+  int seq_len() const { return T_; }
 
   bool blended() const { return streams_.size() > 1; }
   // A blend at position s: the epochs each source has given (its rows over its windows). Empty for one source.
@@ -109,8 +129,11 @@ class DataLoader {
   uint64_t global_rows() const { return static_cast<uint64_t>(world_) * B_; }
   void open_stream(Stream& st, const std::string& split);
   LoaderState normalized(LoaderState s) const;
-  Batch make_batch(LoaderState& pos);  // the batch at pos; advances pos past it
-  void read_row(const Stream& st, uint64_t window, size_t row, Batch& b);
+  // Walks the global batch at pos, calling row(g, stream, window) for its rows g of the ranks marked in `wanted`;
+  // advances pos past the batch and returns the batch's position.
+  using RowFn = std::function<void(uint64_t g, const Stream& st, uint64_t window)>;
+  LoaderState walk_batch(LoaderState& pos, const std::vector<char>& wanted, const RowFn& row) const;
+  Batch make_batch(LoaderState& pos, bool read);  // the batch at pos (its rows read when `read`); advances pos
   void read_stream(const Stream& st, uint64_t offset, uint64_t n, int32_t* out) const;
   void start_prefetch(LoaderState from);
   void stop_prefetch();
@@ -134,6 +157,9 @@ class DataLoader {
   std::deque<Batch> queue_;
   std::exception_ptr error_;
   bool stop_ = false;
+
+  std::unique_ptr<RowFeed> feed_;
+  bool feed_started_ = false;
 };
 
 }  // namespace mt

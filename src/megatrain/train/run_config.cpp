@@ -471,6 +471,8 @@ void add_data_rows(std::vector<Row>& t) {
   t.push_back(row("data", "seed", MT_MEMBER(data.seed), any(), "the shuffle's seed"));
   t.push_back(row("data", "prefetch", MT_MEMBER(data.prefetch), at_least(0, " (0: synchronous)"),
                   "batches a background thread reads ahead"));
+  t.push_back(row("data", "node_loader", MT_MEMBER(data.node_loader), any(),
+                  "one reader per node feeds its ranks through shared memory (false: a loader per rank)"));
 }
 
 // [optim]

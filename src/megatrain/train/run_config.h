@@ -25,6 +25,9 @@ struct DataConfig {
   bool shuffle = true;
   uint64_t seed = 1234;
   int prefetch = 2;  // batches prefetched by a background thread; 0 = synchronous
+  // One reader per node (local rank 0's thread) feeds the node's ranks through shared memory (data/node_loader.h);
+  // false: every rank reads its own rows with its own prefetch thread.
+  bool node_loader = true;
   // What the loaders read: the blend, or dir with weight 1.
   std::vector<DataSource> sources() const { return blend.empty() ? std::vector<DataSource>{{dir, 1.0}} : blend; }
 };

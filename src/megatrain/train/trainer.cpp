@@ -21,6 +21,7 @@
 #include "megatrain/train/host_mirror.h"
 #include "megatrain/train/metrics.h"
 #include "megatrain/train/model_stack.h"
+#include "megatrain/train/node_data.h"
 #include "megatrain/train/output_dirs.h"
 #include "megatrain/train/peak.h"
 #include "megatrain/train/peer_links.h"
@@ -217,13 +218,9 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   Topology topo = build_topology(cfg, seams);
   if (topo.main_rank) prepare_output_dirs(cfg);
 
-  // With pp a step's rows per dp rank are micro x data.batch_size: every pp rank reads them (the first stage uses
-  // the tokens, the last the targets), in the order a single process with micro x dp times the batch reads them.
-  DataLoader loader = with_kind(ErrorKind::Data, [&] {
-    return DataLoader(cfg.data.sources(), "train", cfg.data.batch_size * cfg.pipeline_microbatches(), cfg.data.seq_len,
-                      cfg.data.shuffle, cfg.data.seed, topo.coord.dp, topo.shape.dp, cfg.data.prefetch,
-                      cfg.model.vocab_size);
-  });
+  // Its rows: read by its node's shared reader, or by a loader of its own (train/node_data.h).
+  std::unique_ptr<DataLoader> own_loader = with_kind(ErrorKind::Data, [&] { return open_train_loader(cfg, topo); });
+  DataLoader& loader = *own_loader;
   if (loader.vocab_size() > cfg.model.vocab_size)
     fail_as(ErrorKind::Data, "the shards in {} use a vocabulary of {} tokens but model.vocab_size is {}",
             data_dirs(cfg.data), loader.vocab_size(), cfg.model.vocab_size);
