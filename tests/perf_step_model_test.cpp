@@ -810,7 +810,7 @@ struct HeldOutBounds {
   double loo_mean, loo_worst;
 };
 constexpr HeldOutBounds kTargets = {1.5, 3.0, 8, 0.0365, 0.0887};
-constexpr HeldOutBounds kToday = {9.5, 23.0, 7, 0.0420, 0.1010};  // missed: see docs/perf-model.md
+constexpr HeldOutBounds kToday = {4.10, 12.30, 7, 0.0365, 0.1010};  // missed ones: see docs/perf-model.md
 
 TEST(Validation, HeldOutErrorsStayWithinTheirTargetsOrTodaysFigures) {
   const Cluster c = load_cluster(kA100);

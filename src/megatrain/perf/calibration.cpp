@@ -23,7 +23,8 @@ std::vector<MeasuredPoint> published_points(const ModelConfig& base) {
     out.push_back({"korthikanti/" + r.label, "korthikanti", r.job, r.paper_seconds, 0});
   for (const PresetRow& r : megascale_table2(base))
     out.push_back({fmt::format("table2/{} {}", r.label, r.gpus), "table2", r.job, 0, r.paper_mfu});
-  for (const PresetRow& r : megascale_table3(base)) out.push_back({"table3/" + r.label, "table3", r.job, 0, r.paper_mfu});
+  for (const PresetRow& r : megascale_table3(base))
+    out.push_back({"table3/" + r.label, "table3", r.job, 0, r.paper_mfu});
   return out;
 }
 
@@ -108,7 +109,8 @@ CalibrationSet parse_calibration_set(const std::string& text, const std::string&
       MT_CHECK(seen.insert(f).second, "{}: fit: '{}' is named twice", path, f);
     }
     seen.clear();
-    for (const std::string& id : s.calibrate) MT_CHECK(seen.insert(id).second, "{}: calibrate: '{}' is named twice", path, id);
+    for (const std::string& id : s.calibrate)
+      MT_CHECK(seen.insert(id).second, "{}: calibrate: '{}' is named twice", path, id);
     MT_CHECK(s.calibrate.size() >= s.fit.size(), "{}: {} points cannot determine {} constants", path,
              s.calibrate.size(), s.fit.size());
     return s;
@@ -118,7 +120,8 @@ CalibrationSet parse_calibration_set(const std::string& text, const std::string&
 }
 
 CalibrationSet load_calibration_set(const std::string& path) {
-  if (!file_exists(path)) fail_as(ErrorKind::Config, "calibration set {} does not exist (see configs/calibration/)", path);
+  if (!file_exists(path))
+    fail_as(ErrorKind::Config, "calibration set {} does not exist (see configs/calibration/)", path);
   return parse_calibration_set(read_text_file(path), path);
 }
 

@@ -52,9 +52,9 @@ const std::vector<CalibrationConstant>& calibration_constants();
 
 struct CalibrationSet {
   std::string path, description;
-  std::string model_config;             // as written in the file (resolved by the caller)
-  std::vector<std::string> fit;         // names from calibration_constants(), at most four
-  std::vector<std::string> calibrate;   // point ids
+  std::string model_config;            // as written in the file (resolved by the caller)
+  std::vector<std::string> fit;        // names from calibration_constants(), at most four
+  std::vector<std::string> calibrate;  // point ids
 };
 // Throws mt::Error (Config) naming the file and the field: not JSON, a missing or mistyped field, an unknown
 // constant or a repeated one, more than four, no points.
@@ -69,10 +69,10 @@ std::vector<MeasuredPoint> select_points(const std::vector<MeasuredPoint>& all, 
 Cluster without_calibration(Cluster c);
 
 struct CalibrationFit {
-  std::vector<std::string> fit;                          // the constants fitted
-  std::vector<double> values;                            // their fitted values, in the same order
+  std::vector<std::string> fit;                           // the constants fitted
+  std::vector<double> values;                             // their fitted values, in the same order
   std::vector<std::pair<std::string, double>> residuals;  // (point id, predicted / measured - 1)
-  double rms = 0;                                        // root mean square of the log errors
+  double rms = 0;                                         // root mean square of the log errors
   int iterations = 0;
   bool converged = false;
 };

@@ -91,12 +91,24 @@ LeastSquaresResult levenberg_marquardt(const Residuals& r, std::vector<double> x
         Jtr[a] += J[i][a] * out.residuals[i];
         for (size_t b = 0; b < n; ++b) JtJ[a][b] += J[i][a] * J[i][b];
       }
+    // A parameter on a bound that the descent direction pushes outwards stays there this iteration: solving for it
+    // as if free would give a step the box then clips, which can stall the others (the active set of bounded
+    // least squares).
+    std::vector<bool> held(n, false);
+    for (size_t a = 0; a < n; ++a)
+      held[a] = (out.x[a] <= bounds[a].lo && Jtr[a] > 0) || (out.x[a] >= bounds[a].hi && Jtr[a] < 0);
     bool accepted = false;
     while (!accepted && lambda < 1e12) {
       std::vector<std::vector<double>> A = JtJ;
       for (size_t a = 0; a < n; ++a) A[a][a] += lambda * std::max(JtJ[a][a], 1e-12);
       std::vector<double> step, minus_g(n);
       for (size_t a = 0; a < n; ++a) minus_g[a] = -Jtr[a];
+      for (size_t a = 0; a < n; ++a)
+        if (held[a]) {
+          for (size_t b = 0; b < n; ++b) A[a][b] = A[b][a] = 0;
+          A[a][a] = 1;
+          minus_g[a] = 0;
+        }
       if (!solve(A, minus_g, step)) {
         lambda *= 10;
         continue;
@@ -108,7 +120,8 @@ LeastSquaresResult levenberg_marquardt(const Residuals& r, std::vector<double> x
       const double ss = all_finite(rx) ? sum_squares(rx) : INFINITY;
       if (ss < out.sum_squares) {
         double moved = 0;
-        for (size_t a = 0; a < n; ++a) moved = std::max(moved, std::abs(x[a] - out.x[a]) / std::max(1.0, std::abs(x[a])));
+        for (size_t a = 0; a < n; ++a)
+          moved = std::max(moved, std::abs(x[a] - out.x[a]) / std::max(1.0, std::abs(x[a])));
         out.converged = (out.sum_squares - ss) <= tolerance * std::max(out.sum_squares, 1e-300) || moved < 1e-9;
         out.x = std::move(x);
         out.residuals = rx;

@@ -29,8 +29,7 @@ using Residuals = std::function<std::vector<double>(const std::vector<double>&)>
 // Central differences of r at x, one column per parameter, with step h_j = rel_step * max(|x_j|, 1) (one-sided
 // where a bound is closer than h_j). Rows are residuals.
 std::vector<std::vector<double>> finite_difference_jacobian(const Residuals& r, const std::vector<double>& x,
-                                                            const std::vector<Bounds>& bounds,
-                                                            double rel_step = 1e-5);
+                                                            const std::vector<Bounds>& bounds, double rel_step = 1e-5);
 
 // Throws (mt::Error) when x0 and bounds differ in size, a bound is empty, or r returns a non-finite value at x0.
 LeastSquaresResult levenberg_marquardt(const Residuals& r, std::vector<double> x0, const std::vector<Bounds>& bounds,

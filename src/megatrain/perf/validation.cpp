@@ -91,8 +91,8 @@ std::string format_fit(const CalibrationFit& f) {
 }
 
 std::string format_validation(const Validation& v, const Cluster& c) {
-  std::string out = fmt::format("Validation of the performance model on {} ({})\ncalibration set {}\n", c.name,
-                                c.path, v.set_path);
+  std::string out = fmt::format("Validation of the performance model on {} ({})\ncalibration set {}\n", c.name, c.path,
+                                v.set_path);
   out += "calibrated constants:\n";
   for (const CalibrationConstant& k : calibration_constants()) {
     const Sourced& s = c.*k.member;
@@ -100,8 +100,8 @@ std::string format_validation(const Validation& v, const Cluster& c) {
   }
   for (bool cal : {true, false}) {
     out += cal ? "\nCALIBRATION SET (the fit saw these)\n" : "\nHELD OUT (never used in a fit)\n";
-    out += fmt::format("  {:<32} {:>9} {:>9} {:>8} {:>8} {:>8}\n", "point", "measured", "predicted", "err %",
-                       "MFU pa", "err pt");
+    out += fmt::format("  {:<32} {:>9} {:>9} {:>8} {:>8} {:>8}\n", "point", "measured", "predicted", "err %", "MFU pa",
+                       "err pt");
     for (const PointResult& r : v.points) {
       if (r.calibration != cal) continue;
       const bool mfu = r.point.mfu > 0;
@@ -117,17 +117,18 @@ std::string format_validation(const Validation& v, const Cluster& c) {
   for (const LeaveOneOut& l : v.leave_one_out) out += fmt::format("  {:<32} {:+6.1f}%\n", l.id, 100 * l.error);
   const ValidationTargets& t = v.targets;
   out += "\nsummary (target; met or MISSED)\n";
-  out += fmt::format("  Table 2 held out ({} rows): mean |error| {:.2f} MFU points (<= {}; {}), worst {:.2f} (<= {}; {})\n",
-                     v.table2_held_out, v.table2_held_out_mean_points, t.table2_mean_points,
-                     pass(v.table2_held_out_mean_points <= t.table2_mean_points), v.table2_held_out_worst_points,
-                     t.table2_worst_points, pass(v.table2_held_out_worst_points <= t.table2_worst_points));
+  out += fmt::format(
+      "  Table 2 held out ({} rows): mean |error| {:.2f} MFU points (<= {}; {}), worst {:.2f} (<= {}; {})\n",
+      v.table2_held_out, v.table2_held_out_mean_points, t.table2_mean_points,
+      pass(v.table2_held_out_mean_points <= t.table2_mean_points), v.table2_held_out_worst_points,
+      t.table2_worst_points, pass(v.table2_held_out_worst_points <= t.table2_worst_points));
   out += fmt::format("  Table 3: {} of {} steps with the paper's sign ({}); cumulative order {} ({})\n",
                      v.table3_signs_right, v.table3_steps, pass(v.table3_signs_right == v.table3_steps),
                      v.table3_order_right ? "the paper's" : "NOT the paper's", pass(v.table3_order_right));
-  out += fmt::format("  Korthikanti leave-one-out ({} points): mean |error| {:.2f}% (<= {:.2f}%; {}), worst {:.2f}% (<= {:.2f}%; {})\n",
-                     v.leave_one_out.size(), 100 * v.loo_mean, 100 * t.korthikanti_mean,
-                     pass(v.loo_mean <= t.korthikanti_mean), 100 * v.loo_worst, 100 * t.korthikanti_worst,
-                     pass(v.loo_worst <= t.korthikanti_worst));
+  out += fmt::format(
+      "  Korthikanti leave-one-out ({} points): mean |error| {:.2f}% (<= {:.2f}%; {}), worst {:.2f}% (<= {:.2f}%; {})\n",
+      v.leave_one_out.size(), 100 * v.loo_mean, 100 * t.korthikanti_mean, pass(v.loo_mean <= t.korthikanti_mean),
+      100 * v.loo_worst, 100 * t.korthikanti_worst, pass(v.loo_worst <= t.korthikanti_worst));
   return out;
 }
 

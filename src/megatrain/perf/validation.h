@@ -18,10 +18,10 @@ namespace mt::perf {
 
 struct PointResult {
   MeasuredPoint point;
-  bool calibration = false;      // in the calibration set (else held out)
+  bool calibration = false;  // in the calibration set (else held out)
   Prediction prediction;
-  double error = 0;              // predicted / measured step time - 1
-  double mfu_points = 0;         // predicted - measured MFU, in points (MFU sources only)
+  double error = 0;       // predicted / measured step time - 1
+  double mfu_points = 0;  // predicted - measured MFU, in points (MFU sources only)
 };
 
 struct LeaveOneOut {
@@ -41,9 +41,10 @@ struct Validation {
   std::vector<LeaveOneOut> leave_one_out;
   double table2_held_out_mean_points = 0, table2_held_out_worst_points = 0;
   int table2_held_out = 0;
-  int table3_steps = 0, table3_signs_right = 0;  // steps after the baseline; those whose MFU change has the paper's sign
-  bool table3_order_right = false;                // the steps rank by predicted MFU as by the paper's
-  double loo_mean = 0, loo_worst = 0;             // |error| over leave_one_out
+  int table3_steps = 0,
+      table3_signs_right = 0;          // steps after the baseline; those whose MFU change has the paper's sign
+  bool table3_order_right = false;     // the steps rank by predicted MFU as by the paper's
+  double loo_mean = 0, loo_worst = 0;  // |error| over leave_one_out
   ValidationTargets targets;
 };
 
