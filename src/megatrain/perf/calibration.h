@@ -81,7 +81,8 @@ struct CalibrationFit {
 // on what the file held before). The other constants stay as `c` has them.
 CalibrationFit fit_calibration(const Cluster& c, const std::vector<MeasuredPoint>& points,
                                const std::vector<std::string>& fit);
-// `c` with the fitted constants set, each with the source "fitted on <set> (<n> points: ...), residuals ...".
+// `c` with the fitted constants set, each with the source "fitted on <set> (<n> points; ...), residuals ...", and
+// every constant the fit did not name back at neutral: a file's [calibration] is always exactly one fit.
 Cluster with_calibration(Cluster c, const CalibrationFit& fit, const std::string& set_path);
 
 }  // namespace mt::perf
