@@ -838,6 +838,7 @@ TEST(Validation, HeldOutErrorsStayWithinTheirTargetsOrTodaysFigures) {
   const auto j = to_json(v, c);
   EXPECT_EQ(j["calibration"].size(), 12u);
   EXPECT_EQ(j["held_out"].size(), 22u);
+  EXPECT_TRUE(j["summary"]["korthikanti_mean_met"].get<bool>());
   for (const char* k : {"table2_held_out_mean_abs_mfu_points", "table3_signs_right", "table3_order_right",
                         "korthikanti_leave_one_out_mean_abs_error", "korthikanti_leave_one_out_worst_abs_error"})
     EXPECT_TRUE(j["summary"].contains(k)) << k;
