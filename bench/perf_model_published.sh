@@ -14,6 +14,9 @@
 # attention is ~5% of a layer's time, so this moves the comparison by a few percent, not more.
 #
 # Prints JSON: one row per run with the published seconds, the prediction and their ratio.
+# These nine runs are in the calibration set of configs/calibration/megascale-a100.json: on the shipped (calibrated)
+# cluster file they are in-sample residuals, not a check. Their out-of-sample figures are the leave-one-out errors of
+# `megatrain simulate --preset validation`; the datasheet model is a copy of the cluster file without [calibration].
 #   bench/perf_model_published.sh
 #   CLUSTER=configs/clusters/megascale-a100.toml bench/perf_model_published.sh
 set -euo pipefail

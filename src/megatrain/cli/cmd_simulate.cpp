@@ -2,21 +2,26 @@
 //   megatrain simulate [--config MODEL.toml] [--cluster CLUSTER.toml] [--section.key=value ...] [--batch N]
 //                      [--ptb] [--swa] [--tp-overlap] [--pp-overlap] [--dp-overlap] [--fused-ops] [--misc]
 //                      [--megascale] [--recompute none|selective|full] [--gpus N] [--json]
-//   megatrain simulate --preset megascale-table2|megascale-table3 [--json]
+//   megatrain simulate --preset megascale-table2|megascale-table3|validation [--calibration-set SET.json] [--json]
+//   megatrain simulate --calibrate SET.json [--cluster CLUSTER.toml] [--json]  (fits [calibration], rewrites the file)
 //   megatrain simulate --search --gpus N --batch N [--mem-limit GiB] [--top K] [--json]
 //   megatrain simulate --scale ...      (group init, checkpoint and failure costs of the layout)
 //   megatrain simulate --constants      (every constant of the cluster file with its source)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "megatrain/cli/commands.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/resources.h"
+#include "megatrain/core/fs.h"
+#include "megatrain/perf/calibration.h"
 #include "megatrain/perf/presets.h"
 #include "megatrain/perf/report.h"
+#include "megatrain/perf/validation.h"
 #include "megatrain/train/run_config.h"
 
 namespace mt::cli {
@@ -27,7 +32,8 @@ namespace {
 struct SimulateArgs {
   std::string config = resource_path("configs/megascale-175b.toml");
   std::string cluster_path = resource_path("configs/clusters/megascale-a100.toml");
-  std::string preset, recompute = "selective";
+  std::string calibration_set = resource_path("configs/calibration/megascale-a100.json");
+  std::string preset, recompute = "selective", calibrate;
   int batch = 0, gpus = 0, top = 10;
   double mem_limit_gib = 0, mtbf_hours = 0;
   bool ptb = false, swa = false, tp_overlap = false, pp_overlap = false, dp_overlap = false, fused = false;
@@ -53,7 +59,14 @@ void add_simulate_options(CLI::App& app, SimulateArgs& a) {
   app.add_flag("--megascale", a.megascale, "all of the above");
   app.add_option("--recompute", a.recompute, "activation recomputation: none | selective | full");
   app.add_option("--preset", a.preset,
-                 "megascale-table2 | megascale-table3: the paper's experiments beside predictions");
+                 "megascale-table2 | megascale-table3: the paper's experiments beside predictions; validation: every "
+                 "published point, the calibration set and the held-out set apart, with each error");
+  app.add_option("--calibrate", a.calibrate,
+                 "fit the cluster's [calibration] constants by least squares on this calibration set (JSON, "
+                 "configs/calibration/) and write them into --cluster with their source");
+  app.add_option("--calibration-set", a.calibration_set,
+                 "the calibration set --preset validation reports against (default "
+                 "configs/calibration/megascale-a100.json)");
   app.add_flag("--balance", a.balance,
                "find the layer counts of the pipeline stages that give the shortest step "
                "(parallel.stage_layers: the first stage also computes the embedding, the last the head and loss); "
@@ -95,7 +108,8 @@ void print_preset(const SimulateArgs& a, const RunConfig& cfg, const perf::Clust
   else if (a.preset == "megascale-table3")
     rows = megascale_table3(cfg.model);
   else
-    fail_as(ErrorKind::Config, "--preset must be megascale-table2 or megascale-table3 (got '{}')", a.preset);
+    fail_as(ErrorKind::Config, "--preset must be megascale-table2, megascale-table3 or validation (got '{}')",
+            a.preset);
   std::vector<Prediction> preds;
   for (const PresetRow& r : rows) preds.push_back(predict(r.job, cluster));
   const bool t2 = a.preset == "megascale-table2";
@@ -103,6 +117,48 @@ void print_preset(const SimulateArgs& a, const RunConfig& cfg, const perf::Clust
     fmt::print("{}\n", (t2 ? table2_json(rows, preds) : table3_json(rows, preds)).dump(2));
   else
     fmt::print("{}", t2 ? format_table2(rows, preds) : format_table3(rows, preds));
+}
+
+// A path as written in a calibration set: as given when it exists from here, else relative to the project root.
+std::string set_relative(const std::string& path) { return file_exists(path) ? path : resource_path(path); }
+
+// --preset validation: every published point predicted with the cluster's calibrated constants.
+void print_validation(const SimulateArgs& a, const perf::Cluster& cluster) {
+  using namespace mt::perf;
+  const CalibrationSet set = load_calibration_set(a.calibration_set);
+  const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(set_relative(set.model_config)); });
+  const Validation v = validate(cluster, set, published_points(cfg.model));
+  if (a.json_out)
+    fmt::print("{}\n", to_json(v, cluster).dump(2));
+  else
+    fmt::print("{}", format_validation(v, cluster));
+}
+
+// --calibrate: fits the set's constants and rewrites the cluster file with them and their source.
+void run_calibration(const SimulateArgs& a, const perf::Cluster& cluster) {
+  using namespace mt::perf;
+  const CalibrationSet set = load_calibration_set(a.calibrate);
+  const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(set_relative(set.model_config)); });
+  const std::vector<MeasuredPoint> points = select_points(published_points(cfg.model), set.calibrate, set.path);
+  const CalibrationFit fit = fit_calibration(cluster, points, set.fit);
+  const Cluster out = with_calibration(cluster, fit, set.path);
+  // Keep the file's leading comment block; the rest is the cluster as TOML.
+  std::string header, line;
+  std::istringstream in(read_text_file(a.cluster_path));
+  while (std::getline(in, line) && line.rfind("#", 0) == 0) header += line + "\n";
+  write_file_atomic(a.cluster_path, header + to_toml(out));
+  if (a.json_out) {
+    nlohmann::json j = {{"cluster", a.cluster_path},
+                        {"calibration_set", set.path},
+                        {"iterations", fit.iterations},
+                        {"converged", fit.converged},
+                        {"rms_log_error", fit.rms}};
+    for (size_t i = 0; i < fit.fit.size(); ++i) j["constants"][fit.fit[i]] = fit.values[i];
+    for (auto& [id, e] : fit.residuals) j["residuals"][id] = e;
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print("{}wrote {}\n", format_fit(fit), a.cluster_path);
+  }
 }
 
 // The config's model with the techniques the flags switch on (the layout is not set yet).
@@ -232,6 +288,14 @@ int cmd_simulate(int argc, char** argv) {
 
   using namespace mt::perf;
   const Cluster cluster = load_cluster(a.cluster_path);
+  if (!a.calibrate.empty()) {
+    run_calibration(a, cluster);
+    return 0;
+  }
+  if (a.preset == "validation") {
+    print_validation(a, cluster);
+    return 0;
+  }
   if (a.constants) {
     fmt::print("{}", format_constants(cluster));
     return 0;

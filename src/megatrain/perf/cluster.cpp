@@ -22,6 +22,7 @@ struct Field {
   double lo, hi;  // allowed range, inclusive
   bool integer;
   bool single_host = false;  // required only with topology "single-host"; elsewhere absent means 0
+  bool calibration = false;  // optional everywhere; absent means the neutral default the Cluster struct holds
 };
 
 // Every scalar constant of a cluster file. The ranges only refuse what cannot be meant (a negative bandwidth, an
@@ -55,6 +56,10 @@ const Field kFields[] = {
     {"scale", "storage_gbps_per_node", &Cluster::storage_gbps_per_node, 1e-6, 1e6, false},
     {"scale", "failure_detect_s", &Cluster::failure_detect_s, 0, 1e9, false},
     {"scale", "node_mtbf_hours", &Cluster::node_mtbf_hours, 1e-6, 1e12, false},
+    {"calibration", "gemm_efficiency_scale", &Cluster::gemm_efficiency_scale, 1e-3, 10, false, false, true},
+    {"calibration", "nvlink_efficiency", &Cluster::nvlink_efficiency, 1e-3, 10, false, false, true},
+    {"calibration", "network_efficiency", &Cluster::network_efficiency, 1e-3, 10, false, false, true},
+    {"calibration", "dp_sync_s", &Cluster::dp_sync_s, 0, 1e6, false, false, true},
 };
 
 const std::set<std::string> kTopologies = {"rail-clos", "single-node", "single-host"};
@@ -137,13 +142,19 @@ double Curve::at(double x) const {
 
 double Cluster::network_bytes_per_s() const {
   // Rail-optimised: each GPU drives its own NIC when there are as many NICs as GPUs; otherwise they share.
-  return nic_gbps.value * 1e9 * std::min(1.0, nics_per_node.value / gpus_per_node.value);
+  return nic_gbps.value * 1e9 * std::min(1.0, nics_per_node.value / gpus_per_node.value) * network_efficiency.value;
 }
+
+double Cluster::gemm_efficiency(double flops) const {
+  return std::min(1.0, gemm.at(flops) * gemm_efficiency_scale.value);
+}
+
+double Cluster::dp_sync_seconds(int dp) const { return dp > 1 ? dp_sync_s.value * std::log2(double(dp)) : 0.0; }
 
 std::vector<std::pair<std::string, Sourced>> Cluster::constants() const {
   std::vector<std::pair<std::string, Sourced>> out;
   for (const Field& f : kFields)
-    if (!f.single_host || !(this->*f.member).source.empty())
+    if (!(f.single_host || f.calibration) || !(this->*f.member).source.empty())
       out.emplace_back(std::string(f.section) + "." + f.key, this->*f.member);
   std::string pts;
   for (auto& [x, y] : gemm.points) pts += fmt::format("{}({:.3g}: {:.2f})", pts.empty() ? "" : " ", x, y);
@@ -167,9 +178,9 @@ Cluster parse_cluster(const std::string& text, const std::string& src) {
       if (key == "name" || key == "topology") continue;
       const toml::table* t = node.as_table();
       MT_CHECK(t && (key == "gpu" || key == "intra_node" || key == "network" || key == "efficiency" ||
-                     key == "stragglers" || key == "scale"),
+                     key == "stragglers" || key == "scale" || key == "calibration"),
                "{}: unknown key '{}' (allowed: name, topology, [gpu], [intra_node], [network], [efficiency], "
-               "[stragglers], [scale])",
+               "[stragglers], [scale], [calibration])",
                src, key);
       sections[key] = t;
     }
@@ -194,6 +205,7 @@ Cluster parse_cluster(const std::string& text, const std::string& src) {
       auto it = sections.find(f.section);
       const toml::node* n = it == sections.end() ? nullptr : it->second->get(f.key);
       if (!n && f.single_host && c.topology != "single-host") continue;  // stays 0: ranks do not share cores
+      if (!n && f.calibration) continue;                                 // stays neutral: not calibrated
       MT_CHECK(n, "{} is missing{}", where,
                f.single_host ? " (a single-host cluster must say how many cores its ranks share)" : "");
       c.*f.member = read_sourced(*n, where, f.lo, f.hi, f.integer);
@@ -218,6 +230,8 @@ std::string to_toml(const Cluster& c) {
   std::string out = fmt::format("name = {}\ntopology = {}\n", quote(c.name), quote(c.topology));
   std::string section;
   for (const Field& f : kFields) {
+    const Sourced& s = c.*f.member;
+    if (f.calibration && s.source.empty()) continue;
     if (section != f.section) {
       section = f.section;
       out += fmt::format("\n[{}]\n", section);
@@ -230,7 +244,6 @@ std::string to_toml(const Cluster& c) {
         out += fmt::format("gemm = {{ x = [{}], efficiency = [{}], source = {} }}\n", xs, ys, quote(c.gemm.source));
       }
     }
-    const Sourced& s = c.*f.member;
     if (f.single_host && c.topology != "single-host" && s.source.empty()) continue;
     out += fmt::format("{} = {{ value = {:.6g}, source = {} }}\n", f.key, s.value, quote(s.source));
   }

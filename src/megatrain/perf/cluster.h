@@ -5,6 +5,9 @@
 // so that each number says where it comes from (a specification, a published microbenchmark, our own benchmark).
 // A missing constant, an unknown key, a constant without its source or a value out of range is an error that names
 // the file and the key.
+// The optional [calibration] section holds at most four constants that no datasheet prices, fitted by least squares
+// on a declared calibration set (`megatrain simulate --calibrate SET.json`, perf/calibration.h), each with the source
+// "fitted on ..., residuals ...". Absent, each is neutral (scales 1, seconds 0): the model is then the datasheet one.
 #pragma once
 #include <string>
 #include <utility>
@@ -67,13 +70,22 @@ struct Cluster {
   Sourced storage_gbps_per_node;  // distributed file system read/write bandwidth per node (stage 2, recovery)
   Sourced failure_detect_s;       // detection + diagnostics before a restart
   Sourced node_mtbf_hours;        // mean time between failures of one node
+  // [calibration] (optional; neutral when absent)
+  Sourced gemm_efficiency_scale{1, ""};  // sustained GEMM efficiency in a training step / the microbenchmark curve
+  Sourced nvlink_efficiency{1, ""};      // collective bandwidth inside a node in a training step / nccl-tests busbw
+  Sourced network_efficiency{1, ""};     // collective bandwidth across nodes in a training step / nic_gbps
+  Sourced dp_sync_s{0, ""};              // per-step seconds per doubling of dp (step cost that grows with dp)
 
   // Per-GPU share of the node's network bandwidth, bytes/s.
   double network_bytes_per_s() const;
-  double nvlink_bytes_per_s() const { return nvlink_gbps.value * 1e9; }
+  double nvlink_bytes_per_s() const { return nvlink_gbps.value * 1e9 * nvlink_efficiency.value; }
+  // The GEMM efficiency curve at x, scaled by the calibrated gemm_efficiency_scale, at most 1.
+  double gemm_efficiency(double flops) const;
   double peak_flops() const { return peak_tflops.value * 1e12; }
   double hbm_bytes_per_s() const { return hbm_gbps.value * 1e9; }
   int node_gpus() const { return static_cast<int>(gpus_per_node.value); }
+  // Seconds a step spends on the calibrated dp-dependent cost: dp_sync_s x log2(dp).
+  double dp_sync_seconds(int dp) const;
   // Every constant as ("section.key", value, source), in file order, for reports.
   std::vector<std::pair<std::string, Sourced>> constants() const;
 };

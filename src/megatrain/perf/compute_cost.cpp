@@ -66,7 +66,7 @@ double wave_efficiency(const Cluster& c, double M, double N) {
 double gemm_seconds(const Cluster& c, double M, double N, double K) {
   const double flops = 2 * M * N * K;
   if (flops <= 0) return 0;
-  return flops / (c.peak_flops() * c.gemm.at(flops) * wave_efficiency(c, M, N));
+  return flops / (c.peak_flops() * c.gemm_efficiency(flops) * wave_efficiency(c, M, N));
 }
 
 double attended_pairs(int seq, int window) {

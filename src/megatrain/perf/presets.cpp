@@ -90,4 +90,43 @@ std::vector<PresetRow> megascale_table3(const ModelConfig& base) {
   return out;
 }
 
+std::vector<PresetRow> korthikanti_table5(const ModelConfig& base) {
+  // (laid out by hand)
+  // clang-format off
+  struct R { const char* name; int layers, heads, hidden, pp, v, dp, micro_batch, batch; double full_s, selective_s; };
+  const R runs[] = {
+      {"22B",      48,  64,  6144,  1,  1, 1, 4, 4,    1.42,  1.10},
+      {"175B",     96,  96,  12288, 8,  3, 1, 1, 64,   18.13, 13.75},
+      {"530B",     105, 128, 20480, 35, 3, 1, 1, 280,  49.05, 37.83},
+      {"1T",       128, 160, 25600, 64, 1, 1, 1, 512,  94.42, 71.49},
+      {"530B-dp8", 105, 128, 20480, 35, 3, 8, 1, 2240, 0,     39.15},
+  };
+  // clang-format on
+  std::vector<PresetRow> out;
+  for (const R& r : runs)
+    for (Recompute mode : {Recompute::Full, Recompute::Selective}) {
+      const double published = mode == Recompute::Full ? r.full_s : r.selective_s;
+      if (published <= 0) continue;
+      Job j;
+      j.model = base;
+      j.model.n_layer = r.layers;
+      j.model.n_head = r.heads;
+      j.model.d_model = r.hidden;
+      j.model.vocab_size = 51200;
+      j.model.block = BlockKind::Sequential;
+      j.model.window = 0;
+      j.tech.recompute = mode;
+      Layout& L = j.layout;
+      L.tp = 8;
+      L.pp = r.pp;
+      L.virtual_stages = r.v;
+      L.dp = r.dp;
+      L.micro_batch = r.micro_batch;
+      L.microbatches = r.batch / (r.dp * r.micro_batch);
+      L.seq = 2048;
+      out.push_back({fmt::format("{} {}", r.name, recompute_name(mode)), L.gpus(), r.batch, published, 0, j});
+    }
+  return out;
+}
+
 }  // namespace mt::perf

@@ -26,5 +26,12 @@ struct PresetRow {
 Job system_job(const ModelConfig& base, const std::string& system, int gpus, int batch);
 std::vector<PresetRow> megascale_table2(const ModelConfig& base);
 std::vector<PresetRow> megascale_table3(const ModelConfig& base);
+// Korthikanti et al. 2022 (arXiv 2205.05198), Table 5: seconds per iteration of the 22B, 175B, 530B and 1T GPT
+// models on Selene (DGX A100 80GB, 8 HDR NICs per node), tp 8 with sequence parallelism, under full and selective
+// recomputation, and the 530B model with dp 8 on 2,240 GPUs (§6.3: 39.15 s). Shapes and layouts from the paper's
+// Table 3, the interleaving as in calculon's validation configs of the same runs; vocabulary 51,200. Nine rows,
+// labels "22B full", ..., "530B-dp8 selective", with paper_seconds (paper_mfu 0). The same runs as
+// bench/perf_model_published.sh.
+std::vector<PresetRow> korthikanti_table5(const ModelConfig& base);
 
 }  // namespace mt::perf

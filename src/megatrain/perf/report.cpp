@@ -19,7 +19,8 @@ json breakdown_json(const Breakdown& b) {
           {"bubble", b.bubble},
           {"optimizer", b.optimizer},
           {"straggler", b.straggler},
-          {"shared_cores", b.shared_cores}};
+          {"shared_cores", b.shared_cores},
+          {"dp_sync", b.dp_sync}};
 }
 
 std::string layout_str(const Layout& L) {
@@ -101,6 +102,7 @@ std::string format_prediction(const Job& j, const Prediction& p, const Cluster& 
          row("exposed dp comm", b.dp) + row("pipeline bubble", b.bubble) + row("optimizer", b.optimizer) +
          row("stragglers (expected)", b.straggler);
   if (b.shared_cores > 0) out += row("waiting for a core", b.shared_cores);
+  if (b.dp_sync > 0) out += row("dp sync (calibrated)", b.dp_sync);
   out += fmt::format("\nmemory per GPU (pipeline rank 0, {} chunks in flight)\n", p.peak_in_flight);
   auto mrow = [&](const char* name, double bytes) {
     return fmt::format("  {:<22} {:>8.2f} GiB\n", name, bytes / kGiB);

@@ -348,7 +348,7 @@ double predict_step_seconds(const Job& job, const Cluster& c, int* peak_in_fligh
   const PipelineResult r = simulate_pipeline(p.schedule, p.costs);
   if (peak_in_flight) *peak_in_flight = r.peak_in_flight.empty() ? 1 : r.peak_in_flight[0];
   const double base = std::max(step_end(r, p) + p.optimizer, shared_cores_bound(job, c, p));
-  return base * (1 + straggler_fraction(job, c));
+  return base * (1 + straggler_fraction(job, c)) + c.dp_sync_seconds(job.layout.dp);
 }
 
 Prediction predict(const Job& job, const Cluster& c) {
@@ -386,7 +386,8 @@ Prediction predict(const Job& job, const Cluster& c) {
   b.shared_cores = std::max(0.0, bound - (t_full + p.optimizer));
   const double base = std::max(t_full + p.optimizer, bound);
   b.straggler = base * straggler_fraction(job, c);
-  out.step_seconds = base + b.straggler;
+  b.dp_sync = c.dp_sync_seconds(L.dp);
+  out.step_seconds = base + b.straggler + b.dp_sync;
   out.global_batch = L.global_batch();
   const double tokens = double(out.global_batch) * L.seq;
   out.model_flops_per_step = job.model.flops_per_token(L.seq) * tokens;

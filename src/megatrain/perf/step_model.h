@@ -40,6 +40,7 @@ struct Breakdown {
   double optimizer = 0;     // the optimizer step on the dp shard, and the global gradient-norm all-reduce
   double straggler = 0;     // expected wait for the slowest GPU, and for faulty slow nodes unless evicted
   double shared_cores = 0;  // CPU host with more ranks than cores: waiting for a core (0 on GPU clusters)
+  double dp_sync = 0;  // the calibrated per-step cost that grows with dp (Cluster::dp_sync_seconds; 0 uncalibrated)
 };
 
 struct Prediction {
