@@ -224,6 +224,12 @@ TEST_F(LaunchSdc, ATransientGradientFaultUnderDp2Tp2NamesTheOneRankThatErred) {
   transient_fault_is_found(4, {}, 1, "h.0.attn.c_attn.weight");
 }
 
+// dp = 2 x pp = 2: rank 1 holds the first stage (its first block) of the second replica; the rerun replays the
+// pipeline's schedule on the kept batches.
+TEST_F(LaunchSdc, ATransientGradientFaultUnderDp2Pp2IsFoundInItsStage) {
+  transient_fault_is_found(4, {"--parallel.dp=2", "--parallel.tp=1", "--parallel.pp=2"}, 1, "h.0.ln_1.weight");
+}
+
 // A spike without a fault: a spike rule so tight that the gradient norm or the loss spikes at many steps; each
 // rerun reproduces on every rank, and the run trains the losses of a run without reruns, bit for bit.
 TEST_F(LaunchSdc, ASpikeWhoseRerunReproducesIsNoFaultAndChangesNoLoss) {

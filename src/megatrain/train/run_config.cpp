@@ -534,7 +534,8 @@ void add_train_rows(std::vector<Row>& t) {
                   "checkpoint step)"));
   t.push_back(row("train", "sdc_rerun_on_spike", MT_MEMBER(train.sdc_rerun_on_spike), any(),
                   "a step whose loss or gradient norm spikes (the spike_* rule, on each) runs again before its "
-                  "update; a rank whose gradients differ the second time is a transient fault (kind sdc)"));
+                  "update; a rank whose gradients differ the second time is a transient fault (kind sdc); cuda: needs "
+                  "deterministic"));
 }
 
 // [ckpt]

@@ -23,9 +23,17 @@ std::string rerun_hex(uint64_t h) { return fmt::format("{:016x}", h); }
 }  // namespace
 
 SdcRerun::SdcRerun(const RunConfig& cfg, Topology& topo, ModelStack& stack, ForwardBackward& fb, Update& update)
-    : cfg_(cfg), topo_(topo), stack_(stack), fb_(fb), update_(update), on_(cfg.train.sdc_rerun_on_spike),
+    : cfg_(cfg), topo_(topo), stack_(stack), fb_(fb), update_(update),
+      on_(cfg.train.sdc_rerun_on_spike && (topo.ops->device() == Device::CPU || cfg.train.deterministic)),
       loss_spikes_(SpikeRule{cfg.train.spike_window, cfg.train.spike_sigmas, cfg.train.spike_factor}),
       norm_spikes_(SpikeRule{cfg.train.spike_window, cfg.train.spike_sigmas, cfg.train.spike_factor}) {
+  if (cfg.train.sdc_rerun_on_spike && !on_ && topo.main_rank) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "note: train.sdc_rerun_on_spike is off in this run: a GPU run repeats its gradients bit for bit "
+                 "only with train.deterministic = true, and the rerun's comparison needs that\n");
+    std::fflush(stderr);
+  }
   const GPT& model = *stack.model;
   const ParamStore& p = model.params();
   compared_.assign(p.size(), 1);
@@ -110,11 +118,8 @@ void SdcRerun::rerun(int step, float loss, double norm, const std::string& trigg
             "a reduction)",
             step, loss2, norm2, loss, norm);
   if (topo_.main_rank) {
-    heartbeat_event("sdc_rerun", {{"step", step},
-                                  {"trigger", trigger},
-                                  {"reproduced", true},
-                                  {"loss", loss},
-                                  {"grad_norm", norm}});
+    heartbeat_event("sdc_rerun",
+                    {{"step", step}, {"trigger", trigger}, {"reproduced", true}, {"loss", loss}, {"grad_norm", norm}});
     std::fflush(stdout);
     std::fprintf(stderr,
                  "warning: %s spike at step %d (loss %.6g, gradient norm %.6g): its rerun reproduced every rank's "

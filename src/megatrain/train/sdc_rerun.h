@@ -33,6 +33,8 @@
 //     (a warning in the event log). Should every rank reproduce its own gradients while the rerun's loss or norm
 //     differs from the first pass's (a fault in a gradient summed in place, or in a reduction), the step fails with
 //     Sdc naming no rank.
+// The comparison needs kernels that repeat bit for bit: the CPU backend's always do, a GPU's only with
+// train.deterministic (float atomics otherwise), so on a GPU without it the rerun is off (a note at start says so).
 // Cost: without a spike, two detector updates and one agreement (a one-float all-reduce per group) per step; a spike
 // costs one more forward, backward and reduction, and two hashes of the local gradients. The detectors start empty
 // in each attempt (10 steps of warm-up, as the loss-spike warning's).
