@@ -183,6 +183,9 @@ void check_reduce_scatter(ProcessGroup& g, int n, size_t c, ReduceOp op, bool in
   for (size_t j = 0; j < c; ++j) want[j] = reduced(op, n, g.rank() * c + j);
   expect_equal(got, want,
                fmt::format("reduce_scatter {} of {} per rank{}", op_str(op), c, in_place ? " in place" : ""));
+  // Out of place the input is only read (the ring's partial sums live in its own scratch): the rerun of a spiking
+  // step compares each rank's local gradients after their reduction (train/sdc_rerun.h).
+  if (!in_place) expect_equal(in, input(g.rank(), c * n), fmt::format("reduce_scatter's input of {} per rank", c));
 }
 
 template <typename T>

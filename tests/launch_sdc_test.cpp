@@ -6,6 +6,10 @@
 // The flip lands after step 6's update, a checkpoint step (ckpt.every = 2), so the check of that checkpoint finds it
 // whatever train.sdc_check_every is; under ZeRO-2 the next step's all-gather of the parameters would overwrite (or
 // spread) a flip that no check saw (docs/robust-training.md says what the check cannot see).
+// A transient fault (MEGATRAIN_FAULTS sdcgrad) corrupts one gradient element of one rank before the data-parallel
+// reduction, which spreads it to every replica: the replicas' check cannot see it, the rerun of the step whose
+// gradient norm spiked must (train/sdc_rerun.h), before the update, so the restart from the checkpoint before it
+// trains the undisturbed run's losses.
 #include "support/files.h"
 #include "support/launch_testutil.h"
 #include "support/megatrain.h"
@@ -28,35 +32,51 @@ class LaunchSdc : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // `nproc` ranks of the fault matrix's small job (launch_testutil.h dp2_tp2_job) in the layout `layout`.
+  // The job: the fault matrix's small one (launch_testutil.h dp2_tp2_job: 10 steps, a checkpoint every 2), or
+  // the transient-fault cases' (transient_job).
+  using JobOf = std::function<SmallJob(const std::string& out)>;
+  // 15 steps, a checkpoint every 5: the spike detectors' warm-up is 10 steps (train/loss_spike.h), so a fault in
+  // step 12 can be seen, and the restart resumes from step 10's checkpoint.
+  static SmallJob transient_job(const std::string& out) {
+    return std::move(dp2_tp2_job(out).steps(15).set("ckpt.every", 5));
+  }
+
+  // `nproc` ranks of the job in the layout `layout`.
   std::vector<std::string> job(const std::string& out, int nproc, const std::vector<std::string>& layout,
-                               const std::vector<std::string>& launch_opts) {
+                               const std::vector<std::string>& launch_opts, const JobOf& of = dp2_tp2_job) {
     std::vector<std::string> a = {"launch", "--nproc", std::to_string(nproc)};
     a.insert(a.end(), launch_opts.begin(), launch_opts.end());
     a.push_back("--");
     a.push_back("train");
-    for (const std::string& f : dp2_tp2_job(out).with(layout).args()) a.push_back(f);
+    for (const std::string& f : of(out).with(layout).args()) a.push_back(f);
     return a;
   }
 
-  // The losses of the undisturbed job, once per build and layout (launch_testutil.h cached_losses).
-  std::vector<std::string> undisturbed(int nproc, const std::vector<std::string>& layout) {
-    const std::vector<std::string> args = job((dir_ / "undisturbed").string(), nproc, layout, {});
+  // The losses of the undisturbed job, once per build and layout (launch_testutil.h cached_losses). The transient
+  // cases' oracle trains without the spikes' rerun (train.sdc_rerun_on_spike = false): nothing of what they test.
+  std::vector<std::string> undisturbed(int nproc, const std::vector<std::string>& layout, const JobOf& of = dp2_tp2_job,
+                                       size_t steps = 10) {
+    const std::vector<std::string> args = job((dir_ / "undisturbed").string(), nproc, layout, {}, of);
     std::vector<std::string> losses = cached_losses("sdc-undisturbed", args, [&] {
       const std::string log = (dir_ / "undisturbed.log").string();
       EXPECT_EQ(finish_within(start_logged(kMegatrain, args, log), 400), 0) << slurp(log);
       return step_losses((dir_ / "undisturbed" / "metrics.jsonl").string());
     });
-    EXPECT_EQ(losses.size(), 10u);
+    EXPECT_EQ(losses.size(), steps);
     return losses;
+  }
+  std::vector<std::string> undisturbed_transient(int nproc, std::vector<std::string> layout) {
+    layout.push_back("--train.sdc_rerun_on_spike=false");
+    return undisturbed(nproc, layout, transient_job, 15);
   }
 
   // The job under supervision with MEGATRAIN_FAULTS = faults; returns the launcher's exit code.
-  int supervised(int nproc, const std::vector<std::string>& layout, const std::string& faults) {
+  int supervised(int nproc, const std::vector<std::string>& layout, const std::string& faults,
+                 const JobOf& of = dp2_tp2_job) {
     ::setenv("MEGATRAIN_FAULTS", faults.c_str(), 1);
     const pid_t launcher = start_logged(kMegatrain,
                                         job(out(), nproc, layout,
-                                            {"--max-restarts", "3", "--backoff", "0", "--events", events()}),
+                                            {"--max-restarts", "3", "--backoff", "0", "--events", events()}, of),
                                         (dir_ / "run.log").string());
     ::unsetenv("MEGATRAIN_FAULTS");
     return finish_within(launcher, 400);
@@ -69,12 +89,50 @@ class LaunchSdc : public ::testing::Test {
       if (e["event"] == name) return e;
     return nlohmann::json();
   }
-  // The fault events of reason sdc, in order.
-  std::vector<nlohmann::json> sdc_faults() const {
+  // The events `event` of reason `reason`, in order (default: the faults of reason sdc).
+  std::vector<nlohmann::json> sdc_faults(const std::string& event = "fault", const std::string& reason = "sdc") const {
     std::vector<nlohmann::json> v;
     for (auto& e : events_of(events()))
-      if (e["event"] == "fault" && e.value("reason", "") == "sdc") v.push_back(e);
+      if (e["event"] == event && e.value("reason", "") == reason) v.push_back(e);
     return v;
+  }
+  // The steps of the checkpoints in the run's ckpt dir.
+  std::set<int> checkpoint_steps() const {
+    std::set<int> steps;
+    for (auto& e : fs::directory_iterator(fs::path(out()) / "ckpt"))
+      if (e.path().filename().string().rfind("step_", 0) == 0)
+        steps.insert(std::stoi(e.path().filename().string().substr(5)));
+    return steps;
+  }
+
+  // A transient fault of rank `rank` in step 12 (sdcgrad) in `layout`: found by the rerun of the spiking step,
+  // `rank` alone named with `tensor`, the job restarts from step 10's checkpoint and trains the undisturbed losses.
+  void transient_fault_is_found(int nproc, const std::vector<std::string>& layout, int rank,
+                                const std::string& tensor) {
+    const auto want = undisturbed_transient(nproc, layout);
+    ASSERT_EQ(supervised(nproc, layout, fmt::format("sdcgrad:rank={}:step=12", rank), transient_job), 0) << log();
+    EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want);
+    EXPECT_EQ(first("injected")["rank"], rank);
+    const std::vector<nlohmann::json> sdc = sdc_faults();
+    ASSERT_EQ(sdc.size(), 1u) << slurp(events());
+    EXPECT_EQ(sdc[0]["rank"], rank);
+    EXPECT_EQ(sdc[0]["attempt"], 0);
+    EXPECT_EQ(sdc[0]["detail"]["step"], 12);
+    EXPECT_EQ(sdc[0]["detail"]["transient"], true);
+    EXPECT_EQ(sdc[0]["detail"]["node"], 0);
+    EXPECT_EQ(sdc[0]["detail"]["tensor"], tensor);
+    EXPECT_EQ(sdc[0]["detail"]["trigger"], "grad_norm");
+    EXPECT_NE(sdc[0]["detail"]["first"], sdc[0]["detail"]["rerun"]);
+    EXPECT_TRUE(sdc_faults("fault", "sdc_culprit").empty()) << slurp(events());
+    EXPECT_TRUE(sdc_faults("warning", "sdc_rerun").empty()) << slurp(events());  // the clean attempt: no spike
+    // The error every rank fails with is the Sdc kind's (exit 25), before step 12's update: no checkpoint of
+    // attempt 0 holds it (the next one was step 15's, never reached), the restart loads step 10's.
+    EXPECT_NE(log().find("exit code 25"), std::string::npos) << log();
+    EXPECT_EQ(first("restarting")["attempt"], 0);
+    EXPECT_EQ(first("resumed")["from"], 10);
+    EXPECT_EQ(first("done")["attempt"], 1);
+    EXPECT_EQ(first("evicted"), nlohmann::json());          // a transient fault is no reason to leave the node
+    EXPECT_EQ(checkpoint_steps(), (std::set<int>{5, 10}));  // save_final false; 15 is the last step
   }
 
   fs::path dir_;
@@ -152,6 +210,46 @@ TEST_F(LaunchSdc, ABitflipUnderDp2NamesThePairThenTheRerunNamesTheCulpritAndTheJ
   EXPECT_FALSE(fs::exists(fs::path(out()) / "ckpt" / "sdc" / "step_6-pp0-tp0.json"));  // settled: removed
   EXPECT_EQ(first("resumed")["from"], 4);
   EXPECT_EQ(first("done")["attempt"], 1);
+}
+
+// dp = 2: the corrupted gradient reaches both replicas through the reduce-scatter, so their parameters would agree;
+// the gradient norm spikes, the rerun of step 12 reproduces on rank 0 and not on rank 1, which is named.
+TEST_F(LaunchSdc, ATransientGradientFaultUnderDp2IsFoundByTheRerunOfTheSpikingStepAndTheJobRecoversTheLosses) {
+  transient_fault_is_found(2, {"--parallel.dp=2", "--parallel.tp=1"}, 1, "h.0.ln_1.weight");
+}
+
+// dp = 2 x tp = 2: rank 1 is (dp 0, tp 1); the corrupted element is in the first block tensor that is sharded over
+// tp (a replicated one's gradient is summed over tp in place: left out of the comparison, train/sdc_rerun.h).
+TEST_F(LaunchSdc, ATransientGradientFaultUnderDp2Tp2NamesTheOneRankThatErred) {
+  transient_fault_is_found(4, {}, 1, "h.0.attn.c_attn.weight");
+}
+
+// dp = 2 x pp = 2: rank 1 holds the first stage (its first block) of the second replica; the rerun replays the
+// pipeline's schedule on the kept batches.
+TEST_F(LaunchSdc, ATransientGradientFaultUnderDp2Pp2IsFoundInItsStage) {
+  transient_fault_is_found(4, {"--parallel.dp=2", "--parallel.tp=1", "--parallel.pp=2"}, 1, "h.0.ln_1.weight");
+}
+
+// A spike without a fault: a spike rule so tight that the gradient norm or the loss spikes at many steps; each
+// rerun reproduces on every rank, and the run trains the losses of a run without reruns, bit for bit.
+TEST_F(LaunchSdc, ASpikeWhoseRerunReproducesIsNoFaultAndChangesNoLoss) {
+  const std::vector<std::string> layout = {"--parallel.dp=2", "--parallel.tp=1"};
+  const auto want = undisturbed_transient(2, layout);
+  std::vector<std::string> tight = layout;
+  tight.insert(tight.end(), {"--train.spike_window=2", "--train.spike_sigmas=1e-6"});
+  ASSERT_EQ(supervised(2, tight, "", transient_job), 0) << log();
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want);
+  const std::vector<nlohmann::json> reruns = sdc_faults("warning", "sdc_rerun");
+  EXPECT_GE(reruns.size(), 3u) << slurp(events());
+  std::set<int> steps;
+  for (const auto& e : reruns) {
+    EXPECT_EQ(e["detail"]["reproduced"], true);
+    steps.insert(e["detail"]["step"].get<int>());
+  }
+  EXPECT_EQ(steps.size(), reruns.size());  // one rerun per spiking step
+  EXPECT_TRUE(sdc_faults().empty()) << slurp(events());
+  EXPECT_EQ(first("restarting"), nlohmann::json());
+  EXPECT_EQ(first("done")["attempt"], 0);
 }
 
 }  // namespace

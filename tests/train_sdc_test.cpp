@@ -124,3 +124,44 @@ TEST(SdcFaultSpec, BitflipTakesARankAndAStep) {
   EXPECT_STREQ(fault_kind_name(f[0].kind), "bitflip");
   EXPECT_THROW(parse_faults("bitflip:rank=1"), Error);
 }
+
+TEST(SdcRerunVerdict, EqualHashListsReproduce) {
+  const RerunVerdict v = judge_rerun({1, 0, 3}, {1, 0, 3});
+  EXPECT_TRUE(v.reproduced);
+  EXPECT_EQ(v.first_differing, -1);
+  EXPECT_TRUE(judge_rerun({}, {}).reproduced);  // nothing compared: nothing differs
+}
+
+TEST(SdcRerunVerdict, AnyDifferingHashDoesNotReproduceAndTheFirstOneIsNamed) {
+  for (size_t at = 0; at < 4; ++at) {
+    std::vector<uint64_t> first = {5, 6, 7, 8}, rerun = first;
+    rerun[at] ^= 1;
+    const RerunVerdict v = judge_rerun(first, rerun);
+    EXPECT_FALSE(v.reproduced) << at;
+    EXPECT_EQ(v.first_differing, static_cast<int>(at));
+  }
+  const RerunVerdict v = judge_rerun({5, 6, 7, 8}, {5, 9, 7, 9});
+  EXPECT_EQ(v.first_differing, 1);
+}
+
+TEST(SdcRerunVerdict, ListsOfDifferentLengthsAreACallersMistake) {
+  try {
+    judge_rerun({1, 2}, {1});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, ErrorKind::Internal);
+  }
+}
+
+TEST(SdcFaultSpec, SdcgradTakesARankAndAStepAndFiresInAttemptZeroOnly) {
+  const std::vector<Fault> f = parse_faults("sdcgrad:rank=1:step=12");
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].kind, FaultKind::SdcGrad);
+  EXPECT_EQ(f[0].rank, 1);
+  EXPECT_EQ(f[0].step, 12);
+  EXPECT_TRUE(f[0].fires_in(0));
+  EXPECT_FALSE(f[0].fires_in(1));
+  EXPECT_STREQ(fault_kind_name(f[0].kind), "sdcgrad");
+  EXPECT_THROW(parse_faults("sdcgrad:step=12"), Error);
+  EXPECT_THROW(parse_faults("sdcgrad:rank=1:step=0"), Error);
+}

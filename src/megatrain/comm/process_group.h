@@ -54,7 +54,8 @@ class ProcessGroup {
   virtual int global_rank(int group_rank) const = 0;
 
   virtual WorkPtr allreduce(Tensor t, ReduceOp op = ReduceOp::Sum) = 0;  // in place
-  // in = size() equal chunks (in.numel() == size() * out.numel()); out = the reduction of chunk rank().
+  // in = size() equal chunks (in.numel() == size() * out.numel()); out = the reduction of chunk rank(). Out of place
+  // (out outside in), `in` is only read: it is still the caller's own after the wait (train/sdc_rerun.h hashes it).
   virtual WorkPtr reduce_scatter(Tensor out, Tensor in, ReduceOp op = ReduceOp::Sum) = 0;
   // out = concatenation of every rank's in, in rank order (out.numel() == size() * in.numel()).
   virtual WorkPtr all_gather(Tensor out, Tensor in) = 0;

@@ -16,7 +16,7 @@ namespace mt {
 namespace {
 
 constexpr const char* kKinds =
-    "crash, hang, nan, slow, badnode, stage2_delay, kill_after_snapshot, clock_skew, bitflip";
+    "crash, hang, nan, slow, badnode, stage2_delay, kill_after_snapshot, clock_skew, bitflip, sdcgrad";
 
 struct KindSyntax {
   FaultKind kind;
@@ -35,6 +35,7 @@ const std::map<std::string, KindSyntax>& syntax() {
       {"kill_after_snapshot",
        {FaultKind::KillAfterSnapshot, {"rank", "step"}, {"attempt"}, "rank=R:step=S[:attempt=A]"}},
       {"bitflip", {FaultKind::BitFlip, {"rank", "step"}, {"attempt"}, "rank=R:step=S[:attempt=A]"}},
+      {"sdcgrad", {FaultKind::SdcGrad, {"rank", "step"}, {"attempt"}, "rank=R:step=S[:attempt=A]"}},
       {"clock_skew", {FaultKind::ClockSkew, {"rank", "seconds"}, {"attempt"}, "rank=R:seconds=T[:attempt=A]"}},
   };
   return s;
@@ -86,6 +87,7 @@ const char* fault_kind_name(FaultKind k) {
     case FaultKind::KillAfterSnapshot: return "kill_after_snapshot";
     case FaultKind::ClockSkew: return "clock_skew";
     case FaultKind::BitFlip: return "bitflip";
+    case FaultKind::SdcGrad: return "sdcgrad";
   }
   return "?";
 }

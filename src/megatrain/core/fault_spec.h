@@ -22,6 +22,10 @@
 //   bitflip:rank=R:step=S     right after step S's optimizer update, rank R flips one mantissa bit of one weight
 //                              (the first element of a block's first parameter), for good: a silent data
 //                              corruption its data-parallel replicas do not share (found by train.sdc_check_every)
+//   sdcgrad:rank=R:step=S     in step S, rank R multiplies one element of its own gradient (the first element of a
+//                              block's first parameter whose gradient no tp sum touches) by 2^20 after the backward
+//                              has finished it and before its data-parallel reduction, once: a transient fault the
+//                              reduction spreads to every replica (found by train.sdc_rerun_on_spike; train/sdc_rerun.h)
 // Every kind also takes attempt=A. A fault fires only in attempt 0 (MEGATRAIN_ATTEMPT, set by the agent on each
 // restart; default 0), or with attempt=A only in attempt A. A rank's node is MEGATRAIN_NODE_RANK (default 0).
 // A malformed list is a Config error naming the item and what is allowed.
@@ -31,15 +35,17 @@
 
 namespace mt {
 
-enum class FaultKind { Crash, Hang, Nan, Slow, BadNode, Stage2Delay, KillAfterSnapshot, ClockSkew, BitFlip };
+enum class FaultKind { Crash, Hang, Nan, Slow, BadNode, Stage2Delay, KillAfterSnapshot, ClockSkew, BitFlip, SdcGrad };
 const char* fault_kind_name(FaultKind k);
 
 struct Fault {
   FaultKind kind = FaultKind::Crash;
   std::string item;  // as written, for messages
-  int rank = -1;     // crash, hang, nan, slow, kill_after_snapshot, clock_skew, bitflip; stage2_delay: -1 = every rank
-  int node = -1;     // badnode
-  int step = 0;  // crash, hang, nan, kill_after_snapshot, bitflip: required (>= 1); slow: from this step on (default 1)
+  int rank =
+      -1;  // crash, hang, nan, slow, kill_after_snapshot, clock_skew, bitflip, sdcgrad; stage2_delay: -1 = every rank
+  int node = -1;  // badnode
+  int step =
+      0;  // crash, hang, nan, kill_after_snapshot, bitflip, sdcgrad: required (>= 1); slow: from this step on (default 1)
   double factor = 1;   // slow
   double seconds = 0;  // stage2_delay (>= 0), clock_skew (any sign)
   int attempt = -1;    // -1: fires in attempt 0 only

@@ -121,6 +121,7 @@ void DataParallel::arm(int first, int end) {
 void DataParallel::launch_reduce_scatter(size_t k) {
   Bucket& b = buckets_[k];
   b.launched = true;
+  if (before_reduce_) before_reduce_(b.begin, b.end);
   float* g = model_.params().grads_data();
   b.rs = group_.reduce_scatter(span(f32(shard_grad_) + shard_offset_[k], slice_len(b)),
                                span(g + b.begin, b.end - b.begin));

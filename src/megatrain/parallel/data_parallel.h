@@ -17,6 +17,7 @@
 // when one is given. The checkpoint accessors (gather/scatter_moments, moment_slices) work on host memory: on a
 // GPU run through a host copy of the slices, refreshed when they are called (never inside a step).
 #pragma once
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -91,6 +92,12 @@ class DataParallel {
   // (copies it to the device; a no-op on a CPU backend, where it is the moments themselves).
   void commit_moment_slices();
 
+  // Called with a bucket's flat range [begin, end) of the local gradients, final, right before its reduce-scatter
+  // is launched (during the backward with overlap, else in finish_gradients): fault injection's hook (sdcgrad,
+  // train/faults.h). The reduce-scatter only reads the local gradients (into the separate shard buffer), so they
+  // stay this rank's own after the reduction (the step's rerun compares them: train/sdc_rerun.h).
+  void set_before_reduce(std::function<void(size_t begin, size_t end)> f) { before_reduce_ = std::move(f); }
+
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Buckets of the last finish_gradients() whose reduce-scatter was launched during backward (overlapped), not
   // by finish_gradients itself.
@@ -148,6 +155,7 @@ class DataParallel {
   std::vector<char> armed_, final_, deferred_;
   int overlapped_ = 0, overlapped_last_ = 0;
   CommTime comm_time_;
+  std::function<void(size_t, size_t)> before_reduce_;
 };
 
 }  // namespace mt

@@ -36,6 +36,18 @@ int fault_victim_param(const ParamStore& p) {
   return 0;
 }
 
+// sdcgrad's victim: fault_victim_param's choice among the tensors whose gradient no tp sum touches (under tp a
+// replicated tensor's gradient is summed over tp in place during the backward, so a corruption there would be every
+// tp peer's; the first sharded block parameter instead).
+int grad_fault_victim_param(const GPT& model) {
+  const ParamStore& p = model.params();
+  for (size_t i = 0; i < p.size(); ++i) {
+    const ParamInfo& info = p.info(static_cast<int>(i));
+    if (info.name.rfind("h.", 0) == 0 && (model.tp_size() == 1 || info.shard.sharded())) return static_cast<int>(i);
+  }
+  return fault_victim_param(p);
+}
+
 }  // namespace
 
 struct FaultInjector::Shared {
@@ -136,6 +148,7 @@ void FaultInjector::begin_step(int step, GPT& model) {
         }
         break;
       case FaultKind::BitFlip:  // fires in after_update
+      case FaultKind::SdcGrad:  // fires in before_reduce
       case FaultKind::Hang:     // fires in the enter hook
       case FaultKind::BadNode:
       case FaultKind::Stage2Delay:  // fire elsewhere (faults.h)
@@ -164,6 +177,23 @@ void FaultInjector::after_update(int step, GPT& model, const std::function<void(
     std::memcpy(&x, &bits, sizeof bits);
     model.ops().to_device(first, &x);
     p.refresh_weights(model.ops());
+  }
+}
+
+void FaultInjector::before_reduce(GPT& model, size_t begin, size_t end) {
+  const int step = shared_->step.load();
+  for (const Fault& f : mine_) {
+    if (f.kind != FaultKind::SdcGrad || step != f.step || sdcgrad_fired_step_ == step) continue;
+    ParamStore& p = model.params();
+    const int victim = grad_fault_victim_param(model);
+    const size_t at = p.info(victim).offset;
+    if (at < begin || at >= end) continue;  // another bucket: its own reduction comes
+    sdcgrad_fired_step_ = step;
+    fired(f, step);
+    // x 2^20: exact (a power of two), large enough that the global gradient norm jumps, and in the backend's memory
+    // on its stream, so the reduction launched next reads it.
+    Tensor g = p.grad(victim);
+    model.ops().scale(g.view({g.numel()}).slice0(0, 1), 1048576.0f);
   }
 }
 

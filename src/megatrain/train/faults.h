@@ -1,7 +1,8 @@
 // Fault injection, for the supervisor's tests and benchmarks: the injector that fires the faults MEGATRAIN_FAULTS
-// asks for (the kinds and their syntax: core/fault_spec.h). crash, hang, nan, slow and bitflip fire here, at the points the
-// trainer calls; stage2_delay and kill_after_snapshot in the checkpointer (train/checkpoint/staged_save.h);
-// clock_skew in the trace clock (obs/timeline.h); badnode in `megatrain diagnose`.
+// asks for (the kinds and their syntax: core/fault_spec.h). crash, hang, nan, slow, bitflip and sdcgrad fire here,
+// at the points the trainer calls (sdcgrad from the update, right before a gradient's reduction:
+// Update::set_before_reduce); stage2_delay and kill_after_snapshot in the checkpointer
+// (train/checkpoint/staged_save.h); clock_skew in the trace clock (obs/timeline.h); badnode in `megatrain diagnose`.
 // A fault that fires here prints "fault injected: <item> (rank R, step S, attempt A)" to stderr, after a heartbeat
 // event {"type":"event","event":"fault_injected","fault":<item>,"kind":..,"step":S,"attempt":A} when heartbeats are
 // on.
@@ -37,6 +38,10 @@ class FaultInjector {
   // Right after step `step`'s optimizer update (before anything reads the new parameters): bitflip. settle waits
   // for the update's parameter traffic (called only when a flip fires: waiting early changes no value).
   void after_update(int step, GPT& model, const std::function<void()>& settle);
+  // Right before the data-parallel reduction of the local gradients' flat range [begin, end) (a bucket; the whole
+  // buffer with dp = 1), in the step begin_step last saw: sdcgrad, once per step (the step's rerun, train/sdc_rerun.h,
+  // computes clean, as after a transient fault).
+  void before_reduce(GPT& model, size_t begin, size_t end);
   // The compute time the last step took (step time minus blocked communication), for slow.
   void step_compute(double seconds);
 
@@ -49,8 +54,9 @@ class FaultInjector {
   int rank_, attempt_;
   std::shared_ptr<Shared> shared_;
   bool slow_announced_ = false;
-  double base_compute_ = 0;  // the last step's compute time without our own sleep
-  double slept_ = 0;         // what this step slept
+  int sdcgrad_fired_step_ = 0;  // the step whose sdcgrad fired (a rerun of it does not fire again)
+  double base_compute_ = 0;     // the last step's compute time without our own sleep
+  double slept_ = 0;            // what this step slept
 };
 
 }  // namespace mt

@@ -21,10 +21,10 @@ class PlainForwardBackward final : public ForwardBackward {
   PlainForwardBackward(const RunConfig& cfg, ModelStack& stack)
       : model_(*stack.model), tpc_(stack.tp_comm.get()), accum_(cfg.train.grad_accum), B_(cfg.data.batch_size),
         T_(cfg.data.seq_len) {}
-  float run(DataLoader& loader, Update& update) override {
+  float run_rounds(const BatchSource& batch, Update& update) override {
     float loss = 0;
     for (int mi = 0; mi < accum_; ++mi) {
-      Batch b = next_batch(loader);
+      const Batch& b = batch(mi);
       const bool last = mi == accum_ - 1;
       if (last) update.begin_last_backward(-1);
       if (tpc_) model_.set_tp_grad_sync(last);  // replicated tensors' gradients: one tp sum per step
@@ -50,13 +50,13 @@ class PipelinedForwardBackward final : public ForwardBackward {
   PipelinedForwardBackward(const RunConfig& cfg, Topology& topo, ModelStack& stack)
       : stack_(stack), device_pp_(topo.device_mesh->pp()), host_pp_(topo.host_mesh->pp()), accum_(cfg.train.grad_accum),
         pipe_(*stack.model, stack.schedule, topo.coord.pp, cfg.data.batch_size, cfg.data.seq_len) {}
-  float run(DataLoader& loader, Update& update) override {
+  float run_rounds(const BatchSource& batch, Update& update) override {
     // A chunk's gradients are final in the backward of its last micro-batch: ZeRO's buckets start there.
     pipe_.set_before_last_backward([&update](int c) { update.begin_last_backward(c); });
     const int micro = stack_.microbatches;
     float loss = 0;
     for (int round = 0; round < accum_; ++round) {
-      Batch b = next_batch(loader);
+      const Batch& b = batch(round);
       loss += pipe_.run(device_pp_, b.x.data(), b.y.data(), 1.0f / static_cast<float>(accum_ * micro),
                         round == accum_ - 1);
     }
@@ -82,6 +82,20 @@ class PipelinedForwardBackward final : public ForwardBackward {
 };
 
 }  // namespace
+
+float ForwardBackward::run(DataLoader& loader, Update& update) {
+  kept_.clear();
+  return run_rounds(
+      [&](int) -> const Batch& {
+        kept_.push_back(next_batch(loader));
+        return kept_.back();
+      },
+      update);
+}
+
+float ForwardBackward::rerun(Update& update) {
+  return run_rounds([&](int round) -> const Batch& { return kept_.at(static_cast<size_t>(round)); }, update);
+}
 
 std::unique_ptr<ForwardBackward> make_forward_backward(const RunConfig& cfg, Topology& topo, ModelStack& stack) {
   if (topo.shape.pp > 1) return std::make_unique<PipelinedForwardBackward>(cfg, topo, stack);

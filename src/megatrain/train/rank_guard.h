@@ -38,6 +38,8 @@ class RankGuard final : public TrainObserver {
   bool begin_step(int step, DataLoader& loader, GPT& model);
   // Right after step `step`'s optimizer update: injected bitflips (settle: waits for the update's parameter traffic).
   void after_update(int step, GPT& model, const std::function<void()>& settle);
+  // Right before the data-parallel reduction of the flat gradient range [begin, end): injected sdcgrad faults.
+  void before_reduce(GPT& model, size_t begin, size_t end) { faults_->before_reduce(model, begin, end); }
   // The loss or gradient norm of `step` is not finite: sends the event and throws the NonFinite error.
   [[noreturn]] void fail_non_finite(int step, float loss, double norm);
 

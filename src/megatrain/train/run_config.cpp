@@ -534,6 +534,10 @@ void add_train_rows(std::vector<Row>& t) {
                   at_least(0, " (0: no silent-data-corruption check)"),
                   "steps between checks that the data-parallel replicas hold the same parameters (and at every "
                   "checkpoint step)"));
+  t.push_back(row("train", "sdc_rerun_on_spike", MT_MEMBER(train.sdc_rerun_on_spike), any(),
+                  "a step whose loss or gradient norm spikes (the spike_* rule, on each) runs again before its "
+                  "update; a rank whose gradients differ the second time is a transient fault (kind sdc); cuda: needs "
+                  "deterministic"));
 }
 
 // [ckpt]

@@ -75,6 +75,10 @@ struct TrainConfig {
   // Silent data corruption (train/sdc_check.h): every sdc_check_every steps, and at every checkpoint step, the
   // data-parallel replicas compare a hash of their parameters after the update (0: never; no effect with dp = 1).
   int sdc_check_every = 20;
+  // Transient silent data corruption (train/sdc_rerun.h): a step whose loss or global gradient norm spikes (the
+  // spike_* rule above, applied to each) runs its forward and backward again before its update; a rank that does not
+  // reproduce its own gradients bit for bit fails the step (kind Sdc) and is named.
+  bool sdc_rerun_on_spike = true;
 };
 
 // ckpt.resume: "auto", "none", or any other string, which is a checkpoint's path.

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <map>
 
+#include "megatrain/core/error.h"
+
 namespace mt {
 
 namespace {
@@ -70,6 +72,19 @@ ReplicaVerdict judge_replicas(const std::vector<uint64_t>& hashes) {
   for (size_t i = 0; i < hashes.size(); ++i)
     if (v.no_majority || hashes[i] != v.majority) v.odd.push_back(static_cast<int>(i));
   if (v.no_majority) v.majority = 0;
+  return v;
+}
+
+RerunVerdict judge_rerun(const std::vector<uint64_t>& first, const std::vector<uint64_t>& rerun) {
+  MT_CHECK(first.size() == rerun.size(), "judge_rerun: {} hashes of the first pass against {} of the rerun",
+           first.size(), rerun.size());
+  RerunVerdict v;
+  for (size_t i = 0; i < first.size(); ++i)
+    if (first[i] != rerun[i]) {
+      v.reproduced = false;
+      v.first_differing = static_cast<int>(i);
+      break;
+    }
   return v;
 }
 

@@ -1,5 +1,6 @@
-// The pure half of the silent-data-corruption check (train/sdc_check.h): an exact hash of parameters, and the
-// decision which data-parallel replica is odd, given every replica's hash. Nothing here communicates.
+// The pure half of the silent-data-corruption checks (train/sdc_check.h, train/sdc_rerun.h): an exact hash of
+// parameters (or gradients), the decision which data-parallel replica is odd, given every replica's hash, and
+// whether a rank's rerun of a step reproduced its gradients. Nothing here communicates.
 //
 // Invariants:
 //  * param_hash is a function of the bits of the floats and their count only: two replicas holding the same
@@ -33,5 +34,15 @@ struct ReplicaVerdict {
 
 // hashes[i]: replica i's hash (i: its rank in the dp group).
 ReplicaVerdict judge_replicas(const std::vector<uint64_t>& hashes);
+
+// A rank's rerun of a step (train/sdc_rerun.h): its gradients' hashes, tensor by tensor, after the step's first pass
+// and after the rerun. Reproduced only when every hash is equal (the rerun is the same computation on the same
+// data: any difference is the hardware's); else the first tensor that differs names where. Lists of different
+// lengths (a caller's mistake) are an Internal error.
+struct RerunVerdict {
+  bool reproduced = true;
+  int first_differing = -1;  // index into the lists; -1 when reproduced
+};
+RerunVerdict judge_rerun(const std::vector<uint64_t>& first, const std::vector<uint64_t>& rerun);
 
 }  // namespace mt

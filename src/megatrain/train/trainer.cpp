@@ -27,6 +27,7 @@
 #include "megatrain/train/peer_links.h"
 #include "megatrain/train/rank_guard.h"
 #include "megatrain/train/sdc_check.h"
+#include "megatrain/train/sdc_rerun.h"
 #include "megatrain/train/start.h"
 #include "megatrain/train/trace_window.h"
 #include "megatrain/train/update.h"
@@ -81,6 +82,7 @@ struct Job {
   TraceWindow& trace;
   SdcCheck& sdc;
   TrainResult& res;
+  SdcRerun rerun{cfg, topo, stack, fb, update};  // the Job's own (nothing else uses it), from the members above
 };
 
 // A stop is acted on only when every rank saw it, at the same step: a rank that stopped alone would leave the
@@ -142,6 +144,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     norm = j.update.finish_gradients(loss);
   }
   if (!std::isfinite(loss) || !std::isfinite(norm)) j.guard.fail_non_finite(step, loss, norm);
+  j.rerun.after_gradients(step, loss, norm);  // a spike: the step again, before its update (train/sdc_rerun.h)
   const float scale = cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip
                           ? static_cast<float>(cfg.optim.grad_clip / norm)
                           : 1.0f;
@@ -274,6 +277,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
 
   TraceWindow trace(cfg, topo);
   SdcCheck sdc(cfg, topo, *stack.model, *update);
+  update->set_before_reduce([&](size_t b, size_t e) { guard.before_reduce(*stack.model, b, e); });  // sdcgrad
   Job job{cfg, topo, stack, *fb, *update, loader, ckpt, mirror.get(), obs, guard, trace, sdc, res};
   int step = start.step;
   try {

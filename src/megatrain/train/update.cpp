@@ -12,11 +12,16 @@ class PlainUpdate final : public Update {
     if (plan_.tensor_reduce) opt_.set_norm_reduce(plan_.tensor_weights, plan_.tensor_reduce);
   }
   void begin_last_backward(int) override {}
-  double finish_gradients(float&) override { return plan_.global_norm(ops_, params_); }
+  double finish_gradients(float&) override {
+    if (before_reduce_) before_reduce_(0, params_.total_floats());
+    return plan_.global_norm(ops_, params_);
+  }
   void step(float lr, float grad_scale, int step) override { opt_.step(params_, lr, grad_scale, step); }
+  void set_before_reduce(std::function<void(size_t, size_t)> f) override { before_reduce_ = std::move(f); }
   Optimizer* optimizer() override { return &opt_; }
 
  private:
+  std::function<void(size_t, size_t)> before_reduce_;
   Ops& ops_;
   ParamStore& params_;
   const NormPlan& plan_;
@@ -51,6 +56,7 @@ class ShardedUpdate final : public Update {
   }
   void step(float lr, float grad_scale, int step) override { ddp_->step(lr, grad_scale, step); }
   void sync_params() override { ddp_->sync_params(); }
+  void set_before_reduce(std::function<void(size_t, size_t)> f) override { ddp_->set_before_reduce(std::move(f)); }
   CommTime take_comm_time() override { return ddp_->take_comm_time(); }
   DataParallel* data_parallel() override { return ddp_.get(); }
 

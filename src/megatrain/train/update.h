@@ -2,6 +2,7 @@
 // process, dp = 1) or ZeRO-2 DataParallel (gradients reduce-scattered in buckets during backward, sharded
 // moments, parameters all-gathered after the step). The trainer's loop calls the same four things either way.
 #pragma once
+#include <functional>
 #include <memory>
 
 #include "megatrain/comm/process_group.h"
@@ -23,6 +24,10 @@ class Update {
   // data-parallel replicas, and returns the global gradient norm.
   virtual double finish_gradients(float& loss) = 0;
   virtual void step(float lr, float grad_scale, int step) = 0;
+  // Called with each flat range [begin, end) of the local gradients, final, right before its data-parallel
+  // reduction (ZeRO-2: a bucket, maybe during the backward; dp = 1: the whole buffer, in finish_gradients, before
+  // the norm): where sdcgrad corrupts a gradient (train/faults.h).
+  virtual void set_before_reduce(std::function<void(size_t begin, size_t end)> f) = 0;
   // Waits for parameter traffic still in flight (before the final sample).
   virtual void sync_params() {}
   virtual CommTime take_comm_time() { return {}; }
