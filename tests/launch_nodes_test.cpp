@@ -85,7 +85,7 @@ class LaunchNodes : public ::testing::Test {
                                        "--events",
                                        events(a)};
       args.insert(args.end(), opts.begin(), opts.end());
-      for (auto& s : train(out())) args.push_back(s);
+      for (auto& s : train(out(), job_extra_)) args.push_back(s);
       if (auto w = wrap_.find(a); w != wrap_.end()) {  // the agent runs under a wrapper: wrapper..., megatrain, args...
         std::vector<std::string> wrapped(w->second.begin() + 1, w->second.end());
         wrapped.push_back(kMegatrain);
@@ -97,6 +97,8 @@ class LaunchNodes : public ::testing::Test {
     }
     ::unsetenv("MEGATRAIN_FAULTS");
   }
+
+  std::vector<std::string> job_extra_;  // train flags added to node_job by start_job
 
   // Waits for agent a's exit code.
   int finish(int a) {
@@ -337,6 +339,37 @@ TEST_F(LaunchNodes, ANodeThatFailsDiagnoseIsEvictedAndASpareTakesItsPlace) {
   EXPECT_EQ(driver("planned").at(1)["nodes"], nlohmann::json::array({0, 2}));
 }
 
+// A silent data corruption that comes back is persistent (launch/sdc_strikes.h): rank 3 (node 1) flips a weight bit
+// after step 6 in attempt 0 and again in attempt 1 (dp 4: its three replicas name it by majority). The first time
+// the job restarts where it is; the second, node 1 is evicted and the spare takes its slot. The job ends with the
+// losses of an undisturbed dp 4 run: every restart resumes from the step-4 checkpoint the replicas agreed on.
+TEST_F(LaunchNodes, ANodeNamedForASilentDataCorruptionInTwoAttemptsIsEvictedForTheSpare) {
+  job_extra_ = {"--parallel.dp=4", "--parallel.tp=1"};
+  std::vector<std::string> oracle = {"launch", "--nproc", "4", "--"};
+  for (auto& a : node_job((dir_ / "undisturbed-dp4").string(), job_extra_)) oracle.push_back(a);
+  const std::vector<std::string> want = cached_losses("nodes-undisturbed-dp4", oracle, [&] {
+    const std::string l = (dir_ / "undisturbed-dp4.log").string();
+    EXPECT_EQ(finish_within(start_logged(kMegatrain, oracle, l), 400), 0) << slurp(l);
+    return step_losses((dir_ / "undisturbed-dp4" / "metrics.jsonl").string());
+  });
+  ASSERT_EQ(want.size(), 10u);
+  start_job(2, 1, "bitflip:rank=3:step=6;bitflip:rank=3:step=6:attempt=1");
+  ASSERT_EQ(finish(0), 0) << logs();
+  EXPECT_EQ(finish(1), 43) << log(1);  // evicted
+  EXPECT_EQ(finish(2), 0) << logs();
+  EXPECT_EQ(step_losses(out() + "/metrics.jsonl"), want) << logs();
+  auto ev = driver("evicted");
+  ASSERT_EQ(ev.size(), 1u) << slurp(events(0));
+  EXPECT_EQ(ev[0]["node"], 1);
+  EXPECT_NE(ev[0]["reason"].get<std::string>().find("in attempt 0 and again in attempt 1: persistent"),
+            std::string::npos)
+      << ev[0].dump();
+  const auto planned = driver("planned");
+  ASSERT_EQ(planned.size(), 3u) << slurp(events(0));
+  EXPECT_EQ(planned[1]["nodes"], nlohmann::json::array({0, 1}));  // named once: restarted where it was
+  EXPECT_EQ(planned[2]["nodes"], nlohmann::json::array({0, 2}));
+}
+
 TEST_F(LaunchNodes, ANodeThatFailsDiagnoseWithoutASpareShrinksTheJob) {
   start_job(2, 0, "crash:rank=2:step=5;badnode:node=1");
   ASSERT_EQ(finish(0), 0) << logs();
@@ -420,7 +453,7 @@ class LaunchHosts : public LaunchNodes {
                                        "--max-restarts", "3",
                                        "--backoff",      "0",
                                        "--events",       events(a)};
-      for (auto& s : train(out())) args.push_back(s);
+      for (auto& s : train(out(), job_extra_)) args.push_back(s);
       const std::vector<std::string> cmd = net.on_host(a, args);
       agents_.push_back(start_logged(cmd[0], {cmd.begin() + 1, cmd.end()}, log_path(a)));
     }

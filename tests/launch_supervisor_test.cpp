@@ -13,6 +13,7 @@
 #include "megatrain/launch/node_plan.h"
 #include "megatrain/launch/rank_status.h"
 #include "megatrain/launch/restart_policy.h"
+#include "megatrain/launch/sdc_strikes.h"
 #include "megatrain/launch/stack_dump.h"
 #include "megatrain/launch/useful_time.h"
 
@@ -306,6 +307,26 @@ TEST(GpuChecks, TheNodeAllReduceFailsBelowItsNvlinkFloorOrWhenInexact) {
   EXPECT_TRUE(none.pass);
   EXPECT_FALSE(none.ran);
   EXPECT_NE(none.detail.find("not measured (ncclCommInitAll: unhandled system error)"), std::string::npos);
+}
+
+// A node named once for a silent data corruption restarts where it is (it may have been transient); named again in a
+// later attempt it is persistent and evicted, naming both attempts. Two namings in one attempt are one.
+TEST(SdcStrikes, ANodeNamedInTwoAttemptsIsEvictedAndOnceIsNot) {
+  SdcStrikes s;
+  EXPECT_TRUE(s.named(0, {1}).empty());
+  EXPECT_TRUE(s.named(0, {1}).empty());  // the same attempt again: still the first sight
+  EXPECT_TRUE(s.named(1, {2}).empty());  // another node's first
+  const auto evict = s.named(2, {1, 3});
+  ASSERT_EQ(evict.size(), 1u);
+  EXPECT_NE(evict.at(1).find("in attempt 0 and again in attempt 2: persistent"), std::string::npos) << evict.at(1);
+  EXPECT_TRUE(s.named(3, {}).empty());
+}
+
+TEST(SdcStrikes, OnlyANewCulpritIsNamedNotThePairWithoutMajorityNorTheRerunThatSettlesIt) {
+  EXPECT_TRUE(names_sdc_culprit("sdc", false));           // the odd one of a majority, or a rerun's transient
+  EXPECT_FALSE(names_sdc_culprit("sdc", true));           // one of a pair: the rerun decides
+  EXPECT_FALSE(names_sdc_culprit("sdc_culprit", false));  // settles an earlier attempt's pair: not a new fault
+  EXPECT_FALSE(names_sdc_culprit("non_finite", false));
 }
 
 TEST(RestartTracker, AStepNonFiniteInTwoAttemptsInARowIsSkippedAndProgressResetsTheRun) {

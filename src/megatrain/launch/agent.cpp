@@ -37,6 +37,7 @@
 #include "megatrain/launch/node_lease.h"
 #include "megatrain/launch/process_util.h"
 #include "megatrain/launch/rank_process.h"
+#include "megatrain/launch/sdc_strikes.h"
 #include "megatrain/launch/rank_status.h"
 
 extern char** environ;
@@ -57,11 +58,12 @@ constexpr const char* kAlerts[] = {"NCCL WARN",          "CUDA error",       "ou
 
 // How one attempt ended.
 struct AttemptEnd {
-  int code = 0;             // 0: every rank exited 0
-  bool user_stop = false;   // the agent was signalled: no restart
-  int best_step = 0;        // the highest step any rank reported
-  int nonfinite_step = -1;  // the step a rank reported a non-finite loss at, if it did
-  std::string detected;     // what this agent saw fail, if anything
+  int code = 0;                // 0: every rank exited 0
+  bool user_stop = false;      // the agent was signalled: no restart
+  int best_step = 0;           // the highest step any rank reported
+  int nonfinite_step = -1;     // the step a rank reported a non-finite loss at, if it did
+  std::vector<int> sdc_ranks;  // ranks named as a silent data corruption's culprit (sdc_strikes.h)
+  std::string detected;        // what this agent saw fail, if anything
 };
 
 // Where this attempt's ranks sit in the job: the first global rank, the world, and what the command gets appended.
@@ -129,6 +131,7 @@ class Agent {
     exit_code_ = 0;
     detected_at_ = -1;
     nonfinite_step_ = -1;
+    sdc_ranks_.clear();
     detected_.clear();
     ranks_.clear();
 
@@ -196,6 +199,7 @@ class Agent {
     end.user_stop = user_stop_;
     end.best_step = watch_.best_step();
     end.nonfinite_step = nonfinite_step_;
+    end.sdc_ranks = sdc_ranks_;
     end.detected = detected_;
     return end;
   }
@@ -237,6 +241,7 @@ class Agent {
     if (what == "non_finite" || what == "error" || what == "sdc" || what == "sdc_culprit") {
       if (what == "non_finite" && j.contains("step") && j["step"].is_number_integer())
         nonfinite_step_ = j["step"].get<int>();
+      if (names_sdc_culprit(what, j.value("no_majority", false))) sdc_ranks_.push_back(rank_of(i));
       events_.write("fault", f);
     } else if (what == "fault_injected") {
       events_.write("injected", f);
@@ -365,6 +370,7 @@ class Agent {
       rec.user_stop = end.user_stop;
       rec.best_step = end.best_step;
       rec.nonfinite_step = end.nonfinite_step;
+      rec.sdc_ranks = end.sdc_ranks;
       rec.detected = end.detected;
       if (store_lost_) return lost_store_exit();
       // The ranks' last steps before the end: the driver reads statuses every half second, and would otherwise
@@ -926,6 +932,7 @@ class Agent {
   std::vector<RankProcess> ranks_;
   double detected_at_ = -1;
   int attempt_ = 0, nonfinite_step_ = -1;
+  std::vector<int> sdc_ranks_;
   std::string detected_;
 
   // Under the job driver (driven mode).

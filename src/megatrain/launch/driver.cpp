@@ -12,6 +12,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/launch/dashboard.h"
+#include "megatrain/launch/sdc_strikes.h"
 #include "megatrain/launch/notifier.h"
 #include "megatrain/launch/job_protocol.h"
 #include "megatrain/launch/job_watch.h"
@@ -158,6 +159,14 @@ class Driver {
         return d.exit_code;
       }
       if (!note.empty()) say("driver: " + note);
+      // A node named again for a silent data corruption is persistent: out (sdc_strikes.h). With one agent there
+      // is nowhere else to go: said, and restarted where it is.
+      for (const auto& [a, why] : sdc_strikes_.named(attempt, out.sdc_nodes)) {
+        if (several_)
+          to_evict_[a] = why;
+        else
+          say(fmt::format("driver: node {}: {}; restarting where it is (no other node)", a, why));
+      }
       evict_marked();
       auto next = plan_nodes(nodes, &why);
       if (!next) {
@@ -319,6 +328,7 @@ class Driver {
     bool user_stop = false;
     int best_step = 0;
     int nonfinite_step = -1;
+    std::set<int> sdc_nodes;  // agents whose ranks were named as a silent data corruption's culprit
   };
 
   // kill_now: global ranks the agents kill without a grace period (ranks blamed for a hang; agent.cpp, begin_stop).
@@ -407,6 +417,9 @@ class Driver {
       const proto::AgentEnd& e = it->second;
       out.best_step = std::max(out.best_step, e.best_step);
       out.nonfinite_step = std::max(out.nonfinite_step, e.nonfinite_step);
+      for (int r : e.sdc_ranks)
+        if (plan.nproc > 0 && r / plan.nproc < int(plan.nodes.size()))
+          out.sdc_nodes.insert(plan.nodes[size_t(r / plan.nproc)]);
       if (e.user_stop) {
         out.user_stop = true;
         out.code = e.code;
@@ -592,6 +605,7 @@ class Driver {
   const double started_ = now_seconds();
   std::vector<AgentState> agents_;
   std::map<int, std::string> to_evict_;
+  SdcStrikes sdc_strikes_;
   Layout layout_;        // as the ranks of the last attempt reported it
   Layout override_;      // what the driver set after a shrink (dp, grad_accum), passed on to every later attempt
   const bool is_train_;  // the command is `train`, whose layout and batches the driver may change

@@ -50,11 +50,9 @@ AttemptPlan AttemptPlan::from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json AgentEnd::to_json() const {
-  return {{"code", code},
-          {"user_stop", user_stop},
-          {"best_step", best_step},
-          {"nonfinite_step", nonfinite_step},
-          {"detected", detected}};
+  return {{"code", code},           {"user_stop", user_stop},
+          {"best_step", best_step}, {"nonfinite_step", nonfinite_step},
+          {"detected", detected},   {"sdc_ranks", sdc_ranks}};
 }
 
 AgentEnd AgentEnd::from_json(const nlohmann::json& j) {
@@ -64,6 +62,7 @@ AgentEnd AgentEnd::from_json(const nlohmann::json& j) {
   e.best_step = j.value("best_step", 0);
   e.nonfinite_step = j.value("nonfinite_step", -1);
   e.detected = j.value("detected", "");
+  e.sdc_ranks = j.value("sdc_ranks", std::vector<int>{});
   return e;
 }
 

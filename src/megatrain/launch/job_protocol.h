@@ -69,7 +69,8 @@ struct AgentEnd {
   bool user_stop = false;  // the agent was signalled: the job ends, no restart
   int best_step = 0;
   int nonfinite_step = -1;
-  std::string detected;  // what this agent saw first, if it saw the failure ("rank 3 exited with code 22")
+  std::string detected;        // what this agent saw first, if it saw the failure ("rank 3 exited with code 22")
+  std::vector<int> sdc_ranks;  // global ranks named as the culprit of a silent data corruption (sdc_strikes.h)
   nlohmann::json to_json() const;
   static AgentEnd from_json(const nlohmann::json& j);
 };
