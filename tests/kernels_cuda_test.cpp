@@ -26,6 +26,7 @@
 #include "megatrain/core/bf16.h"
 #include "megatrain/core/buffer.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
+#include "megatrain/core/bits_hash.h"
 #include "megatrain/kernels/ops.h"
 #include "support/test_util.h"
 
@@ -228,6 +229,21 @@ TEST_F(CudaOpsTest, SumSquaresMatchesDoubleSum) {
       const double want = cpu_->sum_squares(tf(x, {n}));
       EXPECT_NEAR(gpu_->sum_squares(g), want, 1e-9 * want) << dtype_name(dt) << " n=" << n;
     }
+  }
+}
+
+// The silent-data-corruption check's hash where the tensor lives (core/bits_hash.h): the device's block sums give
+// the host loop's bits exactly, at sizes below one block, across many blocks and past the partials' cap; one
+// flipped bit changes it.
+TEST_F(CudaOpsTest, BitsHashOnTheDeviceIsTheHostsBitForBit) {
+  for (int64_t n : {int64_t{1}, int64_t{1003}, int64_t{3000017}, int64_t{40000001}}) {
+    VecF x = randn(n, 11);
+    Tensor g = dev(x, {n}, DType::F32);
+    const uint64_t want = bits_hash(x.data(), size_t(n));
+    EXPECT_EQ(gpu_->bits_hash(g), want) << "n=" << n;
+    EXPECT_EQ(cpu_->bits_hash(tf(x, {n})), want) << "n=" << n;
+    x[size_t(n / 2)] = -x[size_t(n / 2)];  // the sign bit of one element
+    EXPECT_NE(gpu_->bits_hash(dev(x, {n}, DType::F32)), want) << "n=" << n;
   }
 }
 

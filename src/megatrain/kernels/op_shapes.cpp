@@ -1,6 +1,9 @@
 #include "megatrain/kernels/op_shapes.h"
 
 #include <cmath>
+#include <vector>
+
+#include "megatrain/core/bits_hash.h"
 
 namespace mt {
 
@@ -235,6 +238,14 @@ void lamb_multi_check(const char* op, const Tensor& norms, const std::vector<Ada
 }
 
 // ---- the Ops defaults of the multi-tensor LAMB: the per-tensor ops, segment by segment --------------------------
+
+uint64_t Ops::bits_hash(Tensor t) {
+  MT_CHECK(t.dtype == DType::F32 || t.dtype == DType::I32, "bits_hash: F32 or I32, not {}", dtype_name(t.dtype));
+  if (device() == Device::CPU) return mt::bits_hash(t.ptr, size_t(t.numel()));
+  std::vector<uint32_t> host(size_t(t.numel()));
+  to_host(host.data(), t);
+  return mt::bits_hash(host.data(), host.size());
+}
 
 void Ops::lamb_moments_multi(Tensor param, Tensor grad, Tensor m, Tensor v, const std::vector<AdamSegment>& segs,
                              const AdamHParams& h, Tensor norms) {

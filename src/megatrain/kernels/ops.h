@@ -17,6 +17,7 @@
 #pragma once
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -96,6 +97,9 @@ class Ops {
   virtual void axpy(Tensor dst, Tensor src, float alpha) = 0;  // dst += alpha * src
   virtual void scale(Tensor t, float s) = 0;                   // t *= s
   virtual double sum_squares(Tensor t) = 0;                    // sum of t^2, accumulated in double
+  // core/bits_hash.h's exact hash of an F32 or I32 tensor's bits, computed where the tensor lives (the CUDA backend
+  // in one pass over device memory); the default copies it to the host first.
+  virtual uint64_t bits_hash(Tensor t);
 
   // ---- timing ----------------------------------------------------------------------------------
   // When on, the backend records the device time of every op (CUDA: an event pair per op on the op stream, never

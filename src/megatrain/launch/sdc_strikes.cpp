@@ -16,8 +16,6 @@ std::map<int, std::string> SdcStrikes::named(int attempt, const std::set<int>& n
   return evict;
 }
 
-bool names_sdc_culprit(const std::string& event, bool no_majority) {
-  return event == "sdc" && !no_majority;
-}
+bool names_sdc_culprit(const std::string& event, bool no_majority) { return event == "sdc" && !no_majority; }
 
 }  // namespace mt::launch

@@ -111,14 +111,9 @@ std::vector<uint64_t> SdcCheck::tensor_hashes() {
   std::vector<uint64_t> h;
   uint64_t all = kHashSeed;
   for (size_t i = 0; i < p.size(); ++i) {
-    const ParamInfo& info = p.info(static_cast<int>(i));
-    const float* data = p.params_data() + info.offset;
-    if (p.device() != Device::CPU) {
-      host_.resize(info.numel);
-      model_.ops().to_host(host_.data(), p.param(static_cast<int>(i)));
-      data = host_.data();
-    }
-    h.push_back(param_hash(data, info.numel));
+    // Where the parameters live (one pass over device memory on a GPU, not a copy to the host): the same bits as
+    // param_hash on the host (core/bits_hash.h), so replicas on any backend compare.
+    h.push_back(model_.ops().bits_hash(p.param(static_cast<int>(i))));
     all = combine_hash(all, h.back());
   }
   h.push_back(all);

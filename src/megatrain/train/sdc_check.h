@@ -4,8 +4,9 @@
 // updated parameters, waited for here) every replica holds the same parameters of its (pp, tp) slice.
 //
 // Protocol (collective over every rank, at the same steps on every rank: the steps come from the config):
-//  1. each rank hashes its own parameters, tensor by tensor (train/sdc_verdict.h: exact, over the float bits; a
-//     device model through a host copy), without touching them: the check never changes what the run computes;
+//  1. each rank hashes its own parameters, tensor by tensor (core/bits_hash.h through Ops::bits_hash: exact, over
+//     the float bits, computed where they live: on a GPU one pass over device memory), without touching them: the
+//     check never changes what the run computes;
 //  2. the hashes (one per tensor, then the whole replica's) are all-gathered over the host plane's dp group: the
 //     ranks with the same (pp, tp) coordinate, which hold the same slice;
 //  3. each dp group judges its replicas (judge_replicas: odd ones by majority; with dp = 2 both of a disagreeing
@@ -74,7 +75,6 @@ class SdcCheck {
   int agreed_step_ = -1;
   uint64_t agreed_hash_ = 0;
   double seconds_ = 0;
-  std::vector<float> host_;                       // a device tensor's host copy
   std::map<int, std::vector<uint64_t>> records_;  // step -> the recorded hashes of my (pp, tp) group, by dp rank
   std::set<int> record_steps_;                    // the steps any group recorded (every rank checks them)
 };

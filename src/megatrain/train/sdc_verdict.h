@@ -3,10 +3,10 @@
 // whether a rank's rerun of a step reproduced its gradients. Nothing here communicates.
 //
 // Invariants:
-//  * param_hash is a function of the bits of the floats and their count only: two replicas holding the same
-//    parameters bit for bit hash alike on any machine, and a change of any one 32-bit word (one bit of one weight)
-//    always changes the hash (every step of it is a bijection of the word's lane: xor, then a multiply by an odd
-//    constant; the lanes are combined the same way), so a single flipped bit is never missed;
+//  * param_hash (core/bits_hash.h) is a function of the bits of the floats, their positions and their count only:
+//    two replicas holding the same parameters bit for bit hash alike on any machine and backend (a GPU hashes
+//    where the tensor lives, Ops::bits_hash, with the CPU loop's result), and a change of any one 32-bit word (one
+//    bit of one weight) always changes the hash, so a single flipped bit is never missed;
 //  * judge_replicas names odd replicas only against a majority: the hash that the most replicas hold, when that
 //    count is unique and at least 2 (dp = 3: 2 against 1; dp = 4: 3 against 1, or 2 against 1 + 1). Without one
 //    (dp = 2 disagreeing; 1 + 1 + 1; 2 + 2) every replica is a suspect and no_majority is set: finding which side
@@ -18,8 +18,8 @@
 
 namespace mt {
 
-// A 64-bit hash of n floats' bits (FNV-1a's prime over 32-bit words, 4 independent lanes for speed, then combined
-// with the count and a final avalanche). Not cryptographic: it guards against faults, not adversaries.
+// A 64-bit hash of n floats' bits: core/bits_hash.h's (a sum of one mixed term per word and position, then the count
+// and a final mix). Not cryptographic: it guards against faults, not adversaries.
 uint64_t param_hash(const float* p, size_t n);
 // Folds a tensor's hash into a running hash of several (order matters): the hash of a whole replica's tensors.
 uint64_t combine_hash(uint64_t acc, uint64_t h);

@@ -86,6 +86,7 @@ class CudaOps final : public Ops {
   void axpy(Tensor dst, Tensor src, float alpha) override;
   void scale(Tensor t, float s) override;
   double sum_squares(Tensor t) override;
+  uint64_t bits_hash(Tensor t) override;
 
   void set_op_timing(bool on) override;
   std::vector<OpTiming> take_op_timings() override;

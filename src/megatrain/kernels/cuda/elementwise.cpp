@@ -1,4 +1,7 @@
 // Memory and elementwise ops on F32 or BF16 tensors (every tensor of one call has the same dtype).
+#include <cstring>
+
+#include "megatrain/core/bits_hash.h"
 #include "megatrain/kernels/cuda/cuda_args.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/cuda/launch.h"
@@ -74,6 +77,26 @@ double CudaOps::sum_squares(Tensor t) {
     blocks = cuda::sum_squares_partials(stream_, bf, t.ptr, t.numel(), partials_dev_);
   }
   return sum_partials(blocks);
+}
+
+uint64_t CudaOps::bits_hash(Tensor t) {
+  MT_CHECK(t.dtype == DType::F32 || t.dtype == DType::I32, "bits_hash: F32 or I32, not {}", dtype_name(t.dtype));
+  auto scope = timed("bits_hash");
+  auto* partials = reinterpret_cast<unsigned long long*>(partials_dev_);  // 8-byte slots, as the doubles'
+  const int blocks = cuda::bits_hash_partials(stream_, static_cast<const uint32_t*>(t.ptr), t.numel(), partials);
+  uint64_t sum = 0;
+  if (blocks > 0) {
+    cuda::check(cudaMemcpyAsync(partials_host_, partials, blocks * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                stream_),
+                "bits_hash: cudaMemcpyAsync");
+    sync_and_check();
+    for (int i = 0; i < blocks; ++i) {
+      uint64_t v;
+      std::memcpy(&v, &partials_host_[i], sizeof v);
+      sum += v;
+    }
+  }
+  return bits_hash_finish(sum, static_cast<uint64_t>(t.numel()));
 }
 
 }  // namespace mt

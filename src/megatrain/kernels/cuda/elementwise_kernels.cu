@@ -1,6 +1,7 @@
 // Memory-bound elementwise kernels (convert, add, axpy, scale) and the reductions that end on the host or in a
 // parameter gradient (sum of squares, column sums). All are grid-stride loops over 16-byte packs when every pointer
 // is 16-byte aligned, with a scalar tail; K = 1 instantiations handle unaligned views (slices of odd widths).
+#include "megatrain/core/bits_hash.h"
 #include "megatrain/kernels/cuda/device_util.cuh"
 
 namespace mt::cuda {
@@ -192,6 +193,24 @@ void axpy(cudaStream_t s, bool is_bf16, void* dst, const void* src, float alpha,
 
 void scale(cudaStream_t s, bool is_bf16, void* x, float alpha, int64_t n) {
   map2_any(s, is_bf16, x, x, nullptr, n, ScaleOp{alpha}, "scale_kernel");
+}
+
+// core/bits_hash.h's terms summed modulo 2^64: exact in any order, so the block tree and the host's final sum give
+// the CPU loop's bits.
+__global__ void bits_hash_kernel(const uint32_t* w, int64_t n, unsigned long long* partials) {
+  unsigned long long acc = 0;
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) acc += bits_hash_term(w[i], static_cast<uint64_t>(i));
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+int bits_hash_partials(cudaStream_t s, const uint32_t* w, int64_t n, unsigned long long* partials) {
+  if (n <= 0) return 0;
+  const int64_t want = (n + kThreads * 8 - 1) / (kThreads * 8);
+  const int G = static_cast<int>(want < kMaxPartials ? want : kMaxPartials);
+  bits_hash_kernel<<<G, kThreads, 0, s>>>(w, n, partials);
+  check_launch("bits_hash_kernel");
+  return G;
 }
 
 int sum_squares_partials(cudaStream_t s, bool is_bf16, const void* x, int64_t n, double* partials) {

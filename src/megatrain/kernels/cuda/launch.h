@@ -46,6 +46,8 @@ void axpy(cudaStream_t s, bool is_bf16, void* dst, const void* src, float alpha,
 void scale(cudaStream_t s, bool is_bf16, void* x, float alpha, int64_t n);
 // partials[g] = sum of x^2 over block g's share (double); returns the number of blocks written (<= kMaxPartials).
 int sum_squares_partials(cudaStream_t s, bool is_bf16, const void* x, int64_t n, double* partials);
+// core/bits_hash.h's sum S over n 32-bit words, as per-block partial sums (modulo 2^64) in partials; the block count.
+int bits_hash_partials(cudaStream_t s, const uint32_t* w, int64_t n, unsigned long long* partials);
 // out[c] += sum over rows r of x[r, c] for x [N, C] (out = the sum without accumulate): per-block partial column
 // sums in `scratch`, then add_partial_rows (deterministic, no atomics). scratch holds scratch_floats floats.
 void column_sums_accumulate(cudaStream_t s, float* out, const bf16* x, int64_t N, int64_t C, float* scratch,
