@@ -25,7 +25,8 @@
 //     (the event log: a fault with reason sdc and that rank) and every rank fails with ErrorKind::Sdc before the
 //     update: the corrupted gradients never reach the parameters, no checkpoint holds them, and the supervisor's
 //     restart resumes from the newest checkpoint (each one written after a replica check that agreed), where a
-//     transient fault does not recur. The node is not evicted for it: only a failed diagnosis does that;
+//     transient fault does not recur. One such fault does not evict the node; named again in a later attempt it
+//     does (launch/sdc_strikes.h);
 //  5. reproduced on every rank: not silent data corruption. The rerun's reduced gradients and norm are then the
 //     first pass's bit for bit (the same inputs to the same collectives), and the step goes on to its update; rank 0
 //     sends
