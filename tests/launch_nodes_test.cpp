@@ -253,7 +253,11 @@ TEST_F(LaunchNodes, AKilledAgentIsReplacedByASpareAndTheLayoutKept) {
   ASSERT_EQ(p.size(), 2u) << slurp(events(0));
   EXPECT_EQ(p[1]["nodes"], nlohmann::json::array({0, 2})) << p[1].dump();
   EXPECT_EQ(driver("evicted").at(0)["node"], 1);
-  auto w = driver("warning");  // the certificate's expiry, said once (the job is minutes, not days)
+  // The certificate's expiry, said once (the job is minutes, not days). Other warnings may come: on a loaded machine
+  // a rank of these millisecond steps can be a straggler for a few steps (seen under ctest -j3).
+  std::vector<nlohmann::json> w;
+  for (auto& e : driver("warning"))
+    if (e.value("reason", "") == "certificate_expiring") w.push_back(e);
   ASSERT_EQ(w.size(), 1u) << slurp(events(0));
   EXPECT_EQ(w[0]["reason"], "certificate_expiring") << w[0].dump();
   EXPECT_NE(w[0]["line"].get<std::string>().find("expires in 3.0 days"), std::string::npos) << w[0].dump();
