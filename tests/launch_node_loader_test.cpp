@@ -72,6 +72,32 @@ SmallJob dp2_pp2_job(const std::string& out) {
                        .with({"--parallel.dp=2", "--parallel.pp=2"}));
 }
 
+// Ranks numbered across nodes cyclically, as Slurm's --distribution=cyclic does: "node" 0 holds ranks 0 and 2
+// (LOCAL_RANK 0, 1), "node" 1 ranks 1 and 3, four `megatrain train` processes started by hand with a launcher's
+// environment. No node's ranks form a block, so every rank keeps a loader of its own (train/node_data.h), the main
+// rank says why, and the losses are the per-rank loaders' bit for bit (instead of ranks waiting for a segment no
+// reader makes).
+TEST_F(LaunchNodeLoader, RanksNumberedCyclicallyAcrossNodesKeepALoaderEachAndSaySo) {
+  const auto want = per_rank("dp2tp2", dp2_tp2_job(""));
+  ASSERT_EQ(want.size(), 10u);
+  mt::test::ScratchDir store;
+  std::string cmd = "pids=; ";
+  for (int r = 0; r < 4; ++r)
+    cmd += fmt::format(
+        "RANK={} WORLD_SIZE=4 LOCAL_RANK={} LOCAL_WORLD_SIZE=2 MEGATRAIN_IFACE=lo MEGATRAIN_STORE=file://{} "
+        "{} train{} "
+        "> {}.{} 2>&1 & pids=\"$pids $!\"; ",
+        r, r / 2, store.path, kMegatrain, dp2_tp2_job(out("cyclic")).line(), log_path("cyclic"), r);
+  cmd += "rc=0; for p in $pids; do wait $p || rc=1; done; exit $rc";
+  EXPECT_EQ(std::system(("bash -c '" + cmd + "'").c_str()), 0) << slurp(log_path("cyclic") + ".0");
+  EXPECT_EQ(losses("cyclic"), want) << slurp(log_path("cyclic") + ".0");
+  EXPECT_NE(slurp(log_path("cyclic") + ".0")
+                .find("data: a loader per rank: the nodes' ranks are not numbered in "
+                      "contiguous blocks (ranks that are local rank 0: 0, 1;"),
+            std::string::npos)
+      << slurp(log_path("cyclic") + ".0");
+}
+
 TEST_F(LaunchNodeLoader, Dp2Tp2OnOneNodeMatchesPerRankLoaders) {
   const auto want = per_rank("dp2tp2", dp2_tp2_job(""));
   ASSERT_EQ(want.size(), 10u);

@@ -1,5 +1,7 @@
 #include "megatrain/train/node_data.h"
 
+#include "megatrain/comm/agreement.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -29,8 +31,27 @@ std::unique_ptr<DataLoader> make_loader(const RunConfig& cfg, int rank, int worl
 
 }  // namespace
 
+bool contiguous_node(const RankInfo& info, const std::vector<int>& starts) {
+  const int first = info.rank - info.local_rank;
+  auto it = std::find(starts.begin(), starts.end(), first);
+  if (it == starts.end()) return false;
+  const int next = std::next(it) == starts.end() ? info.world_size : *std::next(it);
+  return next == first + info.local_world_size;
+}
+
 bool node_loader_on(const RunConfig& cfg, const Topology& topo) {
-  return cfg.data.node_loader && topo.rank_info.local_world_size > 1;
+  if (!cfg.data.node_loader || !topo.host_mesh) return false;
+  Agreement agree(topo.host_mesh.get());
+  const std::vector<int> starts = agree.which_ranks(topo.rank_info.local_rank == 0);
+  const bool broken = agree.any_rank(!contiguous_node(topo.rank_info, starts));
+  if (broken) {
+    if (topo.main_rank)
+      fmt::print("data: a loader per rank: the nodes' ranks are not numbered in contiguous blocks (ranks that are "
+                 "local rank 0: {}; each node's reader serves the block that starts there)\n",
+                 fmt::join(starts, ", "));
+    return false;
+  }
+  return topo.rank_info.local_world_size > 1;
 }
 
 NodeLoaderPlan node_loader_plan(const RunConfig& cfg, const RankInfo& info, const MeshShape& shape) {
