@@ -1,12 +1,12 @@
 #include "megatrain/train/node_data.h"
 
-#include "megatrain/comm/agreement.h"
-
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 
+#include "megatrain/comm/agreement.h"
 #include "megatrain/core/error.h"
 
 namespace mt {

@@ -1,10 +1,9 @@
 #include "megatrain/train/sdc_verdict.h"
 
-#include "megatrain/core/bits_hash.h"
-
 #include <cstring>
 #include <map>
 
+#include "megatrain/core/bits_hash.h"
 #include "megatrain/core/error.h"
 
 namespace mt {
