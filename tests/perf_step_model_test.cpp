@@ -287,12 +287,39 @@ TEST(StepModel, BreakdownAddsUpToTheStepAndMfuFollowsFromIt) {
   const Job j = small_job(c);
   const Prediction p = predict(j, c);
   const Breakdown& b = p.breakdown;
-  EXPECT_NEAR(b.compute + b.tp + b.pp + b.dp + b.bubble + b.optimizer + b.straggler + b.shared_cores + b.dp_sync,
+  EXPECT_NEAR(b.compute + b.tp + b.pp + b.dp + b.bubble + b.optimizer + b.straggler + b.shared_cores + b.dp_sync +
+                  b.interference,
               p.step_seconds, 1e-9 * p.step_seconds);
   const double tokens = double(j.layout.global_batch()) * j.layout.seq;
   EXPECT_DOUBLE_EQ(p.mfu, j.model.flops_per_token(32) * tokens / (p.step_seconds * 8 * c.peak_flops()));
   EXPECT_DOUBLE_EQ(p.tokens_per_second, tokens / p.step_seconds);
   EXPECT_DOUBLE_EQ(predict_step_seconds(j, c), p.step_seconds);
+}
+
+// Overlapped traffic still costs a calibrated share of its time (Cluster::overlap_interference). Oracle: with pp 1
+// and tp 1 the only traffic is the dp reduce-scatter / all-gather, and what overlap hides is exactly what the same
+// job without overlap waits for (its exposed dp time). A job that overlaps nothing pays nothing.
+TEST(StepModel, OverlapInterferenceChargesItsShareOfTheHiddenTrafficAndNothingWithoutOverlap) {
+  Cluster c = a100();
+  c.straggler_node_fraction.value = c.gpu_speed_range.value = 0;  // no straggler term scaling the difference
+  Job j;
+  j.model = small_model();
+  j.model.tied_embeddings = false;
+  j.layout = Layout{4, 1, 1, 1, 4, 2, 32, {}};  // dp 4, 4 micro-batches of 2
+  Job hidden = j;
+  hidden.tech.dp_overlap = true;
+  const double exposed_dp = predict(j, c).breakdown.dp;
+  ASSERT_GT(exposed_dp, 0);
+  for (double share : {0.25, 1.0}) {
+    Cluster ci = c;
+    ci.overlap_interference.value = share;
+    const Prediction with = predict(hidden, ci), without = predict(hidden, c);
+    EXPECT_NEAR(with.breakdown.interference, share * exposed_dp, 1e-12 + 1e-9 * exposed_dp) << share;
+    EXPECT_NEAR(with.step_seconds - without.step_seconds, share * exposed_dp, 1e-9 * with.step_seconds) << share;
+    // No overlap switched on: nothing is hidden, nothing is charged.
+    EXPECT_EQ(predict(j, ci).breakdown.interference, 0.0) << share;
+    EXPECT_DOUBLE_EQ(predict(j, ci).step_seconds, predict(j, c).step_seconds) << share;
+  }
 }
 
 namespace {
@@ -722,7 +749,7 @@ TEST(Calibration, RecoversConstantsFromPointsTheModelGeneratedWithThem) {
   truth.gemm_efficiency_scale.value = 0.93;
   truth.nvlink_efficiency.value = 0.6;
   truth.network_efficiency.value = 0.7;
-  truth.dp_sync_s.value = 0.3;
+  truth.overlap_interference.value = 0.4;
   std::vector<MeasuredPoint> pts;
   for (const MeasuredPoint& p : published_points(paper_model()))
     if (p.id == "korthikanti/22B full" || p.id == "korthikanti/22B selective" || p.id == "korthikanti/175B full" ||
@@ -736,11 +763,11 @@ TEST(Calibration, RecoversConstantsFromPointsTheModelGeneratedWithThem) {
   ASSERT_EQ(pts.size(), 8u);
   const CalibrationFit f = fit_calibration(truth_base, pts,
                                            {"gemm_efficiency_scale", "nvlink_efficiency", "network_efficiency",
-                                            "dp_sync_s"});
+                                            "overlap_interference"});
   EXPECT_NEAR(f.values[0], 0.93, 0.01);
   EXPECT_NEAR(f.values[1], 0.6, 0.01);
   EXPECT_NEAR(f.values[2], 0.7, 0.01);
-  EXPECT_NEAR(f.values[3], 0.3, 0.01);
+  EXPECT_NEAR(f.values[3], 0.4, 0.01);
   for (auto& [id, e] : f.residuals) EXPECT_NEAR(e, 0, 1e-3) << id;
 }
 
@@ -810,7 +837,7 @@ struct HeldOutBounds {
   double loo_mean, loo_worst;
 };
 constexpr HeldOutBounds kTargets = {1.5, 3.0, 8, 0.0365, 0.0887};
-constexpr HeldOutBounds kToday = {4.10, 12.30, 7, 0.0365, 0.1010};  // missed ones: see docs/perf-model.md
+constexpr HeldOutBounds kToday = {1.5, 3.85, 7, 0.0365, 0.0887};  // missed ones: see docs/perf-model.md
 
 TEST(Validation, HeldOutErrorsStayWithinTheirTargetsOrTodaysFigures) {
   const Cluster c = load_cluster(kA100);

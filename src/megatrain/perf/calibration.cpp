@@ -49,6 +49,7 @@ const std::vector<CalibrationConstant>& calibration_constants() {
       {"nvlink_efficiency", &Cluster::nvlink_efficiency, 0.05, 1.0, 1.0},
       {"network_efficiency", &Cluster::network_efficiency, 0.05, 1.0, 1.0},
       {"dp_sync_s", &Cluster::dp_sync_s, 0.0, 100.0, 0.0},
+      {"overlap_interference", &Cluster::overlap_interference, 0.0, 1.0, 0.0},
   };
   return k;
 }

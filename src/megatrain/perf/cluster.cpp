@@ -60,6 +60,7 @@ const Field kFields[] = {
     {"calibration", "nvlink_efficiency", &Cluster::nvlink_efficiency, 1e-3, 10, false, false, true},
     {"calibration", "network_efficiency", &Cluster::network_efficiency, 1e-3, 10, false, false, true},
     {"calibration", "dp_sync_s", &Cluster::dp_sync_s, 0, 1e6, false, false, true},
+    {"calibration", "overlap_interference", &Cluster::overlap_interference, 0, 1, false, false, true},
 };
 
 const std::set<std::string> kTopologies = {"rail-clos", "single-node", "single-host"};

@@ -75,6 +75,8 @@ struct Cluster {
   Sourced nvlink_efficiency{1, ""};      // collective bandwidth inside a node in a training step / nccl-tests busbw
   Sourced network_efficiency{1, ""};     // collective bandwidth across nodes in a training step / nic_gbps
   Sourced dp_sync_s{0, ""};              // per-step seconds per doubling of dp (step cost that grows with dp)
+  Sourced overlap_interference{0, ""};   // of the communication overlapped with compute, the share that still costs
+                                         // step time (its kernels take SMs and HBM bandwidth from the GEMMs)
 
   // Per-GPU share of the node's network bandwidth, bytes/s.
   double network_bytes_per_s() const;

@@ -20,7 +20,8 @@ json breakdown_json(const Breakdown& b) {
           {"optimizer", b.optimizer},
           {"straggler", b.straggler},
           {"shared_cores", b.shared_cores},
-          {"dp_sync", b.dp_sync}};
+          {"dp_sync", b.dp_sync},
+          {"interference", b.interference}};
 }
 
 std::string layout_str(const Layout& L) {
@@ -103,6 +104,7 @@ std::string format_prediction(const Job& j, const Prediction& p, const Cluster& 
          row("stragglers (expected)", b.straggler);
   if (b.shared_cores > 0) out += row("waiting for a core", b.shared_cores);
   if (b.dp_sync > 0) out += row("dp sync (calibrated)", b.dp_sync);
+  if (b.interference > 0) out += row("overlap interference", b.interference);
   out += fmt::format("\nmemory per GPU (pipeline rank 0, {} chunks in flight)\n", p.peak_in_flight);
   auto mrow = [&](const char* name, double bytes) {
     return fmt::format("  {:<22} {:>8.2f} GiB\n", name, bytes / kGiB);

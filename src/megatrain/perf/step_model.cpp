@@ -20,6 +20,10 @@ struct Plan {
   std::vector<double> compute_per_rank, tp_per_rank;  // per micro-batch sums, per rank
   std::vector<double> dp_blocking_per_rank;           // reduce-scatter + all-gather when not overlapped
   std::vector<double> tp_sync_per_rank;               // once a step: the replicated tensors' gradients summed over tp
+  // Per step, per rank: the communication that ran behind compute (tp overlapped with GEMMs, asynchronous p2p,
+  // dp reduce-scatter / all-gather inside the step). Hidden from the critical path, but its kernels share the SMs and
+  // the HBM with the compute; Cluster::overlap_interference says how much of it the step still pays.
+  std::vector<double> hidden_comm_per_rank;
   double optimizer = 0;
 };
 
@@ -76,9 +80,14 @@ void plan_stage_costs(Plan& p, const Job& job, const Cluster& c, const Technique
   p.costs.bwd.assign(S, 0);
   p.compute_per_rank.assign(L.pp, 0);
   p.tp_per_rank.assign(L.pp, 0);
+  p.hidden_comm_per_rank.assign(L.pp, 0);
+  auto hidden = [](const LayerCost& x) {
+    return std::max(0.0, x.fwd.tp_comm - x.fwd.tp_exposed) + std::max(0.0, x.bwd.tp_comm - x.bwd.tp_exposed);
+  };
   for (int st = 0; st < S; ++st) {
     double compute = layers[st] * (layer.fwd.compute + layer.bwd.compute);
     double tp = layers[st] * (layer.fwd.tp_exposed + layer.bwd.tp_exposed);
+    double tp_hidden = layers[st] * hidden(layer) + (st == 0 ? hidden(emb) : 0) + (st == S - 1 ? hidden(head) : 0);
     p.costs.fwd[st] = layers[st] * layer.fwd.total();
     p.costs.bwd[st] = layers[st] * layer.bwd.total();
     if (st == 0) {
@@ -95,6 +104,7 @@ void plan_stage_costs(Plan& p, const Job& job, const Cluster& c, const Technique
     }
     p.compute_per_rank[st % L.pp] += compute;
     p.tp_per_rank[st % L.pp] += tp;
+    p.hidden_comm_per_rank[st % L.pp] += tp_hidden * L.microbatches;
   }
 }
 
@@ -157,8 +167,11 @@ void plan_dp_blocking(Plan& p, const Job& job, const Cluster& c, const Technique
   if (t.dp_overlap && L.dp > 1) {
     // reduce-scatter / all-gather run inside the simulation; only the embedding all-reduce stays outside
     for (int r = 0; r < L.pp; ++r)
-      for (int k = 0; k < L.virtual_stages; ++k)
-        p.dp_blocking_per_rank[r] -= p.costs.dp_reduce_scatter[r][k] + p.costs.dp_all_gather[r][k];
+      for (int k = 0; k < L.virtual_stages; ++k) {
+        const double chunk = p.costs.dp_reduce_scatter[r][k] + p.costs.dp_all_gather[r][k];
+        p.dp_blocking_per_rank[r] -= chunk;
+        p.hidden_comm_per_rank[r] += chunk;
+      }
   } else {
     p.costs.dp_all_gather.clear();
     p.costs.dp_reduce_scatter.clear();
@@ -199,12 +212,22 @@ Plan make_plan(const Job& job, const Cluster& c) {
                             ? p2p_seconds(double(L.micro_batch) * L.seq * m.d_model * c.dtype_bytes.value / L.tp, pl)
                             : 0;
   p.costs.p2p_overlap = t.pp_overlap;
+  // Asynchronous p2p: each micro-batch sends an activation and a gradient per virtual stage of the rank.
+  if (t.pp_overlap && L.pp > 1)
+    for (double& h : p.hidden_comm_per_rank) h += 2.0 * L.virtual_stages * L.microbatches * p.costs.p2p_seconds;
   const double max_shard = plan_dp_traffic(p, job, c, t, layers);
   plan_dp_blocking(p, job, c, t);
   plan_tp_sync(p, job, c, layers);
   p.optimizer = max_shard * c.optimizer_bytes_per_param.value / (c.hbm_bytes_per_s() * c.memory_bound.value) +
                 allreduce_seconds(c, L.gpus(), 1, 8);
   return p;
+}
+
+// The step time overlapped communication still costs: the calibrated share of the busiest rank's hidden traffic.
+double interference_seconds(const Plan& p, const Cluster& c) {
+  double most = 0;
+  for (double h : p.hidden_comm_per_rank) most = std::max(most, h);
+  return c.overlap_interference.value * most;
 }
 
 // When the last rank is done: its pipeline finish plus what runs after it (dp traffic that was not overlapped and,
@@ -347,7 +370,8 @@ double predict_step_seconds(const Job& job, const Cluster& c, int* peak_in_fligh
   const Plan p = make_plan(job, c);
   const PipelineResult r = simulate_pipeline(p.schedule, p.costs);
   if (peak_in_flight) *peak_in_flight = r.peak_in_flight.empty() ? 1 : r.peak_in_flight[0];
-  const double base = std::max(step_end(r, p) + p.optimizer, shared_cores_bound(job, c, p));
+  const double base =
+      std::max(step_end(r, p) + p.optimizer, shared_cores_bound(job, c, p)) + interference_seconds(p, c);
   return base * (1 + straggler_fraction(job, c)) + c.dp_sync_seconds(job.layout.dp);
 }
 
@@ -384,7 +408,8 @@ Prediction predict(const Job& job, const Cluster& c) {
   b.optimizer = p.optimizer;
   const double bound = shared_cores_bound(job, c, p);
   b.shared_cores = std::max(0.0, bound - (t_full + p.optimizer));
-  const double base = std::max(t_full + p.optimizer, bound);
+  b.interference = interference_seconds(p, c);
+  const double base = std::max(t_full + p.optimizer, bound) + b.interference;
   b.straggler = base * straggler_fraction(job, c);
   b.dp_sync = c.dp_sync_seconds(L.dp);
   out.step_seconds = base + b.straggler + b.dp_sync;

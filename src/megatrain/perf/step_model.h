@@ -41,6 +41,8 @@ struct Breakdown {
   double straggler = 0;     // expected wait for the slowest GPU, and for faulty slow nodes unless evicted
   double shared_cores = 0;  // CPU host with more ranks than cores: waiting for a core (0 on GPU clusters)
   double dp_sync = 0;  // the calibrated per-step cost that grows with dp (Cluster::dp_sync_seconds; 0 uncalibrated)
+  double interference = 0;  // overlapped communication's cost to compute: overlap_interference x the busiest rank's
+                            // hidden tp, pp and dp traffic (0 uncalibrated)
 };
 
 struct Prediction {
