@@ -370,8 +370,8 @@ double predict_step_seconds(const Job& job, const Cluster& c, int* peak_in_fligh
   const Plan p = make_plan(job, c);
   const PipelineResult r = simulate_pipeline(p.schedule, p.costs);
   if (peak_in_flight) *peak_in_flight = r.peak_in_flight.empty() ? 1 : r.peak_in_flight[0];
-  const double base =
-      std::max(step_end(r, p) + p.optimizer, shared_cores_bound(job, c, p)) + interference_seconds(p, c);
+  const double base = std::max(step_end(r, p) + p.optimizer, shared_cores_bound(job, c, p)) +
+                      interference_seconds(p, c);
   return base * (1 + straggler_fraction(job, c)) + c.dp_sync_seconds(job.layout.dp);
 }
 
