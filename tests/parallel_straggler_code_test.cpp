@@ -246,7 +246,7 @@ TEST(StragglerCode, SrSgcDecodesEveryBurstyPatternWithinDelayB) {
           const int s = (B * lambda + W - 2 + B) / (W - 1 + B);
           if (s >= n || n % (s + 1) != 0) continue;
           for (int m = 1; m <= (n >= 5 ? 2 : 3); ++m) {
-            if ((m + B) * n > 24) continue;  // the widest enumeration kept within seconds
+            if ((m + B) * n > 20) continue;  // the widest enumeration kept within seconds
             leaves += every_pattern_inside(StragglerCode(c, n, m));
             ++cases;
           }
@@ -419,7 +419,8 @@ TEST(StragglerCode, BadSettingsAreConfigErrorsNamingTheKey) {
   EXPECT_TRUE(has(error_of([] { StragglerCode(gc(1), 3, 2); }), "divide the 3 data-parallel"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(gc(4), 4, 2); }), "parallel.straggler_s"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::SrSgc, 2, 4, 2), 4, 2); }), "divide parallel.straggler_W - 1"));
-  EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 1, 2, 1), 4, 4); }), "train.grad_accum = 4 must be a multiple of 3"));
+  EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 1, 2, 1), 4, 4); }),
+                  "train.grad_accum = 4 must be a multiple of 3"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 2, 2, 1), 4, 4); }), "parallel.straggler_W"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 1, 2, 5), 4, 4); }), "parallel.straggler_lambda"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(gc(0), 4, 0); }), "train.grad_accum"));

@@ -63,8 +63,8 @@ StragglerCode::StragglerCode(const StragglerCodeConfig& c, int n, int m) : c_(c)
     case StragglerScheme::None: s_ = 0; break;
     case StragglerScheme::Gc:
       if (c.s < 0 || c.s >= n) {
-        fail_as(ErrorKind::Config, "parallel.straggler_s must be in 0..{} (one less than the replicas; got {})",
-                n - 1, c.s);
+        fail_as(ErrorKind::Config, "parallel.straggler_s must be in 0..{} (one less than the replicas; got {})", n - 1,
+                c.s);
       }
       s_ = c.s;
       require_divides(s_ + 1, n, "parallel.straggler_s");
@@ -247,7 +247,8 @@ void StragglerCode::apply(const std::vector<bool>& stragglers) {
 }
 
 Decoding StragglerCode::decode() const {
-  if (round_ < rounds()) fail("straggler coding: decode() before the step's last round ({} of {} run)", round_, rounds());
+  if (round_ < rounds())
+    fail("straggler coding: decode() before the step's last round ({} of {} run)", round_, rounds());
   Decoding d;
   d.coefficient.resize(history_.size());
   for (size_t r = 0; r < history_.size(); ++r) {

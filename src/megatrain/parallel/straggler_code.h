@@ -98,12 +98,12 @@ enum class RoundOutcome {
 };
 
 struct StragglerMetrics {
-  int stragglers = 0;              // (worker, round) straggles the step went on without
-  int rounds_waited = 0;           // rounds that waited for stragglers outside the model
+  int stragglers = 0;                   // (worker, round) straggles the step went on without
+  int rounds_waited = 0;                // rounds that waited for stragglers outside the model
   int64_t microbatches_computed = 0;    // every assigned micro-batch, abandoned ones included
   int64_t microbatches_recomputed = 0;  // those of repeat pieces
-  double redundancy = 1;           // microbatches_computed / (n m): the work paid against the uncoded step
-  Fraction peak_load;              // the largest per (worker, round) share of a job actually assigned
+  double redundancy = 1;                // microbatches_computed / (n m): the work paid against the uncoded step
+  Fraction peak_load;                   // the largest per (worker, round) share of a job actually assigned
 };
 
 // The decoding: coefficient[r][w][i] for piece i of worker w in round r (0 for pieces that did not arrive).
@@ -119,12 +119,12 @@ class StragglerCode {
   const StragglerCodeConfig& config() const { return c_; }
   int workers() const { return n_; }
   int jobs() const { return jobs_; }
-  int delay() const { return delay_; }                    // T, rounds
-  int rounds() const { return jobs_ + delay_; }            // of one step
+  int delay() const { return delay_; }           // T, rounds
+  int rounds() const { return jobs_ + delay_; }  // of one step
   int job_microbatches() const { return job_size_; }
-  int global_microbatches() const { return n_ * m_; }     // n m: the uncoded step's global batch
-  int s() const { return s_; }                            // the per-round code's tolerance (gc, sr-sgc; m-sgc lambda)
-  int round() const { return round_; }                    // the round being run; rounds() once the step is over
+  int global_microbatches() const { return n_ * m_; }  // n m: the uncoded step's global batch
+  int s() const { return s_; }                         // the per-round code's tolerance (gc, sr-sgc; m-sgc lambda)
+  int round() const { return round_; }                 // the round being run; rounds() once the step is over
 
   // The current round's work: [worker] -> pieces. Empty lists are idle workers (drain rounds).
   const std::vector<std::vector<Piece>>& tasks() const { return tasks_; }

@@ -22,9 +22,8 @@ void validate_bursty_model(const BurstyModel& m, int workers) {
 }
 
 bool inside_per_round_model(const StragglerPattern& p, int s) {
-  return std::all_of(p.begin(), p.end(), [s](const std::vector<bool>& row) {
-    return std::count(row.begin(), row.end(), true) <= s;
-  });
+  return std::all_of(p.begin(), p.end(),
+                     [s](const std::vector<bool>& row) { return std::count(row.begin(), row.end(), true) <= s; });
 }
 
 namespace {
