@@ -299,6 +299,7 @@ TEST(StragglerCode, PatternsOutsideTheModelWaitAndNeverDecodeWrong) {
       Rng rng(seed);
       StragglerCode code(k.c, k.n, k.m);
       int waits = 0;
+      std::vector<std::vector<KeptPiece>> early;
       while (code.round() < code.rounds()) {
         std::vector<bool> st(k.n);
         for (int w = 0; w < k.n; ++w) st[w] = rng.uniform() < 0.3f;
@@ -309,8 +310,22 @@ TEST(StragglerCode, PatternsOutsideTheModelWaitAndNeverDecodeWrong) {
         ASSERT_EQ(o, inside ? RoundOutcome::Accepted : RoundOutcome::WaitedOutsideModel) << to_string(p);
         if (!inside) ++waited, ++waits;
         if (inside && std::count(st.begin(), st.end(), true) > 0) ++accepted_with_stragglers;
+        const int due = code.round() - 1 - code.delay();  // the job whose deadline was this round
+        if (due >= 0) early.push_back(code.job_decoding(due));
       }
       ASSERT_EQ(check_decoding(code), "") << to_string(code.pattern());
+      // What each job's decoding said at its deadline is what the step's decoding says at the end.
+      const Decoding d = code.decode();
+      ASSERT_EQ(static_cast<int>(early.size()), code.jobs());
+      size_t kept = 0, ones = 0;
+      for (const auto& job : early) {
+        kept += job.size();
+        for (const KeptPiece& k : job) EXPECT_EQ(d.coefficient[k.round][k.worker][k.index], 1);
+      }
+      for (const auto& round : d.coefficient) {
+        for (const auto& worker : round) ones += std::count(worker.begin(), worker.end(), 1);
+      }
+      EXPECT_EQ(kept, ones);
       EXPECT_EQ(code.metrics().rounds_waited, waits);
     }
   }
@@ -321,7 +336,8 @@ TEST(StragglerCode, PatternsOutsideTheModelWaitAndNeverDecodeWrong) {
 TEST(StragglerCode, FloatDecodingIsWithinTheBoundOfAnySummationOrder) {
   // Each worker sums its kept pieces into one buffer (a piece is itself a float sum of its micro-batches), then the
   // all-reduce sums the buffers in worker order: N = n m gradients, each added once, through N - 1 additions in
-  // some tree. Any such tree's error is at most gamma_{N-1} sum |g| (Higham, Accuracy and Stability, eq. 4.4).
+  // some tree. Any such tree's error is at most gamma_{N-1} sum |g| (Higham, Accuracy and Stability of Numerical
+  // Algorithms, the bound of summation along a tree of height h <= N - 1).
   const int n = 6, m = 16, dim = 64;
   StragglerCode code(sgc(S::MSgc, 2, 3, 2), n, m);
   const StragglerPattern stragglers = bursty_pattern(n, code.rounds(), code.config().bursty, 0.3, 7);
@@ -428,4 +444,5 @@ TEST(StragglerCode, BadSettingsAreConfigErrorsNamingTheKey) {
   StragglerCode code(gc(1), 4, 1);
   EXPECT_TRUE(has(error_of([&] { code.record({false}); }), "1 entries for 4 replicas"));
   EXPECT_TRUE(has(error_of([&] { code.decode(); }), "before the step's last round"));
+  EXPECT_TRUE(has(error_of([&] { code.job_decoding(0); }), "job 0 is due at the end of round 0"));
 }

@@ -246,30 +246,39 @@ void StragglerCode::apply(const std::vector<bool>& stragglers) {
   history_.push_back(tasks_);
 }
 
+std::vector<KeptPiece> StragglerCode::job_decoding(int job) const {
+  MT_CHECK(job >= 0 && job < jobs_, "straggler coding: job {} of {}", job, jobs_);
+  MT_CHECK(round_ > job + delay_, "straggler coding: job {} is due at the end of round {}; round {} is running", job,
+           job + delay_, round_);
+  std::vector<KeptPiece> kept;
+  std::vector<bool> taken(blocks_, false);
+  for (int r = job; r <= job + delay_; ++r) {
+    for (int w = 0; w < n_; ++w) {
+      if (pattern_[r][w]) continue;
+      for (size_t i = 0; i < history_[r][w].size(); ++i) {
+        const Piece& p = history_[r][w][i];
+        if (p.job != job || taken[p.block]) continue;
+        taken[p.block] = true;
+        kept.push_back({r, w, static_cast<int>(i)});
+      }
+    }
+  }
+  for (int k = 0; k < blocks_; ++k) MT_CHECK(taken[k], "straggler coding: job {} block {} never arrived", job, k);
+  return kept;
+}
+
 Decoding StragglerCode::decode() const {
-  if (round_ < rounds())
+  if (round_ < rounds()) {
     fail("straggler coding: decode() before the step's last round ({} of {} run)", round_, rounds());
+  }
   Decoding d;
   d.coefficient.resize(history_.size());
   for (size_t r = 0; r < history_.size(); ++r) {
     d.coefficient[r].resize(n_);
     for (int w = 0; w < n_; ++w) d.coefficient[r][w].assign(history_[r][w].size(), 0);
   }
-  // For every block of every job, the first piece that arrived (earliest round, lowest worker) counts once.
-  std::vector<std::vector<bool>> taken(jobs_, std::vector<bool>(blocks_, false));
-  for (size_t r = 0; r < history_.size(); ++r) {
-    for (int w = 0; w < n_; ++w) {
-      if (pattern_[r][w]) continue;
-      for (size_t i = 0; i < history_[r][w].size(); ++i) {
-        const Piece& p = history_[r][w][i];
-        if (taken[p.job][p.block]) continue;
-        taken[p.job][p.block] = true;
-        d.coefficient[r][w][i] = 1;
-      }
-    }
-  }
   for (int j = 0; j < jobs_; ++j) {
-    for (int k = 0; k < blocks_; ++k) MT_CHECK(taken[j][k], "straggler coding: job {} block {} never arrived", j, k);
+    for (const KeptPiece& k : job_decoding(j)) d.coefficient[k.round][k.worker][k.index] = 1;
   }
   return d;
 }

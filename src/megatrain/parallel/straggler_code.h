@@ -3,11 +3,13 @@
 // full-batch gradient from the results that arrived. Pure: no processes, no communication; the training loop's
 // integration (abandoning a task, agreeing the straggler bitmap, the weighted all-reduce) follows.
 //
-// Papers. GC: Tandon, Lei, Dimakis, Karampatziakis, "Gradient Coding", ICML 2017 (fractional repetition, their
-// Section 3 / Theorem 3's construction). SR-SGC and M-SGC: Krishnan, Ebrahimi, Khisti, "Sequential Gradient Coding
-// For Straggler Mitigation", ICLR 2023, arXiv 2211.13802: the setting, the (B, W, lambda)-bursty model and the
-// computational load in its Section 2, selective-reattempt SGC in Section 3.1, multiplexed SGC in Section 3.2. (The
-// section numbers are those of the arXiv v2 layout as we read it; the loads below are the paper's formulas.)
+// Papers. GC: Tandon, Lei, Dimakis, Karampatziakis, "Gradient Coding", ICML 2017 (its fractional repetition
+// scheme). SR-SGC and M-SGC: Krishnan, Ebrahimi, Khisti, "Sequential Gradient Coding For Straggler Mitigation",
+// ICLR 2023, arXiv 2211.13802: the setting, the (B, W, lambda)-bursty model and the computational load (its Section
+// 2), selective-reattempt SGC (Section 3.1), multiplexed SGC (Section 3.2). The section numbers are recalled, not
+// checked: only the paper's abstract was readable where this was written, so the rules below were checked against a
+// public simulator of both schemes (its reattempt rule, slot multiplexing, decodability and load formulas) and, here,
+// exhaustively against every pattern of the model on small sizes (tests/parallel_straggler_code_test.cpp).
 //
 // Adaptation to one model. The paper computes a sequence of jobs (gradients), job t starting in round t and due by
 // the end of round t + T. Here the rounds are the micro-batch rounds inside one optimizer step, and the jobs are
@@ -45,12 +47,14 @@
 //      round decodable) are accepted, and the round ends without them; otherwise the round waits for them as an
 //      uncoded step would (RoundOutcome says which), so a pattern the scheme does not tolerate costs time, never a
 //      wrong gradient;
-//   4. after the last round, decode() gives a coefficient (0 or 1) for every piece that arrived; each rank scales
-//      its own pieces by their coefficients, sums them into its gradient buffer, and one all-reduce sums the
-//      buffers: the result is the sum over every micro-batch of the global batch, each counted exactly once.
+//   4. after the last round, decode() gives a coefficient (0 or 1) for every piece; each rank adds its own pieces
+//      of coefficient 1 into its gradient buffer (skipping the others, never multiplying by 0: an abandoned piece
+//      may hold NaN), and one all-reduce sums the buffers: the result is the sum over every micro-batch of the
+//      global batch, each counted exactly once (divide by n m for the mean, as the uncoded step does).
 // Every rank runs this same pure decoder on the same agreed bitmaps, so no coefficient travels. A job's
-// coefficients are final at its deadline (round job + T), so a rank may fold a job's pieces into its buffer then
-// and free them.
+// coefficients are final at its deadline, the end of round job + T (job_decoding), so a rank may fold a job's
+// pieces into its buffer then and free them. A replica computes micro-batches the uncoded run gave its peers: the
+// data loader's integration must let every replica read any micro-batch of the step's global batch.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -106,6 +110,12 @@ struct StragglerMetrics {
   Fraction peak_load;                   // the largest per (worker, round) share of a job actually assigned
 };
 
+// A piece that counts in the decoded sum: piece `index` of `worker`'s list in `round`.
+struct KeptPiece {
+  int round = 0, worker = 0, index = 0;
+  bool operator==(const KeptPiece&) const = default;
+};
+
 // The decoding: coefficient[r][w][i] for piece i of worker w in round r (0 for pieces that did not arrive).
 struct Decoding {
   std::vector<std::vector<std::vector<int>>> coefficient;
@@ -136,6 +146,9 @@ class StragglerCode {
   // After the last round: the coefficients. Throws an Internal error if a job cannot be decoded (record() never
   // lets that happen).
   Decoding decode() const;
+  // The pieces that decode job j, one per block (the earliest that arrived, lowest worker first): final once the
+  // job's deadline round j + delay() has been recorded; an Internal error before.
+  std::vector<KeptPiece> job_decoding(int job) const;
   StragglerMetrics metrics() const;
   // The effective pattern so far (waited rounds have no stragglers) and every round's pieces, for tests and logs.
   const StragglerPattern& pattern() const { return pattern_; }
