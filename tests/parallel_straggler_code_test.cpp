@@ -245,8 +245,8 @@ TEST(StragglerCode, SrSgcDecodesEveryBurstyPatternWithinDelayB) {
           const StragglerCodeConfig c = sgc(S::SrSgc, B, W, lambda);
           const int s = (B * lambda + W - 2 + B) / (W - 1 + B);
           if (s >= n || n % (s + 1) != 0) continue;
-          for (int m = 1; m <= (n >= 5 ? 2 : 3); ++m) {
-            if ((m + B) * n > 20) continue;  // the widest enumeration kept within seconds
+          for (int m = B + 1; m <= (n >= 5 ? 3 : 4); ++m) {
+            if ((m + B) * n > 24) continue;  // the widest enumeration kept within seconds
             leaves += every_pattern_inside(StragglerCode(c, n, m));
             ++cases;
           }
@@ -440,6 +440,7 @@ TEST(StragglerCode, BadSettingsAreConfigErrorsNamingTheKey) {
   EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 2, 2, 1), 4, 4); }), "parallel.straggler_W"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 1, 2, 5), 4, 4); }), "parallel.straggler_lambda"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(gc(0), 4, 0); }), "train.grad_accum"));
+  EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::SrSgc, 2, 3, 1), 4, 2); }), "at most train.grad_accum - 1 = 1"));
   EXPECT_TRUE(has(error_of([] { bursty_pattern(4, 10, {1, 2, 1}, 1.5, 0); }), "start probability"));
   StragglerCode code(gc(1), 4, 1);
   EXPECT_TRUE(has(error_of([&] { code.record({false}); }), "1 entries for 4 replicas"));

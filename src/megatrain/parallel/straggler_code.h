@@ -25,7 +25,8 @@
 //     computes its job-t piece, except: if v > s workers did not deliver job t-B in round t-B, the v - s of them
 //     with the lowest ids reattempt their own job-(t-B) piece instead (a worker recomputes only its own work). Job u
 //     is decoded at the end of round u + B from rounds u and u + B. The step has m + B rounds; the last B carry only
-//     reattempts (none when nothing is owed). Needs (s+1) | n and B | (W - 1), as the authors' construction does.
+//     reattempts (none when nothing is owed). Needs (s+1) | n and B | (W - 1), as the authors' construction does,
+//     and B <= m - 1.
 //   - m-sgc (T = W - 2 + B): a job is n((W-1)(lambda+1) + B) micro-batches: a D1 part of W-1 chunks of lambda+1
 //     micro-batches per worker, sent uncoded, and a D2 part of B groups of n micro-batches, each coded by
 //     fractional repetition with tolerance lambda. In round r a worker has one slot per job in flight (job r - i
