@@ -42,8 +42,12 @@
 // The protocol, per step, on every rank alike:
 //   1. entering round r, tasks(r) is the work of every worker (adaptive for the SGC schemes: it depends on the
 //      stragglers of earlier rounds);
-//   2. at the round's end the ranks agree on one straggler bitmap over the host plane (comm/agreement.h); a
-//      straggler abandons its task (between layers: its partial gradient is discarded, never summed);
+//   2. at the round's deadline the ranks agree on one straggler bitmap over the host plane (comm/agreement.h): a
+//      result "arrives" when its rank reported the round's pieces finished in time; the gradients themselves stay
+//      on their rank until the step's all-reduce. A straggler then abandons its task: it stops the round's
+//      backward at the next layer boundary (the loop checks between layers), drops that round's partial pieces
+//      (never summed) and starts its next round's tasks; its pieces of earlier rounds stay valid. So a straggler
+//      falls behind by at most the round it abandoned, and still joins the step's one all-reduce;
 //   3. record(bitmap) applies the model check: stragglers inside the scheme's model (and leaving every job due this
 //      round decodable) are accepted, and the round ends without them; otherwise the round waits for them as an
 //      uncoded step would (RoundOutcome says which), so a pattern the scheme does not tolerate costs time, never a
