@@ -133,8 +133,8 @@ TEST(MeasuredRuns, MalformedFilesAreRefusedNamingTheFileRunAndField) {
   EXPECT_TRUE(has(error_of([] { load_measured_runs("/nonexistent/m.json"); }), "/nonexistent/m.json does not exist"));
   // A calibration set's "runs" must be paths.
   EXPECT_TRUE(has(error_of([] {
-                    parse_calibration_set(R"({"description": "d", "runs": [1], "fit": ["dp_sync_s"], "calibrate": ["a"]})",
-                                          "s.json");
+                    parse_calibration_set(
+                        R"({"description": "d", "runs": [1], "fit": ["dp_sync_s"], "calibrate": ["a"]})", "s.json");
                   }),
                   "s.json: runs[0] must be a string"));
 }
@@ -157,8 +157,8 @@ TEST(OwnRuns, AFitOnOneCpuLayoutRecoversTheGemmScaleThePointsWereMadeWith) {
   // Two constants from all four layouts: the GEMM scale and the loopback collectives' efficiency (a single-host
   // cluster prices loopback as its network link: network_efficiency).
   truth.network_efficiency.value = 0.5;
-  const CalibrationFit g =
-      fit_calibration(base, generated_cpu_points(truth), {"gemm_efficiency_scale", "network_efficiency"});
+  const CalibrationFit g = fit_calibration(base, generated_cpu_points(truth),
+                                           {"gemm_efficiency_scale", "network_efficiency"});
   EXPECT_NEAR(g.values[0], 0.8, 5e-3);
   EXPECT_NEAR(g.values[1], 0.5, 5e-3);
 }
@@ -219,18 +219,19 @@ TEST(OwnRuns, ACalibrationRefusesPointsThatRanOnAnotherCluster) {
 // Each run's bound: its target where it meets it, else today's |error| (docs/perf-model.md, "Against our own runs"),
 // rounded up to the next 0.5%. A bound moves towards the target when the model improves, never away from it. The
 // CPU figures were measured on a shared machine (see the docs); a quiet rerun rewrites them and these bounds.
-const std::map<std::string, double> kTodayAbsError = {
-    {"cpu/dp2", 0.005},          {"cpu/tp2", 0.67},          {"cpu/pp2", 1.475},          {"cpu/dp2pp2", 1.14},
-    {"h100/gpt2-124m B16", 0.19}, {"h100/gpt2-350m B8", 0.045}, {"h100/gpt-1.3b B4", 0.05},
-    {"h200/gpt2-124m B16", 0.11}, {"h200/gpt2-350m B8", 0.005}, {"h200/gpt-1.3b B4", 0.06}};
+const std::map<std::string, double> kTodayAbsError = {{"cpu/dp2", 0.005},           {"cpu/tp2", 0.67},
+                                                      {"cpu/pp2", 1.475},           {"cpu/dp2pp2", 1.14},
+                                                      {"h100/gpt2-124m B16", 0.19}, {"h100/gpt2-350m B8", 0.045},
+                                                      {"h100/gpt-1.3b B4", 0.05},   {"h200/gpt2-124m B16", 0.11},
+                                                      {"h200/gpt2-350m B8", 0.005}, {"h200/gpt-1.3b B4", 0.06}};
 
 TEST(OwnRuns, HeldOutErrorsStayWithinTheirTargetsOrTodaysFigures) {
   const std::string dir = mt::test::fresh_dir("own_runs_validation");
   std::filesystem::create_directories(dir);
   const std::string out = dir + "/validation.json";
-  const int rc = std::system(
-      fmt::format("cd {} && {} simulate --preset validation --json > {} 2>&1", kSource, mt::test::kMegatrain, out)
-          .c_str());
+  const int rc = std::system(fmt::format("cd {} && {} simulate --preset validation --json > {} 2>&1", kSource,
+                                         mt::test::kMegatrain, out)
+                                 .c_str());
   ASSERT_EQ(mt::test::shell_exit_code(rc), 0) << read_text_file(out);
   const auto j = nlohmann::json::parse(read_text_file(out));
   // The paper's set fits on none of our runs: each is held out unless its own cluster's fit saw it, and only one

@@ -14,8 +14,8 @@
 namespace mt::perf {
 
 const std::vector<std::string>& simulate_flags() {
-  static const std::vector<std::string> k = {"ptb",       "swa",  "tp-overlap", "pp-overlap", "dp-overlap",
-                                             "fused-ops", "misc", "megascale"};
+  static const std::vector<std::string> k = {"ptb",        "swa",       "tp-overlap", "pp-overlap",
+                                             "dp-overlap", "fused-ops", "misc",       "megascale"};
   return k;
 }
 
@@ -64,10 +64,9 @@ struct RunReader {
 
 MeasuredRun read_run(const json& j, const std::string& where) {
   MT_CHECK(j.is_object(), "{}: a run must be a JSON object", where);
-  static const std::set<std::string> known = {"id",      "config",    "overrides",
-                                              "cluster", "gpus",      "batch",
-                                              "recompute", "flags",   "measured_step_seconds",
-                                              "target",  "source"};
+  static const std::set<std::string> known = {
+      "id",     "config", "overrides", "cluster", "gpus", "batch", "recompute", "flags", "measured_step_seconds",
+      "target", "source"};
   for (auto& [k, _] : j.items())
     MT_CHECK(known.count(k), "{}: unknown field '{}' (allowed: {})", where, k, fmt::join(known, ", "));
   const RunReader r{j, where};
@@ -84,8 +83,8 @@ MeasuredRun read_run(const json& j, const std::string& where) {
   run.spec.overrides = q.strings("overrides");
   static const std::regex override_form(R"([A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*=.+)");
   for (const std::string& o : run.spec.overrides)
-    MT_CHECK(std::regex_match(o, override_form), "{}: override '{}' must be section.key=value (no leading dashes)",
-             at, o);
+    MT_CHECK(std::regex_match(o, override_form), "{}: override '{}' must be section.key=value (no leading dashes)", at,
+             o);
   run.spec.gpus = q.count("gpus");
   run.spec.batch = q.count("batch");
   run.spec.recompute = q.string("recompute", false, "none");

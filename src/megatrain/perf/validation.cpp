@@ -131,14 +131,9 @@ std::string format_fit(const CalibrationFit& f) {
   return out;
 }
 
-std::string format_validation(const Validation& v, const Cluster& c) {
-  std::string out = fmt::format("Validation of the performance model on {} ({})\ncalibration set {}\n", c.name, c.path,
-                                v.set_path);
-  out += "calibrated constants:\n";
-  for (const CalibrationConstant& k : calibration_constants()) {
-    const Sourced& s = c.*k.member;
-    out += fmt::format("  {:<24} {:.6g}{}\n", k.name, s.value, s.source.empty() ? "  (neutral: not calibrated)" : "");
-  }
+// The published points' tables (calibration set, held out).
+std::string format_published(const Validation& v) {
+  std::string out;
   for (bool cal : {true, false}) {
     out += cal ? "\nCALIBRATION SET (the fit saw these)\n" : "\nHELD OUT (never used in a fit)\n";
     out += fmt::format("  {:<32} {:>9} {:>9} {:>8} {:>8} {:>8}\n", "point", "measured", "predicted", "err %", "MFU pa",
@@ -154,11 +149,13 @@ std::string format_validation(const Validation& v, const Cluster& c) {
                          mfu ? fmt::format("{:+.1f}", r.mfu_points) : "");
     }
   }
-  if (!v.own_runs.empty()) out += format_own_runs(v);
-  out += "\nKorthikanti points, leave-one-out (constants fitted on the set without the point):\n";
-  for (const LeaveOneOut& l : v.leave_one_out) out += fmt::format("  {:<32} {:+6.1f}%\n", l.id, 100 * l.error);
+  return out;
+}
+
+// The published points' summary lines (Table 2, Table 3, Korthikanti leave-one-out).
+std::string format_published_summary(const Validation& v) {
+  std::string out;
   const ValidationTargets& t = v.targets;
-  out += "\nsummary (target; met or MISSED)\n";
   out += fmt::format(
       "  Table 2 held out ({} rows): mean |error| {:.2f} MFU points (<= {}; {}), worst {:.2f} (<= {}; {})\n",
       v.table2_held_out, v.table2_held_out_mean_points, t.table2_mean_points,
@@ -171,6 +168,26 @@ std::string format_validation(const Validation& v, const Cluster& c) {
       "  Korthikanti leave-one-out ({} points): mean |error| {:.2f}% (<= {:.2f}%; {}), worst {:.2f}% (<= {:.2f}%; {})\n",
       v.leave_one_out.size(), 100 * v.loo_mean, 100 * t.korthikanti_mean, pass(v.loo_mean <= t.korthikanti_mean),
       100 * v.loo_worst, 100 * t.korthikanti_worst, pass(v.loo_worst <= t.korthikanti_worst));
+  return out;
+}
+
+std::string format_validation(const Validation& v, const Cluster& c) {
+  std::string out = fmt::format("Validation of the performance model on {} ({})\ncalibration set {}\n", c.name, c.path,
+                                v.set_path);
+  out += "calibrated constants:\n";
+  for (const CalibrationConstant& k : calibration_constants()) {
+    const Sourced& s = c.*k.member;
+    out += fmt::format("  {:<24} {:.6g}{}\n", k.name, s.value, s.source.empty() ? "  (neutral: not calibrated)" : "");
+  }
+  const bool published = !v.points.empty();
+  if (published) out += format_published(v);
+  if (!v.own_runs.empty()) out += format_own_runs(v);
+  if (published) {
+    out += "\nKorthikanti points, leave-one-out (constants fitted on the set without the point):\n";
+    for (const LeaveOneOut& l : v.leave_one_out) out += fmt::format("  {:<32} {:+6.1f}%\n", l.id, 100 * l.error);
+  }
+  out += "\nsummary (target; met or MISSED)\n";
+  if (published) out += format_published_summary(v);
   if (v.own_targets > 0)
     out += fmt::format("  our own runs: {} of {} within their targets\n", v.own_targets_met, v.own_targets);
   for (const PointResult& r : v.own_runs)
