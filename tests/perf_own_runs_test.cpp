@@ -255,6 +255,13 @@ TEST(OwnRuns, HeldOutErrorsStayWithinTheirTargetsOrTodaysFigures) {
   EXPECT_EQ(fitted_on(cpu), "configs/calibration/cpu-epyc-2core.json");
   EXPECT_TRUE(has(cpu.gemm_efficiency_scale.source, "residuals (predicted/measured - 1)"));
   EXPECT_TRUE(has(cpu.gemm_efficiency_scale.source, "cpu/dp2"));
+  // ... and it is what the command fits: the dp2 job (as simulate builds it: tiny.toml, dp 2, one micro-batch of 8)
+  // with the committed measurement, refitted from neutral, gives the shipped value.
+  const MeasuredRuns cpu_runs = load_measured_runs(kSource + "/configs/measured/cpu-epyc-2core.json");
+  ASSERT_EQ(cpu_runs.runs[0].id, "cpu/dp2");
+  const MeasuredPoint dp2{"cpu/dp2", "cpu", tiny_job(2, 1, 1), cpu_runs.runs[0].seconds, 0, "", 0, ""};
+  const CalibrationFit refit = fit_calibration(cpu, {dp2}, {"gemm_efficiency_scale"});
+  EXPECT_NEAR(refit.values[0], cpu.gemm_efficiency_scale.value, 1e-4 * refit.values[0]);  // the file keeps 6 digits
   EXPECT_EQ(cpu.nvlink_efficiency.source, "");
   EXPECT_EQ(cpu.network_efficiency.source, "");
   EXPECT_EQ(cpu.dp_sync_s.source, "");
