@@ -214,6 +214,31 @@ TEST(OwnRuns, ACalibrationRefusesPointsThatRanOnAnotherCluster) {
   EXPECT_EQ(read_text_file(copy), before);
 }
 
+TEST(OwnRuns, ARunThatCannotBePredictedIsRefusedNamingItsFileAndId) {
+  // A run whose layout the model refuses (tp 3 does not divide the tiny model's 4 heads), listed by a set: both
+  // --preset validation and --calibrate stop with the measured-runs file and the run's id.
+  const std::string dir = mt::test::fresh_dir("own_runs_bad_run");
+  std::filesystem::create_directories(dir);
+  nlohmann::json runs = nlohmann::json::parse(runs_text({{"id", "cpu/tp3"},
+                                                         {"overrides", {"parallel.tp=3"}},
+                                                         {"gpus", 3},
+                                                         {"cluster", "configs/clusters/cpu-epyc-2core.toml"}}));
+  write_file_atomic(dir + "/runs.json", runs.dump());
+  const nlohmann::json set = {{"description", "d"},
+                              {"runs", {dir + "/runs.json"}},
+                              {"fit", {"gemm_efficiency_scale"}},
+                              {"calibrate", {"cpu/tp3"}}};
+  write_file_atomic(dir + "/set.json", set.dump());
+  for (const std::string& args : {"--preset validation --calibration-set " + dir + "/set.json",
+                                  "--calibrate " + dir + "/set.json --cluster " + kCpuCluster}) {
+    const std::string log = dir + "/log";
+    const int rc =
+        std::system(fmt::format("cd {} && {} simulate {} > {} 2>&1", kSource, mt::test::kMegatrain, args, log).c_str());
+    EXPECT_NE(mt::test::shell_exit_code(rc), 0) << args;
+    EXPECT_TRUE(has(read_text_file(log), dir + "/runs.json: run 'cpu/tp3': ")) << read_text_file(log);
+  }
+}
+
 // ---- the committed runs as regressions -------------------------------------------------------------------------
 
 // Each run's bound: its target where it meets it, else today's |error| (docs/perf-model.md, "Against our own runs"),

@@ -64,7 +64,8 @@ void add_simulate_options(CLI::App& app, SimulateArgs& a) {
   app.add_option("--recompute", a.recompute, "activation recomputation: none | selective | full");
   app.add_option("--preset", a.preset,
                  "megascale-table2 | megascale-table3: the paper's experiments beside predictions; validation: every "
-                 "published point, the calibration set and the held-out set apart, with each error");
+                 "published point and our own measured runs (configs/measured/), the calibration set and the "
+                 "held-out set apart, with each error");
   app.add_option("--calibrate", a.calibrate,
                  "fit the cluster's [calibration] constants by least squares on this calibration set (JSON, "
                  "configs/calibration/) and write them into --cluster with their source");
