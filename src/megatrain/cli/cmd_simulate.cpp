@@ -4,12 +4,15 @@
 //                      [--megascale] [--recompute none|selective|full] [--gpus N] [--json]
 //   megatrain simulate --preset megascale-table2|megascale-table3|validation [--calibration-set SET.json] [--json]
 //   megatrain simulate --calibrate SET.json [--cluster CLUSTER.toml] [--json]  (fits [calibration], rewrites the file)
+//   (a set's points: published ones, and our own measured runs from the configs/measured/ files it lists)
 //   megatrain simulate --search --gpus N --batch N [--mem-limit GiB] [--top K] [--json]
 //   megatrain simulate --scale ...      (group init, checkpoint and failure costs of the layout)
 //   megatrain simulate --constants      (every constant of the cluster file with its source)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "megatrain/core/resources.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/perf/calibration.h"
+#include "megatrain/perf/measured_runs.h"
 #include "megatrain/perf/presets.h"
 #include "megatrain/perf/report.h"
 #include "megatrain/perf/validation.h"
@@ -60,7 +64,8 @@ void add_simulate_options(CLI::App& app, SimulateArgs& a) {
   app.add_option("--recompute", a.recompute, "activation recomputation: none | selective | full");
   app.add_option("--preset", a.preset,
                  "megascale-table2 | megascale-table3: the paper's experiments beside predictions; validation: every "
-                 "published point, the calibration set and the held-out set apart, with each error");
+                 "published point and our own measured runs (configs/measured/), the calibration set and the "
+                 "held-out set apart, with each error");
   app.add_option("--calibrate", a.calibrate,
                  "fit the cluster's [calibration] constants by least squares on this calibration set (JSON, "
                  "configs/calibration/) and write them into --cluster with their source");
@@ -117,48 +122,6 @@ void print_preset(const SimulateArgs& a, const RunConfig& cfg, const perf::Clust
     fmt::print("{}\n", (t2 ? table2_json(rows, preds) : table3_json(rows, preds)).dump(2));
   else
     fmt::print("{}", t2 ? format_table2(rows, preds) : format_table3(rows, preds));
-}
-
-// A path as written in a calibration set: as given when it exists from here, else relative to the project root.
-std::string set_relative(const std::string& path) { return file_exists(path) ? path : resource_path(path); }
-
-// --preset validation: every published point predicted with the cluster's calibrated constants.
-void print_validation(const SimulateArgs& a, const perf::Cluster& cluster) {
-  using namespace mt::perf;
-  const CalibrationSet set = load_calibration_set(a.calibration_set);
-  const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(set_relative(set.model_config)); });
-  const Validation v = validate(cluster, set, published_points(cfg.model));
-  if (a.json_out)
-    fmt::print("{}\n", to_json(v, cluster).dump(2));
-  else
-    fmt::print("{}", format_validation(v, cluster));
-}
-
-// --calibrate: fits the set's constants and rewrites the cluster file with them and their source.
-void run_calibration(const SimulateArgs& a, const perf::Cluster& cluster) {
-  using namespace mt::perf;
-  const CalibrationSet set = load_calibration_set(a.calibrate);
-  const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(set_relative(set.model_config)); });
-  const std::vector<MeasuredPoint> points = select_points(published_points(cfg.model), set.calibrate, set.path);
-  const CalibrationFit fit = fit_calibration(cluster, points, set.fit);
-  const Cluster out = with_calibration(cluster, fit, set.path);
-  // Keep the file's leading comment block; the rest is the cluster as TOML.
-  std::string header, line;
-  std::istringstream in(read_text_file(a.cluster_path));
-  while (std::getline(in, line) && line.rfind("#", 0) == 0) header += line + "\n";
-  write_file_atomic(a.cluster_path, header + to_toml(out));
-  if (a.json_out) {
-    nlohmann::json j = {{"cluster", a.cluster_path},
-                        {"calibration_set", set.path},
-                        {"iterations", fit.iterations},
-                        {"converged", fit.converged},
-                        {"rms_log_error", fit.rms}};
-    for (size_t i = 0; i < fit.fit.size(); ++i) j["constants"][fit.fit[i]] = fit.values[i];
-    for (auto& [id, e] : fit.residuals) j["residuals"][id] = e;
-    fmt::print("{}\n", j.dump(2));
-  } else {
-    fmt::print("{}wrote {}\n", format_fit(fit), a.cluster_path);
-  }
 }
 
 // The config's model with the techniques the flags switch on (the layout is not set yet).
@@ -219,6 +182,121 @@ perf::Layout simulated_layout(const SimulateArgs& a, const RunConfig& cfg, const
     L.microbatches = a.batch / per;
   }
   return L;
+}
+
+// A path as written in a calibration set: as given when it exists from here, else relative to the project root.
+std::string set_relative(const std::string& path) { return file_exists(path) ? path : resource_path(path); }
+
+// The published points, when the set says which model they start from.
+std::vector<perf::MeasuredPoint> set_published_points(const perf::CalibrationSet& set) {
+  if (set.model_config.empty()) return {};
+  const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(set_relative(set.model_config)); });
+  return perf::published_points(cfg.model);
+}
+
+// One of our own measured runs as a point: its job built exactly as `megatrain simulate` builds it from the same
+// config, overrides and flags, and checked against the cluster it ran on.
+perf::MeasuredPoint own_point(const perf::MeasuredRun& r, const std::string& runs_path) {
+  using namespace mt::perf;
+  SimulateArgs a;
+  a.config = set_relative(r.spec.config);
+  a.batch = r.spec.batch;
+  a.gpus = r.spec.gpus;
+  a.recompute = r.spec.recompute;
+  for (const std::string& f : r.spec.flags) {
+    bool* flag = f == "ptb"          ? &a.ptb
+                 : f == "swa"        ? &a.swa
+                 : f == "tp-overlap" ? &a.tp_overlap
+                 : f == "pp-overlap" ? &a.pp_overlap
+                 : f == "dp-overlap" ? &a.dp_overlap
+                 : f == "fused-ops"  ? &a.fused
+                 : f == "misc"       ? &a.misc
+                                     : &a.megascale;
+    *flag = true;
+  }
+  try {
+    const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(a.config, r.spec.overrides); });
+    Job job = simulated_job(a, cfg);
+    job.layout = simulated_layout(a, cfg, r.spec.overrides);
+    validate_job(job, load_cluster(set_relative(r.spec.cluster)), a.gpus);
+    return MeasuredPoint{r.id, r.group, job, r.seconds, 0, r.spec.cluster, r.target, r.source};
+  } catch (const Error& e) {
+    fail_as(ErrorKind::Config, "{}: run '{}': {}", runs_path, r.id, e.what());
+  }
+}
+
+std::vector<perf::MeasuredPoint> set_own_points(const perf::CalibrationSet& set) {
+  std::vector<perf::MeasuredPoint> out;
+  for (const std::string& path : set.runs) {
+    const perf::MeasuredRuns runs = perf::load_measured_runs(set_relative(path));
+    for (const perf::MeasuredRun& r : runs.runs) out.push_back(own_point(r, path));
+  }
+  return out;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return std::filesystem::equivalent(set_relative(a), set_relative(b), ec);
+}
+
+// Whether `id` is a point the calibration set at `path` (as a cluster's [calibration] source names it) fits on.
+bool set_names(const std::string& path, const std::string& id) {
+  if (path.empty() || !file_exists(set_relative(path))) return false;
+  const perf::CalibrationSet s = perf::load_calibration_set(set_relative(path));
+  return std::find(s.calibrate.begin(), s.calibrate.end(), id) != s.calibrate.end();
+}
+
+// --preset validation: every published point predicted with the cluster's calibrated constants, and our own runs
+// the set lists, each on its cluster file.
+void print_validation(const SimulateArgs& a, const perf::Cluster& cluster) {
+  using namespace mt::perf;
+  const CalibrationSet set = load_calibration_set(a.calibration_set);
+  std::vector<OwnRunInput> own;
+  std::map<std::string, Cluster> clusters;
+  for (MeasuredPoint& p : set_own_points(set)) {
+    auto it = clusters.find(p.cluster);
+    if (it == clusters.end()) it = clusters.emplace(p.cluster, load_cluster(set_relative(p.cluster))).first;
+    const bool named = std::find(set.calibrate.begin(), set.calibrate.end(), p.id) != set.calibrate.end();
+    const bool calibration = (named && same_file(p.cluster, a.cluster_path)) || set_names(fitted_on(it->second), p.id);
+    own.push_back({std::move(p), it->second, calibration});
+  }
+  const Validation v = validate(cluster, set, set_published_points(set), own);
+  if (a.json_out)
+    fmt::print("{}\n", to_json(v, cluster).dump(2));
+  else
+    fmt::print("{}", format_validation(v, cluster));
+}
+
+// --calibrate: fits the set's constants and rewrites the cluster file with them and their source.
+void run_calibration(const SimulateArgs& a, const perf::Cluster& cluster) {
+  using namespace mt::perf;
+  const CalibrationSet set = load_calibration_set(a.calibrate);
+  std::vector<MeasuredPoint> all = set_published_points(set);
+  for (MeasuredPoint& p : set_own_points(set)) all.push_back(std::move(p));
+  const std::vector<MeasuredPoint> points = select_points(all, set.calibrate, set.path);
+  for (const MeasuredPoint& p : points)
+    if (!p.cluster.empty() && !same_file(p.cluster, a.cluster_path))
+      fail_as(ErrorKind::Config, "{}: calibrate: '{}' ran on {}, not on {} (the cluster being calibrated)", set.path,
+              p.id, p.cluster, a.cluster_path);
+  const CalibrationFit fit = fit_calibration(cluster, points, set.fit);
+  const Cluster out = with_calibration(cluster, fit, set.path);
+  // Keep the file's leading comment block; the rest is the cluster as TOML.
+  std::string header, line;
+  std::istringstream in(read_text_file(a.cluster_path));
+  while (std::getline(in, line) && line.rfind("#", 0) == 0) header += line + "\n";
+  write_file_atomic(a.cluster_path, header + to_toml(out));
+  if (a.json_out) {
+    nlohmann::json j = {{"cluster", a.cluster_path},
+                        {"calibration_set", set.path},
+                        {"iterations", fit.iterations},
+                        {"converged", fit.converged},
+                        {"rms_log_error", fit.rms}};
+    for (size_t i = 0; i < fit.fit.size(); ++i) j["constants"][fit.fit[i]] = fit.values[i];
+    for (auto& [id, e] : fit.residuals) j["residuals"][id] = e;
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print("{}wrote {}\n", format_fit(fit), a.cluster_path);
+  }
 }
 
 // Validates job (with --balance, first replacing its stage split by one it can be checked with), then with

@@ -20,11 +20,11 @@ constexpr size_t kMaxConstants = 4;  // the issue's cap: at most four constants 
 std::vector<MeasuredPoint> published_points(const ModelConfig& base) {
   std::vector<MeasuredPoint> out;
   for (const PresetRow& r : korthikanti_table5(base))
-    out.push_back({"korthikanti/" + r.label, "korthikanti", r.job, r.paper_seconds, 0});
+    out.push_back({"korthikanti/" + r.label, "korthikanti", r.job, r.paper_seconds, 0, "", 0, ""});
   for (const PresetRow& r : megascale_table2(base))
-    out.push_back({fmt::format("table2/{} {}", r.label, r.gpus), "table2", r.job, 0, r.paper_mfu});
+    out.push_back({fmt::format("table2/{} {}", r.label, r.gpus), "table2", r.job, 0, r.paper_mfu, "", 0, ""});
   for (const PresetRow& r : megascale_table3(base))
-    out.push_back({"table3/" + r.label, "table3", r.job, 0, r.paper_mfu});
+    out.push_back({"table3/" + r.label, "table3", r.job, 0, r.paper_mfu, "", 0, ""});
   return out;
 }
 
@@ -91,15 +91,18 @@ CalibrationSet parse_calibration_set(const std::string& text, const std::string&
     }
     MT_CHECK(j.is_object(), "{}: a calibration set must be a JSON object", path);
     for (auto& [k, _] : j.items())
-      MT_CHECK(k == "description" || k == "model" || k == "fit" || k == "calibrate",
-               "{}: unknown field '{}' (allowed: description, model, fit, calibrate)", path, k);
+      MT_CHECK(k == "description" || k == "model" || k == "runs" || k == "fit" || k == "calibrate",
+               "{}: unknown field '{}' (allowed: description, model, runs, fit, calibrate)", path, k);
     CalibrationSet s;
     s.path = path;
     MT_CHECK(j.contains("description") && j["description"].is_string(), "{}: 'description' must be a string", path);
     s.description = j["description"].get<std::string>();
-    MT_CHECK(j.contains("model") && j["model"].is_string(),
-             "{}: 'model' must be the path of the model config the published points start from", path);
-    s.model_config = j["model"].get<std::string>();
+    if (j.contains("model")) {
+      MT_CHECK(j["model"].is_string() && !j["model"].get<std::string>().empty(),
+               "{}: 'model' must be the path of the model config the published points start from", path);
+      s.model_config = j["model"].get<std::string>();
+    }
+    if (j.contains("runs")) s.runs = string_array(j, "runs", path);
     s.fit = string_array(j, "fit", path);
     s.calibrate = string_array(j, "calibrate", path);
     MT_CHECK(s.fit.size() <= kMaxConstants, "{}: 'fit' names {} constants; at most {} may be calibrated", path,
@@ -139,6 +142,17 @@ std::vector<MeasuredPoint> select_points(const std::vector<MeasuredPoint>& all, 
     out.push_back(*it);
   }
   return out;
+}
+
+std::string fitted_on(const Cluster& c) {
+  const std::string lead = "fitted on ";
+  for (const CalibrationConstant& k : calibration_constants()) {
+    const std::string& s = (c.*k.member).source;
+    if (s.rfind(lead, 0) != 0) continue;
+    const size_t end = s.find(" (", lead.size());
+    return s.substr(lead.size(), end == std::string::npos ? std::string::npos : end - lead.size());
+  }
+  return "";
 }
 
 Cluster without_calibration(Cluster c) {

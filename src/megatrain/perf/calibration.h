@@ -6,11 +6,16 @@
 //   "korthikanti/<run> <recompute>"  Korthikanti et al. 2022 Table 5 (seconds per iteration; 9 runs)
 //   "table2/<system> <gpus>"         MegaScale Table 2 (MFU; 16 rows)
 //   "table3/<step>"                  MegaScale Table 3 (MFU; 9 cumulative steps, "table3/baseline" first)
+// and our own measured runs, declared in the measured-runs files (perf/measured_runs.h) the set lists under "runs":
+//   "cpu/dp2", "h100/gpt-1.3b B4", ...   (seconds; each predicted on the cluster file it names)
 // A calibration set (JSON) names the ones to fit on and the constants to fit:
 //   { "description": "...", "model": "configs/megascale-175b.toml",
+//     "runs": ["configs/measured/gpu.json"],
 //     "fit": ["gemm_efficiency_scale", "nvlink_efficiency", "network_efficiency", "dp_sync_s"],
 //     "calibrate": ["korthikanti/22B full", ..., "table2/megatron 256", "table3/baseline"] }
-// Every point not named is held out: the fit never sees it (perf/validation.h reports both sets apart).
+// "model" (the config the published points start from) is needed only by a set that names a published point, "runs"
+// only by one whose points include our own. Every point not named is held out: the fit never sees it
+// (perf/validation.h reports both sets apart). A fit's points must all have run on the cluster it calibrates.
 //
 // The residual of a point is the log of predicted over measured step time (for an MFU, measured seconds are the
 // model FLOPs over MFU x GPUs x peak, so it is log(MFU measured / MFU predicted)): relative errors weigh a 1 s
@@ -30,6 +35,10 @@ struct MeasuredPoint {
   Job job;
   double seconds = 0;  // measured step seconds; 0 where the source gives an MFU instead
   double mfu = 0;      // measured MFU (fraction); 0 where the source gives seconds
+  // Our own runs only (empty / 0 for a published point, which ran on the paper's cluster):
+  std::string cluster;  // the cluster file the run is predicted on, as its measured-runs file writes it
+  double target = 0;    // |predicted / measured - 1| the model should stay within; 0: none stated
+  std::string source;   // where the measured figure comes from
 };
 
 // Every published point, in the tables' order (Korthikanti, then Table 2, then Table 3). `base` is the model the
@@ -52,18 +61,23 @@ const std::vector<CalibrationConstant>& calibration_constants();
 
 struct CalibrationSet {
   std::string path, description;
-  std::string model_config;            // as written in the file (resolved by the caller)
+  std::string model_config;            // as written in the file (resolved by the caller); "" when absent
+  std::vector<std::string> runs;       // measured-runs files (perf/measured_runs.h), as written in the file
   std::vector<std::string> fit;        // names from calibration_constants(), at most four
   std::vector<std::string> calibrate;  // point ids
 };
 // Throws mt::Error (Config) naming the file and the field: not JSON, a missing or mistyped field, an unknown
-// constant or a repeated one, more than four, no points.
+// constant or a repeated one, more than four, no points, a "runs" entry that is not a path.
 CalibrationSet parse_calibration_set(const std::string& json_text, const std::string& path);
 CalibrationSet load_calibration_set(const std::string& path);
 
 // The points `ids` names, from `all`, in the set's order; an unknown id throws naming the set file and the id.
 std::vector<MeasuredPoint> select_points(const std::vector<MeasuredPoint>& all, const std::vector<std::string>& ids,
                                          const std::string& set_path);
+
+// The calibration set `c`'s [calibration] was fitted on, as with_calibration wrote it into each constant's source
+// ("fitted on SET (..."); "" when the cluster is not calibrated.
+std::string fitted_on(const Cluster& c);
 
 // The cluster with every calibration constant back at its neutral value and no source.
 Cluster without_calibration(Cluster c);

@@ -42,7 +42,11 @@ void summarise_table3(Validation& v) {
 }
 
 void leave_one_out(Validation& v, const Cluster& c, const CalibrationSet& set, const std::vector<MeasuredPoint>& all) {
-  const std::vector<MeasuredPoint> cal = select_points(all, set.calibrate, set.path);
+  std::vector<MeasuredPoint> cal = select_points(all, set.calibrate, set.path);
+  // Our own runs ran on other clusters; a set that names them is not the paper cluster's, and has no Korthikanti
+  // point to leave out.
+  cal.erase(std::remove_if(cal.begin(), cal.end(), [](const MeasuredPoint& p) { return !p.cluster.empty(); }),
+            cal.end());
   for (size_t i = 0; i < cal.size(); ++i) {
     if (cal[i].group != "korthikanti") continue;
     std::vector<MeasuredPoint> rest = cal;
@@ -59,13 +63,49 @@ void leave_one_out(Validation& v, const Cluster& c, const CalibrationSet& set, c
 
 std::string pass(bool ok) { return ok ? "met" : "MISSED"; }
 
+void add_own_runs(Validation& v, const std::vector<OwnRunInput>& own) {
+  for (const OwnRunInput& in : own) {
+    PointResult r;
+    r.point = in.point;
+    r.calibration = in.calibration;
+    r.cluster = in.cluster.name;
+    r.prediction = predict(in.point.job, in.cluster);
+    r.error = r.prediction.step_seconds / in.point.seconds - 1;
+    if (in.point.target > 0) {
+      ++v.own_targets;
+      v.own_targets_met += std::abs(r.error) <= in.point.target;
+    }
+    v.own_runs.push_back(std::move(r));
+  }
+}
+
+std::string format_own_runs(const Validation& v) {
+  std::string out;
+  for (bool cal : {true, false}) {
+    out += cal ? "\nOUR OWN RUNS, CALIBRATION SET (the fit of their cluster file saw these)\n"
+               : "\nOUR OWN RUNS, HELD OUT (never used in a fit)\n";
+    out += fmt::format("  {:<24} {:<18} {:>10} {:>10} {:>8} {:>7}\n", "point", "cluster", "measured", "predicted",
+                       "err %", "target");
+    for (const PointResult& r : v.own_runs) {
+      if (r.calibration != cal) continue;
+      out += fmt::format("  {:<24} {:<18} {:>8.4f} s {:>8.4f} s {:>+8.1f} {:>7}\n", r.point.id, r.cluster,
+                         r.point.seconds, r.prediction.step_seconds, 100 * r.error,
+                         r.point.target > 0 ? fmt::format("{:g}%", 100 * r.point.target) : "");
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-Validation validate(const Cluster& calibrated, const CalibrationSet& set, const std::vector<MeasuredPoint>& all) {
+Validation validate(const Cluster& calibrated, const CalibrationSet& set, const std::vector<MeasuredPoint>& all,
+                    const std::vector<OwnRunInput>& own) {
   Validation v;
   v.set_path = set.path;
   v.fit = set.fit;
-  select_points(all, set.calibrate, set.path);  // every id of the set must name a point
+  std::vector<MeasuredPoint> every = all;
+  for (const OwnRunInput& in : own) every.push_back(in.point);
+  select_points(every, set.calibrate, set.path);  // every id of the set must name a point
   for (const MeasuredPoint& p : all) {
     PointResult r;
     r.point = p;
@@ -77,7 +117,8 @@ Validation validate(const Cluster& calibrated, const CalibrationSet& set, const 
   }
   summarise_table2(v);
   summarise_table3(v);
-  leave_one_out(v, calibrated, set, all);
+  leave_one_out(v, calibrated, set, every);
+  add_own_runs(v, own);
   return v;
 }
 
@@ -90,14 +131,9 @@ std::string format_fit(const CalibrationFit& f) {
   return out;
 }
 
-std::string format_validation(const Validation& v, const Cluster& c) {
-  std::string out = fmt::format("Validation of the performance model on {} ({})\ncalibration set {}\n", c.name, c.path,
-                                v.set_path);
-  out += "calibrated constants:\n";
-  for (const CalibrationConstant& k : calibration_constants()) {
-    const Sourced& s = c.*k.member;
-    out += fmt::format("  {:<24} {:.6g}{}\n", k.name, s.value, s.source.empty() ? "  (neutral: not calibrated)" : "");
-  }
+// The published points' tables (calibration set, held out).
+std::string format_published(const Validation& v) {
+  std::string out;
   for (bool cal : {true, false}) {
     out += cal ? "\nCALIBRATION SET (the fit saw these)\n" : "\nHELD OUT (never used in a fit)\n";
     out += fmt::format("  {:<32} {:>9} {:>9} {:>8} {:>8} {:>8}\n", "point", "measured", "predicted", "err %", "MFU pa",
@@ -113,10 +149,13 @@ std::string format_validation(const Validation& v, const Cluster& c) {
                          mfu ? fmt::format("{:+.1f}", r.mfu_points) : "");
     }
   }
-  out += "\nKorthikanti points, leave-one-out (constants fitted on the set without the point):\n";
-  for (const LeaveOneOut& l : v.leave_one_out) out += fmt::format("  {:<32} {:+6.1f}%\n", l.id, 100 * l.error);
+  return out;
+}
+
+// The published points' summary lines (Table 2, Table 3, Korthikanti leave-one-out).
+std::string format_published_summary(const Validation& v) {
+  std::string out;
   const ValidationTargets& t = v.targets;
-  out += "\nsummary (target; met or MISSED)\n";
   out += fmt::format(
       "  Table 2 held out ({} rows): mean |error| {:.2f} MFU points (<= {}; {}), worst {:.2f} (<= {}; {})\n",
       v.table2_held_out, v.table2_held_out_mean_points, t.table2_mean_points,
@@ -129,6 +168,33 @@ std::string format_validation(const Validation& v, const Cluster& c) {
       "  Korthikanti leave-one-out ({} points): mean |error| {:.2f}% (<= {:.2f}%; {}), worst {:.2f}% (<= {:.2f}%; {})\n",
       v.leave_one_out.size(), 100 * v.loo_mean, 100 * t.korthikanti_mean, pass(v.loo_mean <= t.korthikanti_mean),
       100 * v.loo_worst, 100 * t.korthikanti_worst, pass(v.loo_worst <= t.korthikanti_worst));
+  return out;
+}
+
+std::string format_validation(const Validation& v, const Cluster& c) {
+  std::string out = fmt::format("Validation of the performance model on {} ({})\ncalibration set {}\n", c.name, c.path,
+                                v.set_path);
+  out += "calibrated constants:\n";
+  for (const CalibrationConstant& k : calibration_constants()) {
+    const Sourced& s = c.*k.member;
+    out += fmt::format("  {:<24} {:.6g}{}\n", k.name, s.value, s.source.empty() ? "  (neutral: not calibrated)" : "");
+  }
+  const bool published = !v.points.empty();
+  if (published) out += format_published(v);
+  if (!v.own_runs.empty()) out += format_own_runs(v);
+  if (published) {
+    out += "\nKorthikanti points, leave-one-out (constants fitted on the set without the point):\n";
+    for (const LeaveOneOut& l : v.leave_one_out) out += fmt::format("  {:<32} {:+6.1f}%\n", l.id, 100 * l.error);
+  }
+  out += "\nsummary (target; met or MISSED)\n";
+  if (published) out += format_published_summary(v);
+  if (v.own_targets > 0)
+    out += fmt::format("  our own runs: {} of {} within their targets\n", v.own_targets_met, v.own_targets);
+  for (const PointResult& r : v.own_runs)
+    if (r.point.target > 0)
+      out += fmt::format("    {:<24} {:<11} |error| {:.1f}% (<= {:g}%; {})\n", r.point.id,
+                         r.calibration ? "calibration" : "held out", 100 * std::abs(r.error), 100 * r.point.target,
+                         pass(std::abs(r.error) <= r.point.target));
   return out;
 }
 
@@ -154,6 +220,29 @@ nlohmann::json to_json(const Validation& v, const Cluster& c) {
     }
     (r.calibration ? cal : held).push_back(p);
   }
+  json own = json::array(), own_summary = json::array();
+  for (const PointResult& r : v.own_runs) {
+    json p = {{"id", r.point.id},
+              {"group", r.point.group},
+              {"cluster", r.cluster},
+              {"cluster_path", r.point.cluster},
+              {"set", r.calibration ? "calibration" : "held_out"},
+              {"step_seconds_measured", r.point.seconds},
+              {"step_seconds_predicted", r.prediction.step_seconds},
+              {"ratio_predicted_over_measured", r.prediction.step_seconds / r.point.seconds},
+              {"error", r.error},
+              {"source", r.point.source}};
+    if (r.point.target > 0) {
+      p["target"] = r.point.target;
+      p["met"] = std::abs(r.error) <= r.point.target;
+      own_summary.push_back({{"id", r.point.id},
+                             {"set", p["set"]},
+                             {"abs_error", std::abs(r.error)},
+                             {"target", r.point.target},
+                             {"met", p["met"]}});
+    }
+    own.push_back(p);
+  }
   json loo = json::array();
   for (const LeaveOneOut& l : v.leave_one_out) loo.push_back({{"id", l.id}, {"error", l.error}});
   const ValidationTargets& t = v.targets;
@@ -165,6 +254,7 @@ nlohmann::json to_json(const Validation& v, const Cluster& c) {
           {"calibration", cal},
           {"held_out", held},
           {"leave_one_out", loo},
+          {"own_runs", own},
           {"summary",
            {{"table2_held_out_rows", v.table2_held_out},
             {"table2_held_out_mean_abs_mfu_points", v.table2_held_out_mean_points},
@@ -178,7 +268,10 @@ nlohmann::json to_json(const Validation& v, const Cluster& c) {
             {"table2_worst_met", v.table2_held_out_worst_points <= t.table2_worst_points},
             {"table3_met", v.table3_signs_right == v.table3_steps && v.table3_order_right},
             {"korthikanti_mean_met", v.loo_mean <= t.korthikanti_mean},
-            {"korthikanti_worst_met", v.loo_worst <= t.korthikanti_worst}}},
+            {"korthikanti_worst_met", v.loo_worst <= t.korthikanti_worst},
+            {"own_runs_with_target", v.own_targets},
+            {"own_runs_within_target", v.own_targets_met},
+            {"own_runs", own_summary}}},
           {"targets",
            {{"table2_mean_points", t.table2_mean_points},
             {"table2_worst_points", t.table2_worst_points},
