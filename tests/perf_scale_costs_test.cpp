@@ -93,14 +93,14 @@ TEST(ScaleCosts, CheckpointBytesAndSecondsOfAHandCountedModel) {
   m.max_seq_len = 16;
   ASSERT_EQ(m.num_params(), 2400);
   Cluster c = a100();
-  c.host_copy_gbps.value = 2;         // 2e9 B/s
+  c.host_copy_gbps.value = 2;                // 2e9 B/s
   c.storage_gbps_per_node.value = 1;         // 1e9 B/s written
   c.storage_read_gbps_per_node.value = 0.5;  // 5e8 B/s read
   // dp 4 on 4 GPUs (one node): bf16 weights 2 x 2400 + the fp32 shard 12 x 2400 / 4 = 4800 + 7200 = 12000 bytes.
   const CheckpointCost k4 = checkpoint_cost(c, m, Layout{4, 1, 1, 1, 1, 1, 16, {}});
   EXPECT_EQ(k4.bytes_per_gpu, 12000);
   EXPECT_NEAR(k4.stall_seconds, 12000 / 2e9, 1e-18);
-  EXPECT_NEAR(k4.persist_seconds, 4 * 12000 / 1e9, 1e-18);       // the node's 4 GPUs share its storage link
+  EXPECT_NEAR(k4.persist_seconds, 4 * 12000 / 1e9, 1e-18);         // the node's 4 GPUs share its storage link
   EXPECT_NEAR(k4.recovery_naive_seconds, 4 * 12000 / 5e8, 1e-18);  // each reads all it needs
   // dp 1: no broadcast; the one reader reads 2 x 2400 + 12 x 2400 = 33600 bytes.
   const CheckpointCost k1 = checkpoint_cost(c, m, Layout{1, 1, 1, 1, 1, 1, 16, {}});
