@@ -5,7 +5,10 @@
 //    persisting against the same run without checkpoints;
 //  * peer snapshots: the stall of a snapshot copied to a buddy every step (dp2);
 //  * load: restoring a 124M checkpoint with one reader per dp group plus a broadcast against every rank reading,
-//    at dp 2, 4 and 8 (page cache dropped before each restore when the bench may, else warm).
+//    at dp 2, 4 and 8 (page cache dropped before each restore when the bench may, else warm); --ranks 1 adds a
+//    single process's restore, the host's read rate;
+//  * per byte: the checkpoint's size on disk, stage 1's rate per rank, the persist rate (stage 2, the host's disk)
+//    and the read rate - the rates configs/clusters/*.toml's [scale] constants scale by a model's byte counts.
 // Prints one JSON object. Usage: bench_ckpt [--bin PATH] [--data DIR] [--work DIR] [--steps N] [--every N]
 //                                          [--ranks 2,4,8] [--skip-load] [--skip-stall] [--reuse]
 // (--reuse reads the runs already under --work instead of running them again; the load runs always run.)
@@ -48,6 +51,15 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 double sum(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
+
+// Bytes of the regular files under dir (0 when it does not exist).
+double dir_bytes(const std::string& dir) {
+  double b = 0;
+  if (!fs::exists(dir)) return 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) b += static_cast<double>(e.file_size());
+  return b;
+}
 
 std::string read_file(const std::string& p) {
   std::ifstream f(p);
@@ -127,6 +139,7 @@ json stall_case(int nproc) {
                  : fmt::format(" --ckpt.every={} --ckpt.async={}", every, mode == std::string("async"));
     sh(train_cmd(nproc) + flags, out + ".log");
     m[mode] = metrics_of(out);
+    if (std::string(mode) == "async") r["checkpoint_bytes"] = dir_bytes(out + "/ckpt");  // keep_last=1: one step
     fs::remove_all(out + "/ckpt");
   }
   // Async: the training thread stops for stage 1 (the "snapshot" event's seconds). Sync: for the whole save
@@ -154,6 +167,15 @@ json stall_case(int nproc) {
   r["median_step_s_with_background_persist"] = median(m["async"].step_s);
   r["throughput_cost_async"] = with_async / base - 1;
   r["throughput_cost_sync"] = with_sync / base - 1;
+  // Rates per byte (what the cluster model scales by a model's byte counts). Stage 1 here is a copy within host
+  // memory (the CPU build has no device), per rank; stage 2 writes all ranks' files to this host's disk.
+  const double bytes = r.value("checkpoint_bytes", 0.0);
+  const double persist = median(m["async"].ev["committed"]) - stall_async;
+  r["stage1_gbps_per_rank"] = stall_async > 0 ? bytes / nproc / stall_async * 1e-9 : 0;
+  r["persist_seconds_median"] = persist;
+  r["persist_gbps_per_host"] = persist > 0 ? bytes / persist * 1e-9 : 0;  // while training shares the cores
+  // The synchronous save writes while training waits: the host's write rate (stage 1 + write + fsync + commit).
+  r["sync_write_gbps_per_host"] = save_sync > 0 ? bytes / save_sync * 1e-9 : 0;
   return r;
 }
 
@@ -191,6 +213,7 @@ json load_case(const std::vector<int>& ranks) {
          " --ckpt.snapshot_every=0",
      src + ".log");
   const std::string ckpt = src + "/ckpt/step_00000001";
+  const double bytes = dir_bytes(ckpt);
   json r = json::array();
   const bool cold = drop_caches();
   for (int n : ranks) {
@@ -214,6 +237,11 @@ json load_case(const std::vector<int>& ranks) {
       row[one ? "one_reader_broadcast_s" : "all_readers_s"] = t;
       row[one ? "median_one_reader_broadcast_s" : "median_all_readers_s"] = median(t);
     }
+    // dp 1: one process reads the whole checkpoint, nothing to broadcast - the host's read rate.
+    row["checkpoint_bytes"] = bytes;
+    row["read_gbps_one_reader"] = row["median_one_reader_broadcast_s"].get<double>() > 0
+                                      ? bytes / row["median_one_reader_broadcast_s"].get<double>() * 1e-9
+                                      : 0;
     row["speedup_one_reader"] = row["median_one_reader_broadcast_s"].get<double>() > 0
                                     ? row["median_all_readers_s"].get<double>() /
                                           row["median_one_reader_broadcast_s"].get<double>()

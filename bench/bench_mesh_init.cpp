@@ -4,12 +4,17 @@
 // per store and world size the slowest rank's DeviceMesh init time and the store traffic of all ranks together,
 // counted by a Store wrapper. Store operations should grow linearly with the world for fixed group sizes (no world
 // group, no global barrier): per rank they follow dp + pp + tp, the members of its own groups, which the check
-// compares across sizes (a world group would instead cost every rank world - 1 address reads). Prints JSON.
-//   bench_mesh_init [--reps N] [--sizes 4,8,16,32] [--store file|tcp|redis|all]
+// compares across sizes (a world group would instead cost every rank world - 1 address reads).
+// First, per server store (tcp, redis), the service time of one request: 1, 8, 32 client processes issue blocking
+// requests back to back, and the bench reports wall time and the server process's CPU time per request (the
+// constants store_op_us / store_async_op_us of the cluster files come from these). Prints JSON.
+//   bench_mesh_init [--reps N] [--sizes 4,8,16,32] [--store file|tcp|redis|all] [--clients 1,8,32]
+//                   [--requests N (per client)] [--skip-init]
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -247,11 +253,163 @@ json bench_store(const std::string& kind, const std::vector<int>& sizes, int rep
   return out;
 }
 
+// CPU seconds a process has run, all its threads together (the kernel's scheduler statistics, in nanoseconds).
+double process_cpu_seconds(pid_t pid) {
+  double ns = 0;
+  const std::filesystem::path tasks = fmt::format("/proc/{}/task", pid);
+  for (const auto& t : std::filesystem::directory_iterator(tasks)) {
+    std::ifstream f(t.path() / "schedstat");
+    double on_cpu = 0;
+    if (f >> on_cpu) ns += on_cpu;
+  }
+  return ns * 1e-9;
+}
+
+double now_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // one clock for every process of the host
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// The store's service time per request: `clients` processes connect, wait for a common start, then each issues
+// `per_client` blocking requests back to back (a set of its own key, then a get of it, alternately), as the ranks of
+// a group creation do. Measured: the wall time from the first start to the last finish, each client's own time, and
+// the CPU time the server process spent meanwhile (/proc/PID/task/*/schedstat). With many clients the server is
+// never idle, so wall / requests is its throughput limit on this host - an upper bound on the service time, since
+// the clients' own CPU shares the host's cores - and server CPU / requests is what one request costs the server
+// itself (its share of the kernel's loopback TCP work included), which is what queues when the clients are on
+// other hosts.
+json request_service(const std::string& url, pid_t server, int clients, int per_client, const std::string& prefix) {
+  int go[2];
+  MT_CHECK(::pipe(go) == 0, "pipe failed");
+  std::vector<std::pair<pid_t, int>> kids;
+  const pid_t parent = ::getpid();
+  for (int c = 0; c < clients; ++c) {
+    int p[2];
+    MT_CHECK(::pipe(p) == 0, "pipe failed");
+    const pid_t pid = ::fork();
+    MT_CHECK(pid >= 0, "fork failed");
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(3);
+      ::close(p[0]);
+      ::close(go[1]);
+      std::string line;
+      try {
+        auto base = open_store(url, Millis(30000));
+        auto store = prefixed_store(*base, prefix);
+        const std::string key = fmt::format("c{}", c);
+        store->set(key, "0");  // the connection is open and authenticated before the clock starts
+        char b;
+        MT_CHECK(::read(go[0], &b, 1) == 1, "no start signal");
+        const double t0 = now_seconds();
+        for (int i = 0; i < per_client; ++i) {
+          if (i % 2 == 0)
+            store->set(key, "v");
+          else
+            MT_CHECK(store->get(key, Millis(30000)) == "v", "get returned another value");
+        }
+        line = fmt::format("ok {:.9f} {:.9f}\n", t0, now_seconds());
+      } catch (const std::exception& e) {
+        line = std::string("error ") + e.what() + "\n";
+      }
+      ssize_t w = ::write(p[1], line.data(), line.size());
+      (void)w;
+      ::_exit(0);
+    }
+    ::close(p[1]);
+    kids.push_back({pid, p[0]});
+  }
+  ::close(go[0]);
+  ::usleep(200000);  // every client connected (each waits on the start signal after its first set)
+  const double cpu0 = process_cpu_seconds(server);
+  std::string start(static_cast<size_t>(clients), 'g');
+  MT_CHECK(::write(go[1], start.data(), start.size()) == static_cast<ssize_t>(start.size()), "start signal failed");
+  ::close(go[1]);
+  double first = 1e300, last = 0;
+  std::vector<double> own;
+  std::string errors;
+  for (auto& [pid, fd] : kids) {
+    std::string out;
+    char buf[512];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    std::istringstream in(out);
+    std::string tag;
+    double t0 = 0, t1 = 0;
+    in >> tag >> t0 >> t1;
+    if (tag != "ok") {
+      errors += "\n  " + (out.empty() ? std::string("a client exited without a report") : out);
+      continue;
+    }
+    first = std::min(first, t0);
+    last = std::max(last, t1);
+    own.push_back(t1 - t0);
+  }
+  const double cpu = process_cpu_seconds(server) - cpu0;
+  MT_CHECK(errors.empty(), "request service at {} clients failed:{}", clients, errors);
+  const double requests = static_cast<double>(clients) * per_client, wall = last - first;
+  return {{"clients", clients},
+          {"requests", requests},
+          {"wall_seconds", wall},
+          {"wall_us_per_request", 1e6 * wall / requests},
+          {"server_cpu_us_per_request", 1e6 * cpu / requests},
+          {"client_latency_us_median", 1e6 * median_of(own) / per_client}};
+}
+
+// request_service at each client count, `reps` times each; the medians.
+json bench_request_service(const std::string& kind, const std::vector<int>& clients, int per_client, int reps) {
+  std::unique_ptr<comm_test::TcpServerProcess> tcp;
+  std::unique_ptr<comm_test::RedisServer> redis;
+  std::string url;
+  pid_t server = -1;
+  if (kind == "tcp") {
+    tcp = std::make_unique<comm_test::TcpServerProcess>();
+    url = fmt::format("tcp://127.0.0.1:{}", tcp->port());
+    server = tcp->pid();
+    ::setenv(mt::kStoreSecretEnv, comm_test::kSecret.c_str(), 1);
+  } else if (kind == "redis") {
+    redis = std::make_unique<comm_test::RedisServer>();
+    url = fmt::format("redis://127.0.0.1:{}", redis->port());
+    server = redis->pid();
+  } else {
+    return json();  // a file store has no server
+  }
+  json rows = json::array();
+  for (int n : clients) {
+    std::vector<double> wall, cpu, lat;
+    json runs = json::array();
+    for (int rep = 0; rep < reps; ++rep) {
+      json r = request_service(url, server, n, per_client, fmt::format("rate-{}-{}", n, rep));
+      wall.push_back(r["wall_us_per_request"]);
+      cpu.push_back(r["server_cpu_us_per_request"]);
+      lat.push_back(r["client_latency_us_median"]);
+      runs.push_back(r);
+    }
+    rows.push_back({{"clients", n},
+                    {"requests_per_client", per_client},
+                    {"wall_us_per_request_median", median_of(wall)},
+                    {"server_cpu_us_per_request_median", median_of(cpu)},
+                    {"client_latency_us_median", median_of(lat)},
+                    {"runs", runs}});
+  }
+  return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 3;
-  std::vector<int> sizes{4, 8, 16, 32};
+  int reps = 3, per_client = 2000;
+  bool skip_init = false;
+  std::vector<int> sizes{4, 8, 16, 32}, clients{1, 8, 32};
   std::vector<std::string> stores{"file", "tcp", "redis"};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -262,6 +420,15 @@ int main(int argc, char** argv) {
       std::stringstream ss(argv[++i]);
       std::string tok;
       while (std::getline(ss, tok, ',')) sizes.push_back(std::atoi(tok.c_str()));
+    } else if (a == "--clients" && i + 1 < argc) {
+      clients.clear();
+      std::stringstream ss(argv[++i]);
+      std::string tok;
+      while (std::getline(ss, tok, ',')) clients.push_back(std::atoi(tok.c_str()));
+    } else if (a == "--requests" && i + 1 < argc) {
+      per_client = std::atoi(argv[++i]);
+    } else if (a == "--skip-init") {
+      skip_init = true;
     } else if (a == "--store" && i + 1 < argc) {
       std::string k = argv[++i];
       if (k == "all") {
@@ -273,24 +440,37 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::cerr << "usage: bench_mesh_init [--reps N] [--sizes 4,8,16,32] [--store file|tcp|redis|all]\n";
+      std::cerr << "usage: bench_mesh_init [--reps N] [--sizes 4,8,16,32] [--store file|tcp|redis|all] "
+                   "[--clients 1,8,32] [--requests N] [--skip-init]\n";
       return 2;
     }
   }
-  if (reps < 1) {
-    std::cerr << "bench_mesh_init: --reps must be >= 1\n";
+  if (reps < 1 || per_client < 2) {
+    std::cerr << "bench_mesh_init: --reps must be >= 1 and --requests >= 2\n";
     return 2;
   }
   try {
     json out;
     out["bench"] = "mesh_init";
     out["cpus"] = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+    {
+      std::ifstream f("/proc/cpuinfo");
+      for (std::string line; std::getline(f, line);)
+        if (line.rfind("model name", 0) == 0) {
+          out["cpu"] = line.substr(line.find(':') + 2);
+          break;
+        }
+    }
     double load[1] = {-1};
     if (::getloadavg(load, 1) == 1) out["load_average_1min_at_start"] = load[0];  // other work on a shared machine
-    json per_store = json::object(), table = json::array();
-    for (const std::string& k : stores) per_store[k] = bench_store(k, sizes, reps);
+    json per_store = json::object(), table = json::array(), service = json::object();
+    for (const std::string& k : stores)
+      if (k != "file") service[k] = bench_request_service(k, clients, per_client, reps);
+    out["request_service"] = service;
+    if (!skip_init)
+      for (const std::string& k : stores) per_store[k] = bench_store(k, sizes, reps);
     // One row per world size: the median of the slowest rank's init time under each store.
-    for (size_t i = 0; i < sizes.size(); ++i) {
+    for (size_t i = 0; !skip_init && i < sizes.size(); ++i) {
       json row = {{"world", sizes[i]}};
       for (const std::string& k : stores)
         row[k + "_max_init_seconds_median"] = per_store[k]["results"][i]["max_init_seconds_median"];

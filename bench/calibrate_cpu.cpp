@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
         cl.straggler_slowdown = src(0, "one host");
         cl.gpu_speed_range = src(0, "one host: the ranks share one CPU");
         for (auto* f : {&cl.store_op_us, &cl.store_async_op_us, &cl.host_copy_gbps, &cl.storage_gbps_per_node,
-                        &cl.failure_detect_s, &cl.node_mtbf_hours})
+                        &cl.storage_read_gbps_per_node, &cl.failure_detect_s, &cl.node_mtbf_hours})
           *f = src(1, "not measured here (scale costs are not modelled for a single CPU host)");
       }
       summary = {{"sgemm_peak_gflops_1thread", peak * 1e-9},

@@ -99,6 +99,7 @@ class RedisServer {
     }
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
 
  private:
   static inline int count_ = 0;

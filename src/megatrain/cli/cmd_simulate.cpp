@@ -338,8 +338,8 @@ void print_prediction(const SimulateArgs& a, const perf::Job& job, const perf::C
     const GroupInitCost g = group_init_cost(cluster, L);
     const CheckpointCost k = checkpoint_cost(cluster, job.model, L);
     const Availability av = availability(cluster, k, g, L.gpus(), a.mtbf_hours);
-    j["scale"] = to_json(g, k, av);
-    text += "\n" + format_scale(g, k, av, L);
+    j["scale"] = to_json(g, k, av, cluster);
+    text += "\n" + format_scale(g, k, av, L, cluster);
   }
   if (a.json_out)
     fmt::print("{}\n", j.dump(2));

@@ -54,6 +54,7 @@ const Field kFields[] = {
     {"scale", "store_async_op_us", &Cluster::store_async_op_us, 0, 1e9, false},
     {"scale", "host_copy_gbps", &Cluster::host_copy_gbps, 1e-6, 1e6, false},
     {"scale", "storage_gbps_per_node", &Cluster::storage_gbps_per_node, 1e-6, 1e6, false},
+    {"scale", "storage_read_gbps_per_node", &Cluster::storage_read_gbps_per_node, 1e-6, 1e6, false},
     {"scale", "failure_detect_s", &Cluster::failure_detect_s, 0, 1e9, false},
     {"scale", "node_mtbf_hours", &Cluster::node_mtbf_hours, 1e-6, 1e12, false},
     {"calibration", "gemm_efficiency_scale", &Cluster::gemm_efficiency_scale, 1e-3, 10, false, false, true},

@@ -64,12 +64,13 @@ struct Cluster {
   Sourced straggler_slowdown;       // how much slower (0.1 = 10%)
   Sourced gpu_speed_range;          // spread (max - min) of the speed of healthy GPUs of one node, as a fraction
   // [scale]
-  Sourced store_op_us;            // one request served by a blocking single-threaded store (torch TCPStore)
-  Sourced store_async_op_us;      // one request served by a non-blocking store (Redis)
-  Sourced host_copy_gbps;         // device -> pinned host memory per GPU (checkpoint stage 1)
-  Sourced storage_gbps_per_node;  // distributed file system read/write bandwidth per node (stage 2, recovery)
-  Sourced failure_detect_s;       // detection + diagnostics before a restart
-  Sourced node_mtbf_hours;        // mean time between failures of one node
+  Sourced store_op_us;                 // one request served by a blocking single-threaded store (torch TCPStore)
+  Sourced store_async_op_us;           // one request served by a non-blocking store (Redis)
+  Sourced host_copy_gbps;              // device -> pinned host memory per GPU (checkpoint stage 1)
+  Sourced storage_gbps_per_node;       // storage write bandwidth per node (checkpoint stage 2, in the background)
+  Sourced storage_read_gbps_per_node;  // storage read bandwidth per node (recovery)
+  Sourced failure_detect_s;            // detection + diagnostics before a restart
+  Sourced node_mtbf_hours;             // mean time between failures of one node
   // [calibration] (optional; neutral when absent)
   Sourced gemm_efficiency_scale{1, ""};  // sustained GEMM efficiency in a training step / the microbenchmark curve
   Sourced nvlink_efficiency{1, ""};      // collective bandwidth inside a node in a training step / nccl-tests busbw

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <map>
 
 namespace mt::perf {
 
@@ -221,7 +222,9 @@ std::string format_search(const SearchResult& r, const Cluster& c, int top) {
   return out + explain(r, c);
 }
 
-json to_json(const GroupInitCost& g, const CheckpointCost& k, const Availability& a) {
+json to_json(const GroupInitCost& g, const CheckpointCost& k, const Availability& a, const Cluster& c) {
+  json basis = json::object();
+  for (const FigureBasis& b : figure_bases(c)) basis[b.figure] = {{"prediction", b.prediction}, {"note", b.note}};
   return {{"group_init",
            {{"groups", g.groups},
             {"requests_quadratic", g.requests_quadratic},
@@ -239,23 +242,31 @@ json to_json(const GroupInitCost& g, const CheckpointCost& k, const Availability
            {{"job_mtbf_hours", a.job_mtbf_hours},
             {"checkpoint_interval_seconds", a.interval_seconds},
             {"lost_per_failure_seconds", a.lost_per_failure_s},
-            {"effective_training_fraction", a.effective_fraction}}}};
+            {"effective_training_fraction", a.effective_fraction}}},
+          {"basis", basis}};
 }
 
-std::string format_scale(const GroupInitCost& g, const CheckpointCost& k, const Availability& a, const Layout& L) {
+std::string format_scale(const GroupInitCost& g, const CheckpointCost& k, const Availability& a, const Layout& L,
+                         const Cluster& c) {
+  std::map<std::string, std::string> why;
+  for (const FigureBasis& b : figure_bases(c)) why[b.figure] = "      (" + b.note + ")\n";
   std::string out = fmt::format("scale costs at {} GPUs\n", L.gpus());
-  out +=
-      fmt::format("  group init: {:.0f} groups; O(n^2) store traffic {:.3g} requests: {:.0f} s on TCPStore, {:.0f} s "
-                  "on Redis; O(n) {:.3g} requests: {:.1f} s\n",
-                  g.groups, g.requests_quadratic, g.seconds_quadratic, g.seconds_async, g.requests_linear,
-                  g.seconds_linear);
-  out += fmt::format("  checkpoint: {:.2f} GiB per GPU; stall {:.1f} s (device -> host), persist {:.0f} s in the "
-                     "background; recovery {:.0f} s (one reader per dp group) against {:.0f} s (every GPU reads)\n",
-                     k.bytes_per_gpu / kGiB, k.stall_seconds, k.persist_seconds, k.recovery_seconds,
-                     k.recovery_naive_seconds);
+  out += fmt::format("  group init: {:.0f} groups; O(n^2) store traffic {:.3g} requests: {:.1f} s on TCPStore, {:.1f} "
+                     "s on Redis; O(n) {:.3g} requests: {:.2f} s\n",
+                     g.groups, g.requests_quadratic, g.seconds_quadratic, g.seconds_async, g.requests_linear,
+                     g.seconds_linear) +
+         why["group_init"];
+  out += fmt::format("  checkpoint: {:.2f} GiB per GPU; stall {:.1f} s (device -> host)\n", k.bytes_per_gpu / kGiB,
+                     k.stall_seconds) +
+         why["checkpoint_stall"];
+  out += fmt::format("    persist {:.0f} s in the background\n", k.persist_seconds) + why["checkpoint_persist"];
+  out += fmt::format("    recovery {:.0f} s (one reader per dp group) against {:.0f} s (every GPU reads)\n",
+                     k.recovery_seconds, k.recovery_naive_seconds) +
+         why["recovery"];
   out += fmt::format("  failures: job MTBF {:.1f} h; checkpoint every {:.0f} s; {:.0f} s lost per failure; effective "
                      "training time {:.1f}%\n",
-                     a.job_mtbf_hours, a.interval_seconds, a.lost_per_failure_s, 100 * a.effective_fraction);
+                     a.job_mtbf_hours, a.interval_seconds, a.lost_per_failure_s, 100 * a.effective_fraction) +
+         why["availability"];
   return out;
 }
 

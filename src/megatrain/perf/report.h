@@ -26,8 +26,11 @@ std::string format_table3(const std::vector<PresetRow>& rows, const std::vector<
 nlohmann::json to_json(const SearchResult& r, int top);
 std::string format_search(const SearchResult& r, const Cluster& c, int top);
 
-nlohmann::json to_json(const GroupInitCost& g, const CheckpointCost& k, const Availability& a);
-std::string format_scale(const GroupInitCost& g, const CheckpointCost& k, const Availability& a, const Layout& L);
+// The scale costs, each figure with its basis (figure_bases: a prediction, or from the paper's own figures, and the
+// origin of its constants): JSON under "basis", text as an indented line under each figure.
+nlohmann::json to_json(const GroupInitCost& g, const CheckpointCost& k, const Availability& a, const Cluster& c);
+std::string format_scale(const GroupInitCost& g, const CheckpointCost& k, const Availability& a, const Layout& L,
+                         const Cluster& c);
 
 std::string format_constants(const Cluster& c);
 
