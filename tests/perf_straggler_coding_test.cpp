@@ -13,6 +13,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "megatrain/core/error.h"
 #include "megatrain/perf/cluster.h"
@@ -106,6 +107,31 @@ TEST(StragglerCoding, TheBurstyConditionMatchesEveryPatternOfThreeReplicas) {
   }
   // W = 1 is one round: GC's P(Binomial(n, r) <= s). n = 3, r = 0.25, s = 1: 0.75^3 + 3 x 0.25 x 0.75^2.
   EXPECT_NEAR(tolerated_probability(process(0.25, 2), 3, 1, 1, 1), 0.421875 + 0.421875, 1e-12);
+}
+
+TEST(StragglerCoding, TheSlowestReplicasSlowRoundsMatchEveryPathOfTwoReplicas) {
+  const int m = 4, n = 2;
+  for (const StragglerProcess& p : {process(0.2, 2), process(0.1, 1), process(0.3, 0)}) {
+    const std::vector<double> dist = slow_rounds_distribution(p, m);
+    double expected_max = 0, total = 0;
+    std::vector<double> by_count(m + 1, 0);
+    for (unsigned x = 0; x < (1u << m); ++x) {
+      by_count[__builtin_popcount(x)] += path_probability(p, x, m);
+      for (unsigned y = 0; y < (1u << m); ++y) {
+        const double prob = path_probability(p, x, m) * path_probability(p, y, m);
+        expected_max += prob * std::max(__builtin_popcount(x), __builtin_popcount(y));
+        total += prob;
+      }
+    }
+    EXPECT_NEAR(total, 1, 1e-12);
+    for (int k = 0; k <= m; ++k) EXPECT_NEAR(dist[k], by_count[k], 1e-12) << "k " << k << " D " << p.duration;
+    EXPECT_NEAR(expected_max_slow_rounds(p, n, m), expected_max, 1e-12) << "D " << p.duration;
+  }
+  // Persistent: the slowest replica is slow in every round unless all n are healthy.
+  EXPECT_NEAR(expected_max_slow_rounds(process(0.04, 0), 16, 32), 32 * (1 - std::pow(0.96, 16)), 1e-9);
+  // One-round bursts at a small rate: the slowest replica is slow about once, not once per round that has a straggler.
+  const StragglerProcess p = process(0.001, 1);
+  EXPECT_LT(expected_max_slow_rounds(p, 192, 32), 32 * (1 - std::pow(1 - p.rate, 192)) / 3);
 }
 
 TEST(StragglerCoding, LoadsAndDelaysOfThePapersSchemesAtSmallParameters) {
@@ -205,25 +231,32 @@ TEST(StragglerCoding, MoreStragglersNeverShortenTheUncodedStepAndMoreRedundancyF
 }
 
 TEST(StragglerCoding, TheRateCrossoverSeparatesPayingFromNot) {
-  // Short bursts on many replicas: M-SGC's load is a few percent, none waits in most rounds.
-  const StragglerProcess p = process(0.01, 1, 0.1);
+  // Short bursts that double a round, on many replicas: M-SGC's load is a few percent.
+  const StragglerProcess p = process(0.001, 1, 1.0);
   const int n = 192, m = 32;
   const HealthyStep h{1.3, 6.9};
   const std::optional<RateInterval> r = paying_rates(CodingScheme::MSGC, {}, p, n, m, h);
   ASSERT_TRUE(r);
+  auto step = [&](double rate) { return best_sgc(CodingScheme::MSGC, process(rate, 1, 1.0), n, m, h)->step_seconds; };
   auto gain = [&](double rate) {
-    StragglerProcess x = p;
-    x.rate = rate;
-    return evaluate_scheme(CodingScheme::None, {}, x, n, m, h).step_seconds -
-           best_sgc(CodingScheme::MSGC, x, n, m, h)->step_seconds;
+    return evaluate_scheme(CodingScheme::None, {}, process(rate, 1, 1.0), n, m, h).step_seconds - step(rate);
   };
   EXPECT_LE(gain(r->from * 0.99), 0);
   EXPECT_GT(gain(r->from * 1.01), 0);
   EXPECT_GT(gain(r->to * 0.99), 0);
   EXPECT_LE(gain(r->to * 1.01), 0);
   EXPECT_GT(r->best_gain, 0);
-  EXPECT_NEAR(r->best_gain, gain(r->best_rate) / best_sgc(CodingScheme::MSGC, process(r->best_rate, 1), n, m, h)->step_seconds,
-              1e-12);
+  EXPECT_NEAR(r->best_gain, gain(r->best_rate) / step(r->best_rate), 1e-12);
+  // The least paying slowdown over rates: at that rate and slowdown the scheme and none are even.
+  const std::optional<SlowdownPoint> least = least_paying_slowdown(CodingScheme::MSGC, {}, p, n, m, h);
+  ASSERT_TRUE(least);
+  EXPECT_LT(least->slowdown, 1.0);
+  for (double f : {0.99, 1.01}) {
+    const StragglerProcess x = process(least->rate, 1, least->slowdown * f);
+    const double g = evaluate_scheme(CodingScheme::None, {}, x, n, m, h).step_seconds -
+                     best_sgc(CodingScheme::MSGC, x, n, m, h)->step_seconds;
+    EXPECT_EQ(g > 0, f > 1) << f;
+  }
 }
 
 TEST(StragglerCoding, AtScaleTheHealthyStepIsTheStepModelsAndNoneWaitsForAnySlowReplica) {

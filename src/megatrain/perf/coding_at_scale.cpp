@@ -75,6 +75,9 @@ CodingRow coding_row(const Job& job, const Cluster& c, const CodingOptions& o, i
     x.rate = std::min(x.rate, x.max_rate());
     row.sweep_msgc.push_back(paying_rates(CodingScheme::MSGC, none, x, n, m, row.healthy));
     row.sweep_gc1.push_back(n > 1 ? paying_rates(CodingScheme::GC, gc1, x, n, m, row.healthy) : std::nullopt);
+    row.sweep_msgc_slowdown.push_back(least_paying_slowdown(CodingScheme::MSGC, none, x, n, m, row.healthy));
+    row.sweep_gc1_slowdown.push_back(n > 1 ? least_paying_slowdown(CodingScheme::GC, gc1, x, n, m, row.healthy)
+                                           : std::nullopt);
   }
   return row;
 }

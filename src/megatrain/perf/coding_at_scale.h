@@ -43,8 +43,10 @@ struct CodingRow {
   HealthyStep healthy;
   double tokens_per_step = 0;
   std::vector<SchemeRow> schemes;  // none, GC(1), GC(2), SR-SGC, M-SGC (the SGC schemes with their best parameters)
-  // For each sweep duration: the rates at which M-SGC / GC(1) beat none at the process's slowdown.
+  // For each sweep duration: the rates at which M-SGC / GC(1) beat none at the process's slowdown, and the least
+  // slowdown at which each would at some rate.
   std::vector<std::optional<RateInterval>> sweep_msgc, sweep_gc1;
+  std::vector<std::optional<SlowdownPoint>> sweep_msgc_slowdown, sweep_gc1_slowdown;
 };
 
 struct CodingStudy {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+
 namespace mt::perf {
 
 namespace {
@@ -78,6 +80,11 @@ json rates_json(const std::optional<RateInterval>& r) {
   return {{"from", r->from}, {"to", r->to}, {"best_rate", r->best_rate}, {"best_gain", r->best_gain}};
 }
 
+json slowdown_json(const std::optional<SlowdownPoint>& x) {
+  if (!x) return nullptr;
+  return {{"slowdown", x->slowdown}, {"rate", x->rate}};
+}
+
 std::string format_row(const CodingRow& r) {
   std::string out = fmt::format(
       "{} GPUs: dp {} replicas of {} nodes, {} micro-batch rounds a step; healthy step {:.3f} s ({:.3f} s of it "
@@ -97,27 +104,49 @@ std::string format_row(const CodingRow& r) {
   return out;
 }
 
-std::string format_sweep(const CodingStudy& s) {
-  std::string out = fmt::format(
-      "\ntransient stragglers (slowdown {:.0f}%): the rates per replica per round at which M-SGC, with its best "
-      "parameters at each rate, beats none (in parentheses: the most it gains, at its best rate)\n  {:<12}",
-      100 * s.process.slowdown, "mean burst");
+std::string slowdown_cell(const std::optional<SlowdownPoint>& x) {
+  return x ? fmt::format("{:.0f}% at {:.2g}", 100 * x->slowdown, x->rate) : "never";
+}
+
+// One table of the sweep: a row per burst duration, a column per GPU count.
+std::string sweep_table(const CodingStudy& s, const std::function<std::string(const CodingRow&, size_t)>& cell) {
+  std::string out = fmt::format("  {:<12}", "mean burst");
   for (const CodingRow& r : s.rows) out += fmt::format(" {:>24}", fmt::format("{} GPUs", r.gpus));
   out += "\n";
-  bool gc_ever = false;
   for (size_t d = 0; d < s.sweep_durations.size(); ++d) {
     out += fmt::format("  {:<12}", duration_text(s.sweep_durations[d]));
-    for (const CodingRow& r : s.rows) {
-      out += fmt::format(" {:>24}", format_rates(r.sweep_msgc[d]));
-      gc_ever = gc_ever || r.sweep_gc1[d].has_value();
-    }
+    for (const CodingRow& r : s.rows) out += fmt::format(" {:>24}", cell(r, d));
     out += "\n";
   }
-  if (!gc_ever)
-    out += fmt::format(
-        "  GC(s=1) beats none at no rate and no burst length at a {:.0f}% slowdown (it doubles every replica's "
-        "micro-batch work).\n",
-        100 * s.process.slowdown);
+  return out;
+}
+
+std::string format_sweep(const CodingStudy& s) {
+  if (s.sweep_durations.empty()) return "";
+  bool msgc_pays = false, gc_pays = false;
+  for (const CodingRow& r : s.rows)
+    for (size_t d = 0; d < s.sweep_durations.size(); ++d) {
+      msgc_pays = msgc_pays || r.sweep_msgc[d].has_value();
+      gc_pays = gc_pays || r.sweep_gc1[d].has_value();
+    }
+  const double pct = 100 * s.process.slowdown;
+  std::string out = fmt::format("\ntransient stragglers (rate: per replica per round; M-SGC with its best parameters "
+                                "at each rate)\n");
+  if (msgc_pays)
+    out += fmt::format("M-SGC beats none at a {:.0f}% slowdown at these rates (in parentheses: its most gain):\n", pct) +
+           sweep_table(s, [](const CodingRow& r, size_t d) { return format_rates(r.sweep_msgc[d]); });
+  else
+    out += fmt::format("At a {:.0f}% slowdown M-SGC beats none at no rate, for no burst length, at no scale.\n", pct);
+  if (gc_pays)
+    out += fmt::format("GC(s=1) beats none at a {:.0f}% slowdown at these rates:\n", pct) +
+           sweep_table(s, [](const CodingRow& r, size_t d) { return format_rates(r.sweep_gc1[d]); });
+  else
+    out += fmt::format("At a {:.0f}% slowdown GC(s=1) beats none at no rate, for no burst length, at no scale.\n",
+                       pct);
+  out += "The least slowdown at which M-SGC would beat none, and the rate where that is least:\n" +
+         sweep_table(s, [](const CodingRow& r, size_t d) { return slowdown_cell(r.sweep_msgc_slowdown[d]); });
+  out += "The same for GC(s=1):\n" +
+         sweep_table(s, [](const CodingRow& r, size_t d) { return slowdown_cell(r.sweep_gc1_slowdown[d]); });
   return out;
 }
 
@@ -159,8 +188,8 @@ std::string format_coding(const CodingStudy& s, const Job& job, const Cluster& c
   out += "\n" + coding_verdict(s) + "\n";
   if (s.megascale)
     out += "MegaScale evicts these persistent slow nodes (§6.3); what a coding scheme could catch is the transient "
-           "stragglers left after eviction, whose rate the paper does not give: the sweep above says which would "
-           "make M-SGC pay.\n";
+           "stragglers left after eviction, whose rate and length the paper does not give: the tables above say "
+           "which would make a scheme pay.\n";
   return out;
 }
 
@@ -210,6 +239,8 @@ json to_json(const CodingStudy& s, const Job& job, const Cluster& c) {
            {"delay", o.delay},
            {"p_fallback", o.p_fallback},
            {"step_seconds", o.step_seconds},
+           {"step_seconds_no_fallback", o.step_seconds_no_fallback},
+           {"waited_share", o.waited_share},
            {"tokens_per_second", x.tokens_per_second},
            {"beats_none", o.step_seconds < r.schemes[0].outcome.step_seconds},
            {"paying_rates", rates_json(x.paying_rates)},
@@ -218,7 +249,9 @@ json to_json(const CodingStudy& s, const Job& job, const Cluster& c) {
     for (size_t d = 0; d < s.sweep_durations.size(); ++d)
       row["transient"].push_back({{"duration", dur(s.sweep_durations[d])},
                                   {"msgc_paying_rates", rates_json(r.sweep_msgc[d])},
-                                  {"gc1_paying_rates", rates_json(r.sweep_gc1[d])}});
+                                  {"gc1_paying_rates", rates_json(r.sweep_gc1[d])},
+                                  {"msgc_least_slowdown", slowdown_json(r.sweep_msgc_slowdown[d])},
+                                  {"gc1_least_slowdown", slowdown_json(r.sweep_gc1_slowdown[d])}});
     out["rows"].push_back(row);
   }
   return out;

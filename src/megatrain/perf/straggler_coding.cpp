@@ -63,6 +63,9 @@ void for_each_sgc(CodingScheme s, const StragglerProcess& p, int n, int m,
 
 double none_fallback(const StragglerProcess& p, int n) { return 1 - std::pow(1 - p.rate, n); }
 
+// E[T] = H(L) (1 + d min(P_fallback, E[max_i S_i] / m)): the waiting share of a coded step (module comment).
+double waited_share(double p_fallback, double max_share) { return std::min(p_fallback, max_share); }
+
 // The scheme's expected step at process p: fixed parameters for GC, the best ones for SR-SGC and M-SGC.
 std::optional<SchemeOutcome> outcome(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n, int m,
                                      const HealthyStep& h) {
@@ -104,6 +107,36 @@ double burst_violation_probability(const StragglerProcess& p, int B, int W) {
   const double q = 1 - p.start() - p.end();
   const double healthy_after = (1 - p.rate) * (1 - std::pow(q, B)) * std::pow(1 - p.start(), W - 1 - B);
   return p.rate * (1 - healthy_after);
+}
+
+std::vector<double> slow_rounds_distribution(const StragglerProcess& p, int m) {
+  const double a = p.start(), b = p.end();
+  // healthy[k], slow[k]: P(k slow rounds so far and healthy / slow in the last round)
+  std::vector<double> healthy(m + 1, 0), slow(m + 1, 0);
+  healthy[0] = 1 - p.rate;
+  slow[1] = p.rate;
+  for (int t = 1; t < m; ++t) {
+    std::vector<double> h2(m + 1, 0), s2(m + 1, 0);
+    for (int k = 0; k <= t; ++k) {
+      h2[k] += healthy[k] * (1 - a) + slow[k] * b;
+      if (k + 1 <= m) s2[k + 1] += healthy[k] * a + slow[k] * (1 - b);
+    }
+    healthy.swap(h2);
+    slow.swap(s2);
+  }
+  std::vector<double> out(m + 1);
+  for (int k = 0; k <= m; ++k) out[k] = healthy[k] + slow[k];
+  return out;
+}
+
+double expected_max_slow_rounds(const StragglerProcess& p, int n, int m) {
+  const std::vector<double> dist = slow_rounds_distribution(p, m);
+  double below = 0, sum = 0;  // below: P(S <= k)
+  for (int k = 0; k < m; ++k) {
+    below += dist[k];
+    sum += 1 - std::pow(std::min(1.0, below), n);
+  }
+  return sum;
 }
 
 double tolerated_probability(const StragglerProcess& p, int n, int B, int W, int lambda) {
@@ -173,7 +206,10 @@ SchemeOutcome evaluate_scheme(CodingScheme s, const CodingParams& q, const Strag
   else
     o.p_fallback = 1 - tolerated_probability(p, n, q.B, q.W, q.lambda);
   o.p_fallback = std::max(0.0, o.p_fallback);
-  o.step_seconds = h.at(o.load) * (1 + p.slowdown * o.p_fallback);
+  o.max_slow_share = expected_max_slow_rounds(p, n, m) / m;
+  o.waited_share = s == CodingScheme::None ? o.max_slow_share : waited_share(o.p_fallback, o.max_slow_share);
+  o.step_seconds = h.at(o.load) * (1 + p.slowdown * o.waited_share);
+  o.step_seconds_no_fallback = h.at(o.load) * (s == CodingScheme::None ? 1 + p.slowdown * o.waited_share : 1);
   return o;
 }
 
@@ -181,8 +217,10 @@ std::optional<SchemeOutcome> best_sgc(CodingScheme s, const StragglerProcess& p,
   MT_CHECK(s == CodingScheme::SRSGC || s == CodingScheme::MSGC, "best_sgc: {} is not a sequential scheme",
            scheme_name(s));
   std::optional<SchemeOutcome> best;
+  const double max_share = expected_max_slow_rounds(p, n, m) / m;
   for_each_sgc(s, p, n, m, [&](const CodingParams& q, double load, double tolerated) {
-    const double step = h.at(load) * (1 + p.slowdown * (1 - tolerated));
+    const double waited = waited_share(std::max(0.0, 1 - tolerated), max_share);
+    const double step = h.at(load) * (1 + p.slowdown * waited);
     if (best && step >= best->step_seconds) return;
     SchemeOutcome o;
     o.scheme = s;
@@ -190,7 +228,10 @@ std::optional<SchemeOutcome> best_sgc(CodingScheme s, const StragglerProcess& p,
     o.load = load;
     o.delay = coding_delay(s, q);
     o.p_fallback = std::max(0.0, 1 - tolerated);
+    o.max_slow_share = max_share;
+    o.waited_share = waited;
     o.step_seconds = step;
+    o.step_seconds_no_fallback = h.at(load);
     best = o;
   });
   return best;
@@ -236,10 +277,10 @@ std::optional<RateInterval> paying_rates(CodingScheme s, const CodingParams& gc,
 
 std::optional<double> paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n, int m,
                                       const HealthyStep& h) {
-  const double h1 = h.at(1), p_none = none_fallback(p, n);
+  const double h1 = h.at(1), none_share = expected_max_slow_rounds(p, n, m) / m;
   std::optional<double> best;
   auto consider = [&](double load, double p_coded) {
-    const double denom = h1 * p_none - h.at(load) * p_coded;
+    const double denom = h1 * none_share - h.at(load) * waited_share(p_coded, none_share);
     if (denom <= 0) return;
     const double d = std::max(0.0, (h.at(load) - h1) / denom);
     if (!best || d < *best) best = d;
@@ -248,6 +289,20 @@ std::optional<double> paying_slowdown(CodingScheme s, const CodingParams& gc, co
     for_each_sgc(s, p, n, m, [&](const CodingParams&, double load, double tol) { consider(load, 1 - tol); });
   else
     consider(coding_load(s, n, gc), evaluate_scheme(s, gc, p, n, m, h).p_fallback);
+  return best;
+}
+
+std::optional<SlowdownPoint> least_paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p,
+                                                   int n, int m, const HealthyStep& h) {
+  const double top = p.max_rate(), bottom = 1e-5;
+  const int points = 60;
+  std::optional<SlowdownPoint> best;
+  for (int i = 0; i <= points; ++i) {
+    StragglerProcess x = p;
+    x.rate = bottom * std::pow(top / bottom, double(i) / points);
+    const std::optional<double> d = paying_slowdown(s, gc, x, n, m, h);
+    if (d && (!best || *d < best->slowdown)) best = SlowdownPoint{*d, x.rate};
+  }
   return best;
 }
 

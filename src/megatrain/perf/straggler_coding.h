@@ -32,19 +32,23 @@
 //    lambda = n; T = W - 2 + B. (The paper's load formulas, normalised there by n; they agree with the authors'
 //    released simulation code.)
 //
-// The step. With H(L) the healthy step time when every replica does L times its uncoded micro-batch work (the
+// The step. Let H(L) be the healthy step time when every replica does L times its uncoded micro-batch work (the
 // per-micro-batch part of the step scales by L; the gradient exchange does not: a coded replica sends one
-// combination of its gradients, the size of one gradient), a round within what the scheme tolerates runs at the
-// healthy pace and a round outside it waits for its stragglers (the step falls back, slowed by 1 + d):
-//   E[step] = H(L) (1 + d P_fallback),  P_fallback = 1 - P(the round's straggler pattern is tolerated).
-// For none, P_fallback = 1 - (1 - r)^n; for GC(s) it is P(Binomial(n, r) > s); for the SGC schemes the chance that
-// more than lambda replicas straggle in the window of W rounds ending at the round, or one of them breaks the burst
-// condition, computed exactly for independent replicas under the chain above (per round, as the authors'
-// simulation checks the pattern: a round that breaks it waits for every replica).
-// Simplifications, each in coding's favour: replicas only synchronise at the step's end, so an uncoded step really
-// waits for the replica with the most slow rounds, not for every round's slowest (for transient stragglers the
-// model overstates what none loses); decoding and the coded combination cost nothing; the rounds' fallbacks are
-// independent.
+// combination of its gradients, the size of one gradient). Replicas synchronise at the step's end, so the uncoded
+// step is the slowest replica's time: with S_i the rounds replica i is slow in,
+//   E[none] = H(1) (1 + d E[max_i S_i] / m)
+// (persistent stragglers: E[max_i S_i] / m = 1 - (1 - r)^n, "the step waits if any replica is slow"; the
+// distribution of S is exact for the chain). A coded step does not wait for a slow replica in a round whose
+// straggler pattern the scheme tolerates, and falls back (waits, as uncoded) in a round it does not:
+//   E[coded] <= H(L) (1 + d min(P_fallback, E[max_i S_i] / m)),  P_fallback = 1 - P(the round is tolerated),
+// because what a replica is still waited for is at most the fallback rounds (m P_fallback on average) and at most
+// its own slow rounds. This bound is what the crossovers use (a scheme that pays under it pays); its least value,
+// H(L) (no round ever falls back), is given beside it. For GC(s), P_fallback = P(Binomial(n, r) > s); for the
+// SGC schemes the chance that more than lambda replicas straggle in the window of W rounds ending at the round or
+// one of them breaks the burst condition, exact for independent replicas under the chain (checked per round, as
+// the authors' simulation does: a round that breaks the pattern waits for every replica).
+// Left out, each in coding's favour: decoding and the coded combination's arithmetic, the extra memory of s + 1
+// micro-batches' activations, and the delay T's effect on the step's last rounds.
 #pragma once
 #include <optional>
 #include <string>
@@ -80,6 +84,10 @@ double burst_violation_probability(const StragglerProcess& p, int B, int W);
 // sum_{j <= lambda} C(n, j) u^j c^(n - j), c = clean_probability, u = 1 - c - burst_violation_probability.
 // (B, W) = (1, 1) is one round: P(Binomial(n, r) <= lambda), GC's condition.
 double tolerated_probability(const StragglerProcess& p, int n, int B, int W, int lambda);
+// The distribution of S, a replica's slow rounds among m consecutive ones (element k: P(S = k), k = 0..m).
+std::vector<double> slow_rounds_distribution(const StragglerProcess& p, int m);
+// E[max_i S_i] over n independent replicas = sum_{k=0}^{m-1} (1 - P(S <= k)^n). Persistent: m (1 - (1 - r)^n).
+double expected_max_slow_rounds(const StragglerProcess& p, int n, int m);
 
 enum class CodingScheme { None, GC, SRSGC, MSGC };
 std::string scheme_name(CodingScheme s);
@@ -106,8 +114,11 @@ struct SchemeOutcome {
   CodingParams params;
   double load = 1;
   int delay = 0;
-  double p_fallback = 0;   // per round
-  double step_seconds = 0;  // expected
+  double p_fallback = 0;      // per round (none: P(some replica is slow in the round))
+  double max_slow_share = 0;  // E[max_i S_i] / m: the uncoded step's waiting, in rounds of slowdown per round
+  double waited_share = 0;    // what this scheme still waits: max_slow_share for none, min(p_fallback, it) coded
+  double step_seconds = 0;    // expected: H(L) (1 + d waited_share) (for a coded scheme, at most this)
+  double step_seconds_no_fallback = 0;  // a coded scheme's least: H(L), as if no round ever fell back
 };
 // One scheme with given parameters. Parameters a scheme cannot have (s >= n, B not dividing W - 1 for SR-SGC,
 // B >= W, lambda > n, delay > m - 1) are refused (mt::Error, kind Config).
@@ -134,5 +145,12 @@ std::optional<RateInterval> paying_rates(CodingScheme s, const CodingParams& gc,
 // Nothing when no parameter set ever pays.
 std::optional<double> paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n, int m,
                                       const HealthyStep& h);
+// The least slowdown at which the scheme pays at any rate (at the process's duration), and that rate: the least
+// paying_slowdown over a logarithmic grid of rates from 1e-5 to max_rate (60 points). Nothing when none pays.
+struct SlowdownPoint {
+  double slowdown = 0, rate = 0;
+};
+std::optional<SlowdownPoint> least_paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p,
+                                                   int n, int m, const HealthyStep& h);
 
 }  // namespace mt::perf
