@@ -302,13 +302,13 @@ TEST(StragglerCoding, BadInputIsNamedByItsFlag) {
   EXPECT_NE(error_of([] { validate_process(process(-0.1, 0)); }).find("--straggler-rate"), std::string::npos);
   EXPECT_NE(error_of([] { validate_process(process(0.1, 0.5)); }).find("--straggler-duration"), std::string::npos);
   EXPECT_NE(error_of([] { validate_process(process(0.1, 2, -1)); }).find("--straggler-slowdown"), std::string::npos);
-  EXPECT_NE(error_of([] { evaluate_scheme(CodingScheme::SRSGC, CodingParams{0, 2, 4, 1}, process(0.1, 1), 8, 8,
-                                          kStep); })
-                .find("divide"),
+  EXPECT_NE(error_of([] {
+              evaluate_scheme(CodingScheme::SRSGC, CodingParams{0, 2, 4, 1}, process(0.1, 1), 8, 8, kStep);
+            }).find("divide"),
             std::string::npos);
-  EXPECT_NE(error_of([] { evaluate_scheme(CodingScheme::MSGC, CodingParams{0, 2, 8, 1}, process(0.1, 1), 8, 8,
-                                          kStep); })
-                .find("delay"),
+  EXPECT_NE(error_of([] {
+              evaluate_scheme(CodingScheme::MSGC, CodingParams{0, 2, 8, 1}, process(0.1, 1), 8, 8, kStep);
+            }).find("delay"),
             std::string::npos);
   const Cluster c = load_cluster(kA100);
   Job job;

@@ -286,8 +286,8 @@ void print_prediction(const SimulateArgs& a, const perf::Job& job, const perf::C
 }
 
 // --straggler-coding: the coding schemes' expected steps at each GPU count, where they pay, and the verdict.
-void print_coding(const SimulateArgs& a, const RunConfig& cfg, const std::vector<std::string>& overrides,
-                  perf::Job job, const perf::Cluster& cluster) {
+void print_coding(const SimulateArgs& a, const RunConfig& cfg, const std::vector<std::string>& overrides, perf::Job job,
+                  const perf::Cluster& cluster) {
   using namespace mt::perf;
   SimulateArgs layout_args = a;
   layout_args.batch = 0;  // the batch is split per GPU count, not over the config's dp
@@ -325,7 +325,8 @@ int cmd_simulate(int argc, char** argv) {
   a.slowdown_given = app.count("--straggler-slowdown") > 0;
   a.duration_given = app.count("--straggler-duration") > 0;
   if ((a.rate_given || a.slowdown_given || a.duration_given) && !a.straggler_coding)
-    fail_as(ErrorKind::Config, "--straggler-rate, --straggler-duration and --straggler-slowdown need --straggler-coding");
+    fail_as(ErrorKind::Config,
+            "--straggler-rate, --straggler-duration and --straggler-slowdown need --straggler-coding");
   if (a.straggler_coding && (a.search || a.balance || a.scale || !a.preset.empty() || !a.calibrate.empty()))
     fail_as(ErrorKind::Config, "--straggler-coding does not combine with --search, --balance, --scale, --preset or "
                                "--calibrate");

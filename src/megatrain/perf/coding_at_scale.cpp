@@ -64,8 +64,8 @@ CodingRow coding_row(const Job& job, const Cluster& c, const CodingOptions& o, i
                                    evaluate_scheme(CodingScheme::None, none, p, n, m, row.healthy)));
   for (const CodingParams& gc : {gc1, gc2})
     if (gc.s < n)
-      row.schemes.push_back(
-          scheme_row(CodingScheme::GC, gc, p, row, evaluate_scheme(CodingScheme::GC, gc, p, n, m, row.healthy)));
+      row.schemes.push_back(scheme_row(CodingScheme::GC, gc, p, row,
+                                       evaluate_scheme(CodingScheme::GC, gc, p, n, m, row.healthy)));
   for (CodingScheme s : {CodingScheme::SRSGC, CodingScheme::MSGC})
     if (std::optional<SchemeOutcome> best = best_sgc(s, p, n, m, row.healthy))
       row.schemes.push_back(scheme_row(s, none, p, row, best));

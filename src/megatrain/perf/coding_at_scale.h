@@ -22,24 +22,24 @@ namespace mt::perf {
 
 struct CodingOptions {
   std::vector<int> gpus = {1024, 2048, 4096, 8192, 12288};
-  int global_batch = 6144;            // sequences per step (MegaScale Table 2's batch at 3,072 GPUs and more)
-  std::optional<double> rate;         // per replica per round; default: MegaScale's node fraction per replica
-  double duration = 0;                // mean burst, rounds; 0 = persistent
-  std::optional<double> slowdown;     // default: the cluster's straggler_slowdown
+  int global_batch = 6144;         // sequences per step (MegaScale Table 2's batch at 3,072 GPUs and more)
+  std::optional<double> rate;      // per replica per round; default: MegaScale's node fraction per replica
+  double duration = 0;             // mean burst, rounds; 0 = persistent
+  std::optional<double> slowdown;  // default: the cluster's straggler_slowdown
   std::vector<double> sweep_durations = {1, 2, 4, 8, 16, 0};  // the transient sweep (0 = persistent)
 };
 
 struct SchemeRow {
   SchemeOutcome outcome;
   double tokens_per_second = 0;
-  std::optional<RateInterval> paying_rates;   // at the process's duration and slowdown (none: empty)
-  std::optional<double> paying_slowdown;      // at the process's rate and duration (none: empty)
+  std::optional<RateInterval> paying_rates;  // at the process's duration and slowdown (none: empty)
+  std::optional<double> paying_slowdown;     // at the process's rate and duration (none: empty)
 };
 
 struct CodingRow {
   int gpus = 0, dp = 0, microbatches = 0, replica_nodes = 0;
-  double rate = 0;               // the process's per-replica rate at this layout
-  double expected_slow = 0;      // n x rate: slow replicas in a round, on average
+  double rate = 0;           // the process's per-replica rate at this layout
+  double expected_slow = 0;  // n x rate: slow replicas in a round, on average
   HealthyStep healthy;
   double tokens_per_step = 0;
   std::vector<SchemeRow> schemes;  // none, GC(1), GC(2), SR-SGC, M-SGC (the SGC schemes with their best parameters)

@@ -41,8 +41,8 @@ std::string process_text(const CodingStudy& s) {
         "MegaScale's slow nodes (cluster [stragglers]: {:.2g}% of nodes {:.0f}% slower, persistent until evicted): "
         "a replica is slow with probability {:.4g} (rate), in every round",
         100 * s.node_fraction, 100 * p.slowdown, p.rate);
-  return fmt::format("rate {:.4g} per replica per round, {}, slowdown {:.0f}%", p.rate,
-                     stragglers_text(p.duration), 100 * p.slowdown);
+  return fmt::format("rate {:.4g} per replica per round, {}, slowdown {:.0f}%", p.rate, stragglers_text(p.duration),
+                     100 * p.slowdown);
 }
 
 // The least paying rate over rows and schemes, and the least paying slowdown, with where.
@@ -88,18 +88,24 @@ json slowdown_json(const std::optional<SlowdownPoint>& x) {
 std::string format_row(const CodingRow& r) {
   std::string out = fmt::format(
       "{} GPUs: dp {} replicas of {} nodes, {} micro-batch rounds a step; healthy step {:.3f} s ({:.3f} s of it "
-      "grows with the load); {:.3g} slow replicas in a round on average\n",
+      "grows with the load); {:.3g} slow replicas in a round on average\n"
+      "  (fallback: P(a round is not tolerated; none: has a straggler); waits: the rounds of slowdown the step pays, "
+      "per round; a coded step's time is its upper bound)\n",
       r.gpus, r.dp, r.replica_nodes, r.microbatches, r.healthy.at(1), r.healthy.per_load, r.expected_slow);
-  out += fmt::format("  {:<9} {:<24} {:>6} {:>5} {:>9} {:>9} {:>10} {:>7} | {:<24} {}\n", "scheme", "parameters",
-                     "load", "delay", "fallback", "step s", "tokens/s", "vs none", "pays at rates", "pays from slowdown");
+  out += fmt::format("  {:<9} {:<24} {:>6} {:>5} {:>9} {:>7} {:>9} {:>10} {:>7} | {:<24} {}\n", "scheme", "parameters",
+                     "load", "delay", "fallback", "waits", "step s", "tokens/s", "vs none", "pays at rates",
+                     "pays from slowdown");
   const double none = r.schemes[0].outcome.step_seconds;
   for (const SchemeRow& x : r.schemes) {
     const SchemeOutcome& o = x.outcome;
     const bool coded = o.scheme != CodingScheme::None;
-    out += fmt::format("  {:<9} {:<24} {:>6.3f} {:>5} {:>8.2f}% {:>9.3f} {:>10.4g} {:>+6.1f}% | {:<24} {}\n",
-                       scheme_label(o), params_text(o), o.load, o.delay, 100 * o.p_fallback, o.step_seconds,
-                       x.tokens_per_second, 100 * (none / o.step_seconds - 1), coded ? format_rates(x.paying_rates) : "",
-                       !coded ? "" : x.paying_slowdown ? fmt::format("{:.0f}%", 100 * *x.paying_slowdown) : "never");
+    out += fmt::format("  {:<9} {:<24} {:>6.3f} {:>5} {:>8.2f}% {:>6.2f}% {:>9.3f} {:>10.4g} {:>+6.1f}% | {:<24} {}\n",
+                       scheme_label(o), params_text(o), o.load, o.delay, 100 * o.p_fallback, 100 * o.waited_share,
+                       o.step_seconds, x.tokens_per_second, 100 * (none / o.step_seconds - 1),
+                       coded ? format_rates(x.paying_rates) : "",
+                       !coded              ? ""
+                       : x.paying_slowdown ? fmt::format("{:.0f}%", 100 * *x.paying_slowdown)
+                                           : "never");
   }
   return out;
 }
@@ -133,7 +139,8 @@ std::string format_sweep(const CodingStudy& s) {
   std::string out = fmt::format("\ntransient stragglers (rate: per replica per round; M-SGC with its best parameters "
                                 "at each rate)\n");
   if (msgc_pays)
-    out += fmt::format("M-SGC beats none at a {:.0f}% slowdown at these rates (in parentheses: its most gain):\n", pct) +
+    out += fmt::format("M-SGC beats none at a {:.0f}% slowdown at these rates (in parentheses: its most gain):\n",
+                       pct) +
            sweep_table(s, [](const CodingRow& r, size_t d) { return format_rates(r.sweep_msgc[d]); });
   else
     out += fmt::format("At a {:.0f}% slowdown M-SGC beats none at no rate, for no burst length, at no scale.\n", pct);
@@ -141,8 +148,7 @@ std::string format_sweep(const CodingStudy& s) {
     out += fmt::format("GC(s=1) beats none at a {:.0f}% slowdown at these rates:\n", pct) +
            sweep_table(s, [](const CodingRow& r, size_t d) { return format_rates(r.sweep_gc1[d]); });
   else
-    out += fmt::format("At a {:.0f}% slowdown GC(s=1) beats none at no rate, for no burst length, at no scale.\n",
-                       pct);
+    out += fmt::format("At a {:.0f}% slowdown GC(s=1) beats none at no rate, for no burst length, at no scale.\n", pct);
   out += "The least slowdown at which M-SGC would beat none, and the rate where that is least:\n" +
          sweep_table(s, [](const CodingRow& r, size_t d) { return slowdown_cell(r.sweep_msgc_slowdown[d]); });
   out += "The same for GC(s=1):\n" +
@@ -179,8 +185,9 @@ std::string format_coding(const CodingStudy& s, const Job& job, const Cluster& c
   const Layout& L = job.layout;
   std::string out = fmt::format(
       "Gradient coding at scale: tp {} pp {} (v {}) replicas, micro-batch {} x {} tokens, global batch {}; cluster "
-      "{}\nstragglers: {}\nmodel: E[step] = H(load) x (1 + slowdown x P(a round falls back)); a round falls back "
-      "when its stragglers exceed what the scheme tolerates\n\n",
+      "{}\nstragglers: {}\nmodel: none = H(1) (1 + slowdown x E[slow rounds of the slowest replica] / m); coded <= "
+      "H(load) (1 + slowdown x min(P(a round falls back), that share)); a round falls back when its stragglers "
+      "exceed what the scheme tolerates\n\n",
       L.tp, L.pp, L.virtual_stages, L.micro_batch, L.seq,
       s.rows.empty() ? 0L : static_cast<long>(s.rows[0].tokens_per_step / L.seq), c.name, process_text(s));
   for (const CodingRow& r : s.rows) out += format_row(r) + "\n";
@@ -232,19 +239,18 @@ json to_json(const CodingStudy& s, const Job& job, const Cluster& c) {
       if (o.scheme == CodingScheme::GC) params = {{"s", q.s}};
       if (o.scheme == CodingScheme::SRSGC) params = {{"B", q.B}, {"W", q.W}, {"lambda", q.lambda}, {"s", q.s}};
       if (o.scheme == CodingScheme::MSGC) params = {{"B", q.B}, {"W", q.W}, {"lambda", q.lambda}};
-      row["schemes"].push_back(
-          {{"scheme", scheme_name(o.scheme)},
-           {"params", params},
-           {"load", o.load},
-           {"delay", o.delay},
-           {"p_fallback", o.p_fallback},
-           {"step_seconds", o.step_seconds},
-           {"step_seconds_no_fallback", o.step_seconds_no_fallback},
-           {"waited_share", o.waited_share},
-           {"tokens_per_second", x.tokens_per_second},
-           {"beats_none", o.step_seconds < r.schemes[0].outcome.step_seconds},
-           {"paying_rates", rates_json(x.paying_rates)},
-           {"paying_slowdown", x.paying_slowdown ? json(*x.paying_slowdown) : json(nullptr)}});
+      row["schemes"].push_back({{"scheme", scheme_name(o.scheme)},
+                                {"params", params},
+                                {"load", o.load},
+                                {"delay", o.delay},
+                                {"p_fallback", o.p_fallback},
+                                {"step_seconds", o.step_seconds},
+                                {"step_seconds_no_fallback", o.step_seconds_no_fallback},
+                                {"waited_share", o.waited_share},
+                                {"tokens_per_second", x.tokens_per_second},
+                                {"beats_none", o.step_seconds < r.schemes[0].outcome.step_seconds},
+                                {"paying_rates", rates_json(x.paying_rates)},
+                                {"paying_slowdown", x.paying_slowdown ? json(*x.paying_slowdown) : json(nullptr)}});
     }
     for (size_t d = 0; d < s.sweep_durations.size(); ++d)
       row["transient"].push_back({{"duration", dur(s.sweep_durations[d])},

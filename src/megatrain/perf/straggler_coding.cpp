@@ -88,19 +88,15 @@ void validate_process(const StragglerProcess& p) {
             p.duration);
   if (!(p.rate >= 0 && p.rate <= p.max_rate()))
     fail_as(ErrorKind::Config,
-            "--straggler-rate must be in [0, {:.4g}] (a burst of {} rounds on average cannot be slow more often; "
+            "--straggler-rate must be in [0, {:.4g}] (bursts of {:g} rounds on average cannot be slow more often; "
             "got {})",
             p.max_rate(), p.duration, p.rate);
   if (!(p.slowdown >= 0)) fail_as(ErrorKind::Config, "--straggler-slowdown must be >= 0 (got {})", p.slowdown);
 }
 
-double replica_rate(double node_fraction, int replica_nodes) {
-  return 1 - std::pow(1 - node_fraction, replica_nodes);
-}
+double replica_rate(double node_fraction, int replica_nodes) { return 1 - std::pow(1 - node_fraction, replica_nodes); }
 
-double clean_probability(const StragglerProcess& p, int W) {
-  return (1 - p.rate) * std::pow(1 - p.start(), W - 1);
-}
+double clean_probability(const StragglerProcess& p, int W) { return (1 - p.rate) * std::pow(1 - p.start(), W - 1); }
 
 double burst_violation_probability(const StragglerProcess& p, int B, int W) {
   if (W <= B) return 0;
@@ -184,8 +180,8 @@ SchemeOutcome evaluate_scheme(CodingScheme s, const CodingParams& q, const Strag
     fail_as(ErrorKind::Config, "GC(s={}) needs 0 <= s < n = {} replicas", q.s, n);
   if (s == CodingScheme::SRSGC || s == CodingScheme::MSGC) {
     if (q.B < 1 || q.W <= q.B || q.lambda < 0 || q.lambda > n)
-      fail_as(ErrorKind::Config, "{}(B={}, W={}, lambda={}) needs 1 <= B < W and 0 <= lambda <= n = {}", name, q.B,
-              q.W, q.lambda, n);
+      fail_as(ErrorKind::Config, "{}(B={}, W={}, lambda={}) needs 1 <= B < W and 0 <= lambda <= n = {}", name, q.B, q.W,
+              q.lambda, n);
     if (s == CodingScheme::SRSGC && (q.W - 1) % q.B != 0)
       fail_as(ErrorKind::Config, "SR-SGC needs B = {} to divide W - 1 = {}", q.B, q.W - 1);
     if (coding_delay(s, q) > m - 1)

@@ -93,7 +93,7 @@ enum class CodingScheme { None, GC, SRSGC, MSGC };
 std::string scheme_name(CodingScheme s);
 
 struct CodingParams {
-  int s = 0;                      // GC, and SR-SGC's derived s
+  int s = 0;                     // GC, and SR-SGC's derived s
   int B = 1, W = 1, lambda = 0;  // the bursty pattern (GC: 1, 1, s)
 };
 // Load relative to the uncoded per-replica work (1 for none, s + 1 for GC and SR-SGC, the M-SGC formula).
