@@ -67,8 +67,11 @@ CodingRow coding_row(const Job& job, const Cluster& c, const CodingOptions& o, i
       row.schemes.push_back(scheme_row(CodingScheme::GC, gc, p, row,
                                        evaluate_scheme(CodingScheme::GC, gc, p, n, m, row.healthy)));
   for (CodingScheme s : {CodingScheme::SRSGC, CodingScheme::MSGC})
-    if (std::optional<SchemeOutcome> best = best_sgc(s, p, n, m, row.healthy))
+    if (std::optional<SchemeOutcome> best = best_sgc(s, p, n, m, row.healthy)) {
+      // the scheme's lower bound: the least over its parameters, which need not be the upper bound's best
+      best->step_seconds_lower = best_sgc(s, p, n, m, row.healthy, CodedBound::Lower)->step_seconds;
       row.schemes.push_back(scheme_row(s, none, p, row, best));
+    }
   for (double d : o.sweep_durations) {
     StragglerProcess x = p;
     x.duration = d;
@@ -78,6 +81,12 @@ CodingRow coding_row(const Job& job, const Cluster& c, const CodingOptions& o, i
     row.sweep_msgc_slowdown.push_back(least_paying_slowdown(CodingScheme::MSGC, none, x, n, m, row.healthy));
     row.sweep_gc1_slowdown.push_back(n > 1 ? least_paying_slowdown(CodingScheme::GC, gc1, x, n, m, row.healthy)
                                            : std::nullopt);
+    const CodedBound lower = CodedBound::Lower;
+    row.sweep_msgc_slowdown_lower.push_back(least_paying_slowdown(CodingScheme::MSGC, none, x, n, m, row.healthy,
+                                                                  lower));
+    row.sweep_gc1_slowdown_lower.push_back(n > 1 ? least_paying_slowdown(CodingScheme::GC, gc1, x, n, m, row.healthy,
+                                                                         lower)
+                                                 : std::nullopt);
   }
   return row;
 }
@@ -88,6 +97,14 @@ bool CodingStudy::coding_pays() const {
   for (const CodingRow& r : rows)
     for (const SchemeRow& s : r.schemes)
       if (s.outcome.scheme != CodingScheme::None && s.outcome.step_seconds < r.schemes[0].outcome.step_seconds)
+        return true;
+  return false;
+}
+
+bool CodingStudy::coding_may_pay() const {
+  for (const CodingRow& r : rows)
+    for (const SchemeRow& s : r.schemes)
+      if (s.outcome.scheme != CodingScheme::None && s.outcome.step_seconds_lower < r.schemes[0].outcome.step_seconds)
         return true;
   return false;
 }

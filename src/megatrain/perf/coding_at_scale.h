@@ -47,6 +47,8 @@ struct CodingRow {
   // slowdown at which each would at some rate.
   std::vector<std::optional<RateInterval>> sweep_msgc, sweep_gc1;
   std::vector<std::optional<SlowdownPoint>> sweep_msgc_slowdown, sweep_gc1_slowdown;
+  // ... and the least slowdown at which each could, on the coded step's lower bound (below it, it surely does not).
+  std::vector<std::optional<SlowdownPoint>> sweep_msgc_slowdown_lower, sweep_gc1_slowdown_lower;
 };
 
 struct CodingStudy {
@@ -55,8 +57,10 @@ struct CodingStudy {
   bool megascale = true;     // the process is MegaScale's (no rate, duration or slowdown given)
   std::vector<double> sweep_durations;
   std::vector<CodingRow> rows;
-  // Whether any coded scheme beats none at the process in any row (the verdict the output states).
+  // Whether any coded scheme beats none at the process in any row: surely (its upper bound), or possibly (its lower
+  // bound; the two agree for persistent stragglers).
   bool coding_pays() const;
+  bool coding_may_pay() const;
 };
 
 // job: the model, techniques and layout (tp, pp, virtual stages, micro-batch, seq) to scale. Refuses a GPU count

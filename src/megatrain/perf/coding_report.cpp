@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <functional>
 
 namespace mt::perf {
@@ -90,28 +91,35 @@ std::string format_row(const CodingRow& r) {
       "{} GPUs: dp {} replicas of {} nodes, {} micro-batch rounds a step; healthy step {:.3f} s ({:.3f} s of it "
       "grows with the load); {:.3g} slow replicas in a round on average\n"
       "  (fallback: P(a round is not tolerated; none: has a straggler); waits: the rounds of slowdown the step pays, "
-      "per round; a coded step's time is its upper bound)\n",
+      "per round; a coded step's time is its upper bound, 'at best' its lower bound against none)\n",
       r.gpus, r.dp, r.replica_nodes, r.microbatches, r.healthy.at(1), r.healthy.per_load, r.expected_slow);
-  out += fmt::format("  {:<9} {:<24} {:>6} {:>5} {:>9} {:>7} {:>9} {:>10} {:>7} | {:<24} {}\n", "scheme", "parameters",
-                     "load", "delay", "fallback", "waits", "step s", "tokens/s", "vs none", "pays at rates",
-                     "pays from slowdown");
+  out += fmt::format("  {:<9} {:<24} {:>6} {:>5} {:>9} {:>7} {:>9} {:>10} {:>7} {:>7} | {:<24} {}\n", "scheme",
+                     "parameters", "load", "delay", "fallback", "waits", "step s", "tokens/s", "vs none", "at best",
+                     "pays at rates", "pays from slowdown");
   const double none = r.schemes[0].outcome.step_seconds;
   for (const SchemeRow& x : r.schemes) {
     const SchemeOutcome& o = x.outcome;
     const bool coded = o.scheme != CodingScheme::None;
-    out += fmt::format("  {:<9} {:<24} {:>6.3f} {:>5} {:>8.2f}% {:>6.2f}% {:>9.3f} {:>10.4g} {:>+6.1f}% | {:<24} {}\n",
-                       scheme_label(o), params_text(o), o.load, o.delay, 100 * o.p_fallback, 100 * o.waited_share,
-                       o.step_seconds, x.tokens_per_second, 100 * (none / o.step_seconds - 1),
-                       coded ? format_rates(x.paying_rates) : "",
-                       !coded              ? ""
-                       : x.paying_slowdown ? fmt::format("{:.0f}%", 100 * *x.paying_slowdown)
-                                           : "never");
+    out += fmt::format(
+        "  {:<9} {:<24} {:>6.3f} {:>5} {:>8.2f}% {:>6.2f}% {:>9.3f} {:>10.4g} {:>+6.1f}% {:>+6.1f}% | {:<24} {}\n",
+        scheme_label(o), params_text(o), o.load, o.delay, 100 * o.p_fallback, 100 * o.waited_share, o.step_seconds,
+        x.tokens_per_second, 100 * (none / o.step_seconds - 1), 100 * (none / o.step_seconds_lower - 1),
+        coded ? format_rates(x.paying_rates) : "",
+        !coded              ? ""
+        : x.paying_slowdown ? fmt::format("{:.0f}%", 100 * *x.paying_slowdown)
+                            : "never");
   }
   return out;
 }
 
-std::string slowdown_cell(const std::optional<SlowdownPoint>& x) {
-  return x ? fmt::format("{:.0f}% at {:.2g}", 100 * x->slowdown, x->rate) : "never";
+// "lower..upper% at rate": the least paying slowdown on the coded step's lower and upper bounds (the true one lies
+// between), at the rate where the upper one is least.
+std::string slowdown_cell(const std::optional<SlowdownPoint>& lower, const std::optional<SlowdownPoint>& upper) {
+  if (!lower) return "never";
+  if (!upper) return fmt::format(">={:.0f}%", 100 * lower->slowdown);
+  if (std::fabs(upper->slowdown - lower->slowdown) < 5e-3)
+    return fmt::format("{:.0f}% at {:.2g}", 100 * upper->slowdown, upper->rate);
+  return fmt::format("{:.0f}..{:.0f}% at {:.2g}", 100 * lower->slowdown, 100 * upper->slowdown, upper->rate);
 }
 
 // One table of the sweep: a row per burst duration, a column per GPU count.
@@ -149,10 +157,14 @@ std::string format_sweep(const CodingStudy& s) {
            sweep_table(s, [](const CodingRow& r, size_t d) { return format_rates(r.sweep_gc1[d]); });
   else
     out += fmt::format("At a {:.0f}% slowdown GC(s=1) beats none at no rate, for no burst length, at no scale.\n", pct);
-  out += "The least slowdown at which M-SGC would beat none, and the rate where that is least:\n" +
-         sweep_table(s, [](const CodingRow& r, size_t d) { return slowdown_cell(r.sweep_msgc_slowdown[d]); });
-  out += "The same for GC(s=1):\n" +
-         sweep_table(s, [](const CodingRow& r, size_t d) { return slowdown_cell(r.sweep_gc1_slowdown[d]); });
+  out += "The least slowdown at which M-SGC would beat none (lower..upper: on the coded step's lower and upper "
+         "bounds), at the rate where that is least:\n" +
+         sweep_table(s, [](const CodingRow& r, size_t d) {
+           return slowdown_cell(r.sweep_msgc_slowdown_lower[d], r.sweep_msgc_slowdown[d]);
+         });
+  out += "The same for GC(s=1):\n" + sweep_table(s, [](const CodingRow& r, size_t d) {
+           return slowdown_cell(r.sweep_gc1_slowdown_lower[d], r.sweep_gc1_slowdown[d]);
+         });
   return out;
 }
 
@@ -165,18 +177,21 @@ std::string format_rates(const std::optional<RateInterval>& r) {
 
 std::string coding_verdict(const CodingStudy& s) {
   const std::string who = s.megascale ? "under MegaScale's straggler numbers" : "under this straggler process";
-  if (!s.coding_pays())
-    return fmt::format("Coding never pays {}: no scheme beats waiting for the slow replicas at any of these scales.",
+  if (!s.coding_may_pay())
+    return fmt::format("Coding never pays {}: no scheme beats waiting for the slow replicas at any of these scales, "
+                       "even on its lower bound.",
                        who) +
            least_crossovers(s);
-  std::string out = fmt::format("Coding pays {}:", who);
+  std::string out = s.coding_pays() ? fmt::format("Coding pays {}:", who)
+                                    : fmt::format("Coding does not surely pay {}; on its lower bound it could:", who);
   for (const CodingRow& r : s.rows) {
     const SchemeRow* best = &r.schemes[0];
     for (const SchemeRow& x : r.schemes)
-      if (x.outcome.step_seconds < best->outcome.step_seconds) best = &x;
+      if (x.outcome.step_seconds_lower < best->outcome.step_seconds_lower) best = &x;
     if (best->outcome.scheme != CodingScheme::None)
-      out += fmt::format(" {} GPUs: {} {:.1f}% faster;", r.gpus, scheme_label(best->outcome),
-                         100 * (r.schemes[0].outcome.step_seconds / best->outcome.step_seconds - 1));
+      out += fmt::format(" {} GPUs: {} {:.1f}% to {:.1f}% faster;", r.gpus, scheme_label(best->outcome),
+                         100 * (r.schemes[0].outcome.step_seconds / best->outcome.step_seconds - 1),
+                         100 * (r.schemes[0].outcome.step_seconds / best->outcome.step_seconds_lower - 1));
   }
   return out;
 }
@@ -220,6 +235,7 @@ json to_json(const CodingStudy& s, const Job& job, const Cluster& c) {
                 {"megascale", s.megascale}}},
               {"rows", json::array()},
               {"coding_pays", s.coding_pays()},
+              {"coding_may_pay", s.coding_may_pay()},
               {"verdict", coding_verdict(s)}};
   for (const CodingRow& r : s.rows) {
     json row = {{"gpus", r.gpus},
@@ -245,7 +261,7 @@ json to_json(const CodingStudy& s, const Job& job, const Cluster& c) {
                                 {"delay", o.delay},
                                 {"p_fallback", o.p_fallback},
                                 {"step_seconds", o.step_seconds},
-                                {"step_seconds_no_fallback", o.step_seconds_no_fallback},
+                                {"step_seconds_lower", o.step_seconds_lower},
                                 {"waited_share", o.waited_share},
                                 {"tokens_per_second", x.tokens_per_second},
                                 {"beats_none", o.step_seconds < r.schemes[0].outcome.step_seconds},
@@ -257,7 +273,9 @@ json to_json(const CodingStudy& s, const Job& job, const Cluster& c) {
                                   {"msgc_paying_rates", rates_json(r.sweep_msgc[d])},
                                   {"gc1_paying_rates", rates_json(r.sweep_gc1[d])},
                                   {"msgc_least_slowdown", slowdown_json(r.sweep_msgc_slowdown[d])},
-                                  {"gc1_least_slowdown", slowdown_json(r.sweep_gc1_slowdown[d])}});
+                                  {"gc1_least_slowdown", slowdown_json(r.sweep_gc1_slowdown[d])},
+                                  {"msgc_least_slowdown_lower", slowdown_json(r.sweep_msgc_slowdown_lower[d])},
+                                  {"gc1_least_slowdown_lower", slowdown_json(r.sweep_gc1_slowdown_lower[d])}});
     out["rows"].push_back(row);
   }
   return out;
