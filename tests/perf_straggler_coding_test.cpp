@@ -21,6 +21,7 @@
 #include "megatrain/perf/coding_report.h"
 #include "megatrain/perf/step_model.h"
 #include "megatrain/perf/straggler_coding.h"
+#include "megatrain/perf/straggler_coding_sim.h"
 #include "megatrain/train/run_config.h"
 #include "support/test_util.h"
 
@@ -257,6 +258,31 @@ TEST(StragglerCoding, TheRateCrossoverSeparatesPayingFromNot) {
                      best_sgc(CodingScheme::MSGC, x, n, m, h)->step_seconds;
     EXPECT_EQ(g > 0, f > 1) << f;
   }
+}
+
+TEST(StragglerCoding, TheSimulatedWaitingMatchesTheExactValuesAndStaysWithinTheBound) {
+  // none: the simulation waits for every slow round of the slowest replica, E[max_i S_i] / m exactly (the DP).
+  const int n = 8, m = 6, steps = 20000;
+  const StragglerProcess p = process(0.1, 2);
+  const SimulatedShare none = simulate_waited_share(CodingScheme::None, {}, p, n, m, steps, 7);
+  EXPECT_NEAR(none.mean, expected_max_slow_rounds(p, n, m) / m, 5 * none.std_error);
+  // (a step's rounds are correlated; 0.02 is about ten binomial standard errors of 120,000 rounds)
+  EXPECT_NEAR(none.fallback, 1 - std::pow(1 - p.rate, n), 0.02);
+  // Persistent stragglers: GC(1) waits every round exactly when more than one replica is slow.
+  CodingParams gc;
+  gc.s = 1;
+  const StragglerProcess persistent = process(0.1, 0);
+  const SimulatedShare g = simulate_waited_share(CodingScheme::GC, gc, persistent, n, m, steps, 7);
+  EXPECT_NEAR(g.mean, evaluate_scheme(CodingScheme::GC, gc, persistent, n, m, kStep).waited_share, 5 * g.std_error);
+  // Transient, M-SGC: the simulated waiting is within the upper bound min(P_fallback, E[max S] / m).
+  const CodingParams q{0, 1, 4, 2};
+  const SchemeOutcome bound = evaluate_scheme(CodingScheme::MSGC, q, p, n, m, kStep);
+  const SimulatedShare sim = simulate_waited_share(CodingScheme::MSGC, q, p, n, m, steps, 7);
+  EXPECT_LE(sim.mean, bound.waited_share + 5 * sim.std_error);
+  EXPECT_LT(sim.mean, none.mean);  // it does wait less than none
+  // Deterministic for a seed.
+  EXPECT_EQ(simulate_waited_share(CodingScheme::MSGC, q, p, n, m, 100, 3).mean,
+            simulate_waited_share(CodingScheme::MSGC, q, p, n, m, 100, 3).mean);
 }
 
 TEST(StragglerCoding, AtScaleTheHealthyStepIsTheStepModelsAndNoneWaitsForAnySlowReplica) {

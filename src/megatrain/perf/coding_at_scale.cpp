@@ -47,6 +47,20 @@ SchemeRow scheme_row(CodingScheme s, const CodingParams& gc, const StragglerProc
   return r;
 }
 
+// At the rate and with the parameters of x (a least paying slowdown on the upper bound), the slowdown from which
+// the scheme pays when the coded step waits what the simulation finds.
+std::optional<double> simulated_slowdown(CodingScheme s, const std::optional<SlowdownPoint>& x, StragglerProcess p,
+                                         const CodingRow& row, int steps) {
+  if (!x) return std::nullopt;
+  p.rate = x->rate;
+  const int n = row.dp, m = row.microbatches;
+  const double waited = simulate_waited_share(s, x->params, p, n, m, steps).mean;
+  const double h1 = row.healthy.at(1), hl = row.healthy.at(x->load);
+  const double denom = h1 * expected_max_slow_rounds(p, n, m) / m - hl * waited;
+  if (denom <= 0) return std::nullopt;
+  return std::max(0.0, (hl - h1) / denom);
+}
+
 CodingRow coding_row(const Job& job, const Cluster& c, const CodingOptions& o, int gpus, StragglerProcess p) {
   const Job j = scaled_job(job, gpus, o.global_batch);
   CodingRow row;
@@ -81,12 +95,10 @@ CodingRow coding_row(const Job& job, const Cluster& c, const CodingOptions& o, i
     row.sweep_msgc_slowdown.push_back(least_paying_slowdown(CodingScheme::MSGC, none, x, n, m, row.healthy));
     row.sweep_gc1_slowdown.push_back(n > 1 ? least_paying_slowdown(CodingScheme::GC, gc1, x, n, m, row.healthy)
                                            : std::nullopt);
-    const CodedBound lower = CodedBound::Lower;
-    row.sweep_msgc_slowdown_lower.push_back(least_paying_slowdown(CodingScheme::MSGC, none, x, n, m, row.healthy,
-                                                                  lower));
-    row.sweep_gc1_slowdown_lower.push_back(n > 1 ? least_paying_slowdown(CodingScheme::GC, gc1, x, n, m, row.healthy,
-                                                                         lower)
-                                                 : std::nullopt);
+    row.sweep_msgc_simulated.push_back(simulated_slowdown(CodingScheme::MSGC, row.sweep_msgc_slowdown.back(), x, row,
+                                                          o.simulated_steps));
+    row.sweep_gc1_simulated.push_back(simulated_slowdown(CodingScheme::GC, row.sweep_gc1_slowdown.back(), x, row,
+                                                         o.simulated_steps));
   }
   return row;
 }

@@ -17,6 +17,7 @@
 #include "megatrain/perf/cluster.h"
 #include "megatrain/perf/step_model.h"
 #include "megatrain/perf/straggler_coding.h"
+#include "megatrain/perf/straggler_coding_sim.h"
 
 namespace mt::perf {
 
@@ -27,6 +28,7 @@ struct CodingOptions {
   double duration = 0;             // mean burst, rounds; 0 = persistent
   std::optional<double> slowdown;  // default: the cluster's straggler_slowdown
   std::vector<double> sweep_durations = {1, 2, 4, 8, 16, 0};  // the transient sweep (0 = persistent)
+  int simulated_steps = 1000;                                 // steps the Monte Carlo check simulates per point
 };
 
 struct SchemeRow {
@@ -47,8 +49,9 @@ struct CodingRow {
   // slowdown at which each would at some rate.
   std::vector<std::optional<RateInterval>> sweep_msgc, sweep_gc1;
   std::vector<std::optional<SlowdownPoint>> sweep_msgc_slowdown, sweep_gc1_slowdown;
-  // ... and the least slowdown at which each could, on the coded step's lower bound (below it, it surely does not).
-  std::vector<std::optional<SlowdownPoint>> sweep_msgc_slowdown_lower, sweep_gc1_slowdown_lower;
+  // ... and, at that rate and with those parameters, the slowdown from which each pays when the coded step waits
+  // what the Monte Carlo simulation (straggler_coding_sim) finds rather than the bound (nothing: never).
+  std::vector<std::optional<double>> sweep_msgc_simulated, sweep_gc1_simulated;
 };
 
 struct CodingStudy {

@@ -81,9 +81,14 @@ json rates_json(const std::optional<RateInterval>& r) {
   return {{"from", r->from}, {"to", r->to}, {"best_rate", r->best_rate}, {"best_gain", r->best_gain}};
 }
 
+json opt_json(const std::optional<double>& x) { return x ? json(*x) : json(nullptr); }
+
 json slowdown_json(const std::optional<SlowdownPoint>& x) {
   if (!x) return nullptr;
-  return {{"slowdown", x->slowdown}, {"rate", x->rate}};
+  return {{"slowdown", x->slowdown},
+          {"rate", x->rate},
+          {"load", x->load},
+          {"params", {{"s", x->params.s}, {"B", x->params.B}, {"W", x->params.W}, {"lambda", x->params.lambda}}}};
 }
 
 std::string format_row(const CodingRow& r) {
@@ -112,24 +117,22 @@ std::string format_row(const CodingRow& r) {
   return out;
 }
 
-// "lower..upper% at rate": the least paying slowdown on the coded step's lower and upper bounds (the true one lies
-// between), at the rate where the upper one is least.
-std::string slowdown_cell(const std::optional<SlowdownPoint>& lower, const std::optional<SlowdownPoint>& upper) {
-  if (!lower) return "never";
-  if (!upper) return fmt::format(">={:.0f}%", 100 * lower->slowdown);
-  if (std::fabs(upper->slowdown - lower->slowdown) < 5e-3)
-    return fmt::format("{:.0f}% at {:.2g}", 100 * upper->slowdown, upper->rate);
-  return fmt::format("{:.0f}..{:.0f}% at {:.2g}", 100 * lower->slowdown, 100 * upper->slowdown, upper->rate);
+// "upper% (simulated%) at rate": the least paying slowdown on the coded step's upper bound, the rate where it is
+// least, and the slowdown from which the same parameters pay with the simulated waiting.
+std::string slowdown_cell(const std::optional<SlowdownPoint>& upper, const std::optional<double>& simulated) {
+  if (!upper) return "never";
+  const std::string sim = simulated ? fmt::format("{:.0f}%", 100 * *simulated) : "never";
+  return fmt::format("{:.0f}% ({}) at {:.2g}", 100 * upper->slowdown, sim, upper->rate);
 }
 
 // One table of the sweep: a row per burst duration, a column per GPU count.
 std::string sweep_table(const CodingStudy& s, const std::function<std::string(const CodingRow&, size_t)>& cell) {
   std::string out = fmt::format("  {:<12}", "mean burst");
-  for (const CodingRow& r : s.rows) out += fmt::format(" {:>24}", fmt::format("{} GPUs", r.gpus));
+  for (const CodingRow& r : s.rows) out += fmt::format(" {:>27}", fmt::format("{} GPUs", r.gpus));
   out += "\n";
   for (size_t d = 0; d < s.sweep_durations.size(); ++d) {
     out += fmt::format("  {:<12}", duration_text(s.sweep_durations[d]));
-    for (const CodingRow& r : s.rows) out += fmt::format(" {:>24}", cell(r, d));
+    for (const CodingRow& r : s.rows) out += fmt::format(" {:>27}", cell(r, d));
     out += "\n";
   }
   return out;
@@ -157,13 +160,13 @@ std::string format_sweep(const CodingStudy& s) {
            sweep_table(s, [](const CodingRow& r, size_t d) { return format_rates(r.sweep_gc1[d]); });
   else
     out += fmt::format("At a {:.0f}% slowdown GC(s=1) beats none at no rate, for no burst length, at no scale.\n", pct);
-  out += "The least slowdown at which M-SGC would beat none (lower..upper: on the coded step's lower and upper "
-         "bounds), at the rate where that is least:\n" +
+  out += "The least slowdown at which M-SGC would beat none, at the rate where that is least (in parentheses: with "
+         "the waiting simulated instead of bounded, same rate and parameters):\n" +
          sweep_table(s, [](const CodingRow& r, size_t d) {
-           return slowdown_cell(r.sweep_msgc_slowdown_lower[d], r.sweep_msgc_slowdown[d]);
+           return slowdown_cell(r.sweep_msgc_slowdown[d], r.sweep_msgc_simulated[d]);
          });
   out += "The same for GC(s=1):\n" + sweep_table(s, [](const CodingRow& r, size_t d) {
-           return slowdown_cell(r.sweep_gc1_slowdown_lower[d], r.sweep_gc1_slowdown[d]);
+           return slowdown_cell(r.sweep_gc1_slowdown[d], r.sweep_gc1_simulated[d]);
          });
   return out;
 }
@@ -274,8 +277,8 @@ json to_json(const CodingStudy& s, const Job& job, const Cluster& c) {
                                   {"gc1_paying_rates", rates_json(r.sweep_gc1[d])},
                                   {"msgc_least_slowdown", slowdown_json(r.sweep_msgc_slowdown[d])},
                                   {"gc1_least_slowdown", slowdown_json(r.sweep_gc1_slowdown[d])},
-                                  {"msgc_least_slowdown_lower", slowdown_json(r.sweep_msgc_slowdown_lower[d])},
-                                  {"gc1_least_slowdown_lower", slowdown_json(r.sweep_gc1_slowdown_lower[d])}});
+                                  {"msgc_simulated_slowdown", opt_json(r.sweep_msgc_simulated[d])},
+                                  {"gc1_simulated_slowdown", opt_json(r.sweep_gc1_simulated[d])}});
     out["rows"].push_back(row);
   }
   return out;

@@ -281,21 +281,32 @@ std::optional<RateInterval> paying_rates(CodingScheme s, const CodingParams& gc,
   return out;
 }
 
-std::optional<double> paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n, int m,
-                                      const HealthyStep& h, CodedBound bound) {
+namespace {
+
+// The least paying slowdown of the scheme at p, with the parameters and load that give it.
+std::optional<SlowdownPoint> slowdown_point(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n,
+                                            int m, const HealthyStep& h, CodedBound bound) {
   const double h1 = h.at(1), none_share = expected_max_slow_rounds(p, n, m) / m;
-  std::optional<double> best;
-  auto consider = [&](double load, double p_coded) {
+  std::optional<SlowdownPoint> best;
+  auto consider = [&](const CodingParams& q, double load, double p_coded) {
     const double denom = h1 * none_share - h.at(load) * waited_share(p_coded, none_share, m, p.persistent(), bound);
     if (denom <= 0) return;
     const double d = std::max(0.0, (h.at(load) - h1) / denom);
-    if (!best || d < *best) best = d;
+    if (!best || d < best->slowdown) best = SlowdownPoint{d, p.rate, q, load};
   };
   if (s == CodingScheme::SRSGC || s == CodingScheme::MSGC)
-    for_each_sgc(s, p, n, m, [&](const CodingParams&, double load, double tol) { consider(load, 1 - tol); });
+    for_each_sgc(s, p, n, m, [&](const CodingParams& q, double load, double tol) { consider(q, load, 1 - tol); });
   else
-    consider(coding_load(s, n, gc), evaluate_scheme(s, gc, p, n, m, h).p_fallback);
+    consider(gc, coding_load(s, n, gc), evaluate_scheme(s, gc, p, n, m, h).p_fallback);
   return best;
+}
+
+}  // namespace
+
+std::optional<double> paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n, int m,
+                                      const HealthyStep& h, CodedBound bound) {
+  const std::optional<SlowdownPoint> x = slowdown_point(s, gc, p, n, m, h, bound);
+  return x ? std::optional<double>(x->slowdown) : std::nullopt;
 }
 
 std::optional<SlowdownPoint> least_paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p,
@@ -306,8 +317,8 @@ std::optional<SlowdownPoint> least_paying_slowdown(CodingScheme s, const CodingP
   for (int i = 0; i <= points; ++i) {
     StragglerProcess x = p;
     x.rate = bottom * std::pow(top / bottom, double(i) / points);
-    const std::optional<double> d = paying_slowdown(s, gc, x, n, m, h, bound);
-    if (d && (!best || *d < best->slowdown)) best = SlowdownPoint{*d, x.rate};
+    const std::optional<SlowdownPoint> d = slowdown_point(s, gc, x, n, m, h, bound);
+    if (d && (!best || d->slowdown < best->slowdown)) best = d;
   }
   return best;
 }

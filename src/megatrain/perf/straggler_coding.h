@@ -158,6 +158,8 @@ std::optional<double> paying_slowdown(CodingScheme s, const CodingParams& gc, co
 // paying_slowdown over a logarithmic grid of rates from 1e-5 to max_rate (60 points). Nothing when none pays.
 struct SlowdownPoint {
   double slowdown = 0, rate = 0;
+  CodingParams params;  // the parameters that pay from that slowdown
+  double load = 1;
 };
 std::optional<SlowdownPoint> least_paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p,
                                                    int n, int m, const HealthyStep& h,
