@@ -8,7 +8,8 @@
 // and slowdown, per replica of k nodes: rate 1 - (1 - f)^k); a rate, a burst duration and a slowdown may replace
 // them. Each row gives every scheme's expected step, tokens/s, load and fallback probability, and the rates (at the
 // process's duration and slowdown) and the slowdown (at its rate) above which each scheme beats none; a sweep over
-// burst durations gives the paying rates for transient stragglers.
+// burst durations gives, for M-SGC and GC(1), the paying rates for transient stragglers and the least slowdown at
+// which each pays at any rate, on the coded step's upper bound and with its waiting simulated (straggler_coding_sim).
 #pragma once
 #include <optional>
 #include <string>

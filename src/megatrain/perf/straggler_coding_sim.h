@@ -16,9 +16,9 @@
 namespace mt::perf {
 
 struct SimulatedShare {
-  double mean = 0;        // E[max_i S'_i] / m over the steps simulated
-  double std_error = 0;   // of the mean
-  double fallback = 0;    // share of rounds that waited
+  double mean = 0;       // E[max_i S'_i] / m over the steps simulated
+  double std_error = 0;  // of the mean
+  double fallback = 0;   // share of rounds that waited
 };
 SimulatedShare simulate_waited_share(CodingScheme s, const CodingParams& q, const StragglerProcess& p, int n, int m,
                                      int steps, std::uint64_t seed = 1);
