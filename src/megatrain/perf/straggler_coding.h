@@ -30,7 +30,8 @@
 //    M-SGC (multiplexed: GC over a subset of the minitasks, repetition for the rest):
 //    load n (lambda + 1)(W - 1 + B) / (n (B + (W - 1)(lambda + 1))) for lambda < n, (W - 1 + B) / (W - 1) for
 //    lambda = n; T = W - 2 + B. (The paper's load formulas, normalised there by n; they agree with the authors'
-//    released simulation code.)
+//    released simulation code, github.com/mamaj/Sequential-Gradient-Coding, whose per-round check of the pattern
+//    straggler_coding_sim follows.)
 //
 // The step. Let H(L) be the healthy step time when every replica does L times its uncoded micro-batch work (the
 // per-micro-batch part of the step scales by L; the gradient exchange does not: a coded replica sends one
