@@ -36,11 +36,14 @@ HealthyStep healthy_step(const Job& j, const Cluster& c) {
 }
 
 SchemeRow scheme_row(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, const CodingRow& row,
-                     std::optional<SchemeOutcome> o) {
+                     std::optional<SchemeOutcome> o, int steps) {
   SchemeRow r;
   r.outcome = *o;
   r.tokens_per_second = row.tokens_per_step / o->step_seconds;
+  r.simulated_step_seconds = o->step_seconds;
   if (s != CodingScheme::None) {
+    const double waited = simulate_waited_share(s, o->params, p, row.dp, row.microbatches, steps).mean;
+    r.simulated_step_seconds = row.healthy.at(o->load) * (1 + p.slowdown * waited);
     r.paying_rates = paying_rates(s, gc, p, row.dp, row.microbatches, row.healthy);
     r.paying_slowdown = paying_slowdown(s, gc, p, row.dp, row.microbatches, row.healthy);
   }
@@ -74,18 +77,16 @@ CodingRow coding_row(const Job& job, const Cluster& c, const CodingOptions& o, i
   row.tokens_per_step = double(o.global_batch) * j.layout.seq;
   const int n = row.dp, m = row.microbatches;
   const CodingParams none, gc1{1}, gc2{2};
+  const int steps = o.simulated_steps;
   row.schemes.push_back(scheme_row(CodingScheme::None, none, p, row,
-                                   evaluate_scheme(CodingScheme::None, none, p, n, m, row.healthy)));
+                                   evaluate_scheme(CodingScheme::None, none, p, n, m, row.healthy), steps));
   for (const CodingParams& gc : {gc1, gc2})
     if (gc.s < n)
       row.schemes.push_back(scheme_row(CodingScheme::GC, gc, p, row,
-                                       evaluate_scheme(CodingScheme::GC, gc, p, n, m, row.healthy)));
+                                       evaluate_scheme(CodingScheme::GC, gc, p, n, m, row.healthy), steps));
   for (CodingScheme s : {CodingScheme::SRSGC, CodingScheme::MSGC})
-    if (std::optional<SchemeOutcome> best = best_sgc(s, p, n, m, row.healthy)) {
-      // the scheme's lower bound: the least over its parameters, which need not be the upper bound's best
-      best->step_seconds_lower = best_sgc(s, p, n, m, row.healthy, CodedBound::Lower)->step_seconds;
-      row.schemes.push_back(scheme_row(s, none, p, row, best));
-    }
+    if (std::optional<SchemeOutcome> best = best_sgc(s, p, n, m, row.healthy))
+      row.schemes.push_back(scheme_row(s, none, p, row, best, steps));
   for (double d : o.sweep_durations) {
     StragglerProcess x = p;
     x.duration = d;
@@ -113,10 +114,10 @@ bool CodingStudy::coding_pays() const {
   return false;
 }
 
-bool CodingStudy::coding_may_pay() const {
+bool CodingStudy::coding_pays_simulated() const {
   for (const CodingRow& r : rows)
     for (const SchemeRow& s : r.schemes)
-      if (s.outcome.scheme != CodingScheme::None && s.outcome.step_seconds_lower < r.schemes[0].outcome.step_seconds)
+      if (s.outcome.scheme != CodingScheme::None && s.simulated_step_seconds < r.schemes[0].outcome.step_seconds)
         return true;
   return false;
 }

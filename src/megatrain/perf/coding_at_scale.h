@@ -37,6 +37,7 @@ struct SchemeRow {
   double tokens_per_second = 0;
   std::optional<RateInterval> paying_rates;  // at the process's duration and slowdown (none: empty)
   std::optional<double> paying_slowdown;     // at the process's rate and duration (none: empty)
+  double simulated_step_seconds = 0;         // with the waiting simulated (straggler_coding_sim; none: the exact value)
 };
 
 struct CodingRow {
@@ -61,10 +62,10 @@ struct CodingStudy {
   bool megascale = true;     // the process is MegaScale's (no rate, duration or slowdown given)
   std::vector<double> sweep_durations;
   std::vector<CodingRow> rows;
-  // Whether any coded scheme beats none at the process in any row: surely (its upper bound), or possibly (its lower
-  // bound; the two agree for persistent stragglers).
+  // Whether any coded scheme beats none at the process in any row: on its upper bound (then surely), or with its
+  // waiting simulated.
   bool coding_pays() const;
-  bool coding_may_pay() const;
+  bool coding_pays_simulated() const;
 };
 
 // job: the model, techniques and layout (tp, pp, virtual stages, micro-batch, seq) to scale. Refuses a GPU count

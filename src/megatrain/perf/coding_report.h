@@ -18,9 +18,9 @@ std::string format_coding(const CodingStudy& s, const Job& job, const Cluster& c
 // {cluster, layout{tp, pp, virtual_stages, micro_batch, seq, global_batch}, process{rate, duration (null when
 // persistent), slowdown, node_fraction, megascale}, rows[{gpus, dp, microbatches, replica_nodes, rate,
 // expected_slow_replicas, healthy_step_seconds, healthy_seconds_per_load, schemes[{scheme, params, load, delay,
-// p_fallback, waited_share, step_seconds (a coded scheme's upper bound), step_seconds_lower, tokens_per_second, beats_none, paying_rates{from, to} | null, paying_slowdown | null}],
+// p_fallback, waited_share, step_seconds (a coded scheme's upper bound), simulated_step_seconds, tokens_per_second, beats_none, paying_rates{from, to} | null, paying_slowdown | null}],
 // transient[{duration (null: persistent), msgc_paying_rates, gc1_paying_rates, msgc_least_slowdown{slowdown, rate, load,
-// params}, gc1_least_slowdown, msgc_simulated_slowdown, gc1_simulated_slowdown}]}], coding_pays, coding_may_pay, verdict}
+// params}, gc1_least_slowdown, msgc_simulated_slowdown, gc1_simulated_slowdown}]}], coding_pays, coding_pays_simulated, verdict}
 nlohmann::json to_json(const CodingStudy& s, const Job& job, const Cluster& c);
 
 }  // namespace mt::perf

@@ -63,18 +63,14 @@ void for_each_sgc(CodingScheme s, const StragglerProcess& p, int n, int m,
 
 double none_fallback(const StragglerProcess& p, int n) { return 1 - std::pow(1 - p.rate, n); }
 
-// The share of rounds of slowdown a coded step waits (module comment): at most min(P_fallback, E[max S] / m), at
-// least min(P_fallback / m, E[max S] / m); the two agree for persistent stragglers.
-double waited_share(double p_fallback, double max_share, int m, bool persistent, CodedBound bound) {
-  if (bound == CodedBound::Lower && !persistent) return std::min(p_fallback / m, max_share);
-  return std::min(p_fallback, max_share);
-}
+// The share of rounds of slowdown a coded step waits, at most (module comment): min(P_fallback, E[max S] / m).
+double waited_share(double p_fallback, double max_share) { return std::min(p_fallback, max_share); }
 
 // The scheme's expected step at process p: fixed parameters for GC, the best ones for SR-SGC and M-SGC.
 std::optional<SchemeOutcome> outcome(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n, int m,
-                                     const HealthyStep& h, CodedBound bound) {
-  if (s == CodingScheme::SRSGC || s == CodingScheme::MSGC) return best_sgc(s, p, n, m, h, bound);
-  return evaluate_scheme(s, gc, p, n, m, h, bound);
+                                     const HealthyStep& h) {
+  if (s == CodingScheme::SRSGC || s == CodingScheme::MSGC) return best_sgc(s, p, n, m, h);
+  return evaluate_scheme(s, gc, p, n, m, h);
 }
 
 }  // namespace
@@ -178,7 +174,7 @@ int coding_delay(CodingScheme s, const CodingParams& q) {
 }
 
 SchemeOutcome evaluate_scheme(CodingScheme s, const CodingParams& q, const StragglerProcess& p, int n, int m,
-                              const HealthyStep& h, CodedBound bound) {
+                              const HealthyStep& h) {
   const std::string name = scheme_name(s);
   if (s == CodingScheme::GC && (q.s < 0 || q.s >= n))
     fail_as(ErrorKind::Config, "GC(s={}) needs 0 <= s < n = {} replicas", q.s, n);
@@ -207,24 +203,18 @@ SchemeOutcome evaluate_scheme(CodingScheme s, const CodingParams& q, const Strag
     o.p_fallback = 1 - tolerated_probability(p, n, q.B, q.W, q.lambda);
   o.p_fallback = std::max(0.0, o.p_fallback);
   o.max_slow_share = expected_max_slow_rounds(p, n, m) / m;
-  auto waited = [&](CodedBound b) {
-    if (s == CodingScheme::None) return o.max_slow_share;
-    return waited_share(o.p_fallback, o.max_slow_share, m, p.persistent(), b);
-  };
-  o.waited_share = waited(bound);
+  o.waited_share = s == CodingScheme::None ? o.max_slow_share : waited_share(o.p_fallback, o.max_slow_share);
   o.step_seconds = h.at(o.load) * (1 + p.slowdown * o.waited_share);
-  o.step_seconds_lower = h.at(o.load) * (1 + p.slowdown * waited(CodedBound::Lower));
   return o;
 }
 
-std::optional<SchemeOutcome> best_sgc(CodingScheme s, const StragglerProcess& p, int n, int m, const HealthyStep& h,
-                                      CodedBound bound) {
+std::optional<SchemeOutcome> best_sgc(CodingScheme s, const StragglerProcess& p, int n, int m, const HealthyStep& h) {
   MT_CHECK(s == CodingScheme::SRSGC || s == CodingScheme::MSGC, "best_sgc: {} is not a sequential scheme",
            scheme_name(s));
   std::optional<SchemeOutcome> best;
   const double max_share = expected_max_slow_rounds(p, n, m) / m;
   for_each_sgc(s, p, n, m, [&](const CodingParams& q, double load, double tolerated) {
-    const double waited = waited_share(std::max(0.0, 1 - tolerated), max_share, m, p.persistent(), bound);
+    const double waited = waited_share(std::max(0.0, 1 - tolerated), max_share);
     const double step = h.at(load) * (1 + p.slowdown * waited);
     if (best && step >= best->step_seconds) return;
     SchemeOutcome o;
@@ -236,20 +226,18 @@ std::optional<SchemeOutcome> best_sgc(CodingScheme s, const StragglerProcess& p,
     o.max_slow_share = max_share;
     o.waited_share = waited;
     o.step_seconds = step;
-    const double lower = waited_share(o.p_fallback, max_share, m, p.persistent(), CodedBound::Lower);
-    o.step_seconds_lower = h.at(load) * (1 + p.slowdown * lower);
     best = o;
   });
   return best;
 }
 
 std::optional<RateInterval> paying_rates(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n,
-                                         int m, const HealthyStep& h, CodedBound bound) {
+                                         int m, const HealthyStep& h) {
   // none's expected step / the scheme's - 1 (-1 where the scheme cannot be set up)
   auto gain = [&](double r) {
     StragglerProcess x = p;
     x.rate = r;
-    const std::optional<SchemeOutcome> o = outcome(s, gc, x, n, m, h, bound);
+    const std::optional<SchemeOutcome> o = outcome(s, gc, x, n, m, h);
     if (!o) return -1.0;
     return evaluate_scheme(CodingScheme::None, {}, x, n, m, h).step_seconds / o->step_seconds - 1;
   };
@@ -285,11 +273,11 @@ namespace {
 
 // The least paying slowdown of the scheme at p, with the parameters and load that give it.
 std::optional<SlowdownPoint> slowdown_point(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n,
-                                            int m, const HealthyStep& h, CodedBound bound) {
+                                            int m, const HealthyStep& h) {
   const double h1 = h.at(1), none_share = expected_max_slow_rounds(p, n, m) / m;
   std::optional<SlowdownPoint> best;
   auto consider = [&](const CodingParams& q, double load, double p_coded) {
-    const double denom = h1 * none_share - h.at(load) * waited_share(p_coded, none_share, m, p.persistent(), bound);
+    const double denom = h1 * none_share - h.at(load) * waited_share(p_coded, none_share);
     if (denom <= 0) return;
     const double d = std::max(0.0, (h.at(load) - h1) / denom);
     if (!best || d < best->slowdown) best = SlowdownPoint{d, p.rate, q, load};
@@ -304,20 +292,20 @@ std::optional<SlowdownPoint> slowdown_point(CodingScheme s, const CodingParams& 
 }  // namespace
 
 std::optional<double> paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n, int m,
-                                      const HealthyStep& h, CodedBound bound) {
-  const std::optional<SlowdownPoint> x = slowdown_point(s, gc, p, n, m, h, bound);
+                                      const HealthyStep& h) {
+  const std::optional<SlowdownPoint> x = slowdown_point(s, gc, p, n, m, h);
   return x ? std::optional<double>(x->slowdown) : std::nullopt;
 }
 
 std::optional<SlowdownPoint> least_paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p,
-                                                   int n, int m, const HealthyStep& h, CodedBound bound) {
+                                                   int n, int m, const HealthyStep& h) {
   const double top = p.max_rate(), bottom = 1e-5;
   const int points = 60;
   std::optional<SlowdownPoint> best;
   for (int i = 0; i <= points; ++i) {
     StragglerProcess x = p;
     x.rate = bottom * std::pow(top / bottom, double(i) / points);
-    const std::optional<SlowdownPoint> d = slowdown_point(s, gc, x, n, m, h, bound);
+    const std::optional<SlowdownPoint> d = slowdown_point(s, gc, x, n, m, h);
     if (d && (!best || d->slowdown < best->slowdown)) best = d;
   }
   return best;

@@ -43,13 +43,9 @@
 // straggler pattern the scheme tolerates, and falls back (waits, as uncoded) in a round it does not:
 //   E[coded] <= H(L) (1 + d min(P_fallback, E[max_i S_i] / m)),  P_fallback = 1 - P(the round is tolerated),
 // because what a replica is still waited for is at most the fallback rounds (m P_fallback on average) and at most
-// its own slow rounds; and
-//   E[coded] >= H(L) (1 + d min(P_fallback / m, E[max_i S_i] / m)),
-// because a round that falls back has a straggler (the pattern was tolerated a round earlier), so the step waits
-// at least one slow round whenever some round falls back, which is at least as likely as any one round doing so.
-// For persistent stragglers the two agree with the exact value, min(P_fallback, ...): the same replicas are slow in
-// every round, so every round falls back together. Where the upper bound beats none a scheme surely pays; where
-// the lower bound does not, it surely does not. For GC(s), P_fallback = P(Binomial(n, r) > s); for the
+// its own slow rounds (and a rule that forgets the stragglers it waited for, as the authors' simulation does, only
+// falls back less). Where this bound beats none a scheme surely pays; straggler_coding_sim simulates the waiting
+// itself. For GC(s), P_fallback = P(Binomial(n, r) > s); for the
 // SGC schemes the chance that more than lambda replicas straggle in the window of W rounds ending at the round or
 // one of them breaks the burst condition, exact for independent replicas under the chain (checked per round, as
 // the authors' simulation does: a round that breaks the pattern waits for every replica).
@@ -120,24 +116,19 @@ struct SchemeOutcome {
   CodingParams params;
   double load = 1;
   int delay = 0;
-  double p_fallback = 0;          // per round (none: P(some replica is slow in the round))
-  double max_slow_share = 0;      // E[max_i S_i] / m: the uncoded step's waiting, in rounds of slowdown per round
-  double waited_share = 0;        // what this scheme still waits (none: max_slow_share; coded: at the bound asked for)
-  double step_seconds = 0;        // expected: H(L) (1 + d waited_share)
-  double step_seconds_lower = 0;  // a coded scheme's lower bound (the same as step_seconds for none and persistent)
+  double p_fallback = 0;      // per round (none: P(some replica is slow in the round))
+  double max_slow_share = 0;  // E[max_i S_i] / m: the uncoded step's waiting, in rounds of slowdown per round
+  double waited_share = 0;    // what this scheme still waits (none: max_slow_share; coded: its upper bound)
+  double step_seconds = 0;    // expected: H(L) (1 + d waited_share)
 };
-// Which bound of a coded step to use (module comment): Upper, min(P_fallback, E[max S] / m), says where a scheme
-// surely pays; Lower, min(P_fallback / m, E[max S] / m), where it cannot. The same for persistent stragglers.
-enum class CodedBound { Upper, Lower };
 // One scheme with given parameters. Parameters a scheme cannot have (s >= n, B not dividing W - 1 for SR-SGC,
 // B >= W, lambda > n, delay > m - 1) are refused (mt::Error, kind Config).
 SchemeOutcome evaluate_scheme(CodingScheme s, const CodingParams& q, const StragglerProcess& p, int n, int m,
-                              const HealthyStep& h, CodedBound bound = CodedBound::Upper);
+                              const HealthyStep& h);
 // SR-SGC or M-SGC with the (B, W, lambda), lambda >= 1, delay <= m - 1, that gives the least expected step time
 // (W over every value up to 48 and a geometric ladder beyond; B likewise up to 16). Nothing when m = 1 (no room
 // for a delay) or n = 1.
-std::optional<SchemeOutcome> best_sgc(CodingScheme s, const StragglerProcess& p, int n, int m, const HealthyStep& h,
-                                      CodedBound bound = CodedBound::Upper);
+std::optional<SchemeOutcome> best_sgc(CodingScheme s, const StragglerProcess& p, int n, int m, const HealthyStep& h);
 
 // The rates at which a scheme (SGC schemes with their best parameters at each rate) beats none, at the process's
 // duration and slowdown: the interval [from, to] of rates in (0, max_rate] where its expected step is shorter,
@@ -148,13 +139,13 @@ struct RateInterval {
   double best_rate = 0, best_gain = 0;
 };
 std::optional<RateInterval> paying_rates(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n,
-                                         int m, const HealthyStep& h, CodedBound bound = CodedBound::Upper);
+                                         int m, const HealthyStep& h);
 // The least slowdown at which the scheme beats none at the process's rate and duration. The gain is linear in d
 // for fixed parameters: none - coded = H(1) - H(L) + d (H(1) P_none - H(L) P_coded), so each parameter set pays
 // from (H(L) - H(1)) / (H(1) P_none - H(L) P_coded) when the denominator is positive; the least over parameters.
 // Nothing when no parameter set ever pays.
 std::optional<double> paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p, int n, int m,
-                                      const HealthyStep& h, CodedBound bound = CodedBound::Upper);
+                                      const HealthyStep& h);
 // The least slowdown at which the scheme pays at any rate (at the process's duration), and that rate: the least
 // paying_slowdown over a logarithmic grid of rates from 1e-5 to max_rate (60 points). Nothing when none pays.
 struct SlowdownPoint {
@@ -163,7 +154,6 @@ struct SlowdownPoint {
   double load = 1;
 };
 std::optional<SlowdownPoint> least_paying_slowdown(CodingScheme s, const CodingParams& gc, const StragglerProcess& p,
-                                                   int n, int m, const HealthyStep& h,
-                                                   CodedBound bound = CodedBound::Upper);
+                                                   int n, int m, const HealthyStep& h);
 
 }  // namespace mt::perf
