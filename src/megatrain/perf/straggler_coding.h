@@ -18,7 +18,7 @@
 // The schemes, each as its computational load (work per replica per round, relative to the uncoded 1 micro-batch)
 // and the straggler patterns it tolerates; the delay T is how many rounds after its own a round's job may finish
 // (a step's jobs must finish inside the step: T <= m - 1).
-//  * none: load 1; every round waits for its slowest replica.
+//  * none: load 1; the step waits for its slowest replica.
 //  * GC(s) (Tandon, Lei, Dimakis, Karampatziakis, "Gradient Coding", ICML 2017): each replica computes s + 1 tasks
 //    per round (load s + 1, i.e. (s + 1) / n of the round's total); tolerates any s stragglers in a round; T = 0.
 //  * SR-SGC and M-SGC (Krishnan, Ebrahimi, Khisti, "Sequential Gradient Coding For Straggler Mitigation",
@@ -28,8 +28,8 @@
 //    SR-SGC (selective reattempt: GC(s) plus repeating unfinished tasks B rounds later): B divides W - 1,
 //    s = ceil(B lambda / (W - 1 + B)), load s + 1, T = B.
 //    M-SGC (multiplexed: GC over a subset of the minitasks, repetition for the rest):
-//    load n (lambda + 1)(W - 1 + B) / (n (B + (W - 1)(lambda + 1))) for lambda < n, (W - 1 + B) / (W - 1) for
-//    lambda = n; T = W - 2 + B. (The paper's load formulas, normalised there by n; they agree with the authors'
+//    load (lambda + 1)(W - 1 + B) / (B + (W - 1)(lambda + 1)) for lambda < n, (W - 1 + B) / (W - 1) for
+//    lambda = n; T = W - 2 + B. (The paper's load formulas, which it divides by n; they agree with the authors'
 //    released simulation code, github.com/mamaj/Sequential-Gradient-Coding, whose per-round check of the pattern
 //    straggler_coding_sim follows.)
 //
@@ -45,10 +45,10 @@
 // because what a replica is still waited for is at most the fallback rounds (m P_fallback on average) and at most
 // its own slow rounds (and a rule that forgets the stragglers it waited for, as the authors' simulation does, only
 // falls back less). Where this bound beats none a scheme surely pays; straggler_coding_sim simulates the waiting
-// itself. For GC(s), P_fallback = P(Binomial(n, r) > s); for the
-// SGC schemes the chance that more than lambda replicas straggle in the window of W rounds ending at the round or
-// one of them breaks the burst condition, exact for independent replicas under the chain (checked per round, as
-// the authors' simulation does: a round that breaks the pattern waits for every replica).
+// itself. For GC(s), P_fallback = P(Binomial(n, r) > s); for the SGC schemes it is the chance that more than
+// lambda replicas straggle in the window of W rounds ending at the round or one of them breaks the burst
+// condition, exact for independent replicas under the chain (checked per round, as the authors' simulation does:
+// a round that breaks the pattern waits for every replica).
 // Left out, each in coding's favour: decoding and the coded combination's arithmetic, the extra memory of s + 1
 // micro-batches' activations, and the delay T's effect on the step's last rounds.
 #pragma once
