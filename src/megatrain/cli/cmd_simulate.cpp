@@ -8,6 +8,8 @@
 //   megatrain simulate --search --gpus N --batch N [--mem-limit GiB] [--top K] [--json]
 //   megatrain simulate --scale ...      (group init, checkpoint and failure costs of the layout)
 //   megatrain simulate --constants      (every constant of the cluster file with its source)
+//   megatrain simulate --straggler-coding [--gpus N] [--batch N] [--straggler-rate R] [--straggler-duration D]
+//                      [--straggler-slowdown S] [--json]   (when gradient coding beats waiting for slow replicas)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -22,6 +24,8 @@
 #include "megatrain/core/resources.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/perf/calibration.h"
+#include "megatrain/perf/coding_at_scale.h"
+#include "megatrain/perf/coding_report.h"
 #include "megatrain/perf/measured_runs.h"
 #include "megatrain/perf/presets.h"
 #include "megatrain/perf/report.h"
@@ -40,6 +44,8 @@ struct SimulateArgs {
   std::string preset, recompute = "selective", calibrate;
   int batch = 0, gpus = 0, top = 10;
   double mem_limit_gib = 0, mtbf_hours = 0;
+  double straggler_rate = 0, straggler_duration = 0, straggler_slowdown = 0;
+  bool straggler_coding = false, rate_given = false, slowdown_given = false, duration_given = false;
   bool ptb = false, swa = false, tp_overlap = false, pp_overlap = false, dp_overlap = false, fused = false;
   bool misc = false, megascale = false, json_out = false, search = false, scale = false, constants = false;
   bool balance = false;
@@ -84,6 +90,16 @@ void add_simulate_options(CLI::App& app, SimulateArgs& a) {
   app.add_option("--mtbf-hours", a.mtbf_hours, "node MTBF for --scale (default: the cluster file's)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--constants", a.constants, "print the cluster's constants with their sources");
+  app.add_flag("--straggler-coding", a.straggler_coding,
+               "when gradient coding (GC, SR-SGC, M-SGC) beats waiting for slow replicas, at 1,024-12,288 GPUs (or "
+               "--gpus) with the config's tp x pp replicas and --batch (default 6144)");
+  app.add_option("--straggler-rate", a.straggler_rate,
+                 "for --straggler-coding: probability that a replica is slow in a micro-batch round (default: the "
+                 "cluster's slow-node fraction per replica)");
+  app.add_option("--straggler-duration", a.straggler_duration,
+                 "for --straggler-coding: mean rounds a straggler burst lasts (default 0: persistent)");
+  app.add_option("--straggler-slowdown", a.straggler_slowdown,
+                 "for --straggler-coding: how much slower a slow replica runs, 0.1 = 10% (default: the cluster's)");
   app.add_flag("--json", a.json_out, "JSON instead of tables");
   app.allow_extras();
 }
@@ -347,6 +363,26 @@ void print_prediction(const SimulateArgs& a, const perf::Job& job, const perf::C
     fmt::print("{}", text);
 }
 
+// --straggler-coding: the coding schemes' expected steps at each GPU count, where they pay, and the verdict.
+void print_coding(const SimulateArgs& a, const RunConfig& cfg, const std::vector<std::string>& overrides, perf::Job job,
+                  const perf::Cluster& cluster) {
+  using namespace mt::perf;
+  SimulateArgs layout_args = a;
+  layout_args.batch = 0;  // the batch is split per GPU count, not over the config's dp
+  job.layout = simulated_layout(layout_args, cfg, overrides);
+  CodingOptions o;
+  if (a.gpus > 0) o.gpus = {a.gpus};
+  if (a.batch > 0) o.global_batch = a.batch;
+  if (a.rate_given) o.rate = a.straggler_rate;  // coding_study refuses values out of range, naming the flag
+  if (a.slowdown_given) o.slowdown = a.straggler_slowdown;
+  o.duration = a.straggler_duration;
+  const CodingStudy s = coding_study(job, cluster, o);
+  if (a.json_out)
+    fmt::print("{}\n", to_json(s, job, cluster).dump(2));
+  else
+    fmt::print("{}", format_coding(s, job, cluster));
+}
+
 }  // namespace
 
 int cmd_simulate(int argc, char** argv) {
@@ -363,6 +399,15 @@ int cmd_simulate(int argc, char** argv) {
     fail_as(ErrorKind::Config, "--balance chooses the split of one layout: it does not apply to --{}",
             a.search ? "search" : "preset");
   const std::vector<std::string> overrides = simulate_overrides(app.remaining());
+  a.rate_given = app.count("--straggler-rate") > 0;
+  a.slowdown_given = app.count("--straggler-slowdown") > 0;
+  a.duration_given = app.count("--straggler-duration") > 0;
+  if ((a.rate_given || a.slowdown_given || a.duration_given) && !a.straggler_coding)
+    fail_as(ErrorKind::Config,
+            "--straggler-rate, --straggler-duration and --straggler-slowdown need --straggler-coding");
+  if (a.straggler_coding && (a.search || a.balance || a.scale || !a.preset.empty() || !a.calibrate.empty()))
+    fail_as(ErrorKind::Config, "--straggler-coding does not combine with --search, --balance, --scale, --preset or "
+                               "--calibrate");
 
   using namespace mt::perf;
   const Cluster cluster = load_cluster(a.cluster_path);
@@ -384,6 +429,10 @@ int cmd_simulate(int argc, char** argv) {
     return 0;
   }
   Job job = simulated_job(a, cfg);
+  if (a.straggler_coding) {
+    print_coding(a, cfg, overrides, job, cluster);
+    return 0;
+  }
   if (a.search) {
     print_search(a, cfg, job, cluster);
     return 0;
