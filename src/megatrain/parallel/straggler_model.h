@@ -29,7 +29,7 @@ struct BurstyModel {
   int lambda = 1;  // most distinct stragglers inside a window
 };
 
-// Config errors naming parallel.straggler_B / _W / _lambda and the bound broken: 1 <= B < W, 1 <= lambda <= n.
+// Config errors naming parallel.straggler_burst / _window / _lambda and the bound broken: 1 <= B < W, 1 <= lambda <= n.
 void validate_bursty_model(const BurstyModel& m, int workers);
 
 // Whether every round has at most s stragglers.

@@ -1,0 +1,134 @@
+// Straggler-tolerant data parallelism (parallel.straggler_coding, train/coded_forward_backward.h) on real jobs:
+// `megatrain launch --nproc 4 -- train --parallel.dp=4` under gc, sr-sgc and m-sgc, with a replica made slow by the
+// slowburst fault (it sleeps 29x its round's compute time in the rounds named). The oracle is the uncoded step on
+// the same global batch: one process reading dp x data.batch_size rows per micro-batch (what the dp tests compare
+// against), and its reordered twin measures the noise floor (noise_floor.h): the coded step sums the same
+// micro-batch gradients, each exactly once, in another order (pieces, then the replicas' all-reduce), whichever
+// replicas straggled, so its losses, gradient norms, final parameters and moments sit within that floor.
+// No assertion on speed: where a slow replica is named as a straggler depends on the machine's load, a test asserts
+// it only where many slow rounds make one acceptance certain in practice, and otherwise asserts on the metrics'
+// consistency (every step's rounds, the redundancy the scheme pays, waited rounds logged).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "megatrain/ckpt/checkpoint.h"
+#include "support/files.h"
+#include "support/launch_testutil.h"
+#include "support/megatrain.h"
+#include "support/metrics.h"
+#include "support/parallel_testutil.h"
+
+using namespace ptest;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kDp = 4, kRows = 2;  // replicas, rows per micro-batch per replica
+
+// The shared flags, for the uncoded single process (rows = kDp x kRows) and the coded job (rows = kRows).
+std::string flags(const std::string& out, int rows, int accum, const std::string& extra = "") {
+  return common_args(out, rows, /*n_layer=*/2, fmt::format(" --train.grad_accum={} --parallel.timeout_s=60", accum) +
+                                                   extra);
+}
+
+// The coded job's launcher command line: 4 replicas, `coding` (the parallel.straggler_* flags).
+std::string coded(const std::string& out, int accum, const std::string& coding, const std::string& extra = "") {
+  return kMegatrain + " launch --nproc 4 -- train" + flags(out, kRows, accum, " --parallel.dp=4" + coding + extra);
+}
+
+// Runs with MEGATRAIN_FAULTS = faults; output to log. Must succeed.
+void run_with_faults(const std::string& cmd, const std::string& faults, const std::string& log) {
+  const std::string env = faults.empty() ? "" : "MEGATRAIN_FAULTS='" + faults + "' ";
+  ASSERT_EQ(std::system((env + cmd + " > " + log + " 2>&1").c_str()), 0) << cmd << "\n" << mt::test::slurp(log);
+}
+
+struct Case {
+  std::string name, coding, faults;
+  int accum = 2;
+  int rounds = 2;          // of each step: train.grad_accum + the scheme's delay
+  double redundancy = 2;   // the load paid at least (micro-batches computed / the uncoded step's)
+  bool waits = false;      // the slow pattern is outside the scheme's model: rounds wait, and say so
+  int named = -1;          // a replica that must be named a straggler at least once (-1: not asserted)
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class StragglerCoding : public ::testing::TestWithParam<Case> {};
+
+// The coded job against the uncoded step on the same global batch, and its per-step straggler metrics.
+TEST_P(StragglerCoding, ADp4JobWithASlowReplicaGivesTheUncodedRun) {
+  prepare();
+  const Case& c = GetParam();
+  const Trio t = fresh_trio("mt_straggler", c.name);
+  run(kMegatrain + " train" + flags(t.single, kDp * kRows, c.accum));
+  run_twin(kDp * kRows, flags(t.alt, kDp * kRows, c.accum));
+  const std::string log = t.multi + ".log";
+  run_with_faults(coded(t.multi, c.accum, c.coding), c.faults, log);
+  expect_equivalent(t, "dp4 " + c.name);
+
+  const auto lines = mt::test::metrics_of(t.multi + "/metrics.jsonl", "train");
+  ASSERT_EQ(lines.size(), 5u);
+  int waited = 0;
+  bool named = false;
+  for (const auto& l : lines) {
+    ASSERT_TRUE(l.contains("straggler")) << l.dump();
+    const auto& s = l["straggler"];
+    EXPECT_EQ(s["rounds"], c.rounds) << l.dump();
+    EXPECT_GE(s["redundancy"].get<double>(), c.redundancy) << l.dump();
+    EXPECT_GE(s["seconds_saved"].get<double>(), 0) << l.dump();
+    waited += s["rounds_waited"].get<int>();
+    for (const auto& st : s["stragglers"]) named = named || st["replica"] == c.named;
+  }
+  const std::string text = mt::test::slurp(log);
+  if (c.waits) {
+    EXPECT_GE(waited, 1) << text;
+    EXPECT_NE(text.find("waited for replicas"), std::string::npos) << text;
+  }
+  if (c.named >= 0) EXPECT_TRUE(named) << "replica " << c.named << " never straggled a round:\n" << text;
+  EXPECT_NE(text.find("fault injected: slowburst"), std::string::npos) << text;
+}
+
+// Rounds count from 0 within a step; steps 1-2 give every replica the deadline's history (3 rounds at least).
+INSTANTIATE_TEST_SUITE_P(
+    Schemes, StragglerCoding,
+    ::testing::Values(
+        // gc s=1: replica 2 slow in five rounds: at least one of them goes on without it.
+        Case{"gc", " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=4",
+             "slowburst:rank=2:factor=30:rounds=3.0,3.1,4.0,4.1,5.0", 2, 2, 2, false, 2},
+        // Two slow replicas in one round are beyond gc s=1: the round waits for them, and says so.
+        Case{"gc_outside_model",
+             " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=4",
+             "slowburst:rank=1:factor=30:rounds=3.1;slowburst:rank=2:factor=30:rounds=3.1", 2, 2, 2, true, -1},
+        // sr-sgc (B=1, W=2, lambda=1: s=1): a job is due one round late, so a step has grad_accum + 1 rounds.
+        Case{"sr_sgc",
+             " --parallel.straggler_coding=sr-sgc --parallel.straggler_burst=1 --parallel.straggler_window=2 "
+             "--parallel.straggler_lambda=1 --parallel.straggler_deadline=4",
+             "slowburst:rank=1:factor=30:rounds=3.0,4.1", 2, 3, 1, false, -1},
+        // m-sgc (B=1, W=2, lambda=1): jobs of 12 micro-batches (3 per replica), one job per step of
+        // grad_accum 3, delay 1; the slow rounds drawn by the bursty generator.
+        Case{"m_sgc",
+             " --parallel.straggler_coding=m-sgc --parallel.straggler_burst=1 --parallel.straggler_window=2 "
+             "--parallel.straggler_lambda=1 --parallel.straggler_deadline=4",
+             "slowburst:rank=3:factor=30:b=1:w=2:lambda=1:p=0.5:seed=3", 3, 2, 1, false, -1}),
+    CaseName());
+
+// A coded run without stragglers (a deadline no round reaches: every round waits for everyone, so every step keeps
+// the same pieces) resumed from its step-3 checkpoint logs steps 4 and 5 bit for bit as the uninterrupted run.
+TEST(StragglerCodingResume, AResumedGcRunIsBitIdenticalToTheUninterruptedOne) {
+  prepare();
+  const std::string full = fresh_dir("mt_straggler_resume_full");
+  const std::string coding =
+      " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=1000";
+  run_with_faults(coded(full, 2, coding, " --ckpt.every=3"), "", full + ".log");
+  const std::string resumed = fresh_dir("mt_straggler_resume_resumed");
+  run_with_faults(coded(resumed, 2, coding, " --ckpt.resume=" + step3(full)), "", resumed + ".log");
+  const std::vector<std::string> want = mt::test::step_losses(full + "/metrics.jsonl");
+  const std::vector<std::string> got = mt::test::step_losses(resumed + "/metrics.jsonl");
+  ASSERT_EQ(want.size(), 5u);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], want[3]);
+  EXPECT_EQ(got[1], want[4]);
+}
+
+}  // namespace
