@@ -1,6 +1,6 @@
 // Straggler-tolerant data parallelism (parallel.straggler_coding, train/coded_forward_backward.h) on real jobs:
 // `megatrain launch --nproc 4 -- train --parallel.dp=4` under gc, sr-sgc and m-sgc, with a replica made slow by the
-// slowburst fault (it sleeps 29x its round's compute time in the rounds named). The oracle is the uncoded step on
+// slowburst fault (it sleeps 59x its round's compute time in the rounds named). The oracle is the uncoded step on
 // the same global batch: one process reading dp x data.batch_size rows per micro-batch (what the dp tests compare
 // against), and its reordered twin measures the noise floor (noise_floor.h): the coded step sums the same
 // micro-batch gradients, each exactly once, in another order (pieces, then the replicas' all-reduce), whichever
@@ -85,7 +85,9 @@ TEST_P(StragglerCoding, ADp4JobWithASlowReplicaGivesTheUncodedRun) {
     EXPECT_GE(waited, 1) << text;
     EXPECT_NE(text.find("waited for replicas"), std::string::npos) << text;
   }
-  if (c.named >= 0) EXPECT_TRUE(named) << "replica " << c.named << " never straggled a round:\n" << text;
+  if (c.named >= 0) {
+    EXPECT_TRUE(named) << "replica " << c.named << " never straggled a round:\n" << text;
+  }
   EXPECT_NE(text.find("fault injected: slowburst"), std::string::npos) << text;
 }
 
@@ -94,23 +96,24 @@ INSTANTIATE_TEST_SUITE_P(
     Schemes, StragglerCoding,
     ::testing::Values(
         // gc s=1: replica 2 slow in five rounds: at least one of them goes on without it.
-        Case{"gc", " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=4",
-             "slowburst:rank=2:factor=30:rounds=3.0,3.1,4.0,4.1,5.0", 2, 2, 2, false, 2},
+        Case{"gc", " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=8",
+             "slowburst:rank=2:factor=60:rounds=3.0,3.1,4.0,4.1,5.0", 2, 2, 2, false, 2},
         // Two slow replicas in one round are beyond gc s=1: the round waits for them, and says so.
         Case{"gc_outside_model",
-             " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=4",
-             "slowburst:rank=1:factor=30:rounds=3.1;slowburst:rank=2:factor=30:rounds=3.1", 2, 2, 2, true, -1},
+             " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=8",
+             "slowburst:rank=1:factor=60:rounds=3.1;slowburst:rank=2:factor=60:rounds=3.1", 2, 2, 2, true, -1},
         // sr-sgc (B=1, W=2, lambda=1: s=1): a job is due one round late, so a step has grad_accum + 1 rounds.
         Case{"sr_sgc",
              " --parallel.straggler_coding=sr-sgc --parallel.straggler_burst=1 --parallel.straggler_window=2 "
-             "--parallel.straggler_lambda=1 --parallel.straggler_deadline=4",
-             "slowburst:rank=1:factor=30:rounds=3.0,4.1", 2, 3, 1, false, -1},
+             "--parallel.straggler_lambda=1 --parallel.straggler_deadline=8",
+             "slowburst:rank=1:factor=60:rounds=3.0,4.1", 2, 3, 1, false, -1},
         // m-sgc (B=1, W=2, lambda=1): jobs of 12 micro-batches (3 per replica), one job per step of
-        // grad_accum 3, delay 1; the slow rounds drawn by the bursty generator.
+        // grad_accum 3, delay 1; the slow rounds drawn by the bursty generator (p=1: replica 0 starts a burst
+        // whenever the model lets it, every other round).
         Case{"m_sgc",
              " --parallel.straggler_coding=m-sgc --parallel.straggler_burst=1 --parallel.straggler_window=2 "
-             "--parallel.straggler_lambda=1 --parallel.straggler_deadline=4",
-             "slowburst:rank=3:factor=30:b=1:w=2:lambda=1:p=0.5:seed=3", 3, 2, 1, false, -1}),
+             "--parallel.straggler_lambda=1 --parallel.straggler_deadline=8",
+             "slowburst:rank=0:factor=60:b=1:w=2:lambda=1:p=1:seed=1", 3, 2, 1, false, -1}),
     CaseName());
 
 // A coded run without stragglers (a deadline no round reaches: every round waits for everyone, so every step keeps
