@@ -135,3 +135,43 @@ TEST(StragglerCodingResume, AResumedGcRunIsBitIdenticalToTheUninterruptedOne) {
 }
 
 }  // namespace
+
+namespace {
+
+// A coded job (gc, no deadline a round reaches: the same pieces kept every step, so runs are bit-identical) under
+// `megatrain launch --max-restarts`: rank 2 killed with SIGKILL once step 5 is logged; the job recovers from its
+// step-4 checkpoint and logs the undisturbed coded run's losses bit for bit.
+TEST(StragglerCodingLaunch, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturbedCodedRun) {
+  prepare();
+  const std::string clean = fresh_dir("mt_straggler_kill_clean"), out = fresh_dir("mt_straggler_kill_run");
+  const std::string coding =
+      " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=1000"
+      " --train.steps=8 --ckpt.every=2 --ckpt.save_final=false --train.log_every=1";
+  run_with_faults(coded(clean, 2, coding), "", clean + ".log");
+  const std::vector<std::string> want = mt::test::step_losses(clean + "/metrics.jsonl");
+  ASSERT_EQ(want.size(), 8u);
+
+  std::vector<std::string> args = {"launch", "--nproc", "4", "--max-restarts", "3", "--backoff", "0", "--", "train"};
+  const std::string job = flags(out, kRows, 2, " --parallel.dp=4" + coding);
+  for (size_t b = 1, e; b < job.size(); b = e + 1) {  // the flags, each after a space
+    e = job.find(' ', b);
+    if (e == std::string::npos) e = job.size();
+    if (e > b) args.push_back(job.substr(b, e - b));
+  }
+  ::setenv("MEGATRAIN_FAULTS", mt::test::slow_from_step6().c_str(), 1);  // attempt 0 only: time to act
+  const pid_t launcher = mt::test::start_logged(kMegatrain, args, out + ".log");
+  ::unsetenv("MEGATRAIN_FAULTS");
+  const double t0 = mt::now_seconds();
+  while (mt::test::last_step(out + "/metrics.jsonl") < 5) {
+    ASSERT_EQ(::waitpid(launcher, nullptr, WNOHANG), 0) << "the job ended before step 5\n" << mt::test::slurp(out + ".log");
+    ASSERT_LT(mt::now_seconds() - t0, 300) << "step 5 never came";
+    std::this_thread::sleep_for(20ms);
+  }
+  const pid_t victim = mt::test::rank_pid(launcher, 2);
+  ASSERT_GT(victim, 0);
+  ::kill(victim, SIGKILL);
+  ASSERT_EQ(mt::test::finish_within(launcher, 400), 0) << mt::test::slurp(out + ".log");
+  EXPECT_EQ(mt::test::step_losses(out + "/metrics.jsonl"), want) << mt::test::slurp(out + ".log");
+}
+
+}  // namespace
