@@ -29,8 +29,8 @@ constexpr int kDp = 4, kRows = 2;  // replicas, rows per micro-batch per replica
 
 // The shared flags, for the uncoded single process (rows = kDp x kRows) and the coded job (rows = kRows).
 std::string flags(const std::string& out, int rows, int accum, const std::string& extra = "") {
-  return common_args(out, rows, /*n_layer=*/2, fmt::format(" --train.grad_accum={} --parallel.timeout_s=60", accum) +
-                                                   extra);
+  return common_args(out, rows, /*n_layer=*/2,
+                     fmt::format(" --train.grad_accum={} --parallel.timeout_s=60", accum) + extra);
 }
 
 // The coded job's launcher command line: 4 replicas, `coding` (the parallel.straggler_* flags).
@@ -47,10 +47,10 @@ void run_with_faults(const std::string& cmd, const std::string& faults, const st
 struct Case {
   std::string name, coding, faults;
   int accum = 2;
-  int rounds = 2;          // of each step: train.grad_accum + the scheme's delay
-  double redundancy = 2;   // the load paid at least (micro-batches computed / the uncoded step's)
-  bool waits = false;      // the slow pattern is outside the scheme's model: rounds wait, and say so
-  int named = -1;          // a replica that must be named a straggler at least once (-1: not asserted)
+  int rounds = 2;         // of each step: train.grad_accum + the scheme's delay
+  double redundancy = 2;  // the load paid at least (micro-batches computed / the uncoded step's)
+  bool waits = false;     // the slow pattern is outside the scheme's model: rounds wait, and say so
+  int named = -1;         // a replica that must be named a straggler at least once (-1: not asserted)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -163,7 +163,8 @@ TEST(StragglerCodingLaunch, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturb
   ::unsetenv("MEGATRAIN_FAULTS");
   const double t0 = mt::now_seconds();
   while (mt::test::last_step(out + "/metrics.jsonl") < 5) {
-    ASSERT_EQ(::waitpid(launcher, nullptr, WNOHANG), 0) << "the job ended before step 5\n" << mt::test::slurp(out + ".log");
+    ASSERT_EQ(::waitpid(launcher, nullptr, WNOHANG), 0) << "the job ended before step 5\n"
+                                                        << mt::test::slurp(out + ".log");
     ASSERT_LT(mt::now_seconds() - t0, 300) << "step 5 never came";
     std::this_thread::sleep_for(20ms);
   }

@@ -31,8 +31,9 @@ TEST(StragglerCodingConfig, TheDefaultIsNoneAndChangesNothing) {
 }
 
 TEST(StragglerCodingConfig, GcAcceptsADivisibleLayout) {
-  const RunConfig c = parse_run_config(
-      "", "test.toml", {"--parallel.dp=4", "--parallel.straggler_coding=gc", "--parallel.straggler_s=1"});
+  const RunConfig c = parse_run_config("", "test.toml",
+                                       {"--parallel.dp=4", "--parallel.straggler_coding=gc",
+                                        "--parallel.straggler_s=1"});
   EXPECT_EQ(c.parallel.straggler_code().scheme, StragglerScheme::Gc);
   EXPECT_EQ(c.parallel.straggler_code().s, 1);
 }
@@ -57,16 +58,16 @@ TEST(StragglerCodingConfig, PipelineAndTensorParallelismAreRefusedByName) {
 
 TEST(StragglerCodingConfig, MSgcNamesTheGradAccumThatFits) {
   // B=1, W=2, lambda=1 on 4 replicas: jobs of 3 micro-batches per replica.
-  const std::string e =
-      config_error({"--parallel.dp=4", "--parallel.straggler_coding=m-sgc", "--parallel.straggler_burst=1",
-                    "--parallel.straggler_window=2", "--parallel.straggler_lambda=1", "--train.grad_accum=2"});
+  const std::string e = config_error({"--parallel.dp=4", "--parallel.straggler_coding=m-sgc",
+                                      "--parallel.straggler_burst=1", "--parallel.straggler_window=2",
+                                      "--parallel.straggler_lambda=1", "--train.grad_accum=2"});
   EXPECT_TRUE(has(e, "train.grad_accum = 2 must be a multiple of 3")) << e;
 }
 
 TEST(StragglerCodingConfig, SrSgcNamesTheDelayAgainstGradAccum) {
-  const std::string e =
-      config_error({"--parallel.dp=4", "--parallel.straggler_coding=sr-sgc", "--parallel.straggler_burst=1",
-                    "--parallel.straggler_window=2", "--parallel.straggler_lambda=1", "--train.grad_accum=1"});
+  const std::string e = config_error({"--parallel.dp=4", "--parallel.straggler_coding=sr-sgc",
+                                      "--parallel.straggler_burst=1", "--parallel.straggler_window=2",
+                                      "--parallel.straggler_lambda=1", "--train.grad_accum=1"});
   EXPECT_TRUE(has(e, "train.grad_accum - 1")) << e;
 }
 

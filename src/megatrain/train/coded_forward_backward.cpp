@@ -20,8 +20,8 @@ namespace mt {
 namespace {
 
 constexpr auto kStragglerPoll = std::chrono::milliseconds(2);  // between looks at the store
-constexpr size_t kRoundHistory = 16;                          // recent per-micro-batch compute times kept
-constexpr size_t kMinRoundHistory = 3;                        // below this: no deadline, the round waits for all
+constexpr size_t kRoundHistory = 16;                           // recent per-micro-batch compute times kept
+constexpr size_t kMinRoundHistory = 3;                         // below this: no deadline, the round waits for all
 
 std::string bitmap_text(const std::vector<bool>& b) {
   std::string s;
@@ -56,8 +56,8 @@ class SlowRounds {
     for (const Fault& f : faults_for(FaultKind::SlowBurst, rank)) {
       Item it{f, {}};
       if (f.burst_b > 0)
-        it.pattern = bursty_pattern(workers, steps * rounds_per_step, {f.burst_b, f.burst_w, f.burst_lambda},
-                                    f.burst_p, f.burst_seed);
+        it.pattern = bursty_pattern(workers, steps * rounds_per_step, {f.burst_b, f.burst_w, f.burst_lambda}, f.burst_p,
+                                    f.burst_seed);
       items_.push_back(std::move(it));
     }
   }
@@ -116,9 +116,8 @@ struct RoundEnd {
 class CodedForwardBackward final : public ForwardBackward {
  public:
   CodedForwardBackward(const RunConfig& cfg, Topology& topo, ModelStack& stack)
-      : cfg_(cfg), topo_(topo), model_(*stack.model), n_(topo.shape.dp), me_(topo.coord.dp),
-        m_(cfg.train.grad_accum), B_(cfg.data.batch_size), T_(cfg.data.seq_len),
-        timeout_(std::chrono::seconds(cfg.parallel.timeout_s)),
+      : cfg_(cfg), topo_(topo), model_(*stack.model), n_(topo.shape.dp), me_(topo.coord.dp), m_(cfg.train.grad_accum),
+        B_(cfg.data.batch_size), T_(cfg.data.seq_len), timeout_(std::chrono::seconds(cfg.parallel.timeout_s)),
         slow_(topo.rank_info.rank, topo.coord.dp, topo.shape.dp,
               StragglerCode(cfg.parallel.straggler_code(), topo.shape.dp, cfg.train.grad_accum).rounds(),
               cfg.train.steps) {
@@ -149,10 +148,10 @@ class CodedForwardBackward final : public ForwardBackward {
   Millis timeout_;
   SlowRounds slow_;
   int step_ = 0, seq_ = 0;
-  std::deque<double> history_;                // recent per-micro-batch compute seconds of this rank
-  std::vector<HeldPiece> held_;               // pieces whose jobs are not decoded yet
-  std::vector<float> sum_;                    // the kept pieces' gradient sum
-  double loss_sum_ = 0;                       // and their loss sum
+  std::deque<double> history_;                   // recent per-micro-batch compute seconds of this rank
+  std::vector<HeldPiece> held_;                  // pieces whose jobs are not decoded yet
+  std::vector<float> sum_;                       // the kept pieces' gradient sum
+  double loss_sum_ = 0;                          // and their loss sum
   std::vector<std::vector<bool>> last_bitmaps_;  // the last run()'s agreed bitmaps, for rerun()
   std::optional<StragglerStepReport> report_;
   std::vector<bool> decided_;  // the current round's decision once seen
