@@ -1,6 +1,6 @@
 // Straggler-tolerant data parallelism (parallel.straggler_coding, train/coded_forward_backward.h) on real jobs:
 // `megatrain launch --nproc 4 -- train --parallel.dp=4` under gc, sr-sgc and m-sgc, with a replica made slow by the
-// slowburst fault (it sleeps 59x its round's compute time in the rounds named). The oracle is the uncoded step on
+// slowburst fault (each of its micro-batches takes 60x its usual compute time in the rounds named). The oracle is the uncoded step on
 // the same global batch: one process reading dp x data.batch_size rows per micro-batch (what the dp tests compare
 // against), and its reordered twin measures the noise floor (noise_floor.h): the coded step sums the same
 // micro-batch gradients, each exactly once, in another order (pieces, then the replicas' all-reduce), whichever

@@ -174,7 +174,8 @@ std::vector<Fault> parse_faults(const std::string& text, const std::string& sour
       if (!seen.count(k)) fail_as(ErrorKind::Config, "{}: missing key '{}' ({} takes {})", where, k, kind, ks.keys);
     if (f.kind == FaultKind::SlowBurst) {
       const bool model = seen.count("b") || seen.count("w") || seen.count("lambda");
-      if (model == seen.count("rounds") > 0 || (model && !(seen.count("b") && seen.count("w") && seen.count("lambda"))))
+      if (model == (seen.count("rounds") > 0) ||
+          (model && !(seen.count("b") && seen.count("w") && seen.count("lambda"))))
         fail_as(ErrorKind::Config, "{}: slowburst takes either rounds=... or all of b, w and lambda ({})", where,
                 ks.keys);
       if (!model && (seen.count("p") || seen.count("seed")))

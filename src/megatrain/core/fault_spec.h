@@ -27,9 +27,9 @@
 //                              has finished it and before its data-parallel reduction, once: a transient fault the
 //                              reduction spreads to every replica (found by train.sdc_rerun_on_spike; train/sdc_rerun.h)
 //   slowburst:rank=R:factor=F:rounds=S.R,S.R,...   straggler coding's slow replica (parallel.straggler_coding): in
-//                              round R of step S (rounds count from 0 within a step) rank R, having computed its
-//                              round's pieces, sleeps (F-1) x their compute time before reporting them, a sleep it
-//                              cuts short when the job abandons its round
+//                              round R of step S (rounds count from 0 within a step) each micro-batch of rank R
+//                              takes F x its median compute time (the extra slept at the first layer boundary of
+//                              its forward), a sleep it cuts short when the job goes on without it
 //   slowburst:rank=R:factor=F:b=B:w=W:lambda=L[:p=P][:seed=N]   the same in the rounds the (B, W, L)-bursty
 //                              generator draws (parallel/straggler_model.h: bursty_pattern over the data-parallel
 //                              replicas and the run's rounds, a burst starting with probability P, default 0.2,

@@ -107,6 +107,9 @@ struct RoundKeys {
   std::string decision() const { return base + "decision"; }
 };
 
+// Thrown from the model's layer hooks when this rank abandons its round mid-piece; caught by the round.
+struct RoundAbandoned {};
+
 // What one round ended with, on this rank.
 struct RoundEnd {
   std::vector<bool> bitmap;  // the agreed stragglers
@@ -122,7 +125,23 @@ class CodedForwardBackward final : public ForwardBackward {
               StragglerCode(cfg.parallel.straggler_code(), topo.shape.dp, cfg.train.grad_accum).rounds(),
               cfg.train.steps) {
     MT_CHECK(topo.store, "straggler coding needs the job's rendezvous store (a launched job of parallel.dp >= 2)");
+    // Between layers (forward: before a layer reads its parameters; backward: once a layer's gradients are done)
+    // a straggler looks for the round's decision, and a slow replica pays its injected sleep.
+    inner_hooks_ = model_.hooks();
+    GptHooks h;
+    h.before_params_used = [this](int first, int end) {
+      if (inner_hooks_.before_params_used) inner_hooks_.before_params_used(first, end);
+      between_layers();
+    };
+    h.grads_ready = [this](int first) {
+      if (inner_hooks_.grads_ready) inner_hooks_.grads_ready(first);
+      between_layers();
+    };
+    model_.set_hooks(h);
   }
+  ~CodedForwardBackward() override { model_.set_hooks(inner_hooks_); }
+  CodedForwardBackward(const CodedForwardBackward&) = delete;
+  CodedForwardBackward& operator=(const CodedForwardBackward&) = delete;
   void set_step(int step) override { step_ = step; }
   CommTime take_tp_time() override { return {}; }
   std::optional<StragglerStepReport> take_straggler_report() override { return std::exchange(report_, std::nullopt); }
@@ -139,6 +158,7 @@ class CodedForwardBackward final : public ForwardBackward {
   void report(const StragglerCode& code, int seq);
   void note_waits(const StragglerCode& code, int round, const std::vector<bool>& bitmap, RoundOutcome o) const;
   bool abandons(const StragglerCode& code, const RoundKeys& k);
+  void between_layers();
   Store& store() { return *topo_.store; }
 
   const RunConfig& cfg_;
@@ -156,7 +176,31 @@ class CodedForwardBackward final : public ForwardBackward {
   std::optional<StragglerStepReport> report_;
   std::vector<bool> decided_;  // the current round's decision once seen
   bool have_decision_ = false;
+  int abandon_verdict_ = -1;  // -1: not worked out yet for this round's decision
+  GptHooks inner_hooks_;      // the Update's (ZeRO-2's), called first
+  // While a round runs under the agreement: its code and keys (null otherwise: a replay never abandons), when the
+  // store was last looked at, and the injected sleep the next layer boundary owes (and what was slept in all).
+  const StragglerCode* live_code_ = nullptr;
+  const RoundKeys* live_keys_ = nullptr;
+  double last_look_ = 0, owed_sleep_ = 0, slept_ = 0;
+  double slow_factor_ = 1;  // this round's slowburst factor
 };
+
+// At a layer boundary of a round under the agreement: pays the injected sleep owed (in slices, looking for the
+// decision between them), and at most once a millisecond looks for a decision that lets this rank abandon.
+void CodedForwardBackward::between_layers() {
+  if (!live_code_) return;
+  const double owed = std::exchange(owed_sleep_, 0.0);
+  const double until = now_seconds() + owed;
+  for (double t = now_seconds(); t < until; t = now_seconds()) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(until - t, 0.005)));
+    slept_ += now_seconds() - t;
+    if (abandons(*live_code_, *live_keys_)) throw RoundAbandoned{};
+  }
+  if (now_seconds() - last_look_ < 1e-3) return;
+  last_look_ = now_seconds();
+  if (abandons(*live_code_, *live_keys_)) throw RoundAbandoned{};
+}
 
 double CodedForwardBackward::compute_piece(int round, int index, const Piece& p,
                                            const std::vector<const Batch*>& batches) {
@@ -171,6 +215,9 @@ double CodedForwardBackward::compute_piece(int round, int index, const Piece& p,
   for (int id : p.microbatches) {
     const Batch& b = *batches.at(static_cast<size_t>(id / n_));
     const size_t off = static_cast<size_t>(id % n_) * rows;
+    // A slow replica's micro-batch takes F x its usual compute time (the history's median): the extra is slept at
+    // the first layer boundary of its forward.
+    if (live_code_ && slow_factor_ > 1 && !history_.empty()) owed_sleep_ = (slow_factor_ - 1) * median_of(history_);
     h.loss += model_.forward(b.x.data() + off, b.y.data() + off, B_, T_, true, 1.0f / static_cast<float>(m_));
     model_.backward();
   }
@@ -188,8 +235,11 @@ bool CodedForwardBackward::abandons(const StragglerCode& code, const RoundKeys& 
     have_decision_ = true;
   }
   if (!have_decision_ || !decided_[static_cast<size_t>(me_)]) return false;
-  StragglerCode probe = code;
-  return probe.record(decided_) == RoundOutcome::Accepted;
+  if (abandon_verdict_ < 0) {
+    StragglerCode probe = code;
+    abandon_verdict_ = probe.record(decided_) == RoundOutcome::Accepted;
+  }
+  return abandon_verdict_ == 1;
 }
 
 // The decision of the round, made here when this rank is the first finished one to see every replica done or to
@@ -230,29 +280,37 @@ RoundEnd CodedForwardBackward::agreed_round(const StragglerCode& code, int round
   const RoundKeys k{fmt::format("straggler/{}/{}/{}/", step_, seq_, round)};
   const std::vector<Piece> mine = code.tasks()[static_cast<size_t>(me_)];
   have_decision_ = false;
+  abandon_verdict_ = -1;
   const double t0 = now_seconds();
+  slow_factor_ = slow_.factor(step_, round);
+  slept_ = 0, last_look_ = 0;
   double compute = 0;
   size_t done = 0;
   bool abandoned = false;
-  for (; done < mine.size() && !(abandoned = abandons(code, k)); ++done)
-    compute += compute_piece(round, static_cast<int>(done), mine[done], batches);
+  {
+    live_code_ = &code, live_keys_ = &k;
+    struct Unlive {
+      CodedForwardBackward& fb;
+      ~Unlive() { fb.live_code_ = nullptr, fb.live_keys_ = nullptr, fb.owed_sleep_ = 0; }
+    } unlive{*this};
+    try {
+      for (; done < mine.size() && !(abandoned = abandons(code, k)); ++done)
+        compute += compute_piece(round, static_cast<int>(done), mine[done], batches);
+    } catch (const RoundAbandoned&) {
+      abandoned = true;  // inside piece `done`, between two layers
+    }
+  }
   const int mbs = task_microbatches(mine);
   const double per_mb = history_.empty() ? 0 : median_of(history_);
-  double sleep = 0;
   if (!abandoned && mbs > 0) {
-    history_.push_back(compute / mbs);
+    history_.push_back(std::max(compute - slept_, 0.0) / mbs);  // the injected sleep is not compute
     if (history_.size() > kRoundHistory) history_.pop_front();
-    sleep = (slow_.factor(step_, round) - 1) * compute;
-    const double until = now_seconds() + sleep;
-    while (now_seconds() < until && !(abandoned = abandons(code, k)))
-      std::this_thread::sleep_for(std::min(std::chrono::duration<double>(until - now_seconds()),
-                                           std::chrono::duration<double>(0.005)));
   }
   RoundEnd end;
-  if (abandoned) {  // estimated finish: what was left of the sleep and of the pieces
+  if (abandoned) {  // estimated finish: what was left of the pieces, at this replica's pace this round
     int left = 0;
     for (size_t i = done; i < mine.size(); ++i) left += static_cast<int>(mine[i].microbatches.size());
-    end.finish_s = std::max(now_seconds() - t0, sleep + compute) + left * per_mb;
+    end.finish_s = now_seconds() - t0 + left * per_mb * slow_factor_;
     store().set(k.late(me_), fmt::format("{}", end.finish_s));
   } else {
     end.finish_s = now_seconds() - t0;

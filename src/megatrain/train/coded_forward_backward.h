@@ -17,9 +17,12 @@
 //      (parallel.straggler_deadline x the median per-micro-batch compute time of its recent rounds x the round's
 //      largest task, from its own round start; no deadline until it has 3 rounds of history), takes the decider
 //      counter and writes the decision: the bitmap of the replicas not done then. A finished rank never waits for
-//      a straggler's compute unless the decision says so. A straggler checks for the decision before each piece
-//      and during an injected sleep (the slowburst fault): marked straggler in a decision the core accepts, it
-//      abandons the round at that piece boundary (its finished pieces of the round are dropped too);
+//      a straggler's compute unless the decision says so. A straggler looks for the decision before each piece
+//      and between layers (the model's hooks, at most once a millisecond, and during an injected sleep: the
+//      slowburst fault makes each of its micro-batches take F x its median compute time, the extra slept at the
+//      first layer boundary of the forward): marked straggler in a decision the core accepts, it abandons the
+//      round there (a typed exception out of the layer loop; the piece's partial gradient and its finished pieces
+//      of the round are dropped);
 //   3. every rank calls record(bitmap): Accepted, the round ends without the stragglers; outside the model, the
 //      round waits for them (they finish their pieces and post done; every rank waits for those keys) and a line
 //      says so on the main rank;
@@ -30,8 +33,8 @@
 //      so gradient and loss are the uncoded step's (the same terms, summed in another order). No bucket of ZeRO-2
 //      is reduced during a backward under coding (the pieces are not final there): the reduction is in
 //      finish_gradients.
-// The gap against the protocol's ideal: a straggler abandons at piece boundaries and during its injected sleep,
-// not between layers, so a slow piece runs to its end before the replica moves on.
+// Under tp or pp a replica is several ranks that would have to abandon at the same boundary: not built (the config
+// refuses the combination).
 //
 // rerun() (train/sdc_rerun.h) replays the last run's agreed bitmaps without the store or the deadline: every
 // piece is computed, the same pieces are kept and summed in the same order, so a healthy rerun is bit-identical.
