@@ -1,5 +1,5 @@
 // Straggler-tolerant data parallelism (parallel.straggler_coding, train/coded_forward_backward.h) on real jobs:
-// `megatrain launch --nproc 4 -- train --parallel.dp=4` under gc, sr-sgc and m-sgc, with a replica made slow by the
+// `megatrain launch --nproc 4 -- train --parallel.dp=4` under gc, sr-sgc and m-sgc (and gc on dp2 x tp2), with a replica made slow by the
 // slowburst fault (each of its micro-batches takes 60x its usual compute time in the rounds named). The oracle is the uncoded step on
 // the same global batch: one process reading dp x data.batch_size rows per micro-batch (what the dp tests compare
 // against), and its reordered twin measures the noise floor (noise_floor.h): the coded step sums the same
@@ -33,9 +33,11 @@ std::string flags(const std::string& out, int rows, int accum, const std::string
                      fmt::format(" --train.grad_accum={} --parallel.timeout_s=60", accum) + extra);
 }
 
-// The coded job's launcher command line: 4 replicas, `coding` (the parallel.straggler_* flags).
-std::string coded(const std::string& out, int accum, const std::string& coding, const std::string& extra = "") {
-  return kMegatrain + " launch --nproc 4 -- train" + flags(out, kRows, accum, " --parallel.dp=4" + coding + extra);
+// The coded job's launcher command line: 4 ranks in `layout` (4 replicas unless it says otherwise), `coding` (the
+// parallel.straggler_* flags).
+std::string coded(const std::string& out, int accum, const std::string& coding, const std::string& extra = "",
+                  const std::string& layout = " --parallel.dp=4") {
+  return kMegatrain + " launch --nproc 4 -- train" + flags(out, kRows, accum, layout + coding + extra);
 }
 
 // Runs with MEGATRAIN_FAULTS = faults; output to log. Must succeed.
@@ -51,21 +53,23 @@ struct Case {
   double redundancy = 2;  // the load paid at least (micro-batches computed / the uncoded step's)
   bool waits = false;     // the slow pattern is outside the scheme's model: rounds wait, and say so
   int named = -1;         // a replica that must be named a straggler at least once (-1: not asserted)
+  int dp = kDp;           // replicas; the 4 ranks are dp x tp
+  std::string layout = " --parallel.dp=4";
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class StragglerCoding : public ::testing::TestWithParam<Case> {};
 
 // The coded job against the uncoded step on the same global batch, and its per-step straggler metrics.
-TEST_P(StragglerCoding, ADp4JobWithASlowReplicaGivesTheUncodedRun) {
+TEST_P(StragglerCoding, ADataParallelJobWithASlowReplicaGivesTheUncodedRun) {
   prepare();
   const Case& c = GetParam();
   const Trio t = fresh_trio("mt_straggler", c.name);
-  run(kMegatrain + " train" + flags(t.single, kDp * kRows, c.accum));
-  run_twin(kDp * kRows, flags(t.alt, kDp * kRows, c.accum));
+  run(kMegatrain + " train" + flags(t.single, c.dp * kRows, c.accum));
+  run_twin(c.dp * kRows, flags(t.alt, c.dp * kRows, c.accum));
   const std::string log = t.multi + ".log";
-  run_with_faults(coded(t.multi, c.accum, c.coding), c.faults, log);
-  expect_equivalent(t, "dp4 " + c.name);
+  run_with_faults(coded(t.multi, c.accum, c.coding, "", c.layout), c.faults, log);
+  expect_equivalent(t, c.name);
 
   const auto lines = mt::test::metrics_of(t.multi + "/metrics.jsonl", "train");
   ASSERT_EQ(lines.size(), 5u);
@@ -113,7 +117,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"m_sgc",
              " --parallel.straggler_coding=m-sgc --parallel.straggler_burst=1 --parallel.straggler_window=2 "
              "--parallel.straggler_lambda=1 --parallel.straggler_deadline=8",
-             "slowburst:rank=0:factor=60:b=1:w=2:lambda=1:p=1:seed=1", 3, 2, 1, false, -1}),
+             "slowburst:rank=0:factor=60:b=1:w=2:lambda=1:p=1:seed=1", 3, 2, 1, false, -1},
+        // dp2 x tp2, gc s=1: a replica is a tp group; rank 2 (dp1, tp0) is slow, its tp peer waits for it inside
+        // the layers' collectives, and the replica leaves a round at a piece boundary.
+        Case{"gc_dp2_tp2",
+             " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=8 "
+             "--parallel.tp_chunks=1",
+             "slowburst:rank=2:factor=60:rounds=3.0,3.1,4.0,4.1,5.0", 2, 2, 2, false, -1, 2,
+             " --parallel.dp=2 --parallel.tp=2"}),
     CaseName());
 
 // A coded run without stragglers (a deadline no round reaches: every round waits for everyone, so every step keeps

@@ -119,8 +119,10 @@ struct RoundEnd {
 class CodedForwardBackward final : public ForwardBackward {
  public:
   CodedForwardBackward(const RunConfig& cfg, Topology& topo, ModelStack& stack)
-      : cfg_(cfg), topo_(topo), model_(*stack.model), n_(topo.shape.dp), me_(topo.coord.dp), m_(cfg.train.grad_accum),
-        B_(cfg.data.batch_size), T_(cfg.data.seq_len), timeout_(std::chrono::seconds(cfg.parallel.timeout_s)),
+      : cfg_(cfg), topo_(topo), model_(*stack.model), tpc_(stack.tp_comm.get()),
+        host_tp_(topo.shape.tp > 1 ? &topo.host_mesh->tp() : nullptr), lead_(topo.coord.tp == 0), n_(topo.shape.dp),
+        me_(topo.coord.dp), m_(cfg.train.grad_accum), B_(cfg.data.batch_size), T_(cfg.data.seq_len),
+        timeout_(std::chrono::seconds(cfg.parallel.timeout_s)),
         slow_(topo.rank_info.rank, topo.coord.dp, topo.shape.dp,
               StragglerCode(cfg.parallel.straggler_code(), topo.shape.dp, cfg.train.grad_accum).rounds(),
               cfg.train.steps) {
@@ -143,7 +145,7 @@ class CodedForwardBackward final : public ForwardBackward {
   CodedForwardBackward(const CodedForwardBackward&) = delete;
   CodedForwardBackward& operator=(const CodedForwardBackward&) = delete;
   void set_step(int step) override { step_ = step; }
-  CommTime take_tp_time() override { return {}; }
+  CommTime take_tp_time() override { return tpc_ ? tpc_->take_comm_time() : CommTime{}; }
   std::optional<StragglerStepReport> take_straggler_report() override { return std::exchange(report_, std::nullopt); }
 
  protected:
@@ -158,12 +160,16 @@ class CodedForwardBackward final : public ForwardBackward {
   void report(const StragglerCode& code, int seq);
   void note_waits(const StragglerCode& code, int round, const std::vector<bool>& bitmap, RoundOutcome o) const;
   bool abandons(const StragglerCode& code, const RoundKeys& k);
+  bool replica_abandons(const StragglerCode& code, const RoundKeys& k);
   void between_layers();
   Store& store() { return *topo_.store; }
 
   const RunConfig& cfg_;
   Topology& topo_;
   GPT& model_;
+  ProcessGroupTpComm* tpc_;  // tp > 1: the model's tp comm
+  ProcessGroup* host_tp_;    // tp > 1: the replica's ranks on the host plane, which agree on abandoning together
+  bool lead_;                // tp rank 0: posts the replica's finish to the store
   int n_, me_, m_, B_, T_;
   Millis timeout_;
   SlowRounds slow_;
@@ -195,9 +201,11 @@ void CodedForwardBackward::between_layers() {
   for (double t = now_seconds(); t < until; t = now_seconds()) {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(until - t, 0.005)));
     slept_ += now_seconds() - t;
-    if (abandons(*live_code_, *live_keys_)) throw RoundAbandoned{};
+    if (!abandons(*live_code_, *live_keys_)) continue;
+    if (host_tp_) return;  // under tp the replica's ranks abandon together, at the next piece boundary
+    throw RoundAbandoned{};
   }
-  if (now_seconds() - last_look_ < 1e-3) return;
+  if (host_tp_ || now_seconds() - last_look_ < 1e-3) return;
   last_look_ = now_seconds();
   if (abandons(*live_code_, *live_keys_)) throw RoundAbandoned{};
 }
@@ -218,6 +226,8 @@ double CodedForwardBackward::compute_piece(int round, int index, const Piece& p,
     // A slow replica's micro-batch takes F x its usual compute time (the history's median): the extra is slept at
     // the first layer boundary of its forward.
     if (live_code_ && slow_factor_ > 1 && !history_.empty()) owed_sleep_ = (slow_factor_ - 1) * median_of(history_);
+    // Replicated tensors' gradients: one tp sum per piece, so every piece is whole.
+    if (tpc_) model_.set_tp_grad_sync(id == p.microbatches.back());
     h.loss += model_.forward(b.x.data() + off, b.y.data() + off, B_, T_, true, 1.0f / static_cast<float>(m_));
     model_.backward();
   }
@@ -242,6 +252,15 @@ bool CodedForwardBackward::abandons(const StragglerCode& code, const RoundKeys& 
   return abandon_verdict_ == 1;
 }
 
+// At a piece boundary: whether the replica abandons the round. Under tp its ranks agree first (any of them that
+// saw the decision), so they leave the round's collectives at the same point.
+bool CodedForwardBackward::replica_abandons(const StragglerCode& code, const RoundKeys& k) {
+  float flag = abandons(code, k) ? 1.0f : 0.0f;
+  if (!host_tp_) return flag > 0;
+  host_tp_->allreduce(f32_view(&flag, {1}), ReduceOp::Max)->wait();
+  return flag > 0;
+}
+
 // The decision of the round, made here when this rank is the first finished one to see every replica done or to
 // pass its deadline.
 std::vector<bool> CodedForwardBackward::await_decision(const RoundKeys& k, const StragglerCode& code, double t0,
@@ -260,7 +279,7 @@ std::vector<bool> CodedForwardBackward::await_decision(const RoundKeys& k, const
     }
     const bool all = store().add(k.ndone(), 0) >= n_;
     const bool late = deadline >= 0 && now_seconds() - t0 >= deadline;
-    if (finished && (all || late) && store().add(k.decider(), 1) == 1) {
+    if (finished && lead_ && (all || late) && store().add(k.decider(), 1) == 1) {
       std::vector<bool> b(static_cast<size_t>(n_));
       for (int w = 0; w < n_; ++w) b[static_cast<size_t>(w)] = !store().check(k.done(w));
       store().set(k.decision(), bitmap_text(b));
@@ -294,7 +313,7 @@ RoundEnd CodedForwardBackward::agreed_round(const StragglerCode& code, int round
       ~Unlive() { fb.live_code_ = nullptr, fb.live_keys_ = nullptr, fb.owed_sleep_ = 0; }
     } unlive{*this};
     try {
-      for (; done < mine.size() && !(abandoned = abandons(code, k)); ++done)
+      for (; done < mine.size() && !(abandoned = replica_abandons(code, k)); ++done)
         compute += compute_piece(round, static_cast<int>(done), mine[done], batches);
     } catch (const RoundAbandoned&) {
       abandoned = true;  // inside piece `done`, between two layers
@@ -311,11 +330,13 @@ RoundEnd CodedForwardBackward::agreed_round(const StragglerCode& code, int round
     int left = 0;
     for (size_t i = done; i < mine.size(); ++i) left += static_cast<int>(mine[i].microbatches.size());
     end.finish_s = now_seconds() - t0 + left * per_mb * slow_factor_;
-    store().set(k.late(me_), fmt::format("{}", end.finish_s));
+    if (lead_) store().set(k.late(me_), fmt::format("{}", end.finish_s));
   } else {
     end.finish_s = now_seconds() - t0;
-    store().set(k.done(me_), fmt::format("{}", end.finish_s));
-    store().add(k.ndone(), 1);
+    if (lead_) {
+      store().set(k.done(me_), fmt::format("{}", end.finish_s));
+      store().add(k.ndone(), 1);
+    }
   }
   end.bitmap = await_decision(k, code, t0, !abandoned);
   StragglerCode probe = code;

@@ -1,6 +1,7 @@
 // The coded forward/backward: straggler-tolerant data parallelism by gradient coding (parallel/straggler_code.h),
 // behind the ForwardBackward interface, chosen by make_forward_backward when parallel.straggler_coding is not none
-// (parallel.pp = 1 and parallel.tp = 1: one process is one replica).
+// (parallel.pp = 1; under tp a replica is its tp group: the store keys, the deadline's decisions and the bitmap
+// are per replica, its tp rank 0 posts its finish, and its ranks agree on abandoning, see below).
 //
 // Data. Every replica reads the whole step's global batch: train.grad_accum batches of parallel.dp x
 // data.batch_size rows, the rows the uncoded run's replicas read, in the same order (open_train_loader gives a
@@ -33,8 +34,11 @@
 //      so gradient and loss are the uncoded step's (the same terms, summed in another order). No bucket of ZeRO-2
 //      is reduced during a backward under coding (the pieces are not final there): the reduction is in
 //      finish_gradients.
-// Under tp or pp a replica is several ranks that would have to abandon at the same boundary: not built (the config
-// refuses the combination).
+// Under tp the replica's ranks must leave the round's collectives at the same point: they abandon only at piece
+// boundaries, after a max-reduction over the replica's tp group of "this rank saw a decision that lets us go";
+// between layers a straggler only stops its injected sleep. Each piece's replicated tensors are summed over tp in
+// its last micro-batch's backward, so every piece is whole. pp (a replica as a whole pipeline) is not built: the
+// config refuses it.
 //
 // rerun() (train/sdc_rerun.h) replays the last run's agreed bitmaps without the store or the deadline: every
 // piece is computed, the same pieces are kept and summed in the same order, so a healthy rerun is bit-identical.
