@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
              "--parallel.straggler_lambda=1 --parallel.straggler_deadline=8",
              "slowburst:rank=0:factor=60:b=1:w=2:lambda=1:p=1:seed=1", 3, 2, 1, false, -1},
         // dp2 x tp2, gc s=1: a replica is a tp group; rank 2 (dp1, tp0) is slow, its tp peer waits for it inside
-        // the layers' collectives, and the replica leaves a round at a piece boundary.
+        // the layers' collectives, and the replica leaves a round at a micro-batch boundary.
         Case{"gc_dp2_tp2",
              " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=8 "
              "--parallel.tp_chunks=1",

@@ -202,7 +202,7 @@ void CodedForwardBackward::between_layers() {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(until - t, 0.005)));
     slept_ += now_seconds() - t;
     if (!abandons(*live_code_, *live_keys_)) continue;
-    if (host_tp_) return;  // under tp the replica's ranks abandon together, at the next piece boundary
+    if (host_tp_) return;  // under tp the replica's ranks abandon together, at the next micro-batch boundary
     throw RoundAbandoned{};
   }
   if (host_tp_ || now_seconds() - last_look_ < 1e-3) return;
@@ -225,7 +225,11 @@ double CodedForwardBackward::compute_piece(int round, int index, const Piece& p,
     const size_t off = static_cast<size_t>(id % n_) * rows;
     // A slow replica's micro-batch takes F x its usual compute time (the history's median): the extra is slept at
     // the first layer boundary of its forward.
-    if (live_code_ && slow_factor_ > 1 && !history_.empty()) owed_sleep_ = (slow_factor_ - 1) * median_of(history_);
+    // Under tp the replica's ranks agree between micro-batches whether to abandon (one collective each).
+    if (live_code_ && host_tp_ && id != p.microbatches.front() && replica_abandons(*live_code_, *live_keys_))
+      throw RoundAbandoned{};
+    if (live_code_ && slow_factor_ > 1 && !history_.empty() && abandon_verdict_ != 1)
+      owed_sleep_ = (slow_factor_ - 1) * median_of(history_);
     // Replicated tensors' gradients: one tp sum per piece, so every piece is whole.
     if (tpc_) model_.set_tp_grad_sync(id == p.microbatches.back());
     h.loss += model_.forward(b.x.data() + off, b.y.data() + off, B_, T_, true, 1.0f / static_cast<float>(m_));
@@ -252,7 +256,7 @@ bool CodedForwardBackward::abandons(const StragglerCode& code, const RoundKeys& 
   return abandon_verdict_ == 1;
 }
 
-// At a piece boundary: whether the replica abandons the round. Under tp its ranks agree first (any of them that
+// At a piece or (under tp) micro-batch boundary: whether the replica abandons the round. Under tp its ranks agree first (any of them that
 // saw the decision), so they leave the round's collectives at the same point.
 bool CodedForwardBackward::replica_abandons(const StragglerCode& code, const RoundKeys& k) {
   float flag = abandons(code, k) ? 1.0f : 0.0f;

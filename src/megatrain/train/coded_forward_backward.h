@@ -34,9 +34,9 @@
 //      so gradient and loss are the uncoded step's (the same terms, summed in another order). No bucket of ZeRO-2
 //      is reduced during a backward under coding (the pieces are not final there): the reduction is in
 //      finish_gradients.
-// Under tp the replica's ranks must leave the round's collectives at the same point: they abandon only at piece
-// boundaries, after a max-reduction over the replica's tp group of "this rank saw a decision that lets us go";
-// between layers a straggler only stops its injected sleep. Each piece's replicated tensors are summed over tp in
+// Under tp the replica's ranks must leave the round's collectives at the same point: they abandon only at
+// micro-batch boundaries, after a max-reduction over the replica's tp group of "this rank saw a decision that lets
+// us go"; between layers a straggler only stops its injected sleep. Each piece's replicated tensors are summed over tp in
 // its last micro-batch's backward, so every piece is whole. pp (a replica as a whole pipeline) is not built: the
 // config refuses it.
 //
