@@ -190,6 +190,9 @@ class CodedForwardBackward final : public ForwardBackward {
   const RoundKeys* live_keys_ = nullptr;
   double last_look_ = 0, owed_sleep_ = 0, slept_ = 0;
   double slow_factor_ = 1;  // this round's slowburst factor
+  // Store keys of the last run this rank removes when the next run starts (every rank is past the last run's
+  // reads then: the step's reduction came between): a lead its replica's finish keys, the main rank the shared ones.
+  std::vector<std::string> spent_keys_;
 };
 
 // At a layer boundary of a round under the agreement: pays the injected sleep owed (in slices, looking for the
@@ -256,8 +259,8 @@ bool CodedForwardBackward::abandons(const StragglerCode& code, const RoundKeys& 
   return abandon_verdict_ == 1;
 }
 
-// At a piece or (under tp) micro-batch boundary: whether the replica abandons the round. Under tp its ranks agree first (any of them that
-// saw the decision), so they leave the round's collectives at the same point.
+// At a piece or (under tp) micro-batch boundary: whether the replica abandons the round. Under tp its ranks agree
+// first (any of them that saw the decision), so they leave the round's collectives at the same point.
 bool CodedForwardBackward::replica_abandons(const StragglerCode& code, const RoundKeys& k) {
   float flag = abandons(code, k) ? 1.0f : 0.0f;
   if (!host_tp_) return flag > 0;
@@ -342,6 +345,8 @@ RoundEnd CodedForwardBackward::agreed_round(const StragglerCode& code, int round
       store().add(k.ndone(), 1);
     }
   }
+  if (lead_) spent_keys_.push_back(abandoned ? k.late(me_) : k.done(me_));
+  if (topo_.main_rank) spent_keys_.insert(spent_keys_.end(), {k.ndone(), k.decider(), k.decision()});
   end.bitmap = await_decision(k, code, t0, !abandoned);
   StragglerCode probe = code;
   if (probe.record(end.bitmap) != RoundOutcome::Accepted) {  // the round waits for the stragglers
@@ -399,7 +404,10 @@ float CodedForwardBackward::run_rounds(const BatchSource& batch, Update& /*updat
   loss_sum_ = 0;
   held_.clear();
   const bool replay = rerunning();
-  if (!replay) last_bitmaps_.clear(), ++seq_;
+  if (!replay) {
+    last_bitmaps_.clear(), ++seq_;
+    for (const std::string& key : std::exchange(spent_keys_, {})) store().remove(key);
+  }
   for (int r = 0; r < code.rounds(); ++r) {
     RoundEnd end;
     if (replay) {  // every piece, the agreed bitmap of the first run
