@@ -1,5 +1,5 @@
 // Straggler-tolerant data parallelism (parallel.straggler_coding, train/coded_forward_backward.h) on real jobs:
-// `megatrain launch --nproc 4 -- train --parallel.dp=4` under gc, sr-sgc and m-sgc (and gc on dp2 x tp2), with a replica made slow by the
+// `megatrain launch --nproc 4 -- train --parallel.dp=4` under gc, sr-sgc and m-sgc (and gc on dp2 x tp2, dp2 x pp2), with a replica made slow by the
 // slowburst fault (each of its micro-batches takes 60x its usual compute time in the rounds named). The oracle is the uncoded step on
 // the same global batch: one process reading dp x data.batch_size rows per micro-batch (what the dp tests compare
 // against), and its reordered twin measures the noise floor (noise_floor.h): the coded step sums the same
@@ -53,8 +53,9 @@ struct Case {
   double redundancy = 2;  // the load paid at least (micro-batches computed / the uncoded step's)
   bool waits = false;     // the slow pattern is outside the scheme's model: rounds wait, and say so
   int named = -1;         // a replica that must be named a straggler at least once (-1: not asserted)
-  int dp = kDp;           // replicas; the 4 ranks are dp x tp
+  int dp = kDp;           // replicas; the 4 ranks are dp x tp x pp
   std::string layout = " --parallel.dp=4";
+  int micro = 1;  // pipeline micro-batches per round (pp)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -65,8 +66,9 @@ TEST_P(StragglerCoding, ADataParallelJobWithASlowReplicaGivesTheUncodedRun) {
   prepare();
   const Case& c = GetParam();
   const Trio t = fresh_trio("mt_straggler", c.name);
-  run(kMegatrain + " train" + flags(t.single, c.dp * kRows, c.accum));
-  run_twin(c.dp * kRows, flags(t.alt, c.dp * kRows, c.accum));
+  const int rows = c.dp * kRows * c.micro;  // a round's rows: the single process takes them as one micro-batch
+  run(kMegatrain + " train" + flags(t.single, rows, c.accum));
+  run_twin(rows, flags(t.alt, rows, c.accum));
   const std::string log = t.multi + ".log";
   run_with_faults(coded(t.multi, c.accum, c.coding, "", c.layout), c.faults, log);
   expect_equivalent(t, c.name);
@@ -124,7 +126,14 @@ INSTANTIATE_TEST_SUITE_P(
              " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=8 "
              "--parallel.tp_chunks=1",
              "slowburst:rank=2:factor=60:rounds=3.0,3.1,4.0,4.1,5.0", 2, 2, 2, false, -1, 2,
-             " --parallel.dp=2 --parallel.tp=2"}),
+             " --parallel.dp=2 --parallel.tp=2"},
+        // dp2 x pp2 (1F1B over 2 pipeline micro-batches), gc s=1: a replica is a pipeline; rank 1 (dp1, pp0) is
+        // slow, its stage stalls the replica's pipeline, which leaves a round between micro-batches.
+        Case{"gc_dp2_pp2",
+             " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=8 "
+             "--parallel.microbatches=2",
+             "slowburst:rank=1:factor=60:rounds=3.0,3.1,4.0,4.1,5.0", 2, 2, 2, false, -1, 2,
+             " --parallel.dp=2 --parallel.pp=2", 2}),
     CaseName());
 
 // A coded run without stragglers (a deadline no round reaches: every round waits for everyone, so every step keeps

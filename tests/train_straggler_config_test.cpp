@@ -50,10 +50,16 @@ TEST(StragglerCodingConfig, OneReplicaIsRefused) {
   EXPECT_TRUE(has(e, "parallel.dp >= 2")) << e;
 }
 
-TEST(StragglerCodingConfig, PipelineParallelismIsRefusedByName) {
-  const std::string e = config_error({"--parallel.dp=2", "--parallel.pp=2", "--parallel.straggler_coding=gc",
-                                      "--parallel.straggler_s=1", "--model.n_layer=4"});
-  EXPECT_TRUE(has(e, "parallel.pp = 1 only")) << e;
+TEST(StragglerCodingConfig, PipelineAndTensorParallelismAreAccepted) {
+  EXPECT_EQ(config_error({"--parallel.dp=2", "--parallel.pp=2", "--parallel.tp=2", "--parallel.straggler_coding=gc",
+                          "--parallel.straggler_s=1", "--model.n_layer=4"}),
+            "");
+}
+
+TEST(StragglerCodingConfig, AGpuRunIsRefusedByName) {
+  const std::string e = config_error({"--parallel.dp=2", "--train.device=cuda", "--parallel.straggler_coding=gc",
+                                      "--parallel.straggler_s=1"});
+  EXPECT_TRUE(has(e, "train.device = \"cpu\" only")) << e;
 }
 
 TEST(StragglerCodingConfig, MSgcNamesTheGradAccumThatFits) {

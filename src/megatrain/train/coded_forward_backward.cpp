@@ -13,6 +13,7 @@
 #include "megatrain/core/error.h"
 #include "megatrain/core/fault_spec.h"
 #include "megatrain/obs/timeline.h"
+#include "megatrain/parallel/gpt_pipeline.h"
 #include "megatrain/parallel/straggler_code.h"
 
 namespace mt {
@@ -119,14 +120,17 @@ struct RoundEnd {
 class CodedForwardBackward final : public ForwardBackward {
  public:
   CodedForwardBackward(const RunConfig& cfg, Topology& topo, ModelStack& stack)
-      : cfg_(cfg), topo_(topo), model_(*stack.model), tpc_(stack.tp_comm.get()),
-        host_tp_(topo.shape.tp > 1 ? &topo.host_mesh->tp() : nullptr), lead_(topo.coord.tp == 0), n_(topo.shape.dp),
-        me_(topo.coord.dp), m_(cfg.train.grad_accum), B_(cfg.data.batch_size), T_(cfg.data.seq_len),
+      : cfg_(cfg), topo_(topo), stack_(stack), model_(*stack.model), tpc_(stack.tp_comm.get()),
+        host_tp_(topo.shape.tp > 1 ? &topo.host_mesh->tp() : nullptr),
+        host_pp_(topo.shape.pp > 1 ? &topo.host_mesh->pp() : nullptr), lead_(topo.coord.tp == 0 && topo.coord.pp == 0),
+        group_(host_tp_ || host_pp_), n_(topo.shape.dp), me_(topo.coord.dp), m_(cfg.train.grad_accum),
+        micro_(stack.microbatches), B_(cfg.data.batch_size), T_(cfg.data.seq_len),
         timeout_(std::chrono::seconds(cfg.parallel.timeout_s)),
         slow_(topo.rank_info.rank, topo.coord.dp, topo.shape.dp,
               StragglerCode(cfg.parallel.straggler_code(), topo.shape.dp, cfg.train.grad_accum).rounds(),
               cfg.train.steps) {
     MT_CHECK(topo.store, "straggler coding needs the job's rendezvous store (a launched job of parallel.dp >= 2)");
+    if (host_pp_) pipe_ = std::make_unique<GptPipeline>(*stack.model, stack.schedule, topo.coord.pp, B_, T_);
     // Between layers (forward: before a layer reads its parameters; backward: once a layer's gradients are done)
     // a straggler looks for the round's decision, and a slow replica pays its injected sleep.
     inner_hooks_ = model_.hooks();
@@ -146,6 +150,7 @@ class CodedForwardBackward final : public ForwardBackward {
   CodedForwardBackward& operator=(const CodedForwardBackward&) = delete;
   void set_step(int step) override { step_ = step; }
   CommTime take_tp_time() override { return tpc_ ? tpc_->take_comm_time() : CommTime{}; }
+  CommTime take_pp_time() override { return pipe_ ? pipe_->take_comm_time() : CommTime{}; }
   std::optional<StragglerStepReport> take_straggler_report() override { return std::exchange(report_, std::nullopt); }
 
  protected:
@@ -166,11 +171,15 @@ class CodedForwardBackward final : public ForwardBackward {
 
   const RunConfig& cfg_;
   Topology& topo_;
+  ModelStack& stack_;
   GPT& model_;
   ProcessGroupTpComm* tpc_;  // tp > 1: the model's tp comm
-  ProcessGroup* host_tp_;    // tp > 1: the replica's ranks on the host plane, which agree on abandoning together
-  bool lead_;                // tp rank 0: posts the replica's finish to the store
-  int n_, me_, m_, B_, T_;
+  // The replica's other ranks on the host plane (tp > 1, pp > 1), over which they agree on abandoning together.
+  ProcessGroup *host_tp_, *host_pp_;
+  bool lead_;   // tp and pp rank 0: posts the replica's finish to the store
+  bool group_;  // a replica is several ranks (tp or pp): they abandon together, between micro-batches
+  int n_, me_, m_, micro_, B_, T_;     // micro_: pipeline micro-batches of B_ rows in one of the code's micro-batches
+  std::unique_ptr<GptPipeline> pipe_;  // pp > 1
   Millis timeout_;
   SlowRounds slow_;
   int step_ = 0, seq_ = 0;
@@ -205,10 +214,10 @@ void CodedForwardBackward::between_layers() {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::min(until - t, 0.005)));
     slept_ += now_seconds() - t;
     if (!abandons(*live_code_, *live_keys_)) continue;
-    if (host_tp_) return;  // under tp the replica's ranks abandon together, at the next micro-batch boundary
+    if (group_) return;  // the replica's ranks abandon together, at the next micro-batch boundary
     throw RoundAbandoned{};
   }
-  if (host_tp_ || now_seconds() - last_look_ < 1e-3) return;
+  if (group_ || now_seconds() - last_look_ < 1e-3) return;
   last_look_ = now_seconds();
   if (abandons(*live_code_, *live_keys_)) throw RoundAbandoned{};
 }
@@ -222,19 +231,25 @@ double CodedForwardBackward::compute_piece(int round, int index, const Piece& p,
   ParamStore& params = model_.params();
   params.begin_grads();
   HeldPiece h{round, index, p.job, {}, 0};
-  const size_t rows = static_cast<size_t>(B_) * static_cast<size_t>(T_);
+  const size_t rows = static_cast<size_t>(B_) * static_cast<size_t>(micro_) * static_cast<size_t>(T_);
   for (int id : p.microbatches) {
     const Batch& b = *batches.at(static_cast<size_t>(id / n_));
     const size_t off = static_cast<size_t>(id % n_) * rows;
+    // Several ranks to a replica (tp, pp): they agree between micro-batches whether to abandon (a collective each).
+    if (live_code_ && group_ && id != p.microbatches.front() && replica_abandons(*live_code_, *live_keys_))
+      throw RoundAbandoned{};
     // A slow replica's micro-batch takes F x its usual compute time (the history's median): the extra is slept at
     // the first layer boundary of its forward.
-    // Under tp the replica's ranks agree between micro-batches whether to abandon (one collective each).
-    if (live_code_ && host_tp_ && id != p.microbatches.front() && replica_abandons(*live_code_, *live_keys_))
-      throw RoundAbandoned{};
     if (live_code_ && slow_factor_ > 1 && !history_.empty() && abandon_verdict_ != 1)
       owed_sleep_ = (slow_factor_ - 1) * median_of(history_);
-    // Replicated tensors' gradients: one tp sum per piece, so every piece is whole.
-    if (tpc_) model_.set_tp_grad_sync(id == p.microbatches.back());
+    // Replicated tensors' gradients are summed over tp in each piece's last backward, so every piece is whole.
+    const bool last = id == p.microbatches.back();
+    if (pipe_) {  // the loss exists on the last stage only (summed over the replica's stages at the step's end)
+      h.loss += pipe_->run(topo_.device_mesh->pp(), b.x.data() + off, b.y.data() + off,
+                           1.0f / static_cast<float>(m_ * micro_), last);
+      continue;
+    }
+    if (tpc_) model_.set_tp_grad_sync(last);
     h.loss += model_.forward(b.x.data() + off, b.y.data() + off, B_, T_, true, 1.0f / static_cast<float>(m_));
     model_.backward();
   }
@@ -263,8 +278,9 @@ bool CodedForwardBackward::abandons(const StragglerCode& code, const RoundKeys& 
 // first (any of them that saw the decision), so they leave the round's collectives at the same point.
 bool CodedForwardBackward::replica_abandons(const StragglerCode& code, const RoundKeys& k) {
   float flag = abandons(code, k) ? 1.0f : 0.0f;
-  if (!host_tp_) return flag > 0;
-  host_tp_->allreduce(f32_view(&flag, {1}), ReduceOp::Max)->wait();
+  // The maximum over tp, then over pp: over every rank of the replica.
+  if (host_tp_) host_tp_->allreduce(f32_view(&flag, {1}), ReduceOp::Max)->wait();
+  if (host_pp_) host_pp_->allreduce(f32_view(&flag, {1}), ReduceOp::Max)->wait();
   return flag > 0;
 }
 
@@ -428,7 +444,13 @@ float CodedForwardBackward::run_rounds(const BatchSource& batch, Update& /*updat
   params.zero_grads();
   std::memcpy(params.grads_data(), sum_.data(), sum_.size() * sizeof(float));
   if (!replay) report(code, seq_);
-  return static_cast<float>(loss_sum_ / m_);
+  float loss = static_cast<float>(loss_sum_ / (m_ * micro_));
+  if (stack_.embedding_group) {  // pp with tied embeddings: both stages' wte copies take the sum (as uncoded)
+    obs::ScopedSpan span("wait", "tied-embedding sum");
+    stack_.embedding_group->allreduce(params.grad("wte.weight"))->wait();
+  }
+  if (host_pp_) host_pp_->allreduce(f32_view(&loss, {1}))->wait();  // the loss exists on the last stage only
+  return loss;
 }
 
 // The step's metrics; the main rank estimates the seconds saved from every replica's posted finish times.

@@ -1,7 +1,9 @@
 // The coded forward/backward: straggler-tolerant data parallelism by gradient coding (parallel/straggler_code.h),
-// behind the ForwardBackward interface, chosen by make_forward_backward when parallel.straggler_coding is not none
-// (parallel.pp = 1; under tp a replica is its tp group: the store keys, the deadline's decisions and the bitmap
-// are per replica, its tp rank 0 posts its finish, and its ranks agree on abandoning, see below).
+// behind the ForwardBackward interface, chosen by make_forward_backward when parallel.straggler_coding is not none.
+// Under tp and pp a replica is all its ranks (its tp groups, its whole pipeline): the store keys, the deadline's
+// decisions and the bitmap are per replica, its tp-and-pp rank 0 posts its finish, and its ranks agree on
+// abandoning (see below). One of the code's micro-batches is one pipeline run (parallel.microbatches x
+// data.batch_size rows) under pp, data.batch_size rows otherwise.
 //
 // Data. Every replica reads the whole step's global batch: train.grad_accum batches of parallel.dp x
 // data.batch_size rows, the rows the uncoded run's replicas read, in the same order (open_train_loader gives a
@@ -34,11 +36,11 @@
 //      so gradient and loss are the uncoded step's (the same terms, summed in another order). No bucket of ZeRO-2
 //      is reduced during a backward under coding (the pieces are not final there): the reduction is in
 //      finish_gradients.
-// Under tp the replica's ranks must leave the round's collectives at the same point: they abandon only at
-// micro-batch boundaries, after a max-reduction over the replica's tp group of "this rank saw a decision that lets
-// us go"; between layers a straggler only stops its injected sleep. Each piece's replicated tensors are summed over tp in
-// its last micro-batch's backward, so every piece is whole. pp (a replica as a whole pipeline) is not built: the
-// config refuses it.
+// Under tp or pp the replica's ranks must leave the round's collectives at the same point: they abandon only at
+// micro-batch boundaries, after a max-reduction over the replica's tp group, then its pp group, of "this rank saw a
+// decision that lets us go"; between layers a straggler only stops its injected sleep. Each piece's replicated
+// tensors are summed over tp in its last micro-batch's backward, so every piece is whole; under pp the tied
+// embedding's two copies are summed once, on the step's sum, and the loss (on the last stage) over the pipeline.
 //
 // rerun() (train/sdc_rerun.h) replays the last run's agreed bitmaps without the store or the deadline: every
 // piece is computed, the same pieces are kept and summed in the same order, so a healthy rerun is bit-identical.

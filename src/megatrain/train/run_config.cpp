@@ -731,9 +731,6 @@ void RunConfig::validate_straggler_coding() const {
   MT_CHECK(parallel.dp >= 2,
            "{}: parallel.straggler_coding = \"{}\" needs parallel.dp >= 2 data-parallel replicas (got {})", source,
            scheme, parallel.dp);
-  MT_CHECK(parallel.pp == 1,
-           "{}: parallel.straggler_coding = \"{}\" runs with parallel.pp = 1 only for now (got parallel.pp = {})",
-           source, scheme, parallel.pp);
   MT_CHECK(train.device == Device::CPU,
            "{}: parallel.straggler_coding = \"{}\" runs with train.device = \"cpu\" only for now", source, scheme);
   try {
