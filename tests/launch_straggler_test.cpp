@@ -1,13 +1,13 @@
 // Straggler-tolerant data parallelism (parallel.straggler_coding, train/coded_forward_backward.h) on real jobs:
-// `megatrain launch --nproc 4 -- train --parallel.dp=4` under gc, sr-sgc and m-sgc (and gc on dp2 x tp2, dp2 x pp2), with a replica made slow by the
-// slowburst fault (each of its micro-batches takes 60x its usual compute time in the rounds named). The oracle is the uncoded step on
-// the same global batch: one process reading dp x data.batch_size rows per micro-batch (what the dp tests compare
-// against), and its reordered twin measures the noise floor (noise_floor.h): the coded step sums the same
-// micro-batch gradients, each exactly once, in another order (pieces, then the replicas' all-reduce), whichever
-// replicas straggled, so its losses, gradient norms, final parameters and moments sit within that floor.
-// No assertion on speed: where a slow replica is named as a straggler depends on the machine's load, a test asserts
-// it only where many slow rounds make one acceptance certain in practice, and otherwise asserts on the metrics'
-// consistency (every step's rounds, the redundancy the scheme pays, waited rounds logged).
+// `megatrain launch --nproc 4 -- train` as dp4 under gc, sr-sgc and m-sgc, and as dp2 x tp2 and dp2 x pp2 under gc,
+// with a replica made slow by the slowburst fault (each of its micro-batches takes 60x its usual compute time in the
+// rounds named). The oracle is the uncoded step on the same global batch: one process reading a round's rows as
+// one micro-batch (what the dp tests compare against), and its reordered twin measures the noise floor
+// (noise_floor.h): the coded step sums the same micro-batch gradients, each exactly once, in another order (pieces,
+// then the replicas' reduction), whichever replicas straggled, so its losses, gradient norms, final parameters and
+// moments sit within that floor. No assertion on speed: whether a slow replica is named a straggler depends on the
+// machine's load, so a test asserts it only where many slow rounds make one acceptance certain in practice, and
+// otherwise asserts the metrics' consistency (every step's rounds, the redundancy paid, waited rounds logged).
 #include <gtest/gtest.h>
 
 #include <string>
