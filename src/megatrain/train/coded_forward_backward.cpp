@@ -62,8 +62,9 @@ class SlowRounds {
       items_.push_back(std::move(it));
     }
   }
-  // The sleep factor of (step, round): > 1 when a fault makes it slow; prints the fault line when it fires.
-  double factor(int step, int round) const {
+  // The sleep factor of (step, round): > 1 when a fault makes it slow; prints the fault line when `fires` (the
+  // replica has the compute history the sleep is measured by).
+  double factor(int step, int round, bool fires) const {
     for (const Item& it : items_) {
       bool slow = false;
       if (it.f.burst_b > 0) {
@@ -73,6 +74,7 @@ class SlowRounds {
         slow = std::find(it.f.rounds.begin(), it.f.rounds.end(), std::pair<int, int>{step, round}) != it.f.rounds.end();
       }
       if (!slow) continue;
+      if (!fires) return 1;
       std::fflush(stdout);
       std::fprintf(stderr, "fault injected: %s (rank %d, step %d, round %d, attempt %d)\n", it.f.item.c_str(), rank_,
                    step, round, attempt_from_env());
@@ -324,7 +326,7 @@ RoundEnd CodedForwardBackward::agreed_round(const StragglerCode& code, int round
   have_decision_ = false;
   abandon_verdict_ = -1;
   const double t0 = now_seconds();
-  slow_factor_ = slow_.factor(step_, round);
+  slow_factor_ = slow_.factor(step_, round, !history_.empty());
   slept_ = 0, last_look_ = 0;
   double compute = 0;
   size_t done = 0;
