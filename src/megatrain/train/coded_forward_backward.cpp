@@ -153,6 +153,7 @@ class CodedForwardBackward final : public ForwardBackward {
   void set_step(int step) override { step_ = step; }
   CommTime take_tp_time() override { return tpc_ ? tpc_->take_comm_time() : CommTime{}; }
   CommTime take_pp_time() override { return pipe_ ? pipe_->take_comm_time() : CommTime{}; }
+  CommTime take_dp_wait() override { return std::exchange(dp_wait_, CommTime{}); }
   std::optional<StragglerStepReport> take_straggler_report() override { return std::exchange(report_, std::nullopt); }
 
  protected:
@@ -204,6 +205,7 @@ class CodedForwardBackward final : public ForwardBackward {
   // Store keys of the last run this rank removes when the next run starts (every rank is past the last run's
   // reads then: the step's reduction came between): a lead its replica's finish keys, the main rank the shared ones.
   std::vector<std::string> spent_keys_;
+  CommTime dp_wait_;  // waits for the rounds' decisions and for stragglers outside the model
 };
 
 // At a layer boundary of a round under the agreement: pays the injected sleep owed (in slices, looking for the
@@ -365,6 +367,7 @@ RoundEnd CodedForwardBackward::agreed_round(const StragglerCode& code, int round
   }
   if (lead_) spent_keys_.push_back(abandoned ? k.late(me_) : k.done(me_));
   if (topo_.main_rank) spent_keys_.insert(spent_keys_.end(), {k.ndone(), k.decider(), k.decision()});
+  const double w0 = now_seconds();
   end.bitmap = await_decision(k, code, t0, !abandoned);
   StragglerCode probe = code;
   if (probe.record(end.bitmap) != RoundOutcome::Accepted) {  // the round waits for the stragglers
@@ -376,6 +379,7 @@ RoundEnd CodedForwardBackward::agreed_round(const StragglerCode& code, int round
   } else if (end.bitmap[static_cast<size_t>(me_)]) {
     drop_round(round);
   }
+  dp_wait_.exposed_seconds += now_seconds() - w0;
   return end;
 }
 

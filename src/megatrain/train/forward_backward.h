@@ -33,6 +33,9 @@ class ForwardBackward {
   // Communication time since the last call: the tp group's collectives, and the pipeline's transfers.
   virtual CommTime take_tp_time() = 0;
   virtual CommTime take_pp_time() { return {}; }
+  // Time blocked on the data-parallel peers outside the Update's collectives since the last call (the coded form's
+  // waits for a round's decision): counted with the dp plane's exposed time, so compute time stays compute.
+  virtual CommTime take_dp_wait() { return {}; }
   // The step about to run (before run()): the coded form keys its round agreement and its faults by it.
   virtual void set_step(int /*step*/) {}
   // Straggler coding's account of the last run() (train/coded_forward_backward.h); none for the other forms.

@@ -165,6 +165,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   r.stats = StepStats{step, cfg.train.steps, loss, lr, norm, dt, tokens_per_step / dt, flops_per_step / dt, 0};
   r.stats.mfu = r.stats.model_flops_per_second / peak;
   r.dp = j.update.take_comm_time();
+  r.dp += j.fb.take_dp_wait();
   r.tp = j.fb.take_tp_time();
   r.pp = j.fb.take_pp_time();
   r.memory_bytes = j.topo.ops->allocated_bytes();
