@@ -196,3 +196,23 @@ TEST(StragglerCodingLaunch, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturb
 }
 
 }  // namespace
+
+namespace {
+
+// Turning coding on when resuming an uncoded run: the coded run's data position is the uncoded one's, so an
+// uncoded dp4 run's step-3 checkpoint resumed under gc logs steps 4 and 5 of the uninterrupted uncoded step, up to
+// the noise floor (expect_resumed_tail).
+TEST(StragglerCodingResume, AnUncodedCheckpointResumesUnderCodingOnTheSameData) {
+  prepare();
+  const std::string full = fresh_dir("mt_straggler_switch_full"), alt = fresh_dir("mt_straggler_switch_alt");
+  const std::string uncoded = fresh_dir("mt_straggler_switch_uncoded"), coded_dir = fresh_dir("mt_straggler_switch_gc");
+  run(kMegatrain + " train" + flags(full, kDp * kRows, 2));
+  run_twin(kDp * kRows, flags(alt, kDp * kRows, 2));
+  run_with_faults(coded(uncoded, 2, "", " --ckpt.every=3"), "", uncoded + ".log");
+  run_with_faults(coded(coded_dir, 2, " --parallel.straggler_coding=gc --parallel.straggler_s=1",
+                        " --ckpt.resume=" + step3(uncoded)),
+                  "", coded_dir + ".log");
+  expect_resumed_tail(full, alt, {coded_dir}, "uncoded step 3 resumed under gc");
+}
+
+}  // namespace
