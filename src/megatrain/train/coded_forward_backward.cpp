@@ -263,8 +263,8 @@ double CodedForwardBackward::compute_piece(int round, int index, const Piece& p,
   return now_seconds() - t0;
 }
 
-// Whether this rank, before its next piece (or during its injected sleep), abandons the round: the decision is in,
-// marks it, and the core accepts the round without it.
+// Whether this rank may abandon the round (asked at piece, micro-batch and layer boundaries, and during its injected
+// sleep): the decision is in, marks its replica, and the core accepts the round without it.
 bool CodedForwardBackward::abandons(const StragglerCode& code, const RoundKeys& k) {
   if (!have_decision_ && store().check(k.decision())) {
     decided_ = bitmap_from(store().get(k.decision(), timeout_), n_);
@@ -278,8 +278,8 @@ bool CodedForwardBackward::abandons(const StragglerCode& code, const RoundKeys& 
   return abandon_verdict_ == 1;
 }
 
-// At a piece or (under tp) micro-batch boundary: whether the replica abandons the round. Under tp its ranks agree
-// first (any of them that saw the decision), so they leave the round's collectives at the same point.
+// At a piece or (under tp, pp) micro-batch boundary: whether the replica abandons the round. Under tp and pp its
+// ranks agree first (any of them that saw the decision), so they leave the round's collectives at the same point.
 bool CodedForwardBackward::replica_abandons(const StragglerCode& code, const RoundKeys& k) {
   float flag = abandons(code, k) ? 1.0f : 0.0f;
   // The maximum over tp, then over pp: over every rank of the replica.
@@ -288,8 +288,8 @@ bool CodedForwardBackward::replica_abandons(const StragglerCode& code, const Rou
   return flag > 0;
 }
 
-// The decision of the round, made here when this rank is the first finished one to see every replica done or to
-// pass its deadline.
+// The decision of the round, made here when this rank (a replica's lead) is the first finished one to see every
+// replica done or to pass its deadline.
 std::vector<bool> CodedForwardBackward::await_decision(const RoundKeys& k, const StragglerCode& code, double t0,
                                                        bool finished) {
   double deadline = -1;
