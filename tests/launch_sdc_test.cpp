@@ -224,6 +224,17 @@ TEST_F(LaunchSdc, ATransientGradientFaultUnderDp2Tp2NamesTheOneRankThatErred) {
   transient_fault_is_found(4, {}, 1, "h.0.attn.c_attn.weight");
 }
 
+// Straggler coding (gc on dp = 4; a deadline no round reaches, so every run of a step keeps the same pieces): the
+// rerun of the spiking step replays the agreed straggler bitmaps on the kept batches, reproduces bit for bit on every
+// rank but rank 2, which is named. (Rank 2, not 1: with no straggler each block's piece is taken from its lowest
+// replica, 0 and 2, so replicas 1 and 3 contribute zeros, and a fault scaling one of their zeros changes nothing.)
+TEST_F(LaunchSdc, ATransientGradientFaultUnderStragglerCodingIsFoundByTheRerunOfTheSpikingStep) {
+  transient_fault_is_found(4,
+                           {"--parallel.dp=4", "--parallel.tp=1", "--parallel.straggler_coding=gc",
+                            "--parallel.straggler_s=1", "--parallel.straggler_deadline=1000", "--train.grad_accum=2"},
+                           2, "h.0.ln_1.weight");
+}
+
 // dp = 2 x pp = 2: rank 1 holds the first stage (its first block) of the second replica; the rerun replays the
 // pipeline's schedule on the kept batches.
 TEST_F(LaunchSdc, ATransientGradientFaultUnderDp2Pp2IsFoundInItsStage) {

@@ -434,10 +434,11 @@ TEST(StragglerCode, BadSettingsAreConfigErrorsNamingTheKey) {
   EXPECT_EQ(k, S::MSgc);
   EXPECT_TRUE(has(error_of([] { StragglerCode(gc(1), 3, 2); }), "divide the 3 data-parallel"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(gc(4), 4, 2); }), "parallel.straggler_s"));
-  EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::SrSgc, 2, 4, 2), 4, 2); }), "divide parallel.straggler_W - 1"));
+  EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::SrSgc, 2, 4, 2), 4, 2); }),
+                  "divide parallel.straggler_window - 1"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 1, 2, 1), 4, 4); }),
                   "train.grad_accum = 4 must be a multiple of 3"));
-  EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 2, 2, 1), 4, 4); }), "parallel.straggler_W"));
+  EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 2, 2, 1), 4, 4); }), "parallel.straggler_window"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::MSgc, 1, 2, 5), 4, 4); }), "parallel.straggler_lambda"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(gc(0), 4, 0); }), "train.grad_accum"));
   EXPECT_TRUE(has(error_of([] { StragglerCode(sgc(S::SrSgc, 2, 3, 1), 4, 2); }), "at most train.grad_accum - 1 = 1"));

@@ -16,7 +16,7 @@ namespace mt {
 namespace {
 
 constexpr const char* kKinds =
-    "crash, hang, nan, slow, badnode, stage2_delay, kill_after_snapshot, clock_skew, bitflip, sdcgrad";
+    "crash, hang, nan, slow, badnode, stage2_delay, kill_after_snapshot, clock_skew, bitflip, sdcgrad, slowburst";
 
 struct KindSyntax {
   FaultKind kind;
@@ -36,6 +36,11 @@ const std::map<std::string, KindSyntax>& syntax() {
        {FaultKind::KillAfterSnapshot, {"rank", "step"}, {"attempt"}, "rank=R:step=S[:attempt=A]"}},
       {"bitflip", {FaultKind::BitFlip, {"rank", "step"}, {"attempt"}, "rank=R:step=S[:attempt=A]"}},
       {"sdcgrad", {FaultKind::SdcGrad, {"rank", "step"}, {"attempt"}, "rank=R:step=S[:attempt=A]"}},
+      {"slowburst",
+       {FaultKind::SlowBurst,
+        {"rank", "factor"},
+        {"rounds", "b", "w", "lambda", "p", "seed", "attempt"},
+        "rank=R:factor=F:rounds=S.R,S.R,... or rank=R:factor=F:b=B:w=W:lambda=L[:p=P][:seed=N][:attempt=A]"}},
       {"clock_skew", {FaultKind::ClockSkew, {"rank", "seconds"}, {"attempt"}, "rank=R:seconds=T[:attempt=A]"}},
   };
   return s;
@@ -88,6 +93,7 @@ const char* fault_kind_name(FaultKind k) {
     case FaultKind::ClockSkew: return "clock_skew";
     case FaultKind::BitFlip: return "bitflip";
     case FaultKind::SdcGrad: return "sdcgrad";
+    case FaultKind::SlowBurst: return "slowburst";
   }
   return "?";
 }
@@ -132,6 +138,28 @@ std::vector<Fault> parse_faults(const std::string& text, const std::string& sour
         f.factor = value.empty() ? 0 : std::strtod(value.c_str(), &end);
         if (value.empty() || errno != 0 || *end != '\0' || !std::isfinite(f.factor) || f.factor < 1 || f.factor > 1000)
           fail_as(ErrorKind::Config, "{}: factor='{}' must be a number in [1, 1000]", where, value);
+      } else if (key == "rounds") {
+        for (const std::string& sr : split(value, ',')) {
+          const size_t dot = sr.find('.');
+          if (dot == std::string::npos)
+            fail_as(ErrorKind::Config, "{}: rounds: '{}' is not STEP.ROUND (e.g. rounds=2.0,2.1)", where, sr);
+          f.rounds.emplace_back(parse_int(trim(sr.substr(0, dot)), 1, where, "rounds' step"),
+                                parse_int(trim(sr.substr(dot + 1)), 0, where, "rounds' round"));
+        }
+      } else if (key == "b") {
+        f.burst_b = parse_int(value, 1, where, key);
+      } else if (key == "w") {
+        f.burst_w = parse_int(value, 2, where, key);
+      } else if (key == "lambda") {
+        f.burst_lambda = parse_int(value, 1, where, key);
+      } else if (key == "seed") {
+        f.burst_seed = static_cast<uint64_t>(parse_int(value, 0, where, key));
+      } else if (key == "p") {
+        char* end = nullptr;
+        errno = 0;
+        f.burst_p = value.empty() ? -1 : std::strtod(value.c_str(), &end);
+        if (value.empty() || errno != 0 || *end != '\0' || !(f.burst_p >= 0 && f.burst_p <= 1))
+          fail_as(ErrorKind::Config, "{}: p='{}' must be a probability in [0, 1]", where, value);
       } else if (key == "seconds") {
         char* end = nullptr;
         errno = 0;
@@ -144,6 +172,15 @@ std::vector<Fault> parse_faults(const std::string& text, const std::string& sour
     }
     for (const std::string& k : ks.required)
       if (!seen.count(k)) fail_as(ErrorKind::Config, "{}: missing key '{}' ({} takes {})", where, k, kind, ks.keys);
+    if (f.kind == FaultKind::SlowBurst) {
+      const bool model = seen.count("b") || seen.count("w") || seen.count("lambda");
+      if (model == (seen.count("rounds") > 0) ||
+          (model && !(seen.count("b") && seen.count("w") && seen.count("lambda"))))
+        fail_as(ErrorKind::Config, "{}: slowburst takes either rounds=... or all of b, w and lambda ({})", where,
+                ks.keys);
+      if (!model && (seen.count("p") || seen.count("seed")))
+        fail_as(ErrorKind::Config, "{}: p and seed go with b, w and lambda ({})", where, ks.keys);
+    }
     out.push_back(f);
   }
   return out;

@@ -26,16 +26,39 @@
 //                              block's first parameter whose gradient no tp sum touches) by 2^20 after the backward
 //                              has finished it and before its data-parallel reduction, once: a transient fault the
 //                              reduction spreads to every replica (found by train.sdc_rerun_on_spike; train/sdc_rerun.h)
+//   slowburst:rank=R:factor=F:rounds=S.R,S.R,...   straggler coding's slow replica (parallel.straggler_coding): in
+//                              round R of step S (rounds count from 0 within a step) each micro-batch of rank R
+//                              takes F x its median compute time (the extra slept at the first layer boundary of
+//                              its forward), a sleep it cuts short when the job goes on without it
+//   slowburst:rank=R:factor=F:b=B:w=W:lambda=L[:p=P][:seed=N]   the same in the rounds the (B, W, L)-bursty
+//                              generator draws (parallel/straggler_model.h: bursty_pattern over the data-parallel
+//                              replicas and the run's rounds, a burst starting with probability P, default 0.2,
+//                              seed N, default 1), rank R's column: several such items with the same b, w, lambda,
+//                              p and seed on different ranks stay jointly inside the model
 // Every kind also takes attempt=A. A fault fires only in attempt 0 (MEGATRAIN_ATTEMPT, set by the agent on each
 // restart; default 0), or with attempt=A only in attempt A. A rank's node is MEGATRAIN_NODE_RANK (default 0).
 // A malformed list is a Config error naming the item and what is allowed.
 #pragma once
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mt {
 
-enum class FaultKind { Crash, Hang, Nan, Slow, BadNode, Stage2Delay, KillAfterSnapshot, ClockSkew, BitFlip, SdcGrad };
+enum class FaultKind {
+  Crash,
+  Hang,
+  Nan,
+  Slow,
+  BadNode,
+  Stage2Delay,
+  KillAfterSnapshot,
+  ClockSkew,
+  BitFlip,
+  SdcGrad,
+  SlowBurst
+};
 const char* fault_kind_name(FaultKind k);
 
 struct Fault {
@@ -49,6 +72,11 @@ struct Fault {
   double factor = 1;   // slow
   double seconds = 0;  // stage2_delay (>= 0), clock_skew (any sign)
   int attempt = -1;    // -1: fires in attempt 0 only
+  // slowburst: the listed (step, round) pairs, or a bursty model (burst_b > 0) to draw them from
+  std::vector<std::pair<int, int>> rounds;
+  int burst_b = 0, burst_w = 0, burst_lambda = 0;
+  double burst_p = 0.2;
+  uint64_t burst_seed = 1;
   bool fires_in(int a) const { return attempt < 0 ? a == 0 : a == attempt; }
 };
 

@@ -36,6 +36,7 @@ class GPT {
   // forward_chunk / backward_chunk, the whole-model calls below need the whole model.
   GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple = 16, TpComm* tp = nullptr, GptPart part = {});
   void set_hooks(GptHooks h) { hooks_ = std::move(h); }
+  const GptHooks& hooks() const { return hooks_; }  // to wrap them (train/coded_forward_backward.cpp)
 
   const ModelConfig& config() const { return cfg_; }
   int tp_size() const { return tp_ ? tp_->size() : 1; }

@@ -73,8 +73,8 @@ StragglerCode::StragglerCode(const StragglerCodeConfig& c, int n, int m) : c_(c)
       validate_bursty_model(b, n);
       if ((b.W - 1) % b.B != 0) {
         fail_as(ErrorKind::Config,
-                "parallel.straggler_coding = 'sr-sgc' needs parallel.straggler_B = {} to divide "
-                "parallel.straggler_W - 1 = {}",
+                "parallel.straggler_coding = 'sr-sgc' needs parallel.straggler_burst = {} to divide "
+                "parallel.straggler_window - 1 = {}",
                 b.B, b.W - 1);
       }
       s_ = sr_sgc_s(b);
@@ -84,10 +84,11 @@ StragglerCode::StragglerCode(const StragglerCodeConfig& c, int n, int m) : c_(c)
       }
       require_divides(s_ + 1, n, "sr-sgc's s = ceil(B lambda / (W - 1 + B))");
       if (b.B > m - 1) {  // the delay stays below the step's rounds (m-sgc's always does: T < (W-1)(lambda+1)+B <= m)
-        fail_as(ErrorKind::Config,
-                "parallel.straggler_coding = 'sr-sgc' delays a job by parallel.straggler_B = {} rounds, which must be "
-                "at most train.grad_accum - 1 = {}",
-                b.B, m - 1);
+        fail_as(
+            ErrorKind::Config,
+            "parallel.straggler_coding = 'sr-sgc' delays a job by parallel.straggler_burst = {} rounds, which must be "
+            "at most train.grad_accum - 1 = {}",
+            b.B, m - 1);
       }
       delay_ = b.B;
       break;

@@ -1,7 +1,8 @@
 // Straggler-tolerant data parallelism by gradient coding: which micro-batches each data-parallel replica computes
 // in each round of a step, which results the step may go on without, and the coefficients that decode the exact
 // full-batch gradient from the results that arrived. Pure: no processes, no communication; the training loop's
-// integration (abandoning a task, agreeing the straggler bitmap, the weighted all-reduce) follows.
+// integration (abandoning a task, agreeing the straggler bitmap, the sum and reduction) is
+// train/coded_forward_backward.h.
 //
 // Papers. GC: Tandon, Lei, Dimakis, Karampatziakis, "Gradient Coding", ICML 2017 (its fractional repetition
 // scheme). SR-SGC and M-SGC: Krishnan, Ebrahimi, Khisti, "Sequential Gradient Coding For Straggler Mitigation",

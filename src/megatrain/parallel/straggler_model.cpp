@@ -10,10 +10,10 @@
 namespace mt {
 
 void validate_bursty_model(const BurstyModel& m, int workers) {
-  if (m.B < 1) fail_as(ErrorKind::Config, "parallel.straggler_B must be >= 1 (got {})", m.B);
+  if (m.B < 1) fail_as(ErrorKind::Config, "parallel.straggler_burst must be >= 1 (got {})", m.B);
   if (m.W <= m.B) {
-    fail_as(ErrorKind::Config, "parallel.straggler_W must be greater than parallel.straggler_B = {} (got {})", m.B,
-            m.W);
+    fail_as(ErrorKind::Config, "parallel.straggler_window must be greater than parallel.straggler_burst = {} (got {})",
+            m.B, m.W);
   }
   if (m.lambda < 1 || m.lambda > workers) {
     fail_as(ErrorKind::Config, "parallel.straggler_lambda must be in 1..{} (the data-parallel replicas; got {})",

@@ -29,7 +29,7 @@ struct BurstyModel {
   int lambda = 1;  // most distinct stragglers inside a window
 };
 
-// Config errors naming parallel.straggler_B / _W / _lambda and the bound broken: 1 <= B < W, 1 <= lambda <= n.
+// Config errors naming parallel.straggler_burst / _window / _lambda and the bound broken: 1 <= B < W, 1 <= lambda <= n.
 void validate_bursty_model(const BurstyModel& m, int workers);
 
 // Whether every round has at most s stragglers.
@@ -42,8 +42,7 @@ std::string bursty_violation(const StragglerPattern& p, const BurstyModel& m);
 // A pattern inside the (B, W, lambda)-bursty model, the same for the same arguments on every machine: round by
 // round, each worker not already in a burst starts one with probability start_probability, of a length drawn
 // uniformly from 1..B; a start (or a continuation) that would take the pattern outside the model is dropped, so the
-// result always conforms. For the fault injector (a `slowburst` fault kind follows with the runtime integration)
-// and the tests.
+// result always conforms. For the fault injector (the `slowburst` fault kind, core/fault_spec.h) and the tests.
 StragglerPattern bursty_pattern(int workers, int rounds, const BurstyModel& m, double start_probability, uint64_t seed);
 
 // Text for messages: one line per round, "r3: 0 2" listing the stragglers (rounds without any left out).

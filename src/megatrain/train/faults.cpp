@@ -153,7 +153,8 @@ void FaultInjector::begin_step(int step, GPT& model) {
       case FaultKind::BadNode:
       case FaultKind::Stage2Delay:  // fire elsewhere (faults.h)
       case FaultKind::KillAfterSnapshot:
-      case FaultKind::ClockSkew: break;
+      case FaultKind::ClockSkew:
+      case FaultKind::SlowBurst: break;  // fires in the coded forward/backward (train/coded_forward_backward.h)
     }
   }
 }

@@ -4,6 +4,7 @@
 
 #include "megatrain/obs/timeline.h"
 #include "megatrain/parallel/gpt_pipeline.h"
+#include "megatrain/train/coded_forward_backward.h"
 
 namespace mt {
 
@@ -94,10 +95,16 @@ float ForwardBackward::run(DataLoader& loader, Update& update) {
 }
 
 float ForwardBackward::rerun(Update& update) {
+  rerunning_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{rerunning_};
   return run_rounds([&](int round) -> const Batch& { return kept_.at(static_cast<size_t>(round)); }, update);
 }
 
 std::unique_ptr<ForwardBackward> make_forward_backward(const RunConfig& cfg, Topology& topo, ModelStack& stack) {
+  if (cfg.parallel.straggler_coding != StragglerScheme::None) return make_coded_forward_backward(cfg, topo, stack);
   if (topo.shape.pp > 1) return std::make_unique<PipelinedForwardBackward>(cfg, topo, stack);
   return std::make_unique<PlainForwardBackward>(cfg, stack);
 }

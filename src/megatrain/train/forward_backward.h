@@ -7,13 +7,16 @@
 // rerun of a step whose loss or gradient norm spiked (train/sdc_rerun.h). A rerun is the same computation on the
 // same data: deterministic kernels make it bit-identical unless the hardware erred.
 #pragma once
+#include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "megatrain/comm/process_group.h"
 #include "megatrain/data/loader.h"
 #include "megatrain/train/model_stack.h"
+#include "megatrain/train/observer.h"
 #include "megatrain/train/topology.h"
 #include "megatrain/train/update.h"
 
@@ -30,14 +33,23 @@ class ForwardBackward {
   // Communication time since the last call: the tp group's collectives, and the pipeline's transfers.
   virtual CommTime take_tp_time() = 0;
   virtual CommTime take_pp_time() { return {}; }
+  // Time blocked on the data-parallel peers outside the Update's collectives since the last call (the coded form's
+  // waits for a round's decision): counted with the dp plane's exposed time, so compute time stays compute.
+  virtual CommTime take_dp_wait() { return {}; }
+  // The step about to run (before run()): the coded form keys its round agreement and its faults by it.
+  virtual void set_step(int /*step*/) {}
+  // Straggler coding's account of the last run() (train/coded_forward_backward.h); none for the other forms.
+  virtual std::optional<StragglerStepReport> take_straggler_report() { return std::nullopt; }
 
  protected:
   // The step's rounds: batch(i) is round i's batch (read from the loader, or the kept one).
   using BatchSource = std::function<const Batch&(int round)>;
   virtual float run_rounds(const BatchSource& batch, Update& update) = 0;
+  bool rerunning() const { return rerunning_; }  // inside rerun()
 
  private:
-  std::vector<Batch> kept_;  // the last run()'s batches, by round
+  std::deque<Batch> kept_;  // the last run()'s batches, by round (a deque: a reference stays valid as it grows)
+  bool rerunning_ = false;
 };
 
 std::unique_ptr<ForwardBackward> make_forward_backward(const RunConfig& cfg, Topology& topo, ModelStack& stack);

@@ -69,6 +69,18 @@ nlohmann::json MetricsLog::to_json(const StepReport& r) {
       {"comm_exposed_s", {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}},
       {"memory_gb", static_cast<double>(r.memory_bytes) / 1e9}};
   if (!r.blend_epochs.empty()) j["blend_epochs"] = r.blend_epochs;  // how often each source's data has been seen
+  if (r.straggler) {                                                // straggler coding (train/coded_forward_backward.h)
+    const StragglerStepReport& g = *r.straggler;
+    nlohmann::json late = nlohmann::json::array();
+    for (const auto& [round, replica] : g.stragglers) late.push_back({{"round", round}, {"replica", replica}});
+    j["straggler"] = {{"stragglers", late},
+                      {"rounds", g.rounds},
+                      {"rounds_waited", g.rounds_waited},
+                      {"microbatches_computed", g.microbatches_computed},
+                      {"microbatches_recomputed", g.microbatches_recomputed},
+                      {"redundancy", g.redundancy},
+                      {"seconds_saved", g.seconds_saved}};
+  }
   return j;
 }
 

@@ -21,12 +21,12 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-std::unique_ptr<DataLoader> make_loader(const RunConfig& cfg, int rank, int world, int prefetch) {
+std::unique_ptr<DataLoader> make_loader(const RunConfig& cfg, int rank, int world, int prefetch, int replicas = 1) {
   // With pp a step's rows per dp rank are micro x data.batch_size: every pp rank reads them (the first stage uses
   // the tokens, the last the targets), in the order a single process with micro x dp times the batch reads them.
-  return std::make_unique<DataLoader>(cfg.data.sources(), "train", cfg.data.batch_size * cfg.pipeline_microbatches(),
-                                      cfg.data.seq_len, cfg.data.shuffle, cfg.data.seed, rank, world, prefetch,
-                                      cfg.model.vocab_size);
+  return std::make_unique<DataLoader>(cfg.data.sources(), "train",
+                                      cfg.data.batch_size * cfg.pipeline_microbatches() * replicas, cfg.data.seq_len,
+                                      cfg.data.shuffle, cfg.data.seed, rank, world, prefetch, cfg.model.vocab_size);
 }
 
 }  // namespace
@@ -81,6 +81,14 @@ NodeLoaderPlan node_loader_plan(const RunConfig& cfg, const RankInfo& info, cons
 }
 
 std::unique_ptr<DataLoader> open_train_loader(const RunConfig& cfg, const Topology& topo) {
+  // Straggler coding: any replica may compute any micro-batch of the step, so each reads the whole global batch
+  // (one loader of dp x data.batch_size rows: the same rows, order and positions as dp loaders of data.batch_size).
+  if (cfg.parallel.straggler_coding != StragglerScheme::None) {
+    if (cfg.data.node_loader && topo.main_rank && topo.rank_info.local_world_size > 1)
+      fmt::print("data: a loader per rank reading the whole global batch (parallel.straggler_coding; "
+                 "data.node_loader is not used)\n");
+    return make_loader(cfg, 0, 1, cfg.data.prefetch, topo.shape.dp);
+  }
   if (!node_loader_on(cfg, topo)) return make_loader(cfg, topo.coord.dp, topo.shape.dp, cfg.data.prefetch);
   const NodeLoaderPlan plan = node_loader_plan(cfg, topo.rank_info, topo.shape);
   // This rank's loader computes positions only: no prefetch thread, no reads.

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatrain/comm/mesh.h"
@@ -39,6 +41,18 @@ struct StepStats {
   double step_seconds = 0, tokens_per_second = 0, model_flops_per_second = 0, mfu = 0;
 };
 
+// Straggler coding's account of one step (train/coded_forward_backward.h), the same on every rank except
+// seconds_saved (the main rank's estimate).
+struct StragglerStepReport {
+  std::vector<std::pair<int, int>> stragglers;  // (round, replica) the step went on without
+  int rounds = 0;                               // of the step
+  int rounds_waited = 0;                        // rounds that waited for stragglers outside the scheme's model
+  int64_t microbatches_computed = 0;            // every assigned micro-batch, abandoned ones included
+  int64_t microbatches_recomputed = 0;          // repeated work (sr-sgc reattempts, m-sgc repeated chunks)
+  double redundancy = 1;                        // computed / the uncoded step's micro-batches: the load as paid
+  double seconds_saved = 0;  // sum over rounds of (every replica's finish - the kept replicas' last), estimated
+};
+
 // One step: its statistics and this rank's communication time on each plane of groups during it.
 struct StepReport {
   StepStats stats;
@@ -48,6 +62,7 @@ struct StepReport {
   size_t memory_bytes = 0;
   // A blend: the epochs each source has given so far (rows / its windows; 2.5 = its data seen two and a half times).
   std::vector<double> blend_epochs;
+  std::optional<StragglerStepReport> straggler;  // parallel.straggler_coding != none
   // The step less the time this rank was blocked on communication on any plane: what sets a straggler apart (its
   // peers' steps are as long as its own: they wait for it). The straggler rule, the heartbeat and the trace's step
   // spans all use this one measure.

@@ -606,6 +606,19 @@ void add_parallel_rows(std::vector<Row>& t) {
   t.push_back(row("parallel", "device_plane", MT_MEMBER(parallel.device_plane), any(),
                   "cuda only: nccl (a GPU per local rank), staged (device memory through host memory over Gloo, "
                   "so local ranks may share a GPU) or auto (staged when there are more local ranks than GPUs)"));
+  t.push_back(row("parallel", "straggler_coding", MT_MEMBER(parallel.straggler_coding), any(),
+                  "straggler-tolerant data parallelism by gradient coding: none, gc (straggler_s slow replicas per "
+                  "round), sr-sgc or m-sgc (bursts of the straggler_burst/_window/_lambda model); needs dp >= 2"));
+  t.push_back(row("parallel", "straggler_s", MT_MEMBER(parallel.straggler_s), at_least(0),
+                  "gc: slow replicas tolerated per round; (s+1) must divide parallel.dp"));
+  t.push_back(row("parallel", "straggler_burst", MT_MEMBER(parallel.straggler_burst), at_least(1),
+                  "sr-sgc, m-sgc: B, the longest burst of rounds one replica straggles inside a window"));
+  t.push_back(row("parallel", "straggler_window", MT_MEMBER(parallel.straggler_window), at_least(2),
+                  "sr-sgc, m-sgc: W, the window of rounds (W > straggler_burst)"));
+  t.push_back(row("parallel", "straggler_lambda", MT_MEMBER(parallel.straggler_lambda), at_least(1),
+                  "sr-sgc, m-sgc: the most distinct straggling replicas inside a window"));
+  t.push_back(row("parallel", "straggler_deadline", MT_MEMBER(parallel.straggler_deadline), finite_at_least(1),
+                  "with straggler_coding: a replica later than this x the median round time straggles that round"));
 }
 
 const std::vector<Row>& settings() {
@@ -710,6 +723,24 @@ std::string data_dirs(const DataConfig& d) {
   return fmt::format("the blend of {}", fmt::join(dirs, ", "));
 }
 
+// Straggler coding's layouts: the core checks the code against dp and train.grad_accum (its errors name the keys);
+// here what the training loop does not compose with yet.
+void RunConfig::validate_straggler_coding() const {
+  if (parallel.straggler_coding == StragglerScheme::None) return;
+  const char* scheme = kind_name(parallel.straggler_coding);
+  MT_CHECK(parallel.dp >= 2,
+           "{}: parallel.straggler_coding = \"{}\" needs parallel.dp >= 2 data-parallel replicas (got {})", source,
+           scheme, parallel.dp);
+  MT_CHECK(train.device == Device::CPU,
+           "{}: parallel.straggler_coding = \"{}\" runs with train.device = \"cpu\" only for now", source, scheme);
+  try {
+    StragglerCode code(parallel.straggler_code(), parallel.dp, train.grad_accum);
+  } catch (const Error& e) {
+    fail("{}: parallel.straggler_coding = \"{}\" with parallel.dp = {} and train.grad_accum = {}: {}", source, scheme,
+         parallel.dp, train.grad_accum, e.what());
+  }
+}
+
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   MT_CHECK(file_exists(path), "config file {} does not exist", path);
   MT_CHECK(!std::filesystem::is_directory(path), "config file {} is a directory, not a TOML file", path);
@@ -762,6 +793,7 @@ void RunConfig::validate() const {
         "they must divide evenly",
         source, rows, parallel.tp);
   }
+  validate_straggler_coding();
   if (!sample.tokenizer.empty()) {
     const std::string missing = Tokenizer::missing_files(sample.tokenizer);
     MT_CHECK(missing.empty(),

@@ -12,6 +12,7 @@
 #include "megatrain/data/loader.h"
 #include "megatrain/model/config.h"
 #include "megatrain/optim/optimizer.h"
+#include "megatrain/parallel/straggler_code.h"
 
 namespace mt {
 
@@ -130,6 +131,24 @@ struct ParallelConfig {
   int tp_chunks = 4;              // tensor parallel: row chunks of each fused all-gather+GEMM / GEMM+reduce-scatter
   int timeout_s = 120;            // rendezvous / collective timeout
   DevicePlane device_plane = DevicePlane::Auto;  // cuda only: nccl, staged, or auto (staged where ranks share a GPU)
+  // Straggler-tolerant data parallelism (parallel/straggler_code.h, train/coded_forward_backward.h): none (the plain
+  // step), gc (tolerates straggler_s slow replicas per round), sr-sgc or m-sgc (bursts inside the
+  // (straggler_burst, straggler_window, straggler_lambda)-bursty model). A replica later than straggler_deadline x
+  // the median round time is a straggler for that round.
+  StragglerScheme straggler_coding = StragglerScheme::None;
+  int straggler_s = 1;
+  int straggler_burst = 1;
+  int straggler_window = 3;
+  int straggler_lambda = 1;
+  double straggler_deadline = 2.0;
+  // The core's settings from the keys above.
+  StragglerCodeConfig straggler_code() const {
+    StragglerCodeConfig c;
+    c.scheme = straggler_coding;
+    c.s = straggler_s;
+    c.bursty = {straggler_burst, straggler_window, straggler_lambda};
+    return c;
+  }
 };
 
 struct RunConfig {
@@ -148,6 +167,7 @@ struct RunConfig {
   std::vector<std::pair<std::string, std::string>> effective;
 
   void validate() const;
+  void validate_straggler_coding() const;  // part of validate()
   // Micro-batches per pipeline step (1 without pipeline parallelism).
   int pipeline_microbatches() const {
     return parallel.pp > 1 ? (parallel.microbatches > 0 ? parallel.microbatches : parallel.pp) : 1;

@@ -136,6 +136,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   float loss;
   {
     obs::ScopedSpan phase("phase", "forward-backward");
+    j.fb.set_step(step);
     loss = j.fb.run(j.loader, j.update);
   }
   double norm;
@@ -164,10 +165,12 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   r.stats = StepStats{step, cfg.train.steps, loss, lr, norm, dt, tokens_per_step / dt, flops_per_step / dt, 0};
   r.stats.mfu = r.stats.model_flops_per_second / peak;
   r.dp = j.update.take_comm_time();
+  r.dp += j.fb.take_dp_wait();
   r.tp = j.fb.take_tp_time();
   r.pp = j.fb.take_pp_time();
   r.memory_bytes = j.topo.ops->allocated_bytes();
   r.blend_epochs = j.loader.source_epochs(j.loader.state());
+  r.straggler = j.fb.take_straggler_report();
   j.obs.each([&](TrainObserver& o) { o.on_step(r); });
   span.set_compute(r.compute_seconds());
   if (step == j.res.first_step) j.res.first_loss = loss;
