@@ -17,7 +17,7 @@ double shortest_decimal(float x) { return std::stod(fmt::format("{}", x)); }
 json model_config_to_json(const ModelConfig& c) {
   json recompute = json::array();
   for (bool b : c.recompute) recompute.push_back(b);
-  return {{"vocab_size", c.vocab_size},
+  json j = {{"vocab_size", c.vocab_size},
           {"vocab_pad_to", c.vocab_pad_to},
           {"n_layer", c.n_layer},
           {"n_head", c.n_head},
@@ -42,6 +42,21 @@ json model_config_to_json(const ModelConfig& c) {
           {"recompute", recompute},
           {"recompute_act", c.recompute_act},
           {"recompute_norm", c.recompute_norm}};
+  // The MoE keys only for a MoE model: a dense model's manifest stays as it was.
+  if (c.moe()) {
+    j["moe_experts"] = c.moe_experts;
+    j["moe_top_k"] = c.moe_top_k;
+    j["moe_d_ff"] = c.moe_d_ff;
+    j["moe_shared_experts"] = c.moe_shared_experts;
+    j["moe_every"] = c.moe_every;
+    j["moe_first_dense"] = c.moe_first_dense;
+    j["moe_router"] = kind_name(c.moe_router);
+    j["moe_bias_rate"] = shortest_decimal(c.moe_bias_rate);
+    j["moe_aux_loss"] = shortest_decimal(c.moe_aux_loss);
+    j["moe_z_loss"] = shortest_decimal(c.moe_z_loss);
+    j["moe_capacity_factor"] = shortest_decimal(c.moe_capacity_factor);
+  }
+  return j;
 }
 
 ModelConfig model_config_from_json(const json& j) {
@@ -99,6 +114,17 @@ ModelConfig model_config_from_json(const json& j) {
       {"init_std", number("init_std", c.init_std)},
       {"recompute_act", boolean("recompute_act", c.recompute_act)},
       {"recompute_norm", boolean("recompute_norm", c.recompute_norm)},
+      {"moe_experts", integer("moe_experts", c.moe_experts)},
+      {"moe_top_k", integer("moe_top_k", c.moe_top_k)},
+      {"moe_d_ff", integer("moe_d_ff", c.moe_d_ff)},
+      {"moe_shared_experts", integer("moe_shared_experts", c.moe_shared_experts)},
+      {"moe_every", integer("moe_every", c.moe_every)},
+      {"moe_first_dense", integer("moe_first_dense", c.moe_first_dense)},
+      {"moe_router", kind("moe_router", c.moe_router)},
+      {"moe_bias_rate", number("moe_bias_rate", c.moe_bias_rate)},
+      {"moe_aux_loss", number("moe_aux_loss", c.moe_aux_loss)},
+      {"moe_z_loss", number("moe_z_loss", c.moe_z_loss)},
+      {"moe_capacity_factor", number("moe_capacity_factor", c.moe_capacity_factor)},
       {"recompute",
        [&c](const json& v) {
          MT_CHECK(v.is_array(), "model config key 'recompute' must be a list of booleans (got {})", v.dump());

@@ -69,6 +69,15 @@ nlohmann::json MetricsLog::to_json(const StepReport& r) {
       {"comm_exposed_s", {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}},
       {"memory_gb", static_cast<double>(r.memory_bytes) / 1e9}};
   if (!r.blend_epochs.empty()) j["blend_epochs"] = r.blend_epochs;  // how often each source's data has been seen
+  if (!r.moe.empty()) {
+    // Per MoE layer: assignments routed to each expert (before any capacity drop) and those dropped.
+    nlohmann::json layers = nlohmann::json::array();
+    for (const MoeLayerStats& m : r.moe)
+      layers.push_back({{"layer", m.layer}, {"tokens_per_expert", m.tokens}, {"dropped", m.dropped},
+                        {"aux", m.forwards ? m.aux / m.forwards : 0.0}, {"z", m.forwards ? m.z / m.forwards : 0.0}});
+    j["moe"] = layers;
+    j["moe_loss"] = r.moe_loss;
+  }
   return j;
 }
 

@@ -154,6 +154,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     obs::ScopedSpan phase("phase", "optimizer");
     j.update.step(lr, scale, step);
   }
+  j.stack.model->moe_update_bias();  // sigmoid_bias router only: its balancing step, from this step's loads
   j.guard.after_update(step, *j.stack.model, [&] { j.update.sync_params(); });
   // The replicas compare their parameters before the step reports: a corrupt step never reaches the metrics.
   // The last step is checked when the final save asks (checkpoint()), or by the interval.
@@ -168,6 +169,8 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   r.pp = j.fb.take_pp_time();
   r.memory_bytes = j.topo.ops->allocated_bytes();
   r.blend_epochs = j.loader.source_epochs(j.loader.state());
+  r.moe = j.stack.model->take_moe_stats();
+  r.moe_loss = GPT::moe_loss(cfg.model, r.moe);
   j.obs.each([&](TrainObserver& o) { o.on_step(r); });
   span.set_compute(r.compute_seconds());
   if (step == j.res.first_step) j.res.first_loss = loss;
