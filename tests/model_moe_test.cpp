@@ -169,8 +169,8 @@ struct Fixture {
   std::vector<float> backward() {
     std::vector<float> din(x.size());
     ps.begin_grads();
-    MoeFfn(c, ps, 0).backward(*ops, Tensor(din.data(), {N, int64_t{c.d_model}}), Tensor(R.data(), {N, int64_t{c.d_model}}),
-                              X(), acts, 1.0f);
+    MoeFfn(c, ps, 0).backward(*ops, Tensor(din.data(), {N, int64_t{c.d_model}}),
+                              Tensor(R.data(), {N, int64_t{c.d_model}}), X(), acts, 1.0f);
     ps.settle_grads(0, static_cast<int>(ps.size()));
     return din;
   }
@@ -312,8 +312,8 @@ TEST(MoeRoute, SigmoidBiasChoosesOnScorePlusBiasButGatesOnScores) {
   const float bias[3] = {0.0f, 0.0f, 0.5f};
   MoeRouting r;
   moe_route(r, logits, 1, 3, 1, MoeRouter::SigmoidBias, bias, 0);
-  EXPECT_EQ(r.expert[0], 2);     // s = .881, .5, .731: + bias .881, .5, 1.231
-  EXPECT_EQ(r.gate[0], 1.0f);    // top-1: the one chosen score normalised
+  EXPECT_EQ(r.expert[0], 2);   // s = .881, .5, .731: + bias .881, .5, 1.231
+  EXPECT_EQ(r.gate[0], 1.0f);  // top-1: the one chosen score normalised
   moe_route(r, logits, 1, 3, 2, MoeRouter::SigmoidBias, bias, 0);
   EXPECT_EQ(r.expert, (std::vector<int>{2, 0}));
   const double s0 = 1 / (1 + std::exp(-2.0)), s2 = 1 / (1 + std::exp(-1.0));
@@ -430,5 +430,43 @@ TEST(MoeGpt, OneExpertOfGateOneTrainsAsTheDenseMlp) {
     EXPECT_EQ(st[0].dropped, 0);
     EXPECT_EQ(st[0].forwards, 1);
     EXPECT_NEAR(GPT::moe_loss(moe, st), 0.5, 1e-6);
+  }
+}
+
+// The sigmoid_bias router's balancing step inside the GPT: after a training forward, moe_update_bias moves each MoE
+// layer's bias parameter by -rate, 0 or +rate as the layer's loads (the counts the step reported) say, and only then.
+TEST(MoeGpt, SigmoidBiasStepsEachLayersBiasFromItsReportedLoads) {
+  ModelConfig c = test::tiny_model("llama");
+  c.moe_experts = 4, c.moe_top_k = 2, c.moe_d_ff = 8, c.moe_router = MoeRouter::SigmoidBias, c.moe_bias_rate = 0.25f;
+  auto ops = make_cpu_ops();
+  GPT m(c, *ops);
+  m.init_weights(5);
+  const int B = 2, T = 8;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  for (int i = 0; i < B * T; ++i) tok[i] = (i * 11 + 2) % c.vocab_size, tgt[i] = (i * 3 + 1) % c.vocab_size;
+  m.params().begin_grads();
+  m.forward(tok.data(), tgt.data(), B, T, true);
+  m.backward();
+  const std::vector<MoeLayerStats> st = m.take_moe_stats();
+  ASSERT_EQ(st.size(), 2u);  // both layers are MoE
+  m.moe_update_bias();
+  for (const MoeLayerStats& s : st) {
+    const Tensor b = m.params().param("h." + std::to_string(s.layer) + ".moe.router.bias");
+    int64_t total = 0;
+    for (int64_t n : s.tokens) total += n;
+    EXPECT_EQ(total, int64_t{B} * T * c.moe_top_k);
+    for (int e = 0; e < c.moe_experts; ++e) {
+      const int64_t diff = total - s.tokens[e] * c.moe_experts;  // E * (mean - load)
+      EXPECT_EQ(b.f32()[e], diff > 0 ? 0.25f : diff < 0 ? -0.25f : 0.0f) << "layer " << s.layer << " expert " << e;
+    }
+  }
+  m.moe_update_bias();  // no forward since: the loads were consumed, nothing moves
+  for (const MoeLayerStats& s : st) {
+    const Tensor b = m.params().param("h." + std::to_string(s.layer) + ".moe.router.bias");
+    const int64_t total = int64_t{B} * T * c.moe_top_k;
+    for (int e = 0; e < c.moe_experts; ++e) {
+      const int64_t diff = total - s.tokens[e] * c.moe_experts;
+      EXPECT_EQ(b.f32()[e], diff > 0 ? 0.25f : diff < 0 ? -0.25f : 0.0f);
+    }
   }
 }

@@ -38,9 +38,9 @@ inline const std::array<const char*, 2>& kind_names(BlockKind) { return kBlockNa
 inline constexpr int kMaxVocab = 1 << 24;
 inline constexpr int kMaxVocabPad = 1 << 16;
 inline constexpr int kMaxLayers = 1 << 16;
-inline constexpr int kMaxWidth = 1 << 20;   // d_model
-inline constexpr int kMaxFf = 1 << 22;      // d_ff
-inline constexpr int kMaxSeqLen = 1 << 24;  // max_seq_len (and so window)
+inline constexpr int kMaxWidth = 1 << 20;    // d_model
+inline constexpr int kMaxFf = 1 << 22;       // d_ff
+inline constexpr int kMaxSeqLen = 1 << 24;   // max_seq_len (and so window)
 inline constexpr int kMaxExperts = 1 << 16;  // moe_experts (and so moe_top_k, moe_shared_experts)
 // 2^40 parameters: 4.4 TB of fp32 weights alone, more memory than any single machine has.
 inline constexpr int64_t kMaxParams = int64_t{1} << 40;
@@ -98,9 +98,7 @@ struct ModelConfig {
   float moe_capacity_factor = 0;  // 0 = dropless; else each expert takes ceil(cf * N * k / E) assignments at most
 
   bool moe() const { return moe_experts > 0; }
-  bool moe_layer(int l) const {
-    return moe() && l >= moe_first_dense && (l - moe_first_dense) % moe_every == 0;
-  }
+  bool moe_layer(int l) const { return moe() && l >= moe_first_dense && (l - moe_first_dense) % moe_every == 0; }
   int moe_ff_dim() const { return moe_d_ff; }
   int moe_layers() const;  // how many layers are MoE
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
@@ -116,7 +114,7 @@ struct ModelConfig {
   void validate_tp(int tp) const;
   // Throws mt::Error naming the inconsistent field (heads not dividing d_model, an odd head dim with rope, ...).
   void validate() const;
-  void validate_moe() const;  // the moe_* keys (part of validate)
+  void validate_moe() const;   // the moe_* keys (part of validate)
   int64_t num_params() const;  // parameters counted without vocab padding
   // Model FLOPs per token for one training step (forward + backward): 6N (non-embedding matmuls + LM head)
   // + attention (12 * n_layer * d_model * effective context), where context = T (or the window).

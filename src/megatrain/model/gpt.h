@@ -156,8 +156,8 @@ class GPT {
 
   // MoE: counts of the training forwards (moe_count_ on while one runs), and the loads for the bias update.
   void count_moe(int l, const MoeActs& a);
-  std::vector<MoeLayerStats> moe_stats_;          // by layer (layer = -1: not a MoE layer held here)
-  std::vector<std::vector<int64_t>> moe_load_;    // by layer: routed assignments since moe_update_bias
+  std::vector<MoeLayerStats> moe_stats_;        // by layer (layer = -1: not a MoE layer held here)
+  std::vector<std::vector<int64_t>> moe_load_;  // by layer: routed assignments since moe_update_bias
   bool moe_count_ = false;
   float loss_scale_ = 1.0f;  // the last training forward's (the auxiliary losses' gradients use it)
   ModelConfig cfg_;

@@ -90,8 +90,8 @@ void MoeFfn::backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a, 
   if (s13_ >= 0) {
     const int64_t SF = int64_t{cfg_.moe_shared_experts} * F;
     Tensor s_dact = rows_of(a.s_dact, N, SF), s_dfc = rows_of(a.s_dfc, N, 2 * SF);
-    ops.matmul_backward(s_dact, params_.grad(s2_), Tensor{}, dout, rows_of(a.s_act, N, SF), params_.weight(s2_),
-                        false, !params_.take_fresh_grad(s2_));
+    ops.matmul_backward(s_dact, params_.grad(s2_), Tensor{}, dout, rows_of(a.s_act, N, SF), params_.weight(s2_), false,
+                        !params_.take_fresh_grad(s2_));
     ops.swiglu_backward(s_dfc, rows_of(a.s_fc, N, 2 * SF), s_dact);
     ops.matmul_backward(din, params_.grad(s13_), Tensor{}, s_dfc, in, params_.weight(s13_), true,
                         !params_.take_fresh_grad(s13_));

@@ -32,11 +32,11 @@ namespace mt {
 // What one MoE layer's forward keeps for its backward (for up to `rows` tokens), and its backward's scratch.
 struct MoeActs {
   MoeRouting routing;
-  Buffer logits;                // [N, E]
-  Buffer xp, fc, act, yp;       // permuted: [N*k, C], [N*k, 2F], [N*k, F], [N*k, C]
-  Buffer s_fc, s_act;           // shared: [N, 2SF], [N, SF]
+  Buffer logits;           // [N, E]
+  Buffer xp, fc, act, yp;  // permuted: [N*k, C], [N*k, 2F], [N*k, F], [N*k, C]
+  Buffer s_fc, s_act;      // shared: [N, 2SF], [N, SF]
   Buffer d_yp, d_fc, d_act, d_xp, d_gate, d_logits, s_dfc, s_dact, tmp;  // backward scratch
-  double aux = 0, z = 0;        // the last forward's losses (without their coefficients)
+  double aux = 0, z = 0;  // the last forward's losses (without their coefficients)
   void allocate(const ModelConfig& cfg, int64_t rows);
 };
 

@@ -390,7 +390,8 @@ void add_moe_rows(std::vector<Row>& t) {
                   "experts each token is routed to"));
   t.push_back(row("model", "moe_d_ff", MT_MEMBER(model.moe_d_ff), words(fmt::format("[1, {}] with MoE", kMaxFf)),
                   "each expert's (SwiGLU) hidden width"));
-  t.push_back(row("model", "moe_shared_experts", MT_MEMBER(model.moe_shared_experts), words(fmt::format("[0, {}]", kMaxExperts)),
+  t.push_back(row("model", "moe_shared_experts", MT_MEMBER(model.moe_shared_experts),
+                  words(fmt::format("[0, {}]", kMaxExperts)),
                   "always-on shared experts of width moe_d_ff (DeepSeek, Qwen)"));
   t.push_back(row("model", "moe_every", MT_MEMBER(model.moe_every), words("[1, model.n_layer]"),
                   "every n-th layer (from moe_first_dense on) is a MoE layer"));

@@ -141,8 +141,8 @@ double moe_z_loss(const float* logits, int64_t N, int E) {
   return N > 0 ? s / double(N) : 0.0;
 }
 
-void moe_router_backward(float* dlogits, const float* dgate, const float* logits, const MoeRouting& r,
-                         float aux_coef, float z_coef) {
+void moe_router_backward(float* dlogits, const float* dgate, const float* logits, const MoeRouting& r, float aux_coef,
+                         float z_coef) {
   const int E = r.E, k = r.k;
   const double N = double(r.N);
   // d aux / d q_{t,e} = E * f_e / N (f_e a constant), the same for every token.
@@ -272,8 +272,8 @@ void moe_grouped_backward(Ops& ops, Tensor din, Tensor dw, Tensor dout, Tensor i
       if (!accumulate_dw) ops.zero(expert_weight(dw, e));
       continue;
     }
-    ops.matmul_backward(din.defined() ? din.slice0(a, b) : Tensor{}, expert_weight(dw, e), Tensor{},
-                        dout.slice0(a, b), in.slice0(a, b), expert_weight(w, e), false, accumulate_dw);
+    ops.matmul_backward(din.defined() ? din.slice0(a, b) : Tensor{}, expert_weight(dw, e), Tensor{}, dout.slice0(a, b),
+                        in.slice0(a, b), expert_weight(w, e), false, accumulate_dw);
   }
 }
 

@@ -27,11 +27,11 @@ struct MoeRouting {
   MoeRouter router = MoeRouter::Softmax;
   // [N, E]: the router's probabilities. softmax: softmax(logits). sigmoid_bias: the scores sigmoid(logits).
   std::vector<float> probs;
-  std::vector<int> expert;     // [N, k]: the chosen experts, best first (ties: the lower expert index)
-  std::vector<float> gate;     // [N, k]: the combine weights (the chosen probs/scores, normalised to sum 1)
-  std::vector<int> row;        // [N, k]: the assignment's row in the permuted order; -1: dropped (capacity)
-  std::vector<int> token;      // [A]: the token of each permuted row
-  std::vector<int> slot;       // [A]: its slot j
+  std::vector<int> expert;       // [N, k]: the chosen experts, best first (ties: the lower expert index)
+  std::vector<float> gate;       // [N, k]: the combine weights (the chosen probs/scores, normalised to sum 1)
+  std::vector<int> row;          // [N, k]: the assignment's row in the permuted order; -1: dropped (capacity)
+  std::vector<int> token;        // [A]: the token of each permuted row
+  std::vector<int> slot;         // [A]: its slot j
   std::vector<int64_t> offsets;  // [E + 1]
   std::vector<int64_t> routed;   // [E]: assignments the router chose per expert (before the capacity drop)
   int64_t dropped = 0;           // assignments dropped by the capacity
@@ -61,8 +61,8 @@ double moe_z_loss(const float* logits, int64_t N, int E);
 //   sum_{t,j} dgate[t, j] * gate[t, j] + aux_coef * moe_aux_loss + z_coef * moe_z_loss.
 // dgate [N, k] is the gradient w.r.t. the gates (0 for dropped assignments: they did not reach the output).
 // The sigmoid_bias router's bias takes no part (it only chose the experts).
-void moe_router_backward(float* dlogits, const float* dgate, const float* logits, const MoeRouting& r,
-                         float aux_coef, float z_coef);
+void moe_router_backward(float* dlogits, const float* dgate, const float* logits, const MoeRouting& r, float aux_coef,
+                         float z_coef);
 
 // xp[A, C] = the rows of x[N, C] in the permuted order: xp[r] = x[token[r]].
 void moe_permute(Tensor xp, Tensor x, const MoeRouting& r);
