@@ -41,8 +41,7 @@ TEST_P(DataParallelVsSingle, LossesAndParametersMatch) {
 INSTANTIATE_TEST_SUITE_P(Dp2, DataParallelVsSingle,
                          ::testing::Values(Case{"adamw", ""}, Case{"adamw_no_overlap", " --parallel.overlap=false"},
                                            Case{"lamb", " --optim.name=lamb"},
-                                           Case{"accum_parallel_block",
-                                                " --train.grad_accum=2 --model.block=parallel"},
+                                           Case{"accum_parallel_block", " --train.grad_accum=2 --model.block=parallel"},
                                            // MoE experts are replicated parameters: dropless routing is per token
                                            // and the z-loss a per-token mean, so dp2 is one process's batch. (Not
                                            // the aux loss: its f_e P_e product is taken over each rank's tokens.)
