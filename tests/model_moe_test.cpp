@@ -379,10 +379,11 @@ TEST(MoeConfig, RefusesBadKeysNamingThem) {
 // naive double GPT in model_gpt_test), and zero router gradient (softmax over one expert is constant). The ops run on
 // the same rows in the same order, with the combine's 1 * y and 0 + dx exact, so the bits agree.
 TEST(MoeGpt, OneExpertOfGateOneTrainsAsTheDenseMlp) {
-  for (bool recompute : {false, true}) {
-    SCOPED_TRACE(recompute ? "layers recomputed" : "activations kept");
+  for (int variant = 0; variant < 3; ++variant) {  // activations kept; layers recomputed; norm outputs rebuilt
+    SCOPED_TRACE(variant == 0 ? "activations kept" : variant == 1 ? "layers recomputed" : "norm outputs rebuilt");
     ModelConfig dense = test::tiny_model("llama");
-    if (recompute) dense.recompute = {true, true};
+    if (variant == 1) dense.recompute = {true, true};
+    dense.recompute_norm = variant == 2;
     ModelConfig moe = dense;
     moe.moe_experts = 1, moe.moe_top_k = 1, moe.moe_d_ff = dense.ff_dim();
     moe.moe_first_dense = 1;  // layer 0 dense, layer 1 MoE
