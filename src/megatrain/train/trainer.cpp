@@ -138,6 +138,8 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     obs::ScopedSpan phase("phase", "forward-backward");
     loss = j.fb.run(j.loader, j.update);
   }
+  // A MoE model's routing counts of this step's forwards, taken before a rerun (below) repeats them.
+  std::vector<MoeLayerStats> moe = j.stack.model->take_moe_stats();
   double norm;
   {
     obs::ScopedSpan phase("phase", "gradients");  // data-parallel reduction and the norm
@@ -145,6 +147,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   }
   if (!std::isfinite(loss) || !std::isfinite(norm)) j.guard.fail_non_finite(step, loss, norm);
   j.rerun.after_gradients(step, loss, norm);  // a spike: the step again, before its update (train/sdc_rerun.h)
+  j.stack.model->take_moe_stats();            // a rerun's counts repeat the step's: not reported twice
   const float scale = cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip
                           ? static_cast<float>(cfg.optim.grad_clip / norm)
                           : 1.0f;
@@ -169,7 +172,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   r.pp = j.fb.take_pp_time();
   r.memory_bytes = j.topo.ops->allocated_bytes();
   r.blend_epochs = j.loader.source_epochs(j.loader.state());
-  r.moe = j.stack.model->take_moe_stats();
+  r.moe = std::move(moe);
   r.moe_loss = GPT::moe_loss(cfg.model, r.moe);
   j.obs.each([&](TrainObserver& o) { o.on_step(r); });
   span.set_compute(r.compute_seconds());
