@@ -3,8 +3,10 @@
 //   parallel (MegaScale PTB): n = LN1 x;  y = x + Proj(Attn(n)) + MLP(n)
 // Each dataflow is written once: its linears are column-parallel (c_attn, c_fc) or row-parallel (the two c_proj),
 // plain GEMMs at tp = 1 and Megatron's gather/scatter around the same GEMMs at tp > 1.
-// Attention may use RoPE, GQA and a sliding window; the MLP is GeLU or SwiGLU. The layer reads its weights and
-// accumulates its gradients through ParamStore views; activations live in a BlockActs the caller plans.
+// Attention may use RoPE, GQA and a sliding window; the MLP is GeLU or SwiGLU, or on a MoE layer
+// (ModelConfig::moe_layer; sequential block, tp = 1) the mixture of experts of model/moe.h: y = h + MoE(LN2 h).
+// The layer reads its weights and accumulates its gradients through ParamStore views; activations live in a
+// BlockActs the caller plans.
 #pragma once
 #include <functional>
 #include <optional>
