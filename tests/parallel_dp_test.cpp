@@ -41,8 +41,12 @@ TEST_P(DataParallelVsSingle, LossesAndParametersMatch) {
 INSTANTIATE_TEST_SUITE_P(Dp2, DataParallelVsSingle,
                          ::testing::Values(Case{"adamw", ""}, Case{"adamw_no_overlap", " --parallel.overlap=false"},
                                            Case{"lamb", " --optim.name=lamb"},
-                                           Case{"accum_parallel_block",
-                                                " --train.grad_accum=2 --model.block=parallel"}),
+                                           Case{"accum_parallel_block", " --train.grad_accum=2 --model.block=parallel"},
+                                           // MoE experts are replicated parameters: dropless routing is per token
+                                           // and the z-loss a per-token mean, so dp2 is one process's batch. (Not
+                                           // the aux loss: its f_e P_e product is taken over each rank's tokens.)
+                                           Case{"moe", " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32"
+                                                       " --model.moe_shared_experts=1 --model.moe_z_loss=0.01"}),
                          CaseName());
 
 // A blend of two sources (Brown's train split, and its val split as the second source's) under dp2: the ranks cut

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "megatrain/ckpt/checkpoint.h"
+#include "megatrain/ckpt/safetensors.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/data/shard.h"
@@ -492,3 +493,52 @@ TEST(Train, ResumeAndGenerateRefuseABadStateInTheManifest) {
 }
 
 }  // namespace
+
+// A MoE model trains end to end in one process (docs/moe.md): the loss falls; every train line of metrics.jsonl
+// reports, per MoE layer, the tokens routed to each expert (summing to the step's tokens x top_k) and the drops the
+// capacity caused; the sigmoid_bias router's bias, stepped by +-moe_bias_rate after each optimizer step and never by
+// the optimizer, is a sum of such steps in the final checkpoint.
+TEST(Train, MoeLossFallsAndMetricsCountTokensPerExpert) {
+  const std::string out = fresh_base("mt_train_moe");
+  const int steps = 40, B = 4, T = 32, k = 2;
+  const float rate = 0.0625f;  // a power of two: its multiples are exact in fp32
+  const TrainResult r =
+      run_training(small(out, {"--train.steps=" + std::to_string(steps), "--train.eval_every=0", "--model.mlp=swiglu",
+                               "--model.moe_experts=4", "--model.moe_top_k=2", "--model.moe_d_ff=96",
+                               "--model.moe_shared_experts=1", "--model.moe_router=sigmoid_bias",
+                               "--model.moe_bias_rate=" + std::to_string(rate), "--model.moe_capacity_factor=1.0",
+                               "--model.moe_aux_loss=0.01", "--model.moe_z_loss=0.001",
+                               "--data.batch_size=" + std::to_string(B), "--data.seq_len=" + std::to_string(T)}));
+  EXPECT_EQ(r.last_step, steps);
+  EXPECT_LT(r.last_loss, r.first_loss - 1.5) << "loss did not fall enough";
+  const std::vector<nlohmann::json> lines = metrics_of(out + "/metrics.jsonl", "train");
+  ASSERT_EQ(lines.size(), static_cast<size_t>(steps));
+  int64_t dropped = 0;
+  for (const nlohmann::json& j : lines) {
+    ASSERT_TRUE(j.contains("moe")) << j.dump();
+    ASSERT_EQ(j["moe"].size(), 2u);  // both layers
+    for (const nlohmann::json& l : j["moe"]) {
+      int64_t sum = 0;
+      for (int64_t n : l["tokens_per_expert"].get<std::vector<int64_t>>()) sum += n;
+      EXPECT_EQ(sum, int64_t{B} * T * k) << l.dump();
+      dropped += l["dropped"].get<int64_t>();
+    }
+    EXPECT_GT(j["moe_loss"].get<double>(), 0);
+  }
+  EXPECT_GT(dropped, 0) << "capacity factor 1 with uneven routing should drop some assignments";
+  const std::string ckpt = fmt::format("{}/ckpt/step_{:08d}/model.safetensors", out, steps);
+  ASSERT_TRUE(fs::exists(ckpt)) << ckpt;
+  const SafetensorsFile weights = SafetensorsFile::open(ckpt);
+  int moved = 0;
+  for (const char* name : {"h.0.moe.router.bias", "h.1.moe.router.bias"}) {
+    const TensorData& t = weights.get(name);
+    std::vector<float> b(t.numel());
+    to_f32(t, b.data());
+    for (float v : b) {
+      EXPECT_EQ(v / rate, std::round(v / rate)) << name << " = " << v << " is not a sum of +-" << rate << " steps";
+      EXPECT_LE(std::abs(v), steps * rate);
+      moved += v != 0;
+    }
+  }
+  EXPECT_GT(moved, 0) << "no bias moved";
+}

@@ -87,6 +87,7 @@ void check_hf_gpt2_convertible(const ModelConfig& c) {
   if (c.pos != PosKind::Learned) refuse(fmt::format("model.pos = '{}'", kind_name(c.pos)));
   if (c.block != BlockKind::Sequential) refuse(fmt::format("model.block = '{}'", kind_name(c.block)));
   if (!c.bias) refuse("model.bias = false");
+  if (c.moe()) refuse(fmt::format("model.moe_experts = {} (MoE conversion is not written yet)", c.moe_experts));
   if (c.kv_heads() != c.n_head) refuse(fmt::format("model.n_kv_head = {} (grouped-query attention)", c.n_kv_head));
   if (c.window != 0) refuse(fmt::format("model.window = {} (sliding-window attention)", c.window));
 }

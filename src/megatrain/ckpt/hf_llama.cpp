@@ -109,6 +109,7 @@ void check_hf_llama_convertible(const ModelConfig& c) {
   if (c.pos != PosKind::Rope) refuse(fmt::format("model.pos = '{}'", kind_name(c.pos)));
   if (c.block != BlockKind::Sequential) refuse(fmt::format("model.block = '{}'", kind_name(c.block)));
   if (c.bias) refuse("model.bias = true");
+  if (c.moe()) refuse(fmt::format("model.moe_experts = {} (MoE conversion is not written yet)", c.moe_experts));
 }
 
 bool is_hf_llama(const HfModelFiles& m) {

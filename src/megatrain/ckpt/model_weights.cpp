@@ -46,6 +46,16 @@ void check_same_architecture(const ModelConfig& s, const ModelConfig& w, const s
   same("bias", s.bias, w.bias);
   same("tied_embeddings", s.tied_embeddings, w.tied_embeddings);
   same("norm_eps", s.norm_eps, w.norm_eps);
+  // The MoE layout (the weights' shapes and which layers hold experts); the losses' coefficients may change.
+  same("moe_experts", s.moe_experts, w.moe_experts);
+  if (w.moe()) {
+    same("moe_top_k", s.moe_top_k, w.moe_top_k);
+    same("moe_d_ff", s.moe_d_ff, w.moe_d_ff);
+    same("moe_shared_experts", s.moe_shared_experts, w.moe_shared_experts);
+    same("moe_every", s.moe_every, w.moe_every);
+    same("moe_first_dense", s.moe_first_dense, w.moe_first_dense);
+    same("moe_router", s.moe_router, w.moe_router);
+  }
   if (w.pos == PosKind::Rope) {
     same("rope_theta", s.rope_theta, w.rope_theta);
     same("rope_scaling", s.rope_scaling, w.rope_scaling);

@@ -43,6 +43,7 @@ void BlockActs::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* ops)
     ln2_mean = make(ops, rows, f32);
     ln2_rstd = make(ops, rows, f32);
   }
+  if (cfg.moe()) moe.allocate(cfg, rows);
 }
 
 void BlockScratch::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* ops) {
@@ -76,8 +77,12 @@ Block::Block(const ModelConfig& cfg, ParamStore& params, int layer, TpComm* tp) 
   if (cfg.block == BlockKind::Sequential) ln2_ = norm(p + "ln_2");
   c_attn_ = lin(p + "attn.c_attn");
   attn_proj_ = lin(p + "attn.c_proj");
-  c_fc_ = lin(p + "mlp.c_fc");
-  mlp_proj_ = lin(p + "mlp.c_proj");
+  if (cfg.moe_layer(layer)) {
+    moe_.emplace(cfg, params, layer);
+  } else {
+    c_fc_ = lin(p + "mlp.c_fc");
+    mlp_proj_ = lin(p + "mlp.c_proj");
+  }
 }
 
 AttnShape Block::attn_shape(int B, int T) const {
@@ -262,6 +267,10 @@ void Block::forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s,
   Tensor attn = v.part.slice0(0, v.Ns);
   row_forward(attn, v.N, attn_proj);
   add_norm_forward(ops, ln2_, v.h, v.ln2_out, v.mean2, v.rstd2, x, attn);  // h = x + attn; LN2(h)
+  if (moe_) {  // y = h + MoE(LN2 h)  (tp = 1: ModelConfig::validate_tp)
+    moe_->forward(ops, v.part, v.ln2, a.moe);
+    return ops.add(y, v.h, v.part);
+  }
   column_forward(v.ln2, v.ln2_out, [&](int64_t r0, int64_t n) {
     mlp_up_forward(ops, rows(v.fc, r0, n), rows(v.act, r0, n), rows(v.ln2, r0, n));
   });
@@ -291,6 +300,14 @@ void Block::backward(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& 
                         P(attn_proj_.w), false, accumulates_row(attn_proj_));
   };
 
+  if (moe_) {
+    // The MoE layer's branch, as the MLP's below: d_ln = MoE'(dy); dx += LN2'(d_ln); then attention.
+    rebuild_norm(ops, ln2_, v.ln2, v.ln2_out, v.h);
+    moe_->backward(ops, d_ln, dx, v.ln2, a.moe, a.moe_loss_scale);
+    norm_backward(ops, ln2_, dx, d_ln, v.h, v.mean2, v.rstd2);
+    row_backward(dx, v.d_h, attn_proj);
+    return attention_backward(ops, dx, x, v);
+  }
   // MLP branch: its output gradient is dx (the gradient w.r.t. y); the parallel block's attention projection
   // reads the same dy.
   row_backward(dx, v.d_h, [&](Tensor dy, int64_t r0, int64_t n) {
@@ -306,6 +323,13 @@ void Block::backward(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& 
     norm_backward(ops, ln2_, dx, d_ln, v.h, v.mean2, v.rstd2);
     row_backward(dx, v.d_h, attn_proj);
   }
+  attention_backward(ops, dx, x, v);
+}
+
+// The attention branch's backward from v.d_att (its output projection's input gradient) down to dx.
+void Block::attention_backward(Ops& ops, Tensor dx, Tensor x, const Views& v) const {
+  const bool seq = cfg_.block == BlockKind::Sequential;
+  Tensor d_ln = v.d_ln.slice0(0, v.Ns);
   ops.attention_backward(v.d_qkv, v.d_att, v.qkv, v.att, v.lse, v.as);
   if (cfg_.pos == PosKind::Rope) ops.rope_backward(v.d_qkv, v.as, cfg_.rope_freqs());
   // LN1's output fed c_attn and, in the parallel block, c_fc too: their input gradients add. The single-process

@@ -3,16 +3,20 @@
 //   parallel (MegaScale PTB): n = LN1 x;  y = x + Proj(Attn(n)) + MLP(n)
 // Each dataflow is written once: its linears are column-parallel (c_attn, c_fc) or row-parallel (the two c_proj),
 // plain GEMMs at tp = 1 and Megatron's gather/scatter around the same GEMMs at tp > 1.
-// Attention may use RoPE, GQA and a sliding window; the MLP is GeLU or SwiGLU. The layer reads its weights and
-// accumulates its gradients through ParamStore views; activations live in a BlockActs the caller plans.
+// Attention may use RoPE, GQA and a sliding window; the MLP is GeLU or SwiGLU, or on a MoE layer
+// (ModelConfig::moe_layer; sequential block, tp = 1) the mixture of experts of model/moe.h: y = h + MoE(LN2 h).
+// The layer reads its weights and accumulates its gradients through ParamStore views; activations live in a
+// BlockActs the caller plans.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/kernels/ops.h"
 #include "megatrain/model/config.h"
+#include "megatrain/model/moe.h"
 #include "megatrain/model/params.h"
 #include "megatrain/model/tp_comm.h"
 
@@ -25,6 +29,10 @@ namespace mt {
 // Without ops the memory is host fp32 (the CPU backend's).
 struct BlockActs {
   Buffer ln1, ln1_mean, ln1_rstd, qkv, att, lse, h, ln2, ln2_mean, ln2_rstd, fc, act;
+  // A MoE model's layers (model/moe.h): allocated on every layer of it, used on its MoE layers. loss_scale: the
+  // step's (GPT::forward) for the auxiliary losses' gradients.
+  MoeActs moe;
+  float moe_loss_scale = 1.0f;
   DType dtype = DType::F32;
   void allocate(const ModelConfig& cfg, int64_t rows, int tp = 1, Ops* ops = nullptr);
 };
@@ -52,6 +60,8 @@ class Block {
   void forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
   // dx: on entry the gradient w.r.t. y; on exit the gradient w.r.t. x (in place, the residual stream).
   void backward(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
+  // The MoE feed-forward replacing the MLP on a MoE layer (ModelConfig::moe_layer); nullptr on a dense layer.
+  const MoeFfn* moe() const { return moe_ ? &*moe_ : nullptr; }
 
  private:
   struct Lin {
@@ -94,6 +104,8 @@ class Block {
     Tensor part;
   };
   Views views(BlockActs& a, BlockScratch& s, int B, int T) const;
+  // Backward from the attention's output gradient v.d_att to dx (accumulated into it), through LN1.
+  void attention_backward(Ops& ops, Tensor dx, Tensor x, const Views& v) const;
 
   // ---- column- and row-parallel linears (Megatron's ColumnParallelLinear / RowParallelLinear, with sequence
   // parallelism). At tp = 1 each is its plain GEMM(s) on all N rows, once; at tp > 1 the all-gather or
@@ -135,6 +147,7 @@ class Block {
   bool recompute_norm_ = false;  // ModelConfig::recompute_norm
   Norm ln1_, ln2_;
   Lin c_attn_, attn_proj_, c_fc_, mlp_proj_;
+  std::optional<MoeFfn> moe_;
 };
 
 }  // namespace mt

@@ -41,6 +41,10 @@ int ModelConfig::padded_vocab(int tp) const {
 
 void ModelConfig::validate_tp(int tp) const {
   MT_CHECK(tp >= 1, "parallel.tp must be >= 1 (got {})", tp);
+  MT_CHECK(tp == 1 || !moe(),
+           "model.moe_experts = {} with parallel.tp = {}: MoE layers run without tensor "
+           "parallelism for now (set parallel.tp = 1)",
+           moe_experts, tp);
   MT_CHECK(n_head % tp == 0, "model.n_head ({}) must be divisible by parallel.tp ({})", n_head, tp);
   MT_CHECK(kv_heads() % tp == 0, "model.n_kv_head ({}) must be divisible by parallel.tp ({})", kv_heads(), tp);
   MT_CHECK(ff_dim() % tp == 0, "the MLP width (model.d_ff = {}) must be divisible by parallel.tp ({})", ff_dim(), tp);
@@ -93,11 +97,48 @@ void ModelConfig::validate() const {
              rope_high_freq_factor, rope_low_freq_factor);
     in_range("rope_original_max_len", rope_original_max_len, 1, kMaxSeqLen);
   }
+  validate_moe();
   const int64_t n = num_params();
   MT_CHECK(n <= kMaxParams,
            "model: {} parameters (model.n_layer {}, model.d_model {}, model.vocab_size {}) exceed the "
            "limit of {} ({} TB of fp32 weights)",
            n, n_layer, d_model, vocab_size, kMaxParams, (kMaxParams * 4) >> 40);
+}
+
+int ModelConfig::moe_layers() const {
+  int n = 0;
+  for (int l = 0; l < n_layer; ++l) n += moe_layer(l) ? 1 : 0;
+  return n;
+}
+
+void ModelConfig::validate_moe() const {
+  MT_CHECK(moe_experts >= 0 && moe_experts <= kMaxExperts,
+           "model.moe_experts = {} is out of range: it must be in [0, {}] (0: dense)", moe_experts, kMaxExperts);
+  if (!moe()) return;
+  MT_CHECK(moe_top_k >= 1 && moe_top_k <= moe_experts,
+           "model.moe_top_k = {} is out of range: it must be in [1, model.moe_experts = {}]", moe_top_k, moe_experts);
+  MT_CHECK(moe_d_ff >= 1 && moe_d_ff <= kMaxFf,
+           "model.moe_d_ff = {} is out of range: it must be in [1, {}] (each expert's hidden width; required with "
+           "model.moe_experts)",
+           moe_d_ff, kMaxFf);
+  MT_CHECK(moe_shared_experts >= 0 && moe_shared_experts <= kMaxExperts,
+           "model.moe_shared_experts = {} is out of range: it must be in [0, {}]", moe_shared_experts, kMaxExperts);
+  MT_CHECK(moe_every >= 1 && moe_every <= n_layer,
+           "model.moe_every = {} is out of range: it must be in [1, model.n_layer = {}]", moe_every, n_layer);
+  MT_CHECK(moe_first_dense >= 0 && moe_first_dense < n_layer,
+           "model.moe_first_dense = {} is out of range: it must be in [0, model.n_layer = {}) (at least one MoE "
+           "layer)",
+           moe_first_dense, n_layer);
+  auto non_negative = [](const char* key, float v) {
+    MT_CHECK(std::isfinite(v) && v >= 0, "model.{} = {} is out of range: it must be finite and >= 0", key, v);
+  };
+  non_negative("moe_bias_rate", moe_bias_rate);
+  non_negative("moe_aux_loss", moe_aux_loss);
+  non_negative("moe_z_loss", moe_z_loss);
+  non_negative("moe_capacity_factor", moe_capacity_factor);
+  MT_CHECK(block == BlockKind::Sequential,
+           "model.moe_experts = {} needs model.block = 'sequential' (the parallel block with MoE is not supported yet)",
+           moe_experts);
 }
 
 int64_t ModelConfig::num_params() const {
@@ -120,6 +161,15 @@ int64_t ModelConfig::num_params() const {
   per_layer = ok(mul_add(n_norms * nb, C, per_layer));
   if (bias) per_layer = ok(mul_add(1, per_layer, qkv + C + fc + C));
   int64_t n = ok(mul_add(L, per_layer, ok(mul_add(vocab_size, C, nb * C))));
+  if (moe()) {
+    // A MoE layer has the router [E, C] (and, sigmoid_bias, its bias [E]) and 3 x moe_d_ff x C per expert, routed or
+    // shared, instead of the MLP (with its biases).
+    const int64_t E = moe_experts, M = moe_layers();
+    const int64_t mlp = fc * C + C * F + (bias ? fc + C : 0);
+    const int64_t experts = ok(mul_add(3 * int64_t{moe_d_ff} * C, E + moe_shared_experts));
+    const int64_t moe_layer = ok(mul_add(E, C, experts + (moe_router == MoeRouter::SigmoidBias ? E : 0)));
+    n = ok(mul_add(M, moe_layer - mlp, n));
+  }
   if (pos == PosKind::Learned) n = ok(mul_add(max_seq_len, C, n));
   if (!tied_embeddings) n = ok(mul_add(vocab_size, C, n));
   return n;
@@ -132,6 +182,11 @@ double ModelConfig::flops_per_token(int T) const {
   double fc = mlp == MlpKind::SwiGlu ? 2 * F : F;
   double per_layer = qkv * C + C * n_head * hd + fc * C + C * F;
   double n_matmul = n_layer * per_layer + static_cast<double>(padded_vocab()) * C;
+  if (moe()) {
+    // Per token a MoE layer runs the router, its top_k experts and the shared ones, instead of the MLP.
+    const double active = moe_experts * C + 3.0 * moe_d_ff * C * (moe_top_k + moe_shared_experts);
+    n_matmul += moe_layers() * (active - (fc * C + C * F));
+  }
   // Attention scores and weighted sum: 2 matmuls of (ctx x hd) per head, forward 2*2*ctx*d, x3 for fwd+bwd.
   double ctx = window > 0 && window < T ? window : T;
   // Causal: on average half the context is attended; follow the common convention (PaLM, llm.c) of full T.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "megatrain/core/kind.h"
+#include "megatrain/kernels/moe_router.h"
 #include "megatrain/kernels/rope_freqs.h"
 
 namespace mt {
@@ -37,9 +38,10 @@ inline const std::array<const char*, 2>& kind_names(BlockKind) { return kBlockNa
 inline constexpr int kMaxVocab = 1 << 24;
 inline constexpr int kMaxVocabPad = 1 << 16;
 inline constexpr int kMaxLayers = 1 << 16;
-inline constexpr int kMaxWidth = 1 << 20;   // d_model
-inline constexpr int kMaxFf = 1 << 22;      // d_ff
-inline constexpr int kMaxSeqLen = 1 << 24;  // max_seq_len (and so window)
+inline constexpr int kMaxWidth = 1 << 20;    // d_model
+inline constexpr int kMaxFf = 1 << 22;       // d_ff
+inline constexpr int kMaxSeqLen = 1 << 24;   // max_seq_len (and so window)
+inline constexpr int kMaxExperts = 1 << 16;  // moe_experts (and so moe_top_k, moe_shared_experts)
 // 2^40 parameters: 4.4 TB of fp32 weights alone, more memory than any single machine has.
 inline constexpr int64_t kMaxParams = int64_t{1} << 40;
 
@@ -81,6 +83,24 @@ struct ModelConfig {
   // tensor parallelism the rebuilt rows are all-gathered again, as Megatron's sequence parallelism does.
   bool recompute_norm = false;
 
+  // Mixture of experts (docs/moe.md): on the MoE layers the MLP is replaced by moe_experts SwiGLU experts of width
+  // moe_d_ff, of which a router picks moe_top_k per token, plus moe_shared_experts always-on ones. 0 experts: dense.
+  int moe_experts = 0;
+  int moe_top_k = 2;
+  int moe_d_ff = 0;  // each expert's hidden width; required (> 0) with moe_experts
+  int moe_shared_experts = 0;
+  int moe_every = 1;        // layer l is MoE when l >= moe_first_dense and (l - moe_first_dense) % moe_every == 0
+  int moe_first_dense = 0;  // the first layers stay dense (DeepSeek's first_k_dense_replace)
+  MoeRouter moe_router = MoeRouter::Softmax;
+  float moe_bias_rate = 1e-3f;    // sigmoid_bias: the bias step per optimizer step (DeepSeek-V3's gamma)
+  float moe_aux_loss = 0.0f;      // Switch/GShard load-balancing loss coefficient
+  float moe_z_loss = 0.0f;        // router z-loss coefficient (ST-MoE)
+  float moe_capacity_factor = 0;  // 0 = dropless; else each expert takes ceil(cf * N * k / E) assignments at most
+
+  bool moe() const { return moe_experts > 0; }
+  bool moe_layer(int l) const { return moe() && l >= moe_first_dense && (l - moe_first_dense) % moe_every == 0; }
+  int moe_ff_dim() const { return moe_d_ff; }
+  int moe_layers() const;  // how many layers are MoE
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   RopeFreqs rope_freqs() const {
     return {rope_theta, rope_scaling, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_len};
@@ -94,6 +114,7 @@ struct ModelConfig {
   void validate_tp(int tp) const;
   // Throws mt::Error naming the inconsistent field (heads not dividing d_model, an odd head dim with rope, ...).
   void validate() const;
+  void validate_moe() const;   // the moe_* keys (part of validate)
   int64_t num_params() const;  // parameters counted without vocab padding
   // Model FLOPs per token for one training step (forward + backward): 6N (non-embedding matmuls + LM head)
   // + attention (12 * n_layer * d_model * effective context), where context = T (or the window).

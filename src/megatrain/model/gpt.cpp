@@ -261,6 +261,55 @@ void GPT::layers_forward(Slot& s, int first, int end) {
     BlockActs& a = recompute(l) ? recompute_acts_ : s.acts[l];
     used(layer_first_[l], layer_end_[l]);
     blocks_[l]->forward(ops_, act(s.residual[l + 1], R, C), act(s.residual[l], R, C), a, scratch_, s.B, s.T);
+    if (blocks_[l]->moe()) count_moe(l, a.moe);
+  }
+}
+
+void GPT::count_moe(int l, const MoeActs& a) {
+  if (!moe_count_) return;
+  if (moe_stats_.empty()) {
+    moe_stats_.resize(cfg_.n_layer);
+    moe_load_.assign(cfg_.n_layer, std::vector<int64_t>(cfg_.moe_experts, 0));
+  }
+  MoeLayerStats& st = moe_stats_[l];
+  const MoeRouting& r = a.routing;
+  if (st.tokens.empty()) st.tokens.assign(r.E, 0);
+  st.layer = l;
+  for (int e = 0; e < r.E; ++e) st.tokens[e] += r.routed[e], moe_load_[l][e] += r.routed[e];
+  st.dropped += r.dropped;
+  st.assignments += r.N * r.k;
+  st.aux += a.aux, st.z += a.z;
+  ++st.forwards;
+}
+
+std::vector<MoeLayerStats> GPT::take_moe_stats() {
+  std::vector<MoeLayerStats> out;
+  for (MoeLayerStats& st : moe_stats_) {
+    if (st.layer < 0) continue;
+    out.push_back(st);
+    st = MoeLayerStats{};
+  }
+  return out;
+}
+
+double GPT::moe_loss(const ModelConfig& cfg, const std::vector<MoeLayerStats>& stats) {
+  double sum = 0;
+  for (const MoeLayerStats& st : stats)
+    if (st.forwards > 0) sum += (cfg.moe_aux_loss * st.aux + cfg.moe_z_loss * st.z) / st.forwards;
+  return sum;
+}
+
+void GPT::moe_update_bias() {
+  if (cfg_.moe_router != MoeRouter::SigmoidBias || moe_load_.empty()) return;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    if (!blocks_[l] || !blocks_[l]->moe()) continue;
+    const int b = blocks_[l]->moe()->router_bias();
+    // The bias is a parameter (checkpointed with the model) that no gradient reaches: the optimizer leaves it
+    // (zero gradient, no weight decay), and this step is its only change.
+    mt::moe_update_bias(params_.param(b).f32(), moe_load_[l], cfg_.moe_bias_rate);
+    std::fill(moe_load_[l].begin(), moe_load_[l].end(), 0);
+    const ParamInfo& p = params_.info(b);
+    params_.refresh_weights(ops_, p.offset, p.offset + p.numel);
   }
 }
 
@@ -292,7 +341,10 @@ void GPT::head_forward(Slot& s) {
 }
 
 float GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int T, bool train, float loss_scale) {
+  moe_count_ = train;
+  loss_scale_ = loss_scale;
   forward_trunk(tokens, B, T);
+  moe_count_ = false;
   return loss(slots_[0][0], targets, loss_scale, train);
 }
 
@@ -368,6 +420,7 @@ void GPT::layers_backward(Slot& s, int first, int end) {
   for (int l = end - 1; l >= first; --l) {
     Tensor xin = act(s.residual[l], R, C);
     BlockActs& a = recompute(l) ? recompute_acts_ : s.acts[l];
+    a.moe_loss_scale = loss_scale_;
     // Recomputation re-runs the layer's forward (deterministic, so bit-identical activations); its output goes
     // to scratch so the saved residual stream is untouched.
     if (recompute(l)) blocks_[l]->forward(ops_, act(scratch_.d_h, R, C), xin, a, scratch_, s.B, s.T);
@@ -426,6 +479,7 @@ Tensor GPT::forward_chunk(int c, int mb, Tensor x, const int32_t* tokens, const 
   ensure_capacity(B, T, mb);
   Slot& s = take_slot(c, mb);
   ++chunk_forwards_;
+  loss_scale_ = loss_scale;
   chunk_trunk(c, s, x, tokens, B, T);
   if (!last_chunk(c)) return act(s.residual[chunks_[c].second], stream_rows(s), cfg_.d_model);
   const float l = loss(s, targets, loss_scale, true);

@@ -107,6 +107,17 @@ class GPT {
   }
   Tensor backward_chunk(int c, Tensor dy) { return backward_chunk(c, 0, dy); }
 
+  // ---- mixture of experts (model/moe.h) --------------------------------------------------------------------
+  // Per MoE layer held, the routing counts and auxiliary losses of the training forwards since the last take
+  // (recomputation's and evaluation's forwards are not counted); empty for a dense model.
+  std::vector<MoeLayerStats> take_moe_stats();
+  // The auxiliary losses' share of the training loss over those forwards: sum over MoE layers of
+  // moe_aux_loss * aux + moe_z_loss * z, averaged over the forwards (what the step's gradients include).
+  static double moe_loss(const ModelConfig& cfg, const std::vector<MoeLayerStats>& stats);
+  // sigmoid_bias router: each MoE layer's bias steps by model.moe_bias_rate towards balance from the loads routed
+  // since the last call (call once per optimizer step, after it); a no-op for the softmax router.
+  void moe_update_bias();
+
   // Inference: logits of every position, returned as a [B*T, padded_vocab] view valid until the next call
   // (with tp: this rank's vocabulary columns, [B*T, local_vocab()]).
   Tensor logits(const int32_t* tokens, int B, int T);
@@ -144,6 +155,12 @@ class GPT {
   void sync_replicated_grads(int first, int end);
   bool recompute(int l) const { return !cfg_.recompute.empty() && cfg_.recompute[l]; }
 
+  // MoE: counts of the training forwards (moe_count_ on while one runs), and the loads for the bias update.
+  void count_moe(int l, const MoeActs& a);
+  std::vector<MoeLayerStats> moe_stats_;        // by layer (layer = -1: not a MoE layer held here)
+  std::vector<std::vector<int64_t>> moe_load_;  // by layer: routed assignments since moe_update_bias
+  bool moe_count_ = false;
+  float loss_scale_ = 1.0f;  // the last training forward's (the auxiliary losses' gradients use it)
   ModelConfig cfg_;
   Ops& ops_;
   TpComm* tp_ = nullptr;  // set only when tp > 1

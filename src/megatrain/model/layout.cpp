@@ -95,6 +95,18 @@ void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr, c
     column_parallel(p + "attn.c_attn", {q, kv, kv});
     row_parallel(p + "attn.c_proj", q);
     if (cfg.block == BlockKind::Sequential) norm(p + "ln_2");
+    if (cfg.moe_layer(l)) {  // model/moe.h names and lays out these
+      const int64_t E = cfg.moe_experts, MF = cfg.moe_ff_dim(), SF = int64_t{cfg.moe_shared_experts} * MF;
+      rep(p + "moe.router.weight", {E, C}, true);
+      if (cfg.moe_router == MoeRouter::SigmoidBias) rep(p + "moe.router.bias", {E}, false);
+      rep(p + "moe.experts.c_fc.weight", {E, 2 * MF, C}, true);
+      rep(p + "moe.experts.c_proj.weight", {E, C, MF}, true);
+      if (SF > 0) {
+        rep(p + "moe.shared.c_fc.weight", {2 * SF, C}, true);
+        rep(p + "moe.shared.c_proj.weight", {C, SF}, true);
+      }
+      continue;
+    }
     column_parallel(p + "mlp.c_fc", swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F});
     row_parallel(p + "mlp.c_proj", F);
   }

@@ -81,6 +81,18 @@ nlohmann::json MetricsLog::to_json(const StepReport& r) {
                       {"redundancy", g.redundancy},
                       {"seconds_saved", g.seconds_saved}};
   }
+  if (!r.moe.empty()) {
+    // Per MoE layer: assignments routed to each expert (before any capacity drop) and those dropped.
+    nlohmann::json layers = nlohmann::json::array();
+    for (const MoeLayerStats& m : r.moe)
+      layers.push_back({{"layer", m.layer},
+                        {"tokens_per_expert", m.tokens},
+                        {"dropped", m.dropped},
+                        {"aux", m.forwards ? m.aux / m.forwards : 0.0},
+                        {"z", m.forwards ? m.z / m.forwards : 0.0}});
+    j["moe"] = layers;
+    j["moe_loss"] = r.moe_loss;
+  }
   return j;
 }
 

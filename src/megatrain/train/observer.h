@@ -15,6 +15,7 @@
 #include "megatrain/comm/process_group.h"
 #include "megatrain/core/error.h"
 #include "megatrain/core/kind.h"
+#include "megatrain/model/moe.h"
 
 namespace mt {
 
@@ -63,6 +64,10 @@ struct StepReport {
   // A blend: the epochs each source has given so far (rows / its windows; 2.5 = its data seen two and a half times).
   std::vector<double> blend_epochs;
   std::optional<StragglerStepReport> straggler;  // parallel.straggler_coding != none
+  // A MoE model (docs/moe.md): per MoE layer, the step's routing counts and auxiliary losses; moe_loss, their share
+  // of the training loss (in the gradients; `loss` is the cross-entropy alone).
+  std::vector<MoeLayerStats> moe;
+  double moe_loss = 0;
   // The step less the time this rank was blocked on communication on any plane: what sets a straggler apart (its
   // peers' steps are as long as its own: they wait for it). The straggler rule, the heartbeat and the trace's step
   // spans all use this one measure.

@@ -381,6 +381,34 @@ Row int_list_row(const char* section, const char* key, Get get, int lo, const ch
 #define MT_MEMBER(m) \
   [](auto& c) -> auto& { return c.m; }
 
+// [model] moe_*: the mixture of experts (docs/moe.md).
+void add_moe_rows(std::vector<Row>& t) {
+  t.push_back(row("model", "moe_experts", MT_MEMBER(model.moe_experts),
+                  words(fmt::format("[0, {}] (0: dense)", kMaxExperts)),
+                  "routed experts in each MoE layer; 0 = a dense model"));
+  t.push_back(row("model", "moe_top_k", MT_MEMBER(model.moe_top_k), words("[1, model.moe_experts]"),
+                  "experts each token is routed to"));
+  t.push_back(row("model", "moe_d_ff", MT_MEMBER(model.moe_d_ff), words(fmt::format("[1, {}] with MoE", kMaxFf)),
+                  "each expert's (SwiGLU) hidden width"));
+  t.push_back(row("model", "moe_shared_experts", MT_MEMBER(model.moe_shared_experts),
+                  words(fmt::format("[0, {}]", kMaxExperts)),
+                  "always-on shared experts of width moe_d_ff (DeepSeek, Qwen)"));
+  t.push_back(row("model", "moe_every", MT_MEMBER(model.moe_every), words("[1, model.n_layer]"),
+                  "every n-th layer (from moe_first_dense on) is a MoE layer"));
+  t.push_back(row("model", "moe_first_dense", MT_MEMBER(model.moe_first_dense), words("[0, model.n_layer)"),
+                  "the first n layers stay dense"));
+  t.push_back(row("model", "moe_router", MT_MEMBER(model.moe_router), any(),
+                  "softmax (Mixtral, Qwen) or sigmoid_bias (DeepSeek-V3: sigmoid scores, bias-balanced choice)"));
+  t.push_back(row("model", "moe_bias_rate", MT_MEMBER(model.moe_bias_rate), words("finite, >= 0"),
+                  "sigmoid_bias: the per-step change of an expert's selection bias"));
+  t.push_back(row("model", "moe_aux_loss", MT_MEMBER(model.moe_aux_loss), words("finite, >= 0"),
+                  "load-balancing loss coefficient (Switch/GShard: E x sum_e f_e P_e)"));
+  t.push_back(row("model", "moe_z_loss", MT_MEMBER(model.moe_z_loss), words("finite, >= 0"),
+                  "router z-loss coefficient (mean logsumexp(logits)^2)"));
+  t.push_back(row("model", "moe_capacity_factor", MT_MEMBER(model.moe_capacity_factor), words("finite, >= 0"),
+                  "0 = dropless; else an expert takes at most ceil(cf x tokens x k / E) assignments"));
+}
+
 // [model]
 void add_model_rows(std::vector<Row>& t) {
   t.push_back(row("model", "vocab_size", MT_MEMBER(model.vocab_size), words(fmt::format("[1, {}]", kMaxVocab)),
@@ -442,6 +470,7 @@ void add_model_rows(std::vector<Row>& t) {
                   "a GeLU MLP keeps its pre-activation only and recomputes the GeLU output in backward"));
   t.push_back(row("model", "recompute_norm", MT_MEMBER(model.recompute_norm), any(),
                   "each norm keeps its input and statistics and rebuilds its output in backward"));
+  add_moe_rows(t);
   t.push_back(row("model", "init_from", MT_MEMBER(init_from), any(),
                   "weights to start from: an HF GPT-2 or Llama model, or a megatrain checkpoint; \"\" = random"));
 }
@@ -747,6 +776,23 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(read_text_file(path), path, overrides);
 }
 
+// What MoE (docs/moe.md) runs on so far: the CPU, one process or data parallelism (the experts are replicated
+// parameters; each rank balances over its own tokens), with the softmax router there.
+void RunConfig::validate_moe() const {
+  MT_CHECK(train.device == Device::CPU,
+           "{}: model.moe_experts = {} runs on train.device = \"cpu\" only for now (the MoE layer's CUDA kernels "
+           "are not written yet)",
+           source, model.moe_experts);
+  MT_CHECK(parallel.tp == 1 && parallel.pp == 1,
+           "{}: model.moe_experts = {} with parallel.tp = {} and parallel.pp = {}: MoE layers run without tensor or "
+           "pipeline parallelism for now (set both to 1)",
+           source, model.moe_experts, parallel.tp, parallel.pp);
+  MT_CHECK(parallel.dp == 1 || model.moe_router == MoeRouter::Softmax,
+           "{}: model.moe_router = \"sigmoid_bias\" with parallel.dp = {}: the balancing bias steps from each rank's "
+           "own loads, so the replicas would diverge; use parallel.dp = 1 or model.moe_router = \"softmax\"",
+           source, parallel.dp);
+}
+
 void RunConfig::validate() const {
   try {
     model.validate();
@@ -767,6 +813,7 @@ void RunConfig::validate() const {
            "{}: train.deterministic = true and train.gemm_tuning = {} cannot be combined: tuning chooses each GEMM's "
            "algorithm by timing it, so two runs may round differently; set train.gemm_tuning = 0",
            source, train.gemm_tuning);
+  if (model.moe()) validate_moe();
   if (parallel.pp == 1) {
     MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1 && parallel.stage_layers.empty(),
              "{}: parallel.virtual_stages ({}), parallel.microbatches ({}) and parallel.stage_layers need "

@@ -139,6 +139,8 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     j.fb.set_step(step);
     loss = j.fb.run(j.loader, j.update);
   }
+  // A MoE model's routing counts of this step's forwards, taken before a rerun (below) repeats them.
+  std::vector<MoeLayerStats> moe = j.stack.model->take_moe_stats();
   double norm;
   {
     obs::ScopedSpan phase("phase", "gradients");  // data-parallel reduction and the norm
@@ -146,6 +148,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   }
   if (!std::isfinite(loss) || !std::isfinite(norm)) j.guard.fail_non_finite(step, loss, norm);
   j.rerun.after_gradients(step, loss, norm);  // a spike: the step again, before its update (train/sdc_rerun.h)
+  j.stack.model->take_moe_stats();            // a rerun's counts repeat the step's: not reported twice
   const float scale = cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip
                           ? static_cast<float>(cfg.optim.grad_clip / norm)
                           : 1.0f;
@@ -155,6 +158,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     obs::ScopedSpan phase("phase", "optimizer");
     j.update.step(lr, scale, step);
   }
+  j.stack.model->moe_update_bias();  // sigmoid_bias router only: its balancing step, from this step's loads
   j.guard.after_update(step, *j.stack.model, [&] { j.update.sync_params(); });
   // The replicas compare their parameters before the step reports: a corrupt step never reaches the metrics.
   // The last step is checked when the final save asks (checkpoint()), or by the interval.
@@ -171,6 +175,8 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   r.memory_bytes = j.topo.ops->allocated_bytes();
   r.blend_epochs = j.loader.source_epochs(j.loader.state());
   r.straggler = j.fb.take_straggler_report();
+  r.moe = std::move(moe);
+  r.moe_loss = GPT::moe_loss(cfg.model, r.moe);
   j.obs.each([&](TrainObserver& o) { o.on_step(r); });
   span.set_compute(r.compute_seconds());
   if (step == j.res.first_step) j.res.first_loss = loss;

@@ -1,0 +1,73 @@
+// The mixture-of-experts feed-forward layer: on the layers ModelConfig::moe_layer picks, it replaces the MLP.
+//   logits = x @ Wr^T                          (router, [N, E], no bias)
+//   route: top-k experts and gates per token   (kernels/cpu/moe.h: softmax or sigmoid_bias, capacity)
+//   y_t = sum_j gate_tj * Expert_{e_tj}(x_t) + Shared(x_t)
+//   Expert_e(x) = W2_e (silu(W1_e x) * W3_e x)  (SwiGLU of width moe_d_ff; Shared: moe_shared_experts of them)
+// plus the auxiliary losses moe_aux_loss * aux + moe_z_loss * z, whose gradients backward adds to the router's
+// (scaled as the cross-entropy: by the step's loss_scale).
+//
+// Parameters (ParamStore names; declared by declare_gpt_params):
+//   h.{i}.moe.router.weight          [E, C]
+//   h.{i}.moe.router.bias            [E]           sigmoid_bias only: the balancing bias, no gradient (moe_update_bias)
+//   h.{i}.moe.experts.c_fc.weight    [E, 2F, C]    per expert: gate rows (Mixtral w1) then up rows (w3)
+//   h.{i}.moe.experts.c_proj.weight  [E, C, F]     per expert: down (Mixtral w2)
+//   h.{i}.moe.shared.c_fc.weight     [2SF, C]      shared experts: all S gates (expert s: rows [sF, (s+1)F)), then
+//   h.{i}.moe.shared.c_proj.weight   [C, SF]       all S ups; down columns [sF, (s+1)F): the S experts' sum is one
+//                                                  SwiGLU of width S*F
+// F = moe_d_ff, S = moe_shared_experts. No biases (Mixtral, DeepSeek have none).
+//
+// CPU only for now (host fp32: the routing and the permutation are the CPU reference ops); single process.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/buffer.h"
+#include "megatrain/kernels/cpu/moe.h"
+#include "megatrain/model/config.h"
+#include "megatrain/model/params.h"
+
+namespace mt {
+
+// What one MoE layer's forward keeps for its backward (for up to `rows` tokens), and its backward's scratch.
+struct MoeActs {
+  MoeRouting routing;
+  Buffer logits;           // [N, E]
+  Buffer xp, fc, act, yp;  // permuted: [N*k, C], [N*k, 2F], [N*k, F], [N*k, C]
+  Buffer s_fc, s_act;      // shared: [N, 2SF], [N, SF]
+  Buffer d_yp, d_fc, d_act, d_xp, d_gate, d_logits, s_dfc, s_dact, tmp;  // backward scratch
+  double aux = 0, z = 0;  // the last forward's losses (without their coefficients)
+  void allocate(const ModelConfig& cfg, int64_t rows);
+};
+
+// Per-layer routing counts, summed over the forwards since the last take (metrics, the bias update).
+struct MoeLayerStats {
+  int layer = -1;
+  std::vector<int64_t> tokens;  // [E]: assignments routed to each expert (before the capacity drop)
+  int64_t dropped = 0;          // assignments dropped by the capacity
+  int64_t assignments = 0;      // all assignments (tokens x k)
+  double aux = 0, z = 0;        // sums of the losses (without coefficients) over the forwards
+  int forwards = 0;
+};
+
+class MoeFfn {
+ public:
+  MoeFfn(const ModelConfig& cfg, ParamStore& params, int layer);
+  // out[N, C] (overwritten) = MoE(in[N, C]). Host fp32 tensors.
+  void forward(Ops& ops, Tensor out, Tensor in, MoeActs& a) const;
+  // din[N, C] (overwritten) = the gradient w.r.t. in, from dout[N, C]; accumulates the parameters' gradients and
+  // the router's from the auxiliary losses, those scaled by loss_scale (as the cross-entropy's gradient).
+  void backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a, float loss_scale) const;
+  int router_bias() const { return bias_; }  // parameter index; -1 without the sigmoid_bias router
+
+ private:
+  const ModelConfig& cfg_;
+  ParamStore& params_;
+  int router_ = -1, bias_ = -1, w13_ = -1, w2_ = -1, s13_ = -1, s2_ = -1;
+};
+
+// The sigmoid_bias router's balancing step (DeepSeek-V3): bias_e += rate * sign(mean_load - load_e), with load_e
+// the assignments routed to e and mean_load their mean over the experts; sign(0) = 0.
+void moe_update_bias(float* bias, const std::vector<int64_t>& load, float rate);
+
+}  // namespace mt
