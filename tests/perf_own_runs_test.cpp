@@ -243,9 +243,9 @@ TEST(OwnRuns, ARunThatCannotBePredictedIsRefusedNamingItsFileAndId) {
 
 // Each run's bound: its target where it meets it, else today's |error| (docs/perf-model.md, "Against our own runs"),
 // rounded up to the next 0.5%. A bound moves towards the target when the model improves, never away from it. The
-// CPU figures were measured on a shared machine (see the docs); a quiet rerun rewrites them and these bounds.
-const std::map<std::string, double> kTodayAbsError = {{"cpu/dp2", 0.145},
-                                                      {"cpu/tp2", 0.39},
+// CPU figures are a quiet machine's (see the docs): every layout within its 10% target.
+const std::map<std::string, double> kTodayAbsError = {{"cpu/dp2", 0.0},
+                                                      {"cpu/tp2", 0.0},
                                                       {"cpu/pp2", 0.0},
                                                       {"cpu/dp2pp2", 0.0},
                                                       {"h100/gpt2-124m B16", 0.19},
