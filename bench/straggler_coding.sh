@@ -4,11 +4,10 @@
 # with none, REPS repetitions each, all in one run with the repetitions interleaved (repetition 1 of every
 # configuration, then repetition 2, ...) so a change of the machine's load hits every configuration alike.
 #
-# The slowburst fault acts in the coded step's rounds only: the plain uncoded step (none) ignores it. So the uncoded
-# step under stragglers is "uncoded": gc with s=0, the uncoded assignment (each replica its own micro-batch, load 1)
-# run round by round in the coded loop, which tolerates no straggler and so waits for every slow round, as the
-# uncoded step would. none runs without stragglers only (against "uncoded" without stragglers it gives the cost of
-# the round loop's agreement alone); the ratios under stragglers are against "uncoded".
+# The slowburst fault acts in the rounds each step runs: the uncoded step's train.grad_accum micro-batch rounds
+# (none: the slow replica sleeps after its slow rounds and its peers wait for it in the gradient reduction) and each
+# coded scheme's own rounds (m-sgc runs fewer, larger rounds). The ratios under stragglers are against none under the
+# same fault.
 #
 # The bursty model: (B, W, lambda) = (1, 2, 1), at most one straggling replica in any two consecutive rounds, bursts
 # of one round. It is the one point all three coded schemes run on dp4 with one train.grad_accum: gc s=1 (s+1 = 2
@@ -26,7 +25,7 @@
 #
 # A benchmark, not a test: the numbers depend on the machine and on what else runs on it. The tiny model (2 layers,
 # d_model 64, 2 rows of 32 tokens a micro-batch, one thread a rank): 4 ranks share the machine's cores.
-#   bench/straggler_coding.sh                                   # 27 runs, ~7 minutes on 2 cores
+#   bench/straggler_coding.sh                                   # 24 runs, ~5 minutes on 2 cores
 #   DATA=/path/to/data/brown REPS=3 STEPS=12 RESULT=bench/results/straggler_coding-epyc-2core.json bench/straggler_coding.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,13 +57,12 @@ MODEL=(--config configs/tiny.toml --data.dir="$DATA" --model.n_layer=2 --model.d
 BURSTY=(--parallel.straggler_burst="$BURST" --parallel.straggler_window="$WINDOW" --parallel.straggler_lambda="$LAMBDA")
 declare -A CODING=(
   [none]=""
-  [uncoded]="--parallel.straggler_coding=gc --parallel.straggler_s=0"
   [gc]="--parallel.straggler_coding=gc --parallel.straggler_s=1"
   [sr-sgc]="--parallel.straggler_coding=sr-sgc ${BURSTY[*]}"
   [m-sgc]="--parallel.straggler_coding=m-sgc ${BURSTY[*]}"
 )
-CONFIGS=(none:clean uncoded:stragglers uncoded:clean gc:stragglers gc:clean sr-sgc:stragglers sr-sgc:clean
-         m-sgc:stragglers m-sgc:clean)
+CONFIGS=(none:stragglers none:clean gc:stragglers gc:clean sr-sgc:stragglers sr-sgc:clean m-sgc:stragglers
+         m-sgc:clean)
 gen="factor=$FACTOR:b=$BURST:w=$WINDOW:lambda=$LAMBDA:p=$P:seed=$SEED"
 STRAGGLERS="slowburst:rank=1:$gen;slowburst:rank=2:$gen"
 
@@ -94,7 +92,7 @@ warmup, rows, seq, dp, accum, seconds = (int(a) for a in sys.argv[1:7])
 faults, result, command = sys.argv[7:10]
 B, W, lam = 1, 2, 1
 paper_load = {  # compute per round against the uncoded step's (docs/robust-training.md's table x n)
-    "none": 1.0, "uncoded": 1.0, "gc": 2.0, "sr-sgc": 2.0,
+    "none": 1.0, "gc": 2.0, "sr-sgc": 2.0,
     "m-sgc": (lam + 1) * (W - 1 + B) / (B + (W - 1) * (lam + 1)),
 }
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
@@ -137,9 +135,9 @@ tps = {s: {c: v["median"]["tokens_per_s"] for c, v in conds.items() if c != "pap
 coded = [s for s in tps if s != "none"]
 out["ratios"] = {  # of median tokens/s
     "m-sgc_over_gc": {c: tps["m-sgc"][c] / tps["gc"][c] for c in ("stragglers", "clean")},
-    "scheme_over_uncoded_under_stragglers": {s: tps[s]["stragglers"] / tps["uncoded"]["stragglers"] for s in coded},
-    "scheme_over_none_clean": {s: tps[s]["clean"] / tps["none"]["clean"] for s in tps},
-    "stragglers_over_clean": {s: tps[s]["stragglers"] / tps[s]["clean"] for s in coded},
+    "scheme_over_none_under_stragglers": {s: tps[s]["stragglers"] / tps["none"]["stragglers"] for s in coded},
+    "scheme_over_none_clean": {s: tps[s]["clean"] / tps["none"]["clean"] for s in coded},
+    "stragglers_over_clean": {s: tps[s]["stragglers"] / tps[s]["clean"] for s in tps},
 }
 text = json.dumps(out, indent=2)
 print(text)

@@ -136,6 +136,28 @@ INSTANTIATE_TEST_SUITE_P(
              " --parallel.dp=2 --parallel.pp=2", 2}),
     CaseName());
 
+// The same fault on an uncoded job (parallel.straggler_coding = none): the slow replica sleeps after its slow rounds
+// (train/forward_backward.cpp), its peers wait for it in the gradient reduction as a synchronous step does, and the
+// losses stay the uncoded step's (bench/straggler_coding.sh sets the uncoded run beside the coded ones this way).
+TEST(StragglerCodingUncoded, TheSlowburstFaultSlowsAnUncodedJobWithoutChangingItsLosses) {
+  prepare();
+  const Trio t = fresh_trio("mt_straggler", "uncoded");
+  const int rows = kDp * kRows;
+  run(kMegatrain + " train" + flags(t.single, rows, 2));
+  run_twin(rows, flags(t.alt, rows, 2));
+  const std::string log = t.multi + ".log";
+  run_with_faults(kMegatrain + " launch --nproc 4 -- train" + flags(t.multi, kRows, 2, " --parallel.dp=4"),
+                  "slowburst:rank=2:factor=5:rounds=2.0,3.1", log);
+  expect_equivalent(t, "uncoded");
+  const std::string text = mt::test::slurp(log);
+  EXPECT_NE(text.find("fault injected: slowburst:rank=2:factor=5:rounds=2.0,3.1 (rank 2, step 2, round 0"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("(rank 2, step 3, round 1"), std::string::npos) << text;
+  for (const auto& l : mt::test::metrics_of(t.multi + "/metrics.jsonl", "train"))
+    EXPECT_FALSE(l.contains("straggler")) << l.dump();  // no coding: no straggler report
+}
+
 // A coded run without stragglers (a deadline no round reaches: every round waits for everyone, so every step keeps
 // the same pieces) resumed from its step-3 checkpoint logs steps 4 and 5 bit for bit as the uninterrupted run.
 TEST(StragglerCodingResume, AResumedGcRunIsBitIdenticalToTheUninterruptedOne) {

@@ -15,6 +15,7 @@
 #include "megatrain/obs/timeline.h"
 #include "megatrain/parallel/gpt_pipeline.h"
 #include "megatrain/parallel/straggler_code.h"
+#include "megatrain/train/slow_rounds.h"
 
 namespace mt {
 
@@ -48,50 +49,6 @@ int task_microbatches(const std::vector<Piece>& pieces) {
   for (const Piece& p : pieces) k += static_cast<int>(p.microbatches.size());
   return k;
 }
-
-// The slowburst faults (core/fault_spec.h) of one replica: the rounds it is slow in, and by what factor.
-class SlowRounds {
- public:
-  SlowRounds(int rank, int replica, int workers, int rounds_per_step, int steps)
-      : rank_(rank), replica_(replica), per_step_(rounds_per_step) {
-    for (const Fault& f : faults_for(FaultKind::SlowBurst, rank)) {
-      Item it{f, {}};
-      if (f.burst_b > 0)
-        it.pattern = bursty_pattern(workers, steps * rounds_per_step, {f.burst_b, f.burst_w, f.burst_lambda}, f.burst_p,
-                                    f.burst_seed);
-      items_.push_back(std::move(it));
-    }
-  }
-  // The sleep factor of (step, round): > 1 when a fault makes it slow; prints the fault line when `fires` (the
-  // replica has the compute history the sleep is measured by).
-  double factor(int step, int round, bool fires) const {
-    for (const Item& it : items_) {
-      bool slow = false;
-      if (it.f.burst_b > 0) {
-        const size_t g = static_cast<size_t>((step - 1) * per_step_ + round);
-        slow = g < it.pattern.size() && it.pattern[g][static_cast<size_t>(replica_)];
-      } else {
-        slow = std::find(it.f.rounds.begin(), it.f.rounds.end(), std::pair<int, int>{step, round}) != it.f.rounds.end();
-      }
-      if (!slow) continue;
-      if (!fires) return 1;
-      std::fflush(stdout);
-      std::fprintf(stderr, "fault injected: %s (rank %d, step %d, round %d, attempt %d)\n", it.f.item.c_str(), rank_,
-                   step, round, attempt_from_env());
-      std::fflush(stderr);
-      return it.f.factor;
-    }
-    return 1;
-  }
-
- private:
-  struct Item {
-    Fault f;
-    StragglerPattern pattern;
-  };
-  std::vector<Item> items_;
-  int rank_, replica_, per_step_;
-};
 
 // A piece this rank computed: its gradient and its micro-batches' loss sum, kept until its job is decoded.
 struct HeldPiece {
