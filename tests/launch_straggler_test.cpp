@@ -158,16 +158,37 @@ TEST(StragglerCodingUncoded, TheSlowburstFaultSlowsAnUncodedJobWithoutChangingIt
     EXPECT_FALSE(l.contains("straggler")) << l.dump();  // no coding: no straggler report
 }
 
-// A coded run without stragglers (a deadline no round reaches: every round waits for everyone, so every step keeps
-// the same pieces) resumed from its step-3 checkpoint logs steps 4 and 5 bit for bit as the uninterrupted run.
-TEST(StragglerCodingResume, AResumedGcRunIsBitIdenticalToTheUninterruptedOne) {
+// The three schemes with a deadline no round reaches (every round waits for everyone, so every step keeps the same
+// pieces and runs are bit-identical): name, flags, train.grad_accum (m-sgc: a multiple of its job of 3 rounds).
+struct Scheme {
+  std::string name, coding;
+  int accum;
+};
+void PrintTo(const Scheme& s, std::ostream* os) { *os << s.name; }
+const auto kSchemes = ::testing::Values(
+    Scheme{"gc", " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=1000", 2},
+    Scheme{"sr_sgc",
+           " --parallel.straggler_coding=sr-sgc --parallel.straggler_burst=1 --parallel.straggler_window=2 "
+           "--parallel.straggler_lambda=1 --parallel.straggler_deadline=1000",
+           2},
+    Scheme{"m_sgc",
+           " --parallel.straggler_coding=m-sgc --parallel.straggler_burst=1 --parallel.straggler_window=2 "
+           "--parallel.straggler_lambda=1 --parallel.straggler_deadline=1000",
+           3});
+struct SchemeName {
+  std::string operator()(const ::testing::TestParamInfo<Scheme>& i) const { return i.param.name; }
+};
+
+class StragglerCodingResume : public ::testing::TestWithParam<Scheme> {};
+
+// A coded run resumed from its step-3 checkpoint logs steps 4 and 5 bit for bit as the uninterrupted run.
+TEST_P(StragglerCodingResume, AResumedRunIsBitIdenticalToTheUninterruptedOne) {
   prepare();
-  const std::string full = fresh_dir("mt_straggler_resume_full");
-  const std::string coding =
-      " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=1000";
-  run_with_faults(coded(full, 2, coding, " --ckpt.every=3"), "", full + ".log");
-  const std::string resumed = fresh_dir("mt_straggler_resume_resumed");
-  run_with_faults(coded(resumed, 2, coding, " --ckpt.resume=" + step3(full)), "", resumed + ".log");
+  const Scheme& sc = GetParam();
+  const std::string full = fresh_dir("mt_straggler_resume_full_" + sc.name);
+  run_with_faults(coded(full, sc.accum, sc.coding, " --ckpt.every=3"), "", full + ".log");
+  const std::string resumed = fresh_dir("mt_straggler_resume_resumed_" + sc.name);
+  run_with_faults(coded(resumed, sc.accum, sc.coding, " --ckpt.resume=" + step3(full)), "", resumed + ".log");
   const std::vector<std::string> want = mt::test::step_losses(full + "/metrics.jsonl");
   const std::vector<std::string> got = mt::test::step_losses(resumed + "/metrics.jsonl");
   ASSERT_EQ(want.size(), 5u);
@@ -175,26 +196,29 @@ TEST(StragglerCodingResume, AResumedGcRunIsBitIdenticalToTheUninterruptedOne) {
   EXPECT_EQ(got[0], want[3]);
   EXPECT_EQ(got[1], want[4]);
 }
+INSTANTIATE_TEST_SUITE_P(Schemes, StragglerCodingResume, kSchemes, SchemeName());
 
 }  // namespace
 
 namespace {
 
-// A coded job (gc, no deadline a round reaches: the same pieces kept every step, so runs are bit-identical) under
-// `megatrain launch --max-restarts`: rank 2 killed with SIGKILL once step 5 is logged; the job recovers from its
-// step-4 checkpoint and logs the undisturbed coded run's losses bit for bit.
-TEST(StragglerCodingLaunch, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturbedCodedRun) {
+// A coded job (each scheme, no deadline a round reaches: the same pieces kept every step, so runs are
+// bit-identical) under `megatrain launch --max-restarts`: rank 2 killed with SIGKILL once step 5 is logged; the job
+// recovers from its step-4 checkpoint and logs the undisturbed coded run's losses bit for bit.
+class StragglerCodingLaunch : public ::testing::TestWithParam<Scheme> {};
+
+TEST_P(StragglerCodingLaunch, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturbedCodedRun) {
   prepare();
-  const std::string clean = fresh_dir("mt_straggler_kill_clean"), out = fresh_dir("mt_straggler_kill_run");
-  const std::string coding =
-      " --parallel.straggler_coding=gc --parallel.straggler_s=1 --parallel.straggler_deadline=1000"
-      " --train.steps=8 --ckpt.every=2 --ckpt.save_final=false --train.log_every=1";
-  run_with_faults(coded(clean, 2, coding), "", clean + ".log");
+  const Scheme& sc = GetParam();
+  const std::string clean = fresh_dir("mt_straggler_kill_clean_" + sc.name),
+                    out = fresh_dir("mt_straggler_kill_run_" + sc.name);
+  const std::string coding = sc.coding + " --train.steps=8 --ckpt.every=2 --ckpt.save_final=false --train.log_every=1";
+  run_with_faults(coded(clean, sc.accum, coding), "", clean + ".log");
   const std::vector<std::string> want = mt::test::step_losses(clean + "/metrics.jsonl");
   ASSERT_EQ(want.size(), 8u);
 
   std::vector<std::string> args = {"launch", "--nproc", "4", "--max-restarts", "3", "--backoff", "0", "--", "train"};
-  const std::string job = flags(out, kRows, 2, " --parallel.dp=4" + coding);
+  const std::string job = flags(out, kRows, sc.accum, " --parallel.dp=4" + coding);
   for (size_t b = 1, e; b < job.size(); b = e + 1) {  // the flags, each after a space
     e = job.find(' ', b);
     if (e == std::string::npos) e = job.size();
@@ -216,6 +240,7 @@ TEST(StragglerCodingLaunch, KillNineOfARankIsRecoveredWithTheLossesOfAnUndisturb
   ASSERT_EQ(mt::test::finish_within(launcher, 400), 0) << mt::test::slurp(out + ".log");
   EXPECT_EQ(mt::test::step_losses(out + "/metrics.jsonl"), want) << mt::test::slurp(out + ".log");
 }
+INSTANTIATE_TEST_SUITE_P(Schemes, StragglerCodingLaunch, kSchemes, SchemeName());
 
 }  // namespace
 

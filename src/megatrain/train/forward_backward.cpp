@@ -69,8 +69,9 @@ class PlainForwardBackward final : public ForwardBackward {
       if (tpc_) model_.set_tp_grad_sync(last);  // replicated tensors' gradients: one tp sum per step
       slow_.round(mi, [&] {
         {
-          obs::ScopedSpan span("compute",
-                               [mi] { return obs::SpanInfo{fmt::format("forward mb{}", mi), {{"mb", mi}}}; });
+          obs::ScopedSpan span("compute", [mi] {
+            return obs::SpanInfo{fmt::format("forward mb{}", mi), {{"mb", mi}}};
+          });
           loss += model_.forward(b.x.data(), b.y.data(), B_, T_, true, 1.0f / accum_);
         }
         obs::ScopedSpan span("compute", [mi] { return obs::SpanInfo{fmt::format("backward mb{}", mi), {{"mb", mi}}}; });

@@ -168,7 +168,7 @@ struct RunConfig {
 
   void validate() const;
   void validate_straggler_coding() const;  // part of validate()
-  void validate_moe() const;  // the parallelism and device MoE runs with so far (part of validate)
+  void validate_moe() const;               // the parallelism and device MoE runs with so far (part of validate)
   // Micro-batches per pipeline step (1 without pipeline parallelism).
   int pipeline_microbatches() const {
     return parallel.pp > 1 ? (parallel.microbatches > 0 ? parallel.microbatches : parallel.pp) : 1;

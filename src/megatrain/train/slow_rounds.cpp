@@ -28,8 +28,8 @@ double SlowRounds::factor(int step, int round, bool fires) const {
     if (!slow) continue;
     if (!fires) return 1;
     std::fflush(stdout);
-    std::fprintf(stderr, "fault injected: %s (rank %d, step %d, round %d, attempt %d)\n", it.f.item.c_str(), rank_, step,
-                 round, attempt_from_env());
+    std::fprintf(stderr, "fault injected: %s (rank %d, step %d, round %d, attempt %d)\n", it.f.item.c_str(), rank_,
+                 step, round, attempt_from_env());
     std::fflush(stderr);
     return it.f.factor;
   }
