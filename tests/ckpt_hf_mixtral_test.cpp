@@ -326,3 +326,22 @@ TEST(HfMixtral, BadFilesAreRefusedNamingTheTensorOrKey) {
   c.erase("num_local_experts");
   refused("no-experts", m, c, {"config.json", "num_local_experts is missing"});
 }
+
+TEST(HfMixtral, AMoeModelMixtralCannotHoldIsRefusedNamingTheKey) {
+  ScratchDir dir;
+  write_mixtral(dir / "hf", random_mixtral(false), mixtral_config(false));
+  const ModelConfig mixtral = model_config_of(dir / "hf");
+  EXPECT_EQ(hf_family(mixtral), HfFamily::Llama);
+  auto refusal = [&](auto change) {
+    ModelConfig c = mixtral;
+    change(c);
+    return error_of([&] { hf_family(c); });
+  };
+  EXPECT_NE(refusal([](ModelConfig& c) { c.moe_first_dense = 1; }).find("model.moe_first_dense = 1"),
+            std::string::npos);
+  EXPECT_NE(refusal([](ModelConfig& c) { c.moe_every = 2; }).find("model.moe_every = 2"), std::string::npos);
+  EXPECT_NE(refusal([](ModelConfig& c) { c.moe_router = MoeRouter::SigmoidBias; }).find("model.moe_router"),
+            std::string::npos);
+  EXPECT_NE(refusal([](ModelConfig& c) { c.moe_shared_experts = 1; }).find("model.moe_shared_experts = 1"),
+            std::string::npos);
+}
