@@ -525,7 +525,7 @@ TEST(HfLlama, WhatMegatrainCannotComputeIsRefusedByName) {
   refused("kv-type", c, {"num_key_value_heads must be a positive integer", "\"two\""});
   c = llama_config(false);
   c["model_type"] = "qwen2";
-  refused("qwen", c, {"\"qwen2\"", "\"gpt2\" and \"llama\""});
+  refused("qwen", c, {"\"qwen2\"", "\"gpt2\", \"llama\", \"mistral\" and \"mixtral\""});
   c = llama_config(false);
   c["num_hidden_layers"] = 1;  // the file holds two: the second would be lost
   refused("fewer-layers", c, {"num_hidden_layers = 1", "holds a layer 1"});

@@ -29,7 +29,7 @@ bool ends_in(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-LlamaSource llama_source(const std::string& ours) {
+LlamaSource llama_source(const ModelConfig& c, const std::string& ours) {
   auto layer_part = [&](const char* suffix) { return ends_in(ours, suffix); };
   if (ours == "wte.weight") return {{"model.embed_tokens.weight"}};
   if (ours == "ln_f.weight") return {{"model.norm.weight"}};
@@ -45,6 +45,18 @@ LlamaSource llama_source(const std::string& ours) {
   if (layer_part(".attn.c_proj.weight")) return {{p + "self_attn.o_proj.weight"}};
   if (layer_part(".mlp.c_fc.weight")) return {{p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}};
   if (layer_part(".mlp.c_proj.weight")) return {{p + "mlp.down_proj.weight"}};
+  // Mixtral: expert e's rows of our stacked tensors are w1 | w3 (c_fc) and w2 (c_proj), expert after expert.
+  if (layer_part(".moe.router.weight")) return {{p + "block_sparse_moe.gate.weight"}};
+  const bool fc = layer_part(".moe.experts.c_fc.weight"), proj = layer_part(".moe.experts.c_proj.weight");
+  if (fc || proj) {
+    LlamaSource s;
+    for (int e = 0; e < c.moe_experts; ++e) {
+      const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", p, e);
+      if (fc) s.parts.insert(s.parts.end(), {x + "w1.weight", x + "w3.weight"});
+      if (proj) s.parts.push_back(x + "w2.weight");
+    }
+    return s;
+  }
   fail("HF Llama has no place for parameter '{}'", ours);
 }
 
@@ -82,10 +94,16 @@ struct LlamaSettings {
 bool is_hf_llama_buffer(const std::string& name) { return ends_in(name, ".rotary_emb.inv_freq"); }
 
 std::vector<HfRowBlock> hf_llama_row_blocks(const ModelConfig& c, const std::string& ours) {
-  const std::vector<std::string> parts = llama_source(ours).parts;
+  const std::vector<std::string> parts = llama_source(c, ours).parts;
   const int64_t hd = c.head_dim();
   std::vector<int64_t> rows;
-  if (ends_in(ours, ".attn.c_attn.weight"))
+  if (ends_in(ours, ".moe.router.weight"))
+    rows = {c.moe_experts};
+  else if (ends_in(ours, ".moe.experts.c_fc.weight"))
+    rows.assign(parts.size(), c.moe_ff_dim());  // [E, 2F, C] as E*2F rows of C
+  else if (ends_in(ours, ".moe.experts.c_proj.weight"))
+    rows.assign(parts.size(), c.d_model);  // [E, C, F] as E*C rows of F
+  else if (ends_in(ours, ".attn.c_attn.weight"))
     rows = {c.n_head * hd, c.kv_heads() * hd, c.kv_heads() * hd};
   else if (ends_in(ours, ".mlp.c_fc.weight"))
     rows = {c.ff_dim(), c.ff_dim()};
@@ -109,11 +127,17 @@ void check_hf_llama_convertible(const ModelConfig& c) {
   if (c.pos != PosKind::Rope) refuse(fmt::format("model.pos = '{}'", kind_name(c.pos)));
   if (c.block != BlockKind::Sequential) refuse(fmt::format("model.block = '{}'", kind_name(c.block)));
   if (c.bias) refuse("model.bias = true");
-  if (c.moe()) refuse(fmt::format("model.moe_experts = {} (MoE conversion is not written yet)", c.moe_experts));
+  // MoE exports as Mixtral: every layer MoE, the softmax router, no shared experts.
+  if (c.moe() && (c.moe_every != 1 || c.moe_first_dense != 0))
+    refuse(fmt::format("model.moe_every = {} / model.moe_first_dense = {} (Mixtral's layers are all MoE)", c.moe_every,
+                       c.moe_first_dense));
+  if (c.moe() && c.moe_router != MoeRouter::Softmax) refuse("model.moe_router other than \"softmax\" (Mixtral's)");
+  if (c.moe() && c.moe_shared_experts > 0)
+    refuse(fmt::format("model.moe_shared_experts = {} (Mixtral has no shared experts)", c.moe_shared_experts));
 }
 
 bool is_hf_llama(const HfModelFiles& m) {
-  if (const json* t = m.setting("model_type")) return *t == "llama" || *t == "mistral";
+  if (const json* t = m.setting("model_type")) return *t == "llama" || *t == "mistral" || *t == "mixtral";
   return m.has("model.embed_tokens.weight");
 }
 
@@ -222,6 +246,19 @@ ModelConfig llama_model_config(const LlamaSettings& s, bool mistral, double thet
   return c;
 }
 
+// Mixtral's experts: num_local_experts of width intermediate_size, num_experts_per_tok of them per token, on every
+// layer, by the softmax router with the top-k renormalised (modeling_mixtral's MixtralSparseMoeBlock).
+void read_mixtral_experts(const LlamaSettings& s, ModelConfig& c) {
+  c.moe_experts = s.count("num_local_experts", std::nullopt);
+  c.moe_top_k = s.count("num_experts_per_tok", std::nullopt);
+  MT_CHECK(c.moe_top_k <= c.moe_experts, "{}: num_experts_per_tok = {} is more than num_local_experts = {}", s.where,
+           c.moe_top_k, c.moe_experts);
+  c.moe_d_ff = c.d_ff;
+  c.moe_router = MoeRouter::Softmax;
+  if (const json* coef = s.m.setting("router_aux_loss_coef"))
+    c.moe_aux_loss = static_cast<float>(s.number(coef, "router_aux_loss_coef", 0.0));
+}
+
 // c's heads, its validity, and its layer count against the tensors.
 void check_llama_config(const LlamaSettings& s, const ModelConfig& c) {
   const HfModelFiles& m = s.m;
@@ -252,14 +289,17 @@ ModelConfig infer_hf_llama_config(const HfModelFiles& m) {
   const std::string& where = m.config_path();
   const LlamaSettings s{m, where};
   const json* type = m.setting("model_type");
-  MT_CHECK(!type || *type == "llama" || *type == "mistral",
-           "{} describes a {} model; this converter reads model_type \"llama\" and \"mistral\"", where, type->dump());
-  const bool mistral = type && *type == "mistral";
+  MT_CHECK(!type || *type == "llama" || *type == "mistral" || *type == "mixtral",
+           "{} describes a {} model; this converter reads model_type \"llama\", \"mistral\" and \"mixtral\"", where,
+           type->dump());
+  const bool mixtral = type && *type == "mixtral";
+  const bool mistral = mixtral || (type && *type == "mistral");  // Mixtral's attention is Mistral's
   // What HF's Llama can compute and megatrain's cannot is refused by name, never converted into another network.
   RopeFreqs scaled{0.0f};
   const double theta = read_llama_rope(s, scaled);
   refuse_llama_variants(s);
   ModelConfig c = llama_model_config(s, mistral, theta, scaled);
+  if (mixtral) read_mixtral_experts(s, c);
   check_llama_config(s, c);
   return c;
 }
@@ -274,9 +314,9 @@ void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& 
   std::set<std::string> used;
   for (int i = 0; i < static_cast<int>(store.size()); ++i) {
     const ParamInfo& p = store.info(i);
-    MT_CHECK(p.shape.size() <= 2, "import_hf_llama: parameter '{}' is not a vector or a matrix", p.name);
+    MT_CHECK(p.shape.size() <= 3, "import_hf_llama: parameter '{}' has more than 3 dimensions", p.name);
     const std::vector<HfRowBlock> blocks = hf_llama_row_blocks(cfg, p.name);
-    const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
+    const int64_t cols = p.shape.size() >= 2 ? p.shape.back() : 1;  // an expert stack [E, R, cols]: E*R rows
     float* dst = store.param(i).f32();
     size_t at = 0;
     for (const HfRowBlock& b : blocks) {
@@ -286,7 +326,7 @@ void import_hf_llama(const HfModelFiles& m, const ModelConfig& cfg, ParamStore& 
              m.source());
       MT_CHECK(m.has(hn), "{}: no tensor '{}', which parameter '{}' needs", m.source(), hn, p.name);
       const TensorData& t = m.float_tensor(hn);
-      const std::vector<int64_t> want = p.shape.size() == 2 ? std::vector<int64_t>{b.rows, cols}
+      const std::vector<int64_t> want = p.shape.size() >= 2 ? std::vector<int64_t>{b.rows, cols}
                                                             : std::vector<int64_t>{b.rows};
       MT_CHECK(t.shape == want, "{}: tensor '{}' has shape {} but this model ({}) needs {}", m.file_of(hn), hn,
                t.shape_str(), p.name, shape_str(want));
@@ -349,7 +389,17 @@ json hf_llama_config_json(const ModelConfig& c, DType dtype) {
             {"use_cache", true},
             {"torch_dtype", torch_dtype_name(dtype)}};
   if (c.vocab_size > 50256) j["bos_token_id"] = j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>: our tokenizer
-  if (mistral) {
+  if (c.moe()) {  // Mixtral: MixtralConfig's keys; intermediate_size is each expert's width
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["model_type"] = "mixtral";
+    j["intermediate_size"] = c.moe_ff_dim();
+    j["num_local_experts"] = c.moe_experts;
+    j["num_experts_per_tok"] = c.moe_top_k;
+    j["router_aux_loss_coef"] = shortest_decimal(c.moe_aux_loss);
+    j["output_router_logits"] = false;
+    j["sliding_window"] = c.window > 0 ? json(c.window) : json(nullptr);
+    for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);  // not MixtralConfig's
+  } else if (mistral) {
     j["sliding_window"] = c.window;
     for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);  // not MistralConfig's
   }
@@ -367,11 +417,11 @@ void export_hf_llama(const ModelConfig& cfg, const ParamStore& store, const std:
     const ParamInfo& have = store.info(store.index(p.name));
     MT_CHECK(have.shape == p.shape, "export_hf_llama: parameter '{}' has shape {} but the config implies {}", p.name,
              shape_str(have.shape), shape_str(p.shape));
-    const int64_t cols = p.shape.size() == 2 ? p.shape[1] : 1;
+    const int64_t cols = p.shape.size() >= 2 ? p.shape.back() : 1;  // an expert stack [E, R, cols]: E*R rows
     // Each part is a run of whole rows of ours (the vocabulary's padding rows are the tail): no copy needed.
     const float* at = store.param(p.name).f32();
     for (const HfRowBlock& b : hf_llama_row_blocks(cfg, p.name)) {
-      std::vector<int64_t> shape = p.shape.size() == 2 ? std::vector<int64_t>{b.rows, cols}
+      std::vector<int64_t> shape = p.shape.size() >= 2 ? std::vector<int64_t>{b.rows, cols}
                                                        : std::vector<int64_t>{b.rows};
       refs.push_back({b.name, DType::F32, shape, at});
       at += b.rows * cols;

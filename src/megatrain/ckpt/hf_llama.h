@@ -1,5 +1,5 @@
-// Hugging Face Llama weights (LlamaForCausalLM, and MistralForCausalLM: Llama with sliding-window attention) <->
-// megatrain parameters.
+// Hugging Face Llama weights (LlamaForCausalLM, MistralForCausalLM: Llama with sliding-window attention, and
+// MixtralForCausalLM: Mistral whose MLPs are mixtures of experts) <-> megatrain parameters.
 //
 // megatrain's Llama-style model (rmsnorm, swiglu, rope, no biases, sequential block) is HF's Llama computed the same
 // way: RoPE pairs (i, i + head_dim/2) as HF's rotate_half does, query head h reads key/value head h / (H / Hkv) as
@@ -12,6 +12,13 @@
 //   model.layers.{i}.mlp.{gate,up}_proj.weight        -> h.{i}.mlp.c_fc.weight, rows gate | up
 //   model.layers.{i}.mlp.down_proj.weight             -> h.{i}.mlp.c_proj.weight
 //   model.norm.weight -> ln_f.weight;  lm_head.weight -> lm_head.weight (absent when tie_word_embeddings)
+// Mixtral (model.moe_experts = E = num_local_experts, moe_top_k = num_experts_per_tok, moe_d_ff = F =
+// intermediate_size, the softmax router, every layer MoE, no shared experts; model/moe.h computes what HF's
+// MixtralSparseMoeBlock does: softmax over E, top k, the k probabilities renormalised) replaces the mlp lines by
+//   model.layers.{i}.block_sparse_moe.gate.weight [E, C]               -> h.{i}.moe.router.weight
+//   model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3}.weight [F, C] -> h.{i}.moe.experts.c_fc.weight[e], rows w1 | w3
+//   model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight [C, F]      -> h.{i}.moe.experts.c_proj.weight[e]
+// so an expert stack [E, R, cols] is E x R rows of cols, expert after expert, and every part is still whole rows.
 // Every linear weight is [out, in] on both sides. Unlike GPT-2, the head count is not in the shapes, so an HF
 // Llama needs its config.json.
 #pragma once
@@ -26,10 +33,11 @@
 namespace mt {
 
 // Throws naming the first option HF Llama cannot express (layernorm, gelu, learned positions, parallel block,
-// biases). A sliding window exports as Mistral.
+// biases; for MoE: dense layers, a router other than softmax, shared experts). A sliding window exports as
+// Mistral, MoE as Mixtral.
 void check_hf_llama_convertible(const ModelConfig& cfg);
 
-// True when the files are an HF Llama: config.json's model_type is "llama" or "mistral", or, without one, the tensor
+// True when the files are an HF Llama: config.json's model_type is "llama", "mistral" or "mixtral", or, without one, the tensor
 // names are Llama's (model.embed_tokens.weight).
 bool is_hf_llama(const HfModelFiles& m);
 
@@ -38,7 +46,8 @@ bool is_hf_llama(const HfModelFiles& m);
 // rope_theta and rope_scaling (or transformers 5's rope_parameters), tie_word_embeddings. What megatrain does not
 // compute is refused by name: a rope type other than "default" and Llama 3.1's "llama3" (yarn, linear, dynamic,
 // longrope), attention_bias, mlp_bias, a hidden_act other than silu, a head_dim other than hidden_size /
-// num_attention_heads.
+// num_attention_heads. Mixtral adds num_local_experts and num_experts_per_tok (at most num_local_experts), and
+// router_aux_loss_coef as model.moe_aux_loss.
 ModelConfig infer_hf_llama_config(const HfModelFiles& m);
 
 // Fills store (declared for cfg and allocated; an empty store is declared and allocated here) from the files.
@@ -63,7 +72,9 @@ std::vector<HfRowBlock> hf_llama_row_blocks(const ModelConfig& cfg, const std::s
 bool is_hf_llama_buffer(const std::string& name);
 
 // HF LlamaConfig keys for cfg (architectures LlamaForCausalLM, model_type "llama", ...); with model.window > 0,
-// MistralConfig's (MistralForCausalLM, model_type "mistral", sliding_window).
+// MistralConfig's (MistralForCausalLM, model_type "mistral", sliding_window); with model.moe_experts > 0,
+// MixtralConfig's (MixtralForCausalLM, model_type "mixtral", num_local_experts, num_experts_per_tok,
+// intermediate_size = model.moe_d_ff, sliding_window or null).
 nlohmann::json hf_llama_config_json(const ModelConfig& cfg, DType dtype = DType::F32);
 
 }  // namespace mt

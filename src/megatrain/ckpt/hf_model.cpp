@@ -15,8 +15,9 @@ namespace mt {
 HfFamily hf_family(const HfModelFiles& m) {
   if (is_hf_llama(m)) return HfFamily::Llama;
   if (const nlohmann::json* t = m.setting("model_type"))
-    MT_CHECK(*t == "gpt2", "{} describes a {} model; megatrain converts \"gpt2\" and \"llama\"", m.config_path(),
-             t->dump());
+    MT_CHECK(*t == "gpt2",
+             "{} describes a {} model; megatrain converts \"gpt2\", \"llama\", \"mistral\" and \"mixtral\"",
+             m.config_path(), t->dump());
   for (size_t i = 0; i < m.num_files(); ++i)
     MT_CHECK(!m.file(i).metadata().count("megatrain"),
              "{} is a file of a megatrain checkpoint; pass the checkpoint directory (it holds the manifest)",
@@ -74,7 +75,7 @@ HfSliceReader::HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg) : m_
   declare_gpt_params(cfg, whole);
   std::set<std::string> used;
   for (const ParamInfo& p : whole.infos()) {
-    const int64_t R = p.shape[0], C = p.shape.size() == 2 ? p.shape[1] : 1;
+    const int64_t R = p.shape[0], C = p.shape.size() >= 2 ? p.shape.back() : 1;  // experts [E, R, C]: E*R rows
     const bool vocab = p.name == "wte.weight" || p.name == "lm_head.weight";
     std::vector<Rows>& runs = rows_[p.name];
     auto need = [&](const std::string& hn, const std::vector<int64_t>& shape, bool at_least_rows = false) {
@@ -95,7 +96,7 @@ HfSliceReader::HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg) : m_
     if (family_ == HfFamily::Llama) {
       int64_t at = 0;
       for (const HfRowBlock& b : hf_llama_row_blocks(cfg, p.name)) {
-        const std::vector<int64_t> shape = p.shape.size() == 2 ? std::vector<int64_t>{b.rows, C}
+        const std::vector<int64_t> shape = p.shape.size() >= 2 ? std::vector<int64_t>{b.rows, C}
                                                                : std::vector<int64_t>{b.rows};
         runs.push_back({need(b.name, shape), at, b.rows, 0, false});
         at += b.rows;

@@ -38,7 +38,7 @@ void check_same_architecture(const ModelConfig& s, const ModelConfig& w, const s
   same("n_layer", s.n_layer, w.n_layer);
   same("n_head", s.n_head, w.n_head);
   same("n_kv_head", s.kv_heads(), w.kv_heads());
-  same("d_ff", s.ff_dim(), w.ff_dim());
+  if (w.moe_layers() < w.n_layer) same("d_ff", s.ff_dim(), w.ff_dim());  // the dense MLP's width, where one is
   same("norm", s.norm, w.norm);
   same("mlp", s.mlp, w.mlp);
   same("pos", s.pos, w.pos);

@@ -1,4 +1,4 @@
-// megatrain convert: HF GPT-2 and Llama models <-> megatrain checkpoint directories.
+// megatrain convert: HF GPT-2 and Llama (Mistral, Mixtral) models <-> megatrain checkpoint directories.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -103,8 +103,11 @@ int cmd_convert(int argc, char** argv) {
       tok_note = fmt::format("; tokenizer {} as {}", tok_from, fmt::join(files, ", "));
     }
     fmt::print("convert: {} -> {} + config.json ({}, n_layer {}, n_head {}, d_model {}, vocab {}, {}){}, {:.1f} s\n",
-               to_hf, out, cfg.norm == NormKind::RmsNorm ? "Llama" : "GPT-2", cfg.n_layer, cfg.n_head, cfg.d_model,
-               cfg.vocab_size, dtype, tok_note, now_seconds() - t0);
+               to_hf, out,
+               cfg.moe()                       ? "Mixtral"
+               : cfg.norm == NormKind::RmsNorm ? "Llama"
+                                               : "GPT-2",
+               cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, dtype, tok_note, now_seconds() - t0);
   }
   return 0;
 }
