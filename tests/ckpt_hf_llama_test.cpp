@@ -13,6 +13,7 @@
 
 #include "support/ckpt_testutil.h"
 #include "support/files.h"
+#include "support/hf_llama_oracle.h"
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/ckpt/hf_llama.h"
 #include "megatrain/ckpt/hf_model.h"
@@ -35,11 +36,11 @@ namespace {
 constexpr int V = 37, C = 32, H = 4, KV = 2, HD = C / H, F = 40, L = 2, T = 7;
 constexpr double kEps = 1e-6, kTheta = 5000.0;
 
-struct HfTensor {
-  std::vector<int64_t> shape;
-  std::vector<float> v;
-};
-using HfModel = std::map<std::string, HfTensor>;
+using hf_oracle::HfModel;
+using hf_oracle::HfTensor;
+using hf_oracle::matvec;
+using hf_oracle::read_back;
+using hf_oracle::Vec;
 
 HfModel random_llama(bool tied, bool bf16_values = false, uint32_t seed = 7) {
   std::mt19937 gen(seed);
@@ -126,26 +127,8 @@ void write_llama(const std::string& dir, const HfModel& m, const json& config, i
   write_text(dir + "/model.safetensors.index.json", index.dump(2));
 }
 
-// ---- the oracle: HF's Llama forward, in double ----------------------------------------------------------------
-using Vec = std::vector<double>;
-
-Vec matvec(const HfTensor& w, const Vec& x) {  // nn.Linear: y = W x, W [out, in]
-  const int64_t out = w.shape[0], in = w.shape[1];
-  Vec y(out, 0.0);
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t i = 0; i < in; ++i) y[o] += double(w.v[o * in + i]) * x[i];
-  return y;
-}
-
-Vec rms_norm(const Vec& x, const HfTensor& w) {  // LlamaRMSNorm
-  double ms = 0;
-  for (double a : x) ms += a * a;
-  ms /= x.size();
-  const double r = 1.0 / std::sqrt(ms + kEps);
-  Vec y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = double(w.v[i]) * (x[i] * r);
-  return y;
-}
+// ---- the oracle: HF's Llama forward, in double (its attention: support/hf_llama_oracle.h) --------------------
+Vec rms_norm(const Vec& x, const HfTensor& w) { return hf_oracle::rms_norm(x, w, kEps); }  // LlamaRMSNorm
 
 // config.json's rope_scaling of type "llama3" (absent: factor 0).
 struct Llama3Scaling {
@@ -164,62 +147,20 @@ double hf_inv_freq(int i, const Llama3Scaling& sc) {
   return out;
 }
 
-// apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1), per head of HD.
-void rope(Vec& x, int heads, int pos, const Llama3Scaling& sc) {
-  const int half = HD / 2;
-  for (int h = 0; h < heads; ++h)
-    for (int i = 0; i < half; ++i) {
-      const double inv_freq = hf_inv_freq(i, sc), ang = pos * inv_freq;
-      double& a = x[h * HD + i];
-      double& b = x[h * HD + i + half];
-      const double x1 = a, x2 = b;
-      a = x1 * std::cos(ang) - x2 * std::sin(ang);
-      b = x2 * std::cos(ang) + x1 * std::sin(ang);
-    }
-}
-
 // logits [T][V] of HF's LlamaForCausalLM on one sequence.
 // window > 0: Mistral's sliding window, transformers' sliding_window_overlay: key s is seen from t when s > t - W.
 std::vector<Vec> hf_llama_logits(const HfModel& m, const std::vector<int32_t>& tokens, bool tied,
                                  const Llama3Scaling& sc, int window = 0) {
   const int n = static_cast<int>(tokens.size());
+  const hf_oracle::AttentionShape shape{H, KV, HD, kEps, [&sc](int i) { return hf_inv_freq(i, sc); }, window};
   std::vector<Vec> x(n, Vec(C));
   for (int t = 0; t < n; ++t)
     for (int c = 0; c < C; ++c) x[t][c] = m.at("model.embed_tokens.weight").v[tokens[t] * C + c];
   for (int l = 0; l < L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    std::vector<Vec> q(n), k(n), v(n);
+    const std::vector<Vec> att = hf_oracle::attention(m, p, x, shape);
     for (int t = 0; t < n; ++t) {
-      const Vec h = rms_norm(x[t], m.at(p + "input_layernorm.weight"));
-      q[t] = matvec(m.at(p + "self_attn.q_proj.weight"), h);
-      k[t] = matvec(m.at(p + "self_attn.k_proj.weight"), h);
-      v[t] = matvec(m.at(p + "self_attn.v_proj.weight"), h);
-      rope(q[t], H, t, sc);
-      rope(k[t], KV, t, sc);
-    }
-    for (int t = 0; t < n; ++t) {
-      Vec o(H * HD, 0.0);
-      for (int h = 0; h < H; ++h) {
-        const int kvh = h / (H / KV);  // repeat_kv: each key/value head repeated H/KV times, in place
-        std::vector<double> s(t + 1);
-        double mx = -1e300;
-        for (int j = 0; j <= t; ++j) {
-          if (window > 0 && !(j > t - window)) {
-            s[j] = -1e300;
-            continue;
-          }
-          double d = 0;
-          for (int i = 0; i < HD; ++i) d += q[t][h * HD + i] * k[j][kvh * HD + i];
-          s[j] = d / std::sqrt(double(HD));
-          mx = std::max(mx, s[j]);
-        }
-        double z = 0;
-        for (double& e : s) z += (e = e == -1e300 ? 0.0 : std::exp(e - mx));
-        for (int j = 0; j <= t; ++j)
-          for (int i = 0; i < HD; ++i) o[h * HD + i] += s[j] / z * v[j][kvh * HD + i];
-      }
-      const Vec a = matvec(m.at(p + "self_attn.o_proj.weight"), o);
-      for (int c = 0; c < C; ++c) x[t][c] += a[c];
+      for (int c = 0; c < C; ++c) x[t][c] += att[t][c];
       const Vec h2 = rms_norm(x[t], m.at(p + "post_attention_layernorm.weight"));
       const Vec g = matvec(m.at(p + "mlp.gate_proj.weight"), h2), u = matvec(m.at(p + "mlp.up_proj.weight"), h2);
       Vec act(F);
@@ -258,17 +199,7 @@ void expect_logits_match(const std::string& weights, const HfModel& m, bool tied
   // fp32 against double: each logit comes through two layers of dot products of at most 40 terms of O(1) values,
   // so its rounding error is a small multiple of 40 x 2^-24 x |terms| ~ 1e-5; the largest seen is 2.1e-6. A wrong
   // rotation pairing, head grouping or gate/up order moves logits by O(0.1).
-  double worst = 0;
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < V; ++j) worst = std::max(worst, std::abs(double(got[t * Vp + j]) - want[t][j]));
-  EXPECT_LT(worst, 2e-5) << weights;
-}
-
-HfModel read_back(const std::string& path) {
-  HfModel m;
-  const HfModelFiles f = HfModelFiles::open(path);
-  for (auto& n : f.names()) m[n] = {f.tensor(n).shape, f.read_f32(n)};
-  return m;
+  EXPECT_LT(hf_oracle::worst_logit_error(got, Vp, want), 2e-5) << weights;
 }
 
 }  // namespace

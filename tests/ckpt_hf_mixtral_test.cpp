@@ -17,6 +17,7 @@
 
 #include "support/ckpt_testutil.h"
 #include "support/files.h"
+#include "support/hf_llama_oracle.h"
 #include "megatrain/ckpt/hf_model.h"
 #include "megatrain/ckpt/hf_model_files.h"
 #include "megatrain/ckpt/model_weights.h"
@@ -35,11 +36,11 @@ namespace {
 constexpr int V = 37, C = 32, H = 4, KV = 2, HD = C / H, F = 48, E = 4, K = 2, L = 2, T = 7;
 constexpr double kEps = 1e-6, kTheta = 5000.0;
 
-struct HfTensor {
-  std::vector<int64_t> shape;
-  std::vector<float> v;
-};
-using HfModel = std::map<std::string, HfTensor>;
+using hf_oracle::HfModel;
+using hf_oracle::HfTensor;
+using hf_oracle::matvec;
+using hf_oracle::read_back;
+using hf_oracle::Vec;
 
 HfModel random_mixtral(bool tied, uint32_t seed = 11) {
   std::mt19937 gen(seed);
@@ -102,71 +103,12 @@ void write_mixtral(const std::string& dir, const HfModel& m, const json& config)
   write_safetensors(dir + "/model.safetensors", refs, {{"format", "pt"}});
 }
 
-// ---- the oracle: HF's Mixtral forward, in double --------------------------------------------------------------
-using Vec = std::vector<double>;
+// ---- the oracle: HF's Mixtral forward, in double (its attention: support/hf_llama_oracle.h) ------------------
+Vec rms_norm(const Vec& x, const HfTensor& w) { return hf_oracle::rms_norm(x, w, kEps); }  // MixtralRMSNorm
 
-Vec matvec(const HfTensor& w, const Vec& x) {  // nn.Linear: y = W x, W [out, in]
-  const int64_t out = w.shape[0], in = w.shape[1];
-  Vec y(out, 0.0);
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t i = 0; i < in; ++i) y[o] += double(w.v[o * in + i]) * x[i];
-  return y;
-}
-
-Vec rms_norm(const Vec& x, const HfTensor& w) {  // MixtralRMSNorm
-  double ms = 0;
-  for (double a : x) ms += a * a;
-  const double r = 1.0 / std::sqrt(ms / x.size() + kEps);
-  Vec y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = double(w.v[i]) * (x[i] * r);
-  return y;
-}
-
-// apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1), per head of HD.
-void rope(Vec& x, int heads, int pos) {
-  const int half = HD / 2;
-  for (int h = 0; h < heads; ++h)
-    for (int i = 0; i < half; ++i) {
-      const double ang = pos / std::pow(kTheta, (2.0 * i) / HD);
-      double& a = x[h * HD + i];
-      double& b = x[h * HD + i + half];
-      const double x1 = a, x2 = b;
-      a = x1 * std::cos(ang) - x2 * std::sin(ang);
-      b = x2 * std::cos(ang) + x1 * std::sin(ang);
-    }
-}
-
-// Causal GQA attention of one layer over the sequence, o_proj applied: the residual's increment per position.
-std::vector<Vec> attention(const HfModel& m, const std::string& p, const std::vector<Vec>& x) {
-  const int n = static_cast<int>(x.size());
-  std::vector<Vec> q(n), k(n), v(n), out(n);
-  for (int t = 0; t < n; ++t) {
-    const Vec h = rms_norm(x[t], m.at(p + "input_layernorm.weight"));
-    q[t] = matvec(m.at(p + "self_attn.q_proj.weight"), h);
-    k[t] = matvec(m.at(p + "self_attn.k_proj.weight"), h);
-    v[t] = matvec(m.at(p + "self_attn.v_proj.weight"), h);
-    rope(q[t], H, t);
-    rope(k[t], KV, t);
-  }
-  for (int t = 0; t < n; ++t) {
-    Vec o(H * HD, 0.0);
-    for (int h = 0; h < H; ++h) {
-      const int kvh = h / (H / KV);  // repeat_kv
-      Vec s(t + 1);
-      double mx = -1e300, z = 0;
-      for (int j = 0; j <= t; ++j) {
-        double d = 0;
-        for (int i = 0; i < HD; ++i) d += q[t][h * HD + i] * k[j][kvh * HD + i];
-        mx = std::max(mx, s[j] = d / std::sqrt(double(HD)));
-      }
-      for (double& e : s) z += (e = std::exp(e - mx));
-      for (int j = 0; j <= t; ++j)
-        for (int i = 0; i < HD; ++i) o[h * HD + i] += s[j] / z * v[j][kvh * HD + i];
-    }
-    out[t] = matvec(m.at(p + "self_attn.o_proj.weight"), o);
-  }
-  return out;
-}
+// Mixtral's attention is Llama's, with the default rotary frequencies theta^(-2i/HD).
+const hf_oracle::AttentionShape kAttention{H, KV, HD, kEps,
+                                           [](int i) { return 1.0 / std::pow(kTheta, (2.0 * i) / HD); }};
 
 // MixtralSparseMoeBlock on one token: softmax over E, top k, renormalised, experts' SwiGLU weighted and summed.
 Vec sparse_moe(const HfModel& m, const std::string& p, const Vec& x) {
@@ -200,7 +142,7 @@ std::vector<Vec> hf_mixtral_logits(const HfModel& m, const std::vector<int32_t>&
     for (int c = 0; c < C; ++c) x[t][c] = m.at("model.embed_tokens.weight").v[tokens[t] * C + c];
   for (int l = 0; l < L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const std::vector<Vec> a = attention(m, p, x);
+    const std::vector<Vec> a = hf_oracle::attention(m, p, x, kAttention);
     for (int t = 0; t < n; ++t) {
       for (int c = 0; c < C; ++c) x[t][c] += a[t][c];
       const Vec y = sparse_moe(m, p, rms_norm(x[t], m.at(p + "post_attention_layernorm.weight")));
@@ -230,17 +172,7 @@ void expect_logits_match(const std::string& weights, const HfModel& m, bool tied
   // expert, w1/w3 order, top-k choice or gate normalisation moves logits by O(0.1) (not renormalising the top-k
   // probabilities: by 2.0). (The router's margins are far above fp32's rounding for
   // this seed, so both sides choose the same experts.)
-  double worst = 0;
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < V; ++j) worst = std::max(worst, std::abs(double(got[t * Vp + j]) - want[t][j]));
-  EXPECT_LT(worst, 3e-5) << weights;
-}
-
-HfModel read_back(const std::string& path) {
-  HfModel m;
-  const HfModelFiles f = HfModelFiles::open(path);
-  for (auto& n : f.names()) m[n] = {f.tensor(n).shape, f.read_f32(n)};
-  return m;
+  EXPECT_LT(hf_oracle::worst_logit_error(got, Vp, want), 3e-5) << weights;
 }
 
 }  // namespace
