@@ -59,7 +59,8 @@ struct AttentionShape {
   int heads, kv_heads, head_dim;
   double eps;
   std::function<double(int)> inv_freq;
-  int window = 0;  // > 0: Mistral's sliding window (transformers' sliding_window_overlay: key s seen from t when s > t - W)
+  int window =
+      0;  // > 0: Mistral's sliding window (transformers' sliding_window_overlay: key s seen from t when s > t - W)
 };
 
 // One layer's causal GQA attention over the sequence `x` (the residual stream), input_layernorm first and o_proj
