@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -97,70 +98,92 @@ struct RankResult {
   std::string error;
 };
 
+// Child processes released together: fork_children forks n, each runs body(i, wait_for_start) - which opens what
+// it needs, calls wait_for_start() once everything before the clock is done, and returns one line of report (an
+// exception becomes "error <what>") - and writes that line to a pipe. start() releases them all at once; read_report
+// waits for child i and returns its line.
+class Children {
+ public:
+  using Body = std::function<std::string(int i, const std::function<void()>& wait_for_start)>;
+  Children(int n, const Body& body) {
+    MT_CHECK(::pipe(go_) == 0, "pipe failed");
+    const pid_t parent = ::getpid();
+    for (int i = 0; i < n; ++i) {
+      int p[2];
+      MT_CHECK(::pipe(p) == 0, "pipe failed");
+      const pid_t pid = ::fork();
+      MT_CHECK(pid >= 0, "fork failed");
+      if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) ::_exit(3);
+        ::close(p[0]);
+        ::close(go_[1]);
+        std::string line;
+        try {
+          line = body(i, [this] {
+            char b;
+            MT_CHECK(::read(go_[0], &b, 1) == 1, "no start signal");
+          });
+        } catch (const std::exception& e) {
+          line = std::string("error ") + e.what() + "\n";
+        }
+        ssize_t w = ::write(p[1], line.data(), line.size());
+        (void)w;
+        ::_exit(0);
+      }
+      ::close(p[1]);
+      kids_.push_back({pid, p[0]});
+    }
+    ::close(go_[0]);
+  }
+  void start() {
+    std::string g(kids_.size(), 'g');
+    MT_CHECK(::write(go_[1], g.data(), g.size()) == static_cast<ssize_t>(g.size()), "start signal failed");
+    ::close(go_[1]);
+  }
+  std::string read_report(int i) {
+    auto [pid, fd] = kids_[static_cast<size_t>(i)];
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return out;
+  }
+  int size() const { return static_cast<int>(kids_.size()); }
+
+ private:
+  int go_[2];
+  std::vector<std::pair<pid_t, int>> kids_;
+};
+
 // One run: fork `world` ranks, release them together, collect one line per rank. Each rank opens the store at
 // `url`, under the key prefix `prefix` (so that repeated runs on one server do not see each other's keys).
 std::vector<RankResult> run_world(int world, const std::string& url, const std::string& prefix) {
   const MeshShape shape = shape_for(world);
-  int go[2];
-  MT_CHECK(::pipe(go) == 0, "pipe failed");
-  struct Kid {
-    pid_t pid;
-    int fd;
-    std::string out;
-  };
-  std::vector<Kid> kids;
-  const pid_t parent = ::getpid();
-  for (int rank = 0; rank < world; ++rank) {
-    int p[2];
-    MT_CHECK(::pipe(p) == 0, "pipe failed");
-    pid_t pid = ::fork();
-    MT_CHECK(pid >= 0, "fork failed");
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(3);
-      ::close(p[0]);
-      ::close(go[1]);
-      std::string line;
-      try {
-        auto base = open_store(url, Millis(30000));
-        auto scoped = prefixed_store(*base, prefix);
-        CountingStore store(*scoped);
-        char b;
-        MT_CHECK(::read(go[0], &b, 1) == 1, "no start signal");  // all ranks exist before anyone starts
-        GroupOptions opt;
-        opt.timeout = Millis(30000);
-        DeviceMesh mesh(store, shape, rank, opt);
-        float x = 1;
-        allreduce_all(mesh, f32_view(&x, {1}));  // the mesh works end to end
-        MT_CHECK(x == static_cast<float>(world), "allreduce_all gave {}", x);
-        line = fmt::format("ok {} {} {} {} {}\n", mesh.init_seconds(), store.sets.load(), store.gets.load(),
-                           store.checks.load(), store.waits.load());
-      } catch (const std::exception& e) {
-        line = std::string("error ") + e.what() + "\n";
-      }
-      ssize_t w = ::write(p[1], line.data(), line.size());
-      (void)w;
-      ::_exit(0);
-    }
-    ::close(p[1]);
-    kids.push_back({pid, p[0], {}});
-  }
-  ::close(go[0]);
-  std::string start(static_cast<size_t>(world), 'g');
-  MT_CHECK(::write(go[1], start.data(), start.size()) == static_cast<ssize_t>(start.size()), "start signal failed");
-  ::close(go[1]);
+  Children kids(world, [&](int rank, const std::function<void()>& wait_for_start) {
+    auto base = open_store(url, Millis(30000));
+    auto scoped = prefixed_store(*base, prefix);
+    CountingStore store(*scoped);
+    wait_for_start();  // all ranks exist before anyone starts
+    GroupOptions opt;
+    opt.timeout = Millis(30000);
+    DeviceMesh mesh(store, shape, rank, opt);
+    float x = 1;
+    allreduce_all(mesh, f32_view(&x, {1}));  // the mesh works end to end
+    MT_CHECK(x == static_cast<float>(world), "allreduce_all gave {}", x);
+    return fmt::format("ok {} {} {} {} {}\n", mesh.init_seconds(), store.sets.load(), store.gets.load(),
+                       store.checks.load(), store.waits.load());
+  });
+  kids.start();
   std::vector<RankResult> res(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
-    auto& k = kids[static_cast<size_t>(r)];
-    char buf[4096];
-    ssize_t n;
     // Ranks wait for each other inside, so a blocking read per rank in order is fine; the 30 s group timeout
     // bounds a broken run.
-    while ((n = ::read(k.fd, buf, sizeof buf)) > 0) k.out.append(buf, static_cast<size_t>(n));
-    ::close(k.fd);
-    int status = 0;
-    ::waitpid(k.pid, &status, 0);
-    std::istringstream in(k.out);
+    const std::string out = kids.read_report(r);
+    std::istringstream in(out);
     std::string tag;
     in >> tag;
     auto& rr = res[static_cast<size_t>(r)];
@@ -168,7 +191,7 @@ std::vector<RankResult> run_world(int world, const std::string& url, const std::
       in >> rr.init_seconds >> rr.sets >> rr.gets >> rr.checks >> rr.waits;
       rr.ok = true;
     } else {
-      rr.error = k.out.empty() ? "rank exited without a report" : k.out;
+      rr.error = out.empty() ? "rank exited without a report" : out;
     }
   }
   return res;
@@ -285,63 +308,29 @@ double median_of(std::vector<double> v) {
 // itself (its share of the kernel's loopback TCP work included), which is what queues when the clients are on
 // other hosts.
 json request_service(const std::string& url, pid_t server, int clients, int per_client, const std::string& prefix) {
-  int go[2];
-  MT_CHECK(::pipe(go) == 0, "pipe failed");
-  std::vector<std::pair<pid_t, int>> kids;
-  const pid_t parent = ::getpid();
-  for (int c = 0; c < clients; ++c) {
-    int p[2];
-    MT_CHECK(::pipe(p) == 0, "pipe failed");
-    const pid_t pid = ::fork();
-    MT_CHECK(pid >= 0, "fork failed");
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(3);
-      ::close(p[0]);
-      ::close(go[1]);
-      std::string line;
-      try {
-        auto base = open_store(url, Millis(30000));
-        auto store = prefixed_store(*base, prefix);
-        const std::string key = fmt::format("c{}", c);
-        store->set(key, "0");  // the connection is open and authenticated before the clock starts
-        char b;
-        MT_CHECK(::read(go[0], &b, 1) == 1, "no start signal");
-        const double t0 = now_seconds();
-        for (int i = 0; i < per_client; ++i) {
-          if (i % 2 == 0)
-            store->set(key, "v");
-          else
-            MT_CHECK(store->get(key, Millis(30000)) == "v", "get returned another value");
-        }
-        line = fmt::format("ok {:.9f} {:.9f}\n", t0, now_seconds());
-      } catch (const std::exception& e) {
-        line = std::string("error ") + e.what() + "\n";
-      }
-      ssize_t w = ::write(p[1], line.data(), line.size());
-      (void)w;
-      ::_exit(0);
+  Children kids(clients, [&](int c, const std::function<void()>& wait_for_start) {
+    auto base = open_store(url, Millis(30000));
+    auto store = prefixed_store(*base, prefix);
+    const std::string key = fmt::format("c{}", c);
+    store->set(key, "0");  // the connection is open and authenticated before the clock starts
+    wait_for_start();
+    const double t0 = now_seconds();
+    for (int i = 0; i < per_client; ++i) {
+      if (i % 2 == 0)
+        store->set(key, "v");
+      else
+        MT_CHECK(store->get(key, Millis(30000)) == "v", "get returned another value");
     }
-    ::close(p[1]);
-    kids.push_back({pid, p[0]});
-  }
-  ::close(go[0]);
+    return fmt::format("ok {:.9f} {:.9f}\n", t0, now_seconds());
+  });
   ::usleep(200000);  // every client connected (each waits on the start signal after its first set)
   const double cpu0 = process_cpu_seconds(server);
-  std::string start(static_cast<size_t>(clients), 'g');
-  MT_CHECK(::write(go[1], start.data(), start.size()) == static_cast<ssize_t>(start.size()), "start signal failed");
-  ::close(go[1]);
+  kids.start();
   double first = 1e300, last = 0;
   std::vector<double> own;
   std::string errors;
-  for (auto& [pid, fd] : kids) {
-    std::string out;
-    char buf[512];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-    ::close(fd);
-    int st = 0;
-    ::waitpid(pid, &st, 0);
+  for (int c = 0; c < kids.size(); ++c) {
+    const std::string out = kids.read_report(c);
     std::istringstream in(out);
     std::string tag;
     double t0 = 0, t1 = 0;
