@@ -11,6 +11,7 @@
 #include <set>
 
 #include "support/files.h"
+#include "support/headless_dom.h"
 #include "support/launch_testutil.h"
 #include "support/megatrain.h"
 #include "support/metrics.h"
@@ -517,29 +518,6 @@ TEST(Dashboard, EachUnusableCertificateOrKeyIsRefusedNamingItsFile) {
 
 // ---- a real job ------------------------------------------------------------------------------------------------
 
-// The page as a real browser renders it: chromium, headless, prints the DOM once the page's scripts ran (its first
-// /api/job fetch is answered before the virtual time budget runs out).
-std::string rendered_dom(const std::string& url, const fs::path& dir) {
-  const char* candidates[] = {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"};
-  std::string browser;
-  for (const char* c : candidates)
-    if (fs::exists(c)) browser = c;
-  if (browser.empty()) {
-    ADD_FAILURE() << "no chromium: scripts/setup installs Debian's (apt-get install chromium)";
-    return "";
-  }
-  const fs::path out = dir / "dom.html", log = dir / "chromium.log";
-  // --no-sandbox: the suite may run as root, where chromium's sandbox refuses to start. A profile of its own, so
-  // parallel tests never share one.
-  const std::string cmd =
-      fmt::format("timeout 120 {} --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir={} "
-                  "--virtual-time-budget=5000 --dump-dom '{}' > {} 2> {}",
-                  browser, (dir / "profile").string(), url, out.string(), log.string());
-  const int rc = std::system(cmd.c_str());
-  EXPECT_EQ(rc, 0) << cmd << "\n" << slurp(log);
-  return slurp(out);
-}
-
 // At 1,024 ranks a row per rank would not be read: the page draws a row per node (8 ranks each here), the node's
 // value its hottest rank's, and names the slowest rank beside it. The oracle is the one rank given 3 x the others'
 // compute time: its node's row must name it as its hottest rank, and it must head the list.
@@ -695,6 +673,7 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   // The job and its layout, and every rank where the layout puts it.
   EXPECT_EQ(j["job"]["state"], "running");
   EXPECT_EQ(j["job"]["world"], 4);
+  EXPECT_TRUE(j["moe"].is_null()) << "a dense model has no MoE load: " << j["moe"].dump();
   EXPECT_EQ(j["job"]["layout"]["pp"], 2);
   EXPECT_EQ(j["job"]["layout"]["tp"], 2);
   std::set<std::vector<int>> coords;
@@ -762,6 +741,7 @@ TEST_F(LaunchDashboard, TheRanksStepsAndLossesAreServedAsTheJobRuns) {
   EXPECT_TRUE(std::regex_search(dom, std::regex(R"(id="job-effectivetraining">effective training: <b>\d+\.\d%</b>)")))
       << "no effective training time on the page";
   EXPECT_NE(dom.find("<polyline"), std::string::npos) << "no loss curve";
+  EXPECT_NE(dom.find("<div id=\"moe\"></div>"), std::string::npos) << "a dense model's page has no MoE view";
 
   // SIGTERM ends the job cleanly: the ranks stop at a step boundary, the launcher exits as signalled.
   ::kill(launcher_, SIGTERM);

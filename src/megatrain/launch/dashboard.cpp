@@ -17,6 +17,7 @@
 #include "megatrain/core/clock.h"
 #include "megatrain/core/error.h"
 #include "megatrain/obs/heat_map.h"
+#include "megatrain/obs/moe_load.h"
 
 namespace mt::launch {
 
@@ -254,6 +255,13 @@ std::string Dashboard::api_job() const {
   for (const nlohmann::json& e : events_) ev.push_back(e);
   j["events"] = std::move(ev);
   j["sdc"] = sdc_;
+  // A MoE model's routing load: the lowest rank's that sent one (the main rank's, which metrics.jsonl logs).
+  j["moe"] = nullptr;
+  for (const RankView& r : view_.ranks)
+    if (r.status.moe.step >= 0) {
+      j["moe"] = obs::moe_load_json(r.status.moe, r.status.rank);
+      break;
+    }
   // Event lines quote the ranks' output, which need not be UTF-8: replace what JSON cannot carry. (A NaN loss is
   // written as null by the library.)
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -11,7 +11,10 @@
 //                  kHeatSteps steps of the attempt, relative to the median over the ranks at the same step, rows by
 //                  (dp, pp, tp), node rows, the slowest ranks), "events" (the newest event-log lines) and "sdc"
 //                  (every silent-data-corruption fault of the job, however old: the event log's `fault` lines with
-//                  reason sdc or sdc_culprit, as {attempt, node, rank, reason, step, tensor, transient});
+//                  reason sdc or sdc_culprit, as {attempt, node, rank, reason, step, tensor, transient}) and
+//                  "moe" (a MoE model's routing load at the newest step the main rank sent, obs/moe_load.h's
+//                  moe_load_json: per MoE layer the tokens per expert, their shares, max/mean and the drops; null for
+//                  a dense model);
 //   GET /metrics   the Prometheus text format (job_view.h).
 // Without a token anyone who reaches the port reads the job (names, losses, the command line's events); with one
 // (`--dashboard-token-file`), only those who hold it. Over plain HTTP the token crosses the network as it is; with a

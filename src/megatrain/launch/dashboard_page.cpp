@@ -14,6 +14,11 @@
 //    address keeps the opened nodes: /#open=3,64). Rows
 //    carry data-rank (or data-node), data-mean and, on the hottest rank's, data-hottest="true";
 //  - the loss, and the fastest and slowest rank's step time, over the steps (SVG);
+//  - a MoE model's routing load (absent for a dense model): a row per MoE layer, a cell per expert with its share
+//    of the layer's assignments at the newest step, coloured by that share over the even one (heat_colour's
+//    scale: white when even, red at twice it, blue at half), then the busiest expert over the mean and the drops.
+//    Cells carry data-layer, data-expert, data-tokens and data-share; rows data-max-over-mean and data-dropped;
+//    the table data-step and data-rank;
 //  - the newest events of the event log.
 #include "megatrain/launch/dashboard.h"
 
@@ -45,6 +50,8 @@ const char* const kDashboardPage = R"HTML(<!doctype html>
   .heat { display: flex; gap: 16px; align-items: flex-start; margin-bottom: 16px; }
   .heat-node { cursor: pointer; }
   #slowest { margin: 0; font-size: 12px; }
+  #moe table { margin: 0 0 16px 0; }
+  td.moe-cell { text-align: right; min-width: 44px; }
   td, th { border-bottom: 1px solid #ddd; padding: 2px 8px; text-align: left; vertical-align: top; }
 </style>
 </head>
@@ -56,6 +63,7 @@ const char* const kDashboardPage = R"HTML(<!doctype html>
   blue: half); rows by (dp, pp, tp)<span id="heat-hint"></span></div>
 <div class="heat"><svg id="heat" width="420" height="40"></svg>
   <div><b>slowest ranks</b> (mean × median)<ol id="slowest"></ol></div></div>
+<div id="moe"></div>
 <div class="charts">
   <div><div>loss</div><svg id="loss" width="420" height="160"></svg></div>
   <div><div>step time, fastest and slowest rank (s)</div><svg id="steptime" width="420" height="160"></svg></div>
@@ -271,6 +279,31 @@ function drawSdc(sdc) {
   }
 }
 
+// A MoE model's routing load at the newest step: a row per MoE layer, each expert's share of the layer's
+// assignments (coloured by share x experts: white when even), the busiest expert over the mean, and the drops.
+function drawMoe(moe) {
+  const box = document.getElementById("moe");
+  box.replaceChildren();
+  if (!moe) return;  // a dense model
+  const experts = Math.max(0, ...moe.layers.map(l => l.share.length));
+  const head = [el("th", {}, ["layer"])];
+  for (let e = 0; e < experts; ++e) head.push(el("th", {}, ["e" + e]));
+  head.push(el("th", {}, ["max / mean"]), el("th", {}, ["dropped"]));
+  const rows = moe.layers.map(l => el("tr", {class: "moe-layer", "data-layer": l.layer,
+      "data-max-over-mean": l.max_over_mean === null ? "" : String(l.max_over_mean), "data-dropped": l.dropped}, [
+    el("td", {}, ["layer " + l.layer]),
+    ...l.share.map((x, e) => el("td", {class: "moe-cell", "data-layer": l.layer, "data-expert": e,
+        "data-tokens": l.tokens_per_expert[e], "data-share": String(x),
+        style: "background:" + heatColour(x * l.share.length),
+        title: "layer " + l.layer + ", expert " + e + ": " + l.tokens_per_expert[e] + " of " + l.routed +
+               " assignments"}, [(100 * x).toFixed(1) + "%"])),
+    el("td", {}, [fmt(l.max_over_mean, 2) + "×"]), el("td", {}, [String(l.dropped)])]));
+  box.appendChild(el("div", {}, ["experts' share of each MoE layer's assignments at step " + moe.step + " (rank " +
+                                 moe.rank + "; white: an even share, red: twice it, blue: half)"]));
+  box.appendChild(el("table", {id: "moe-table", "data-step": moe.step, "data-rank": moe.rank},
+                     [el("thead", {}, [el("tr", {}, head)]), el("tbody", {}, rows)]));
+}
+
 async function refresh() {
   try {
     // The page's own query (?token=...) goes with each fetch: a dashboard with a token wants it on every request.
@@ -287,6 +320,7 @@ async function refresh() {
     drawCharts(d.history);
     drawEvents(d.events);
     drawSdc(d.sdc);
+    drawMoe(d.moe);
   } catch (err) {
     document.getElementById("job").replaceChildren(text("the supervisor does not answer (" + err + ")"));
   }

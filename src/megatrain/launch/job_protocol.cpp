@@ -86,6 +86,7 @@ nlohmann::json status_to_json(const RankStatus& s, bool running, double now) {
     if (r.heard >= now - RankStatus::kRecentSeconds)
       recent.push_back({r.step, or_null(r.loss), r.step_time, now - r.heard, or_null(r.compute_time)});
   if (!recent.empty()) j["recent"] = std::move(recent);
+  if (s.moe.step >= 0) j["moe"] = obs::moe_load_to_wire(s.moe);
   return j;
 }
 
@@ -125,6 +126,7 @@ RankStatus status_from_json(const nlohmann::json& j, double now, bool* running) 
     s.recent.push_back({r.at(0).get<int>(), number_or_null(r.at(1)), r.at(2).get<double>(), now - r.at(3).get<double>(),
                         r.size() > 4 ? number_or_null(r.at(4)) : std::nullopt});
   s.trim_recent(now);
+  if (j.contains("moe")) s.moe = obs::moe_load_from_wire(j["moe"]);
   if (running) *running = j.value("running", true);
   return s;
 }

@@ -77,7 +77,8 @@ struct AgentEnd {
 
 // A rank's status as published by its agent. `age` is seconds since its last heartbeat on the agent's clock, so no
 // two hosts' clocks are ever compared; so are the ages of the step records in "recent" ([step, loss|null,
-// step_time, age] each, those of the last RankStatus::kRecentSeconds).
+// step_time, age] each, those of the last RankStatus::kRecentSeconds), and a MoE model's routing load ("moe",
+// obs/moe_load.h's wire form) where the rank sent one.
 nlohmann::json status_to_json(const RankStatus& s, bool running, double now);
 // Inverse; `last_heard` is put on the reader's clock (now - age). Throws nlohmann::json::exception on a malformed
 // record (the caller skips it).

@@ -5,7 +5,9 @@
 namespace mt::launch {
 
 bool RankStatus::apply(const nlohmann::json& hb, double now) {
-  if (!hb.is_object() || hb.value("type", "") != "hb") return false;
+  if (!hb.is_object()) return false;
+  if (hb.value("type", "") == "moe") return moe.apply(hb);
+  if (hb.value("type", "") != "hb") return false;
   try {
     heard = true;
     last_heard = now;

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "megatrain/obs/moe_load.h"
+
 namespace mt::launch {
 
 // One group's collective as a rank reported it. Every member numbers a group's collectives alike, so equal
@@ -51,12 +53,13 @@ struct RankStatus {
   // bounds what each status carries: a few records for the seconds-long steps of a large job; the cap still
   // covers half a second of steps down to 2 ms each.
   std::deque<StepRecord> recent;
+  obs::MoeLoad moe;  // a MoE model's routing load at the newest step whose "moe" lines all arrived (the main rank's)
   static constexpr double kRecentSeconds = 5;
   static constexpr size_t kMaxRecent = 256;
 
-  // Applies one heartbeat line ({"type":"hb",...}); returns false (and changes nothing) for a line that is not
-  // one (events, or garbage: a rank must not be able to crash its agent). A step line ("at":"step") with a step
-  // time joins `recent`.
+  // Applies one heartbeat line ({"type":"hb",...}, or a piece of the MoE load, {"type":"moe",...}); returns false
+  // (and changes nothing) for a line that is neither (events, or garbage: a rank must not be able to crash its
+  // agent). A step line ("at":"step") with a step time joins `recent`.
   bool apply(const nlohmann::json& hb, double now);
   // Drops the records older than kRecentSeconds before now, and the oldest beyond kMaxRecent.
   void trim_recent(double now);

@@ -178,6 +178,11 @@ std::string Heartbeat::hb_line(const char* at) const {
   return line + "\n";
 }
 
+void Heartbeat::moe_load(int step, const std::vector<obs::MoeLayerLoad>& layers) {
+  for (const std::string& line : obs::moe_load_lines(rank_, step, layers, PIPE_BUF))
+    enqueue([&] { return line; }, false);
+}
+
 void Heartbeat::event(const std::string& name, nlohmann::ordered_json fields, bool sync) {
   enqueue(
       [&] {

@@ -3,7 +3,7 @@
 // it nothing is written and nothing runs.
 //
 // The protocol: one compact JSON object per line, each line one write() of at most PIPE_BUF bytes (so lines of
-// ranks sharing a pipe never interleave). Two types:
+// ranks sharing a pipe never interleave). Three types:
 //   {"type":"hb","rank":R,"coord":[dp,pp,tp]|null,"t":<unix s>,"at":"step"|"tick"|"exit","step":S,
 //    "phase":"init|forward_backward|optimizer|eval|checkpoint|done","loss":x|null,"step_time":s|null,
 //    "compute_time":s|null,"tokens_per_s":x|null,"mfu":x|null,"rss":bytes,"colls":[{"group":"dp[1,3]","op":"all_gather","seq":41,"state":"started",
@@ -14,6 +14,7 @@
 //     mfu: the job's, as this rank measured its step (train/observer.h StepStats; null before a step). colls: per
 //     process group, its oldest op not completed (with wait_s, seconds since it was posted), else its newest
 //     (comm/flight_recorder.h). "at": a step end, a timer tick, or the last line before the run returns/throws.
+//   {"type":"moe",...}: the main rank's MoE routing load after each step line of a MoE model (obs/moe_load.h).
 //   {"type":"event","event":NAME,"rank":R,"t":<unix s>,"step":S,...}: fault_injected, non_finite, loss_spike,
 //     batch_skipped, error (see train/rank_guard.h for their fields), sdc and sdc_culprit (train/sdc_check.h).
 // A line is written at every step end and by a background thread whenever none was written for
@@ -34,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "megatrain/comm/mesh.h"
+#include "megatrain/obs/moe_load.h"
 
 namespace mt {
 
@@ -66,6 +68,8 @@ class Heartbeat {
   void set_step(int step);  // the last completed step, without a step line (a skipped batch)
   // A step completed: records its numbers and writes the step line.
   void step_done(int step, double loss, double step_time, double compute_time, double tokens_per_s, double mfu);
+  // A MoE model's routing load at the step just reported: obs/moe_load.h's "moe" lines, each under PIPE_BUF.
+  void moe_load(int step, const std::vector<obs::MoeLayerLoad>& layers);
   // An event line; sync: returns once it was written (or after 10 s), for a fault about to end the process.
   void event(const std::string& name, nlohmann::ordered_json fields, bool sync = false);
   void finished() { set_phase(Phase::Done); }

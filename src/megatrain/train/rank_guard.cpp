@@ -103,6 +103,11 @@ void RankGuard::on_step(const StepReport& r) {
   if (heartbeat_)
     heartbeat_->step_done(r.stats.step, r.stats.loss, r.stats.step_seconds, compute, r.stats.tokens_per_second,
                           r.stats.mfu);
+  if (heartbeat_ && main_rank_ && !r.moe.empty()) {  // the routing load metrics.jsonl logs, for the dashboard
+    std::vector<obs::MoeLayerLoad> load;
+    for (const MoeLayerStats& m : r.moe) load.push_back({m.layer, m.dropped, m.tokens});
+    heartbeat_->moe_load(r.stats.step, load);
+  }
   if (auto s = spikes_.observe(r.stats.loss)) {
     heartbeat_event("loss_spike", {{"step", r.stats.step},
                                    {"loss", r.stats.loss},
