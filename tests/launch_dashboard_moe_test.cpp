@@ -90,7 +90,8 @@ int expect_page_matches(const std::string& dom, const std::function<std::map<int
     EXPECT_EQ(std::stoll((*it)[3]), want.at(layer).tokens[e]) << (*it)[0];
     EXPECT_EQ(std::stod((*it)[4]), want.at(layer).share[e]) << (*it)[0];
   }
-  const std::regex row(R"re(<tr class="moe-layer" data-layer="(\d+)" data-max-over-mean="([^"]+)" data-dropped="(\d+)")re");
+  const std::regex
+      row(R"re(<tr class="moe-layer" data-layer="(\d+)" data-max-over-mean="([^"]+)" data-dropped="(\d+)")re");
   for (auto it = std::sregex_iterator(dom.begin(), dom.end(), row); it != std::sregex_iterator(); ++it, ++rows) {
     const Expected& e = want.at(std::stoi((*it)[1]));
     EXPECT_DOUBLE_EQ(std::stod((*it)[2]), e.max_over_mean) << (*it)[0];
@@ -125,8 +126,8 @@ RankStatus status_with_load(int step) {
   s.rank = 0;
   std::vector<obs::MoeLayerLoad> load;
   for (const auto& l : kLayers)
-    load.push_back(
-        {l["layer"].get<int>(), l["dropped"].get<int64_t>(), l["tokens_per_expert"].get<std::vector<int64_t>>()});
+    load.push_back({l["layer"].get<int>(), l["dropped"].get<int64_t>(),
+                    l["tokens_per_expert"].get<std::vector<int64_t>>()});
   for (const std::string& line : obs::moe_load_lines(0, step, load, PIPE_BUF))
     EXPECT_TRUE(s.apply(nlohmann::json::parse(line), 1.0)) << line;
   return s;

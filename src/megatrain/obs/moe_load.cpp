@@ -10,15 +10,14 @@ namespace {
 
 nlohmann::ordered_json piece(int rank, int step, int n_layers, const MoeLayerLoad& l, size_t first,
                              nlohmann::ordered_json tokens) {
-  return {{"type", "moe"},     {"rank", rank},       {"step", step},       {"layers", n_layers},
-          {"layer", l.layer},  {"experts", l.tokens.size()}, {"first", first}, {"dropped", l.dropped},
-          {"tokens", std::move(tokens)}};
+  return {{"type", "moe"},      {"rank", rank},         {"step", step},
+          {"layers", n_layers}, {"layer", l.layer},     {"experts", l.tokens.size()},
+          {"first", first},     {"dropped", l.dropped}, {"tokens", std::move(tokens)}};
 }
 
 }  // namespace
 
-std::vector<std::string> moe_load_lines(int rank, int step, const std::vector<MoeLayerLoad>& layers,
-                                        size_t max_line) {
+std::vector<std::string> moe_load_lines(int rank, int step, const std::vector<MoeLayerLoad>& layers, size_t max_line) {
   std::vector<std::string> lines;
   const int n = static_cast<int>(layers.size());
   for (const MoeLayerLoad& l : layers) {

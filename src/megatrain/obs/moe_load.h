@@ -21,8 +21,7 @@ struct MoeLayerLoad {
 };
 
 // The heartbeat lines (each with its "\n") that carry one step's load; each at most max_line bytes with its newline.
-std::vector<std::string> moe_load_lines(int rank, int step, const std::vector<MoeLayerLoad>& layers,
-                                        size_t max_line);
+std::vector<std::string> moe_load_lines(int rank, int step, const std::vector<MoeLayerLoad>& layers, size_t max_line);
 
 struct MoeLoad {
   int step = -1;                     // of `layers` (-1: none complete yet)
