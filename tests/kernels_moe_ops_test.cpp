@@ -103,8 +103,8 @@ TEST_P(MoeOpsTest, EntryPointsEqualTheReferenceBitForBit) {
   VecF dout = randn(size_t(A * O), 8), din_ops(size_t(A * I)), din_ref(size_t(A * I));
   for (bool acc : {false, true}) {
     VecF dw_ops = randn(size_t(E * O * I), 10), dw_ref = dw_ops;
-    ops_->moe_grouped_matmul_backward(tf(din_ops, {A, I}), tf(dw_ops, {E, O, I}), tf(dout, {A, O}),
-                                      tf(xp_ref, {A, I}), tf(w, {E, O, I}), r.offsets, acc);
+    ops_->moe_grouped_matmul_backward(tf(din_ops, {A, I}), tf(dw_ops, {E, O, I}), tf(dout, {A, O}), tf(xp_ref, {A, I}),
+                                      tf(w, {E, O, I}), r.offsets, acc);
     moe_grouped_backward(*ops_, tf(din_ref, {A, I}), tf(dw_ref, {E, O, I}), tf(dout, {A, O}), tf(xp_ref, {A, I}),
                          tf(w, {E, O, I}), r.offsets, acc);
     EXPECT_TRUE(same_bits(din_ops, din_ref)) << "accumulate_dw " << acc;
@@ -113,9 +113,8 @@ TEST_P(MoeOpsTest, EntryPointsEqualTheReferenceBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Routings, MoeOpsTest,
-                         ::testing::Values(Case{37, 8, 2, 0.0f, {}}, Case{37, 8, 1, 0.0f, {}},
-                                           Case{37, 1, 1, 0.0f, {}}, Case{40, 8, 2, 0.5f, {}},
-                                           Case{37, 8, 2, 0.0f, {2, 5, 6}}),
+                         ::testing::Values(Case{37, 8, 2, 0.0f, {}}, Case{37, 8, 1, 0.0f, {}}, Case{37, 1, 1, 0.0f, {}},
+                                           Case{40, 8, 2, 0.5f, {}}, Case{37, 8, 2, 0.0f, {2, 5, 6}}),
                          [](const ::testing::TestParamInfo<Case>& p) { return case_name(p.param); });
 
 // out[A, O] of the grouped product in double: row r of expert e is in[r] @ w[e]^T; and the same of |in| |w| (the
@@ -141,8 +140,8 @@ double gamma(int64_t n) { return n * 0x1p-24 / (1 - n * 0x1p-24); }
                                         const std::vector<double>& mag, double g) {
   for (size_t i = 0; i < want.size(); ++i)
     if (!(std::abs(got[i] - want[i]) <= g * mag[i]))
-      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", want " << want[i]
-                                           << ", bound " << g * mag[i];
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << got[i] << ", want " << want[i] << ", bound " << g * mag[i];
   return ::testing::AssertionSuccess();
 }
 

@@ -46,8 +46,7 @@ GroupedDims grouped_dims(const char* op, const Tensor& out, const Tensor& in, co
                          const std::vector<int64_t>& offsets) {
   MT_CHECK(w.ndim == 3, "{}: w must be 3-D [E, O, I] (got {})", op, w.shape_str());
   const int64_t E = w.size(0), O = w.size(1), I = w.size(2);
-  MT_CHECK(int64_t(offsets.size()) == E + 1 && offsets[0] == 0, "{}: offsets must be [E + 1] = [{}] from 0", op,
-           E + 1);
+  MT_CHECK(int64_t(offsets.size()) == E + 1 && offsets[0] == 0, "{}: offsets must be [E + 1] = [{}] from 0", op, E + 1);
   for (int64_t e = 0; e < E; ++e)
     MT_CHECK(offsets[e] <= offsets[e + 1], "{}: offsets decrease at expert {} ({} > {})", op, e, offsets[e],
              offsets[e + 1]);

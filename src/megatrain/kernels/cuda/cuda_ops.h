@@ -1,15 +1,15 @@
 // The CUDA backend: bf16 activations and weights, fp32 accumulation, fp32 parameter gradients and optimizer state.
 // One class, its member functions spread over small files by op family (memory.cpp, elementwise.cpp, matmul.cpp,
 // norm.cpp, activation.cpp, embedding.cpp, rope.cpp, loss.cpp, optimizer.cpp, attention.cpp, moe.cpp,
-// moe_grouped_gemm.cpp); the kernels live
-// in the matching *_kernels.cu files behind launch.h.
+// moe_grouped_gemm.cpp); the kernels live in the matching *_kernels.cu files behind launch.h.
 //
 // Every op is asynchronous on one non-blocking stream per CudaOps (stream()); only to_host, synchronize,
 // sum_squares and lamb_moments wait for it. Everything an op needs beyond its arguments (the cuBLASLt handle and
 // workspace, reduction scratch, the timing event pool) is allocated up front, so a training step never calls
 // cudaMalloc; the exceptions are the attention backward workspace, sized by reserve() or, failing that, by the
-// first (largest) shape seen, the deterministic embedding backward's sort workspace (sized by the first call), the multi-tensor optimizers' segment table (with LAMB's block partials), sized at
-// the first step, and the grouped GEMMs' side streams and workspaces (made by the first grouped GEMM).
+// first (largest) shape seen, the deterministic embedding backward's sort workspace (sized by the first call), the
+// multi-tensor optimizers' segment table (with LAMB's block partials), sized at the first step, and the grouped
+// GEMMs' side streams and workspaces (made by the first grouped GEMM with two experts that have rows).
 //
 // Attention runs our flash kernels (flash_attention.h) unless use_cudnn_attention() switched it to cuDNN's fused
 // attention (cudnn_attention.h; make_cuda_ops does this for CudaOptions::attention = "cudnn"), which then also owns
