@@ -137,8 +137,12 @@ class CudaMoeCaseTest : public CudaMoeTest, public ::testing::WithParamInterface
 TEST_P(CudaMoeCaseTest, PermuteAndCombineMatchTheCpu) {
   const Case c = GetParam();
   const MoeRouting r = route(c, 11);
-  for (int e : c.starved) ASSERT_EQ(r.offsets[e + 1], r.offsets[e]) << "expert " << e << " should have no rows";
-  if (c.capacity_factor > 0) ASSERT_GT(r.dropped, 0);
+  for (int e : c.starved) {
+    ASSERT_EQ(r.offsets[e + 1], r.offsets[e]) << "expert " << e << " should have no rows";
+  }
+  if (c.capacity_factor > 0) {
+    ASSERT_GT(r.dropped, 0);
+  }
   MoeRoutingBuffers gbufs, cbufs;
   gbufs.allocate(*gpu_, c.N, c.k);
   cbufs.allocate(*cpu_, c.N, c.k);
@@ -205,9 +209,11 @@ TEST_P(CudaMoeCaseTest, GroupedMatmulMatchesTheCpu) {
     const VecF dw_got = host(dwg);
     EXPECT_TRUE(within(host(ding), din, kBf16, dinmag, 3 * gamma(O, 2 * kU))) << "din, accumulate_dw " << acc;
     EXPECT_TRUE(within(dw_got, dw, 0, dwmag, 3 * gamma(A + 1, 2 * kU))) << "dw, accumulate_dw " << acc;
-    for (int e : c.starved)  // no rows: zeros when overwriting, the old gradient untouched when accumulating
-      for (int64_t i = 0; i < O * I; ++i)
+    for (int e : c.starved) {  // no rows: zeros when overwriting, the old gradient untouched when accumulating
+      for (int64_t i = 0; i < O * I; ++i) {
         ASSERT_EQ(dw_got[e * O * I + i], acc ? dw0[e * O * I + i] : 0.0f) << "expert " << e << " acc " << acc;
+      }
+    }
   }
 }
 

@@ -56,6 +56,8 @@ std::string case_name(const Case& c) {
          (c.starved.empty() ? "" : "_starved");
 }
 
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
+
 class MoeOpsTest : public ::testing::TestWithParam<Case> {
  protected:
   std::unique_ptr<Ops> ops_ = make_cpu_ops();
@@ -68,9 +70,12 @@ TEST_P(MoeOpsTest, EntryPointsEqualTheReferenceBitForBit) {
   bufs.allocate(*ops_, c.N, c.k);
   const MoeDeviceRouting dr = bufs.upload(*ops_, r);
   const int64_t N = c.N, C = 24, A = r.rows();
-  if (!c.starved.empty())
-    for (int e : c.starved) EXPECT_EQ(r.offsets[e + 1], r.offsets[e]) << "expert " << e << " should have no rows";
-  if (c.capacity_factor > 0) EXPECT_GT(r.dropped, 0) << "the case should drop assignments";
+  for (int e : c.starved) {
+    EXPECT_EQ(r.offsets[e + 1], r.offsets[e]) << "expert " << e << " should have no rows";
+  }
+  if (c.capacity_factor > 0) {
+    EXPECT_GT(r.dropped, 0) << "the case should drop assignments";
+  }
 
   VecF x = randn(size_t(N * C), 1), xp_ops(size_t(A * C)), xp_ref(size_t(A * C));
   ops_->moe_permute(tf(xp_ops, {A, C}), tf(x, {N, C}), dr);
@@ -180,8 +185,11 @@ TEST(MoeGroupedMatmul, ExpertsWithoutRowsAgainstANaiveProduct) {
                                    offsets, true);
   for (size_t i = 0; i < dw_want.size(); ++i) dw_want[i] += 5.0, dw_mag[i] += 5.0;
   EXPECT_TRUE(within_bound(dw2, dw_want, dw_mag, gamma(A + 1)));
-  for (int64_t e : {0, 2, 4})
-    for (int64_t i = 0; i < O * I; ++i) ASSERT_EQ(dw2[e * O * I + i], 5.0f) << "expert " << e;
+  for (int64_t e : {0, 2, 4}) {
+    for (int64_t i = 0; i < O * I; ++i) {
+      ASSERT_EQ(dw2[e * O * I + i], 5.0f) << "expert " << e;
+    }
+  }
 }
 
 TEST(MoeGroupedMatmul, RefusesBadOffsets) {
