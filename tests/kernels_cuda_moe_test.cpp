@@ -12,7 +12,8 @@
 // bf16 values are exact in fp32 (8 + 8 significant bits), so GEMMs on bf16 inputs err only in their additions.
 //   * permute: a copy, exact.
 //   * permute backward: dx0 + the token's k rows, both sides in fp32 (each within gamma(k) S of the exact sum), the
-//     GPU's rounded once to bf16: |got - want| <= 2^-8 |want| + 3 gamma(k + 1) S (a term of slack), S = |dx0| + sum |dxp|.
+//     GPU's rounded once to bf16: |got - want| <= 2^-8 |want| + 3 gamma(k + 1) S (a term of slack),
+//     S = |dx0| + sum |dxp|.
 //   * combine: k products and additions per side (gamma(2k)); the same form with S = sum |gate * yp|.
 //   * combine backward: dyp = gate * dy is one fp32 product on both sides, the GPU's then rounded: 2^-8 |want|.
 //     dgate is a C-term dot, the CPU's in double (one rounding to float), the GPU's in fp32 in a fixed tree:
