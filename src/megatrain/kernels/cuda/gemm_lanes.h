@@ -5,7 +5,9 @@
 // Each side lane has its own cuBLASLt handle and workspace (LtGemm): two GEMMs in flight on one workspace would
 // overwrite each other's scratch. The lanes' LtGemms make the same algorithm choices as the op stream's for the same
 // problem (cuBLASLt's heuristic depends on the problem and the workspace size, which are equal), so a GEMM's result
-// does not depend on the lane it ran on.
+// does not depend on the lane it ran on. Not so under GEMM tuning (LtGemm::set_tuning), which is by timings and per
+// LtGemm: each lane then tunes the problems it runs, may choose differently from another lane, and its choices are
+// not in CudaOps::gemm_tuning_report().
 #pragma once
 #include <cuda_runtime.h>
 
