@@ -10,12 +10,11 @@
 // product is computed by the same algorithm whichever lane runs it, and no two experts write the same memory, so the
 // result does not depend on the lanes or their timing. Experts without rows launch nothing (in the backward with
 // accumulate_dw false their dw is zeroed, as matmul_backward does for an empty batch).
-#include <functional>
-
 #include "megatrain/kernels/cuda/cuda_args.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/cuda/launch.h"
 #include "megatrain/kernels/cuda/linear_calls.h"
+#include "megatrain/kernels/cuda/moe_grouped_calls.h"
 
 namespace mt {
 
@@ -43,33 +42,34 @@ std::vector<int> experts_with_rows(const char* op, const GroupedDims& g, const s
   return experts;
 }
 
-using ExpertGemm = std::function<void(int expert, cudaStream_t, LtGemm&)>;
-
-// Runs fn for every expert, expert i of the list on lane i % lanes (all on the op stream without lanes or with
-// fewer than two experts), the side streams forked from the op stream first and joined back to it last, also when
-// fn throws, so the op stream never runs ahead of work issued on a side stream.
-void run_experts(GemmLanes* lanes, cudaStream_t main, LtGemm& main_gemm, const std::vector<int>& experts,
-                 const ExpertGemm& fn) {
-  if (!lanes || experts.size() < 2) {
-    for (int e : experts) fn(e, main, main_gemm);
+// Runs the GEMMs, those of the i-th expert in the list on lane i % lanes (all on the op stream without lanes or with
+// fewer than two experts), the side streams forked from the op stream first and joined back to it last, also when a
+// GEMM throws, so the op stream never runs ahead of work issued on a side stream.
+void run_gemms(GemmLanes* lanes, cudaStream_t main, LtGemm& main_gemm, const std::vector<ExpertGemm>& gemms,
+               const char* op) {
+  auto run = [&](const ExpertGemm& g, int lane) {
+    LtGemm& gemm = lanes ? lanes->gemm(lane, main_gemm) : main_gemm;
+    if (!gemm.run(lanes ? lanes->stream(lane, main) : main, g.call, op))
+      fail("{}: cuBLASLt found no algorithm for expert {}'s {} GEMM (m {}, n {}, k {})", op, g.expert, g.what, g.call.m,
+           g.call.n, g.call.k);
+  };
+  const bool several = !gemms.empty() && gemms.front().expert != gemms.back().expert;
+  if (!lanes || !several) {
+    for (const ExpertGemm& g : gemms) run(g, 0);
     return;
   }
   lanes->fork(main);
   try {
-    for (size_t i = 0; i < experts.size(); ++i) {
-      const int lane = static_cast<int>(i % static_cast<size_t>(lanes->lanes()));
-      fn(experts[i], lanes->stream(lane, main), lanes->gemm(lane, main_gemm));
+    int slot = -1, last = -1;  // the expert's place among those with rows
+    for (const ExpertGemm& g : gemms) {
+      if (g.expert != last) ++slot, last = g.expert;
+      run(g, slot % lanes->lanes());
     }
   } catch (...) {
     lanes->join(main);
     throw;
   }
   lanes->join(main);
-}
-
-[[noreturn]] void no_algo(const char* op, const char* what, int e, const LinearDims& d) {
-  fail("{}: cuBLASLt found no algorithm for expert {}'s {} GEMM (rows {}, I = {}, O = {})", op, e, what, d.N, d.C,
-       d.OC);
 }
 
 }  // namespace
@@ -95,12 +95,8 @@ void CudaOps::moe_grouped_matmul_forward(Tensor out, Tensor in, Tensor w, const 
   const bf16* x = rows_arg(in, g.A, op, "in");
   const std::vector<int> experts = experts_with_rows(op, g, offsets);
   if (g.O == 0) return;
-  GemmLanes* lanes = experts.size() >= 2 ? gemm_lanes() : nullptr;
-  run_experts(lanes, stream_, *gemm_, experts, [&](int e, cudaStream_t s, LtGemm& gemm) {
-    const int64_t a = offsets[e];
-    const LinearDims d{offsets[e + 1] - a, g.I, g.O};
-    if (!gemm.run(s, forward_call(o + a * g.O, x + a * g.I, wt + e * g.O * g.I, d), op)) no_algo(op, "forward", e, d);
-  });
+  run_gemms(experts.size() >= 2 ? gemm_lanes() : nullptr, stream_, *gemm_, grouped_forward_gemms(o, x, wt, g, offsets),
+            op);
 }
 
 void CudaOps::moe_grouped_matmul_backward(Tensor din, Tensor dw, Tensor dout, Tensor in, Tensor w,
@@ -125,15 +121,42 @@ void CudaOps::moe_grouped_matmul_backward(Tensor din, Tensor dw, Tensor dout, Te
     if (dx && g.A > 0) cuda::check(cudaMemsetAsync(dx, 0, din.nbytes(), stream_), "moe_grouped: memset din");
     return;
   }
-  GemmLanes* lanes = experts.size() >= 2 ? gemm_lanes() : nullptr;
-  run_experts(lanes, stream_, *gemm_, experts, [&](int e, cudaStream_t s, LtGemm& gemm) {
-    const int64_t a = offsets[e];
-    const LinearDims d{offsets[e + 1] - a, g.I, g.O};
+  run_gemms(experts.size() >= 2 ? gemm_lanes() : nullptr, stream_, *gemm_,
+            grouped_backward_gemms(dx, dwt, dy, x, wt, g, offsets, accumulate_dw), op);
+}
+
+std::vector<ExpertGemm> grouped_forward_gemms(void* out, const void* in, const void* w, const GroupedDims& g,
+                                              const std::vector<int64_t>& offsets) {
+  auto* o = static_cast<bf16*>(out);
+  const auto* x = static_cast<const bf16*>(in);
+  const auto* wt = static_cast<const bf16*>(w);
+  std::vector<ExpertGemm> gemms;
+  for (int e = 0; e < g.E; ++e) {
+    const int64_t a = offsets[e], rows = offsets[e + 1] - a;
+    if (rows == 0) continue;
+    const LinearDims d{rows, g.I, g.O};
+    gemms.push_back({e, "forward", forward_call(o + a * g.O, x + a * g.I, wt + e * g.O * g.I, d)});
+  }
+  return gemms;
+}
+
+std::vector<ExpertGemm> grouped_backward_gemms(void* din, float* dw, const void* dout, const void* in, const void* w,
+                                               const GroupedDims& g, const std::vector<int64_t>& offsets,
+                                               bool accumulate_dw) {
+  auto* dx = static_cast<bf16*>(din);
+  const auto* dy = static_cast<const bf16*>(dout);
+  const auto* x = static_cast<const bf16*>(in);
+  const auto* wt = static_cast<const bf16*>(w);
+  std::vector<ExpertGemm> gemms;
+  for (int e = 0; e < g.E; ++e) {
+    const int64_t a = offsets[e], rows = offsets[e + 1] - a;
+    if (rows == 0) continue;
+    const LinearDims d{rows, g.I, g.O};
     const bf16* we = wt + e * g.O * g.I;
-    if (dx && !gemm.run(s, dinp_call(dx + a * g.I, dy + a * g.O, we, d, 0.0f), op)) no_algo(op, "din", e, d);
-    const LtCall c = dw_call(dwt + e * g.O * g.I, dy + a * g.O, x + a * g.I, d, accumulate_dw ? 1.0f : 0.0f);
-    if (!gemm.run(s, c, op)) no_algo(op, "dw", e, d);
-  });
+    if (dx) gemms.push_back({e, "din", dinp_call(dx + a * g.I, dy + a * g.O, we, d, 0.0f)});
+    gemms.push_back({e, "dw", dw_call(dw + e * g.O * g.I, dy + a * g.O, x + a * g.I, d, accumulate_dw ? 1.0f : 0.0f)});
+  }
+  return gemms;
 }
 
 }  // namespace mt
