@@ -82,8 +82,8 @@ struct Fixture {
       const auto [alo, ahi] = d_range(gemms[a].call);
       const auto [blo, bhi] = d_range(gemms[b].call);
       if (alo < bhi && blo < ahi)
-        return ::testing::AssertionFailure() << "experts " << gemms[a].expert << " and " << gemms[b].expert
-                                             << " write overlapping memory";
+        return ::testing::AssertionFailure()
+               << "experts " << gemms[a].expert << " and " << gemms[b].expert << " write overlapping memory";
     }
   return ::testing::AssertionSuccess();
 }
@@ -115,8 +115,8 @@ TEST(MoeGroupedCalls, BackwardComputesDinAndDwPerExpert) {
   for (bool acc : {false, true}) {
     Bits din(size_t(g.A * g.I), float_to_bf16(std::numeric_limits<float>::quiet_NaN()));
     std::vector<float> dw(size_t(g.E * g.O * g.I), 0.5f);  // the old gradient: kept by experts without rows
-    const std::vector<ExpertGemm> gemms =
-        grouped_backward_gemms(din.data(), dw.data(), x.dout.data(), x.in.data(), x.w.data(), g, x.off, acc);
+    const std::vector<ExpertGemm> gemms = grouped_backward_gemms(din.data(), dw.data(), x.dout.data(), x.in.data(),
+                                                                 x.w.data(), g, x.off, acc);
     ASSERT_EQ(gemms.size(), 6u);  // din then dw, for experts 0, 2, 4
     EXPECT_TRUE(disjoint_writes(gemms));
     for (const ExpertGemm& e : gemms) evaluate(e.call);
@@ -143,8 +143,8 @@ TEST(MoeGroupedCalls, BackwardComputesDinAndDwPerExpert) {
 TEST(MoeGroupedCalls, WithoutDinOnlyTheWeightGradients) {
   Fixture x;
   std::vector<float> dw(size_t(x.g.E * x.g.O * x.g.I));
-  const std::vector<ExpertGemm> gemms =
-      grouped_backward_gemms(nullptr, dw.data(), x.dout.data(), x.in.data(), x.w.data(), x.g, x.off, true);
+  const std::vector<ExpertGemm> gemms = grouped_backward_gemms(nullptr, dw.data(), x.dout.data(), x.in.data(),
+                                                               x.w.data(), x.g, x.off, true);
   ASSERT_EQ(gemms.size(), 3u);
   for (const ExpertGemm& e : gemms) EXPECT_STREQ(e.what, "dw");
 }
