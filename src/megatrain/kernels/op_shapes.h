@@ -94,9 +94,9 @@ struct MoeDims {
   int64_t N, A, C;  // tokens, permuted rows, row width
   int k;
 };
-// r.host is set and r's tensors hold what it says (row and gate N*k elements, token A, where defined: the CPU
-// backend may leave them undefined); `tokens` is [N, C] (C its last dimension) and `permuted` has A*C elements.
-// Names the tensors tokens_name and permuted_name.
+// r.host is set and r's tensors hold what it says (row and gate N*k elements, token A, each where defined: a
+// backend checks that those it reads are); `tokens` is [N, C] (C its last dimension) and `permuted` has A*C elements
+// (it may be undefined when A is 0). Names the tensors tokens_name and permuted_name.
 MoeDims moe_dims(const char* op, const MoeDeviceRouting& r, const Tensor& tokens, const char* tokens_name,
                  const Tensor& permuted, const char* permuted_name);
 
