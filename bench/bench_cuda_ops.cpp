@@ -4,6 +4,9 @@
 //     same cuBLASLt GEMM without epilogue followed by separate bias (and GeLU) kernels; reported in TFLOP/s;
 //   * the weight gradients of matmul_backward (dw and dbias) with the bias sums in the GEMM's BGRADB epilogue
 //     against the column-sum kernels, and against the GEMM without dbias; in ms;
+//   * the MoE grouped GEMM (moe_grouped_matmul_forward and _backward) over E experts' row blocks of a random
+//     routing, on the default lanes and on one stream, against one dense GEMM of the same total rows (the ceiling:
+//     the same FLOPs in one launch); in TFLOP/s;
 //   * layernorm_forward, layernorm_backward, add_layernorm_forward and cross_entropy in GB/s of compulsory traffic (each tensor read or
 //     written once) against a device-to-device cudaMemcpy of 512 MiB (read + write).
 // Each number is the median over repetitions of CUDA-event times on the op stream. Prints JSON.
@@ -96,6 +99,67 @@ struct GemmCase {
   int64_t N, C, OC;
   bool gelu;  // the MLP up-projection: matmul_gelu_forward
 };
+
+// Expert offsets [E + 1] of A assignments dealt to E experts uniformly at random (the imbalance of a real router's
+// early steps; a trained router is more even).
+std::vector<int64_t> random_offsets(int64_t A, int64_t E, uint64_t seed) {
+  std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
+  Rng rng(seed);
+  for (int64_t a = 0; a < A; ++a) ++off[static_cast<size_t>(rng.below(static_cast<uint64_t>(E))) + 1];
+  for (int64_t e = 0; e < E; ++e) off[e + 1] += off[e];
+  return off;
+}
+
+// The grouped GEMM at DeepSeekMoE 16B's expert widths (C 2048, expert width 1408) for N = 8192 tokens: its 64
+// experts of top-6, and 8 experts of top-2 and top-1; forward and backward (din and dw), on the lanes and on one
+// stream, with one dense GEMM of the same rows as the peer.
+json bench_grouped(CudaOps& ops, bool quick, int reps) {
+  struct Case {
+    int64_t N, k, E, C, F;
+  };
+  std::vector<Case> cases = {{8192, 6, 64, 2048, 1408}, {8192, 2, 8, 2048, 1408}, {8192, 1, 8, 2048, 1408}};
+  if (quick) cases = {{2048, 2, 8, 1024, 704}};
+  const cudaStream_t s = ops.stream();
+  json res = json::array();
+  for (const Case& c : cases) {
+    const int64_t A = c.N * c.k;
+    const std::vector<int64_t> off = random_offsets(A, c.E, 42);
+    DevTensors d{ops, {}};
+    Tensor x = d.bf16({A, c.C}, 1.0f, 1), w = d.bf16({c.E, c.F, c.C}, 0.02f, 2), y = d.bf16({A, c.F}, 0, 0);
+    Tensor dy = d.bf16({A, c.F}, 1.0f, 3), dx = d.bf16({A, c.C}, 0, 0), dw = d.f32({c.E, c.F, c.C});
+    Tensor w0 = w.slice0(0, 1).view({c.F, c.C}), dw0 = dw.slice0(0, 1).view({c.F, c.C});
+    auto fwd = [&] { ops.moe_grouped_matmul_forward(y, x, w, off); };
+    auto bwd = [&] { ops.moe_grouped_matmul_backward(dx, dw, dy, x, w, off, false); };
+    const int lanes = ops.expert_lanes();
+    const double fwd_ms = median_ms(s, fwd, reps), bwd_ms = median_ms(s, bwd, reps);
+    ops.set_expert_lanes(1);
+    const double fwd1_ms = median_ms(s, fwd, reps), bwd1_ms = median_ms(s, bwd, reps);
+    ops.set_expert_lanes(lanes);
+    const double dense_fwd_ms = median_ms(
+        s, [&] { ops.matmul_forward(y, x, w0, Tensor{}); }, reps);
+    const double dense_bwd_ms = median_ms(
+        s, [&] { ops.matmul_backward(dx, dw0, Tensor{}, dy, x, w0, false, false); }, reps);
+    int64_t largest = 0;
+    for (int64_t e = 0; e < c.E; ++e) largest = std::max(largest, off[e + 1] - off[e]);
+    const double flops = 2.0 * A * c.C * c.F;  // the forward; the backward is twice it
+    auto tf = [&](double f, double ms) { return f / (ms * 1e-3) / 1e12; };
+    res.push_back({{"tokens", c.N},
+                   {"top_k", c.k},
+                   {"experts", c.E},
+                   {"C", c.C},
+                   {"F", c.F},
+                   {"rows", A},
+                   {"largest_expert_rows", largest},
+                   {"lanes", lanes},
+                   {"forward_tflops", tf(flops, fwd_ms)},
+                   {"forward_one_stream_tflops", tf(flops, fwd1_ms)},
+                   {"forward_dense_tflops", tf(flops, dense_fwd_ms)},
+                   {"backward_tflops", tf(2 * flops, bwd_ms)},
+                   {"backward_one_stream_tflops", tf(2 * flops, bwd1_ms)},
+                   {"backward_dense_tflops", tf(2 * flops, dense_bwd_ms)}});
+  }
+  return res;
+}
 
 }  // namespace
 
@@ -206,6 +270,8 @@ int main(int argc, char** argv) {
                         {"fused_speedup", kernels_ms / fused_ms}});
     }
     out["weight_grads"] = wgrads;
+
+    out["moe_grouped_gemm"] = bench_grouped(ops, quick, reps);
 
     // ---- memory-bound kernels ----
     json mb = json::array();

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "megatrain/core/bits_hash.h"
+#include "megatrain/kernels/cpu/moe.h"
 
 namespace mt {
 
@@ -20,6 +21,39 @@ Tensor segment(const Tensor& flat, const AdamSegment& s) {
 
 void check_numel(const Tensor& t, int64_t n, const char* op, const char* name) {
   MT_CHECK(t.numel() == n, "{}: {} {} has {} elements, expected {}", op, name, t.shape_str(), t.numel(), n);
+}
+
+// ---- mixture of experts --------------------------------------------------------------------------------------
+
+MoeDims moe_dims(const char* op, const MoeDeviceRouting& r, const Tensor& tokens, const char* tokens_name,
+                 const Tensor& permuted, const char* permuted_name) {
+  MT_CHECK(r.host, "{}: the routing has no host routing (MoeDeviceRouting::host)", op);
+  const MoeRouting& h = *r.host;
+  const int64_t N = h.N, A = h.rows();
+  MT_CHECK(int64_t(h.row.size()) == N * h.k && int64_t(h.token.size()) == A && int64_t(h.gate.size()) == N * h.k,
+           "{}: the host routing is incomplete (route it with moe_route)", op);
+  if (r.row.defined()) check_numel(r.row, N * h.k, op, "routing row");
+  if (r.gate.defined()) check_numel(r.gate, N * h.k, op, "routing gate");
+  if (r.token.defined()) check_numel(r.token, A, op, "routing token");
+  MT_CHECK(tokens.defined() && tokens.ndim >= 1, "{}: {} is required", op, tokens_name);
+  const int64_t C = tokens.size(-1);
+  check_numel(tokens, N * C, op, tokens_name);
+  if (permuted.defined() || A > 0) check_numel(permuted, A * C, op, permuted_name);
+  return {N, A, C, h.k};
+}
+
+GroupedDims grouped_dims(const char* op, const Tensor& out, const Tensor& in, const Tensor& w,
+                         const std::vector<int64_t>& offsets) {
+  MT_CHECK(w.ndim == 3, "{}: w must be 3-D [E, O, I] (got {})", op, w.shape_str());
+  const int64_t E = w.size(0), O = w.size(1), I = w.size(2);
+  MT_CHECK(int64_t(offsets.size()) == E + 1 && offsets[0] == 0, "{}: offsets must be [E + 1] = [{}] from 0", op, E + 1);
+  for (int64_t e = 0; e < E; ++e)
+    MT_CHECK(offsets[e] <= offsets[e + 1], "{}: offsets decrease at expert {} ({} > {})", op, e, offsets[e],
+             offsets[e + 1]);
+  const int64_t A = offsets[E];
+  if (in.defined()) check_numel(in, A * I, op, "in");
+  if (out.defined()) check_numel(out, A * O, op, "out");
+  return {E, O, I, A};
 }
 
 // ---- embedding -----------------------------------------------------------------------------------------------

@@ -89,6 +89,25 @@ struct VpDims {
 // Vocab-parallel CE: logits [N, Vl] with 0 <= n_real <= Vl, stats [3, N].
 VpDims vp_ce_dims(const char* op, const Tensor& stats, const Tensor& logits, int n_real);
 
+// ---- mixture of experts ---------------------------------------------------------------------------------------
+struct MoeDims {
+  int64_t N, A, C;  // tokens, permuted rows, row width
+  int k;
+};
+// r.host is set and r's tensors hold what it says (row and gate N*k elements, token A, each where defined: a
+// backend checks that those it reads are); `tokens` is [N, C] (C its last dimension) and `permuted` has A*C elements
+// (it may be undefined when A is 0). Names the tensors tokens_name and permuted_name.
+MoeDims moe_dims(const char* op, const MoeDeviceRouting& r, const Tensor& tokens, const char* tokens_name,
+                 const Tensor& permuted, const char* permuted_name);
+
+struct GroupedDims {
+  int64_t E, O, I, A;  // experts, output and input width, rows
+};
+// w [E, O, I]; offsets [E + 1] from 0, never decreasing, A = offsets[E]; in has A*I elements and out A*O (in and
+// out may be undefined when A is 0 or the caller skips them).
+GroupedDims grouped_dims(const char* op, const Tensor& out, const Tensor& in, const Tensor& w,
+                         const std::vector<int64_t>& offsets);
+
 // ---- optimizers ----------------------------------------------------------------------------------------------
 // Per-call constants of an Adam-style moment update, bias corrections (computed in double) folded into reciprocals.
 struct AdamConsts {

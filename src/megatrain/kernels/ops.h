@@ -65,6 +65,19 @@ struct AdamHParams {
   float grad_scale = 1.0f;  // grad is multiplied by this before use (clipping, loss-scale undo)
 };
 
+// The routing of a mixture-of-experts batch as the MoE ops read it (the terms are kernels/cpu/moe.h's). Routing
+// itself, the top-k over the small [N, E] router logits, runs on the host (moe_route, into a MoeRouting); the index
+// and gate arrays the kernels read are then put on device() once per batch (MoeRoutingBuffers::upload,
+// kernels/moe_routing.h), while the expert offsets stay on the host: the grouped GEMMs size their launches from
+// them. On the CPU backend the tensors are views of the host routing's own vectors.
+struct MoeRouting;
+struct MoeDeviceRouting {
+  const MoeRouting* host = nullptr;  // N, E, k and offsets [E + 1]; the CPU backend reads everything from here
+  Tensor row;                        // I32 [N, k]: assignment (t, j)'s row in the permuted order, -1 when dropped
+  Tensor token;                      // I32 [A]: the token of each permuted row (A = offsets[E] = host->rows())
+  Tensor gate;                       // F32 [N, k]: the combine weights
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -201,6 +214,30 @@ class Ops {
   // SwiGLU: inp[N, 2F] = [gate | up]; out[N, F] = silu(gate) * up.
   virtual void swiglu_forward(Tensor out, Tensor inp) = 0;
   virtual void swiglu_backward(Tensor dinp, Tensor inp, Tensor dout) = 0;  // dinp[N,2F] overwritten
+
+  // ---- mixture of experts (kernels/cpu/moe.h: the terms, the routing, the reference functions) ---------------
+  // The CPU backend runs the reference functions themselves. Tensors are activations (dtype A) unless stated; A rows
+  // of a permuted tensor are expert-contiguous (rows [offsets[e], offsets[e+1]) are expert e's).
+  // xp[A, C] (overwritten) = the token rows x[N, C] in the permuted order: xp[r] = x[token[r]].
+  virtual void moe_permute(Tensor xp, Tensor x, const MoeDeviceRouting& r) = 0;
+  // dx[N, C] += for each token, the sum over its kept slots j (in slot order) of dxp[row[t, j]] (accumulated).
+  // Deterministic: every token row gathers its own at most k rows, no two writers share a row.
+  virtual void moe_permute_backward(Tensor dx, Tensor dxp, const MoeDeviceRouting& r) = 0;
+  // Grouped GEMM: for each expert e, out[rows of e] = in[rows of e] @ w[e]^T; in [A, I], w [E, O, I] (the weights'
+  // compute copy), out [A, O] (overwritten), A = offsets[E]. offsets [E + 1] (host) start at 0 and never decrease;
+  // experts without rows launch nothing.
+  virtual void moe_grouped_matmul_forward(Tensor out, Tensor in, Tensor w, const std::vector<int64_t>& offsets) = 0;
+  // Its backward per expert: din[rows of e] = dout[rows of e] @ w[e] (overwritten; din may be undefined: skipped);
+  // dw[e] += dout[rows]^T @ in[rows], dw F32 [E, O, I] (overwritten instead with accumulate_dw false, an expert
+  // without rows then getting zeros, as matmul_backward).
+  virtual void moe_grouped_matmul_backward(Tensor din, Tensor dw, Tensor dout, Tensor in, Tensor w,
+                                           const std::vector<int64_t>& offsets, bool accumulate_dw = true) = 0;
+  // y[N, C] (overwritten) = for each token, the sum over its kept slots j in slot order of gate[t, j] *
+  // yp[row[t, j]] (zero for a token whose assignments were all dropped).
+  virtual void moe_combine(Tensor y, Tensor yp, const MoeDeviceRouting& r) = 0;
+  // dyp[A, C] (overwritten): row row[t, j] = gate[t, j] * dy[t]; dgate F32 [N, k] (overwritten) = dot(dy[t],
+  // yp[row[t, j]]), 0 for a dropped assignment. Deterministic (each dot a fixed-order reduction).
+  virtual void moe_combine_backward(Tensor dyp, Tensor dgate, Tensor dy, Tensor yp, const MoeDeviceRouting& r) = 0;
 
   // ---- loss ------------------------------------------------------------------------------------
   // Fused softmax + cross-entropy over logits[N, Vp] (only the first V columns are real; padded columns

@@ -1,6 +1,6 @@
 // The fp32 CPU backend: one class, its member functions spread over small files by op family
 // (elementwise.cpp, matmul.cpp, embedding.cpp, norm.cpp, attention.cpp, rope.cpp, activation.cpp,
-// cross_entropy.cpp, optimizer.cpp).
+// cross_entropy.cpp, optimizer.cpp, moe_ops.cpp).
 #pragma once
 #include <atomic>
 
@@ -50,6 +50,14 @@ class CpuOps : public Ops {
   void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
   void swiglu_forward(Tensor out, Tensor inp) override;
   void swiglu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
+
+  void moe_permute(Tensor xp, Tensor x, const MoeDeviceRouting& r) override;
+  void moe_permute_backward(Tensor dx, Tensor dxp, const MoeDeviceRouting& r) override;
+  void moe_grouped_matmul_forward(Tensor out, Tensor in, Tensor w, const std::vector<int64_t>& offsets) override;
+  void moe_grouped_matmul_backward(Tensor din, Tensor dw, Tensor dout, Tensor in, Tensor w,
+                                   const std::vector<int64_t>& offsets, bool accumulate_dw = true) override;
+  void moe_combine(Tensor y, Tensor yp, const MoeDeviceRouting& r) override;
+  void moe_combine_backward(Tensor dyp, Tensor dgate, Tensor dy, Tensor yp, const MoeDeviceRouting& r) override;
 
   void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, float dloss, bool write_grad) override;
   void vp_ce_max(Tensor stats, Tensor logits, int n_real) override;

@@ -2,9 +2,9 @@
 // into expert-contiguous order and back, grouped expert GEMMs, and their backwards. The model's MoE layer
 // (model/moe.h) composes them; docs/moe.md states the maths for users.
 //
-// These are CPU-only functions for now, beside the Ops interface rather than in it: the routing runs on the host
-// and the grouped GEMMs are one Ops::matmul_* call per expert. The Ops entry points (and CUDA kernels: a device
-// top-k, a sort by expert, a grouped GEMM) follow when MoE runs on the GPU; these stay as their reference.
+// The routing and the losses run on the host on every backend (moe_route's result goes to the device through
+// MoeRoutingBuffers, kernels/moe_routing.h). The permutation, the grouped GEMMs and the combine are also Ops entry
+// points (ops.h): the CPU backend's run these functions, the CUDA backend's are kernels checked against them.
 //
 // Terms. N tokens (rows), E experts, k experts per token. An assignment is a (token t, slot j) pair, j < k, slot j
 // holding the token's j-th choice. The permuted order lists the kept assignments expert by expert (expert 0's

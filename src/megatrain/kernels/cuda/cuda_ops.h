@@ -1,14 +1,15 @@
 // The CUDA backend: bf16 activations and weights, fp32 accumulation, fp32 parameter gradients and optimizer state.
 // One class, its member functions spread over small files by op family (memory.cpp, elementwise.cpp, matmul.cpp,
-// norm.cpp, activation.cpp, embedding.cpp, rope.cpp, loss.cpp, optimizer.cpp, attention.cpp); the kernels live
-// in the matching *_kernels.cu files behind launch.h.
+// norm.cpp, activation.cpp, embedding.cpp, rope.cpp, loss.cpp, optimizer.cpp, attention.cpp, moe.cpp,
+// moe_grouped_gemm.cpp); the kernels live in the matching *_kernels.cu files behind launch.h.
 //
 // Every op is asynchronous on one non-blocking stream per CudaOps (stream()); only to_host, synchronize,
 // sum_squares and lamb_moments wait for it. Everything an op needs beyond its arguments (the cuBLASLt handle and
 // workspace, reduction scratch, the timing event pool) is allocated up front, so a training step never calls
 // cudaMalloc; the exceptions are the attention backward workspace, sized by reserve() or, failing that, by the
-// first (largest) shape seen, the deterministic embedding backward's sort workspace (sized by the first call), and the multi-tensor optimizers' segment table (with LAMB's block partials), sized at
-// the first step.
+// first (largest) shape seen, the deterministic embedding backward's sort workspace (sized by the first call), the
+// multi-tensor optimizers' segment table (with LAMB's block partials), sized at the first step, and the grouped
+// GEMMs' side streams and workspaces (made by the first grouped GEMM with two experts that have rows).
 //
 // Attention runs our flash kernels (flash_attention.h) unless use_cudnn_attention() switched it to cuDNN's fused
 // attention (cudnn_attention.h; make_cuda_ops does this for CudaOptions::attention = "cudnn"), which then also owns
@@ -24,6 +25,7 @@
 
 #include "megatrain/kernels/cuda/cudnn_attention.h"
 #include "megatrain/kernels/cuda/gemm.h"
+#include "megatrain/kernels/cuda/gemm_lanes.h"
 #include "megatrain/kernels/cuda/op_timer.h"
 #include "megatrain/kernels/ops.h"
 
@@ -48,7 +50,10 @@ class CudaOps final : public Ops {
   void set_fuse_bias_grads(bool on) { fuse_bias_grads_ = on; }
   int64_t fused_bias_grads() const { return fused_bias_grads_; }
   // GEMM tuning (CudaOptions::gemm_tuning, LtGemm::set_tuning) and what it found per distinct GEMM so far.
-  void set_gemm_tuning(int candidates) { gemm_->set_tuning(candidates); }
+  void set_gemm_tuning(int candidates) {
+    gemm_->set_tuning(candidates);
+    if (lanes_) lanes_->set_tuning(candidates);
+  }
   std::vector<GemmTuned> gemm_tuning_report() const { return gemm_->tuned(); }
   // Deterministic mode (CudaOptions::deterministic): every op repeats bit for bit from run to run on one GPU model.
   // The embedding backward sorts instead of using atomics (embedding_kernels.cu), flash attention computes dq in a
@@ -122,6 +127,20 @@ class CudaOps final : public Ops {
   void swiglu_forward(Tensor out, Tensor inp) override;
   void swiglu_backward(Tensor dinp, Tensor inp, Tensor dout) override;
 
+  void moe_permute(Tensor xp, Tensor x, const MoeDeviceRouting& r) override;
+  void moe_permute_backward(Tensor dx, Tensor dxp, const MoeDeviceRouting& r) override;
+  void moe_grouped_matmul_forward(Tensor out, Tensor in, Tensor w, const std::vector<int64_t>& offsets) override;
+  void moe_grouped_matmul_backward(Tensor din, Tensor dw, Tensor dout, Tensor in, Tensor w,
+                                   const std::vector<int64_t>& offsets, bool accumulate_dw = true) override;
+  void moe_combine(Tensor y, Tensor yp, const MoeDeviceRouting& r) override;
+  void moe_combine_backward(Tensor dyp, Tensor dgate, Tensor dy, Tensor yp, const MoeDeviceRouting& r) override;
+  // The grouped GEMMs' lanes: 1 runs every expert on the op stream; n > 1 spreads the experts with rows over the op
+  // stream and n - 1 side streams (GemmLanes), expert i of those with rows on lane i % n. Default kExpertLanes.
+  // Changing it drops the side streams (made again, with their workspaces, by the next grouped GEMM).
+  static constexpr int kExpertLanes = 4;
+  void set_expert_lanes(int n);
+  int expert_lanes() const { return expert_lanes_; }
+
   void cross_entropy(Tensor losses, Tensor logits, Tensor targets, int V, float dloss, bool write_grad) override;
   void vp_ce_max(Tensor stats, Tensor logits, int n_real) override;
   void vp_ce_sums(Tensor stats, Tensor logits, Tensor targets, int64_t v0, int n_real, int V) override;
@@ -176,6 +195,12 @@ class CudaOps final : public Ops {
   // The norms' backward on filled-in args (dinp, dw, db, rows, C): an empty batch still overwrites dw/db.
   void run_norm_backward(cuda::NormBackwardArgs& a);
 
+  // The grouped GEMMs' side streams, each with its cuBLASLt handle and a 32 MiB workspace: made by the first grouped
+  // GEMM that has two experts with rows (an allocation outside planning, as the attention workspace's), kept after.
+  std::unique_ptr<GemmLanes> lanes_;
+  int expert_lanes_ = kExpertLanes;
+  // The lanes for this call: null when one lane is asked for (everything on the op stream).
+  GemmLanes* gemm_lanes();
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<LtGemm> gemm_;

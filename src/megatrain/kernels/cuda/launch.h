@@ -131,6 +131,22 @@ void vp_ce_sums(cudaStream_t s, float* stats, const bf16* logits, const int32_t*
 void vp_ce_finish(cudaStream_t s, float* losses, bf16* logits, const float* stats, const int32_t* targets, int64_t N,
                   int64_t Vl, int64_t v0, int64_t n_real, float dloss, bool write_grad);
 
+// ---- mixture of experts (moe_permute_kernels.cu, moe_combine_kernels.cu) ---------------------------------------
+// Rows of C bf16; row [N * k] and token [A] are the routing's (kernels/cpu/moe.h: row -1 = a dropped assignment),
+// gate [N * k] its fp32 combine weights. Every sum is in fp32 in a fixed order (slot order across a token's rows),
+// rounded once on store: the same bits on every run.
+// xp[r, :] = x[token[r], :] for r < A.
+void moe_permute(cudaStream_t s, bf16* xp, const bf16* x, const int32_t* token, int64_t A, int64_t C);
+// dx[t, :] += the sum over t's kept slots j of dxp[row[t, j], :] (a gather per token: no atomics).
+void moe_permute_backward(cudaStream_t s, bf16* dx, const bf16* dxp, const int32_t* row, int64_t N, int k, int64_t C);
+// y[t, :] = the sum over t's kept slots j of gate[t, j] * yp[row[t, j], :] (zero when none is kept).
+void moe_combine(cudaStream_t s, bf16* y, const bf16* yp, const int32_t* row, const float* gate, int64_t N, int k,
+                 int64_t C);
+// dyp[row[t, j], :] = gate[t, j] * dy[t, :]; dgate[t, j] = dot(dy[t, :], yp[row[t, j], :]) (0 when dropped), a
+// block reduction of per-thread sums over fixed columns.
+void moe_combine_backward(cudaStream_t s, bf16* dyp, float* dgate, const bf16* dy, const bf16* yp, const int32_t* row,
+                          const float* gate, int64_t N, int k, int64_t C);
+
 // ---- optimizers (optimizer_kernels.cu) -------------------------------------------------------------------------
 // The per-call constants of an Adam-style update, computed on the host exactly as the CPU backend does.
 struct AdamConsts {

@@ -28,6 +28,7 @@
 #include "megatrain/kernels/cuda/cuda_args.h"
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/cuda/launch.h"
+#include "megatrain/kernels/cuda/linear_calls.h"
 
 namespace mt {
 
@@ -44,44 +45,6 @@ LinearDims linear_dims(const char* op, const Tensor& inp, const Tensor& w) {
   constexpr int64_t kMax = (int64_t{1} << 31) - 1;
   MT_CHECK(d.N <= kMax && d.C <= kMax && d.OC <= kMax, "{}: dimensions too large for one GEMM", op);
   return d;
-}
-
-// out^T[OC,N] = w^T^T @ inp^T (see the top of the file).
-LtCall forward_call(void* out, const void* inp, const void* w, const LinearDims& d) {
-  LtCall c;
-  c.trans_a = CUBLAS_OP_T;
-  c.trans_b = CUBLAS_OP_N;
-  c.m = d.OC, c.n = d.N, c.k = d.C;
-  c.A = w, c.lda = d.C;
-  c.B = inp, c.ldb = d.C;
-  c.D = out, c.ldd = d.OC, c.d_type = CUDA_R_16BF;
-  return c;
-}
-
-// dinp^T[C,N] = w^T[C,OC] @ dout^T[OC,N].
-LtCall dinp_call(void* dinp, const void* dout, const void* w, const LinearDims& d, float beta) {
-  LtCall c;
-  c.trans_a = CUBLAS_OP_N;
-  c.trans_b = CUBLAS_OP_N;
-  c.m = d.C, c.n = d.N, c.k = d.OC;
-  c.A = w, c.lda = d.C;
-  c.B = dout, c.ldb = d.OC;
-  c.D = dinp, c.ldd = d.C, c.d_type = CUDA_R_16BF;
-  c.beta = beta;
-  return c;
-}
-
-// dw^T[C,OC] += inp^T[C,N] @ dout[N,OC], fp32 D (beta 0: overwritten, the first write of a step's gradients).
-LtCall dw_call(float* dw, const void* dout, const void* inp, const LinearDims& d, float beta) {
-  LtCall c;
-  c.trans_a = CUBLAS_OP_N;
-  c.trans_b = CUBLAS_OP_T;
-  c.m = d.C, c.n = d.OC, c.k = d.N;
-  c.A = inp, c.lda = d.C;
-  c.B = dout, c.ldb = d.OC;
-  c.D = dw, c.ldd = d.C, c.d_type = CUDA_R_32F;
-  c.beta = beta;
-  return c;
 }
 
 // The checked arguments of a forward linear: out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC]), all bf16.
