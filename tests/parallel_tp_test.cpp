@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/core/fs.h"
 #include "megatrain/model/layout.h"
 #include "megatrain/model/shard.h"
 #include "support/files.h"
@@ -147,6 +148,15 @@ const std::string kLlama =
     " --model.norm=rmsnorm --model.mlp=swiglu --model.pos=rope --model.n_kv_head=2 --model.bias=false"
     " --model.tied_embeddings=false --model.vocab_pad_to=1";
 
+// MoE (docs/moe.md): the router and the experts replicated over tp, each rank routing its own sequence-parallel
+// rows, their gradients summed over tp. Dropless (the capacity counts a rank's rows), with the z-loss (a mean over
+// the micro-batch's tokens) and, in the Llama case, a dense first layer and every layer recomputed in backward (the
+// MoE's statistics shared over tp again). The aux loss is the micro-batch's, which the reordered twin halves, so it
+// has a test of its own (TensorParallel.MoeAuxLossAndCountsAreTheMicroBatchs).
+const std::string kMoe =
+    " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32 --model.moe_shared_experts=1"
+    " --model.moe_z_loss=0.01";
+
 INSTANTIATE_TEST_SUITE_P(
     Tp2, TensorParallelVsSingle,
     ::testing::Values(Case{"gpt2", ""}, Case{"no_overlap", " --parallel.overlap=false"},
@@ -157,7 +167,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"lamb_recompute_norm", " --optim.name=lamb --model.bias=false --model.recompute_norm=true"},
                       Case{"parallel_block_recompute_norm_act",
                            " --model.block=parallel --model.recompute_norm=true --model.recompute_act=true"},
-                      Case{"dp2_tp2", "", 2}, Case{"dp2_tp2_llama_lamb", kLlama + " --optim.name=lamb", 2}),
+                      Case{"dp2_tp2", "", 2}, Case{"dp2_tp2_llama_lamb", kLlama + " --optim.name=lamb", 2},
+                      Case{"moe", kMoe},
+                      Case{"moe_llama_first_dense_recompute",
+                           kLlama + kMoe + " --model.moe_first_dense=1 --model.recompute=all"}),
     CaseName());
 
 TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
@@ -193,6 +206,47 @@ TEST(TensorParallel, InitFromAnHfGpt2MatchesOneProcess) {
   run_twin(4, common(t.alt, 4) + from_hf);
   run(kMegatrain + " launch --nproc 4 -- train" + common(t.multi, 2) + from_hf + " --parallel.tp=2 --parallel.dp=2");
   expect_equivalent(t, "dp2 x tp2 init_from an HF GPT-2");
+  EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05) << "the run did not start from the source's weights";
+}
+
+// The MoE load-balancing loss is the micro-batch's: E * sum_e f_e P_e over its tokens. Under tp each rank routes
+// its rows of the micro-batch, and the layer sums the per-expert counts and probability sums over tp, so the aux
+// loss, its gradient and the routing counts are those one process computes on the same micro-batch (here the
+// whole step's 4 rows in both runs). The reordered twin cannot give a floor for this (it halves the micro-batch,
+// which changes the aux loss), so the check is against the arithmetic: the two runs' weights differ by rounding
+// only (relative ~1e-6 after 5 steps: see the suite above), which moves the router's logits, and the aux and z
+// values computed from them, by as little; rel 1e-4 leaves two orders of magnitude. Routing counts are integers and
+// must agree exactly. Each rank's own f_e P_e (the statistics not shared) misses by ~1e-2 here.
+TEST(TensorParallel, MoeAuxLossAndCountsAreTheMicroBatchs) {
+  prepare();
+  const std::string moe = kMoe + " --model.moe_aux_loss=0.1 --model.moe_first_dense=1";
+  const std::string single = fresh_dir("mt_tp_moe_aux_single"), multi = fresh_dir("mt_tp_moe_aux_multi");
+  run(kMegatrain + " train" + common(single, 4) + moe);
+  run(kMegatrain + " launch --nproc 2 -- train" + common(multi, 4) + moe + " --parallel.tp=2");
+  expect_same_moe_metrics(single, multi, 1e-4, "tp2 moe aux");
+  // The aux loss's gradient (coefficient 0.1) is part of the first step's gradient norm, on the same weights.
+  const std::vector<double> a = series(single, "grad_norm"), b = series(multi, "grad_norm");
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_NEAR(b[0], a[0], 1e-5 * a[0]);
+}
+
+// A Mixtral (an MoE Llama exported with `convert --to-hf`) read by model.init_from under tp2, each rank reading the
+// whole (replicated) expert and router tensors and its slices of the rest: the run is one process's reading the
+// whole directory, and starts from the source's weights.
+TEST(TensorParallel, InitFromAnHfMixtralMatchesOneProcess) {
+  prepare();
+  const std::string mixtral = kLlama + " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32";
+  const std::string src = fresh_dir("mt_tp_mixtral_src"), hf = fresh_dir("mt_tp_mixtral_hf");
+  run(kMegatrain + " train" + common(src, 4) + mixtral + " --train.steps=2");
+  run(kMegatrain + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
+  ASSERT_NE(mt::read_text_file(hf + "/config.json").find("\"mixtral\""), std::string::npos);
+  const Trio t = fresh_trio("mt_tp_mixtral", "init");
+  const std::string from_hf = mixtral + " --model.moe_z_loss=0.01 --model.init_from=" + hf;
+  run(kMegatrain + " train" + common(t.single, 4) + from_hf);
+  run_twin(4, common(t.alt, 4) + from_hf);
+  run(kMegatrain + " launch --nproc 2 -- train" + common(t.multi, 4) + from_hf + " --parallel.tp=2");
+  expect_equivalent(t, "tp2 init_from an HF Mixtral");
   EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05) << "the run did not start from the source's weights";
 }
 
