@@ -397,9 +397,8 @@ TEST_P(PipelineVsSingle, LossesAndParametersMatch) {
 // MoE layers on both stages (layer 0 dense, on stage 0 with MoE layer 1), dropless, with the z-loss (a mean over
 // the tokens; the aux loss is per micro-batch, and the pipeline's micro-batches are not the single process's). The
 // sigmoid_bias router's bias steps on each stage from its layers' loads, which are the step's: the same bias.
-const std::string kMoe =
-    " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32 --model.moe_shared_experts=1"
-    " --model.moe_z_loss=0.01 --model.moe_first_dense=1";
+const std::string kMoe = " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32 --model.moe_shared_experts=1"
+                         " --model.moe_z_loss=0.01 --model.moe_first_dense=1";
 
 INSTANTIATE_TEST_SUITE_P(
     Pp2, PipelineVsSingle,

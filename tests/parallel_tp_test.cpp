@@ -156,26 +156,22 @@ const std::string kLlama =
 // the micro-batch's tokens) and, in the Llama case, a dense first layer and every layer recomputed in backward (the
 // MoE's statistics shared over tp again). The aux loss is the micro-batch's, which the reordered twin halves, so it
 // has a test of its own (TensorParallel.MoeAuxLossAndCountsAreTheMicroBatchs).
-const std::string kMoe =
-    " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32 --model.moe_shared_experts=1"
-    " --model.moe_z_loss=0.01";
+const std::string kMoe = " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32 --model.moe_shared_experts=1"
+                         " --model.moe_z_loss=0.01";
 
 INSTANTIATE_TEST_SUITE_P(
     Tp2, TensorParallelVsSingle,
-    ::testing::Values(Case{"gpt2", ""}, Case{"no_overlap", " --parallel.overlap=false"},
-                      Case{"chunks3", " --parallel.tp_chunks=3"},
-                      Case{"parallel_block_accum", " --model.block=parallel --train.grad_accum=2"},
-                      Case{"llama", kLlama},
-                      // The norms' outputs rebuilt in backward: each rank rebuilds its rows, then gathers them again.
-                      Case{"lamb_recompute_norm", " --optim.name=lamb --model.bias=false --model.recompute_norm=true"},
-                      Case{"parallel_block_recompute_norm_act",
-                           " --model.block=parallel --model.recompute_norm=true --model.recompute_act=true"},
-                      Case{"dp2_tp2", "", 2}, Case{"dp2_tp2_llama_lamb", kLlama + " --optim.name=lamb", 2},
-                      Case{"moe", kMoe},
-                      // The balancing bias steps from the micro-batch's loads (shared over tp): the same on both ranks.
-                      Case{"moe_sigmoid_bias", kMoe + " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"},
-                      Case{"moe_llama_first_dense_recompute",
-                           kLlama + kMoe + " --model.moe_first_dense=1 --model.recompute=all"}),
+    ::testing::Values(
+        Case{"gpt2", ""}, Case{"no_overlap", " --parallel.overlap=false"}, Case{"chunks3", " --parallel.tp_chunks=3"},
+        Case{"parallel_block_accum", " --model.block=parallel --train.grad_accum=2"}, Case{"llama", kLlama},
+        // The norms' outputs rebuilt in backward: each rank rebuilds its rows, then gathers them again.
+        Case{"lamb_recompute_norm", " --optim.name=lamb --model.bias=false --model.recompute_norm=true"},
+        Case{"parallel_block_recompute_norm_act",
+             " --model.block=parallel --model.recompute_norm=true --model.recompute_act=true"},
+        Case{"dp2_tp2", "", 2}, Case{"dp2_tp2_llama_lamb", kLlama + " --optim.name=lamb", 2}, Case{"moe", kMoe},
+        // The balancing bias steps from the micro-batch's loads (shared over tp): the same on both ranks.
+        Case{"moe_sigmoid_bias", kMoe + " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"},
+        Case{"moe_llama_first_dense_recompute", kLlama + kMoe + " --model.moe_first_dense=1 --model.recompute=all"}),
     CaseName());
 
 TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {

@@ -157,7 +157,8 @@ namespace ptest {
 // tiny models here do not have), and the losses aux and z within rel_tol (the caller states it from the arithmetic).
 inline void expect_same_moe_metrics(const std::string& ref, const std::string& got, double rel_tol,
                                     const std::string& what) {
-  const auto a = mt::test::metrics_of(ref + "/metrics.jsonl", "train"), b = mt::test::metrics_of(got + "/metrics.jsonl", "train");
+  const auto a = mt::test::metrics_of(ref + "/metrics.jsonl", "train"),
+             b = mt::test::metrics_of(got + "/metrics.jsonl", "train");
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t s = 0; s < a.size(); ++s) {
     ASSERT_TRUE(a[s].contains("moe") && b[s].contains("moe")) << what << " step " << s + 1;

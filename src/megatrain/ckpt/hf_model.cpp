@@ -188,8 +188,10 @@ void HfSliceReader::read_as_rows(const std::string& ours, const Slice& src, void
                                  const std::vector<int64_t>& dst_shape, const std::vector<int64_t>& dst_start) {
   const size_t nd = src.start.size();
   auto it = full_shape_.find(ours);
-  MT_CHECK(it != full_shape_.end() && it->second.size() == nd, "HfSliceReader::read: '{}': slice {} of a tensor of "
-           "another rank", ours, src.str());
+  MT_CHECK(it != full_shape_.end() && it->second.size() == nd,
+           "HfSliceReader::read: '{}': slice {} of a tensor of "
+           "another rank",
+           ours, src.str());
   int64_t mid = 1;
   for (size_t d = 1; d + 1 < nd; ++d) {
     const int64_t n = it->second[d];

@@ -27,8 +27,7 @@ int64_t get(const float*& p) {
 
 }  // namespace
 
-std::vector<MoeLayerStats> gather_moe_stats(const ModelConfig& cfg, std::vector<MoeLayerStats> mine,
-                                            ProcessGroup* pp) {
+std::vector<MoeLayerStats> gather_moe_stats(const ModelConfig& cfg, std::vector<MoeLayerStats> mine, ProcessGroup* pp) {
   if (!pp || pp->size() == 1 || !cfg.moe()) return mine;
   const Record rec{cfg.moe_experts};
   std::vector<float> v(static_cast<size_t>(rec.size() * cfg.n_layer), 0.0f);

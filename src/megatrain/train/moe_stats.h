@@ -17,7 +17,6 @@ namespace mt {
 
 // Every MoE layer's stats, in layer order, on every rank of pp (collective over pp; pp nullptr or of size 1:
 // `mine` itself). mine: this stage's, from GPT::take_moe_stats (empty when no training forward was counted).
-std::vector<MoeLayerStats> gather_moe_stats(const ModelConfig& cfg, std::vector<MoeLayerStats> mine,
-                                            ProcessGroup* pp);
+std::vector<MoeLayerStats> gather_moe_stats(const ModelConfig& cfg, std::vector<MoeLayerStats> mine, ProcessGroup* pp);
 
 }  // namespace mt
