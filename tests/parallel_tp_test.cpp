@@ -234,6 +234,31 @@ TEST(TensorParallel, MoeAuxLossAndCountsAreTheMicroBatchs) {
   EXPECT_NEAR(b[0], a[0], 1e-5 * a[0]);
 }
 
+// With a capacity, each tp rank caps each expert at ceil(cf * rows * k / E) of its own rows' assignments
+// (docs/moe.md): the drops are those of one process whose micro-batches are the ranks' rows. Rank r holds rows
+// [r N/2, (r+1) N/2) of the stream, i.e. sequences 2r, 2r+1 of the 4; one process with data.batch_size = 2 and
+// two accumulation rounds routes the same two halves with the same capacity (no aux loss: that one is per
+// micro-batch, which differs). The counts must agree exactly, the z-loss within 1e-4 (as above), and the first
+// step (same weights) within 1e-5 in loss and gradient norm (rounding only).
+TEST(TensorParallel, MoeCapacityCountsEachRanksRows) {
+  prepare();
+  const std::string moe = kMoe + " --model.moe_capacity_factor=1.0";
+  const std::string single = fresh_dir("mt_tp_moe_cap_single"), multi = fresh_dir("mt_tp_moe_cap_multi");
+  run(kMegatrain + " train" + common(single, 2) + moe + " --train.grad_accum=2");
+  run(kMegatrain + " launch --nproc 2 -- train" + common(multi, 4) + moe + " --parallel.tp=2");
+  expect_same_moe_metrics(single, multi, 1e-4, "tp2 moe capacity");
+  int64_t dropped = 0;
+  for (const nlohmann::json& j : mt::test::metrics_of(multi + "/metrics.jsonl", "train"))
+    for (const nlohmann::json& l : j["moe"]) dropped += l["dropped"].get<int64_t>();
+  EXPECT_GT(dropped, 0) << "capacity factor 1 should drop some assignments here";
+  for (const char* field : {"loss", "grad_norm"}) {
+    const std::vector<double> a = series(single, field), b = series(multi, field);
+    ASSERT_FALSE(a.empty());
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_NEAR(b[0], a[0], 1e-5 * a[0]) << field;
+  }
+}
+
 // A Mixtral (an MoE Llama exported with `convert --to-hf`) read by model.init_from under tp2, each rank reading the
 // whole (replicated) expert and router tensors and its slices of the rest: the run is one process's reading the
 // whole directory, and starts from the source's weights.
