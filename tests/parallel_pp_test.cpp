@@ -416,7 +416,8 @@ INSTANTIATE_TEST_SUITE_P(
                             " --model.tied_embeddings=false --train.grad_accum=2 --model.recompute=[0,2]", 1, 1, 4),
                       pcase("moe_eval", kMoe + " --train.eval_every=2 --train.eval_batches=1"),
                       pcase("moe_sigmoid_bias", kMoe + " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"),
-                      pcase("moe_tp2", kMoe, 1, 2)),
+                      pcase("moe_tp2", kMoe, 1, 2),
+                      pcase("moe_interleaved", kMoe, 1, 1, 4, " --parallel.virtual_stages=2")),
     CaseName());
 
 TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
