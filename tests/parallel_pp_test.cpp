@@ -496,6 +496,26 @@ TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
   EXPECT_EQ(text_hf, greedy(ck));
 }
 
+// A Mixtral (an MoE Llama exported with `convert --to-hf`) read by model.init_from under pp2, each stage reading its
+// layers' expert tensors whole: the run is one process's reading the whole directory, from the source's weights.
+TEST(Pipeline, InitFromAnHfMixtralUnderPp2MatchesOneProcess) {
+  prepare();
+  const std::string mixtral = " --model.norm=rmsnorm --model.mlp=swiglu --model.pos=rope --model.n_kv_head=2"
+                              " --model.bias=false --model.tied_embeddings=false --model.moe_experts=4"
+                              " --model.moe_top_k=2 --model.moe_d_ff=32";
+  const std::string src = fresh_dir("mt_pp_mixtral_src"), hf = fresh_dir("mt_pp_mixtral_hf");
+  run(kMegatrain + " train" + common(src, 4) + mixtral + " --train.steps=2");
+  run(kMegatrain + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
+  const Trio t = fresh_trio("mt_pp_mixtral", "init");
+  const std::string from_hf = mixtral + " --model.moe_z_loss=0.01 --model.init_from=" + hf;
+  run(kMegatrain + " train" + common(t.single, 4) + from_hf);
+  run_twin(4, common(t.alt, 4) + from_hf);
+  run(kMegatrain + " launch --nproc 2 -- train" + common(t.multi, 2) + from_hf +
+      " --parallel.pp=2 --parallel.microbatches=2");
+  expect_equivalent(t, "pp2 init_from an HF Mixtral");
+  EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05) << "the run did not start from the source's weights";
+}
+
 std::string failing_run(const std::string& args) {
   std::string out = mt::test::temp_root() + "mt_pp_bad";
   return failing_output(kMegatrain + " train" + common(out, 1) + args, out + ".log", args);
