@@ -382,6 +382,9 @@ TEST_P(PipelineVsSingle, LossesAndParametersMatch) {
       common(t.multi, rows / (c.dp * c.micro)) + " --parallel.pp=2 --parallel.microbatches=" + std::to_string(c.micro) +
       " --parallel.dp=" + std::to_string(c.dp) + " --parallel.tp=" + std::to_string(c.tp) + c.extra + c.pp_extra);
   expect_equivalent(t, "pp2 " + c.name);
+  // A MoE model's metrics come from every stage: the same layers and counts as one process (tolerance: see
+  // TensorParallel.MoeAuxLossAndCountsAreTheMicroBatchs in parallel_tp_test.cpp).
+  if (c.extra.find("moe_experts") != std::string::npos) expect_same_moe_metrics(t.single, t.multi, 1e-4, c.name);
   if (c.pp_extra.find("stage_layers=[3,1]") != std::string::npos) {
     // The split was the one asked for, not the even one (which would match one process as well): the checkpoint
     // records each tensor's virtual stage, and layer 2 sits on stage 0.
@@ -390,6 +393,13 @@ TEST_P(PipelineVsSingle, LossesAndParametersMatch) {
     EXPECT_EQ(m["extra"]["pp_layout"]["h.3.ln_1.weight"], nlohmann::json::array({1}));
   }
 }
+
+// MoE layers on both stages (layer 0 dense, on stage 0 with MoE layer 1), dropless, with the z-loss (a mean over
+// the tokens; the aux loss is per micro-batch, and the pipeline's micro-batches are not the single process's). The
+// sigmoid_bias router's bias steps on each stage from its layers' loads, which are the step's: the same bias.
+// Evaluation's forwards (pipelined too) are not counted in the metrics.
+const std::string kMoe = " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32 --model.moe_shared_experts=1"
+                         " --model.moe_z_loss=0.01 --model.moe_first_dense=1";
 
 INSTANTIATE_TEST_SUITE_P(
     Pp2, PipelineVsSingle,
@@ -403,7 +413,11 @@ INSTANTIATE_TEST_SUITE_P(
                       pcase("overlap_off_dp2", " --parallel.overlap=false", 2, 1, 2),
                       pcase("dp2_pp2_lamb", " --optim.name=lamb --model.bias=false", 2, 1, 2),
                       pcase("untied_accum_recompute",
-                            " --model.tied_embeddings=false --train.grad_accum=2 --model.recompute=[0,2]", 1, 1, 4)),
+                            " --model.tied_embeddings=false --train.grad_accum=2 --model.recompute=[0,2]", 1, 1, 4),
+                      pcase("moe_eval", kMoe + " --train.eval_every=2 --train.eval_batches=1"),
+                      pcase("moe_sigmoid_bias", kMoe + " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"),
+                      pcase("moe_tp2", kMoe, 1, 2),
+                      pcase("moe_interleaved", kMoe, 1, 1, 4, " --parallel.virtual_stages=2")),
     CaseName());
 
 TEST(Pipeline, ResumeAcrossLayoutsKeepsTheRun) {
@@ -480,6 +494,26 @@ TEST(Pipeline, InitFromAnHfLlamaUnderPp2Tp2MatchesOneProcess) {
   const std::string text_hf = greedy(hf);
   EXPECT_GT(text_hf.size(), std::string("The jury\n").size()) << text_hf;
   EXPECT_EQ(text_hf, greedy(ck));
+}
+
+// A Mixtral (an MoE Llama exported with `convert --to-hf`) read by model.init_from under pp2, each stage reading its
+// layers' expert tensors whole: the run is one process's reading the whole directory, from the source's weights.
+TEST(Pipeline, InitFromAnHfMixtralUnderPp2MatchesOneProcess) {
+  prepare();
+  const std::string mixtral = " --model.norm=rmsnorm --model.mlp=swiglu --model.pos=rope --model.n_kv_head=2"
+                              " --model.bias=false --model.tied_embeddings=false --model.moe_experts=4"
+                              " --model.moe_top_k=2 --model.moe_d_ff=32";
+  const std::string src = fresh_dir("mt_pp_mixtral_src"), hf = fresh_dir("mt_pp_mixtral_hf");
+  run(kMegatrain + " train" + common(src, 4) + mixtral + " --train.steps=2");
+  run(kMegatrain + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
+  const Trio t = fresh_trio("mt_pp_mixtral", "init");
+  const std::string from_hf = mixtral + " --model.moe_z_loss=0.01 --model.init_from=" + hf;
+  run(kMegatrain + " train" + common(t.single, 4) + from_hf);
+  run_twin(4, common(t.alt, 4) + from_hf);
+  run(kMegatrain + " launch --nproc 2 -- train" + common(t.multi, 2) + from_hf +
+      " --parallel.pp=2 --parallel.microbatches=2");
+  expect_equivalent(t, "pp2 init_from an HF Mixtral");
+  EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05) << "the run did not start from the source's weights";
 }
 
 std::string failing_run(const std::string& args) {

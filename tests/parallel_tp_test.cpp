@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/core/fs.h"
 #include "megatrain/model/layout.h"
 #include "megatrain/model/shard.h"
 #include "support/files.h"
@@ -141,23 +142,38 @@ TEST_P(TensorParallelVsSingle, LossesAndParametersMatch) {
   run(kMegatrain + " launch --nproc " + std::to_string(2 * c.dp) + " -- train" + common(t.multi, 4 / c.dp) +
       " --parallel.tp=2 --parallel.dp=" + std::to_string(c.dp) + c.extra);
   expect_equivalent(t, "tp2 " + c.name);
+  // A MoE model's metrics: the micro-batch's counts and losses on each rank (tolerance: see
+  // TensorParallel.MoeAuxLossAndCountsAreTheMicroBatchs below). With dp, the metrics are one replica's (docs/moe.md).
+  if (c.dp == 1 && c.extra.find("moe_experts") != std::string::npos)
+    expect_same_moe_metrics(t.single, t.multi, 1e-4, c.name);
 }
 
 const std::string kLlama =
     " --model.norm=rmsnorm --model.mlp=swiglu --model.pos=rope --model.n_kv_head=2 --model.bias=false"
     " --model.tied_embeddings=false --model.vocab_pad_to=1";
 
+// MoE (docs/moe.md): the router and the experts replicated over tp, each rank routing its own sequence-parallel
+// rows, their gradients summed over tp. Dropless (the capacity counts a rank's rows), with the z-loss (a mean over
+// the micro-batch's tokens) and, in the Llama case, a dense first layer and every layer recomputed in backward (the
+// MoE's statistics shared over tp again). The aux loss is the micro-batch's, which the reordered twin halves, so it
+// has a test of its own (TensorParallel.MoeAuxLossAndCountsAreTheMicroBatchs).
+const std::string kMoe = " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32 --model.moe_shared_experts=1"
+                         " --model.moe_z_loss=0.01";
+
 INSTANTIATE_TEST_SUITE_P(
     Tp2, TensorParallelVsSingle,
-    ::testing::Values(Case{"gpt2", ""}, Case{"no_overlap", " --parallel.overlap=false"},
-                      Case{"chunks3", " --parallel.tp_chunks=3"},
-                      Case{"parallel_block_accum", " --model.block=parallel --train.grad_accum=2"},
-                      Case{"llama", kLlama},
-                      // The norms' outputs rebuilt in backward: each rank rebuilds its rows, then gathers them again.
-                      Case{"lamb_recompute_norm", " --optim.name=lamb --model.bias=false --model.recompute_norm=true"},
-                      Case{"parallel_block_recompute_norm_act",
-                           " --model.block=parallel --model.recompute_norm=true --model.recompute_act=true"},
-                      Case{"dp2_tp2", "", 2}, Case{"dp2_tp2_llama_lamb", kLlama + " --optim.name=lamb", 2}),
+    ::testing::Values(
+        Case{"gpt2", ""}, Case{"no_overlap", " --parallel.overlap=false"}, Case{"chunks3", " --parallel.tp_chunks=3"},
+        Case{"parallel_block_accum", " --model.block=parallel --train.grad_accum=2"}, Case{"llama", kLlama},
+        // The norms' outputs rebuilt in backward: each rank rebuilds its rows, then gathers them again.
+        Case{"lamb_recompute_norm", " --optim.name=lamb --model.bias=false --model.recompute_norm=true"},
+        Case{"parallel_block_recompute_norm_act",
+             " --model.block=parallel --model.recompute_norm=true --model.recompute_act=true"},
+        Case{"dp2_tp2", "", 2}, Case{"dp2_tp2_llama_lamb", kLlama + " --optim.name=lamb", 2}, Case{"moe", kMoe},
+        // The balancing bias steps from the micro-batch's loads (shared over tp): the same on both ranks.
+        Case{"dp2_tp2_moe", kMoe, 2},
+        Case{"moe_sigmoid_bias", kMoe + " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"},
+        Case{"moe_llama_first_dense_recompute", kLlama + kMoe + " --model.moe_first_dense=1 --model.recompute=all"}),
     CaseName());
 
 TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
@@ -179,6 +195,25 @@ TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
   expect_resumed_tail(a, alt, {b, c}, "tp2 <-> 1 resume");
 }
 
+// The same for a MoE model (experts replicated over tp, 3-D expert tensors): a tp2 checkpoint resumes in one process
+// and a single-process checkpoint under tp2.
+TEST(TensorParallel, MoeResumeAcrossLayoutsKeepsTheRun) {
+  prepare();
+  const std::string x = kMoe + " --model.vocab_pad_to=1";
+  std::string a = fresh_dir("mt_tp_moe_resume_a"), b = fresh_dir("mt_tp_moe_resume_b");
+  std::string c = fresh_dir("mt_tp_moe_resume_c"), alt = fresh_dir("mt_tp_moe_resume_alt");
+  run(kMegatrain + " train" + common(a, 4) + x);
+  run_twin(4, common(alt, 4) + x);
+  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 4) + x +
+      " --parallel.tp=2 --ckpt.every=3 --ckpt.save_final=false");
+  fs::remove(b + "/metrics.jsonl");
+  run(kMegatrain + " train" + common(b, 4) + x + " --ckpt.resume=" + step3(b));
+  run(kMegatrain + " train" + common(c, 4) + x + " --ckpt.every=3 --ckpt.save_final=false");
+  fs::remove(c + "/metrics.jsonl");
+  run(kMegatrain + " launch --nproc 2 -- train" + common(c, 4) + x + " --parallel.tp=2 --ckpt.resume=" + step3(c));
+  expect_resumed_tail(a, alt, {b, c}, "tp2 <-> 1 MoE resume");
+}
+
 // GPT-2 from HF under dp2 x tp2, each rank reading its slices of the HF file: the Conv1D weights are stored
 // transposed, so a rank's rows of c_attn are columns of HF's tensor; the vocabulary and the tied head are split by
 // rows; the learned positions and biases are replicated. One process reading the whole file is the oracle.
@@ -193,6 +228,72 @@ TEST(TensorParallel, InitFromAnHfGpt2MatchesOneProcess) {
   run_twin(4, common(t.alt, 4) + from_hf);
   run(kMegatrain + " launch --nproc 4 -- train" + common(t.multi, 2) + from_hf + " --parallel.tp=2 --parallel.dp=2");
   expect_equivalent(t, "dp2 x tp2 init_from an HF GPT-2");
+  EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05) << "the run did not start from the source's weights";
+}
+
+// The MoE load-balancing loss is the micro-batch's: E * sum_e f_e P_e over its tokens. Under tp each rank routes
+// its rows of the micro-batch, and the layer sums the per-expert counts and probability sums over tp, so the aux
+// loss, its gradient and the routing counts are those one process computes on the same micro-batch (here the
+// whole step's 4 rows in both runs). The reordered twin cannot give a floor for this (it halves the micro-batch,
+// which changes the aux loss), so the check is against the arithmetic: the two runs' weights differ by rounding
+// only (relative ~1e-6 after 5 steps: see the suite above), which moves the router's logits, and the aux and z
+// values computed from them, by as little; rel 1e-4 leaves two orders of magnitude. Routing counts are integers and
+// must agree exactly. Each rank's own f_e P_e (the statistics not shared) misses by ~1e-2 here.
+TEST(TensorParallel, MoeAuxLossAndCountsAreTheMicroBatchs) {
+  prepare();
+  const std::string moe = kMoe + " --model.moe_aux_loss=0.1 --model.moe_first_dense=1";
+  const std::string single = fresh_dir("mt_tp_moe_aux_single"), multi = fresh_dir("mt_tp_moe_aux_multi");
+  run(kMegatrain + " train" + common(single, 4) + moe);
+  run(kMegatrain + " launch --nproc 2 -- train" + common(multi, 4) + moe + " --parallel.tp=2");
+  expect_same_moe_metrics(single, multi, 1e-4, "tp2 moe aux");
+  // The aux loss's gradient (coefficient 0.1) is part of the first step's gradient norm, on the same weights.
+  const std::vector<double> a = series(single, "grad_norm"), b = series(multi, "grad_norm");
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_NEAR(b[0], a[0], 1e-5 * a[0]);
+}
+
+// With a capacity, each tp rank caps each expert at ceil(cf * rows * k / E) of its own rows' assignments
+// (docs/moe.md): the drops are those of one process whose micro-batches are the ranks' rows. Rank r holds rows
+// [r N/2, (r+1) N/2) of the stream, i.e. sequences 2r, 2r+1 of the 4; one process with data.batch_size = 2 and
+// two accumulation rounds routes the same two halves with the same capacity (no aux loss: that one is per
+// micro-batch, which differs). The counts must agree exactly, the z-loss within 1e-4 (as above), and the first
+// step (same weights) within 1e-5 in loss and gradient norm (rounding only).
+TEST(TensorParallel, MoeCapacityCountsEachRanksRows) {
+  prepare();
+  const std::string moe = kMoe + " --model.moe_capacity_factor=1.0";
+  const std::string single = fresh_dir("mt_tp_moe_cap_single"), multi = fresh_dir("mt_tp_moe_cap_multi");
+  run(kMegatrain + " train" + common(single, 2) + moe + " --train.grad_accum=2");
+  run(kMegatrain + " launch --nproc 2 -- train" + common(multi, 4) + moe + " --parallel.tp=2");
+  expect_same_moe_metrics(single, multi, 1e-4, "tp2 moe capacity");
+  int64_t dropped = 0;
+  for (const nlohmann::json& j : mt::test::metrics_of(multi + "/metrics.jsonl", "train"))
+    for (const nlohmann::json& l : j["moe"]) dropped += l["dropped"].get<int64_t>();
+  EXPECT_GT(dropped, 0) << "capacity factor 1 should drop some assignments here";
+  for (const char* field : {"loss", "grad_norm"}) {
+    const std::vector<double> a = series(single, field), b = series(multi, field);
+    ASSERT_FALSE(a.empty());
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_NEAR(b[0], a[0], 1e-5 * a[0]) << field;
+  }
+}
+
+// A Mixtral (an MoE Llama exported with `convert --to-hf`) read by model.init_from under tp2, each rank reading the
+// whole (replicated) expert and router tensors and its slices of the rest: the run is one process's reading the
+// whole directory, and starts from the source's weights.
+TEST(TensorParallel, InitFromAnHfMixtralMatchesOneProcess) {
+  prepare();
+  const std::string mixtral = kLlama + " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32";
+  const std::string src = fresh_dir("mt_tp_mixtral_src"), hf = fresh_dir("mt_tp_mixtral_hf");
+  run(kMegatrain + " train" + common(src, 4) + mixtral + " --train.steps=2");
+  run(kMegatrain + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
+  ASSERT_NE(mt::read_text_file(hf + "/config.json").find("\"mixtral\""), std::string::npos);
+  const Trio t = fresh_trio("mt_tp_mixtral", "init");
+  const std::string from_hf = mixtral + " --model.moe_z_loss=0.01 --model.init_from=" + hf;
+  run(kMegatrain + " train" + common(t.single, 4) + from_hf);
+  run_twin(4, common(t.alt, 4) + from_hf);
+  run(kMegatrain + " launch --nproc 2 -- train" + common(t.multi, 4) + from_hf + " --parallel.tp=2");
+  expect_equivalent(t, "tp2 init_from an HF Mixtral");
   EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05) << "the run did not start from the source's weights";
 }
 

@@ -375,3 +375,22 @@ TEST(RunConfig, StageLayersMustFitThePipeline) {
   EXPECT_NE(error_of("[model]\nn_layer = 4\n", {"--parallel.stage_layers=[4]"}).find("need parallel.pp > 1"),
             std::string::npos);
 }
+
+namespace {
+
+// MoE's layout rules (docs/moe.md): tensor and pipeline parallelism are layouts it runs under; what stays refused
+// (the CUDA device, the sigmoid_bias router's bias with data parallelism) is named by its keys.
+TEST(RunConfig, MoeRunsUnderTpAndPpAndRefusesWhatItCannotNamingTheKeys) {
+  const std::vector<std::string> moe = {"--model.moe_experts=4", "--model.moe_d_ff=32", "--model.n_layer=4"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), moe.begin(), moe.end());
+    return error_of("", more);
+  };
+  EXPECT_EQ(with({"--parallel.tp=2"}), "");
+  EXPECT_EQ(with({"--parallel.pp=2", "--parallel.microbatches=2"}), "");
+  EXPECT_EQ(with({"--parallel.pp=2", "--parallel.tp=2", "--model.moe_router=sigmoid_bias"}), "");
+  EXPECT_NE(with({"--parallel.dp=2", "--model.moe_router=sigmoid_bias"}).find("parallel.dp"), std::string::npos);
+  EXPECT_NE(with({"--train.device=cuda"}).find("train.device"), std::string::npos);
+}
+
+}  // namespace

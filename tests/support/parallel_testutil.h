@@ -148,3 +148,34 @@ struct CaseName {
 };
 
 }  // namespace ptest
+
+namespace ptest {
+
+// The MoE metrics (docs/moe.md) of a layout's run `got` against the single process `ref` on the same batches: every
+// step's train line lists the same MoE layers (all pipeline stages' layers, in order), with the same routing counts
+// (tokens_per_expert, dropped: integers, equal unless a top-k choice sits within rounding (~1e-6) of a tie: with
+// the few thousand routing decisions of these 5-step runs and O(1) gaps between probabilities, a chance of the
+// order of 1e-3 per run), and the losses aux and z within rel_tol (the caller states it from the arithmetic).
+inline void expect_same_moe_metrics(const std::string& ref, const std::string& got, double rel_tol,
+                                    const std::string& what) {
+  const auto a = mt::test::metrics_of(ref + "/metrics.jsonl", "train"),
+             b = mt::test::metrics_of(got + "/metrics.jsonl", "train");
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t s = 0; s < a.size(); ++s) {
+    ASSERT_TRUE(a[s].contains("moe") && b[s].contains("moe")) << what << " step " << s + 1;
+    const nlohmann::json &x = a[s]["moe"], &y = b[s]["moe"];
+    ASSERT_EQ(x.size(), y.size()) << what << " step " << s + 1 << ": " << y.dump();
+    for (size_t l = 0; l < x.size(); ++l) {
+      const std::string at = what + " step " + std::to_string(s + 1) + " layer " + x[l]["layer"].dump();
+      EXPECT_EQ(x[l]["layer"], y[l]["layer"]) << at;
+      EXPECT_EQ(x[l]["tokens_per_expert"], y[l]["tokens_per_expert"]) << at;
+      EXPECT_EQ(x[l]["dropped"], y[l]["dropped"]) << at;
+      for (const char* loss : {"aux", "z"}) {
+        const double r = x[l][loss].get<double>(), g = y[l][loss].get<double>();
+        EXPECT_LE(std::abs(g - r), rel_tol * std::abs(r)) << at << " " << loss << ": " << g << " vs " << r;
+      }
+    }
+  }
+}
+
+}  // namespace ptest

@@ -77,6 +77,7 @@ HfSliceReader::HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg) : m_
   for (const ParamInfo& p : whole.infos()) {
     const int64_t R = p.shape[0], C = p.shape.size() >= 2 ? p.shape.back() : 1;  // experts [E, R, C]: E*R rows
     const bool vocab = p.name == "wte.weight" || p.name == "lm_head.weight";
+    full_shape_[p.name] = p.shape;
     std::vector<Rows>& runs = rows_[p.name];
     auto need = [&](const std::string& hn, const std::vector<int64_t>& shape, bool at_least_rows = false) {
       if (hn.empty() || !m.has(hn)) {
@@ -136,6 +137,8 @@ const std::vector<HfSliceReader::Rows>& HfSliceReader::rows_of(const std::string
 void HfSliceReader::read(const std::string& ours, const Slice& src, void* dst, const std::vector<int64_t>& dst_shape,
                          const std::vector<int64_t>& dst_start) {
   const size_t nd = src.start.size();
+  if (nd > 2 && src.extent.size() == nd && dst_shape.size() == nd && dst_start.size() == nd)
+    return read_as_rows(ours, src, dst, dst_shape, dst_start);
   MT_CHECK((nd == 1 || nd == 2) && src.extent.size() == nd && dst_shape.size() == nd && dst_start.size() == nd,
            "HfSliceReader::read: '{}': slice {} of a 1-D or 2-D tensor into a box of rank {}", ours, src.str(),
            dst_shape.size());
@@ -176,6 +179,30 @@ void HfSliceReader::read(const std::string& ours, const Slice& src, void* dst, c
              hf_cols);
     to_f32(t, (run->hf_row + (r - run->begin)) * hf_cols + c0, cols, o);
   }
+}
+
+// A tensor of rank > 2 (the experts' [E, R, C]) is our [E*R, C] rows (the constructor's runs): a slice spanning
+// every middle dimension whole, in source and destination, is the 2-D slice of those rows. Such tensors are
+// replicated over tp (model/layout.h), so a rank asks for the whole tensor or whole experts.
+void HfSliceReader::read_as_rows(const std::string& ours, const Slice& src, void* dst,
+                                 const std::vector<int64_t>& dst_shape, const std::vector<int64_t>& dst_start) {
+  const size_t nd = src.start.size();
+  auto it = full_shape_.find(ours);
+  MT_CHECK(it != full_shape_.end() && it->second.size() == nd,
+           "HfSliceReader::read: '{}': slice {} of a tensor of "
+           "another rank",
+           ours, src.str());
+  int64_t mid = 1;
+  for (size_t d = 1; d + 1 < nd; ++d) {
+    const int64_t n = it->second[d];
+    MT_CHECK(src.start[d] == 0 && src.extent[d] == n && dst_start[d] == 0 && dst_shape[d] == n,
+             "HfSliceReader::read: '{}': slice {} must span dimension {} of {} whole", ours, src.str(), d,
+             shape_str(it->second));
+    mid *= n;
+  }
+  const size_t l = nd - 1;
+  read(ours, Slice{{src.start[0] * mid, src.start[l]}, {src.extent[0] * mid, src.extent[l]}}, dst,
+       {dst_shape[0] * mid, dst_shape[l]}, {dst_start[0] * mid, dst_start[l]});
 }
 
 }  // namespace mt

@@ -40,7 +40,8 @@ class HfSliceReader {
   HfSliceReader(const HfModelFiles& m, const ModelConfig& cfg);
 
   // Copies the elements `src` of our full tensor `ours` (float) into the box of the same extent at dst_start of dst
-  // (a float array of dst_shape). Rows of the vocabulary past vocab_size (the padding) read as zero.
+  // (a float array of dst_shape). Rows of the vocabulary past vocab_size (the padding) read as zero. A tensor of rank
+  // 3 (the experts' [E, R, C]) takes slices that span its middle dimension whole.
   void read(const std::string& ours, const Slice& src, void* dst, const std::vector<int64_t>& dst_shape,
             const std::vector<int64_t>& dst_start);
 
@@ -51,11 +52,14 @@ class HfSliceReader {
     bool transposed = false;  // GPT-2's Conv1D: our (r, c) is HF's (c, r)
   };
   const std::vector<Rows>& rows_of(const std::string& ours);
+  void read_as_rows(const std::string& ours, const Slice& src, void* dst, const std::vector<int64_t>& dst_shape,
+                    const std::vector<int64_t>& dst_start);
 
   const HfModelFiles& m_;
   ModelConfig cfg_;
   HfFamily family_;
   std::map<std::string, std::vector<Rows>> rows_;
+  std::map<std::string, std::vector<int64_t>> full_shape_;  // our full tensors' shapes
 };
 
 }  // namespace mt

@@ -79,6 +79,7 @@ Block::Block(const ModelConfig& cfg, ParamStore& params, int layer, TpComm* tp) 
   attn_proj_ = lin(p + "attn.c_proj");
   if (cfg.moe_layer(layer)) {
     moe_.emplace(cfg, params, layer);
+    moe_->set_token_group(tp_);  // sequence parallelism: the tp ranks split each micro-batch's tokens
   } else {
     c_fc_ = lin(p + "mlp.c_fc");
     mlp_proj_ = lin(p + "mlp.c_proj");
@@ -266,11 +267,13 @@ void Block::forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s,
 
   Tensor attn = v.part.slice0(0, v.Ns);
   row_forward(attn, v.N, attn_proj);
-  add_norm_forward(ops, ln2_, v.h, v.ln2_out, v.mean2, v.rstd2, x, attn);  // h = x + attn; LN2(h)
-  if (moe_) {  // y = h + MoE(LN2 h)  (tp = 1: ModelConfig::validate_tp)
-    moe_->forward(ops, v.part, v.ln2, a.moe);
-    return ops.add(y, v.h, v.part);
+  if (moe_) {  // h = x + attn; y = h + MoE(LN2 h), on this rank's rows (the MoE's input is kept in ln2's first rows)
+    add_norm_forward(ops, ln2_, v.h, moe_input(v), v.mean2, v.rstd2, x, attn);
+    Tensor out = v.part.slice0(0, v.Ns);  // attn is consumed
+    moe_->forward(ops, out, moe_input(v), a.moe);
+    return ops.add(y, v.h, out);
   }
+  add_norm_forward(ops, ln2_, v.h, v.ln2_out, v.mean2, v.rstd2, x, attn);  // h = x + attn; LN2(h)
   column_forward(v.ln2, v.ln2_out, [&](int64_t r0, int64_t n) {
     mlp_up_forward(ops, rows(v.fc, r0, n), rows(v.act, r0, n), rows(v.ln2, r0, n));
   });
@@ -301,9 +304,10 @@ void Block::backward(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& 
   };
 
   if (moe_) {
-    // The MoE layer's branch, as the MLP's below: d_ln = MoE'(dy); dx += LN2'(d_ln); then attention.
-    rebuild_norm(ops, ln2_, v.ln2, v.ln2_out, v.h);
-    moe_->backward(ops, d_ln, dx, v.ln2, a.moe, a.moe_loss_scale);
+    // The MoE layer's branch, as the MLP's below: d_ln = MoE'(dy); dx += LN2'(d_ln); then attention. All on this
+    // rank's rows: no gather (the MoE is per token).
+    if (recompute_norm_) norm_forward(ops, ln2_, moe_input(v), Tensor{}, Tensor{}, v.h);
+    moe_->backward(ops, d_ln, dx, moe_input(v), a.moe, a.moe_loss_scale);
     norm_backward(ops, ln2_, dx, d_ln, v.h, v.mean2, v.rstd2);
     row_backward(dx, v.d_h, attn_proj);
     return attention_backward(ops, dx, x, v);

@@ -4,7 +4,9 @@
 // Each dataflow is written once: its linears are column-parallel (c_attn, c_fc) or row-parallel (the two c_proj),
 // plain GEMMs at tp = 1 and Megatron's gather/scatter around the same GEMMs at tp > 1.
 // Attention may use RoPE, GQA and a sliding window; the MLP is GeLU or SwiGLU, or on a MoE layer
-// (ModelConfig::moe_layer; sequential block, tp = 1) the mixture of experts of model/moe.h: y = h + MoE(LN2 h).
+// (ModelConfig::moe_layer; sequential block) the mixture of experts of model/moe.h: y = h + MoE(LN2 h). The MoE is
+// per token, so with tp it runs on this rank's rows of the sequence-parallel stream (no gather, no scatter), with
+// its weights replicated and the micro-batch's routing statistics shared over tp (MoeFfn::set_token_group).
 // The layer reads its weights and accumulates its gradients through ParamStore views; activations live in a
 // BlockActs the caller plans.
 #pragma once
@@ -104,6 +106,9 @@ class Block {
     Tensor part;
   };
   Views views(BlockActs& a, BlockScratch& s, int B, int T) const;
+  // A MoE layer's input LN2(h): this rank's [Ns, C] rows, kept in the first rows of ln2 (its gathered [N, C]
+  // buffer on an MLP layer) until backward.
+  static Tensor moe_input(const Views& v) { return v.ln2.slice0(0, v.Ns); }
   // Backward from the attention's output gradient v.d_att to dx (accumulated into it), through LN1.
   void attention_backward(Ops& ops, Tensor dx, Tensor x, const Views& v) const;
 

@@ -41,10 +41,6 @@ int ModelConfig::padded_vocab(int tp) const {
 
 void ModelConfig::validate_tp(int tp) const {
   MT_CHECK(tp >= 1, "parallel.tp must be >= 1 (got {})", tp);
-  MT_CHECK(tp == 1 || !moe(),
-           "model.moe_experts = {} with parallel.tp = {}: MoE layers run without tensor "
-           "parallelism for now (set parallel.tp = 1)",
-           moe_experts, tp);
   MT_CHECK(n_head % tp == 0, "model.n_head ({}) must be divisible by parallel.tp ({})", n_head, tp);
   MT_CHECK(kv_heads() % tp == 0, "model.n_kv_head ({}) must be divisible by parallel.tp ({})", kv_heads(), tp);
   MT_CHECK(ff_dim() % tp == 0, "the MLP width (model.d_ff = {}) must be divisible by parallel.tp ({})", ff_dim(), tp);

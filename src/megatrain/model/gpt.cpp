@@ -275,9 +275,10 @@ void GPT::count_moe(int l, const MoeActs& a) {
   const MoeRouting& r = a.routing;
   if (st.tokens.empty()) st.tokens.assign(r.E, 0);
   st.layer = l;
-  for (int e = 0; e < r.E; ++e) st.tokens[e] += r.routed[e], moe_load_[l][e] += r.routed[e];
-  st.dropped += r.dropped;
-  st.assignments += r.N * r.k;
+  // The micro-batch's counts (with tp, each rank routes its rows of it: MoeFfn shares them over tp).
+  for (int e = 0; e < r.E; ++e) st.tokens[e] += r.batch_routed[e], moe_load_[l][e] += r.batch_routed[e];
+  st.dropped += r.batch_dropped;
+  st.assignments += r.batch_N * r.k;
   st.aux += a.aux, st.z += a.z;
   ++st.forwards;
 }
@@ -473,14 +474,16 @@ void GPT::chunk_trunk(int c, Slot& s, Tensor x, const int32_t* tokens, int B, in
 }
 
 Tensor GPT::forward_chunk(int c, int mb, Tensor x, const int32_t* tokens, const int32_t* targets, int B, int T,
-                          float loss_scale, float* loss_out) {
+                          float loss_scale, float* loss_out, bool train) {
   MT_CHECK(c >= 0 && c < num_chunks(), "model chunk {} does not exist (this stage holds {})", c, num_chunks());
   MT_CHECK(mb >= 0, "micro-batch id {} must be >= 0", mb);
   ensure_capacity(B, T, mb);
   Slot& s = take_slot(c, mb);
   ++chunk_forwards_;
   loss_scale_ = loss_scale;
+  moe_count_ = train;
   chunk_trunk(c, s, x, tokens, B, T);
+  moe_count_ = false;
   if (!last_chunk(c)) return act(s.residual[chunks_[c].second], stream_rows(s), cfg_.d_model);
   const float l = loss(s, targets, loss_scale, true);
   if (loss_out) *loss_out = l;

@@ -87,9 +87,10 @@ class GPT {
   // Forward of chunk c over micro-batch mb [B, T]: the first chunk embeds `tokens`, any other reads x (this rank's
   // [B*T/tp, C] rows of the previous stage's output). Returns the output rows (a view valid until mb's backward),
   // or on the last chunk an empty tensor, with *loss = the mean loss over the targets and the gradient of
-  // loss * loss_scale prepared for backward_chunk.
+  // loss * loss_scale prepared for backward_chunk. train = false: an evaluation's forward, whose MoE routing is
+  // not counted (take_moe_stats).
   Tensor forward_chunk(int c, int mb, Tensor x, const int32_t* tokens, const int32_t* targets, int B, int T,
-                       float loss_scale, float* loss);
+                       float loss_scale, float* loss, bool train = true);
   // Backward of chunk c for micro-batch mb, from the activations its forward_chunk kept (layers configured for
   // recomputation re-run their forward from their saved input). dy: gradient w.r.t. the chunk's output (ignored
   // on the last chunk). Returns the gradient w.r.t. x (a view valid until the next call), empty on the first chunk.

@@ -62,8 +62,32 @@ void MoeFfn::forward(Ops& ops, Tensor out, Tensor in, MoeActs& a) const {
     ops.swiglu_forward(s_act, s_fc);
     ops.matmul_forward_add(out, s_act, params_.weight(s2_), Tensor{}, out, rows_of(a.tmp, N, C));
   }
+  if (group_) return share_batch(a, logits.f32());
   a.aux = cfg_.moe_aux_loss > 0 ? moe_aux_loss(r) : 0.0;
   a.z = cfg_.moe_z_loss > 0 ? moe_z_loss(logits.f32(), N, static_cast<int>(E)) : 0.0;
+}
+
+void MoeFfn::share_batch(MoeActs& a, const float* logits) const {
+  MoeRouting& r = a.routing;
+  const int E = r.E;
+  // [routed (E) | probability sums (E) | dropped | tokens | z sum]: the counts are exact in fp32 up to 2^24.
+  MT_CHECK(r.N * r.k * group_->size() < (int64_t{1} << 24),
+           "model.moe_experts: a micro-batch of {} tokens x top-k {} over {} ranks is too large to share its "
+           "routing counts (fp32); lower data.batch_size * data.seq_len",
+           r.N * group_->size(), r.k, group_->size());
+  std::vector<double> P(E);
+  moe_prob_sums(r, P.data());
+  std::vector<float> v(2 * E + 3);
+  for (int e = 0; e < E; ++e) v[e] = static_cast<float>(r.routed[e]), v[E + e] = static_cast<float>(P[e]);
+  v[2 * E] = static_cast<float>(r.dropped);
+  v[2 * E + 1] = static_cast<float>(r.N);
+  v[2 * E + 2] = static_cast<float>(moe_z_loss(logits, r.N, E) * double(r.N));
+  group_->allreduce(f32_view(v.data(), {static_cast<int64_t>(v.size())}), TpReduce::Sum);
+  for (int e = 0; e < E; ++e) r.batch_routed[e] = static_cast<int64_t>(v[e]), P[e] = v[E + e];
+  r.batch_dropped = static_cast<int64_t>(v[2 * E]);
+  r.batch_N = static_cast<int64_t>(v[2 * E + 1]);
+  a.aux = cfg_.moe_aux_loss > 0 ? moe_aux_from_sums(r, P.data()) : 0.0;
+  a.z = cfg_.moe_z_loss > 0 ? double(v[2 * E + 2]) / double(r.batch_N) : 0.0;
 }
 
 void MoeFfn::backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a, float loss_scale) const {

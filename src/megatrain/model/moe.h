@@ -16,7 +16,14 @@
 //                                                  SwiGLU of width S*F
 // F = moe_d_ff, S = moe_shared_experts. No biases (Mixtral, DeepSeek have none).
 //
-// CPU only for now (host fp32: the routing and the permutation are the CPU reference ops); single process.
+// CPU only for now (host fp32: the routing and the permutation are the CPU reference ops).
+//
+// A micro-batch split over ranks (the token group: tensor + sequence parallelism, where each tp rank keeps its
+// rows through the layer): every rank routes and computes its own tokens with the full (replicated) weights, and
+// forward sums the routing counts, the aux loss's probability sums and the z-loss's sum over the group (one
+// all-reduce of 2E + 3 values), so that the losses, their gradients (which the rank's tokens receive) and the
+// counts each rank reports are the whole micro-batch's. The weights' gradients are then each rank's share: the
+// caller sums them over the group (model/gpt.h, replicated parameters). The capacity stays per rank (its tokens).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,6 +33,7 @@
 #include "megatrain/kernels/cpu/moe.h"
 #include "megatrain/model/config.h"
 #include "megatrain/model/params.h"
+#include "megatrain/model/tp_comm.h"
 
 namespace mt {
 
@@ -59,10 +67,17 @@ class MoeFfn {
   // the router's from the auxiliary losses, those scaled by loss_scale (as the cross-entropy's gradient).
   void backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a, float loss_scale) const;
   int router_bias() const { return bias_; }  // parameter index; -1 without the sigmoid_bias router
+  // The ranks that share each micro-batch's tokens (see the header); nullptr or size 1: this rank has them all.
+  void set_token_group(TpComm* group) { group_ = group && group->size() > 1 ? group : nullptr; }
 
  private:
+  // The group's micro-batch: sums the counts and the losses' sums over group_, setting a.routing.batch_*, a.aux
+  // and a.z to the micro-batch's.
+  void share_batch(MoeActs& a, const float* logits) const;
+
   const ModelConfig& cfg_;
   ParamStore& params_;
+  TpComm* group_ = nullptr;
   int router_ = -1, bias_ = -1, w13_ = -1, w2_ = -1, s13_ = -1, s2_ = -1;
 };
 

@@ -65,7 +65,7 @@ double pipeline_eval_loss(GPT& model, ProcessGroup& pp, const int32_t* tokens, c
     for (int64_t i = 0; i < static_cast<int64_t>(B) * T; ++i) valid += tg[i] >= 0;
     float loss = 0;
     // The training loss path (the same kernels as one process's forward); no backward follows, so the slot is freed.
-    model.forward_chunk(c, 0, x, tokens ? tokens + off : nullptr, tg, B, T, 1.0f, &loss);
+    model.forward_chunk(c, 0, x, tokens ? tokens + off : nullptr, tg, B, T, 1.0f, &loss, /*train=*/false);
     model.release_activations(c, 0);
     sum += static_cast<double>(loss) * static_cast<double>(valid);
   });

@@ -776,17 +776,14 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(read_text_file(path), path, overrides);
 }
 
-// What MoE (docs/moe.md) runs on so far: the CPU, one process or data parallelism (the experts are replicated
-// parameters; each rank balances over its own tokens), with the softmax router there.
+// What MoE (docs/moe.md) runs on so far: the CPU, under any of dp, tp (the experts replicated over tp, each rank
+// routing its sequence-parallel rows) and pp; with the softmax router under dp (each rank balances over its own
+// tokens).
 void RunConfig::validate_moe() const {
   MT_CHECK(train.device == Device::CPU,
            "{}: model.moe_experts = {} runs on train.device = \"cpu\" only for now (the MoE layer's CUDA kernels "
            "are not written yet)",
            source, model.moe_experts);
-  MT_CHECK(parallel.tp == 1 && parallel.pp == 1,
-           "{}: model.moe_experts = {} with parallel.tp = {} and parallel.pp = {}: MoE layers run without tensor or "
-           "pipeline parallelism for now (set both to 1)",
-           source, model.moe_experts, parallel.tp, parallel.pp);
   MT_CHECK(parallel.dp == 1 || model.moe_router == MoeRouter::Softmax,
            "{}: model.moe_router = \"sigmoid_bias\" with parallel.dp = {}: the balancing bias steps from each rank's "
            "own loads, so the replicas would diverge; use parallel.dp = 1 or model.moe_router = \"softmax\"",

@@ -21,6 +21,7 @@
 #include "megatrain/train/host_mirror.h"
 #include "megatrain/train/metrics.h"
 #include "megatrain/train/model_stack.h"
+#include "megatrain/train/moe_stats.h"
 #include "megatrain/train/node_data.h"
 #include "megatrain/train/output_dirs.h"
 #include "megatrain/train/peak.h"
@@ -139,8 +140,9 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     j.fb.set_step(step);
     loss = j.fb.run(j.loader, j.update);
   }
-  // A MoE model's routing counts of this step's forwards, taken before a rerun (below) repeats them.
-  std::vector<MoeLayerStats> moe = j.stack.model->take_moe_stats();
+  // A MoE model's routing counts of this step's forwards, taken before a rerun (below) repeats them; every stage's.
+  std::vector<MoeLayerStats> moe = gather_moe_stats(cfg.model, j.stack.model->take_moe_stats(),
+                                                    j.topo.shape.pp > 1 ? &j.topo.host_mesh->pp() : nullptr);
   double norm;
   {
     obs::ScopedSpan phase("phase", "gradients");  // data-parallel reduction and the norm

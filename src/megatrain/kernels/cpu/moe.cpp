@@ -96,6 +96,7 @@ void moe_route(MoeRouting& r, const float* logits, int64_t N, int E, int k, MoeR
   }
   r.capacity = capacity_factor > 0 ? static_cast<int64_t>(std::ceil(double(capacity_factor) * N * k / E)) : 0;
   build_order(r);
+  r.batch_N = N, r.batch_routed = r.routed, r.batch_dropped = r.dropped;
 }
 
 namespace {
@@ -120,16 +121,27 @@ double logsumexp(const float* l, int E) {
 
 }  // namespace
 
-double moe_aux_loss(const MoeRouting& r) {
+void moe_prob_sums(const MoeRouting& r, double* P) {
   const int E = r.E;
-  std::vector<double> P(E, 0.0), q(E);
+  std::vector<double> q(E);
+  std::fill(P, P + E, 0.0);
   for (int64_t t = 0; t < r.N; ++t) {
     aux_probs(q.data(), &r.probs[t * E], E, r.router);
     for (int e = 0; e < E; ++e) P[e] += q[e];
   }
+}
+
+double moe_aux_from_sums(const MoeRouting& r, const double* P_sums) {
+  const double N = double(r.batch_N);
   double loss = 0;
-  for (int e = 0; e < E; ++e) loss += double(r.routed[e]) / (double(r.N) * r.k) * (P[e] / double(r.N));
-  return E * loss;
+  for (int e = 0; e < r.E; ++e) loss += double(r.batch_routed[e]) / (N * r.k) * (P_sums[e] / N);
+  return r.E * loss;
+}
+
+double moe_aux_loss(const MoeRouting& r) {
+  std::vector<double> P(r.E);
+  moe_prob_sums(r, P.data());
+  return moe_aux_from_sums(r, P.data());
 }
 
 double moe_z_loss(const float* logits, int64_t N, int E) {
@@ -144,10 +156,10 @@ double moe_z_loss(const float* logits, int64_t N, int E) {
 void moe_router_backward(float* dlogits, const float* dgate, const float* logits, const MoeRouting& r, float aux_coef,
                          float z_coef) {
   const int E = r.E, k = r.k;
-  const double N = double(r.N);
+  const double N = double(r.batch_N);  // the micro-batch's tokens (all of them: the means are over it)
   // d aux / d q_{t,e} = E * f_e / N (f_e a constant), the same for every token.
   std::vector<double> daux(E);
-  for (int e = 0; e < E; ++e) daux[e] = aux_coef * double(E) * (double(r.routed[e]) / (N * k)) / N;
+  for (int e = 0; e < E; ++e) daux[e] = aux_coef * double(E) * (double(r.batch_routed[e]) / (N * k)) / N;
   std::vector<double> dp(E), q(E);
   for (int64_t t = 0; t < r.N; ++t) {
     const float* p = &r.probs[t * E];

@@ -36,6 +36,13 @@ struct MoeRouting {
   std::vector<int64_t> routed;   // [E]: assignments the router chose per expert (before the capacity drop)
   int64_t dropped = 0;           // assignments dropped by the capacity
   int64_t capacity = 0;          // per expert; 0 = none (dropless)
+  // The whole micro-batch's counts, of which these N tokens may be a part (sequence parallelism: each rank routes
+  // its rows of one micro-batch). moe_route sets them to this call's own (N, routed, dropped); a caller whose
+  // micro-batch is split sums them over its parts before moe_aux_loss / moe_router_backward, which take the
+  // fractions f_e and the token means over the micro-batch: f_e = batch_routed[e] / (batch_N * k), 1 / batch_N.
+  int64_t batch_N = 0;
+  std::vector<int64_t> batch_routed;  // [E]
+  int64_t batch_dropped = 0;
   int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
 };
 
@@ -53,12 +60,18 @@ void moe_route(MoeRouting& r, const float* logits, int64_t N, int E, int k, MoeR
 // f_e = routed[e] / (N * k) (the router's choices before any drop; a constant in the gradient) and P_e is the mean
 // over tokens of the router probability of e: softmax, p; sigmoid_bias, the scores normalised per token,
 // s_e / sum_e' s_e'. Equals 1 for perfectly uniform routing and probabilities.
+// The micro-batch's own: P_e and f_e from r's tokens and r.batch_* (moe_aux_from_sums with moe_prob_sums(r)).
 double moe_aux_loss(const MoeRouting& r);
+// P[e] (overwritten, [E]) = the sum over r's tokens of the aux loss's per-token probability of e (above).
+void moe_prob_sums(const MoeRouting& r, double* P);
+// The load-balancing loss from the micro-batch's sums: P_sums[e] summed over all its tokens, and r.batch_*.
+double moe_aux_from_sums(const MoeRouting& r, const double* P_sums);
 // The router z-loss without its coefficient (ST-MoE): mean over tokens of logsumexp(logits_t)^2.
 double moe_z_loss(const float* logits, int64_t N, int E);
 
 // dlogits [N, E] (overwritten) = the gradient w.r.t. the router logits of
-//   sum_{t,j} dgate[t, j] * gate[t, j] + aux_coef * moe_aux_loss + z_coef * moe_z_loss.
+//   sum_{t,j} dgate[t, j] * gate[t, j] + aux_coef * moe_aux_loss + z_coef * moe_z_loss,
+// both losses taken over the micro-batch (r.batch_*: its f_e and token count) of which r's tokens are a part.
 // dgate [N, k] is the gradient w.r.t. the gates (0 for dropped assignments: they did not reach the output).
 // The sigmoid_bias router's bias takes no part (it only chose the experts).
 void moe_router_backward(float* dlogits, const float* dgate, const float* logits, const MoeRouting& r, float aux_coef,
