@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "megatrain/core/error.h"
 #include "megatrain/perf/memory.h"
@@ -13,6 +14,13 @@ namespace mt::perf {
 int peak_in_flight_estimate(int pp, int v, int m) {
   const int warmup = v == 1 ? pp - 1 : (pp - 1) * 2 + (v - 1) * pp;
   return std::min(warmup + 1, m * v);
+}
+
+std::vector<int> expert_parallel_sizes(const ModelConfig& m, int dp) {
+  std::vector<int> out;
+  for (int ep = 1; ep <= dp; ++ep)
+    if (dp % ep == 0 && (ep == 1 || (m.moe() && m.moe_experts % ep == 0))) out.push_back(ep);
+  return out;
 }
 
 SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const SearchOptions& o) {
@@ -27,9 +35,11 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
   std::vector<Candidate> all;
   for (int tp = 1; tp <= std::min(o.gpus, c.node_gpus()); tp *= 2) {
     if (m.n_head % tp || m.kv_heads() % tp || m.ff_dim() % tp) continue;
+    if (m.moe() && tp > 1) continue;  // MoE layers run without tensor parallelism (ModelConfig::validate_tp)
     for (int pp = 1; pp <= m.n_layer; ++pp) {
       if (o.gpus % (tp * pp)) continue;
       const int dp = o.gpus / (tp * pp);
+      for (int ep : expert_parallel_sizes(m, dp))
       for (int mb : o.micro_batches) {
         if (o.global_batch % (dp * mb)) continue;
         const int micro = o.global_batch / (dp * mb);
@@ -42,7 +52,7 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
           // balanced split, not best_stage_layers' refinement, which simulates every move.)
           Job base;
           base.model = m;
-          base.layout = Layout{dp, pp, tp, v, micro, mb, o.seq, {}};
+          base.layout = Layout{dp, pp, tp, v, micro, mb, o.seq, {}, ep};
           base.tech = o.tech;
           const bool even = m.n_layer % (pp * v) == 0;
           std::vector<std::vector<int>> splits;
@@ -62,7 +72,7 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
               j.layout.stage_layers = split;
               j.tech.recompute = rc;
               const MemoryBreakdown mem = memory_per_gpu(m, Shape{tp, mb, o.seq}, j.tech, dp, pp, v,
-                                                         peak_in_flight_estimate(pp, v, micro), split);
+                                                         peak_in_flight_estimate(pp, v, micro), split, ep);
               if (mem.total() > limit) continue;
               over = false;
               ++r.simulated;
@@ -92,6 +102,33 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
   return r;
 }
 
+namespace {
+// MoE: where the winner's all-to-alls run, what its experts take, and the best layout of each other ep.
+std::string explain_ep(const SearchResult& r, const Cluster& c, const Prediction& p) {
+  const Candidate& best = r.ranked.front();
+  const Layout& L = best.job.layout;
+  std::string out = fmt::format(
+      "     ep {} (experts {} per GPU) keeps the all-to-alls {}; they expose {:.1f}% of the step; the experts' "
+      "weights, gradients and optimizer state take {:.1f} GiB per GPU. MFU counts the active parameters' FLOPs.\n",
+      L.ep, best.job.model.moe_experts / L.ep,
+      L.ep == 1 ? "off (every rank holds every expert)"
+                : (L.tp * L.ep <= c.node_gpus() ? "on NVLink inside a node" : "across nodes"),
+      100 * p.breakdown.ep / p.step_seconds, p.memory.experts / double(1 << 30));
+  std::map<int, const Candidate*> per_ep;
+  for (const Candidate& cand : r.ranked)
+    if (!per_ep.count(cand.job.layout.ep)) per_ep[cand.job.layout.ep] = &cand;
+  for (auto& [ep, cand] : per_ep)
+    if (cand != &best)
+      out += fmt::format("     best with ep {}: {:.2f} s ({:+.1f}%), dp {} pp {}, micro-batch {}, recompute {}\n", ep,
+                         cand->step_seconds, 100 * (cand->step_seconds / best.step_seconds - 1), cand->job.layout.dp,
+                         cand->job.layout.pp, cand->job.layout.micro_batch, recompute_name(cand->job.tech.recompute));
+  std::set<int> fitting;
+  for (const Candidate& cand : r.ranked) fitting.insert(cand.job.layout.ep);
+  if (!fitting.count(1)) out += "     no layout with ep 1 (every expert on every GPU) fits the memory limit\n";
+  return out;
+}
+}  // namespace
+
 std::string explain(const SearchResult& r, const Cluster& c) {
   if (r.ranked.empty()) return "no layout fits\n";
   const Candidate& best = r.ranked.front();
@@ -111,6 +148,7 @@ std::string explain(const SearchResult& r, const Cluster& c) {
                   "a bubble of {:.1f}%.\n",
                   L.tp, L.tp <= c.node_gpus() ? "on NVLink inside a node" : "across nodes", L.pp, L.virtual_stages,
                   L.microbatches, L.micro_batch, 100 * b.bubble / p.step_seconds);
+  if (best.job.model.moe()) out += explain_ep(r, c, p);
   // The best layout of each other (tp, pp): what the alternatives would cost.
   std::map<std::pair<int, int>, const Candidate*> per_shape;
   for (const Candidate& cand : r.ranked) {
