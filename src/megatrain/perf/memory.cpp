@@ -61,16 +61,16 @@ double moe_layer_activation_bytes(const ModelConfig& m, const Shape& s, const Te
 }
 
 namespace {
-// MoE: rank 0's layers (its chunks), their dense and expert parameters and the activations its largest chunk keeps.
+// MoE: the rank's layers (its chunks), their dense and expert parameters and the activations its largest chunk keeps.
 MemoryBreakdown moe_memory_per_gpu(const ModelConfig& m, const Shape& s, const Techniques& t, int dp, int pp, int v,
-                                   int peak_in_flight_chunks, const std::vector<int>& stage_layers, int ep) {
+                                   int peak_in_flight_chunks, const std::vector<int>& stage_layers, int ep, int rank) {
   const std::vector<int> counts = stage_layer_counts(m, pp, v, stage_layers);
   std::vector<int> first(counts.size(), 0);
   for (size_t st = 1; st < counts.size(); ++st) first[st] = first[st - 1] + counts[st - 1];
   const double dense_act = layer_activation_bytes(m, s, t), moe_act = moe_layer_activation_bytes(m, s, t);
   double dense = 0, experts = 0, chunk_act = 0;
   for (int c = 0; c < v; ++c) {
-    const int st = c * pp;
+    const int st = c * pp + rank;
     double act = 0;
     for (int l = first[st]; l < first[st] + counts[st]; ++l) {
       const LayerParams p = layer_params(m, l);
@@ -80,9 +80,9 @@ MemoryBreakdown moe_memory_per_gpu(const ModelConfig& m, const Shape& s, const T
     }
     chunk_act = std::max(chunk_act, act);
   }
-  dense += double(m.padded_vocab(s.tp)) * m.d_model / s.tp;  // the embedding
-  if (m.pos == PosKind::Learned) dense += double(m.max_seq_len) * m.d_model / s.tp;
-  if (pp == 1 && !m.tied_embeddings) dense += double(m.padded_vocab(s.tp)) * m.d_model / s.tp;  // the head
+  const double vocab_rows = double(m.padded_vocab(s.tp)) * m.d_model / s.tp;
+  if (rank == 0) dense += vocab_rows + (m.pos == PosKind::Learned ? double(m.max_seq_len) * m.d_model / s.tp : 0);
+  if (rank == pp - 1 && (pp > 1 || !m.tied_embeddings)) dense += vocab_rows;  // the LM head (or its copy)
   MemoryBreakdown b;
   b.params = 2 * (dense + experts);
   b.grads = 4 * (dense + experts);
@@ -97,18 +97,19 @@ MemoryBreakdown moe_memory_per_gpu(const ModelConfig& m, const Shape& s, const T
 }  // namespace
 
 MemoryBreakdown memory_per_gpu(const ModelConfig& m, const Shape& s, const Techniques& t, int dp, int pp, int v,
-                               int peak_in_flight_chunks, const std::vector<int>& stage_layers, int ep) {
+                               int peak_in_flight_chunks, const std::vector<int>& stage_layers, int ep, int rank) {
   MT_CHECK(ep >= 1 && dp % ep == 0, "memory: parallel.ep = {} must divide parallel.dp = {}", ep, dp);
-  if (m.moe()) return moe_memory_per_gpu(m, s, t, dp, pp, v, peak_in_flight_chunks, stage_layers, ep);
+  MT_CHECK(rank >= 0 && rank < pp, "memory: pipeline rank {} of {}", rank, pp);
+  if (m.moe()) return moe_memory_per_gpu(m, s, t, dp, pp, v, peak_in_flight_chunks, stage_layers, ep, rank);
   MemoryBreakdown b;
-  const double p = params_per_gpu(m, s.tp, pp, 0, v, stage_layers);
+  const double p = params_per_gpu(m, s.tp, pp, rank, v, stage_layers);
   b.params = 2 * p;
   b.grads = 4 * p;
   b.optimizer = 12 * p / dp;
   // Rank 0's chunks (it holds the most micro-batches in flight); with an uneven split, its largest.
   int layers_per_chunk = 0;
   const std::vector<int> counts = stage_layer_counts(m, pp, v, stage_layers);
-  for (int c = 0; c < v; ++c) layers_per_chunk = std::max(layers_per_chunk, counts[c * pp]);
+  for (int c = 0; c < v; ++c) layers_per_chunk = std::max(layers_per_chunk, counts[c * pp + rank]);
   b.activations = layer_activation_bytes(m, s, t) * layers_per_chunk * std::max(1, peak_in_flight_chunks);
   // The embedding output of each in-flight micro-batch on the first stage, and one layer's working set (the
   // backward of the layer being recomputed holds its full activations once).

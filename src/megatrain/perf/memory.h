@@ -46,8 +46,10 @@ double layer_activation_bytes(const ModelConfig& m, const Shape& s, const Techni
 // keeps the layer's input only (2sbh), as a dense layer.
 double moe_layer_activation_bytes(const ModelConfig& m, const Shape& s, const Techniques& t);
 // The most loaded GPU (rank 0: the most micro-batches in flight, and the embedding).
-// ep: expert-parallel ranks (1 without MoE).
+// ep: expert-parallel ranks (1 without MoE); rank: the pipeline rank (a MoE model's ranks differ: dense first
+// layers, the experts), with its own peak of chunks in flight.
 MemoryBreakdown memory_per_gpu(const ModelConfig& m, const Shape& s, const Techniques& t, int dp, int pp, int v,
-                               int peak_in_flight_chunks, const std::vector<int>& stage_layers = {}, int ep = 1);
+                               int peak_in_flight_chunks, const std::vector<int>& stage_layers = {}, int ep = 1,
+                               int rank = 0);
 
 }  // namespace mt::perf

@@ -92,7 +92,8 @@ json to_json(const Prediction& p) {
             {"activations", m.activations},
             {"experts", m.experts},
             {"total", m.total()}}},
-          {"peak_in_flight_chunks", p.peak_in_flight}};
+          {"peak_in_flight_chunks", p.peak_in_flight},
+          {"memory_rank", p.memory_rank}};
 }
 
 std::string format_prediction(const Job& j, const Prediction& p, const Cluster& c) {
@@ -114,7 +115,8 @@ std::string format_prediction(const Job& j, const Prediction& p, const Cluster& 
   if (b.shared_cores > 0) out += row("waiting for a core", b.shared_cores);
   if (b.dp_sync > 0) out += row("dp sync (calibrated)", b.dp_sync);
   if (b.interference > 0) out += row("overlap interference", b.interference);
-  out += fmt::format("\nmemory per GPU (pipeline rank 0, {} chunks in flight)\n", p.peak_in_flight);
+  out += fmt::format("\nmemory per GPU (pipeline rank {}, {} chunks in flight{})\n", p.memory_rank, p.peak_in_flight,
+                     j.model.moe() ? "; the fullest rank" : "");
   auto mrow = [&](const char* name, double bytes) {
     return fmt::format("  {:<22} {:>8.2f} GiB\n", name, bytes / kGiB);
   };

@@ -11,8 +11,8 @@
 
 namespace mt::perf {
 
-int peak_in_flight_estimate(int pp, int v, int m) {
-  const int warmup = v == 1 ? pp - 1 : (pp - 1) * 2 + (v - 1) * pp;
+int peak_in_flight_estimate(int pp, int v, int m, int rank) {
+  const int warmup = v == 1 ? pp - 1 - rank : (pp - 1 - rank) * 2 + (v - 1) * pp;
   return std::min(warmup + 1, m * v);
 }
 
@@ -22,6 +22,23 @@ std::vector<int> expert_parallel_sizes(const ModelConfig& m, int dp) {
     if (dp % ep == 0 && (ep == 1 || (m.moe() && m.moe_experts % ep == 0))) out.push_back(ep);
   return out;
 }
+
+namespace {
+// Memory per GPU of pipeline rank 0, or for a MoE model of its fullest rank (the ranks' layers differ).
+MemoryBreakdown fullest_rank_memory(const Job& j, int micro) {
+  const Layout& L = j.layout;
+  const Shape s{L.tp, L.micro_batch, L.seq};
+  const int pp = L.pp, v = L.virtual_stages;
+  MemoryBreakdown best =
+      memory_per_gpu(j.model, s, j.tech, L.dp, pp, v, peak_in_flight_estimate(pp, v, micro), L.stage_layers, L.ep);
+  for (int r = 1; j.model.moe() && r < pp; ++r) {
+    const MemoryBreakdown m = memory_per_gpu(j.model, s, j.tech, L.dp, pp, v, peak_in_flight_estimate(pp, v, micro, r),
+                                             L.stage_layers, L.ep, r);
+    if (m.total() > best.total()) best = m;
+  }
+  return best;
+}
+}  // namespace
 
 SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const SearchOptions& o) {
   if (o.gpus < 1) fail_as(ErrorKind::Config, "--search needs --gpus >= 1 (got {})", o.gpus);
@@ -71,8 +88,7 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
               Job j = base;
               j.layout.stage_layers = split;
               j.tech.recompute = rc;
-              const MemoryBreakdown mem = memory_per_gpu(m, Shape{tp, mb, o.seq}, j.tech, dp, pp, v,
-                                                         peak_in_flight_estimate(pp, v, micro), split, ep);
+              const MemoryBreakdown mem = fullest_rank_memory(j, micro);
               if (mem.total() > limit) continue;
               over = false;
               ++r.simulated;

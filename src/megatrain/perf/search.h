@@ -32,8 +32,8 @@ struct SearchResult {
   int considered = 0, over_memory = 0, simulated = 0;
 };
 
-// Peak micro-batch chunks in flight on pipeline rank 0 of the interleaved schedule (warm-up forwards + 1).
-int peak_in_flight_estimate(int pp, int v, int microbatches);
+// Peak micro-batch chunks in flight on pipeline rank `rank` of the interleaved schedule (warm-up forwards + 1).
+int peak_in_flight_estimate(int pp, int v, int microbatches, int rank = 0);
 // The expert-parallel sizes the search tries with dp data-parallel ranks: 1, and for a MoE model every divisor of
 // dp that divides model.moe_experts.
 std::vector<int> expert_parallel_sizes(const ModelConfig& m, int dp);

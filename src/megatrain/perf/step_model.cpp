@@ -502,6 +502,12 @@ Prediction predict(const Job& job, const Cluster& c) {
   out.peak_in_flight = full.peak_in_flight.empty() ? 1 : full.peak_in_flight[0];
   out.memory = memory_per_gpu(job.model, Shape{L.tp, L.micro_batch, L.seq}, job.tech, L.dp, L.pp, L.virtual_stages,
                               out.peak_in_flight, L.stage_layers, L.ep);
+  // A MoE model's pipeline ranks hold different layers (dense first layers, experts): the fullest one.
+  for (int r = 1; job.model.moe() && r < L.pp && r < int(full.peak_in_flight.size()); ++r) {
+    const MemoryBreakdown mr = memory_per_gpu(job.model, Shape{L.tp, L.micro_batch, L.seq}, job.tech, L.dp, L.pp,
+                                              L.virtual_stages, full.peak_in_flight[r], L.stage_layers, L.ep, r);
+    if (mr.total() > out.memory.total()) out.memory = mr, out.memory_rank = r, out.peak_in_flight = full.peak_in_flight[r];
+  }
   return out;
 }
 

@@ -60,7 +60,8 @@ struct Prediction {
   Breakdown breakdown;
   MemoryBreakdown memory;
   int global_batch = 0;
-  int peak_in_flight = 0;  // micro-batch chunks in flight on rank 0
+  int peak_in_flight = 0;  // micro-batch chunks in flight on memory_rank
+  int memory_rank = 0;     // the pipeline rank `memory` is for: 0 (the most in flight), or a MoE model's fullest
 };
 
 // Refuses an impossible job with an mt::Error (kind Config) naming the problem: dp*pp*tp != gpus (when gpus > 0),
