@@ -35,9 +35,7 @@ namespace {
 
 const std::string kRoot = MT_SOURCE_DIR;
 Cluster h100() { return without_calibration(load_cluster(kRoot + "/configs/clusters/h100-sxm.toml")); }
-ModelConfig mixtral() {
-  return load_run_config(kRoot + "/configs/mixtral-8x7b.toml", {}, ConfigUse::Simulate).model;
-}
+ModelConfig mixtral() { return load_run_config(kRoot + "/configs/mixtral-8x7b.toml", {}, ConfigUse::Simulate).model; }
 
 // A small MoE model: 4 heads of 16 with 2 KV heads, 4 experts (top 2) of width 96, one shared expert.
 ModelConfig small_moe() {
@@ -113,7 +111,7 @@ TEST(MoeAllToAll, CostIsTheRoutedRowsOverTheLinkOfTheGroupsClass) {
   const ModelConfig m = mixtral();
   const Shape s{1, 1, 4096};
   const double bytes = 4096.0 * 2 * 4096 * 2;  // tokens x top-k x d_model x bf16
-  for (int ep : {2, 4, 8}) {  // tp x ep <= 8: inside a node
+  for (int ep : {2, 4, 8}) {                   // tp x ep <= 8: inside a node
     const double want = (ep - 1.0) / ep * bytes / 370e9 + (ep - 1) * 5e-6;
     EXPECT_NEAR(expert_all_to_all_seconds(m, c, s, ep), want, 1e-12) << "ep " << ep;
   }
@@ -279,10 +277,12 @@ TEST(ExpertParallelBadInput, TrainRefusesTheSimulateOnlyConfigsNamingTheKey) {
     EXPECT_NE(e.find("parallel.ep"), std::string::npos) << e;
   }
   const std::string tiny = kRoot + "/configs/tiny.toml";
-  EXPECT_NE(error_of([&] { load_run_config(tiny, {"parallel.ep=2"}, ConfigUse::Simulate); })
-                .find("parallel.ep = 2 needs a mixture-of-experts model"),
+  EXPECT_NE(error_of([&] {
+              load_run_config(tiny, {"parallel.ep=2"}, ConfigUse::Simulate);
+            }).find("parallel.ep = 2 needs a mixture-of-experts model"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { load_run_config(kRoot + "/configs/mixtral-8x7b.toml", {"parallel.ep_overlap=2"}); })
-                .find("parallel.ep_overlap"),
+  EXPECT_NE(error_of([&] {
+              load_run_config(kRoot + "/configs/mixtral-8x7b.toml", {"parallel.ep_overlap=2"});
+            }).find("parallel.ep_overlap"),
             std::string::npos);
 }

@@ -208,7 +208,9 @@ std::string set_relative(const std::string& path) { return file_exists(path) ? p
 // The published points, when the set says which model they start from.
 std::vector<perf::MeasuredPoint> set_published_points(const perf::CalibrationSet& set) {
   if (set.model_config.empty()) return {};
-  const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(set_relative(set.model_config), {}, ConfigUse::Simulate); });
+  const RunConfig cfg = with_kind(ErrorKind::Config, [&] {
+    return load_run_config(set_relative(set.model_config), {}, ConfigUse::Simulate);
+  });
   return perf::published_points(cfg.model);
 }
 
@@ -233,7 +235,8 @@ perf::MeasuredPoint own_point(const perf::MeasuredRun& r, const std::string& run
     *flag = true;
   }
   try {
-    const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(a.config, r.spec.overrides, ConfigUse::Simulate); });
+    const RunConfig cfg = with_kind(ErrorKind::Config,
+                                    [&] { return load_run_config(a.config, r.spec.overrides, ConfigUse::Simulate); });
     Job job = simulated_job(a, cfg);
     job.layout = simulated_layout(a, cfg, r.spec.overrides);
     validate_job(job, load_cluster(set_relative(r.spec.cluster)), a.gpus);
@@ -425,7 +428,8 @@ int cmd_simulate(int argc, char** argv) {
     fmt::print("{}", format_constants(cluster));
     return 0;
   }
-  RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(a.config, overrides, ConfigUse::Simulate); });
+  RunConfig cfg = with_kind(ErrorKind::Config,
+                            [&] { return load_run_config(a.config, overrides, ConfigUse::Simulate); });
   if (!a.preset.empty()) {
     print_preset(a, cfg, cluster);
     return 0;

@@ -135,8 +135,9 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
     sp_passes = t.fused_ops ? 1 + 4 : 2 + 5, launches = t.fused_ops ? 3 : 6;
   else
     sp_passes = t.fused_ops ? 2 * (1 + 3) : 2 * (2 + 4), launches = t.fused_ops ? 5 : 10;
-  const double elem_fwd = memory_seconds(c, (sp_passes * sp_elems + 2 * tp_elems) * c.dtype_bytes.value + mlp.extra_bytes,
-                                        int(launches) + mlp.extra_launches);
+  const double elem_fwd = memory_seconds(c,
+                                         (sp_passes * sp_elems + 2 * tp_elems) * c.dtype_bytes.value + mlp.extra_bytes,
+                                         int(launches) + mlp.extra_launches);
   const double elem_bwd = 2 * elem_fwd;
 
   // Tensor + sequence parallel collectives on the tp group (NVLink inside a node). Forward: an all-gather before

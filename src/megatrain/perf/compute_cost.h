@@ -73,8 +73,7 @@ MlpCost dense_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s);
 // One transformer layer; bwd includes the recomputation the chosen Recompute implies.
 LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t);
 // The same layer with another feed-forward half (moe_cost.h: a MoE layer).
-LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t,
-                     const MlpCost& mlp);
+LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t, const MlpCost& mlp);
 // The token embedding (first virtual stage) and the final norm, LM head and loss (last virtual stage).
 LayerCost embedding_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t);
 LayerCost head_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t);

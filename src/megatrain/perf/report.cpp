@@ -233,9 +233,8 @@ std::string format_search(const SearchResult& r, const Cluster& c, int top) {
     const Layout& L = cand.job.layout;
     out += fmt::format("{:>3} {:>5} {:>3} {:>3}{} {:>2} {:>5} {:>3} {:<10} | {:>8.3f} {:>5.1f}% {:>8.1f} | {}\n", i + 1,
                        L.dp, L.pp, L.tp, moe ? fmt::format(" {:>3}", L.ep) : std::string(), L.virtual_stages,
-                       L.microbatches, L.micro_batch,
-                       recompute_name(cand.job.tech.recompute), cand.step_seconds, 100 * cand.mfu,
-                       cand.memory_bytes / kGiB, stage_layers_text(L.stage_layers));
+                       L.microbatches, L.micro_batch, recompute_name(cand.job.tech.recompute), cand.step_seconds,
+                       100 * cand.mfu, cand.memory_bytes / kGiB, stage_layers_text(L.stage_layers));
   }
   if (moe) out += "(* MFU on the active parameters' FLOPs: router, top-k and shared experts per token)\n";
   return out + explain(r, c);

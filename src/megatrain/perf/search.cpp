@@ -29,8 +29,8 @@ MemoryBreakdown fullest_rank_memory(const Job& j, int micro) {
   const Layout& L = j.layout;
   const Shape s{L.tp, L.micro_batch, L.seq};
   const int pp = L.pp, v = L.virtual_stages;
-  MemoryBreakdown best =
-      memory_per_gpu(j.model, s, j.tech, L.dp, pp, v, peak_in_flight_estimate(pp, v, micro), L.stage_layers, L.ep);
+  MemoryBreakdown best = memory_per_gpu(j.model, s, j.tech, L.dp, pp, v, peak_in_flight_estimate(pp, v, micro),
+                                        L.stage_layers, L.ep);
   for (int r = 1; j.model.moe() && r < pp; ++r) {
     const MemoryBreakdown m = memory_per_gpu(j.model, s, j.tech, L.dp, pp, v, peak_in_flight_estimate(pp, v, micro, r),
                                              L.stage_layers, L.ep, r);
@@ -57,54 +57,54 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
       if (o.gpus % (tp * pp)) continue;
       const int dp = o.gpus / (tp * pp);
       for (int ep : expert_parallel_sizes(m, dp))
-      for (int mb : o.micro_batches) {
-        if (o.global_batch % (dp * mb)) continue;
-        const int micro = o.global_batch / (dp * mb);
-        for (int v = 1; v <= o.max_virtual_stages; ++v) {
-          if (pp * v > m.n_layer || (v > 1 && (pp < 2 || micro % pp))) continue;
-          // The layer splits tried: the even one where pp * v divides the layers, and the one that balances the
-          // stages' compute (the first stage also embeds, the last computes the head and loss; step_model.h) where
-          // it differs. So depths that do not divide the layers are searched too, and a heavy head gets its stage
-          // lightened. Where both fit, the faster is kept (the even one on a tie): one row per layout. (The
-          // balanced split, not best_stage_layers' refinement, which simulates every move.)
-          Job base;
-          base.model = m;
-          base.layout = Layout{dp, pp, tp, v, micro, mb, o.seq, {}, ep};
-          base.tech = o.tech;
-          const bool even = m.n_layer % (pp * v) == 0;
-          std::vector<std::vector<int>> splits;
-          if (even) splits.push_back({});
-          if (pp > 1) {
-            std::vector<int> b = balanced_stage_layers(base, c);
-            if (!even || b != std::vector<int>(size_t(pp * v), m.n_layer / (pp * v))) splits.push_back(std::move(b));
-          }
-          // Selective recomputation only drops the attention scores, which flash attention never stores: it costs and
-          // saves the same as none, so the search tries none and full.
-          for (Recompute rc : {Recompute::None, Recompute::Full}) {
-            ++r.considered;
-            std::optional<Candidate> kept;
-            bool over = true;
-            for (const std::vector<int>& split : splits) {
-              Job j = base;
-              j.layout.stage_layers = split;
-              j.tech.recompute = rc;
-              const MemoryBreakdown mem = fullest_rank_memory(j, micro);
-              if (mem.total() > limit) continue;
-              over = false;
-              ++r.simulated;
-              Candidate cand{j, predict_step_seconds(j, c), 0, mem.total()};
-              if (!kept || cand.step_seconds < kept->step_seconds) kept = cand;
+        for (int mb : o.micro_batches) {
+          if (o.global_batch % (dp * mb)) continue;
+          const int micro = o.global_batch / (dp * mb);
+          for (int v = 1; v <= o.max_virtual_stages; ++v) {
+            if (pp * v > m.n_layer || (v > 1 && (pp < 2 || micro % pp))) continue;
+            // The layer splits tried: the even one where pp * v divides the layers, and the one that balances the
+            // stages' compute (the first stage also embeds, the last computes the head and loss; step_model.h) where
+            // it differs. So depths that do not divide the layers are searched too, and a heavy head gets its stage
+            // lightened. Where both fit, the faster is kept (the even one on a tie): one row per layout. (The
+            // balanced split, not best_stage_layers' refinement, which simulates every move.)
+            Job base;
+            base.model = m;
+            base.layout = Layout{dp, pp, tp, v, micro, mb, o.seq, {}, ep};
+            base.tech = o.tech;
+            const bool even = m.n_layer % (pp * v) == 0;
+            std::vector<std::vector<int>> splits;
+            if (even) splits.push_back({});
+            if (pp > 1) {
+              std::vector<int> b = balanced_stage_layers(base, c);
+              if (!even || b != std::vector<int>(size_t(pp * v), m.n_layer / (pp * v))) splits.push_back(std::move(b));
             }
-            if (over) {
-              ++r.over_memory;
-              continue;
+            // Selective recomputation only drops the attention scores, which flash attention never stores: it costs and
+            // saves the same as none, so the search tries none and full.
+            for (Recompute rc : {Recompute::None, Recompute::Full}) {
+              ++r.considered;
+              std::optional<Candidate> kept;
+              bool over = true;
+              for (const std::vector<int>& split : splits) {
+                Job j = base;
+                j.layout.stage_layers = split;
+                j.tech.recompute = rc;
+                const MemoryBreakdown mem = fullest_rank_memory(j, micro);
+                if (mem.total() > limit) continue;
+                over = false;
+                ++r.simulated;
+                Candidate cand{j, predict_step_seconds(j, c), 0, mem.total()};
+                if (!kept || cand.step_seconds < kept->step_seconds) kept = cand;
+              }
+              if (over) {
+                ++r.over_memory;
+                continue;
+              }
+              kept->mfu = m.flops_per_token(o.seq) * double(o.global_batch) * o.seq /
+                          (kept->step_seconds * o.gpus * c.peak_flops());
+              all.push_back(*kept);
             }
-            kept->mfu = m.flops_per_token(o.seq) * double(o.global_batch) * o.seq /
-                        (kept->step_seconds * o.gpus * c.peak_flops());
-            all.push_back(*kept);
           }
         }
-      }
     }
   }
   if (all.empty())

@@ -506,7 +506,8 @@ Prediction predict(const Job& job, const Cluster& c) {
   for (int r = 1; job.model.moe() && r < L.pp && r < int(full.peak_in_flight.size()); ++r) {
     const MemoryBreakdown mr = memory_per_gpu(job.model, Shape{L.tp, L.micro_batch, L.seq}, job.tech, L.dp, L.pp,
                                               L.virtual_stages, full.peak_in_flight[r], L.stage_layers, L.ep, r);
-    if (mr.total() > out.memory.total()) out.memory = mr, out.memory_rank = r, out.peak_in_flight = full.peak_in_flight[r];
+    if (mr.total() > out.memory.total())
+      out.memory = mr, out.memory_rank = r, out.peak_in_flight = full.peak_in_flight[r];
   }
   return out;
 }

@@ -132,8 +132,8 @@ struct ParallelConfig {
   // Expert parallelism (MoE; `megatrain simulate` only, training replicates the experts): the experts of each MoE
   // layer are sharded over ep ranks carved out of the dp ranks (ep divides dp), tokens reach them by all-to-all.
   int ep = 1;
-  double ep_overlap = 0;  // the share of the all-to-all time hidden behind compute, in [0, 1]
-  int timeout_s = 120;            // rendezvous / collective timeout
+  double ep_overlap = 0;                         // the share of the all-to-all time hidden behind compute, in [0, 1]
+  int timeout_s = 120;                           // rendezvous / collective timeout
   DevicePlane device_plane = DevicePlane::Auto;  // cuda only: nccl, staged, or auto (staged where ranks share a GPU)
   // Straggler-tolerant data parallelism (parallel/straggler_code.h, train/coded_forward_backward.h): none (the plain
   // step), gc (tolerates straggler_s slow replicas per round), sr-sgc or m-sgc (bursts inside the
