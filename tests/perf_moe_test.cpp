@@ -151,6 +151,20 @@ TEST(MoeAllToAll, StepPaysTheExposedAllToAllsOfEveryMoeLayerAndMicroBatch) {
   EXPECT_LT(predict(j, h100()).step_seconds, p.step_seconds);
 }
 
+TEST(MoeAllToAll, HiddenAllToAllsPayTheOverlapInterferenceLikeOtherOverlappedTraffic) {
+  // pp 1, tp 1, no dp overlap: the only traffic behind compute is the hidden all-to-alls, 32 layers x 4 micro-batches
+  // x 6 (full recomputation), of which ep_overlap = 0.5 is hidden; the step pays overlap_interference of them.
+  Cluster c = h100();
+  c.overlap_interference.value = 0.4;
+  Job j = mixtral_job(8, 1, 8, 4);
+  j.tech.recompute = Recompute::Full;
+  j.tech.ep_overlap = 0.5;
+  const double bytes = 4096.0 * 2 * 4096 * 2, a2a = 7.0 / 8 * bytes / 370e9 + 7 * 5e-6;
+  const Prediction p = predict(j, c);
+  EXPECT_NEAR(p.breakdown.interference, 0.4 * 0.5 * 32 * 4 * 6 * a2a, 1e-9);
+  EXPECT_NEAR(p.breakdown.ep, 0.5 * 32 * 4 * 6 * a2a, 1e-9);
+}
+
 TEST(ExpertParallel, EpOneIsTheReplicatedExpertCase) {
   const ModelConfig m = mixtral();
   const Cluster c = h100();

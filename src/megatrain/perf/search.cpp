@@ -124,11 +124,12 @@ std::string explain_ep(const SearchResult& r, const Cluster& c, const Prediction
   const Candidate& best = r.ranked.front();
   const Layout& L = best.job.layout;
   std::string out = fmt::format(
-      "     ep {} (experts {} per GPU) keeps the all-to-alls {}; they expose {:.1f}% of the step; the experts' "
+      "     ep {} ({} experts a layer per GPU) {}; they expose {:.1f}% of the step; the experts' "
       "weights, gradients and optimizer state take {:.1f} GiB per GPU. MFU counts the active parameters' FLOPs.\n",
       L.ep, best.job.model.moe_experts / L.ep,
-      L.ep == 1 ? "off (every rank holds every expert)"
-                : (L.tp * L.ep <= c.node_gpus() ? "on NVLink inside a node" : "across nodes"),
+      L.ep == 1 ? "needs no all-to-alls (every GPU holds every expert)"
+                : (L.tp * L.ep <= c.node_gpus() ? "keeps the all-to-alls on NVLink inside a node"
+                                                 : "sends the all-to-alls across nodes"),
       100 * p.breakdown.ep / p.step_seconds, p.memory.experts / double(1 << 30));
   std::map<int, const Candidate*> per_ep;
   for (const Candidate& cand : r.ranked)
