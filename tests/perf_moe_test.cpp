@@ -5,7 +5,8 @@
 //    a latency per step), NVLink when tp x ep GPUs fit in a node and the network otherwise, 4 per layer and
 //    micro-batch (6 with full recomputation), the ep_overlap share hidden;
 //  * ep = 1 is the replicated-expert case: no all-to-all, every expert's weights on every GPU, their optimizer state
-//    over all of dp (hand counts); sharding the experts divides their weights by ep and their state by dp / ep;
+//    over all of dp (hand counts); sharding the experts divides their weights by ep and their state by dp / ep, in
+//    memory and in a checkpoint; hidden all-to-alls pay overlap_interference;
 //  * a dense model carries no expert cost anywhere;
 //  * --search: on Mixtral at a memory limit no replicated-expert layout can meet (hand bound), every layout it returns
 //    has ep > 1; it never tries an ep that does not divide the experts;
@@ -22,6 +23,7 @@
 #include "megatrain/perf/compute_cost.h"
 #include "megatrain/perf/memory.h"
 #include "megatrain/perf/moe_cost.h"
+#include "megatrain/perf/scale_costs.h"
 #include "megatrain/perf/search.h"
 #include "megatrain/perf/step_model.h"
 #include "megatrain/train/run_config.h"
@@ -188,6 +190,12 @@ TEST(ExpertParallel, EpOneIsTheReplicatedExpertCase) {
   EXPECT_NEAR(eight.params, 2 * (dense + experts / 8), 1);
   EXPECT_NEAR(eight.optimizer, 12 * dense / 16 + 12 * (experts / 8) / 2, 1);
   EXPECT_EQ(eight.activations, one.activations);
+  // A checkpoint of the fullest GPU holds the same weights and optimizer shard (ranks 0 and 3, with the embedding
+  // and the untied head, tie).
+  const Layout L{16, 4, 1, 1, 64, 1, 4096, {}, 8};
+  EXPECT_NEAR(checkpoint_cost(c, m, L).bytes_per_gpu, eight.params + eight.optimizer, 1);
+  EXPECT_NEAR(checkpoint_cost(c, m, L).bytes_per_gpu, 2 * (dense + experts / 8) + 12 * dense / 16 + 12 * experts / 16,
+              1);
 }
 
 TEST(ExpertParallel, ActivationsKeepTheRoutedRows) {

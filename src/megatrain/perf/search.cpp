@@ -129,7 +129,7 @@ std::string explain_ep(const SearchResult& r, const Cluster& c, const Prediction
       L.ep, best.job.model.moe_experts / L.ep,
       L.ep == 1 ? "needs no all-to-alls (every GPU holds every expert)"
                 : (L.tp * L.ep <= c.node_gpus() ? "keeps the all-to-alls on NVLink inside a node"
-                                                 : "sends the all-to-alls across nodes"),
+                                                : "sends the all-to-alls across nodes"),
       100 * p.breakdown.ep / p.step_seconds, p.memory.experts / double(1 << 30));
   std::map<int, const Candidate*> per_ep;
   for (const Candidate& cand : r.ranked)
