@@ -154,6 +154,7 @@ perf::Job simulated_job(const SimulateArgs& a, const RunConfig& cfg) {
   job.tech.misc = a.misc || a.megascale;
   job.tech.recompute = parse_recompute(a.recompute);
   job.tech.tp_chunks = cfg.parallel.tp_chunks;  // megatrain's pieces per tp collective (matter on a saturated CPU host)
+  job.tech.ep_overlap = cfg.parallel.ep_overlap;  // MoE: the share of the expert all-to-alls hidden behind compute
   return job;
 }
 
@@ -180,6 +181,7 @@ perf::Layout simulated_layout(const SimulateArgs& a, const RunConfig& cfg, const
   L.dp = cfg.parallel.dp;
   L.pp = cfg.parallel.pp;
   L.tp = cfg.parallel.tp;
+  L.ep = cfg.parallel.ep;
   L.virtual_stages = cfg.parallel.virtual_stages;
   L.stage_layers = cfg.parallel.stage_layers;
   L.micro_batch = cfg.data.batch_size;
@@ -206,7 +208,9 @@ std::string set_relative(const std::string& path) { return file_exists(path) ? p
 // The published points, when the set says which model they start from.
 std::vector<perf::MeasuredPoint> set_published_points(const perf::CalibrationSet& set) {
   if (set.model_config.empty()) return {};
-  const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(set_relative(set.model_config)); });
+  const RunConfig cfg = with_kind(ErrorKind::Config, [&] {
+    return load_run_config(set_relative(set.model_config), {}, ConfigUse::Simulate);
+  });
   return perf::published_points(cfg.model);
 }
 
@@ -231,7 +235,8 @@ perf::MeasuredPoint own_point(const perf::MeasuredRun& r, const std::string& run
     *flag = true;
   }
   try {
-    const RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(a.config, r.spec.overrides); });
+    const RunConfig cfg = with_kind(ErrorKind::Config,
+                                    [&] { return load_run_config(a.config, r.spec.overrides, ConfigUse::Simulate); });
     Job job = simulated_job(a, cfg);
     job.layout = simulated_layout(a, cfg, r.spec.overrides);
     validate_job(job, load_cluster(set_relative(r.spec.cluster)), a.gpus);
@@ -423,7 +428,8 @@ int cmd_simulate(int argc, char** argv) {
     fmt::print("{}", format_constants(cluster));
     return 0;
   }
-  RunConfig cfg = with_kind(ErrorKind::Config, [&] { return load_run_config(a.config, overrides); });
+  RunConfig cfg = with_kind(ErrorKind::Config,
+                            [&] { return load_run_config(a.config, overrides, ConfigUse::Simulate); });
   if (!a.preset.empty()) {
     print_preset(a, cfg, cluster);
     return 0;

@@ -54,6 +54,12 @@ double tree_allreduce_seconds(int n, double bytes, const Link& l) {
   return 2.0 * bytes / l.bytes_per_s + 2.0 * std::ceil(std::log2(double(n))) * l.latency_s;
 }
 
+double all_to_all_seconds(int n, double bytes, const Link& l) {
+  check_n(n, bytes);
+  if (n == 1) return 0;
+  return double(n - 1) / n * bytes / l.bytes_per_s + double(n - 1) * l.latency_s;
+}
+
 double hierarchical_allreduce_seconds(const Cluster& c, int n, int k, double bytes) {
   check_n(n, bytes);
   MT_CHECK(k >= 1 && n % k == 0, "hierarchical all-reduce: {} members per node must divide the group size {}", k, n);

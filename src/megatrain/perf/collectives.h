@@ -28,6 +28,9 @@ double ring_allreduce_seconds(int n, double bytes, const Link& l);       // 2(n-
 double ring_reduce_scatter_seconds(int n, double bytes, const Link& l);  // (n-1)/n S/B + (n-1) alpha; S = full size
 double ring_all_gather_seconds(int n, double bytes, const Link& l);      // same cost as reduce-scatter
 double tree_allreduce_seconds(int n, double bytes, const Link& l);       // 2 S/B + 2 ceil(log2 n) alpha
+// All-to-all (pairwise exchange): each member holds S bytes, 1/n of them for each member (itself included), and
+// sends the (n-1)/n that are others' in n-1 steps: (n-1)/n S/B + (n-1) alpha, at the group's slowest link.
+double all_to_all_seconds(int n, double bytes, const Link& l);
 // Reduce-scatter inside each node (k members, NVLink), all-reduce of S/k across the n/k nodes (ring or tree,
 // whichever is cheaper), all-gather inside the node.
 double hierarchical_allreduce_seconds(const Cluster& c, int n, int k, double bytes);

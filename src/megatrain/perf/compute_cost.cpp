@@ -76,24 +76,44 @@ double attended_pairs(int seq, int window) {
   return w * T - w * (w - 1) / 2;  // the first w-1 queries see fewer than w keys
 }
 
+MlpCost dense_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s) {
+  const double tp = s.tp, N = double(s.micro_batch) * s.seq, C = m.d_model, F = m.ff_dim();
+  const double fc = (m.mlp == MlpKind::SwiGlu ? 2 * F : F) / tp, down_in = F / tp;
+  auto bwd = [&](double out, double in) { return gemm_seconds(c, N, in, out) + gemm_seconds(c, out, in, N); };
+  MlpCost mlp;
+  mlp.up = gemm_seconds(c, N, fc, C);
+  mlp.down = gemm_seconds(c, N, C, down_in);
+  mlp.up_bwd = bwd(fc, C);
+  mlp.down_bwd = bwd(C, down_in);
+  mlp.up_width = fc;
+  mlp.down_width = F / tp;
+  mlp.hidden_elems = N * F / tp;
+  return mlp;
+}
+
 LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t) {
+  MT_CHECK(s.tp >= 1 && s.micro_batch >= 1 && s.seq >= 1, "layer cost: bad shape tp={} micro_batch={} seq={}", s.tp,
+           s.micro_batch, s.seq);
+  return layer_cost(m, c, s, t, dense_mlp_cost(m, c, s));
+}
+
+LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t, const MlpCost& mlp) {
   MT_CHECK(s.tp >= 1 && s.micro_batch >= 1 && s.seq >= 1, "layer cost: bad shape tp={} micro_batch={} seq={}", s.tp,
            s.micro_batch, s.seq);
   const bool ptb = m.block == BlockKind::Parallel;
   const double tp = s.tp, N = double(s.micro_batch) * s.seq, C = m.d_model, hd = m.head_dim();
-  const double F = m.ff_dim(), heads = m.n_head / tp;
+  const double heads = m.n_head / tp;
   const double qkv = (m.n_head + 2.0 * m.kv_heads()) * hd / tp;
-  const double fc = (m.mlp == MlpKind::SwiGlu ? 2 * F : F) / tp;
 
   // GEMMs of the forward pass (tokens x out x in); backward computes the input gradient (tokens x in x out) and
   // the weight gradient (out x in x tokens): twice the FLOPs, in other shapes.
-  const double proj_in = m.n_head * hd / tp, down_in = F / tp;
+  const double proj_in = m.n_head * hd / tp;
   const double g_qkv = gemm_seconds(c, N, qkv, C), g_proj = gemm_seconds(c, N, C, proj_in);
-  const double g_up = gemm_seconds(c, N, fc, C), g_down = gemm_seconds(c, N, C, down_in);
+  const double g_up = mlp.up, g_down = mlp.down;
   const double gemm_fwd = g_qkv + g_proj + g_up + g_down;
   auto bwd = [&](double out, double in) { return gemm_seconds(c, N, in, out) + gemm_seconds(c, out, in, N); };
-  const double gemm_bwd = bwd(qkv, C) + bwd(C, proj_in) + bwd(fc, C) + bwd(C, down_in);
-  const double gemm_flops = 2 * N * C * (qkv + m.n_head * hd / tp + fc + F / tp);
+  const double gemm_bwd = bwd(qkv, C) + bwd(C, proj_in) + mlp.up_bwd + mlp.down_bwd;
+  const double gemm_flops = 2 * N * C * (qkv + m.n_head * hd / tp + mlp.up_width + mlp.down_width);
 
   // Attention core: flash attention in both systems (Megatron-LM's --use-flash-attn runs FlashAttention 1; MegaScale's
   // efficient operators (§3.3) swap in FlashAttention-2). Both compute only the causal (windowed) pairs and recompute
@@ -109,13 +129,15 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
   // writes (2); bias-dropout-add reads input and residual, writes output and mask (4); bias-GeLU reads and writes (2).
   // The parallel block has one norm and one bias-dropout-add that reads both branches (5). The fused operators of
   // §3.3 fold the norm into the add before it and drop the separate mask pass (norm 1, add 3, block-add 4).
-  const double sp_elems = N / tp * C, tp_elems = N * F / tp;
+  const double sp_elems = N / tp * C, tp_elems = mlp.hidden_elems;
   double sp_passes, launches;
   if (ptb)
     sp_passes = t.fused_ops ? 1 + 4 : 2 + 5, launches = t.fused_ops ? 3 : 6;
   else
     sp_passes = t.fused_ops ? 2 * (1 + 3) : 2 * (2 + 4), launches = t.fused_ops ? 5 : 10;
-  const double elem_fwd = memory_seconds(c, (sp_passes * sp_elems + 2 * tp_elems) * c.dtype_bytes.value, int(launches));
+  const double elem_fwd = memory_seconds(c,
+                                         (sp_passes * sp_elems + 2 * tp_elems) * c.dtype_bytes.value + mlp.extra_bytes,
+                                         int(launches) + mlp.extra_launches);
   const double elem_bwd = 2 * elem_fwd;
 
   // Tensor + sequence parallel collectives on the tp group (NVLink inside a node). Forward: an all-gather before

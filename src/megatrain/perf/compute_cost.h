@@ -30,6 +30,9 @@ struct Techniques {
   // parallel.tp_chunks, with tp_overlap) pays the link latency once per piece.
   bool comm_overlaps_compute = true;
   int tp_chunks = 1;
+  // MoE with expert parallelism (parallel.ep_overlap): the share of the expert all-to-all time hidden behind
+  // compute (the shared experts, another micro-batch's attention); 0 = all of it on the critical path.
+  double ep_overlap = 0;
 };
 
 struct Shape {
@@ -43,15 +46,34 @@ struct PassCost {
   double tp_comm = 0;     // seconds of tensor-parallel collectives, all of them
   double tp_exposed = 0;  // the part of tp_comm on the critical path
   double flops = 0;       // FLOPs executed (hardware FLOPs: recomputation included)
-  double total() const { return compute + tp_exposed; }
+  double ep_comm = 0;     // seconds of expert-parallel all-to-alls (MoE layers), all of them
+  double ep_exposed = 0;  // the part of ep_comm on the critical path
+  double total() const { return compute + tp_exposed + ep_exposed; }
 };
 
 struct LayerCost {
   PassCost fwd, bwd;
 };
 
+// The feed-forward half of a layer as layer_cost prices it: the GEMMs in front of the hidden activation (up) and
+// behind it (down), forward and backward, their widths for the FLOP count (forward FLOPs 2 x tokens x d_model x
+// (up_width + down_width)), and the elementwise work on the hidden activation (read and written once: bias + GeLU,
+// or SwiGLU's gate) plus any other (a MoE layer's routing, permutation and combine).
+struct MlpCost {
+  double up = 0, down = 0;          // forward GEMM seconds
+  double up_bwd = 0, down_bwd = 0;  // backward GEMM seconds (input and weight gradients)
+  double up_width = 0, down_width = 0;
+  double hidden_elems = 0;  // elements of the hidden activation on this GPU
+  double extra_bytes = 0;   // other elementwise bytes moved
+  int extra_launches = 0;
+};
+// The dense MLP (model.mlp, model.d_ff), column- then row-parallel over tp.
+MlpCost dense_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s);
+
 // One transformer layer; bwd includes the recomputation the chosen Recompute implies.
 LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t);
+// The same layer with another feed-forward half (moe_cost.h: a MoE layer).
+LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t, const MlpCost& mlp);
 // The token embedding (first virtual stage) and the final norm, LM head and loss (last virtual stage).
 LayerCost embedding_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t);
 LayerCost head_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t);

@@ -1,6 +1,10 @@
 // Device memory per GPU for a 3D-parallel layout: weights, gradients and optimizer state (ZeRO: the optimizer
 // state and fp32 master weights sharded over data parallel), and the activations the pipeline keeps alive (the
 // peak number of micro-batch chunks in flight comes from the simulated schedule).
+// Mixture of experts with expert parallelism: each MoE layer's routed experts are sharded over the ep ranks (their
+// weights and gradients / ep), and their optimizer state ZeRO-sharded over the dp / ep ranks that hold the same
+// experts (the expert-dp group), as the dense parameters' over dp; the router and the shared experts are dense
+// parameters. A MoE layer keeps the activations of its N x k routed rows (moe_layer_activation_bytes).
 #pragma once
 #include <vector>
 #include "megatrain/model/config.h"
@@ -13,8 +17,17 @@ struct MemoryBreakdown {
   double grads = 0;        // fp32 gradient accumulation buffer (kept whole: micro-batches accumulate into it)
   double optimizer = 0;    // fp32 master weights + two moments, sharded over dp
   double activations = 0;  // kept for backward, for the in-flight micro-batches
+  double experts = 0;      // of params + grads + optimizer, the routed experts' share (MoE; not added to total)
   double total() const { return params + grads + optimizer + activations; }
 };
+
+// The parameters of transformer layer `layer`: the dense ones (attention, norms, the MLP or the router and shared
+// experts) and, on a MoE layer, the routed experts' (all of them, before any sharding). Without MoE every layer has
+// the same count: the model's less the embedding, learned positions and an untied head, over the layers.
+struct LayerParams {
+  double dense = 0, experts = 0;
+};
+LayerParams layer_params(const ModelConfig& m, int layer);
 
 // Parameters one GPU of pipeline stage `rank` holds (its layers / tp, plus the embedding or head rows on the end
 // stages).
@@ -26,8 +39,17 @@ double params_per_gpu(const ModelConfig& m, int tp, int pp, int rank, int v = 1,
 // scores, so "none" and "selective" keep the same bytes.
 // the a*s*s score terms.
 double layer_activation_bytes(const ModelConfig& m, const Shape& s, const Techniques& t);
+// The same for a MoE layer (tp = 1): Korthikanti's attention and norms (15sbh: the 34 less the MLP's 19), then what
+// the MoE feed-forward keeps: its input (2NC bytes), the routed rows in expert order (2NkC), each expert's gate and
+// up outputs and their product (3 x 2NkF), the experts' outputs for the gates' gradient (2NkC), the router's fp32
+// scores (4NE), the shared experts' hidden activations (3 x 2NSF) and the dropout mask (NC). Full recomputation
+// keeps the layer's input only (2sbh), as a dense layer.
+double moe_layer_activation_bytes(const ModelConfig& m, const Shape& s, const Techniques& t);
 // The most loaded GPU (rank 0: the most micro-batches in flight, and the embedding).
+// ep: expert-parallel ranks (1 without MoE); rank: the pipeline rank (a MoE model's ranks differ: dense first
+// layers, the experts), with its own peak of chunks in flight.
 MemoryBreakdown memory_per_gpu(const ModelConfig& m, const Shape& s, const Techniques& t, int dp, int pp, int v,
-                               int peak_in_flight_chunks, const std::vector<int>& stage_layers = {});
+                               int peak_in_flight_chunks, const std::vector<int>& stage_layers = {}, int ep = 1,
+                               int rank = 0);
 
 }  // namespace mt::perf

@@ -15,6 +15,7 @@ constexpr double kGiB = double(1 << 30);
 json breakdown_json(const Breakdown& b) {
   return {{"compute", b.compute},
           {"tp", b.tp},
+          {"ep", b.ep},
           {"pp", b.pp},
           {"dp", b.dp},
           {"bubble", b.bubble},
@@ -26,7 +27,8 @@ json breakdown_json(const Breakdown& b) {
 }
 
 std::string layout_str(const Layout& L) {
-  return fmt::format("dp {} x pp {} x tp {} (v {}, {} micro-batches of {}{})", L.dp, L.pp, L.tp, L.virtual_stages,
+  return fmt::format("dp {}{} x pp {} x tp {} (v {}, {} micro-batches of {}{})", L.dp,
+                     L.ep > 1 ? fmt::format(" (ep {})", L.ep) : std::string(), L.pp, L.tp, L.virtual_stages,
                      L.microbatches, L.micro_batch,
                      L.stage_layers.empty() ? std::string()
                                             : fmt::format(", stage layers {}", fmt::join(L.stage_layers, "+")));
@@ -46,6 +48,7 @@ std::string switches(const Job& j) {
   add(j.tech.dp_overlap, "dp-overlap");
   add(j.tech.fused_ops, "fused-ops");
   add(j.tech.misc, "misc");
+  add(j.model.moe() && j.tech.ep_overlap > 0, fmt::format("ep-overlap({:g})", j.tech.ep_overlap));
   return (s.empty() ? "none" : s) + ", recompute " + recompute_name(j.tech.recompute);
 }
 }  // namespace
@@ -55,6 +58,8 @@ json to_json(const Job& j) {
   return {{"dp", L.dp},
           {"pp", L.pp},
           {"tp", L.tp},
+          {"ep", L.ep},
+          {"ep_overlap", j.tech.ep_overlap},
           {"virtual_stages", L.virtual_stages},
           {"stage_layers", L.stage_layers},
           {"microbatches", L.microbatches},
@@ -85,8 +90,10 @@ json to_json(const Prediction& p) {
             {"grads", m.grads},
             {"optimizer", m.optimizer},
             {"activations", m.activations},
+            {"experts", m.experts},
             {"total", m.total()}}},
-          {"peak_in_flight_chunks", p.peak_in_flight}};
+          {"peak_in_flight_chunks", p.peak_in_flight},
+          {"memory_rank", p.memory_rank}};
 }
 
 std::string format_prediction(const Job& j, const Prediction& p, const Cluster& c) {
@@ -98,20 +105,29 @@ std::string format_prediction(const Job& j, const Prediction& p, const Cluster& 
   std::string out = fmt::format("cluster   {} ({})\nlayout    {} = {} GPUs, global batch {} x {} tokens\n", c.name,
                                 c.path, layout_str(j.layout), j.layout.gpus(), p.global_batch, j.layout.seq);
   out += fmt::format("switches  {}\n\n", switches(j));
-  out += fmt::format("step time {:.4f} s   MFU {:.1f}%   {:.4g} tokens/s\n\nbreakdown (busiest pipeline rank)\n",
-                     p.step_seconds, 100 * p.mfu, p.tokens_per_second);
-  out += row("compute", b.compute) + row("exposed tp comm", b.tp) + row("exposed pp comm", b.pp) +
+  out += fmt::format("step time {:.4f} s   MFU {:.1f}%{}   {:.4g} tokens/s\n\nbreakdown (busiest pipeline rank)\n",
+                     p.step_seconds, 100 * p.mfu, j.model.moe() ? " (on the active parameters' FLOPs)" : "",
+                     p.tokens_per_second);
+  out += row("compute", b.compute) + row("exposed tp comm", b.tp) +
+         (j.model.moe() ? row("exposed ep all-to-all", b.ep) : std::string()) + row("exposed pp comm", b.pp) +
          row("exposed dp comm", b.dp) + row("pipeline bubble", b.bubble) + row("optimizer", b.optimizer) +
          row("stragglers (expected)", b.straggler);
   if (b.shared_cores > 0) out += row("waiting for a core", b.shared_cores);
   if (b.dp_sync > 0) out += row("dp sync (calibrated)", b.dp_sync);
   if (b.interference > 0) out += row("overlap interference", b.interference);
-  out += fmt::format("\nmemory per GPU (pipeline rank 0, {} chunks in flight)\n", p.peak_in_flight);
+  out += fmt::format("\nmemory per GPU (pipeline rank {}, {} chunks in flight{})\n", p.memory_rank, p.peak_in_flight,
+                     j.model.moe() ? "; the fullest rank" : "");
   auto mrow = [&](const char* name, double bytes) {
     return fmt::format("  {:<22} {:>8.2f} GiB\n", name, bytes / kGiB);
   };
   out += mrow("parameters (bf16)", m.params) + mrow("gradients (fp32)", m.grads) +
-         mrow("optimizer (ZeRO/dp)", m.optimizer) + mrow("activations", m.activations) + mrow("total", m.total());
+         mrow(j.model.moe() ? "optimizer (ZeRO)" : "optimizer (ZeRO/dp)", m.optimizer) +
+         mrow("activations", m.activations) + mrow("total", m.total());
+  if (j.model.moe())
+    out += fmt::format("  of which the routed experts' weights, gradients and optimizer state {:.2f} GiB ({} of {} "
+                       "experts a layer; optimizer state over dp / ep = {})\n",
+                       m.experts / kGiB, j.model.moe_experts / j.layout.ep, j.model.moe_experts,
+                       j.layout.dp / j.layout.ep);
   if (m.total() > c.memory_gib.value * kGiB)
     out += fmt::format("  WARNING: exceeds the {} GiB of one GPU\n", c.memory_gib.value);
   return out;
@@ -208,17 +224,19 @@ static std::string stage_layers_text(const std::vector<int>& k) {
 }
 
 std::string format_search(const SearchResult& r, const Cluster& c, int top) {
-  std::string out = fmt::format("{:>3} {:>5} {:>3} {:>3} {:>2} {:>5} {:>3} {:<10} | {:>8} {:>6} {:>8} | {}\n", "#",
-                                "dp", "pp", "tp", "v", "micro", "mbs", "recompute", "step s", "MFU", "mem GiB",
-                                "layers");
+  const bool moe = !r.ranked.empty() && r.ranked.front().job.model.moe();
+  std::string out = fmt::format("{:>3} {:>5} {:>3} {:>3}{} {:>2} {:>5} {:>3} {:<10} | {:>8} {:>6} {:>8} | {}\n", "#",
+                                "dp", "pp", "tp", moe ? "  ep" : "", "v", "micro", "mbs", "recompute", "step s",
+                                moe ? "MFU*" : "MFU", "mem GiB", "layers");
   for (size_t i = 0; i < r.ranked.size() && int(i) < top; ++i) {
     const Candidate& cand = r.ranked[i];
     const Layout& L = cand.job.layout;
-    out += fmt::format("{:>3} {:>5} {:>3} {:>3} {:>2} {:>5} {:>3} {:<10} | {:>8.3f} {:>5.1f}% {:>8.1f} | {}\n", i + 1,
-                       L.dp, L.pp, L.tp, L.virtual_stages, L.microbatches, L.micro_batch,
-                       recompute_name(cand.job.tech.recompute), cand.step_seconds, 100 * cand.mfu,
-                       cand.memory_bytes / kGiB, stage_layers_text(L.stage_layers));
+    out += fmt::format("{:>3} {:>5} {:>3} {:>3}{} {:>2} {:>5} {:>3} {:<10} | {:>8.3f} {:>5.1f}% {:>8.1f} | {}\n", i + 1,
+                       L.dp, L.pp, L.tp, moe ? fmt::format(" {:>3}", L.ep) : std::string(), L.virtual_stages,
+                       L.microbatches, L.micro_batch, recompute_name(cand.job.tech.recompute), cand.step_seconds,
+                       100 * cand.mfu, cand.memory_bytes / kGiB, stage_layers_text(L.stage_layers));
   }
+  if (moe) out += "(* MFU on the active parameters' FLOPs: router, top-k and shared experts per token)\n";
   return out + explain(r, c);
 }
 

@@ -32,21 +32,34 @@ GroupInitCost group_init_cost(const Cluster& c, const Layout& L) {
 
 CheckpointCost checkpoint_cost(const Cluster& c, const ModelConfig& m, const Layout& L) {
   CheckpointCost k;
-  double p = 0;
-  for (int r = 0; r < L.pp; ++r) p = std::max(p, params_per_gpu(m, L.tp, L.pp, r, L.virtual_stages, L.stage_layers));
-  k.bytes_per_gpu = 2 * p + 12 * p / L.dp;
+  // The fullest GPU's bf16 weights and its fp32 optimizer shard (a MoE model: its experts over ep, their state over
+  // dp / ep; memory.h).
+  double weights = 0, state = 0;
+  if (m.moe()) {
+    for (int r = 0; r < L.pp; ++r) {
+      const MemoryBreakdown b = memory_per_gpu(m, Shape{L.tp, L.micro_batch, L.seq}, Techniques{}, L.dp, L.pp,
+                                               L.virtual_stages, 1, L.stage_layers, L.ep, r);
+      if (b.params + b.optimizer > weights + state) weights = b.params, state = b.optimizer;
+    }
+  } else {
+    double p = 0;
+    for (int r = 0; r < L.pp; ++r) p = std::max(p, params_per_gpu(m, L.tp, L.pp, r, L.virtual_stages, L.stage_layers));
+    weights = 2 * p;
+    state = 12 * p / L.dp;
+  }
+  k.bytes_per_gpu = weights + state;
   k.stall_seconds = k.bytes_per_gpu / (c.host_copy_gbps.value * 1e9);
   const double per_node = k.bytes_per_gpu * std::min(L.gpus(), c.node_gpus());
   k.persist_seconds = per_node / (c.storage_gbps_per_node.value * 1e9);
   // Recovery: every GPU needs its bf16 weights (shared by its dp group) and its own fp32 shard.
-  const double need = 2 * p + 12 * p / L.dp;
+  const double need = weights + state;
   const double read_bps = c.storage_read_gbps_per_node.value * 1e9;
   k.recovery_naive_seconds = need * std::min(L.gpus(), c.node_gpus()) / read_bps;
   // One reader per dp group reads the shared weights once; the nodes of a dp group read in parallel, so a node
   // reads its GPUs' shards plus 1/dp of the shared weights; then the weights are broadcast over the dp group.
-  const double node_read = (12 * p / L.dp + 2 * p / L.dp) * std::min(L.gpus(), c.node_gpus());
+  const double node_read = (state + weights / L.dp) * std::min(L.gpus(), c.node_gpus());
   const Link dl = group_link(c, L.dp, L.tp * L.pp);
-  k.recovery_seconds = node_read / read_bps + (L.dp > 1 ? ring_all_gather_seconds(L.dp, 2 * p, dl) : 0);
+  k.recovery_seconds = node_read / read_bps + (L.dp > 1 ? ring_all_gather_seconds(L.dp, weights, dl) : 0);
   return k;
 }
 

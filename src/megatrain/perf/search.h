@@ -1,6 +1,7 @@
 // `megatrain simulate --search`: every layout (tp, pp, dp, virtual stages, micro-batch size and so micro-batches,
 // recomputation) that fits the model, the GPU count, the global batch and the memory limit, ranked by predicted
-// step time. Layouts whose memory estimate exceeds the limit are dropped before they are simulated.
+// step time. Layouts whose memory estimate exceeds the limit are dropped before they are simulated. For a MoE model
+// the expert-parallel size is searched too (every ep dividing both dp and the expert count), with tp = 1.
 #pragma once
 #include <string>
 #include <vector>
@@ -31,8 +32,11 @@ struct SearchResult {
   int considered = 0, over_memory = 0, simulated = 0;
 };
 
-// Peak micro-batch chunks in flight on pipeline rank 0 of the interleaved schedule (warm-up forwards + 1).
-int peak_in_flight_estimate(int pp, int v, int microbatches);
+// Peak micro-batch chunks in flight on pipeline rank `rank` of the interleaved schedule (warm-up forwards + 1).
+int peak_in_flight_estimate(int pp, int v, int microbatches, int rank = 0);
+// The expert-parallel sizes the search tries with dp data-parallel ranks: 1, and for a MoE model every divisor of
+// dp that divides model.moe_experts.
+std::vector<int> expert_parallel_sizes(const ModelConfig& m, int dp);
 SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const SearchOptions& o);
 // A few lines that say why the winner wins: its breakdown, and the best layout of each other (tp, pp) next to it.
 std::string explain(const SearchResult& r, const Cluster& c);

@@ -8,6 +8,7 @@
 #include "megatrain/model/params.h"
 #include "megatrain/parallel/schedule.h"
 #include "megatrain/perf/collectives.h"
+#include "megatrain/perf/moe_cost.h"
 #include "megatrain/perf/pipeline_sim.h"
 
 namespace mt::perf {
@@ -18,6 +19,7 @@ struct Plan {
   Schedule schedule;
   PipelineCosts costs;
   std::vector<double> compute_per_rank, tp_per_rank;  // per micro-batch sums, per rank
+  std::vector<double> ep_per_rank;                    // per micro-batch, per rank: exposed expert all-to-alls
   std::vector<double> dp_blocking_per_rank;           // reduce-scatter + all-gather when not overlapped
   std::vector<double> tp_sync_per_rank;               // once a step: the replicated tensors' gradients summed over tp
   // Per step, per rank: the communication that ran behind compute (tp overlapped with GEMMs, asynchronous p2p,
@@ -67,29 +69,52 @@ Replicated replicated_floats(const ModelConfig& m, int tp) {
   return r;
 }
 
+// The first layer of each virtual stage, and how many of each stage's layers are MoE layers.
+struct StageKinds {
+  std::vector<int> first, moe;
+};
+StageKinds stage_kinds(const ModelConfig& m, const std::vector<int>& layers) {
+  StageKinds k;
+  int l = 0;
+  for (int n : layers) {
+    k.first.push_back(l);
+    int moe = 0;
+    for (int i = 0; i < n; ++i) moe += m.moe_layer(l + i) ? 1 : 0;
+    k.moe.push_back(moe);
+    l += n;
+  }
+  return k;
+}
+
 // Per virtual stage, the forward and backward times of its layers (the first stage's with the embedding, the last's
-// with the head), and per rank the compute and exposed tp time they sum to.
+// with the head), and per rank the compute and exposed tp and ep time they sum to.
 void plan_stage_costs(Plan& p, const Job& job, const Cluster& c, const Techniques& t, const std::vector<int>& layers) {
   const Layout& L = job.layout;
   const ModelConfig& m = job.model;
   const Shape shape{L.tp, L.micro_batch, L.seq};
   const int S = L.pp * L.virtual_stages;
   const LayerCost layer = layer_cost(m, c, shape, t);
+  const LayerCost moe = m.moe() ? moe_layer_cost(m, c, shape, t, L.ep) : LayerCost{};
   const LayerCost emb = embedding_cost(m, c, shape, t), head = head_cost(m, c, shape, t);
+  const StageKinds kinds = stage_kinds(m, layers);
   p.costs.fwd.assign(S, 0);
   p.costs.bwd.assign(S, 0);
   p.compute_per_rank.assign(L.pp, 0);
   p.tp_per_rank.assign(L.pp, 0);
+  p.ep_per_rank.assign(L.pp, 0);
   p.hidden_comm_per_rank.assign(L.pp, 0);
   auto hidden = [](const LayerCost& x) {
-    return std::max(0.0, x.fwd.tp_comm - x.fwd.tp_exposed) + std::max(0.0, x.bwd.tp_comm - x.bwd.tp_exposed);
+    return std::max(0.0, x.fwd.tp_comm - x.fwd.tp_exposed) + std::max(0.0, x.bwd.tp_comm - x.bwd.tp_exposed) +
+           std::max(0.0, x.fwd.ep_comm - x.fwd.ep_exposed) + std::max(0.0, x.bwd.ep_comm - x.bwd.ep_exposed);
   };
   for (int st = 0; st < S; ++st) {
-    double compute = layers[st] * (layer.fwd.compute + layer.bwd.compute);
-    double tp = layers[st] * (layer.fwd.tp_exposed + layer.bwd.tp_exposed);
-    double tp_hidden = layers[st] * hidden(layer) + (st == 0 ? hidden(emb) : 0) + (st == S - 1 ? hidden(head) : 0);
-    p.costs.fwd[st] = layers[st] * layer.fwd.total();
-    p.costs.bwd[st] = layers[st] * layer.bwd.total();
+    const int nm = kinds.moe[st], nd = layers[st] - nm;  // MoE and dense layers of the stage
+    double compute = nd * (layer.fwd.compute + layer.bwd.compute) + nm * (moe.fwd.compute + moe.bwd.compute);
+    double tp = nd * (layer.fwd.tp_exposed + layer.bwd.tp_exposed) + nm * (moe.fwd.tp_exposed + moe.bwd.tp_exposed);
+    double tp_hidden = nd * hidden(layer) + nm * hidden(moe) + (st == 0 ? hidden(emb) : 0) +
+                       (st == S - 1 ? hidden(head) : 0);
+    p.costs.fwd[st] = nd * layer.fwd.total() + nm * moe.fwd.total();
+    p.costs.bwd[st] = nd * layer.bwd.total() + nm * moe.bwd.total();
     if (st == 0) {
       p.costs.fwd[st] += emb.fwd.total();
       p.costs.bwd[st] += emb.bwd.total();
@@ -104,6 +129,7 @@ void plan_stage_costs(Plan& p, const Job& job, const Cluster& c, const Technique
     }
     p.compute_per_rank[st % L.pp] += compute;
     p.tp_per_rank[st % L.pp] += tp;
+    p.ep_per_rank[st % L.pp] += nm * (moe.fwd.ep_exposed + moe.bwd.ep_exposed);
     p.hidden_comm_per_rank[st % L.pp] += tp_hidden * L.microbatches;
   }
 }
@@ -116,15 +142,41 @@ double params_per_layer(const ModelConfig& m) {
   return total / m.n_layer;
 }
 
-// Data parallel: the chunk's gradients reduce-scattered, its weights (compute dtype) all-gathered, on the dp group.
-// Fills the per-chunk costs and their per-rank sums (as if not overlapped); returns the largest rank's parameter shard.
-double plan_dp_traffic(Plan& p, const Job& job, const Cluster& c, const Techniques& t, const std::vector<int>& layers) {
+// The parameters of virtual stage st on one GPU: the dense ones (over tp; the embedding on the first stage, the LM
+// head or its copy on the last) and the routed experts' (over ep).
+struct StageParams {
+  double dense = 0, experts = 0;
+};
+StageParams stage_params(const Job& job, const std::vector<int>& layers, const StageKinds& kinds, int st) {
   const Layout& L = job.layout;
   const ModelConfig& m = job.model;
   const int S = L.pp * L.virtual_stages;
+  StageParams p;
+  if (!m.moe()) {
+    p.dense = layers[st] * params_per_layer(m) / L.tp;
+  } else {
+    for (int l = kinds.first[st]; l < kinds.first[st] + layers[st]; ++l) {
+      const LayerParams lp = layer_params(m, l);
+      p.dense += lp.dense / L.tp;
+      p.experts += lp.experts / L.ep;
+    }
+  }
+  const double vocab_rows = double(m.padded_vocab(L.tp)) * m.d_model / L.tp;
+  if (st == 0) p.dense += vocab_rows;                                       // the embedding
+  if (st == S - 1 && (S > 1 || !m.tied_embeddings)) p.dense += vocab_rows;  // the LM head (or its copy)
+  return p;
+}
+
+// Data parallel: the chunk's gradients reduce-scattered, its weights (compute dtype) all-gathered, on the dp group
+// (the experts' on the dp / ep ranks that hold the same experts, after the dense ones on the same stream).
+// Fills the per-chunk costs and their per-rank sums (as if not overlapped); returns the largest rank's parameter shard.
+double plan_dp_traffic(Plan& p, const Job& job, const Cluster& c, const Techniques& t, const std::vector<int>& layers) {
+  const Layout& L = job.layout;
+  const StageKinds kinds = stage_kinds(job.model, layers);
   const Link dl = group_link(c, L.dp, L.tp * L.pp);
+  const int edp = L.dp / L.ep;  // ranks holding the same experts
+  const Link el = group_link(c, edp, L.tp * L.ep * L.pp);
   p.dp_blocking_per_rank.assign(L.pp, 0);
-  const double layer_params = params_per_layer(m);
   double max_shard = 0;
   if (L.dp > 1) {
     p.costs.dp_all_gather.assign(L.pp, std::vector<double>(L.virtual_stages, 0));
@@ -133,15 +185,16 @@ double plan_dp_traffic(Plan& p, const Job& job, const Cluster& c, const Techniqu
   for (int r = 0; r < L.pp; ++r) {
     double rank_params = 0;
     for (int k = 0; k < L.virtual_stages; ++k) {
-      const int st = k * L.pp + r;
-      double params = layers[st] * layer_params / L.tp;
-      const double vocab_rows = double(m.padded_vocab(L.tp)) * m.d_model / L.tp;
-      if (st == 0) params += vocab_rows;                                       // the embedding
-      if (st == S - 1 && (S > 1 || !m.tied_embeddings)) params += vocab_rows;  // the LM head (or its copy)
-      rank_params += params;
+      const StageParams sp = stage_params(job, layers, kinds, k * L.pp + r);
+      const double params = sp.dense;
+      rank_params += params + sp.experts / edp * L.dp;  // the shard: dense / dp + experts / edp
       if (L.dp > 1) {
-        const double rs = ring_reduce_scatter_seconds(L.dp, params * t.grad_bytes, dl);
-        const double ag = ring_all_gather_seconds(L.dp, params * c.dtype_bytes.value, dl);
+        double rs = ring_reduce_scatter_seconds(L.dp, params * t.grad_bytes, dl);
+        double ag = ring_all_gather_seconds(L.dp, params * c.dtype_bytes.value, dl);
+        if (sp.experts > 0 && edp > 1) {
+          rs += ring_reduce_scatter_seconds(edp, sp.experts * t.grad_bytes, el);
+          ag += ring_all_gather_seconds(edp, sp.experts * c.dtype_bytes.value, el);
+        }
         p.costs.dp_reduce_scatter[r][k] = rs;
         p.costs.dp_all_gather[r][k] = ag;
         p.dp_blocking_per_rank[r] += rs + ag;
@@ -160,7 +213,7 @@ void plan_dp_blocking(Plan& p, const Job& job, const Cluster& c, const Technique
   // Tied embeddings across pipeline ends: the first and last stage all-reduce the embedding gradient.
   if (L.pp > 1 && m.tied_embeddings) {
     const double bytes = double(m.padded_vocab(L.tp)) * m.d_model / L.tp * t.grad_bytes;
-    const double ar = ring_allreduce_seconds(2, bytes, group_link(c, 2, (L.pp - 1) * L.tp));
+    const double ar = ring_allreduce_seconds(2, bytes, group_link(c, 2, (L.pp - 1) * L.tp * L.ep));
     p.dp_blocking_per_rank[0] += ar;
     p.dp_blocking_per_rank[L.pp - 1] += ar;
   }
@@ -206,8 +259,8 @@ Plan make_plan(const Job& job, const Cluster& c) {
   p.schedule = make_interleaved_1f1b(L.pp, L.virtual_stages, L.microbatches);
   plan_stage_costs(p, job, c, t, layers);
   // Activations (and their gradients) cross between stages in the sequence-parallel layout: each tp rank sends
-  // its 1/tp slice to its peer in the next stage.
-  const Link pl = group_link(c, L.pp, L.tp);
+  // its 1/tp slice to its peer in the next stage (tp x ep ranks further on).
+  const Link pl = group_link(c, L.pp, L.tp * L.ep);
   p.costs.p2p_seconds = L.pp > 1
                             ? p2p_seconds(double(L.micro_batch) * L.seq * m.d_model * c.dtype_bytes.value / L.tp, pl)
                             : 0;
@@ -278,7 +331,11 @@ std::vector<int> balanced_stage_layers(const Job& job, const Cluster& c) {
   const int S = L.pp * L.virtual_stages;
   MT_CHECK(m.n_layer >= S, "{} layers cannot give each of {} virtual stages one", m.n_layer, S);
   auto total = [](const LayerCost& x) { return x.fwd.total() + x.bwd.total(); };
-  const double layer = total(layer_cost(m, c, shape, t));
+  // MoE: the mean layer (the greedy below assumes every layer costs the same; best_stage_layers refines).
+  const double layer = m.moe() ? (total(layer_cost(m, c, shape, t)) * (m.n_layer - m.moe_layers()) +
+                                  total(moe_layer_cost(m, c, shape, t, L.ep)) * m.moe_layers()) /
+                                     m.n_layer
+                               : total(layer_cost(m, c, shape, t));
   std::vector<double> extra(S, 0);
   extra[0] += total(embedding_cost(m, c, shape, t));
   extra[S - 1] += total(head_cost(m, c, shape, t));
@@ -329,6 +386,28 @@ std::vector<int> best_stage_layers(const Job& job, const Cluster& c) {
   return best;
 }
 
+namespace {
+template <typename Bad>
+void validate_ep(const Job& job, Bad bad) {
+  const Layout& L = job.layout;
+  const ModelConfig& m = job.model;
+  if (L.ep < 1) bad(fmt::format("parallel.ep must be >= 1 (got {})", L.ep));
+  if (L.ep > 1 && !m.moe())
+    bad(fmt::format("parallel.ep = {} needs a mixture-of-experts model (model.moe_experts > 0): expert parallelism "
+                    "shards the experts",
+                    L.ep));
+  if (L.dp % L.ep != 0)
+    bad(fmt::format("parallel.ep = {} must divide parallel.dp = {} (the expert-parallel ranks are carved out of the "
+                    "data-parallel ones)",
+                    L.ep, L.dp));
+  if (m.moe() && m.moe_experts % L.ep != 0)
+    bad(fmt::format("parallel.ep = {} must divide model.moe_experts = {} (each rank holds moe_experts / ep experts)",
+                    L.ep, m.moe_experts));
+  if (job.tech.ep_overlap < 0 || job.tech.ep_overlap > 1 || !std::isfinite(job.tech.ep_overlap))
+    bad(fmt::format("parallel.ep_overlap = {} must be in [0, 1]", job.tech.ep_overlap));
+}
+}  // namespace
+
 void validate_job(const Job& job, const Cluster& c, int gpus) {
   const Layout& L = job.layout;
   const ModelConfig& m = job.model;
@@ -363,6 +442,7 @@ void validate_job(const Job& job, const Cluster& c, int gpus) {
   } catch (const Error& e) {
     bad(e.what());
   }
+  validate_ep(job, bad);
 }
 
 double predict_step_seconds(const Job& job, const Cluster& c, int* peak_in_flight) {
@@ -402,6 +482,7 @@ Prediction predict(const Job& job, const Cluster& c) {
   // The replicated gradients' tp sums sit at the end of the step like the dp traffic; they count as tp.
   const double t_no_sync = step_end(full, p, false);
   b.tp = p.tp_per_rank[busiest] * m + std::max(0.0, t_full - t_no_sync);
+  b.ep = p.ep_per_rank[busiest] * m;
   b.bubble = std::max(0.0, no_comm.makespan - no_comm.busy[busiest]);
   b.pp = std::max(0.0, no_dp.makespan - no_comm.makespan);
   b.dp = std::max(0.0, t_no_sync - no_dp.makespan);
@@ -420,7 +501,14 @@ Prediction predict(const Job& job, const Cluster& c) {
   out.mfu = out.model_flops_per_step / (out.step_seconds * L.gpus() * c.peak_flops());
   out.peak_in_flight = full.peak_in_flight.empty() ? 1 : full.peak_in_flight[0];
   out.memory = memory_per_gpu(job.model, Shape{L.tp, L.micro_batch, L.seq}, job.tech, L.dp, L.pp, L.virtual_stages,
-                              out.peak_in_flight, L.stage_layers);
+                              out.peak_in_flight, L.stage_layers, L.ep);
+  // A MoE model's pipeline ranks hold different layers (dense first layers, experts): the fullest one.
+  for (int r = 1; job.model.moe() && r < L.pp && r < int(full.peak_in_flight.size()); ++r) {
+    const MemoryBreakdown mr = memory_per_gpu(job.model, Shape{L.tp, L.micro_batch, L.seq}, job.tech, L.dp, L.pp,
+                                              L.virtual_stages, full.peak_in_flight[r], L.stage_layers, L.ep, r);
+    if (mr.total() > out.memory.total())
+      out.memory = mr, out.memory_rank = r, out.peak_in_flight = full.peak_in_flight[r];
+  }
   return out;
 }
 

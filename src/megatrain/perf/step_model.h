@@ -3,6 +3,12 @@
 // schedule in pipeline_sim, adds what happens outside the pipeline (reduce-scatter / all-gather when they are not
 // overlapped, the optimizer step) and the expected straggler delay. The breakdown is found by simulating again
 // without data-parallel traffic and without point-to-point time: each difference is what that traffic exposed.
+// Mixture of experts (moe_cost.h): MoE layers cost what their routed and shared experts and all-to-alls cost, the
+// other layers as dense ones; MFU counts the active parameters' FLOPs (ModelConfig::flops_per_token: the router,
+// k routed and the shared experts per token). Expert parallelism (Layout::ep) takes ep of the dp ranks, adjacent
+// after tp in the rank order (tp, ep, pp, dp / ep): an ep group spans tp x ep consecutive GPUs, pipeline neighbours
+// are tp x ep apart. The dense parameters' gradients reduce over dp, the experts' over the dp / ep ranks holding
+// the same experts.
 #pragma once
 #include <vector>
 #include <string>
@@ -21,6 +27,7 @@ struct Layout {
   int micro_batch = 1;   // sequences per micro-batch
   int seq = 1024;
   std::vector<int> stage_layers;  // layers per virtual stage (parallel.stage_layers); empty = an even split
+  int ep = 1;                     // expert-parallel ranks (MoE), carved out of dp: ep divides dp
   int gpus() const { return dp * pp * tp; }
   int global_batch() const { return dp * microbatches * micro_batch; }
 };
@@ -34,6 +41,7 @@ struct Job {
 struct Breakdown {
   double compute = 0;       // kernels on the busiest pipeline rank
   double tp = 0;            // tensor-parallel collectives left on the critical path
+  double ep = 0;            // expert-parallel all-to-alls (MoE) left on the critical path
   double pp = 0;            // point-to-point time the schedule could not hide
   double dp = 0;            // data-parallel reduce-scatter / all-gather (and tied-embedding all-reduce) exposed
   double bubble = 0;        // pipeline idle time with free communication
@@ -47,17 +55,20 @@ struct Breakdown {
 
 struct Prediction {
   double step_seconds = 0, mfu = 0, tokens_per_second = 0;
-  double model_flops_per_step = 0;  // ModelConfig::flops_per_token x tokens (recomputation not counted)
+  double model_flops_per_step = 0;  // ModelConfig::flops_per_token x tokens (recomputation not counted; MoE: the
+                                    // active parameters')
   Breakdown breakdown;
   MemoryBreakdown memory;
   int global_batch = 0;
-  int peak_in_flight = 0;  // micro-batch chunks in flight on rank 0
+  int peak_in_flight = 0;  // micro-batch chunks in flight on memory_rank
+  int memory_rank = 0;     // the pipeline rank `memory` is for: 0 (the most in flight), or a MoE model's fullest
 };
 
 // Refuses an impossible job with an mt::Error (kind Config) naming the problem: dp*pp*tp != gpus (when gpus > 0),
 // layers not divisible by pp * virtual_stages, heads not divisible by tp, micro-batches not a multiple of pp with
 // virtual stages, a sequence longer than the model's, tp larger than a node on a rail-clos cluster is allowed
-// (slow) but must divide the node when it spans several.
+// (slow) but must divide the node when it spans several; parallel.ep not dividing dp or the experts, or above 1
+// with a dense model.
 void validate_job(const Job& job, const Cluster& c, int gpus = 0);
 Prediction predict(const Job& job, const Cluster& c);
 // The layers of each virtual stage that make the busiest stage's compute smallest: the first stage also computes

@@ -630,6 +630,11 @@ void add_parallel_rows(std::vector<Row>& t) {
                   "pipeline micro-batches of data.batch_size rows per step"));
   t.push_back(row("parallel", "tp_chunks", MT_MEMBER(parallel.tp_chunks), at_least(1),
                   "row chunks of each overlapped all-gather + GEMM and GEMM + reduce-scatter"));
+  t.push_back(row("parallel", "ep", MT_MEMBER(parallel.ep), at_least(1),
+                  "expert-parallel ranks (MoE; megatrain simulate only): each MoE layer's experts sharded over ep "
+                  "ranks carved out of the dp ranks; ep divides dp and model.moe_experts"));
+  t.push_back(row("parallel", "ep_overlap", MT_MEMBER(parallel.ep_overlap), in_range(0, 1),
+                  "megatrain simulate: the share of the expert all-to-all time hidden behind compute"));
   t.push_back(row("parallel", "timeout_s", MT_MEMBER(parallel.timeout_s), at_least(1),
                   "seconds a rendezvous or collective may take"));
   t.push_back(row("parallel", "device_plane", MT_MEMBER(parallel.device_plane), any(),
@@ -669,7 +674,8 @@ const std::vector<Row>& settings() {
 
 }  // namespace
 
-RunConfig parse_run_config(const std::string& text, const std::string& src, const std::vector<std::string>& overrides) {
+RunConfig parse_run_config(const std::string& text, const std::string& src, const std::vector<std::string>& overrides,
+                           ConfigUse use) {
   toml::table root;
   try {
     root = toml::parse(text, src);
@@ -700,7 +706,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& src, cons
   if (sec) sec->check_unknown();
 
   if (c.ckpt.dir.empty()) c.ckpt.dir = c.train.out_dir + "/ckpt";
-  c.validate();
+  c.validate(use == ConfigUse::Train);
   return c;
 }
 
@@ -770,10 +776,10 @@ void RunConfig::validate_straggler_coding() const {
   }
 }
 
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides, ConfigUse use) {
   MT_CHECK(file_exists(path), "config file {} does not exist", path);
   MT_CHECK(!std::filesystem::is_directory(path), "config file {} is a directory, not a TOML file", path);
-  return parse_run_config(read_text_file(path), path, overrides);
+  return parse_run_config(read_text_file(path), path, overrides, use);
 }
 
 // What MoE (docs/moe.md) runs on so far: the CPU, under any of dp, tp (the experts replicated over tp, each rank
@@ -784,13 +790,17 @@ void RunConfig::validate_moe() const {
            "{}: model.moe_experts = {} runs on train.device = \"cpu\" only for now (the MoE layer's CUDA kernels "
            "are not written yet)",
            source, model.moe_experts);
+  MT_CHECK(parallel.ep == 1,
+           "{}: parallel.ep = {}: expert parallelism is modelled by `megatrain simulate` only; megatrain train "
+           "replicates the experts on every rank (set parallel.ep = 1)",
+           source, parallel.ep);
   MT_CHECK(parallel.dp == 1 || model.moe_router == MoeRouter::Softmax,
            "{}: model.moe_router = \"sigmoid_bias\" with parallel.dp = {}: the balancing bias steps from each rank's "
            "own loads, so the replicas would diverge; use parallel.dp = 1 or model.moe_router = \"softmax\"",
            source, parallel.dp);
 }
 
-void RunConfig::validate() const {
+void RunConfig::validate(bool for_training) const {
   try {
     model.validate();
     optim.validate();
@@ -810,7 +820,11 @@ void RunConfig::validate() const {
            "{}: train.deterministic = true and train.gemm_tuning = {} cannot be combined: tuning chooses each GEMM's "
            "algorithm by timing it, so two runs may round differently; set train.gemm_tuning = 0",
            source, train.gemm_tuning);
-  if (model.moe()) validate_moe();
+  MT_CHECK(parallel.ep == 1 || model.moe(),
+           "{}: parallel.ep = {} needs a mixture-of-experts model (model.moe_experts > 0): expert parallelism "
+           "shards the experts",
+           source, parallel.ep);
+  if (model.moe() && for_training) validate_moe();
   if (parallel.pp == 1) {
     MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1 && parallel.stage_layers.empty(),
              "{}: parallel.virtual_stages ({}), parallel.microbatches ({}) and parallel.stage_layers need "

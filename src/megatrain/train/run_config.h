@@ -129,7 +129,11 @@ struct ParallelConfig {
                                   // order (model/layout.h); [] = an even split
   int microbatches = 0;           // pipeline: micro-batches of data.batch_size rows per step; 0 = parallel.pp
   int tp_chunks = 4;              // tensor parallel: row chunks of each fused all-gather+GEMM / GEMM+reduce-scatter
-  int timeout_s = 120;            // rendezvous / collective timeout
+  // Expert parallelism (MoE; `megatrain simulate` only, training replicates the experts): the experts of each MoE
+  // layer are sharded over ep ranks carved out of the dp ranks (ep divides dp), tokens reach them by all-to-all.
+  int ep = 1;
+  double ep_overlap = 0;                         // the share of the all-to-all time hidden behind compute, in [0, 1]
+  int timeout_s = 120;                           // rendezvous / collective timeout
   DevicePlane device_plane = DevicePlane::Auto;  // cuda only: nccl, staged, or auto (staged where ranks share a GPU)
   // Straggler-tolerant data parallelism (parallel/straggler_code.h, train/coded_forward_backward.h): none (the plain
   // step), gc (tolerates straggler_s slow replicas per round), sr-sgc or m-sgc (bursts inside the
@@ -166,9 +170,12 @@ struct RunConfig {
   // the ranks of a job must agree on (train/config_agreement.h).
   std::vector<std::pair<std::string, std::string>> effective;
 
-  void validate() const;
+  void validate() const { validate(true); }
   void validate_straggler_coding() const;  // part of validate()
-  void validate_moe() const;               // the parallelism and device MoE runs with so far (part of validate)
+  void validate_moe() const;  // the parallelism and device MoE trains with so far (part of validate for training)
+  // What a config must satisfy: every key's rule and the rules across keys; with for_training, also what
+  // `megatrain train` can run (validate_moe). `megatrain simulate` models jobs the trainer cannot run yet.
+  void validate(bool for_training) const;
   // Micro-batches per pipeline step (1 without pipeline parallelism).
   int pipeline_microbatches() const {
     return parallel.pp > 1 ? (parallel.microbatches > 0 ? parallel.microbatches : parallel.pp) : 1;
@@ -190,8 +197,11 @@ std::string run_config_help(bool markdown);
 
 // Parses TOML text (source names it in errors) and applies overrides of the form "section.key=value"
 // (value in TOML syntax; bare words are taken as strings).
+// ConfigUse::Simulate skips what only the trainer needs (RunConfig::validate_moe): a job to model, not to run.
+enum class ConfigUse { Train, Simulate };
 RunConfig parse_run_config(const std::string& toml_text, const std::string& source,
-                           const std::vector<std::string>& overrides = {});
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+                           const std::vector<std::string>& overrides = {}, ConfigUse use = ConfigUse::Train);
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                          ConfigUse use = ConfigUse::Train);
 
 }  // namespace mt

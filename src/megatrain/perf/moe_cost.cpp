@@ -1,0 +1,64 @@
+#include "megatrain/perf/moe_cost.h"
+
+#include "megatrain/core/error.h"
+#include "megatrain/perf/collectives.h"
+
+namespace mt::perf {
+
+namespace {
+void check_moe(const ModelConfig& m, const Shape& s, int ep) {
+  MT_CHECK(m.moe(), "MoE layer cost: model.moe_experts is 0 (a dense model)");
+  MT_CHECK(s.tp == 1, "MoE layer cost: parallel.tp = {}: MoE layers run without tensor parallelism (tp = 1)", s.tp);
+  MT_CHECK(ep >= 1 && m.moe_experts % ep == 0, "MoE layer cost: parallel.ep = {} must divide model.moe_experts = {}",
+           ep, m.moe_experts);
+}
+}  // namespace
+
+MlpCost moe_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s, int ep) {
+  check_moe(m, s, ep);
+  const double N = double(s.micro_batch) * s.seq, C = m.d_model, E = m.moe_experts, k = m.moe_top_k;
+  const double F = m.moe_d_ff, S = m.moe_shared_experts;
+  const double local = E / ep, rows = N * k * ep / E;  // experts on this GPU, rows each receives
+  // Backward of a GEMM of `n` rows: the input gradient (n x in x out) and the weight gradient (out x in x n).
+  auto bwd = [&](double n, double out, double in) { return gemm_seconds(c, n, in, out) + gemm_seconds(c, out, in, n); };
+  MlpCost mlp;
+  mlp.up = gemm_seconds(c, N, E, C) + local * gemm_seconds(c, rows, 2 * F, C);
+  mlp.down = local * gemm_seconds(c, rows, C, F);
+  mlp.up_bwd = bwd(N, E, C) + local * bwd(rows, 2 * F, C);
+  mlp.down_bwd = local * bwd(rows, C, F);
+  if (S > 0) {
+    mlp.up += gemm_seconds(c, N, 2 * S * F, C);
+    mlp.down += gemm_seconds(c, N, C, S * F);
+    mlp.up_bwd += bwd(N, 2 * S * F, C);
+    mlp.down_bwd += bwd(N, C, S * F);
+  }
+  // Per token: the router (E), then k routed and S shared experts of 3 x F x C each.
+  mlp.up_width = E + 2 * F * (k + S);
+  mlp.down_width = F * (k + S);
+  mlp.hidden_elems = N * k * F + N * S * F;
+  // Permutation (read N x C, write N x k x C), combine (read N x k x C, write N x C), the router's fp32 scores
+  // (written, read by the top-k): three kernels.
+  mlp.extra_bytes = (2 * N * C + 2 * N * k * C) * c.dtype_bytes.value + 2 * N * E * 4;
+  mlp.extra_launches = 3;
+  return mlp;
+}
+
+double expert_all_to_all_seconds(const ModelConfig& m, const Cluster& c, const Shape& s, int ep) {
+  check_moe(m, s, ep);
+  const double bytes = double(s.micro_batch) * s.seq * m.moe_top_k * m.d_model * c.dtype_bytes.value;
+  return all_to_all_seconds(ep, bytes, group_link(c, ep, s.tp));
+}
+
+LayerCost moe_layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t, int ep) {
+  LayerCost lc = layer_cost(m, c, s, t, moe_mlp_cost(m, c, s, ep));
+  const double a2a = expert_all_to_all_seconds(m, c, s, ep);
+  const double hidden = t.comm_overlaps_compute ? t.ep_overlap : 0.0;
+  MT_CHECK(hidden >= 0 && hidden <= 1, "parallel.ep_overlap = {} must be in [0, 1]", hidden);
+  lc.fwd.ep_comm = 2 * a2a;  // dispatch, combine
+  lc.bwd.ep_comm = (t.recompute == Recompute::Full ? 4 : 2) * a2a;
+  lc.fwd.ep_exposed = (1 - hidden) * lc.fwd.ep_comm;
+  lc.bwd.ep_exposed = (1 - hidden) * lc.bwd.ep_comm;
+  return lc;
+}
+
+}  // namespace mt::perf

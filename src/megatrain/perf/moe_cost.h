@@ -1,0 +1,28 @@
+// What a mixture-of-experts layer (docs/moe.md) costs on one GPU for one micro-batch, with expert parallelism.
+// The model: attention as in a dense layer (compute_cost.h); in place of the MLP, the router GEMM (tokens x E x
+// d_model), the shared experts (one SwiGLU of width moe_shared_experts x moe_d_ff over every token) and the routed
+// experts. Routing is taken as perfectly balanced: each of the ep ranks of an expert-parallel group holds E / ep
+// experts and, of the N x k routed rows of the group's N tokens per rank, receives N x k, N x k x ep / E per local
+// expert; each expert's SwiGLU is three GEMMs (gate and up fused, as megatrain stores them, then down) priced one
+// expert at a time (a grouped GEMM no faster than its parts). Elementwise: the hidden activation of the N x k routed
+// and N x S shared rows (read and written once, as the dense MLP's), the permutation into expert order and the
+// weighted combine back (each reads and writes its rows), the router's fp32 scores.
+// Expert parallelism (Megatron's convention, ep ranks carved out of the dp ranks, adjacent after tp in the rank
+// order): per MoE layer and micro-batch, a dispatch and a combine all-to-all forward and their conjugates backward
+// (two more when full recomputation reruns the forward), each moving N x k x d_model elements per rank, (ep-1)/ep
+// of them to other ranks, at the slowest link of the group (NVLink when tp x ep GPUs fit in a node). Techniques::
+// ep_overlap is the share of them hidden behind compute (none on a host whose cores the ranks use up). MoE layers
+// run without tensor parallelism in megatrain, so this model takes tp = 1 for them.
+#pragma once
+#include "megatrain/perf/compute_cost.h"
+
+namespace mt::perf {
+
+// The feed-forward half of a MoE layer (layer_cost's MlpCost) on one GPU of an ep group.
+MlpCost moe_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s, int ep);
+// One all-to-all (dispatch or combine) of a MoE layer: N x k x d_model elements per rank over the ep group.
+double expert_all_to_all_seconds(const ModelConfig& m, const Cluster& c, const Shape& s, int ep);
+// A whole MoE layer: attention, the MoE feed-forward and the all-to-alls (PassCost::ep_comm, ep_exposed).
+LayerCost moe_layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t, int ep);
+
+}  // namespace mt::perf
