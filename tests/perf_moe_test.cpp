@@ -10,8 +10,14 @@
 //  * a dense model carries no expert cost anywhere;
 //  * --search: on Mixtral at a memory limit no replicated-expert layout can meet (hand bound), every layout it returns
 //    has ep > 1; it never tries an ep that does not divide the experts;
-//  * bad input: ep not dividing dp or the experts, ep with a dense model, ep_overlap out of range, MoE with tp > 1,
-//    and `megatrain train` refusing the simulate-only configs, each named in the error.
+//  * tensor parallelism (tp = 2, sequence parallel; the experts replicated over tp, each rank routing its own rows):
+//    a MoE layer's FLOPs per rank, its all-to-all bytes per rank and link class, its tp collectives (the
+//    attention's pair only), its activations and a rank's parameters, gradients and optimizer state, and the
+//    replicated weights' gradient all-reduce over tp per step, each against a hand count;
+//  * --search weighs tp against ep: every layout it returns is valid (tp divides the heads, ep the experts and dp)
+//    and the explanation names the winner's tp and ep;
+//  * bad input: ep not dividing dp or the experts, ep with a dense model, ep_overlap out of range, a tp not
+//    dividing the KV heads, and `megatrain train` refusing the simulate-only configs, each named in the error.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -263,10 +269,7 @@ TEST(ExpertParallelSearch, TriesOnlyEpsDividingBothDpAndTheExperts) {
   o.global_batch = 256;
   o.seq = 4096;
   const SearchResult r = search_layouts(mixtral(), h100(), o);
-  for (const Candidate& cand : r.ranked) {
-    EXPECT_EQ(8 % cand.job.layout.ep, 0) << "ep " << cand.job.layout.ep;
-    EXPECT_EQ(cand.job.layout.tp, 1);
-  }
+  for (const Candidate& cand : r.ranked) EXPECT_EQ(8 % cand.job.layout.ep, 0) << "ep " << cand.job.layout.ep;
 }
 
 TEST(ExpertParallelBadInput, ImpossibleLayoutsAreNamed) {
@@ -281,8 +284,8 @@ TEST(ExpertParallelBadInput, ImpossibleLayoutsAreNamed) {
   j.tech.ep_overlap = 1.5;
   EXPECT_NE(error_of([&] { validate_job(j, c); }).find("parallel.ep_overlap"), std::string::npos);
   j = mixtral_job(8, 4, 8, 8);
-  j.layout.tp = 2;
-  EXPECT_NE(error_of([&] { validate_job(j, c); }).find("parallel.tp = 2"), std::string::npos);
+  j.layout.tp = 16;  // Mixtral has 8 KV heads
+  EXPECT_NE(error_of([&] { validate_job(j, c); }).find("must be divisible by parallel.tp (16)"), std::string::npos);
   Job dense;
   dense.layout = Layout{4, 1, 1, 1, 1, 1, 1024, {}, 2};
   EXPECT_NE(error_of([&] { validate_job(dense, c); }).find("parallel.ep = 2 needs a mixture-of-experts model"),
@@ -293,9 +296,8 @@ TEST(ExpertParallelBadInput, TrainRefusesTheSimulateOnlyConfigsNamingTheKey) {
   for (const char* cfg : {"/configs/mixtral-8x7b.toml", "/configs/deepseek-v3.toml"}) {
     const std::string path = kRoot + cfg;
     EXPECT_NO_THROW(load_run_config(path, {}, ConfigUse::Simulate)) << cfg;
-    EXPECT_NE(error_of([&] { load_run_config(path); }).find("pipeline parallelism"), std::string::npos) << cfg;
-    // With the pipeline off, the expert parallelism is what training refuses.
-    const std::string e = error_of([&] { load_run_config(path, {"parallel.pp=1", "parallel.stage_layers=[]"}); });
+    // MoE trains under pp and tp; the expert parallelism is what training refuses.
+    const std::string e = error_of([&] { load_run_config(path); });
     EXPECT_NE(e.find("parallel.ep"), std::string::npos) << e;
   }
   const std::string tiny = kRoot + "/configs/tiny.toml";
@@ -307,4 +309,110 @@ TEST(ExpertParallelBadInput, TrainRefusesTheSimulateOnlyConfigsNamingTheKey) {
               load_run_config(kRoot + "/configs/mixtral-8x7b.toml", {"parallel.ep_overlap=2"});
             }).find("parallel.ep_overlap"),
             std::string::npos);
+}
+
+TEST(MoeTensorParallel, LayerFlopsPerRankAreTheAttentionShareAndTheMoeOnTheRanksRowsCountedByHand) {
+  // tp 2 over the small model: each rank computes half the heads (2 of 4: q, k, v of 4 + 2 + 2 heads of 16, split)
+  // and, on its own 32 of the 64 tokens, the router (4 experts), 2 routed experts and 1 shared expert per token,
+  // each gate, up and down of 96 x 64.
+  const ModelConfig m = small_moe();
+  const Cluster c = h100();
+  const Shape s{2, 2, 32};
+  const double N = 64, rows = 32, C = 64, hd = 16;
+  const double qkv = 2 * N * C * (8 * hd / 2), proj = 2 * N * C * (C / 2), router = 2 * rows * C * 4;
+  const double experts = 2 * rows * 3 * 96 * C * 2, shared = 2 * rows * 3 * 96 * C * 1;
+  const double attn = 4 * 2 * hd * (32.0 * 33 / 2) * 2;
+  const double gemm = qkv + proj + router + experts + shared;
+  for (int ep : {1, 2, 4}) {
+    const LayerCost lc = moe_layer_cost(m, c, s, Techniques{}, ep);
+    EXPECT_NEAR(lc.fwd.flops, gemm + attn, 1e-9 * gemm) << "ep " << ep;
+    EXPECT_NEAR(lc.bwd.flops, 2 * gemm + 2.5 * attn, 1e-9 * gemm) << "ep " << ep;
+  }
+  // The MoE needs no all-gather before it nor reduce-scatter after it: only the attention's pair remains, an
+  // all-gather of the 64 x 64 bf16 stream over 2 ranks on NVLink ((n-1)/n x bytes / 370 GB/s + 5 us) each, 2
+  // forward and 3 backward (the input re-gathered for the weight gradient); the dense layer has twice as many.
+  const double one = 0.5 * N * C * 2 / 370e9 + 5e-6;
+  const LayerCost lc = moe_layer_cost(m, c, s, Techniques{}, 2);
+  EXPECT_NEAR(lc.fwd.tp_comm, 2 * one, 1e-15);
+  EXPECT_NEAR(lc.bwd.tp_comm, 3 * one, 1e-15);
+  EXPECT_NEAR(layer_cost(m, c, s, Techniques{}).fwd.tp_comm, 4 * one, 1e-15);
+}
+
+TEST(MoeTensorParallel, AllToAllCarriesTheRanksRowsWithinItsTpCoordinate) {
+  // Mixtral, tp 2: a rank dispatches its 2,048 sequence-parallel tokens x top 2 x d_model in bf16. Its ep group is
+  // the ranks of its tp coordinate, 2 apart: 2 x 4 GPUs fit a node of 8 (NVLink), 2 x 8 do not (the network).
+  const Cluster c = h100();
+  const ModelConfig m = mixtral();
+  const Shape s{2, 1, 4096};
+  const double bytes = 2048.0 * 2 * 4096 * 2;
+  EXPECT_NEAR(expert_all_to_all_seconds(m, c, s, 4), 3.0 / 4 * bytes / 370e9 + 3 * 5e-6, 1e-12);
+  EXPECT_NEAR(expert_all_to_all_seconds(m, c, s, 8), 7.0 / 8 * bytes / 45e9 + 7 * 10e-6, 1e-12);
+}
+
+TEST(MoeTensorParallel, MemoryReplicatesTheMoeWeightsOverTpAndKeepsTheRanksRoutedRows) {
+  // Mixtral, dp 8 x pp 4 x tp 2, ep 8; pipeline rank 0 (layers 0-7 and the embedding), by hand. Split over tp: the
+  // attention, the norms (the final norm's 4096 spread over the layers as in the dense accounting) and the
+  // embedding's rows; whole on every tp rank: the router, and 8 / ep = 1 expert of each layer.
+  const ModelConfig m = mixtral();
+  const double experts = 8 * (8 * 3 * 14336.0 * 4096);
+  const double dense = 8 * ((4096.0 * 6144 + 4096.0 * 4096 + 2 * 4096 + 4096.0 / 32) / 2 + 8 * 4096) +
+                       32000.0 * 4096 / 2;
+  const MemoryBreakdown b = memory_per_gpu(m, Shape{2, 1, 4096}, Techniques{}, 8, 4, 1, 4, {}, 8);
+  EXPECT_NEAR(b.params, 2 * (dense + experts / 8), 1);
+  EXPECT_NEAR(b.grads, 4 * (dense + experts / 8), 1);
+  // The dense state over dp 8; the expert's over dp / ep = 1 (no other rank of the tp coordinate holds it).
+  EXPECT_NEAR(b.optimizer, 12 * dense / 8 + 12 * experts / 8, 1);
+  EXPECT_NEAR(b.experts, 6 * experts / 8 + 12 * experts / 8, 1);
+  // A layer's activations on a rank: the tp 1 count (ActivationsKeepTheRoutedRows) over its 32 of the 64 rows.
+  const ModelConfig sm = small_moe();
+  const double N = 64, C = 64, k = 2, F = 96, E = 4, S = 1;
+  const double whole = 15 * N * C + 2 * N * C + 2 * N * k * C + 6 * N * k * F + 2 * N * k * C + 4 * N * E +
+                       6 * N * S * F + N * C;
+  EXPECT_NEAR(moe_layer_activation_bytes(sm, Shape{2, 2, 32}, Techniques{}), whole / 2, 1e-6);
+  Techniques full;
+  full.recompute = Recompute::Full;
+  EXPECT_NEAR(moe_layer_activation_bytes(sm, Shape{2, 2, 32}, full), N * C, 1e-6);
+}
+
+TEST(MoeTensorParallel, StepSumsTheReplicatedMoeGradientsOverTpOncePerLayer) {
+  // Mixtral, dp 8 x tp 2, pp 1, ep 8, 2 micro-batches. Once a step each layer all-reduces over tp (NVLink ring of 2:
+  // bytes / 370 GB/s + 2 x 5 us) the fp32 gradients of its replicated tensors: 2 norms, the router, and the one
+  // expert of 3 x 14336 x 4096 it holds; the final norm once more. They count as exposed tp time, after the
+  // layers' own exposed tp collectives (their 2 micro-batches, with the embedding's and the head's).
+  const Cluster c = h100();
+  Job j;
+  j.model = mixtral();
+  j.layout = Layout{8, 1, 2, 1, 2, 1, 4096, {}, 8};
+  const double layer = 4 * (2 * 4096 + 8 * 4096 + 3 * 14336.0 * 4096);
+  const double sync = 32 * (layer / 370e9 + 2 * 5e-6) + (4 * 4096.0 / 370e9 + 2 * 5e-6);
+  const Shape s{2, 1, 4096};
+  auto exposed = [](const LayerCost& x) { return x.fwd.tp_exposed + x.bwd.tp_exposed; };
+  const double per_microbatch = 32 * exposed(moe_layer_cost(j.model, c, s, j.tech, 8)) +
+                                exposed(embedding_cost(j.model, c, s, j.tech)) +
+                                exposed(head_cost(j.model, c, s, j.tech));
+  EXPECT_NEAR(predict(j, c).breakdown.tp, 2 * per_microbatch + sync, 1e-9);
+}
+
+TEST(MoeTensorParallelSearch, WeighsTpAgainstEpAndReturnsOnlyValidLayouts) {
+  SearchOptions o;
+  o.gpus = 64;
+  o.global_batch = 256;
+  o.seq = 4096;
+  const ModelConfig m = mixtral();
+  const SearchResult r = search_layouts(m, h100(), o);
+  ASSERT_FALSE(r.ranked.empty());
+  bool tp_above_one = false;
+  for (const Candidate& cand : r.ranked) {
+    const Layout& L = cand.job.layout;
+    EXPECT_EQ(L.dp * L.pp * L.tp, 64);
+    EXPECT_EQ(m.n_head % L.tp, 0) << "tp " << L.tp;
+    EXPECT_EQ(m.kv_heads() % L.tp, 0) << "tp " << L.tp;
+    EXPECT_EQ(m.moe_experts % L.ep, 0) << "ep " << L.ep;
+    EXPECT_EQ(L.dp % L.ep, 0) << "ep " << L.ep << " dp " << L.dp;
+    tp_above_one = tp_above_one || L.tp > 1;
+  }
+  EXPECT_TRUE(tp_above_one);
+  const Layout& best = r.ranked.front().job.layout;
+  const std::string why = explain(r, h100());
+  EXPECT_NE(why.find(fmt::format("tp {} x ep {} ", best.tp, best.ep)), std::string::npos) << why;
 }

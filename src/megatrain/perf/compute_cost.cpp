@@ -35,6 +35,26 @@ double tp_gather_seconds(const Cluster& c, const Shape& s, const Techniques& t, 
   return pieces * ring_all_gather_seconds(s.tp, bytes / pieces, group_link(c, s.tp, 1));
 }
 
+// The tp collectives of a layer, each with the GEMM it can hide behind and whether Megatron-LM already overlaps it:
+// in backward it runs the re-gather of the input next to the input-gradient GEMM and the reduce-scatter of the input
+// gradient next to the weight-gradient GEMM (LinearWithGradAccumulationAndAsyncCommunication); everything in
+// forward and the all-gather of the output gradient before each row-parallel linear stay exposed. MegaScale's
+// overlap (§3.2, Figure 3c) chunks every collective against its GEMM; with the parallel block the pair is fused
+// into the larger MLP GEMMs. A MoE layer (mlp_tp false) has the attention's pair only.
+struct Coll {
+  double gemm;
+  bool megatron_overlaps;
+};
+struct LayerColls {
+  std::vector<Coll> fwd, bwd;
+};
+LayerColls layer_collectives(bool ptb, bool mlp_tp, double g_qkv, double g_proj, double g_up, double g_down) {
+  if (ptb) return {{{g_up, false}, {g_down, false}}, {{g_down, false}, {g_up, true}, {g_up, true}}};
+  if (!mlp_tp) return {{{g_qkv, false}, {g_proj, false}}, {{g_proj, false}, {g_qkv, true}, {g_qkv, true}}};
+  return {{{g_qkv, false}, {g_proj, false}, {g_up, false}, {g_down, false}},
+          {{g_proj, false}, {g_down, false}, {g_qkv, true}, {g_qkv, true}, {g_up, true}, {g_up, true}}};
+}
+
 }  // namespace
 
 const char* recompute_name(Recompute r) {
@@ -142,43 +162,28 @@ LayerCost layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, con
 
   // Tensor + sequence parallel collectives on the tp group (NVLink inside a node). Forward: an all-gather before
   // each column-parallel linear and a reduce-scatter after each row-parallel one (one pair with the parallel
-  // block, two without). Backward: their conjugates, plus the all-gather of the sequence-parallel input again for
+  // block or a MoE layer, two without). Backward: their conjugates, plus the all-gather of the sequence-parallel input again for
   // the weight gradient (Megatron keeps only the shard).
   const Link tl = group_link(c, s.tp, 1);
   const double msg = N * C * c.dtype_bytes.value;
   const double one = s.tp > 1 ? ring_all_gather_seconds(s.tp, msg, tl) : 0;
   const double one_cut = tp_gather_seconds(c, s, t, msg);  // on a saturated host
-  const int pairs_fwd = ptb ? 1 : 2;
+  MT_CHECK(mlp.tp_collectives || !ptb, "layer cost: the parallel block needs a tensor-parallel MLP");
+  const int pairs_fwd = ptb || !mlp.tp_collectives ? 1 : 2;
   const double comm_fwd = 2 * pairs_fwd * one, comm_bwd = 3 * pairs_fwd * one;
-  // Each collective with the GEMM it can hide behind and whether Megatron-LM already overlaps it: in backward it
-  // runs the re-gather of the input next to the input-gradient GEMM and the reduce-scatter of the input gradient
-  // next to the weight-gradient GEMM (LinearWithGradAccumulationAndAsyncCommunication); everything in forward and
-  // the all-gather of the output gradient before each row-parallel linear stay exposed. MegaScale's overlap
-  // (§3.2, Figure 3c) chunks every collective against its GEMM; with the parallel block the pair is fused into
-  // the larger MLP GEMMs. A collective is never more exposed with the overlap than without it.
-  struct Coll {
-    double gemm;
-    bool megatron_overlaps;
-  };
-  std::vector<Coll> fwd_colls, bwd_colls;
-  if (ptb) {
-    fwd_colls = {{g_up, false}, {g_down, false}};
-    bwd_colls = {{g_down, false}, {g_up, true}, {g_up, true}};
-  } else {
-    fwd_colls = {{g_qkv, false}, {g_proj, false}, {g_up, false}, {g_down, false}};
-    bwd_colls = {{g_proj, false}, {g_down, false}, {g_qkv, true}, {g_qkv, true}, {g_up, true}, {g_up, true}};
-  }
-  auto exposed = [&](const std::vector<Coll>& colls) {
-    if (!t.comm_overlaps_compute) return s.tp > 1 ? colls.size() * one_cut : 0.0;
+  const LayerColls colls = layer_collectives(ptb, mlp.tp_collectives, g_qkv, g_proj, g_up, g_down);
+  // A collective is never more exposed with the overlap than without it.
+  auto exposed = [&](const std::vector<Coll>& list) {
+    if (!t.comm_overlaps_compute) return s.tp > 1 ? list.size() * one_cut : 0.0;
     double sum = 0;
-    for (const Coll& k : colls) {
+    for (const Coll& k : list) {
       double e = k.megatron_overlaps ? concurrent_exposed(one, k.gemm) : one;
       if (t.tp_overlap) e = std::min(e, overlapped_exposed(one, k.gemm, s.tp));
       sum += e;
     }
     return s.tp > 1 ? sum : 0.0;
   };
-  const double exp_fwd = exposed(fwd_colls), exp_bwd = exposed(bwd_colls);
+  const double exp_fwd = exposed(colls.fwd), exp_bwd = exposed(colls.bwd);
 
   LayerCost lc;
   lc.fwd.compute = gemm_fwd + attn_fwd + elem_fwd;

@@ -66,6 +66,10 @@ struct MlpCost {
   double hidden_elems = 0;  // elements of the hidden activation on this GPU
   double extra_bytes = 0;   // other elementwise bytes moved
   int extra_launches = 0;
+  // The feed-forward half is column- then row-parallel over tp, behind an all-gather of the sequence-parallel
+  // input and before a reduce-scatter of its output. False for a MoE layer, which runs on each rank's own
+  // sequence-parallel rows: only the attention's all-gather / reduce-scatter pair remains.
+  bool tp_collectives = true;
 };
 // The dense MLP (model.mlp, model.d_ff), column- then row-parallel over tp.
 MlpCost dense_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s);

@@ -50,14 +50,16 @@ LayerParams layer_params(const ModelConfig& m, int layer) {
   const double mlp = fc * C + C * F + (m.bias ? fc + C : 0);
   const double E = m.moe_experts, router = E * C + (m.moe_router == MoeRouter::SigmoidBias ? E : 0);
   const double expert = 3.0 * m.moe_d_ff * C;
-  return {dense_layer - mlp + router + expert * m.moe_shared_experts, expert * E};
+  const double moe_dense = router + expert * m.moe_shared_experts;
+  return {dense_layer - mlp + moe_dense, expert * E, moe_dense};
 }
 
 double moe_layer_activation_bytes(const ModelConfig& m, const Shape& s, const Techniques& t) {
   const double N = double(s.seq) * s.micro_batch, C = m.d_model, k = m.moe_top_k, F = m.moe_d_ff;
-  const double E = m.moe_experts, S = m.moe_shared_experts;
-  if (t.recompute == Recompute::Full) return 2 * N * C;
-  return 15 * N * C + 2 * N * C + 2 * N * k * C + 6 * N * k * F + 2 * N * k * C + 4 * N * E + 6 * N * S * F + N * C;
+  const double E = m.moe_experts, S = m.moe_shared_experts, tp = s.tp;
+  if (t.recompute == Recompute::Full) return 2 * N * C / tp;
+  return (15 * N * C + 2 * N * C + 2 * N * k * C + 6 * N * k * F + 2 * N * k * C + 4 * N * E + 6 * N * S * F + N * C) /
+         tp;
 }
 
 namespace {
@@ -74,7 +76,7 @@ MemoryBreakdown moe_memory_per_gpu(const ModelConfig& m, const Shape& s, const T
     double act = 0;
     for (int l = first[st]; l < first[st] + counts[st]; ++l) {
       const LayerParams p = layer_params(m, l);
-      dense += p.dense / s.tp;
+      dense += p.dense_per_gpu(s.tp);
       experts += p.experts / ep;
       act += m.moe_layer(l) ? moe_act : dense_act;
     }

@@ -4,7 +4,9 @@
 // Mixture of experts with expert parallelism: each MoE layer's routed experts are sharded over the ep ranks (their
 // weights and gradients / ep), and their optimizer state ZeRO-sharded over the dp / ep ranks that hold the same
 // experts (the expert-dp group), as the dense parameters' over dp; the router and the shared experts are dense
-// parameters. A MoE layer keeps the activations of its N x k routed rows (moe_layer_activation_bytes).
+// parameters. Under tp the router, routed and shared experts are replicated (not / tp), their optimizer state still
+// sharded over dp (routed: dp / ep) within each tp coordinate. A MoE layer keeps the activations of its rank's
+// N x k / tp routed rows (moe_layer_activation_bytes).
 #pragma once
 #include <vector>
 #include "megatrain/model/config.h"
@@ -24,8 +26,12 @@ struct MemoryBreakdown {
 // The parameters of transformer layer `layer`: the dense ones (attention, norms, the MLP or the router and shared
 // experts) and, on a MoE layer, the routed experts' (all of them, before any sharding). Without MoE every layer has
 // the same count: the model's less the embedding, learned positions and an untied head, over the layers.
+// replicated: the part of `dense` every tp rank holds whole (a MoE layer's router and shared experts; 0 on a dense
+// layer, whose parameters this model takes as split over tp). The routed experts are replicated over tp too.
 struct LayerParams {
-  double dense = 0, experts = 0;
+  double dense = 0, experts = 0, replicated = 0;
+  // Dense parameters on one GPU of a tp group.
+  double dense_per_gpu(int tp) const { return (dense - replicated) / tp + replicated; }
 };
 LayerParams layer_params(const ModelConfig& m, int layer);
 
@@ -39,11 +45,12 @@ double params_per_gpu(const ModelConfig& m, int tp, int pp, int rank, int v = 1,
 // scores, so "none" and "selective" keep the same bytes.
 // the a*s*s score terms.
 double layer_activation_bytes(const ModelConfig& m, const Shape& s, const Techniques& t);
-// The same for a MoE layer (tp = 1): Korthikanti's attention and norms (15sbh: the 34 less the MLP's 19), then what
+// The same for a MoE layer, on one GPU: Korthikanti's attention and norms (15sbh: the 34 less the MLP's 19), then what
 // the MoE feed-forward keeps: its input (2NC bytes), the routed rows in expert order (2NkC), each expert's gate and
 // up outputs and their product (3 x 2NkF), the experts' outputs for the gates' gradient (2NkC), the router's fp32
 // scores (4NE), the shared experts' hidden activations (3 x 2NSF) and the dropout mask (NC). Full recomputation
-// keeps the layer's input only (2sbh), as a dense layer.
+// keeps the layer's input only (2sbh), as a dense layer. Under tp (sequence parallel) everything is per rank: the
+// attention's share is split as in a dense layer, and the MoE runs on the rank's N / tp rows, so the whole / tp.
 double moe_layer_activation_bytes(const ModelConfig& m, const Shape& s, const Techniques& t);
 // The most loaded GPU (rank 0: the most micro-batches in flight, and the embedding).
 // ep: expert-parallel ranks (1 without MoE); rank: the pipeline rank (a MoE model's ranks differ: dense first

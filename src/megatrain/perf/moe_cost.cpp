@@ -8,7 +8,8 @@ namespace mt::perf {
 namespace {
 void check_moe(const ModelConfig& m, const Shape& s, int ep) {
   MT_CHECK(m.moe(), "MoE layer cost: model.moe_experts is 0 (a dense model)");
-  MT_CHECK(s.tp == 1, "MoE layer cost: parallel.tp = {}: MoE layers run without tensor parallelism (tp = 1)", s.tp);
+  MT_CHECK(s.tp >= 1, "MoE layer cost: parallel.tp = {} must be >= 1", s.tp);
+  MT_CHECK(m.block == BlockKind::Sequential, "MoE layer cost: model.block must be 'sequential' with MoE");
   MT_CHECK(ep >= 1 && m.moe_experts % ep == 0, "MoE layer cost: parallel.ep = {} must divide model.moe_experts = {}",
            ep, m.moe_experts);
 }
@@ -16,8 +17,9 @@ void check_moe(const ModelConfig& m, const Shape& s, int ep) {
 
 MlpCost moe_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s, int ep) {
   check_moe(m, s, ep);
-  const double N = double(s.micro_batch) * s.seq, C = m.d_model, E = m.moe_experts, k = m.moe_top_k;
-  const double F = m.moe_d_ff, S = m.moe_shared_experts;
+  // N: this rank's sequence-parallel rows of the micro-batch (all of it at tp 1).
+  const double tp = s.tp, N = double(s.micro_batch) * s.seq / tp, C = m.d_model, E = m.moe_experts;
+  const double k = m.moe_top_k, F = m.moe_d_ff, S = m.moe_shared_experts;
   const double local = E / ep, rows = N * k * ep / E;  // experts on this GPU, rows each receives
   // Backward of a GEMM of `n` rows: the input gradient (n x in x out) and the weight gradient (out x in x n).
   auto bwd = [&](double n, double out, double in) { return gemm_seconds(c, n, in, out) + gemm_seconds(c, out, in, n); };
@@ -32,9 +34,11 @@ MlpCost moe_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s, int
     mlp.up_bwd += bwd(N, 2 * S * F, C);
     mlp.down_bwd += bwd(N, C, S * F);
   }
-  // Per token: the router (E), then k routed and S shared experts of 3 x F x C each.
-  mlp.up_width = E + 2 * F * (k + S);
-  mlp.down_width = F * (k + S);
+  // Per token of the micro-batch (layer_cost counts 2 x micro-batch tokens x C x width): the router (E), then k
+  // routed and S shared experts of 3 x F x C each, on this rank's 1/tp of the tokens.
+  mlp.up_width = (E + 2 * F * (k + S)) / tp;
+  mlp.down_width = F * (k + S) / tp;
+  mlp.tp_collectives = false;
   mlp.hidden_elems = N * k * F + N * S * F;
   // Permutation (read N x C, write N x k x C), combine (read N x k x C, write N x C), the router's fp32 scores
   // (written, read by the top-k): three kernels.
@@ -45,7 +49,8 @@ MlpCost moe_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s, int
 
 double expert_all_to_all_seconds(const ModelConfig& m, const Cluster& c, const Shape& s, int ep) {
   check_moe(m, s, ep);
-  const double bytes = double(s.micro_batch) * s.seq * m.moe_top_k * m.d_model * c.dtype_bytes.value;
+  // The rank's routed rows: its N / tp sequence-parallel tokens x k.
+  const double bytes = double(s.micro_batch) * s.seq / s.tp * m.moe_top_k * m.d_model * c.dtype_bytes.value;
   return all_to_all_seconds(ep, bytes, group_link(c, ep, s.tp));
 }
 

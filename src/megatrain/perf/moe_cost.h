@@ -9,10 +9,18 @@
 // weighted combine back (each reads and writes its rows), the router's fp32 scores.
 // Expert parallelism (Megatron's convention, ep ranks carved out of the dp ranks, adjacent after tp in the rank
 // order): per MoE layer and micro-batch, a dispatch and a combine all-to-all forward and their conjugates backward
-// (two more when full recomputation reruns the forward), each moving N x k x d_model elements per rank, (ep-1)/ep
-// of them to other ranks, at the slowest link of the group (NVLink when tp x ep GPUs fit in a node). Techniques::
-// ep_overlap is the share of them hidden behind compute (none on a host whose cores the ranks use up). MoE layers
-// run without tensor parallelism in megatrain, so this model takes tp = 1 for them.
+// (two more when full recomputation reruns the forward), each moving the rank's routed rows x d_model elements,
+// (ep-1)/ep of them to other ranks, at the slowest link of the group (its members are tp apart, so NVLink when
+// tp x ep GPUs fit in a node). Techniques::ep_overlap is the share of them hidden behind compute (none on a host
+// whose cores the ranks use up).
+// Tensor parallelism (megatrain's, docs/moe.md "Parallelism"; sequence parallelism is always on with tp > 1): the
+// router, routed and shared experts are replicated over tp, not split, and each tp rank runs the MoE on its own
+// N / tp sequence-parallel rows, with no all-gather before the layer and no reduce-scatter after it (MlpCost::
+// tp_collectives is false: only the attention's pair remains). So every per-token term above is taken over N / tp
+// tokens: the router and the shared experts on N / tp rows, N x k / tp routed rows through the E / ep local experts,
+// and all-to-alls of N x k / tp rows per rank within each tp coordinate's ep group. The per-expert statistics'
+// all-reduce over tp (2E + 3 floats per layer and micro-batch) is a few bytes and not priced; the replicated
+// weights' gradient sum over tp is once a step (step_model.cpp, with the norms').
 #pragma once
 #include "megatrain/perf/compute_cost.h"
 

@@ -52,7 +52,6 @@ SearchResult search_layouts(const ModelConfig& m, const Cluster& c, const Search
   std::vector<Candidate> all;
   for (int tp = 1; tp <= std::min(o.gpus, c.node_gpus()); tp *= 2) {
     if (m.n_head % tp || m.kv_heads() % tp || m.ff_dim() % tp) continue;
-    if (m.moe() && tp > 1) continue;  // MoE layers run without tensor parallelism (ModelConfig::validate_tp)
     for (int pp = 1; pp <= m.n_layer; ++pp) {
       if (o.gpus % (tp * pp)) continue;
       const int dp = o.gpus / (tp * pp);
@@ -124,9 +123,10 @@ std::string explain_ep(const SearchResult& r, const Cluster& c, const Prediction
   const Candidate& best = r.ranked.front();
   const Layout& L = best.job.layout;
   std::string out = fmt::format(
-      "     ep {} ({} experts a layer per GPU) {}; they expose {:.1f}% of the step; the experts' "
+      "     tp {} x ep {} ({} experts a layer per GPU{}) {}; they expose {:.1f}% of the step; the experts' "
       "weights, gradients and optimizer state take {:.1f} GiB per GPU. MFU counts the active parameters' FLOPs.\n",
-      L.ep, best.job.model.moe_experts / L.ep,
+      L.tp, L.ep, best.job.model.moe_experts / L.ep,
+      L.tp > 1 ? fmt::format(", replicated over tp, each tp rank routing its 1/{} of the tokens", L.tp) : "",
       L.ep == 1 ? "needs no all-to-alls (every GPU holds every expert)"
                 : (L.tp * L.ep <= c.node_gpus() ? "keeps the all-to-alls on NVLink inside a node"
                                                 : "sends the all-to-alls across nodes"),
@@ -136,9 +136,10 @@ std::string explain_ep(const SearchResult& r, const Cluster& c, const Prediction
     if (!per_ep.count(cand.job.layout.ep)) per_ep[cand.job.layout.ep] = &cand;
   for (auto& [ep, cand] : per_ep)
     if (cand != &best)
-      out += fmt::format("     best with ep {}: {:.2f} s ({:+.1f}%), dp {} pp {}, micro-batch {}, recompute {}\n", ep,
-                         cand->step_seconds, 100 * (cand->step_seconds / best.step_seconds - 1), cand->job.layout.dp,
-                         cand->job.layout.pp, cand->job.layout.micro_batch, recompute_name(cand->job.tech.recompute));
+      out += fmt::format("     best with ep {}: {:.2f} s ({:+.1f}%), tp {} dp {} pp {}, micro-batch {}, recompute {}\n",
+                         ep, cand->step_seconds, 100 * (cand->step_seconds / best.step_seconds - 1),
+                         cand->job.layout.tp, cand->job.layout.dp, cand->job.layout.pp, cand->job.layout.micro_batch,
+                         recompute_name(cand->job.tech.recompute));
   std::set<int> fitting;
   for (const Candidate& cand : r.ranked) fitting.insert(cand.job.layout.ep);
   if (!fitting.count(1)) out += "     no layout with ep 1 (every expert on every GPU) fits the memory limit\n";

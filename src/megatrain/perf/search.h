@@ -1,7 +1,8 @@
 // `megatrain simulate --search`: every layout (tp, pp, dp, virtual stages, micro-batch size and so micro-batches,
 // recomputation) that fits the model, the GPU count, the global batch and the memory limit, ranked by predicted
 // step time. Layouts whose memory estimate exceeds the limit are dropped before they are simulated. For a MoE model
-// the expert-parallel size is searched too (every ep dividing both dp and the expert count), with tp = 1.
+// the expert-parallel size is searched too (every ep dividing both dp and the expert count), against tp (which
+// splits the attention but replicates the experts, each tp rank routing its own sequence-parallel rows).
 #pragma once
 #include <string>
 #include <vector>

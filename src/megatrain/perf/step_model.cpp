@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "megatrain/core/error.h"
 #include "megatrain/model/layout.h"
@@ -44,27 +45,30 @@ Techniques effective_techniques(const Job& job, const Cluster& c) {
   return t;
 }
 
-// Floats of the replicated tensors (norms, row-parallel biases, positions) in one layer and outside the layers,
-// from the real parameter layout: megatrain sums each layer's (and the final norm's, and the embedding's) in one
-// all-reduce over tp in the step's last backward.
+// Floats of the replicated tensors (norms, row-parallel biases, positions; on a MoE layer the router, the routed
+// experts this rank holds (E / ep of them) and the shared experts) in each layer and outside the layers, from the
+// real parameter layout: megatrain sums each layer's (and the final norm's, and the embedding's) in one all-reduce
+// over tp in the step's last backward.
 struct Replicated {
-  double per_layer = 0, head = 0, embedding = 0;
+  std::vector<double> layer;  // per layer
+  double head = 0, embedding = 0;
 };
-Replicated replicated_floats(const ModelConfig& m, int tp) {
+Replicated replicated_floats(const ModelConfig& m, int tp, int ep) {
   ParamStore store;
   declare_gpt_params(m, store, tp, 0);
   Replicated r;
+  r.layer.assign(m.n_layer, 0);
   for (int i = 0; i < static_cast<int>(store.size()); ++i) {
     const ParamInfo& p = store.info(i);
     if (p.shard.sharded()) continue;
-    if (p.name.rfind("h.0.", 0) == 0)
-      r.per_layer += double(p.numel);
-    else if (p.name.rfind("h.", 0) == 0)
-      continue;
-    else if (p.name.rfind("ln_f", 0) == 0)
+    if (p.name.rfind("h.", 0) == 0) {
+      const bool expert = p.name.find(".moe.experts.") != std::string::npos;
+      r.layer[std::stoi(p.name.substr(2))] += double(p.numel) / (expert ? ep : 1);
+    } else if (p.name.rfind("ln_f", 0) == 0) {
       r.head += double(p.numel);
-    else
+    } else {
       r.embedding += double(p.numel);
+    }
   }
   return r;
 }
@@ -142,8 +146,9 @@ double params_per_layer(const ModelConfig& m) {
   return total / m.n_layer;
 }
 
-// The parameters of virtual stage st on one GPU: the dense ones (over tp; the embedding on the first stage, the LM
-// head or its copy on the last) and the routed experts' (over ep).
+// The parameters of virtual stage st on one GPU: the dense ones (over tp, but a MoE layer's router and shared
+// experts whole; the embedding on the first stage, the LM head or its copy on the last) and the routed experts'
+// (over ep; replicated over tp).
 struct StageParams {
   double dense = 0, experts = 0;
 };
@@ -157,7 +162,7 @@ StageParams stage_params(const Job& job, const std::vector<int>& layers, const S
   } else {
     for (int l = kinds.first[st]; l < kinds.first[st] + layers[st]; ++l) {
       const LayerParams lp = layer_params(m, l);
-      p.dense += lp.dense / L.tp;
+      p.dense += lp.dense_per_gpu(L.tp);
       p.experts += lp.experts / L.ep;
     }
   }
@@ -232,17 +237,21 @@ void plan_dp_blocking(Plan& p, const Job& job, const Cluster& c, const Technique
   for (double& x : p.dp_blocking_per_rank) x = std::max(0.0, x);
 }
 
-// Once a step, per rank: the replicated tensors' gradients summed over tp.
+// Once a step, per rank: the replicated tensors' gradients summed over tp (on a MoE layer the router's and the
+// experts' too: megatrain runs these all-reduces in the last micro-batch's backward and waits for them, so the
+// model charges them after the pipeline, on the critical path).
 void plan_tp_sync(Plan& p, const Job& job, const Cluster& c, const std::vector<int>& layers) {
   const Layout& L = job.layout;
   const int S = L.pp * L.virtual_stages;
   p.tp_sync_per_rank.assign(L.pp, 0);
   if (L.tp > 1) {
-    const Replicated rep = replicated_floats(job.model, L.tp);
+    const Replicated rep = replicated_floats(job.model, L.tp, L.ep);
+    const StageKinds kinds = stage_kinds(job.model, layers);
     const Link tl = group_link(c, L.tp, 1);
     auto sum = [&](double floats) { return floats > 0 ? ring_allreduce_seconds(L.tp, floats * 4, tl) : 0.0; };
     for (int st = 0; st < S; ++st) {
-      double x = layers[st] * sum(rep.per_layer);
+      double x = 0;
+      for (int l = kinds.first[st]; l < kinds.first[st] + layers[st]; ++l) x += sum(rep.layer[l]);
       if (st == 0) x += sum(rep.embedding);
       if (st == S - 1) x += sum(rep.head);
       p.tp_sync_per_rank[st % L.pp] += x;
