@@ -619,6 +619,10 @@ void add_parallel_rows(std::vector<Row>& t) {
   t.push_back(row("parallel", "pp", MT_MEMBER(parallel.pp), at_least(1), "pipeline stages"));
   t.push_back(row("parallel", "tp", MT_MEMBER(parallel.tp), at_least(1),
                   "tensor-parallel ranks (with sequence parallelism); dp x pp x tp = WORLD_SIZE"));
+  t.push_back(row("parallel", "ep", MT_MEMBER(parallel.ep), at_least(1),
+                  "expert-parallel ranks (MoE): the experts sharded over ep of the dp ranks; divides parallel.dp"));
+  t.push_back(row("parallel", "ep_overlap", MT_MEMBER(parallel.ep_overlap), any(),
+                  "overlap the expert all-to-alls with the shared experts' compute"));
   t.push_back(row("parallel", "bucket_mb", MT_MEMBER(parallel.bucket_mb), at_least(1),
                   "data-parallel gradient bucket size, MiB of fp32"));
   t.push_back(row("parallel", "overlap", MT_MEMBER(parallel.overlap), any(), "overlap communication with compute"));
@@ -776,8 +780,23 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(read_text_file(path), path, overrides);
 }
 
-// What MoE (docs/moe.md) runs on so far: the CPU, one process or data parallelism (the experts are replicated
-// parameters; each rank balances over its own tokens), with the softmax router there.
+// What MoE (docs/moe.md) runs on so far: the CPU, one process or data parallelism, with or without expert
+// parallelism (validate_ep).
+void RunConfig::validate_ep() const {
+  MT_CHECK(model.moe(), "{}: parallel.ep = {} shards the experts of a mixture-of-experts model, and this one has none "
+           "(set model.moe_experts, or parallel.ep = 1)", source, parallel.ep);
+  MT_CHECK(parallel.dp % parallel.ep == 0,
+           "{}: parallel.ep = {} must divide parallel.dp = {} (the expert-parallel ranks are carved out of the "
+           "data-parallel ones)",
+           source, parallel.ep, parallel.dp);
+  MT_CHECK(model.moe_experts % parallel.ep == 0,
+           "{}: model.moe_experts = {} must be divisible by parallel.ep = {} (each expert-parallel rank holds "
+           "model.moe_experts / parallel.ep experts)",
+           source, model.moe_experts, parallel.ep);
+  MT_CHECK(ckpt.sharded, "{}: parallel.ep = {} saves sharded checkpoints only (set ckpt.sharded = true)", source,
+           parallel.ep);
+}
+
 void RunConfig::validate_moe() const {
   MT_CHECK(train.device == Device::CPU,
            "{}: model.moe_experts = {} runs on train.device = \"cpu\" only for now (the MoE layer's CUDA kernels "
@@ -787,10 +806,6 @@ void RunConfig::validate_moe() const {
            "{}: model.moe_experts = {} with parallel.tp = {} and parallel.pp = {}: MoE layers run without tensor or "
            "pipeline parallelism for now (set both to 1)",
            source, model.moe_experts, parallel.tp, parallel.pp);
-  MT_CHECK(parallel.dp == 1 || model.moe_router == MoeRouter::Softmax,
-           "{}: model.moe_router = \"sigmoid_bias\" with parallel.dp = {}: the balancing bias steps from each rank's "
-           "own loads, so the replicas would diverge; use parallel.dp = 1 or model.moe_router = \"softmax\"",
-           source, parallel.dp);
 }
 
 void RunConfig::validate() const {
@@ -814,6 +829,7 @@ void RunConfig::validate() const {
            "algorithm by timing it, so two runs may round differently; set train.gemm_tuning = 0",
            source, train.gemm_tuning);
   if (model.moe()) validate_moe();
+  if (parallel.ep > 1) validate_ep();
   if (parallel.pp == 1) {
     MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1 && parallel.stage_layers.empty(),
              "{}: parallel.virtual_stages ({}), parallel.microbatches ({}) and parallel.stage_layers need "

@@ -122,6 +122,8 @@ inline const std::array<const char*, 3>& kind_names(DevicePlane) { return kDevic
 
 struct ParallelConfig {
   int dp = 1, pp = 1, tp = 1;     // dp x pp x tp must equal WORLD_SIZE
+  int ep = 1;                     // expert parallelism (MoE): ep of the dp ranks shard the experts; divides dp
+  bool ep_overlap = true;         // overlap the expert all-to-alls with the shared experts' compute
   int bucket_mb = 16;             // data-parallel gradient bucket size (MiB of fp32)
   bool overlap = true;            // overlap communication with compute
   int virtual_stages = 1;         // pipeline: model chunks per pp rank (interleaved 1F1B when > 1)
@@ -169,6 +171,7 @@ struct RunConfig {
   void validate() const;
   void validate_straggler_coding() const;  // part of validate()
   void validate_moe() const;               // the parallelism and device MoE runs with so far (part of validate)
+  void validate_ep() const;                // parallel.ep against the model and parallel.dp (part of validate)
   // Micro-batches per pipeline step (1 without pipeline parallelism).
   int pipeline_microbatches() const {
     return parallel.pp > 1 ? (parallel.microbatches > 0 ? parallel.microbatches : parallel.pp) : 1;
