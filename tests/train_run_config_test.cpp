@@ -375,3 +375,35 @@ TEST(RunConfig, StageLayersMustFitThePipeline) {
   EXPECT_NE(error_of("[model]\nn_layer = 4\n", {"--parallel.stage_layers=[4]"}).find("need parallel.pp > 1"),
             std::string::npos);
 }
+
+namespace {
+
+// Expert parallelism's keys: each impossible combination is refused naming the keys involved; the same settings
+// with the numbers fixed parse.
+TEST(RunConfig, ExpertParallelismRefusesBadLayoutsNamingTheKeys) {
+  const std::vector<std::string> moe = {"--model.moe_experts=4", "--model.moe_top_k=2", "--model.moe_d_ff=32"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), moe.begin(), moe.end());
+    return extra;
+  };
+  auto has = [](const std::string& e, std::initializer_list<const char*> words) {
+    for (const char* w : words)
+      if (e.find(w) == std::string::npos) return false;
+    return true;
+  };
+  std::string e = error_of("", with({"--parallel.dp=3", "--parallel.ep=3"}));
+  EXPECT_TRUE(has(e, {"model.moe_experts = 4", "parallel.ep = 3", "divisible"})) << e;
+  e = error_of("", with({"--parallel.dp=2", "--parallel.ep=4"}));
+  EXPECT_TRUE(has(e, {"parallel.ep = 4", "parallel.dp = 2", "divide"})) << e;
+  e = error_of("", {"--parallel.dp=2", "--parallel.ep=2"});
+  EXPECT_TRUE(has(e, {"parallel.ep = 2", "model.moe_experts"})) << e;
+  e = error_of("", with({"--model.moe_top_k=5"}));
+  EXPECT_TRUE(has(e, {"model.moe_top_k"})) << e;
+  e = error_of("", with({"--parallel.dp=2", "--parallel.ep=2", "--ckpt.sharded=false"}));
+  EXPECT_TRUE(has(e, {"parallel.ep = 2", "ckpt.sharded"})) << e;
+  // The sigmoid_bias router under data parallelism is allowed now (its loads are summed over the dp ranks).
+  EXPECT_EQ(error_of("", with({"--parallel.dp=4", "--parallel.ep=2", "--model.moe_router=sigmoid_bias"})), "");
+  EXPECT_EQ(error_of("", with({"--parallel.dp=4", "--parallel.ep=4"})), "");
+}
+
+}  // namespace

@@ -1,0 +1,78 @@
+// Expert parallelism end to end: `megatrain launch --nproc N -- train --parallel.dp=N --parallel.ep=E` against a
+// single process training on the same global batch. The experts are sharded over the ep ranks and the tokens travel
+// to them and back by all-to-all, but dropless routing is per token, the z-loss a per-token mean, the expert
+// gradients are summed over every rank's tokens and the optimizer is elementwise: the run must equal one process.
+// Per-step losses and gradient norms, the final parameters and both optimizer moments (assembled from the sharded
+// checkpoint) must agree up to the noise floor the test measures (ptest::expect_equivalent: a reordered
+// single-process run gives each observable's floor). The load-balancing loss is left out: it is taken over each
+// rank's own tokens (docs/moe.md), so it is not the one-process loss.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "support/files.h"
+#include "support/megatrain.h"
+#include "support/parallel_testutil.h"
+
+using namespace ptest;
+
+namespace {
+
+// A 2-layer model whose every layer is MoE: 4 experts of width 32, top 2.
+const std::string kMoe = " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32";
+
+std::string common(const std::string& out, int batch) { return common_args(out, batch, /*n_layer=*/2) + kMoe; }
+
+struct Case {
+  std::string name;
+  int dp, ep;
+  std::string extra;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class ExpertParallelVsSingle : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ExpertParallelVsSingle, LossesAndParametersMatch) {
+  prepare();
+  const Case& c = GetParam();
+  const Trio t = fresh_trio("mt_ep", c.name);
+  run(kMegatrain + " train" + common(t.single, 4) + c.extra);
+  run_twin(4, common(t.alt, 4) + c.extra);
+  run(kMegatrain + " launch --nproc " + std::to_string(c.dp) + " -- train" + common(t.multi, 4 / c.dp) +
+      " --parallel.dp=" + std::to_string(c.dp) + " --parallel.ep=" + std::to_string(c.ep) + c.extra);
+  expect_equivalent(t, c.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ep, ExpertParallelVsSingle,
+    ::testing::Values(Case{"ep2", 2, 2, ""},
+                      // two expert replicas: the expert gradients are reduced over the expert-dp pairs
+                      Case{"ep2_x_dp2", 4, 2, ""},
+                      // the shared expert computed while the dispatch is in flight, and the router z-loss
+                      Case{"ep2_shared_z", 2, 2, " --model.moe_shared_experts=1 --model.moe_z_loss=0.01"},
+                      // the exchanges waited for at once (nothing overlapped), and LAMB's per-tensor norms
+                      Case{"ep2_no_overlap_lamb", 2, 2, " --parallel.ep_overlap=false --optim.name=lamb"},
+                      // the bias steps from the loads summed over all data-parallel ranks
+                      Case{"ep2_sigmoid_bias", 2, 2, " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"},
+                      Case{"dp2_sigmoid_bias", 2, 1, " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"}),
+    CaseName());
+
+// An ep2 run checkpointed at step 3 resumes with the uninterrupted run's losses in one process (the experts
+// gathered back from their shards) and with every expert on its own rank (dp = ep = 4: the shards cut anew), up to
+// the noise floor of a reordered single run (alt).
+TEST(ExpertParallel, ResumeUnderAnotherEpKeepsTheRun) {
+  prepare();
+  const std::string a = fresh_dir("mt_ep_resume_a"), alt = fresh_dir("mt_ep_resume_alt"),
+                    b = fresh_dir("mt_ep_resume_b"), c = fresh_dir("mt_ep_resume_c");
+  run(kMegatrain + " train" + common(a, 4));
+  run_twin(4, common(alt, 4));
+  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) +
+      " --parallel.dp=2 --parallel.ep=2 --ckpt.every=3 --ckpt.save_final=false");
+  fs::remove(b + "/metrics.jsonl");
+  run(kMegatrain + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
+  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 1) + " --parallel.dp=4 --parallel.ep=4 --ckpt.resume=" +
+      step3(b));
+  expect_resumed_tail(a, alt, {b, c}, "ep2 -> 1 and ep2 -> ep4 resume");
+}
+
+}  // namespace
