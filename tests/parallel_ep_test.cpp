@@ -75,4 +75,22 @@ TEST(ExpertParallel, ResumeUnderAnotherEpKeepsTheRun) {
   expect_resumed_tail(a, alt, {b, c}, "ep2 -> 1 and ep2 -> ep4 resume");
 }
 
+// Evaluation and the final sample run forwards too, which under expert parallelism every rank of an ep group must
+// take part in (each holds some experts): an ep2 x dp2 run evaluates to one process's validation loss (up to the
+// floor) and samples the requested tokens (the first ep group together, its rank 0 picking).
+TEST(ExpertParallel, EvaluationAndSamplingRunOnEveryEpRank) {
+  prepare();
+  const std::string extra = " --train.eval_every=5 --train.eval_batches=2 --sample.tokens=6 --sample.prompt=The";
+  const Trio t = fresh_trio("mt_ep", "eval_sample");
+  run(kMegatrain + " train" + common(t.single, 4) + extra);
+  run_twin(4, common(t.alt, 4) + extra);
+  run(kMegatrain + " launch --nproc 4 -- train" + common(t.multi, 1) + " --parallel.dp=4 --parallel.ep=2" + extra);
+  std::vector<Deviation> devs;
+  add_series(devs, "val_loss", series(t.single, "val_loss", "val"), series(t.alt, "val_loss", "val"),
+             series(t.multi, "val_loss", "val"), 1);
+  expect_within_floor(devs, "ep2 x dp2 evaluation");
+  const std::vector<double> sampled = series(t.multi, "step", "sample");
+  EXPECT_EQ(sampled, std::vector<double>{5}) << "one sample, after the last step";
+}
+
 }  // namespace
