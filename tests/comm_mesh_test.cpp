@@ -197,7 +197,9 @@ TEST(Mesh, ExpertGroupsSplitEachDataParallelGroup) {
         }
       }
     }
-  EXPECT_NE(error_of([] { ep_group_ranks(MeshShape{4, 1, 1, 3}, {}); }).find("parallel.ep (3) must be >= 1 and divide"),
+  EXPECT_NE(error_of([] {
+              ep_group_ranks(MeshShape{4, 1, 1, 3}, {});
+            }).find("parallel.ep (3) must be >= 1 and divide"),
             std::string::npos);
 }
 

@@ -314,8 +314,8 @@ TEST(GlooGroup, AllToAllVDeliversEachBlockToItsRank) {
                             g->all_to_all_v(f32_view(fv.data(), {4}), f32_view(fv.data(), {4}),
                                             std::vector<int64_t>(n, 1), std::vector<int64_t>(n, 1));
                           });
-                          MT_CHECK(e.find("group g: all_to_all_v counts sum") != std::string::npos,
-                                   "bad counts: '{}'", e);
+                          MT_CHECK(e.find("group g: all_to_all_v counts sum") != std::string::npos, "bad counts: '{}'",
+                                   e);
                           check_all_to_all_v<float>(*g);  // still works after the refusal
                         }),
               "")

@@ -70,8 +70,8 @@ TEST(ExpertParallel, ResumeUnderAnotherEpKeepsTheRun) {
       " --parallel.dp=2 --parallel.ep=2 --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(b + "/metrics.jsonl");
   run(kMegatrain + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
-  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 1) + " --parallel.dp=4 --parallel.ep=4 --ckpt.resume=" +
-      step3(b));
+  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 1) +
+      " --parallel.dp=4 --parallel.ep=4 --ckpt.resume=" + step3(b));
   expect_resumed_tail(a, alt, {b, c}, "ep2 -> 1 and ep2 -> ep4 resume");
 }
 

@@ -35,7 +35,15 @@ void check_mesh(const MeshShape& s, int world);
 // What a process group is for: one of the mesh's dimensions, or a group outside the mesh (the tied embedding's
 // first and last pipeline stages; a rank and the buddy that holds its checkpoint snapshot). Spelt as in group names.
 // EP and EDP: expert parallelism's groups (above).
-enum class GroupRole { DP, PP, TP, Embedding, Snapshot, EP, EDP };  // "dp" | "pp" | "tp" | "emb" | "snap" | "ep" | "edp"
+enum class GroupRole {
+  DP,
+  PP,
+  TP,
+  Embedding,
+  Snapshot,
+  EP,
+  EDP
+};  // "dp" | "pp" | "tp" | "emb" | "snap" | "ep" | "edp"
 inline constexpr std::array<const char*, 7> kGroupRoleNames = {"dp", "pp", "tp", "emb", "snap", "ep", "edp"};
 inline const std::array<const char*, 7>& kind_names(GroupRole) { return kGroupRoleNames; }
 

@@ -27,8 +27,8 @@ void check_all_to_all_v(const ProcessGroup& g, const Tensor& out, const Tensor& 
   MT_CHECK(recv_counts.size() == n && send_counts.size() == n,
            "group {}: all_to_all_v takes one count per rank ({}), got {} receive and {} send counts", g.name(), n,
            recv_counts.size(), send_counts.size());
-  MT_CHECK(out.dtype == in.dtype, "group {}: all_to_all_v of {} input into {} output", g.name(),
-           dtype_name(in.dtype), dtype_name(out.dtype));
+  MT_CHECK(out.dtype == in.dtype, "group {}: all_to_all_v of {} input into {} output", g.name(), dtype_name(in.dtype),
+           dtype_name(out.dtype));
   MT_CHECK(in.dtype == DType::F32 || in.dtype == DType::I32 || in.dtype == DType::BF16,
            "group {}: all_to_all_v of {} tensors is not supported", g.name(), dtype_name(in.dtype));
   int64_t sent = 0, received = 0;

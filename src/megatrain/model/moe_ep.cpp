@@ -139,8 +139,8 @@ void MoeFfn::routed_backward_ep(Ops& ops, Tensor din, Tensor, MoeActs& a, const 
   moe_grouped_backward(ops, d_acte, params_.grad(w2_), d_e, ep_rows(a.acte, R, F), params_.weight(w2_), a.ep_offsets,
                        !params_.take_fresh_grad(w2_));
   if (R > 0) ops.swiglu_backward(d_fce, ep_rows(a.fce, R, 2 * F), d_acte);
-  moe_grouped_backward(ops, d_e, params_.grad(w13_), d_fce, ep_rows(a.xe, R, C), params_.weight(w13_),
-                       a.ep_offsets, !params_.take_fresh_grad(w13_));
+  moe_grouped_backward(ops, d_e, params_.grad(w13_), d_fce, ep_rows(a.xe, R, C), params_.weight(w13_), a.ep_offsets,
+                       !params_.take_fresh_grad(w13_));
   scatter_rows(d_r, d_e, a.ep_order);
   Tensor d_xp = ep_rows(a.d_xp, A, C);
   ep_->exchange_rows(d_xp, d_r, a.ep_send, a.ep_recv, while_back);  // back to the tokens

@@ -22,8 +22,7 @@ class ProcessGroupEpComm final : public EpComm {
   int rank() const override { return group_.rank(); }
   void exchange_counts(std::vector<int32_t>& recv, const std::vector<int32_t>& send, int n) override;
   void exchange_rows(Tensor out, Tensor in, const std::vector<int64_t>& recv_rows,
-                     const std::vector<int64_t>& send_rows,
-                     const std::function<void()>& while_in_flight = {}) override;
+                     const std::vector<int64_t>& send_rows, const std::function<void()>& while_in_flight = {}) override;
   // The ep group's communication time since the last call.
   CommTime take_comm_time() { return std::exchange(comm_time_, CommTime{}); }
 

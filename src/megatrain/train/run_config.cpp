@@ -783,8 +783,10 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 // What MoE (docs/moe.md) runs on so far: the CPU, one process or data parallelism, with or without expert
 // parallelism (validate_ep).
 void RunConfig::validate_ep() const {
-  MT_CHECK(model.moe(), "{}: parallel.ep = {} shards the experts of a mixture-of-experts model, and this one has none "
-           "(set model.moe_experts, or parallel.ep = 1)", source, parallel.ep);
+  MT_CHECK(model.moe(),
+           "{}: parallel.ep = {} shards the experts of a mixture-of-experts model, and this one has none "
+           "(set model.moe_experts, or parallel.ep = 1)",
+           source, parallel.ep);
   MT_CHECK(parallel.dp % parallel.ep == 0,
            "{}: parallel.ep = {} must divide parallel.dp = {} (the expert-parallel ranks are carved out of the "
            "data-parallel ones)",

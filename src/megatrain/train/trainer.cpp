@@ -125,8 +125,7 @@ std::function<void(std::vector<int64_t>&)> sum_over_dp(Topology& topo) {
         ->wait();
     std::fill(loads.begin(), loads.end(), 0);
     for (size_t r = 0; r < ranks; ++r)
-      for (size_t e = 0; e < n; ++e)
-        loads[e] += (int64_t{all[r * 2 * n + 2 * e]} << 31) + all[r * 2 * n + 2 * e + 1];
+      for (size_t e = 0; e < n; ++e) loads[e] += (int64_t{all[r * 2 * n + 2 * e]} << 31) + all[r * 2 * n + 2 * e + 1];
   };
 }
 

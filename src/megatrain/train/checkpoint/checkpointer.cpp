@@ -33,8 +33,8 @@ struct TrainCheckpointer::Impl {
   StagedSave staged_save;
 
   Impl(const RunConfig& c, GPT& m, Optimizer* o, DataParallel* d, DeviceMesh* me, int wc, DataParallel* ed)
-      : h{c, m, o, d, me, wc, ed}, agreement(me), sharded(me && c.ckpt.sharded), staged(!me || c.ckpt.sharded), gathered(h),
-        staged_save(h, staged) {}
+      : h{c, m, o, d, me, wc, ed}, agreement(me), sharded(me && c.ckpt.sharded), staged(!me || c.ckpt.sharded),
+        gathered(h), staged_save(h, staged) {}
 };
 
 TrainCheckpointer::TrainCheckpointer(const RunConfig& cfg, GPT& model, Optimizer* opt, DataParallel* ddp,
