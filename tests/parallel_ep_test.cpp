@@ -48,6 +48,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"ep2", 2, 2, ""},
                       // two expert replicas: the expert gradients are reduced over the expert-dp pairs
                       Case{"ep2_x_dp2", 4, 2, ""},
+                      // every micro-batch exchanges its tokens; the gradients reduced after the last one
+                      Case{"ep2_accum", 2, 2, " --train.grad_accum=2"},
                       // the shared expert computed while the dispatch is in flight, and the router z-loss
                       Case{"ep2_shared_z", 2, 2, " --model.moe_shared_experts=1 --model.moe_z_loss=0.01"},
                       // the exchanges waited for at once (nothing overlapped), and LAMB's per-tensor norms

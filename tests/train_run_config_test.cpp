@@ -401,6 +401,8 @@ TEST(RunConfig, ExpertParallelismRefusesBadLayoutsNamingTheKeys) {
   EXPECT_TRUE(has(e, {"model.moe_top_k"})) << e;
   e = error_of("", with({"--parallel.dp=2", "--parallel.ep=2", "--ckpt.sharded=false"}));
   EXPECT_TRUE(has(e, {"parallel.ep = 2", "ckpt.sharded"})) << e;
+  e = error_of("", with({"--parallel.dp=2", "--parallel.ep=2", "--parallel.straggler_coding=gc"}));
+  EXPECT_TRUE(has(e, {"parallel.ep = 2", "parallel.straggler_coding"})) << e;
   // The sigmoid_bias router under data parallelism is allowed now (its loads are summed over the dp ranks).
   EXPECT_EQ(error_of("", with({"--parallel.dp=4", "--parallel.ep=2", "--model.moe_router=sigmoid_bias"})), "");
   EXPECT_EQ(error_of("", with({"--parallel.dp=4", "--parallel.ep=4"})), "");

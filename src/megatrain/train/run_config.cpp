@@ -797,6 +797,11 @@ void RunConfig::validate_ep() const {
            source, model.moe_experts, parallel.ep);
   MT_CHECK(ckpt.sharded, "{}: parallel.ep = {} saves sharded checkpoints only (set ckpt.sharded = true)", source,
            parallel.ep);
+  // Coded replicas skip rounds independently, while an ep group's ranks must run every MoE forward together.
+  MT_CHECK(parallel.straggler_coding == StragglerScheme::None,
+           "{}: parallel.ep = {} cannot be combined with parallel.straggler_coding (the ranks of an ep group run every "
+           "MoE layer together; a replica that skips a round would leave the others waiting)",
+           source, parallel.ep);
 }
 
 void RunConfig::validate_moe() const {
