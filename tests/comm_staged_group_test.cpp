@@ -174,7 +174,8 @@ TEST(StagedGroup, AllToAllVDeliversEachBlockAfterTheComputeBeforeIt) {
                         Rank r(path, n, i);
                         std::vector<int64_t> send(n), recv(n);
                         for (int p = 0; p < n; ++p) send[p] = i + p + 1, recv[p] = p + i + 1;
-                        std::vector<float> in(static_cast<size_t>(n * i + n * (n + 1) / 2)), out(in.size(), -1.0f), want;
+                        std::vector<float> in(static_cast<size_t>(n * i + n * (n + 1) / 2)), out(in.size(), -1.0f),
+                            want;
                         r.stream->issue([&] {
                           std::this_thread::sleep_for(std::chrono::milliseconds(100));
                           size_t at = 0;
@@ -184,7 +185,8 @@ TEST(StagedGroup, AllToAllVDeliversEachBlockAfterTheComputeBeforeIt) {
                         for (int p = 0; p < n; ++p)
                           for (int64_t j = 0; j < recv[p]; ++j) want.push_back(float(100 * p + 10 * i + j));
                         r.group->all_to_all_v(device_f32(out), device_f32(in), recv, send)->wait();
-                        expect_values(out, [&](size_t j) { return want[j]; }, "all_to_all_v");
+                        expect_values(
+                            out, [&](size_t j) { return want[j]; }, "all_to_all_v");
                       }),
             "");
 }

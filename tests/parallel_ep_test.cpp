@@ -60,13 +60,14 @@ INSTANTIATE_TEST_SUITE_P(
     CaseName());
 
 // An ep2 run checkpointed at step 3 resumes with the uninterrupted run's losses in one process (the experts
-// gathered back from their shards) and with every expert on its own rank (dp = ep = 4: the shards cut anew), up to
-// the noise floor of a reordered single run (alt).
+// gathered back from their shards) and with every expert on its own rank (dp = ep = 4: the shards cut anew); and the
+// one-process run's own step-3 checkpoint resumes under ep2 (its experts cut into shards). Up to the noise floor of a
+// reordered single run (alt).
 TEST(ExpertParallel, ResumeUnderAnotherEpKeepsTheRun) {
   prepare();
   const std::string a = fresh_dir("mt_ep_resume_a"), alt = fresh_dir("mt_ep_resume_alt"),
-                    b = fresh_dir("mt_ep_resume_b"), c = fresh_dir("mt_ep_resume_c");
-  run(kMegatrain + " train" + common(a, 4));
+                    b = fresh_dir("mt_ep_resume_b"), c = fresh_dir("mt_ep_resume_c"), d = fresh_dir("mt_ep_resume_d");
+  run(kMegatrain + " train" + common(a, 4) + " --ckpt.every=3");
   run_twin(4, common(alt, 4));
   run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) +
       " --parallel.dp=2 --parallel.ep=2 --ckpt.every=3 --ckpt.save_final=false");
@@ -74,7 +75,9 @@ TEST(ExpertParallel, ResumeUnderAnotherEpKeepsTheRun) {
   run(kMegatrain + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
   run(kMegatrain + " launch --nproc 4 -- train" + common(c, 1) +
       " --parallel.dp=4 --parallel.ep=4 --ckpt.resume=" + step3(b));
-  expect_resumed_tail(a, alt, {b, c}, "ep2 -> 1 and ep2 -> ep4 resume");
+  run(kMegatrain + " launch --nproc 2 -- train" + common(d, 2) +
+      " --parallel.dp=2 --parallel.ep=2 --ckpt.resume=" + step3(a));
+  expect_resumed_tail(a, alt, {b, c, d}, "ep2 -> 1, ep2 -> ep4 and 1 -> ep2 resume");
 }
 
 // Evaluation and the final sample run forwards too, which under expert parallelism every rank of an ep group must

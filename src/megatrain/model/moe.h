@@ -81,10 +81,11 @@ class MoeFfn {
 
  private:
   // The routed experts under expert parallelism: out[N, C] (overwritten) = the gated sum of the experts' outputs;
-  // while_dispatch runs while the dispatch is in flight. The backward accumulates into din, while_return runs while
-  // the output gradients travel to the experts, while_back while the input gradients travel back.
-  void routed_forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a,
-                         const std::function<void()>& while_dispatch) const;
+  // while_dispatch runs while the dispatch is in flight, while_combine while the outputs travel back. The backward
+  // accumulates into din, while_return runs while the output gradients travel to the experts, while_back while the
+  // input gradients travel back.
+  void routed_forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a, const std::function<void()>& while_dispatch,
+                         const std::function<void()>& while_combine) const;
   void routed_backward_ep(Ops& ops, Tensor din, Tensor dout, MoeActs& a, const std::function<void()>& while_return,
                           const std::function<void()>& while_back) const;
   void forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a) const;

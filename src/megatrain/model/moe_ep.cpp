@@ -80,18 +80,20 @@ void MoeFfn::forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a) const {
     ops.swiglu_forward(s_act, s_fc);
     ops.matmul_forward(s_out, s_act, params_.weight(s2_), Tensor{});
   };
-  routed_forward_ep(ops, out, in, a, shared);
+  auto losses = [&] {  // the auxiliary losses (the rank's own tokens), while the combine is in flight
+    a.aux = cfg_.moe_aux_loss > 0 ? moe_aux_loss(r) : 0.0;
+    a.z = cfg_.moe_z_loss > 0 ? moe_z_loss(logits.f32(), N, static_cast<int>(E)) : 0.0;
+  };
+  routed_forward_ep(ops, out, in, a, shared, losses);
   if (s13_ >= 0) {
     float* o = out.f32();
     const float* so = s_out.f32();
     for (int64_t i = 0; i < N * C; ++i) o[i] += so[i];
   }
-  a.aux = cfg_.moe_aux_loss > 0 ? moe_aux_loss(r) : 0.0;
-  a.z = cfg_.moe_z_loss > 0 ? moe_z_loss(logits.f32(), N, static_cast<int>(E)) : 0.0;
 }
 
-void MoeFfn::routed_forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a,
-                               const std::function<void()>& while_dispatch) const {
+void MoeFfn::routed_forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a, const std::function<void()>& while_dispatch,
+                               const std::function<void()>& while_combine) const {
   const int64_t C = cfg_.d_model, F = cfg_.moe_ff_dim();
   const MoeRouting& r = a.routing;
   const int64_t A = r.rows();
@@ -110,7 +112,7 @@ void MoeFfn::routed_forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a,
   moe_grouped_forward(ops, ye, acte, params_.weight(w2_), a.ep_offsets);
   scatter_rows(xr, ye, a.ep_order);  // back to the source-major order: the outputs to return
   Tensor yp = ep_rows(a.yp, A, C);
-  ep_->exchange_rows(yp, xr, a.ep_send, a.ep_recv);  // combine
+  ep_->exchange_rows(yp, xr, a.ep_send, a.ep_recv, while_combine);  // combine
   moe_combine(out, yp, r);
 }
 
