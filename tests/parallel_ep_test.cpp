@@ -11,6 +11,7 @@
 #include <string>
 
 #include "support/files.h"
+#include "support/metrics.h"
 #include "support/megatrain.h"
 #include "support/parallel_testutil.h"
 
@@ -96,6 +97,29 @@ TEST(ExpertParallel, EvaluationAndSamplingRunOnEveryEpRank) {
   expect_within_floor(devs, "ep2 x dp2 evaluation");
   const std::vector<double> sampled = series(t.multi, "step", "sample");
   EXPECT_EQ(sampled, std::vector<double>{5}) << "one sample, after the last step";
+}
+
+// The all-to-alls are their own communication plane and timeline spans: every step of an ep2 run reports ep time
+// (a single process none), and a traced step shows, per rank and MoE layer, one counts exchange and four all-to-alls
+// (dispatch and combine forward, their mirrors backward): 2 ranks x 2 layers x (1 + 4).
+TEST(ExpertParallel, ExchangesAreTheirOwnCommPlaneAndTimelineSpans) {
+  prepare();
+  const std::string one = fresh_dir("mt_ep_plane_one"), two = fresh_dir("mt_ep_plane_two");
+  run(kMegatrain + " train" + common(one, 4) + " --train.steps=2");
+  run(kMegatrain + " launch --nproc 2 -- train" + common(two, 2) +
+      " --train.steps=2 --parallel.dp=2 --parallel.ep=2 '--train.trace_steps=[2,2]'");
+  for (const auto& step : mt::test::metrics_of(one + "/metrics.jsonl", "train"))
+    EXPECT_EQ(step["comm_busy_s"]["ep"].get<double>(), 0.0) << "one process exchanges nothing";
+  const auto steps = mt::test::metrics_of(two + "/metrics.jsonl", "train");
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& step : steps) EXPECT_GT(step["comm_busy_s"]["ep"].get<double>(), 0.0) << step.dump();
+  std::ifstream in(two + "/trace.json");
+  ASSERT_TRUE(in.good()) << "no trace.json in " << two;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> spans;
+  for (const auto& e : trace.is_object() ? trace["traceEvents"] : trace)
+    if (e.value("cat", "") == "ep") ++spans[e.value("name", "")];
+  EXPECT_EQ(spans, (std::map<std::string, int>{{"ep all-to-all", 16}, {"ep counts", 4}}));
 }
 
 }  // namespace
