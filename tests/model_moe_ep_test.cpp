@@ -128,8 +128,8 @@ void expect_ep_matches_one_process(const ModelConfig& c, int ep, int64_t N) {
     y_ref[r].resize(N * C), dx_ref[r].resize(N * C);
     layer.forward(*ops, Tensor(y_ref[r].data(), {N, C}), Tensor(x[r].data(), {N, C}), a);
     full.begin_grads();
-    layer.backward(*ops, Tensor(dx_ref[r].data(), {N, C}), Tensor(dy[r].data(), {N, C}),
-                   Tensor(x[r].data(), {N, C}), a, 1.0f);
+    layer.backward(*ops, Tensor(dx_ref[r].data(), {N, C}), Tensor(dy[r].data(), {N, C}), Tensor(x[r].data(), {N, C}), a,
+                   1.0f);
     full.settle_grads(0, static_cast<int>(full.size()));
     for (size_t i = 0; i < full.size(); ++i) {
       Tensor g = full.grad(static_cast<int>(i));
@@ -159,8 +159,8 @@ void expect_ep_matches_one_process(const ModelConfig& c, int ep, int64_t N) {
         MoeFfn layer(c, stores[r], 0, &comm);
         layer.forward(*ops, Tensor(y[r].data(), {N, C}), Tensor(x[r].data(), {N, C}), a);
         stores[r].begin_grads();
-        layer.backward(*ops, Tensor(dx[r].data(), {N, C}), Tensor(dy[r].data(), {N, C}), Tensor(x[r].data(), {N, C}),
-                       a, 1.0f);
+        layer.backward(*ops, Tensor(dx[r].data(), {N, C}), Tensor(dy[r].data(), {N, C}), Tensor(x[r].data(), {N, C}), a,
+                       1.0f);
         stores[r].settle_grads(0, static_cast<int>(stores[r].size()));
       } catch (const std::exception& e) {
         errors[r] = e.what();
