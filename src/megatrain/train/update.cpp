@@ -57,18 +57,21 @@ class ShardedUpdate final : public Update {
     for (size_t i = 0; i < ps.size(); ++i) o.tensors[i] = !experts[i];
     ddp_ = std::make_unique<DataParallel>(*stack.model, topo.device_mesh->dp(), *topo.ops, cfg.optim, o);
     // The experts: reduced over their replicas (edp), their squared norms (global and LAMB's per tensor) summed over
-    // the ep ranks, which hold different experts.
+    // the ep ranks, which hold different experts, and then as the dense ones' (the plan's tp and pp sums, with the
+    // same per-tensor weights).
     DataParallelOptions e = o;
     e.tensors = experts;
     e.mean_over = topo.shape.dp;
     e.host = topo.own_device_mesh ? &topo.host_mesh->edp() : nullptr;
     ProcessGroup* host_ep = &topo.host_mesh->ep();
-    e.norm_weights.clear();
-    e.norm_reduce = [host_ep](float* v, size_t n) {
-      host_ep->allreduce(f32_view(v, {static_cast<int64_t>(n)}))->wait();
+    auto over_ep_then = [host_ep](NormReduce then) -> NormReduce {
+      return [host_ep, then](float* v, size_t n) {
+        host_ep->allreduce(f32_view(v, {static_cast<int64_t>(n)}))->wait();
+        if (then) then(v, n);
+      };
     };
-    e.clip_norm_weights.clear();
-    e.clip_norm_reduce = nullptr;
+    e.norm_reduce = over_ep_then(o.norm_reduce);
+    if (o.clip_norm_reduce) e.clip_norm_reduce = over_ep_then(o.clip_norm_reduce);
     expert_ddp_ = std::make_unique<DataParallel>(*stack.model, topo.device_mesh->edp(), *topo.ops, cfg.optim, e);
     GptHooks dense = ddp_->hooks(), expert = expert_ddp_->hooks();
     GptHooks both;
