@@ -163,3 +163,44 @@ TEST(Mesh, GroupNamesSayWhoIsInThem) {
 }
 
 }  // namespace
+
+namespace {
+
+// Expert parallelism inside dp (Megatron's convention), on dp 4 x tp 2 with ep 2: the ep groups are pairs of
+// consecutive dp indices with the same tp rank, the edp groups the dp indices of one parity; together every (ep rank,
+// edp rank) pair is one dp index. Known answers written out by hand, then the partition checked for every shape of
+// eight ranks and every ep dividing its dp.
+TEST(Mesh, ExpertGroupsSplitEachDataParallelGroup) {
+  const MeshShape s{4, 1, 2, 2};
+  EXPECT_EQ(ep_group_ranks(s, mesh_coord(s, 0)), (std::vector<int>{0, 2}));   // dp 0,1 of tp 0
+  EXPECT_EQ(ep_group_ranks(s, mesh_coord(s, 5)), (std::vector<int>{5, 7}));   // dp 2,3 of tp 1
+  EXPECT_EQ(edp_group_ranks(s, mesh_coord(s, 0)), (std::vector<int>{0, 4}));  // dp 0,2 of tp 0
+  EXPECT_EQ(edp_group_ranks(s, mesh_coord(s, 7)), (std::vector<int>{3, 7}));  // dp 1,3 of tp 1
+  for (MeshShape shape : shapes_of(8))
+    for (int ep = 1; ep <= shape.dp; ++ep) {
+      if (shape.dp % ep) continue;
+      shape.ep = ep;
+      for (int r = 0; r < shape.world(); ++r) {
+        const MeshCoord c = mesh_coord(shape, r);
+        const std::vector<int> e = ep_group_ranks(shape, c), d = edp_group_ranks(shape, c);
+        ASSERT_EQ(e.size(), size_t(ep));
+        ASSERT_EQ(d.size(), size_t(shape.dp / ep));
+        EXPECT_EQ(e[c.dp % ep], r) << "my ep rank is dp % ep";
+        EXPECT_EQ(d[c.dp / ep], r) << "my edp rank is dp / ep";
+        for (int q : e) {
+          const MeshCoord o = mesh_coord(shape, q);
+          EXPECT_TRUE(o.pp == c.pp && o.tp == c.tp && o.dp / ep == c.dp / ep) << "ep group of rank " << r;
+        }
+        for (int q : d) {
+          const MeshCoord o = mesh_coord(shape, q);
+          EXPECT_TRUE(o.pp == c.pp && o.tp == c.tp && o.dp % ep == c.dp % ep) << "edp group of rank " << r;
+        }
+      }
+    }
+  EXPECT_NE(error_of([] {
+              ep_group_ranks(MeshShape{4, 1, 1, 3}, {});
+            }).find("parallel.ep (3) must be >= 1 and divide"),
+            std::string::npos);
+}
+
+}  // namespace

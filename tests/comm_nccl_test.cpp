@@ -253,6 +253,35 @@ TEST(NcclGroup, TwoRanksCollectives) {
   EXPECT_EQ(err, "");
 }
 
+// all_to_all_v on the device against a known answer: rank s sends rank d (2 s + d + 1) * 1000 elements
+// 100 s + 10 d + (j % 7) (my own block included, a device copy); each rank receives the blocks in rank order.
+TEST(NcclGroup, TwoRanksAllToAllV) {
+  REQUIRE_GPUS(2);
+  ScratchDir dir;
+  std::string err = run_procs(
+      {0, 1},
+      [&](int r) {
+        Dev dev(r);
+        auto store = make_file_store(dir.path);
+        auto g = make_nccl_group(*store, "a2a", {0, 1}, r, dev.stream, quick());
+        auto count = [](int s, int d) { return int64_t{2 * s + d + 1} * 1000; };
+        std::vector<int64_t> send(2), recv(2);
+        std::vector<float> in, want;
+        for (int p = 0; p < 2; ++p) {
+          send[p] = count(r, p), recv[p] = count(p, r);
+          for (int64_t j = 0; j < send[p]; ++j) in.push_back(float(100 * r + 10 * p + j % 7));
+          for (int64_t j = 0; j < recv[p]; ++j) want.push_back(float(100 * p + 10 * r + j % 7));
+        }
+        Tensor tin = dev.upload(in, DType::F32);
+        Tensor tout = dev.upload(std::vector<float>(want.size(), -1.f), DType::F32);
+        g->all_to_all_v(tout, tin, recv, send)->wait();
+        expect_eq(dev.download<float>(tout), want, "all_to_all_v");
+        cu(cudaStreamSynchronize(dev.stream), "cudaStreamSynchronize");
+      },
+      180);
+  EXPECT_EQ(err, "");
+}
+
 // Both ranks post their receives before their sends, three messages each way: on one in-order communicator the
 // early receives would block the sends for ever; the per-direction channels must not. Messages arrive in order.
 TEST(NcclGroup, TwoRanksSendRecvBothWays) {

@@ -274,6 +274,58 @@ TEST_P(Collectives, MatchNaiveReduction) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, Collectives, ::testing::Values(2, 3, 4));
 
+// all_to_all_v against a known answer: rank s sends rank d the block of count(s, d) elements s*1000 + d*100 + j
+// (count 0 for some pairs, my own block included), so every received element names where it came from.
+int64_t a2a_count(int s, int d) { return (s + 2 * d) % 4 * 3; }
+// Rank 0 neither sends nor receives anything (an ep rank no token is routed to and that routes none away).
+int64_t a2a_count_idle0(int s, int d) { return s == 0 || d == 0 ? 0 : s + d; }
+
+template <typename T>
+void check_all_to_all_v(ProcessGroup& g, int64_t (*count)(int, int) = a2a_count) {
+  constexpr DType dt = std::is_same_v<T, float> ? DType::F32 : DType::I32;
+  const int n = g.size(), me = g.rank();
+  std::vector<int64_t> send_counts(n), recv_counts(n);
+  std::vector<T> in, want;
+  for (int d = 0; d < n; ++d) {
+    send_counts[d] = count(me, d);
+    for (int64_t j = 0; j < send_counts[d]; ++j) in.push_back(static_cast<T>(me * 1000 + d * 100 + j));
+  }
+  for (int s = 0; s < n; ++s) {
+    recv_counts[s] = count(s, me);
+    for (int64_t j = 0; j < recv_counts[s]; ++j) want.push_back(static_cast<T>(s * 1000 + me * 100 + j));
+  }
+  std::vector<T> out(want.size(), T(-1));
+  g.all_to_all_v(Tensor(out.data(), {static_cast<int64_t>(out.size())}, dt),
+                 Tensor(in.data(), {static_cast<int64_t>(in.size())}, dt), recv_counts, send_counts)
+      ->wait();
+  expect_equal(out, want, fmt::format("all_to_all_v of {} on rank {} of {}", dtype_name(dt), me, n));
+}
+
+TEST(GlooGroup, AllToAllVDeliversEachBlockToItsRank) {
+  for (int n : {2, 3}) {
+    ScratchDir dir;
+    std::string path = dir.path;
+    EXPECT_EQ(run_procs(n,
+                        [&](int i) {
+                          auto g = join_group(path, n, i);
+                          check_all_to_all_v<float>(*g);
+                          check_all_to_all_v<int32_t>(*g);
+                          check_all_to_all_v<float>(*g, a2a_count_idle0);
+                          // Counts that disagree with the tensors are refused, naming the group.
+                          std::vector<float> fv(4);
+                          const std::string e = error_of([&] {
+                            g->all_to_all_v(f32_view(fv.data(), {4}), f32_view(fv.data(), {4}),
+                                            std::vector<int64_t>(n, 1), std::vector<int64_t>(n, 1));
+                          });
+                          MT_CHECK(e.find("group g: all_to_all_v counts sum") != std::string::npos, "bad counts: '{}'",
+                                   e);
+                          check_all_to_all_v<float>(*g);  // still works after the refusal
+                        }),
+              "")
+        << n << " ranks";
+  }
+}
+
 TEST(GlooGroup, ManyQueuedCollectivesCompleteInIssueOrder) {
   ScratchDir dir;
   std::string path = dir.path;
@@ -615,6 +667,11 @@ TEST(LocalGroup, CopiesAndNoOps) {
   EXPECT_NE(error_of([&] { g->reduce_scatter(f32_view(b.data(), {2}), f32_view(a.data(), {3})); }).find("3 elements"),
             std::string::npos);
   EXPECT_NE(error_of([&] { g->allreduce(Tensor(ia.data(), {2}, DType::I32)); }).find("I32"), std::string::npos);
+  check_all_to_all_v<float>(*g);  // a group of one: my own block, copied
+  EXPECT_NE(error_of([&] {
+              g->all_to_all_v(f32_view(b.data(), {3}), f32_view(a.data(), {3}), {3, 0}, {3, 0});
+            }).find("one count per rank"),
+            std::string::npos);
 }
 
 }  // namespace

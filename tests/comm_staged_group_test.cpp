@@ -163,6 +163,34 @@ TEST(StagedGroup, EachCollectiveSeesTheComputeIssuedBeforeItAndMatchesANaiveRedu
             "");
 }
 
+// all_to_all_v through the stand-in device: rank s sends rank d (s + d + 1) elements 100 s + 10 d + j, filled by
+// compute that runs late on the stream; every rank must receive each peer's block in rank order.
+TEST(StagedGroup, AllToAllVDeliversEachBlockAfterTheComputeBeforeIt) {
+  ScratchDir dir;
+  const std::string path = dir.path;
+  const int n = 3;
+  EXPECT_EQ(run_procs(n,
+                      [&](int i) {
+                        Rank r(path, n, i);
+                        std::vector<int64_t> send(n), recv(n);
+                        for (int p = 0; p < n; ++p) send[p] = i + p + 1, recv[p] = p + i + 1;
+                        std::vector<float> in(static_cast<size_t>(n * i + n * (n + 1) / 2)), out(in.size(), -1.0f),
+                            want;
+                        r.stream->issue([&] {
+                          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                          size_t at = 0;
+                          for (int p = 0; p < n; ++p)
+                            for (int64_t j = 0; j < send[p]; ++j) in[at++] = float(100 * i + 10 * p + j);
+                        });
+                        for (int p = 0; p < n; ++p)
+                          for (int64_t j = 0; j < recv[p]; ++j) want.push_back(float(100 * p + 10 * i + j));
+                        r.group->all_to_all_v(device_f32(out), device_f32(in), recv, send)->wait();
+                        expect_values(
+                            out, [&](size_t j) { return want[j]; }, "all_to_all_v");
+                      }),
+            "");
+}
+
 // A pipeline's pattern: every rank posts its receives first, then its sends; a receive posted early must not hold
 // up a send, and neither waits behind a collective queued before it (here one that cannot finish before the sends
 // did: rank 1 waits for its receive before it joins the allreduce).

@@ -185,6 +185,9 @@ class RecordingGroup final : public ProcessGroup {
   WorkPtr reduce_scatter(Tensor, Tensor, ReduceOp) override { fail("the pipeline runs no collectives"); }
   WorkPtr all_gather(Tensor, Tensor) override { fail("the pipeline runs no collectives"); }
   WorkPtr broadcast(Tensor, int) override { fail("the pipeline runs no collectives"); }
+  WorkPtr all_to_all_v(Tensor, Tensor, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
+    fail("the pipeline runs no collectives");
+  }
   WorkPtr barrier() override { fail("the pipeline runs no collectives"); }
   std::map<int, std::vector<int>> sends, recvs;  // by peer: tags in issue order
 

@@ -108,6 +108,11 @@ class CheckedGroup final : public ProcessGroup {
     return g_->all_gather(out, in);
   }
   WorkPtr broadcast(Tensor t, int root) override { return check(t, "broadcast"), g_->broadcast(t, root); }
+  WorkPtr all_to_all_v(Tensor out, Tensor in, const std::vector<int64_t>& recv_counts,
+                       const std::vector<int64_t>& send_counts) override {
+    return check(out, "all_to_all_v output"), check(in, "all_to_all_v input"),
+           g_->all_to_all_v(out, in, recv_counts, send_counts);
+  }
   WorkPtr send(Tensor t, int dst, int tag) override { return check(t, "send"), g_->send(t, dst, tag); }
   WorkPtr recv(Tensor t, int src, int tag) override { return check(t, "recv"), g_->recv(t, src, tag); }
   WorkPtr barrier() override { return g_->barrier(); }

@@ -104,6 +104,10 @@ TEST(RunConfig, WrongTypesAndValuesAreErrors) {
   EXPECT_NE(error_of("[data]\nseq_len = 4096\n").find("max_seq_len"), std::string::npos);
   EXPECT_NE(error_of("[optim]\nname = \"sgd\"\n").find("optim.name"), std::string::npos);
   EXPECT_NE(error_of("", {"--train.steps"}).find("section.key=value"), std::string::npos);
+  // A number where a bool goes is refused, not read as true (toml++'s value<bool> would convert it).
+  EXPECT_NE(error_of("", {"--parallel.overlap=2"}).find("parallel.overlap must be true or false"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\nep_overlap = 0\n").find("parallel.ep_overlap must be true or false"),
+            std::string::npos);
   EXPECT_NE(error_of("[train]\ndevice = \"tpu\"\n").find("train.device must be"), std::string::npos);
   const std::string attention_error = error_of("[train]\nattention = \"bogus\"\n");
   EXPECT_NE(attention_error.find("train.attention must be 'auto'"), std::string::npos) << attention_error;
@@ -378,8 +382,8 @@ TEST(RunConfig, StageLayersMustFitThePipeline) {
 
 namespace {
 
-// MoE's layout rules (docs/moe.md): tensor and pipeline parallelism are layouts it runs under; what stays refused
-// (the CUDA device, the sigmoid_bias router's bias with data parallelism) is named by its keys.
+// MoE's layout rules (docs/moe.md): tensor, pipeline and data parallelism (the sigmoid_bias router's loads summed
+// over dp) are layouts it runs under; what stays refused (the CUDA device) is named by its key.
 TEST(RunConfig, MoeRunsUnderTpAndPpAndRefusesWhatItCannotNamingTheKeys) {
   const std::vector<std::string> moe = {"--model.moe_experts=4", "--model.moe_d_ff=32", "--model.n_layer=4"};
   auto with = [&](std::vector<std::string> more) {
@@ -389,8 +393,38 @@ TEST(RunConfig, MoeRunsUnderTpAndPpAndRefusesWhatItCannotNamingTheKeys) {
   EXPECT_EQ(with({"--parallel.tp=2"}), "");
   EXPECT_EQ(with({"--parallel.pp=2", "--parallel.microbatches=2"}), "");
   EXPECT_EQ(with({"--parallel.pp=2", "--parallel.tp=2", "--model.moe_router=sigmoid_bias"}), "");
-  EXPECT_NE(with({"--parallel.dp=2", "--model.moe_router=sigmoid_bias"}).find("parallel.dp"), std::string::npos);
+  EXPECT_EQ(with({"--parallel.dp=2", "--model.moe_router=sigmoid_bias"}), "");
   EXPECT_NE(with({"--train.device=cuda"}).find("train.device"), std::string::npos);
+}
+
+// Expert parallelism's keys: each impossible combination is refused naming the keys involved; the same settings
+// with the numbers fixed parse.
+TEST(RunConfig, ExpertParallelismRefusesBadLayoutsNamingTheKeys) {
+  const std::vector<std::string> moe = {"--model.moe_experts=4", "--model.moe_top_k=2", "--model.moe_d_ff=32"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), moe.begin(), moe.end());
+    return extra;
+  };
+  auto has = [](const std::string& e, std::initializer_list<const char*> words) {
+    for (const char* w : words)
+      if (e.find(w) == std::string::npos) return false;
+    return true;
+  };
+  std::string e = error_of("", with({"--parallel.dp=3", "--parallel.ep=3"}));
+  EXPECT_TRUE(has(e, {"model.moe_experts = 4", "parallel.ep = 3", "divisible"})) << e;
+  e = error_of("", with({"--parallel.dp=2", "--parallel.ep=4"}));
+  EXPECT_TRUE(has(e, {"parallel.ep = 4", "parallel.dp = 2", "divide"})) << e;
+  e = error_of("", {"--parallel.dp=2", "--parallel.ep=2"});
+  EXPECT_TRUE(has(e, {"parallel.ep = 2", "model.moe_experts"})) << e;
+  e = error_of("", with({"--model.moe_top_k=5"}));
+  EXPECT_TRUE(has(e, {"model.moe_top_k"})) << e;
+  e = error_of("", with({"--parallel.dp=2", "--parallel.ep=2", "--ckpt.sharded=false"}));
+  EXPECT_TRUE(has(e, {"parallel.ep = 2", "ckpt.sharded"})) << e;
+  e = error_of("", with({"--parallel.dp=2", "--parallel.ep=2", "--parallel.straggler_coding=gc"}));
+  EXPECT_TRUE(has(e, {"parallel.ep = 2", "parallel.straggler_coding"})) << e;
+  // The sigmoid_bias router under data parallelism is allowed now (its loads are summed over the dp ranks).
+  EXPECT_EQ(error_of("", with({"--parallel.dp=4", "--parallel.ep=2", "--model.moe_router=sigmoid_bias"})), "");
+  EXPECT_EQ(error_of("", with({"--parallel.dp=4", "--parallel.ep=4"})), "");
 }
 
 }  // namespace

@@ -154,7 +154,7 @@ perf::Job simulated_job(const SimulateArgs& a, const RunConfig& cfg) {
   job.tech.misc = a.misc || a.megascale;
   job.tech.recompute = parse_recompute(a.recompute);
   job.tech.tp_chunks = cfg.parallel.tp_chunks;  // megatrain's pieces per tp collective (matter on a saturated CPU host)
-  job.tech.ep_overlap = cfg.parallel.ep_overlap;  // MoE: the share of the expert all-to-alls hidden behind compute
+  job.tech.ep_overlap = cfg.parallel.ep_overlap;  // MoE: the all-to-alls run while the layer's independent compute does
   return job;
 }
 

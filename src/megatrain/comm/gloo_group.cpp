@@ -18,6 +18,7 @@
 //    address they hold whatever the stack held (pointers). They are zeroed there before they leave the process.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -428,6 +429,35 @@ class GlooGroup : public ProcessGroup {
                      o.setTag(tag);
                      o.setTimeout(timeout_);
                      gloo::broadcast(o);
+                   });
+  }
+
+  WorkPtr all_to_all_v(Tensor out, Tensor in, const std::vector<int64_t>& recv_counts,
+                       const std::vector<int64_t>& send_counts) override {
+    check_tensor(out, "all_to_all_v output", true);
+    check_tensor(in, "all_to_all_v input", true);
+    check_all_to_all_v(*this, out, in, recv_counts, send_counts);
+    // Counted in bytes: Gloo's alltoallv only moves data.
+    const auto elem = static_cast<int64_t>(dtype_size(in.dtype));
+    std::vector<int64_t> rb(recv_counts), sb(send_counts);
+    for (int64_t& c : rb) c *= elem;
+    for (int64_t& c : sb) c *= elem;
+    char* po = static_cast<char*>(out.ptr);
+    char* pi = static_cast<char*>(in.ptr);
+    return enqueue("all_to_all_v", fmt::format("all_to_all_v({} bytes out, {} in)", in.nbytes(), out.nbytes()),
+                   [this, po, pi, rb = std::move(rb), sb = std::move(sb)](uint32_t tag) {
+                     if (size() == 1) {
+                       if (sb[0] > 0) std::memcpy(po, pi, static_cast<size_t>(sb[0]));
+                       return;
+                     }
+                     // Gloo registers a buffer even for an empty side: give it a valid address then.
+                     static char empty[4];
+                     gloo::AlltoallvOptions o(ctx_);
+                     o.setInput<char>(pi ? pi : empty, sb);
+                     o.setOutput<char>(po ? po : empty, rb);
+                     o.setTag(tag);
+                     o.setTimeout(timeout_);
+                     gloo::alltoallv(o);
                    });
   }
 

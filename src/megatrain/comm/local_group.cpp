@@ -52,6 +52,14 @@ class LocalGroup : public ProcessGroup {
     MT_CHECK(root == 0, "group {}: broadcast root {} out of range [0, 1)", name_, root);
     return done();
   }
+  WorkPtr all_to_all_v(Tensor out, Tensor in, const std::vector<int64_t>& recv_counts,
+                       const std::vector<int64_t>& send_counts) override {
+    check(out, "all_to_all_v output", true);
+    check(in, "all_to_all_v input", true);
+    check_all_to_all_v(*this, out, in, recv_counts, send_counts);
+    copy(out, in);
+    return done();
+  }
   WorkPtr send(Tensor, int dst, int) override {
     fail("group {}: send to rank {} in a group of one process (no peer to send to)", name_, dst);
   }

@@ -10,6 +10,10 @@ void check_dims(const MeshShape& s) {
   MT_CHECK(s.dp >= 1, "parallel.dp must be >= 1, got {}", s.dp);
   MT_CHECK(s.pp >= 1, "parallel.pp must be >= 1, got {}", s.pp);
   MT_CHECK(s.tp >= 1, "parallel.tp must be >= 1, got {}", s.tp);
+  MT_CHECK(s.ep >= 1 && s.dp % s.ep == 0,
+           "parallel.ep ({}) must be >= 1 and divide parallel.dp ({}): the experts are sharded over ep ranks carved "
+           "out of the data-parallel ranks",
+           s.ep, s.dp);
 }
 
 // "tp[2-3]" for consecutive ranks, "dp[1,3,5,7]" for a short stride, "dp[1,3,...,63]" for a long one. Mesh groups
@@ -69,6 +73,21 @@ void check_mesh(const MeshShape& s, int world) {
            s.world(), world);
 }
 
+std::vector<int> ep_group_ranks(const MeshShape& s, const MeshCoord& c) {
+  check_dims(s);
+  std::vector<int> ranks;
+  const int first = c.dp / s.ep * s.ep;
+  for (int i = 0; i < s.ep; ++i) ranks.push_back(mesh_rank(s, {first + i, c.pp, c.tp}));
+  return ranks;
+}
+
+std::vector<int> edp_group_ranks(const MeshShape& s, const MeshCoord& c) {
+  check_dims(s);
+  std::vector<int> ranks;
+  for (int i = c.dp % s.ep; i < s.dp; i += s.ep) ranks.push_back(mesh_rank(s, {i, c.pp, c.tp}));
+  return ranks;
+}
+
 DeviceMesh::DeviceMesh(Store& store, const MeshShape& shape, int rank, const GroupOptions& opt,
                        const GroupFactory& make_group, const std::string& prefix)
     : shape_(shape), coord_(mesh_coord(shape, rank)), rank_(rank) {
@@ -77,11 +96,14 @@ DeviceMesh::DeviceMesh(Store& store, const MeshShape& shape, int rank, const Gro
   for (int i = 0; i < shape.tp; ++i) tp.push_back(mesh_rank(shape, {coord_.dp, coord_.pp, i}));
   for (int i = 0; i < shape.dp; ++i) dp.push_back(mesh_rank(shape, {i, coord_.pp, coord_.tp}));
   for (int i = 0; i < shape.pp; ++i) pp.push_back(mesh_rank(shape, {coord_.dp, i, coord_.tp}));
-  // Every rank builds its groups in the same order (tp, dp, pp), so each group's rendezvous only waits for its own
+  // Every rank builds its groups in the same order (tp, dp, pp, ep, edp), so each group's rendezvous only waits for its own
   // members to finish the previous ones: no rank waits on the whole world.
   tp_ = make_dim_group(store, GroupRole::TP, tp, rank, opt, make_group, prefix);
   dp_ = make_dim_group(store, GroupRole::DP, dp, rank, opt, make_group, prefix);
   pp_ = make_dim_group(store, GroupRole::PP, pp, rank, opt, make_group, prefix);
+  ep_ = make_dim_group(store, GroupRole::EP, ep_group_ranks(shape, coord_), rank, opt, make_group, prefix);
+  if (shape.ep > 1)
+    edp_ = make_dim_group(store, GroupRole::EDP, edp_group_ranks(shape, coord_), rank, opt, make_group, prefix);
   init_seconds_ = now_seconds() - t0;
 }
 

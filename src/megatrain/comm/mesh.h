@@ -1,5 +1,11 @@
 // The 3D device mesh: WORLD = dp x pp x tp, with tensor-parallel ranks adjacent (as on one node), then data-
 // parallel, then pipeline (slowest, across nodes):  rank = (pp_i * dp + dp_i) * tp + tp_i   (Megatron's order).
+//
+// Expert parallelism is carved out of the data-parallel ranks (Megatron's convention), ep dividing dp: the ranks
+// with my (pp, tp) and a dp index in my block of ep consecutive dp indices [dp_i / ep * ep, ... + ep) form my "ep"
+// group (they hold different experts; ep rank = dp_i % ep); the ranks with my (pp, tp) and my ep rank form my
+// "edp" group, the dp/ep replicas of my experts (edp rank = dp_i / ep). ep = 1: the ep group is me alone and the
+// edp group is the dp group itself.
 #pragma once
 #include <functional>
 #include <memory>
@@ -13,6 +19,7 @@ namespace mt {
 
 struct MeshShape {
   int dp = 1, pp = 1, tp = 1;
+  int ep = 1;  // expert parallelism, inside dp (not a factor of the world size)
   int world() const { return dp * pp * tp; }
 };
 
@@ -22,14 +29,27 @@ struct MeshCoord {
 
 MeshCoord mesh_coord(const MeshShape& s, int rank);
 int mesh_rank(const MeshShape& s, const MeshCoord& c);
-// Throws mt::Error saying which number is wrong when dp*pp*tp != world or a dimension is < 1.
+// Throws mt::Error saying which number is wrong when dp*pp*tp != world, a dimension is < 1 or ep does not divide dp.
 void check_mesh(const MeshShape& s, int world);
 
 // What a process group is for: one of the mesh's dimensions, or a group outside the mesh (the tied embedding's
 // first and last pipeline stages; a rank and the buddy that holds its checkpoint snapshot). Spelt as in group names.
-enum class GroupRole { DP, PP, TP, Embedding, Snapshot };  // "dp" | "pp" | "tp" | "emb" | "snap"
-inline constexpr std::array<const char*, 5> kGroupRoleNames = {"dp", "pp", "tp", "emb", "snap"};
-inline const std::array<const char*, 5>& kind_names(GroupRole) { return kGroupRoleNames; }
+// EP and EDP: expert parallelism's groups (above).
+enum class GroupRole {
+  DP,
+  PP,
+  TP,
+  Embedding,
+  Snapshot,
+  EP,
+  EDP
+};  // "dp" | "pp" | "tp" | "emb" | "snap" | "ep" | "edp"
+inline constexpr std::array<const char*, 7> kGroupRoleNames = {"dp", "pp", "tp", "emb", "snap", "ep", "edp"};
+inline const std::array<const char*, 7>& kind_names(GroupRole) { return kGroupRoleNames; }
+
+// The global ranks of my ep group and of my edp group (see above), in group-rank order.
+std::vector<int> ep_group_ranks(const MeshShape& s, const MeshCoord& c);
+std::vector<int> edp_group_ranks(const MeshShape& s, const MeshCoord& c);
 
 // Makes the group of one role (role: a mesh dimension, or a group outside the mesh; name: e.g. "tp[0-1]"). The
 // mesh's default (an empty factory) builds Gloo groups, and a local group for a dimension of size 1. A set factory is
@@ -54,13 +74,15 @@ class DeviceMesh {
   ProcessGroup& dp() { return *dp_; }
   ProcessGroup& pp() { return *pp_; }
   ProcessGroup& tp() { return *tp_; }
+  ProcessGroup& ep() { return *ep_; }
+  ProcessGroup& edp() { return edp_ ? *edp_ : *dp_; }  // ep = 1: the dp group
   double init_seconds() const { return init_seconds_; }
 
  private:
   MeshShape shape_;
   MeshCoord coord_;
   int rank_;
-  std::unique_ptr<ProcessGroup> dp_, pp_, tp_;
+  std::unique_ptr<ProcessGroup> dp_, pp_, tp_, ep_, edp_;
   double init_seconds_ = 0;
 };
 

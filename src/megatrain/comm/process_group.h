@@ -60,6 +60,12 @@ class ProcessGroup {
   // out = concatenation of every rank's in, in rank order (out.numel() == size() * in.numel()).
   virtual WorkPtr all_gather(Tensor out, Tensor in) = 0;
   virtual WorkPtr broadcast(Tensor t, int root) = 0;  // root: group rank
+  // Personalised exchange of variable-size blocks (expert parallelism's token dispatch and combine). `in` is
+  // size() consecutive blocks, block r (send_counts[r] elements) going to rank r; `out` receives size() consecutive
+  // blocks, block r (recv_counts[r] elements) coming from rank r, my own block included (a copy). Every rank must
+  // agree: recv_counts[r] on me == send_counts[me] on rank r. F32 or I32 (the same on both sides); out outside in.
+  virtual WorkPtr all_to_all_v(Tensor out, Tensor in, const std::vector<int64_t>& recv_counts,
+                               const std::vector<int64_t>& send_counts) = 0;
   // Point-to-point, matched by (peer, tag); peers are group ranks.
   virtual WorkPtr send(Tensor t, int dst, int tag) = 0;
   virtual WorkPtr recv(Tensor t, int src, int tag) = 0;
@@ -75,6 +81,11 @@ struct GroupOptions {
 // ranks, my_global_rank not a member, a non-positive timeout); `maker` names the caller. Every backend checks these.
 void check_group_args(const char* maker, const std::string& name, const std::vector<int>& ranks, int my_global_rank,
                       const GroupOptions& opt);
+
+// Throws mt::Error naming the group when all_to_all_v's arguments disagree: a count vector not of the group's size,
+// a negative count, counts not summing to the tensor's elements, or different dtypes.
+void check_all_to_all_v(const ProcessGroup& g, const Tensor& out, const Tensor& in,
+                        const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& send_counts);
 
 // Creates the group of `ranks` (global ranks, sorted, containing my_global_rank) over Gloo, rendezvousing through
 // `store` under `name`. Only the members touch the store (no global barrier). A member that never arrives makes

@@ -122,6 +122,15 @@ class StagedGroup : public ProcessGroup {
       if (rank() != root) dev_->to_device(t, h.buf.get());
     });
   }
+  WorkPtr all_to_all_v(Tensor out, Tensor in, const std::vector<int64_t>& recv_counts,
+                       const std::vector<int64_t>& send_counts) override {
+    check_all_to_all_v(*this, out, in, recv_counts, send_counts);
+    return collective([this, out, in, recv_counts, send_counts] {
+      HostCopy i = copy_in(in), o = host_copy(out);
+      host_->all_to_all_v(o.t, i.t, recv_counts, send_counts)->wait();
+      dev_->to_device(out, o.buf.get());
+    });
+  }
   WorkPtr barrier() override {
     return collective([this] { host_->barrier()->wait(); });  // (after the mark: compute before it is done)
   }

@@ -61,7 +61,8 @@ void BlockScratch::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* o
   if (cfg.recompute_norm) ln = make(ops, rows * C, dtype);
 }
 
-Block::Block(const ModelConfig& cfg, ParamStore& params, int layer, TpComm* tp) : cfg_(cfg), params_(params) {
+Block::Block(const ModelConfig& cfg, ParamStore& params, int layer, TpComm* tp, EpComm* ep)
+    : cfg_(cfg), params_(params) {
   recompute_act_ = cfg.recompute_act && cfg.mlp == MlpKind::Gelu;
   recompute_norm_ = cfg.recompute_norm;
   if (tp && tp->size() > 1) {
@@ -78,7 +79,7 @@ Block::Block(const ModelConfig& cfg, ParamStore& params, int layer, TpComm* tp) 
   c_attn_ = lin(p + "attn.c_attn");
   attn_proj_ = lin(p + "attn.c_proj");
   if (cfg.moe_layer(layer)) {
-    moe_.emplace(cfg, params, layer);
+    moe_.emplace(cfg, params, layer, ep);
     moe_->set_token_group(tp_);  // sequence parallelism: the tp ranks split each micro-batch's tokens
   } else {
     c_fc_ = lin(p + "mlp.c_fc");

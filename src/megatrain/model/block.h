@@ -55,8 +55,8 @@ class Block {
   // tp: tensor/sequence parallelism (nullptr or size 1: the single-process layer). With tp, x, y and dx are
   // this rank's row block [B*T/tp, C] of the residual stream and the weights are its shards (layout.h).
   // params: the layer reads its weights there and writes its gradients (the first write of a step overwrites:
-  // ParamStore::begin_grads).
-  Block(const ModelConfig& cfg, ParamStore& params, int layer, TpComm* tp = nullptr);
+  // ParamStore::begin_grads). ep: expert parallelism for a MoE layer (model/moe.h; nullptr or size 1: none).
+  Block(const ModelConfig& cfg, ParamStore& params, int layer, TpComm* tp = nullptr, EpComm* ep = nullptr);
 
   // y[B*T, C] = layer(x). x must stay valid until backward (it is the saved layer input).
   void forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;

@@ -24,10 +24,11 @@ Tensor GPT::ids(const Buffer& b, int64_t B, int64_t T) {
   return Tensor(b.data(), {B, T}, DType::I32, b.device());
 }
 
-GPT::GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple, TpComm* tp, GptPart part)
+GPT::GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple, TpComm* tp, GptPart part, EpComm* ep)
     : cfg_(cfg), ops_(ops), part_(std::move(part)), act_(ops.compute_dtype()) {
   if (tp && tp->size() > 1) tp_ = tp;
-  declare_gpt_params(cfg_, params_, tp_size(), tp_rank(), part_);
+  if (ep && ep->size() > 1) ep_ = ep;
+  declare_gpt_params(cfg_, params_, tp_size(), tp_rank(), part_, ep_size(), ep_ ? ep_->rank() : 0);
   params_.allocate(pad_multiple, &ops_);
   chunks_ = part_.chunks;
   if (chunks_.empty()) chunks_.emplace_back(0, cfg_.n_layer);
@@ -35,7 +36,7 @@ GPT::GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple, TpComm* tp, GptP
   for (auto& v : slots_) v.resize(1);
   blocks_.resize(cfg_.n_layer);
   for (auto [a, b] : chunks_)
-    for (int l = a; l < b; ++l) blocks_[l].emplace(cfg_, params_, l, tp_);
+    for (int l = a; l < b; ++l) blocks_[l].emplace(cfg_, params_, l, tp_, ep_);
   auto idx = [&](const std::string& n) { return params_.has(n) ? params_.index(n) : -1; };
   wte_ = idx("wte.weight");
   wpe_ = idx("wpe.weight");
@@ -128,7 +129,7 @@ void GPT::ensure_capacity(int B, int T, int mb) {
     ce_stats_ = ops_.alloc(3 * rows * f);
     int64_t replicated = 0;
     for (int i = 0; i < static_cast<int>(params_.size()); ++i)
-      if (!params_.info(i).shard.sharded()) replicated += params_.grad(i).numel();
+      if (!params_.info(i).shard.tp_sharded()) replicated += params_.grad(i).numel();
     if (replicated > 0 && !replicated_grads_.data())
       replicated_grads_ = ops_.alloc(static_cast<size_t>(replicated) * f);
   }
@@ -300,13 +301,14 @@ double GPT::moe_loss(const ModelConfig& cfg, const std::vector<MoeLayerStats>& s
   return sum;
 }
 
-void GPT::moe_update_bias() {
+void GPT::moe_update_bias(const std::function<void(std::vector<int64_t>&)>& sum_loads) {
   if (cfg_.moe_router != MoeRouter::SigmoidBias || moe_load_.empty()) return;
   for (int l = 0; l < cfg_.n_layer; ++l) {
     if (!blocks_[l] || !blocks_[l]->moe()) continue;
     const int b = blocks_[l]->moe()->router_bias();
     // The bias is a parameter (checkpointed with the model) that no gradient reaches: the optimizer leaves it
     // (zero gradient, no weight decay), and this step is its only change.
+    if (sum_loads) sum_loads(moe_load_[l]);
     mt::moe_update_bias(params_.param(b).f32(), moe_load_[l], cfg_.moe_bias_rate);
     std::fill(moe_load_[l].begin(), moe_load_[l].end(), 0);
     const ParamInfo& p = params_.info(b);
@@ -577,7 +579,7 @@ void GPT::sync_replicated_grads(int first, int end) {
   std::vector<int> idx;
   int64_t total = 0;
   for (int i = first; i < end; ++i)
-    if (!params_.info(i).shard.sharded()) idx.push_back(i), total += params_.grad(i).numel();
+    if (!params_.info(i).shard.tp_sharded()) idx.push_back(i), total += params_.grad(i).numel();
   if (idx.empty()) return;
   if (idx.size() == 1) return tp_->allreduce(params_.grad(idx[0]), TpReduce::Sum);
   Tensor packed = f32s(replicated_grads_, total);

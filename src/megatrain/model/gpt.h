@@ -34,7 +34,10 @@ class GPT {
   // backward / logits together on the same tokens.
   // part: pipeline parallelism - only these layers (and the embedding / head when set); such a part runs through
   // forward_chunk / backward_chunk, the whole-model calls below need the whole model.
-  GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple = 16, TpComm* tp = nullptr, GptPart part = {});
+  // ep: expert parallelism (model/moe.h): the store holds this ep rank's experts of each MoE layer, and all ep ranks
+  // call forward / backward together (each on its own tokens). nullptr or size 1: every expert here.
+  GPT(const ModelConfig& cfg, Ops& ops, size_t pad_multiple = 16, TpComm* tp = nullptr, GptPart part = {},
+      EpComm* ep = nullptr);
   void set_hooks(GptHooks h) { hooks_ = std::move(h); }
   const GptHooks& hooks() const { return hooks_; }  // to wrap them (train/coded_forward_backward.cpp)
 
@@ -42,6 +45,7 @@ class GPT {
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   TpComm* tp_comm() const { return tp_; }  // nullptr without tensor parallelism
+  int ep_size() const { return ep_ ? ep_->size() : 1; }
   // Gradients of replicated parameters are partial per tp rank; backward all-reduces them over tp (layer by
   // layer, before the grads_ready hook) unless disabled: turn it off for all but the last micro-batch of an
   // accumulation, since the sum is taken over the accumulated buffer.
@@ -116,8 +120,10 @@ class GPT {
   // moe_aux_loss * aux + moe_z_loss * z, averaged over the forwards (what the step's gradients include).
   static double moe_loss(const ModelConfig& cfg, const std::vector<MoeLayerStats>& stats);
   // sigmoid_bias router: each MoE layer's bias steps by model.moe_bias_rate towards balance from the loads routed
-  // since the last call (call once per optimizer step, after it); a no-op for the softmax router.
-  void moe_update_bias();
+  // since the last call (call once per optimizer step, after it); a no-op for the softmax router. sum_loads, when
+  // set, turns a layer's loads into the sum over the data-parallel ranks (a collective every dp rank calls in the
+  // same layer order), so that every replica takes the same step.
+  void moe_update_bias(const std::function<void(std::vector<int64_t>& loads)>& sum_loads = {});
 
   // Inference: logits of every position, returned as a [B*T, padded_vocab] view valid until the next call
   // (with tp: this rank's vocabulary columns, [B*T, local_vocab()]).
@@ -165,6 +171,7 @@ class GPT {
   ModelConfig cfg_;
   Ops& ops_;
   TpComm* tp_ = nullptr;  // set only when tp > 1
+  EpComm* ep_ = nullptr;  // set only when ep > 1
   bool tp_grad_sync_ = true;
   GptPart part_;
   std::vector<std::pair<int, int>> chunks_;  // the layer ranges held (the whole model: one)

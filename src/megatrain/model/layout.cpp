@@ -46,7 +46,8 @@ GptPart pipeline_part(const ModelConfig& cfg, int pp, int v, int r, const std::v
   return part;
 }
 
-void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr, const GptPart& part) {
+void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr, const GptPart& part, int ep_size,
+                        int ep_rank) {
   cfg.validate();
   cfg.validate_tp(tp);
   using K = ShardSpec::Kind;
@@ -99,8 +100,9 @@ void declare_gpt_params(const ModelConfig& cfg, ParamStore& s, int tp, int tr, c
       const int64_t E = cfg.moe_experts, MF = cfg.moe_ff_dim(), SF = int64_t{cfg.moe_shared_experts} * MF;
       rep(p + "moe.router.weight", {E, C}, true);
       if (cfg.moe_router == MoeRouter::SigmoidBias) rep(p + "moe.router.bias", {E}, false);
-      rep(p + "moe.experts.c_fc.weight", {E, 2 * MF, C}, true);
-      rep(p + "moe.experts.c_proj.weight", {E, C, MF}, true);
+      for (auto [n, shape] : {std::pair{p + "moe.experts.c_fc.weight", std::vector<int64_t>{E, 2 * MF, C}},
+                              std::pair{p + "moe.experts.c_proj.weight", std::vector<int64_t>{E, C, MF}}})
+        s.add(n, expert_spec(shape, ep_size, ep_rank, n), true);
       if (SF > 0) {
         rep(p + "moe.shared.c_fc.weight", {2 * SF, C}, true);
         rep(p + "moe.shared.c_proj.weight", {C, SF}, true);

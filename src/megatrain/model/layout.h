@@ -3,7 +3,8 @@
 //   column-parallel (rows chunked): c_attn (q | k | v parts), c_fc (gate | up parts for SwiGLU) and their biases;
 //   row-parallel (columns chunked): attn.c_proj, mlp.c_proj weights (their biases replicated);
 //   vocab-parallel (rows chunked): wte, lm_head, over padded_vocab(tp) rows;
-//   replicated: norms, wpe.
+//   replicated: norms, wpe;
+// and with expert parallelism the MoE experts' tensors [E, ...] are split by expert over the ep ranks.
 #pragma once
 #include "megatrain/model/config.h"
 #include "megatrain/model/params.h"
@@ -35,9 +36,10 @@ std::vector<int> stage_layer_counts(const ModelConfig& cfg, int pp, int virtual_
 GptPart pipeline_part(const ModelConfig& cfg, int pp, int virtual_stages, int pp_rank,
                       const std::vector<int>& stage_layers = {});
 
-// Declares every parameter of `cfg` in `store` (in forward order), as rank tp_rank's shards; the caller then
-// calls store.allocate(). tp_size = 1 is the single-process layout.
+// Declares every parameter of `cfg` in `store` (in forward order), as rank tp_rank's shards, and a MoE layer's expert
+// tensors as ep rank ep_rank's experts (expert_spec); the caller then calls store.allocate(). tp_size = ep_size = 1
+// is the single-process layout.
 void declare_gpt_params(const ModelConfig& cfg, ParamStore& store, int tp_size = 1, int tp_rank = 0,
-                        const GptPart& part = {});
+                        const GptPart& part = {}, int ep_size = 1, int ep_rank = 0);
 
 }  // namespace mt

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "megatrain/core/error.h"
 
 namespace mt {
@@ -26,7 +28,8 @@ void MoeActs::allocate(const ModelConfig& cfg, int64_t rows) {
   if (SF > 0) s_fc = f(rows * 2 * SF), s_act = f(rows * SF), s_dfc = f(rows * 2 * SF), s_dact = f(rows * SF);
 }
 
-MoeFfn::MoeFfn(const ModelConfig& cfg, ParamStore& params, int layer) : cfg_(cfg), params_(params) {
+MoeFfn::MoeFfn(const ModelConfig& cfg, ParamStore& params, int layer, EpComm* ep) : cfg_(cfg), params_(params) {
+  if (ep && ep->size() > 1) ep_ = ep;
   const std::string p = fmt::format("h.{}.moe.", layer);
   router_ = params.index(p + "router.weight");
   if (cfg.moe_router == MoeRouter::SigmoidBias) bias_ = params.index(p + "router.bias");
@@ -40,6 +43,7 @@ MoeFfn::MoeFfn(const ModelConfig& cfg, ParamStore& params, int layer) : cfg_(cfg
 
 void MoeFfn::forward(Ops& ops, Tensor out, Tensor in, MoeActs& a) const {
   MT_CHECK(ops.device() == Device::CPU, "model.moe_experts: the MoE layer runs on the CPU only for now");
+  if (ep_) return forward_ep(ops, out, in, a);
   const int64_t N = in.size(0), C = cfg_.d_model, E = cfg_.moe_experts, F = cfg_.moe_ff_dim();
   const int k = cfg_.moe_top_k;
   Tensor logits = rows_of(a.logits, N, E);
@@ -91,11 +95,12 @@ void MoeFfn::share_batch(MoeActs& a, const float* logits) const {
 }
 
 void MoeFfn::backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a, float loss_scale) const {
-  const int64_t N = in.size(0), C = cfg_.d_model, E = cfg_.moe_experts, F = cfg_.moe_ff_dim();
+  if (ep_) return backward_ep(ops, din, dout, in, a, loss_scale);
+  const int64_t C = cfg_.d_model, F = cfg_.moe_ff_dim();
   const MoeRouting& r = a.routing;
   const int64_t A = r.rows();
   Tensor d_yp = rows_of(a.d_yp, A, C), d_act = rows_of(a.d_act, A, F), d_fc = rows_of(a.d_fc, A, 2 * F);
-  Tensor d_xp = rows_of(a.d_xp, A, C), d_logits = rows_of(a.d_logits, N, E);
+  Tensor d_xp = rows_of(a.d_xp, A, C);
   float* d_gate = static_cast<float*>(a.d_gate.data());
   // Routed experts: combine, down-projection, SwiGLU, up-projection, back to the tokens.
   moe_combine_backward(d_yp, d_gate, dout, rows_of(a.yp, A, C), r);
@@ -106,20 +111,31 @@ void MoeFfn::backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a, 
                        !params_.take_fresh_grad(w13_));
   ops.zero(din);
   moe_permute_backward(din, d_xp, r);
-  // Router: through the gates, plus the auxiliary losses (scaled as the cross-entropy's gradient is).
-  moe_router_backward(d_logits.f32(), d_gate, rows_of(a.logits, N, E).f32(), r, cfg_.moe_aux_loss * loss_scale,
-                      cfg_.moe_z_loss * loss_scale);
+  router_backward(ops, din, in, a, loss_scale);
+  shared_backward(ops, din, dout, in, a);
+}
+
+// Router: through the gates (d_gate, from the combine's backward), plus the auxiliary losses (scaled as the
+// cross-entropy's gradient is); din += its input gradient.
+void MoeFfn::router_backward(Ops& ops, Tensor din, Tensor in, MoeActs& a, float loss_scale) const {
+  const int64_t N = in.size(0), E = cfg_.moe_experts;
+  Tensor d_logits = rows_of(a.d_logits, N, E);
+  moe_router_backward(d_logits.f32(), static_cast<const float*>(a.d_gate.data()), rows_of(a.logits, N, E).f32(),
+                      a.routing, cfg_.moe_aux_loss * loss_scale, cfg_.moe_z_loss * loss_scale);
   ops.matmul_backward(din, params_.grad(router_), Tensor{}, d_logits, in, params_.weight(router_), true,
                       !params_.take_fresh_grad(router_));
-  if (s13_ >= 0) {
-    const int64_t SF = int64_t{cfg_.moe_shared_experts} * F;
-    Tensor s_dact = rows_of(a.s_dact, N, SF), s_dfc = rows_of(a.s_dfc, N, 2 * SF);
-    ops.matmul_backward(s_dact, params_.grad(s2_), Tensor{}, dout, rows_of(a.s_act, N, SF), params_.weight(s2_), false,
-                        !params_.take_fresh_grad(s2_));
-    ops.swiglu_backward(s_dfc, rows_of(a.s_fc, N, 2 * SF), s_dact);
-    ops.matmul_backward(din, params_.grad(s13_), Tensor{}, s_dfc, in, params_.weight(s13_), true,
-                        !params_.take_fresh_grad(s13_));
-  }
+}
+
+// The shared experts (if any): their parameters' gradients, and din += their input gradient.
+void MoeFfn::shared_backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a) const {
+  if (s13_ < 0) return;
+  const int64_t N = in.size(0), SF = int64_t{cfg_.moe_shared_experts} * cfg_.moe_ff_dim();
+  Tensor s_dact = rows_of(a.s_dact, N, SF), s_dfc = rows_of(a.s_dfc, N, 2 * SF);
+  ops.matmul_backward(s_dact, params_.grad(s2_), Tensor{}, dout, rows_of(a.s_act, N, SF), params_.weight(s2_), false,
+                      !params_.take_fresh_grad(s2_));
+  ops.swiglu_backward(s_dfc, rows_of(a.s_fc, N, 2 * SF), s_dact);
+  ops.matmul_backward(din, params_.grad(s13_), Tensor{}, s_dfc, in, params_.weight(s13_), true,
+                      !params_.take_fresh_grad(s13_));
 }
 
 void moe_update_bias(float* bias, const std::vector<int64_t>& load, float rate) {

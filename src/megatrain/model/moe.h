@@ -24,14 +24,25 @@
 // all-reduce of 2E + 3 values), so that the losses, their gradients (which the rank's tokens receive) and the
 // counts each rank reports are the whole micro-batch's. The weights' gradients are then each rank's share: the
 // caller sums them over the group (model/gpt.h, replicated parameters). The capacity stays per rank (its tokens).
+//
+// Expert parallelism (an EpComm of size ep > 1): this rank holds experts [rank*E/ep, (rank+1)*E/ep) (the expert
+// tensors' first dimension is E/ep), the router and the shared experts whole. Forward routes the rank's own tokens
+// over all E experts and permutes them by expert as without ep, so the rows for each ep rank are one contiguous
+// block; it exchanges the per-expert counts, then dispatches the rows (all-to-all) while the shared experts run,
+// reorders what arrived (source-major) into local-expert-major order, runs the grouped GEMMs on the local experts,
+// restores the source-major order and combines (all-to-all back), then gates and sums as without ep. Backward is
+// the mirror: the output gradients go to the experts' owners while the shared experts' backward runs, and the
+// input gradients come back while the router's runs. The auxiliary losses stay over the rank's own tokens.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/kernels/cpu/moe.h"
 #include "megatrain/model/config.h"
+#include "megatrain/model/ep_comm.h"
 #include "megatrain/model/params.h"
 #include "megatrain/model/tp_comm.h"
 
@@ -45,6 +56,13 @@ struct MoeActs {
   Buffer s_fc, s_act;      // shared: [N, 2SF], [N, SF]
   Buffer d_yp, d_fc, d_act, d_xp, d_gate, d_logits, s_dfc, s_dact, tmp;  // backward scratch
   double aux = 0, z = 0;  // the last forward's losses (without their coefficients)
+  // Expert parallelism: rows sent to / received from each ep rank, the received rows' local-expert offsets
+  // [E/ep + 1], and for each row in local-expert-major order its row in the received (source-major) order. The
+  // buffers hold the received rows (grown as needed): xe, fce, acte, ye in expert-major order, xr in source-major
+  // order (the dispatched rows, then the outputs to combine), s_out the shared experts' output, and their gradients.
+  std::vector<int64_t> ep_send, ep_recv, ep_offsets;
+  std::vector<int64_t> ep_order;
+  Buffer xr, xe, fce, acte, ye, s_out, d_r, d_e, d_fce, d_acte;
   void allocate(const ModelConfig& cfg, int64_t rows);
 };
 
@@ -60,7 +78,8 @@ struct MoeLayerStats {
 
 class MoeFfn {
  public:
-  MoeFfn(const ModelConfig& cfg, ParamStore& params, int layer);
+  // ep: expert parallelism (size > 1; nullptr or size 1: every expert here).
+  MoeFfn(const ModelConfig& cfg, ParamStore& params, int layer, EpComm* ep = nullptr);
   // out[N, C] (overwritten) = MoE(in[N, C]). Host fp32 tensors.
   void forward(Ops& ops, Tensor out, Tensor in, MoeActs& a) const;
   // din[N, C] (overwritten) = the gradient w.r.t. in, from dout[N, C]; accumulates the parameters' gradients and
@@ -75,8 +94,22 @@ class MoeFfn {
   // and a.z to the micro-batch's.
   void share_batch(MoeActs& a, const float* logits) const;
 
+  // The routed experts under expert parallelism: out[N, C] (overwritten) = the gated sum of the experts' outputs;
+  // while_dispatch runs while the dispatch is in flight, while_combine while the outputs travel back. The backward
+  // accumulates into din, while_return runs while the output gradients travel to the experts, while_back while the
+  // input gradients travel back.
+  void routed_forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a, const std::function<void()>& while_dispatch,
+                         const std::function<void()>& while_combine) const;
+  void routed_backward_ep(Ops& ops, Tensor din, Tensor dout, MoeActs& a, const std::function<void()>& while_return,
+                          const std::function<void()>& while_back) const;
+  void forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a) const;
+  void backward_ep(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a, float loss_scale) const;
+  void shared_backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a) const;
+  void router_backward(Ops& ops, Tensor din, Tensor in, MoeActs& a, float loss_scale) const;
+
   const ModelConfig& cfg_;
   ParamStore& params_;
+  EpComm* ep_ = nullptr;  // set only when ep > 1
   TpComm* group_ = nullptr;
   int router_ = -1, bias_ = -1, w13_ = -1, w2_ = -1, s13_ = -1, s2_ = -1;
 };

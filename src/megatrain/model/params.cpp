@@ -40,6 +40,18 @@ int ParamStore::add(const std::string& name, const ShardSpec& spec, bool decay) 
 
 void ParamStore::allocate(size_t pad_multiple, Ops* ops) {
   MT_CHECK(!allocated_, "ParamStore: allocate() called twice");
+  // Expert-parallel tensors are reduced over another group than their neighbours (the expert-dp group): every run
+  // of them starts and ends on a pad_multiple boundary, so each group's buckets cut into equal, aligned slices.
+  if (pad_multiple > 1) {
+    size_t at = 0;
+    for (size_t i = 0; i < infos_.size(); ++i) {
+      if (i > 0 && infos_[i].shard.ep_sharded() != infos_[i - 1].shard.ep_sharded())
+        at = (at + pad_multiple - 1) / pad_multiple * pad_multiple;
+      infos_[i].offset = at;
+      at += (infos_[i].numel + 15) / 16 * 16;
+    }
+    total_ = at;
+  }
   if (pad_multiple > 1) total_ = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
   const size_t bytes = std::max<size_t>(total_, 16) * sizeof(float);
   ops_ = ops;

@@ -40,7 +40,8 @@ class ParamStore {
   // Declares this rank's shard of a tensor-parallel parameter (shape = spec.local_shape()).
   int add(const std::string& name, const ShardSpec& spec, bool decay);
   // Zero-filled params and grads, 64-byte aligned, each tensor starting on a 16-float boundary. The flat buffers
-  // are padded to a multiple of `pad_multiple` floats (data parallelism shards them into equal slices).
+  // are padded to a multiple of `pad_multiple` floats (data parallelism shards them into equal slices), and so is
+  // every boundary between an expert-parallel tensor (ShardSpec::ep_sharded) and a tensor that is not.
   // Without ops: host fp32 memory (the CPU backend's). With ops: the backend's memory, plus the compute copy.
   void allocate(size_t pad_multiple = 16, Ops* ops = nullptr);
 

@@ -53,7 +53,17 @@ std::vector<ShardSpec::Piece> ShardSpec::pieces(int rank) const {
 
 std::string ShardSpec::describe() const {
   if (!sharded()) return "replicated";
-  return fmt::format("{}{{{}}}/{}", kind == Kind::Rows ? "rows" : "cols", fmt::join(parts, ","), tp_size);
+  return fmt::format("{}{{{}}}/{}{}", kind == Kind::Rows ? "rows" : "cols", fmt::join(parts, ","),
+                     axis == Axis::Ep ? "ep" : "", tp_size);
+}
+
+ShardSpec expert_spec(std::vector<int64_t> shape, int ep_size, int ep_rank, const std::string& what) {
+  MT_CHECK(!shape.empty() && shape[0] % ep_size == 0, "{}: model.moe_experts = {} does not divide by parallel.ep = {}",
+           what, shape.empty() ? 0 : shape[0], ep_size);
+  const int64_t experts = shape[0];
+  ShardSpec s = split_spec(ShardSpec::Kind::Rows, std::move(shape), {experts}, ep_size, ep_rank, what);
+  s.axis = ShardSpec::Axis::Ep;
+  return s;
 }
 
 ShardSpec replicated_spec(std::vector<int64_t> shape) {

@@ -30,24 +30,12 @@ DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const Opti
            "DataParallel: the model's flat buffers ({} floats) are not padded to dp*16 = {}; build "
            "the GPT with pad_multiple = dp_pad_multiple(dp)",
            total, unit);
-  const size_t bs = std::max(unit, (opt_.bucket_floats + unit - 1) / unit * unit);
-  size_t shard = 0;
-  for (size_t b = 0; b < total; b += bs) {
-    Bucket k;
-    k.begin = b;
-    k.end = std::min(total, b + bs);
-    k.lowest_tensor = ps.tensor_at_or_after(k.begin);
-    k.end_tensor = ps.tensor_at_or_after(k.end);  // the first tensor ending after the range: inside if it straddles
-    if (k.end_tensor < static_cast<int>(ps.size()) && ps.info(k.end_tensor).offset < k.end) ++k.end_tensor;
-    buckets_.push_back(k);
-    shard_offset_.push_back(shard);
-    shard += (k.end - k.begin) / dp_;
-  }
+  plan_buckets(unit, std::max(unit, (opt_.bucket_floats + unit - 1) / unit * unit));
   MT_CHECK(opt_.host == nullptr || (opt_.host->size() == dp_ && opt_.host->rank() == rank_),
            "DataParallel: the host-plane dp group {} ({} ranks, rank {}) is not the dp group {} ({} ranks, rank {})",
            opt_.host ? opt_.host->name() : "", opt_.host ? opt_.host->size() : 0, opt_.host ? opt_.host->rank() : 0,
            group_.name(), dp_, rank_);
-  shard_floats_ = shard;
+  const size_t shard = shard_floats_;
   for (Buffer* b : {&shard_grad_, &shard_m_, &shard_v_, &shard_stage_}) *b = ops_.alloc(shard * sizeof(float));
   plan_pieces();
   armed_.assign(ps.size(), 0);
@@ -57,14 +45,55 @@ DataParallel::DataParallel(GPT& model, ProcessGroup& group, Ops& ops, const Opti
   // stage's after the pipeline, so it is not final when backward finishes it.
   if (!model_.part().whole() && model_.config().tied_embeddings && ps.has("wte.weight"))
     deferred_[ps.index("wte.weight")] = 1;
+  if (opt_.install_hooks) model_.set_hooks(hooks());
+}
+
+GptHooks DataParallel::hooks() {
   GptHooks h;
   h.grads_ready = [this](int first) { on_grads_ready(first); };
   h.before_params_used = [this](int first, int end) { on_params_used(first, end); };
-  model_.set_hooks(h);
+  return h;
+}
+
+void DataParallel::plan_buckets(size_t unit, size_t bs) {
+  const ParamStore& ps = model_.params();
+  const size_t total = ps.total_floats();
+  const int n = static_cast<int>(ps.size());
+  MT_CHECK(opt_.tensors.empty() || opt_.tensors.size() == ps.size(),
+           "DataParallel: a selection of {} tensors for a model of {}", opt_.tensors.size(), ps.size());
+  auto selected = [&](int i) { return opt_.tensors.empty() || opt_.tensors[i]; };
+  size_t shard = 0;
+  for (int i = 0; i < n;) {
+    if (!selected(i)) {
+      ++i;
+      continue;
+    }
+    // A run of selected tensors [i, j): from the first one's offset (0 for the first tensor) up to the next
+    // tensor's (or the end of the buffers).
+    int j = i;
+    while (j < n && selected(j)) ++j;
+    const size_t run_begin = i == 0 ? 0 : ps.info(i).offset, run_end = j == n ? total : ps.info(j).offset;
+    MT_CHECK(run_begin % unit == 0 && run_end % unit == 0,
+             "DataParallel: tensors {}..{} occupy [{}, {}) of the flat buffers, not on dp*16 = {} boundaries",
+             ps.info(i).name, ps.info(j - 1).name, run_begin, run_end, unit);
+    for (size_t b = run_begin; b < run_end; b += bs) {
+      Bucket k;
+      k.begin = b;
+      k.end = std::min(run_end, b + bs);
+      k.lowest_tensor = ps.tensor_at_or_after(k.begin);
+      k.end_tensor = ps.tensor_at_or_after(k.end);  // the first tensor ending after the range: inside if it straddles
+      if (k.end_tensor < n && ps.info(k.end_tensor).offset < k.end) ++k.end_tensor;
+      buckets_.push_back(k);
+      shard_offset_.push_back(shard);
+      shard += (k.end - k.begin) / dp_;
+    }
+    i = j;
+  }
+  shard_floats_ = shard;
 }
 
 DataParallel::~DataParallel() {
-  model_.set_hooks({});
+  if (opt_.install_hooks) model_.set_hooks({});
   // Never leave communication in flight on buffers about to disappear.
   for (auto& b : buckets_) {
     try {
@@ -166,7 +195,8 @@ double DataParallel::finish_gradients() {
   std::fill(final_.begin(), final_.end(), 0);
   overlapped_last_ = std::exchange(overlapped_, 0);
   Tensor g = span(f32(shard_grad_), shard_floats_);
-  ops_.scale(g, 1.0f / static_cast<float>(dp_));  // sum over ranks -> mean over the global batch
+  // sum over ranks -> mean over the global batch
+  ops_.scale(g, 1.0f / static_cast<float>(opt_.mean_over > 0 ? opt_.mean_over : dp_));
   const bool clip_own = opt_.clip_norm_reduce != nullptr;
   const std::vector<float>& weights = clip_own ? opt_.clip_norm_weights : opt_.norm_weights;
   float ss = 0;

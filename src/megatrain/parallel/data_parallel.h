@@ -11,6 +11,13 @@
 // Gradient clipping uses the true global norm (sum of squares over the owned slices, all-reduced). LAMB's
 // per-tensor norms are partial sums over slices, all-reduced before the trust ratios are formed.
 //
+// Expert parallelism runs two instances over one model: one over the dp group for the dense tensors, one over the
+// expert-dp group for the expert tensors (DataParallelOptions::tensors selects them; ParamStore aligns every
+// boundary between the two kinds to dp*16 floats, so each instance's buckets are runs of its own tensors). The expert
+// instance divides its summed gradients by dp (mean_over), not by its group's size, since each expert's gradient
+// already sums over its ep group's tokens, and sums its squared norms over the ep group too (norm_reduce). The owner
+// of both installs the model's hooks and calls each instance's handlers (hooks()).
+//
 // Memory: the slices (gradients, moments, the all-gather staging) are allocated through the backend (Ops::alloc)
 // and touched only by its ops and by the dp group, so on a GPU run they live in device memory and the group is
 // NCCL. Host scalars (the squared norms) go over DataParallelOptions::host, a group of the host plane (Gloo),
@@ -46,6 +53,13 @@ struct DataParallelOptions {
   // The same dp ranks on the host plane, for the norms and the checkpoint accessors; nullptr: the dp group itself
   // (a CPU run, where one Gloo group serves both).
   ProcessGroup* host = nullptr;
+  // Per parameter: 1 when this instance reduces and updates it; empty: every parameter. A run of selected tensors
+  // must start and end on a dp*16 boundary of the flat buffers (ParamStore aligns expert-parallel runs).
+  std::vector<char> tensors;
+  // The summed gradients are divided by this many replicas (the mean over the global batch); 0: the group's size.
+  int mean_over = 0;
+  // false: the caller installs the model's hooks and forwards them to hooks() (two instances over one model).
+  bool install_hooks = true;
 };
 
 // Every float of the flat buffer is padded so that it splits into dp equal, 16-aligned slices per bucket.
@@ -98,6 +112,9 @@ class DataParallel {
   // stay this rank's own after the reduction (the step's rerun compares them: train/sdc_rerun.h).
   void set_before_reduce(std::function<void(size_t begin, size_t end)> f) { before_reduce_ = std::move(f); }
 
+  // This instance's model hooks (installed by the constructor unless DataParallelOptions::install_hooks is false).
+  GptHooks hooks();
+
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Buckets of the last finish_gradients() whose reduce-scatter was launched during backward (overlapped), not
   // by finish_gradients itself.
@@ -132,6 +149,7 @@ class DataParallel {
   template <typename F>
   void for_each_owned_piece(F&& f) const;
   void plan_pieces();  // piece_segs_ / piece_tensor_ (and LAMB's norm buffers) from the buckets
+  void plan_buckets(size_t unit, size_t bucket_floats);  // buckets_ / shard_offset_ over the selected tensors
 
   GPT& model_;
   ProcessGroup& group_;

@@ -121,7 +121,7 @@ void ProcessGroupTpComm::reduce_scatter_rows(Tensor shard, int64_t N, const Prod
 std::vector<float> tp_norm_weights(const ParamStore& params, int tp_rank) {
   std::vector<float> w(params.size());
   for (size_t i = 0; i < params.size(); ++i)
-    w[i] = params.info(static_cast<int>(i)).shard.sharded() || tp_rank == 0 ? 1.0f : 0.0f;
+    w[i] = params.info(static_cast<int>(i)).shard.tp_sharded() || tp_rank == 0 ? 1.0f : 0.0f;
   return w;
 }
 

@@ -30,9 +30,9 @@ struct Techniques {
   // parallel.tp_chunks, with tp_overlap) pays the link latency once per piece.
   bool comm_overlaps_compute = true;
   int tp_chunks = 1;
-  // MoE with expert parallelism (parallel.ep_overlap): the share of the expert all-to-all time hidden behind
-  // compute (the shared experts, another micro-batch's attention); 0 = all of it on the critical path.
-  double ep_overlap = 0;
+  // MoE with expert parallelism (parallel.ep_overlap, as megatrain trains): each all-to-all runs while the layer's
+  // independent compute does (perf/moe_cost.h says which); false = every all-to-all on the critical path.
+  bool ep_overlap = true;
 };
 
 struct Shape {

@@ -1,5 +1,7 @@
 #include "megatrain/perf/moe_cost.h"
 
+#include <algorithm>
+
 #include "megatrain/core/error.h"
 #include "megatrain/perf/collectives.h"
 
@@ -54,15 +56,33 @@ double expert_all_to_all_seconds(const ModelConfig& m, const Cluster& c, const S
   return all_to_all_seconds(ep, bytes, group_link(c, ep, s.tp));
 }
 
+ExpertOverlap expert_overlap_seconds(const ModelConfig& m, const Cluster& c, const Shape& s) {
+  const double N = double(s.micro_batch) * s.seq / s.tp, C = m.d_model, E = m.moe_experts;
+  const double SF = double(m.moe_shared_experts) * m.moe_d_ff;
+  auto bwd = [&](double n, double out, double in) { return gemm_seconds(c, n, in, out) + gemm_seconds(c, out, in, n); };
+  ExpertOverlap o;
+  if (SF > 0) {
+    o.shared_fwd = gemm_seconds(c, N, 2 * SF, C) + gemm_seconds(c, N, C, SF);
+    o.shared_bwd = bwd(N, 2 * SF, C) + bwd(N, C, SF);
+  }
+  o.router_bwd = bwd(N, E, C);
+  return o;
+}
+
 LayerCost moe_layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t, int ep) {
   LayerCost lc = layer_cost(m, c, s, t, moe_mlp_cost(m, c, s, ep));
   const double a2a = expert_all_to_all_seconds(m, c, s, ep);
-  const double hidden = t.comm_overlaps_compute ? t.ep_overlap : 0.0;
-  MT_CHECK(hidden >= 0 && hidden <= 1, "parallel.ep_overlap = {} must be in [0, 1]", hidden);
+  const bool full = t.recompute == Recompute::Full;
   lc.fwd.ep_comm = 2 * a2a;  // dispatch, combine
-  lc.bwd.ep_comm = (t.recompute == Recompute::Full ? 4 : 2) * a2a;
-  lc.fwd.ep_exposed = (1 - hidden) * lc.fwd.ep_comm;
-  lc.bwd.ep_exposed = (1 - hidden) * lc.bwd.ep_comm;
+  lc.bwd.ep_comm = (full ? 4 : 2) * a2a;
+  double hidden_fwd = 0, hidden_bwd = 0;
+  if (t.ep_overlap && t.comm_overlaps_compute) {
+    const ExpertOverlap o = expert_overlap_seconds(m, c, s);
+    hidden_fwd = std::min(a2a, o.shared_fwd);
+    hidden_bwd = std::min(a2a, o.shared_bwd) + std::min(a2a, o.router_bwd) + (full ? hidden_fwd : 0.0);
+  }
+  lc.fwd.ep_exposed = lc.fwd.ep_comm - hidden_fwd;
+  lc.bwd.ep_exposed = lc.bwd.ep_comm - hidden_bwd;
   return lc;
 }
 

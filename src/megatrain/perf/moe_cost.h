@@ -11,8 +11,11 @@
 // order): per MoE layer and micro-batch, a dispatch and a combine all-to-all forward and their conjugates backward
 // (two more when full recomputation reruns the forward), each moving the rank's routed rows x d_model elements,
 // (ep-1)/ep of them to other ranks, at the slowest link of the group (its members are tp apart, so NVLink when
-// tp x ep GPUs fit in a node). Techniques::ep_overlap is the share of them hidden behind compute (none on a host
-// whose cores the ranks use up).
+// tp x ep GPUs fit in a node). With Techniques::ep_overlap (megatrain's parallel.ep_overlap) an all-to-all hides
+// behind the compute megatrain runs while it is in flight, up to that compute's time: forward, the dispatch behind the
+// shared experts (the combine behind the auxiliary losses: nothing to price); backward, the first exchange behind
+// the shared experts' backward and the second behind the router's; a recomputed forward's dispatch behind the shared
+// experts again. A model without shared experts hides little. Nothing hides on a host whose cores the ranks use up.
 // Tensor parallelism (megatrain's, docs/moe.md "Parallelism"; sequence parallelism is always on with tp > 1): the
 // router, routed and shared experts are replicated over tp, not split, and each tp rank runs the MoE on its own
 // N / tp sequence-parallel rows, with no all-gather before the layer and no reduce-scatter after it (MlpCost::
@@ -30,6 +33,12 @@ namespace mt::perf {
 MlpCost moe_mlp_cost(const ModelConfig& m, const Cluster& c, const Shape& s, int ep);
 // One all-to-all (dispatch or combine) of a MoE layer: N x k x d_model elements per rank over the ep group.
 double expert_all_to_all_seconds(const ModelConfig& m, const Cluster& c, const Shape& s, int ep);
+// The compute each all-to-all of a MoE layer can hide behind (seconds on one GPU for one micro-batch).
+struct ExpertOverlap {
+  double shared_fwd = 0, shared_bwd = 0;  // the shared experts' forward and backward (0 without shared experts)
+  double router_bwd = 0;                  // the router GEMM's backward
+};
+ExpertOverlap expert_overlap_seconds(const ModelConfig& m, const Cluster& c, const Shape& s);
 // A whole MoE layer: attention, the MoE feed-forward and the all-to-alls (PassCost::ep_comm, ep_exposed).
 LayerCost moe_layer_cost(const ModelConfig& m, const Cluster& c, const Shape& s, const Techniques& t, int ep);
 

@@ -48,7 +48,7 @@ std::string switches(const Job& j) {
   add(j.tech.dp_overlap, "dp-overlap");
   add(j.tech.fused_ops, "fused-ops");
   add(j.tech.misc, "misc");
-  add(j.model.moe() && j.tech.ep_overlap > 0, fmt::format("ep-overlap({:g})", j.tech.ep_overlap));
+  add(j.model.moe() && j.layout.ep > 1 && j.tech.ep_overlap, "ep-overlap");
   return (s.empty() ? "none" : s) + ", recompute " + recompute_name(j.tech.recompute);
 }
 }  // namespace

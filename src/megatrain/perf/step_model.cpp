@@ -412,8 +412,6 @@ void validate_ep(const Job& job, Bad bad) {
   if (m.moe() && m.moe_experts % L.ep != 0)
     bad(fmt::format("parallel.ep = {} must divide model.moe_experts = {} (each rank holds moe_experts / ep experts)",
                     L.ep, m.moe_experts));
-  if (job.tech.ep_overlap < 0 || job.tech.ep_overlap > 1 || !std::isfinite(job.tech.ep_overlap))
-    bad(fmt::format("parallel.ep_overlap = {} must be in [0, 1]", job.tech.ep_overlap));
 }
 }  // namespace
 

@@ -39,8 +39,9 @@ class TrainCheckpointer {
  public:
   // The optimizer is either opt (one dp rank) or ddp (ZeRO-2 over the dp group); mesh is null in a single
   // process. wte_copy: the parameter index of the last pipeline stage's copy of a tied wte (not saved), or -1.
-  TrainCheckpointer(const RunConfig& cfg, GPT& model, Optimizer* opt, DataParallel* ddp, DeviceMesh* mesh,
-                    int wte_copy);
+  // expert_ddp: with expert parallelism, the expert tensors' ZeRO-2 over the expert-dp group (ddp: the rest).
+  TrainCheckpointer(const RunConfig& cfg, GPT& model, Optimizer* opt, DataParallel* ddp, DeviceMesh* mesh, int wte_copy,
+                    DataParallel* expert_ddp = nullptr);
   ~TrainCheckpointer();
   TrainCheckpointer(const TrainCheckpointer&) = delete;
   TrainCheckpointer& operator=(const TrainCheckpointer&) = delete;

@@ -43,7 +43,7 @@ int grad_fault_victim_param(const GPT& model) {
   const ParamStore& p = model.params();
   for (size_t i = 0; i < p.size(); ++i) {
     const ParamInfo& info = p.info(static_cast<int>(i));
-    if (info.name.rfind("h.", 0) == 0 && (model.tp_size() == 1 || info.shard.sharded())) return static_cast<int>(i);
+    if (info.name.rfind("h.", 0) == 0 && (model.tp_size() == 1 || info.shard.tp_sharded())) return static_cast<int>(i);
   }
   return fault_victim_param(p);
 }

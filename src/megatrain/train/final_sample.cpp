@@ -30,7 +30,8 @@ std::string sample_tokenizer_dir(const RunConfig& cfg, bool say) {
 }  // namespace
 
 std::optional<TextSample> final_sample(const RunConfig& cfg, GPT& model, Topology& topo) {
-  if (cfg.sample.tokens <= 0 || topo.coord.dp != 0) return std::nullopt;
+  // The first dp replica samples; with expert parallelism its whole ep group (the ranks holding the other experts).
+  if (cfg.sample.tokens <= 0 || topo.coord.dp >= topo.shape.ep) return std::nullopt;
   const std::string dir = sample_tokenizer_dir(cfg, topo.main_rank);
   if (dir.empty()) return std::nullopt;
   Tokenizer tok = Tokenizer::load(dir);
@@ -48,7 +49,7 @@ std::optional<TextSample> final_sample(const RunConfig& cfg, GPT& model, Topolog
   const bool tp = topo.shape.tp > 1, pp = topo.shape.pp > 1;
   TextSample s;
   s.tokens = sample_tokens(model, tp ? &host->tp() : nullptr, pp ? &host->pp() : nullptr, prompt, so,
-                           pp ? &topo.device_mesh->pp() : nullptr);
+                           pp ? &topo.device_mesh->pp() : nullptr, topo.shape.ep > 1 ? &host->ep() : nullptr);
   s.text = cfg.sample.prompt + tok.decode(s.tokens);
   return s;
 }

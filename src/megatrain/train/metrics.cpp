@@ -65,8 +65,13 @@ nlohmann::json MetricsLog::to_json(const StepReport& r) {
       {"mfu", s.mfu},
       // This rank's communication per plane: busy = the ops' execution time, exposed = the time the
       // step waited for them (not hidden behind compute).
-      {"comm_busy_s", {{"dp", r.dp.busy_seconds}, {"tp", r.tp.busy_seconds}, {"pp", r.pp.busy_seconds}}},
-      {"comm_exposed_s", {{"dp", r.dp.exposed_seconds}, {"tp", r.tp.exposed_seconds}, {"pp", r.pp.exposed_seconds}}},
+      {"comm_busy_s",
+       {{"dp", r.dp.busy_seconds}, {"tp", r.tp.busy_seconds}, {"pp", r.pp.busy_seconds}, {"ep", r.ep.busy_seconds}}},
+      {"comm_exposed_s",
+       {{"dp", r.dp.exposed_seconds},
+        {"tp", r.tp.exposed_seconds},
+        {"pp", r.pp.exposed_seconds},
+        {"ep", r.ep.exposed_seconds}}},
       {"memory_gb", static_cast<double>(r.memory_bytes) / 1e9}};
   if (!r.blend_epochs.empty()) j["blend_epochs"] = r.blend_epochs;  // how often each source's data has been seen
   if (r.straggler) {                                                // straggler coding (train/coded_forward_backward.h)

@@ -22,8 +22,10 @@ ModelStack build_model_stack(const RunConfig& cfg, Topology& topo) {
     s.tp_comm->reserve(static_cast<int64_t>(cfg.data.batch_size) * cfg.data.seq_len, cfg.model.d_model,
                        topo.ops->compute_dtype());
   }
+  if (shape.ep > 1) s.ep_comm = std::make_unique<ProcessGroupEpComm>(topo.device_mesh->ep(), cfg.parallel.ep_overlap);
   const GptPart part = pp > 1 ? pipeline_part(cfg.model, pp, vstages, at.pp, cfg.parallel.stage_layers) : GptPart{};
-  s.model = std::make_unique<GPT>(cfg.model, *topo.ops, dp_pad_multiple(shape.dp), s.tp_comm.get(), part);
+  s.model = std::make_unique<GPT>(cfg.model, *topo.ops, dp_pad_multiple(shape.dp), s.tp_comm.get(), part,
+                                  s.ep_comm.get());
   if (pp > 1) {
     s.schedule = vstages > 1 ? make_interleaved_1f1b(pp, vstages, s.microbatches) : make_1f1b(pp, s.microbatches);
     if (cfg.model.tied_embeddings && (at.pp == 0 || at.pp == pp - 1)) {

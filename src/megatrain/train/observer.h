@@ -57,7 +57,7 @@ struct StragglerStepReport {
 // One step: its statistics and this rank's communication time on each plane of groups during it.
 struct StepReport {
   StepStats stats;
-  CommTime dp, tp, pp;
+  CommTime dp, tp, pp, ep;  // ep: expert parallelism's all-to-alls (parallel/expert_parallel.h)
   // What this rank has allocated through its backend (device memory on a GPU, host memory on the CPU): the model's
   // parameters, gradients, optimizer state and activations, all planned up front, so it is fixed after step 1.
   size_t memory_bytes = 0;

@@ -76,7 +76,7 @@ class Section {
     if (!n) return;
     std::string full = name_ + "." + key;
     if constexpr (std::is_same_v<T, bool>) {
-      auto v = n->value<bool>();
+      auto v = n->value_exact<bool>();  // exact: toml++ would read an integer as a bool
       MT_CHECK(v.has_value(), "{}: {} must be true or false", src_, full);
       out = *v;
     } else if constexpr (std::is_integral_v<T>) {
@@ -619,6 +619,10 @@ void add_parallel_rows(std::vector<Row>& t) {
   t.push_back(row("parallel", "pp", MT_MEMBER(parallel.pp), at_least(1), "pipeline stages"));
   t.push_back(row("parallel", "tp", MT_MEMBER(parallel.tp), at_least(1),
                   "tensor-parallel ranks (with sequence parallelism); dp x pp x tp = WORLD_SIZE"));
+  t.push_back(row("parallel", "ep", MT_MEMBER(parallel.ep), at_least(1),
+                  "expert-parallel ranks (MoE): the experts sharded over ep of the dp ranks; divides parallel.dp"));
+  t.push_back(row("parallel", "ep_overlap", MT_MEMBER(parallel.ep_overlap), any(),
+                  "overlap the expert all-to-alls with the shared experts' compute"));
   t.push_back(row("parallel", "bucket_mb", MT_MEMBER(parallel.bucket_mb), at_least(1),
                   "data-parallel gradient bucket size, MiB of fp32"));
   t.push_back(row("parallel", "overlap", MT_MEMBER(parallel.overlap), any(), "overlap communication with compute"));
@@ -630,11 +634,6 @@ void add_parallel_rows(std::vector<Row>& t) {
                   "pipeline micro-batches of data.batch_size rows per step"));
   t.push_back(row("parallel", "tp_chunks", MT_MEMBER(parallel.tp_chunks), at_least(1),
                   "row chunks of each overlapped all-gather + GEMM and GEMM + reduce-scatter"));
-  t.push_back(row("parallel", "ep", MT_MEMBER(parallel.ep), at_least(1),
-                  "expert-parallel ranks (MoE; megatrain simulate only): each MoE layer's experts sharded over ep "
-                  "ranks carved out of the dp ranks; ep divides dp and model.moe_experts"));
-  t.push_back(row("parallel", "ep_overlap", MT_MEMBER(parallel.ep_overlap), in_range(0, 1),
-                  "megatrain simulate: the share of the expert all-to-all time hidden behind compute"));
   t.push_back(row("parallel", "timeout_s", MT_MEMBER(parallel.timeout_s), at_least(1),
                   "seconds a rendezvous or collective may take"));
   t.push_back(row("parallel", "device_plane", MT_MEMBER(parallel.device_plane), any(),
@@ -782,22 +781,36 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(read_text_file(path), path, overrides, use);
 }
 
-// What MoE (docs/moe.md) runs on so far: the CPU, under any of dp, tp (the experts replicated over tp, each rank
-// routing its sequence-parallel rows) and pp; with the softmax router under dp (each rank balances over its own
-// tokens).
+// Expert parallelism (docs/moe.md): the experts sharded over ep of the dp ranks.
+void RunConfig::validate_ep() const {
+  MT_CHECK(model.moe(),
+           "{}: parallel.ep = {} shards the experts of a mixture-of-experts model, and this one has none "
+           "(set model.moe_experts, or parallel.ep = 1)",
+           source, parallel.ep);
+  MT_CHECK(parallel.dp % parallel.ep == 0,
+           "{}: parallel.ep = {} must divide parallel.dp = {} (the expert-parallel ranks are carved out of the "
+           "data-parallel ones)",
+           source, parallel.ep, parallel.dp);
+  MT_CHECK(model.moe_experts % parallel.ep == 0,
+           "{}: model.moe_experts = {} must be divisible by parallel.ep = {} (each expert-parallel rank holds "
+           "model.moe_experts / parallel.ep experts)",
+           source, model.moe_experts, parallel.ep);
+  MT_CHECK(ckpt.sharded, "{}: parallel.ep = {} saves sharded checkpoints only (set ckpt.sharded = true)", source,
+           parallel.ep);
+  // Coded replicas skip rounds independently, while an ep group's ranks must run every MoE forward together.
+  MT_CHECK(parallel.straggler_coding == StragglerScheme::None,
+           "{}: parallel.ep = {} cannot be combined with parallel.straggler_coding (the ranks of an ep group run every "
+           "MoE layer together; a replica that skips a round would leave the others waiting)",
+           source, parallel.ep);
+}
+
+// What MoE (docs/moe.md) trains on so far: the CPU, under any of dp, ep, tp (the experts replicated over tp, each rank
+// routing its sequence-parallel rows) and pp.
 void RunConfig::validate_moe() const {
   MT_CHECK(train.device == Device::CPU,
            "{}: model.moe_experts = {} runs on train.device = \"cpu\" only for now (the MoE layer's CUDA kernels "
            "are not written yet)",
            source, model.moe_experts);
-  MT_CHECK(parallel.ep == 1,
-           "{}: parallel.ep = {}: expert parallelism is modelled by `megatrain simulate` only; megatrain train "
-           "replicates the experts on every rank (set parallel.ep = 1)",
-           source, parallel.ep);
-  MT_CHECK(parallel.dp == 1 || model.moe_router == MoeRouter::Softmax,
-           "{}: model.moe_router = \"sigmoid_bias\" with parallel.dp = {}: the balancing bias steps from each rank's "
-           "own loads, so the replicas would diverge; use parallel.dp = 1 or model.moe_router = \"softmax\"",
-           source, parallel.dp);
 }
 
 void RunConfig::validate(bool for_training) const {
@@ -820,10 +833,7 @@ void RunConfig::validate(bool for_training) const {
            "{}: train.deterministic = true and train.gemm_tuning = {} cannot be combined: tuning chooses each GEMM's "
            "algorithm by timing it, so two runs may round differently; set train.gemm_tuning = 0",
            source, train.gemm_tuning);
-  MT_CHECK(parallel.ep == 1 || model.moe(),
-           "{}: parallel.ep = {} needs a mixture-of-experts model (model.moe_experts > 0): expert parallelism "
-           "shards the experts",
-           source, parallel.ep);
+  if (parallel.ep > 1) validate_ep();
   if (model.moe() && for_training) validate_moe();
   if (parallel.pp == 1) {
     MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1 && parallel.stage_layers.empty(),

@@ -122,6 +122,8 @@ inline const std::array<const char*, 3>& kind_names(DevicePlane) { return kDevic
 
 struct ParallelConfig {
   int dp = 1, pp = 1, tp = 1;     // dp x pp x tp must equal WORLD_SIZE
+  int ep = 1;                     // expert parallelism (MoE): ep of the dp ranks shard the experts; divides dp
+  bool ep_overlap = true;         // overlap the expert all-to-alls with the shared experts' compute
   int bucket_mb = 16;             // data-parallel gradient bucket size (MiB of fp32)
   bool overlap = true;            // overlap communication with compute
   int virtual_stages = 1;         // pipeline: model chunks per pp rank (interleaved 1F1B when > 1)
@@ -129,11 +131,7 @@ struct ParallelConfig {
                                   // order (model/layout.h); [] = an even split
   int microbatches = 0;           // pipeline: micro-batches of data.batch_size rows per step; 0 = parallel.pp
   int tp_chunks = 4;              // tensor parallel: row chunks of each fused all-gather+GEMM / GEMM+reduce-scatter
-  // Expert parallelism (MoE; `megatrain simulate` only, training replicates the experts): the experts of each MoE
-  // layer are sharded over ep ranks carved out of the dp ranks (ep divides dp), tokens reach them by all-to-all.
-  int ep = 1;
-  double ep_overlap = 0;                         // the share of the all-to-all time hidden behind compute, in [0, 1]
-  int timeout_s = 120;                           // rendezvous / collective timeout
+  int timeout_s = 120;            // rendezvous / collective timeout
   DevicePlane device_plane = DevicePlane::Auto;  // cuda only: nccl, staged, or auto (staged where ranks share a GPU)
   // Straggler-tolerant data parallelism (parallel/straggler_code.h, train/coded_forward_backward.h): none (the plain
   // step), gc (tolerates straggler_s slow replicas per round), sr-sgc or m-sgc (bursts inside the
@@ -176,6 +174,7 @@ struct RunConfig {
   // What a config must satisfy: every key's rule and the rules across keys; with for_training, also what
   // `megatrain train` can run (validate_moe). `megatrain simulate` models jobs the trainer cannot run yet.
   void validate(bool for_training) const;
+  void validate_ep() const;  // parallel.ep against the model and parallel.dp (part of validate)
   // Micro-batches per pipeline step (1 without pipeline parallelism).
   int pipeline_microbatches() const {
     return parallel.pp > 1 ? (parallel.microbatches > 0 ? parallel.microbatches : parallel.pp) : 1;

@@ -54,7 +54,7 @@ std::vector<int32_t> sample_tokens(GPT& model, const std::vector<int32_t>& promp
 }
 
 std::vector<int32_t> sample_tokens(GPT& model, ProcessGroup* tp, ProcessGroup* pp, const std::vector<int32_t>& prompt,
-                                   const SampleOptions& o, ProcessGroup* pp_data) {
+                                   const SampleOptions& o, ProcessGroup* pp_data, ProcessGroup* ep) {
   MT_CHECK(!prompt.empty(), "sampling needs a non-empty prompt");
   const ModelConfig& c = model.config();
   const int tps = tp ? tp->size() : 1, pps = pp ? pp->size() : 1;
@@ -91,6 +91,7 @@ std::vector<int32_t> sample_tokens(GPT& model, ProcessGroup* tp, ProcessGroup* p
       Tensor t(&next, {1}, DType::I32);
       pp->broadcast(t, pps - 1)->wait();
     }
+    if (ep && ep->size() > 1) ep->broadcast(Tensor(&next, {1}, DType::I32), 0)->wait();
     if (next == o.stop_token) break;
     seq.push_back(next);
     out.push_back(next);

@@ -43,8 +43,9 @@ std::vector<int32_t> sample_tokens(GPT& model, const std::vector<int32_t>& promp
 // picks and broadcasts it to the other stages. With tp the window is padded on the right to a multiple of tp
 // (causal attention: the padding does not change the logits of the positions before it).
 // tp and pp move host memory (the picked ids, the gathered logit row); pp_data, when set, is the pp group the
-// activations move over (a GPU run's NCCL group; nullptr: pp itself).
+// activations move over (a GPU run's NCCL group; nullptr: pp itself). ep: expert parallelism's group (its ranks hold
+// different experts, so every one of them runs each forward): its rank 0 picks and broadcasts the token.
 std::vector<int32_t> sample_tokens(GPT& model, ProcessGroup* tp, ProcessGroup* pp, const std::vector<int32_t>& prompt,
-                                   const SampleOptions& o, ProcessGroup* pp_data = nullptr);
+                                   const SampleOptions& o, ProcessGroup* pp_data = nullptr, ProcessGroup* ep = nullptr);
 
 }  // namespace mt

@@ -39,7 +39,7 @@ SdcRerun::SdcRerun(const RunConfig& cfg, Topology& topo, ModelStack& stack, Forw
   compared_.assign(p.size(), 1);
   for (size_t i = 0; i < p.size(); ++i) {
     const ParamInfo& info = p.info(static_cast<int>(i));
-    const bool tp_summed = model.tp_size() > 1 && !info.shard.sharded();
+    const bool tp_summed = model.tp_size() > 1 && !info.shard.tp_sharded();
     const bool stages_summed = stack.embedding_group && info.name == "wte.weight";
     if (tp_summed || stages_summed) compared_[i] = 0;
   }

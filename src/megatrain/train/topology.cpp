@@ -22,7 +22,7 @@ Topology build_topology(const RunConfig& cfg, const TrainSeams& seams) {
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
   t.rank_info = with_kind(ErrorKind::Config, [] { return rank_info_from_env(); });
   const RankInfo& ri = t.rank_info;
-  t.shape = MeshShape{cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp};
+  t.shape = MeshShape{cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, cfg.parallel.ep};
   with_kind(ErrorKind::Config, [&] { check_mesh(t.shape, ri.world_size); });
   t.main_rank = ri.rank == 0;
   const bool gpu = cfg.train.device == Device::CUDA;

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <functional>
+#include <vector>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -106,6 +109,27 @@ void sdc_check(Job& j, int step) {
   j.ckpt.set_replica_hash(j.sdc.agreed_step(), j.sdc.agreed_hash());
 }
 
+// The sigmoid_bias router's loads summed over the data-parallel ranks (exactly: int32 halves all-gathered over the
+// host plane, then added), so every replica takes the same bias step; empty in a single process.
+std::function<void(std::vector<int64_t>&)> sum_over_dp(Topology& topo) {
+  if (!topo.host_mesh || topo.shape.dp == 1) return {};
+  ProcessGroup* dp = &topo.host_mesh->dp();
+  return [dp](std::vector<int64_t>& loads) {
+    const size_t n = loads.size(), ranks = static_cast<size_t>(dp->size());
+    std::vector<int32_t> mine(2 * n), all(2 * n * ranks);
+    for (size_t e = 0; e < n; ++e) {
+      mine[2 * e] = static_cast<int32_t>(loads[e] >> 31);
+      mine[2 * e + 1] = static_cast<int32_t>(loads[e] & 0x7fffffff);
+    }
+    dp->all_gather(Tensor(all.data(), {static_cast<int64_t>(all.size())}, DType::I32, Device::CPU),
+                   Tensor(mine.data(), {static_cast<int64_t>(mine.size())}, DType::I32, Device::CPU))
+        ->wait();
+    std::fill(loads.begin(), loads.end(), 0);
+    for (size_t r = 0; r < ranks; ++r)
+      for (size_t e = 0; e < n; ++e) loads[e] += (int64_t{all[r * 2 * n + 2 * e]} << 31) + all[r * 2 * n + 2 * e + 1];
+  };
+}
+
 // Whether train_step saves a checkpoint (or a peer snapshot) after `step`.
 bool saves_after(const Job& j, int step) {
   if (step == j.cfg.train.steps) return false;
@@ -160,7 +184,8 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
     obs::ScopedSpan phase("phase", "optimizer");
     j.update.step(lr, scale, step);
   }
-  j.stack.model->moe_update_bias();  // sigmoid_bias router only: its balancing step, from this step's loads
+  // sigmoid_bias router only: its balancing step, from this step's loads summed over the data-parallel ranks.
+  j.stack.model->moe_update_bias(sum_over_dp(j.topo));
   j.guard.after_update(step, *j.stack.model, [&] { j.update.sync_params(); });
   // The replicas compare their parameters before the step reports: a corrupt step never reaches the metrics.
   // The last step is checked when the final save asks (checkpoint()), or by the interval.
@@ -174,6 +199,7 @@ bool train_step(Job& j, int step, double tokens_per_step, double flops_per_step,
   r.dp += j.fb.take_dp_wait();
   r.tp = j.fb.take_tp_time();
   r.pp = j.fb.take_pp_time();
+  if (j.stack.ep_comm) r.ep = j.stack.ep_comm->take_comm_time();
   r.memory_bytes = j.topo.ops->allocated_bytes();
   r.blend_epochs = j.loader.source_epochs(j.loader.state());
   r.straggler = j.fb.take_straggler_report();
@@ -250,7 +276,7 @@ TrainResult run_training(const RunConfig& cfg, const TrainSeams& seams, const st
   // the host mesh.
   TrainCheckpointer ckpt(cfg, mirror ? mirror->model() : *stack.model,
                          mirror ? mirror->optimizer() : update->optimizer(), update->data_parallel(),
-                         topo.host_mesh.get(), stack.wte_copy);
+                         topo.host_mesh.get(), stack.wte_copy, update->expert_data_parallel());
   ckpt.set_peer_links(make_peer_links(cfg, topo));
   ckpt.set_data_windows(loader.windows_per_epoch());
   if (cfg.ckpt.every > 0 || cfg.ckpt.save_final) ckpt.check_shared_dir();

@@ -31,9 +31,11 @@ class Update {
   // Waits for parameter traffic still in flight (before the final sample).
   virtual void sync_params() {}
   virtual CommTime take_comm_time() { return {}; }
-  // For the checkpointer: exactly one of them is set.
+  // For the checkpointer: exactly one of optimizer() and data_parallel() is set; expert_data_parallel() with
+  // expert parallelism (the expert tensors' ZeRO-2 over the expert-dp group, beside data_parallel()'s dense ones).
   virtual Optimizer* optimizer() { return nullptr; }
   virtual DataParallel* data_parallel() { return nullptr; }
+  virtual DataParallel* expert_data_parallel() { return nullptr; }
 };
 
 std::unique_ptr<Update> make_update(const RunConfig& cfg, Topology& topo, ModelStack& stack);

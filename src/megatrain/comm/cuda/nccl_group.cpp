@@ -295,6 +295,42 @@ class NcclGroup : public ProcessGroup {
                   "ncclBroadcast", [=, &ch] { return ncclBroadcast(p, p, n, dt, root, ch.comm, ch.stream); });
   }
 
+  // One ncclSend/ncclRecv per peer on the collective communicator (NCCL has no all-to-all-v of its own), inside
+  // launch's ncclGroupStart/End: NCCL starts them together, so no order among the peers can deadlock. My own block
+  // is a device copy on the same stream.
+  WorkPtr all_to_all_v(Tensor out, Tensor in, const std::vector<int64_t>& recv_counts,
+                       const std::vector<int64_t>& send_counts) override {
+    ncclDataType_t dt = check_tensor(out, "all_to_all_v output");
+    check_tensor(in, "all_to_all_v input");
+    check_all_to_all_v(*this, out, in, recv_counts, send_counts);
+    if (in.numel() == 0 && out.numel() == 0) return std::make_shared<DoneWork>();
+    const char* pi = static_cast<const char*>(in.ptr);
+    char* po = static_cast<char*>(out.ptr);
+    const size_t elem = dtype_size(in.dtype);
+    const int n = size(), me = rank_;
+    Channel& ch = coll_;
+    return launch(ch, "all_to_all_v", -1,
+                  fmt::format("all_to_all_v({} x {} out, {} in)", in.numel(), dtype_name(in.dtype), out.numel()),
+                  "ncclSend/ncclRecv", [=, &ch]() -> ncclResult_t {
+                    size_t so = 0, ro = 0;
+                    ncclResult_t r = ncclSuccess;
+                    for (int p = 0; p < n && (r == ncclSuccess || r == ncclInProgress); ++p) {
+                      const size_t sc = static_cast<size_t>(send_counts[p]), rc = static_cast<size_t>(recv_counts[p]);
+                      if (p == me) {
+                        if (sc > 0 && cudaMemcpyAsync(po + ro * elem, pi + so * elem, sc * elem,
+                                                      cudaMemcpyDeviceToDevice, ch.stream) != cudaSuccess)
+                          r = ncclUnhandledCudaError;
+                      } else {
+                        if (sc > 0) r = ncclSend(pi + so * elem, sc, dt, p, ch.comm, ch.stream);
+                        if (rc > 0 && (r == ncclSuccess || r == ncclInProgress))
+                          r = ncclRecv(po + ro * elem, rc, dt, p, ch.comm, ch.stream);
+                      }
+                      so += sc, ro += rc;
+                    }
+                    return r;
+                  });
+  }
+
   // A 1-element allreduce on a scratch float: orders every member's streams, never blocks a host.
   WorkPtr barrier() override {
     float* p = scratch_;

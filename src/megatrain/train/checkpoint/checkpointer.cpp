@@ -32,14 +32,14 @@ struct TrainCheckpointer::Impl {
   GatheredSave gathered;
   StagedSave staged_save;
 
-  Impl(const RunConfig& c, GPT& m, Optimizer* o, DataParallel* d, DeviceMesh* me, int wc)
-      : h{c, m, o, d, me, wc}, agreement(me), sharded(me && c.ckpt.sharded), staged(!me || c.ckpt.sharded), gathered(h),
-        staged_save(h, staged) {}
+  Impl(const RunConfig& c, GPT& m, Optimizer* o, DataParallel* d, DeviceMesh* me, int wc, DataParallel* ed)
+      : h{c, m, o, d, me, wc, ed}, agreement(me), sharded(me && c.ckpt.sharded), staged(!me || c.ckpt.sharded),
+        gathered(h), staged_save(h, staged) {}
 };
 
 TrainCheckpointer::TrainCheckpointer(const RunConfig& cfg, GPT& model, Optimizer* opt, DataParallel* ddp,
-                                     DeviceMesh* mesh, int wte_copy)
-    : impl_(std::make_unique<Impl>(cfg, model, opt, ddp, mesh, wte_copy)) {}
+                                     DeviceMesh* mesh, int wte_copy, DataParallel* expert_ddp)
+    : impl_(std::make_unique<Impl>(cfg, model, opt, ddp, mesh, wte_copy, expert_ddp)) {}
 
 TrainCheckpointer::~TrainCheckpointer() = default;
 

@@ -25,8 +25,8 @@ std::string non_finite_value(const RankHoldings& h) {
     if (bad.empty() && h.opt) bad = scan("optimizer moment v of", name, h.opt->v(i).f32(), n);
     if (!bad.empty()) return bad;
   }
-  if (h.ddp) {
-    for (const DataParallel::MomentSlice& ms : h.ddp->moment_slices()) {
+  for (DataParallel* zero : h.zero_instances()) {
+    for (const DataParallel::MomentSlice& ms : zero->moment_slices()) {
       const std::string& name = ps.info(ms.tensor).name;
       const int64_t n = static_cast<int64_t>(ms.end - ms.begin), base = static_cast<int64_t>(ms.begin);
       std::string bad = scan("optimizer moment m of", name, ms.m, n, base);

@@ -39,8 +39,8 @@ std::string read_my_boxes(const RankHoldings& h, CheckpointReader& ck) {
         }
       }
     }
-    if (h.ddp) {
-      for (const DataParallel::MomentSlice& ms : h.ddp->moment_slices()) {
+    for (DataParallel* zero : h.zero_instances()) {
+      for (const DataParallel::MomentSlice& ms : zero->moment_slices()) {
         const ParamInfo& info = ps.info(ms.tensor);
         for (const Slice& box :
              flat_range_slices(info.shape, static_cast<int64_t>(ms.begin), static_cast<int64_t>(ms.end))) {
@@ -95,7 +95,7 @@ int load_fitting(const RankHoldings& h, Agreement& agreement, uint64_t windows, 
     return -1;
   }
   if (one_reader(h)) broadcast_replicas(h);
-  if (h.ddp) h.ddp->commit_moment_slices();
+  for (DataParallel* zero : h.zero_instances()) zero->commit_moment_slices();
   agreement.barrier();  // restored everywhere: rank 0's clock then times the whole group's restore
   const SavedPosition pos = saved_position(ck);
   data = position_for_this_run(cfg, ck, pos.data, windows, h.main_rank());

@@ -53,10 +53,12 @@ std::vector<std::string> shard_files(const ParallelConfig& parallel) {
 std::vector<ShardPiece> pieces_to_write(const RankHoldings& h, std::deque<HostBuffer>& staging) {
   const ParamStore& ps = h.model.params();
   const MeshCoord c = h.coord();
-  auto mine = [&](int i) { return i != h.wte_copy && (c.tp == 0 || ps.info(i).shard.sharded()); };
+  auto mine = [&](int i) { return i != h.wte_copy && (c.tp == 0 || ps.info(i).shard.tp_sharded()); };
   std::vector<ShardPiece> out;
   for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
-    if (!mine(i) || c.dp != 0) continue;
+    // The dp replica that writes the parameter: dp rank 0, or for an expert shard its expert-dp rank 0.
+    const int replica = ps.info(i).shard.ep_sharded() ? c.dp / h.cfg.parallel.ep : c.dp;
+    if (!mine(i) || replica != 0) continue;
     const Slice all = whole_slice(ps.info(i).shape);
     add_layout_pieces(h, out, staging, i, ps.info(i).name, "model.safetensors", all, ps.param(i).f32());
     if (h.opt) {
@@ -64,8 +66,8 @@ std::vector<ShardPiece> pieces_to_write(const RankHoldings& h, std::deque<HostBu
       add_layout_pieces(h, out, staging, i, "v." + ps.info(i).name, "optim.safetensors", all, h.opt->v(i).f32());
     }
   }
-  if (h.ddp) {
-    for (const DataParallel::MomentSlice& ms : h.ddp->moment_slices()) {
+  for (DataParallel* zero : h.zero_instances()) {
+    for (const DataParallel::MomentSlice& ms : zero->moment_slices()) {
       if (!mine(ms.tensor)) continue;
       const ParamInfo& info = ps.info(ms.tensor);
       for (const Slice& box :
@@ -90,7 +92,9 @@ bool writes_gathered_stage(const RankHoldings& h) {
   return !h.mesh || (c.dp == 0 && c.tp == 0);
 }
 
-bool one_reader(const RankHoldings& h) { return h.mesh && h.cfg.ckpt.one_reader && h.cfg.parallel.dp > 1; }
+bool one_reader(const RankHoldings& h) {
+  return h.mesh && h.cfg.ckpt.one_reader && h.cfg.parallel.dp > 1 && h.cfg.parallel.ep == 1;
+}
 
 bool reads_replicas(const RankHoldings& h) { return !one_reader(h) || h.coord().dp == 0; }
 

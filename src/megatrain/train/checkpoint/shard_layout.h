@@ -5,7 +5,8 @@
 // possibly sharded part of them: its pipeline stage's parameters, its tp shard of each, its ZeRO slices of the
 // moments over dp. In a sharded save every rank writes, to its own shard file (shard_files), the pieces it
 // uniquely holds (pieces_to_write):
-//   * parameters: the dp-rank-0 replica of each tp shard (moments too, without ZeRO);
+//   * parameters: the dp-rank-0 replica of each tp shard (moments too, without ZeRO); an expert-parallel tensor's
+//     shard: its expert-dp rank 0 (dp index < ep);
 //   * ZeRO moment slices: each dp rank its own;
 //   * tensors replicated over tp: tp rank 0 only; the last pipeline stage's copy of a tied wte: nobody.
 // Each piece is a box of the full tensor in its saved shape (saved_shape: wte/lm_head at the single-process
@@ -40,8 +41,16 @@ struct RankHoldings {
   DataParallel* ddp;  // ZeRO-2 moment slices over the dp group, or null
   DeviceMesh* mesh;   // the host mesh; null in a single process
   int wte_copy;       // the parameter index of the last pipeline stage's copy of a tied wte (never saved), or -1
+  DataParallel* expert_ddp = nullptr;  // expert parallelism: the experts' ZeRO-2 slices over the expert-dp group
 
   MeshCoord coord() const { return mesh ? mesh->coord() : MeshCoord{}; }
+  // The ZeRO-2 instances whose moment slices this rank holds (none, the dp one, or the dp and the expert-dp ones).
+  std::vector<DataParallel*> zero_instances() const {
+    std::vector<DataParallel*> v;
+    for (DataParallel* d : {ddp, expert_ddp})
+      if (d) v.push_back(d);
+    return v;
+  }
   bool main_rank() const { return !mesh || mesh->rank() == 0; }
 };
 
@@ -63,7 +72,8 @@ bool pieces_cover_holdings(const RankHoldings& h);
 bool writes_gathered_stage(const RankHoldings& h);
 
 // ckpt.one_reader over dp > 1: dp rank 0 reads the replicated state (parameters, and the moments without ZeRO) and
-// broadcasts it over its dp group; ZeRO moment slices differ per dp rank, so each reads its own.
+// broadcasts it over its dp group; ZeRO moment slices differ per dp rank, so each reads its own. Not with expert
+// parallelism, whose dp ranks hold different experts: every rank reads its own.
 bool one_reader(const RankHoldings& h);
 // Whether this rank reads the replicated state itself (every rank, unless one_reader and dp rank > 0).
 bool reads_replicas(const RankHoldings& h);

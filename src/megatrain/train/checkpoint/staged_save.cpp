@@ -101,7 +101,7 @@ struct StagedSave::State {
     const int slot = as->peers ? snapshots % 2 : 0;
     as->own_ok[slot] = false;
     if (persist && h.mesh && h.main_rank()) begin_sharded_checkpoint(h.cfg.ckpt.dir, step);
-    if (h.ddp) h.ddp->sync_params();
+    for (DataParallel* zero : h.zero_instances()) zero->sync_params();
     piece_staging.clear();
     const MeshCoord c = h.coord();
     const bool finite = as->own[slot].stage(step, shard_file_name(c.pp, c.tp, c.dp), pieces_to_write(h, piece_staging),

@@ -1,0 +1,125 @@
+// Expert parallelism end to end: `megatrain launch --nproc N -- train --parallel.dp=N --parallel.ep=E` against a
+// single process training on the same global batch. The experts are sharded over the ep ranks and the tokens travel
+// to them and back by all-to-all, but dropless routing is per token, the z-loss a per-token mean, the expert
+// gradients are summed over every rank's tokens and the optimizer is elementwise: the run must equal one process.
+// Per-step losses and gradient norms, the final parameters and both optimizer moments (assembled from the sharded
+// checkpoint) must agree up to the noise floor the test measures (ptest::expect_equivalent: a reordered
+// single-process run gives each observable's floor). The load-balancing loss is left out: it is taken over each
+// rank's own tokens (docs/moe.md), so it is not the one-process loss.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "support/files.h"
+#include "support/metrics.h"
+#include "support/megatrain.h"
+#include "support/parallel_testutil.h"
+
+using namespace ptest;
+
+namespace {
+
+// A 2-layer model whose every layer is MoE: 4 experts of width 32, top 2.
+const std::string kMoe = " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32";
+
+std::string common(const std::string& out, int batch) { return common_args(out, batch, /*n_layer=*/2) + kMoe; }
+
+struct Case {
+  std::string name;
+  int dp, ep;
+  std::string extra;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class ExpertParallelVsSingle : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ExpertParallelVsSingle, LossesAndParametersMatch) {
+  prepare();
+  const Case& c = GetParam();
+  const Trio t = fresh_trio("mt_ep", c.name);
+  run(kMegatrain + " train" + common(t.single, 4) + c.extra);
+  run_twin(4, common(t.alt, 4) + c.extra);
+  run(kMegatrain + " launch --nproc " + std::to_string(c.dp) + " -- train" + common(t.multi, 4 / c.dp) +
+      " --parallel.dp=" + std::to_string(c.dp) + " --parallel.ep=" + std::to_string(c.ep) + c.extra);
+  expect_equivalent(t, c.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ep, ExpertParallelVsSingle,
+    ::testing::Values(Case{"ep2", 2, 2, ""},
+                      // two expert replicas: the expert gradients are reduced over the expert-dp pairs
+                      Case{"ep2_x_dp2", 4, 2, ""},
+                      // every micro-batch exchanges its tokens; the gradients reduced after the last one
+                      Case{"ep2_accum", 2, 2, " --train.grad_accum=2"},
+                      // the shared expert computed while the dispatch is in flight, and the router z-loss
+                      Case{"ep2_shared_z", 2, 2, " --model.moe_shared_experts=1 --model.moe_z_loss=0.01"},
+                      // the exchanges waited for at once (nothing overlapped), and LAMB's per-tensor norms
+                      Case{"ep2_no_overlap_lamb", 2, 2, " --parallel.ep_overlap=false --optim.name=lamb"},
+                      // the bias steps from the loads summed over all data-parallel ranks
+                      Case{"ep2_sigmoid_bias", 2, 2, " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"},
+                      Case{"dp2_sigmoid_bias", 2, 1, " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"}),
+    CaseName());
+
+// An ep2 run checkpointed at step 3 resumes with the uninterrupted run's losses in one process (the experts
+// gathered back from their shards) and with every expert on its own rank (dp = ep = 4: the shards cut anew); and the
+// one-process run's own step-3 checkpoint resumes under ep2 (its experts cut into shards). Up to the noise floor of a
+// reordered single run (alt).
+TEST(ExpertParallel, ResumeUnderAnotherEpKeepsTheRun) {
+  prepare();
+  const std::string a = fresh_dir("mt_ep_resume_a"), alt = fresh_dir("mt_ep_resume_alt"),
+                    b = fresh_dir("mt_ep_resume_b"), c = fresh_dir("mt_ep_resume_c"), d = fresh_dir("mt_ep_resume_d");
+  run(kMegatrain + " train" + common(a, 4) + " --ckpt.every=3");
+  run_twin(4, common(alt, 4));
+  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 2) +
+      " --parallel.dp=2 --parallel.ep=2 --ckpt.every=3 --ckpt.save_final=false");
+  fs::remove(b + "/metrics.jsonl");
+  run(kMegatrain + " train" + common(b, 4) + " --ckpt.resume=" + step3(b));
+  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 1) +
+      " --parallel.dp=4 --parallel.ep=4 --ckpt.resume=" + step3(b));
+  run(kMegatrain + " launch --nproc 2 -- train" + common(d, 2) +
+      " --parallel.dp=2 --parallel.ep=2 --ckpt.resume=" + step3(a));
+  expect_resumed_tail(a, alt, {b, c, d}, "ep2 -> 1, ep2 -> ep4 and 1 -> ep2 resume");
+}
+
+// Evaluation and the final sample run forwards too, which under expert parallelism every rank of an ep group must
+// take part in (each holds some experts): an ep2 x dp2 run evaluates to one process's validation loss (up to the
+// floor) and samples the requested tokens (the first ep group together, its rank 0 picking).
+TEST(ExpertParallel, EvaluationAndSamplingRunOnEveryEpRank) {
+  prepare();
+  const std::string extra = " --train.eval_every=5 --train.eval_batches=2 --sample.tokens=6 --sample.prompt=The";
+  const Trio t = fresh_trio("mt_ep", "eval_sample");
+  run(kMegatrain + " train" + common(t.single, 4) + extra);
+  run_twin(4, common(t.alt, 4) + extra);
+  run(kMegatrain + " launch --nproc 4 -- train" + common(t.multi, 1) + " --parallel.dp=4 --parallel.ep=2" + extra);
+  std::vector<Deviation> devs;
+  add_series(devs, "val_loss", series(t.single, "val_loss", "val"), series(t.alt, "val_loss", "val"),
+             series(t.multi, "val_loss", "val"), 1);
+  expect_within_floor(devs, "ep2 x dp2 evaluation");
+  const std::vector<double> sampled = series(t.multi, "step", "sample");
+  EXPECT_EQ(sampled, std::vector<double>{5}) << "one sample, after the last step";
+}
+
+// The all-to-alls are their own communication plane and timeline spans: every step of an ep2 run reports ep time
+// (a single process none), and a traced step shows, per rank and MoE layer, one counts exchange and four all-to-alls
+// (dispatch and combine forward, their mirrors backward): 2 ranks x 2 layers x (1 + 4).
+TEST(ExpertParallel, ExchangesAreTheirOwnCommPlaneAndTimelineSpans) {
+  prepare();
+  const std::string one = fresh_dir("mt_ep_plane_one"), two = fresh_dir("mt_ep_plane_two");
+  run(kMegatrain + " train" + common(one, 4) + " --train.steps=2");
+  run(kMegatrain + " launch --nproc 2 -- train" + common(two, 2) +
+      " --train.steps=2 --parallel.dp=2 --parallel.ep=2 '--train.trace_steps=[2,2]'");
+  for (const auto& step : mt::test::metrics_of(one + "/metrics.jsonl", "train"))
+    EXPECT_EQ(step["comm_busy_s"]["ep"].get<double>(), 0.0) << "one process exchanges nothing";
+  const auto steps = mt::test::metrics_of(two + "/metrics.jsonl", "train");
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& step : steps) EXPECT_GT(step["comm_busy_s"]["ep"].get<double>(), 0.0) << step.dump();
+  std::ifstream in(two + "/trace.json");
+  ASSERT_TRUE(in.good()) << "no trace.json in " << two;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> spans;
+  for (const auto& e : trace.is_object() ? trace["traceEvents"] : trace)
+    if (e.value("cat", "") == "ep") ++spans[e.value("name", "")];
+  EXPECT_EQ(spans, (std::map<std::string, int>{{"ep all-to-all", 16}, {"ep counts", 4}}));
+}
+
+}  // namespace
