@@ -37,6 +37,7 @@ struct Case {
   int dp, ep;
   std::string extra;
   int tp = 1, pp = 1;  // pp > 1: 2 micro-batches per step, 4 layers (kPpModel)
+  std::string layout_extra = "";  // for the layout's run only
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -47,7 +48,8 @@ std::string layout_run(const Case& c, const std::string& out, int n_layer) {
                       " --parallel.ep=" + std::to_string(c.ep);
   if (c.tp > 1) flags += " --parallel.tp=" + std::to_string(c.tp);
   if (c.pp > 1) flags += " --parallel.pp=" + std::to_string(c.pp) + " --parallel.microbatches=2";
-  return kMegatrain + " launch --nproc " + std::to_string(c.dp * c.tp * c.pp) + " -- train" + flags + c.extra;
+  return kMegatrain + " launch --nproc " + std::to_string(c.dp * c.tp * c.pp) + " -- train" + flags + c.extra +
+         c.layout_extra;
 }
 
 class ExpertParallelVsSingle : public ::testing::TestWithParam<Case> {};
@@ -101,7 +103,19 @@ INSTANTIATE_TEST_SUITE_P(
                            kEps + kPpModel + " --model.moe_shared_experts=1 --model.moe_z_loss=0.01" + kEvalSample, 1,
                            2},
                       // all three: 8 ranks, two expert replicas per tp coordinate
-                      Case{"ep2_x_dp2_x_tp2", 4, 2, kEps + " --model.moe_z_loss=0.01", 2}),
+                      Case{"ep2_x_dp2_x_tp2", 4, 2, kEps + " --model.moe_z_loss=0.01", 2},
+                      // all four: 8 ranks, each stage's ep groups per tp coordinate
+                      Case{"ep2_x_pp2_x_tp2", 2, 2, kEps + kPpModel + " --model.moe_z_loss=0.01", 2, 2},
+                      // interleaved stages (two MoE chunks a stage), each stage stepping its layers' sigmoid_bias
+                      Case{"ep2_x_pp2_interleaved_sigmoid_bias", 2, 2,
+                           kEps + kPpModel + " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01", 1, 2,
+                           " --parallel.virtual_stages=2"},
+                      // every layer recomputed in backward (the exchanges and the tp sharing again), accumulating
+                      Case{"ep2_x_tp2_recompute_accum", 2, 2,
+                           kEps + " --model.moe_z_loss=0.01 --model.recompute=all --train.grad_accum=2", 2},
+                      // LAMB's per-tensor norms: an expert shard counted once over its tp replicas
+                      Case{"ep2_x_tp2_lamb_no_overlap", 2, 2,
+                           kEps + " --optim.name=lamb --model.bias=false --parallel.ep_overlap=false", 2}),
     CaseName());
 
 // An ep2 run checkpointed at step 3 resumes with the uninterrupted run's losses in one process (the experts
