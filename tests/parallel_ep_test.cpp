@@ -36,7 +36,7 @@ struct Case {
   std::string name;
   int dp, ep;
   std::string extra;
-  int tp = 1, pp = 1;  // pp > 1: 2 micro-batches per step, 4 layers (kPpModel)
+  int tp = 1, pp = 1;             // pp > 1: 2 micro-batches per step, 4 layers (kPpModel)
   std::string layout_extra = "";  // for the layout's run only
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -92,8 +92,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"dp2_sigmoid_bias", 2, 1, " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"},
                       // ep2 x tp2: each tp coordinate its own ep group; the experts' gradients summed over tp, the
                       // routing statistics (z-loss, counts) shared over tp before the exchange's results are used
-                      Case{"ep2_x_tp2_shared_z", 2, 2,
-                           kEps + " --model.moe_shared_experts=1 --model.moe_z_loss=0.01", 2},
+                      Case{"ep2_x_tp2_shared_z", 2, 2, kEps + " --model.moe_shared_experts=1 --model.moe_z_loss=0.01",
+                           2},
                       // the bias loads: the micro-batch's over tp (the token group), then summed over dp only
                       Case{"ep2_x_tp2_sigmoid_bias", 2, 2,
                            kEps + " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01", 2},
