@@ -102,8 +102,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"ep2_x_pp2_shared_z_eval", 2, 2,
                            kEps + kPpModel + " --model.moe_shared_experts=1 --model.moe_z_loss=0.01" + kEvalSample, 1,
                            2},
-                      // all three: 8 ranks, two expert replicas per tp coordinate
-                      Case{"ep2_x_dp2_x_tp2", 4, 2, kEps + " --model.moe_z_loss=0.01", 2},
+                      // all three: 8 ranks, two expert replicas per tp coordinate; evaluation and the sample with
+                      // the first ep group of each tp coordinate
+                      Case{"ep2_x_dp2_x_tp2_eval", 4, 2, kEps + " --model.moe_z_loss=0.01" + kEvalSample, 2},
                       // all four: 8 ranks, each stage's ep groups per tp coordinate
                       Case{"ep2_x_pp2_x_tp2", 2, 2, kEps + kPpModel + " --model.moe_z_loss=0.01", 2, 2},
                       // interleaved stages (two MoE chunks a stage), each stage stepping its layers' sigmoid_bias
