@@ -4,11 +4,15 @@
 // single-process MoeFfn with every expert, run on each rank's tokens separately: routing, capacity and the auxiliary
 // losses are per rank's tokens under ep, so per rank the outputs, the input gradients and the router's and shared
 // experts' gradients must be the oracle's, and each local expert's gradient the sum of the oracle's over the ranks.
+// With a token group as well (ep x tp: each ep rank's micro-batch split over tp ranks, MoeFfn::set_token_group), the
+// oracle is the layer on each micro-batch whole: the routing counts and the auxiliary losses are the micro-batch's.
 #include <gtest/gtest.h>
 
 #include <barrier>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -17,6 +21,7 @@
 #include "megatrain/kernels/cpu/cpu_ops.h"
 #include "megatrain/model/moe.h"
 #include "megatrain/model/shard.h"
+#include "megatrain/model/tp_comm.h"
 
 using namespace mt;
 
@@ -66,6 +71,39 @@ class ThreadEpComm final : public EpComm {
 
  private:
   Exchange& x_;
+  int rank_;
+};
+
+// n threads as a token group (tensor parallelism's ranks): only the all-reduce, which is all the MoE layer calls.
+struct Reduction {
+  explicit Reduction(int n) : n(n), sync(n), bufs(n) {}
+  int n;
+  std::barrier<> sync;
+  std::vector<const float*> bufs;
+};
+
+class ThreadTpComm final : public TpComm {
+ public:
+  ThreadTpComm(Reduction& x, int rank) : x_(x), rank_(rank) {}
+  int size() const override { return x_.n; }
+  int rank() const override { return rank_; }
+  void allreduce(Tensor t, TpReduce op) override {
+    MT_CHECK(op == TpReduce::Sum, "ThreadTpComm: sums only");
+    x_.bufs[rank_] = t.f32();
+    x_.sync.arrive_and_wait();
+    std::vector<float> sum(static_cast<size_t>(t.numel()), 0.0f);
+    for (int s = 0; s < x_.n; ++s)
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] += x_.bufs[s][j];
+    x_.sync.arrive_and_wait();  // every rank has read every buffer before any is overwritten
+    std::memcpy(t.f32(), sum.data(), sum.size() * sizeof(float));
+  }
+  void all_gather_rows(Tensor, Tensor, const Consume&) override { MT_CHECK(false, "ThreadTpComm: not used"); }
+  void reduce_scatter_rows(Tensor, int64_t, const Produce&, const std::function<void()>&) override {
+    MT_CHECK(false, "ThreadTpComm: not used");
+  }
+
+ private:
+  Reduction& x_;
   int rank_;
 };
 
@@ -189,6 +227,130 @@ void expect_ep_matches_one_process(const ModelConfig& c, int ep, int64_t N) {
   }
 }
 
+// ---- ep x tp ----------------------------------------------------------------------------------------------
+
+// Random parameters for a full layer, and the ep shards of them.
+void fill_random(ParamStore& full, Rng& rng) {
+  for (size_t i = 0; i < full.size(); ++i) {
+    Tensor p = full.param(static_cast<int>(i));
+    const double scale = full.info(static_cast<int>(i)).name == "h.0.moe.router.weight" ? 0.8 : 0.3;
+    for (int64_t j = 0; j < p.numel(); ++j) p.f32()[j] = static_cast<float>(scale * rng.normal());
+  }
+}
+
+// One rank's view of a layer run: output, input gradient, parameter gradients, the micro-batch's statistics.
+struct RankRun {
+  std::vector<float> y, dx;
+  std::vector<std::vector<float>> grads;
+  double aux = 0, z = 0;
+  std::vector<int64_t> batch_routed;
+  std::string error;
+};
+
+// Forward and backward of `layer` on [N, C] rows x with output gradient dy, into run.
+void run_layer(Ops& ops, const ModelConfig& c, const MoeFfn& layer, ParamStore& ps, const float* x, const float* dy,
+               int64_t N, RankRun& run) {
+  const int64_t C = c.d_model;
+  MoeActs a;
+  a.allocate(c, N);
+  run.y.resize(N * C), run.dx.resize(N * C);
+  layer.forward(ops, Tensor(run.y.data(), {N, C}), Tensor(const_cast<float*>(x), {N, C}), a);
+  ps.begin_grads();
+  layer.backward(ops, Tensor(run.dx.data(), {N, C}), Tensor(const_cast<float*>(dy), {N, C}),
+                 Tensor(const_cast<float*>(x), {N, C}), a, 1.0f);
+  ps.settle_grads(0, static_cast<int>(ps.size()));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Tensor g = ps.grad(static_cast<int>(i));
+    run.grads.emplace_back(g.f32(), g.f32() + g.numel());
+  }
+  run.aux = a.aux, run.z = a.z, run.batch_routed = a.routing.batch_routed;
+}
+
+void expect_ep_tp_runs_match(const ModelConfig& c, const ParamStore& full, const std::vector<RankRun>& ref,
+                             const std::vector<RankRun>& got, int ep, int tp, int64_t N) {
+  const int64_t C = c.d_model;
+  for (int e = 0; e < ep; ++e)
+    for (int t = 0; t < tp; ++t) {
+      const RankRun& r = got[e * tp + t];
+      const std::string at = "ep rank " + std::to_string(e) + ", tp rank " + std::to_string(t);
+      ASSERT_EQ(r.error, "") << at;
+      EXPECT_LE(rel(r.y.data(), ref[e].y.data() + t * N * C, N * C), kTol) << "output of " << at;
+      EXPECT_LE(rel(r.dx.data(), ref[e].dx.data() + t * N * C, N * C), kTol) << "input gradient of " << at;
+      EXPECT_NEAR(r.aux, ref[e].aux, kTol * ref[e].aux) << "aux loss of " << at;
+      EXPECT_NEAR(r.z, ref[e].z, kTol * ref[e].z) << "z-loss of " << at;
+      EXPECT_EQ(r.batch_routed, ref[e].batch_routed) << "routing counts of " << at;
+    }
+  for (size_t i = 0; i < full.size(); ++i) {
+    for (int e = 0; e < ep; ++e) {
+      std::vector<float> sum_tp(got[e * tp].grads[i].size(), 0.0f), want(sum_tp.size());
+      for (int t = 0; t < tp; ++t)
+        for (size_t j = 0; j < sum_tp.size(); ++j) sum_tp[j] += got[e * tp + t].grads[i][j];
+      std::vector<float> full_want = ref[e].grads[i];
+      const std::string name = full.info(static_cast<int>(i)).name;
+      // An expert's gradient sums over the tokens of every ep rank (each tp rank's rows go to the experts of its
+      // own tp coordinate); a replicated tensor's is the micro-batch's. Then e's shard (replicated: all of it).
+      if (name.find("experts") != std::string::npos)
+        for (int q = 0; q < ep; ++q)
+          if (q != e)
+            for (size_t j = 0; j < full_want.size(); ++j) full_want[j] += ref[q].grads[i][j];
+      ParamStore shard;
+      declare(c, shard, ep, e);
+      shard_slice(shard.info(static_cast<int>(i)).shard, full_want.data(), want.data());
+      EXPECT_LE(rel(sum_tp.data(), want.data(), static_cast<int64_t>(want.size())), kTol)
+          << name << " gradient summed over tp on ep rank " << e;
+    }
+  }
+}
+
+// ep x tp threads: ep rank e's micro-batch of tp * N tokens, tp rank t holding rows [t N, (t+1) N) of it, against
+// the layer with every expert on each micro-batch whole. Per thread: its rows of the output and the input gradient,
+// the micro-batch's losses and counts; summed over tp, the replicated tensors' gradients are the micro-batch's and
+// (summed over ep as well) the experts' are the sum over all micro-batches.
+void expect_ep_tp_matches_one_process(const ModelConfig& c, int ep, int tp, int64_t N) {
+  auto ops = make_cpu_ops();
+  ParamStore full;
+  declare(c, full, 1, 0);
+  Rng rng(13);
+  fill_random(full, rng);
+  const int64_t C = c.d_model, M = tp * N;
+  std::vector<std::vector<float>> x(ep, std::vector<float>(M * C)), dy(ep, std::vector<float>(M * C));
+  for (int e = 0; e < ep; ++e)
+    for (int64_t j = 0; j < M * C; ++j) x[e][j] = rng.normal(), dy[e][j] = rng.normal();
+  std::vector<RankRun> ref(ep), got(ep * tp);
+  for (int e = 0; e < ep; ++e) run_layer(*ops, c, MoeFfn(c, full, 0), full, x[e].data(), dy[e].data(), M, ref[e]);
+
+  std::vector<std::unique_ptr<Exchange>> exchanges;  // one ep group per tp rank
+  std::vector<std::unique_ptr<Reduction>> groups;    // one token group per ep rank
+  for (int t = 0; t < tp; ++t) exchanges.push_back(std::make_unique<Exchange>(ep));
+  for (int e = 0; e < ep; ++e) groups.push_back(std::make_unique<Reduction>(tp));
+  std::vector<ParamStore> stores(ep * tp);
+  for (int e = 0; e < ep; ++e)
+    for (int t = 0; t < tp; ++t) {
+      ParamStore& ps = stores[e * tp + t];
+      declare(c, ps, ep, e);
+      for (size_t i = 0; i < full.size(); ++i)
+        shard_slice(ps.info(static_cast<int>(i)).shard, full.param(static_cast<int>(i)).f32(),
+                    ps.param(static_cast<int>(i)).f32());
+    }
+  std::vector<std::thread> threads;
+  for (int e = 0; e < ep; ++e)
+    for (int t = 0; t < tp; ++t)
+      threads.emplace_back([&, e, t] {
+        RankRun& run = got[e * tp + t];
+        try {
+          ThreadEpComm comm(*exchanges[t], e);
+          ThreadTpComm group(*groups[e], t);
+          MoeFfn layer(c, stores[e * tp + t], 0, &comm);
+          layer.set_token_group(&group);
+          run_layer(*ops, c, layer, stores[e * tp + t], x[e].data() + t * N * C, dy[e].data() + t * N * C, N, run);
+        } catch (const std::exception& ex) {
+          run.error = ex.what();
+        }
+      });
+  for (auto& th : threads) th.join();
+  expect_ep_tp_runs_match(c, full, ref, got, ep, tp, N);
+}
+
 TEST(MoeExpertParallel, TwoRanksMatchTheLayerWithEveryExpert) {
   expect_ep_matches_one_process(config(4, 2, 0, 0), 2, 24);
 }
@@ -197,5 +359,11 @@ TEST(MoeExpertParallel, FourRanksWithSharedExpertsMatch) { expect_ep_matches_one
 
 // Capacity drops are decided per rank's tokens, before the dispatch: the same drops as the layer on those tokens.
 TEST(MoeExpertParallel, CapacityDropsMatchPerRank) { expect_ep_matches_one_process(config(4, 2, 1, 0.6f), 2, 24); }
+
+// With a token group (ep x tp): the micro-batch's statistics, not the rank's rows' (the z-loss's and the aux loss's
+// gradients reach the input gradient; the counts are what the metrics and the sigmoid_bias loads read).
+TEST(MoeExpertParallel, WithATokenGroupTheStatisticsAreTheMicroBatchs) {
+  expect_ep_tp_matches_one_process(config(4, 2, 1, 0), 2, 2, 12);
+}
 
 }  // namespace

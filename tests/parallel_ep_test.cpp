@@ -1,11 +1,12 @@
-// Expert parallelism end to end: `megatrain launch --nproc N -- train --parallel.dp=N --parallel.ep=E` against a
-// single process training on the same global batch. The experts are sharded over the ep ranks and the tokens travel
-// to them and back by all-to-all, but dropless routing is per token, the z-loss a per-token mean, the expert
-// gradients are summed over every rank's tokens and the optimizer is elementwise: the run must equal one process.
-// Per-step losses and gradient norms, the final parameters and both optimizer moments (assembled from the sharded
-// checkpoint) must agree up to the noise floor the test measures (ptest::expect_equivalent: a reordered
-// single-process run gives each observable's floor). The load-balancing loss is left out: it is taken over each
-// rank's own tokens (docs/moe.md), so it is not the one-process loss.
+// Expert parallelism end to end: `megatrain launch --nproc N -- train --parallel.dp=D --parallel.ep=E` (and with
+// --parallel.tp / --parallel.pp, the compositions) against a single process training on the same global batch. The
+// experts are sharded over the ep ranks and the tokens travel to them and back by all-to-all, but dropless routing
+// is per token, the z-loss a per-token mean, the expert gradients are summed over every rank's tokens and the
+// optimizer is elementwise: the run must equal one process. Per-step losses and gradient norms, the final parameters
+// and both optimizer moments (assembled from the sharded checkpoint) must agree up to the noise floor the test
+// measures (ptest::expect_equivalent: a reordered single-process run gives each observable's floor). The
+// load-balancing loss is left out: it is taken over each rank's own tokens (docs/moe.md), so it is not the
+// one-process loss.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -22,14 +23,34 @@ namespace {
 // A 2-layer model whose every layer is MoE: 4 experts of width 32, top 2.
 const std::string kMoe = " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32";
 
-std::string common(const std::string& out, int batch) { return common_args(out, batch, /*n_layer=*/2) + kMoe; }
+std::string common(const std::string& out, int batch, int n_layer = 2) {
+  return common_args(out, batch, n_layer) + kMoe;
+}
+
+// With tp or pp (parallel_tp_test.cpp): a larger Adam eps keeps the ~0 gradients' rounding-noise updates still.
+const std::string kEps = " --optim.eps=1e-6";
+// Under pp: 4 layers, the first dense (stage 0: dense layer 0 and MoE layer 1; stage 1: MoE layers 2 and 3).
+const std::string kPpModel = " --model.moe_first_dense=1";
 
 struct Case {
   std::string name;
   int dp, ep;
   std::string extra;
+  int tp = 1, pp = 1;             // pp > 1: 2 micro-batches per step, 4 layers (kPpModel)
+  std::string layout_extra = "";  // for the layout's run only
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// The launch flags and rank count of a case's layout; each rank reads batch 4 / (dp x micro-batches) rows.
+std::string layout_run(const Case& c, const std::string& out, int n_layer) {
+  const int micro = c.pp > 1 ? 2 : 1;
+  std::string flags = common(out, 4 / (c.dp * micro), n_layer) + " --parallel.dp=" + std::to_string(c.dp) +
+                      " --parallel.ep=" + std::to_string(c.ep);
+  if (c.tp > 1) flags += " --parallel.tp=" + std::to_string(c.tp);
+  if (c.pp > 1) flags += " --parallel.pp=" + std::to_string(c.pp) + " --parallel.microbatches=2";
+  return kMegatrain + " launch --nproc " + std::to_string(c.dp * c.tp * c.pp) + " -- train" + flags + c.extra +
+         c.layout_extra;
+}
 
 class ExpertParallelVsSingle : public ::testing::TestWithParam<Case> {};
 
@@ -37,12 +58,23 @@ TEST_P(ExpertParallelVsSingle, LossesAndParametersMatch) {
   prepare();
   const Case& c = GetParam();
   const Trio t = fresh_trio("mt_ep", c.name);
-  run(kMegatrain + " train" + common(t.single, 4) + c.extra);
-  run_twin(4, common(t.alt, 4) + c.extra);
-  run(kMegatrain + " launch --nproc " + std::to_string(c.dp) + " -- train" + common(t.multi, 4 / c.dp) +
-      " --parallel.dp=" + std::to_string(c.dp) + " --parallel.ep=" + std::to_string(c.ep) + c.extra);
+  const int n_layer = c.pp > 1 ? 4 : 2;
+  run(kMegatrain + " train" + common(t.single, 4, n_layer) + c.extra);
+  run_twin(4, common(t.alt, 4, n_layer) + c.extra);
+  run(layout_run(c, t.multi, n_layer));
   expect_equivalent(t, c.name);
+  if (c.extra.find("--sample.tokens") == std::string::npos) return;
+  // Evaluation and the final sample run forwards that every rank of an ep group (and every stage) takes part in:
+  // the validation loss is one process's (up to the floor), and one sample is written after the last step.
+  std::vector<Deviation> devs;
+  add_series(devs, "val_loss", series(t.single, "val_loss", "val"), series(t.alt, "val_loss", "val"),
+             series(t.multi, "val_loss", "val"), 1);
+  expect_within_floor(devs, c.name + " evaluation");
+  EXPECT_EQ(series(t.multi, "step", "sample"), std::vector<double>{5}) << "one sample, after the last step";
 }
+
+// Evaluation and a sample of 6 tokens after step 5.
+const std::string kEvalSample = " --train.eval_every=5 --train.eval_batches=2 --sample.tokens=6 --sample.prompt=The";
 
 INSTANTIATE_TEST_SUITE_P(
     Ep, ExpertParallelVsSingle,
@@ -57,7 +89,34 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"ep2_no_overlap_lamb", 2, 2, " --parallel.ep_overlap=false --optim.name=lamb"},
                       // the bias steps from the loads summed over all data-parallel ranks
                       Case{"ep2_sigmoid_bias", 2, 2, " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"},
-                      Case{"dp2_sigmoid_bias", 2, 1, " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"}),
+                      Case{"dp2_sigmoid_bias", 2, 1, " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01"},
+                      // ep2 x tp2: each tp coordinate its own ep group; the experts' gradients summed over tp, the
+                      // routing statistics (z-loss, counts) shared over tp before the exchange's results are used
+                      Case{"ep2_x_tp2_shared_z", 2, 2, kEps + " --model.moe_shared_experts=1 --model.moe_z_loss=0.01",
+                           2},
+                      // the bias loads: the micro-batch's over tp (the token group), then summed over dp only
+                      Case{"ep2_x_tp2_sigmoid_bias", 2, 2,
+                           kEps + " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01", 2},
+                      // ep2 x pp2: each stage's ep group exchanges for its own MoE layers, its experts reduced over
+                      // its own expert-dp group; evaluation and the sample run through both stages
+                      Case{"ep2_x_pp2_shared_z_eval", 2, 2,
+                           kEps + kPpModel + " --model.moe_shared_experts=1 --model.moe_z_loss=0.01" + kEvalSample, 1,
+                           2},
+                      // all three: 8 ranks, two expert replicas per tp coordinate; evaluation and the sample with
+                      // the first ep group of each tp coordinate
+                      Case{"ep2_x_dp2_x_tp2_eval", 4, 2, kEps + " --model.moe_z_loss=0.01" + kEvalSample, 2},
+                      // all four: 8 ranks, each stage's ep groups per tp coordinate
+                      Case{"ep2_x_pp2_x_tp2", 2, 2, kEps + kPpModel + " --model.moe_z_loss=0.01", 2, 2},
+                      // interleaved stages (two MoE chunks a stage), each stage stepping its layers' sigmoid_bias
+                      Case{"ep2_x_pp2_interleaved_sigmoid_bias", 2, 2,
+                           kEps + kPpModel + " --model.moe_router=sigmoid_bias --model.moe_bias_rate=0.01", 1, 2,
+                           " --parallel.virtual_stages=2"},
+                      // every layer recomputed in backward (the exchanges and the tp sharing again), accumulating
+                      Case{"ep2_x_tp2_recompute_accum", 2, 2,
+                           kEps + " --model.moe_z_loss=0.01 --model.recompute=all --train.grad_accum=2", 2},
+                      // LAMB's per-tensor norms: an expert shard counted once over its tp replicas
+                      Case{"ep2_x_tp2_lamb_no_overlap", 2, 2,
+                           kEps + " --optim.name=lamb --model.bias=false --parallel.ep_overlap=false", 2}),
     CaseName());
 
 // An ep2 run checkpointed at step 3 resumes with the uninterrupted run's losses in one process (the experts
@@ -79,6 +138,25 @@ TEST(ExpertParallel, ResumeUnderAnotherEpKeepsTheRun) {
   run(kMegatrain + " launch --nproc 2 -- train" + common(d, 2) +
       " --parallel.dp=2 --parallel.ep=2 --ckpt.resume=" + step3(a));
   expect_resumed_tail(a, alt, {b, c, d}, "ep2 -> 1, ep2 -> ep4 and 1 -> ep2 resume");
+}
+
+// The compositions' checkpoints are layout-free too: an ep2 x tp2 run checkpointed at step 3 (each expert shard
+// written by one of its tp replicas) resumes with the uninterrupted run's losses in one process and under ep2 x pp2
+// (the experts cut into ep shards again, the layers into stages).
+TEST(ExpertParallel, ResumeFromEpTimesTpUnderOneProcessAndEpTimesPp) {
+  prepare();
+  const std::string x = kEps + " --model.moe_z_loss=0.01 --model.vocab_pad_to=1";
+  const std::string a = fresh_dir("mt_ep_tp_resume_a"), alt = fresh_dir("mt_ep_tp_resume_alt"),
+                    b = fresh_dir("mt_ep_tp_resume_b"), c = fresh_dir("mt_ep_tp_resume_c");
+  run(kMegatrain + " train" + common(a, 4) + x);
+  run_twin(4, common(alt, 4) + x);
+  run(kMegatrain + " launch --nproc 4 -- train" + common(b, 2) + x +
+      " --parallel.dp=2 --parallel.ep=2 --parallel.tp=2 --ckpt.every=3 --ckpt.save_final=false");
+  fs::remove(b + "/metrics.jsonl");
+  run(kMegatrain + " train" + common(b, 4) + x + " --ckpt.resume=" + step3(b));
+  run(kMegatrain + " launch --nproc 4 -- train" + common(c, 1) + x +
+      " --parallel.dp=2 --parallel.ep=2 --parallel.pp=2 --parallel.microbatches=2 --ckpt.resume=" + step3(b));
+  expect_resumed_tail(a, alt, {b, c}, "ep2 x tp2 -> 1 and ep2 x tp2 -> ep2 x pp2 resume");
 }
 
 // Evaluation and the final sample run forwards too, which under expert parallelism every rank of an ep group must

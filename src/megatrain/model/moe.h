@@ -32,7 +32,9 @@
 // reorders what arrived (source-major) into local-expert-major order, runs the grouped GEMMs on the local experts,
 // restores the source-major order and combines (all-to-all back), then gates and sums as without ep. Backward is
 // the mirror: the output gradients go to the experts' owners while the shared experts' backward runs, and the
-// input gradients come back while the router's runs. The auxiliary losses stay over the rank's own tokens.
+// input gradients come back while the router's runs. The auxiliary losses stay over the rank's own tokens, or with
+// a token group (ep x tp: the ep group is the ranks of my tp coordinate) over the group's micro-batch, shared as
+// without ep once the combine is complete.
 #pragma once
 #include <cstdint>
 #include <functional>

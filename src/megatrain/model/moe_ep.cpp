@@ -80,11 +80,15 @@ void MoeFfn::forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a) const {
     ops.swiglu_forward(s_act, s_fc);
     ops.matmul_forward(s_out, s_act, params_.weight(s2_), Tensor{});
   };
-  auto losses = [&] {  // the auxiliary losses (the rank's own tokens), while the combine is in flight
+  auto losses = [&] {    // the auxiliary losses (the rank's own tokens), while the combine is in flight
+    if (group_) return;  // shared over the token group below, once the combine is complete
     a.aux = cfg_.moe_aux_loss > 0 ? moe_aux_loss(r) : 0.0;
     a.z = cfg_.moe_z_loss > 0 ? moe_z_loss(logits.f32(), N, static_cast<int>(E)) : 0.0;
   };
   routed_forward_ep(ops, out, in, a, shared, losses);
+  // Under tp the micro-batch's tokens are split over the token group as without ep: its counts and losses are the
+  // group's (the ep exchange above only moved this rank's rows to the experts' owners and back).
+  if (group_) share_batch(a, logits.f32());
   if (s13_ >= 0) {
     float* o = out.f32();
     const float* so = s_out.f32();
