@@ -31,7 +31,8 @@ void MoeActs::allocate(const ModelConfig& cfg, int64_t rows, Ops* ops) {
   d_yp = f(A * C), d_fc = f(A * 2 * F), d_act = f(A * F), d_xp = f(A * C);
   d_gate = mem(A, DType::F32), d_logits = f(rows * E), tmp = f(rows * C);
   if (SF > 0) s_fc = f(rows * 2 * SF), s_act = f(rows * SF), s_dfc = f(rows * 2 * SF), s_dact = f(rows * SF);
-  if (ops && ops->device() != Device::CPU) logits_f32 = mem(rows * E, DType::F32), d_logits_f32 = mem(rows * E, DType::F32);
+  if (ops && ops->device() != Device::CPU)
+    logits_f32 = mem(rows * E, DType::F32), d_logits_f32 = mem(rows * E, DType::F32);
   // Without ops the CPU backend's: its routing view is the host routing itself (allocate only records the size).
   routing_buffers.allocate(ops ? *ops : *make_cpu_ops(), rows, cfg.moe_top_k);
 }
