@@ -1,8 +1,9 @@
 // Training-step throughput of megatrain on one GPU (bf16 compute, fp32 master weights, AdamW), the megatrain side of
 // bench/gpu_compare.sh (the PyTorch side is bench/torch_gpt.py with the same model, shapes and FLOP formula).
 // Prints one JSON line: model, B, T, tokens/s (median over the timed steps), step ms, MFU against a stated peak
-// (989 TFLOP/s: H100 SXM dense bf16; the same figure is used for H200), and the GPU memory the run took.
-// Usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b] [--batch B] [--seq T] [--steps N] [--warmup N]
+// (989 TFLOP/s: H100 SXM dense bf16; the same figure is used for H200), and the GPU memory the run took. For the MoE
+// preset the FLOPs are the active parameters' (ModelConfig::flops_per_token: the router and the top-k experts).
+// Usage: bench_gpu_train [--model gpt2-124m|gpt2-350m|gpt-1.3b|moe-1b] [--batch B] [--seq T] [--steps N] [--warmup N]
 //                        [--block sequential|parallel] [--window W] [--recompute] [--recompute-act]
 //                        [--recompute-norm] [--peak-tflops P]   (--recompute-act / --recompute-norm:
 //                        ModelConfig::recompute_act / recompute_norm, the GeLU / norm outputs rebuilt in backward)
@@ -56,6 +57,15 @@ bool preset(const std::string& name, ModelConfig& c, int& T) {
     c.n_layer = 24, c.d_model = 1024, c.n_head = 16, T = 1024;
   } else if (name == "gpt-1.3b") {
     c.n_layer = 24, c.d_model = 2048, c.n_head = 16, T = 2048;
+  } else if (name == "moe-1b") {
+    // megatrain's own (not a torch_gpt.py preset): a Mixtral-style MoE of 1.23B parameters, 0.26B of them active
+    // per token. Per layer: attention 4 * 1024^2 = 4.19M; 16 SwiGLU experts of 3 * 1408 * 1024 = 4.33M each
+    // (69.2M) and the router's 16 * 1024; 16 layers = 1.175B; the tied embedding 50257 * 1024 = 51.5M (plus norms).
+    // Active: attention + 2 experts (8.65M) per layer = 206M, and the LM head's 51.5M.
+    c.n_layer = 16, c.d_model = 1024, c.n_head = 16, T = 2048;
+    c.norm = NormKind::RmsNorm, c.mlp = MlpKind::SwiGlu, c.pos = PosKind::Rope, c.bias = false;
+    c.moe_experts = 16, c.moe_top_k = 2, c.moe_d_ff = 1408, c.moe_every = 1, c.moe_first_dense = 0;
+    c.moe_aux_loss = 0.01f;
   } else {
     return false;
   }
@@ -126,7 +136,7 @@ int main(int argc, char** argv) {
   double peak_tflops = 989.0;
   CLI::App app{"bench_gpu_train: megatrain's training-step throughput on one GPU; prints one JSON line"};
   app.add_option("--model", model_name, "preset (bench/torch_gpt.py's)")
-      ->check(CLI::IsMember({"gpt2-124m", "gpt2-350m", "gpt-1.3b"}))
+      ->check(CLI::IsMember({"gpt2-124m", "gpt2-350m", "gpt-1.3b", "moe-1b"}))
       ->capture_default_str();
   app.add_option("--batch", B, "sequences per step")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--seq", T, "tokens per sequence (0: the preset's)")->check(CLI::NonNegativeNumber);
@@ -242,6 +252,7 @@ int main(int argc, char** argv) {
     const double flops = cfg.flops_per_token(T) * tokens_per_s;
     out["gpu"] = gpu_name();
     out["params"] = cfg.num_params();
+    if (cfg.moe()) out["active_flops_per_token"] = cfg.flops_per_token(T);  // MFU's numerator: active parameters
     out["tokens_per_s"] = tokens_per_s;
     out["step_ms"] = 1e3 * t;
     out["model_tflops"] = flops / 1e12;

@@ -324,8 +324,8 @@ TEST(ExpertParallelBadInput, TheSimulateConfigsAreTrainableLayoutsAndWhatTrainin
   for (const char* cfg : {"/configs/mixtral-8x7b.toml", "/configs/deepseek-v3.toml"}) {
     const std::string path = kRoot + cfg;
     EXPECT_NO_THROW(load_run_config(path, {}, ConfigUse::Simulate)) << cfg;
-    // MoE trains under dp, ep, tp and pp on the CPU: the layouts load for training too; the CUDA device is what
-    // training refuses with MoE so far.
+    // MoE trains under dp, ep, tp and pp on the CPU: the layouts load for training too; on the CUDA device (one
+    // process or dp only, with MoE) their ep and pp are refused, naming the device.
     EXPECT_NO_THROW(load_run_config(path)) << cfg;
     const std::string e = error_of([&] { load_run_config(path, {"train.device=cuda"}); });
     EXPECT_NE(e.find("train.device"), std::string::npos) << e;

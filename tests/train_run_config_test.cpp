@@ -383,7 +383,8 @@ TEST(RunConfig, StageLayersMustFitThePipeline) {
 namespace {
 
 // MoE's layout rules (docs/moe.md): tensor, pipeline and data parallelism (the sigmoid_bias router's loads summed
-// over dp) are layouts it runs under; what stays refused (the CUDA device) is named by its key.
+// over dp) are layouts it runs under; on the CUDA device one process and dp, and what stays refused there (ep, tp
+// and pp above 1) is named by its keys.
 TEST(RunConfig, MoeRunsUnderTpAndPpAndRefusesWhatItCannotNamingTheKeys) {
   const std::vector<std::string> moe = {"--model.moe_experts=4", "--model.moe_d_ff=32", "--model.n_layer=4"};
   auto with = [&](std::vector<std::string> more) {
@@ -394,7 +395,16 @@ TEST(RunConfig, MoeRunsUnderTpAndPpAndRefusesWhatItCannotNamingTheKeys) {
   EXPECT_EQ(with({"--parallel.pp=2", "--parallel.microbatches=2"}), "");
   EXPECT_EQ(with({"--parallel.pp=2", "--parallel.tp=2", "--model.moe_router=sigmoid_bias"}), "");
   EXPECT_EQ(with({"--parallel.dp=2", "--model.moe_router=sigmoid_bias"}), "");
-  EXPECT_NE(with({"--train.device=cuda"}).find("train.device"), std::string::npos);
+  EXPECT_EQ(with({"--train.device=cuda"}), "");
+  EXPECT_EQ(with({"--train.device=cuda", "--parallel.dp=2", "--model.moe_router=sigmoid_bias"}), "");
+  for (const char* layout : {"--parallel.tp=2", "--parallel.pp=2", "--parallel.ep=2"}) {
+    std::vector<std::string> more = {"--train.device=cuda", layout};
+    if (std::string(layout) == "--parallel.ep=2") more.push_back("--parallel.dp=2");
+    const std::string e = with(more);
+    EXPECT_NE(e.find("train.device = \"cuda\""), std::string::npos) << layout << ": " << e;
+    for (const char* key : {"parallel.ep", "parallel.tp", "parallel.pp"})
+      EXPECT_NE(e.find(key), std::string::npos) << layout << ": " << e;
+  }
 }
 
 // Expert parallelism's keys: each impossible combination is refused naming the keys involved; the same settings

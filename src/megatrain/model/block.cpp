@@ -43,7 +43,7 @@ void BlockActs::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* ops)
     ln2_mean = make(ops, rows, f32);
     ln2_rstd = make(ops, rows, f32);
   }
-  if (cfg.moe()) moe.allocate(cfg, rows);
+  if (cfg.moe()) moe.allocate(cfg, rows, ops);
 }
 
 void BlockScratch::allocate(const ModelConfig& cfg, int64_t rows, int tp, Ops* ops) {

@@ -301,6 +301,15 @@ double GPT::moe_loss(const ModelConfig& cfg, const std::vector<MoeLayerStats>& s
   return sum;
 }
 
+// The step on the host (E values): in place on the CPU backend; on a device, the fp32 master down and back up.
+void GPT::update_bias_on_host(Tensor bias, const std::vector<int64_t>& load) {
+  if (ops_.device() == Device::CPU) return mt::moe_update_bias(bias.f32(), load, cfg_.moe_bias_rate);
+  std::vector<float> host(static_cast<size_t>(bias.numel()));
+  ops_.to_host(host.data(), bias);
+  mt::moe_update_bias(host.data(), load, cfg_.moe_bias_rate);
+  ops_.to_device(bias, host.data());
+}
+
 void GPT::moe_update_bias(const std::function<void(std::vector<int64_t>&)>& sum_loads) {
   if (cfg_.moe_router != MoeRouter::SigmoidBias || moe_load_.empty()) return;
   for (int l = 0; l < cfg_.n_layer; ++l) {
@@ -309,7 +318,7 @@ void GPT::moe_update_bias(const std::function<void(std::vector<int64_t>&)>& sum_
     // The bias is a parameter (checkpointed with the model) that no gradient reaches: the optimizer leaves it
     // (zero gradient, no weight decay), and this step is its only change.
     if (sum_loads) sum_loads(moe_load_[l]);
-    mt::moe_update_bias(params_.param(b).f32(), moe_load_[l], cfg_.moe_bias_rate);
+    update_bias_on_host(params_.param(b), moe_load_[l]);
     std::fill(moe_load_[l].begin(), moe_load_[l].end(), 0);
     const ParamInfo& p = params_.info(b);
     params_.refresh_weights(ops_, p.offset, p.offset + p.numel);

@@ -164,6 +164,7 @@ class GPT {
 
   // MoE: counts of the training forwards (moe_count_ on while one runs), and the loads for the bias update.
   void count_moe(int l, const MoeActs& a);
+  void update_bias_on_host(Tensor bias, const std::vector<int64_t>& load);  // moe_update_bias's step, any backend
   std::vector<MoeLayerStats> moe_stats_;        // by layer (layer = -1: not a MoE layer held here)
   std::vector<std::vector<int64_t>> moe_load_;  // by layer: routed assignments since moe_update_bias
   bool moe_count_ = false;

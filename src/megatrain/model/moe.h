@@ -16,7 +16,14 @@
 //                                                  SwiGLU of width S*F
 // F = moe_d_ff, S = moe_shared_experts. No biases (Mixtral, DeepSeek have none).
 //
-// CPU only for now (host fp32: the routing and the permutation are the CPU reference ops).
+// Backends: one process runs the layer on any Ops backend (CPU fp32, CUDA bf16 activations over fp32 master weights).
+// The router GEMM, the permutation, the grouped GEMMs, the SwiGLU and the combine are Ops entry points on the
+// activations' device; the routing itself (a top-k over the [N, E] logits) and the auxiliary losses and the router's
+// backward through them run on the host: on a device backend forward copies the logits down (fp32) and uploads the
+// routing once (MoeRoutingBuffers), and backward copies the gate gradient [N, k] down, computes the logits' gradient
+// [N, E] on the host and uploads it. On the CPU backend those copies are the buffers themselves, so the layer runs
+// the same reference functions, bit for bit, as when it called them directly. The token group (tp) and expert
+// parallelism (ep) run on the CPU backend only: their exchanges are host ones.
 //
 // A micro-batch split over ranks (the token group: tensor + sequence parallelism, where each tp rank keeps its
 // rows through the layer): every rank routes and computes its own tokens with the full (replicated) weights, and
@@ -43,6 +50,7 @@
 
 #include "megatrain/core/buffer.h"
 #include "megatrain/kernels/cpu/moe.h"
+#include "megatrain/kernels/moe_routing.h"
 #include "megatrain/model/config.h"
 #include "megatrain/model/ep_comm.h"
 #include "megatrain/model/params.h"
@@ -50,13 +58,22 @@
 
 namespace mt {
 
-// What one MoE layer's forward keeps for its backward (for up to `rows` tokens), and its backward's scratch.
+// What one MoE layer's forward keeps for its backward (for up to `rows` tokens), and its backward's scratch. The
+// buffers are on the backend's device (allocate's ops; host fp32 without one), the activations in its compute dtype;
+// d_gate is F32 always. The host vectors hold what the host computes from or for a device backend (unused on the CPU).
 struct MoeActs {
   MoeRouting routing;
-  Buffer logits;           // [N, E]
-  Buffer xp, fc, act, yp;  // permuted: [N*k, C], [N*k, 2F], [N*k, F], [N*k, C]
-  Buffer s_fc, s_act;      // shared: [N, 2SF], [N, SF]
+  MoeRoutingBuffers routing_buffers;  // the routing's arrays on the device (planned for `rows` tokens)
+  MoeDeviceRouting device_routing;    // the last forward's upload (its host is `routing`), for backward
+  DType dtype = DType::F32;           // the activations' (logits, permuted rows, shared, d_*, tmp)
+  Buffer logits;                      // [N, E]
+  Buffer xp, fc, act, yp;             // permuted: [N*k, C], [N*k, 2F], [N*k, F], [N*k, C]
+  Buffer s_fc, s_act;                 // shared: [N, 2SF], [N, SF]
   Buffer d_yp, d_fc, d_act, d_xp, d_gate, d_logits, s_dfc, s_dact, tmp;  // backward scratch
+  // Device backends: F32 [N, E] staging between the activation dtype and the host copies, and those copies (the
+  // logits, the gate and logits gradients, the sigmoid_bias router's bias).
+  Buffer logits_f32, d_logits_f32;
+  std::vector<float> logits_host, d_gate_host, d_logits_host, bias_host;
   double aux = 0, z = 0;  // the last forward's losses (without their coefficients)
   // Expert parallelism: rows sent to / received from each ep rank, the received rows' local-expert offsets
   // [E/ep + 1], and for each row in local-expert-major order its row in the received (source-major) order. The
@@ -65,7 +82,8 @@ struct MoeActs {
   std::vector<int64_t> ep_send, ep_recv, ep_offsets;
   std::vector<int64_t> ep_order;
   Buffer xr, xe, fce, acte, ye, s_out, d_r, d_e, d_fce, d_acte;
-  void allocate(const ModelConfig& cfg, int64_t rows);
+  // ops: the backend whose memory holds the buffers (nullptr: host fp32, the CPU backend's).
+  void allocate(const ModelConfig& cfg, int64_t rows, Ops* ops = nullptr);
 };
 
 // Per-layer routing counts, summed over the forwards since the last take (metrics, the bias update).
@@ -82,7 +100,7 @@ class MoeFfn {
  public:
   // ep: expert parallelism (size > 1; nullptr or size 1: every expert here).
   MoeFfn(const ModelConfig& cfg, ParamStore& params, int layer, EpComm* ep = nullptr);
-  // out[N, C] (overwritten) = MoE(in[N, C]). Host fp32 tensors.
+  // out[N, C] (overwritten) = MoE(in[N, C]): activations on ops.device() (a, allocated for that backend).
   void forward(Ops& ops, Tensor out, Tensor in, MoeActs& a) const;
   // din[N, C] (overwritten) = the gradient w.r.t. in, from dout[N, C]; accumulates the parameters' gradients and
   // the router's from the auxiliary losses, those scaled by loss_scale (as the cross-entropy's gradient).
@@ -95,6 +113,15 @@ class MoeFfn {
   // The group's micro-batch: sums the counts and the losses' sums over group_, setting a.routing.batch_*, a.aux
   // and a.z to the micro-batch's.
   void share_batch(MoeActs& a, const float* logits) const;
+  // The logits [N, E] as host fp32: the buffer itself on the CPU backend, else copied down into a.logits_host.
+  const float* host_logits(Ops& ops, MoeActs& a, Tensor logits) const;
+  // The sigmoid_bias router's bias [E] as host fp32 (nullptr without one): the CPU backend's weight itself, else the
+  // fp32 master copied down (routing on the bias the CPU would use, not its bf16 compute copy).
+  const float* host_bias(Ops& ops, MoeActs& a) const;
+  // The routed experts without ep: out[N, C] (overwritten) = the gated sum of the experts' outputs, and backward.
+  void routed_forward(Ops& ops, Tensor out, Tensor in, MoeActs& a) const;
+  void routed_backward(Ops& ops, Tensor din, Tensor dout, MoeActs& a) const;
+  void shared_forward(Ops& ops, Tensor out, Tensor in, MoeActs& a) const;
 
   // The routed experts under expert parallelism: out[N, C] (overwritten) = the gated sum of the experts' outputs;
   // while_dispatch runs while the dispatch is in flight, while_combine while the outputs travel back. The backward

@@ -805,12 +805,15 @@ void RunConfig::validate_ep() const {
 }
 
 // What MoE (docs/moe.md) trains on so far: the CPU, under any of dp, ep, tp (the experts replicated over tp, each rank
-// routing its sequence-parallel rows) and pp.
+// routing its sequence-parallel rows) and pp; CUDA in one process or under plain dp (the layer's tp and ep exchanges
+// are host ones, and pp with MoE has not run on the device).
 void RunConfig::validate_moe() const {
-  MT_CHECK(train.device == Device::CPU,
-           "{}: model.moe_experts = {} runs on train.device = \"cpu\" only for now (the MoE layer's CUDA kernels "
-           "are not written yet)",
-           source, model.moe_experts);
+  if (train.device == Device::CPU) return;
+  MT_CHECK(parallel.ep == 1 && parallel.tp == 1 && parallel.pp == 1,
+           "{}: model.moe_experts = {} on train.device = \"cuda\" runs in one process or under data parallelism "
+           "(parallel.dp) only for now; parallel.ep ({}), parallel.tp ({}) and parallel.pp ({}) must be 1 there "
+           "(they run with MoE on train.device = \"cpu\")",
+           source, model.moe_experts, parallel.ep, parallel.tp, parallel.pp);
 }
 
 void RunConfig::validate(bool for_training) const {
