@@ -119,6 +119,28 @@ INSTANTIATE_TEST_SUITE_P(
                            kEps + " --optim.name=lamb --model.bias=false --parallel.ep_overlap=false", 2}),
     CaseName());
 
+// A Mixtral (an MoE Llama exported with `convert --to-hf`, per-expert w1/w2/w3 tensors) read by model.init_from
+// under ep2 x dp2 and ep2 x tp2: each rank reads the tensors of its own experts only, the router and the rest whole
+// (or its tp slices of them). Each run must be one process's reading the whole directory (up to the floor of its
+// reordered twin, shared by both layouts) and start from the source's weights.
+TEST(ExpertParallel, InitFromAnHfMixtralMatchesOneProcess) {
+  prepare();
+  const std::string src = fresh_dir("mt_ep_mixtral_src"), hf = fresh_dir("mt_ep_mixtral_hf");
+  make_hf_mixtral(common(src, 4) + kLlama, src, hf);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::string from_hf = kLlama + kEps + " --model.moe_z_loss=0.01 --model.init_from=" + hf;
+  const std::string single = fresh_dir("mt_ep_mixtral_single"), alt = fresh_dir("mt_ep_mixtral_alt");
+  run(kMegatrain + " train" + common(single, 4) + from_hf);
+  run_twin(4, common(alt, 4) + from_hf);
+  for (const Case& c : {Case{"ep2_x_dp2", 4, 2, from_hf}, Case{"ep2_x_tp2", 2, 2, from_hf, 2}}) {
+    const Trio t{single, alt, fresh_dir("mt_ep_mixtral_multi_" + c.name)};
+    run(layout_run(c, t.multi, 2));
+    expect_equivalent(t, c.name + " init_from an HF Mixtral");
+    EXPECT_LT(losses(t.multi)[0], losses(src)[0] - 0.05)
+        << c.name << ": the run did not start from the source's weights";
+  }
+}
+
 // An ep2 run checkpointed at step 3 resumes with the uninterrupted run's losses in one process (the experts
 // gathered back from their shards) and with every expert on its own rank (dp = ep = 4: the shards cut anew); and the
 // one-process run's own step-3 checkpoint resumes under ep2 (its experts cut into shards). Up to the noise floor of a

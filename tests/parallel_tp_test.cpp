@@ -148,10 +148,6 @@ TEST_P(TensorParallelVsSingle, LossesAndParametersMatch) {
     expect_same_moe_metrics(t.single, t.multi, 1e-4, c.name);
 }
 
-const std::string kLlama =
-    " --model.norm=rmsnorm --model.mlp=swiglu --model.pos=rope --model.n_kv_head=2 --model.bias=false"
-    " --model.tied_embeddings=false --model.vocab_pad_to=1";
-
 // MoE (docs/moe.md): the router and the experts replicated over tp, each rank routing its own sequence-parallel
 // rows, their gradients summed over tp. Dropless (the capacity counts a rank's rows), with the z-loss (a mean over
 // the micro-batch's tokens) and, in the Llama case, a dense first layer and every layer recomputed in backward (the
@@ -285,9 +281,8 @@ TEST(TensorParallel, InitFromAnHfMixtralMatchesOneProcess) {
   prepare();
   const std::string mixtral = kLlama + " --model.moe_experts=4 --model.moe_top_k=2 --model.moe_d_ff=32";
   const std::string src = fresh_dir("mt_tp_mixtral_src"), hf = fresh_dir("mt_tp_mixtral_hf");
-  run(kMegatrain + " train" + common(src, 4) + mixtral + " --train.steps=2");
-  run(kMegatrain + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
-  ASSERT_NE(mt::read_text_file(hf + "/config.json").find("\"mixtral\""), std::string::npos);
+  make_hf_mixtral(common(src, 4) + mixtral, src, hf);
+  if (::testing::Test::HasFatalFailure()) return;
   const Trio t = fresh_trio("mt_tp_mixtral", "init");
   const std::string from_hf = mixtral + " --model.moe_z_loss=0.01 --model.init_from=" + hf;
   run(kMegatrain + " train" + common(t.single, 4) + from_hf);

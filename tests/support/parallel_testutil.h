@@ -26,6 +26,7 @@
 
 #include "megatrain/ckpt/checkpoint.h"
 #include "megatrain/core/error.h"
+#include "megatrain/core/fs.h"
 
 namespace ptest {
 
@@ -58,6 +59,20 @@ inline std::string step3(const std::string& out) { return out + "/ckpt/step_0000
 
 // Runs a command (output discarded); it must succeed.
 inline void run(const std::string& cmd) { ASSERT_EQ(std::system((cmd + " > /dev/null 2>&1").c_str()), 0) << cmd; }
+
+// A Llama-style model: RMSNorm, SwiGLU, RoPE, GQA, no biases, an untied head, a vocabulary whose tp padding differs.
+inline const std::string kLlama =
+    " --model.norm=rmsnorm --model.mlp=swiglu --model.pos=rope --model.n_kv_head=2 --model.bias=false"
+    " --model.tied_embeddings=false --model.vocab_pad_to=1";
+
+// A synthetic Mixtral for model.init_from: one process trains the MoE Llama of `train_flags` (kLlama and the MoE
+// flags) for 2 steps into `src`, and `convert --to-hf` writes it to `hf` (model.safetensors, config.json of
+// model_type mixtral: per-expert block_sparse_moe.experts.{e}.w1/w2/w3).
+inline void make_hf_mixtral(const std::string& train_flags, const std::string& src, const std::string& hf) {
+  run(kMegatrain + " train" + train_flags + " --train.steps=2");
+  run(kMegatrain + " convert --to-hf " + src + "/ckpt --out " + hf + "/model.safetensors");
+  ASSERT_NE(mt::read_text_file(hf + "/config.json").find("\"mixtral\""), std::string::npos);
+}
 
 // Runs the reordered twin (noise_floor.h, reordered) of the one-process run with these flags: the noise floor of
 // that run's numbers. It must succeed.

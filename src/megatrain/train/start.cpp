@@ -29,8 +29,9 @@ StartPoint resume_or_init(const RunConfig& cfg, GPT& model, TrainCheckpointer& c
       fmt::print("resumed from {} at step {} (restored in {:.3f} s, {})\n", at.resumed_from, at.step,
                  now_seconds() - t0,
                  cfg.ckpt.one_reader && cfg.parallel.dp > 1 ? "one reader per dp group" : "every rank reads");
-  } else if (!cfg.init_from.empty() && (cfg.parallel.tp > 1 || cfg.parallel.pp > 1)) {
-    // Each rank holds a slice of the model and reads only that slice, never the whole model.
+  } else if (!cfg.init_from.empty() && (cfg.parallel.tp > 1 || cfg.parallel.pp > 1 || cfg.parallel.ep > 1)) {
+    // Each rank holds a slice of the model (its tp slices, its stage's layers, its ep shard of the experts) and
+    // reads only that slice, never the whole model.
     with_kind(ErrorKind::Checkpoint, [&] { ckpt.init_params(cfg.init_from); });
     if (mirror) mirror->push();
     if (main_rank) fmt::print("initialised weights from {} (each rank read its slices)\n", cfg.init_from);
