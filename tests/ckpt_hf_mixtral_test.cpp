@@ -21,6 +21,7 @@
 #include "megatrain/ckpt/hf_model.h"
 #include "megatrain/ckpt/hf_model_files.h"
 #include "megatrain/ckpt/model_weights.h"
+#include "megatrain/model/layout.h"
 #include "megatrain/ckpt/safetensors.h"
 #include "megatrain/core/fs.h"
 #include "megatrain/kernels/ops.h"
@@ -257,6 +258,28 @@ TEST(HfMixtral, BadFilesAreRefusedNamingTheTensorOrKey) {
   c = mixtral_config(false);
   c.erase("num_local_experts");
   refused("no-experts", m, c, {"config.json", "num_local_experts is missing"});
+}
+
+// The whole-model loader (one process's model.init_from) into a rank's shard of the model (here ep rank 1 of 2, half
+// the experts) is refused naming the tensor and both shapes; it wrote past the shard before (a crash without a
+// message). Sharded layouts load their slices through the checkpointer instead.
+TEST(HfMixtral, LoadingTheWholeModelIntoARanksShardIsRefusedNamingTheTensor) {
+  ScratchDir dir;
+  const HfModel m = random_mixtral(false);
+  write_mixtral(dir / "hf", m, mixtral_config(false));
+  const ModelConfig cfg = model_config_of(dir / "hf");
+  ParamStore shard;
+  declare_gpt_params(cfg, shard, 1, 0, {}, 2, 1);
+  shard.allocate();
+  const std::string e = error_of([&] { load_model_weights(dir / "hf", cfg, shard); });
+  EXPECT_NE(e.find("h.0.moe.experts.c_fc.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find(fmt::format("{}x{}x{}", E / 2, 2 * F, C)), std::string::npos) << e;
+  EXPECT_NE(e.find(fmt::format("{}x{}x{}", E, 2 * F, C)), std::string::npos) << e;
+  // The same store declared whole loads.
+  ParamStore whole;
+  declare_gpt_params(cfg, whole);
+  whole.allocate();
+  EXPECT_NO_THROW(load_model_weights(dir / "hf", cfg, whole));
 }
 
 TEST(HfMixtral, AMoeModelMixtralCannotHoldIsRefusedNamingTheKey) {

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <fmt/ranges.h>
+
 #include "megatrain/ckpt/config_json.h"
 #include "megatrain/ckpt/hf_model.h"
 #include "megatrain/core/error.h"
@@ -77,6 +79,20 @@ static void prepare_store(const ModelConfig& cfg, ParamStore& store) {
     store.allocate();
   }
   MT_CHECK(store.params_data() != nullptr, "loading weights: the parameter store is not allocated");
+  // The whole-model loaders write every tensor at its full shape: a rank's shard (tp, pp, ep) would be overrun.
+  ParamStore whole;  // declared, never allocated
+  declare_gpt_params(cfg, whole);
+  MT_CHECK(store.size() == whole.size(),
+           "loading whole-model weights: the parameter store holds {} tensors, the "
+           "model {} (a rank's part of it? sharded layouts load their slices)",
+           store.size(), whole.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    const ParamInfo &mine = store.info(static_cast<int>(i)), &full = whole.info(static_cast<int>(i));
+    MT_CHECK(mine.name == full.name && mine.shape == full.shape,
+             "loading whole-model weights: the parameter store's '{}' is {}, the model's '{}' {} (a rank's shard? "
+             "sharded layouts load their slices)",
+             mine.name, fmt::join(mine.shape, "x"), full.name, fmt::join(full.shape, "x"));
+  }
 }
 
 void load_params(const Checkpoint& ck, const ModelConfig& cfg, ParamStore& store) {
