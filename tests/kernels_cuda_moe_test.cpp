@@ -35,6 +35,7 @@
 #include "megatrain/kernels/cuda/cuda_ops.h"
 #include "megatrain/kernels/moe_routing.h"
 #include "megatrain/kernels/ops.h"
+#include "support/device_tensors.h"
 #include "support/kernels_testutil.h"
 
 namespace mt {
@@ -71,10 +72,6 @@ MoeRouting route(const Case& c, uint64_t seed) {
   return r;
 }
 
-VecF& rounded(VecF& v) {
-  for (float& x : v) x = round_bf16(x);
-  return v;
-}
 VecF abs_of(VecF v) {
   for (float& x : v) x = std::abs(x);
   return v;
@@ -102,35 +99,15 @@ class CudaMoeTest : public ::testing::Test {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
     gpu_ = make_cuda_ops(-1, CudaOptions{"flash"});
     cpu_ = make_cpu_ops();
+    mem_ = std::make_unique<test::DeviceTensors>(*gpu_);
   }
-  // A device tensor holding v (BF16: v is first rounded in place, so the CPU sees the same numbers).
+  // Device tensors (support/device_tensors.h): BF16 ones rounded in place first, so the CPU sees the same numbers.
   Tensor dev(VecF& v, std::initializer_list<int64_t> shape, DType dt = DType::BF16) {
-    Buffer b = gpu_->alloc(v.size() * dtype_size(dt) + 16);
-    Tensor t = b.view(shape, dt);
-    if (dt == DType::BF16) {
-      rounded(v);
-      std::vector<uint16_t> bits(v.size());
-      for (size_t i = 0; i < v.size(); ++i) bits[i] = float_to_bf16(v[i]);
-      gpu_->to_device(t, bits.data());
-    } else {
-      gpu_->to_device(t, v.data());
-    }
-    bufs_.push_back(std::move(b));
-    return t;
+    return mem_->upload(v, shape, dt);
   }
-  VecF host(const Tensor& t) {
-    VecF out(static_cast<size_t>(t.numel()));
-    if (t.dtype == DType::BF16) {
-      std::vector<uint16_t> bits(out.size());
-      gpu_->to_host(bits.data(), t);
-      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(bits[i]);
-    } else {
-      gpu_->to_host(out.data(), t);
-    }
-    return out;
-  }
+  VecF host(const Tensor& t) { return mem_->host(t); }
   std::unique_ptr<Ops> gpu_, cpu_;
-  std::vector<Buffer> bufs_;
+  std::unique_ptr<test::DeviceTensors> mem_;
 };
 
 class CudaMoeCaseTest : public CudaMoeTest, public ::testing::WithParamInterface<Case> {};

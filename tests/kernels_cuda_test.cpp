@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "support/device_tensors.h"
 #include "support/kernels_testutil.h"
 #include "megatrain/core/bf16.h"
 #include "megatrain/core/buffer.h"
@@ -43,23 +44,12 @@ using test::to_d;
 using test::VecD;
 using test::VecF;
 
-int64_t numel_of(std::initializer_list<int64_t> shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 double max_abs(const VecF& v) {
   double m = 0;
   for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
   return m;
 }
 
-// Rounds every element to bf16 (the values both backends then see).
-VecF& rounded(VecF& v) {
-  for (float& x : v) x = round_bf16(x);
-  return v;
-}
 
 class CudaOpsTest : public ::testing::Test {
  protected:
@@ -67,59 +57,25 @@ class CudaOpsTest : public ::testing::Test {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
     gpu_ = make_cuda_ops(-1, CudaOptions{"flash"});  // attention here is our flash kernels (cuDNN's has its own test)
     cpu_ = make_cpu_ops();
+    mem_ = std::make_unique<test::DeviceTensors>(*gpu_);
   }
 
-  // A device tensor of dtype dt holding v (for BF16, v is first rounded in place so the CPU oracle sees the same
-  // numbers). `offset_bytes` places it off the allocation's 256-byte alignment (unaligned views).
+  // Device tensors (support/device_tensors.h): a tensor of dtype dt holding v (for BF16, v is first rounded in place
+  // so the CPU oracle sees the same numbers); `offset_bytes` places it off the allocation's 256-byte alignment.
   Tensor dev(VecF& v, std::initializer_list<int64_t> shape, DType dt = DType::BF16, size_t offset_bytes = 0) {
-    EXPECT_EQ(static_cast<int64_t>(v.size()), numel_of(shape));
-    Buffer b = gpu_->alloc(v.size() * dtype_size(dt) + offset_bytes + 16);
-    Tensor t = b.view(shape, dt, offset_bytes);
-    if (dt == DType::BF16) {
-      rounded(v);
-      std::vector<uint16_t> bits(v.size());
-      for (size_t i = 0; i < v.size(); ++i) bits[i] = float_to_bf16(v[i]);
-      gpu_->to_device(t, bits.data());
-    } else {
-      EXPECT_EQ(dt, DType::F32);
-      gpu_->to_device(t, v.data());
-    }
-    bufs_.push_back(std::move(b));
-    return t;
+    return mem_->upload(v, shape, dt, offset_bytes);
   }
   Tensor dev_f32(VecF& v, std::initializer_list<int64_t> shape) { return dev(v, shape, DType::F32); }
-  Tensor dev_i32(std::vector<int32_t>& v, std::initializer_list<int64_t> shape) {
-    Buffer b = gpu_->alloc(v.size() * 4 + 16);
-    Tensor t = b.view(shape, DType::I32);
-    gpu_->to_device(t, v.data());
-    bufs_.push_back(std::move(b));
-    return t;
-  }
-  Tensor zeros(std::initializer_list<int64_t> shape, DType dt = DType::BF16) {
-    Buffer b = gpu_->alloc(static_cast<size_t>(numel_of(shape)) * dtype_size(dt) + 16);
-    Tensor t = b.view(shape, dt);
-    bufs_.push_back(std::move(b));
-    return t;
-  }
-  // The tensor's contents as floats (BF16 widened exactly).
-  VecF host(const Tensor& t) {
-    VecF out(static_cast<size_t>(t.numel()));
-    if (t.dtype == DType::BF16) {
-      std::vector<uint16_t> bits(out.size());
-      gpu_->to_host(bits.data(), t);
-      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(bits[i]);
-    } else {
-      gpu_->to_host(out.data(), t);
-    }
-    return out;
-  }
+  Tensor dev_i32(std::vector<int32_t>& v, std::initializer_list<int64_t> shape) { return mem_->upload_i32(v, shape); }
+  Tensor zeros(std::initializer_list<int64_t> shape, DType dt = DType::BF16) { return mem_->zeros(shape, dt); }
+  VecF host(const Tensor& t) { return mem_->host(t); }
   // Checks got against want with rtol and an absolute floor of atol_frac * max|want|.
   static ::testing::AssertionResult near(const VecF& got, const VecF& want, double rtol, double atol_frac) {
     return close(got, to_d(want), rtol, atol_frac * max_abs(want) + 1e-30);
   }
 
   std::unique_ptr<Ops> gpu_, cpu_;
-  std::vector<Buffer> bufs_;
+  std::unique_ptr<test::DeviceTensors> mem_;
 };
 
 // ---- memory ---------------------------------------------------------------------------------------------------
@@ -425,7 +381,7 @@ TEST_F(CudaOpsTest, MatmulBackwardGeluFusedAndFallback) {
     const int64_t N = 29, OC = 40;
     SCOPED_TRACE("C=" + std::to_string(C));
     VecF pre = randn(N * C, 24, 2.0f), w = randn(OC * C, 25, 0.2f), dy = randn(N * OC, 26);
-    rounded(pre);
+    test::rounded_bf16(pre);
     VecF act(N * C);
     cpu_->gelu_forward(tf(act, {N, C}), tf(pre, {N, C}));
     VecF dw0 = randn(OC * C, 27), db0 = randn(OC, 28);
@@ -505,7 +461,7 @@ TEST_F(CudaOpsTest, GemmTuningKeepsEveryLinearOpRightAndTimesOnlyWhatRerunsSafel
   {
     const int64_t N = 64, C = 256, OC = 128;
     VecF pre = randn(N * C, 47, 2.0f), w = randn(OC * C, 48, 0.2f), dy = randn(N * OC, 49);
-    rounded(pre);
+    test::rounded_bf16(pre);
     VecF act(N * C), dpre(N * C), dw(OC * C), db(OC);
     cpu_->gelu_forward(tf(act, {N, C}), tf(pre, {N, C}));
     Tensor gpre = dev(pre, {N, C}), gact = dev(act, {N, C}), gw = dev(w, {OC, C}), gdy = dev(dy, {N, OC});
@@ -686,7 +642,7 @@ TEST_F(CudaOpsTest, NormBackwardOverwritesDwDbWhenAsked) {
   for (const auto& [N, C] : kNormShapes) {
     SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
     VecF x = randn(N * C, 70), w = randn(C, 71), dy = randn(N * C, 72), mean(N), rstd(N), out(N * C);
-    rounded(x);
+    test::rounded_bf16(x);
     cpu_->layernorm_forward(tf(out, {N, C}), tf(mean, {N}), tf(rstd, {N}), tf(x, {N, C}), tf(w, {C}), Tensor{}, 1e-5f);
     Tensor gx = dev(x, {N, C}), gw = dev(w, {C}), gdy = dev(dy, {N, C});
     Tensor gm = dev_f32(mean, {N}), gr = dev_f32(rstd, {N});
@@ -722,7 +678,7 @@ TEST_F(CudaOpsTest, LayerNormInferenceWithoutStatistics) {
 TEST_F(CudaOpsTest, LayerNormBackwardIsDeterministic) {
   const int64_t N = 4096, C = 256;
   VecF x = randn(N * C, 44), w = randn(C, 45), dy = randn(N * C, 46), mean(N), rstd(N), out(N * C);
-  rounded(x);
+  test::rounded_bf16(x);
   cpu_->layernorm_forward(tf(out, {N, C}), tf(mean, {N}), tf(rstd, {N}), tf(x, {N, C}), tf(w, {C}), Tensor{}, 1e-5f);
   Tensor gx = dev(x, {N, C}), gw = dev(w, {C}), gdy = dev(dy, {N, C});
   Tensor gm = dev_f32(mean, {N}), gr = dev_f32(rstd, {N});
