@@ -51,6 +51,7 @@ void expect_same_checkpoints(const std::string& a, const std::string& b, const s
 struct Case {
   std::string name;
   int dp, ep, accum;
+  std::string extra = "";
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -61,7 +62,7 @@ TEST_P(EpInterleave, EqualsTheSameJobWithoutIt) {
   const Case& c = GetParam();
   const std::string plain = fresh_dir("mt_epi_plain_" + c.name), inter = fresh_dir("mt_epi_inter_" + c.name);
   const std::string flags = " --parallel.dp=" + std::to_string(c.dp) + " --parallel.ep=" + std::to_string(c.ep) +
-                            " --train.grad_accum=" + std::to_string(c.accum);
+                            " --train.grad_accum=" + std::to_string(c.accum) + c.extra;
   const int batch = 16 / (c.dp * c.accum);  // 16 rows a step
   run(launch(c.dp, plain, batch, flags));
   run(launch(c.dp, inter, batch, flags + " --parallel.ep_interleave=true"));
@@ -76,7 +77,9 @@ TEST_P(EpInterleave, EqualsTheSameJobWithoutIt) {
 INSTANTIATE_TEST_SUITE_P(Ep, EpInterleave,
                          ::testing::Values(Case{"ep2_accum2", 2, 2, 2},
                                            // two pairs a step; the expert gradients reduced over the expert-dp pairs
-                                           Case{"ep2_x_dp2_accum4", 4, 2, 4}),
+                                           Case{"ep2_x_dp2_accum4", 4, 2, 4},
+                                           // a dense first layer: the pair's forwards one after the other there
+                                           Case{"ep2_first_dense_accum2", 2, 2, 2, " --model.moe_first_dense=1"}),
                          CaseName());
 
 // The interleave is on the timeline: per rank and MoE layer of a traced step, one "attention mb1 behind mb0's
