@@ -12,6 +12,7 @@
 # machine's cores, so on a small machine the shared experts' compute and the exchange compete for them.
 #   bench/ep_overlap.sh                                 # 6 runs, about a minute on 2 cores
 #   DATA=/path/to/data/brown REPS=5 STEPS=20 bench/ep_overlap.sh
+#   EXTRA="--train.grad_accum=2 --parallel.ep_interleave=true" bench/ep_overlap.sh   # flags added to every run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,7 @@ WARMUP=${WARMUP:-3}
 ROWS=${ROWS:-4}
 SEQ=${SEQ:-64}
 RESULT=${RESULT:-}
+read -r -a EXTRA_FLAGS <<<"${EXTRA:-}"
 [[ -x "$BIN" ]] || { echo "ep_overlap: build megatrain first ($BIN)" >&2; exit 2; }
 [[ -f "$DATA/meta.json" ]] || { echo "ep_overlap: no prepared data in $DATA (set DATA=)" >&2; exit 2; }
 VOCAB=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$DATA/meta.json")
@@ -39,7 +41,7 @@ for rep in $(seq 1 "$REPS"); do
   for overlap in true false; do
     dir="$OUT/overlap_${overlap}_$rep"
     rm -rf "$dir"
-    "$BIN" launch --nproc 2 -- train "${MODEL[@]}" --parallel.ep_overlap="$overlap" --train.out_dir="$dir" \
+    "$BIN" launch --nproc 2 -- train "${MODEL[@]}" --parallel.ep_overlap="$overlap" --train.out_dir="$dir" ${EXTRA_FLAGS[@]+"${EXTRA_FLAGS[@]}"} \
       >"$dir.log" 2>&1 || { echo "ep_overlap: run $dir failed (see $dir.log)" >&2; exit 1; }
   done
 done

@@ -247,7 +247,43 @@ void Block::column_backward(Ops& ops, Tensor din, int64_t N, const std::vector<C
 
 // ---- the layer ----------------------------------------------------------------------------------------------
 
+void Block::attention_forward(Ops& ops, Tensor x, const Views& v) const {
+  const bool seq = cfg_.block == BlockKind::Sequential;
+  auto rows = [](Tensor t, int64_t r0, int64_t n) { return t.slice0(r0, r0 + n); };
+  norm_forward(ops, ln1_, v.ln1_out, v.mean1, v.rstd1, x);
+  column_forward(v.ln1, v.ln1_out, [&](int64_t r0, int64_t n) {
+    ops.matmul_forward(rows(v.qkv, r0, n), rows(v.ln1, r0, n), P(c_attn_.w), P(c_attn_.b));
+    if (!seq) mlp_up_forward(ops, rows(v.fc, r0, n), rows(v.act, r0, n), rows(v.ln1, r0, n));
+  });
+  if (cfg_.pos == PosKind::Rope) ops.rope_forward(v.qkv, v.as, cfg_.rope_freqs());
+  ops.attention_forward(v.att, v.lse, v.qkv, v.as);
+}
+
+void Block::forward_attention(Ops& ops, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const {
+  MT_CHECK(moe_, "Block::forward_attention: layer is not a MoE layer");
+  const Views v = views(a, s, B, T);
+  attention_forward(ops, x, v);
+  Tensor attn = v.part.slice0(0, v.Ns);
+  row_forward(attn, v.N, [&](Tensor out, int64_t r0, int64_t n) {
+    ops.matmul_forward(out, v.att.slice0(r0, r0 + n), P(attn_proj_.w), row_bias(attn_proj_));
+  });
+  // h = x + attn; LN2(h) on this rank's rows (the MoE's input is kept in ln2's first rows): attn is consumed.
+  add_norm_forward(ops, ln2_, v.h, moe_input(v), v.mean2, v.rstd2, x, attn);
+}
+
+void Block::forward_moe(Ops& ops, Tensor y, BlockActs& a, BlockScratch& s, int B, int T,
+                        const std::function<void()>& while_dispatch) const {
+  const Views v = views(a, s, B, T);
+  Tensor out = v.part.slice0(0, v.Ns);  // written by the combine, after while_dispatch
+  moe_->forward(ops, out, moe_input(v), a.moe, while_dispatch);
+  ops.add(y, v.h, out);
+}
+
 void Block::forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const {
+  if (moe_) {  // h = x + attn; y = h + MoE(LN2 h)
+    forward_attention(ops, x, a, s, B, T);
+    return forward_moe(ops, y, a, s, B, T, {});
+  }
   const Views v = views(a, s, B, T);
   const bool seq = cfg_.block == BlockKind::Sequential;
   auto rows = [](Tensor t, int64_t r0, int64_t n) { return t.slice0(r0, r0 + n); };
@@ -256,24 +292,11 @@ void Block::forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s,
   };
   const RowLinear attn_out{attn_proj_, v.att}, mlp_out{mlp_proj_, v.act};
 
-  // Attention branch; in the parallel block the MLP's up-projection reads the same LN1 output.
-  norm_forward(ops, ln1_, v.ln1_out, v.mean1, v.rstd1, x);
-  column_forward(v.ln1, v.ln1_out, [&](int64_t r0, int64_t n) {
-    ops.matmul_forward(rows(v.qkv, r0, n), rows(v.ln1, r0, n), P(c_attn_.w), P(c_attn_.b));
-    if (!seq) mlp_up_forward(ops, rows(v.fc, r0, n), rows(v.act, r0, n), rows(v.ln1, r0, n));
-  });
-  if (cfg_.pos == PosKind::Rope) ops.rope_forward(v.qkv, v.as, cfg_.rope_freqs());
-  ops.attention_forward(v.att, v.lse, v.qkv, v.as);
+  attention_forward(ops, x, v);
   if (!seq) return row_forward_add(ops, y, x, v.part, v.N, {attn_out, mlp_out});  // y = x + attn + mlp
 
   Tensor attn = v.part.slice0(0, v.Ns);
   row_forward(attn, v.N, attn_proj);
-  if (moe_) {  // h = x + attn; y = h + MoE(LN2 h), on this rank's rows (the MoE's input is kept in ln2's first rows)
-    add_norm_forward(ops, ln2_, v.h, moe_input(v), v.mean2, v.rstd2, x, attn);
-    Tensor out = v.part.slice0(0, v.Ns);  // attn is consumed
-    moe_->forward(ops, out, moe_input(v), a.moe);
-    return ops.add(y, v.h, out);
-  }
   add_norm_forward(ops, ln2_, v.h, v.ln2_out, v.mean2, v.rstd2, x, attn);  // h = x + attn; LN2(h)
   column_forward(v.ln2, v.ln2_out, [&](int64_t r0, int64_t n) {
     mlp_up_forward(ops, rows(v.fc, r0, n), rows(v.act, r0, n), rows(v.ln2, r0, n));

@@ -60,6 +60,13 @@ class Block {
 
   // y[B*T, C] = layer(x). x must stay valid until backward (it is the saved layer input).
   void forward(Ops& ops, Tensor y, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
+  // A MoE layer's forward in two halves, so that two micro-batches can interleave (GPT::forward_pair):
+  // forward_attention keeps h = x + attn and the MoE's input LN2(h) in a (nothing of it in s once it returns), and
+  // forward_moe then writes y = h + MoE(LN2 h), running while_dispatch while the experts' dispatch is in flight.
+  // forward on a MoE layer is the two in a row.
+  void forward_attention(Ops& ops, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
+  void forward_moe(Ops& ops, Tensor y, BlockActs& a, BlockScratch& s, int B, int T,
+                   const std::function<void()>& while_dispatch) const;
   // dx: on entry the gradient w.r.t. y; on exit the gradient w.r.t. x (in place, the residual stream).
   void backward(Ops& ops, Tensor dx, Tensor x, BlockActs& a, BlockScratch& s, int B, int T) const;
   // The MoE feed-forward replacing the MLP on a MoE layer (ModelConfig::moe_layer); nullptr on a dense layer.
@@ -109,6 +116,8 @@ class Block {
   // A MoE layer's input LN2(h): this rank's [Ns, C] rows, kept in the first rows of ln2 (its gathered [N, C]
   // buffer on an MLP layer) until backward.
   static Tensor moe_input(const Views& v) { return v.ln2.slice0(0, v.Ns); }
+  // The attention up to its output v.att (in the parallel block also the MLP's up-projection).
+  void attention_forward(Ops& ops, Tensor x, const Views& v) const;
   // Backward from the attention's output gradient v.d_att to dx (accumulated into it), through LN1.
   void attention_backward(Ops& ops, Tensor dx, Tensor x, const Views& v) const;
 

@@ -9,6 +9,7 @@
 
 #include "megatrain/core/rng.h"
 #include "megatrain/model/layout.h"
+#include "megatrain/obs/timeline.h"
 
 namespace mt {
 
@@ -264,6 +265,52 @@ void GPT::layers_forward(Slot& s, int first, int end) {
     blocks_[l]->forward(ops_, act(s.residual[l + 1], R, C), act(s.residual[l], R, C), a, scratch_, s.B, s.T);
     if (blocks_[l]->moe()) count_moe(l, a.moe);
   }
+}
+
+void GPT::forward_pair(const int (&mb)[2], const int32_t* const (&tokens)[2], const int32_t* const (&targets)[2], int B,
+                       int T, float loss_scale, float (&loss_out)[2]) {
+  MT_CHECK(part_.whole() && !tp_, "GPT::forward_pair runs the whole model without tensor parallelism");
+  MT_CHECK(!cfg_.recompute_norm, "GPT::forward_pair: recompute_norm keeps the norms' outputs in shared scratch");
+  for (int l = 0; l < cfg_.n_layer; ++l)
+    MT_CHECK(!recompute(l), "GPT::forward_pair: layer {} is recomputed (its activations are shared scratch)", l);
+  MT_CHECK(mb[0] >= 0 && mb[1] >= 0 && mb[0] != mb[1], "GPT::forward_pair: micro-batch ids {} and {}", mb[0], mb[1]);
+  ensure_capacity(B, T, mb[0]);
+  Slot& s0 = take_slot(0, mb[0]);
+  Slot& s1 = take_slot(0, mb[1]);
+  chunk_forwards_ += 2;
+  loss_scale_ = loss_scale;
+  moe_count_ = true;
+  for (Slot* s : {&s0, &s1}) {
+    set_tokens(*s, tokens[s == &s0 ? 0 : 1], B, T);
+    embed_forward(*s);
+  }
+  for (int l = 0; l < cfg_.n_layer; ++l) layer_forward_pair(s0, s1, l);
+  moe_count_ = false;
+  head_forward(s0);
+  loss_out[0] = loss(s0, targets[0], loss_scale, true);
+  head_forward(s1);
+  loss_out[1] = loss(s1, targets[1], loss_scale, true);
+}
+
+void GPT::layer_forward_pair(Slot& s0, Slot& s1, int l) {
+  const Block& b = *blocks_[l];
+  if (!b.moe()) {
+    layers_forward(s0, l, l + 1);
+    return layers_forward(s1, l, l + 1);
+  }
+  const int64_t R = stream_rows(s0), C = cfg_.d_model;
+  used(layer_first_[l], layer_end_[l]);
+  b.forward_attention(ops_, act(s0.residual[l], R, C), s0.acts[l], scratch_, s0.B, s0.T);
+  b.forward_moe(ops_, act(s0.residual[l + 1], R, C), s0.acts[l], scratch_, s0.B, s0.T, [&] {
+    obs::ScopedSpan span("compute", [&] {
+      return obs::SpanInfo{fmt::format("attention mb{} behind mb{}'s dispatch", s1.mb, s0.mb),
+                           {{"mb", s1.mb}, {"layer", l}}};
+    });
+    b.forward_attention(ops_, act(s1.residual[l], R, C), s1.acts[l], scratch_, s1.B, s1.T);
+  });
+  count_moe(l, s0.acts[l].moe);
+  b.forward_moe(ops_, act(s1.residual[l + 1], R, C), s1.acts[l], scratch_, s1.B, s1.T, {});
+  count_moe(l, s1.acts[l].moe);
 }
 
 void GPT::count_moe(int l, const MoeActs& a) {

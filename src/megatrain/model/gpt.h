@@ -112,6 +112,17 @@ class GPT {
   }
   Tensor backward_chunk(int c, Tensor dy) { return backward_chunk(c, 0, dy); }
 
+  // ---- expert parallelism's interleave of two micro-batches (parallel.ep_interleave) ---------------------------
+  // The training forwards of micro-batches mb[0] and mb[1] ([B, T] each; the whole model, tp = 1), interleaved
+  // layer by layer: on a MoE layer, mb[0]'s attention half, then its MoE, during whose expert dispatch mb[1]'s
+  // attention half runs (Block::forward_moe's while_dispatch), then mb[1]'s MoE; a dense layer runs mb[0]'s then
+  // mb[1]'s. Each micro-batch's arithmetic is its forward_chunk's exactly (only the order of independent work
+  // changes), so loss[k] and the activations kept are forward_chunk(0, mb[k], ...)'s; backward_chunk(0, mb[k])
+  // follows for each. Needs two free activation slots (reserve_activation_slots(0, 2, B, T)) and no recomputed
+  // layer or recompute_norm (their buffers are shared by the micro-batches).
+  void forward_pair(const int (&mb)[2], const int32_t* const (&tokens)[2], const int32_t* const (&targets)[2], int B,
+                    int T, float loss_scale, float (&loss)[2]);
+
   // ---- mixture of experts (model/moe.h) --------------------------------------------------------------------
   // Per MoE layer held, the routing counts and auxiliary losses of the training forwards since the last take
   // (recomputation's and evaluation's forwards are not counted); empty for a dense model.
@@ -152,6 +163,7 @@ class GPT {
   // The pieces of forward and backward (with or without tp), on the micro-batch of slot s.
   void embed_forward(Slot& s);
   void layers_forward(Slot& s, int first, int end);
+  void layer_forward_pair(Slot& s0, Slot& s1, int l);  // forward_pair's layer l
   void head_forward(Slot& s);
   float loss(Slot& s, const int32_t* targets, float loss_scale, bool train);
   float loss_tp(Slot& s, int64_t N, int64_t valid, float dloss, bool train);

@@ -68,12 +68,13 @@ const float* MoeFfn::host_bias(Ops& ops, MoeActs& a) const {
   return a.bias_host.data();
 }
 
-void MoeFfn::forward(Ops& ops, Tensor out, Tensor in, MoeActs& a) const {
+void MoeFfn::forward(Ops& ops, Tensor out, Tensor in, MoeActs& a, const std::function<void()>& while_dispatch) const {
   if (ep_) {
     MT_CHECK(ops.device() == Device::CPU, "parallel.ep: the MoE layer's expert parallelism runs on train.device = "
                                           "\"cpu\" only for now");
-    return forward_ep(ops, out, in, a);
+    return forward_ep(ops, out, in, a, while_dispatch);
   }
+  if (while_dispatch) while_dispatch();  // nothing to hide it behind
   MT_CHECK(!group_ || ops.device() == Device::CPU,
            "parallel.tp: the MoE layer under tensor parallelism runs on train.device = \"cpu\" only for now");
   const int64_t N = in.size(0), E = cfg_.moe_experts;

@@ -101,7 +101,9 @@ class MoeFfn {
   // ep: expert parallelism (size > 1; nullptr or size 1: every expert here).
   MoeFfn(const ModelConfig& cfg, ParamStore& params, int layer, EpComm* ep = nullptr);
   // out[N, C] (overwritten) = MoE(in[N, C]): activations on ops.device() (a, allocated for that backend).
-  void forward(Ops& ops, Tensor out, Tensor in, MoeActs& a) const;
+  // while_dispatch: other work independent of this layer (another micro-batch's attention, GPT::forward_pair), run
+  // with expert parallelism while the dispatch is in flight (after the shared experts); without ep, first.
+  void forward(Ops& ops, Tensor out, Tensor in, MoeActs& a, const std::function<void()>& while_dispatch = {}) const;
   // din[N, C] (overwritten) = the gradient w.r.t. in, from dout[N, C]; accumulates the parameters' gradients and
   // the router's from the auxiliary losses, those scaled by loss_scale (as the cross-entropy's gradient).
   void backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a, float loss_scale) const;
@@ -131,7 +133,7 @@ class MoeFfn {
                          const std::function<void()>& while_combine) const;
   void routed_backward_ep(Ops& ops, Tensor din, Tensor dout, MoeActs& a, const std::function<void()>& while_return,
                           const std::function<void()>& while_back) const;
-  void forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a) const;
+  void forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a, const std::function<void()>& while_dispatch) const;
   void backward_ep(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a, float loss_scale) const;
   void shared_backward(Ops& ops, Tensor din, Tensor dout, Tensor in, MoeActs& a) const;
   void router_backward(Ops& ops, Tensor din, Tensor in, MoeActs& a, float loss_scale) const;

@@ -63,7 +63,8 @@ void plan_exchange(EpComm& ep, const MoeRouting& r, MoeActs& a) {
 
 }  // namespace
 
-void MoeFfn::forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a) const {
+void MoeFfn::forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a,
+                        const std::function<void()>& while_dispatch) const {
   const int64_t N = in.size(0), C = cfg_.d_model, E = cfg_.moe_experts, F = cfg_.moe_ff_dim();
   Tensor logits = ep_rows(a.logits, N, E);
   ops.matmul_forward(logits, in, params_.weight(router_), Tensor{});
@@ -72,13 +73,15 @@ void MoeFfn::forward_ep(Ops& ops, Tensor out, Tensor in, MoeActs& a) const {
             bias_ >= 0 ? params_.weight(bias_).f32() : nullptr, cfg_.moe_capacity_factor);
   ensure_floats(a.s_out, N * C);
   Tensor s_out = ep_rows(a.s_out, N, C);
-  auto shared = [&] {  // the shared experts, while the dispatch is in flight
-    if (s13_ < 0) return;
-    const int64_t SF = int64_t{cfg_.moe_shared_experts} * F;
-    Tensor s_fc = ep_rows(a.s_fc, N, 2 * SF), s_act = ep_rows(a.s_act, N, SF);
-    ops.matmul_forward(s_fc, in, params_.weight(s13_), Tensor{});
-    ops.swiglu_forward(s_act, s_fc);
-    ops.matmul_forward(s_out, s_act, params_.weight(s2_), Tensor{});
+  auto shared = [&] {  // the shared experts (then the caller's work), while the dispatch is in flight
+    if (s13_ >= 0) {
+      const int64_t SF = int64_t{cfg_.moe_shared_experts} * F;
+      Tensor s_fc = ep_rows(a.s_fc, N, 2 * SF), s_act = ep_rows(a.s_act, N, SF);
+      ops.matmul_forward(s_fc, in, params_.weight(s13_), Tensor{});
+      ops.swiglu_forward(s_act, s_fc);
+      ops.matmul_forward(s_out, s_act, params_.weight(s2_), Tensor{});
+    }
+    if (while_dispatch) while_dispatch();
   };
   auto losses = [&] {    // the auxiliary losses (the rank's own tokens), while the combine is in flight
     if (group_) return;  // shared over the token group below, once the combine is complete

@@ -59,8 +59,11 @@ class PlainForwardBackward final : public ForwardBackward {
  public:
   PlainForwardBackward(const RunConfig& cfg, Topology& topo, ModelStack& stack)
       : model_(*stack.model), tpc_(stack.tp_comm.get()), accum_(cfg.train.grad_accum), B_(cfg.data.batch_size),
-        T_(cfg.data.seq_len), slow_(cfg, topo) {}
+        T_(cfg.data.seq_len), interleave_(cfg.parallel.ep_interleave), slow_(cfg, topo) {
+    if (interleave_) model_.reserve_activation_slots(0, 2, B_, T_);  // both micro-batches of a pair
+  }
   float run_rounds(const BatchSource& batch, Update& update) override {
+    if (interleave_) return run_pairs(batch, update);
     float loss = 0;
     for (int mi = 0; mi < accum_; ++mi) {
       const Batch& b = batch(mi);
@@ -80,6 +83,35 @@ class PlainForwardBackward final : public ForwardBackward {
     }
     return loss / accum_;
   }
+  // parallel.ep_interleave (model/gpt.h forward_pair): micro-batches 2p and 2p+1 forward together, then each one's
+  // backward in order. The gradients accumulate in the same order as above (mb0's backward, mb1's, ...), and each
+  // forward is the same arithmetic, so the step is the plain one's bit for bit.
+  float run_pairs(const BatchSource& batch, Update& update) {
+    float loss = 0;
+    for (int mi = 0; mi < accum_; mi += 2) {
+      const Batch &b0 = batch(mi), &b1 = batch(mi + 1);
+      slow_.round(mi, [&] {
+        float l[2];
+        {
+          obs::ScopedSpan span("compute", [mi] {
+            return obs::SpanInfo{fmt::format("forward mb{}+mb{}", mi, mi + 1), {{"mb", mi}}};
+          });
+          model_.forward_pair({mi, mi + 1}, {b0.x.data(), b1.x.data()}, {b0.y.data(), b1.y.data()}, B_, T_,
+                              1.0f / accum_, l);
+        }
+        loss += l[0];  // summed in the plain form's order
+        loss += l[1];
+        for (int k = 0; k < 2; ++k) {
+          if (mi + k == accum_ - 1) update.begin_last_backward(-1);
+          obs::ScopedSpan span("compute", [m = mi + k] {
+            return obs::SpanInfo{fmt::format("backward mb{}", m), {{"mb", m}}};
+          });
+          model_.backward_chunk(0, mi + k, Tensor{});
+        }
+      });
+    }
+    return loss / accum_;
+  }
   CommTime take_tp_time() override { return take(tpc_); }
   void set_step(int step) override { slow_.set_step(step); }
 
@@ -87,6 +119,7 @@ class PlainForwardBackward final : public ForwardBackward {
   GPT& model_;
   ProcessGroupTpComm* tpc_;
   int accum_, B_, T_;
+  bool interleave_;
   UncodedSlowness slow_;
 };
 

@@ -623,6 +623,9 @@ void add_parallel_rows(std::vector<Row>& t) {
                   "expert-parallel ranks (MoE): the experts sharded over ep of the dp ranks; divides parallel.dp"));
   t.push_back(row("parallel", "ep_overlap", MT_MEMBER(parallel.ep_overlap), any(),
                   "overlap the expert all-to-alls with the shared experts' compute"));
+  t.push_back(row("parallel", "ep_interleave", MT_MEMBER(parallel.ep_interleave), any(),
+                  "run micro-batches in pairs: one's attention while the other's expert dispatch is in flight "
+                  "(ep > 1, pp = 1, tp = 1, an even train.grad_accum; keeps two micro-batches' activations)"));
   t.push_back(row("parallel", "bucket_mb", MT_MEMBER(parallel.bucket_mb), at_least(1),
                   "data-parallel gradient bucket size, MiB of fp32"));
   t.push_back(row("parallel", "overlap", MT_MEMBER(parallel.overlap), any(), "overlap communication with compute"));
@@ -804,6 +807,28 @@ void RunConfig::validate_ep() const {
            source, parallel.ep);
 }
 
+// The interleave of two micro-batches' MoE layers (docs/moe.md): the plain form (no pipeline, no token group) over
+// pairs of the step's micro-batches, each layer's activations kept (a recomputed layer's shared buffer would be
+// overwritten by the other micro-batch's forward).
+void RunConfig::validate_ep_interleave() const {
+  MT_CHECK(parallel.ep > 1 && parallel.pp == 1 && parallel.tp == 1,
+           "{}: parallel.ep_interleave needs parallel.ep > 1, parallel.pp = 1 and parallel.tp = 1 (got ep = {}, pp = "
+           "{}, tp = {})",
+           source, parallel.ep, parallel.pp, parallel.tp);
+  MT_CHECK(train.grad_accum >= 2 && train.grad_accum % 2 == 0,
+           "{}: parallel.ep_interleave runs micro-batches in pairs: train.grad_accum = {} must be even and >= 2",
+           source, train.grad_accum);
+  MT_CHECK(!model.recompute_norm,
+           "{}: parallel.ep_interleave cannot be combined with model.recompute_norm (the norms' outputs live in "
+           "scratch the other micro-batch's attention overwrites)",
+           source);
+  for (bool r : model.recompute)
+    MT_CHECK(!r,
+             "{}: parallel.ep_interleave cannot be combined with model.recompute (the two micro-batches of a pair "
+             "would share the recomputed layers' activations)",
+             source);
+}
+
 // What MoE (docs/moe.md) trains on so far: the CPU, under any of dp, ep, tp (the experts replicated over tp, each rank
 // routing its sequence-parallel rows) and pp; CUDA in one process or under plain dp (the layer's tp and ep exchanges
 // are host ones, and pp with MoE has not run on the device).
@@ -837,6 +862,7 @@ void RunConfig::validate(bool for_training) const {
            "algorithm by timing it, so two runs may round differently; set train.gemm_tuning = 0",
            source, train.gemm_tuning);
   if (parallel.ep > 1) validate_ep();
+  if (parallel.ep_interleave) validate_ep_interleave();
   if (model.moe() && for_training) validate_moe();
   if (parallel.pp == 1) {
     MT_CHECK(parallel.virtual_stages == 1 && parallel.microbatches <= 1 && parallel.stage_layers.empty(),

@@ -124,6 +124,7 @@ struct ParallelConfig {
   int dp = 1, pp = 1, tp = 1;     // dp x pp x tp must equal WORLD_SIZE
   int ep = 1;                     // expert parallelism (MoE): ep of the dp ranks shard the experts; divides dp
   bool ep_overlap = true;         // overlap the expert all-to-alls with the shared experts' compute
+  bool ep_interleave = false;     // run the step's micro-batches in pairs, one's attention behind the other's dispatch
   int bucket_mb = 16;             // data-parallel gradient bucket size (MiB of fp32)
   bool overlap = true;            // overlap communication with compute
   int virtual_stages = 1;         // pipeline: model chunks per pp rank (interleaved 1F1B when > 1)
@@ -174,7 +175,8 @@ struct RunConfig {
   // What a config must satisfy: every key's rule and the rules across keys; with for_training, also what
   // `megatrain train` can run (validate_moe). `megatrain simulate` models jobs the trainer cannot run yet.
   void validate(bool for_training) const;
-  void validate_ep() const;  // parallel.ep against the model and parallel.dp (part of validate)
+  void validate_ep() const;             // parallel.ep against the model and parallel.dp (part of validate)
+  void validate_ep_interleave() const;  // parallel.ep_interleave against ep, pp, tp, train.grad_accum, recompute
   // Micro-batches per pipeline step (1 without pipeline parallelism).
   int pipeline_microbatches() const {
     return parallel.pp > 1 ? (parallel.microbatches > 0 ? parallel.microbatches : parallel.pp) : 1;
