@@ -35,7 +35,9 @@ namespace ptest {
 // Why kNoiseFactor = 20: the twin reorders the batch sums only, while tensor parallelism also splits the K-sums of
 // the forward GEMMs, so a layout's noise runs a few times the twin's. Over every case of the dp, tp and pp tests
 // under the Zen and SkylakeX kernels (on a Zen 5 machine whose own kernel, Haswell's, passed too) the worst ratio
-// got / max(floor, median, kMinRel) seen was 5.6 (each test prints its worst ratio per class). Bugs of the kind these tests exist to catch score far higher on the same
+// got / max(floor, median, kMinRel) seen was 5.6 (each test prints its worst ratio per class); the expert-parallel
+// tests' worst since is 10.8 (ep2 x dp2 x tp2, its twin split in four, under OpenBLAS's own choice on an EPYC,
+// Cooperlake). Bugs of the kind these tests exist to catch score far higher on the same
 // scale (planted and measured): a ZeRO bucket reduced twice, gradient norm 3e6; a replicated norm weight whose
 // gradient is not summed over tp, gradient norm 550 and its moments 5e5; a pipeline micro-batch paired with another
 // micro-batch's targets, 1e6 in every class. 20 sits 3.6x above the noise and 27x below the weakest of those.
@@ -46,18 +48,21 @@ inline constexpr double kMinRel = 4 * 0x1p-24;
 // rounds, and twice the evaluation batches (a val batch is data.batch_size rows, taken in order from the val split,
 // so 2n half batches are the n batches' windows and the same mean). `flags` are the run's own (the last
 // --train.grad_accum / --train.eval_batches in them count; accumulation defaults to 1). Appended last, they
-// override the run's own.
-inline std::string reordered(int batch, const std::string& flags) {
+// override the run's own. `parts` > 2 splits finer (batch / parts rows, parts x the rounds and the eval batches):
+// for a layout whose ranks hold one row each, whose gradient is then a sum of one-row gradients, the twin should
+// sum the same way (halving leaves two-row GEMM sums, and measured a floor up to 26x below such a layout's rounding
+// under OpenBLAS's Cooperlake kernels, a dp4 x tp2 MoE run without expert parallelism included).
+inline std::string reordered(int batch, const std::string& flags, int parts = 2) {
   auto last_int = [&](const std::string& key, int dflt) {
     const auto p = flags.rfind(key);
     return p == std::string::npos ? dflt : std::stoi(flags.substr(p + key.size()));
   };
-  EXPECT_EQ(batch % 2, 0) << "the reordered twin halves the batch";
-  std::string twin = " --data.batch_size=" + std::to_string(batch / 2) +
-                     " --train.grad_accum=" + std::to_string(2 * last_int("--train.grad_accum=", 1));
+  EXPECT_EQ(batch % parts, 0) << "the reordered twin splits the batch into " << parts;
+  std::string twin = " --data.batch_size=" + std::to_string(batch / parts) +
+                     " --train.grad_accum=" + std::to_string(parts * last_int("--train.grad_accum=", 1));
   const int eval_batches = last_int("--train.eval_batches=", -1);
   if (eval_batches >= 0)
-    twin += " --train.eval_batches=" + std::to_string(2 * eval_batches);
+    twin += " --train.eval_batches=" + std::to_string(parts * eval_batches);
   else
     EXPECT_NE(flags.find("--train.eval_every=0"), std::string::npos)
         << "a run that evaluates must set --train.eval_batches, so its twin can evaluate the same windows";

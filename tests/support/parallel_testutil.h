@@ -76,8 +76,8 @@ inline void make_hf_mixtral(const std::string& train_flags, const std::string& s
 
 // Runs the reordered twin (noise_floor.h, reordered) of the one-process run with these flags: the noise floor of
 // that run's numbers. It must succeed.
-inline void run_twin(int batch, const std::string& flags) {
-  run(kMegatrain + " train" + flags + reordered(batch, flags));
+inline void run_twin(int batch, const std::string& flags, int parts = 2) {
+  run(kMegatrain + " train" + flags + reordered(batch, flags, parts));
 }
 
 // Runs a command that must fail and returns what it printed (stdout and stderr, kept in `log`).
