@@ -22,6 +22,7 @@
 #include "megatrain/model/moe.h"
 #include "megatrain/model/shard.h"
 #include "megatrain/model/tp_comm.h"
+#include "support/moe_testutil.h"
 
 using namespace mt;
 
@@ -115,16 +116,9 @@ ModelConfig config(int E, int k, int shared, float cf) {
   return c;
 }
 
-// Layer 0's parameters, the experts as ep rank `rank` of `ep` holds them (ep = 1: all).
+// Layer 0's parameters, the experts as ep rank `rank` of `ep` holds them (ep = 1: all), allocated.
 void declare(const ModelConfig& c, ParamStore& ps, int ep, int rank) {
-  const int64_t C = c.d_model, E = c.moe_experts, F = c.moe_d_ff, SF = int64_t{c.moe_shared_experts} * F;
-  ps.add("h.0.moe.router.weight", {E, C}, true);
-  ps.add("h.0.moe.experts.c_fc.weight", expert_spec({E, 2 * F, C}, ep, rank, "c_fc"), true);
-  ps.add("h.0.moe.experts.c_proj.weight", expert_spec({E, C, F}, ep, rank, "c_proj"), true);
-  if (SF > 0) {
-    ps.add("h.0.moe.shared.c_fc.weight", {2 * SF, C}, true);
-    ps.add("h.0.moe.shared.c_proj.weight", {C, SF}, true);
-  }
+  test::declare_moe_layer0(c, ps, ep, rank);
   ps.allocate();
 }
 

@@ -18,6 +18,7 @@
 #include "megatrain/core/bf16.h"
 #include "megatrain/core/rng.h"
 #include "megatrain/model/moe.h"
+#include "support/moe_testutil.h"
 
 namespace mt {
 namespace {
@@ -59,18 +60,8 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// Layer 0's MoE parameters, as model_moe_test and declare_gpt_params name them.
-void declare(const ModelConfig& c, ParamStore& ps) {
-  const int64_t C = c.d_model, E = c.moe_experts, F = c.moe_d_ff, SF = int64_t{c.moe_shared_experts} * F;
-  ps.add("h.0.moe.router.weight", {E, C}, true);
-  if (c.moe_router == MoeRouter::SigmoidBias) ps.add("h.0.moe.router.bias", {E}, false);
-  ps.add("h.0.moe.experts.c_fc.weight", {E, 2 * F, C}, true);
-  ps.add("h.0.moe.experts.c_proj.weight", {E, C, F}, true);
-  if (SF > 0) {
-    ps.add("h.0.moe.shared.c_fc.weight", {2 * SF, C}, true);
-    ps.add("h.0.moe.shared.c_proj.weight", {C, SF}, true);
-  }
-}
+// Layer 0's MoE parameters, as declare_gpt_params names them.
+void declare(const ModelConfig& c, ParamStore& ps) { test::declare_moe_layer0(c, ps); }
 
 // One MoE layer (layer 0) on a backend: its parameters (set to `values`, in declaration order), activations, layer.
 struct Layer {

@@ -23,6 +23,7 @@
 #include "megatrain/model/gpt.h"
 #include "megatrain/model/moe.h"
 #include "support/model_testutil.h"
+#include "support/moe_testutil.h"
 #include "support/test_util.h"
 
 using namespace mt;
@@ -126,15 +127,7 @@ struct Fixture {
   MoeActs acts;
 
   Fixture(ModelConfig cfg, int64_t n, uint64_t seed, float bias_scale = 0) : c(std::move(cfg)), N(n) {
-    const int64_t C = c.d_model, E = c.moe_experts, F = c.moe_d_ff, SF = int64_t{c.moe_shared_experts} * F;
-    ps.add("h.0.moe.router.weight", {E, C}, true);
-    if (c.moe_router == MoeRouter::SigmoidBias) ps.add("h.0.moe.router.bias", {E}, false);
-    ps.add("h.0.moe.experts.c_fc.weight", {E, 2 * F, C}, true);
-    ps.add("h.0.moe.experts.c_proj.weight", {E, C, F}, true);
-    if (SF > 0) {
-      ps.add("h.0.moe.shared.c_fc.weight", {2 * SF, C}, true);
-      ps.add("h.0.moe.shared.c_proj.weight", {C, SF}, true);
-    }
+    test::declare_moe_layer0(c, ps);
     ps.allocate();
     Rng rng(seed);
     for (size_t i = 0; i < ps.size(); ++i) {
@@ -146,6 +139,7 @@ struct Fixture {
       for (int64_t j = 0; j < p.numel(); ++j)
         p.f32()[j] = static_cast<float>((bias ? bias_scale : router ? 0.8 : 0.3) * rng.normal());
     }
+    const int64_t C = c.d_model;
     x.resize(N * C), R.resize(N * C);
     for (auto& v : x) v = static_cast<float>(rng.normal());
     for (auto& v : R) v = static_cast<float>(rng.normal());
