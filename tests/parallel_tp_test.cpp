@@ -172,13 +172,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"moe_llama_first_dense_recompute", kLlama + kMoe + " --model.moe_first_dense=1 --model.recompute=all"}),
     CaseName());
 
-TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
-  // A tp=2 run checkpointed at step 3 (full tensors, tp-padded vocabulary trimmed) resumes in a single process,
-  // and a single-process checkpoint resumes under tp=2, with the same losses.
+// A tp=2 run checkpointed at step 3 (full tensors, tp-padded vocabulary trimmed) resumes in a single process, and a
+// single-process checkpoint resumes under tp=2, with the same losses. `model` adds model flags; `name` prefixes the
+// folders and names the comparison.
+void expect_tp_resume_keeps_the_run(const std::string& name, const std::string& model) {
   prepare();
-  const std::string x = " --model.vocab_pad_to=1";
-  std::string a = fresh_dir("mt_tp_resume_a"), b = fresh_dir("mt_tp_resume_b"), c = fresh_dir("mt_tp_resume_c");
-  std::string alt = fresh_dir("mt_tp_resume_alt");
+  const std::string x = model + " --model.vocab_pad_to=1";
+  std::string a = fresh_dir(name + "_a"), b = fresh_dir(name + "_b"), c = fresh_dir(name + "_c");
+  std::string alt = fresh_dir(name + "_alt");
   run(kMegatrain + " train" + common(a, 4) + x);
   run_twin(4, common(alt, 4) + x);
   run(kMegatrain + " launch --nproc 2 -- train" + common(b, 4) + x +
@@ -188,27 +189,13 @@ TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) {
   run(kMegatrain + " train" + common(c, 4) + x + " --ckpt.every=3 --ckpt.save_final=false");
   fs::remove(c + "/metrics.jsonl");
   run(kMegatrain + " launch --nproc 2 -- train" + common(c, 4) + x + " --parallel.tp=2 --ckpt.resume=" + step3(c));
-  expect_resumed_tail(a, alt, {b, c}, "tp2 <-> 1 resume");
+  expect_resumed_tail(a, alt, {b, c}, name + ": tp2 <-> 1 resume");
 }
 
-// The same for a MoE model (experts replicated over tp, 3-D expert tensors): a tp2 checkpoint resumes in one process
-// and a single-process checkpoint under tp2.
-TEST(TensorParallel, MoeResumeAcrossLayoutsKeepsTheRun) {
-  prepare();
-  const std::string x = kMoe + " --model.vocab_pad_to=1";
-  std::string a = fresh_dir("mt_tp_moe_resume_a"), b = fresh_dir("mt_tp_moe_resume_b");
-  std::string c = fresh_dir("mt_tp_moe_resume_c"), alt = fresh_dir("mt_tp_moe_resume_alt");
-  run(kMegatrain + " train" + common(a, 4) + x);
-  run_twin(4, common(alt, 4) + x);
-  run(kMegatrain + " launch --nproc 2 -- train" + common(b, 4) + x +
-      " --parallel.tp=2 --ckpt.every=3 --ckpt.save_final=false");
-  fs::remove(b + "/metrics.jsonl");
-  run(kMegatrain + " train" + common(b, 4) + x + " --ckpt.resume=" + step3(b));
-  run(kMegatrain + " train" + common(c, 4) + x + " --ckpt.every=3 --ckpt.save_final=false");
-  fs::remove(c + "/metrics.jsonl");
-  run(kMegatrain + " launch --nproc 2 -- train" + common(c, 4) + x + " --parallel.tp=2 --ckpt.resume=" + step3(c));
-  expect_resumed_tail(a, alt, {b, c}, "tp2 <-> 1 MoE resume");
-}
+TEST(TensorParallel, ResumeAcrossLayoutsKeepsTheRun) { expect_tp_resume_keeps_the_run("mt_tp_resume", ""); }
+
+// The same for a MoE model (experts replicated over tp, 3-D expert tensors).
+TEST(TensorParallel, MoeResumeAcrossLayoutsKeepsTheRun) { expect_tp_resume_keeps_the_run("mt_tp_moe_resume", kMoe); }
 
 // GPT-2 from HF under dp2 x tp2, each rank reading its slices of the HF file: the Conv1D weights are stored
 // transposed, so a rank's rows of c_attn are columns of HF's tensor; the vocabulary and the tied head are split by
